@@ -1,0 +1,185 @@
+//! The PostgreSQL v3 wire protocol: framing, typed views of the messages pgmemo must look
+//! inside, and builders for the messages it writes itself.
+//!
+//! Everything here works on byte slices of a connection's read buffer. A message is found with
+//! [`frame`] (a cheap check that a whole message is buffered, before anything is parsed), looked
+//! at through a borrowed view when pgmemo needs its fields, and forwarded as the same bytes when
+//! it does not. Nothing on the forwarding path allocates.
+
+pub mod backend;
+pub mod frontend;
+pub mod startup;
+
+use std::fmt;
+
+/// Default upper bound on a single message from a client (PostgreSQL itself allows 1 GB, but a
+/// proxy should not buffer that much for one client without being asked to).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+
+/// Messages from a server are bounded only by PostgreSQL's own limit (1 GB of data plus header).
+pub const MAX_BACKEND_MESSAGE_SIZE: usize = 1024 * 1024 * 1024 + 1024;
+
+/// A framing error: the peer sent something that is not a valid message. The connection it came
+/// from cannot be trusted to be in sync any more and must be closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length field is below 4 or above the configured maximum.
+    BadLength { tag: u8, len: usize, max: usize },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::BadLength { tag, len, max } if *len > *max => write!(
+                f,
+                "invalid message length: message of type {:?} is {len} bytes, the limit is {max}",
+                *tag as char
+            ),
+            FrameError::BadLength { tag, len, .. } => write!(
+                f,
+                "invalid message length {len} for message of type {:?}",
+                *tag as char
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Where the next complete message in `buf` ends, if it is all there.
+///
+/// Returns `Ok(Some((tag, len)))` where `len` is the whole message including the tag byte and
+/// the length field, `Ok(None)` when more bytes are needed, and an error when the length field
+/// is impossible (then the stream is out of sync and must be dropped).
+#[inline]
+pub fn frame(buf: &[u8], max: usize) -> Result<Option<(u8, usize)>, FrameError> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let tag = buf[0];
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if !(4..=max).contains(&len) {
+        return Err(FrameError::BadLength { tag, len, max });
+    }
+    if buf.len() < len + 1 {
+        return Ok(None);
+    }
+    Ok(Some((tag, len + 1)))
+}
+
+/// A cursor over a message body that reads PostgreSQL's field types. Every read checks bounds
+/// and returns `None` on a short or malformed body, so a hostile message can never panic us.
+#[derive(Clone, Copy)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+
+    pub fn remaining(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    pub fn u8(&mut self) -> Option<u8> {
+        let (&b, rest) = self.buf.split_first()?;
+        self.buf = rest;
+        Some(b)
+    }
+
+    pub fn i16(&mut self) -> Option<i16> {
+        let b = self.bytes(2)?;
+        Some(i16::from_be_bytes([b[0], b[1]]))
+    }
+
+    pub fn i32(&mut self) -> Option<i32> {
+        let b = self.bytes(4)?;
+        Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.buf.len() < n {
+            return None;
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Some(head)
+    }
+
+    /// A NUL-terminated string, without the NUL.
+    pub fn cstr(&mut self) -> Option<&'a [u8]> {
+        let end = self.buf.iter().position(|&b| b == 0)?;
+        let s = &self.buf[..end];
+        self.buf = &self.buf[end + 1..];
+        Some(s)
+    }
+
+    /// A NUL-terminated string that must be UTF-8 (names and SQL text are, in practice).
+    pub fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.cstr()?).ok()
+    }
+}
+
+/// Appends a message with `tag` to `out`, letting `body` write the payload; the length field is
+/// filled in afterwards so callers never count bytes by hand.
+#[inline]
+pub fn write_message(out: &mut bytes::BytesMut, tag: u8, body: impl FnOnce(&mut bytes::BytesMut)) {
+    use bytes::BufMut;
+    out.put_u8(tag);
+    let len_at = out.len();
+    out.put_u32(0);
+    body(out);
+    let len = (out.len() - len_at) as u32;
+    out[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Appends `s` and a terminating NUL.
+#[inline]
+pub fn put_cstr(out: &mut bytes::BytesMut, s: &[u8]) {
+    out.extend_from_slice(s);
+    out.extend_from_slice(&[0]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_needs_whole_message() {
+        let msg = [b'Q', 0, 0, 0, 9, b'S', b'E', b'L', 0];
+        assert_eq!(frame(&msg[..4], 100), Ok(None));
+        assert_eq!(frame(&msg[..8], 100), Ok(None));
+        assert_eq!(frame(&msg, 100), Ok(Some((b'Q', 9))));
+    }
+
+    #[test]
+    fn frame_rejects_impossible_lengths() {
+        assert!(frame(&[b'Q', 0, 0, 0, 3], 100).is_err());
+        assert!(frame(&[b'Q', 0x7f, 0, 0, 0], 100).is_err());
+        assert!(frame(&[b'Q', 0, 0, 0, 4], 100).unwrap().is_some());
+    }
+
+    #[test]
+    fn reader_never_panics_on_short_input() {
+        let mut r = Reader::new(&[1, 2, 3]);
+        assert_eq!(r.i32(), None);
+        assert_eq!(r.i16(), Some(0x0102));
+        assert_eq!(r.cstr(), None);
+        assert_eq!(r.u8(), Some(3));
+        assert_eq!(r.u8(), None);
+    }
+
+    #[test]
+    fn write_message_fills_length() {
+        let mut out = bytes::BytesMut::new();
+        write_message(&mut out, b'Q', |b| put_cstr(b, b"SELECT 1"));
+        assert_eq!(frame(&out, 100), Ok(Some((b'Q', out.len()))));
+        assert_eq!(&out[5..], b"SELECT 1\0");
+    }
+}
