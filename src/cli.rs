@@ -1,0 +1,452 @@
+//! The command line: the three ways to run pgmemo, and the flags that override the config.
+//!
+//! The flag names are a contract other tools rely on (issue 2, point 2); do not rename them.
+//! Turning flags into a [`Config`] happens here, in one order for every mode: start from the
+//! file (`--config`) or from defaults plus `--upstream`, apply the flags, then validate, so
+//! that a rule such as "trust only on loopback" judges what will actually run.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::{parse_host_port, parse_upstream_url, AuthType, Config, ConfigError, PoolMode};
+
+const LONG_ABOUT: &str = "\
+pgmemo is a PostgreSQL proxy and connection pooler built for caching statements, plans and \
+results. Clients connect to pgmemo as if it were PostgreSQL; pgmemo keeps a pool of server \
+connections per (database, user) and lends one out per transaction or per session.
+
+There are three ways to run it:
+
+  pgmemo
+      Demo mode. With no --upstream and no --config, pgmemo starts a private, throwaway \
+PostgreSQL (initdb + pg_ctl, found on PATH or under /usr/lib/postgresql/*/bin) in a temporary \
+directory on a free port, proxies to it on 127.0.0.1:6432 and prints the psql command to \
+connect. The cluster is removed on Ctrl-C or SIGTERM.
+
+  pgmemo --upstream postgresql://USER[:PASSWORD]@HOST[:PORT]
+      Proxy to an existing server. Any database a client asks for is served from the database \
+of the same name upstream, and pgmemo logs into the server as USER with PASSWORD. Clients log \
+in to pgmemo as that same USER with that same PASSWORD (there are no other users without a \
+config file).
+
+  pgmemo --config FILE.toml
+      The full configuration: several databases, users with passwords or SCRAM verifiers, \
+per-database and per-user pool settings, TLS, timeouts. Every setting is described in \
+pgmemo.example.toml. The file is read again on SIGHUP or the admin command RELOAD.
+
+Command-line flags override the matching settings of the file (and still apply after a \
+reload). Each flag can also be given as an environment variable, shown below.";
+
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  pgmemo
+  pgmemo --upstream postgresql://app:secret@db.internal:5432 --pool-size 40
+  pgmemo --upstream postgresql://postgres@127.0.0.1:5432 --auth trust
+  pgmemo --config /etc/pgmemo/pgmemo.toml --listen 0.0.0.0:6432
+  pgmemo --config pgmemo.toml --check
+  psql 'postgresql://app:secret@127.0.0.1:6432/app'
+
+The admin console is the database \"pgmemo\" (for --admin-user users):
+  psql -h 127.0.0.1 -p 6432 -U admin pgmemo -c 'SHOW POOLS'";
+
+/// pgmemo's command line. Every field is optional: an absent flag leaves the file's setting
+/// (or the default) alone.
+#[derive(Clone, Parser)]
+#[command(
+    name = "pgmemo",
+    version,
+    about = "A PostgreSQL proxy and connection pooler built for caching statements, plans and results",
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_LONG_HELP,
+)]
+pub struct Cli {
+    /// The TOML config file: databases, users, pools, TLS, timeouts.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PGMEMO_CONFIG",
+        long_help = "The TOML config file with the full configuration: databases, users with \
+                     passwords or SCRAM verifiers, per-pool settings, TLS, timeouts (see \
+                     pgmemo.example.toml). The other flags override what it says. It is read \
+                     again on SIGHUP and on the admin command RELOAD."
+    )]
+    pub config: Option<PathBuf>,
+
+    /// The PostgreSQL server to proxy to: postgresql://USER[:PASSWORD]@HOST[:PORT].
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "PGMEMO_UPSTREAM",
+        hide_env_values = true,
+        long_help = "The PostgreSQL server to proxy to, as \
+                     postgresql://USER[:PASSWORD]@HOST[:PORT] (postgres:// works too; HOST \
+                     defaults to 127.0.0.1, PORT to 5432, IPv6 as [::1]; percent-encode special \
+                     characters in USER and PASSWORD; a /DATABASE part is ignored). Every \
+                     database a client asks for is served from the database of the same name \
+                     there, and pgmemo logs in as USER. Without --config, clients log in to \
+                     pgmemo as USER with PASSWORD. With --config, replaces the file's \
+                     [upstream]. Without --upstream and --config, pgmemo runs its own \
+                     throwaway PostgreSQL (demo mode)."
+    )]
+    pub upstream: Option<String>,
+
+    /// Address clients connect to [default: 127.0.0.1:6432].
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "PGMEMO_LISTEN",
+        value_parser = parse_listen,
+        long_help = "The address clients connect to, HOST:PORT (IPv6 as [::1]:6432; port 0 \
+                     picks a free port). Overrides general.listen. Default: 127.0.0.1:6432. \
+                     Listening on a non-loopback address requires --auth md5 or scram-sha-256."
+    )]
+    pub listen: Option<String>,
+
+    /// When a client gives its server back [default: transaction].
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        env = "PGMEMO_POOL_MODE",
+        long_help = "When a client gives its server connection back to the pool. transaction: \
+                     after each transaction (many clients share few servers; session state \
+                     such as SET or LISTEN does not last). session: when the client \
+                     disconnects; the server is then reset with DISCARD ALL. Overrides \
+                     general.pool_mode. Default: transaction."
+    )]
+    pub pool_mode: Option<PoolMode>,
+
+    /// Server connections per (database, user) [default: 20].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "PGMEMO_POOL_SIZE",
+        value_parser = clap::value_parser!(u32).range(1..),
+        long_help = "Server connections per (database, user) pool. Overrides \
+                     general.default_pool_size; a pool_size set in the file for a database or \
+                     user still wins for that database or user. Default: 20."
+    )]
+    pub pool_size: Option<u32>,
+
+    /// How clients authenticate to pgmemo [default: scram-sha-256].
+    #[arg(
+        long = "auth",
+        value_enum,
+        value_name = "METHOD",
+        env = "PGMEMO_AUTH",
+        long_help = "How clients authenticate to pgmemo. scram-sha-256 and md5 check the \
+                     password (from [users], or the --upstream password); trust asks for none \
+                     and is refused unless --listen is a loopback address. Overrides \
+                     general.auth_type. Default: scram-sha-256."
+    )]
+    pub auth: Option<AuthType>,
+
+    /// A user allowed to use the admin console (repeatable).
+    #[arg(
+        long = "admin-user",
+        value_name = "NAME",
+        env = "PGMEMO_ADMIN_USERS",
+        value_delimiter = ',',
+        long_help = "A user allowed to connect to the admin console, the database \"pgmemo\" \
+                     (SHOW POOLS, SHOW STATS, RELOAD, PAUSE, SHUTDOWN, ...). Repeat the flag for \
+                     several users (the environment variable takes a comma-separated list). \
+                     Replaces general.admin_users. Default: none."
+    )]
+    pub admin_users: Vec<String>,
+
+    /// Serve Prometheus metrics on this address [default: off].
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "PGMEMO_METRICS_LISTEN",
+        value_parser = parse_listen,
+        long_help = "Serve Prometheus metrics (clients, servers by state, transactions, queries, \
+                     bytes, wait time) over HTTP on this address, at /metrics. Overrides \
+                     general.metrics_listen. Default: no metrics endpoint."
+    )]
+    pub metrics_listen: Option<String>,
+
+    /// Log filter: error, warn, info, debug, trace [default: info].
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        env = "PGMEMO_LOG_LEVEL",
+        long_help = "What to log: off, error, warn, info, debug or trace, or tracing directives \
+                     such as pgmemo=debug,info. Overrides general.log_level. Default: info."
+    )]
+    pub log_level: Option<String>,
+
+    /// Check the configuration, print any problem and exit.
+    #[arg(
+        long,
+        long_help = "Read and validate the configuration (the file and the flags above), report \
+                     the first problem with its key, and exit: status 0 when it is valid, 1 \
+                     otherwise. Nothing is started."
+    )]
+    pub check: bool,
+}
+
+/// clap's value parser for `HOST:PORT` flags.
+fn parse_listen(s: &str) -> Result<String, String> {
+    parse_host_port(s).map(|_| s.to_string())
+}
+
+impl fmt::Debug for Cli {
+    /// Like a derived Debug, but the upstream URL may hold a password: only its presence shows.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cli")
+            .field("config", &self.config)
+            .field("upstream", &self.upstream.as_ref().map(|_| "<hidden>"))
+            .field("listen", &self.listen)
+            .field("pool_mode", &self.pool_mode)
+            .field("pool_size", &self.pool_size)
+            .field("auth", &self.auth)
+            .field("admin_users", &self.admin_users)
+            .field("metrics_listen", &self.metrics_listen)
+            .field("log_level", &self.log_level)
+            .field("check", &self.check)
+            .finish()
+    }
+}
+
+impl Cli {
+    /// The configuration the flags describe, validated; None in demo mode (neither
+    /// `--upstream` nor `--config`), where the caller builds one with
+    /// [`Config::for_upstream`] once its private PostgreSQL runs, then calls
+    /// [`Cli::apply_overrides`] on it (keep a clone of the `Cli` for that).
+    pub fn into_config(self) -> Result<Option<Config>, ConfigError> {
+        let upstream = self
+            .upstream
+            .as_deref()
+            .map(|url| parse_upstream_url(url).map_err(|e| e.with_key("--upstream")))
+            .transpose()?;
+        let mut config = match (&self.config, upstream) {
+            (None, None) => return Ok(None),
+            (None, Some(upstream)) => Config::for_upstream(upstream),
+            (Some(path), upstream) => {
+                let mut config = Config::parse_file(path)?;
+                if upstream.is_some() {
+                    config.upstream = upstream;
+                }
+                config
+            }
+        };
+        self.apply_overrides(&mut config)?;
+        Ok(Some(config))
+    }
+
+    /// Writes the given flags over `config` and validates the result. Call it again on the
+    /// configuration read by a RELOAD, so that flags keep overriding the file.
+    /// (`--upstream` and `--config` are not applied here: they choose where a configuration
+    /// comes from, see [`Cli::into_config`].)
+    pub fn apply_overrides(&self, config: &mut Config) -> Result<(), ConfigError> {
+        let g = &mut config.general;
+        if let Some(listen) = &self.listen {
+            g.listen = listen.clone();
+        }
+        if let Some(mode) = self.pool_mode {
+            g.pool_mode = mode;
+        }
+        if let Some(size) = self.pool_size {
+            g.default_pool_size = size;
+            g.min_pool_size = g.min_pool_size.min(size);
+        }
+        if let Some(auth) = self.auth {
+            g.auth_type = auth;
+        }
+        if !self.admin_users.is_empty() {
+            g.admin_users = self.admin_users.clone();
+        }
+        if let Some(metrics) = &self.metrics_listen {
+            g.metrics_listen = Some(metrics.clone());
+        }
+        if let Some(level) = &self.log_level {
+            g.log_level = level.clone();
+        }
+        config.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("pgmemo").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_upstream_and_no_config_is_demo_mode() {
+        assert!(cli(&[]).into_config().unwrap().is_none());
+        assert!(cli(&["--pool-size", "5"]).into_config().unwrap().is_none());
+    }
+
+    #[test]
+    fn upstream_mode_takes_defaults_and_flags() {
+        let c = cli(&["--upstream", "postgresql://app:pw@db:5433"])
+            .into_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.general.listen, "127.0.0.1:6432");
+        assert_eq!(c.general.pool_mode, PoolMode::Transaction);
+        assert_eq!(c.general.default_pool_size, 20);
+        assert_eq!(c.general.auth_type, AuthType::ScramSha256);
+        assert_eq!(c.user_secret("app"), Some("pw"));
+        let r = c.resolve("anydb", "app").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port, r.dbname.as_str()),
+            ("db", 5433, "anydb")
+        );
+
+        let c = cli(&[
+            "--upstream",
+            "postgres://app:pw@db",
+            "--listen",
+            "0.0.0.0:7000",
+            "--pool-mode",
+            "session",
+            "--pool-size",
+            "3",
+            "--auth",
+            "md5",
+            "--admin-user",
+            "app",
+            "--metrics-listen",
+            "127.0.0.1:9187",
+            "--log-level",
+            "debug",
+        ])
+        .into_config()
+        .unwrap()
+        .unwrap();
+        let g = &c.general;
+        assert_eq!(g.listen, "0.0.0.0:7000");
+        assert_eq!(g.pool_mode, PoolMode::Session);
+        assert_eq!(g.default_pool_size, 3);
+        assert_eq!(g.auth_type, AuthType::Md5);
+        assert_eq!(g.admin_users, vec!["app".to_string()]);
+        assert_eq!(g.metrics_listen.as_deref(), Some("127.0.0.1:9187"));
+        assert_eq!(g.log_level, "debug");
+    }
+
+    #[test]
+    fn validation_runs_after_the_flags() {
+        let e = cli(&[
+            "--upstream",
+            "postgresql://app:pw@db",
+            "--listen",
+            "0.0.0.0:6432",
+            "--auth",
+            "trust",
+        ])
+        .into_config()
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("general.auth_type: \"trust\""), "{e}");
+        assert!(e.contains("0.0.0.0:6432"), "{e}");
+
+        // A flag can also repair what the file would have refused.
+        let dir = std::env::temp_dir().join(format!("pgmemo-cli-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pgmemo.toml");
+        std::fs::write(
+            &path,
+            "[general]\nlisten = \"0.0.0.0:6432\"\nauth_type = \"trust\"\n[upstream]\nurl = \"postgresql://app@db\"\n",
+        )
+        .unwrap();
+        let path_arg = path.to_str().unwrap();
+        let e = cli(&["--config", path_arg]).into_config().unwrap_err();
+        assert_eq!(e.key(), Some("general.auth_type"));
+        let c = cli(&["--config", path_arg, "--listen", "127.0.0.1:6432"])
+            .into_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.source.as_deref(), Some(path.as_path()));
+        assert_eq!(c.general.auth_type, AuthType::Trust);
+        // --upstream replaces the file's [upstream].
+        let c = cli(&[
+            "--config",
+            path_arg,
+            "--listen",
+            "[::1]:1",
+            "--upstream",
+            "postgresql://u@other:7",
+        ])
+        .into_config()
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.upstream.unwrap().host, "other");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn demo_mode_applies_the_same_overrides() {
+        let cli = cli(&["--pool-size", "4", "--auth", "trust"]);
+        let mut c = Config::for_upstream(
+            parse_upstream_url("postgresql://postgres@127.0.0.1:5999").unwrap(),
+        );
+        cli.apply_overrides(&mut c).unwrap();
+        assert_eq!(c.general.default_pool_size, 4);
+        assert_eq!(c.general.auth_type, AuthType::Trust);
+    }
+
+    #[test]
+    fn bad_flags_are_refused_by_name() {
+        let e = parse_upstream_url("http://x").unwrap_err();
+        assert_eq!(e.key(), Some("upstream.url"));
+        let e = cli(&["--upstream", "http://user:secret@x"])
+            .into_config()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--upstream: not a postgresql:// URL"), "{e}");
+        assert!(!e.contains("secret"), "{e}");
+        for args in [
+            &["--pool-size", "0"][..],
+            &["--pool-mode", "statement"],
+            &["--auth", "password"],
+            &["--listen", "6432"],
+            &["--metrics-listen", "nope"],
+            &["--bogus"],
+        ] {
+            let argv = std::iter::once("pgmemo").chain(args.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err(), "{args:?} accepted");
+        }
+        let e = cli(&["--upstream", "postgresql://a:b@h", "--log-level", "loud"])
+            .into_config()
+            .unwrap_err();
+        assert_eq!(e.key(), Some("general.log_level"));
+    }
+
+    #[test]
+    fn help_documents_every_flag() {
+        let help = Cli::command().render_long_help().to_string();
+        for needle in [
+            "--config",
+            "--upstream",
+            "--listen",
+            "--pool-mode",
+            "--pool-size",
+            "--auth",
+            "--admin-user",
+            "--metrics-listen",
+            "--log-level",
+            "--check",
+            "Demo mode",
+            "Default: 127.0.0.1:6432",
+            "Default: transaction",
+            "Default: 20",
+            "Default: scram-sha-256",
+            "override",
+        ] {
+            assert!(help.contains(needle), "--help lacks {needle:?}");
+        }
+    }
+}
