@@ -1,0 +1,33 @@
+//! The test harness shared by pgmemo's integration tests.
+//!
+//! - [`cluster`]: one throwaway PostgreSQL per test binary, with a role per authentication
+//!   method (see `cluster.rs` for names and passwords).
+//! - [`RawClient`]: a wire-protocol client that sends exactly the [`Frontend`] messages a test
+//!   chooses and returns every [`Backend`] message as sent.
+//! - [`differential`] and [`assert_same`]: run one script of [`Step`]s against PostgreSQL and
+//!   through pgmemo and compare the [`normalize`]d transcripts.
+//! - [`scenarios`]: the reusable scripts that cover the protocol's tricky corners.
+//!
+//! Use it from a test file with `mod common;` and `use common::*;`. Each test binary compiles
+//! this module anew and uses only part of it, hence the `dead_code` and `unused_imports`
+//! allowances.
+#![allow(dead_code, unused_imports)]
+
+pub mod cluster;
+pub mod differential;
+pub mod raw;
+pub mod scenarios;
+
+pub use cluster::*;
+pub use differential::*;
+pub use raw::*;
+pub use scenarios::scenarios;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, let it go). Racy
+/// by nature: bind it soon.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("binding 127.0.0.1:0")
+}
