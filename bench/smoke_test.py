@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Smoke test of the benchmark harness (not a performance test: nothing about
+speed is asserted).
+
+Runs `python3 bench/run.py --quick --duration 1` (scale 1, 200 idle clients) into a
+temp dir and checks that:
+  * it exits 0 and prints the table with a row for every protocol x client count
+    and a TPS cell (a number or FAIL(k/n)) for every target;
+  * direct PostgreSQL never fails (if it does, the harness is broken);
+  * runs.csv has one row per run, the memory table has a row per proxy;
+  * tps.png exists when matplotlib is installed;
+  * every port the run used is closed afterwards (nothing left running).
+
+pgmemo is included when target/release/pgmemo exists (with --no-build; set
+PGMEMO_SMOKE_BUILD=1 to let the harness build it), else the run uses --no-pgmemo.
+PgBouncer is included when installed or when running as root (the harness then
+installs it); PGMEMO_SMOKE_NO_PGBOUNCER=1 leaves it out.
+
+    python3 bench/smoke_test.py [extra run.py options]
+    python3 -m pytest bench/smoke_test.py
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PROTOCOLS = ["simple", "extended", "prepared"]
+CLIENTS = [8]
+CELL_RE = re.compile(r"^(?:[\d,]+(?: \([\d,]+–[\d,]+\))?(?: FAIL\(\d+/\d+\))?|FAIL\(\d+/\d+\))$")
+
+
+def prerequisites() -> str | None:
+    """Why the smoke test cannot run here, or None."""
+    have_pg = glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("initdb")
+    if not have_pg or not shutil.which("pgbench") and not glob.glob("/usr/lib/postgresql/*/bin/pgbench"):
+        return "PostgreSQL server binaries / pgbench not installed"
+    return None
+
+
+def parse_table(stdout: str):
+    lines = [l for l in stdout.splitlines() if l.startswith("| protocol | clients |")]
+    if not lines:
+        return None, {}
+    start = stdout.splitlines().index(lines[0])
+    all_lines = stdout.splitlines()
+    header = [c.strip() for c in all_lines[start].strip("|").split("|")]
+    rows = {}
+    for l in all_lines[start + 2:]:
+        if not l.startswith("|"):
+            break
+        cells = [c.strip() for c in l.strip().strip("|").split("|")]
+        rows[(cells[0], cells[1])] = dict(zip(header, cells))
+    return header, rows
+
+
+def ports_closed(ports) -> list[int]:
+    still = []
+    for p in ports:
+        try:
+            with socket.create_connection(("127.0.0.1", int(p)), timeout=0.5):
+                still.append(int(p))
+        except OSError:
+            pass
+    return still
+
+
+def run_smoke(extra: list[str] | None = None) -> list[str]:
+    """Run the harness once; return a list of problems (empty: passed)."""
+    problems: list[str] = []
+    out = Path(tempfile.mkdtemp(prefix="pgmemo-smoke-"))
+    try:
+        argv = [sys.executable, str(BENCH / "run.py"), "--quick", "--duration", "1", "--scale", "1",
+                "--idle-clients", "200", "--out", str(out)]
+        targets = ["direct"]
+        binary = REPO / "target" / "release" / "pgmemo"
+        if os.environ.get("PGMEMO_SMOKE_BUILD") == "1":
+            targets.append("pgmemo")
+        elif binary.exists():
+            argv.append("--no-build")
+            targets.append("pgmemo")
+        else:
+            argv.append("--no-pgmemo")
+        has_bouncer = shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")
+        if os.environ.get("PGMEMO_SMOKE_NO_PGBOUNCER") == "1" or (not has_bouncer and os.geteuid() != 0):
+            argv.append("--no-pgbouncer")
+        else:
+            targets.append("pgbouncer")
+        argv += list(extra or [])
+        print("smoke: " + " ".join(argv), file=sys.stderr, flush=True)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+        if r.returncode != 0:
+            return [f"run.py exited {r.returncode}; stderr tail:\n" + "\n".join(r.stderr.splitlines()[-20:])]
+        header, rows = parse_table(r.stdout)
+        if header is None:
+            return ["no table in stdout:\n" + r.stdout[-2000:]]
+        for t in targets:
+            if f"{t} TPS" not in header:
+                problems.append(f"table has no column for {t}: {header}")
+        for proto in PROTOCOLS:
+            for c in CLIENTS:
+                row = rows.get((proto, str(c)))
+                if row is None:
+                    problems.append(f"table has no row for {proto} / {c} clients")
+                    continue
+                for t in targets:
+                    v = row.get(f"{t} TPS", "")
+                    if not CELL_RE.match(v):
+                        problems.append(f"cell {proto}/{c}/{t} is {v!r}, expected a TPS or FAIL(k/n)")
+                    if t == "direct" and "FAIL" in v:
+                        problems.append(f"direct PostgreSQL failed in {proto}/{c}: harness problem")
+        with open(out / "runs.csv") as f:
+            runs = list(csv.DictReader(f))
+        want = len(PROTOCOLS) * len(CLIENTS) * len(targets)
+        if len(runs) != want:
+            problems.append(f"runs.csv has {len(runs)} rows, expected {want}")
+        mem_path = out / "memory.csv"
+        mem = set()
+        if mem_path.exists():
+            with open(mem_path) as f:
+                mem = {row["target"] for row in csv.DictReader(f)}
+        for t in targets[1:]:
+            mine = [x for x in runs if x["target"] == t]
+            # a proxy that was never skipped as broken must have been memory-tested
+            if mine and not any(x["error"].startswith("not run") for x in mine) and t not in mem:
+                problems.append(f"memory.csv has no row for {t}")
+        if mem and "| proxy | idle clients |" not in r.stdout:
+            problems.append("memory table missing from stdout")
+        if importlib.util.find_spec("matplotlib") and not (out / "tps.png").stat().st_size > 0:
+            problems.append("tps.png missing")
+        meta = json.loads((out / "meta.json").read_text())
+        left = ports_closed(meta["ports"].values())
+        if left:
+            problems.append(f"ports still accepting connections after exit: {left}")
+        if not problems:
+            print(r.stdout, file=sys.stderr)
+        return problems
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_quick_smoke():
+    import pytest  # only under pytest
+    why = prerequisites()
+    if why:
+        pytest.skip(why)
+    problems = run_smoke()
+    assert not problems, "\n".join(problems)
+
+
+def main() -> int:
+    why = prerequisites()
+    if why:
+        print(f"smoke: skipped: {why}")
+        return 0
+    problems = run_smoke(sys.argv[1:])
+    for p in problems:
+        print("smoke: FAIL: " + p)
+    print(f"{0 if problems else 1} passed, {1 if problems else 0} failed")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

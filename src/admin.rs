@@ -1,0 +1,453 @@
+//! The admin console: a pseudo-database named `pgmemo` that admin users connect to with any
+//! PostgreSQL client (`psql -d pgmemo`) to inspect and steer pgmemo. Commands and column names
+//! follow PgBouncer's console so existing tools and habits carry over.
+
+use crate::app::{App, ClientState};
+use crate::protocol::backend::{self as be, sqlstate, Severity};
+use crate::protocol::frontend as fe;
+use crate::server::ServerState;
+use crate::session::login::Startup;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+pub const ADMIN_DATABASE: &str = "pgmemo";
+
+/// A result set: column names and rows of text (None = NULL).
+pub struct Table {
+    pub columns: Vec<&'static str>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+/// What a console command produced.
+pub enum Reply {
+    Table(Table),
+    /// CommandComplete only.
+    Done(String),
+}
+
+pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: SocketAddr) {
+    let Startup { mut conn, user, .. } = startup;
+    if !app.config.load().is_admin(&user) {
+        conn.send_error(
+            Severity::Fatal,
+            sqlstate::INVALID_AUTHORIZATION,
+            &format!("user \"{user}\" is not an admin user of pgmemo (general.admin_users)"),
+        )
+        .await;
+        return;
+    }
+    tracing::info!(%peer, %user, "admin console login");
+    for (k, v) in [
+        ("application_name", ""),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("integer_datetimes", "on"),
+        ("IntervalStyle", "postgres"),
+        ("is_superuser", "on"),
+        ("server_encoding", "UTF8"),
+        ("server_version", concat!("15.0 (pgmemo ", env!("CARGO_PKG_VERSION"), ")")),
+        ("session_authorization", user.as_str()),
+        ("standard_conforming_strings", "on"),
+        ("TimeZone", "UTC"),
+    ] {
+        be::parameter_status(&mut conn.wbuf, k, v);
+    }
+    be::backend_key_data(&mut conn.wbuf, 0, 0);
+    be::ready_for_query(&mut conn.wbuf, b'I');
+    if conn.flush().await.is_err() {
+        return;
+    }
+    let mut failed_extended = false;
+    loop {
+        let Ok((tag, body)) = conn.read_message().await else {
+            return;
+        };
+        match tag {
+            fe::QUERY => {
+                let sql = fe::query_text(&body).map(String::from_utf8_lossy).unwrap_or_default();
+                match run_command(&app, &sql).await {
+                    Ok(Reply::Table(t)) => {
+                        let n = t.rows.len();
+                        be::row_description_text(&mut conn.wbuf, &t.columns);
+                        for row in &t.rows {
+                            be::data_row(&mut conn.wbuf, row);
+                        }
+                        be::command_complete(&mut conn.wbuf, &format!("SHOW {n}"));
+                    }
+                    Ok(Reply::Done(tag)) => be::command_complete(&mut conn.wbuf, &tag),
+                    Err((code, msg)) => be::error_response(&mut conn.wbuf, Severity::Error, code, &msg),
+                }
+                be::ready_for_query(&mut conn.wbuf, b'I');
+            }
+            fe::TERMINATE => return,
+            fe::SYNC => {
+                failed_extended = false;
+                be::ready_for_query(&mut conn.wbuf, b'I');
+            }
+            _ if !failed_extended => {
+                failed_extended = true;
+                be::error_response(
+                    &mut conn.wbuf,
+                    Severity::Error,
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    "the pgmemo admin console supports only the simple query protocol",
+                );
+            }
+            _ => {}
+        }
+        if conn.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+type CommandError = (&'static str, String);
+
+/// Runs one console command.
+pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandError> {
+    let words: Vec<String> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["show", "pools"] => Ok(Reply::Table(show_pools(app))),
+        ["show", "clients"] => Ok(Reply::Table(show_clients(app))),
+        ["show", "servers"] => Ok(Reply::Table(show_servers(app))),
+        ["show", "stats"] => Ok(Reply::Table(show_stats(app))),
+        ["show", "config"] => Ok(Reply::Table(show_config(app))),
+        ["show", "version"] => Ok(Reply::Table(Table {
+            columns: vec!["version"],
+            rows: vec![vec![Some(format!("pgmemo {}", env!("CARGO_PKG_VERSION")))]],
+        })),
+        ["show", "help"] | ["help"] => Ok(Reply::Table(Table {
+            columns: vec!["command"],
+            rows: [
+                "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION",
+                "RELOAD",
+                "PAUSE [db]",
+                "RESUME [db]",
+                "SHUTDOWN",
+            ]
+            .iter()
+            .map(|s| vec![Some(s.to_string())])
+            .collect(),
+        })),
+        ["reload"] => {
+            crate::reload(app).map_err(|e| (sqlstate::INTERNAL_ERROR, format!("RELOAD failed: {e:#}")))?;
+            Ok(Reply::Done("RELOAD".into()))
+        }
+        ["pause"] | ["pause", _] => {
+            let db = words.get(1).map(|s| s.to_string());
+            pause(app, db.as_deref()).await;
+            Ok(Reply::Done("PAUSE".into()))
+        }
+        ["resume"] | ["resume", _] => {
+            for pool in app.pools() {
+                if words.get(1).is_none_or(|db| pool.key.database.eq_ignore_ascii_case(db)) {
+                    pool.resume();
+                }
+            }
+            Ok(Reply::Done("RESUME".into()))
+        }
+        ["shutdown"] => {
+            app.begin_shutdown();
+            Ok(Reply::Done("SHUTDOWN".into()))
+        }
+        _ => Err((
+            sqlstate::SYNTAX_ERROR,
+            format!("invalid command '{}', use SHOW HELP;", sql.trim()),
+        )),
+    }
+}
+
+/// Stops handing out servers and waits until every server of the paused pools is idle, as
+/// PgBouncer's PAUSE does, so the caller knows no query is running when it returns.
+async fn pause(app: &Arc<App>, db: Option<&str>) {
+    let pools: Vec<_> = app
+        .pools()
+        .into_iter()
+        .filter(|p| db.is_none_or(|d| p.key.database.eq_ignore_ascii_case(d)))
+        .collect();
+    for p in &pools {
+        p.pause();
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tick.tick().await;
+        if pools.iter().all(|p| p.counts().1 == 0) {
+            return;
+        }
+    }
+}
+
+fn text(v: impl ToString) -> Option<String> {
+    Some(v.to_string())
+}
+
+fn timestamp(t: SystemTime) -> Option<String> {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Some(format_unix(secs))
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` without a date library (days-from-civil inverse).
+fn format_unix(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub fn show_pools(app: &App) -> Table {
+    let clients = app.clients();
+    let rows = app
+        .pools()
+        .iter()
+        .map(|pool| {
+            let mine = clients
+                .iter()
+                .filter(|c| c.database == pool.key.database && c.user == pool.key.user);
+            let (mut active, mut waiting) = (0, 0);
+            for c in mine {
+                match c.state() {
+                    ClientState::Waiting => waiting += 1,
+                    _ => active += 1,
+                }
+            }
+            let servers = pool.servers();
+            let count = |s: ServerState| servers.iter().filter(|i| i.state() == s).count();
+            vec![
+                text(&pool.key.database),
+                text(&pool.key.user),
+                text(active),
+                text(waiting),
+                text(0),
+                text(0),
+                text(count(ServerState::Active)),
+                text(0),
+                text(0),
+                text(count(ServerState::Idle)),
+                text(count(ServerState::Used)),
+                text(count(ServerState::Tested)),
+                text(count(ServerState::Login)),
+                text(0),
+                text(0),
+                text(pool.settings().mode.as_str()),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "database",
+            "user",
+            "cl_active",
+            "cl_waiting",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active",
+            "sv_active_cancel",
+            "sv_being_canceled",
+            "sv_idle",
+            "sv_used",
+            "sv_tested",
+            "sv_login",
+            "maxwait",
+            "maxwait_us",
+            "pool_mode",
+        ],
+        rows,
+    }
+}
+
+const CONN_COLUMNS: [&str; 18] = [
+    "type",
+    "user",
+    "database",
+    "state",
+    "addr",
+    "port",
+    "local_addr",
+    "local_port",
+    "connect_time",
+    "request_time",
+    "wait",
+    "wait_us",
+    "close_needed",
+    "ptr",
+    "link",
+    "remote_pid",
+    "tls",
+    "application_name",
+];
+
+pub fn show_clients(app: &App) -> Table {
+    let rows = app
+        .clients()
+        .iter()
+        .map(|c| {
+            let server = c.server_id.load(std::sync::atomic::Ordering::Relaxed);
+            vec![
+                text("C"),
+                text(&c.user),
+                text(&c.database),
+                text(c.state().name()),
+                text(c.addr.ip()),
+                text(c.addr.port()),
+                text(c.local_addr.ip()),
+                text(c.local_addr.port()),
+                timestamp(c.connect_time),
+                timestamp(c.connect_time),
+                text(0),
+                text(0),
+                text(0),
+                text(c.id),
+                (server != 0).then(|| server.to_string()),
+                text(c.cancel_key.0),
+                text(if c.tls { "TLS" } else { "" }),
+                text(c.application_name.lock().clone()),
+            ]
+        })
+        .collect();
+    Table {
+        columns: CONN_COLUMNS.to_vec(),
+        rows,
+    }
+}
+
+pub fn show_servers(app: &App) -> Table {
+    let mut rows = Vec::new();
+    for pool in app.pools() {
+        let mut servers = pool.servers();
+        servers.sort_by_key(|s| s.id);
+        for s in servers {
+            let client = s.client_id.load(std::sync::atomic::Ordering::Relaxed);
+            rows.push(vec![
+                text("S"),
+                text(&pool.key.user),
+                text(&pool.key.database),
+                text(s.state().name()),
+                text(s.addr.ip()),
+                text(s.addr.port()),
+                text(s.local_addr.ip()),
+                text(s.local_addr.port()),
+                timestamp(s.connect_time),
+                timestamp(s.connect_time),
+                text(0),
+                text(0),
+                text(0),
+                text(s.id),
+                (client != 0).then(|| client.to_string()),
+                text(s.backend_pid),
+                text(if s.tls { "TLS" } else { "" }),
+                text(""),
+            ]);
+        }
+    }
+    Table {
+        columns: CONN_COLUMNS.to_vec(),
+        rows,
+    }
+}
+
+pub fn show_stats(app: &App) -> Table {
+    use std::collections::BTreeMap;
+    let mut per_db: BTreeMap<String, crate::stats::StatsSnapshot> = BTreeMap::new();
+    for pool in app.pools() {
+        let s = pool.stats.snapshot();
+        let e = per_db.entry(pool.key.database.clone()).or_default();
+        e.xact_count += s.xact_count;
+        e.query_count += s.query_count;
+        e.bytes_received += s.bytes_received;
+        e.bytes_sent += s.bytes_sent;
+        e.xact_time_us += s.xact_time_us;
+        e.query_time_us += s.query_time_us;
+        e.wait_time_us += s.wait_time_us;
+    }
+    let uptime = app.started.elapsed().as_secs().max(1);
+    let rows = per_db
+        .into_iter()
+        .map(|(db, s)| {
+            let per = |total: u64, n: u64| if n == 0 { 0 } else { total / n };
+            vec![
+                text(db),
+                text(s.xact_count),
+                text(s.query_count),
+                text(s.bytes_received),
+                text(s.bytes_sent),
+                text(s.xact_time_us),
+                text(s.query_time_us),
+                text(s.wait_time_us),
+                text(s.xact_count / uptime),
+                text(s.query_count / uptime),
+                text(s.bytes_received / uptime),
+                text(s.bytes_sent / uptime),
+                text(per(s.xact_time_us, s.xact_count)),
+                text(per(s.query_time_us, s.query_count)),
+                text(per(s.wait_time_us, s.xact_count)),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "database",
+            "total_xact_count",
+            "total_query_count",
+            "total_received",
+            "total_sent",
+            "total_xact_time",
+            "total_query_time",
+            "total_wait_time",
+            "avg_xact_count",
+            "avg_query_count",
+            "avg_recv",
+            "avg_sent",
+            "avg_xact_time",
+            "avg_query_time",
+            "avg_wait_time",
+        ],
+        rows,
+    }
+}
+
+pub fn show_config(app: &App) -> Table {
+    let rows = app
+        .config
+        .load()
+        .settings_table()
+        .into_iter()
+        .map(|(k, v, d, c)| vec![text(k), text(v), text(d), text(if c { "yes" } else { "no" })])
+        .collect();
+    Table {
+        columns: vec!["key", "value", "default", "changeable"],
+        rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unix_time_formatting() {
+        assert_eq!(super::format_unix(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(super::format_unix(1_700_000_000), "2023-11-14 22:13:20 UTC");
+    }
+}

@@ -1,0 +1,299 @@
+//! What every connection shares: the current configuration, the pools, the registry of clients
+//! (for the admin console and cancel requests), TLS state, and the shutdown signal.
+
+use crate::config::{Config, PoolMode};
+use crate::pool::{Pool, PoolKey, PoolSettings};
+use crate::server::ServerTarget;
+use arc_swap::{ArcSwap, ArcSwapOption};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use tokio::sync::watch;
+
+/// Where a client's current query runs, so a CancelRequest can be passed on.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerCancel {
+    pub addr: SocketAddr,
+    pub pid: i32,
+    pub secret: i32,
+}
+
+/// Client lifecycle states as PgBouncer's SHOW CLIENTS names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClientState {
+    Login = 0,
+    /// Connected, no server assigned.
+    Idle = 1,
+    /// Waiting in the pool's queue.
+    Waiting = 2,
+    /// Holding a server.
+    Active = 3,
+}
+
+impl ClientState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientState::Login => "login",
+            ClientState::Idle => "idle",
+            ClientState::Waiting => "waiting",
+            ClientState::Active => "active",
+        }
+    }
+}
+
+/// What the rest of pgmemo can see of one client connection.
+#[derive(Debug)]
+pub struct ClientInfo {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub local_addr: SocketAddr,
+    pub connect_time: SystemTime,
+    pub tls: bool,
+    pub user: String,
+    pub database: String,
+    /// The BackendKeyData pgmemo gave this client.
+    pub cancel_key: (i32, i32),
+    state: AtomicU8,
+    pub application_name: Mutex<String>,
+    /// The server running this client's work right now, if any.
+    pub server: Mutex<Option<ServerCancel>>,
+    pub server_id: AtomicU64,
+}
+
+impl ClientInfo {
+    pub fn state(&self) -> ClientState {
+        match self.state.load(Ordering::Relaxed) {
+            0 => ClientState::Login,
+            1 => ClientState::Idle,
+            2 => ClientState::Waiting,
+            _ => ClientState::Active,
+        }
+    }
+
+    pub fn set_state(&self, s: ClientState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+}
+
+pub struct App {
+    pub config: ArcSwap<Config>,
+    pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
+    pub tls_acceptor: ArcSwapOption<tokio_rustls::TlsAcceptor>,
+    server_tls: ArcSwapOption<tokio_rustls::TlsConnector>,
+    clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+    cancel_keys: Mutex<HashMap<(i32, i32), Arc<ClientInfo>>>,
+    next_client_id: AtomicU64,
+    pub shutdown_tx: watch::Sender<bool>,
+    pub shutting_down: AtomicBool,
+    pub started: Instant,
+    pub listen_addr: Mutex<Option<SocketAddr>>,
+    /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
+    pub reloader: Mutex<Option<crate::Reloader>>,
+}
+
+impl App {
+    pub fn new(config: Config) -> anyhow::Result<Arc<App>> {
+        let (shutdown_tx, _) = watch::channel(false);
+        let app = Arc::new(App {
+            config: ArcSwap::from_pointee(config),
+            pools: RwLock::new(HashMap::new()),
+            tls_acceptor: ArcSwapOption::empty(),
+            server_tls: ArcSwapOption::empty(),
+            clients: Mutex::new(HashMap::new()),
+            cancel_keys: Mutex::new(HashMap::new()),
+            next_client_id: AtomicU64::new(1),
+            shutdown_tx,
+            shutting_down: AtomicBool::new(false),
+            started: Instant::now(),
+            listen_addr: Mutex::new(None),
+            reloader: Mutex::new(None),
+        });
+        app.load_tls()?;
+        Ok(app)
+    }
+
+    /// (Re)builds the TLS acceptor and server connector from the current configuration.
+    fn load_tls(&self) -> anyhow::Result<()> {
+        let cfg = self.config.load();
+        let g = &cfg.general;
+        let acceptor = match (&g.tls_cert_file, &g.tls_key_file) {
+            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor(cert, key)?)),
+            _ => None,
+        };
+        let connector = crate::tls::server_connector(g.server_tls, g.server_tls_ca_file.as_deref())?;
+        self.tls_acceptor.store(acceptor);
+        self.server_tls.store(connector.map(Arc::new));
+        Ok(())
+    }
+
+    /// Applies a new configuration to everything that can change without a restart: pool
+    /// sizes, timeouts, users and passwords, TLS files. Clients stay connected.
+    pub fn reload(&self, config: Config) -> anyhow::Result<()> {
+        let old = self.config.swap(Arc::new(config));
+        if let Err(e) = self.load_tls() {
+            self.config.store(old);
+            return Err(e);
+        }
+        let cfg = self.config.load();
+        for pool in self.pools.read().values() {
+            if let Some(settings) = self.pool_settings(&cfg, &pool.key) {
+                pool.reconfigure(settings);
+            }
+        }
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+
+    /// The pool for (database, user), created on first use; None when the configuration does
+    /// not serve that database.
+    pub fn pool(&self, database: &str, user: &str) -> Option<Arc<Pool>> {
+        let key = PoolKey {
+            database: database.to_owned(),
+            user: user.to_owned(),
+        };
+        if let Some(p) = self.pools.read().get(&key) {
+            return Some(p.clone());
+        }
+        let cfg = self.config.load();
+        let settings = self.pool_settings(&cfg, &key)?;
+        let mut pools = self.pools.write();
+        Some(
+            pools
+                .entry(key.clone())
+                .or_insert_with(|| Pool::new(key, settings))
+                .clone(),
+        )
+    }
+
+    fn pool_settings(&self, cfg: &Config, key: &PoolKey) -> Option<PoolSettings> {
+        let db = cfg.resolve(&key.database, &key.user)?;
+        let g = &cfg.general;
+        // No server credentials configured: log in as the client, with its configured password
+        // when that is a plain one (PgBouncer's model).
+        let (user, password) = match db.server_user {
+            Some(u) => (u, db.server_password),
+            None => (
+                key.user.clone(),
+                cfg.user_secret(&key.user)
+                    .filter(|s| !s.starts_with("md5") && !s.starts_with("SCRAM-SHA-256$"))
+                    .map(str::to_owned),
+            ),
+        };
+        Some(PoolSettings {
+            target: ServerTarget {
+                host: db.host,
+                port: db.port,
+                dbname: db.dbname,
+                user,
+                password,
+                tls_mode: g.server_tls,
+                tls: self.server_tls.load_full().map(|c| (*c).clone()),
+            },
+            mode: db.pool_mode,
+            pool_size: db.pool_size as usize,
+            min_pool_size: db.min_pool_size as usize,
+            query_wait_timeout: g.query_wait_timeout,
+            server_connect_timeout: g.server_connect_timeout,
+            server_idle_timeout: g.server_idle_timeout,
+            server_lifetime: g.server_lifetime,
+            server_check_delay: g.server_check_delay,
+            server_check_query: g.server_check_query.clone(),
+            server_reset_query: g.server_reset_query.clone(),
+            server_reset_query_always: g.server_reset_query_always,
+        })
+    }
+
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        let mut v: Vec<_> = self.pools.read().values().cloned().collect();
+        v.sort_by(|a, b| (&a.key.database, &a.key.user).cmp(&(&b.key.database, &b.key.user)));
+        v
+    }
+
+    /// Registers a new client and gives it a unique cancel key.
+    pub fn register_client(
+        &self,
+        addr: SocketAddr,
+        local_addr: SocketAddr,
+        tls: bool,
+        user: &str,
+        database: &str,
+    ) -> Arc<ClientInfo> {
+        let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let mut keys = self.cancel_keys.lock();
+        let key = loop {
+            let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+            if k.0 != 0 && !keys.contains_key(&k) {
+                break k;
+            }
+        };
+        let info = Arc::new(ClientInfo {
+            id,
+            addr,
+            local_addr,
+            connect_time: SystemTime::now(),
+            tls,
+            user: user.to_owned(),
+            database: database.to_owned(),
+            cancel_key: key,
+            state: AtomicU8::new(ClientState::Login as u8),
+            application_name: Mutex::new(String::new()),
+            server: Mutex::new(None),
+            server_id: AtomicU64::new(0),
+        });
+        keys.insert(key, info.clone());
+        drop(keys);
+        self.clients.lock().insert(id, info.clone());
+        info
+    }
+
+    pub fn unregister_client(&self, info: &ClientInfo) {
+        self.cancel_keys.lock().remove(&info.cancel_key);
+        self.clients.lock().remove(&info.id);
+    }
+
+    pub fn clients(&self) -> Vec<Arc<ClientInfo>> {
+        let mut v: Vec<_> = self.clients.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.lock().len()
+    }
+
+    /// Passes a client's CancelRequest to the server running its query, if any. Unknown keys
+    /// are ignored silently, as PostgreSQL does.
+    pub async fn cancel(&self, pid: i32, secret: i32) {
+        let target = {
+            let keys = self.cancel_keys.lock();
+            keys.get(&(pid, secret)).and_then(|c| *c.server.lock())
+        };
+        if let Some(t) = target {
+            if let Err(e) = crate::server::send_cancel(t.addr, t.pid, t.secret).await {
+                tracing::warn!(error = %e, "could not forward cancel request");
+            }
+        }
+    }
+
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown_tx.subscribe()
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.shutdown_tx.send_replace(true);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether a pool mode keeps a server for the whole session.
+pub fn is_session_mode(mode: PoolMode) -> bool {
+    mode == PoolMode::Session
+}

@@ -1,0 +1,164 @@
+//! pgmemo: a PostgreSQL proxy and connection pooler built for caching statements, plans and
+//! results. See README.md for what it does and DESIGN notes in the modules for how.
+//!
+//! The binary is a thin shell over [`Pgmemo`], which tests and benchmarks embed directly.
+
+pub mod admin;
+pub mod app;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod metrics;
+pub mod params;
+pub mod pool;
+pub mod protocol;
+pub mod replies;
+pub mod server;
+pub mod session;
+pub mod stats;
+pub mod stream;
+pub mod tls;
+
+use anyhow::Context as _;
+use app::App;
+use config::Config;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// A running pgmemo: its listener, janitor and (optionally) metrics endpoint.
+pub struct Pgmemo {
+    app: Arc<App>,
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+/// Builds the configuration again on RELOAD / SIGHUP (re-reads the file, re-applies flags).
+pub type Reloader = Box<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
+
+impl Pgmemo {
+    /// Binds `general.listen` (port 0 picks a free port) and starts serving.
+    pub async fn start(config: Config) -> anyhow::Result<Pgmemo> {
+        let listen = config.general.listen.clone();
+        let metrics_listen = config.general.metrics_listen.clone();
+        let app = App::new(config)?;
+        let listener = TcpListener::bind(&listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        *app.listen_addr.lock() = Some(addr);
+        let metrics_addr = match metrics_listen {
+            Some(m) => {
+                let l = TcpListener::bind(&m)
+                    .await
+                    .with_context(|| format!("cannot listen on metrics_listen {m}"))?;
+                let a = l.local_addr()?;
+                tokio::spawn(metrics::serve(app.clone(), l));
+                Some(a)
+            }
+            None => None,
+        };
+        tokio::spawn(janitor(app.clone()));
+        let accept_task = tokio::spawn(accept_loop(app.clone(), listener));
+        tracing::info!(%addr, "pgmemo listening");
+        Ok(Pgmemo {
+            app,
+            addr,
+            metrics_addr,
+            accept_task,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// Sets how RELOAD and SIGHUP obtain a fresh configuration.
+    pub fn set_reloader(&self, reloader: Reloader) {
+        *self.app.reloader.lock() = Some(reloader);
+    }
+
+    /// Applies `config` now, as RELOAD would.
+    pub fn reload_with(&self, config: Config) -> anyhow::Result<()> {
+        self.app.reload(config)
+    }
+
+    /// Stops accepting, lets running transactions finish (up to shutdown_timeout), then
+    /// closes every connection.
+    pub async fn shutdown(self) {
+        self.app.begin_shutdown();
+        self.wait().await;
+    }
+
+    /// Waits until a shutdown (SIGTERM, the SHUTDOWN command, or [`Pgmemo::shutdown`]) has
+    /// completed.
+    pub async fn wait(self) {
+        let mut signal = self.app.shutdown_signal();
+        let _ = signal.wait_for(|s| *s).await;
+        let _ = self.accept_task.await;
+        let timeout = self.app.config.load().general.shutdown_timeout;
+        let deadline = Instant::now() + timeout;
+        while self.app.client_count() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for pool in self.app.pools() {
+            pool.close().await;
+        }
+        tracing::info!("pgmemo stopped");
+    }
+}
+
+/// RELOAD: rebuilds the configuration with the registered reloader and applies it.
+pub fn reload(app: &App) -> anyhow::Result<()> {
+    let config = match app.reloader.lock().as_ref() {
+        Some(reloader) => reloader()?,
+        None => (**app.config.load()).clone(),
+    };
+    app.reload(config)
+}
+
+async fn accept_loop(app: Arc<App>, listener: TcpListener) {
+    let mut shutdown = app.shutdown_signal();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        match accepted {
+            Ok((tcp, _)) => {
+                tokio::spawn(session::serve_client(app.clone(), tcp));
+            }
+            Err(e) => {
+                // Usually EMFILE: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Periodic pool maintenance: idle and lifetime limits, min_pool_size.
+async fn janitor(app: Arc<App>) {
+    let mut shutdown = app.shutdown_signal();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        for pool in app.pools() {
+            pool.maintain().await;
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The `pgmemo` command: parse flags, build the configuration (or start a private PostgreSQL in
+//! demo mode), run until SIGTERM/SIGINT or the admin SHUTDOWN, reload on SIGHUP.
+
+use clap::Parser;
+use pgmemo::cli::Cli;
+use pgmemo::config::{AuthType, Config, Upstream};
+use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
+use pgmemo::Pgmemo;
+use std::process::ExitCode;
+use tokio::signal::unix::{signal, SignalKind};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("pgmemo: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pgmemo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PGMEMO_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let check_only = cli.check;
+    let (config, demo) = match cli.clone().into_config()? {
+        Some(config) => (config, None),
+        None => {
+            // Demo mode: a private throwaway PostgreSQL, removed again when pgmemo exits.
+            init_logging(cli.log_level.as_deref().unwrap_or("info"));
+            eprintln!("pgmemo: no --upstream or --config given: starting a private PostgreSQL (demo mode)");
+            let cluster = tokio::task::spawn_blocking(|| {
+                LocalPostgres::start(LocalPostgresOptions::default())
+            })
+            .await??;
+            let mut config = Config::for_upstream(Upstream {
+                host: cluster.host().to_owned(),
+                port: cluster.port(),
+                user: "postgres".into(),
+                password: None,
+            });
+            // The private cluster trusts loopback logins; so does pgmemo in front of it unless
+            // asked otherwise.
+            if cli.auth.is_none() {
+                config.general.auth_type = AuthType::Trust;
+            }
+            config.general.admin_users = vec!["postgres".into()];
+            cli.apply_overrides(&mut config)?;
+            (config, Some(cluster))
+        }
+    };
+    init_logging(&config.general.log_level);
+    if check_only {
+        println!("configuration OK");
+        return Ok(());
+    }
+    let pgmemo = Pgmemo::start(config).await?;
+    let reload_cli = cli.clone();
+    let demo_upstream = demo.as_ref().map(|c| (c.host().to_owned(), c.port()));
+    pgmemo.set_reloader(Box::new(move || {
+        let config = match reload_cli.clone().into_config()? {
+            Some(c) => c,
+            None => {
+                let (host, port) = demo_upstream.clone().expect("demo mode has a cluster");
+                let mut c = Config::for_upstream(Upstream {
+                    host,
+                    port,
+                    user: "postgres".into(),
+                    password: None,
+                });
+                if reload_cli.auth.is_none() {
+                    c.general.auth_type = AuthType::Trust;
+                }
+                c.general.admin_users = vec!["postgres".into()];
+                reload_cli.apply_overrides(&mut c)?;
+                c
+            }
+        };
+        Ok(config)
+    }));
+    let addr = pgmemo.local_addr();
+    if demo.is_some() {
+        println!("pgmemo is proxying a private PostgreSQL on {addr} (transaction pooling).");
+        println!("Connect with:");
+        println!("    psql -h {} -p {} -U postgres postgres", addr.ip(), addr.port());
+        println!("Admin console (as an admin user): psql -h {} -p {} -U postgres pgmemo", addr.ip(), addr.port());
+        println!("Press Ctrl-C to stop; the private PostgreSQL is removed on exit.");
+    }
+    let app = pgmemo.app().clone();
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let signals = async {
+        loop {
+            tokio::select! {
+                _ = hup.recv() => {
+                    match pgmemo::reload(&app) {
+                        Ok(()) => tracing::info!("SIGHUP: configuration reloaded"),
+                        Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
+                    }
+                }
+                _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break }
+                _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break }
+            }
+        }
+        app.begin_shutdown();
+    };
+    let mut shutdown = pgmemo.app().shutdown_signal();
+    tokio::select! {
+        _ = signals => {}
+        _ = shutdown.wait_for(|s| *s) => {}
+    }
+    pgmemo.wait().await;
+    if let Some(mut cluster) = demo {
+        tokio::task::spawn_blocking(move || cluster.stop()).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! The Prometheus endpoint: `GET /metrics` on `metrics_listen`, in the text exposition format.
+//!
+//! Scrapes are rare and tiny, so this is a minimal HTTP/1.1 responder on a plain TcpListener
+//! rather than a web framework: read the request head, answer, close.
+
+use crate::app::{App, ClientState};
+use crate::server::ServerState;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+pub async fn serve(app: Arc<App>, listener: TcpListener) {
+    let mut shutdown = app.shutdown_signal();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let Ok((mut sock, _)) = accepted else { continue };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::with_capacity(1024);
+            let mut buf = [0u8; 1024];
+            // Read the request head, bounded in size and time.
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return false,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                true
+            })
+            .await;
+            if !matches!(read, Ok(true)) {
+                return;
+            }
+            let request_line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+            let (status, body) = if request_line.starts_with(b"GET /metrics ")
+                || request_line.starts_with(b"GET / ")
+            {
+                ("200 OK", render(&app))
+            } else {
+                ("404 Not Found", "not found; try /metrics\n".to_owned())
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(response.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
+fn labels(database: &str, user: &str) -> String {
+    format!(
+        "database=\"{}\",user=\"{}\"",
+        escape(database),
+        escape(user)
+    )
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Renders every metric. The same numbers as SHOW POOLS and SHOW STATS.
+pub fn render(app: &App) -> String {
+    let mut out = String::new();
+    let pools = app.pools();
+    let clients = app.clients();
+
+    out.push_str("# HELP pgmemo_clients Client connections by pool and state.\n# TYPE pgmemo_clients gauge\n");
+    for pool in &pools {
+        for state in [ClientState::Idle, ClientState::Waiting, ClientState::Active] {
+            let n = clients
+                .iter()
+                .filter(|c| {
+                    c.database == pool.key.database && c.user == pool.key.user && c.state() == state
+                })
+                .count();
+            let _ = writeln!(
+                out,
+                "pgmemo_clients{{{},state=\"{}\"}} {n}",
+                labels(&pool.key.database, &pool.key.user),
+                state.name()
+            );
+        }
+    }
+    out.push_str("# HELP pgmemo_servers Server connections by pool and state.\n# TYPE pgmemo_servers gauge\n");
+    for pool in &pools {
+        let servers = pool.servers();
+        for state in [
+            ServerState::Login,
+            ServerState::Idle,
+            ServerState::Active,
+            ServerState::Used,
+            ServerState::Tested,
+        ] {
+            let n = servers.iter().filter(|s| s.state() == state).count();
+            let _ = writeln!(
+                out,
+                "pgmemo_servers{{{},state=\"{}\"}} {n}",
+                labels(&pool.key.database, &pool.key.user),
+                state.name()
+            );
+        }
+    }
+    out.push_str("# HELP pgmemo_clients_waiting Clients queued for a server.\n# TYPE pgmemo_clients_waiting gauge\n");
+    for pool in &pools {
+        let (_, _, waiting) = pool.counts();
+        let _ = writeln!(
+            out,
+            "pgmemo_clients_waiting{{{}}} {waiting}",
+            labels(&pool.key.database, &pool.key.user)
+        );
+    }
+    let counters: [(&str, &str, fn(&crate::stats::StatsSnapshot) -> f64); 8] = [
+        ("pgmemo_transactions_total", "Transactions pooled.", |s| s.xact_count as f64),
+        ("pgmemo_queries_total", "Queries (ReadyForQuery) relayed.", |s| s.query_count as f64),
+        ("pgmemo_received_bytes_total", "Bytes received from clients.", |s| s.bytes_received as f64),
+        ("pgmemo_sent_bytes_total", "Bytes sent to clients.", |s| s.bytes_sent as f64),
+        ("pgmemo_transaction_seconds_total", "Time servers were held by clients.", |s| s.xact_time_us as f64 / 1e6),
+        ("pgmemo_wait_seconds_total", "Time clients waited for a server.", |s| s.wait_time_us as f64 / 1e6),
+        ("pgmemo_wait_timeouts_total", "Clients that hit query_wait_timeout.", |s| s.wait_timeouts as f64),
+        ("pgmemo_client_logins_total", "Successful client logins.", |s| s.client_logins as f64),
+    ];
+    for (name, help, get) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for pool in &pools {
+            let s = pool.stats.snapshot();
+            let _ = writeln!(
+                out,
+                "{name}{{{}}} {}",
+                labels(&pool.key.database, &pool.key.user),
+                get(&s)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_uptime_seconds Seconds since start.\n# TYPE pgmemo_uptime_seconds gauge\npgmemo_uptime_seconds {}",
+        app.started.elapsed().as_secs()
+    );
+    out
+}

@@ -1,0 +1,244 @@
+//! Session parameters that must follow a client from server to server.
+//!
+//! In transaction mode a client's next transaction may run on a server connection last used by
+//! someone else. Two kinds of state must then be made to match the client's:
+//! - *reported* parameters (PostgreSQL sends ParameterStatus for them: DateStyle, TimeZone,
+//!   client_encoding, application_name, ...), whose current value on a server is always known;
+//! - *settings* given in the client's startup packet that PostgreSQL does not report
+//!   (search_path, statement_timeout, extra_float_digits, ...), whose value on a server is known
+//!   only because pgmemo set it.
+//!
+//! Before a client's batch runs on a server, [`sync_sql`] builds the `SET`/`RESET` statements
+//! that make the server's state equal the client's; empty when they already match, which is the
+//! common case once a pool has warmed up.
+
+/// An ordered list of (name, value). Few entries, so a Vec beats a map; names compare
+/// case-insensitively like GUC names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vars(Vec<(String, String)>);
+
+impl Vars {
+    pub fn new() -> Self {
+        Vars(Vec::new())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets `name`; returns true when the value changed.
+    pub fn set(&mut self, name: &str, value: &str) -> bool {
+        match self.0.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            Some((_, v)) if v == value => false,
+            Some((_, v)) => {
+                *v = value.to_owned();
+                true
+            }
+            None => {
+                self.0.push((name.to_owned(), value.to_owned()));
+                true
+            }
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.0.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Reported parameters a client may change and that pgmemo carries between servers. The rest of
+/// the reported set (server_version, is_superuser, ...) is fixed per server login.
+pub const CARRIED: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "standard_conforming_strings",
+    "TimeZone",
+];
+
+pub fn is_carried(name: &str) -> bool {
+    CARRIED.iter().any(|c| c.eq_ignore_ascii_case(name))
+}
+
+/// Startup parameters that are not settings at all.
+pub fn is_connection_keyword(name: &str) -> bool {
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "user" | "database" | "replication" | "options"
+    ) || name.starts_with("_pq_.")
+}
+
+/// Quotes a value as an escape string literal, which reads the same whatever
+/// standard_conforming_strings is on the server.
+pub fn quote_literal(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 3);
+    out.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// Quotes a GUC name as an identifier (names may contain dots for extension settings).
+pub fn quote_name(name: &str) -> String {
+    name.split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The statements that make a server's parameters equal a client's, or None when they match.
+///
+/// `client_reported`/`server_reported` hold the carried reported parameters;
+/// `client_settings`/`server_settings` the unreported ones pgmemo manages.
+pub fn sync_sql(
+    client_reported: &Vars,
+    server_reported: &Vars,
+    client_settings: &Vars,
+    server_settings: &Vars,
+) -> Option<String> {
+    let mut sql = String::new();
+    for (name, value) in client_reported.iter() {
+        if is_carried(name) && server_reported.get(name) != Some(value) {
+            push_set(&mut sql, name, value);
+        }
+    }
+    for (name, value) in client_settings.iter() {
+        if server_settings.get(name) != Some(value) {
+            push_set(&mut sql, name, value);
+        }
+    }
+    for (name, _) in server_settings.iter() {
+        if client_settings.get(name).is_none() {
+            sql.push_str("RESET ");
+            sql.push_str(&quote_name(name));
+            sql.push(';');
+        }
+    }
+    (!sql.is_empty()).then_some(sql)
+}
+
+fn push_set(sql: &mut String, name: &str, value: &str) {
+    sql.push_str("SET ");
+    sql.push_str(&quote_name(name));
+    sql.push_str(" = ");
+    sql.push_str(&quote_literal(value));
+    sql.push(';');
+}
+
+/// Splits libpq's `options` startup parameter (`-c name=value --name=value`, backslash
+/// escapes spaces) into settings.
+pub fn parse_options(options: &str) -> Vec<(String, String)> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    word.push(n)
+                }
+            }
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let mut out = Vec::new();
+    let mut it = words.into_iter();
+    while let Some(w) = it.next() {
+        let setting = if w == "-c" {
+            it.next()
+        } else if let Some(rest) = w.strip_prefix("--") {
+            Some(rest.to_owned())
+        } else {
+            w.strip_prefix("-c").map(str::to_owned)
+        };
+        if let Some((k, v)) = setting.as_deref().and_then(|s| s.split_once('=')) {
+            out.push((k.replace('-', "_"), v.to_owned()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vars {
+        let mut v = Vars::new();
+        for (k, val) in pairs {
+            v.set(k, val);
+        }
+        v
+    }
+
+    #[test]
+    fn nothing_to_do_when_equal() {
+        let r = vars(&[("DateStyle", "ISO, MDY"), ("TimeZone", "UTC")]);
+        let s = vars(&[("search_path", "a")]);
+        assert_eq!(sync_sql(&r, &r, &s, &s), None);
+    }
+
+    #[test]
+    fn sets_differences_and_resets_leftovers() {
+        let client = vars(&[("timezone", "UTC"), ("server_version", "15")]);
+        let server = vars(&[("TimeZone", "Europe/Paris"), ("server_version", "14")]);
+        let cs = vars(&[("search_path", "it's")]);
+        let ss = vars(&[("statement_timeout", "5s")]);
+        let sql = sync_sql(&client, &server, &cs, &ss).unwrap();
+        assert_eq!(
+            sql,
+            "SET \"timezone\" = E'UTC';SET \"search_path\" = E'it''s';RESET \"statement_timeout\";"
+        );
+    }
+
+    #[test]
+    fn quoting_is_injection_safe() {
+        assert_eq!(quote_literal(r"a\'; DROP"), r"E'a\\''; DROP'");
+        assert_eq!(quote_name("my.x\"y"), "\"my\".\"x\"\"y\"");
+    }
+
+    #[test]
+    fn options_parsing() {
+        assert_eq!(
+            parse_options(r"-c search_path=a\ b --statement-timeout=5s -cwork_mem=1MB"),
+            vec![
+                ("search_path".into(), "a b".into()),
+                ("statement_timeout".into(), "5s".into()),
+                ("work_mem".into(), "1MB".into())
+            ]
+        );
+    }
+}

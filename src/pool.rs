@@ -1,0 +1,437 @@
+//! Server connections per (database, user): checkout and check-in, the size limit, the queue of
+//! clients waiting for a server, connect retries, and idle/lifetime maintenance.
+//!
+//! A checked-out [`ServerConn`] is owned by the session using it, so the hot path touches the
+//! pool only twice per transaction (take and give back), each under this pool's own short lock;
+//! there is no global lock. A returned connection goes straight to the oldest waiter when there
+//! is one, so a waiter never races a newcomer for it.
+
+use crate::params::Vars;
+use crate::server::{ServerConn, ServerError, ServerInfo, ServerState, ServerTarget};
+use crate::stats::PoolStats;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, Notify};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub database: String,
+    pub user: String,
+}
+
+pub use crate::config::PoolMode;
+
+/// The settings a pool runs with; replaced as a whole on reload.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub target: ServerTarget,
+    pub mode: PoolMode,
+    pub pool_size: usize,
+    pub min_pool_size: usize,
+    pub query_wait_timeout: Duration,
+    pub server_connect_timeout: Duration,
+    pub server_idle_timeout: Duration,
+    pub server_lifetime: Duration,
+    pub server_check_delay: Duration,
+    pub server_check_query: String,
+    pub server_reset_query: String,
+    pub server_reset_query_always: bool,
+}
+
+/// Why a client could not get a server.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("query_wait_timeout: no server connection became free in {0:?}")]
+    WaitTimeout(Duration),
+    #[error("could not connect to server: {0}")]
+    Connect(ServerError),
+    #[error("pgmemo is shutting down")]
+    Closed,
+}
+
+/// What a waiting client is handed: a connection, or the right to open one (a slot freed by a
+/// connection that was closed).
+enum Grant {
+    Conn(ServerConn),
+    Slot,
+}
+
+#[derive(Default)]
+struct PoolState {
+    /// Idle connections, most recently used last (taken LIFO, so the oldest ones idle out).
+    idle: Vec<ServerConn>,
+    /// Every connection counted against pool_size: idle + in use + being opened.
+    total: usize,
+    waiters: VecDeque<oneshot::Sender<Grant>>,
+    paused: bool,
+    closed: bool,
+}
+
+pub struct Pool {
+    pub key: PoolKey,
+    settings: Mutex<Arc<PoolSettings>>,
+    state: Mutex<PoolState>,
+    resumed: Notify,
+    /// Every live server connection, for SHOW SERVERS.
+    servers: Mutex<HashMap<u64, Arc<ServerInfo>>>,
+    pub stats: PoolStats,
+    /// The reported parameters a fresh server connection starts with; what a client is told at
+    /// login before its own startup parameters are applied.
+    defaults: Mutex<Option<Vars>>,
+    /// Startup parameter values already checked on a server: (name, raw value) → the value as
+    /// the server reports it. Saves a round trip for every client login after the first.
+    normalized: Mutex<HashMap<(String, String), String>>,
+}
+
+impl Pool {
+    pub fn new(key: PoolKey, settings: PoolSettings) -> Arc<Pool> {
+        Arc::new(Pool {
+            key,
+            settings: Mutex::new(Arc::new(settings)),
+            state: Mutex::new(PoolState::default()),
+            resumed: Notify::new(),
+            servers: Mutex::new(HashMap::new()),
+            stats: PoolStats::default(),
+            defaults: Mutex::new(None),
+            normalized: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn settings(&self) -> Arc<PoolSettings> {
+        self.settings.lock().clone()
+    }
+
+    /// Applies reloaded settings; a larger pool_size hands freed capacity to waiters at once.
+    pub fn reconfigure(&self, settings: PoolSettings) {
+        let new_size = settings.pool_size;
+        *self.settings.lock() = Arc::new(settings);
+        let mut grants = Vec::new();
+        {
+            let mut st = self.state.lock();
+            while st.total < new_size {
+                match st.waiters.pop_front() {
+                    Some(w) => {
+                        st.total += 1;
+                        grants.push(w);
+                    }
+                    None => break,
+                }
+            }
+        }
+        for w in grants {
+            if w.send(Grant::Slot).is_err() {
+                self.state.lock().total -= 1;
+            }
+        }
+    }
+
+    /// Takes a server connection: an idle one, a new one if the pool is below its size, or the
+    /// next one returned, waiting at most query_wait_timeout.
+    pub async fn checkout(&self) -> Result<ServerConn, CheckoutError> {
+        let started = Instant::now();
+        let settings = self.settings();
+        let deadline = started + settings.query_wait_timeout;
+        loop {
+            let mut discard = Vec::new();
+            let next = {
+                let mut st = self.state.lock();
+                if st.closed {
+                    return Err(CheckoutError::Closed);
+                }
+                if st.paused {
+                    None
+                } else {
+                    let mut got = None;
+                    while let Some(conn) = st.idle.pop() {
+                        if conn.looks_alive() && conn.created.elapsed() < settings.server_lifetime
+                        {
+                            got = Some(Grant::Conn(conn));
+                            break;
+                        }
+                        st.total -= 1;
+                        discard.push(conn);
+                    }
+                    match got {
+                        Some(g) => Some(Ok(g)),
+                        None if st.total < settings.pool_size => {
+                            st.total += 1;
+                            Some(Ok(Grant::Slot))
+                        }
+                        None => {
+                            let (tx, rx) = oneshot::channel();
+                            st.waiters.push_back(tx);
+                            Some(Err(rx))
+                        }
+                    }
+                }
+            };
+            for conn in discard {
+                self.forget(&conn);
+            }
+            let grant = match next {
+                None => {
+                    // Paused: wait for RESUME (or the deadline).
+                    let notified = self.resumed.notified();
+                    if !self.state.lock().paused {
+                        continue;
+                    }
+                    if tokio::time::timeout_at(deadline.into(), notified).await.is_err() {
+                        return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
+                    }
+                    continue;
+                }
+                Some(Ok(g)) => g,
+                Some(Err(rx)) => match tokio::time::timeout_at(deadline.into(), rx).await {
+                    Ok(Ok(g)) => g,
+                    Ok(Err(_)) => return Err(CheckoutError::Closed),
+                    Err(_) => {
+                        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                        return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
+                    }
+                },
+            };
+            self.stats
+                .wait_time_us
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            match grant {
+                Grant::Conn(mut conn) => {
+                    if conn.last_used.elapsed() >= settings.server_check_delay
+                        && !settings.server_check_query.is_empty()
+                    {
+                        conn.set_state(ServerState::Tested);
+                        if conn.internal_query(&settings.server_check_query).await.is_err() {
+                            self.release_slot(&conn);
+                            continue;
+                        }
+                    }
+                    conn.set_state(ServerState::Active);
+                    return Ok(conn);
+                }
+                Grant::Slot => match self.connect(&settings, deadline).await {
+                    Ok(conn) => {
+                        conn.set_state(ServerState::Active);
+                        return Ok(conn);
+                    }
+                    Err(e) => {
+                        self.give_slot_back();
+                        return Err(CheckoutError::Connect(e));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Opens a connection for a slot already counted in `total`, retrying until
+    /// server_connect_timeout (or the caller's deadline) so a restarting server is waited for.
+    async fn connect(
+        &self,
+        settings: &PoolSettings,
+        deadline: Instant,
+    ) -> Result<ServerConn, ServerError> {
+        let connect_deadline = (Instant::now() + settings.server_connect_timeout).min(deadline);
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let attempt = tokio::time::timeout_at(
+                connect_deadline.into(),
+                ServerConn::connect(&settings.target),
+            )
+            .await;
+            let err = match attempt {
+                Ok(Ok(conn)) => {
+                    self.servers.lock().insert(conn.info.id, conn.info.clone());
+                    let mut defaults = self.defaults.lock();
+                    if defaults.is_none() {
+                        *defaults = Some(conn.reported.clone());
+                    }
+                    return Ok(conn);
+                }
+                // The server spoke: wrong password, unknown database, too many connections.
+                // Retrying will not help (except "starting up" / "shutting down").
+                Ok(Err(ServerError::Server { fields, raw }))
+                    if !matches!(fields.code.as_str(), "57P03" | "57P01" | "53300") =>
+                {
+                    return Err(ServerError::Server { fields, raw })
+                }
+                Ok(Err(e)) => e,
+                Err(_) => ServerError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "timed out after {:?} connecting to {:?}",
+                        settings.server_connect_timeout, settings.target
+                    ),
+                )),
+            };
+            if Instant::now() + delay >= connect_deadline {
+                tracing::warn!(pool = ?self.key, error = %err, "server connection failed");
+                return Err(err);
+            }
+            tracing::debug!(pool = ?self.key, error = %err, "server connection failed, retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Returns a connection. Broken, dirty or expired ones are closed and their slot passes on.
+    pub fn checkin(&self, mut conn: ServerConn) {
+        conn.info.client_id.store(0, Ordering::Relaxed);
+        let settings = self.settings();
+        if conn.broken || conn.status != b'I' || conn.created.elapsed() >= settings.server_lifetime
+        {
+            if conn.status != b'I' && !conn.broken {
+                tracing::warn!(pool = ?self.key, "closing a server returned inside a transaction");
+            }
+            self.release_slot(&conn);
+            tokio::spawn(conn.terminate());
+            return;
+        }
+        conn.last_used = Instant::now();
+        conn.set_state(ServerState::Idle);
+        let mut st = self.state.lock();
+        while let Some(w) = st.waiters.pop_front() {
+            conn.set_state(ServerState::Active);
+            match w.send(Grant::Conn(conn)) {
+                Ok(()) => return,
+                Err(Grant::Conn(back)) => {
+                    conn = back;
+                    conn.set_state(ServerState::Idle);
+                }
+                Err(Grant::Slot) => unreachable!("sent a connection"),
+            }
+        }
+        if st.closed {
+            drop(st);
+            self.forget(&conn);
+            tokio::spawn(conn.terminate());
+            return;
+        }
+        st.idle.push(conn);
+    }
+
+    /// Drops a connection that will not come back, freeing its slot for a waiter.
+    pub fn release_slot(&self, conn: &ServerConn) {
+        self.forget(conn);
+        self.give_slot_back();
+    }
+
+    fn give_slot_back(&self) {
+        let mut st = self.state.lock();
+        while let Some(w) = st.waiters.pop_front() {
+            if w.send(Grant::Slot).is_ok() {
+                return;
+            }
+        }
+        st.total -= 1;
+    }
+
+    fn forget(&self, conn: &ServerConn) {
+        self.servers.lock().remove(&conn.info.id);
+    }
+
+    /// Closes idle connections past server_idle_timeout (keeping min_pool_size) or
+    /// server_lifetime, and opens connections up to min_pool_size. Called by the janitor.
+    pub async fn maintain(self: &Arc<Self>) {
+        let settings = self.settings();
+        let expired: Vec<ServerConn> = {
+            let mut st = self.state.lock();
+            let mut keep = Vec::with_capacity(st.idle.len());
+            let mut out = Vec::new();
+            let total = st.total;
+            for conn in st.idle.drain(..) {
+                let idle_too_long = conn.last_used.elapsed() >= settings.server_idle_timeout
+                    && total - out.len() > settings.min_pool_size;
+                if idle_too_long
+                    || conn.created.elapsed() >= settings.server_lifetime
+                    || !conn.looks_alive()
+                {
+                    out.push(conn);
+                } else {
+                    keep.push(conn);
+                }
+            }
+            st.idle = keep;
+            st.total -= out.len();
+            out
+        };
+        for conn in expired {
+            self.forget(&conn);
+            conn.terminate().await;
+        }
+        loop {
+            {
+                let mut st = self.state.lock();
+                if st.closed || st.paused || st.total >= settings.min_pool_size.min(settings.pool_size) {
+                    break;
+                }
+                st.total += 1;
+            }
+            match self.connect(&settings, Instant::now() + settings.server_connect_timeout).await {
+                Ok(conn) => self.checkin(conn),
+                Err(_) => {
+                    self.give_slot_back();
+                    break;
+                }
+            }
+        }
+    }
+
+    pub fn pause(&self) {
+        self.state.lock().paused = true;
+    }
+
+    pub fn resume(&self) {
+        self.state.lock().paused = false;
+        self.resumed.notify_waiters();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.state.lock().paused
+    }
+
+    /// Closes idle connections and refuses new checkouts (shutdown).
+    pub async fn close(&self) {
+        let idle: Vec<ServerConn> = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            st.waiters.clear();
+            let idle: Vec<ServerConn> = st.idle.drain(..).collect();
+            st.total -= idle.len();
+            idle
+        };
+        for conn in idle {
+            self.forget(&conn);
+            conn.terminate().await;
+        }
+    }
+
+    /// Counts for SHOW POOLS: (idle, in use or opening, waiting clients).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let st = self.state.lock();
+        (st.idle.len(), st.total - st.idle.len(), st.waiters.len())
+    }
+
+    pub fn servers(&self) -> Vec<Arc<ServerInfo>> {
+        self.servers.lock().values().cloned().collect()
+    }
+
+    pub fn defaults(&self) -> Option<Vars> {
+        self.defaults.lock().clone()
+    }
+
+    pub fn normalized(&self, name: &str, raw: &str) -> Option<String> {
+        self.normalized
+            .lock()
+            .get(&(name.to_ascii_lowercase(), raw.to_owned()))
+            .cloned()
+    }
+
+    pub fn remember_normalized(&self, name: &str, raw: &str, value: &str) {
+        let mut map = self.normalized.lock();
+        // Bounded: a client sending endless distinct values must not grow memory.
+        if map.len() < 10_000 {
+            map.insert((name.to_ascii_lowercase(), raw.to_owned()), value.to_owned());
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! One connection from pgmemo to a PostgreSQL server: connecting, logging in, the parameters
+//! it reports, and the small request/response exchanges pgmemo runs on it by itself (parameter
+//! sync, reset, health check). The hot path — forwarding a client's batch — lives in `session`,
+//! which works on the buffers here directly.
+
+use crate::params::Vars;
+use crate::protocol::backend::{self, AuthRequest, ErrorFields};
+use crate::protocol::{frame, frontend, MAX_BACKEND_MESSAGE_SIZE};
+use crate::stream::Stream;
+use crate::tls::ServerTlsMode;
+use bytes::{Buf, Bytes, BytesMut};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Where and as whom a pool's server connections log in.
+#[derive(Clone)]
+pub struct ServerTarget {
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
+    pub user: String,
+    pub password: Option<String>,
+    pub tls_mode: ServerTlsMode,
+    pub tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl std::fmt::Debug for ServerTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}@{}:{}/{}",
+            self.user, self.host, self.port, self.dbname
+        )
+    }
+}
+
+/// Why a server connection could not be made or used.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The server answered with an ErrorResponse; `raw` is the message body so a client can be
+    /// shown exactly what PostgreSQL said.
+    #[error("server error {}: {}", .fields.code, .fields.message)]
+    Server { fields: ErrorFields, raw: Bytes },
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// Lifecycle states shown by `SHOW SERVERS` (PgBouncer's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ServerState {
+    Login = 0,
+    Idle = 1,
+    Active = 2,
+    Used = 3,
+    Tested = 4,
+}
+
+impl ServerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerState::Login => "login",
+            ServerState::Idle => "idle",
+            ServerState::Active => "active",
+            ServerState::Used => "used",
+            ServerState::Tested => "tested",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => ServerState::Login,
+            1 => ServerState::Idle,
+            2 => ServerState::Active,
+            3 => ServerState::Used,
+            _ => ServerState::Tested,
+        }
+    }
+}
+
+/// What the admin console sees of a server connection; shared so it can be listed while a
+/// session owns the connection itself.
+#[derive(Debug)]
+pub struct ServerInfo {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub local_addr: SocketAddr,
+    pub backend_pid: i32,
+    pub connect_time: std::time::SystemTime,
+    pub tls: bool,
+    state: AtomicU8,
+    /// Id of the client using it, 0 when none.
+    pub client_id: AtomicU64,
+}
+
+impl ServerInfo {
+    pub fn state(&self) -> ServerState {
+        ServerState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+}
+
+static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
+
+pub struct ServerConn {
+    pub stream: Stream,
+    pub rbuf: BytesMut,
+    pub wbuf: BytesMut,
+    pub info: Arc<ServerInfo>,
+    /// The server's BackendKeyData, for forwarding cancel requests.
+    pub backend_secret: i32,
+    /// Reported parameters, as of the last ParameterStatus for each.
+    pub reported: Vars,
+    /// Unreported settings pgmemo has SET on this connection.
+    pub settings: Vars,
+    /// Transaction status from the last ReadyForQuery.
+    pub status: u8,
+    pub created: Instant,
+    pub last_used: Instant,
+    /// Set when the connection must not go back to the pool (I/O error, protocol confusion,
+    /// FATAL from the server).
+    pub broken: bool,
+}
+
+impl ServerConn {
+    /// Connects and logs in. The returned connection is idle ('I') with its reported
+    /// parameters known.
+    pub async fn connect(target: &ServerTarget) -> Result<ServerConn, ServerError> {
+        let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
+        tcp.set_nodelay(true)?;
+        let addr = tcp.peer_addr()?;
+        let local_addr = tcp.local_addr()?;
+        let stream = match (&target.tls, target.tls_mode) {
+            (Some(connector), mode) if mode != ServerTlsMode::Disable => {
+                let s = crate::tls::connect_server_tls(tcp, connector, &target.host).await?;
+                if !s.is_tls() && mode != ServerTlsMode::Prefer {
+                    return Err(ServerError::Protocol(format!(
+                        "server {}:{} does not support TLS but server_tls = {:?}",
+                        target.host, target.port, mode
+                    )));
+                }
+                s
+            }
+            _ => Stream::Tcp(tcp),
+        };
+        let tls = stream.is_tls();
+        let mut conn = ServerConn {
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            wbuf: BytesMut::with_capacity(16 * 1024),
+            info: Arc::new(ServerInfo {
+                id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
+                addr,
+                local_addr,
+                backend_pid: 0,
+                connect_time: std::time::SystemTime::now(),
+                tls,
+                state: AtomicU8::new(ServerState::Login as u8),
+                client_id: AtomicU64::new(0),
+            }),
+            backend_secret: 0,
+            reported: Vars::new(),
+            settings: Vars::new(),
+            status: b'I',
+            created: Instant::now(),
+            last_used: Instant::now(),
+            broken: false,
+        };
+        conn.login(target).await?;
+        Ok(conn)
+    }
+
+    async fn login(&mut self, target: &ServerTarget) -> Result<(), ServerError> {
+        frontend::startup(
+            &mut self.wbuf,
+            &[
+                ("user", target.user.as_str()),
+                ("database", target.dbname.as_str()),
+            ],
+        );
+        self.flush().await?;
+        let password = target.password.as_deref().unwrap_or("");
+        let mut scram: Option<crate::auth::ScramClient> = None;
+        let mut pid = 0;
+        loop {
+            let (tag, body) = self.read_message().await?;
+            match tag {
+                backend::AUTHENTICATION => {
+                    let req = backend::parse_auth(&body).ok_or_else(|| {
+                        ServerError::Protocol("malformed authentication request".into())
+                    })?;
+                    match req {
+                        AuthRequest::Ok => {}
+                        AuthRequest::Cleartext => {
+                            frontend::password(&mut self.wbuf, password.as_bytes());
+                        }
+                        AuthRequest::Md5(salt) => {
+                            let hash = crate::auth::md5_client_response(
+                                &target.user,
+                                password,
+                                salt,
+                            );
+                            frontend::password(&mut self.wbuf, hash.as_bytes());
+                        }
+                        AuthRequest::Sasl(mechs) => {
+                            if !mechs.contains(&"SCRAM-SHA-256") {
+                                return Err(ServerError::Protocol(format!(
+                                    "server offers no supported SASL mechanism: {mechs:?}"
+                                )));
+                            }
+                            let client = crate::auth::ScramClient::new(password.as_bytes());
+                            frontend::sasl_initial_response(
+                                &mut self.wbuf,
+                                "SCRAM-SHA-256",
+                                client.client_first(),
+                            );
+                            scram = Some(client);
+                        }
+                        AuthRequest::SaslContinue(data) => {
+                            let client = scram.as_mut().ok_or_else(|| {
+                                ServerError::Protocol("SASL continue without SASL start".into())
+                            })?;
+                            let reply = client
+                                .handle_server_first(data)
+                                .map_err(|e| ServerError::Protocol(e.to_string()))?;
+                            frontend::sasl_response(&mut self.wbuf, &reply);
+                        }
+                        AuthRequest::SaslFinal(data) => {
+                            let client = scram.as_mut().ok_or_else(|| {
+                                ServerError::Protocol("SASL final without SASL start".into())
+                            })?;
+                            client
+                                .handle_server_final(data)
+                                .map_err(|e| ServerError::Protocol(e.to_string()))?;
+                        }
+                        AuthRequest::Other(n) => {
+                            return Err(ServerError::Protocol(format!(
+                                "server asks for unsupported authentication method {n}"
+                            )))
+                        }
+                    }
+                    self.flush().await?;
+                }
+                backend::PARAMETER_STATUS => {
+                    if let Some((k, v)) = backend::parse_parameter_status(&body) {
+                        self.reported.set(k, v);
+                    }
+                }
+                backend::BACKEND_KEY_DATA => {
+                    if let Some((p, secret)) = backend::parse_backend_key_data(&body) {
+                        pid = p;
+                        self.backend_secret = secret;
+                    }
+                }
+                backend::ERROR_RESPONSE => return Err(server_error(body)),
+                backend::NOTICE_RESPONSE | backend::NEGOTIATE_PROTOCOL_VERSION => {}
+                backend::READY_FOR_QUERY => {
+                    self.status = body.first().copied().unwrap_or(b'I');
+                    break;
+                }
+                other => {
+                    return Err(ServerError::Protocol(format!(
+                        "unexpected message {:?} during server login",
+                        other as char
+                    )))
+                }
+            }
+        }
+        let info = Arc::get_mut(&mut self.info).expect("info not shared during login");
+        info.backend_pid = pid;
+        self.set_state(ServerState::Idle);
+        Ok(())
+    }
+
+    pub fn set_state(&self, state: ServerState) {
+        self.info.state.store(state as u8, Ordering::Relaxed);
+    }
+
+    pub async fn flush(&mut self) -> io::Result<()> {
+        if !self.wbuf.is_empty() {
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        self.stream.flush().await
+    }
+
+    /// Reads one whole message (off the hot path: login and internal queries).
+    pub async fn read_message(&mut self) -> Result<(u8, Bytes), ServerError> {
+        loop {
+            if let Some((tag, len)) = frame(&self.rbuf, MAX_BACKEND_MESSAGE_SIZE)
+                .map_err(|e| ServerError::Protocol(e.to_string()))?
+            {
+                let mut msg = self.rbuf.split_to(len);
+                msg.advance(5);
+                return Ok((tag, msg.freeze()));
+            }
+            self.rbuf.reserve(8192);
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err(ServerError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "server closed the connection",
+                )));
+            }
+        }
+    }
+
+    /// Runs `sql` as a simple query on an idle server and returns its rows as text. Parameter
+    /// changes it causes are recorded; the first error is returned after ReadyForQuery, so the
+    /// connection stays usable.
+    pub async fn internal_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        frontend::query(&mut self.wbuf, sql);
+        self.flush().await?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            let (tag, body) = match self.read_message().await {
+                Ok(m) => m,
+                Err(e) => {
+                    self.broken = true;
+                    return Err(e);
+                }
+            };
+            match tag {
+                backend::DATA_ROW => rows.push(parse_text_row(&body)),
+                backend::PARAMETER_STATUS => {
+                    if let Some((k, v)) = backend::parse_parameter_status(&body) {
+                        self.reported.set(k, v);
+                    }
+                }
+                backend::ERROR_RESPONSE => {
+                    let e = server_error(body);
+                    if let ServerError::Server { fields, .. } = &e {
+                        if fields.is_fatal() {
+                            self.broken = true;
+                            return Err(e);
+                        }
+                    }
+                    error.get_or_insert(e);
+                }
+                backend::READY_FOR_QUERY => {
+                    self.status = body.first().copied().unwrap_or(b'I');
+                    break;
+                }
+                backend::COPY_IN_RESPONSE | backend::COPY_OUT_RESPONSE | backend::COPY_BOTH_RESPONSE => {
+                    // Never issued by pgmemo's own queries; a server in this state is unusable.
+                    self.broken = true;
+                    return Err(ServerError::Protocol("unexpected COPY in internal query".into()));
+                }
+                _ => {}
+            }
+        }
+        self.last_used = Instant::now();
+        match error {
+            Some(e) => Err(e),
+            None => Ok(rows),
+        }
+    }
+
+    /// Cheap check that an idle connection was not closed by the server meanwhile (restart,
+    /// idle_session_timeout, pg_terminate_backend). Uses the reactor's cached readiness, so when
+    /// nothing arrived it costs no system call.
+    pub fn looks_alive(&self) -> bool {
+        let mut byte = [0u8; 1];
+        match self.stream.tcp().try_read(&mut byte) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+            // EOF, or an unsolicited message (a FATAL) on an idle connection: either way it is
+            // not safe to hand out.
+            _ => false,
+        }
+    }
+
+    /// Politely ends the connection.
+    pub async fn terminate(mut self) {
+        frontend::terminate(&mut self.wbuf);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.flush()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.shutdown()).await;
+    }
+}
+
+pub fn server_error(body: Bytes) -> ServerError {
+    let fields = ErrorFields::parse(&body).unwrap_or_default();
+    ServerError::Server { fields, raw: body }
+}
+
+fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
+    let mut r = crate::protocol::Reader::new(body);
+    let n = r.i16().unwrap_or(0).max(0);
+    (0..n)
+        .map(|_| {
+            let len = r.i32()?;
+            if len < 0 {
+                return None;
+            }
+            r.bytes(len as usize)
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        })
+        .collect()
+}
+
+/// Sends a CancelRequest for (pid, secret) to a server at `addr`, as PostgreSQL expects it: on
+/// a new connection, unencrypted, with no reply.
+pub async fn send_cancel(addr: SocketAddr, pid: i32, secret: i32) -> io::Result<()> {
+    let mut tcp = TcpStream::connect(addr).await?;
+    let mut msg = [0u8; 16];
+    msg[0..4].copy_from_slice(&16u32.to_be_bytes());
+    msg[4..8].copy_from_slice(&crate::protocol::startup::CANCEL_REQUEST.to_be_bytes());
+    msg[8..12].copy_from_slice(&pid.to_be_bytes());
+    msg[12..16].copy_from_slice(&secret.to_be_bytes());
+    tcp.write_all(&msg).await?;
+    // The server closes the connection when done; waiting for that keeps the cancel ordered
+    // before whatever the caller does next.
+    let mut sink = [0u8; 1];
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut sink)).await;
+    Ok(())
+}

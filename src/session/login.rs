@@ -1,0 +1,262 @@
+//! A client's way in: the startup packet (and the SSL/GSS/cancel requests that may precede or
+//! replace it), authentication, and the parameters it is told about before its first query.
+
+use super::ClientConn;
+use crate::app::App;
+use crate::auth::{md5_salt, md5_verify, AuthError, ScramServer, Secret};
+use crate::config::AuthType;
+use crate::protocol::backend::{self as be, sqlstate, Severity};
+use crate::protocol::startup::{self, StartupPacket};
+use crate::protocol::{frame, frontend as fe};
+use crate::stream::Stream;
+use bytes::{Buf, Bytes, BytesMut};
+use std::io;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A client that sent a valid StartupMessage.
+pub struct Startup {
+    pub conn: ClientConn,
+    pub user: String,
+    pub database: String,
+    /// Startup parameters other than user/database, `options` already split into settings.
+    pub params: Vec<(String, String)>,
+}
+
+/// How the startup phase ended without a session.
+pub enum Outcome {
+    Session(Box<Startup>),
+    /// A CancelRequest (handled) or a client that went away: nothing more to do.
+    Done,
+}
+
+/// Why a login failed; the message has already been sent to the client when there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("{code}: {message}")]
+    Refused { code: &'static str, message: String },
+}
+
+impl LoginError {
+    pub fn refused(code: &'static str, message: impl Into<String>) -> LoginError {
+        LoginError::Refused {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Reads the startup packet, doing TLS and answering GSSENC/cancel requests on the way.
+pub async fn read_startup(app: &App, tcp: tokio::net::TcpStream) -> Result<Outcome, LoginError> {
+    let mut stream = Stream::Tcp(tcp);
+    let mut rbuf = BytesMut::with_capacity(1024);
+    loop {
+        let packet = loop {
+            match startup::frame(&rbuf) {
+                Ok(Some(len)) => break rbuf.split_to(len).freeze(),
+                Ok(None) => {}
+                Err(e) => return Err(refuse_raw(&mut stream, sqlstate::PROTOCOL_VIOLATION, &e.to_string()).await),
+            }
+            if stream.read_buf(&mut rbuf).await? == 0 {
+                // A client that connects and leaves (a port probe) is not worth an error.
+                return Ok(Outcome::Done);
+            }
+        };
+        match startup::parse(&packet) {
+            Ok(StartupPacket::Ssl) => {
+                let acceptor = app.tls_acceptor.load_full();
+                match (&stream, acceptor) {
+                    (Stream::Tcp(_), Some(acceptor)) => {
+                        if !rbuf.is_empty() {
+                            // Bytes sent after SSLRequest but before our answer would bypass
+                            // encryption (CVE-2021-23214): refuse, as PostgreSQL does.
+                            return Err(refuse_raw(&mut stream, sqlstate::PROTOCOL_VIOLATION, "received unencrypted data after SSL request").await);
+                        }
+                        stream.write_all(b"S").await?;
+                        let Stream::Tcp(tcp) = stream else { unreachable!() };
+                        let tls = acceptor.accept(tcp).await?;
+                        stream = Stream::ServerTls(Box::new(tls));
+                    }
+                    _ => stream.write_all(b"N").await?,
+                }
+            }
+            Ok(StartupPacket::GssEnc) => stream.write_all(b"N").await?,
+            Ok(StartupPacket::Cancel { pid, secret }) => {
+                app.cancel(pid, secret).await;
+                return Ok(Outcome::Done);
+            }
+            Ok(StartupPacket::Startup { minor, params }) => {
+                let mut conn = ClientConn::new(stream, rbuf);
+                return accept_startup(app, &mut conn, minor, params)
+                    .await
+                    .map(|(user, database, params)| {
+                        Outcome::Session(Box::new(Startup {
+                            conn,
+                            user,
+                            database,
+                            params,
+                        }))
+                    });
+            }
+            Err(e) => {
+                let code = match e {
+                    startup::StartupError::UnsupportedProtocol(_) => sqlstate::FEATURE_NOT_SUPPORTED,
+                    _ => sqlstate::PROTOCOL_VIOLATION,
+                };
+                return Err(refuse_raw(&mut stream, code, &e.to_string()).await);
+            }
+        }
+    }
+}
+
+async fn refuse_raw(stream: &mut Stream, code: &'static str, message: &str) -> LoginError {
+    let mut out = BytesMut::new();
+    be::error_response(&mut out, Severity::Fatal, code, message);
+    let _ = stream.write_all(&out).await;
+    LoginError::refused(code, message)
+}
+
+type Accepted = (String, String, Vec<(String, String)>);
+
+async fn accept_startup(
+    app: &App,
+    conn: &mut ClientConn,
+    minor: i32,
+    params: Vec<(String, String)>,
+) -> Result<Accepted, LoginError> {
+    let cfg = app.config.load();
+    if cfg.general.client_tls == crate::config::ClientTlsMode::Require && !conn.stream.is_tls() {
+        return Err(conn
+            .refuse(sqlstate::INVALID_AUTHORIZATION, "pgmemo accepts only TLS connections (client_tls = require)")
+            .await);
+    }
+    let mut user = None;
+    let mut database = None;
+    let mut options = Vec::new();
+    let mut unknown_protocol_options = Vec::new();
+    let mut settings = Vec::new();
+    for (k, v) in params {
+        match k.as_str() {
+            "user" => user = Some(v),
+            "database" => database = Some(v),
+            "options" => options.extend(crate::params::parse_options(&v)),
+            "replication" => {
+                if v != "false" && v != "off" && v != "0" && v != "no" {
+                    return Err(conn
+                        .refuse(sqlstate::FEATURE_NOT_SUPPORTED, "pgmemo does not support replication connections")
+                        .await);
+                }
+            }
+            k if k.starts_with("_pq_.") => unknown_protocol_options.push(k.to_owned()),
+            _ => settings.push((k, v)),
+        }
+    }
+    settings.extend(options);
+    if minor > 0 || !unknown_protocol_options.is_empty() {
+        be::negotiate_protocol_version(&mut conn.wbuf, 0, &unknown_protocol_options);
+    }
+    let Some(user) = user.filter(|u| !u.is_empty()) else {
+        return Err(conn
+            .refuse(sqlstate::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
+            .await);
+    };
+    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
+    authenticate(app, conn, &user).await?;
+    Ok((user, database, settings))
+}
+
+/// Runs the configured authentication exchange; on success AuthenticationOk is queued.
+async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<(), LoginError> {
+    let cfg = app.config.load();
+    let secret = cfg.user_secret(user).map(Secret::parse);
+    let failed = || format!("password authentication failed for user \"{user}\"");
+    match cfg.general.auth_type {
+        AuthType::Trust => {}
+        AuthType::Md5 => {
+            let salt = md5_salt();
+            be::auth_md5(&mut conn.wbuf, salt);
+            conn.flush().await?;
+            let body = conn.read_password_message().await?;
+            if !md5_verify(user, secret.as_ref(), salt, &body) {
+                return Err(conn.refuse(sqlstate::INVALID_PASSWORD, failed()).await);
+            }
+        }
+        AuthType::ScramSha256 => {
+            let mut scram = ScramServer::new(user, secret.as_ref());
+            be::auth_sasl(&mut conn.wbuf, ScramServer::mechanisms());
+            conn.flush().await?;
+            let body = conn.read_password_message().await?;
+            let Some((mechanism, data)) = fe::parse_sasl_initial(&body) else {
+                return Err(conn.refuse(sqlstate::PROTOCOL_VIOLATION, "malformed SASLInitialResponse message").await);
+            };
+            let server_first = match scram.handle_client_first(mechanism, data) {
+                Ok(m) => m,
+                Err(e) => return Err(scram_failure(conn, e, failed()).await),
+            };
+            be::auth_sasl_continue(&mut conn.wbuf, &server_first);
+            conn.flush().await?;
+            let body = conn.read_password_message().await?;
+            match scram.handle_client_final(&body) {
+                Ok(server_final) => be::auth_sasl_final(&mut conn.wbuf, &server_final),
+                Err(e) => return Err(scram_failure(conn, e, failed()).await),
+            }
+        }
+    }
+    be::auth_ok(&mut conn.wbuf);
+    Ok(())
+}
+
+async fn scram_failure(conn: &mut ClientConn, e: AuthError, failed: String) -> LoginError {
+    match e {
+        AuthError::WrongPassword => conn.refuse(sqlstate::INVALID_PASSWORD, failed).await,
+        AuthError::Protocol(m) => conn.refuse(sqlstate::PROTOCOL_VIOLATION, m).await,
+    }
+}
+
+impl ClientConn {
+    /// Sends a FATAL error and returns the matching LoginError.
+    pub async fn refuse(&mut self, code: &'static str, message: impl Into<String>) -> LoginError {
+        let message = message.into();
+        be::error_response(&mut self.wbuf, Severity::Fatal, code, &message);
+        let _ = self.flush().await;
+        LoginError::refused(code, message)
+    }
+
+    /// Reads one 'p' message during authentication.
+    async fn read_password_message(&mut self) -> Result<Bytes, LoginError> {
+        let (tag, body) = self.read_message().await?;
+        if tag != fe::PASSWORD {
+            return Err(self
+                .refuse(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!("expected password response, got message type {}", tag),
+                )
+                .await);
+        }
+        Ok(body)
+    }
+
+    /// Reads one whole message (login phase only; the relay loop frames in place).
+    pub async fn read_message(&mut self) -> Result<(u8, Bytes), LoginError> {
+        loop {
+            match frame(&self.rbuf, crate::protocol::startup::MAX_STARTUP_PACKET) {
+                Ok(Some((tag, len))) => {
+                    let mut msg = self.rbuf.split_to(len);
+                    msg.advance(5);
+                    return Ok((tag, msg.freeze()));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(self.refuse(sqlstate::PROTOCOL_VIOLATION, e.to_string()).await)
+                }
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err(LoginError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "client closed the connection during login",
+                )));
+            }
+        }
+    }
+}

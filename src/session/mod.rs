@@ -1,0 +1,720 @@
+//! One client connection, from login to goodbye.
+//!
+//! After login a session relays messages between its client and, while it holds one, a server
+//! connection. Client messages are framed in place and, one by one, appended to the server's
+//! write buffer with an [`Expected`] entry in the reply queue; server messages are matched
+//! against that queue and either forwarded to the client or swallowed (replies to queries pgmemo
+//! sent itself). In transaction mode the server goes back to the pool the moment the queue is
+//! empty and ReadyForQuery says the server is idle, so explicit transactions and pipelines stay
+//! on one server and nothing else does.
+//!
+//! All I/O of a session happens in [`Session::poll_io`], one poll over both sockets: each side
+//! is written before it is read, reading stops while the other side's write buffer is over
+//! [`HIGH_WATER`] (backpressure instead of unbounded buffering), and a batch of client messages
+//! becomes one write to the server.
+
+pub mod login;
+
+use crate::app::{App, ClientInfo, ClientState, ServerCancel};
+use crate::params::{self, Vars};
+use crate::pool::{CheckoutError, Pool, PoolMode};
+use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
+use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
+use crate::replies::{Expected, ReplyQueue, Route};
+use crate::server::{ServerConn, ServerError};
+use crate::stats::LocalStats;
+use crate::stream::Stream;
+use bytes::{Buf, BytesMut};
+use login::{LoginError, Outcome, Startup};
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio_util::io::poll_read_buf;
+
+/// Above this many unsent bytes for one side, pgmemo stops reading from the other side.
+const HIGH_WATER: usize = 256 * 1024;
+
+/// The client side of a session: its stream and buffers.
+pub struct ClientConn {
+    pub stream: Stream,
+    pub rbuf: BytesMut,
+    pub wbuf: BytesMut,
+}
+
+impl ClientConn {
+    pub fn new(stream: Stream, rbuf: BytesMut) -> Self {
+        ClientConn {
+            stream,
+            rbuf,
+            wbuf: BytesMut::with_capacity(16 * 1024),
+        }
+    }
+
+    pub async fn flush(&mut self) -> io::Result<()> {
+        if !self.wbuf.is_empty() {
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        self.stream.flush().await
+    }
+
+    /// Sends an error of the given severity now.
+    pub async fn send_error(&mut self, severity: Severity, code: &str, message: &str) {
+        be::error_response(&mut self.wbuf, severity, code, message);
+        let _ = self.flush().await;
+    }
+}
+
+/// Entry point for an accepted TCP connection.
+pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
+    let (Ok(peer), Ok(local)) = (tcp.peer_addr(), tcp.local_addr()) else {
+        return;
+    };
+    let _ = tcp.set_nodelay(true);
+    let login_timeout = app.config.load().general.client_login_timeout;
+    let startup = match tokio::time::timeout(login_timeout, login::read_startup(&app, tcp)).await
+    {
+        Err(_) => {
+            tracing::info!(%peer, "client did not finish its login within client_login_timeout");
+            return;
+        }
+        Ok(Err(LoginError::Io(e))) => {
+            tracing::debug!(%peer, error = %e, "client went away during login");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "client login refused");
+            return;
+        }
+        Ok(Ok(Outcome::Done)) => return,
+        Ok(Ok(Outcome::Session(s))) => *s,
+    };
+    let mut startup = startup;
+    let max_clients = app.config.load().general.max_client_conn as usize;
+    if app.is_shutting_down() {
+        startup
+            .conn
+            .send_error(Severity::Fatal, sqlstate::CANNOT_CONNECT_NOW, "the database system is shutting down")
+            .await;
+        return;
+    }
+    if app.client_count() >= max_clients {
+        tracing::warn!(%peer, "max_client_conn reached, refusing client");
+        startup
+            .conn
+            .send_error(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)")
+            .await;
+        return;
+    }
+    if startup.database == crate::admin::ADMIN_DATABASE {
+        crate::admin::serve(app, startup, peer, local).await;
+        return;
+    }
+    let tls = startup.conn.stream.is_tls();
+    let info = app.register_client(peer, local, tls, &startup.user, &startup.database);
+    match Session::start(app.clone(), info.clone(), startup).await {
+        Some(mut session) => {
+            let end = session.relay().await;
+            match &end {
+                End::Terminate | End::ClientGone => {}
+                End::Shutdown => tracing::debug!(client = %peer, "client closed for shutdown"),
+                End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
+                    tracing::info!(client = %peer, "client session ended: {why}")
+                }
+            }
+            session.finish().await;
+        }
+        None => tracing::info!(client = %peer, "client login failed"),
+    }
+    app.unregister_client(&info);
+}
+
+/// Why a session's relay loop ended.
+#[derive(Debug)]
+enum End {
+    /// The client said Terminate.
+    Terminate,
+    /// The client closed its socket or its socket failed.
+    ClientGone,
+    /// The client broke the protocol; it has been told.
+    Protocol(String),
+    /// The server connection failed; the client has been told.
+    ServerGone(String),
+    /// No server could be had; the client has been told.
+    NoServer(String),
+    Shutdown,
+}
+
+enum Event {
+    ClientRead,
+    ClientGone(Option<io::Error>),
+    ServerRead,
+    ServerGone(Option<io::Error>),
+    Shutdown,
+}
+
+struct Session {
+    app: Arc<App>,
+    info: Arc<ClientInfo>,
+    pool: Arc<Pool>,
+    mode: PoolMode,
+    client: ClientConn,
+    server: Option<ServerConn>,
+    replies: ReplyQueue,
+    /// The reported parameters as this client believes them to be.
+    reported: Vars,
+    /// Unreported settings from the client's startup packet.
+    settings: Vars,
+    max_message: usize,
+    stats: LocalStats,
+    /// When the current server was taken, for xact_time.
+    held_since: Instant,
+}
+
+impl Session {
+    /// Finishes the login: finds the pool, settles the client's parameters, and sends the
+    /// ParameterStatus / BackendKeyData / ReadyForQuery a PostgreSQL server would.
+    async fn start(app: Arc<App>, info: Arc<ClientInfo>, startup: Startup) -> Option<Session> {
+        let Startup {
+            mut conn,
+            user,
+            database,
+            params: startup_params,
+        } = startup;
+        let Some(pool) = app.pool(&database, &user) else {
+            conn.send_error(
+                Severity::Fatal,
+                sqlstate::INVALID_CATALOG_NAME,
+                &format!("database \"{database}\" does not exist"),
+            )
+            .await;
+            return None;
+        };
+        let cfg = app.config.load();
+        let mut session = Session {
+            mode: pool.settings().mode,
+            max_message: cfg.general.max_message_size,
+            app: app.clone(),
+            info,
+            pool,
+            client: conn,
+            server: None,
+            replies: ReplyQueue::new(),
+            reported: Vars::new(),
+            settings: Vars::new(),
+            stats: LocalStats::default(),
+            held_since: Instant::now(),
+        };
+        if let Err(e) = session.settle_parameters(&startup_params).await {
+            tracing::info!(error = %e, "client startup parameters refused");
+            return None;
+        }
+        for (k, v) in session.reported.iter() {
+            be::parameter_status(&mut session.client.wbuf, k, v);
+        }
+        if let Some(name) = session.reported.get("application_name") {
+            *session.info.application_name.lock() = name.to_owned();
+        }
+        let (pid, secret) = session.info.cancel_key;
+        be::backend_key_data(&mut session.client.wbuf, pid, secret);
+        be::ready_for_query(&mut session.client.wbuf, b'I');
+        session.pool.stats.client_logins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        session.info.set_state(ClientState::Idle);
+        if session.client.flush().await.is_err() {
+            session.finish().await;
+            return None;
+        }
+        Some(session)
+    }
+
+    /// Works out the client's parameter values. Values never seen before are tried on a server
+    /// once (an invalid one fails the login with PostgreSQL's own error, as a direct connection
+    /// would) and remembered in the pool, normalized the way the server reports them.
+    async fn settle_parameters(&mut self, startup: &[(String, String)]) -> Result<(), String> {
+        let defaults = match self.pool.defaults() {
+            Some(d) => d,
+            None => {
+                let server = self.login_checkout().await?;
+                let d = server.reported.clone();
+                self.pool.checkin(server);
+                d
+            }
+        };
+        self.reported = defaults.clone();
+        let mut unknown: Vec<(&str, &str)> = Vec::new();
+        for (name, value) in startup {
+            let reported = defaults.get(name).is_some();
+            if reported && !params::is_carried(name) {
+                continue; // server_version and the like cannot be set
+            }
+            if reported && defaults.get(name) == Some(value.as_str()) {
+                continue;
+            }
+            match self.pool.normalized(name, value) {
+                Some(n) if reported => {
+                    self.reported.set(name, &n);
+                }
+                Some(_) => {
+                    self.settings.set(name, value);
+                }
+                None => unknown.push((name, value)),
+            }
+        }
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let mut sql = String::new();
+        for (name, value) in &unknown {
+            sql.push_str(&format!(
+                "SET {} = {};",
+                params::quote_name(name),
+                params::quote_literal(value)
+            ));
+        }
+        let shows: Vec<String> = unknown
+            .iter()
+            .map(|(n, _)| format!("current_setting({})", params::quote_literal(n)))
+            .collect();
+        sql.push_str(&format!("SELECT {}", shows.join(", ")));
+        let mut server = self.login_checkout().await?;
+        let result = server.internal_query(&sql).await;
+        // Put the server back as it was, so pool state stays what pgmemo believes it is.
+        let restore = unknown
+            .iter()
+            .map(|(n, _)| format!("RESET {};", params::quote_name(n)))
+            .collect::<String>();
+        let restored = server.internal_query(&restore).await.is_ok();
+        if restored {
+            self.pool.checkin(server);
+        } else {
+            server.broken = true;
+            self.pool.checkin(server);
+        }
+        match result {
+            Ok(rows) => {
+                let row = rows.into_iter().next().unwrap_or_default();
+                for (i, (name, value)) in unknown.iter().enumerate() {
+                    let normalized = row.get(i).cloned().flatten().unwrap_or_default();
+                    self.pool.remember_normalized(name, value, &normalized);
+                    if defaults.get(name).is_some() {
+                        self.reported.set(name, &normalized);
+                    } else {
+                        self.settings.set(name, value);
+                    }
+                }
+                Ok(())
+            }
+            Err(ServerError::Server { raw, fields }) => {
+                be::error_with_severity(&mut self.client.wbuf, &raw, Severity::Fatal);
+                let _ = self.client.flush().await;
+                Err(fields.message)
+            }
+            Err(e) => {
+                let msg = format!("pgmemo: server failed during login: {e}");
+                self.client
+                    .send_error(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg)
+                    .await;
+                Err(msg)
+            }
+        }
+    }
+
+    async fn login_checkout(&mut self) -> Result<ServerConn, String> {
+        match self.pool.checkout().await {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let msg = e.to_string();
+                self.report_checkout_error(e).await;
+                Err(msg)
+            }
+        }
+    }
+
+    /// Tells the client why it got no server, the way PostgreSQL or PgBouncer would.
+    async fn report_checkout_error(&mut self, e: CheckoutError) {
+        match e {
+            CheckoutError::Connect(ServerError::Server { raw, .. }) => {
+                // PostgreSQL's own refusal (unknown database, bad password for pgmemo's
+                // server login, too many connections): show it as is, as FATAL.
+                be::error_with_severity(&mut self.client.wbuf, &raw, Severity::Fatal);
+                let _ = self.client.flush().await;
+            }
+            CheckoutError::Connect(other) => {
+                let msg = format!("pgmemo could not connect to server: {other}");
+                self.client
+                    .send_error(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg)
+                    .await;
+            }
+            CheckoutError::WaitTimeout(d) => {
+                let msg = format!(
+                    "query_wait_timeout: no server connection became free within {:.1}s",
+                    d.as_secs_f64()
+                );
+                self.client
+                    .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &msg)
+                    .await;
+            }
+            CheckoutError::Closed => {
+                self.client
+                    .send_error(Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, "terminating connection due to administrator command")
+                    .await;
+            }
+        }
+    }
+
+    /// The relay loop; returns why it ended.
+    async fn relay(&mut self) -> End {
+        let mut shutdown = self.app.shutdown_signal();
+        loop {
+            if let Err(end) = self.handle_client_messages().await {
+                return end;
+            }
+            let holding = self.server.is_some();
+            let event = tokio::select! {
+                biased;
+                ev = poll_fn(|cx| self.poll_io(cx)) => ev,
+                _ = shutdown.wait_for(|s| *s), if !holding => Event::Shutdown,
+            };
+            match event {
+                Event::ClientRead => {}
+                Event::ServerRead => {
+                    if let Err(end) = self.handle_server_messages() {
+                        return end;
+                    }
+                    if self.server.is_none() && self.app.is_shutting_down() && self.client.rbuf.is_empty() {
+                        let _ = self.client.flush().await;
+                        return self.shutdown_client().await;
+                    }
+                }
+                Event::ClientGone(e) => {
+                    if let Some(e) = e {
+                        tracing::debug!(client = %self.info.addr, error = %e, "client connection failed");
+                    }
+                    return End::ClientGone;
+                }
+                Event::ServerGone(e) => {
+                    let detail = e.map(|e| e.to_string()).unwrap_or_else(|| "server closed the connection unexpectedly".into());
+                    if let Some(server) = self.server.as_mut() {
+                        server.broken = true;
+                    }
+                    // Whatever the server managed to send still reaches the client (often a
+                    // FATAL explaining why), then the client is told the connection is gone.
+                    let _ = self.handle_server_messages();
+                    self.client
+                        .send_error(
+                            Severity::Fatal,
+                            sqlstate::CONNECTION_FAILURE,
+                            "server closed the connection unexpectedly",
+                        )
+                        .await;
+                    return End::ServerGone(detail);
+                }
+                Event::Shutdown => return self.shutdown_client().await,
+            }
+        }
+    }
+
+    async fn shutdown_client(&mut self) -> End {
+        self.client
+            .send_error(Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, "terminating connection due to administrator command")
+            .await;
+        End::Shutdown
+    }
+
+    /// Plans every complete client message in the read buffer: answered locally, or queued
+    /// for the server (taking one first when the session holds none).
+    async fn handle_client_messages(&mut self) -> Result<(), End> {
+        loop {
+            if self
+                .server
+                .as_ref()
+                .is_some_and(|s| s.wbuf.len() >= HIGH_WATER)
+            {
+                return Ok(()); // backpressure: let the server drain first
+            }
+            let (tag, len) = match frame(&self.client.rbuf, self.max_message) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(self.protocol_violation(e.to_string()).await),
+            };
+            if !fe::is_known(tag) {
+                return Err(self
+                    .protocol_violation(format!("invalid frontend message type {tag}"))
+                    .await);
+            }
+            if self.server.is_none() {
+                match tag {
+                    fe::TERMINATE => return Err(End::Terminate),
+                    // With no server held the session is idle: a lone Sync is answered as
+                    // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
+                    // are ignored as PostgreSQL ignores them outside COPY.
+                    fe::SYNC => {
+                        be::ready_for_query(&mut self.client.wbuf, b'I');
+                        self.client.rbuf.advance(len);
+                        continue;
+                    }
+                    fe::FLUSH | fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {
+                        self.client.rbuf.advance(len);
+                        continue;
+                    }
+                    _ => self.acquire_server().await?,
+                }
+            } else if tag == fe::TERMINATE {
+                return Err(End::Terminate);
+            }
+            let server = self.server.as_mut().expect("server acquired above");
+            if let Some(expected) = Expected::for_client_message(tag) {
+                self.replies.push(expected);
+            }
+            server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
+            self.stats.bytes_received += len as u64;
+            self.client.rbuf.advance(len);
+        }
+    }
+
+    async fn protocol_violation(&mut self, message: String) -> End {
+        tracing::warn!(client = %self.info.addr, "protocol violation: {message}");
+        self.client
+            .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message)
+            .await;
+        End::Protocol(message)
+    }
+
+    /// Takes a server from the pool and makes its session parameters match this client's.
+    async fn acquire_server(&mut self) -> Result<(), End> {
+        self.info.set_state(ClientState::Waiting);
+        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+            return Err(End::ClientGone);
+        }
+        let mut server = match self.pool.checkout().await {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::warn!(client = %self.info.addr, pool = ?self.pool.key, "{msg}");
+                self.report_checkout_error(e).await;
+                return Err(End::NoServer(msg));
+            }
+        };
+        server
+            .info
+            .client_id
+            .store(self.info.id, std::sync::atomic::Ordering::Relaxed);
+        *self.info.server.lock() = Some(ServerCancel {
+            addr: server.info.addr,
+            pid: server.info.backend_pid,
+            secret: server.backend_secret,
+        });
+        self.info
+            .server_id
+            .store(server.info.id, std::sync::atomic::Ordering::Relaxed);
+        self.info.set_state(ClientState::Active);
+        if let Some(sql) =
+            params::sync_sql(&self.reported, &server.reported, &self.settings, &server.settings)
+        {
+            fe::query(&mut server.wbuf, &sql);
+            self.replies.push(Expected::Internal);
+            // Reported values are updated from the server's ParameterStatus replies; unreported
+            // ones are only known by what was set.
+            server.settings = self.settings.clone();
+        }
+        self.held_since = Instant::now();
+        self.server = Some(server);
+        Ok(())
+    }
+
+    /// Routes every complete server message, then gives the server back if the client's work
+    /// on it is done (transaction mode).
+    fn handle_server_messages(&mut self) -> Result<(), End> {
+        let Some(server) = self.server.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            if self.client.wbuf.len() >= HIGH_WATER {
+                break; // backpressure: let the client read first
+            }
+            let (tag, len) = match frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    server.broken = true;
+                    return Err(End::ServerGone(format!("server sent an invalid message: {e}")));
+                }
+            };
+            let route = self.replies.on_server_message(tag);
+            let body = &server.rbuf[5..len];
+            match tag {
+                be::READY_FOR_QUERY => {
+                    server.status = body.first().copied().unwrap_or(b'I');
+                    if route == Route::Forward {
+                        self.stats.query_count += 1;
+                    }
+                }
+                be::PARAMETER_STATUS => {
+                    if let Some((name, value)) = be::parse_parameter_status(body) {
+                        server.reported.set(name, value);
+                        if route == Route::Forward {
+                            self.reported.set(name, value);
+                            if name == "application_name" {
+                                *self.info.application_name.lock() = value.to_owned();
+                            }
+                        }
+                    }
+                }
+                be::ERROR_RESPONSE => {
+                    let fields = ErrorFields::parse(body).unwrap_or_default();
+                    if fields.is_fatal() {
+                        server.broken = true;
+                    }
+                    if route == Route::Swallow {
+                        tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
+                    }
+                }
+                _ => {}
+            }
+            if route == Route::Forward {
+                self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
+                self.stats.bytes_sent += len as u64;
+            }
+            server.rbuf.advance(len);
+        }
+        if self.mode == PoolMode::Transaction
+            && self.replies.is_empty()
+            && server.status == b'I'
+            && server.rbuf.is_empty()
+        {
+            self.release_server();
+        }
+        Ok(())
+    }
+
+    fn release_server(&mut self) {
+        let Some(server) = self.server.take() else {
+            return;
+        };
+        *self.info.server.lock() = None;
+        self.info.server_id.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.info.set_state(ClientState::Idle);
+        self.stats.xact_count += 1;
+        self.stats.xact_time_us += self.held_since.elapsed().as_micros() as u64;
+        self.pool.stats.add(&mut self.stats);
+        self.pool.checkin(server);
+    }
+
+    /// One poll over both connections: writes pending output, then reads whichever side may be
+    /// read. Returns as soon as there is something to process.
+    fn poll_io(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        if let Some(server) = self.server.as_mut() {
+            if let Err(e) = poll_write_buf(&mut server.stream, &mut server.wbuf, cx) {
+                return Poll::Ready(Event::ServerGone(Some(e)));
+            }
+        }
+        if let Err(e) = poll_write_buf(&mut self.client.stream, &mut self.client.wbuf, cx) {
+            return Poll::Ready(Event::ClientGone(Some(e)));
+        }
+        let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
+        if server_backlog < HIGH_WATER {
+            // Messages left unplanned by backpressure can be planned now.
+            if !matches!(frame(&self.client.rbuf, self.max_message), Ok(None)) {
+                return Poll::Ready(Event::ClientRead);
+            }
+            reserve(&mut self.client.rbuf);
+            match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Event::ClientGone(None)),
+                Poll::Ready(Ok(_)) => return Poll::Ready(Event::ClientRead),
+                Poll::Ready(Err(e)) => return Poll::Ready(Event::ClientGone(Some(e))),
+                Poll::Pending => {}
+            }
+        }
+        if let Some(server) = self.server.as_mut() {
+            if self.client.wbuf.len() < HIGH_WATER {
+                if !matches!(frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE), Ok(None)) {
+                    return Poll::Ready(Event::ServerRead);
+                }
+                reserve(&mut server.rbuf);
+                match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Event::ServerGone(None)),
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::ServerRead),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Event::ServerGone(Some(e))),
+                    Poll::Pending => {}
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    /// After the relay: leaves the server, if one is still held, clean for the next client
+    /// (rolled back and reset), or closes it when that cannot be done safely.
+    async fn finish(&mut self) {
+        let pending_output = !self.client.wbuf.is_empty();
+        if pending_output {
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
+        }
+        let Some(mut server) = self.server.take() else {
+            return;
+        };
+        *self.info.server.lock() = None;
+        self.pool.stats.add(&mut self.stats);
+        let settings = self.pool.settings();
+        let idle_between_queries =
+            !server.broken && self.replies.is_empty() && server.rbuf.is_empty() && server.wbuf.is_empty();
+        if !idle_between_queries {
+            // Work is still running on the server: cancel it and close the connection; a
+            // half-read reply stream cannot be handed to anyone else.
+            let (addr, pid, secret) = (server.info.addr, server.info.backend_pid, server.backend_secret);
+            self.pool.release_slot(&server);
+            tokio::spawn(async move {
+                let _ = crate::server::send_cancel(addr, pid, secret).await;
+                server.terminate().await;
+            });
+            return;
+        }
+        let clean = async {
+            if server.status != b'I' {
+                server.internal_query("ROLLBACK").await?;
+            }
+            if self.mode == PoolMode::Session || settings.server_reset_query_always {
+                if !settings.server_reset_query.is_empty() {
+                    server.internal_query(&settings.server_reset_query).await?;
+                }
+                server.settings.clear();
+            }
+            Ok::<_, ServerError>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(5), clean).await {
+            Ok(Ok(())) if server.status == b'I' => self.pool.checkin(server),
+            _ => {
+                server.broken = true;
+                self.pool.checkin(server);
+            }
+        }
+    }
+}
+
+fn reserve(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(16 * 1024);
+    }
+}
+
+/// Writes as much of `buf` as the socket takes without blocking.
+fn poll_write_buf(stream: &mut Stream, buf: &mut BytesMut, cx: &mut Context<'_>) -> io::Result<()> {
+    use tokio::io::AsyncWrite;
+    while !buf.is_empty() {
+        match Pin::new(&mut *stream).poll_write(cx, buf) {
+            Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => buf.advance(n),
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(()),
+        }
+    }
+    if stream.is_tls() {
+        if let Poll::Ready(Err(e)) = Pin::new(&mut *stream).poll_flush(cx) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}

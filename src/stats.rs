@@ -1,0 +1,75 @@
+//! Counters per pool, as PgBouncer's SHOW STATS reports them.
+//!
+//! Sessions count into plain local fields during a transaction and add them here once, when the
+//! transaction ends, so the hot path does one batch of relaxed atomic adds per transaction and
+//! never takes a lock or sends a message for statistics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Default, Debug)]
+pub struct PoolStats {
+    pub xact_count: AtomicU64,
+    pub query_count: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub xact_time_us: AtomicU64,
+    pub query_time_us: AtomicU64,
+    pub wait_time_us: AtomicU64,
+    pub wait_timeouts: AtomicU64,
+    pub client_logins: AtomicU64,
+    pub server_connects: AtomicU64,
+}
+
+/// What one session counted since it last reported.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct LocalStats {
+    pub xact_count: u64,
+    pub query_count: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub xact_time_us: u64,
+    pub query_time_us: u64,
+}
+
+impl PoolStats {
+    pub fn add(&self, local: &mut LocalStats) {
+        let r = Ordering::Relaxed;
+        self.xact_count.fetch_add(local.xact_count, r);
+        self.query_count.fetch_add(local.query_count, r);
+        self.bytes_received.fetch_add(local.bytes_received, r);
+        self.bytes_sent.fetch_add(local.bytes_sent, r);
+        self.xact_time_us.fetch_add(local.xact_time_us, r);
+        self.query_time_us.fetch_add(local.query_time_us, r);
+        *local = LocalStats::default();
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let r = Ordering::Relaxed;
+        StatsSnapshot {
+            xact_count: self.xact_count.load(r),
+            query_count: self.query_count.load(r),
+            bytes_received: self.bytes_received.load(r),
+            bytes_sent: self.bytes_sent.load(r),
+            xact_time_us: self.xact_time_us.load(r),
+            query_time_us: self.query_time_us.load(r),
+            wait_time_us: self.wait_time_us.load(r),
+            wait_timeouts: self.wait_timeouts.load(r),
+            client_logins: self.client_logins.load(r),
+            server_connects: self.server_connects.load(r),
+        }
+    }
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+pub struct StatsSnapshot {
+    pub xact_count: u64,
+    pub query_count: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub xact_time_us: u64,
+    pub query_time_us: u64,
+    pub wait_time_us: u64,
+    pub wait_timeouts: u64,
+    pub client_logins: u64,
+    pub server_connects: u64,
+}
