@@ -27,6 +27,10 @@ pub enum Expected {
     /// A simple query pgmemo sent on its own behalf (parameter sync, reset): its replies are
     /// swallowed through its ReadyForQuery.
     Internal,
+    /// Not a reply: marks where the client ended a COPY IN (CopyDone or CopyFail). PostgreSQL
+    /// ignores Sync messages that arrive during COPY IN, so when a CopyInResponse shows that a
+    /// COPY started, the Syncs queued between it and this marker will never be answered.
+    CopyEnd,
 }
 
 impl Expected {
@@ -42,6 +46,7 @@ impl Expected {
             fe::EXECUTE => Expected::Execute,
             fe::CLOSE => Expected::Close,
             fe::SYNC => Expected::Sync,
+            fe::COPY_DONE | fe::COPY_FAIL => Expected::CopyEnd,
             _ => return None,
         })
     }
@@ -55,6 +60,7 @@ impl Expected {
                 | Expected::Describe
                 | Expected::Execute
                 | Expected::Close
+                | Expected::CopyEnd
         )
     }
 }
@@ -148,7 +154,29 @@ impl ReplyQueue {
             {
                 self.entries.pop_front();
             }
+            be::COPY_IN_RESPONSE => {
+                // Syncs sent before the client ended this COPY are ignored by PostgreSQL.
+                let end = self
+                    .entries
+                    .iter()
+                    .position(|e| *e == Expected::CopyEnd)
+                    .unwrap_or(self.entries.len());
+                let mut i = 1;
+                let mut end = end;
+                while i < end {
+                    if self.entries[i] == Expected::Sync {
+                        self.entries.remove(i);
+                        end -= 1;
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
             _ => {}
+        }
+        // Markers carry no reply: drop them once they reach the head.
+        while self.entries.front() == Some(&Expected::CopyEnd) {
+            self.entries.pop_front();
         }
         route
     }
@@ -216,6 +244,23 @@ mod tests {
         assert_eq!(q.on_server_message(be::READY_FOR_QUERY), Route::Swallow);
         assert_eq!(q.on_server_message(be::ERROR_RESPONSE), Route::Forward);
         assert_eq!(q.on_server_message(be::READY_FOR_QUERY), Route::Forward);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn syncs_during_copy_in_are_not_expected() {
+        let mut q = ReplyQueue::new();
+        // B E S (data...) CopyDone S: PostgreSQL ignores the first Sync.
+        for tag in [b'B', b'E', b'S', b'c', b'S'] {
+            if let Some(e) = Expected::for_client_message(tag) {
+                q.push(e);
+            }
+        }
+        q.on_server_message(be::BIND_COMPLETE);
+        q.on_server_message(be::COPY_IN_RESPONSE);
+        q.on_server_message(be::COMMAND_COMPLETE);
+        assert_eq!(q.len(), 1);
+        q.on_server_message(be::READY_FOR_QUERY);
         assert!(q.is_empty());
     }
 

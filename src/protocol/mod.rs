@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn frame_needs_whole_message() {
-        let msg = [b'Q', 0, 0, 0, 9, b'S', b'E', b'L', 0];
+        let msg = [b'Q', 0, 0, 0, 8, b'S', b'E', b'L', 0];
         assert_eq!(frame(&msg[..4], 100), Ok(None));
         assert_eq!(frame(&msg[..8], 100), Ok(None));
         assert_eq!(frame(&msg, 100), Ok(Some((b'Q', 9))));
