@@ -373,11 +373,13 @@ impl Session {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
             }
-            let holding = self.server.is_some();
+            // A shutdown closes the client only between transactions, never mid-work.
+            let between_transactions = self.replies.is_empty()
+                && self.server.as_ref().is_none_or(|s| s.status == b'I');
             let event = tokio::select! {
                 biased;
                 ev = poll_fn(|cx| self.poll_io(cx)) => ev,
-                _ = shutdown.wait_for(|s| *s), if !holding => Event::Shutdown,
+                _ = shutdown.wait_for(|s| *s), if between_transactions => Event::Shutdown,
             };
             match event {
                 Event::ClientRead => {}

@@ -15,11 +15,13 @@
 
 pub mod cluster;
 pub mod differential;
+pub mod proxy;
 pub mod raw;
 pub mod scenarios;
 
 pub use cluster::*;
 pub use differential::*;
+pub use proxy::*;
 pub use raw::*;
 pub use scenarios::scenarios;
 

@@ -1,0 +1,44 @@
+//! Starting pgmemo in-process for a test, in front of the shared cluster.
+
+use super::cluster::*;
+use pgmemo::config::{AuthType, Config, PoolMode, Upstream};
+use pgmemo::Pgmemo;
+use std::net::SocketAddr;
+
+/// A configuration that serves every database of the test cluster, logging into it as the
+/// `pgmemo` role, with clients authenticating as `pgmemo`/`pgmemo_pass` (SCRAM by default),
+/// on a free loopback port. Tests adjust fields before [`start_pgmemo`].
+pub fn test_config(mode: PoolMode, pool_size: u32) -> Config {
+    let c = cluster();
+    let mut config = Config::for_upstream(Upstream {
+        host: "127.0.0.1".into(),
+        port: c.port(),
+        user: PGMEMO_USER.into(),
+        password: Some(PGMEMO_PASS.into()),
+    });
+    config.general.listen = "127.0.0.1:0".into();
+    config.general.pool_mode = mode;
+    config.general.default_pool_size = pool_size;
+    config.general.auth_type = AuthType::ScramSha256;
+    config.general.admin_users = vec![PGMEMO_USER.into()];
+    config
+}
+
+/// Starts pgmemo with `config` on the current tokio runtime; it stops with the runtime.
+pub async fn start_pgmemo(config: Config) -> Pgmemo {
+    config.validate().expect("test config must be valid");
+    Pgmemo::start(config).await.expect("pgmemo starts")
+}
+
+/// pgmemo in `mode` with `pool_size` servers: the common case.
+pub async fn pgmemo(mode: PoolMode, pool_size: u32) -> Pgmemo {
+    start_pgmemo(test_config(mode, pool_size)).await
+}
+
+/// A libpq-style URL for a client connecting through pgmemo at `addr`.
+pub fn proxy_url(addr: SocketAddr, user: &str, password: Option<&str>, db: &str) -> String {
+    match password {
+        Some(p) => format!("postgresql://{user}:{p}@{}:{}/{db}", addr.ip(), addr.port()),
+        None => format!("postgresql://{user}@{}:{}/{db}", addr.ip(), addr.port()),
+    }
+}
