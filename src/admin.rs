@@ -46,7 +46,10 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
         ("IntervalStyle", "postgres"),
         ("is_superuser", "on"),
         ("server_encoding", "UTF8"),
-        ("server_version", concat!("15.0 (pgmemo ", env!("CARGO_PKG_VERSION"), ")")),
+        (
+            "server_version",
+            concat!("15.0 (pgmemo ", env!("CARGO_PKG_VERSION"), ")"),
+        ),
         ("session_authorization", user.as_str()),
         ("standard_conforming_strings", "on"),
         ("TimeZone", "UTC"),
@@ -65,7 +68,9 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
         };
         match tag {
             fe::QUERY => {
-                let sql = fe::query_text(&body).map(String::from_utf8_lossy).unwrap_or_default();
+                let sql = fe::query_text(&body)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
                 match run_command(&app, &sql).await {
                     Ok(Reply::Table(t)) => {
                         let n = t.rows.len();
@@ -76,7 +81,9 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
                         be::command_complete(&mut conn.wbuf, &format!("SHOW {n}"));
                     }
                     Ok(Reply::Done(tag)) => be::command_complete(&mut conn.wbuf, &tag),
-                    Err((code, msg)) => be::error_response(&mut conn.wbuf, Severity::Error, code, &msg),
+                    Err((code, msg)) => {
+                        be::error_response(&mut conn.wbuf, Severity::Error, code, &msg)
+                    }
                 }
                 be::ready_for_query(&mut conn.wbuf, b'I');
             }
@@ -137,7 +144,8 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             .collect(),
         })),
         ["reload"] => {
-            crate::reload(app).map_err(|e| (sqlstate::INTERNAL_ERROR, format!("RELOAD failed: {e:#}")))?;
+            crate::reload(app)
+                .map_err(|e| (sqlstate::INTERNAL_ERROR, format!("RELOAD failed: {e:#}")))?;
             Ok(Reply::Done("RELOAD".into()))
         }
         ["pause"] | ["pause", _] => {
@@ -147,7 +155,10 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         }
         ["resume"] | ["resume", _] => {
             for pool in app.pools() {
-                if words.get(1).is_none_or(|db| pool.key.database.eq_ignore_ascii_case(db)) {
+                if words
+                    .get(1)
+                    .is_none_or(|db| pool.key.database.eq_ignore_ascii_case(db))
+                {
                     pool.resume();
                 }
             }
@@ -435,7 +446,14 @@ pub fn show_config(app: &App) -> Table {
         .load()
         .settings_table()
         .into_iter()
-        .map(|(k, v, d, c)| vec![text(k), text(v), text(d), text(if c { "yes" } else { "no" })])
+        .map(|(k, v, d, c)| {
+            vec![
+                text(k),
+                text(v),
+                text(d),
+                text(if c { "yes" } else { "no" }),
+            ]
+        })
         .collect();
     Table {
         columns: vec!["key", "value", "default", "changeable"],

@@ -124,7 +124,8 @@ impl App {
             (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor(cert, key)?)),
             _ => None,
         };
-        let connector = crate::tls::server_connector(g.server_tls, g.server_tls_ca_file.as_deref())?;
+        let connector =
+            crate::tls::server_connector(g.server_tls, g.server_tls_ca_file.as_deref())?;
         self.tls_acceptor.store(acceptor);
         self.server_tls.store(connector.map(Arc::new));
         Ok(())

@@ -11,7 +11,10 @@ use tokio::signal::unix::{signal, SignalKind};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pgmemo: cannot start the runtime: {e}");
@@ -98,8 +101,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if demo.is_some() {
         println!("pgmemo is proxying a private PostgreSQL on {addr} (transaction pooling).");
         println!("Connect with:");
-        println!("    psql -h {} -p {} -U postgres postgres", addr.ip(), addr.port());
-        println!("Admin console (as an admin user): psql -h {} -p {} -U postgres pgmemo", addr.ip(), addr.port());
+        println!(
+            "    psql -h {} -p {} -U postgres postgres",
+            addr.ip(),
+            addr.port()
+        );
+        println!(
+            "Admin console (as an admin user): psql -h {} -p {} -U postgres pgmemo",
+            addr.ip(),
+            addr.port()
+        );
         println!("Press Ctrl-C to stop; the private PostgreSQL is removed on exit.");
     }
     let app = pgmemo.app().clone();

@@ -17,7 +17,9 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             r = listener.accept() => r,
             _ = shutdown.wait_for(|s| *s) => return,
         };
-        let Ok((mut sock, _)) = accepted else { continue };
+        let Ok((mut sock, _)) = accepted else {
+            continue;
+        };
         let app = app.clone();
         tokio::spawn(async move {
             let mut head = Vec::with_capacity(1024);
@@ -63,7 +65,9 @@ fn labels(database: &str, user: &str) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Renders every metric. The same numbers as SHOW POOLS and SHOW STATS.
@@ -118,14 +122,42 @@ pub fn render(app: &App) -> String {
         );
     }
     let counters: [(&str, &str, fn(&crate::stats::StatsSnapshot) -> f64); 8] = [
-        ("pgmemo_transactions_total", "Transactions pooled.", |s| s.xact_count as f64),
-        ("pgmemo_queries_total", "Queries (ReadyForQuery) relayed.", |s| s.query_count as f64),
-        ("pgmemo_received_bytes_total", "Bytes received from clients.", |s| s.bytes_received as f64),
-        ("pgmemo_sent_bytes_total", "Bytes sent to clients.", |s| s.bytes_sent as f64),
-        ("pgmemo_transaction_seconds_total", "Time servers were held by clients.", |s| s.xact_time_us as f64 / 1e6),
-        ("pgmemo_wait_seconds_total", "Time clients waited for a server.", |s| s.wait_time_us as f64 / 1e6),
-        ("pgmemo_wait_timeouts_total", "Clients that hit query_wait_timeout.", |s| s.wait_timeouts as f64),
-        ("pgmemo_client_logins_total", "Successful client logins.", |s| s.client_logins as f64),
+        ("pgmemo_transactions_total", "Transactions pooled.", |s| {
+            s.xact_count as f64
+        }),
+        (
+            "pgmemo_queries_total",
+            "Queries (ReadyForQuery) relayed.",
+            |s| s.query_count as f64,
+        ),
+        (
+            "pgmemo_received_bytes_total",
+            "Bytes received from clients.",
+            |s| s.bytes_received as f64,
+        ),
+        ("pgmemo_sent_bytes_total", "Bytes sent to clients.", |s| {
+            s.bytes_sent as f64
+        }),
+        (
+            "pgmemo_transaction_seconds_total",
+            "Time servers were held by clients.",
+            |s| s.xact_time_us as f64 / 1e6,
+        ),
+        (
+            "pgmemo_wait_seconds_total",
+            "Time clients waited for a server.",
+            |s| s.wait_time_us as f64 / 1e6,
+        ),
+        (
+            "pgmemo_wait_timeouts_total",
+            "Clients that hit query_wait_timeout.",
+            |s| s.wait_timeouts as f64,
+        ),
+        (
+            "pgmemo_client_logins_total",
+            "Successful client logins.",
+            |s| s.client_logins as f64,
+        ),
     ];
     for (name, help, get) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

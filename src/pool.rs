@@ -146,8 +146,7 @@ impl Pool {
                 } else {
                     let mut got = None;
                     while let Some(conn) = st.idle.pop() {
-                        if conn.looks_alive() && conn.created.elapsed() < settings.server_lifetime
-                        {
+                        if conn.looks_alive() && conn.created.elapsed() < settings.server_lifetime {
                             got = Some(Grant::Conn(conn));
                             break;
                         }
@@ -178,7 +177,10 @@ impl Pool {
                     if !self.state.lock().paused {
                         continue;
                     }
-                    if tokio::time::timeout_at(deadline.into(), notified).await.is_err() {
+                    if tokio::time::timeout_at(deadline.into(), notified)
+                        .await
+                        .is_err()
+                    {
                         return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
                     }
                     continue;
@@ -202,7 +204,11 @@ impl Pool {
                         && !settings.server_check_query.is_empty()
                     {
                         conn.set_state(ServerState::Tested);
-                        if conn.internal_query(&settings.server_check_query).await.is_err() {
+                        if conn
+                            .internal_query(&settings.server_check_query)
+                            .await
+                            .is_err()
+                        {
                             self.release_slot(&conn);
                             continue;
                         }
@@ -362,12 +368,18 @@ impl Pool {
         loop {
             {
                 let mut st = self.state.lock();
-                if st.closed || st.paused || st.total >= settings.min_pool_size.min(settings.pool_size) {
+                if st.closed
+                    || st.paused
+                    || st.total >= settings.min_pool_size.min(settings.pool_size)
+                {
                     break;
                 }
                 st.total += 1;
             }
-            match self.connect(&settings, Instant::now() + settings.server_connect_timeout).await {
+            match self
+                .connect(&settings, Instant::now() + settings.server_connect_timeout)
+                .await
+            {
                 Ok(conn) => self.checkin(conn),
                 Err(_) => {
                     self.give_slot_back();
@@ -431,7 +443,10 @@ impl Pool {
         let mut map = self.normalized.lock();
         // Bounded: a client sending endless distinct values must not grow memory.
         if map.len() < 10_000 {
-            map.insert((name.to_ascii_lowercase(), raw.to_owned()), value.to_owned());
+            map.insert(
+                (name.to_ascii_lowercase(), raw.to_owned()),
+                value.to_owned(),
+            );
         }
     }
 }

@@ -201,11 +201,8 @@ impl ServerConn {
                             frontend::password(&mut self.wbuf, password.as_bytes());
                         }
                         AuthRequest::Md5(salt) => {
-                            let hash = crate::auth::md5_client_response(
-                                &target.user,
-                                password,
-                                salt,
-                            );
+                            let hash =
+                                crate::auth::md5_client_response(&target.user, password, salt);
                             frontend::password(&mut self.wbuf, hash.as_bytes());
                         }
                         AuthRequest::Sasl(mechs) => {
@@ -313,7 +310,10 @@ impl ServerConn {
     /// Runs `sql` as a simple query on an idle server and returns its rows as text. Parameter
     /// changes it causes are recorded; the first error is returned after ReadyForQuery, so the
     /// connection stays usable.
-    pub async fn internal_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+    pub async fn internal_query(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
         frontend::query(&mut self.wbuf, sql);
         self.flush().await?;
         let mut rows = Vec::new();
@@ -347,10 +347,14 @@ impl ServerConn {
                     self.status = body.first().copied().unwrap_or(b'I');
                     break;
                 }
-                backend::COPY_IN_RESPONSE | backend::COPY_OUT_RESPONSE | backend::COPY_BOTH_RESPONSE => {
+                backend::COPY_IN_RESPONSE
+                | backend::COPY_OUT_RESPONSE
+                | backend::COPY_BOTH_RESPONSE => {
                     // Never issued by pgmemo's own queries; a server in this state is unusable.
                     self.broken = true;
-                    return Err(ServerError::Protocol("unexpected COPY in internal query".into()));
+                    return Err(ServerError::Protocol(
+                        "unexpected COPY in internal query".into(),
+                    ));
                 }
                 _ => {}
             }
