@@ -404,6 +404,25 @@ impl LocalPostgres {
         }
     }
 
+    /// Restarts the server in place (`pg_ctl restart -m <mode>`: "fast" or "immediate"), on
+    /// the same port and data directory; blocks until it accepts connections again. Tests use
+    /// it to check that clients recover from a server restart.
+    pub fn restart(&mut self, mode: &str) -> Result<(), DemoError> {
+        let log = self.root.join("log");
+        let mut pg_ctl = self.server_command("pg_ctl");
+        pg_ctl
+            .arg("-D")
+            .arg(&self.data_dir)
+            // With -l the server's output goes to the log, not to pg_ctl's (captured) stdout,
+            // which would otherwise stay open as long as the server runs.
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60", "restart", "-m", mode]);
+        let result = run(&mut pg_ctl).map(|_| ());
+        self.running = result.is_ok();
+        result
+    }
+
     /// Runs `pg_ctl stop -m <mode>` and says whether it succeeded.
     fn pg_ctl_stop(&self, mode: &str) -> bool {
         let mut pg_ctl = self.server_command("pg_ctl");
