@@ -47,10 +47,12 @@ pub struct ClientConn {
 
 impl ClientConn {
     pub fn new(stream: Stream, rbuf: BytesMut) -> Self {
+        // The write buffer grows on first use: an idle client should cost as little memory as
+        // possible (thousands of them are normal behind a pooler).
         ClientConn {
             stream,
             rbuf,
-            wbuf: BytesMut::with_capacity(16 * 1024),
+            wbuf: BytesMut::new(),
         }
     }
 
@@ -76,8 +78,7 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
     };
     let _ = tcp.set_nodelay(true);
     let login_timeout = app.config.load().general.client_login_timeout;
-    let startup = match tokio::time::timeout(login_timeout, login::read_startup(&app, tcp)).await
-    {
+    let startup = match tokio::time::timeout(login_timeout, login::read_startup(&app, tcp)).await {
         Err(_) => {
             tracing::info!(%peer, "client did not finish its login within client_login_timeout");
             return;
@@ -98,7 +99,11 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
     if app.is_shutting_down() {
         startup
             .conn
-            .send_error(Severity::Fatal, sqlstate::CANNOT_CONNECT_NOW, "the database system is shutting down")
+            .send_error(
+                Severity::Fatal,
+                sqlstate::CANNOT_CONNECT_NOW,
+                "the database system is shutting down",
+            )
             .await;
         return;
     }
@@ -106,7 +111,11 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
         tracing::warn!(%peer, "max_client_conn reached, refusing client");
         startup
             .conn
-            .send_error(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)")
+            .send_error(
+                Severity::Fatal,
+                sqlstate::TOO_MANY_CONNECTIONS,
+                "no more connections allowed (max_client_conn)",
+            )
             .await;
         return;
     }
@@ -222,7 +231,11 @@ impl Session {
         let (pid, secret) = session.info.cancel_key;
         be::backend_key_data(&mut session.client.wbuf, pid, secret);
         be::ready_for_query(&mut session.client.wbuf, b'I');
-        session.pool.stats.client_logins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        session
+            .pool
+            .stats
+            .client_logins
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         session.info.set_state(ClientState::Idle);
         if session.client.flush().await.is_err() {
             session.finish().await;
@@ -360,7 +373,11 @@ impl Session {
             }
             CheckoutError::Closed => {
                 self.client
-                    .send_error(Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, "terminating connection due to administrator command")
+                    .send_error(
+                        Severity::Fatal,
+                        sqlstate::ADMIN_SHUTDOWN,
+                        "terminating connection due to administrator command",
+                    )
                     .await;
             }
         }
@@ -374,8 +391,8 @@ impl Session {
                 return end;
             }
             // A shutdown closes the client only between transactions, never mid-work.
-            let between_transactions = self.replies.is_empty()
-                && self.server.as_ref().is_none_or(|s| s.status == b'I');
+            let between_transactions =
+                self.replies.is_empty() && self.server.as_ref().is_none_or(|s| s.status == b'I');
             let event = tokio::select! {
                 biased;
                 ev = poll_fn(|cx| self.poll_io(cx)) => ev,
@@ -387,7 +404,10 @@ impl Session {
                     if let Err(end) = self.handle_server_messages() {
                         return end;
                     }
-                    if self.server.is_none() && self.app.is_shutting_down() && self.client.rbuf.is_empty() {
+                    if self.server.is_none()
+                        && self.app.is_shutting_down()
+                        && self.client.rbuf.is_empty()
+                    {
                         let _ = self.client.flush().await;
                         return self.shutdown_client().await;
                     }
@@ -399,7 +419,9 @@ impl Session {
                     return End::ClientGone;
                 }
                 Event::ServerGone(e) => {
-                    let detail = e.map(|e| e.to_string()).unwrap_or_else(|| "server closed the connection unexpectedly".into());
+                    let detail = e
+                        .map(|e| e.to_string())
+                        .unwrap_or_else(|| "server closed the connection unexpectedly".into());
                     if let Some(server) = self.server.as_mut() {
                         server.broken = true;
                     }
@@ -422,7 +444,11 @@ impl Session {
 
     async fn shutdown_client(&mut self) -> End {
         self.client
-            .send_error(Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, "terminating connection due to administrator command")
+            .send_error(
+                Severity::Fatal,
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection due to administrator command",
+            )
             .await;
         End::Shutdown
     }
@@ -514,9 +540,12 @@ impl Session {
             .server_id
             .store(server.info.id, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Active);
-        if let Some(sql) =
-            params::sync_sql(&self.reported, &server.reported, &self.settings, &server.settings)
-        {
+        if let Some(sql) = params::sync_sql(
+            &self.reported,
+            &server.reported,
+            &self.settings,
+            &server.settings,
+        ) {
             fe::query(&mut server.wbuf, &sql);
             self.replies.push(Expected::Internal);
             // Reported values are updated from the server's ParameterStatus replies; unreported
@@ -543,7 +572,9 @@ impl Session {
                 Ok(None) => break,
                 Err(e) => {
                     server.broken = true;
-                    return Err(End::ServerGone(format!("server sent an invalid message: {e}")));
+                    return Err(End::ServerGone(format!(
+                        "server sent an invalid message: {e}"
+                    )));
                 }
             };
             let route = self.replies.on_server_message(tag);
@@ -598,7 +629,9 @@ impl Session {
             return;
         };
         *self.info.server.lock() = None;
-        self.info.server_id.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.info
+            .server_id
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Idle);
         self.stats.xact_count += 1;
         self.stats.xact_time_us += self.held_since.elapsed().as_micros() as u64;
@@ -661,12 +694,18 @@ impl Session {
         *self.info.server.lock() = None;
         self.pool.stats.add(&mut self.stats);
         let settings = self.pool.settings();
-        let idle_between_queries =
-            !server.broken && self.replies.is_empty() && server.rbuf.is_empty() && server.wbuf.is_empty();
+        let idle_between_queries = !server.broken
+            && self.replies.is_empty()
+            && server.rbuf.is_empty()
+            && server.wbuf.is_empty();
         if !idle_between_queries {
             // Work is still running on the server: cancel it and close the connection; a
             // half-read reply stream cannot be handed to anyone else.
-            let (addr, pid, secret) = (server.info.addr, server.info.backend_pid, server.backend_secret);
+            let (addr, pid, secret) = (
+                server.info.addr,
+                server.info.backend_pid,
+                server.backend_secret,
+            );
             self.pool.release_slot(&server);
             tokio::spawn(async move {
                 let _ = crate::server::send_cancel(addr, pid, secret).await;
@@ -696,9 +735,12 @@ impl Session {
     }
 }
 
+/// Makes room for the next read: small for a quiet client, larger once traffic is flowing
+/// (BytesMut reuses the freed front of the buffer when it can, so steady state allocates
+/// nothing).
 fn reserve(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(16 * 1024);
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(8 * 1024);
     }
 }
 
