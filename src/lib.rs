@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod replies;
 pub mod server;
 pub mod session;
+pub mod statements;
 pub mod stats;
 pub mod stream;
 pub mod tls;

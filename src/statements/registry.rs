@@ -1,0 +1,162 @@
+//! The global statement registry: one [`Statement`] per distinct (context, text, types), shared
+//! by every session. It is read only when a client's Parse misses the client's own map — the
+//! cold path — and is a lock-free map, so sessions never wait on each other there either.
+
+use super::{Statement, StatementKey};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Server statement names come from this process-wide counter and are never reused, so a name
+/// on a server can never mean two different statements.
+static NEXT_STATEMENT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub struct Registry {
+    statements: papaya::HashMap<StatementKey, Arc<Statement>>,
+    /// (database, server role, search_path) → context number. Touched once per client login.
+    contexts: Mutex<HashMap<(String, String, String), u32>>,
+    /// Statements that lost their last user since the last purge: a cheap hint that a purge
+    /// has work to do (the first phase of the two-phase purge).
+    released: AtomicUsize,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry {
+            statements: papaya::HashMap::new(),
+            contexts: Mutex::new(HashMap::new()),
+            released: AtomicUsize::new(0),
+        }
+    }
+
+    /// The context number for statements parsed by a client of this database, role and
+    /// search_path: statements are shared only within one context.
+    pub fn context(&self, database: &str, role: &str, search_path: &str) -> u32 {
+        let mut contexts = self.contexts.lock();
+        let next = contexts.len() as u32 + 1;
+        *contexts
+            .entry((database.to_owned(), role.to_owned(), search_path.to_owned()))
+            .or_insert(next)
+    }
+
+    /// The statement for `key`, created if new. The bool says whether it already existed.
+    pub fn get_or_insert(&self, key: StatementKey) -> (Arc<Statement>, bool) {
+        let map = self.statements.pin();
+        if let Some(s) = map.get(&key) {
+            return (s.clone(), true);
+        }
+        let fresh = Arc::new(Statement::new(
+            NEXT_STATEMENT_ID.fetch_add(1, Ordering::Relaxed),
+            key.clone(),
+        ));
+        match map.try_insert(key, fresh.clone()) {
+            Ok(_) => (fresh, false),
+            // Another session registered it between our get and insert: use theirs.
+            Err(e) => (e.current.clone(), true),
+        }
+    }
+
+    /// Called when a statement loses a holder or a server; counts toward the next purge.
+    pub fn note_released(&self) {
+        self.released.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops statements nobody uses (no client name, no server holds them). Phase one is an
+    /// atomic check so that calling this often costs nothing when there is nothing to do.
+    pub fn purge(&self, min_released: usize) -> usize {
+        if self.released.load(Ordering::Relaxed) < min_released {
+            return 0;
+        }
+        self.released.store(0, Ordering::Relaxed);
+        let before = self.statements.len();
+        // Only the registry's own reference left: no client map or server set holds it.
+        self.statements
+            .pin()
+            .retain(|_, s| Arc::strong_count(s) > 1);
+        before.saturating_sub(self.statements.len())
+    }
+
+    pub fn len(&self) -> usize {
+        self.statements.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every statement, for SHOW PREPARED_STATEMENTS.
+    pub fn all(&self) -> Vec<Arc<Statement>> {
+        let mut v: Vec<_> = self.statements.pin().values().cloned().collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn key(ctx: u32, q: &'static str) -> StatementKey {
+        StatementKey {
+            context: ctx,
+            query: Bytes::from_static(q.as_bytes()),
+            param_types: Bytes::from_static(&[0, 0]),
+        }
+    }
+
+    #[test]
+    fn same_key_same_statement_other_context_other_statement() {
+        let r = Registry::new();
+        let a = r.context("db", "app", "public");
+        let b = r.context("db", "app", "other");
+        assert_ne!(a, b);
+        assert_eq!(a, r.context("db", "app", "public"));
+        let (s1, found1) = r.get_or_insert(key(a, "SELECT 1"));
+        let (s2, found2) = r.get_or_insert(key(a, "SELECT 1"));
+        let (s3, _) = r.get_or_insert(key(b, "SELECT 1"));
+        assert!(!found1 && found2);
+        assert_eq!(s1.id, s2.id);
+        assert_ne!(s1.id, s3.id);
+        assert_ne!(s1.server_name, s3.server_name);
+    }
+
+    #[test]
+    fn purge_keeps_used_statements_and_names_are_never_reused() {
+        let r = Registry::new();
+        let (kept, _) = r.get_or_insert(key(1, "SELECT 1"));
+        let (dropped, _) = r.get_or_insert(key(1, "SELECT 2"));
+        let dropped_id = dropped.id;
+        drop(dropped);
+        r.note_released();
+        assert_eq!(r.purge(2), 0, "below the threshold nothing is scanned");
+        assert_eq!(r.purge(1), 1);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.all()[0].id, kept.id);
+        let (again, found) = r.get_or_insert(key(1, "SELECT 2"));
+        assert!(!found);
+        assert!(again.id > dropped_id, "a purged statement's name is not reused");
+    }
+
+    #[test]
+    fn concurrent_registration_yields_one_statement() {
+        let r = Arc::new(Registry::new());
+        let ids: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let r = r.clone();
+                    s.spawn(move || r.get_or_insert(key(1, "SELECT 42")).0.id)
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    }
+}

@@ -1,0 +1,152 @@
+//! Which statements are prepared on one server connection, as an LRU bounded by
+//! `max_prepared_statements`. It travels with the connection through the pool.
+
+use super::Statement;
+use lru::LruCache;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+struct Prepared {
+    statement: Arc<Statement>,
+    /// The statement's generation when it was prepared here.
+    generation: u32,
+}
+
+pub struct ServerSet {
+    prepared: LruCache<u64, Prepared>,
+    limit: usize,
+}
+
+impl ServerSet {
+    pub fn new(limit: usize) -> ServerSet {
+        ServerSet {
+            prepared: LruCache::unbounded(),
+            limit: limit.max(1),
+        }
+    }
+
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.max(1);
+    }
+
+    /// Whether `statement` is prepared here and current; marks it recently used.
+    #[inline]
+    pub fn has_current(&mut self, statement: &Statement) -> bool {
+        match self.prepared.get(&statement.id) {
+            Some(p) => p.generation == statement.generation(),
+            None => false,
+        }
+    }
+
+    /// Whether a (possibly stale) copy exists under the statement's server name.
+    pub fn contains(&self, statement: &Statement) -> bool {
+        self.prepared.contains(&statement.id)
+    }
+
+    /// Records that `statement` is (about to be) prepared here.
+    pub fn insert(&mut self, statement: Arc<Statement>) {
+        statement.servers.fetch_add(1, Ordering::Relaxed);
+        let generation = statement.generation();
+        if let Some(old) = self.prepared.put(
+            statement.id,
+            Prepared {
+                statement,
+                generation,
+            },
+        ) {
+            old.statement.servers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets `statement` (closed, or its Parse never ran); returns whether it was there.
+    pub fn remove(&mut self, statement: &Statement) -> bool {
+        match self.prepared.pop(&statement.id) {
+            Some(p) => {
+                p.statement.servers.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The least recently used statement to close when one more must fit, if the set is full.
+    /// It stays recorded until [`ServerSet::remove`]: the caller decides when the Close ran.
+    pub fn victim(&self, keep: &Statement) -> Option<Arc<Statement>> {
+        if self.prepared.len() < self.limit {
+            return None;
+        }
+        self.prepared
+            .iter()
+            .rev()
+            .map(|(_, p)| &p.statement)
+            .find(|s| s.id != keep.id)
+            .cloned()
+    }
+
+    /// Everything was deallocated on the server (DISCARD ALL, DEALLOCATE ALL).
+    pub fn clear(&mut self) {
+        while let Some((_, p)) = self.prepared.pop_lru() {
+            p.statement.servers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.prepared.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prepared.is_empty()
+    }
+}
+
+impl Drop for ServerSet {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::statements::{Registry, StatementKey};
+    use bytes::Bytes;
+
+    fn stmt(r: &Registry, q: &'static str) -> Arc<Statement> {
+        r.get_or_insert(StatementKey {
+            context: 1,
+            query: Bytes::from_static(q.as_bytes()),
+            param_types: Bytes::from_static(&[0, 0]),
+        })
+        .0
+    }
+
+    #[test]
+    fn lru_victim_is_least_recently_used() {
+        let r = Registry::new();
+        let (a, b, c) = (stmt(&r, "a"), stmt(&r, "b"), stmt(&r, "c"));
+        let mut set = ServerSet::new(2);
+        assert!(set.victim(&a).is_none());
+        set.insert(a.clone());
+        set.insert(b.clone());
+        assert!(set.has_current(&a)); // a is now most recent
+        assert_eq!(set.victim(&c).unwrap().id, b.id);
+        set.remove(&b);
+        set.insert(c.clone());
+        assert_eq!(set.len(), 2);
+        assert_eq!(b.servers.load(Ordering::Relaxed), 0);
+        assert_eq!(a.servers.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn stale_generation_is_not_current() {
+        let r = Registry::new();
+        let a = stmt(&r, "a");
+        let mut set = ServerSet::new(4);
+        set.insert(a.clone());
+        a.invalidate(a.generation());
+        assert!(!set.has_current(&a));
+        assert!(set.contains(&a));
+        set.clear();
+        assert_eq!(a.servers.load(Ordering::Relaxed), 0);
+    }
+}
