@@ -106,24 +106,34 @@ impl Pool {
 
     /// Applies reloaded settings; a larger pool_size hands freed capacity to waiters at once.
     pub fn reconfigure(&self, settings: PoolSettings) {
-        let new_size = settings.pool_size;
         *self.settings.lock() = Arc::new(settings);
-        let mut grants = Vec::new();
-        {
-            let mut st = self.state.lock();
-            while st.total < new_size {
-                match st.waiters.pop_front() {
-                    Some(w) => {
-                        st.total += 1;
-                        grants.push(w);
-                    }
-                    None => break,
+        self.dispatch();
+    }
+
+    /// Hands idle connections, then free slots, to queued waiters, oldest first. Check-ins
+    /// feed waiters by themselves; this is for capacity that appears otherwise: RESUME (while
+    /// paused, returned connections stay idle and waiters stay queued) and a larger pool_size.
+    fn dispatch(&self) {
+        let pool_size = self.settings().pool_size;
+        let mut st = self.state.lock();
+        while !st.paused && !st.closed {
+            let Some(w) = st.waiters.pop_front() else {
+                break;
+            };
+            if let Some(conn) = st.idle.pop() {
+                conn.set_state(ServerState::Active);
+                if let Err(Grant::Conn(back)) = w.send(Grant::Conn(conn)) {
+                    back.set_state(ServerState::Idle);
+                    st.idle.push(back);
                 }
-            }
-        }
-        for w in grants {
-            if w.send(Grant::Slot).is_err() {
-                self.state.lock().total -= 1;
+            } else if st.total < pool_size {
+                st.total += 1;
+                if w.send(Grant::Slot).is_err() {
+                    st.total -= 1;
+                }
+            } else {
+                st.waiters.push_front(w);
+                break;
             }
         }
     }
@@ -186,14 +196,30 @@ impl Pool {
                     continue;
                 }
                 Some(Ok(g)) => g,
-                Some(Err(rx)) => match tokio::time::timeout_at(deadline.into(), rx).await {
-                    Ok(Ok(g)) => g,
-                    Ok(Err(_)) => return Err(CheckoutError::Closed),
-                    Err(_) => {
-                        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-                        return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
+                Some(Err(mut rx)) => {
+                    match tokio::time::timeout_at(deadline.into(), &mut rx).await {
+                        Ok(Ok(g)) => g,
+                        Ok(Err(_)) => return Err(CheckoutError::Closed),
+                        Err(_) => {
+                            // Giving up. A grant may have been sent just before: closing first
+                            // makes any later send fail (the sender passes its grant on), and one
+                            // that already arrived is used, not dropped with the receiver, which
+                            // would lose that server and its slot for good.
+                            rx.close();
+                            match rx.try_recv() {
+                                Ok(g) => g,
+                                Err(_) => {
+                                    // Our dead entry must not count as a waiting client.
+                                    self.state.lock().waiters.retain(|w| !w.is_closed());
+                                    self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                                    return Err(CheckoutError::WaitTimeout(
+                                        settings.query_wait_timeout,
+                                    ));
+                                }
+                            }
+                        }
                     }
-                },
+                }
             };
             self.stats
                 .wait_time_us
@@ -296,7 +322,20 @@ impl Pool {
         conn.last_used = Instant::now();
         conn.set_state(ServerState::Idle);
         let mut st = self.state.lock();
-        while let Some(w) = st.waiters.pop_front() {
+        if st.total > settings.pool_size {
+            // pool_size was lowered by a reload: shrink as connections come back.
+            st.total -= 1;
+            drop(st);
+            self.forget(&conn);
+            tokio::spawn(conn.terminate());
+            return;
+        }
+        // While paused, nobody gets a server: the connection stays idle and the waiters stay
+        // queued until RESUME dispatches them.
+        while !st.paused {
+            let Some(w) = st.waiters.pop_front() else {
+                break;
+            };
             conn.set_state(ServerState::Active);
             match w.send(Grant::Conn(conn)) {
                 Ok(()) => return,
@@ -323,10 +362,14 @@ impl Pool {
     }
 
     fn give_slot_back(&self) {
+        let pool_size = self.settings().pool_size;
         let mut st = self.state.lock();
-        while let Some(w) = st.waiters.pop_front() {
-            if w.send(Grant::Slot).is_ok() {
-                return;
+        // Passed on to a waiter, unless paused or the pool is over a lowered pool_size.
+        if !st.paused && st.total <= pool_size {
+            while let Some(w) = st.waiters.pop_front() {
+                if w.send(Grant::Slot).is_ok() {
+                    return;
+                }
             }
         }
         st.total -= 1;
@@ -348,7 +391,10 @@ impl Pool {
             for conn in st.idle.drain(..) {
                 let idle_too_long = conn.last_used.elapsed() >= settings.server_idle_timeout
                     && total - out.len() > settings.min_pool_size;
+                // Over a pool_size lowered by a reload: idle ones go first.
+                let over_size = total - out.len() > settings.pool_size;
                 if idle_too_long
+                    || over_size
                     || conn.created.elapsed() >= settings.server_lifetime
                     || !conn.looks_alive()
                 {
@@ -396,6 +442,7 @@ impl Pool {
     pub fn resume(&self) {
         self.state.lock().paused = false;
         self.resumed.notify_waiters();
+        self.dispatch();
     }
 
     pub fn is_paused(&self) -> bool {
