@@ -311,6 +311,16 @@ const CONN_COLUMNS: [&str; 18] = [
     "application_name",
 ];
 
+/// A client's state as PgBouncer's SHOW CLIENTS names it: a logged-in client that is not
+/// waiting for a server is "active" whether or not it holds one (`link` tells which).
+fn client_state(state: ClientState) -> &'static str {
+    match state {
+        ClientState::Login => "login",
+        ClientState::Waiting => "waiting",
+        ClientState::Idle | ClientState::Active => "active",
+    }
+}
+
 pub fn show_clients(app: &App) -> Table {
     let rows = app
         .clients()
@@ -321,7 +331,7 @@ pub fn show_clients(app: &App) -> Table {
                 text("C"),
                 text(&c.user),
                 text(&c.database),
-                text(c.state().name()),
+                text(client_state(c.state())),
                 text(c.addr.ip()),
                 text(c.addr.port()),
                 text(c.local_addr.ip()),
@@ -398,7 +408,7 @@ pub fn show_stats(app: &App) -> Table {
     let rows = per_db
         .into_iter()
         .map(|(db, s)| {
-            let per = |total: u64, n: u64| if n == 0 { 0 } else { total / n };
+            let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
             vec![
                 text(db),
                 text(s.xact_count),

@@ -70,6 +70,13 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// A counter: its name, its help text, and how to read it from a pool's statistics.
+type Counter = (
+    &'static str,
+    &'static str,
+    fn(&crate::stats::StatsSnapshot) -> f64,
+);
+
 /// Renders every metric. The same numbers as SHOW POOLS and SHOW STATS.
 pub fn render(app: &App) -> String {
     let mut out = String::new();
@@ -121,7 +128,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [(&str, &str, fn(&crate::stats::StatsSnapshot) -> f64); 8] = [
+    let counters: [Counter; 8] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),

@@ -1,0 +1,814 @@
+//! The admin console (database `pgmemo`), the Prometheus endpoint, and the `pgmemo` binary
+//! itself: flags, `--check`, SIGHUP reload, SIGTERM exit.
+
+mod common;
+
+use common::*;
+use pgmemo::config::{PoolMode, UserConfig};
+use pgmemo::Pgmemo;
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+type Rows = Vec<HashMap<String, Option<String>>>;
+
+async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+fn url(addr: std::net::SocketAddr, db: &str) -> String {
+    proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
+
+async fn admin_client(proxy: &Pgmemo) -> Client {
+    connect(&url(proxy.local_addr(), "pgmemo")).await
+}
+
+/// A console command's column names and rows.
+async fn show(admin: &Client, cmd: &str) -> (Vec<String>, Rows) {
+    let msgs = admin
+        .simple_query(cmd)
+        .await
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let mut columns = Vec::new();
+    let mut rows = Vec::new();
+    for m in &msgs {
+        match m {
+            SimpleQueryMessage::RowDescription(cols) => {
+                columns = cols.iter().map(|c| c.name().to_owned()).collect();
+            }
+            SimpleQueryMessage::Row(r) => rows.push(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).map(str::to_owned)))
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    (columns, rows)
+}
+
+fn val<'a>(row: &'a HashMap<String, Option<String>>, col: &str) -> &'a str {
+    row.get(col)
+        .unwrap_or_else(|| panic!("no column {col} in {row:?}"))
+        .as_deref()
+        .unwrap_or("")
+}
+
+fn num(row: &HashMap<String, Option<String>>, col: &str) -> u64 {
+    val(row, col)
+        .parse()
+        .unwrap_or_else(|e| panic!("{col} = {:?}: {e}", val(row, col)))
+}
+
+fn row_for<'a>(rows: &'a Rows, db: &str) -> &'a HashMap<String, Option<String>> {
+    rows.iter()
+        .find(|r| val(r, "database") == db)
+        .unwrap_or_else(|| panic!("no row for database {db} in {rows:?}"))
+}
+
+async fn fresh_db(name: &'static str) {
+    tokio::task::spawn_blocking(move || {
+        cluster().psql(
+            "postgres",
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        );
+        cluster().psql(
+            "postgres",
+            &format!("CREATE DATABASE {name} OWNER {PGMEMO_USER}"),
+        );
+    })
+    .await
+    .unwrap();
+}
+
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn assert_columns(got: &[String], expected: &[&str], what: &str) {
+    for c in expected {
+        assert!(
+            got.iter().any(|g| g == c),
+            "{what}: no column {c:?} in {got:?}"
+        );
+    }
+}
+
+/// The pids of pgmemo's server connections to `db`, straight from the server.
+async fn server_pids(db: &str) -> Vec<String> {
+    let direct = connect(&cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres")).await;
+    let msgs = direct
+        .simple_query(&format!(
+            "SELECT pid FROM pg_stat_activity WHERE datname = '{db}' AND usename = '{PGMEMO_USER}' \
+             AND backend_type = 'client backend' ORDER BY pid"
+        ))
+        .await
+        .unwrap();
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// SHOW POOLS / CLIENTS / SERVERS / STATS / CONFIG / VERSION: PgBouncer's column names and
+/// values that agree with what happened and with the server's own view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_commands_report_what_happened() {
+    const DB: &str = "admin_show";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 3).await;
+    let app_url = format!(
+        "{}?application_name=admin-test-app",
+        url(proxy.local_addr(), DB)
+    );
+    let client = connect(&app_url).await;
+    for i in 0..5 {
+        client.simple_query(&format!("SELECT {i}")).await.unwrap();
+        client
+            .batch_execute(&format!("BEGIN; SELECT {i}; COMMIT"))
+            .await
+            .unwrap();
+    }
+    // Two servers in use at once, so the pool has more than one.
+    let other = connect(&url(proxy.local_addr(), DB)).await;
+    client.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    other.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    client.batch_execute("COMMIT").await.unwrap();
+    other.batch_execute("COMMIT").await.unwrap();
+
+    let admin = admin_client(&proxy).await;
+
+    let (cols, rows) = show(&admin, "SHOW STATS").await;
+    assert_columns(
+        &cols,
+        &[
+            "database",
+            "total_xact_count",
+            "total_query_count",
+            "total_received",
+            "total_sent",
+            "total_xact_time",
+            "total_query_time",
+            "total_wait_time",
+            "avg_xact_count",
+            "avg_query_count",
+            "avg_recv",
+            "avg_sent",
+            "avg_xact_time",
+            "avg_query_time",
+            "avg_wait_time",
+        ],
+        "SHOW STATS",
+    );
+    let stats = row_for(&rows, DB);
+    // 5 single queries, 5 one-message transactions, then BEGIN / COMMIT on two clients;
+    // a query is one round trip (one ReadyForQuery), as in PgBouncer.
+    assert_eq!(num(stats, "total_xact_count"), 12, "{stats:?}");
+    assert_eq!(num(stats, "total_query_count"), 14, "{stats:?}");
+    assert!(
+        num(stats, "total_received") > 0 && num(stats, "total_sent") > 0,
+        "{stats:?}"
+    );
+    assert!(num(stats, "total_xact_time") > 0, "{stats:?}");
+
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    assert_columns(
+        &cols,
+        &[
+            "database",
+            "user",
+            "cl_active",
+            "cl_waiting",
+            "sv_active",
+            "sv_idle",
+            "sv_used",
+            "sv_tested",
+            "sv_login",
+            "maxwait",
+            "maxwait_us",
+            "pool_mode",
+        ],
+        "SHOW POOLS",
+    );
+    let pool = row_for(&rows, DB);
+    assert_eq!(val(pool, "user"), PGMEMO_USER);
+    assert_eq!(val(pool, "pool_mode"), "transaction");
+    assert_eq!(num(pool, "cl_active"), 2, "{pool:?}");
+    assert_eq!(num(pool, "cl_waiting"), 0, "{pool:?}");
+    let pids = server_pids(DB).await;
+    assert_eq!(pids.len(), 2, "two server connections");
+    assert_eq!(
+        num(pool, "sv_idle") + num(pool, "sv_active") + num(pool, "sv_used"),
+        pids.len() as u64,
+        "{pool:?}"
+    );
+    assert_eq!(num(pool, "sv_active"), 0, "{pool:?}");
+
+    let (cols, rows) = show(&admin, "SHOW SERVERS").await;
+    let conn_columns = [
+        "type",
+        "user",
+        "database",
+        "state",
+        "addr",
+        "port",
+        "local_addr",
+        "local_port",
+        "connect_time",
+        "request_time",
+        "wait",
+        "wait_us",
+        "close_needed",
+        "ptr",
+        "link",
+        "remote_pid",
+        "tls",
+        "application_name",
+    ];
+    assert_columns(&cols, &conn_columns, "SHOW SERVERS");
+    let mut listed: Vec<String> = rows
+        .iter()
+        .filter(|r| val(r, "database") == DB)
+        .inspect(|r| {
+            assert_eq!(val(r, "type"), "S");
+            assert_eq!(val(r, "state"), "idle");
+            assert_eq!(val(r, "port"), cluster().port().to_string());
+        })
+        .map(|r| val(r, "remote_pid").to_owned())
+        .collect();
+    listed.sort();
+    let mut pids = pids;
+    pids.sort();
+    assert_eq!(
+        listed, pids,
+        "SHOW SERVERS remote_pid = the server's own pids"
+    );
+
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_columns(&cols, &conn_columns, "SHOW CLIENTS");
+    let me = rows
+        .iter()
+        .find(|r| val(r, "application_name") == "admin-test-app")
+        .unwrap_or_else(|| panic!("the client is not listed: {rows:?}"));
+    assert_eq!(val(me, "type"), "C");
+    assert_eq!(val(me, "database"), DB);
+    assert_eq!(val(me, "user"), PGMEMO_USER);
+    // PgBouncer calls a logged-in client that is not waiting "active".
+    assert_eq!(val(me, "state"), "active");
+    assert_eq!(val(me, "addr"), "127.0.0.1");
+    assert_eq!(val(me, "local_port"), proxy.local_addr().port().to_string());
+    assert_eq!(rows.iter().filter(|r| val(r, "database") == DB).count(), 2);
+
+    let (cols, rows) = show(&admin, "SHOW CONFIG").await;
+    assert_eq!(cols, ["key", "value", "default", "changeable"]);
+    let setting = |key: &str| {
+        rows.iter()
+            .find(|r| val(r, "key") == key)
+            .unwrap_or_else(|| panic!("no {key} in SHOW CONFIG"))
+            .clone()
+    };
+    assert_eq!(val(&setting("default_pool_size"), "value"), "3");
+    assert_eq!(val(&setting("default_pool_size"), "default"), "20");
+    assert_eq!(val(&setting("default_pool_size"), "changeable"), "yes");
+    assert_eq!(val(&setting("pool_mode"), "value"), "transaction");
+
+    let (cols, rows) = show(&admin, "SHOW VERSION").await;
+    assert_eq!(cols, ["version"]);
+    assert!(val(&rows[0], "version").starts_with("pgmemo "), "{rows:?}");
+
+    // A bad command is an error, and the console stays usable.
+    let err = admin
+        .simple_query("SHOW NONSENSE")
+        .await
+        .expect_err("bad command");
+    assert_eq!(err.code().map(|c| c.code()), Some("42601"));
+    let (_, rows) = show(&admin, "show version;").await;
+    assert_eq!(rows.len(), 1);
+    proxy.shutdown().await;
+}
+
+/// Only admin_users get the console: others are refused with 28000 (but may use databases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_refuses_non_admin_users() {
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    for (name, password) in [(PGMEMO_USER, PGMEMO_PASS), ("plain_user", "plain_pass")] {
+        cfg.users.insert(
+            name.into(),
+            UserConfig {
+                password: Some(password.into()),
+                ..UserConfig::default()
+            },
+        );
+    }
+    let proxy = start_pgmemo(cfg).await;
+    let addr = proxy.local_addr();
+    let err = tokio_postgres::connect(
+        &proxy_url(addr, "plain_user", Some("plain_pass"), "pgmemo"),
+        NoTls,
+    )
+    .await
+    .err()
+    .expect("a non-admin user is refused");
+    assert_eq!(err.code().map(|c| c.code()), Some("28000"), "{err:?}");
+    // The same user may use a real database, and an admin may use the console.
+    let plain = connect(&proxy_url(addr, "plain_user", Some("plain_pass"), TEST_DB)).await;
+    assert_eq!(plain.simple_query("SELECT 1").await.unwrap().len(), 3);
+    let admin = admin_client(&proxy).await;
+    let (_, rows) = show(&admin, "SHOW VERSION").await;
+    assert_eq!(rows.len(), 1);
+    proxy.shutdown().await;
+}
+
+/// PAUSE waits for running transactions to end and then holds back every new query, also
+/// those that were already queued, until RESUME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_waits_for_transactions_and_blocks_until_resume() {
+    const DB: &str = "admin_pause";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let addr = proxy.local_addr();
+    let holder = connect(&url(addr, DB)).await;
+    let queued = connect(&url(addr, DB)).await;
+    let later = connect(&url(addr, DB)).await;
+    let admin = admin_client(&proxy).await;
+    let observer = admin_client(&proxy).await;
+    async fn waiting(observer: &Client) -> u64 {
+        num(
+            row_for(&show(observer, "SHOW POOLS").await.1, DB),
+            "cl_waiting",
+        )
+    }
+
+    holder
+        .batch_execute("BEGIN; CREATE TABLE p (x int)")
+        .await
+        .unwrap();
+    // A client queued for the only server before the PAUSE.
+    let queued_task =
+        tokio::spawn(async move { queued.simple_query("SELECT 'queued'").await.map(|_| ()) });
+    wait_until("the queued client", Duration::from_secs(5), || async {
+        waiting(&observer).await == 1
+    })
+    .await;
+
+    let pause = tokio::spawn(async move {
+        admin.simple_query("PAUSE").await.unwrap();
+        admin
+    });
+    // The transaction goes on while PAUSE waits for it.
+    holder
+        .batch_execute("INSERT INTO p VALUES (1)")
+        .await
+        .unwrap();
+    let pauses = holder.simple_query("SELECT pg_sleep(0.2)").await;
+    assert!(pauses.is_ok());
+    assert!(
+        !pause.is_finished(),
+        "PAUSE returned while a transaction was running"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    let admin = tokio::time::timeout(Duration::from_secs(5), pause)
+        .await
+        .expect("PAUSE returns once the transaction ended")
+        .unwrap();
+
+    // Paused: neither the queued client nor a new query gets a server.
+    let later_task =
+        tokio::spawn(async move { later.simple_query("SELECT 'later'").await.map(|_| ()) });
+    wait_until(
+        "both clients waiting while paused",
+        Duration::from_secs(5),
+        || async { waiting(&observer).await == 2 },
+    )
+    .await;
+    assert!(
+        !queued_task.is_finished(),
+        "a queued client got a server while paused"
+    );
+    assert!(
+        !later_task.is_finished(),
+        "a new query got a server while paused"
+    );
+    let (_, rows) = show(&observer, "SHOW SERVERS").await;
+    assert!(rows
+        .iter()
+        .filter(|r| val(r, "database") == DB)
+        .all(|r| val(r, "state") == "idle"));
+
+    admin.simple_query("RESUME").await.unwrap();
+    for t in [queued_task, later_task] {
+        tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .expect("served after RESUME")
+            .unwrap()
+            .expect("query after RESUME");
+    }
+    let n = holder.simple_query("SELECT count(*) FROM p").await.unwrap();
+    assert!(matches!(&n[1], SimpleQueryMessage::Row(r) if r.get(0) == Some("1")));
+    proxy.shutdown().await;
+}
+
+/// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
+/// and nothing listens any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_command_stops_pgmemo() {
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let addr = proxy.local_addr();
+    let client = connect(&url(addr, TEST_DB)).await;
+    client.simple_query("SELECT 1").await.unwrap();
+    let admin = admin_client(&proxy).await;
+    admin.simple_query("SHUTDOWN").await.expect("SHUTDOWN");
+    tokio::time::timeout(Duration::from_secs(10), proxy.wait())
+        .await
+        .expect("Pgmemo::wait returns after SHUTDOWN");
+    wait_until(
+        "the idle client to be disconnected",
+        Duration::from_secs(5),
+        || async { client.is_closed() },
+    )
+    .await;
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "pgmemo still accepts connections after SHUTDOWN"
+    );
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), sock.read_to_string(&mut out))
+        .await
+        .expect("the metrics endpoint answers and closes")
+        .unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of one sample line, `name{labels} value`.
+fn sample(body: &str, name: &str, labels: &str) -> f64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no sample {prefix} in\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The Prometheus endpoint's counters are the same numbers as SHOW STATS and SHOW POOLS,
+/// wait timeouts included, and a client that gave up waiting is not counted as waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_match_show_stats() {
+    const DB: &str = "admin_metrics";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 1);
+    cfg.general.metrics_listen = Some("127.0.0.1:0".into());
+    cfg.general.query_wait_timeout = Duration::from_millis(300);
+    let proxy = start_pgmemo(cfg).await;
+    let metrics = proxy.metrics_addr().expect("metrics endpoint");
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    for i in 0..7 {
+        client
+            .batch_execute(&format!("SELECT {i}; SELECT 2"))
+            .await
+            .unwrap();
+    }
+    // One client gives up waiting (query_wait_timeout) while another holds the server.
+    let impatient = connect(&url(proxy.local_addr(), DB)).await;
+    client.batch_execute("BEGIN").await.unwrap();
+    impatient
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("query_wait_timeout");
+    // The client that gave up is not counted as waiting any more, even before the server
+    // comes back.
+    let (_, body) = http_get(metrics, "/metrics").await;
+    let labels = format!("database=\"{DB}\",user=\"{PGMEMO_USER}\"");
+    assert_eq!(
+        sample(&body, "pgmemo_clients_waiting", &labels),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(sample(&body, "pgmemo_wait_timeouts_total", &labels), 1.0);
+    assert_eq!(
+        sample(
+            &body,
+            "pgmemo_servers",
+            &format!("{labels},state=\"active\"")
+        ),
+        1.0
+    );
+    client.batch_execute("COMMIT").await.unwrap();
+
+    let admin = admin_client(&proxy).await;
+    let (_, stats) = show(&admin, "SHOW STATS").await;
+    let (_, pools) = show(&admin, "SHOW POOLS").await;
+    let (head, body) = http_get(metrics, "/metrics").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "{head}"
+    );
+    let stats = row_for(&stats, DB);
+    let pool = row_for(&pools, DB);
+    for (metric, column) in [
+        ("pgmemo_transactions_total", "total_xact_count"),
+        ("pgmemo_queries_total", "total_query_count"),
+        ("pgmemo_received_bytes_total", "total_received"),
+        ("pgmemo_sent_bytes_total", "total_sent"),
+    ] {
+        assert_eq!(
+            sample(&body, metric, &labels),
+            num(stats, column) as f64,
+            "{metric} vs {column}"
+        );
+    }
+    // 7 queries of two statements each, then BEGIN and COMMIT.
+    assert_eq!(num(stats, "total_xact_count"), 8);
+    assert_eq!(num(stats, "total_query_count"), 9);
+    let wait = sample(&body, "pgmemo_wait_seconds_total", &labels);
+    assert!(
+        (wait - num(stats, "total_wait_time") as f64 / 1e6).abs() < 1e-3,
+        "{wait}"
+    );
+    assert_eq!(sample(&body, "pgmemo_wait_timeouts_total", &labels), 1.0);
+    for state in ["idle", "active", "used", "tested", "login"] {
+        assert_eq!(
+            sample(
+                &body,
+                "pgmemo_servers",
+                &format!("{labels},state=\"{state}\"")
+            ),
+            num(pool, &format!("sv_{state}")) as f64,
+            "servers {state}"
+        );
+    }
+    assert_eq!(
+        sample(&body, "pgmemo_servers", &format!("{labels},state=\"idle\"")),
+        1.0
+    );
+    assert_eq!(
+        sample(&body, "pgmemo_clients_waiting", &labels),
+        0.0,
+        "the impatient client left"
+    );
+    assert_eq!(num(pool, "cl_waiting"), 0);
+
+    let (head, _) = http_get(metrics, "/nope").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary
+// ---------------------------------------------------------------------------------------------
+
+const BIN: &str = env!("CARGO_BIN_EXE_pgmemo");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pgmemo-admin-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn upstream_url() -> String {
+    format!(
+        "postgresql://{PGMEMO_USER}:{PGMEMO_PASS}@127.0.0.1:{}",
+        cluster().port()
+    )
+}
+
+async fn run(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("PGMEMO_CONFIG")
+        .env_remove("PGMEMO_UPSTREAM")
+        .output()
+        .await
+        .expect("run pgmemo")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_mentions_every_flag() {
+    let out = run(&["--help"]).await;
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--config",
+        "--upstream",
+        "--listen",
+        "--pool-mode",
+        "--pool-size",
+        "--auth",
+        "--admin-user",
+        "--metrics-listen",
+        "--log-level",
+        "--check",
+        "--help",
+        "--version",
+    ] {
+        assert!(
+            help.contains(flag),
+            "--help does not mention {flag}:\n{help}"
+        );
+    }
+    for value in ["session", "transaction", "trust", "md5", "scram-sha-256"] {
+        assert!(help.contains(value), "--help does not mention {value}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_errors_name_the_key_and_fail() {
+    let dir = temp_dir("invalid");
+    for (text, key) in [
+        ("[general]\ndefault_pool_size = 0\n", "default_pool_size"),
+        ("[general]\npool_mode = \"sometimes\"\n", "pool_mode"),
+        ("[general]\npool_sise = 3\n", "pool_sise"),
+        ("[general]\nquery_wait_timeout = -1\n", "query_wait_timeout"),
+    ] {
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, text).unwrap();
+        for extra in [&["--check"][..], &[][..]] {
+            let mut args = vec![
+                "--config",
+                file.to_str().unwrap(),
+                "--upstream",
+                "postgresql://u:p@127.0.0.1:1",
+            ];
+            args.extend_from_slice(extra);
+            let out = run(&args).await;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{text:?} {extra:?} was accepted");
+            assert!(
+                stderr.contains(key),
+                "{text:?}: the error does not name {key}: {stderr}"
+            );
+        }
+    }
+    // A flag value is checked too.
+    let out = run(&[
+        "--upstream",
+        "postgresql://u:p@127.0.0.1:1",
+        "--pool-size",
+        "0",
+        "--check",
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pool-size"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The real binary with `--config` and `--upstream`: `--check` accepts it; it serves
+/// queries; SIGHUP re-reads the file (visible in SHOW CONFIG); SIGTERM exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_checks_reloads_on_sighup_and_exits_on_sigterm() {
+    let dir = temp_dir("binary");
+    let port = free_port();
+    let file = dir.join("pgmemo.toml");
+    let config = |pool_size: u32| {
+        format!(
+            "[general]\nlisten = \"127.0.0.1:{port}\"\nadmin_users = [\"{PGMEMO_USER}\"]\n\
+             default_pool_size = {pool_size}\nquery_wait_timeout = 10\n"
+        )
+    };
+    std::fs::write(&file, config(3)).unwrap();
+    let upstream = upstream_url();
+    let file_arg = file.to_str().unwrap();
+
+    let out = run(&["--config", file_arg, "--upstream", &upstream, "--check"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("configuration OK"));
+    let out = run(&["--upstream", &upstream, "--pool-mode", "session", "--check"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let log_path = dir.join("pgmemo.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["--config", file_arg, "--upstream", &upstream])
+        .env_remove("PGMEMO_CONFIG")
+        .env_remove("PGMEMO_UPSTREAM")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start pgmemo");
+    let pid = child.id().expect("pid") as libc::pid_t;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let admin = loop {
+        match tokio_postgres::connect(&url(addr, "pgmemo"), NoTls).await {
+            Ok((c, conn)) => {
+                tokio::spawn(conn);
+                break c;
+            }
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "pgmemo did not start: {e}\n{}",
+                    log_text()
+                );
+                assert!(
+                    child.try_wait().unwrap().is_none(),
+                    "pgmemo exited:\n{}",
+                    log_text()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    async fn pool_size(admin: &Client) -> String {
+        let (_, rows) = show(admin, "SHOW CONFIG").await;
+        val(
+            rows.iter()
+                .find(|r| val(r, "key") == "default_pool_size")
+                .unwrap(),
+            "value",
+        )
+        .to_owned()
+    }
+    assert_eq!(pool_size(&admin).await, "3");
+    let client = connect(&url(addr, TEST_DB)).await;
+    let rows = client
+        .simple_query("SELECT 'through the binary'")
+        .await
+        .unwrap();
+    assert!(
+        matches!(&rows[1], SimpleQueryMessage::Row(r) if r.get(0) == Some("through the binary"))
+    );
+
+    std::fs::write(&file, config(6)).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    wait_until(
+        "SIGHUP to reload the file",
+        Duration::from_secs(10),
+        || async { pool_size(&admin).await == "6" },
+    )
+    .await;
+    // The client connected before the reload is still served.
+    assert!(
+        client.simple_query("SELECT 1").await.is_ok(),
+        "{}",
+        log_text()
+    );
+
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("pgmemo did not exit after SIGTERM:\n{}", log_text()))
+        .unwrap();
+    assert!(
+        status.success(),
+        "exit status {status} after SIGTERM:\n{}",
+        log_text()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
