@@ -9,6 +9,7 @@
 
 pub mod registry;
 pub mod server_set;
+pub mod sql;
 
 pub use registry::Registry;
 pub use server_set::ServerSet;

@@ -142,7 +142,10 @@ mod tests {
         assert_eq!(r.all()[0].id, kept.id);
         let (again, found) = r.get_or_insert(key(1, "SELECT 2"));
         assert!(!found);
-        assert!(again.id > dropped_id, "a purged statement's name is not reused");
+        assert!(
+            again.id > dropped_id,
+            "a purged statement's name is not reused"
+        );
     }
 
     #[test]

@@ -1,0 +1,318 @@
+//! Recognizes the SQL-level statement commands in a simple Query — `PREPARE`, `EXECUTE`,
+//! `DEALLOCATE`, `DISCARD ALL` — which change the same prepared-statement namespace the
+//! protocol's Parse/Close use, so pgmemo must track them.
+//!
+//! This is deliberately not a SQL parser: it splits the text into top-level statements
+//! (respecting quotes, dollar quotes and comments) and reads the leading keywords. Anything it
+//! does not understand is [`Command::Other`], which pgmemo passes through untouched.
+
+/// What one top-level statement of a simple query is, as far as statement tracking cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `PREPARE name [(types)] AS ...`; `text` is the whole statement.
+    Prepare {
+        name: String,
+        text: String,
+    },
+    /// `EXECUTE name [(args)]`.
+    Execute {
+        name: String,
+    },
+    /// `DEALLOCATE [PREPARE] name`.
+    Deallocate {
+        name: String,
+    },
+    /// `DEALLOCATE [PREPARE] ALL`.
+    DeallocateAll,
+    /// `DISCARD ALL` (also drops every prepared statement).
+    DiscardAll,
+    Other,
+}
+
+/// Splits `sql` into top-level statements and classifies each. Empty statements are dropped.
+pub fn classify(sql: &str) -> Vec<Command> {
+    split(sql)
+        .into_iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(classify_one)
+        .collect()
+}
+
+fn classify_one(stmt: &str) -> Command {
+    let words = leading_words(stmt, 3);
+    let word = |i: usize| words.get(i).map(|w| w.to_ascii_lowercase());
+    match word(0).as_deref() {
+        Some("prepare") => match words.get(1) {
+            Some(name) if !is_keyword(name, "transaction") => Command::Prepare {
+                name: identifier(name),
+                text: stmt.trim().to_owned(),
+            },
+            _ => Command::Other,
+        },
+        Some("execute") => match words.get(1) {
+            Some(name) => Command::Execute {
+                name: identifier(name),
+            },
+            None => Command::Other,
+        },
+        Some("deallocate") => {
+            let mut i = 1;
+            if word(1).as_deref() == Some("prepare") {
+                i = 2;
+            }
+            match words.get(i) {
+                Some(w) if is_keyword(w, "all") => Command::DeallocateAll,
+                Some(name) => Command::Deallocate {
+                    name: identifier(name),
+                },
+                None => Command::Other,
+            }
+        }
+        Some("discard") if word(1).as_deref() == Some("all") => Command::DiscardAll,
+        _ => Command::Other,
+    }
+}
+
+fn is_keyword(word: &str, kw: &str) -> bool {
+    !word.starts_with('"') && word.eq_ignore_ascii_case(kw)
+}
+
+/// An identifier as PostgreSQL folds it: quoted keeps case (with `""` unescaped), unquoted is
+/// lower-cased.
+fn identifier(word: &str) -> String {
+    match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
+        Some(inner) => inner.replace("\"\"", "\""),
+        None => word.to_lowercase(),
+    }
+}
+
+/// The first `n` words (identifiers, quoted identifiers), stopping at anything else.
+fn leading_words(stmt: &str, n: usize) -> Vec<&str> {
+    let b = stmt.as_bytes();
+    let mut words = Vec::new();
+    let mut i = 0;
+    while words.len() < n {
+        i = skip_space_and_comments(b, i);
+        if i >= b.len() {
+            break;
+        }
+        let start = i;
+        if b[i] == b'"' {
+            i += 1;
+            loop {
+                match b.get(i) {
+                    None => return words,
+                    Some(b'"') if b.get(i + 1) == Some(&b'"') => i += 2,
+                    Some(b'"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(_) => i += 1,
+                }
+            }
+        } else if b[i].is_ascii_alphabetic() || b[i] == b'_' || b[i] >= 0x80 {
+            while i < b.len()
+                && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'$' || b[i] >= 0x80)
+            {
+                i += 1;
+            }
+        } else {
+            break;
+        }
+        words.push(&stmt[start..i]);
+    }
+    words
+}
+
+fn skip_space_and_comments(b: &[u8], mut i: usize) -> usize {
+    loop {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if b[i..].starts_with(b"--") {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if b[i..].starts_with(b"/*") {
+            i = skip_block_comment(b, i);
+        } else {
+            return i;
+        }
+    }
+}
+
+/// Block comments nest in PostgreSQL.
+fn skip_block_comment(b: &[u8], mut i: usize) -> usize {
+    let mut depth = 0;
+    while i < b.len() {
+        if b[i..].starts_with(b"/*") {
+            depth += 1;
+            i += 2;
+        } else if b[i..].starts_with(b"*/") {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    i
+}
+
+/// Splits on semicolons outside quotes, dollar quotes and comments.
+pub fn split(sql: &str) -> Vec<&str> {
+    let b = sql.as_bytes();
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    let mut paren = 0i32;
+    while i < b.len() {
+        match b[i] {
+            b'\'' | b'"' => {
+                let q = b[i];
+                i += 1;
+                while i < b.len() {
+                    if b[i] == q {
+                        if b.get(i + 1) == Some(&q) {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    // E'' strings escape with backslash; a backslash-quote never ends them.
+                    if q == b'\'' && b[i] == b'\\' && is_escape_string(b, start, i) {
+                        i += 2;
+                        continue;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => i = skip_block_comment(b, i),
+            b'$' => {
+                // $tag$ ... $tag$ (a $1 parameter is not a dollar quote).
+                let tag_end = b[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|p| i + 1 + p);
+                match tag_end {
+                    Some(e)
+                        if b[e] == b'$' && !b[i + 1..e].first().is_some_and(u8::is_ascii_digit) =>
+                    {
+                        let tag = &b[i..=e];
+                        let body = e + 1;
+                        match b[body..].windows(tag.len()).position(|w| w == tag) {
+                            Some(p) => i = body + p + tag.len(),
+                            None => i = b.len(),
+                        }
+                    }
+                    _ => i += 1,
+                }
+            }
+            b'(' => {
+                paren += 1;
+                i += 1;
+            }
+            b')' => {
+                paren -= 1;
+                i += 1;
+            }
+            b';' if paren <= 0 => {
+                out.push(&sql[start..i]);
+                i += 1;
+                start = i;
+            }
+            _ => i += 1,
+        }
+    }
+    if start < b.len() {
+        out.push(&sql[start..]);
+    }
+    out
+}
+
+/// Whether the quote before position `at` opened an E'' string (conservative: looks back for
+/// the quote's opening and an E just before it).
+fn is_escape_string(b: &[u8], stmt_start: usize, at: usize) -> bool {
+    let mut j = at;
+    while j > stmt_start {
+        j -= 1;
+        if b[j] == b'\'' {
+            return j > 0
+                && matches!(b[j - 1], b'E' | b'e')
+                && (j < 2 || !b[j - 2].is_ascii_alphanumeric());
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognizes_statement_commands() {
+        assert_eq!(
+            classify("PREPARE Foo (int) AS SELECT $1; execute foo(1)"),
+            vec![
+                Command::Prepare {
+                    name: "foo".into(),
+                    text: "PREPARE Foo (int) AS SELECT $1".into()
+                },
+                Command::Execute { name: "foo".into() }
+            ]
+        );
+        assert_eq!(
+            classify("deallocate \"Foo\""),
+            vec![Command::Deallocate { name: "Foo".into() }]
+        );
+        assert_eq!(
+            classify("DEALLOCATE PREPARE ALL;"),
+            vec![Command::DeallocateAll]
+        );
+        assert_eq!(
+            classify(" /* hi */ discard -- x\n all"),
+            vec![Command::DiscardAll]
+        );
+        assert_eq!(classify("DISCARD PLANS"), vec![Command::Other]);
+        assert_eq!(classify("PREPARE TRANSACTION 'x'"), vec![Command::Other]);
+        assert_eq!(classify("SELECT 1"), vec![Command::Other]);
+    }
+
+    #[test]
+    fn splitting_respects_quotes_and_comments() {
+        assert_eq!(split("SELECT ';'; SELECT 2").len(), 2);
+        assert_eq!(split("SELECT $$a;b$$; SELECT $x$;$x$").len(), 2);
+        assert_eq!(split("SELECT $1; SELECT 2").len(), 2);
+        assert_eq!(split("SELECT 1 -- ;\n; SELECT /* ; */ 2").len(), 2);
+        assert_eq!(split(r"SELECT E'\';'; SELECT 2").len(), 2);
+        assert_eq!(split("SELECT \"a;b\"").len(), 1);
+        assert_eq!(classify(";;"), vec![]);
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        for s in [
+            "$",
+            "$$",
+            "'",
+            "\"",
+            "/*",
+            "--",
+            "$a",
+            "E'\\",
+            "PREPARE",
+            "DEALLOCATE PREPARE",
+            "\"unterminated",
+        ] {
+            let _ = classify(s);
+        }
+    }
+}
