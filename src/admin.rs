@@ -62,8 +62,23 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
         return;
     }
     let mut failed_extended = false;
+    let mut cutoff = app.cutoff_signal();
     loop {
-        let Ok((tag, body)) = conn.read_message().await else {
+        let read = tokio::select! {
+            r = conn.read_message() => Some(r),
+            // A shutdown closes console sessions last, with the clients cut off at its end.
+            _ = cutoff.wait_for(|c| *c) => None,
+        };
+        let Some(read) = read else {
+            conn.send_error(
+                Severity::Fatal,
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection due to administrator command",
+            )
+            .await;
+            return;
+        };
+        let Ok((tag, body)) = read else {
             return;
         };
         match tag {

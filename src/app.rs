@@ -88,6 +88,8 @@ pub struct App {
     cancel_keys: Mutex<HashMap<(i32, i32), Arc<ClientInfo>>>,
     next_client_id: AtomicU64,
     pub shutdown_tx: watch::Sender<bool>,
+    /// Set when shutdown_timeout has passed: sessions still in a transaction are closed too.
+    cutoff_tx: watch::Sender<bool>,
     pub shutting_down: AtomicBool,
     pub started: Instant,
     pub listen_addr: Mutex<Option<SocketAddr>>,
@@ -98,6 +100,7 @@ pub struct App {
 impl App {
     pub fn new(config: Config) -> anyhow::Result<Arc<App>> {
         let (shutdown_tx, _) = watch::channel(false);
+        let (cutoff_tx, _) = watch::channel(false);
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             pools: RwLock::new(HashMap::new()),
@@ -107,6 +110,7 @@ impl App {
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
             shutdown_tx,
+            cutoff_tx,
             shutting_down: AtomicBool::new(false),
             started: Instant::now(),
             listen_addr: Mutex::new(None),
@@ -287,6 +291,16 @@ impl App {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.shutdown_tx.send_replace(true);
+    }
+
+    /// Fires when a shutdown stops waiting for transactions to finish (shutdown_timeout):
+    /// every session ends then, mid-transaction or not, rolling back what it held.
+    pub fn cutoff_signal(&self) -> watch::Receiver<bool> {
+        self.cutoff_tx.subscribe()
+    }
+
+    pub fn cut_off(&self) {
+        self.cutoff_tx.send_replace(true);
     }
 
     pub fn is_shutting_down(&self) -> bool {

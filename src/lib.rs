@@ -113,8 +113,22 @@ impl Pgmemo {
         while self.app.client_count() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Every client is gone, or shutdown_timeout has passed: cut off the sessions still in
+        // a transaction (each rolls back and closes its server) and close the pools, which
+        // also fails the checkouts of clients still queued.
+        if self.app.client_count() > 0 {
+            tracing::warn!(
+                clients = self.app.client_count(),
+                "shutdown_timeout passed: closing clients still in a transaction"
+            );
+        }
+        self.app.cut_off();
         for pool in self.app.pools() {
             pool.close().await;
+        }
+        let grace = Instant::now() + Duration::from_secs(5);
+        while self.app.client_count() > 0 && Instant::now() < grace {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tracing::info!("pgmemo stopped");
     }

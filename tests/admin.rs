@@ -458,6 +458,12 @@ async fn shutdown_command_stops_pgmemo() {
         || async { client.is_closed() },
     )
     .await;
+    wait_until(
+        "the console session to be closed",
+        Duration::from_secs(5),
+        || async { admin.is_closed() },
+    )
+    .await;
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "pgmemo still accepts connections after SHUTDOWN"
@@ -811,4 +817,88 @@ async fn binary_checks_reloads_on_sighup_and_exits_on_sigterm() {
         log_text()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A graceful shutdown stops accepting at once but lets a running transaction finish; its
+/// client is disconnected when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_transactions_finish() {
+    const DB: &str = "admin_graceful";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let addr = proxy.local_addr();
+    let client = connect(&url(addr, DB)).await;
+    client
+        .batch_execute("CREATE TABLE g (x int); BEGIN; INSERT INTO g VALUES (1)")
+        .await
+        .unwrap();
+    let shutdown = tokio::spawn(proxy.shutdown());
+    wait_until(
+        "pgmemo to stop accepting",
+        Duration::from_secs(5),
+        || async { tokio::net::TcpStream::connect(addr).await.is_err() },
+    )
+    .await;
+    client
+        .batch_execute("INSERT INTO g VALUES (2)")
+        .await
+        .expect("the transaction goes on");
+    client.batch_execute("COMMIT").await.expect("and commits");
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .expect("shutdown completes once the transaction ended")
+        .unwrap();
+    wait_until(
+        "the client to be disconnected",
+        Duration::from_secs(5),
+        || async { client.is_closed() },
+    )
+    .await;
+    let count = tokio::task::spawn_blocking(|| cluster().psql(DB, "SELECT count(*) FROM g"))
+        .await
+        .unwrap();
+    assert_eq!(count.trim(), "2");
+}
+
+/// A transaction still open after shutdown_timeout is cut off: the shutdown completes, the
+/// client is disconnected and its transaction rolled back on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_timeout_cuts_off_long_transactions() {
+    const DB: &str = "admin_cutoff";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.shutdown_timeout = Duration::from_millis(500);
+    let proxy = start_pgmemo(cfg).await;
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    client
+        .batch_execute("CREATE TABLE c (x int)")
+        .await
+        .unwrap();
+    client
+        .batch_execute("BEGIN; INSERT INTO c VALUES (1)")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), proxy.shutdown())
+        .await
+        .expect("shutdown completes after shutdown_timeout");
+    assert!(started.elapsed() >= Duration::from_millis(450));
+    wait_until(
+        "the lingering client to be disconnected",
+        Duration::from_secs(5),
+        || async { client.is_closed() },
+    )
+    .await;
+    wait_until("its server to be gone", Duration::from_secs(5), || async {
+        server_pids(DB).await.is_empty()
+    })
+    .await;
+    let count = tokio::task::spawn_blocking(|| cluster().psql(DB, "SELECT count(*) FROM c"))
+        .await
+        .unwrap();
+    assert_eq!(
+        count.trim(),
+        "0",
+        "the unfinished transaction was rolled back"
+    );
 }

@@ -386,6 +386,7 @@ impl Session {
     /// The relay loop; returns why it ended.
     async fn relay(&mut self) -> End {
         let mut shutdown = self.app.shutdown_signal();
+        let mut cutoff = self.app.cutoff_signal();
         loop {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
@@ -397,6 +398,9 @@ impl Session {
                 biased;
                 ev = poll_fn(|cx| self.poll_io(cx)) => ev,
                 _ = shutdown.wait_for(|s| *s), if between_transactions => Event::Shutdown,
+                // ... unless shutdown_timeout has passed: then mid-transaction too (finish()
+                // rolls back or closes the server).
+                _ = cutoff.wait_for(|c| *c) => Event::Shutdown,
             };
             match event {
                 Event::ClientRead => {}
