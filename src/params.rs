@@ -8,7 +8,7 @@
 //!   (search_path, statement_timeout, extra_float_digits, ...), whose value on a server is known
 //!   only because pgmemo set it.
 //!
-//! Before a client's batch runs on a server, [`sync_sql`] builds the `SET`/`RESET` statements
+//! Before a client's batch runs on a server, [`sync_sql`] builds the `set_config`/`RESET` statements
 //! that make the server's state equal the client's; empty when they already match, which is the
 //! common case once a pool has warmed up.
 
@@ -31,7 +31,11 @@ impl Vars {
 
     /// Sets `name`; returns true when the value changed.
     pub fn set(&mut self, name: &str, value: &str) -> bool {
-        match self.0.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+        match self
+            .0
+            .iter_mut()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        {
             Some((_, v)) if v == value => false,
             Some((_, v)) => {
                 *v = value.to_owned();
@@ -143,12 +147,16 @@ pub fn sync_sql(
     (!sql.is_empty()).then_some(sql)
 }
 
-fn push_set(sql: &mut String, name: &str, value: &str) {
-    sql.push_str("SET ");
-    sql.push_str(&quote_name(name));
-    sql.push_str(" = ");
+/// Appends the statement that sets `name` to `value` for the session.
+///
+/// `set_config` takes the value as a startup packet carries it. `SET name = 'value'` does not
+/// for list settings: `SET search_path = 'a, b'` makes one schema named "a, b".
+pub fn push_set(sql: &mut String, name: &str, value: &str) {
+    sql.push_str("SELECT pg_catalog.set_config(");
+    sql.push_str(&quote_literal(name));
+    sql.push_str(", ");
     sql.push_str(&quote_literal(value));
-    sql.push(';');
+    sql.push_str(", false);");
 }
 
 /// Splits libpq's `options` startup parameter (`-c name=value --name=value`, backslash
@@ -220,7 +228,9 @@ mod tests {
         let sql = sync_sql(&client, &server, &cs, &ss).unwrap();
         assert_eq!(
             sql,
-            "SET \"timezone\" = E'UTC';SET \"search_path\" = E'it''s';RESET \"statement_timeout\";"
+            "SELECT pg_catalog.set_config(E'timezone', E'UTC', false);\
+             SELECT pg_catalog.set_config(E'search_path', E'it''s', false);\
+             RESET \"statement_timeout\";"
         );
     }
 

@@ -77,23 +77,66 @@ pub enum Route {
 #[derive(Debug, Default)]
 pub struct ReplyQueue {
     entries: VecDeque<Expected>,
+    /// The client sent extended-protocol messages (Parse, Bind, Describe, Execute, Close) and
+    /// no Sync since. PostgreSQL keeps the batch's implicit transaction open until that Sync
+    /// (and, after an error, discards everything up to it), so the server is not free even
+    /// when every reply is in: see [`ReplyQueue::is_idle`].
+    open_batch: bool,
+    /// An error ended the open batch and no Sync has been queued since: PostgreSQL discards
+    /// every message up to the next Sync, so those messages expect no reply.
+    skipping: bool,
+    /// The server is in COPY IN (a CopyInResponse arrived) and the client has not ended it
+    /// yet: PostgreSQL ignores the Syncs the client sends meanwhile.
+    copy_in: bool,
 }
 
 impl ReplyQueue {
     pub fn new() -> Self {
         ReplyQueue {
             entries: VecDeque::with_capacity(16),
+            open_batch: false,
+            skipping: false,
+            copy_in: false,
         }
     }
 
     #[inline]
     pub fn push(&mut self, e: Expected) {
+        match e {
+            // Ignored by PostgreSQL in COPY IN (libpq sends one right after the Execute of a
+            // COPY, not knowing it is one): it neither ends the batch nor gets an answer.
+            Expected::Sync if self.copy_in => return,
+            Expected::Sync => {
+                self.open_batch = false;
+                self.skipping = false;
+            }
+            Expected::CopyEnd => self.copy_in = false,
+            Expected::Parse
+            | Expected::Bind
+            | Expected::Describe
+            | Expected::Execute
+            | Expected::Close => self.open_batch = true,
+            // A simple query inside an open batch does not end it: if an earlier message of
+            // the batch fails, PostgreSQL discards the query too.
+            Expected::Query | Expected::Internal => {}
+        }
+        if self.skipping && e != Expected::Internal {
+            return; // discarded by the server, never answered
+        }
         self.entries.push_back(e);
     }
 
+    /// No reply is outstanding.
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// No reply is outstanding and no extended-protocol batch is waiting for its Sync: the
+    /// server may go to another client (transaction mode) or be reset.
+    #[inline]
+    pub fn is_idle(&self) -> bool {
+        self.entries.is_empty() && !self.open_batch
     }
 
     pub fn len(&self) -> usize {
@@ -102,6 +145,9 @@ impl ReplyQueue {
 
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.open_batch = false;
+        self.skipping = false;
+        self.copy_in = false;
     }
 
     /// Matches one server message against the head of the queue and advances it.
@@ -109,7 +155,13 @@ impl ReplyQueue {
     pub fn on_server_message(&mut self, tag: u8) -> Route {
         let Some(&head) = self.entries.front() else {
             // Nothing outstanding: asynchronous traffic (NOTIFY in session mode, a FATAL
-            // before a shutdown). It is the client's, if anyone's.
+            // before a shutdown). It is the client's, if anyone's. An ERROR here answers a
+            // malformed Flush, which PostgreSQL treats as part of an extended batch: it now
+            // skips to the next Sync.
+            if tag == be::ERROR_RESPONSE {
+                self.open_batch = true;
+                self.skipping = true;
+            }
             return Route::Forward;
         };
         let route = if head == Expected::Internal {
@@ -126,14 +178,17 @@ impl ReplyQueue {
                 }
             }
             be::ERROR_RESPONSE => {
+                // An error ends a COPY IN on the server's side; later Syncs count again.
+                self.copy_in = false;
                 if head.skipped_after_error() {
-                    self.entries.pop_front();
-                    while self
-                        .entries
-                        .front()
-                        .is_some_and(|e| e.skipped_after_error())
-                    {
+                    // PostgreSQL discards every message up to the next Sync, simple queries
+                    // and function calls included; if none is queued yet, what the client
+                    // sends until its Sync is discarded too.
+                    while self.entries.front().is_some_and(|e| *e != Expected::Sync) {
                         self.entries.pop_front();
+                    }
+                    if self.entries.is_empty() {
+                        self.skipping = true;
                     }
                 }
             }
@@ -156,13 +211,11 @@ impl ReplyQueue {
             }
             be::COPY_IN_RESPONSE => {
                 // Syncs sent before the client ended this COPY are ignored by PostgreSQL.
-                let end = self
-                    .entries
-                    .iter()
-                    .position(|e| *e == Expected::CopyEnd)
-                    .unwrap_or(self.entries.len());
+                let copy_end = self.entries.iter().position(|e| *e == Expected::CopyEnd);
+                // Not ended yet: so are the Syncs the client sends from now on.
+                self.copy_in = copy_end.is_none();
+                let mut end = copy_end.unwrap_or(self.entries.len());
                 let mut i = 1;
-                let mut end = end;
                 while i < end {
                     if self.entries[i] == Expected::Sync {
                         self.entries.remove(i);
@@ -262,6 +315,78 @@ mod tests {
         assert_eq!(q.len(), 1);
         q.on_server_message(be::READY_FOR_QUERY);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn syncs_sent_after_copy_in_response_are_not_expected() {
+        let mut q = ReplyQueue::new();
+        // P B E S, then CopyInResponse, then (data) Flush Sync (data) CopyDone Sync.
+        for tag in [b'P', b'B', b'E', b'S'] {
+            q.push(Expected::for_client_message(tag).unwrap());
+        }
+        q.on_server_message(be::PARSE_COMPLETE);
+        q.on_server_message(be::BIND_COMPLETE);
+        q.on_server_message(be::COPY_IN_RESPONSE);
+        for tag in [b'S', b'c', b'S'] {
+            q.push(Expected::for_client_message(tag).unwrap());
+        }
+        q.on_server_message(be::COMMAND_COMPLETE);
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle(), "{q:?}");
+        // The next query is matched with its own ReadyForQuery.
+        q.push(Expected::Query);
+        q.on_server_message(be::COMMAND_COMPLETE);
+        assert!(!q.is_empty());
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle());
+    }
+
+    #[test]
+    fn an_unsynced_batch_is_not_idle() {
+        let mut q = ReplyQueue::new();
+        q.push(Expected::Parse);
+        q.on_server_message(be::PARSE_COMPLETE);
+        assert!(q.is_empty() && !q.is_idle());
+        q.push(Expected::Sync);
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle());
+    }
+
+    #[test]
+    fn an_error_discards_queries_up_to_the_sync() {
+        let mut q = ReplyQueue::new();
+        for e in [
+            Expected::Parse,
+            Expected::Query,
+            Expected::Bind,
+            Expected::Sync,
+        ] {
+            q.push(e);
+        }
+        q.on_server_message(be::ERROR_RESPONSE);
+        assert_eq!(q.len(), 1);
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle());
+    }
+
+    #[test]
+    fn after_an_error_messages_until_sync_expect_nothing() {
+        let mut q = ReplyQueue::new();
+        q.push(Expected::Parse);
+        q.on_server_message(be::ERROR_RESPONSE);
+        assert!(q.is_empty() && !q.is_idle());
+        q.push(Expected::Query);
+        q.push(Expected::Bind);
+        assert!(q.is_empty(), "discarded by the server: {q:?}");
+        q.push(Expected::Sync);
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle());
+        // A malformed Flush fails with nothing queued: skip to Sync as well.
+        q.on_server_message(be::ERROR_RESPONSE);
+        assert!(!q.is_idle());
+        q.push(Expected::Query);
+        q.push(Expected::Sync);
+        assert_eq!(q.len(), 1);
     }
 
     #[test]

@@ -131,11 +131,15 @@ pub fn backend_key_data(out: &mut BytesMut, pid: i32, secret: i32) {
     });
 }
 
-/// NegotiateProtocolVersion: the newest minor version we speak and the `_pq_.` options we
+/// NegotiateProtocolVersion: the newest version we speak and the `_pq_.` options we
 /// did not recognise, as PostgreSQL answers a client that asks for more than 3.0.
-pub fn negotiate_protocol_version(out: &mut BytesMut, newest_minor: i32, unrecognized: &[String]) {
+///
+/// `newest` is the newest protocol version supported, as a whole version number (3.0 is
+/// `3 << 16`): that is what PostgreSQL sends in the field the documentation calls "newest
+/// minor protocol version", and what libpq reads.
+pub fn negotiate_protocol_version(out: &mut BytesMut, newest: i32, unrecognized: &[String]) {
     write_message(out, NEGOTIATE_PROTOCOL_VERSION, |b| {
-        b.put_i32(newest_minor);
+        b.put_i32(newest);
         b.put_i32(unrecognized.len() as i32);
         for o in unrecognized {
             put_cstr(b, o.as_bytes());

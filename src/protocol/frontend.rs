@@ -51,6 +51,8 @@ pub struct Parse<'a> {
 }
 
 impl<'a> Parse<'a> {
+    // Every message view here is read with `parse`; the Parse message is no exception.
+    #[allow(clippy::self_named_constructors)]
     pub fn parse(body: &'a [u8]) -> Option<Self> {
         let mut r = Reader::new(body);
         let name = r.cstr()?;

@@ -81,15 +81,15 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, StartupError> {
         v if v >> 16 == 3 => {
             let mut params = Vec::new();
             loop {
-                let key = r
-                    .cstr()
-                    .ok_or(StartupError::Invalid("invalid startup packet layout: expected terminator as last byte"))?;
+                let key = r.cstr().ok_or(StartupError::Invalid(
+                    "invalid startup packet layout: expected terminator as last byte",
+                ))?;
                 if key.is_empty() {
                     break;
                 }
-                let value = r
-                    .cstr()
-                    .ok_or(StartupError::Invalid("invalid startup packet layout: expected terminator as last byte"))?;
+                let value = r.cstr().ok_or(StartupError::Invalid(
+                    "invalid startup packet layout: expected terminator as last byte",
+                ))?;
                 params.push((
                     String::from_utf8_lossy(key).into_owned(),
                     String::from_utf8_lossy(value).into_owned(),

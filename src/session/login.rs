@@ -56,7 +56,14 @@ pub async fn read_startup(app: &App, tcp: tokio::net::TcpStream) -> Result<Outco
             match startup::frame(&rbuf) {
                 Ok(Some(len)) => break rbuf.split_to(len).freeze(),
                 Ok(None) => {}
-                Err(e) => return Err(refuse_raw(&mut stream, sqlstate::PROTOCOL_VIOLATION, &e.to_string()).await),
+                Err(e) => {
+                    return Err(refuse_raw(
+                        &mut stream,
+                        sqlstate::PROTOCOL_VIOLATION,
+                        &e.to_string(),
+                    )
+                    .await)
+                }
             }
             if stream.read_buf(&mut rbuf).await? == 0 {
                 // A client that connects and leaves (a port probe) is not worth an error.
@@ -71,10 +78,17 @@ pub async fn read_startup(app: &App, tcp: tokio::net::TcpStream) -> Result<Outco
                         if !rbuf.is_empty() {
                             // Bytes sent after SSLRequest but before our answer would bypass
                             // encryption (CVE-2021-23214): refuse, as PostgreSQL does.
-                            return Err(refuse_raw(&mut stream, sqlstate::PROTOCOL_VIOLATION, "received unencrypted data after SSL request").await);
+                            return Err(refuse_raw(
+                                &mut stream,
+                                sqlstate::PROTOCOL_VIOLATION,
+                                "received unencrypted data after SSL request",
+                            )
+                            .await);
                         }
                         stream.write_all(b"S").await?;
-                        let Stream::Tcp(tcp) = stream else { unreachable!() };
+                        let Stream::Tcp(tcp) = stream else {
+                            unreachable!()
+                        };
                         let tls = acceptor.accept(tcp).await?;
                         stream = Stream::ServerTls(Box::new(tls));
                     }
@@ -88,20 +102,22 @@ pub async fn read_startup(app: &App, tcp: tokio::net::TcpStream) -> Result<Outco
             }
             Ok(StartupPacket::Startup { minor, params }) => {
                 let mut conn = ClientConn::new(stream, rbuf);
-                return accept_startup(app, &mut conn, minor, params)
-                    .await
-                    .map(|(user, database, params)| {
+                return accept_startup(app, &mut conn, minor, params).await.map(
+                    |(user, database, params)| {
                         Outcome::Session(Box::new(Startup {
                             conn,
                             user,
                             database,
                             params,
                         }))
-                    });
+                    },
+                );
             }
             Err(e) => {
                 let code = match e {
-                    startup::StartupError::UnsupportedProtocol(_) => sqlstate::FEATURE_NOT_SUPPORTED,
+                    startup::StartupError::UnsupportedProtocol(_) => {
+                        sqlstate::FEATURE_NOT_SUPPORTED
+                    }
                     _ => sqlstate::PROTOCOL_VIOLATION,
                 };
                 return Err(refuse_raw(&mut stream, code, &e.to_string()).await);
@@ -128,7 +144,10 @@ async fn accept_startup(
     let cfg = app.config.load();
     if cfg.general.client_tls == crate::config::ClientTlsMode::Require && !conn.stream.is_tls() {
         return Err(conn
-            .refuse(sqlstate::INVALID_AUTHORIZATION, "pgmemo accepts only TLS connections (client_tls = require)")
+            .refuse(
+                sqlstate::INVALID_AUTHORIZATION,
+                "pgmemo accepts only TLS connections (client_tls = require)",
+            )
             .await);
     }
     let mut user = None;
@@ -144,7 +163,10 @@ async fn accept_startup(
             "replication" => {
                 if v != "false" && v != "off" && v != "0" && v != "no" {
                     return Err(conn
-                        .refuse(sqlstate::FEATURE_NOT_SUPPORTED, "pgmemo does not support replication connections")
+                        .refuse(
+                            sqlstate::FEATURE_NOT_SUPPORTED,
+                            "pgmemo does not support replication connections",
+                        )
                         .await);
                 }
             }
@@ -152,16 +174,28 @@ async fn accept_startup(
             _ => settings.push((k, v)),
         }
     }
-    settings.extend(options);
+    // PostgreSQL applies `options` first and the other parameters after them, which matters
+    // when both set one setting (and for DateStyle, whose parts combine).
+    options.extend(settings);
+    let settings = options;
     if minor > 0 || !unknown_protocol_options.is_empty() {
-        be::negotiate_protocol_version(&mut conn.wbuf, 0, &unknown_protocol_options);
+        be::negotiate_protocol_version(
+            &mut conn.wbuf,
+            startup::PROTOCOL_3_0,
+            &unknown_protocol_options,
+        );
     }
     let Some(user) = user.filter(|u| !u.is_empty()) else {
         return Err(conn
-            .refuse(sqlstate::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
+            .refuse(
+                sqlstate::INVALID_AUTHORIZATION,
+                "no PostgreSQL user name specified in startup packet",
+            )
             .await);
     };
-    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
+    let database = database
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| user.clone());
     authenticate(app, conn, &user).await?;
     Ok((user, database, settings))
 }
@@ -188,7 +222,12 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
             conn.flush().await?;
             let body = conn.read_password_message().await?;
             let Some((mechanism, data)) = fe::parse_sasl_initial(&body) else {
-                return Err(conn.refuse(sqlstate::PROTOCOL_VIOLATION, "malformed SASLInitialResponse message").await);
+                return Err(conn
+                    .refuse(
+                        sqlstate::PROTOCOL_VIOLATION,
+                        "malformed SASLInitialResponse message",
+                    )
+                    .await);
             };
             let server_first = match scram.handle_client_first(mechanism, data) {
                 Ok(m) => m,
@@ -248,7 +287,9 @@ impl ClientConn {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    return Err(self.refuse(sqlstate::PROTOCOL_VIOLATION, e.to_string()).await)
+                    return Err(self
+                        .refuse(sqlstate::PROTOCOL_VIOLATION, e.to_string())
+                        .await)
                 }
             }
             if self.stream.read_buf(&mut self.rbuf).await? == 0 {

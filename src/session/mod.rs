@@ -258,8 +258,22 @@ impl Session {
             }
         };
         self.reported = defaults.clone();
+        // A setting given twice (in `options` and as a parameter) ends as the server makes of
+        // the sequence, which for DateStyle combines both values: such settings are always
+        // tried on a server, and their values are not remembered one by one.
+        let repeated = |name: &str| {
+            startup
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                .count()
+                > 1
+        };
         let mut unknown: Vec<(&str, &str)> = Vec::new();
         for (name, value) in startup {
+            if repeated(name) {
+                unknown.push((name, value));
+                continue;
+            }
             let reported = defaults.get(name).is_some();
             if reported && !params::is_carried(name) {
                 continue; // server_version and the like cannot be set
@@ -282,11 +296,7 @@ impl Session {
         }
         let mut sql = String::new();
         for (name, value) in &unknown {
-            sql.push_str(&format!(
-                "SET {} = {};",
-                params::quote_name(name),
-                params::quote_literal(value)
-            ));
+            params::push_set(&mut sql, name, value);
         }
         let shows: Vec<String> = unknown
             .iter()
@@ -309,10 +319,13 @@ impl Session {
         }
         match result {
             Ok(rows) => {
-                let row = rows.into_iter().next().unwrap_or_default();
+                // The last row is the SELECT of current_setting()s; set_config() rows precede it.
+                let row = rows.into_iter().last().unwrap_or_default();
                 for (i, (name, value)) in unknown.iter().enumerate() {
                     let normalized = row.get(i).cloned().flatten().unwrap_or_default();
-                    self.pool.remember_normalized(name, value, &normalized);
+                    if !repeated(name) {
+                        self.pool.remember_normalized(name, value, &normalized);
+                    }
                     if defaults.get(name).is_some() {
                         self.reported.set(name, &normalized);
                     } else {
@@ -393,7 +406,7 @@ impl Session {
             }
             // A shutdown closes the client only between transactions, never mid-work.
             let between_transactions =
-                self.replies.is_empty() && self.server.as_ref().is_none_or(|s| s.status == b'I');
+                self.replies.is_idle() && self.server.as_ref().is_none_or(|s| s.status == b'I');
             let event = tokio::select! {
                 biased;
                 ev = poll_fn(|cx| self.poll_io(cx)) => ev,
@@ -484,12 +497,17 @@ impl Session {
                     // With no server held the session is idle: a lone Sync is answered as
                     // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
                     // are ignored as PostgreSQL ignores them outside COPY.
-                    fe::SYNC => {
+                    // A Sync or Flush with a body is malformed: PostgreSQL has to say so.
+                    fe::SYNC if len == 5 => {
                         be::ready_for_query(&mut self.client.wbuf, b'I');
                         self.client.rbuf.advance(len);
                         continue;
                     }
-                    fe::FLUSH | fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {
+                    fe::FLUSH if len == 5 => {
+                        self.client.rbuf.advance(len);
+                        continue;
+                    }
+                    fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {
                         self.client.rbuf.advance(len);
                         continue;
                     }
@@ -618,8 +636,11 @@ impl Session {
             }
             server.rbuf.advance(len);
         }
+        // Not before the Sync of an extended batch: until then PostgreSQL keeps the batch's
+        // implicit transaction open (or skips everything after an error), whatever
+        // ReadyForQuery said last.
         if self.mode == PoolMode::Transaction
-            && self.replies.is_empty()
+            && self.replies.is_idle()
             && server.status == b'I'
             && server.rbuf.is_empty()
         {
@@ -698,8 +719,10 @@ impl Session {
         *self.info.server.lock() = None;
         self.pool.stats.add(&mut self.stats);
         let settings = self.pool.settings();
+        // A batch without its Sync holds an implicit transaction that PostgreSQL would roll
+        // back when the client leaves; closing the server does exactly that.
         let idle_between_queries = !server.broken
-            && self.replies.is_empty()
+            && self.replies.is_idle()
             && server.rbuf.is_empty()
             && server.wbuf.is_empty();
         if !idle_between_queries {
