@@ -872,3 +872,239 @@ impl RawClient {
         Ok(())
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Start-up under the test's control, and connections that misbehave on purpose.
+//
+// [`RawClient::connect`] always sends a well-formed protocol 3.0 StartupMessage and fails on
+// anything unexpected. Tests of NegotiateProtocolVersion, authentication failures and bad
+// input need to choose the start-up bytes themselves and see every reply, including the ones
+// before AuthenticationOk, and to read until the server hangs up.
+// ---------------------------------------------------------------------------------------------
+
+/// The protocol version number for `major.minor`, as sent in a StartupMessage.
+pub const fn protocol_version(major: i32, minor: i32) -> i32 {
+    (major << 16) | minor
+}
+
+/// A StartupMessage asking for protocol `version` with these parameters (`user`, `database`
+/// and anything else, in order), length included.
+pub fn startup_packet(version: i32, params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = version.to_be_bytes().to_vec();
+    for (k, v) in params {
+        body.extend(cstr(k));
+        body.extend(cstr(v));
+    }
+    body.push(0);
+    let mut packet = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    packet.extend(body);
+    packet
+}
+
+/// An untagged start-up phase request (SSLRequest, GSSENCRequest, CancelRequest) with `code`
+/// and an optional payload.
+pub fn startup_request(code: i32, payload: &[u8]) -> Vec<u8> {
+    let mut packet = ((8 + payload.len()) as i32).to_be_bytes().to_vec();
+    packet.extend(code.to_be_bytes());
+    packet.extend(payload);
+    packet
+}
+
+/// One tagged message with an arbitrary body: `tag`, the correct length, `body`.
+pub fn tagged(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend(((body.len() + 4) as i32).to_be_bytes());
+    out.extend(body);
+    out
+}
+
+/// What happened during a [`RawClient::login`].
+pub struct Login {
+    /// The connection, positioned after the last message in `messages`.
+    pub client: RawClient,
+    /// Every message received, from the first (NegotiateProtocolVersion or the first
+    /// authentication request) up to ReadyForQuery or the first ErrorResponse.
+    pub messages: Vec<Backend>,
+    /// Whether the login reached ReadyForQuery.
+    pub ready: bool,
+}
+
+impl Login {
+    /// The ErrorResponse that ended the login, if one did.
+    pub fn error(&self) -> Option<&Backend> {
+        self.messages.iter().find(|m| m.is_error())
+    }
+
+    /// Panics unless the login ended with an ErrorResponse; returns (severity, SQLSTATE,
+    /// message).
+    pub fn expect_error(&self) -> (String, String, String) {
+        let error = self
+            .error()
+            .unwrap_or_else(|| panic!("expected a login error, got {:?}", self.messages));
+        error_triple(error)
+    }
+}
+
+/// (severity, SQLSTATE, message) of an ErrorResponse or NoticeResponse; empty strings for
+/// missing fields.
+pub fn error_triple(msg: &Backend) -> (String, String, String) {
+    let field = |c| msg.field(c).unwrap_or_default();
+    (field(b'S'), field(b'C'), field(b'M'))
+}
+
+impl RawClient {
+    /// A TCP connection on which nothing has been sent yet.
+    pub async fn open(addr: SocketAddr) -> Result<RawClient> {
+        let stream = tokio::time::timeout(RECV_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| anyhow!("connecting to {addr} took longer than {RECV_TIMEOUT:?}"))??;
+        stream.set_nodelay(true)?;
+        Ok(RawClient {
+            stream,
+            buf: BytesMut::with_capacity(64 * 1024),
+            startup: Vec::new(),
+        })
+    }
+
+    /// Sends `bytes` exactly as given.
+    pub async fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.write(bytes).await
+    }
+
+    /// Closes the sending half: the server reads end of stream, and replies can still be read.
+    pub async fn shutdown_write(&mut self) -> Result<()> {
+        self.stream.shutdown().await?;
+        Ok(())
+    }
+
+    /// Reads one raw byte (the answer to an SSLRequest or GSSENCRequest).
+    pub async fn recv_byte(&mut self) -> Result<u8> {
+        if !self.buf.is_empty() {
+            return Ok(self.buf.split_to(1)[0]);
+        }
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(RECV_TIMEOUT, self.stream.read(&mut byte))
+            .await
+            .map_err(|_| anyhow!("timeout: no byte within {RECV_TIMEOUT:?}"))??;
+        if n == 0 {
+            bail!("connection closed");
+        }
+        Ok(byte[0])
+    }
+
+    /// Reads every message until the server closes the connection, and returns them. Fails
+    /// when the connection stays open for [`RECV_TIMEOUT`] after the last message, or ends in
+    /// the middle of a message. A reset counts as closed.
+    pub async fn recv_until_closed(&mut self) -> Result<Vec<Backend>> {
+        let mut msgs = Vec::new();
+        loop {
+            match self.recv().await {
+                Ok(msg) => msgs.push(msg),
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    let reset = e
+                        .downcast_ref::<std::io::Error>()
+                        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset);
+                    if text == "connection closed" || reset {
+                        return Ok(msgs);
+                    }
+                    return Err(e.context(format!("waiting for the server to close; got {msgs:?}")));
+                }
+            }
+        }
+    }
+
+    /// Connects, sends `packet` as the start-up packet and answers authentication requests
+    /// (cleartext, MD5, SCRAM-SHA-256) with `password`, recording every message received up
+    /// to ReadyForQuery or the first ErrorResponse. A connection closed before either is an
+    /// error.
+    pub async fn login(
+        addr: SocketAddr,
+        packet: &[u8],
+        user: &str,
+        password: Option<&str>,
+    ) -> Result<Login> {
+        let mut client = RawClient::open(addr).await?;
+        client.send_raw(packet).await?;
+        let mut messages = Vec::new();
+        let mut scram: Option<ScramSha256> = None;
+        let mut authenticated = false;
+        loop {
+            let msg = client.recv().await.with_context(|| {
+                format!("login to {addr} as {user:?}; received so far: {messages:?}")
+            })?;
+            let tag = msg.tag;
+            let body = msg.body.clone();
+            let shown = format!("{msg:?}");
+            messages.push(msg.clone());
+            if authenticated && tag != b'E' {
+                client.startup.push(msg);
+            }
+            match tag {
+                b'Z' => {
+                    return Ok(Login {
+                        client,
+                        messages,
+                        ready: true,
+                    })
+                }
+                b'E' => {
+                    return Ok(Login {
+                        client,
+                        messages,
+                        ready: false,
+                    })
+                }
+                b'R' => {
+                    let mut r = Reader(&body);
+                    let code = r.i32().ok_or_else(|| anyhow!("short {shown}"))?;
+                    let need = || password.ok_or_else(|| anyhow!("a password is asked for"));
+                    match code {
+                        0 => authenticated = true,
+                        3 => client.write_message(b'p', &cstr(need()?)).await?,
+                        5 => {
+                            let salt: [u8; 4] = r
+                                .take(4)
+                                .and_then(|s| s.try_into().ok())
+                                .ok_or_else(|| anyhow!("short MD5 request"))?;
+                            let hash = md5_hash(user.as_bytes(), need()?.as_bytes(), salt);
+                            client.write_message(b'p', &cstr(&hash)).await?;
+                        }
+                        10 => {
+                            let s =
+                                ScramSha256::new(need()?.as_bytes(), ChannelBinding::unsupported());
+                            let mut initial = cstr("SCRAM-SHA-256");
+                            initial.extend((s.message().len() as i32).to_be_bytes());
+                            initial.extend(s.message());
+                            client.write_message(b'p', &initial).await?;
+                            scram = Some(s);
+                        }
+                        11 => {
+                            let s = scram
+                                .as_mut()
+                                .ok_or_else(|| anyhow!("SASLContinue first"))?;
+                            s.update(r.0)?;
+                            let reply = s.message().to_vec();
+                            client.write_message(b'p', &reply).await?;
+                        }
+                        12 => {
+                            let s = scram.as_mut().ok_or_else(|| anyhow!("SASLFinal first"))?;
+                            s.finish(r.0)?;
+                        }
+                        other => bail!("unsupported authentication request {other}"),
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl RawClient {
+    /// This end's address, which the server sees as the client's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.stream
+            .local_addr()
+            .expect("a connected socket has a local address")
+    }
+}
