@@ -860,3 +860,97 @@ async fn wait_timeouts_under_churn_lose_no_slot() {
     assert!(listed <= 2);
     proxy.shutdown().await;
 }
+
+/// Upstream down: a client gets a clear error within server_connect_timeout, not a hang;
+/// once the server is up, pgmemo serves again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_errors_in_time_and_recovers() {
+    let port = free_port();
+    let mut cfg = Config::for_upstream(Upstream {
+        host: "127.0.0.1".into(),
+        port,
+        user: "postgres".into(),
+        password: None,
+    });
+    cfg.general.listen = "127.0.0.1:0".into();
+    cfg.general.auth_type = AuthType::Trust;
+    let connect_timeout = Duration::from_secs(1);
+    cfg.general.server_connect_timeout = connect_timeout;
+    let proxy = start_pgmemo(cfg).await;
+    let url = proxy_url(proxy.local_addr(), "postgres", None, "postgres");
+
+    let started = Instant::now();
+    let err = match tokio_postgres::connect(&url, NoTls).await {
+        Ok((client, conn)) => {
+            tokio::spawn(conn);
+            client
+                .simple_query("SELECT 1")
+                .await
+                .expect_err("no server to run it")
+        }
+        Err(e) => e,
+    };
+    let took = started.elapsed();
+    assert!(
+        took < connect_timeout + Duration::from_secs(2),
+        "the error came only after {took:?}"
+    );
+    let db_err = err
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not an error from pgmemo: {err:?}"));
+    assert_eq!(db_err.code().code(), "08006", "{db_err:?}");
+    assert!(
+        db_err.message().contains("could not connect"),
+        "{}",
+        db_err.message()
+    );
+
+    // The server comes up on that port; pgmemo needs no restart.
+    let pg = tokio::task::spawn_blocking(move || {
+        LocalPostgres::start(LocalPostgresOptions {
+            port: Some(port),
+            ..LocalPostgresOptions::default()
+        })
+    })
+    .await
+    .unwrap()
+    .expect("PostgreSQL on the upstream port");
+    let client = connect(&url).await;
+    assert_eq!(scalar(&client, "SELECT 'back'").await, "back");
+    drop(client);
+    proxy.shutdown().await;
+    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
+/// max_client_conn: one client too many is refused with 53300; the others are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_client_conn_refuses_extra_clients() {
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.max_client_conn = 2;
+    let proxy = start_pgmemo(cfg).await;
+    let a = connect(&url(&proxy, TEST_DB)).await;
+    let b = connect(&url(&proxy, TEST_DB)).await;
+    let err = tokio_postgres::connect(&url(&proxy, TEST_DB), NoTls)
+        .await
+        .err()
+        .expect("a third client is refused");
+    assert_eq!(err.code().map(|c| c.code()), Some("53300"), "{err:?}");
+    assert_eq!(scalar(&a, "SELECT 1").await, "1");
+    drop(b);
+    // A free place again once a client left.
+    wait_until(
+        "a place for a new client",
+        Duration::from_secs(5),
+        || async {
+            match tokio_postgres::connect(&url(&proxy, TEST_DB), NoTls).await {
+                Ok((c, conn)) => {
+                    tokio::spawn(conn);
+                    c.simple_query("SELECT 1").await.is_ok()
+                }
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    proxy.shutdown().await;
+}
