@@ -46,6 +46,14 @@ pub mod sqlstate {
     pub const INTERNAL_ERROR: &str = "XX000";
 }
 
+/// A FATAL error in protocol 2.0's format (`E`, then the text, NUL-terminated), which is what
+/// PostgreSQL sends a client that asked for a protocol older than 3.0, so that it can read it.
+pub fn error_response_v2(out: &mut BytesMut, message: &str) {
+    out.put_u8(ERROR_RESPONSE);
+    out.extend_from_slice(format!("FATAL:  {message}\n").as_bytes());
+    out.put_u8(0);
+}
+
 /// Severity of an ErrorResponse pgmemo builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {

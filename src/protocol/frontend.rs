@@ -40,6 +40,21 @@ pub fn is_known(tag: u8) -> bool {
     )
 }
 
+/// PostgreSQL's limit on the length of the messages that are always short
+/// (`PQ_SMALL_MESSAGE_LIMIT`); a longer one is a broken or hostile stream.
+pub const SMALL_MESSAGE_LIMIT: usize = 10_000;
+
+/// The largest length field accepted for a message of type `tag`, given the configured limit
+/// for the ones that may be long (Query, Parse, Bind, CopyData, FunctionCall): the others are
+/// held to [`SMALL_MESSAGE_LIMIT`] as PostgreSQL does, so pgmemo refuses what PostgreSQL
+/// would refuse instead of forwarding it and losing the server connection.
+pub fn max_message_len(tag: u8, limit: usize) -> usize {
+    match tag {
+        QUERY | PARSE | BIND | COPY_DATA | FUNCTION_CALL => limit,
+        _ => limit.min(SMALL_MESSAGE_LIMIT),
+    }
+}
+
 /// Parse: `name`, `query`, parameter type OIDs.
 #[derive(Debug, Clone, Copy)]
 pub struct Parse<'a> {
@@ -183,16 +198,37 @@ pub fn startup(out: &mut BytesMut, params: &[(&str, &str)]) {
     out[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-/// A SASLInitialResponse body: mechanism name and the client-first message.
-pub fn parse_sasl_initial(body: &[u8]) -> Option<(&str, &[u8])> {
+/// Why a SASLInitialResponse does not parse: PostgreSQL's message for the first thing wrong,
+/// and the mechanism when it could be read (PostgreSQL rejects an unknown mechanism before it
+/// reads the rest, so that error comes first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaslInitialError<'a> {
+    pub mechanism: Option<&'a str>,
+    pub message: &'static str,
+}
+
+/// A SASLInitialResponse body: mechanism name and the client-first message (empty when the
+/// client sent length -1), read the way PostgreSQL reads it.
+pub fn parse_sasl_initial(body: &[u8]) -> Result<(&str, &[u8]), SaslInitialError<'_>> {
     let mut r = Reader::new(body);
-    let mechanism = r.str()?;
-    let len = r.i32()?;
-    if len < 0 {
-        return Some((mechanism, &[]));
+    let fail = |mechanism, message| Err(SaslInitialError { mechanism, message });
+    let Some(raw) = r.cstr() else {
+        return fail(None, "invalid string in message");
+    };
+    // Not UTF-8 is not a mechanism PostgreSQL knows either.
+    let mechanism = std::str::from_utf8(raw).unwrap_or("");
+    let data = match r.i32() {
+        Some(-1) => &[][..],
+        Some(len) if len >= 0 => match r.bytes(len as usize) {
+            Some(data) => data,
+            None => return fail(Some(mechanism), "insufficient data left in message"),
+        },
+        _ => return fail(Some(mechanism), "insufficient data left in message"),
+    };
+    if !r.is_empty() {
+        return fail(Some(mechanism), "invalid message format");
     }
-    let data = r.bytes(len as usize)?;
-    Some((mechanism, data))
+    Ok((mechanism, data))
 }
 
 #[cfg(test)]

@@ -113,6 +113,17 @@ pub async fn read_startup(app: &App, tcp: tokio::net::TcpStream) -> Result<Outco
                     },
                 );
             }
+            Err(startup::StartupError::UnsupportedProtocol(v)) if v >> 16 < 3 => {
+                // A client that old reads only protocol 2.0 errors: answer as PostgreSQL does.
+                let message = startup::StartupError::UnsupportedProtocol(v).to_string();
+                let mut out = BytesMut::new();
+                be::error_response_v2(&mut out, &message);
+                let _ = stream.write_all(&out).await;
+                return Err(LoginError::refused(
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    message,
+                ));
+            }
             Err(e) => {
                 let code = match e {
                     startup::StartupError::UnsupportedProtocol(_) => {
@@ -211,7 +222,7 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
             let salt = md5_salt();
             be::auth_md5(&mut conn.wbuf, salt);
             conn.flush().await?;
-            let body = conn.read_password_message().await?;
+            let body = conn.read_password_message("password").await?;
             if !md5_verify(user, secret.as_ref(), salt, &body) {
                 return Err(conn.refuse(sqlstate::INVALID_PASSWORD, failed()).await);
             }
@@ -220,14 +231,18 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
             let mut scram = ScramServer::new(user, secret.as_ref());
             be::auth_sasl(&mut conn.wbuf, ScramServer::mechanisms());
             conn.flush().await?;
-            let body = conn.read_password_message().await?;
-            let Some((mechanism, data)) = fe::parse_sasl_initial(&body) else {
-                return Err(conn
-                    .refuse(
-                        sqlstate::PROTOCOL_VIOLATION,
-                        "malformed SASLInitialResponse message",
-                    )
-                    .await);
+            let body = conn.read_password_message("SASL").await?;
+            let (mechanism, data) = match fe::parse_sasl_initial(&body) {
+                Ok(parsed) => parsed,
+                Err(e) => {
+                    let message = match e.mechanism {
+                        Some(m) if !ScramServer::mechanisms().contains(&m) => {
+                            "client selected an invalid SASL authentication mechanism"
+                        }
+                        _ => e.message,
+                    };
+                    return Err(conn.refuse(sqlstate::PROTOCOL_VIOLATION, message).await);
+                }
             };
             let server_first = match scram.handle_client_first(mechanism, data) {
                 Ok(m) => m,
@@ -235,7 +250,7 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
             };
             be::auth_sasl_continue(&mut conn.wbuf, &server_first);
             conn.flush().await?;
-            let body = conn.read_password_message().await?;
+            let body = conn.read_password_message("SASL").await?;
             match scram.handle_client_final(&body) {
                 Ok(server_final) => be::auth_sasl_final(&mut conn.wbuf, &server_final),
                 Err(e) => return Err(scram_failure(conn, e, failed()).await),
@@ -262,14 +277,15 @@ impl ClientConn {
         LoginError::refused(code, message)
     }
 
-    /// Reads one 'p' message during authentication.
-    async fn read_password_message(&mut self) -> Result<Bytes, LoginError> {
+    /// Reads one 'p' message during authentication; `kind` is "password" or "SASL", for
+    /// PostgreSQL's error message when something else comes.
+    async fn read_password_message(&mut self, kind: &str) -> Result<Bytes, LoginError> {
         let (tag, body) = self.read_message().await?;
         if tag != fe::PASSWORD {
             return Err(self
                 .refuse(
                     sqlstate::PROTOCOL_VIOLATION,
-                    format!("expected password response, got message type {}", tag),
+                    format!("expected {kind} response, got message type {tag}"),
                 )
                 .await);
         }

@@ -182,6 +182,9 @@ struct Session {
     stats: LocalStats,
     /// When the current server was taken, for xact_time.
     held_since: Instant,
+    /// A protocol violation found in the client's input while earlier messages were still
+    /// being answered: like PostgreSQL, those get their replies first, then the FATAL.
+    violation: Option<String>,
 }
 
 impl Session {
@@ -217,6 +220,7 @@ impl Session {
             settings: Vars::new(),
             stats: LocalStats::default(),
             held_since: Instant::now(),
+            violation: None,
         };
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
@@ -421,6 +425,10 @@ impl Session {
                     if let Err(end) = self.handle_server_messages() {
                         return end;
                     }
+                    if self.violation.is_some() && self.replies.is_empty() {
+                        let message = self.violation.take().unwrap_or_default();
+                        return self.protocol_violation(message).await;
+                    }
                     if self.server.is_none()
                         && self.app.is_shutting_down()
                         && self.client.rbuf.is_empty()
@@ -474,6 +482,9 @@ impl Session {
     /// for the server (taking one first when the session holds none).
     async fn handle_client_messages(&mut self) -> Result<(), End> {
         loop {
+            if self.violation.is_some() {
+                return Ok(()); // nothing after a violation is read
+            }
             if self
                 .server
                 .as_ref()
@@ -481,16 +492,22 @@ impl Session {
             {
                 return Ok(()); // backpressure: let the server drain first
             }
-            let (tag, len) = match frame(&self.client.rbuf, self.max_message) {
-                Ok(Some(f)) => f,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(self.protocol_violation(e.to_string()).await),
+            // Like PostgreSQL, judge the type byte first (as soon as it is there), then the
+            // length against the limit for that type.
+            let Some(&tag) = self.client.rbuf.first() else {
+                return Ok(());
             };
             if !fe::is_known(tag) {
-                return Err(self
-                    .protocol_violation(format!("invalid frontend message type {tag}"))
-                    .await);
+                return self
+                    .violated(format!("invalid frontend message type {tag}"))
+                    .await;
             }
+            let max = fe::max_message_len(tag, self.max_message);
+            let (tag, len) = match frame(&self.client.rbuf, max) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => return self.violated(e.to_string()).await,
+            };
             if self.server.is_none() {
                 match tag {
                     fe::TERMINATE => return Err(End::Terminate),
@@ -524,6 +541,16 @@ impl Session {
             self.stats.bytes_received += len as u64;
             self.client.rbuf.advance(len);
         }
+    }
+
+    /// The client broke the protocol: it is told so and disconnected at once, or, when
+    /// messages before the bad one still await replies, once those replies are out.
+    async fn violated(&mut self, message: String) -> Result<(), End> {
+        if self.replies.is_empty() {
+            return Err(self.protocol_violation(message).await);
+        }
+        self.violation = Some(message);
+        Ok(())
     }
 
     async fn protocol_violation(&mut self, message: String) -> End {
@@ -676,7 +703,8 @@ impl Session {
             return Poll::Ready(Event::ClientGone(Some(e)));
         }
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
-        if server_backlog < HIGH_WATER {
+        // After a protocol violation only the replies still owed are relayed.
+        if server_backlog < HIGH_WATER && self.violation.is_none() {
             // Messages left unplanned by backpressure can be planned now.
             if !matches!(frame(&self.client.rbuf, self.max_message), Ok(None)) {
                 return Poll::Ready(Event::ClientRead);
