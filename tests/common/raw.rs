@@ -1108,3 +1108,23 @@ impl RawClient {
             .expect("a connected socket has a local address")
     }
 }
+
+impl RawClient {
+    /// Reads raw bytes until the server closes the connection, for answers that are not
+    /// protocol 3 messages (a protocol 2.0 error). A reset counts as closed.
+    pub async fn recv_raw_until_closed(&mut self) -> Result<Vec<u8>> {
+        let mut out = self.buf.split().to_vec();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let read = tokio::time::timeout(RECV_TIMEOUT, self.stream.read(&mut chunk))
+                .await
+                .map_err(|_| anyhow!("timeout: still open after {RECV_TIMEOUT:?}; got {out:?}"))?;
+            match read {
+                Ok(0) => return Ok(out),
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(out),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
