@@ -184,7 +184,10 @@ impl App {
             None => (
                 key.user.clone(),
                 cfg.user_secret(&key.user)
-                    .filter(|s| !s.starts_with("md5") && !s.starts_with("SCRAM-SHA-256$"))
+                    // Only a plain password can log in; "md5_pass" is one, not an md5 hash.
+                    .filter(|s| {
+                        matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
+                    })
                     .map(str::to_owned),
             ),
         };

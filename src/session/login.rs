@@ -216,7 +216,13 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
     let cfg = app.config.load();
     let secret = cfg.user_secret(user).map(Secret::parse);
     let failed = || format!("password authentication failed for user \"{user}\"");
-    match cfg.general.auth_type {
+    // As in PostgreSQL, md5 means SCRAM for a user whose secret is a SCRAM verifier: the
+    // verifier cannot check an md5 answer, and SCRAM is the stronger method anyway.
+    let method = match (cfg.general.auth_type, &secret) {
+        (AuthType::Md5, Some(Secret::Scram(_))) => AuthType::ScramSha256,
+        (method, _) => method,
+    };
+    match method {
         AuthType::Trust => {}
         AuthType::Md5 => {
             let salt = md5_salt();
