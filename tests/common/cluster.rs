@@ -27,6 +27,9 @@ pub const MD5_USER: &str = "md5_user";
 pub const MD5_PASS: &str = "md5_pass";
 /// A role without a password that is trusted.
 pub const TRUST_USER: &str = "trust_user";
+/// A role that must send its password in clear text (`password` in pg_hba.conf).
+pub const PASSWORD_USER: &str = "password_user";
+pub const PASSWORD_PASS: &str = "password_pass";
 /// The bootstrap superuser, used by [`Cluster::psql`].
 pub const SUPERUSER: &str = "postgres";
 pub const SUPERUSER_PASS: &str = "postgres_pass";
@@ -36,12 +39,14 @@ const HBA: &[&str] = &[
     "host all md5_user 127.0.0.1/32 md5",
     "host all scram_user 127.0.0.1/32 scram-sha-256",
     "host all trust_user 127.0.0.1/32 trust",
+    "host all password_user 127.0.0.1/32 password",
 ];
 
 const SETUP_SQL: &str = "
 CREATE ROLE pgmemo LOGIN SUPERUSER PASSWORD 'pgmemo_pass';
 CREATE ROLE scram_user LOGIN PASSWORD 'scram_pass';
 CREATE ROLE trust_user LOGIN;
+CREATE ROLE password_user LOGIN PASSWORD 'password_pass';
 SET password_encryption = 'md5';
 CREATE ROLE md5_user LOGIN PASSWORD 'md5_pass';
 RESET password_encryption;
