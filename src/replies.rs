@@ -126,6 +126,11 @@ impl ReplyQueue {
         self.entries.push_back(e);
     }
 
+    /// The server is in COPY IN, waiting for the client's data.
+    pub fn in_copy_in(&self) -> bool {
+        self.copy_in
+    }
+
     /// No reply is outstanding.
     #[inline]
     pub fn is_empty(&self) -> bool {

@@ -203,6 +203,37 @@ async fn unknown_and_out_of_place_message_types() {
     proxy.shutdown().await;
 }
 
+/// An unknown message type while the server waits for COPY data: pgmemo cannot wait for
+/// the COPY to end (it never will), so it refuses the client at once and drops the server in
+/// the middle of its COPY. (PostgreSQL itself fails the COPY with an ERROR and carries on;
+/// pgmemo holds the client to the protocol, like everywhere else.)
+#[tokio::test]
+async fn an_unknown_message_type_during_copy_in() {
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 1)).await;
+    let addr = proxy.local_addr();
+    let mut client = login(addr).await;
+    let mut bytes = Vec::new();
+    Frontend::query("CREATE TEMP TABLE copy_garbage_t (a int)").encode(&mut bytes);
+    Frontend::query("COPY copy_garbage_t FROM STDIN").encode(&mut bytes);
+    Frontend::copy_data(b"1\n").encode(&mut bytes);
+    bytes.extend(tagged(b'!', b""));
+    client.send_raw(&bytes).await.unwrap();
+    let msgs = until_closed(&mut client, "garbage during COPY").await;
+    let (before, last) = msgs.split_at(msgs.len() - 1);
+    assert_eq!(
+        summary(before),
+        [
+            "CommandComplete \"CREATE TABLE\"",
+            "ReadyForQuery I",
+            "CopyInResponse format=0 columns=[0]"
+        ]
+    );
+    assert_fatal(last, "08P01", "garbage during COPY");
+    // The pool's only server was not handed on in the middle of a COPY.
+    fresh_client_works(addr).await;
+    proxy.shutdown().await;
+}
+
 /// Lengths that cannot be: below 4, over pgmemo's max_message_size, over PostgreSQL's limit
 /// for short messages. PostgreSQL hangs up without a word (it only logs "invalid message
 /// length"); pgmemo tells the client why, with 08P01, and hangs up too.
@@ -594,9 +625,11 @@ async fn a_startup_that_never_completes_is_closed() {
     ];
     let mut clients = Vec::new();
     for (what, bytes) in cases {
+        // Before connecting: pgmemo's clock starts when it accepts the connection.
+        let started = Instant::now();
         let mut client = RawClient::open(addr).await.unwrap();
         client.send_raw(&bytes).await.unwrap();
-        clients.push((what, client, Instant::now()));
+        clients.push((what, client, started));
     }
     // All four wait at once; the witness keeps working meanwhile.
     witness.check().await;

@@ -425,7 +425,10 @@ impl Session {
                     if let Err(end) = self.handle_server_messages() {
                         return end;
                     }
-                    if self.violation.is_some() && self.replies.is_empty() {
+                    // A server waiting for COPY data will not finish without the client.
+                    if self.violation.is_some()
+                        && (self.replies.is_empty() || self.replies.in_copy_in())
+                    {
                         let message = self.violation.take().unwrap_or_default();
                         return self.protocol_violation(message).await;
                     }
