@@ -8,10 +8,19 @@ use pgmemo::config::PoolMode;
 async fn a_query_runs_through_pgmemo_in_both_modes() {
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         let proxy = pgmemo(mode, 2).await;
-        let mut client = RawClient::connect(proxy.local_addr(), PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+        let mut client = RawClient::connect(
+            proxy.local_addr(),
+            PGMEMO_USER,
+            TEST_DB,
+            Some(PGMEMO_PASS),
+            &[],
+        )
+        .await
+        .expect("login through pgmemo");
+        client
+            .send(&[Frontend::query("SELECT 40 + 2")])
             .await
-            .expect("login through pgmemo");
-        client.send(&[Frontend::query("SELECT 40 + 2")]).await.unwrap();
+            .unwrap();
         let replies = client.recv_until_ready(1).await.unwrap();
         let row = replies.iter().find_map(|m| m.data_row()).expect("a row");
         assert_eq!(row[0].as_deref(), Some(&b"42"[..]), "{mode:?}");
