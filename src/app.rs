@@ -95,6 +95,8 @@ pub struct App {
     pub listen_addr: Mutex<Option<SocketAddr>>,
     /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
     pub reloader: Mutex<Option<crate::Reloader>>,
+    /// Every prepared statement any client has parsed, shared across pools.
+    pub registry: crate::statements::Registry,
 }
 
 impl App {
@@ -115,6 +117,7 @@ impl App {
             started: Instant::now(),
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
+            registry: crate::statements::Registry::new(),
         });
         app.load_tls()?;
         Ok(app)
@@ -212,6 +215,8 @@ impl App {
             server_check_query: g.server_check_query.clone(),
             server_reset_query: g.server_reset_query.clone(),
             server_reset_query_always: g.server_reset_query_always,
+            prepared_statements: g.prepared_statements,
+            max_prepared_statements: g.max_prepared_statements as usize,
         })
     }
 

@@ -175,5 +175,7 @@ async fn janitor(app: Arc<App>) {
         for pool in app.pools() {
             pool.maintain().await;
         }
+        // Cheap unless many clients left since the last purge (two-phase purge).
+        app.registry.purge(64);
     }
 }

@@ -39,6 +39,10 @@ pub struct PoolSettings {
     pub server_check_query: String,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
+    /// Prepared statements in transaction mode (the statement planner) for new clients.
+    pub prepared_statements: bool,
+    /// Bound of each server connection's prepared-statement LRU.
+    pub max_prepared_statements: usize,
 }
 
 /// Why a client could not get a server.

@@ -1,14 +1,22 @@
 //! The ordered queue of replies pgmemo expects from a server.
 //!
-//! Every message pgmemo writes to a server that PostgreSQL answers pushes one [`Expected`]
-//! entry; every message the server sends is matched against the head of the queue. This is what
-//! lets a session know, message by message, whose reply it is reading (the client's, or a query
+//! Every message pgmemo writes to a server that PostgreSQL answers pushes one [`Entry`]; every
+//! message the server sends is matched against the head of the queue. This is what lets a
+//! session know, message by message, whose reply it is reading (the client's, or a message
 //! pgmemo injected itself), when a server is truly idle (queue empty and ReadyForQuery said
 //! `I`), and what PostgreSQL discards after an error in an extended-protocol batch (everything
-//! up to the next Sync). The prepared-statement planner adds entries whose replies are skipped
-//! or synthesized; the rule stays the same: replies leave in the order the requests went in.
+//! up to the next Sync).
+//!
+//! The prepared-statement planner adds entries that send nothing to the server and are
+//! answered by pgmemo itself ([`Action::Synthesize`]: a ParseComplete for a statement the
+//! server need not parse), entries whose replies are swallowed ([`Action::Skip`]: a Parse
+//! injected because the server lacked a statement), and bookkeeping [`Effect`]s that must be
+//! undone, newest first, when PostgreSQL discards the message they belong to. The rule stays
+//! the same: replies leave in the order the requests went in.
 
 use crate::protocol::backend as be;
+use crate::statements::Effect;
+use bytes::Bytes;
 use std::collections::VecDeque;
 
 /// What one request sent to the server will be answered with.
@@ -65,6 +73,62 @@ impl Expected {
     }
 }
 
+/// What pgmemo does with the replies to one entry.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// They are the client's.
+    Forward,
+    /// They answer a message pgmemo injected (a Parse the server lacked, a Close evicting a
+    /// statement): swallowed, except an error, which the client must see because it stands for
+    /// the client's message that needed the injection.
+    Skip,
+    /// Nothing was sent to the server; pgmemo answers itself when the entry reaches the head,
+    /// where PostgreSQL would have answered.
+    Synthesize(Synth),
+    /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
+    /// error-skip and transaction rules apply); the client sees the error rewritten.
+    ReplaceError(ErrorRewrite),
+}
+
+/// How the server's error is shown to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorRewrite {
+    /// PostgreSQL's error, with the quoted name `from` in its message replaced by `to` (the
+    /// client's statement name instead of the placeholder pgmemo sent).
+    Rename { from: Bytes, to: Bytes },
+    /// pgmemo's own ErrorResponse message, whole.
+    Whole(Bytes),
+}
+
+/// A reply pgmemo writes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synth {
+    ParseComplete,
+    CloseComplete,
+    /// The reply to a simple-query `DEALLOCATE name` of a protocol-level statement:
+    /// CommandComplete and ReadyForQuery (or 25P02 in a failed transaction).
+    Deallocate,
+}
+
+/// One expected reply.
+#[derive(Debug)]
+pub struct Entry {
+    pub expected: Expected,
+    pub action: Action,
+    pub effect: Option<Effect>,
+}
+
+/// How an entry with an [`Effect`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The server (or pgmemo) answered it.
+    Done,
+    /// It failed: the ErrorResponse was its answer.
+    Failed,
+    /// PostgreSQL never ran it (an earlier error in the batch).
+    Discarded,
+}
+
 /// What to do with one server message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -72,11 +136,17 @@ pub enum Route {
     Forward,
     /// It answers something pgmemo sent itself.
     Swallow,
+    /// An error to be shown as [`ReplyQueue::take_replacement`] instead.
+    Replace,
 }
 
 #[derive(Debug, Default)]
 pub struct ReplyQueue {
-    entries: VecDeque<Expected>,
+    entries: VecDeque<Entry>,
+    /// Effects whose entries have ended, in the order they must be applied (undos of one
+    /// error newest first). The session drains it after every message.
+    outcomes: Vec<(Effect, Outcome)>,
+    replacement: Option<ErrorRewrite>,
     /// The client sent extended-protocol messages (Parse, Bind, Describe, Execute, Close) and
     /// no Sync since. PostgreSQL keeps the batch's implicit transaction open until that Sync
     /// (and, after an error, discards everything up to it), so the server is not free even
@@ -94,14 +164,23 @@ impl ReplyQueue {
     pub fn new() -> Self {
         ReplyQueue {
             entries: VecDeque::with_capacity(16),
-            open_batch: false,
-            skipping: false,
-            copy_in: false,
+            ..Default::default()
         }
     }
 
+    /// Queues a plain entry: replies forwarded, no bookkeeping.
     #[inline]
     pub fn push(&mut self, e: Expected) {
+        self.push_entry(Entry {
+            expected: e,
+            action: Action::Forward,
+            effect: None,
+        });
+    }
+
+    #[inline]
+    pub fn push_entry(&mut self, entry: Entry) {
+        let e = entry.expected;
         match e {
             // Ignored by PostgreSQL in COPY IN (libpq sends one right after the Execute of a
             // COPY, not knowing it is one): it neither ends the batch nor gets an answer.
@@ -121,9 +200,19 @@ impl ReplyQueue {
             Expected::Query | Expected::Internal => {}
         }
         if self.skipping && e != Expected::Internal {
-            return; // discarded by the server, never answered
+            // Discarded by the server, never answered.
+            if let Some(effect) = entry.effect {
+                self.outcomes.push((effect, Outcome::Discarded));
+            }
+            return;
         }
-        self.entries.push_back(e);
+        self.entries.push_back(entry);
+    }
+
+    /// PostgreSQL is discarding messages until the client's next Sync: whatever the client
+    /// sends now needs no planning.
+    pub fn is_skipping(&self) -> bool {
+        self.skipping
     }
 
     /// The server is in COPY IN, waiting for the client's data.
@@ -148,17 +237,61 @@ impl ReplyQueue {
         self.entries.len()
     }
 
+    /// Forgets everything (the server connection is gone). Effects still pending are reported
+    /// as discarded so their bookkeeping is undone.
     pub fn clear(&mut self) {
-        self.entries.clear();
+        while let Some(entry) = self.entries.pop_back() {
+            if let Some(effect) = entry.effect {
+                self.outcomes.push((effect, Outcome::Discarded));
+            }
+        }
         self.open_batch = false;
         self.skipping = false;
         self.copy_in = false;
     }
 
+    /// Ended effects to apply, in order.
+    #[inline]
+    pub fn drain_outcomes(&mut self) -> Option<std::vec::Drain<'_, (Effect, Outcome)>> {
+        if self.outcomes.is_empty() {
+            None
+        } else {
+            Some(self.outcomes.drain(..))
+        }
+    }
+
+    /// The error to show instead of the one just routed as [`Route::Replace`].
+    pub fn take_replacement(&mut self) -> Option<ErrorRewrite> {
+        self.replacement.take()
+    }
+
+    /// If the head is a reply pgmemo answers itself, takes it.
+    #[inline]
+    pub fn pop_synthesized(&mut self) -> Option<Synth> {
+        let Some(Entry {
+            action: Action::Synthesize(synth),
+            ..
+        }) = self.entries.front()
+        else {
+            return None;
+        };
+        let synth = *synth;
+        self.pop_done();
+        Some(synth)
+    }
+
+    fn pop_done(&mut self) {
+        if let Some(entry) = self.entries.pop_front() {
+            if let Some(effect) = entry.effect.filter(Effect::matters_when_done) {
+                self.outcomes.push((effect, Outcome::Done));
+            }
+        }
+    }
+
     /// Matches one server message against the head of the queue and advances it.
     #[inline]
     pub fn on_server_message(&mut self, tag: u8) -> Route {
-        let Some(&head) = self.entries.front() else {
+        let Some(head) = self.entries.front() else {
             // Nothing outstanding: asynchronous traffic (NOTIFY in session mode, a FATAL
             // before a shutdown). It is the client's, if anyone's. An ERROR here answers a
             // malformed Flush, which PostgreSQL treats as part of an extended batch: it now
@@ -169,60 +302,84 @@ impl ReplyQueue {
             }
             return Route::Forward;
         };
-        let route = if head == Expected::Internal {
-            Route::Swallow
-        } else {
-            Route::Forward
+        let kind = head.expected;
+        let route = match (&head.action, tag) {
+            (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,
+            (Action::ReplaceError(_), be::ERROR_RESPONSE) => Route::Replace,
+            (_, be::ERROR_RESPONSE | be::NOTICE_RESPONSE) => Route::Forward,
+            (Action::Skip, _) => Route::Swallow,
+            _ if kind == Expected::Internal => Route::Swallow,
+            _ => Route::Forward,
         };
         match tag {
             // Asynchronous messages never complete anything.
             be::NOTICE_RESPONSE | be::NOTIFICATION_RESPONSE | be::PARAMETER_STATUS => {}
             be::READY_FOR_QUERY => {
-                if matches!(head, Expected::Query | Expected::Internal | Expected::Sync) {
-                    self.entries.pop_front();
+                if matches!(kind, Expected::Query | Expected::Internal | Expected::Sync) {
+                    self.pop_done();
                 }
             }
             be::ERROR_RESPONSE => {
                 // An error ends a COPY IN on the server's side; later Syncs count again.
                 self.copy_in = false;
-                if head.skipped_after_error() {
+                if let Action::ReplaceError(rewrite) = &head.action {
+                    self.replacement = Some(rewrite.clone());
+                }
+                if kind.skipped_after_error() {
                     // PostgreSQL discards every message up to the next Sync, simple queries
                     // and function calls included; if none is queued yet, what the client
-                    // sends until its Sync is discarded too.
-                    while self.entries.front().is_some_and(|e| *e != Expected::Sync) {
-                        self.entries.pop_front();
+                    // sends until its Sync is discarded too. Their bookkeeping is undone,
+                    // newest first.
+                    let mut ended = Vec::new();
+                    let mut first = true;
+                    while self
+                        .entries
+                        .front()
+                        .is_some_and(|e| e.expected != Expected::Sync)
+                    {
+                        let entry = self.entries.pop_front().expect("checked");
+                        if let Some(effect) = entry.effect {
+                            let outcome = if first {
+                                Outcome::Failed
+                            } else {
+                                Outcome::Discarded
+                            };
+                            ended.push((effect, outcome));
+                        }
+                        first = false;
                     }
+                    self.outcomes.extend(ended.into_iter().rev());
                     if self.entries.is_empty() {
                         self.skipping = true;
                     }
+                } else if let Some(entry) = self.entries.front_mut() {
+                    // A simple query (or Sync) goes on to its ReadyForQuery; its effect failed.
+                    if let Some(effect) = entry.effect.take() {
+                        self.outcomes.push((effect, Outcome::Failed));
+                    }
                 }
             }
-            be::PARSE_COMPLETE if head == Expected::Parse => {
-                self.entries.pop_front();
-            }
-            be::BIND_COMPLETE if head == Expected::Bind => {
-                self.entries.pop_front();
-            }
-            be::CLOSE_COMPLETE if head == Expected::Close => {
-                self.entries.pop_front();
-            }
-            be::ROW_DESCRIPTION | be::NO_DATA if head == Expected::Describe => {
-                self.entries.pop_front();
-            }
+            be::PARSE_COMPLETE if kind == Expected::Parse => self.pop_done(),
+            be::BIND_COMPLETE if kind == Expected::Bind => self.pop_done(),
+            be::CLOSE_COMPLETE if kind == Expected::Close => self.pop_done(),
+            be::ROW_DESCRIPTION | be::NO_DATA if kind == Expected::Describe => self.pop_done(),
             be::COMMAND_COMPLETE | be::EMPTY_QUERY_RESPONSE | be::PORTAL_SUSPENDED
-                if head == Expected::Execute =>
+                if kind == Expected::Execute =>
             {
-                self.entries.pop_front();
+                self.pop_done()
             }
             be::COPY_IN_RESPONSE => {
                 // Syncs sent before the client ended this COPY are ignored by PostgreSQL.
-                let copy_end = self.entries.iter().position(|e| *e == Expected::CopyEnd);
+                let copy_end = self
+                    .entries
+                    .iter()
+                    .position(|e| e.expected == Expected::CopyEnd);
                 // Not ended yet: so are the Syncs the client sends from now on.
                 self.copy_in = copy_end.is_none();
                 let mut end = copy_end.unwrap_or(self.entries.len());
                 let mut i = 1;
                 while i < end {
-                    if self.entries[i] == Expected::Sync {
+                    if self.entries[i].expected == Expected::Sync {
                         self.entries.remove(i);
                         end -= 1;
                     } else {
@@ -233,8 +390,12 @@ impl ReplyQueue {
             _ => {}
         }
         // Markers carry no reply: drop them once they reach the head.
-        while self.entries.front() == Some(&Expected::CopyEnd) {
-            self.entries.pop_front();
+        while self
+            .entries
+            .front()
+            .is_some_and(|e| e.expected == Expected::CopyEnd)
+        {
+            self.pop_done();
         }
         route
     }

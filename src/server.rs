@@ -123,6 +123,8 @@ pub struct ServerConn {
     pub status: u8,
     pub created: Instant,
     pub last_used: Instant,
+    /// Statements prepared on this connection under pgmemo's names.
+    pub prepared: crate::statements::ServerSet,
     /// Set when the connection must not go back to the pool (I/O error, protocol confusion,
     /// FATAL from the server).
     pub broken: bool,
@@ -168,6 +170,7 @@ impl ServerConn {
             reported: Vars::new(),
             settings: Vars::new(),
             status: b'I',
+            prepared: crate::statements::ServerSet::new(500),
             created: Instant::now(),
             last_used: Instant::now(),
             broken: false,

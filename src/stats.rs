@@ -18,6 +18,12 @@ pub struct PoolStats {
     pub wait_timeouts: AtomicU64,
     pub client_logins: AtomicU64,
     pub server_connects: AtomicU64,
+    /// Bind/Describe of a statement the server already had.
+    pub prepare_cache_hit: AtomicU64,
+    /// Statements that had to be parsed on the server (first Parse, or injected).
+    pub prepare_cache_miss: AtomicU64,
+    /// Statements closed on a server to keep it within max_prepared_statements.
+    pub prepare_evictions: AtomicU64,
 }
 
 /// What one session counted since it last reported.
@@ -29,6 +35,9 @@ pub struct LocalStats {
     pub bytes_sent: u64,
     pub xact_time_us: u64,
     pub query_time_us: u64,
+    pub prepare_cache_hit: u64,
+    pub prepare_cache_miss: u64,
+    pub prepare_evictions: u64,
 }
 
 impl PoolStats {
@@ -40,6 +49,12 @@ impl PoolStats {
         self.bytes_sent.fetch_add(local.bytes_sent, r);
         self.xact_time_us.fetch_add(local.xact_time_us, r);
         self.query_time_us.fetch_add(local.query_time_us, r);
+        if local.prepare_cache_hit | local.prepare_cache_miss | local.prepare_evictions != 0 {
+            self.prepare_cache_hit.fetch_add(local.prepare_cache_hit, r);
+            self.prepare_cache_miss
+                .fetch_add(local.prepare_cache_miss, r);
+            self.prepare_evictions.fetch_add(local.prepare_evictions, r);
+        }
         *local = LocalStats::default();
     }
 
@@ -56,6 +71,9 @@ impl PoolStats {
             wait_timeouts: self.wait_timeouts.load(r),
             client_logins: self.client_logins.load(r),
             server_connects: self.server_connects.load(r),
+            prepare_cache_hit: self.prepare_cache_hit.load(r),
+            prepare_cache_miss: self.prepare_cache_miss.load(r),
+            prepare_evictions: self.prepare_evictions.load(r),
         }
     }
 }
@@ -72,4 +90,7 @@ pub struct StatsSnapshot {
     pub wait_timeouts: u64,
     pub client_logins: u64,
     pub server_connects: u64,
+    pub prepare_cache_hit: u64,
+    pub prepare_cache_miss: u64,
+    pub prepare_evictions: u64,
 }

@@ -249,6 +249,39 @@ pub fn error_with_severity(out: &mut BytesMut, body: &[u8], severity: Severity) 
     });
 }
 
+/// Re-emits an ErrorResponse with the quoted name `from` in its message text replaced by
+/// `to`; every other field stays PostgreSQL's.
+pub fn error_with_renamed(out: &mut BytesMut, body: &[u8], from: &[u8], to: &[u8]) {
+    let mut quoted_from = Vec::with_capacity(from.len() + 2);
+    quoted_from.push(b'"');
+    quoted_from.extend_from_slice(from);
+    quoted_from.push(b'"');
+    write_message(out, ERROR_RESPONSE, |b| {
+        let mut r = Reader::new(body);
+        while let Some(field) = r.u8() {
+            if field == 0 {
+                break;
+            }
+            let Some(value) = r.cstr() else { break };
+            b.put_u8(field);
+            match (
+                field,
+                value
+                    .windows(quoted_from.len())
+                    .position(|w| w == quoted_from),
+            ) {
+                (b'M', Some(at)) => {
+                    b.extend_from_slice(&value[..at + 1]);
+                    b.extend_from_slice(to);
+                    put_cstr(b, &value[at + quoted_from.len() - 1..]);
+                }
+                _ => put_cstr(b, value),
+            }
+        }
+        b.put_u8(0);
+    });
+}
+
 pub fn parse_parameter_status(body: &[u8]) -> Option<(&str, &str)> {
     let mut r = Reader::new(body);
     Some((r.str()?, r.str()?))
@@ -313,6 +346,29 @@ mod tests {
         let g = ErrorFields::parse(&again[5..]).unwrap();
         assert_eq!(g.severity, "ERROR");
         assert_eq!(g.message, "bad");
+    }
+
+    #[test]
+    fn error_rename_keeps_other_fields() {
+        let mut out = BytesMut::new();
+        write_message(&mut out, ERROR_RESPONSE, |b| {
+            for (f, v) in [
+                (b'S', "ERROR"),
+                (b'C', "26000"),
+                (b'M', "prepared statement \"pgmemo_missing\" does not exist"),
+                (b'R', "FetchPreparedStatement"),
+            ] {
+                b.put_u8(f);
+                put_cstr(b, v.as_bytes());
+            }
+            b.put_u8(0);
+        });
+        let mut renamed = BytesMut::new();
+        error_with_renamed(&mut renamed, &out[5..], b"pgmemo_missing", b"mine");
+        let f = ErrorFields::parse(&renamed[5..]).unwrap();
+        assert_eq!(f.message, "prepared statement \"mine\" does not exist");
+        assert_eq!(f.code, "26000");
+        assert!(renamed.windows(22).any(|w| w == b"FetchPreparedStatement"));
     }
 
     #[test]

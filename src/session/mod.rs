@@ -14,14 +14,16 @@
 //! becomes one write to the server.
 
 pub mod login;
+pub mod planner;
 
 use crate::app::{App, ClientInfo, ClientState, ServerCancel};
 use crate::params::{self, Vars};
 use crate::pool::{CheckoutError, Pool, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
-use crate::replies::{Expected, ReplyQueue, Route};
+use crate::replies::{self, ErrorRewrite, Expected, ReplyQueue, Route, Synth};
 use crate::server::{ServerConn, ServerError};
+use crate::statements::{ClientStatements, Effect};
 use crate::stats::LocalStats;
 use crate::stream::Stream;
 use bytes::{Buf, BytesMut};
@@ -185,6 +187,11 @@ struct Session {
     /// A protocol violation found in the client's input while earlier messages were still
     /// being answered: like PostgreSQL, those get their replies first, then the FATAL.
     violation: Option<String>,
+    /// The client's prepared statements, when the planner is on.
+    stmts: Option<ClientStatements>,
+    statement_limits: planner::Limits,
+    /// Names a duplicate Parse left on the server, closed after the next Sync.
+    cleanup: Vec<Box<[u8]>>,
 }
 
 impl Session {
@@ -221,10 +228,27 @@ impl Session {
             stats: LocalStats::default(),
             held_since: Instant::now(),
             violation: None,
+            stmts: None,
+            statement_limits: planner::Limits {
+                max_count: cfg.general.max_prepared_statements as usize * 4,
+                max_bytes: 64 * 1024 * 1024,
+            },
+            cleanup: Vec::new(),
         };
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
             return None;
+        }
+        let pool_settings = session.pool.settings();
+        if pool_settings.prepared_statements {
+            // Statements are shared only between clients for whom the same text means the same
+            // thing: same database, same server role, same search_path.
+            let context = app.registry.context(
+                &pool_settings.target.dbname,
+                &pool_settings.target.user,
+                session.settings.get("search_path").unwrap_or(""),
+            );
+            session.stmts = Some(ClientStatements::new(context));
         }
         for (k, v) in session.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
@@ -537,11 +561,31 @@ impl Session {
                 return Err(End::Terminate);
             }
             let server = self.server.as_mut().expect("server acquired above");
+            self.stats.bytes_received += len as u64;
+            // Statement messages are planned (renamed, injected, answered locally), unless
+            // PostgreSQL is discarding everything until the next Sync anyway.
+            if let Some(stmts) = self.stmts.as_mut().filter(|_| !self.replies.is_skipping()) {
+                let planned = planner::Planner {
+                    msg: &self.client.rbuf[..len],
+                    server,
+                    stmts,
+                    replies: &mut self.replies,
+                    registry: &self.app.registry,
+                    stats: &mut self.stats,
+                    limits: self.statement_limits,
+                    cleanup: &mut self.cleanup,
+                }
+                .plan(tag);
+                if planned {
+                    self.client.rbuf.advance(len);
+                    self.answer_locally();
+                    continue;
+                }
+            }
             if let Some(expected) = Expected::for_client_message(tag) {
                 self.replies.push(expected);
             }
             server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
-            self.stats.bytes_received += len as u64;
             self.client.rbuf.advance(len);
         }
     }
@@ -604,6 +648,11 @@ impl Session {
             // ones are only known by what was set.
             server.settings = self.settings.clone();
         }
+        if self.stmts.is_some() {
+            server
+                .prepared
+                .set_limit(self.pool.settings().max_prepared_statements);
+        }
         self.held_since = Instant::now();
         self.server = Some(server);
         Ok(())
@@ -612,7 +661,7 @@ impl Session {
     /// Routes every complete server message, then gives the server back if the client's work
     /// on it is done (transaction mode).
     fn handle_server_messages(&mut self) -> Result<(), End> {
-        let Some(server) = self.server.as_mut() else {
+        let Some(mut server) = self.server.as_mut() else {
             return Ok(());
         };
         loop {
@@ -660,11 +709,39 @@ impl Session {
                 }
                 _ => {}
             }
-            if route == Route::Forward {
-                self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
-                self.stats.bytes_sent += len as u64;
+            let mut error_code = None;
+            match route {
+                Route::Forward => {
+                    self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
+                    self.stats.bytes_sent += len as u64;
+                }
+                Route::Replace => {
+                    let at = self.client.wbuf.len();
+                    match self.replies.take_replacement() {
+                        Some(ErrorRewrite::Rename { from, to }) => {
+                            be::error_with_renamed(&mut self.client.wbuf, body, &from, &to)
+                        }
+                        Some(ErrorRewrite::Whole(bytes)) => {
+                            self.client.wbuf.extend_from_slice(&bytes)
+                        }
+                        None => self.client.wbuf.extend_from_slice(&server.rbuf[..len]),
+                    }
+                    self.stats.bytes_sent += (self.client.wbuf.len() - at) as u64;
+                }
+                Route::Swallow => {}
+            }
+            if tag == be::ERROR_RESPONSE {
+                error_code = ErrorFields::parse(body).map(|f| f.code);
             }
             server.rbuf.advance(len);
+            if self.stmts.is_some() {
+                self.settle(error_code.as_deref());
+                self.answer_locally();
+            }
+            let Some(s) = self.server.as_mut() else {
+                return Ok(());
+            };
+            server = s;
         }
         // Not before the Sync of an extended batch: until then PostgreSQL keeps the batch's
         // implicit transaction open (or skips everything after an error), whatever
@@ -677,6 +754,118 @@ impl Session {
             self.release_server();
         }
         Ok(())
+    }
+
+    /// Writes the replies pgmemo gives itself (ParseComplete, CloseComplete, ...) that have
+    /// reached the head of the queue, i.e. whose turn it is in PostgreSQL's order.
+    fn answer_locally(&mut self) {
+        while let Some(synth) = self.replies.pop_synthesized() {
+            match synth {
+                Synth::ParseComplete => crate::protocol::write_message(
+                    &mut self.client.wbuf,
+                    be::PARSE_COMPLETE,
+                    |_| {},
+                ),
+                Synth::CloseComplete => crate::protocol::write_message(
+                    &mut self.client.wbuf,
+                    be::CLOSE_COMPLETE,
+                    |_| {},
+                ),
+                Synth::Deallocate => {
+                    let status = self.server.as_ref().map_or(b'I', |s| s.status);
+                    be::command_complete(&mut self.client.wbuf, "DEALLOCATE");
+                    be::ready_for_query(&mut self.client.wbuf, status);
+                    self.stats.query_count += 1;
+                }
+            }
+        }
+        self.settle(None);
+    }
+
+    /// Applies the bookkeeping of entries that ended: kept when their message ran, undone
+    /// (newest first) when PostgreSQL discarded it.
+    fn settle(&mut self, error_code: Option<&str>) {
+        let Session {
+            replies,
+            stmts,
+            server,
+            ..
+        } = self;
+        let Some(outcomes) = replies.drain_outcomes() else {
+            return;
+        };
+        let Some(stmts) = stmts.as_mut() else {
+            return;
+        };
+        for (effect, outcome) in outcomes {
+            let done = outcome == replies::Outcome::Done;
+            match effect {
+                Effect::Prepared(s)
+                | Effect::Bound {
+                    statement: s,
+                    prepared_here: true,
+                    ..
+                } if done => {
+                    s.mark_validated();
+                    s.server_prepares
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Effect::Prepared(s) => {
+                    if let Some(server) = server.as_mut() {
+                        server.prepared.remove(&s);
+                    }
+                }
+                Effect::Bound {
+                    name,
+                    previous,
+                    statement,
+                    prepared_here,
+                } => {
+                    stmts.set(&name, previous);
+                    if prepared_here {
+                        if let Some(server) = server.as_mut() {
+                            server.prepared.remove(&statement);
+                        }
+                    }
+                }
+                Effect::Unbound { name, statement } if !done => {
+                    stmts.set(&name, Some(statement));
+                }
+                Effect::Closed {
+                    statement,
+                    generation,
+                } if !done => {
+                    if let Some(server) = server.as_mut() {
+                        server
+                            .prepared
+                            .insert_with_generation(statement, generation);
+                    }
+                }
+                Effect::Uses {
+                    statement,
+                    generation,
+                } if outcome == replies::Outcome::Failed && error_code == Some("0A000") => {
+                    // "cached plan must not change result type": every server's copy is now
+                    // stale and is re-parsed on its next use.
+                    statement.invalidate(generation);
+                }
+                Effect::Reset(snapshot) if !done => {
+                    stmts.restore_all(snapshot.names);
+                    if let Some(server) = server.as_mut() {
+                        server.prepared.clear();
+                        for (s, generation) in snapshot.prepared {
+                            server.prepared.insert_with_generation(s, generation);
+                        }
+                        if !snapshot.sole_command {
+                            // It may have run before the error: what the server holds is
+                            // unknown, so this connection is not reused.
+                            server.broken = true;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     fn release_server(&mut self) {
@@ -740,6 +929,9 @@ impl Session {
     /// After the relay: leaves the server, if one is still held, clean for the next client
     /// (rolled back and reset), or closes it when that cannot be done safely.
     async fn finish(&mut self) {
+        if self.stmts.take().is_some() {
+            self.app.registry.note_released();
+        }
         let pending_output = !self.client.wbuf.is_empty();
         if pending_output {
             let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
@@ -776,8 +968,18 @@ impl Session {
                 server.internal_query("ROLLBACK").await?;
             }
             if self.mode == PoolMode::Session || settings.server_reset_query_always {
-                if !settings.server_reset_query.is_empty() {
+                let keep_statements = settings.prepared_statements
+                    && settings
+                        .server_reset_query
+                        .eq_ignore_ascii_case("DISCARD ALL");
+                if keep_statements {
+                    // pgmemo's own statements are shared by every client: keep them, so a
+                    // statement is parsed once per server rather than once per client.
+                    server.internal_query(RESET_KEEPING_STATEMENTS).await?;
+                } else if !settings.server_reset_query.is_empty() {
                     server.internal_query(&settings.server_reset_query).await?;
+                    // The reset may have dropped statements: forget them all.
+                    server.prepared.clear();
                 }
                 server.settings.clear();
             }
@@ -792,6 +994,14 @@ impl Session {
         }
     }
 }
+
+/// `DISCARD ALL` minus what would drop pgmemo's shared statements: everything a client can
+/// leave behind (settings, cursors, LISTEN, advisory locks, temp tables, sequences state, its
+/// own SQL-level prepared statements) is reset, but `pgmemo_s<n>` statements stay prepared.
+const RESET_KEEPING_STATEMENTS: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
+    UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES; \
+    DO $pgmemo$ DECLARE s text; BEGIN FOR s IN SELECT name FROM pg_prepared_statements \
+    WHERE name !~ '^pgmemo_s[0-9]+$' LOOP EXECUTE format('DEALLOCATE %I', s); END LOOP; END $pgmemo$";
 
 /// Makes room for the next read: small for a quiet client, larger once traffic is flowing
 /// (BytesMut reuses the freed front of the buffer when it can, so steady state allocates

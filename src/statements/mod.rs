@@ -16,7 +16,9 @@ pub use server_set::ServerSet;
 
 use crate::protocol::{put_cstr, write_message};
 use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// What makes two Parse messages the same statement: their text and parameter types, within one
 /// semantic context (database, server role, search_path), interned as a small number.
@@ -36,6 +38,8 @@ pub struct Statement {
     pub key: StatementKey,
     /// The name it has on servers: `pgmemo_s<id>`.
     pub server_name: Box<str>,
+    /// The same, shareable without allocating (error rewriting on the hot path).
+    pub server_name_bytes: Bytes,
     /// A ready Parse message under the server name, so injecting it is one copy.
     parse_message: Bytes,
     /// Bumped when a server reports that the statement's result type changed after DDL
@@ -65,6 +69,7 @@ impl Statement {
         Statement {
             id,
             key,
+            server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),
             server_name,
             parse_message: msg.freeze(),
             generation: AtomicU32::new(0),
@@ -131,9 +136,186 @@ impl Statement {
     }
 }
 
+/// Bookkeeping done when a message was planned, settled when its reply (or PostgreSQL's
+/// decision to discard it) arrives: kept if it ran, undone if it did not.
+#[derive(Debug)]
+pub enum Effect {
+    /// A client name bound by Parse. Undone: the previous binding comes back (and, when the
+    /// Parse itself went to the server, the server does not have the statement after all).
+    Bound {
+        name: Box<[u8]>,
+        previous: Option<Arc<Statement>>,
+        statement: Arc<Statement>,
+        prepared_here: bool,
+    },
+    /// A client name dropped by Close or DEALLOCATE. Undone: it comes back.
+    Unbound {
+        name: Box<[u8]>,
+        statement: Arc<Statement>,
+    },
+    /// A Parse pgmemo injected on this server. Undone or failed: the server lacks it.
+    Prepared(Arc<Statement>),
+    /// A Close pgmemo injected (eviction, or a stale copy). Undone: the server still has it.
+    Closed {
+        statement: Arc<Statement>,
+        generation: u32,
+    },
+    /// A Bind or Describe of a statement: failing with 0A000 ("cached plan must not change
+    /// result type") marks every server's copy stale.
+    Uses {
+        statement: Arc<Statement>,
+        generation: u32,
+    },
+    /// DISCARD ALL / DEALLOCATE ALL dropped every statement. Undone: restored as it was.
+    Reset(Box<ResetSnapshot>),
+}
+
+impl Effect {
+    /// Whether completing normally needs any work (most effects matter only when undone;
+    /// skipping the others keeps the Bind/Execute hot path free of bookkeeping).
+    pub fn matters_when_done(&self) -> bool {
+        matches!(
+            self,
+            Effect::Prepared(_)
+                | Effect::Bound {
+                    prepared_here: true,
+                    ..
+                }
+        )
+    }
+}
+
+/// What a DISCARD ALL / DEALLOCATE ALL took away, to restore if it did not run.
+#[derive(Debug)]
+pub struct ResetSnapshot {
+    pub names: HashMap<Bytes, Arc<Statement>>,
+    pub prepared: Vec<(Arc<Statement>, u32)>,
+    /// The query was only the reset command, so failing means it did not run at all; in a
+    /// multi-statement query it may have run before the failure, and the server's state is
+    /// then unknown.
+    pub sole_command: bool,
+}
+
+/// One client's statement names (`""` included): the session-local first tier of Parse, and
+/// the only map Bind/Describe/Close look at. No lock: only its session touches it.
+#[derive(Debug, Default)]
+pub struct ClientStatements {
+    names: HashMap<Bytes, Arc<Statement>>,
+    /// The registry context (database, role, search_path) of this client.
+    pub context: u32,
+    /// Query bytes held by named statements, for the per-client limit.
+    bytes: usize,
+}
+
+impl ClientStatements {
+    pub fn new(context: u32) -> Self {
+        ClientStatements {
+            names: HashMap::new(),
+            context,
+            bytes: 0,
+        }
+    }
+
+    #[inline]
+    pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
+        self.names.get(name)
+    }
+
+    /// The binding with the stored name (a cheap clone, for error messages).
+    #[inline]
+    pub fn get_named(&self, name: &[u8]) -> Option<(&Bytes, &Arc<Statement>)> {
+        self.names.get_key_value(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Binds `name` (or, with None, removes it); returns the previous binding.
+    pub fn set(
+        &mut self,
+        name: &[u8],
+        statement: Option<Arc<Statement>>,
+    ) -> Option<Arc<Statement>> {
+        let previous = match statement {
+            Some(s) => {
+                s.holders.fetch_add(1, Ordering::Relaxed);
+                self.bytes += s.key.query.len();
+                self.names.insert(Bytes::copy_from_slice(name), s)
+            }
+            None => self.names.remove(name),
+        };
+        if let Some(p) = &previous {
+            self.forget(p);
+        }
+        previous
+    }
+
+    fn forget(&mut self, s: &Statement) {
+        self.bytes -= s.key.query.len();
+        s.holders.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Drops every name (DISCARD ALL, DEALLOCATE ALL), returning them for a possible undo.
+    pub fn take_all(&mut self) -> HashMap<Bytes, Arc<Statement>> {
+        let names = std::mem::take(&mut self.names);
+        for s in names.values() {
+            s.holders.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.bytes = 0;
+        names
+    }
+
+    /// Puts back what [`ClientStatements::take_all`] took, replacing what is there now.
+    pub fn restore_all(&mut self, names: HashMap<Bytes, Arc<Statement>>) {
+        self.take_all();
+        for (name, s) in names {
+            self.set(&name, Some(s));
+        }
+    }
+}
+
+impl Drop for ClientStatements {
+    fn drop(&mut self) {
+        self.take_all();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_names_count_holders_and_bytes() {
+        let r = Registry::new();
+        let key = |q: &'static str| StatementKey {
+            context: 1,
+            query: Bytes::from_static(q.as_bytes()),
+            param_types: Bytes::from_static(&[0, 0]),
+        };
+        let (a, _) = r.get_or_insert(key("SELECT 1"));
+        let (b, _) = r.get_or_insert(key("SELECT 22"));
+        let mut c = ClientStatements::new(1);
+        assert!(c.set(b"x", Some(a.clone())).is_none());
+        assert_eq!(c.set(b"x", Some(b.clone())).unwrap().id, a.id);
+        assert_eq!(a.holders.load(Ordering::Relaxed), 0);
+        assert_eq!(b.holders.load(Ordering::Relaxed), 1);
+        assert_eq!(c.bytes(), 9);
+        let saved = c.take_all();
+        assert_eq!((c.len(), c.bytes()), (0, 0));
+        c.restore_all(saved);
+        assert_eq!(c.get(b"x").unwrap().id, b.id);
+        drop(c);
+        assert_eq!(b.holders.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn parse_message_carries_the_server_name() {

@@ -58,6 +58,41 @@ impl ServerSet {
         }
     }
 
+    /// Records a copy prepared at an older generation (an undone Close puts it back).
+    pub fn insert_with_generation(&mut self, statement: Arc<Statement>, generation: u32) {
+        statement.servers.fetch_add(1, Ordering::Relaxed);
+        if let Some(old) = self.prepared.put(
+            statement.id,
+            Prepared {
+                statement,
+                generation,
+            },
+        ) {
+            old.statement.servers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The generation of the copy prepared here, if any.
+    pub fn generation_of(&self, statement: &Statement) -> Option<u32> {
+        self.prepared.peek(&statement.id).map(|p| p.generation)
+    }
+
+    /// Everything prepared here, with generations (for a reset that may need undoing).
+    pub fn snapshot(&self) -> Vec<(Arc<Statement>, u32)> {
+        self.prepared
+            .iter()
+            .rev()
+            .map(|(_, p)| (p.statement.clone(), p.generation))
+            .collect()
+    }
+
+    /// Whether a statement with this server-side name is prepared here.
+    pub fn has_server_name(&self, name: &[u8]) -> bool {
+        self.prepared
+            .iter()
+            .any(|(_, p)| p.statement.server_name.as_bytes() == name)
+    }
+
     /// Forgets `statement` (closed, or its Parse never ran); returns whether it was there.
     pub fn remove(&mut self, statement: &Statement) -> bool {
         match self.prepared.pop(&statement.id) {

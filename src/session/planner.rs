@@ -1,0 +1,446 @@
+//! The prepared-statement planner: how one client message about statements becomes what the
+//! held server must see, so that statements work in transaction mode with PostgreSQL's exact
+//! answers.
+//!
+//! - Parse: a name the client already has with the same text, or a statement the registry
+//!   knows was accepted before, is answered locally (ParseComplete at the right place in the
+//!   reply stream); anything else goes to the server under the statement's own name.
+//! - Bind / Describe(S): renamed; if the server lacks the statement, its Parse is injected
+//!   first (and its ParseComplete swallowed), closing the least recently used one when the
+//!   server's set is full.
+//! - Close(S): the client's name is dropped and CloseComplete answered locally; the server keeps
+//!   the shared statement for everyone else.
+//! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right.
+//!
+//! Every map change is recorded as an [`Effect`] on the reply-queue entry of its message and
+//! undone if PostgreSQL never runs that message (an earlier error in the batch). Errors that
+//! pgmemo must report itself are raised *by the server* at the same place (a message that
+//! cannot succeed), so PostgreSQL's own error-skip and transaction rules apply, and only the
+//! error text is pgmemo's.
+
+use crate::protocol::backend::{self as be, sqlstate, Severity};
+use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
+use crate::protocol::{put_cstr, write_message};
+use crate::replies::{Action, Entry, ErrorRewrite, Expected, ReplyQueue, Synth};
+use crate::server::ServerConn;
+use crate::statements::sql::{self, Command};
+use crate::statements::{
+    ClientStatements, Effect, Registry, ResetSnapshot, Statement, StatementKey,
+};
+use crate::stats::LocalStats;
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+
+/// A server-side name no statement ever has: a message using it fails with 26000 exactly where
+/// pgmemo needs an error.
+pub const MISSING_NAME: &[u8] = b"pgmemo_missing";
+
+/// Per-client limits on statement names.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_count: usize,
+    pub max_bytes: usize,
+}
+
+/// One planning step: the message and everything it may touch.
+pub struct Planner<'a> {
+    /// The whole message, tag and length included.
+    pub msg: &'a [u8],
+    pub server: &'a mut ServerConn,
+    pub stmts: &'a mut ClientStatements,
+    pub replies: &'a mut ReplyQueue,
+    pub registry: &'a Registry,
+    pub stats: &'a mut LocalStats,
+    pub limits: Limits,
+    /// Statement names to close on the server after the client's next Sync (see
+    /// [`Planner::duplicate_parse`]).
+    pub cleanup: &'a mut Vec<Box<[u8]>>,
+}
+
+impl Planner<'_> {
+    /// Plans the message; false when it is not the planner's business (the caller forwards it
+    /// unchanged).
+    pub fn plan(mut self, tag: u8) -> bool {
+        match tag {
+            fe::PARSE => self.parse(),
+            fe::BIND => self.bind(),
+            fe::DESCRIBE => self.describe(),
+            fe::CLOSE => self.close(),
+            fe::QUERY => self.query(),
+            fe::SYNC => self.sync(),
+            _ => false,
+        }
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.msg[5..]
+    }
+
+    fn parse(&mut self) -> bool {
+        let msg = self.msg;
+        // A malformed Parse goes to the server as is, for PostgreSQL's own error.
+        let Some(p) = Parse::parse(&msg[5..]) else {
+            return false;
+        };
+        let existing = self.stmts.get(p.name).cloned();
+        if !p.name.is_empty() && existing.is_some() {
+            return self.duplicate_parse(p.name);
+        }
+        if !p.name.is_empty()
+            && (self.stmts.len() >= self.limits.max_count
+                || self.stmts.bytes() + p.query.len() > self.limits.max_bytes)
+        {
+            let message = format!(
+                "pgmemo: too many prepared statements for this client (limits: {} statements, {} bytes of query text)",
+                self.limits.max_count, self.limits.max_bytes
+            );
+            self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
+            return true;
+        }
+        let statement = match existing {
+            // Re-parse of the unnamed statement with the same text: tier 1.
+            Some(s) if s.key.query == p.query && s.key.param_types == p.param_types => s,
+            _ => {
+                let key = StatementKey {
+                    context: self.stmts.context,
+                    query: Bytes::copy_from_slice(p.query),
+                    param_types: Bytes::copy_from_slice(p.param_types),
+                };
+                self.registry.get_or_insert(key).0
+            }
+        };
+        // Send the Parse only when PostgreSQL has never accepted this statement: an invalid
+        // one must fail here, as it would without pgmemo. Otherwise the server gets it when it
+        // is first used.
+        let must_parse = !statement.is_validated() && !self.server.prepared.has_current(&statement);
+        let previous = self.stmts.set(p.name, Some(statement.clone()));
+        let effect = Effect::Bound {
+            name: p.name.into(),
+            previous,
+            statement: statement.clone(),
+            prepared_here: must_parse,
+        };
+        if must_parse {
+            self.stats.prepare_cache_miss += 1;
+            self.write_parse(&statement);
+            self.replies.push_entry(Entry {
+                expected: Expected::Parse,
+                action: renaming_errors(&statement, Bytes::copy_from_slice(p.name)),
+                effect: Some(effect),
+            });
+        } else {
+            statement
+                .parse_hits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.replies.push_entry(Entry {
+                expected: Expected::Parse,
+                action: Action::Synthesize(Synth::ParseComplete),
+                effect: Some(effect),
+            });
+        }
+        true
+    }
+
+    /// A Parse of a name the client already has. PostgreSQL answers 42P05 — after checking
+    /// the query, so a bad query gets its syntax error instead. The server is made to give that
+    /// exact answer: the client's Parse is sent twice under the client's name (the first
+    /// swallowed), and the name is closed again after the client's next Sync.
+    fn duplicate_parse(&mut self, name: &[u8]) -> bool {
+        if self.server.prepared.has_server_name(name) {
+            // The name is one of pgmemo's own on this server: PostgreSQL already answers 42P05.
+            return false;
+        }
+        self.server.wbuf.extend_from_slice(self.msg);
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Skip,
+            effect: None,
+        });
+        self.server.wbuf.extend_from_slice(self.msg);
+        self.replies.push(Expected::Parse);
+        self.cleanup.push(name.into());
+        true
+    }
+
+    fn bind(&mut self) -> bool {
+        let msg = self.msg;
+        let Some(b) = Bind::parse(&msg[5..]) else {
+            return false;
+        };
+        let Some((client_name, statement)) = self
+            .stmts
+            .get_named(b.statement)
+            .map(|(n, s)| (n.clone(), s.clone()))
+        else {
+            return self.unknown_statement(b.statement, Expected::Bind, |out, name| {
+                write_message(out, fe::BIND, |m| {
+                    put_cstr(m, b.portal);
+                    put_cstr(m, name);
+                    m.extend_from_slice(b.rest);
+                })
+            });
+        };
+        self.ensure_prepared(&statement);
+        let generation = statement.generation();
+        write_message(&mut self.server.wbuf, fe::BIND, |m| {
+            put_cstr(m, b.portal);
+            put_cstr(m, statement.server_name.as_bytes());
+            m.extend_from_slice(b.rest);
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Bind,
+            action: renaming_errors(&statement, client_name),
+            effect: Some(Effect::Uses {
+                statement,
+                generation,
+            }),
+        });
+        true
+    }
+
+    fn describe(&mut self) -> bool {
+        let msg = self.msg;
+        let Some(t) = Target::parse(&msg[5..]) else {
+            return false;
+        };
+        if t.kind != b'S' {
+            return false; // portals are per transaction: their names pass through
+        }
+        let Some((client_name, statement)) = self
+            .stmts
+            .get_named(t.name)
+            .map(|(n, s)| (n.clone(), s.clone()))
+        else {
+            return self.unknown_statement(t.name, Expected::Describe, |out, name| {
+                write_message(out, fe::DESCRIBE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, name);
+                })
+            });
+        };
+        self.ensure_prepared(&statement);
+        let generation = statement.generation();
+        write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
+            m.extend_from_slice(b"S");
+            put_cstr(m, statement.server_name.as_bytes());
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Describe,
+            action: renaming_errors(&statement, client_name),
+            effect: Some(Effect::Uses {
+                statement,
+                generation,
+            }),
+        });
+        true
+    }
+
+    fn close(&mut self) -> bool {
+        let msg = self.msg;
+        let Some(t) = Target::parse(&msg[5..]) else {
+            return false;
+        };
+        if t.kind != b'S' {
+            return false;
+        }
+        // Closing an unknown name is not an error in PostgreSQL.
+        let effect = self
+            .stmts
+            .set(t.name, None)
+            .map(|statement| Effect::Unbound {
+                name: t.name.into(),
+                statement,
+            });
+        self.replies.push_entry(Entry {
+            expected: Expected::Close,
+            action: Action::Synthesize(Synth::CloseComplete),
+            effect,
+        });
+        true
+    }
+
+    /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
+    /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
+    /// server knows it under another name). Everything else passes through.
+    fn query(&mut self) -> bool {
+        let Some(text) = fe::query_text(self.body()) else {
+            return false;
+        };
+        if !contains_ignore_case(text, b"discard") && !contains_ignore_case(text, b"deallocate") {
+            return false;
+        }
+        let Ok(text) = std::str::from_utf8(text) else {
+            return false;
+        };
+        let commands = sql::classify(text);
+        if commands
+            .iter()
+            .any(|c| matches!(c, Command::DiscardAll | Command::DeallocateAll))
+        {
+            let snapshot = ResetSnapshot {
+                names: self.stmts.take_all(),
+                prepared: self.server.prepared.snapshot(),
+                sole_command: commands.len() == 1,
+            };
+            self.server.prepared.clear();
+            self.server.wbuf.extend_from_slice(self.msg);
+            self.replies.push_entry(Entry {
+                expected: Expected::Query,
+                action: Action::Forward,
+                effect: Some(Effect::Reset(Box::new(snapshot))),
+            });
+            return true;
+        }
+        if let [Command::Deallocate { name }] = commands.as_slice() {
+            if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
+                self.replies.push_entry(Entry {
+                    expected: Expected::Query,
+                    action: Action::Synthesize(Synth::Deallocate),
+                    effect: Some(Effect::Unbound {
+                        name: name.as_bytes().into(),
+                        statement,
+                    }),
+                });
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Forwards the Sync, then closes the names a duplicate Parse left on the server.
+    fn sync(&mut self) -> bool {
+        self.server.wbuf.extend_from_slice(self.msg);
+        self.replies.push(Expected::Sync);
+        if !self.cleanup.is_empty() {
+            for name in self.cleanup.drain(..) {
+                write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, &name);
+                });
+                self.replies.push_entry(Entry {
+                    expected: Expected::Close,
+                    action: Action::Skip,
+                    effect: None,
+                });
+            }
+            fe::sync(&mut self.server.wbuf);
+            self.replies.push_entry(Entry {
+                expected: Expected::Sync,
+                action: Action::Skip,
+                effect: None,
+            });
+        }
+        true
+    }
+
+    /// A Bind or Describe naming a statement the client does not have. Sent under a name no
+    /// server has, so PostgreSQL itself fails it (26000, with its skip-to-Sync and transaction
+    /// rules); the error names the client's statement. Never sent under the client's own name:
+    /// on a shared server that name might be someone else's SQL-level statement.
+    fn unknown_statement(
+        &mut self,
+        name: &[u8],
+        expected: Expected,
+        encode: impl FnOnce(&mut BytesMut, &[u8]),
+    ) -> bool {
+        if name.is_empty() {
+            // pgmemo never leaves an unnamed statement on a server: PostgreSQL's own answer
+            // ("unnamed prepared statement does not exist") is the right one.
+            return false;
+        }
+        encode(&mut self.server.wbuf, MISSING_NAME);
+        self.replies.push_entry(Entry {
+            expected,
+            action: Action::ReplaceError(ErrorRewrite::Rename {
+                from: Bytes::from_static(MISSING_NAME),
+                to: Bytes::copy_from_slice(name),
+            }),
+            effect: None,
+        });
+        true
+    }
+
+    /// Makes the server fail at this point with pgmemo's own error.
+    fn fail_here(&mut self, expected: Expected, code: &str, message: &str) {
+        write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
+            m.extend_from_slice(b"S");
+            put_cstr(m, MISSING_NAME);
+        });
+        let mut error = BytesMut::new();
+        be::error_response(&mut error, Severity::Error, code, message);
+        self.replies.push_entry(Entry {
+            expected,
+            action: Action::ReplaceError(ErrorRewrite::Whole(error.freeze())),
+            effect: None,
+        });
+    }
+
+    /// Injects the statement's Parse unless the server has a current copy.
+    #[inline]
+    fn ensure_prepared(&mut self, statement: &Arc<Statement>) {
+        if self.server.prepared.has_current(statement) {
+            self.stats.prepare_cache_hit += 1;
+            return;
+        }
+        self.stats.prepare_cache_miss += 1;
+        self.write_parse(statement);
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Skip,
+            effect: Some(Effect::Prepared(statement.clone())),
+        });
+    }
+
+    /// Writes the statement's Parse, after closing a stale copy and making room in the LRU.
+    /// The caller queues the Parse's entry.
+    fn write_parse(&mut self, statement: &Arc<Statement>) {
+        if let Some(generation) = self.server.prepared.generation_of(statement) {
+            // A copy from before a DDL change: replace it.
+            self.write_close(statement.clone(), generation);
+        }
+        while let Some(victim) = self.server.prepared.victim(statement) {
+            let generation = self
+                .server
+                .prepared
+                .generation_of(&victim)
+                .unwrap_or_default();
+            victim
+                .evictions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats.prepare_evictions += 1;
+            self.write_close(victim, generation);
+        }
+        self.server
+            .wbuf
+            .extend_from_slice(statement.parse_message());
+        self.server.prepared.insert(statement.clone());
+    }
+
+    fn write_close(&mut self, statement: Arc<Statement>, generation: u32) {
+        statement.encode_close(&mut self.server.wbuf);
+        self.server.prepared.remove(&statement);
+        self.replies.push_entry(Entry {
+            expected: Expected::Close,
+            action: Action::Skip,
+            effect: Some(Effect::Closed {
+                statement,
+                generation,
+            }),
+        });
+    }
+}
+
+/// Replies pass through, but an error that names the statement names it as the client does.
+#[inline]
+fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
+    Action::ReplaceError(ErrorRewrite::Rename {
+        from: statement.server_name_bytes.clone(),
+        to: client_name,
+    })
+}
+
+fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
