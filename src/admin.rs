@@ -8,6 +8,7 @@ use crate::protocol::frontend as fe;
 use crate::server::ServerState;
 use crate::session::login::Startup;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -141,6 +142,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "servers"] => Ok(Reply::Table(show_servers(app))),
         ["show", "stats"] => Ok(Reply::Table(show_stats(app))),
         ["show", "config"] => Ok(Reply::Table(show_config(app))),
+        ["show", "prepared_statements"] => Ok(Reply::Table(show_prepared_statements(app))),
         ["show", "version"] => Ok(Reply::Table(Table {
             columns: vec!["version"],
             rows: vec![vec![Some(format!("pgmemo {}", env!("CARGO_PKG_VERSION")))]],
@@ -148,7 +150,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "help"] | ["help"] => Ok(Reply::Table(Table {
             columns: vec!["command"],
             rows: [
-                "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION",
+                "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "RELOAD",
                 "PAUSE [db]",
                 "RESUME [db]",
@@ -396,11 +398,66 @@ pub fn show_servers(app: &App) -> Table {
                 text(s.backend_pid),
                 text(if s.tls { "TLS" } else { "" }),
                 text(""),
+                text(s.prepared_statements.load(Relaxed)),
+                text(s.prepare_cache_hit.load(Relaxed)),
+                text(s.prepare_cache_miss.load(Relaxed)),
+                text(s.prepare_evictions.load(Relaxed)),
             ]);
         }
     }
+    let mut columns = CONN_COLUMNS.to_vec();
+    columns.extend([
+        "prepared_statements",
+        "prepare_cache_hit",
+        "prepare_cache_miss",
+        "prepare_evictions",
+    ]);
+    Table { columns, rows }
+}
+
+/// Every statement in the registry: what it is, who holds it, how it is used.
+pub fn show_prepared_statements(app: &App) -> Table {
+    use std::hash::{Hash, Hasher};
+    let rows = app
+        .registry
+        .all()
+        .iter()
+        .map(|s| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            s.key.hash(&mut h);
+            let types = s
+                .param_oids()
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            vec![
+                text(format!("{:016x}", h.finish())),
+                text(&*s.server_name),
+                text(s.query_text()),
+                text(types),
+                text(s.holders.load(Relaxed)),
+                text(s.servers.load(Relaxed)),
+                text(s.parse_hits.load(Relaxed)),
+                text(s.server_prepares.load(Relaxed)),
+                text(s.evictions.load(Relaxed)),
+                text(s.generation()),
+            ]
+        })
+        .collect();
     Table {
-        columns: CONN_COLUMNS.to_vec(),
+        columns: vec![
+            "hash",
+            "name",
+            "query",
+            "parameter_types",
+            "clients",
+            "servers",
+            "parse_hits",
+            "server_prepares",
+            "evictions",
+            "generation",
+        ],
         rows,
     }
 }
@@ -418,6 +475,9 @@ pub fn show_stats(app: &App) -> Table {
         e.xact_time_us += s.xact_time_us;
         e.query_time_us += s.query_time_us;
         e.wait_time_us += s.wait_time_us;
+        e.prepare_cache_hit += s.prepare_cache_hit;
+        e.prepare_cache_miss += s.prepare_cache_miss;
+        e.prepare_evictions += s.prepare_evictions;
     }
     let uptime = app.started.elapsed().as_secs().max(1);
     let rows = per_db
@@ -440,6 +500,9 @@ pub fn show_stats(app: &App) -> Table {
                 text(per(s.xact_time_us, s.xact_count)),
                 text(per(s.query_time_us, s.query_count)),
                 text(per(s.wait_time_us, s.xact_count)),
+                text(s.prepare_cache_hit),
+                text(s.prepare_cache_miss),
+                text(s.prepare_evictions),
             ]
         })
         .collect();
@@ -460,6 +523,9 @@ pub fn show_stats(app: &App) -> Table {
             "avg_xact_time",
             "avg_query_time",
             "avg_wait_time",
+            "prepare_cache_hit",
+            "prepare_cache_miss",
+            "prepare_evictions",
         ],
         rows,
     }

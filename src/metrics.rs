@@ -128,7 +128,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [Counter; 8] = [
+    let counters: [Counter; 11] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -164,6 +164,21 @@ pub fn render(app: &App) -> String {
             "pgmemo_client_logins_total",
             "Successful client logins.",
             |s| s.client_logins as f64,
+        ),
+        (
+            "pgmemo_prepare_cache_hit_total",
+            "Bind/Describe of a statement the server already had.",
+            |s| s.prepare_cache_hit as f64,
+        ),
+        (
+            "pgmemo_prepare_cache_miss_total",
+            "Statements parsed on a server (first use there).",
+            |s| s.prepare_cache_miss as f64,
+        ),
+        (
+            "pgmemo_prepare_evictions_total",
+            "Statements closed to stay within max_prepared_statements.",
+            |s| s.prepare_evictions as f64,
         ),
     ];
     for (name, help, get) in counters {

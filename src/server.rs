@@ -98,6 +98,12 @@ pub struct ServerInfo {
     state: AtomicU8,
     /// Id of the client using it, 0 when none.
     pub client_id: AtomicU64,
+    /// Statements prepared here, and this connection's prepared-statement counters (updated
+    /// when a client gives it back, for SHOW SERVERS).
+    pub prepared_statements: AtomicU64,
+    pub prepare_cache_hit: AtomicU64,
+    pub prepare_cache_miss: AtomicU64,
+    pub prepare_evictions: AtomicU64,
 }
 
 impl ServerInfo {
@@ -165,6 +171,10 @@ impl ServerConn {
                 tls,
                 state: AtomicU8::new(ServerState::Login as u8),
                 client_id: AtomicU64::new(0),
+                prepared_statements: AtomicU64::new(0),
+                prepare_cache_hit: AtomicU64::new(0),
+                prepare_cache_miss: AtomicU64::new(0),
+                prepare_evictions: AtomicU64::new(0),
             }),
             backend_secret: 0,
             reported: Vars::new(),

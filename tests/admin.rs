@@ -902,3 +902,63 @@ async fn shutdown_timeout_cuts_off_long_transactions() {
         "the unfinished transaction was rolled back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_are_visible_in_the_console() {
+    fresh_db("admin_prepared").await;
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let admin = admin_client(&proxy).await;
+    let client = connect(&url(proxy.local_addr(), "admin_prepared")).await;
+    let stmt = client
+        .prepare_typed(
+            "SELECT $1::int + 1 AS admin_prepared_probe",
+            &[tokio_postgres::types::Type::INT4],
+        )
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let row = client.query_one(&stmt, &[&i]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), i + 1);
+    }
+    let (columns, rows) = show(&admin, "SHOW PREPARED_STATEMENTS").await;
+    assert_columns(
+        &columns,
+        &[
+            "hash",
+            "name",
+            "query",
+            "parameter_types",
+            "clients",
+            "servers",
+            "parse_hits",
+            "server_prepares",
+            "evictions",
+        ],
+        "SHOW PREPARED_STATEMENTS",
+    );
+    let probe = rows
+        .iter()
+        .find(|r| val(r, "query").contains("admin_prepared_probe"))
+        .unwrap_or_else(|| panic!("statement not listed: {rows:?}"));
+    assert_eq!(val(probe, "parameter_types"), "23");
+    assert_eq!(num(probe, "clients"), 1);
+    assert_eq!(num(probe, "servers"), 1);
+    assert_eq!(
+        num(probe, "server_prepares"),
+        1,
+        "parsed once on the one server"
+    );
+    assert!(val(probe, "name").starts_with("pgmemo_s"));
+
+    let (_, stats) = show(&admin, "SHOW STATS").await;
+    let db = row_for(&stats, "admin_prepared");
+    assert!(num(db, "prepare_cache_hit") >= 5, "{db:?}");
+    assert!(num(db, "prepare_cache_miss") >= 1, "{db:?}");
+    let (_, servers) = show(&admin, "SHOW SERVERS").await;
+    let server = row_for(&servers, "admin_prepared");
+    assert!(num(server, "prepared_statements") >= 1, "{server:?}");
+    assert!(num(server, "prepare_cache_hit") >= 5, "{server:?}");
+
+    drop(client);
+    proxy.shutdown().await;
+}

@@ -879,6 +879,9 @@ impl Session {
         self.info.set_state(ClientState::Idle);
         self.stats.xact_count += 1;
         self.stats.xact_time_us += self.held_since.elapsed().as_micros() as u64;
+        if self.stmts.is_some() {
+            record_statement_stats(&server, &self.stats);
+        }
         self.pool.stats.add(&mut self.stats);
         self.pool.checkin(server);
     }
@@ -940,6 +943,7 @@ impl Session {
             return;
         };
         *self.info.server.lock() = None;
+        record_statement_stats(&server, &self.stats);
         self.pool.stats.add(&mut self.stats);
         let settings = self.pool.settings();
         // A batch without its Sync holds an implicit transaction that PostgreSQL would roll
@@ -1002,6 +1006,22 @@ const RESET_KEEPING_STATEMENTS: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEF
     UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES; \
     DO $pgmemo$ DECLARE s text; BEGIN FOR s IN SELECT name FROM pg_prepared_statements \
     WHERE name !~ '^pgmemo_s[0-9]+$' LOOP EXECUTE format('DEALLOCATE %I', s); END LOOP; END $pgmemo$";
+
+/// Adds a session's statement counters to the server it used (for SHOW SERVERS).
+fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let info = &server.info;
+    info.prepared_statements
+        .store(server.prepared.len() as u64, Relaxed);
+    if stats.prepare_cache_hit | stats.prepare_cache_miss | stats.prepare_evictions != 0 {
+        info.prepare_cache_hit
+            .fetch_add(stats.prepare_cache_hit, Relaxed);
+        info.prepare_cache_miss
+            .fetch_add(stats.prepare_cache_miss, Relaxed);
+        info.prepare_evictions
+            .fetch_add(stats.prepare_evictions, Relaxed);
+    }
+}
 
 /// Makes room for the next read: small for a quiet client, larger once traffic is flowing
 /// (BytesMut reuses the freed front of the buffer when it can, so steady state allocates
