@@ -1,0 +1,1056 @@
+//! Real drivers using their own prepared statements through pgmemo in transaction mode.
+//!
+//! Each driver runs the same workload: [`CLIENTS`] concurrent connections through pgmemo in
+//! transaction mode on a pool of [`POOL_SIZE`] server connections, each doing [`ITERATIONS`]
+//! rounds of a mix of statements (several parameter types and a NULL, a row by key, an
+//! aggregate, eight distinct statements used in turn, a set-returning query, an expected
+//! division by zero now and then, and a transaction that inserts and reads back), every
+//! returned value checked. The statements are the drivers' own prepared statements, prepared
+//! in one transaction and executed in later ones, so on whichever server connection the pool
+//! hands out:
+//!
+//! - Go pgx v5 with its default statement cache (`tests/drivers/go`);
+//! - psycopg 3 with `prepare_threshold=0` and with its default threshold, asyncpg with its
+//!   default statement cache (`tests/drivers/python`);
+//! - node-postgres named queries `{name, text, values}` (`tests/drivers/node`);
+//! - tokio-postgres statements from `Client::prepare`, reused across transactions, and sqlx
+//!   with its default statement cache (`query_as` with binds, outside and inside
+//!   transactions), both in this file;
+//! - pgjdbc with `prepareThreshold=1`, built once with Maven into the cargo target dir
+//!   (`tests/drivers/java`);
+//! - `pgbench -S -M prepared` with 1, 8 and 32 clients (pool of 4).
+//!
+//! Each driver also runs once with pgmemo's prepared-statement support switched off
+//! (`general.prepared_statements = false`). That run's result is recorded, not asserted: it
+//! shows the difference the feature makes. The test asserts that the driver passes with the
+//! feature on. Every test prints its rows of the driver matrix, and the last one to finish
+//! prints the whole matrix:
+//!
+//! ```sh
+//! cargo test --test prepared_drivers -- --nocapture
+//! ```
+//!
+//! The drivers' dependencies (Go modules, npm packages, Maven artifacts, Python packages) are
+//! installed by `scripts/setup`; the Go, Node and Java ones are also fetched on a first run
+//! when missing, and a registry that cannot be reached fails the test with the command to run.
+
+mod common;
+
+use common::*;
+use pgmemo::config::PoolMode;
+use sqlx::Connection as _;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::process::Command;
+use tokio_postgres::{Client, NoTls, Statement};
+
+/// Concurrent client connections per driver run.
+const CLIENTS: usize = 24;
+/// Rounds of the statement mix per client.
+const ITERATIONS: usize = 30;
+/// Server connections in pgmemo's pool.
+const POOL_SIZE: u32 = 2;
+/// Errors one client records before it gives up (so that a failing run ends quickly).
+const MAX_ERRORS: usize = 5;
+/// A whole driver run (start-up included) must end within this.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The rows of the driver matrix, in the order they are printed.
+const DRIVERS: &[&str] = &[
+    "Go pgx v5 (statement cache)",
+    "psycopg 3 (prepare_threshold=0)",
+    "psycopg 3 (default threshold)",
+    "asyncpg (statement cache)",
+    "node-postgres (named queries)",
+    "tokio-postgres (Client::prepare)",
+    "sqlx (statement cache)",
+    "pgjdbc (prepareThreshold=1)",
+    "pgbench -S -M prepared",
+];
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn drivers_dir(lang: &str) -> PathBuf {
+    manifest_dir().join("tests/drivers").join(lang)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outcomes and the matrix
+// ---------------------------------------------------------------------------------------------
+
+/// What one run of a driver gave.
+struct Outcome {
+    passed: bool,
+    /// One line for the matrix: the driver's OK line, or a count of problems and the first.
+    summary: String,
+    /// Everything the run reported, for an assertion message.
+    output: String,
+}
+
+impl Outcome {
+    fn failed(summary: impl Into<String>) -> Outcome {
+        let summary = summary.into();
+        Outcome {
+            passed: false,
+            output: summary.clone(),
+            summary,
+        }
+    }
+
+    /// Reads the output of a driver program: "MISMATCH: ..." and "ERROR: ..." lines for
+    /// problems, an "OK ..." line when everything passed.
+    fn from_report(success: bool, report: &str, extra: &str) -> Outcome {
+        let ok = report.lines().find(|l| l.starts_with("OK "));
+        let mismatches: Vec<&str> = report
+            .lines()
+            .filter(|l| l.starts_with("MISMATCH"))
+            .collect();
+        let errors: Vec<&str> = report.lines().filter(|l| l.starts_with("ERROR")).collect();
+        let output = format!("{report}\n{extra}").trim().to_string();
+        if success && mismatches.is_empty() && errors.is_empty() {
+            if let Some(ok) = ok {
+                return Outcome {
+                    passed: true,
+                    summary: ok.trim_start_matches("OK ").to_string(),
+                    output,
+                };
+            }
+        }
+        let first = mismatches
+            .first()
+            .or(errors.first())
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| {
+                let tail: Vec<&str> = extra.lines().rev().take(3).collect();
+                format!(
+                    "no report; {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                )
+            });
+        Outcome {
+            passed: false,
+            summary: format!(
+                "{} failed checks, {} errors; first: {}",
+                mismatches.len(),
+                errors.len(),
+                shorten(&first, 150)
+            ),
+            output,
+        }
+    }
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    let s = s.replace('|', "/");
+    if s.chars().count() <= max {
+        return s;
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+/// The matrix rows recorded so far in this test binary, by position in [`DRIVERS`].
+static MATRIX: Mutex<BTreeMap<usize, [String; 2]>> = Mutex::new(BTreeMap::new());
+
+const MATRIX_HEADER: &str = "| driver | prepared_statements | result | detail |\n|---|---|---|---|";
+
+fn matrix_row(driver: &str, on: bool, outcome: &Outcome) -> String {
+    format!(
+        "| {driver} | {} | {} | {} |",
+        if on { "on" } else { "off" },
+        if outcome.passed { "PASS" } else { "FAIL" },
+        outcome.summary
+    )
+}
+
+/// Prints this driver's rows, records them, and prints the whole matrix once every driver
+/// has reported.
+fn record(driver: &str, on: &Outcome, off: &Outcome) {
+    let index = DRIVERS
+        .iter()
+        .position(|d| *d == driver)
+        .expect("driver listed in DRIVERS");
+    let rows = [matrix_row(driver, true, on), matrix_row(driver, false, off)];
+    println!(
+        "driver matrix row (transaction mode, {CLIENTS} clients, pool of {POOL_SIZE}):\n{MATRIX_HEADER}\n{}\n{}",
+        rows[0], rows[1]
+    );
+    let mut matrix = MATRIX.lock().unwrap_or_else(|e| e.into_inner());
+    matrix.insert(index, rows);
+    if matrix.len() == DRIVERS.len() {
+        let mut all = String::new();
+        for rows in matrix.values() {
+            all.push_str(&format!("\n{}\n{}", rows[0], rows[1]));
+        }
+        println!(
+            "\nDRIVER MATRIX (pgmemo in transaction mode, pool of {POOL_SIZE} servers, \
+             {CLIENTS} clients x {ITERATIONS} iterations; pgbench: pool of 4)\n{MATRIX_HEADER}{all}\n"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running a driver against pgmemo, with the feature on and off
+// ---------------------------------------------------------------------------------------------
+
+/// Where a driver run connects, and the tables it works on.
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    url: String,
+    table: String,
+}
+
+/// Creates `table` (ids 1..100, label `item-<id>`, amount id*id) and an empty `table_log`,
+/// directly on PostgreSQL, so that a run without the feature fails only at its own work.
+async fn create_tables(table: &str) {
+    let url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let (client, conn) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    let conn = tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}, {table}_log;
+             CREATE TABLE {table} (id int PRIMARY KEY, label text NOT NULL, amount int8 NOT NULL);
+             INSERT INTO {table} SELECT g, 'item-' || g, g::int8 * g FROM generate_series(1, 100) g;
+             CREATE TABLE {table}_log (worker int, i int, note text, PRIMARY KEY (worker, i));"
+        ))
+        .await
+        .expect("create the driver tables");
+    drop(client);
+    let _ = conn.await;
+}
+
+/// Runs `run` against a fresh pgmemo in transaction mode with prepared-statement support
+/// `on` or off.
+async fn run_once<F, Fut>(key: &str, on: bool, pool_size: u32, run: F) -> Outcome
+where
+    F: FnOnce(Target) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let table = format!("pd_{key}_{}", if on { "on" } else { "off" });
+    create_tables(&table).await;
+    let mut config = test_config(PoolMode::Transaction, pool_size);
+    config.general.prepared_statements = on;
+    let proxy = start_pgmemo(config).await;
+    let target = Target {
+        addr: proxy.local_addr(),
+        url: proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB),
+        table,
+    };
+    let outcome = tokio::time::timeout(RUN_TIMEOUT, run(target))
+        .await
+        .unwrap_or_else(|_| Outcome::failed(format!("timed out after {RUN_TIMEOUT:?}")));
+    proxy.shutdown().await;
+    outcome
+}
+
+/// Runs the driver with the feature on and off (at the same time, each on its own pgmemo),
+/// records both in the matrix and asserts that the run with the feature on passed.
+async fn driver_matrix<F, Fut>(driver: &str, key: &str, run: F)
+where
+    F: Fn(Target) -> Fut + Clone,
+    Fut: Future<Output = Outcome>,
+{
+    let (on, off) = tokio::join!(
+        run_once(key, true, POOL_SIZE, run.clone()),
+        run_once(key, false, POOL_SIZE, run)
+    );
+    record(driver, &on, &off);
+    assert!(
+        on.passed,
+        "{driver} through pgmemo with prepared_statements = on failed: {}\n{}",
+        on.summary,
+        on.output.lines().take(60).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// Runs a driver program; it is killed if the run times out.
+async fn run_program(mut cmd: Command) -> Outcome {
+    cmd.stdin(Stdio::null()).kill_on_drop(true);
+    let out = match cmd.output().await {
+        Ok(out) => out,
+        Err(e) => return Outcome::failed(format!("could not run {cmd:?}: {e}")),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Outcome::from_report(
+        out.status.success(),
+        &stdout,
+        &format!("{}\n{stderr}", out.status),
+    )
+}
+
+/// Runs `cmd` to prepare a driver (a build, a package install); panics with `hint` and the
+/// output when it fails.
+async fn prepare_step(mut cmd: Command, hint: &str) {
+    cmd.stdin(Stdio::null()).kill_on_drop(true);
+    let out = cmd
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{hint}: could not run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{hint}: {cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn tool_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Go pgx v5
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgx_v5_statement_cache() {
+    let src = drivers_dir("go");
+    let bin = tool_dir().join("go-driver/pgx-check");
+    let mut build = Command::new("go");
+    build
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(&src);
+    prepare_step(
+        build,
+        "building tests/drivers/go (go and the Go module proxy are needed; scripts/setup \
+         downloads the modules)",
+    )
+    .await;
+    driver_matrix(DRIVERS[0], "pgx", |t: Target| {
+        let bin = bin.clone();
+        async move {
+            let mut cmd = Command::new(&bin);
+            cmd.args([
+                &t.url,
+                &t.table,
+                &CLIENTS.to_string(),
+                &ITERATIONS.to_string(),
+            ]);
+            run_program(cmd).await
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python: psycopg 3 and asyncpg
+// ---------------------------------------------------------------------------------------------
+
+/// Fails with the install command when `python3` cannot import `module`.
+async fn require_python_module(module: &str, package: &str) {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .await
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "python3 cannot import {module}: run scripts/setup, or: python3 -m pip install '{package}'"
+    );
+}
+
+async fn psycopg(driver: &str, key: &str, threshold: &'static str) {
+    require_python_module("psycopg", "psycopg[binary]>=3.1").await;
+    let script = drivers_dir("python").join("prepared_psycopg.py");
+    driver_matrix(driver, key, |t: Target| {
+        let script = script.clone();
+        async move {
+            let mut cmd = Command::new("python3");
+            cmd.arg(&script).args([
+                &t.url,
+                &t.table,
+                threshold,
+                &CLIENTS.to_string(),
+                &ITERATIONS.to_string(),
+            ]);
+            run_program(cmd).await
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psycopg3_prepare_threshold_0() {
+    psycopg(DRIVERS[1], "psycopg0", "0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psycopg3_default_threshold() {
+    psycopg(DRIVERS[2], "psycopg5", "default").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncpg_statement_cache() {
+    require_python_module("asyncpg", "asyncpg>=0.29").await;
+    let script = drivers_dir("python").join("prepared_asyncpg.py");
+    driver_matrix(DRIVERS[3], "asyncpg", |t: Target| {
+        let script = script.clone();
+        async move {
+            let mut cmd = Command::new("python3");
+            cmd.arg(&script).args([
+                &t.url,
+                &t.table,
+                &CLIENTS.to_string(),
+                &ITERATIONS.to_string(),
+            ]);
+            run_program(cmd).await
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// node-postgres
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_postgres_named_queries() {
+    let dir = drivers_dir("node");
+    if !dir.join("node_modules/pg/package.json").exists() {
+        let mut install = Command::new("npm");
+        install
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&dir);
+        prepare_step(
+            install,
+            "installing tests/drivers/node's packages (npm and the npm registry are needed; \
+             scripts/setup does this)",
+        )
+        .await;
+    }
+    driver_matrix(DRIVERS[4], "nodepg", |t: Target| {
+        let dir = dir.clone();
+        async move {
+            let mut cmd = Command::new("node");
+            cmd.arg(dir.join("check.js")).args([
+                &t.url,
+                &t.table,
+                &CLIENTS.to_string(),
+                &ITERATIONS.to_string(),
+            ]);
+            run_program(cmd).await
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Java pgjdbc
+// ---------------------------------------------------------------------------------------------
+
+/// The newest modification time of the files under `dir`.
+fn newest_mtime(dir: &Path) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if let Ok(m) = meta.modified() {
+            newest = newest.max(m);
+        }
+    }
+    newest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgjdbc_prepare_threshold_1() {
+    let src = drivers_dir("java");
+    let build_dir = tool_dir().join("java-driver");
+    let jar = build_dir.join("pgjdbc-check.jar");
+    let built = std::fs::metadata(&jar).and_then(|m| m.modified()).ok();
+    let sources = newest_mtime(&src.join("src")).max(newest_mtime(&src.join("pom.xml")));
+    if built.is_none_or(|b| b < sources) {
+        let mut build = Command::new("mvn");
+        build
+            .args([
+                "-q",
+                "-B",
+                "package",
+                "-Dmaven.test.skip=true",
+                "-Dstyle.color=never",
+            ])
+            .arg(format!("-Dpgmemo.buildDir={}", build_dir.display()))
+            .arg("-f")
+            .arg(src.join("pom.xml"));
+        prepare_step(
+            build,
+            "building tests/drivers/java with Maven (mvn and Maven Central are needed; \
+             scripts/setup builds it)",
+        )
+        .await;
+    }
+    driver_matrix(DRIVERS[7], "pgjdbc", |t: Target| {
+        let jar = jar.clone();
+        async move {
+            let url = format!(
+                "jdbc:postgresql://{}:{}/{TEST_DB}?user={PGMEMO_USER}&password={PGMEMO_PASS}\
+                 &prepareThreshold=1&sslmode=disable",
+                t.addr.ip(),
+                t.addr.port()
+            );
+            let mut cmd = Command::new("java");
+            cmd.arg("-jar").arg(&jar).args([
+                &url,
+                &t.table,
+                &CLIENTS.to_string(),
+                &ITERATIONS.to_string(),
+            ]);
+            run_program(cmd).await
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rust drivers, in-process
+// ---------------------------------------------------------------------------------------------
+
+/// Collects problems and counts checked values for the in-process drivers, like the driver
+/// programs' report.
+#[derive(Default)]
+struct Checker {
+    problems: Mutex<Vec<String>>,
+    checked: AtomicU64,
+}
+
+impl Checker {
+    fn check<T: PartialEq + Debug>(&self, got: T, want: T, what: &str) {
+        self.checked.fetch_add(1, Ordering::Relaxed);
+        if got != want {
+            self.problem(format!("MISMATCH: {what}: expected {want:?}, got {got:?}"));
+        }
+    }
+
+    fn problem(&self, p: String) {
+        self.problems
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(p);
+    }
+
+    fn outcome(&self, name: &str) -> Outcome {
+        let problems = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        let mut report = problems.join("\n");
+        if problems.is_empty() {
+            report = format!(
+                "OK {name}: {CLIENTS} clients x {ITERATIONS} iterations, {} values checked",
+                self.checked.load(Ordering::Relaxed)
+            );
+        }
+        Outcome::from_report(true, &report, "")
+    }
+}
+
+/// Runs `worker` for each of [`CLIENTS`] clients at once; problems land in the checker.
+async fn rust_clients<F, Fut>(name: &str, worker: F) -> Outcome
+where
+    F: Fn(usize, Arc<Checker>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let checker = Arc::new(Checker::default());
+    // A JoinSet aborts what is left of its tasks if the run times out.
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..CLIENTS {
+        tasks.spawn(worker(w, checker.clone()));
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Err(e) = done {
+            checker.problem(format!("ERROR: a client task panicked: {e}"));
+        }
+    }
+    checker.outcome(name)
+}
+
+/// A database error as SQLSTATE and message.
+fn tp_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// tokio-postgres statements, prepared once per client and used in every round.
+struct TpStatements {
+    arith: Statement,
+    by_id: Statement,
+    agg: Statement,
+    k: Vec<Statement>,
+    series: Statement,
+    div: Statement,
+    insert: Statement,
+    note: Statement,
+    count_log: Statement,
+}
+
+impl TpStatements {
+    async fn prepare(c: &Client, table: &str) -> Result<TpStatements, tokio_postgres::Error> {
+        let mut k = Vec::new();
+        for n in 0..8 {
+            k.push(c.prepare(&format!("SELECT $1::int4 + {n}")).await?);
+        }
+        Ok(TpStatements {
+            arith: c
+                .prepare(
+                    "SELECT $1::int4 * 2 + $2::int4, $3::text || '!', $4::int8, $5::float8 / 4",
+                )
+                .await?,
+            by_id: c
+                .prepare(&format!("SELECT label, amount FROM {table} WHERE id = $1"))
+                .await?,
+            agg: c
+                .prepare(&format!(
+                    "SELECT count(*), sum(amount)::int8 FROM {table} WHERE id <= $1"
+                ))
+                .await?,
+            k,
+            series: c
+                .prepare("SELECT g, $1::text || g FROM generate_series(1, $2::int4) g")
+                .await?,
+            div: c.prepare("SELECT 1 / $1::int4").await?,
+            insert: c
+                .prepare(&format!(
+                    "INSERT INTO {table}_log (worker, i, note) VALUES ($1, $2, $3)"
+                ))
+                .await?,
+            note: c
+                .prepare(&format!(
+                    "SELECT note FROM {table}_log WHERE worker = $1 AND i = $2"
+                ))
+                .await?,
+            count_log: c
+                .prepare(&format!(
+                    "SELECT count(*) FROM {table}_log WHERE worker = $1"
+                ))
+                .await?,
+        })
+    }
+}
+
+fn sum_of_squares(n: i64) -> i64 {
+    n * (n + 1) * (2 * n + 1) / 6
+}
+
+async fn tokio_postgres_round(
+    client: &mut Client,
+    s: &TpStatements,
+    chk: &Checker,
+    w: i32,
+    i: i32,
+) -> Result<(), tokio_postgres::Error> {
+    let label = format!("w{w}-i{i}-é");
+    let row = client
+        .query_one(&s.arith, &[&w, &i, &label, &None::<i64>, &f64::from(i)])
+        .await?;
+    chk.check(
+        (
+            row.get::<_, i32>(0),
+            row.get::<_, String>(1),
+            row.get::<_, Option<i64>>(2),
+            row.get::<_, f64>(3),
+        ),
+        (w * 2 + i, format!("{label}!"), None, f64::from(i) / 4.0),
+        "arithmetic, text, null, float",
+    );
+
+    let id = (w * 7 + i) % 100 + 1;
+    let row = client.query_one(&s.by_id, &[&id]).await?;
+    chk.check(
+        (row.get::<_, String>(0), row.get::<_, i64>(1)),
+        (format!("item-{id}"), i64::from(id * id)),
+        "row by id",
+    );
+    let n = i % 100 + 1;
+    let row = client.query_one(&s.agg, &[&n]).await?;
+    chk.check(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (i64::from(n), sum_of_squares(i64::from(n))),
+        "count and sum of squares",
+    );
+
+    let k = i % 8;
+    let row = client.query_one(&s.k[k as usize], &[&i]).await?;
+    chk.check(row.get::<_, i32>(0), i + k, "distinct statement");
+
+    let len = i % 5 + 1;
+    let rows = client.query(&s.series, &[&"r", &len]).await?;
+    let got: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let want: Vec<(i32, String)> = (1..=len).map(|j| (j, format!("r{j}"))).collect();
+    chk.check(got, want, "series");
+
+    if i % 10 == 3 {
+        let code = match client.query_one(&s.div, &[&0i32]).await {
+            Ok(_) => None,
+            Err(e) => e.code().map(|c| c.code().to_string()),
+        };
+        chk.check(code.as_deref(), Some("22012"), "division by zero");
+    }
+
+    let note = format!("note {w}/{i}");
+    let tx = client.transaction().await?;
+    let n = tx.execute(&s.insert, &[&w, &i, &note]).await?;
+    chk.check(n, 1, "rows inserted");
+    let row = tx.query_one(&s.note, &[&w, &i]).await?;
+    chk.check(
+        row.get::<_, String>(0),
+        note,
+        "note read back in the transaction",
+    );
+    let row = tx.query_one(&s.by_id, &[&id]).await?;
+    chk.check(
+        row.get::<_, String>(0),
+        format!("item-{id}"),
+        "row by id in the transaction",
+    );
+    tx.commit().await
+}
+
+async fn tokio_postgres_client(url: String, table: String, w: usize, chk: Arc<Checker>) {
+    let (mut client, conn) = match tokio_postgres::connect(&url, NoTls).await {
+        Ok(c) => c,
+        Err(e) => return chk.problem(format!("ERROR: worker {w}: connect: {e}")),
+    };
+    let conn = tokio::spawn(conn);
+    let stmts = match TpStatements::prepare(&client, &table).await {
+        Ok(s) => s,
+        Err(e) => return chk.problem(format!("ERROR: worker {w}: prepare: {}", tp_error(&e))),
+    };
+    let w = w as i32;
+    let mut errors = 0;
+    let mut committed = 0i64;
+    for i in 0..ITERATIONS as i32 {
+        match tokio_postgres_round(&mut client, &stmts, &chk, w, i).await {
+            Ok(()) => committed += 1,
+            Err(e) => {
+                chk.problem(format!("ERROR: worker {w} iteration {i}: {}", tp_error(&e)));
+                errors += 1;
+                if errors >= MAX_ERRORS || client.is_closed() {
+                    return;
+                }
+            }
+        }
+    }
+    match client.query_one(&stmts.count_log, &[&w]).await {
+        Ok(row) => chk.check(
+            row.get::<_, i64>(0),
+            committed,
+            &format!("worker {w}: rows committed"),
+        ),
+        Err(e) => chk.problem(format!("ERROR: worker {w}: {}", tp_error(&e))),
+    }
+    drop(client);
+    let _ = conn.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_postgres_prepared_statements() {
+    driver_matrix(DRIVERS[5], "tokiopg", |t: Target| async move {
+        rust_clients("tokio-postgres 0.7", |w, chk| {
+            tokio_postgres_client(t.url.clone(), t.table.clone(), w, chk)
+        })
+        .await
+    })
+    .await;
+}
+
+/// A sqlx error as SQLSTATE and message.
+fn sqlx_error(e: &sqlx::Error) -> String {
+    match e.as_database_error() {
+        Some(db) => format!("{} {}", db.code().unwrap_or_default(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+async fn sqlx_round(
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    chk: &Checker,
+    w: i32,
+    i: i32,
+) -> Result<(), sqlx::Error> {
+    let label = format!("w{w}-i{i}-é");
+    let row: (i32, String, Option<i64>, f64) =
+        sqlx::query_as("SELECT $1::int4 * 2 + $2::int4, $3::text || '!', $4::int8, $5::float8 / 4")
+            .bind(w)
+            .bind(i)
+            .bind(&label)
+            .bind(None::<i64>)
+            .bind(f64::from(i))
+            .fetch_one(&mut *conn)
+            .await?;
+    chk.check(
+        row,
+        (w * 2 + i, format!("{label}!"), None, f64::from(i) / 4.0),
+        "arithmetic, text, null, float",
+    );
+
+    let id = (w * 7 + i) % 100 + 1;
+    let by_id = format!("SELECT label, amount FROM {table} WHERE id = $1");
+    let row: (String, i64) = sqlx::query_as(&by_id)
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await?;
+    chk.check(row, (format!("item-{id}"), i64::from(id * id)), "row by id");
+    let n = i % 100 + 1;
+    let agg = format!("SELECT count(*), sum(amount)::int8 FROM {table} WHERE id <= $1");
+    let row: (i64, i64) = sqlx::query_as(&agg).bind(n).fetch_one(&mut *conn).await?;
+    chk.check(
+        row,
+        (i64::from(n), sum_of_squares(i64::from(n))),
+        "count and sum of squares",
+    );
+
+    let k = i % 8;
+    let distinct = format!("SELECT $1::int4 + {k}");
+    let row: (i32,) = sqlx::query_as(&distinct)
+        .bind(i)
+        .fetch_one(&mut *conn)
+        .await?;
+    chk.check(row.0, i + k, "distinct statement");
+
+    let len = i % 5 + 1;
+    let rows: Vec<(i32, String)> =
+        sqlx::query_as("SELECT g, $1::text || g FROM generate_series(1, $2::int4) g")
+            .bind("r")
+            .bind(len)
+            .fetch_all(&mut *conn)
+            .await?;
+    let want: Vec<(i32, String)> = (1..=len).map(|j| (j, format!("r{j}"))).collect();
+    chk.check(rows, want, "series");
+
+    if i % 10 == 3 {
+        let got: Result<(i32,), _> = sqlx::query_as("SELECT 1 / $1::int4")
+            .bind(0i32)
+            .fetch_one(&mut *conn)
+            .await;
+        let code = got
+            .err()
+            .and_then(|e| e.as_database_error()?.code().map(|c| c.into_owned()));
+        chk.check(code.as_deref(), Some("22012"), "division by zero");
+    }
+
+    let note = format!("note {w}/{i}");
+    let mut tx = conn.begin().await?;
+    let done = sqlx::query(&format!(
+        "INSERT INTO {table}_log (worker, i, note) VALUES ($1, $2, $3)"
+    ))
+    .bind(w)
+    .bind(i)
+    .bind(&note)
+    .execute(&mut *tx)
+    .await?;
+    chk.check(done.rows_affected(), 1, "rows inserted");
+    let row: (String,) = sqlx::query_as(&format!(
+        "SELECT note FROM {table}_log WHERE worker = $1 AND i = $2"
+    ))
+    .bind(w)
+    .bind(i)
+    .fetch_one(&mut *tx)
+    .await?;
+    chk.check(row.0, note, "note read back in the transaction");
+    let row: (String, i64) = sqlx::query_as(&by_id).bind(id).fetch_one(&mut *tx).await?;
+    chk.check(
+        row,
+        (format!("item-{id}"), i64::from(id * id)),
+        "row by id in the transaction",
+    );
+    tx.commit().await
+}
+
+async fn sqlx_client(url: String, table: String, w: usize, chk: Arc<Checker>) {
+    let mut conn = match sqlx::PgConnection::connect(&url).await {
+        Ok(c) => c,
+        Err(e) => return chk.problem(format!("ERROR: worker {w}: connect: {e}")),
+    };
+    let w = w as i32;
+    let mut errors = 0;
+    let mut committed = 0i64;
+    for i in 0..ITERATIONS as i32 {
+        match sqlx_round(&mut conn, &table, &chk, w, i).await {
+            Ok(()) => committed += 1,
+            Err(e) => {
+                chk.problem(format!(
+                    "ERROR: worker {w} iteration {i}: {}",
+                    sqlx_error(&e)
+                ));
+                errors += 1;
+                if errors >= MAX_ERRORS {
+                    return;
+                }
+            }
+        }
+    }
+    let count: Result<(i64,), _> = sqlx::query_as(&format!(
+        "SELECT count(*) FROM {table}_log WHERE worker = $1"
+    ))
+    .bind(w)
+    .fetch_one(&mut conn)
+    .await;
+    match count {
+        Ok(row) => chk.check(row.0, committed, &format!("worker {w}: rows committed")),
+        Err(e) => chk.problem(format!("ERROR: worker {w}: {}", sqlx_error(&e))),
+    }
+    let _ = conn.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_statement_cache() {
+    driver_matrix(DRIVERS[6], "sqlx", |t: Target| async move {
+        rust_clients("sqlx 0.8", |w, chk| {
+            sqlx_client(t.url.clone(), t.table.clone(), w, chk)
+        })
+        .await
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// pgbench -S -M prepared
+// ---------------------------------------------------------------------------------------------
+
+async fn pgbench(args: &[&str], port: u16, user: &str, password: &str) -> std::process::Output {
+    let bin = cluster().bin_dir().join("pgbench");
+    let mut cmd = Command::new(&bin);
+    cmd.args(args)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
+        .env("PGPASSWORD", password)
+        .env_remove("PGSERVICE")
+        .env_remove("PGDATABASE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd.output().await.expect("run pgbench")
+}
+
+/// `pgbench -S -M prepared -t 200` with `clients` clients; passes when every transaction
+/// was processed and none failed.
+async fn pgbench_prepared(db: &str, port: u16, clients: u32) -> Outcome {
+    let c = clients.to_string();
+    let jobs = clients.min(2).to_string();
+    let out = pgbench(
+        &[
+            "-S", "-M", "prepared", "-c", &c, "-j", &jobs, "-t", "200", db,
+        ],
+        port,
+        PGMEMO_USER,
+        PGMEMO_PASS,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "number of transactions actually processed: {}/{}",
+        clients * 200,
+        clients * 200
+    );
+    let processed = stdout
+        .lines()
+        .find(|l| l.starts_with("number of transactions actually processed"))
+        .unwrap_or("no transactions processed");
+    let passed = out.status.success()
+        && stdout.contains("number of failed transactions: 0 ")
+        && stdout.contains(&expected);
+    let first_error = stderr
+        .lines()
+        .find(|l| l.contains("ERROR") || l.contains("error") || l.contains("aborted"))
+        .unwrap_or("");
+    Outcome {
+        passed,
+        summary: if passed {
+            format!("-c {clients}: {processed}, 0 failed")
+        } else {
+            format!(
+                "-c {clients}: {processed}; {}",
+                shorten(first_error.trim(), 150)
+            )
+        },
+        output: format!("{}\n{stdout}\n{stderr}", out.status),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_select_only_prepared() {
+    let db = "pd_pgbench";
+    let c = cluster();
+    tokio::task::spawn_blocking(move || {
+        cluster().psql("postgres", &format!("DROP DATABASE IF EXISTS {db}"));
+        cluster().psql("postgres", &format!("CREATE DATABASE {db} OWNER pgmemo"));
+    })
+    .await
+    .unwrap();
+    let init = pgbench(
+        &["-i", "-s", "1", "-q", db],
+        c.port(),
+        SUPERUSER,
+        SUPERUSER_PASS,
+    )
+    .await;
+    assert!(
+        init.status.success(),
+        "pgbench -i: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+
+    let on = async {
+        let mut config = test_config(PoolMode::Transaction, 4);
+        config.general.prepared_statements = true;
+        let proxy = start_pgmemo(config).await;
+        let port = proxy.local_addr().port();
+        let mut runs = Vec::new();
+        for clients in [1, 8, 32] {
+            runs.push(pgbench_prepared(db, port, clients).await);
+        }
+        proxy.shutdown().await;
+        runs
+    };
+    let off = async {
+        let mut config = test_config(PoolMode::Transaction, 4);
+        config.general.prepared_statements = false;
+        let proxy = start_pgmemo(config).await;
+        let outcome = pgbench_prepared(db, proxy.local_addr().port(), 8).await;
+        proxy.shutdown().await;
+        outcome
+    };
+    let (on, off) = tokio::join!(on, off);
+    let on_all = Outcome {
+        passed: on.iter().all(|o| o.passed),
+        summary: on
+            .iter()
+            .map(|o| o.summary.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+        output: on
+            .iter()
+            .filter(|o| !o.passed)
+            .map(|o| o.output.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    record(DRIVERS[8], &on_all, &off);
+    assert!(
+        on_all.passed,
+        "pgbench -S -M prepared through pgmemo failed: {}\n{}",
+        on_all.summary, on_all.output
+    );
+}
