@@ -428,6 +428,10 @@ impl Session {
     async fn relay(&mut self) -> End {
         let mut shutdown = self.app.shutdown_signal();
         let mut cutoff = self.app.cutoff_signal();
+        // Made once, not per loop turn: they are polled on every event of the hot path.
+        let shutdown = shutdown.wait_for(|s| *s);
+        let cutoff = cutoff.wait_for(|c| *c);
+        tokio::pin!(shutdown, cutoff);
         loop {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
@@ -438,10 +442,10 @@ impl Session {
             let event = tokio::select! {
                 biased;
                 ev = poll_fn(|cx| self.poll_io(cx)) => ev,
-                _ = shutdown.wait_for(|s| *s), if between_transactions => Event::Shutdown,
+                _ = &mut shutdown, if between_transactions => Event::Shutdown,
                 // ... unless shutdown_timeout has passed: then mid-transaction too (finish()
                 // rolls back or closes the server).
-                _ = cutoff.wait_for(|c| *c) => Event::Shutdown,
+                _ = &mut cutoff => Event::Shutdown,
             };
             match event {
                 Event::ClientRead => {}
