@@ -365,15 +365,24 @@ async fn killed_client_leaves_no_transaction_or_lock() {
                 },
             )
             .await;
-            let locks = scalar(
-                &direct,
-                &format!(
-                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
-                     WHERE d.datname = '{DB}' AND l.locktype IN ('relation', 'tuple', 'transactionid') AND l.pid <> pg_backend_pid()"
-                ),
+            // A cancelled backend releases its locks as it finishes aborting: wait for that
+            // (bounded), rather than sampling once.
+            wait_until(
+                &format!("{what}: no locks left behind"),
+                Duration::from_secs(5),
+                || async {
+                    scalar(
+                        &direct,
+                        &format!(
+                            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+                             WHERE d.datname = '{DB}' AND l.locktype IN ('relation', 'tuple', 'transactionid') AND l.pid <> pg_backend_pid()"
+                        ),
+                    )
+                    .await
+                        == "0"
+                },
             )
             .await;
-            assert_eq!(locks, "0", "{what}: locks left behind");
             if let Some(q) = running {
                 let _ = q.await;
             }
