@@ -215,6 +215,20 @@ impl ReplyQueue {
         self.skipping
     }
 
+    /// Whether a reply to an earlier unit of work (a simple query, or a batch up to its Sync)
+    /// is still outstanding: something that may change the transaction state before the next
+    /// message runs.
+    pub fn has_earlier_unit(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| matches!(e.expected, Expected::Query | Expected::Sync))
+    }
+
+    /// Whether a simple query's reply is still outstanding.
+    pub fn has_pending_query(&self) -> bool {
+        self.entries.iter().any(|e| e.expected == Expected::Query)
+    }
+
     /// The server is in COPY IN, waiting for the client's data.
     pub fn in_copy_in(&self) -> bool {
         self.copy_in

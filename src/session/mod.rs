@@ -21,9 +21,9 @@ use crate::params::{self, Vars};
 use crate::pool::{CheckoutError, Pool, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
-use crate::replies::{self, ErrorRewrite, Expected, ReplyQueue, Route, Synth};
+use crate::replies::{ErrorRewrite, Expected, ReplyQueue, Route, Synth};
 use crate::server::{ServerConn, ServerError};
-use crate::statements::{ClientStatements, Effect};
+use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
 use bytes::{Buf, BytesMut};
@@ -230,7 +230,11 @@ impl Session {
             violation: None,
             stmts: None,
             statement_limits: planner::Limits {
-                max_count: cfg.general.max_prepared_statements as usize * 4,
+                // A client may well hold more statements than one server keeps (that is what
+                // the per-server LRU is for); this bound only protects pgmemo's memory, so a
+                // small server limit must not make it tiny.
+                max_count: (cfg.general.max_prepared_statements as usize * 4)
+                    .max(planner::MIN_CLIENT_STATEMENTS),
                 max_bytes: 64 * 1024 * 1024,
             },
             cleanup: Vec::new(),
@@ -802,73 +806,7 @@ impl Session {
             return;
         };
         for (effect, outcome) in outcomes {
-            let done = outcome == replies::Outcome::Done;
-            match effect {
-                Effect::Prepared(s)
-                | Effect::Bound {
-                    statement: s,
-                    prepared_here: true,
-                    ..
-                } if done => {
-                    s.mark_validated();
-                    s.server_prepares
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Effect::Prepared(s) => {
-                    if let Some(server) = server.as_mut() {
-                        server.prepared.remove(&s);
-                    }
-                }
-                Effect::Bound {
-                    name,
-                    previous,
-                    statement,
-                    prepared_here,
-                } => {
-                    stmts.set(&name, previous);
-                    if prepared_here {
-                        if let Some(server) = server.as_mut() {
-                            server.prepared.remove(&statement);
-                        }
-                    }
-                }
-                Effect::Unbound { name, statement } if !done => {
-                    stmts.set(&name, Some(statement));
-                }
-                Effect::Closed {
-                    statement,
-                    generation,
-                } if !done => {
-                    if let Some(server) = server.as_mut() {
-                        server
-                            .prepared
-                            .insert_with_generation(statement, generation);
-                    }
-                }
-                Effect::Uses {
-                    statement,
-                    generation,
-                } if outcome == replies::Outcome::Failed && error_code == Some("0A000") => {
-                    // "cached plan must not change result type": every server's copy is now
-                    // stale and is re-parsed on its next use.
-                    statement.invalidate(generation);
-                }
-                Effect::Reset(snapshot) if !done => {
-                    stmts.restore_all(snapshot.names);
-                    if let Some(server) = server.as_mut() {
-                        server.prepared.clear();
-                        for (s, generation) in snapshot.prepared {
-                            server.prepared.insert_with_generation(s, generation);
-                        }
-                        if !snapshot.sole_command {
-                            // It may have run before the error: what the server holds is
-                            // unknown, so this connection is not reused.
-                            server.broken = true;
-                        }
-                    }
-                }
-                _ => {}
-            }
+            planner::settle(stmts, server.as_mut(), effect, outcome, error_code);
         }
     }
 

@@ -21,7 +21,7 @@
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
 use crate::protocol::{put_cstr, write_message};
-use crate::replies::{Action, Entry, ErrorRewrite, Expected, ReplyQueue, Synth};
+use crate::replies::{Action, Entry, ErrorRewrite, Expected, Outcome, ReplyQueue, Synth};
 use crate::server::ServerConn;
 use crate::statements::sql::{self, Command};
 use crate::statements::{
@@ -34,6 +34,9 @@ use std::sync::Arc;
 /// A server-side name no statement ever has: a message using it fails with 26000 exactly where
 /// pgmemo needs an error.
 pub const MISSING_NAME: &[u8] = b"pgmemo_missing";
+
+/// The per-client statement count limit is never below this, whatever the per-server limit.
+pub const MIN_CLIENT_STATEMENTS: usize = 1000;
 
 /// Per-client limits on statement names.
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +116,9 @@ impl Planner<'_> {
         // one must fail here, as it would without pgmemo. Otherwise the server gets it when it
         // is first used.
         let must_parse = !statement.is_validated() && !self.server.prepared.has_current(&statement);
+        if !must_parse && self.may_be_aborted() {
+            return self.probe_parse(p.name, statement);
+        }
         let previous = self.stmts.set(p.name, Some(statement.clone()));
         let effect = Effect::Bound {
             name: p.name.into(),
@@ -139,6 +145,50 @@ impl Planner<'_> {
             });
         }
         true
+    }
+
+    /// A Parse pgmemo would answer itself, but the session may be in an aborted transaction
+    /// block, where PostgreSQL refuses every Parse (25P02) except of COMMIT, ROLLBACK and the
+    /// like. The server decides: it gets the client's Parse under the unnamed name (pgmemo
+    /// never keeps an unnamed statement on a server, so nothing is lost), followed by a Close
+    /// of it; the client's name is bound only if the Parse succeeds.
+    fn probe_parse(&mut self, name: &[u8], statement: Arc<Statement>) -> bool {
+        let p = Parse::parse(&self.msg[5..]).expect("parsed by the caller");
+        p.encode(b"", &mut self.server.wbuf);
+        let previous = self.stmts.set(name, Some(statement.clone()));
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Forward,
+            effect: Some(Effect::Bound {
+                name: name.into(),
+                previous,
+                statement,
+                prepared_here: false,
+            }),
+        });
+        write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
+            m.extend_from_slice(b"S");
+            put_cstr(m, b"");
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Close,
+            action: Action::Skip,
+            effect: None,
+        });
+        true
+    }
+
+    /// Whether the session may be in an aborted transaction block when the message being
+    /// planned runs: it is (the last ReadyForQuery said so), or an earlier request still in
+    /// flight may leave it so (in a transaction block anything may fail; outside one, a
+    /// simple query may open a block and fail in it). Messages earlier in the same batch
+    /// cannot: if they fail, PostgreSQL skips this one too.
+    fn may_be_aborted(&self) -> bool {
+        match self.server.status {
+            b'E' => true,
+            b'T' => self.replies.has_earlier_unit(),
+            _ => self.replies.has_pending_query(),
+        }
     }
 
     /// A Parse of a name the client already has. PostgreSQL answers 42P05 — after checking
@@ -263,14 +313,50 @@ impl Planner<'_> {
     /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
     /// server knows it under another name). Everything else passes through.
     fn query(&mut self) -> bool {
+        // PostgreSQL drops the unnamed statement at the start of every simple query (even one
+        // that then fails).
+        let unnamed = self
+            .stmts
+            .get(b"")
+            .is_some()
+            .then(|| self.stmts.set(b"", None))
+            .flatten()
+            .map(|statement| Effect::Unbound {
+                name: Box::default(),
+                statement,
+            });
+        let effect = self.query_effect();
+        match effect {
+            QueryPlan::Synthesize(effect) => self.replies.push_entry(Entry {
+                expected: Expected::Query,
+                action: Action::Synthesize(Synth::Deallocate),
+                effect: Effect::combine(unnamed, Some(effect)),
+            }),
+            QueryPlan::Forward(effect) => {
+                if unnamed.is_none() && effect.is_none() {
+                    return false;
+                }
+                self.server.wbuf.extend_from_slice(self.msg);
+                self.replies.push_entry(Entry {
+                    expected: Expected::Query,
+                    action: Action::Forward,
+                    effect: Effect::combine(unnamed, effect),
+                });
+            }
+        }
+        true
+    }
+
+    /// What a simple query does to the client's statements.
+    fn query_effect(&mut self) -> QueryPlan {
         let Some(text) = fe::query_text(self.body()) else {
-            return false;
+            return QueryPlan::Forward(None);
         };
         if !contains_ignore_case(text, b"discard") && !contains_ignore_case(text, b"deallocate") {
-            return false;
+            return QueryPlan::Forward(None);
         }
         let Ok(text) = std::str::from_utf8(text) else {
-            return false;
+            return QueryPlan::Forward(None);
         };
         let commands = sql::classify(text);
         if commands
@@ -283,28 +369,21 @@ impl Planner<'_> {
                 sole_command: commands.len() == 1,
             };
             self.server.prepared.clear();
-            self.server.wbuf.extend_from_slice(self.msg);
-            self.replies.push_entry(Entry {
-                expected: Expected::Query,
-                action: Action::Forward,
-                effect: Some(Effect::Reset(Box::new(snapshot))),
-            });
-            return true;
+            return QueryPlan::Forward(Some(Effect::Reset(Box::new(snapshot))));
         }
         if let [Command::Deallocate { name }] = commands.as_slice() {
-            if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
-                self.replies.push_entry(Entry {
-                    expected: Expected::Query,
-                    action: Action::Synthesize(Synth::Deallocate),
-                    effect: Some(Effect::Unbound {
+            // In an aborted transaction block the server refuses it (25P02) whatever the name,
+            // exactly as PostgreSQL would.
+            if self.server.status != b'E' {
+                if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
+                    return QueryPlan::Synthesize(Effect::Unbound {
                         name: name.as_bytes().into(),
                         statement,
-                    }),
-                });
-                return true;
+                    });
+                }
             }
         }
-        false
+        QueryPlan::Forward(None)
     }
 
     /// Forwards the Sync, then closes the names a duplicate Parse left on the server.
@@ -427,6 +506,111 @@ impl Planner<'_> {
                 generation,
             }),
         });
+    }
+}
+
+/// How a simple query is sent, and what it does to the client's statements.
+enum QueryPlan {
+    /// To the server.
+    Forward(Option<Effect>),
+    /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
+    Synthesize(Effect),
+}
+
+/// Applies the bookkeeping of one ended entry: kept when its message ran, undone when
+/// PostgreSQL discarded it (or it failed). `error_code` is the SQLSTATE of the error that
+/// ended it, if any.
+pub fn settle(
+    stmts: &mut ClientStatements,
+    mut server: Option<&mut ServerConn>,
+    effect: Effect,
+    outcome: Outcome,
+    error_code: Option<&str>,
+) {
+    let done = outcome == Outcome::Done;
+    match effect {
+        Effect::Prepared(s)
+        | Effect::Bound {
+            statement: s,
+            prepared_here: true,
+            ..
+        } if done => {
+            s.mark_validated();
+            s.server_prepares
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Effect::Prepared(s) => {
+            if let Some(server) = server {
+                server.prepared.remove(&s);
+            }
+        }
+        Effect::Bound { .. } if done => {}
+        Effect::Bound {
+            name,
+            previous,
+            statement,
+            prepared_here,
+        } => {
+            if name.is_empty() && outcome == Outcome::Failed {
+                // PostgreSQL drops the unnamed statement before it parses the new one, so
+                // an unnamed Parse that fails leaves none.
+                stmts.set(b"", None);
+            } else {
+                stmts.set(&name, previous);
+            }
+            if prepared_here {
+                if let Some(server) = server {
+                    server.prepared.remove(&statement);
+                }
+            }
+        }
+        Effect::Unbound { name, statement } if outcome == Outcome::Discarded => {
+            stmts.set(&name, Some(statement));
+        }
+        Effect::Closed {
+            statement,
+            generation,
+        } if !done => {
+            if let Some(server) = server {
+                server
+                    .prepared
+                    .insert_with_generation(statement, generation);
+            }
+        }
+        Effect::Uses {
+            statement,
+            generation,
+        } if outcome == Outcome::Failed && error_code == Some("0A000") => {
+            // "cached plan must not change result type": every server's copy is now stale
+            // and is re-parsed on its next use.
+            statement.invalidate(generation);
+        }
+        Effect::Reset(snapshot) if !done => {
+            stmts.restore_all(snapshot.names);
+            if let Some(server) = server {
+                server.prepared.clear();
+                for (s, generation) in snapshot.prepared {
+                    server.prepared.insert_with_generation(s, generation);
+                }
+                if !snapshot.sole_command {
+                    // It may have run before the error: what the server holds is unknown,
+                    // so this connection is not reused.
+                    server.broken = true;
+                }
+            }
+        }
+        Effect::Both(both) => {
+            let (first, second) = *both;
+            // Undone newest first.
+            let (a, b) = if done {
+                (first, second)
+            } else {
+                (second, first)
+            };
+            settle(stmts, server.as_deref_mut(), a, outcome, error_code);
+            settle(stmts, server, b, outcome, error_code);
+        }
+        _ => {}
     }
 }
 

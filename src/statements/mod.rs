@@ -148,7 +148,9 @@ pub enum Effect {
         statement: Arc<Statement>,
         prepared_here: bool,
     },
-    /// A client name dropped by Close or DEALLOCATE. Undone: it comes back.
+    /// A client name dropped by Close, DEALLOCATE, or (the unnamed statement) a simple query.
+    /// Undone only when PostgreSQL discarded the message: a simple query that fails has
+    /// dropped the unnamed statement all the same, and the others never fail.
     Unbound {
         name: Box<[u8]>,
         statement: Arc<Statement>,
@@ -168,20 +170,32 @@ pub enum Effect {
     },
     /// DISCARD ALL / DEALLOCATE ALL dropped every statement. Undone: restored as it was.
     Reset(Box<ResetSnapshot>),
+    /// Two effects of one message, in the order they happened (a simple query drops the
+    /// unnamed statement, then deallocates).
+    Both(Box<(Effect, Effect)>),
 }
 
 impl Effect {
     /// Whether completing normally needs any work (most effects matter only when undone;
     /// skipping the others keeps the Bind/Execute hot path free of bookkeeping).
     pub fn matters_when_done(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Effect::Prepared(_)
-                | Effect::Bound {
-                    prepared_here: true,
-                    ..
-                }
-        )
+            | Effect::Bound {
+                prepared_here: true,
+                ..
+            } => true,
+            Effect::Both(both) => both.0.matters_when_done() || both.1.matters_when_done(),
+            _ => false,
+        }
+    }
+
+    /// `a` then `b`, either of which may be absent.
+    pub fn combine(a: Option<Effect>, b: Option<Effect>) -> Option<Effect> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Effect::Both(Box::new((a, b)))),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -196,8 +210,19 @@ pub struct ResetSnapshot {
     pub sole_command: bool,
 }
 
+/// PostgreSQL keeps the first 63 bytes (NAMEDATALEN - 1) of a statement name: a longer name in
+/// Parse, Bind, Describe or Close means the statement named by its first 63 bytes.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// The statement name as PostgreSQL stores it.
+#[inline]
+pub fn pg_name(name: &[u8]) -> &[u8] {
+    &name[..name.len().min(MAX_NAME_LEN)]
+}
+
 /// One client's statement names (`""` included): the session-local first tier of Parse, and
-/// the only map Bind/Describe/Close look at. No lock: only its session touches it.
+/// the only map Bind/Describe/Close look at. No lock: only its session touches it. Names are
+/// kept as PostgreSQL keeps them ([`pg_name`]).
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     names: HashMap<Bytes, Arc<Statement>>,
@@ -218,13 +243,13 @@ impl ClientStatements {
 
     #[inline]
     pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
-        self.names.get(name)
+        self.names.get(pg_name(name))
     }
 
     /// The binding with the stored name (a cheap clone, for error messages).
     #[inline]
     pub fn get_named(&self, name: &[u8]) -> Option<(&Bytes, &Arc<Statement>)> {
-        self.names.get_key_value(name)
+        self.names.get_key_value(pg_name(name))
     }
 
     pub fn len(&self) -> usize {
@@ -245,6 +270,7 @@ impl ClientStatements {
         name: &[u8],
         statement: Option<Arc<Statement>>,
     ) -> Option<Arc<Statement>> {
+        let name = pg_name(name);
         let previous = match statement {
             Some(s) => {
                 s.holders.fetch_add(1, Ordering::Relaxed);
