@@ -49,6 +49,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::process::Command;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
 
 /// Concurrent client connections per driver run.
@@ -211,8 +212,8 @@ struct Target {
     table: String,
 }
 
-/// Creates `table` (ids 1..100, label `item-<id>`, amount id*id) and an empty `table_log`,
-/// directly on PostgreSQL, so that a run without the feature fails only at its own work.
+/// Creates `table` (ids 1..100, label `item-<id>`, amount id*id) and empty `table_log` and
+/// `table_batch` (for drivers that batch inserts), directly on PostgreSQL, so that a run without the feature fails only at its own work.
 async fn create_tables(table: &str) {
     let url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
     let (client, conn) = tokio_postgres::connect(&url, NoTls)
@@ -221,10 +222,11 @@ async fn create_tables(table: &str) {
     let conn = tokio::spawn(conn);
     client
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}, {table}_log;
+            "DROP TABLE IF EXISTS {table}, {table}_log, {table}_batch;
              CREATE TABLE {table} (id int PRIMARY KEY, label text NOT NULL, amount int8 NOT NULL);
              INSERT INTO {table} SELECT g, 'item-' || g, g::int8 * g FROM generate_series(1, 100) g;
-             CREATE TABLE {table}_log (worker int, i int, note text, PRIMARY KEY (worker, i));"
+             CREATE TABLE {table}_log (worker int, i int, note text, PRIMARY KEY (worker, i));
+             CREATE TABLE {table}_batch (worker int, i int, j int, PRIMARY KEY (worker, i, j));"
         ))
         .await
         .expect("create the driver tables");
@@ -699,6 +701,25 @@ async fn tokio_postgres_round(
     let got: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let want: Vec<(i32, String)> = (1..=len).map(|j| (j, format!("r{j}"))).collect();
     chk.check(got, want, "series");
+
+    // Pipelined: several queries in flight on the connection at once, each its own
+    // Bind/Execute/Sync, written together.
+    let by_i: [&(dyn ToSql + Sync); 1] = [&i];
+    let by_id: [&(dyn ToSql + Sync); 1] = [&id];
+    let (a, b, c) = tokio::try_join!(
+        client.query_one(&s.k[1], &by_i),
+        client.query_one(&s.by_id, &by_id),
+        client.query_one(&s.k[2], &by_i),
+    )?;
+    chk.check(
+        (
+            a.get::<_, i32>(0),
+            b.get::<_, String>(0),
+            c.get::<_, i32>(0),
+        ),
+        (i + 1, format!("item-{id}"), i + 2),
+        "pipelined queries",
+    );
 
     if i % 10 == 3 {
         let code = match client.query_one(&s.div, &[&0i32]).await {

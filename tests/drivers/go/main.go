@@ -6,7 +6,8 @@
 //
 // TABLE must exist as (id int primary key, label text, amount int8) with ids 1..100,
 // label 'item-<id>' and amount id*id; TABLE_log as (worker int, i int, note text,
-// primary key (worker, i)) and empty. Prints "MISMATCH: ..." for every wrong value,
+// primary key (worker, i)) and empty. Each round also sends a batch (pgx.Batch: several
+// Bind/Execute with one Sync). Prints "MISMATCH: ..." for every wrong value,
 // "ERROR: ..." for every unexpected error, and "OK ..." with exit code 0 when every check
 // passed; exits 1 otherwise.
 package main
@@ -146,6 +147,30 @@ func iteration(ctx context.Context, conn *pgx.Conn, table string, w, i int) erro
 		return err
 	}
 	check(seen, i%5+1, "series length")
+
+	// A batch: pgx prepares the statements it has not cached yet, then sends every Bind and
+	// Execute with one Sync.
+	batch := &pgx.Batch{}
+	for j := 0; j < 3; j++ {
+		batch.Queue("SELECT $1::int4 * $2::int4 + 1", i, j)
+	}
+	batch.Queue("SELECT label, amount FROM "+table+" WHERE id = $1", id)
+	results := conn.SendBatch(ctx, batch)
+	for j := 0; j < 3; j++ {
+		if err := results.QueryRow().Scan(&v); err != nil {
+			results.Close()
+			return err
+		}
+		check(v, int32(i*j+1), "batch value")
+	}
+	if err := results.QueryRow().Scan(&got, &amount); err != nil {
+		results.Close()
+		return err
+	}
+	check(got, fmt.Sprintf("item-%d", id), "label by id in a batch")
+	if err := results.Close(); err != nil {
+		return err
+	}
 
 	// An expected error now and then; the connection goes on.
 	if i%10 == 3 {

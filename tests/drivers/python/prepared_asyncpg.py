@@ -10,7 +10,9 @@ server connection that does not have it, or has another client's statement of th
 
 TABLE must exist as (id int primary key, label text, amount int8) with ids 1..100,
 label 'item-<id>' and amount id*id; TABLE_log as (worker int, i int, note text,
-primary key (worker, i)) and empty. Prints "MISMATCH: ..." for every wrong value,
+primary key (worker, i)) and TABLE_batch as (worker int, i int, j int, primary key (worker,
+i, j)), both empty. Each round's transaction also runs an executemany (one prepared
+statement, many Bind/Execute, one Sync). Prints "MISMATCH: ..." for every wrong value,
 "ERROR: ..." for every unexpected error, and "OK ..." with exit code 0 when every check
 passed; exits 1 otherwise.
 """
@@ -79,6 +81,11 @@ async def iteration(conn, table, w, i):
         check(got, note, "note read back in the transaction")
         row = await conn.fetchrow(f"SELECT label, amount FROM {table} WHERE id = $1", ident)
         check(tuple(row), (f"item-{ident}", ident * ident), "row by id in the transaction")
+        await conn.executemany(
+            f"INSERT INTO {table}_batch (worker, i, j) VALUES ($1, $2, $3)", [(w, i, j) for j in range(3)]
+        )
+        got = await conn.fetchval(f"SELECT count(*) FROM {table}_batch WHERE worker = $1 AND i = $2", w, i)
+        check(got, 3, "rows from executemany in the transaction")
 
 
 async def worker(url, table, w, iterations):

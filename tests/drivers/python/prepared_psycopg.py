@@ -11,7 +11,9 @@ server connection.
 
 TABLE must exist as (id int primary key, label text, amount int8) with ids 1..100,
 label 'item-<id>' and amount id*id; TABLE_log as (worker int, i int, note text,
-primary key (worker, i)) and empty. Prints "MISMATCH: ..." for every wrong value,
+primary key (worker, i)) and TABLE_batch as (worker int, i int, j int, primary key (worker,
+i, j)), both empty. Each round also runs a pipeline (several statements, one Sync) and an
+executemany. Prints "MISMATCH: ..." for every wrong value,
 "ERROR: ..." for every unexpected error, and "OK ..." with exit code 0 when every check
 passed; exits 1 otherwise.
 """
@@ -67,6 +69,14 @@ def iteration(conn, table, w, i):
     rows = conn.execute("SELECT g, %s::text || g FROM generate_series(1, %s::int4) g", ("r", length)).fetchall()
     check(rows, [(j, f"r{j}") for j in range(1, length + 1)], "series")
 
+    # A pipeline: several statements, one Sync.
+    with conn.pipeline():
+        cursors = [conn.execute("SELECT %s::int4 * %s::int4 + 1", (i, j)) for j in range(3)]
+        by_id = conn.execute(f"SELECT label, amount FROM {table} WHERE id = %s", (ident,))
+    for j, cur in enumerate(cursors):
+        check(cur.fetchone(), (i * j + 1,), "pipeline value")
+    check(by_id.fetchone(), (f"item-{ident}", ident * ident), "row by id in a pipeline")
+
     # An expected error now and then; the connection goes on.
     if i % 10 == 3:
         code = None
@@ -84,6 +94,12 @@ def iteration(conn, table, w, i):
         check(row, (note,), "note read back in the transaction")
         row = conn.execute(f"SELECT label, amount FROM {table} WHERE id = %s", (ident,)).fetchone()
         check(row, (f"item-{ident}", ident * ident), "row by id in the transaction")
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {table}_batch (worker, i, j) VALUES (%s, %s, %s)", [(w, i, j) for j in range(3)]
+            )
+        row = conn.execute(f"SELECT count(*) FROM {table}_batch WHERE worker = %s AND i = %s", (w, i)).fetchone()
+        check(row, (3,), "rows from executemany in the transaction")
 
 
 def worker(url, table, threshold, w, iterations):

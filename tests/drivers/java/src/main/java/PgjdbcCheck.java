@@ -7,7 +7,9 @@
 //
 // JDBC_URL carries user, password and prepareThreshold. TABLE must exist as (id int primary
 // key, label text, amount int8) with ids 1..100, label 'item-<id>' and amount id*id;
-// TABLE_log as (worker int, i int, note text, primary key (worker, i)) and empty. Prints
+// TABLE_log as (worker int, i int, note text, primary key (worker, i)) and TABLE_batch as
+// (worker int, i int, j int, primary key (worker, i, j)), both empty. Each round's transaction
+// also runs an executeBatch (several Bind/Execute, one Sync). Prints
 // "MISMATCH: ..." for every wrong value, "ERROR: ..." for every unexpected error, and "OK ..."
 // with exit code 0 when every check passed; exits 1 otherwise.
 
@@ -142,6 +144,18 @@ public final class PgjdbcCheck {
             check(r, List.of(note), "note read back in the transaction");
             r = one("SELECT label, amount FROM " + table + " WHERE id = ?", id);
             check(r, List.of("item-" + id, (long) id * id), "row by id in the transaction");
+            try (PreparedStatement ps =
+                    conn.prepareStatement("INSERT INTO " + table + "_batch (worker, i, j) VALUES (?, ?, ?)")) {
+                for (int j = 0; j < 3; j++) {
+                    ps.setInt(1, w);
+                    ps.setInt(2, i);
+                    ps.setInt(3, j);
+                    ps.addBatch();
+                }
+                check(ps.executeBatch().length, 3, "batch results");
+            }
+            r = one("SELECT count(*) FROM " + table + "_batch WHERE worker = ? AND i = ?", w, i);
+            check(r, List.of(3L), "rows from executeBatch in the transaction");
             conn.commit();
         } catch (SQLException e) {
             try {
