@@ -319,22 +319,34 @@ fn tool_dir() -> PathBuf {
 // Go pgx v5
 // ---------------------------------------------------------------------------------------------
 
+/// Builds tests/drivers/go into the cargo target dir (Go's build cache makes this quick).
+/// Tests in one binary may build it at once, hence a lock and a build per process.
+async fn build_pgx() -> PathBuf {
+    static BUILT: tokio::sync::OnceCell<PathBuf> = tokio::sync::OnceCell::const_new();
+    BUILT
+        .get_or_init(|| async {
+            let bin = tool_dir().join("go-driver/pgx-check");
+            let mut build = Command::new("go");
+            build
+                .args(["build", "-o"])
+                .arg(&bin)
+                .arg(".")
+                .current_dir(drivers_dir("go"));
+            prepare_step(
+                build,
+                "building tests/drivers/go (go and the Go module proxy are needed; \
+                 scripts/setup downloads the modules)",
+            )
+            .await;
+            bin
+        })
+        .await
+        .clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgx_v5_statement_cache() {
-    let src = drivers_dir("go");
-    let bin = tool_dir().join("go-driver/pgx-check");
-    let mut build = Command::new("go");
-    build
-        .args(["build", "-o"])
-        .arg(&bin)
-        .arg(".")
-        .current_dir(&src);
-    prepare_step(
-        build,
-        "building tests/drivers/go (go and the Go module proxy are needed; scripts/setup \
-         downloads the modules)",
-    )
-    .await;
+    let bin = build_pgx().await;
     driver_matrix(DRIVERS[0], "pgx", |t: Target| {
         let bin = bin.clone();
         async move {
@@ -1074,4 +1086,284 @@ async fn pgbench_select_only_prepared() {
         "pgbench -S -M prepared through pgmemo failed: {}\n{}",
         on_all.summary, on_all.output
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A DDL that changes the result of prepared statements
+// ---------------------------------------------------------------------------------------------
+//
+// Two clients prepare `SELECT * FROM t WHERE id = $1` on (id, a, b) and run it; then, directly
+// on PostgreSQL, columns a and b swap names, so the statement's result changes (same types,
+// other names). With PostgreSQL directly every client's statement answers 0A000 ("cached plan
+// must not change result type") until the driver prepares it again, which some drivers do
+// (pgx) and some never do (tokio-postgres). Through pgmemo a driver must see the same: never
+// rows of the new shape under the description it cached for the old one.
+
+/// Compares what a driver saw in a scenario directly and through pgmemo, printing both.
+fn assert_same_transcript(scenario: &str, direct: &[String], through: &[String]) {
+    let mut table = String::new();
+    for i in 0..direct.len().max(through.len()) {
+        let d = direct.get(i).map_or("", String::as_str);
+        let t = through.get(i).map_or("", String::as_str);
+        let mark = if d == t { " " } else { "≠" };
+        table.push_str(&format!("{mark} direct: {d}\n  pgmemo: {t}\n"));
+    }
+    println!("{scenario}:\n{table}");
+    assert!(
+        direct == through,
+        "{scenario}: through pgmemo the driver sees something else than directly:\n{table}"
+    );
+}
+
+fn tp_outcome(result: Result<tokio_postgres::Row, tokio_postgres::Error>) -> String {
+    match result {
+        Ok(row) => {
+            let cols: Vec<String> = row
+                .columns()
+                .iter()
+                .enumerate()
+                .map(|(i, c)| match c.type_() {
+                    &tokio_postgres::types::Type::INT4 => {
+                        format!("{}={:?}", c.name(), row.try_get::<_, i32>(i).ok())
+                    }
+                    _ => format!(
+                        "{}={}",
+                        c.name(),
+                        row.try_get::<_, String>(i)
+                            .unwrap_or_else(|e| format!("<{e}>"))
+                    ),
+                })
+                .collect();
+            format!("OK {}", cols.join(" "))
+        }
+        Err(e) => format!("ERROR {}", tp_error(&e)),
+    }
+}
+
+/// The tokio-postgres side of the DDL scenario, through `url`.
+async fn tokio_postgres_ddl_transcript(url: &str, table: &str) -> Vec<String> {
+    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let (direct, conn) = tokio_postgres::connect(&direct_url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    direct
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int, a text, b text);
+             INSERT INTO {table} VALUES (1, 'value-of-a', 'value-of-b')"
+        ))
+        .await
+        .unwrap();
+    let query = format!("SELECT * FROM {table} WHERE id = $1");
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let (c, conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let stmt = c.prepare(&query).await.unwrap();
+        clients.push((c, stmt));
+    }
+    let mut transcript = Vec::new();
+    for round in 0..2 {
+        for (n, (c, stmt)) in clients.iter().enumerate() {
+            let got = tp_outcome(c.query_one(stmt, &[&1i32]).await);
+            transcript.push(format!("before, round {round}, client {n}: {got}"));
+        }
+    }
+    direct
+        .batch_execute(&format!(
+            "ALTER TABLE {table} RENAME COLUMN a TO tmp; ALTER TABLE {table} RENAME COLUMN b TO a;
+             ALTER TABLE {table} RENAME COLUMN tmp TO b"
+        ))
+        .await
+        .unwrap();
+    for round in 0..3 {
+        for (n, (c, stmt)) in clients.iter().enumerate() {
+            let got = tp_outcome(c.query_one(stmt, &[&1i32]).await);
+            transcript.push(format!("after, round {round}, client {n}: {got}"));
+        }
+    }
+    let (late, conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let stmt = late.prepare(&query).await.unwrap();
+    let got = tp_outcome(late.query_one(&stmt, &[&1i32]).await);
+    transcript.push(format!("after, a new client: {got}"));
+    transcript
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "pgmemo bug: after 0A000 invalidates a statement, the next Bind of a client name prepared before the DDL is re-prepared with the new result shape instead of failing with 0A000 as PostgreSQL does, so the driver decodes new rows with its cached RowDescription (column a reads b)"]
+async fn tokio_postgres_ddl_like_postgresql() {
+    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let direct = tokio_postgres_ddl_transcript(&direct_url, "ddl_tp_direct").await;
+    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let through = tokio_postgres_ddl_transcript(&url, "ddl_tp_pgmemo").await;
+    proxy.shutdown().await;
+    assert_same_transcript(
+        "tokio-postgres, a DDL changes a prepared statement's result",
+        &direct,
+        &through,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "pgmemo bug: after 0A000 invalidates a statement, the next Bind of a client name prepared before the DDL is re-prepared with the new result shape instead of failing with 0A000 as PostgreSQL does, so the driver decodes new rows with its cached RowDescription (column a reads b)"]
+async fn pgx_v5_ddl_like_postgresql() {
+    let bin = build_pgx().await;
+    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let transcript = |url: String, table: &'static str| {
+        let (bin, direct_url) = (bin.clone(), direct_url.clone());
+        async move {
+            let out = Command::new(&bin)
+                .args(["ddl", &direct_url, &url, table])
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output()
+                .await
+                .expect("run pgx-check ddl");
+            assert!(
+                out.status.success(),
+                "pgx-check ddl: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        }
+    };
+    let direct = transcript(direct_url.clone(), "ddl_pgx_direct").await;
+    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let through = transcript(url, "ddl_pgx_pgmemo").await;
+    proxy.shutdown().await;
+    assert_same_transcript(
+        "pgx v5, a DDL changes a prepared statement's result",
+        &direct,
+        &through,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same text under different search_paths
+// ---------------------------------------------------------------------------------------------
+//
+// Schemas <p>1 and <p>2 each have a table `items`, with an int4 column in one and a text
+// column in the other, so that `SELECT v FROM items` means different statements with different
+// results depending on search_path.
+
+async fn create_search_path_schemas(prefix: &str) {
+    let url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let (direct, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    direct
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {prefix}1 CASCADE; DROP SCHEMA IF EXISTS {prefix}2 CASCADE;
+             CREATE SCHEMA {prefix}1; CREATE SCHEMA {prefix}2;
+             CREATE TABLE {prefix}1.items (v int4); INSERT INTO {prefix}1.items VALUES (1);
+             CREATE TABLE {prefix}2.items (v text); INSERT INTO {prefix}2.items VALUES ('two');"
+        ))
+        .await
+        .unwrap();
+}
+
+/// A client whose startup packet sets search_path to `schema`.
+async fn connect_with_search_path(url: &str, schema: &str) -> Client {
+    let (c, conn) =
+        tokio_postgres::connect(&format!("{url}?options=-csearch_path%3D{schema}"), NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+/// What a prepared `SELECT v FROM items` gives: its column type and value.
+async fn items_outcome(c: &impl tokio_postgres::GenericClient) -> String {
+    match c.prepare("SELECT v FROM items").await {
+        Err(e) => format!("prepare: ERROR {}", tp_error(&e)),
+        Ok(s) => {
+            let ty = s.columns()[0].type_().clone();
+            match c.query_one(&s, &[]).await {
+                Err(e) => format!("{ty}: ERROR {}", tp_error(&e)),
+                Ok(row) if ty == tokio_postgres::types::Type::INT4 => {
+                    format!(
+                        "{ty}: {:?}",
+                        row.try_get::<_, i32>(0).map_err(|e| e.to_string())
+                    )
+                }
+                Ok(row) => format!(
+                    "{ty}: {:?}",
+                    row.try_get::<_, String>(0).map_err(|e| e.to_string())
+                ),
+            }
+        }
+    }
+}
+
+/// Clients whose startup search_paths differ, preparing and running the same text in turns.
+async fn startup_search_path_transcript(url: &str, prefix: &str) -> Vec<String> {
+    create_search_path_schemas(prefix).await;
+    let mut clients = Vec::new();
+    for n in 0..4 {
+        let schema = format!("{prefix}{}", n % 2 + 1);
+        clients.push((schema.clone(), connect_with_search_path(url, &schema).await));
+    }
+    let mut transcript = Vec::new();
+    for round in 0..3 {
+        for (n, (schema, c)) in clients.iter().enumerate() {
+            let got = items_outcome(c).await;
+            let schema = &schema[prefix.len()..];
+            transcript.push(format!(
+                "round {round}, client {n} (schema {schema}): {got}"
+            ));
+        }
+    }
+    transcript
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_search_path_like_postgresql() {
+    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let direct = startup_search_path_transcript(&direct_url, "spd").await;
+    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let through = startup_search_path_transcript(&url, "spp").await;
+    proxy.shutdown().await;
+    assert_same_transcript("tokio-postgres, startup search_path", &direct, &through);
+}
+
+/// A client of schema 1 prepares the text; then another client of schema 1 switches to
+/// schema 2 with `SET LOCAL search_path` inside a transaction and prepares the same text.
+async fn set_local_search_path_transcript(url: &str, prefix: &str) -> Vec<String> {
+    create_search_path_schemas(prefix).await;
+    let first = connect_with_search_path(url, &format!("{prefix}1")).await;
+    let mut transcript = vec![format!("schema 1: {}", items_outcome(&first).await)];
+    let mut other = connect_with_search_path(url, &format!("{prefix}1")).await;
+    let tx = other.transaction().await.unwrap();
+    tx.batch_execute(&format!("SET LOCAL search_path = {prefix}2"))
+        .await
+        .unwrap();
+    transcript.push(format!(
+        "SET LOCAL search_path to schema 2: {}",
+        items_outcome(&tx).await
+    ));
+    drop(tx);
+    transcript.push(format!(
+        "after the transaction, schema 1 again: {}",
+        items_outcome(&other).await
+    ));
+    transcript
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "pgmemo bug: statements are keyed by the search_path of the startup packet, so a Parse \
+            after SET LOCAL search_path is answered from the registry and its Describe runs on a \
+            copy prepared for the other schema: 0A000 where PostgreSQL prepares the statement"]
+async fn set_local_search_path_like_postgresql() {
+    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let direct = set_local_search_path_transcript(&direct_url, "sld").await;
+    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let through = set_local_search_path_transcript(&url, "slp").await;
+    proxy.shutdown().await;
+    assert_same_transcript("tokio-postgres, SET LOCAL search_path", &direct, &through);
 }
