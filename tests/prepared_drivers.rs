@@ -30,6 +30,11 @@
 //! cargo test --test prepared_drivers -- --nocapture
 //! ```
 //!
+//! Beyond the matrix: four drivers at once with `max_prepared_statements = 1` (constant
+//! eviction), and scenarios compared with PostgreSQL itself, run directly and through pgmemo
+//! (a DDL that changes the result of prepared statements, with tokio-postgres and pgx; the
+//! same text under different startup search_paths; `SET LOCAL search_path`).
+//!
 //! The drivers' dependencies (Go modules, npm packages, Maven artifacts, Python packages) are
 //! installed by `scripts/setup`; the Go, Node and Java ones are also fetched on a first run
 //! when missing, and a registry that cannot be reached fails the test with the command to run.
@@ -37,7 +42,7 @@
 mod common;
 
 use common::*;
-use pgmemo::config::PoolMode;
+use pgmemo::config::{Config, PoolMode};
 use sqlx::Connection as _;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -234,17 +239,20 @@ async fn create_tables(table: &str) {
     let _ = conn.await;
 }
 
-/// Runs `run` against a fresh pgmemo in transaction mode with prepared-statement support
-/// `on` or off.
-async fn run_once<F, Fut>(key: &str, on: bool, pool_size: u32, run: F) -> Outcome
+/// pgmemo in transaction mode on [`POOL_SIZE`] servers, prepared-statement support `on` or off.
+fn driver_config(on: bool) -> Config {
+    let mut config = test_config(PoolMode::Transaction, POOL_SIZE);
+    config.general.prepared_statements = on;
+    config
+}
+
+/// Runs `run` against a fresh pgmemo started with `config`, on fresh tables named `table`.
+async fn run_once<F, Fut>(table: String, config: Config, run: F) -> Outcome
 where
     F: FnOnce(Target) -> Fut,
     Fut: Future<Output = Outcome>,
 {
-    let table = format!("pd_{key}_{}", if on { "on" } else { "off" });
     create_tables(&table).await;
-    let mut config = test_config(PoolMode::Transaction, pool_size);
-    config.general.prepared_statements = on;
     let proxy = start_pgmemo(config).await;
     let target = Target {
         addr: proxy.local_addr(),
@@ -266,8 +274,8 @@ where
     Fut: Future<Output = Outcome>,
 {
     let (on, off) = tokio::join!(
-        run_once(key, true, POOL_SIZE, run.clone()),
-        run_once(key, false, POOL_SIZE, run)
+        run_once(format!("pd_{key}_on"), driver_config(true), run.clone()),
+        run_once(format!("pd_{key}_off"), driver_config(false), run)
     );
     record(driver, &on, &off);
     assert!(
@@ -344,23 +352,21 @@ async fn build_pgx() -> PathBuf {
         .clone()
 }
 
+async fn run_pgx(t: Target) -> Outcome {
+    let mut cmd = Command::new(build_pgx().await);
+    cmd.args([
+        &t.url,
+        &t.table,
+        &CLIENTS.to_string(),
+        &ITERATIONS.to_string(),
+    ]);
+    run_program(cmd).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgx_v5_statement_cache() {
-    let bin = build_pgx().await;
-    driver_matrix(DRIVERS[0], "pgx", |t: Target| {
-        let bin = bin.clone();
-        async move {
-            let mut cmd = Command::new(&bin);
-            cmd.args([
-                &t.url,
-                &t.table,
-                &CLIENTS.to_string(),
-                &ITERATIONS.to_string(),
-            ]);
-            run_program(cmd).await
-        }
-    })
-    .await;
+    build_pgx().await;
+    driver_matrix(DRIVERS[0], "pgx", run_pgx).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,52 +387,45 @@ async fn require_python_module(module: &str, package: &str) {
     );
 }
 
-async fn psycopg(driver: &str, key: &str, threshold: &'static str) {
-    require_python_module("psycopg", "psycopg[binary]>=3.1").await;
-    let script = drivers_dir("python").join("prepared_psycopg.py");
-    driver_matrix(driver, key, |t: Target| {
-        let script = script.clone();
-        async move {
-            let mut cmd = Command::new("python3");
-            cmd.arg(&script).args([
-                &t.url,
-                &t.table,
-                threshold,
-                &CLIENTS.to_string(),
-                &ITERATIONS.to_string(),
-            ]);
-            run_program(cmd).await
-        }
-    })
-    .await;
+/// psycopg with `prepare_threshold` `threshold` ("0" or "default").
+async fn run_psycopg(threshold: &'static str, t: Target) -> Outcome {
+    let mut cmd = Command::new("python3");
+    cmd.arg(drivers_dir("python").join("prepared_psycopg.py"))
+        .args([
+            &t.url,
+            &t.table,
+            threshold,
+            &CLIENTS.to_string(),
+            &ITERATIONS.to_string(),
+        ]);
+    run_program(cmd).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psycopg3_prepare_threshold_0() {
-    psycopg(DRIVERS[1], "psycopg0", "0").await;
+    require_python_module("psycopg", "psycopg[binary]>=3.1").await;
+    driver_matrix(DRIVERS[1], "psycopg0", |t| run_psycopg("0", t)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psycopg3_default_threshold() {
-    psycopg(DRIVERS[2], "psycopg5", "default").await;
+    require_python_module("psycopg", "psycopg[binary]>=3.1").await;
+    driver_matrix(DRIVERS[2], "psycopg5", |t| run_psycopg("default", t)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_statement_cache() {
     require_python_module("asyncpg", "asyncpg>=0.29").await;
-    let script = drivers_dir("python").join("prepared_asyncpg.py");
-    driver_matrix(DRIVERS[3], "asyncpg", |t: Target| {
-        let script = script.clone();
-        async move {
-            let mut cmd = Command::new("python3");
-            cmd.arg(&script).args([
+    driver_matrix(DRIVERS[3], "asyncpg", |t: Target| async move {
+        let mut cmd = Command::new("python3");
+        cmd.arg(drivers_dir("python").join("prepared_asyncpg.py"))
+            .args([
                 &t.url,
                 &t.table,
                 &CLIENTS.to_string(),
                 &ITERATIONS.to_string(),
             ]);
-            run_program(cmd).await
-        }
+        run_program(cmd).await
     })
     .await;
 }
@@ -435,8 +434,8 @@ async fn asyncpg_statement_cache() {
 // node-postgres
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_postgres_named_queries() {
+/// Installs tests/drivers/node's packages when they are missing.
+async fn npm_install() {
     let dir = drivers_dir("node");
     if !dir.join("node_modules/pg/package.json").exists() {
         let mut install = Command::new("npm");
@@ -450,20 +449,23 @@ async fn node_postgres_named_queries() {
         )
         .await;
     }
-    driver_matrix(DRIVERS[4], "nodepg", |t: Target| {
-        let dir = dir.clone();
-        async move {
-            let mut cmd = Command::new("node");
-            cmd.arg(dir.join("check.js")).args([
-                &t.url,
-                &t.table,
-                &CLIENTS.to_string(),
-                &ITERATIONS.to_string(),
-            ]);
-            run_program(cmd).await
-        }
-    })
-    .await;
+}
+
+async fn run_node(t: Target) -> Outcome {
+    let mut cmd = Command::new("node");
+    cmd.arg(drivers_dir("node").join("check.js")).args([
+        &t.url,
+        &t.table,
+        &CLIENTS.to_string(),
+        &ITERATIONS.to_string(),
+    ]);
+    run_program(cmd).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_postgres_named_queries() {
+    npm_install().await;
+    driver_matrix(DRIVERS[4], "nodepg", run_node).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -797,15 +799,16 @@ async fn tokio_postgres_client(url: String, table: String, w: usize, chk: Arc<Ch
     let _ = conn.await;
 }
 
+async fn run_tokio_postgres(t: Target) -> Outcome {
+    rust_clients("tokio-postgres 0.7", |w, chk| {
+        tokio_postgres_client(t.url.clone(), t.table.clone(), w, chk)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_postgres_prepared_statements() {
-    driver_matrix(DRIVERS[5], "tokiopg", |t: Target| async move {
-        rust_clients("tokio-postgres 0.7", |w, chk| {
-            tokio_postgres_client(t.url.clone(), t.table.clone(), w, chk)
-        })
-        .await
-    })
-    .await;
+    driver_matrix(DRIVERS[5], "tokiopg", run_tokio_postgres).await;
 }
 
 /// A sqlx error as SQLSTATE and message.
@@ -1086,6 +1089,64 @@ async fn pgbench_select_only_prepared() {
         "pgbench -S -M prepared through pgmemo failed: {}\n{}",
         on_all.summary, on_all.output
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Constant eviction
+// ---------------------------------------------------------------------------------------------
+
+/// The same workload with `max_prepared_statements = 1`: each client uses about 15 distinct
+/// statements, and batches and transactions need several at once, so the servers close
+/// statements and prepare them again all the time, inside pipelines and transactions too.
+/// Four drivers at once, each on its own pgmemo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drivers_under_constant_eviction() {
+    build_pgx().await;
+    require_python_module("psycopg", "psycopg[binary]>=3.1").await;
+    npm_install().await;
+    let evicting = |key: &str| {
+        let mut config = driver_config(true);
+        config.general.max_prepared_statements = 1;
+        (format!("pd_{key}_evict"), config)
+    };
+    let ((t1, c1), (t2, c2), (t3, c3), (t4, c4)) = (
+        evicting("pgx"),
+        evicting("psycopg0"),
+        evicting("nodepg"),
+        evicting("tokiopg"),
+    );
+    let (pgx, psycopg, node, tokio_pg) = tokio::join!(
+        run_once(t1, c1, run_pgx),
+        run_once(t2, c2, |t| run_psycopg("0", t)),
+        run_once(t3, c3, run_node),
+        run_once(t4, c4, run_tokio_postgres),
+    );
+    let runs = [
+        ("Go pgx v5", pgx),
+        ("psycopg 3 (prepare_threshold=0)", psycopg),
+        ("node-postgres", node),
+        ("tokio-postgres", tokio_pg),
+    ];
+    for (driver, outcome) in &runs {
+        println!(
+            "max_prepared_statements = 1: {driver}: {} ({})",
+            if outcome.passed { "PASS" } else { "FAIL" },
+            outcome.summary
+        );
+    }
+    for (driver, outcome) in &runs {
+        assert!(
+            outcome.passed,
+            "{driver} with max_prepared_statements = 1 failed: {}\n{}",
+            outcome.summary,
+            outcome
+                .output
+                .lines()
+                .take(60)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
