@@ -401,6 +401,21 @@ async fn run_psycopg(threshold: &'static str, t: Target) -> Outcome {
     run_program(cmd).await
 }
 
+/// psycopg with `prepare_threshold=0`, every tenth round running DISCARD ALL.
+async fn run_psycopg_discard(t: Target) -> Outcome {
+    let mut cmd = Command::new("python3");
+    cmd.arg(drivers_dir("python").join("prepared_psycopg.py"))
+        .args([
+            &t.url,
+            &t.table,
+            "0",
+            &CLIENTS.to_string(),
+            &ITERATIONS.to_string(),
+            "discard",
+        ]);
+    run_program(cmd).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psycopg3_prepare_threshold_0() {
     require_python_module("psycopg", "psycopg[binary]>=3.1").await;
@@ -411,6 +426,56 @@ async fn psycopg3_prepare_threshold_0() {
 async fn psycopg3_default_threshold() {
     require_python_module("psycopg", "psycopg[binary]>=3.1").await;
     driver_matrix(DRIVERS[2], "psycopg5", |t| run_psycopg("default", t)).await;
+}
+
+/// psycopg sends every statement through the extended protocol, DISCARD ALL too (prepared,
+/// with `prepare_threshold=0`), and forgets its own prepared statements when it sees one
+/// succeed. The same program runs against PostgreSQL directly (it must pass there) and
+/// through pgmemo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "pgmemo bug: DISCARD ALL, DEALLOCATE ALL and DEALLOCATE name sent through the \
+            extended protocol (Parse/Bind/Execute) are not tracked: the client keeps its names (a \
+            later Parse of one gets 42P05), the server's pgmemo_s statements are gone while \
+            pgmemo still counts them (later Binds get 26000), DEALLOCATE name reaches the server \
+            with the client's name (26000)"]
+async fn psycopg3_discard_all_like_postgresql() {
+    require_python_module("psycopg", "psycopg[binary]>=3.1").await;
+    let table = "pd_discard_direct".to_string();
+    create_tables(&table).await;
+    let direct = run_psycopg_discard(Target {
+        addr: cluster().addr(),
+        url: cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB),
+        table,
+    })
+    .await;
+    assert!(
+        direct.passed,
+        "the psycopg DISCARD ALL run fails against PostgreSQL itself: {}\n{}",
+        direct.summary, direct.output
+    );
+    let through = run_once(
+        "pd_discard_pgmemo".into(),
+        driver_config(true),
+        run_psycopg_discard,
+    )
+    .await;
+    println!(
+        "psycopg 3 (prepare_threshold=0) with DISCARD ALL: directly {}, through pgmemo {} ({})",
+        if direct.passed { "PASS" } else { "FAIL" },
+        if through.passed { "PASS" } else { "FAIL" },
+        through.summary
+    );
+    assert!(
+        through.passed,
+        "psycopg with DISCARD ALL fails through pgmemo: {}\n{}",
+        through.summary,
+        through
+            .output
+            .lines()
+            .take(60)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -184,6 +184,14 @@ func iteration(ctx context.Context, conn *pgx.Conn, table string, w, i int) erro
 		checked.Add(1)
 	}
 
+	// Now and then forget every prepared statement (DEALLOCATE ALL and pgx's cache with it):
+	// the next uses prepare them again.
+	if i%10 == 7 {
+		if err := conn.DeallocateAll(ctx); err != nil {
+			return err
+		}
+	}
+
 	// A transaction: insert, read back, commit.
 	tx, err := conn.Begin(ctx)
 	if err != nil {

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """psycopg 3 through pgmemo in transaction mode, with server-side prepared statements.
 
-Usage: prepared_psycopg.py URL TABLE THRESHOLD [CLIENTS] [ITERATIONS]
+Usage: prepared_psycopg.py URL TABLE THRESHOLD [CLIENTS] [ITERATIONS] [discard]
 
 THRESHOLD is psycopg's prepare_threshold: "0" prepares every statement on its first
 execution, "default" keeps psycopg's default (5 executions, then prepared). psycopg names its
 statements _pg3_0, _pg3_1, ... per connection, so different clients use the same names for
 different queries: without pgmemo's prepared-statement support they collide on a shared
-server connection.
+server connection. With "discard", every tenth round also runs DISCARD ALL.
 
 TABLE must exist as (id int primary key, label text, amount int8) with ids 1..100,
 label 'item-<id>' and amount id*id; TABLE_log as (worker int, i int, note text,
@@ -42,7 +42,7 @@ def problem(text):
         PROBLEMS.append(text)
 
 
-def iteration(conn, table, w, i):
+def iteration(conn, table, w, i, discard):
     # Several parameter types, a NULL among them.
     label = f"w{w}-i{i}-é"
     row = conn.execute(
@@ -86,6 +86,12 @@ def iteration(conn, table, w, i):
             code = e.sqlstate
         check(code, "22012", "division by zero")
 
+    # With "discard", now and then reset the session; psycopg sees the DISCARD ALL and forgets
+    # its prepared statements, the next uses prepare them again. psycopg runs DISCARD ALL
+    # through the extended protocol (Parse/Bind/Execute), prepared too with threshold 0.
+    if discard and i % 10 == 7:
+        conn.execute("DISCARD ALL")
+
     # A transaction: insert, read back, commit.
     note = f"note {w}/{i}"
     with conn.transaction():
@@ -102,7 +108,7 @@ def iteration(conn, table, w, i):
         check(row, (3,), "rows from executemany in the transaction")
 
 
-def worker(url, table, threshold, w, iterations):
+def worker(url, table, threshold, w, iterations, discard):
     kwargs = {"autocommit": True}
     if threshold != "default":
         kwargs["prepare_threshold"] = int(threshold)
@@ -116,7 +122,7 @@ def worker(url, table, threshold, w, iterations):
     with conn:
         for i in range(iterations):
             try:
-                iteration(conn, table, w, i)
+                iteration(conn, table, w, i, discard)
                 committed += 1
             except Exception as e:
                 sqlstate = getattr(e, "sqlstate", None)
@@ -133,13 +139,15 @@ def worker(url, table, threshold, w, iterations):
 
 def main():
     if len(sys.argv) < 4:
-        print("usage: prepared_psycopg.py URL TABLE THRESHOLD [CLIENTS] [ITERATIONS]", file=sys.stderr)
+        print("usage: prepared_psycopg.py URL TABLE THRESHOLD [CLIENTS] [ITERATIONS] [discard]", file=sys.stderr)
         sys.exit(2)
     url, table, threshold = sys.argv[1:4]
     clients = int(sys.argv[4]) if len(sys.argv) > 4 else 24
     iterations = int(sys.argv[5]) if len(sys.argv) > 5 else 30
+    discard = len(sys.argv) > 6 and sys.argv[6] == "discard"
     threads = [
-        threading.Thread(target=worker, args=(url, table, threshold, w, iterations)) for w in range(clients)
+        threading.Thread(target=worker, args=(url, table, threshold, w, iterations, discard))
+        for w in range(clients)
     ]
     for t in threads:
         t.start()
@@ -150,7 +158,7 @@ def main():
             print(p)
         sys.exit(1)
     print(
-        f"OK psycopg {psycopg.__version__} (prepare_threshold={threshold}): "
+        f"OK psycopg {psycopg.__version__} (prepare_threshold={threshold}{', DISCARD ALL' if discard else ''}): "
         f"{clients} clients x {iterations} iterations, {CHECKED[0]} values checked"
     )
 
