@@ -85,6 +85,9 @@ pub enum Action {
     /// Nothing was sent to the server; pgmemo answers itself when the entry reaches the head,
     /// where PostgreSQL would have answered.
     Synthesize(Synth),
+    /// A message pgmemo sent on its own account, at a point between the client's units of
+    /// work: every reply is swallowed, an error too (it concerns nothing the client sent).
+    Silent,
     /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
     /// error-skip and transaction rules apply); the client sees the error rewritten.
     ReplaceError(ErrorRewrite),
@@ -98,6 +101,29 @@ pub enum ErrorRewrite {
     Rename { from: Bytes, to: Bytes },
     /// pgmemo's own ErrorResponse message, whole.
     Whole(Bytes),
+    /// PostgreSQL's error with this message text instead of its own (`M`), when its own
+    /// message is about a placeholder pgmemo sent; every other field is the server's.
+    Message(Bytes),
+}
+
+/// Writes the ErrorResponse `body` with its `M` field replaced by `message`.
+pub fn error_with_message(out: &mut bytes::BytesMut, body: &[u8], message: &[u8]) {
+    crate::protocol::write_message(out, be::ERROR_RESPONSE, |b| {
+        let mut fields = body;
+        while let [code, rest @ ..] = fields {
+            if *code == 0 {
+                break;
+            }
+            let Some(end) = rest.iter().position(|&c| c == 0) else {
+                break;
+            };
+            b.extend_from_slice(&[*code]);
+            b.extend_from_slice(if *code == b'M' { message } else { &rest[..end] });
+            b.extend_from_slice(&[0]);
+            fields = &rest[end + 1..];
+        }
+        b.extend_from_slice(&[0]);
+    });
 }
 
 /// A reply pgmemo writes itself.
@@ -140,9 +166,41 @@ pub enum Route {
     Replace,
 }
 
+/// An entry in the queue.
+#[derive(Debug)]
+struct Queued {
+    entry: Entry,
+    /// This entry ends a unit of work (a Sync, or a simple query) whose bookkeeping may still
+    /// be undone: counted in [`ReplyQueue::uncertain_units`] while queued.
+    closes_uncertain: bool,
+}
+
+impl std::ops::Deref for Queued {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        &self.entry
+    }
+}
+
+impl std::ops::DerefMut for Queued {
+    fn deref_mut(&mut self) -> &mut Entry {
+        &mut self.entry
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct ReplyQueue {
-    entries: VecDeque<Entry>,
+    entries: VecDeque<Queued>,
+    /// Units of work in flight (batches up to their Sync, simple queries) whose bookkeeping
+    /// may still be undone because a message may fail or be discarded. While there are any,
+    /// what the client's statements are depends on replies not yet in: see
+    /// [`ReplyQueue::is_uncertain`].
+    uncertain_units: usize,
+    /// The open batch has a message the server answers (which may fail, making PostgreSQL
+    /// discard the rest of the batch).
+    open_fallible: bool,
+    /// The open batch has bookkeeping that may be undone.
+    open_uncertain: bool,
     /// Effects whose entries have ended, in the order they must be applied (undos of one
     /// error newest first). The session drains it after every message.
     outcomes: Vec<(Effect, Outcome)>,
@@ -206,7 +264,49 @@ impl ReplyQueue {
             }
             return;
         }
-        self.entries.push_back(entry);
+        // Bookkeeping that may still be undone: its message may fail, or be discarded because
+        // an earlier message of its batch fails.
+        let uncertain = entry.effect.as_ref().is_some_and(|effect| {
+            effect.matters_for_planning()
+                && (self.open_fallible
+                    || (!matches!(entry.action, Action::Synthesize(_))
+                        && effect.undone_on_failure()))
+        });
+        let mut closes_uncertain = false;
+        match e {
+            Expected::Sync => {
+                closes_uncertain = self.open_uncertain;
+                self.open_uncertain = false;
+                self.open_fallible = false;
+            }
+            // A simple query counts at once: later messages run even if it fails.
+            Expected::Query => closes_uncertain = uncertain,
+            _ => {
+                self.open_uncertain |= uncertain;
+                if !matches!(entry.action, Action::Synthesize(_)) && e != Expected::Internal {
+                    self.open_fallible = true;
+                }
+            }
+        }
+        self.uncertain_units += usize::from(closes_uncertain);
+        self.entries.push_back(Queued {
+            entry,
+            closes_uncertain,
+        });
+    }
+
+    /// Whether bookkeeping of an earlier unit of work (a batch up to its Sync, a simple
+    /// query) may still be undone. Messages of the open batch do not count: if they fail,
+    /// PostgreSQL discards whatever follows them in the batch as well.
+    pub fn is_uncertain(&self) -> bool {
+        self.uncertain_units > 0
+    }
+
+    /// Takes the head entry off the queue.
+    fn take_front(&mut self) -> Option<Entry> {
+        let queued = self.entries.pop_front()?;
+        self.uncertain_units -= usize::from(queued.closes_uncertain);
+        Some(queued.entry)
     }
 
     /// PostgreSQL is discarding messages until the client's next Sync: whatever the client
@@ -215,13 +315,15 @@ impl ReplyQueue {
         self.skipping
     }
 
-    /// Whether a reply to an earlier unit of work (a simple query, or a batch up to its Sync)
-    /// is still outstanding: something that may change the transaction state before the next
-    /// message runs.
-    pub fn has_earlier_unit(&self) -> bool {
-        self.entries
-            .iter()
-            .any(|e| matches!(e.expected, Expected::Query | Expected::Sync))
+    /// Whether something still unanswered may change the transaction state (a query, an
+    /// Execute, a Sync).
+    pub fn may_change_transaction(&self) -> bool {
+        self.entries.iter().any(|e| {
+            matches!(
+                e.expected,
+                Expected::Query | Expected::Execute | Expected::Sync | Expected::Internal
+            )
+        })
     }
 
     /// Whether a simple query's reply is still outstanding.
@@ -232,6 +334,11 @@ impl ReplyQueue {
     /// The server is in COPY IN, waiting for the client's data.
     pub fn in_copy_in(&self) -> bool {
         self.copy_in
+    }
+
+    /// The client has an extended-protocol batch open (no Sync since its last message).
+    pub fn in_batch(&self) -> bool {
+        self.open_batch
     }
 
     /// No reply is outstanding.
@@ -254,11 +361,14 @@ impl ReplyQueue {
     /// Forgets everything (the server connection is gone). Effects still pending are reported
     /// as discarded so their bookkeeping is undone.
     pub fn clear(&mut self) {
-        while let Some(entry) = self.entries.pop_back() {
-            if let Some(effect) = entry.effect {
+        while let Some(queued) = self.entries.pop_back() {
+            if let Some(effect) = queued.entry.effect {
                 self.outcomes.push((effect, Outcome::Discarded));
             }
         }
+        self.uncertain_units = 0;
+        self.open_fallible = false;
+        self.open_uncertain = false;
         self.open_batch = false;
         self.skipping = false;
         self.copy_in = false;
@@ -285,7 +395,7 @@ impl ReplyQueue {
         let Some(Entry {
             action: Action::Synthesize(synth),
             ..
-        }) = self.entries.front()
+        }) = self.entries.front().map(|q| &q.entry)
         else {
             return None;
         };
@@ -295,7 +405,7 @@ impl ReplyQueue {
     }
 
     fn pop_done(&mut self) {
-        if let Some(entry) = self.entries.pop_front() {
+        if let Some(entry) = self.take_front() {
             if let Some(effect) = entry.effect.filter(Effect::matters_when_done) {
                 self.outcomes.push((effect, Outcome::Done));
             }
@@ -318,6 +428,7 @@ impl ReplyQueue {
         };
         let kind = head.expected;
         let route = match (&head.action, tag) {
+            (Action::Silent, _) => Route::Swallow,
             (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,
             (Action::ReplaceError(_), be::ERROR_RESPONSE) => Route::Replace,
             (_, be::ERROR_RESPONSE | be::NOTICE_RESPONSE) => Route::Forward,
@@ -351,7 +462,7 @@ impl ReplyQueue {
                         .front()
                         .is_some_and(|e| e.expected != Expected::Sync)
                     {
-                        let entry = self.entries.pop_front().expect("checked");
+                        let entry = self.take_front().expect("checked");
                         if let Some(effect) = entry.effect {
                             let outcome = if first {
                                 Outcome::Failed
@@ -365,6 +476,9 @@ impl ReplyQueue {
                     self.outcomes.extend(ended.into_iter().rev());
                     if self.entries.is_empty() {
                         self.skipping = true;
+                        // The open batch's bookkeeping has been undone.
+                        self.open_fallible = false;
+                        self.open_uncertain = false;
                     }
                 } else if let Some(entry) = self.entries.front_mut() {
                     // A simple query (or Sync) goes on to its ReadyForQuery; its effect failed.
@@ -394,7 +508,9 @@ impl ReplyQueue {
                 let mut i = 1;
                 while i < end {
                     if self.entries[i].expected == Expected::Sync {
-                        self.entries.remove(i);
+                        if let Some(sync) = self.entries.remove(i) {
+                            self.uncertain_units -= usize::from(sync.closes_uncertain);
+                        }
                         end -= 1;
                     } else {
                         i += 1;

@@ -21,7 +21,7 @@ use crate::params::{self, Vars};
 use crate::pool::{CheckoutError, Pool, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
-use crate::replies::{ErrorRewrite, Expected, ReplyQueue, Route, Synth};
+use crate::replies::{self, ErrorRewrite, Expected, ReplyQueue, Route, Synth};
 use crate::server::{ServerConn, ServerError};
 use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
@@ -192,6 +192,11 @@ struct Session {
     statement_limits: planner::Limits,
     /// Names a duplicate Parse left on the server, closed after the next Sync.
     cleanup: Vec<Box<[u8]>>,
+    /// The next client message waits for the server's replies to what is in flight (see
+    /// [`planner::Plan::Wait`]): client input is not planned until a server message arrives.
+    waiting: bool,
+    /// A Flush has been sent for the current wait.
+    wait_flushed: bool,
 }
 
 impl Session {
@@ -238,6 +243,8 @@ impl Session {
                 max_bytes: 64 * 1024 * 1024,
             },
             cleanup: Vec::new(),
+            waiting: false,
+            wait_flushed: false,
         };
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
@@ -571,8 +578,10 @@ impl Session {
             let server = self.server.as_mut().expect("server acquired above");
             self.stats.bytes_received += len as u64;
             // Statement messages are planned (renamed, injected, answered locally), unless
-            // PostgreSQL is discarding everything until the next Sync anyway.
-            if let Some(stmts) = self.stmts.as_mut().filter(|_| !self.replies.is_skipping()) {
+            // PostgreSQL is discarding everything until the next Sync anyway. The Sync itself
+            // always is: the planner may have cleanup to send after it.
+            let skipping = self.replies.is_skipping() && tag != fe::SYNC;
+            if let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) {
                 let planned = planner::Planner {
                     msg: &self.client.rbuf[..len],
                     server,
@@ -584,10 +593,27 @@ impl Session {
                     cleanup: &mut self.cleanup,
                 }
                 .plan(tag);
-                if planned {
-                    self.client.rbuf.advance(len);
-                    self.answer_locally();
-                    continue;
+                if planned != planner::Plan::Wait {
+                    self.wait_flushed = false;
+                }
+                match planned {
+                    planner::Plan::Done => {
+                        self.client.rbuf.advance(len);
+                        self.answer_locally();
+                        continue;
+                    }
+                    planner::Plan::Wait => {
+                        // Planned again when the server has answered what is in flight,
+                        // which a Flush makes it send.
+                        self.stats.bytes_received -= len as u64;
+                        if !self.wait_flushed {
+                            crate::protocol::write_message(&mut server.wbuf, fe::FLUSH, |_| {});
+                            self.wait_flushed = true;
+                        }
+                        self.waiting = true;
+                        return Ok(());
+                    }
+                    planner::Plan::Forward => {}
                 }
             }
             if let Some(expected) = Expected::for_client_message(tag) {
@@ -686,6 +712,7 @@ impl Session {
                     )));
                 }
             };
+            self.waiting = false;
             let route = self.replies.on_server_message(tag);
             let body = &server.rbuf[5..len];
             match tag {
@@ -731,6 +758,9 @@ impl Session {
                         }
                         Some(ErrorRewrite::Whole(bytes)) => {
                             self.client.wbuf.extend_from_slice(&bytes)
+                        }
+                        Some(ErrorRewrite::Message(message)) => {
+                            replies::error_with_message(&mut self.client.wbuf, body, &message)
                         }
                         None => self.client.wbuf.extend_from_slice(&server.rbuf[..len]),
                     }
@@ -841,7 +871,7 @@ impl Session {
         }
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
         // After a protocol violation only the replies still owed are relayed.
-        if server_backlog < HIGH_WATER && self.violation.is_none() {
+        if server_backlog < HIGH_WATER && self.violation.is_none() && !self.waiting {
             // Messages left unplanned by backpressure can be planned now.
             if !matches!(frame(&self.client.rbuf, self.max_message), Ok(None)) {
                 return Poll::Ready(Event::ClientRead);

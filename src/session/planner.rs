@@ -25,7 +25,8 @@ use crate::replies::{Action, Entry, ErrorRewrite, Expected, Outcome, ReplyQueue,
 use crate::server::ServerConn;
 use crate::statements::sql::{self, Command};
 use crate::statements::{
-    ClientStatements, Effect, Registry, ResetSnapshot, Statement, StatementKey,
+    ClientStatements, Effect, Registry, ResetSnapshot, Statement, StatementKey, GUARD_NAME,
+    GUARD_QUERY,
 };
 use crate::stats::LocalStats;
 use bytes::{Bytes, BytesMut};
@@ -60,18 +61,54 @@ pub struct Planner<'a> {
     pub cleanup: &'a mut Vec<Box<[u8]>>,
 }
 
+/// What became of a client message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Planned: sent (as the server must see it) or answered locally.
+    Done,
+    /// Not the planner's business: the caller forwards it unchanged.
+    Forward,
+    /// What it needs depends on whether the session is in an aborted transaction block, which
+    /// only the replies still in flight will tell: plan it again once they have arrived
+    /// (pgmemo sends the server a Flush so that they do).
+    Wait,
+}
+
 impl Planner<'_> {
-    /// Plans the message; false when it is not the planner's business (the caller forwards it
-    /// unchanged).
-    pub fn plan(mut self, tag: u8) -> bool {
-        match tag {
+    /// Plans the message.
+    pub fn plan(mut self, tag: u8) -> Plan {
+        // Only a transaction block can be aborted: the guard is prepared on a server the
+        // first time pgmemo plans a message in one, or one that may open one.
+        if !self.server.prepared.has_guard()
+            && (self.server.status == b'T' || self.may_open_block(tag))
+        {
+            self.prepare_guard();
+        }
+        // Planning reads the client's statements and the server's: wait until no reply still
+        // to come can undo changes made to them by earlier units of work (pipelined past a
+        // Sync, say, behind a Parse that may fail). Portals are not planned.
+        let statement_target = || self.msg.get(5) == Some(&b'S');
+        let reads_statements = match tag {
+            fe::PARSE | fe::BIND | fe::QUERY => true,
+            fe::DESCRIBE | fe::CLOSE => statement_target(),
+            _ => false,
+        };
+        if reads_statements && self.replies.is_uncertain() {
+            return Plan::Wait;
+        }
+        let planned = match tag {
             fe::PARSE => self.parse(),
-            fe::BIND => self.bind(),
-            fe::DESCRIBE => self.describe(),
+            fe::BIND => return self.bind(),
+            fe::DESCRIBE => return self.describe(),
             fe::CLOSE => self.close(),
-            fe::QUERY => self.query(),
+            fe::QUERY => return self.query(),
             fe::SYNC => self.sync(),
             _ => false,
+        };
+        if planned {
+            Plan::Done
+        } else {
+            Plan::Forward
         }
     }
 
@@ -179,16 +216,10 @@ impl Planner<'_> {
     }
 
     /// Whether the session may be in an aborted transaction block when the message being
-    /// planned runs: it is (the last ReadyForQuery said so), or an earlier request still in
-    /// flight may leave it so (in a transaction block anything may fail; outside one, a
-    /// simple query may open a block and fail in it). Messages earlier in the same batch
-    /// cannot: if they fail, PostgreSQL skips this one too.
+    /// planned runs: it is (the last ReadyForQuery said so), or something still in flight
+    /// may leave it so (see [`Planner::state_known`]).
     fn may_be_aborted(&self) -> bool {
-        match self.server.status {
-            b'E' => true,
-            b'T' => self.replies.has_earlier_unit(),
-            _ => self.replies.has_pending_query(),
-        }
+        self.server.status == b'E' || !self.state_known()
     }
 
     /// A Parse of a name the client already has. PostgreSQL answers 42P05 — after checking
@@ -212,10 +243,10 @@ impl Planner<'_> {
         true
     }
 
-    fn bind(&mut self) -> bool {
+    fn bind(&mut self) -> Plan {
         let msg = self.msg;
         let Some(b) = Bind::parse(&msg[5..]) else {
-            return false;
+            return Plan::Forward;
         };
         let Some((client_name, statement)) = self
             .stmts
@@ -230,6 +261,14 @@ impl Planner<'_> {
                 })
             });
         };
+        match self.in_aborted_block(&statement) {
+            None => return Plan::Wait,
+            Some(true) => {
+                self.refuse_bind(&b, &statement);
+                return Plan::Done;
+            }
+            Some(false) => {}
+        }
         self.ensure_prepared(&statement);
         let generation = statement.generation();
         write_message(&mut self.server.wbuf, fe::BIND, |m| {
@@ -245,16 +284,51 @@ impl Planner<'_> {
                 generation,
             }),
         });
-        true
+        Plan::Done
     }
 
-    fn describe(&mut self) -> bool {
+    /// A Bind that PostgreSQL would refuse in an aborted transaction block, of a statement
+    /// the server lacks. The server refuses it too, binding the guard (see [`GUARD_NAME`]):
+    /// with no parameters for 25P02, or, when the client's parameter count is wrong (which
+    /// PostgreSQL checks first), with a wrong count for the guard, the error's message then
+    /// being PostgreSQL's message about the client's statement.
+    fn refuse_bind(&mut self, b: &Bind, statement: &Statement) {
+        let supplied = bind_param_count(b.rest);
+        let required = statement.param_count;
+        let rewrite = (supplied != Some(required)).then(|| {
+            let supplied = supplied.unwrap_or_default();
+            ErrorRewrite::Message(Bytes::from(format!(
+                "bind message supplies {supplied} parameters, but prepared statement \"{}\" requires {required}",
+                String::from_utf8_lossy(b.statement)
+            )))
+        });
+        write_message(&mut self.server.wbuf, fe::BIND, |m| {
+            put_cstr(m, b.portal);
+            put_cstr(m, GUARD_NAME);
+            if rewrite.is_some() {
+                // Formats none, one NULL value: "supplies 1 parameters, but ... requires 0".
+                m.extend_from_slice(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff, 0, 0]);
+            } else {
+                m.extend_from_slice(&[0, 0, 0, 0, 0, 0]); // no formats, values, results
+            }
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Bind,
+            action: match rewrite {
+                Some(rewrite) => Action::ReplaceError(rewrite),
+                None => Action::Forward,
+            },
+            effect: None,
+        });
+    }
+
+    fn describe(&mut self) -> Plan {
         let msg = self.msg;
         let Some(t) = Target::parse(&msg[5..]) else {
-            return false;
+            return Plan::Forward;
         };
         if t.kind != b'S' {
-            return false; // portals are per transaction: their names pass through
+            return Plan::Forward; // portals are per transaction: their names pass through
         }
         let Some((client_name, statement)) = self
             .stmts
@@ -268,6 +342,20 @@ impl Planner<'_> {
                 })
             });
         };
+        match self.in_aborted_block(&statement) {
+            None => return Plan::Wait,
+            Some(true) => {
+                // PostgreSQL refuses to describe a statement that returns rows (25P02): so
+                // does the server, describing the guard.
+                write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, GUARD_NAME);
+                });
+                self.replies.push(Expected::Describe);
+                return Plan::Done;
+            }
+            Some(false) => {}
+        }
         self.ensure_prepared(&statement);
         let generation = statement.generation();
         write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
@@ -282,7 +370,7 @@ impl Planner<'_> {
                 generation,
             }),
         });
-        true
+        Plan::Done
     }
 
     fn close(&mut self) -> bool {
@@ -312,7 +400,11 @@ impl Planner<'_> {
     /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
     /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
     /// server knows it under another name). Everything else passes through.
-    fn query(&mut self) -> bool {
+    fn query(&mut self) -> Plan {
+        if self.deallocates_protocol_name() && !self.state_known() {
+            // Answered locally, unless the session is in an aborted block: not known yet.
+            return Plan::Wait;
+        }
         // PostgreSQL drops the unnamed statement at the start of every simple query (even one
         // that then fails).
         let unnamed = self
@@ -334,7 +426,7 @@ impl Planner<'_> {
             }),
             QueryPlan::Forward(effect) => {
                 if unnamed.is_none() && effect.is_none() {
-                    return false;
+                    return Plan::Forward;
                 }
                 self.server.wbuf.extend_from_slice(self.msg);
                 self.replies.push_entry(Entry {
@@ -344,7 +436,23 @@ impl Planner<'_> {
                 });
             }
         }
-        true
+        Plan::Done
+    }
+
+    /// Whether the message is a simple query that is only `DEALLOCATE` of one of the client's
+    /// protocol-level statements.
+    fn deallocates_protocol_name(&self) -> bool {
+        let Some(text) = fe::query_text(self.body()) else {
+            return false;
+        };
+        if !contains_ignore_case(text, b"deallocate") {
+            return false;
+        }
+        let Ok(text) = std::str::from_utf8(text) else {
+            return false;
+        };
+        matches!(sql::classify(text).as_slice(),
+            [Command::Deallocate { name }] if self.stmts.get(name.as_bytes()).is_some())
     }
 
     /// What a simple query does to the client's statements.
@@ -366,6 +474,7 @@ impl Planner<'_> {
             let snapshot = ResetSnapshot {
                 names: self.stmts.take_all(),
                 prepared: self.server.prepared.snapshot(),
+                guard: self.server.prepared.has_guard(),
                 sole_command: commands.len() == 1,
             };
             self.server.prepared.clear();
@@ -374,7 +483,7 @@ impl Planner<'_> {
         if let [Command::Deallocate { name }] = commands.as_slice() {
             // In an aborted transaction block the server refuses it (25P02) whatever the name,
             // exactly as PostgreSQL would.
-            if self.server.status != b'E' {
+            if !self.certainly_aborted() {
                 if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
                     return QueryPlan::Synthesize(Effect::Unbound {
                         name: name.as_bytes().into(),
@@ -421,11 +530,11 @@ impl Planner<'_> {
         name: &[u8],
         expected: Expected,
         encode: impl FnOnce(&mut BytesMut, &[u8]),
-    ) -> bool {
+    ) -> Plan {
         if name.is_empty() {
             // pgmemo never leaves an unnamed statement on a server: PostgreSQL's own answer
             // ("unnamed prepared statement does not exist") is the right one.
-            return false;
+            return Plan::Forward;
         }
         encode(&mut self.server.wbuf, MISSING_NAME);
         self.replies.push_entry(Entry {
@@ -436,7 +545,7 @@ impl Planner<'_> {
             }),
             effect: None,
         });
-        true
+        Plan::Done
     }
 
     /// Makes the server fail at this point with pgmemo's own error.
@@ -452,6 +561,84 @@ impl Planner<'_> {
             action: Action::ReplaceError(ErrorRewrite::Whole(error.freeze())),
             effect: None,
         });
+    }
+
+    /// Whether the message may open a transaction block: a simple query that mentions BEGIN
+    /// or START (a cheap, generous test), a Parse or Bind of BEGIN or START TRANSACTION.
+    fn may_open_block(&self, tag: u8) -> bool {
+        match tag {
+            fe::QUERY => fe::query_text(self.body()).is_some_and(|text| {
+                contains_ignore_case(text, b"begin") || contains_ignore_case(text, b"start")
+            }),
+            fe::PARSE => Parse::parse(self.body())
+                .and_then(|p| std::str::from_utf8(p.query).ok())
+                .is_some_and(sql::is_transaction_start),
+            fe::BIND => Bind::parse(self.body())
+                .and_then(|b| self.stmts.get(b.statement))
+                .is_some_and(|s| s.starts_transaction),
+            _ => false,
+        }
+    }
+
+    /// Prepares the guard statement (see [`GUARD_NAME`]) if this is a safe moment: between
+    /// the client's units of work (no batch open), unless the block is known to be aborted.
+    /// A Sync follows, so that the Parse is a unit of its own (inside a transaction block a
+    /// Sync commits nothing); if an earlier unit still in flight leaves the block aborted,
+    /// the Parse fails, silently, and the guard is not there.
+    fn prepare_guard(&mut self) {
+        if self.replies.in_batch() || self.replies.in_copy_in() || self.certainly_aborted() {
+            return;
+        }
+        write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+            put_cstr(m, GUARD_NAME);
+            put_cstr(m, GUARD_QUERY);
+            m.extend_from_slice(&[0, 0]);
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Silent,
+            effect: Some(Effect::Guard),
+        });
+        fe::sync(&mut self.server.wbuf);
+        self.replies.push_entry(Entry {
+            expected: Expected::Sync,
+            action: Action::Silent,
+            effect: None,
+        });
+        self.server.prepared.set_guard(true);
+    }
+
+    /// For a Bind or Describe of `statement`: whether it runs in an aborted transaction block
+    /// on a server that lacks the statement (PostgreSQL would refuse it in Bind or Describe,
+    /// but a Parse injected first would be refused in Parse), or None when that is not known
+    /// yet. Only asked when it matters: the server lacks the statement, it is not COMMIT,
+    /// ROLLBACK or the like (PostgreSQL parses and runs those in an aborted block), and the
+    /// guard is there to answer with.
+    fn in_aborted_block(&mut self, statement: &Statement) -> Option<bool> {
+        if statement.ends_transaction
+            || !self.server.prepared.has_guard()
+            || self.server.prepared.has_current(statement)
+        {
+            return Some(false);
+        }
+        self.state_known().then_some(self.server.status == b'E')
+    }
+
+    /// Whether the transaction state the message being planned runs in is the one the last
+    /// ReadyForQuery reported. In a transaction block anything still in flight may change it
+    /// (an error aborts the block, an Execute of ROLLBACK ends it); outside one, only a
+    /// simple query can open a block and fail in it before this message (an error in this
+    /// batch makes PostgreSQL skip this message anyway).
+    fn state_known(&self) -> bool {
+        match self.server.status {
+            b'I' => !self.replies.has_pending_query(),
+            _ => !self.replies.may_change_transaction(),
+        }
+    }
+
+    /// Whether the message being planned certainly runs in an aborted transaction block.
+    fn certainly_aborted(&self) -> bool {
+        self.server.status == b'E' && self.state_known()
     }
 
     /// Injects the statement's Parse unless the server has a current copy.
@@ -507,6 +694,13 @@ impl Planner<'_> {
             }),
         });
     }
+}
+
+/// The number of parameter values in a Bind (after its names), if the message says.
+fn bind_param_count(rest: &[u8]) -> Option<usize> {
+    let formats = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
+    let at = 2 + 2 * formats;
+    Some(u16::from_be_bytes(rest.get(at..at + 2)?.try_into().ok()?) as usize)
 }
 
 /// How a simple query is sent, and what it does to the client's statements.
@@ -592,11 +786,17 @@ pub fn settle(
                 for (s, generation) in snapshot.prepared {
                     server.prepared.insert_with_generation(s, generation);
                 }
+                server.prepared.set_guard(snapshot.guard);
                 if !snapshot.sole_command {
                     // It may have run before the error: what the server holds is unknown,
                     // so this connection is not reused.
                     server.broken = true;
                 }
+            }
+        }
+        Effect::Guard if !done => {
+            if let Some(server) = server {
+                server.prepared.set_guard(false);
             }
         }
         Effect::Both(both) => {

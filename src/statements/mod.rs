@@ -48,6 +48,14 @@ pub struct Statement {
     /// Set once some server accepted its Parse: until then a client's Parse of it must reach a
     /// server, so that an invalid statement fails where PostgreSQL would fail it.
     validated: AtomicBool,
+    /// COMMIT, ROLLBACK and the like: the statements PostgreSQL still parses and runs in an
+    /// aborted transaction block.
+    pub ends_transaction: bool,
+    /// BEGIN or START TRANSACTION.
+    pub starts_transaction: bool,
+    /// How many parameters PostgreSQL will say it has: as many types as the Parse gives, or
+    /// more if the text uses a higher `$n`.
+    pub param_count: usize,
     /// Client names currently bound to it.
     pub holders: AtomicUsize,
     /// Servers it is prepared on.
@@ -66,8 +74,16 @@ impl Statement {
             put_cstr(b, &key.query);
             b.extend_from_slice(&key.param_types);
         });
+        let text = std::str::from_utf8(&key.query).unwrap_or_default();
+        let declared = u16::from_be_bytes([
+            key.param_types.first().copied().unwrap_or(0),
+            key.param_types.get(1).copied().unwrap_or(0),
+        ]) as usize;
         Statement {
             id,
+            ends_transaction: sql::is_transaction_exit(text),
+            starts_transaction: sql::is_transaction_start(text),
+            param_count: declared.max(sql::highest_parameter(text)),
             key,
             server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),
             server_name,
@@ -162,6 +178,8 @@ pub enum Effect {
         statement: Arc<Statement>,
         generation: u32,
     },
+    /// The guard statement was injected on this server. Failed or undone: it is not there.
+    Guard,
     /// A Bind or Describe of a statement: failing with 0A000 ("cached plan must not change
     /// result type") marks every server's copy stale.
     Uses {
@@ -190,6 +208,24 @@ impl Effect {
         }
     }
 
+    /// Whether later planning reads what this changes (client names, statements on the
+    /// server). A Bind's use of a statement does not count, nor the guard.
+    pub fn matters_for_planning(&self) -> bool {
+        !matches!(self, Effect::Uses { .. } | Effect::Guard)
+    }
+
+    /// Whether this is undone when its own message fails (not only when PostgreSQL discards
+    /// the message): a Parse sent to the server, a reset. A dropped name stays dropped (a
+    /// Close or DEALLOCATE pgmemo answers itself cannot fail; a simple query that fails has
+    /// dropped the unnamed statement anyway), and a Close never fails.
+    pub fn undone_on_failure(&self) -> bool {
+        match self {
+            Effect::Bound { .. } | Effect::Prepared(_) | Effect::Reset(_) => true,
+            Effect::Both(both) => both.0.undone_on_failure() || both.1.undone_on_failure(),
+            _ => false,
+        }
+    }
+
     /// `a` then `b`, either of which may be absent.
     pub fn combine(a: Option<Effect>, b: Option<Effect>) -> Option<Effect> {
         match (a, b) {
@@ -204,11 +240,23 @@ impl Effect {
 pub struct ResetSnapshot {
     pub names: HashMap<Bytes, Arc<Statement>>,
     pub prepared: Vec<(Arc<Statement>, u32)>,
+    /// Whether the server had the guard statement.
+    pub guard: bool,
     /// The query was only the reset command, so failing means it did not run at all; in a
     /// multi-statement query it may have run before the failure, and the server's state is
     /// then unknown.
     pub sole_command: bool,
 }
+
+/// The guard: a statement pgmemo keeps prepared on every server connection (outside the LRU),
+/// so that in an aborted transaction block a Bind or Describe of a statement the server lacks
+/// can still get PostgreSQL's own 25P02 from Bind or Describe (a Parse injected there would
+/// fail in Parse, with other error fields). Its id, 0, is one the statement counter never
+/// hands out, and its name matches the `pgmemo_s<n>` pattern that session-mode resets keep.
+pub const GUARD_NAME: &[u8] = b"pgmemo_s0";
+/// The guard's text: no parameters, and a (zero-column) result, so that Describe in an
+/// aborted block refuses it as it refuses any statement that returns rows.
+pub const GUARD_QUERY: &[u8] = b"SELECT";
 
 /// PostgreSQL keeps the first 63 bytes (NAMEDATALEN - 1) of a statement name: a longer name in
 /// Parse, Bind, Describe or Close means the statement named by its first 63 bytes.

@@ -15,6 +15,9 @@ struct Prepared {
 pub struct ServerSet {
     prepared: LruCache<u64, Prepared>,
     limit: usize,
+    /// Whether the guard statement ([`super::GUARD_NAME`]) is prepared here. Not part of
+    /// the LRU: it is pgmemo's own, one per server.
+    guard: bool,
 }
 
 impl ServerSet {
@@ -22,7 +25,16 @@ impl ServerSet {
         ServerSet {
             prepared: LruCache::unbounded(),
             limit: limit.max(1),
+            guard: false,
         }
+    }
+
+    pub fn has_guard(&self) -> bool {
+        self.guard
+    }
+
+    pub fn set_guard(&mut self, prepared: bool) {
+        self.guard = prepared;
     }
 
     pub fn set_limit(&mut self, limit: usize) {
@@ -88,9 +100,11 @@ impl ServerSet {
 
     /// Whether a statement with this server-side name is prepared here.
     pub fn has_server_name(&self, name: &[u8]) -> bool {
-        self.prepared
-            .iter()
-            .any(|(_, p)| p.statement.server_name.as_bytes() == name)
+        (self.guard && name == super::GUARD_NAME)
+            || self
+                .prepared
+                .iter()
+                .any(|(_, p)| p.statement.server_name.as_bytes() == name)
     }
 
     /// Forgets `statement` (closed, or its Parse never ran); returns whether it was there.
@@ -118,11 +132,13 @@ impl ServerSet {
             .cloned()
     }
 
-    /// Everything was deallocated on the server (DISCARD ALL, DEALLOCATE ALL).
+    /// Everything was deallocated on the server (DISCARD ALL, DEALLOCATE ALL), the guard
+    /// too.
     pub fn clear(&mut self) {
         while let Some((_, p)) = self.prepared.pop_lru() {
             p.statement.servers.fetch_sub(1, Ordering::Relaxed);
         }
+        self.guard = false;
     }
 
     pub fn len(&self) -> usize {

@@ -73,6 +73,32 @@ fn classify_one(stmt: &str) -> Command {
     }
 }
 
+/// Whether a statement is one PostgreSQL still runs in an aborted transaction block
+/// (`IsTransactionExitStmt`): COMMIT / END, ROLLBACK / ABORT (also `ROLLBACK TO`), PREPARE
+/// TRANSACTION — but not COMMIT PREPARED or ROLLBACK PREPARED.
+pub fn is_transaction_exit(stmt: &str) -> bool {
+    let words = leading_words(stmt, 2);
+    let word = |i: usize| {
+        words
+            .get(i)
+            .filter(|w| !w.starts_with('"'))
+            .map(|w| w.to_ascii_lowercase())
+    };
+    match word(0).as_deref() {
+        Some("commit" | "end" | "rollback" | "abort") => word(1).as_deref() != Some("prepared"),
+        Some("prepare") => word(1).as_deref() == Some("transaction"),
+        _ => false,
+    }
+}
+
+/// Whether a statement opens a transaction block: BEGIN, START TRANSACTION.
+pub fn is_transaction_start(stmt: &str) -> bool {
+    let words = leading_words(stmt, 2);
+    let word = |i: usize| words.get(i).copied().unwrap_or_default();
+    is_keyword(word(0), "begin")
+        || (is_keyword(word(0), "start") && is_keyword(word(1), "transaction"))
+}
+
 fn is_keyword(word: &str, kw: &str) -> bool {
     !word.starts_with('"') && word.eq_ignore_ascii_case(kw)
 }
@@ -161,6 +187,92 @@ fn skip_block_comment(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// The highest `$n` parameter reference outside quotes, dollar quotes and comments (0 when
+/// there is none): with the types a Parse declares, how many parameters PostgreSQL gives the
+/// statement.
+pub fn highest_parameter(sql: &str) -> usize {
+    let b = sql.as_bytes();
+    let mut highest = 0;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\'' | b'"' => i = skip_quoted(b, 0, i),
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => i = skip_block_comment(b, i),
+            b'$' => {
+                let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+                let in_identifier = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+                if digits > 0 && !in_identifier {
+                    let n = sql[i + 1..i + 1 + digits].parse().unwrap_or(usize::MAX);
+                    highest = highest.max(n);
+                    i += 1 + digits;
+                } else {
+                    i = skip_dollar_quote(b, i);
+                }
+            }
+            c if c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80 => {
+                // An identifier or keyword, in which `$` does not start anything.
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'_'
+                        || b[i] == b'$'
+                        || b[i] >= 0x80)
+                {
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    highest
+}
+
+/// Skips the quoted string or identifier starting at `i`; returns the index after it.
+fn skip_quoted(b: &[u8], stmt_start: usize, mut i: usize) -> usize {
+    let q = b[i];
+    i += 1;
+    while i < b.len() {
+        if b[i] == q {
+            if b.get(i + 1) == Some(&q) {
+                i += 2;
+                continue;
+            }
+            break;
+        }
+        // E'' strings escape with backslash; a backslash-quote never ends them.
+        if q == b'\'' && b[i] == b'\\' && is_escape_string(b, stmt_start, i) {
+            i += 2;
+            continue;
+        }
+        i += 1;
+    }
+    i + 1
+}
+
+/// Skips the dollar-quoted string starting at `i` (`$tag$ ... $tag$`), or just the `$` if it
+/// does not start one.
+fn skip_dollar_quote(b: &[u8], i: usize) -> usize {
+    let tag_end = b[i + 1..]
+        .iter()
+        .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+        .map(|p| i + 1 + p);
+    match tag_end {
+        Some(e) if b[e] == b'$' && !b[i + 1..e].first().is_some_and(u8::is_ascii_digit) => {
+            let tag = &b[i..=e];
+            let body = e + 1;
+            match b[body..].windows(tag.len()).position(|w| w == tag) {
+                Some(p) => body + p + tag.len(),
+                None => b.len(),
+            }
+        }
+        _ => i + 1,
+    }
+}
+
 /// Splits on semicolons outside quotes, dollar quotes and comments.
 pub fn split(sql: &str) -> Vec<&str> {
     let b = sql.as_bytes();
@@ -170,52 +282,15 @@ pub fn split(sql: &str) -> Vec<&str> {
     let mut paren = 0i32;
     while i < b.len() {
         match b[i] {
-            b'\'' | b'"' => {
-                let q = b[i];
-                i += 1;
-                while i < b.len() {
-                    if b[i] == q {
-                        if b.get(i + 1) == Some(&q) {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    // E'' strings escape with backslash; a backslash-quote never ends them.
-                    if q == b'\'' && b[i] == b'\\' && is_escape_string(b, start, i) {
-                        i += 2;
-                        continue;
-                    }
-                    i += 1;
-                }
-                i += 1;
-            }
+            b'\'' | b'"' => i = skip_quoted(b, start, i),
             b'-' if b.get(i + 1) == Some(&b'-') => {
                 while i < b.len() && b[i] != b'\n' {
                     i += 1;
                 }
             }
             b'/' if b.get(i + 1) == Some(&b'*') => i = skip_block_comment(b, i),
-            b'$' => {
-                // $tag$ ... $tag$ (a $1 parameter is not a dollar quote).
-                let tag_end = b[i + 1..]
-                    .iter()
-                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
-                    .map(|p| i + 1 + p);
-                match tag_end {
-                    Some(e)
-                        if b[e] == b'$' && !b[i + 1..e].first().is_some_and(u8::is_ascii_digit) =>
-                    {
-                        let tag = &b[i..=e];
-                        let body = e + 1;
-                        match b[body..].windows(tag.len()).position(|w| w == tag) {
-                            Some(p) => i = body + p + tag.len(),
-                            None => i = b.len(),
-                        }
-                    }
-                    _ => i += 1,
-                }
-            }
+            // $tag$ ... $tag$ (a $1 parameter is not a dollar quote).
+            b'$' => i = skip_dollar_quote(b, i),
             b'(' => {
                 paren += 1;
                 i += 1;
@@ -284,6 +359,60 @@ mod tests {
         assert_eq!(classify("DISCARD PLANS"), vec![Command::Other]);
         assert_eq!(classify("PREPARE TRANSACTION 'x'"), vec![Command::Other]);
         assert_eq!(classify("SELECT 1"), vec![Command::Other]);
+    }
+
+    #[test]
+    fn counts_parameters_as_postgres_does() {
+        assert_eq!(highest_parameter("SELECT 1"), 0);
+        assert_eq!(highest_parameter("SELECT $1::int + $3"), 3);
+        assert_eq!(
+            highest_parameter("SELECT '$9', \"$8\", $$ $7 $$, $q$ $6 $q$ -- $5"),
+            0
+        );
+        assert_eq!(
+            highest_parameter("SELECT a$2 FROM t WHERE b = $12 /* $99 */"),
+            12
+        );
+        assert_eq!(highest_parameter(r"SELECT E'\' $4', $2"), 2);
+        assert_eq!(highest_parameter("$"), 0);
+    }
+
+    #[test]
+    fn recognizes_transaction_exit_statements() {
+        for yes in [
+            "COMMIT",
+            "commit and chain",
+            "END",
+            "ROLLBACK",
+            " /* x */ rollback to savepoint a",
+            "ABORT",
+            "PREPARE TRANSACTION 'x'",
+            "ROLLBACK;",
+        ] {
+            assert!(is_transaction_exit(yes), "{yes}");
+        }
+        for no in [
+            "COMMIT PREPARED 'x'",
+            "ROLLBACK PREPARED 'x'",
+            "BEGIN",
+            "SAVEPOINT a",
+            "SELECT 1",
+            "PREPARE p AS SELECT 1",
+            "\"commit\"",
+            "",
+        ] {
+            assert!(!is_transaction_exit(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn recognizes_transaction_start_statements() {
+        assert!(is_transaction_start("BEGIN"));
+        assert!(is_transaction_start("begin isolation level serializable"));
+        assert!(is_transaction_start("START TRANSACTION READ ONLY"));
+        assert!(!is_transaction_start("START"));
+        assert!(!is_transaction_start("COMMIT"));
+        assert!(!is_transaction_start("\"begin\""));
     }
 
     #[test]
