@@ -487,6 +487,12 @@ impl ReplyQueue {
                     }
                 }
             }
+            be::COMMAND_COMPLETE if kind == Expected::Query => {
+                // One more statement of the query ran.
+                if let Some(effect) = self.entries.front_mut().and_then(|e| e.effect.as_mut()) {
+                    effect.command_completed();
+                }
+            }
             be::PARSE_COMPLETE if kind == Expected::Parse => self.pop_done(),
             be::BIND_COMPLETE if kind == Expected::Bind => self.pop_done(),
             be::CLOSE_COMPLETE if kind == Expected::Close => self.pop_done(),

@@ -682,10 +682,11 @@ impl Session {
             // ones are only known by what was set.
             server.settings = self.settings.clone();
         }
-        if self.stmts.is_some() {
+        if let Some(stmts) = self.stmts.as_ref() {
             server
                 .prepared
                 .set_limit(self.pool.settings().max_prepared_statements);
+            planner::sync_sql_statements(stmts, &mut server, &mut self.replies);
         }
         self.held_since = Instant::now();
         self.server = Some(server);
@@ -957,6 +958,8 @@ impl Session {
                     // The reset may have dropped statements: forget them all.
                     server.prepared.clear();
                 }
+                // Clients' SQL-level statements are gone either way.
+                server.prepared.sql.clear();
                 server.settings.clear();
             }
             Ok::<_, ServerError>(())

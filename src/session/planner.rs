@@ -11,6 +11,12 @@
 //! - Close(S): the client's name is dropped and CloseComplete answered locally; the server keeps
 //!   the shared statement for everyone else.
 //! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right.
+//! - SQL-level `PREPARE name AS ...` statements are remembered per client (when their query
+//!   completes) and prepared again on whichever server the client's next transaction runs
+//!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
+//!   the client's namespace with protocol-level names, as in PostgreSQL.
+//! - Where PostgreSQL's answer depends on what is still in flight (an aborted block, a Parse
+//!   that may fail), planning waits for those replies ([`Plan::Wait`]).
 //!
 //! Every map change is recorded as an [`Effect`] on the reply-queue entry of its message and
 //! undone if PostgreSQL never runs that message (an earlier error in the batch). Errors that
@@ -25,8 +31,8 @@ use crate::replies::{Action, Entry, ErrorRewrite, Expected, Outcome, ReplyQueue,
 use crate::server::ServerConn;
 use crate::statements::sql::{self, Command};
 use crate::statements::{
-    ClientStatements, Effect, Registry, ResetSnapshot, Statement, StatementKey, GUARD_NAME,
-    GUARD_QUERY,
+    pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, Statement,
+    StatementKey, GUARD_NAME, GUARD_QUERY,
 };
 use crate::stats::LocalStats;
 use bytes::{Bytes, BytesMut};
@@ -77,13 +83,6 @@ pub enum Plan {
 impl Planner<'_> {
     /// Plans the message.
     pub fn plan(mut self, tag: u8) -> Plan {
-        // Only a transaction block can be aborted: the guard is prepared on a server the
-        // first time pgmemo plans a message in one, or one that may open one.
-        if !self.server.prepared.has_guard()
-            && (self.server.status == b'T' || self.may_open_block(tag))
-        {
-            self.prepare_guard();
-        }
         // Planning reads the client's statements and the server's: wait until no reply still
         // to come can undo changes made to them by earlier units of work (pipelined past a
         // Sync, say, behind a Parse that may fail). Portals are not planned.
@@ -95,6 +94,14 @@ impl Planner<'_> {
         };
         if reads_statements && self.replies.is_uncertain() {
             return Plan::Wait;
+        }
+        // Only a transaction block can be aborted: the guard is prepared on a server the
+        // first time pgmemo plans a message in one, or one that may open one. (Not while an
+        // earlier DISCARD ALL may yet fail: the server's statements are not known then.)
+        if !self.server.prepared.has_guard()
+            && (self.server.status == b'T' || self.may_open_block(tag))
+        {
+            self.prepare_guard();
         }
         let planned = match tag {
             fe::PARSE => self.parse(),
@@ -122,6 +129,11 @@ impl Planner<'_> {
         let Some(p) = Parse::parse(&msg[5..]) else {
             return false;
         };
+        if self.stmts.is_sql(p.name) {
+            // The name of one of the client's SQL-level statements, which the server has
+            // under that name: PostgreSQL's own 42P05 (after its checks of the query).
+            return false;
+        }
         let existing = self.stmts.get(p.name).cloned();
         if !p.name.is_empty() && existing.is_some() {
             return self.duplicate_parse(p.name);
@@ -381,6 +393,19 @@ impl Planner<'_> {
         if t.kind != b'S' {
             return false;
         }
+        if self.stmts.is_sql(t.name) {
+            // A SQL-level statement: it is on the server under the client's name.
+            let name = String::from_utf8_lossy(pg_name(t.name)).into_owned();
+            let text = self.stmts.sql.remove(&name).unwrap_or_default();
+            self.server.prepared.sql.remove(&name);
+            self.server.wbuf.extend_from_slice(msg);
+            self.replies.push_entry(Entry {
+                expected: Expected::Close,
+                action: Action::Forward,
+                effect: Some(Effect::SqlClosed { name, text }),
+            });
+            return true;
+        }
         // Closing an unknown name is not an error in PostgreSQL.
         let effect = self
             .stmts
@@ -424,9 +449,13 @@ impl Planner<'_> {
                 action: Action::Synthesize(Synth::Deallocate),
                 effect: Effect::combine(unnamed, Some(effect)),
             }),
-            QueryPlan::Forward(effect) => {
-                if unnamed.is_none() && effect.is_none() {
+            QueryPlan::Forward(effect, placeholders) => {
+                if unnamed.is_none() && effect.is_none() && placeholders.is_empty() {
                     return Plan::Forward;
+                }
+                let bracket = !placeholders.is_empty() && !self.replies.in_batch();
+                if bracket {
+                    self.placeholders(&placeholders, fe::PARSE);
                 }
                 self.server.wbuf.extend_from_slice(self.msg);
                 self.replies.push_entry(Entry {
@@ -434,9 +463,59 @@ impl Planner<'_> {
                     action: Action::Forward,
                     effect: Effect::combine(unnamed, effect),
                 });
+                if bracket {
+                    self.placeholders(&placeholders, fe::CLOSE);
+                }
             }
         }
         Plan::Done
+    }
+
+    /// A query that PREPAREs, EXECUTEs or DEALLOCATEs a name that is one of the client's
+    /// protocol-level statements, which the server knows under pgmemo's name only: for
+    /// PostgreSQL's own answer (42P05, the statement's rows, a DEALLOCATE that works), the
+    /// statements are prepared on the server under the client's names before the query
+    /// (`tag` PARSE) and closed after it (`tag` CLOSE; closing a name that is not there is
+    /// not an error). Each group is a unit of its own, between the client's, and silent.
+    fn placeholders(&mut self, names: &[String], tag: u8) {
+        for name in names {
+            if tag == fe::PARSE {
+                let statement = self.stmts.get(name.as_bytes()).cloned();
+                write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+                    put_cstr(m, name.as_bytes());
+                    match &statement {
+                        Some(s) => {
+                            put_cstr(m, &s.key.query);
+                            m.extend_from_slice(&s.key.param_types);
+                        }
+                        None => {
+                            put_cstr(m, GUARD_QUERY);
+                            m.extend_from_slice(&[0, 0]);
+                        }
+                    }
+                });
+            } else {
+                write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, name.as_bytes());
+                });
+            }
+            self.replies.push_entry(Entry {
+                expected: if tag == fe::PARSE {
+                    Expected::Parse
+                } else {
+                    Expected::Close
+                },
+                action: Action::Silent,
+                effect: None,
+            });
+        }
+        fe::sync(&mut self.server.wbuf);
+        self.replies.push_entry(Entry {
+            expected: Expected::Sync,
+            action: Action::Silent,
+            effect: None,
+        });
     }
 
     /// Whether the message is a simple query that is only `DEALLOCATE` of one of the client's
@@ -458,28 +537,15 @@ impl Planner<'_> {
     /// What a simple query does to the client's statements.
     fn query_effect(&mut self) -> QueryPlan {
         let Some(text) = fe::query_text(self.body()) else {
-            return QueryPlan::Forward(None);
+            return QueryPlan::Forward(None, Vec::new());
         };
-        if !contains_ignore_case(text, b"discard") && !contains_ignore_case(text, b"deallocate") {
-            return QueryPlan::Forward(None);
+        if !mentions_statement_commands(text, !self.stmts.is_empty()) {
+            return QueryPlan::Forward(None, Vec::new());
         }
         let Ok(text) = std::str::from_utf8(text) else {
-            return QueryPlan::Forward(None);
+            return QueryPlan::Forward(None, Vec::new());
         };
         let commands = sql::classify(text);
-        if commands
-            .iter()
-            .any(|c| matches!(c, Command::DiscardAll | Command::DeallocateAll))
-        {
-            let snapshot = ResetSnapshot {
-                names: self.stmts.take_all(),
-                prepared: self.server.prepared.snapshot(),
-                guard: self.server.prepared.has_guard(),
-                sole_command: commands.len() == 1,
-            };
-            self.server.prepared.clear();
-            return QueryPlan::Forward(Some(Effect::Reset(Box::new(snapshot))));
-        }
         if let [Command::Deallocate { name }] = commands.as_slice() {
             // In an aborted transaction block the server refuses it (25P02) whatever the name,
             // exactly as PostgreSQL would.
@@ -492,7 +558,51 @@ impl Planner<'_> {
                 }
             }
         }
-        QueryPlan::Forward(None)
+        let mut effect = None;
+        if commands
+            .iter()
+            .any(|c| matches!(c, Command::DiscardAll | Command::DeallocateAll))
+        {
+            let snapshot = ResetSnapshot {
+                names: self.stmts.take_all(),
+                prepared: self.server.prepared.snapshot(),
+                guard: self.server.prepared.has_guard(),
+                sole_command: commands.len() == 1,
+            };
+            self.server.prepared.clear();
+            effect = Some(Effect::Reset(Box::new(snapshot)));
+        }
+        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
+        let mut placeholders: Vec<String> = Vec::new();
+        for command in &commands {
+            if let Command::Prepare { name, .. }
+            | Command::Execute { name }
+            | Command::Deallocate { name } = command
+            {
+                if self.stmts.get(name.as_bytes()).is_some()
+                    && !name.starts_with("pgmemo_s")
+                    && !placeholders.contains(name)
+                {
+                    placeholders.push(name.clone());
+                }
+            }
+        }
+        if commands.iter().any(|c| {
+            matches!(
+                c,
+                Command::Prepare { .. }
+                    | Command::Deallocate { .. }
+                    | Command::DeallocateAll
+                    | Command::DiscardAll
+            )
+        }) {
+            let sql = Effect::Sql(Box::new(SqlCommands {
+                commands,
+                completed: 0,
+            }));
+            effect = Effect::combine(effect, Some(sql));
+        }
+        QueryPlan::Forward(effect, placeholders)
     }
 
     /// Forwards the Sync, then closes the names a duplicate Parse left on the server.
@@ -531,9 +641,10 @@ impl Planner<'_> {
         expected: Expected,
         encode: impl FnOnce(&mut BytesMut, &[u8]),
     ) -> Plan {
-        if name.is_empty() {
+        if name.is_empty() || self.stmts.is_sql(name) {
             // pgmemo never leaves an unnamed statement on a server: PostgreSQL's own answer
-            // ("unnamed prepared statement does not exist") is the right one.
+            // ("unnamed prepared statement does not exist") is the right one. A SQL-level
+            // statement of the client is on the server under the client's name.
             return Plan::Forward;
         }
         encode(&mut self.server.wbuf, MISSING_NAME);
@@ -705,8 +816,8 @@ fn bind_param_count(rest: &[u8]) -> Option<usize> {
 
 /// How a simple query is sent, and what it does to the client's statements.
 enum QueryPlan {
-    /// To the server.
-    Forward(Option<Effect>),
+    /// To the server, between placeholders for these names (see [`Planner::placeholders`]).
+    Forward(Option<Effect>, Vec<String>),
     /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
     Synthesize(Effect),
 }
@@ -794,6 +905,22 @@ pub fn settle(
                 }
             }
         }
+        Effect::Sql(sql) if outcome != Outcome::Discarded => {
+            for command in sql.commands.into_iter().take(sql.completed) {
+                apply_sql_command(stmts, server.as_deref_mut(), command);
+            }
+        }
+        Effect::SqlSync { name } if !done => {
+            if let Some(server) = server {
+                server.prepared.sql.remove(&name);
+            }
+        }
+        Effect::SqlClosed { name, text } if outcome == Outcome::Discarded => {
+            if let Some(server) = server {
+                server.prepared.sql.insert(name.clone(), text.clone());
+            }
+            stmts.sql.insert(name, text);
+        }
         Effect::Guard if !done => {
             if let Some(server) = server {
                 server.prepared.set_guard(false);
@@ -814,12 +941,103 @@ pub fn settle(
     }
 }
 
+/// One SQL-level statement command that ran.
+fn apply_sql_command(
+    stmts: &mut ClientStatements,
+    server: Option<&mut ServerConn>,
+    command: Command,
+) {
+    let server_sql = server.map(|s| &mut s.prepared.sql);
+    match command {
+        Command::Prepare { name, text } => {
+            if let Some(server_sql) = server_sql {
+                server_sql.insert(name.clone(), text.clone());
+            }
+            stmts.sql.insert(name, text);
+        }
+        Command::Deallocate { name } => {
+            if stmts.sql.remove(&name).is_none() {
+                // A protocol-level statement (the server had a placeholder).
+                stmts.set(name.as_bytes(), None);
+            }
+            if let Some(server_sql) = server_sql {
+                server_sql.remove(&name);
+            }
+        }
+        Command::DeallocateAll | Command::DiscardAll => {
+            stmts.sql.clear();
+            if let Some(server_sql) = server_sql {
+                server_sql.clear();
+            }
+        }
+        Command::Execute { .. } | Command::Other => {}
+    }
+}
+
+/// Makes the server's SQL-level statements the client's (a transaction runs wherever the pool
+/// puts it): DEALLOCATE what another client left there, PREPARE what this client prepared
+/// elsewhere — also so that a client never runs another client's statement. Called when the
+/// session takes a server, before any of the client's messages; each is a query of its own,
+/// whose replies are swallowed.
+pub fn sync_sql_statements(
+    stmts: &ClientStatements,
+    server: &mut ServerConn,
+    replies: &mut ReplyQueue,
+) {
+    if stmts.sql.is_empty() && server.prepared.sql.is_empty() {
+        return;
+    }
+    let stale: Vec<String> = server
+        .prepared
+        .sql
+        .iter()
+        .filter(|(name, text)| stmts.sql.get(*name) != Some(*text))
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in stale {
+        server.prepared.sql.remove(&name);
+        fe::query(
+            &mut server.wbuf,
+            &format!("DEALLOCATE \"{}\"", name.replace('"', "\"\"")),
+        );
+        replies.push(Expected::Internal);
+    }
+    for (name, text) in &stmts.sql {
+        if server.prepared.sql.contains_key(name) {
+            continue;
+        }
+        server.prepared.sql.insert(name.clone(), text.clone());
+        fe::query(&mut server.wbuf, text);
+        replies.push_entry(Entry {
+            expected: Expected::Internal,
+            action: Action::Forward,
+            effect: Some(Effect::SqlSync { name: name.clone() }),
+        });
+    }
+}
+
 /// Replies pass through, but an error that names the statement names it as the client does.
 #[inline]
 fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
     Action::ReplaceError(ErrorRewrite::Rename {
         from: statement.server_name_bytes.clone(),
         to: client_name,
+    })
+}
+
+/// Whether a simple query may contain PREPARE, DEALLOCATE, DISCARD (or, when `execute`,
+/// EXECUTE): one pass over the text, comparing only where a word could start with one.
+fn mentions_statement_commands(text: &[u8], execute: bool) -> bool {
+    text.iter().enumerate().any(|(i, c)| {
+        let rest = &text[i..];
+        let is =
+            |word: &[u8]| rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word);
+        match c | 0x20 {
+            b'p' => is(b"prepare"),
+            b'd' => is(b"deallocate") || is(b"discard"),
+            b'e' => execute && is(b"execute"),
+            _ => false,
+        }
     })
 }
 

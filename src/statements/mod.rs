@@ -188,6 +188,16 @@ pub enum Effect {
     },
     /// DISCARD ALL / DEALLOCATE ALL dropped every statement. Undone: restored as it was.
     Reset(Box<ResetSnapshot>),
+    /// A simple query with SQL-level statement commands (PREPARE, DEALLOCATE, DISCARD ALL).
+    /// Applied when the query ends, to the commands that completed (PostgreSQL runs the
+    /// statements of a query in order and stops at the first error; PREPARE and DEALLOCATE
+    /// are not undone by a rollback).
+    Sql(Box<SqlCommands>),
+    /// A SQL-level statement pgmemo prepares (or deallocates) on a server so that the
+    /// server's SQL-level statements are the client's. Failed: the server does not have it.
+    SqlSync { name: String },
+    /// A client's SQL-level statement dropped by a protocol Close. Undone if discarded.
+    SqlClosed { name: String, text: String },
     /// Two effects of one message, in the order they happened (a simple query drops the
     /// unnamed statement, then deallocates).
     Both(Box<(Effect, Effect)>),
@@ -199,6 +209,7 @@ impl Effect {
     pub fn matters_when_done(&self) -> bool {
         match self {
             Effect::Prepared(_)
+            | Effect::Sql(_)
             | Effect::Bound {
                 prepared_here: true,
                 ..
@@ -211,7 +222,10 @@ impl Effect {
     /// Whether later planning reads what this changes (client names, statements on the
     /// server). A Bind's use of a statement does not count, nor the guard.
     pub fn matters_for_planning(&self) -> bool {
-        !matches!(self, Effect::Uses { .. } | Effect::Guard)
+        !matches!(
+            self,
+            Effect::Uses { .. } | Effect::Guard | Effect::SqlSync { .. }
+        )
     }
 
     /// Whether this is undone when its own message fails (not only when PostgreSQL discards
@@ -220,9 +234,23 @@ impl Effect {
     /// dropped the unnamed statement anyway), and a Close never fails.
     pub fn undone_on_failure(&self) -> bool {
         match self {
-            Effect::Bound { .. } | Effect::Prepared(_) | Effect::Reset(_) => true,
+            // SQL commands are applied only when their query ends.
+            Effect::Bound { .. } | Effect::Prepared(_) | Effect::Reset(_) | Effect::Sql(_) => true,
             Effect::Both(both) => both.0.undone_on_failure() || both.1.undone_on_failure(),
             _ => false,
+        }
+    }
+
+    /// A CommandComplete of the simple query this is the effect of: one more of its
+    /// statements ran.
+    pub fn command_completed(&mut self) {
+        match self {
+            Effect::Sql(sql) => sql.completed += 1,
+            Effect::Both(both) => {
+                both.0.command_completed();
+                both.1.command_completed();
+            }
+            _ => {}
         }
     }
 
@@ -233,6 +261,14 @@ impl Effect {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// The statements of a simple query, as far as SQL-level statements go, and how many of them
+/// have completed.
+#[derive(Debug)]
+pub struct SqlCommands {
+    pub commands: Vec<sql::Command>,
+    pub completed: usize,
 }
 
 /// What a DISCARD ALL / DEALLOCATE ALL took away, to restore if it did not run.
@@ -274,6 +310,11 @@ pub fn pg_name(name: &[u8]) -> &[u8] {
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     names: HashMap<Bytes, Arc<Statement>>,
+    /// The client's SQL-level statements (`PREPARE name AS ...`): name → the PREPARE
+    /// statement, to prepare them again on whichever server the client's next transaction
+    /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
+    /// map or the other, never both.
+    pub sql: HashMap<String, String>,
     /// The registry context (database, role, search_path) of this client.
     pub context: u32,
     /// Query bytes held by named statements, for the per-client limit.
@@ -284,9 +325,16 @@ impl ClientStatements {
     pub fn new(context: u32) -> Self {
         ClientStatements {
             names: HashMap::new(),
+            sql: HashMap::new(),
             context,
             bytes: 0,
         }
+    }
+
+    /// Whether `name` is one of the client's SQL-level statements.
+    pub fn is_sql(&self, name: &[u8]) -> bool {
+        !self.sql.is_empty()
+            && std::str::from_utf8(pg_name(name)).is_ok_and(|n| self.sql.contains_key(n))
     }
 
     #[inline]

@@ -18,6 +18,9 @@ pub struct ServerSet {
     /// Whether the guard statement ([`super::GUARD_NAME`]) is prepared here. Not part of
     /// the LRU: it is pgmemo's own, one per server.
     guard: bool,
+    /// SQL-level statements prepared here under their clients' names (name → PREPARE
+    /// statement): those of the last client whose transaction ran here.
+    pub sql: std::collections::HashMap<String, String>,
 }
 
 impl ServerSet {
@@ -26,6 +29,7 @@ impl ServerSet {
             prepared: LruCache::unbounded(),
             limit: limit.max(1),
             guard: false,
+            sql: std::collections::HashMap::new(),
         }
     }
 
@@ -133,7 +137,8 @@ impl ServerSet {
     }
 
     /// Everything was deallocated on the server (DISCARD ALL, DEALLOCATE ALL), the guard
-    /// too.
+    /// too. (SQL-level statements are forgotten by whoever runs the reset: see
+    /// [`ServerSet::sql`].)
     pub fn clear(&mut self) {
         while let Some((_, p)) = self.prepared.pop_lru() {
             p.statement.servers.fetch_sub(1, Ordering::Relaxed);
