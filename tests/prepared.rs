@@ -1,0 +1,1716 @@
+//! Prepared statements in transaction mode, compared with PostgreSQL.
+//!
+//! Every test runs one script of protocol messages three times: directly against PostgreSQL
+//! (one connection per script client), and through pgmemo in transaction mode with a pool of
+//! one and of two server connections. The transcripts must be identical (see
+//! [`common::normalize`] for the few values that legitimately differ per connection).
+//!
+//! What makes these scripts hard for a pooler is that a client's next transaction may run on a
+//! server that has never seen its statements. [`Act::Move`] forces that on the pgmemo side:
+//!
+//! - pool of two: a helper client opens a transaction (`BEGIN`) and so holds the server the
+//!   script's last transaction used (the pool hands out its most recently returned server
+//!   first); the script's next transaction must run on the other server. [`Act::Back`]
+//!   commits, and the first server is free again.
+//! - pool of one: the helper runs `DEALLOCATE ALL` through pgmemo, so the one server has lost
+//!   every statement and the script's statements must be prepared again.
+//!
+//! On the direct side both are no-ops: the script runs on its one connection, as an
+//! application would without a pooler. So any difference is pgmemo's.
+//!
+//! At the end, a property test generates random message sequences (Parse, Bind, Describe,
+//! Execute, Close, Sync, Flush, bad SQL, unknown names) and checks the same equality while a
+//! helper keeps moving the client between servers.
+
+mod common;
+
+use common::Frontend as F;
+use common::*;
+use pgmemo::config::{Config, PoolMode};
+use pgmemo::Pgmemo;
+use std::net::SocketAddr;
+
+// ---------------------------------------------------------------------------------------------
+// Scripts
+// ---------------------------------------------------------------------------------------------
+
+/// One step of a script. Client numbers index the script's clients (0 when there is one).
+#[derive(Debug, Clone)]
+enum Act {
+    /// The client sends these messages in one write.
+    Send(usize, Vec<F>),
+    /// The client reads through this many ReadyForQuery.
+    Expect(usize, usize),
+    /// The client reads exactly this many messages (replies that end without ReadyForQuery).
+    RecvN(usize, usize),
+    /// pgmemo only: the next transaction runs where the client's statements are not prepared
+    /// (see the module documentation). Only between transactions.
+    Move,
+    /// pgmemo only: undoes [`Act::Move`] (the helper's transaction ends).
+    Back,
+    /// Direct only, not recorded: the client sends these messages and reads through this many
+    /// ReadyForQuery. For the few places where pgmemo is meant to do better than one
+    /// PostgreSQL connection (a statement that recovers after DDL), this puts the direct
+    /// connection into the state pgmemo promises.
+    DirectOnly(usize, Vec<F>, usize),
+    /// pgmemo only: every server connection has at most this many prepared statements
+    /// (`pg_prepared_statements`, counted by a helper client on each server). Only between
+    /// transactions.
+    AtMost(i64),
+}
+
+/// A script and the tables it needs.
+#[derive(Debug, Clone, Default)]
+struct Script {
+    clients: usize,
+    /// Run directly before each run of the script (not recorded): creates the script's
+    /// tables afresh, so each run starts from the same state.
+    setup: Option<String>,
+    acts: Vec<Act>,
+}
+
+impl Script {
+    fn new() -> Script {
+        Script {
+            clients: 1,
+            ..Script::default()
+        }
+    }
+
+    fn clients(mut self, n: usize) -> Script {
+        self.clients = n;
+        self
+    }
+
+    fn setup(mut self, sql: &str) -> Script {
+        self.setup = Some(sql.to_string());
+        self
+    }
+
+    fn act(mut self, act: Act) -> Script {
+        self.acts.push(act);
+        self
+    }
+
+    /// Client `c` sends `msgs` and reads one ReadyForQuery per Sync and simple Query in them
+    /// (right unless an error makes PostgreSQL skip a Query before a Sync).
+    fn on(self, c: usize, msgs: Vec<F>) -> Script {
+        let ready = msgs
+            .iter()
+            .filter(|m| matches!(m, F::Sync | F::Query(_)))
+            .count();
+        self.send(c, msgs).expect(c, ready)
+    }
+
+    /// [`Script::on`] for client 0.
+    fn go(self, msgs: Vec<F>) -> Script {
+        self.on(0, msgs)
+    }
+
+    fn send(self, c: usize, msgs: Vec<F>) -> Script {
+        self.act(Act::Send(c, msgs))
+    }
+
+    fn expect(self, c: usize, ready: usize) -> Script {
+        self.act(Act::Expect(c, ready))
+    }
+
+    fn recv(self, c: usize, n: usize) -> Script {
+        self.act(Act::RecvN(c, n))
+    }
+
+    fn moved(self) -> Script {
+        self.act(Act::Move)
+    }
+
+    fn back(self) -> Script {
+        self.act(Act::Back)
+    }
+
+    fn direct_only(self, c: usize, msgs: Vec<F>, ready: usize) -> Script {
+        self.act(Act::DirectOnly(c, msgs, ready))
+    }
+
+    fn at_most(self, n: i64) -> Script {
+        self.act(Act::AtMost(n))
+    }
+}
+
+// Message shorthands.
+
+fn q(sql: &str) -> F {
+    F::query(sql)
+}
+
+fn p(name: &str, sql: &str) -> F {
+    F::parse(name, sql, &[])
+}
+
+/// Bind statement `name` into the unnamed portal with text parameters.
+fn b(name: &str, params: &[&str]) -> F {
+    let params: Vec<Option<&str>> = params.iter().map(|v| Some(*v)).collect();
+    F::bind("", name, &params)
+}
+
+/// Bind statement `name` into `portal` with text parameters.
+fn bp(portal: &str, name: &str, params: &[&str]) -> F {
+    let params: Vec<Option<&str>> = params.iter().map(|v| Some(*v)).collect();
+    F::bind(portal, name, &params)
+}
+
+/// Execute the unnamed portal, all rows.
+fn e() -> F {
+    F::execute("", 0)
+}
+
+fn ds(name: &str) -> F {
+    F::describe_statement(name)
+}
+
+fn dp(name: &str) -> F {
+    F::describe_portal(name)
+}
+
+fn cs(name: &str) -> F {
+    F::close_statement(name)
+}
+
+use F::{Flush as H, Sync as S};
+
+// ---------------------------------------------------------------------------------------------
+// Running scripts
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Direct,
+    /// pgmemo at this address with this many servers.
+    Pgmemo(SocketAddr, u32),
+}
+
+async fn connect(addr: SocketAddr) -> RawClient {
+    RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e:#}"))
+}
+
+/// Sends one simple query and returns its replies; panics on a failed read.
+async fn simple(client: &mut RawClient, sql: &str) -> Vec<Backend> {
+    client.send(&[q(sql)]).await.expect("send");
+    client
+        .recv_until_ready(1)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:#}"))
+}
+
+/// Runs SQL directly and insists that it worked.
+async fn run_directly(sql: &str) {
+    let mut admin = connect(cluster().addr()).await;
+    let replies = simple(&mut admin, sql).await;
+    assert!(!replies.iter().any(Backend::is_error), "{sql}: {replies:?}");
+    let _ = admin.terminate().await;
+}
+
+/// The helper clients that move a script's client between servers and count statements.
+struct Helpers {
+    pool_size: u32,
+    holder: RawClient,
+    checker: RawClient,
+    holding: bool,
+}
+
+impl Helpers {
+    async fn connect(addr: SocketAddr, pool_size: u32) -> Helpers {
+        Helpers {
+            pool_size,
+            holder: connect(addr).await,
+            checker: connect(addr).await,
+            holding: false,
+        }
+    }
+
+    async fn move_client(&mut self) {
+        assert!(!self.holding, "Move twice without Back");
+        if self.pool_size == 1 {
+            simple(&mut self.holder, "DEALLOCATE ALL").await;
+        } else {
+            let replies = simple(&mut self.holder, "BEGIN").await;
+            assert_eq!(replies.last().and_then(Backend::ready_status), Some(b'T'));
+            self.holding = true;
+        }
+    }
+
+    async fn back(&mut self) {
+        if self.holding {
+            simple(&mut self.holder, "COMMIT").await;
+            self.holding = false;
+        }
+    }
+
+    /// The number of statements prepared on the server the checker's next query runs on.
+    /// pgmemo's guard statement `pgmemo_s0` (one per server, outside the limit: it lets
+    /// pgmemo answer exactly in aborted transaction blocks) is not counted, and is the only
+    /// statement of that name.
+    async fn count_here(&mut self) -> i64 {
+        let replies = simple(
+            &mut self.checker,
+            "SELECT count(*) FILTER (WHERE name <> 'pgmemo_s0'), \
+                    count(*) FILTER (WHERE name = 'pgmemo_s0' AND statement = 'SELECT') \
+                    = count(*) FILTER (WHERE name = 'pgmemo_s0') \
+             FROM pg_prepared_statements",
+        )
+        .await;
+        let row = replies
+            .iter()
+            .find_map(Backend::data_row)
+            .unwrap_or_else(|| panic!("no count: {replies:?}"));
+        assert_eq!(
+            row[1].as_deref(),
+            Some(&b"t"[..]),
+            "a strange guard: {replies:?}"
+        );
+        String::from_utf8(row[0].clone().expect("a count"))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Statement counts of every server (with two, the holder keeps one busy while the
+    /// checker counts on the other). The servers' order in the pool is as before.
+    async fn counts(&mut self) -> Vec<i64> {
+        assert!(!self.holding, "AtMost while a Move is in force");
+        let mut counts = vec![self.count_here().await];
+        if self.pool_size == 2 {
+            simple(&mut self.holder, "BEGIN").await;
+            counts.push(self.count_here().await);
+            simple(&mut self.holder, "COMMIT").await;
+        }
+        counts
+    }
+}
+
+/// A script's clients on one target, and the transcript so far.
+struct Runner {
+    target: Target,
+    clients: Vec<RawClient>,
+    /// The transaction status of each client's last ReadyForQuery.
+    status: Vec<u8>,
+    helpers: Option<Helpers>,
+    out: Vec<String>,
+    normalizer: Normalizer,
+    /// A read or write failed (recorded): the run is over.
+    broken: bool,
+}
+
+impl Runner {
+    async fn connect(target: Target, clients: usize) -> Runner {
+        let addr = match target {
+            Target::Direct => cluster().addr(),
+            Target::Pgmemo(addr, _) => addr,
+        };
+        let mut connected = Vec::new();
+        for _ in 0..clients {
+            connected.push(connect(addr).await);
+        }
+        let helpers = match target {
+            Target::Direct => None,
+            Target::Pgmemo(addr, pool_size) => Some(Helpers::connect(addr, pool_size).await),
+        };
+        Runner {
+            target,
+            status: vec![b'I'; clients],
+            clients: connected,
+            helpers,
+            out: Vec::new(),
+            normalizer: Normalizer::default(),
+            broken: false,
+        }
+    }
+
+    fn tag(&self, c: usize) -> String {
+        if self.clients.len() > 1 {
+            c.to_string()
+        } else {
+            String::new()
+        }
+    }
+
+    /// Reads into the transcript until `ready` ReadyForQuery (or `count` messages) arrived.
+    async fn read(&mut self, c: usize, ready: Option<usize>, count: Option<usize>) {
+        let tag = self.tag(c);
+        let (mut seen_ready, mut seen) = (0, 0);
+        loop {
+            if ready.is_some_and(|r| seen_ready >= r) || count.is_some_and(|n| seen >= n) {
+                return;
+            }
+            match self.clients[c].recv().await {
+                Ok(msg) => {
+                    self.out
+                        .push(format!("{tag}<< {}", self.normalizer.line(&msg)));
+                    seen += 1;
+                    if let Some(status) = msg.ready_status() {
+                        seen_ready += 1;
+                        self.status[c] = status;
+                    }
+                }
+                Err(e) => {
+                    self.out.push(format!("{tag}!! {e:#}"));
+                    self.broken = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Every client is between transactions.
+    fn all_idle(&self) -> bool {
+        self.status.iter().all(|&s| s == b'I')
+    }
+
+    async fn act(&mut self, act: &Act) {
+        if self.broken {
+            return;
+        }
+        match act {
+            Act::Send(c, msgs) => {
+                let tag = self.tag(*c);
+                self.out.extend(msgs.iter().map(|m| format!("{tag}>> {m}")));
+                if self.clients[*c].send(msgs).await.is_err() {
+                    self.out.push(format!("{tag}!! send failed"));
+                    self.broken = true;
+                }
+            }
+            Act::Expect(c, n) => self.read(*c, Some(*n), None).await,
+            Act::RecvN(c, n) => self.read(*c, None, Some(*n)).await,
+            Act::Move => {
+                self.out.push("~~ move".into());
+                let idle = self.all_idle();
+                if let Some(h) = self.helpers.as_mut() {
+                    assert!(idle, "Move in the middle of a transaction");
+                    h.move_client().await;
+                }
+            }
+            Act::Back => {
+                self.out.push("~~ back".into());
+                if let Some(h) = self.helpers.as_mut() {
+                    h.back().await;
+                }
+            }
+            Act::DirectOnly(c, msgs, ready) => {
+                if matches!(self.target, Target::Direct) {
+                    let client = &mut self.clients[*c];
+                    client.send(msgs).await.expect("send");
+                    let replies = client.recv_until_ready(*ready).await.expect("recv");
+                    assert!(
+                        !replies.iter().any(Backend::is_error),
+                        "direct-only step {msgs:?}: {replies:?}"
+                    );
+                }
+            }
+            Act::AtMost(n) => {
+                if let Some(h) = self.helpers.as_mut() {
+                    let counts = h.counts().await;
+                    assert!(
+                        counts.iter().all(|c| c <= n),
+                        "{:?}: statements per server {counts:?}, limit {n}; so far:\n{}",
+                        self.target,
+                        self.out.join("\n")
+                    );
+                }
+            }
+        }
+    }
+
+    /// Terminates every client and returns the transcript.
+    async fn finish(mut self) -> Vec<String> {
+        if !self.broken {
+            for c in 0..self.clients.len() {
+                let tag = self.tag(c);
+                let client = &mut self.clients[c];
+                if client.send(&[F::Terminate]).await.is_ok() {
+                    // Anything but the connection closing is a difference worth seeing.
+                    if let Ok(rest) = client.recv_until_closed().await {
+                        for m in rest {
+                            self.out
+                                .push(format!("{tag}<< {}", self.normalizer.line(&m)));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(h) = self.helpers.as_mut() {
+            h.back().await;
+        }
+        self.out
+    }
+}
+
+/// Runs the script against one target and returns the transcript.
+async fn run(script: &Script, target: Target) -> Vec<String> {
+    if let Some(sql) = &script.setup {
+        run_directly(sql).await;
+    }
+    let mut runner = Runner::connect(target, script.clients).await;
+    for act in &script.acts {
+        runner.act(act).await;
+    }
+    runner.finish().await
+}
+
+/// pgmemo in transaction mode with `pool_size` servers, the config adjusted by `tune`.
+async fn start(pool_size: u32, tune: fn(&mut Config)) -> Pgmemo {
+    let mut config = test_config(PoolMode::Transaction, pool_size);
+    tune(&mut config);
+    start_pgmemo(config).await
+}
+
+fn defaults(_: &mut Config) {}
+
+/// Runs the script directly and through pgmemo with one and two servers; the transcripts
+/// must be identical. Returns the direct transcript.
+async fn check_with(script: Script, tune: fn(&mut Config)) -> Vec<String> {
+    let direct = run(&script, Target::Direct).await;
+    for pool_size in [1, 2] {
+        let proxy = start(pool_size, tune).await;
+        let proxied = run(&script, Target::Pgmemo(proxy.local_addr(), pool_size)).await;
+        proxy.shutdown().await;
+        if let Some(d) = diff(&direct, &proxied) {
+            if std::env::var_os("PREPARED_FULL").is_some() {
+                eprintln!(
+                    "direct:\n{}\n\nproxied:\n{}",
+                    direct.join("\n"),
+                    proxied.join("\n")
+                );
+            }
+            panic!("through pgmemo with pool_size {pool_size}: {d}");
+        }
+    }
+    direct
+}
+
+async fn check(script: Script) -> Vec<String> {
+    check_with(script, defaults).await
+}
+
+/// The transcript lines received in reply to the `n`-th send (0-based) of client `tag`.
+fn replies_to(transcript: &[String], n: usize) -> Vec<String> {
+    let mut sends = 0;
+    let mut in_send = false;
+    let mut out = Vec::new();
+    for line in transcript {
+        if line.contains(">> ") {
+            if !in_send {
+                sends += 1;
+                in_send = true;
+            }
+        } else {
+            in_send = false;
+            if sends == n + 1 {
+                out.push(line.clone());
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness itself
+// ---------------------------------------------------------------------------------------------
+
+/// The backend pid serving a client's next transaction.
+async fn backend_pid(client: &mut RawClient) -> i32 {
+    let replies = simple(client, "SELECT pg_backend_pid()").await;
+    let row = replies.iter().find_map(Backend::data_row).expect("a row");
+    String::from_utf8(row[0].clone().expect("not null"))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Act::Move really does put the next transaction on the other server (pool of two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_puts_the_next_transaction_on_the_other_server() {
+    let proxy = start(2, defaults).await;
+    let addr = proxy.local_addr();
+    let mut client = connect(addr).await;
+    let mut helpers = Helpers::connect(addr, 2).await;
+    let first = backend_pid(&mut client).await;
+    helpers.move_client().await;
+    let second = backend_pid(&mut client).await;
+    assert_ne!(first, second, "Move did not move the client");
+    helpers.back().await;
+    assert_eq!(
+        backend_pid(&mut client).await,
+        first,
+        "Back did not go back"
+    );
+    helpers.move_client().await;
+    assert_eq!(backend_pid(&mut client).await, second);
+    helpers.back().await;
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statements that follow their client to another server
+// ---------------------------------------------------------------------------------------------
+
+/// Statements prepared in one transaction are used in the next on a server that has never
+/// seen them: pgmemo prepares them there first, invisibly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_reparse_on_a_new_server() {
+    check(
+        Script::new()
+            .go(vec![
+                p("s1", "SELECT $1::int + 1 AS next"),
+                p("s2", "SELECT 'two'::text AS t"),
+                S,
+            ])
+            .go(vec![b("s1", &["41"]), e(), S])
+            .moved()
+            .go(vec![b("s1", &["1"]), e(), b("s2", &[]), e(), S])
+            .go(vec![ds("s1"), b("s2", &[]), dp(""), e(), S])
+            .back()
+            .go(vec![b("s1", &["2"]), e(), S])
+            .moved()
+            // The server's error names the statement as the client does.
+            .go(vec![b("s1", &[]), e(), S])
+            .go(vec![b("s1", &["3"]), e(), S])
+            .back()
+            .moved()
+            // Inside a transaction block, too.
+            .go(vec![q("BEGIN")])
+            .go(vec![b("s2", &[]), e(), b("s1", &["4"]), e(), S])
+            .go(vec![q("COMMIT")])
+            .back(),
+    )
+    .await;
+}
+
+/// A Describe of a statement is the first use on a new server, alone or before a Flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_describe_on_a_new_server() {
+    check(
+        Script::new()
+            .go(vec![p("d1", "SELECT $1::int AS a, $2::text AS b"), S])
+            .moved()
+            .go(vec![ds("d1"), S])
+            .back()
+            .moved()
+            .send(0, vec![ds("d1"), H])
+            .recv(0, 2)
+            .go(vec![S])
+            .back()
+            .moved()
+            .go(vec![q("BEGIN")])
+            .go(vec![ds("d1"), S])
+            .go(vec![q("COMMIT")])
+            .back(),
+    )
+    .await;
+}
+
+/// The unnamed statement outlives its transaction as in PostgreSQL, and is dropped where
+/// PostgreSQL drops it: by the next unnamed Parse (even a failing one) and by any simple
+/// query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unnamed_statement_across_transactions() {
+    check(
+        Script::new()
+            .go(vec![p("", "SELECT $1::int * 2 AS doubled"), ds(""), S])
+            .moved()
+            .go(vec![b("", &["21"]), e(), S])
+            .back()
+            .moved()
+            .send(0, vec![p("", "SELECT 'second'::text AS s"), ds(""), H])
+            .recv(0, 3)
+            .go(vec![S])
+            .back()
+            .go(vec![b("", &[]), e(), S])
+            // A simple query drops the unnamed statement.
+            .go(vec![q("SELECT 1")])
+            .go(vec![b("", &[]), e(), S])
+            .go(vec![p("", "SELECT 3 AS three"), S])
+            // So does an unnamed Parse that fails.
+            .go(vec![p("", "SELEC 4"), S])
+            .go(vec![b("", &[]), e(), S])
+            .go(vec![ds(""), S])
+            .go(vec![
+                p("", "SELECT 5 AS five"),
+                b("", &[]),
+                e(),
+                p("", "SELECT 5 AS five"),
+                b("", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![b("", &[]), e(), S])
+            .back(),
+    )
+    .await;
+}
+
+/// Parse/Describe/Flush, then Bind/Execute/Sync: the batch stays on its server until Sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parse_describe_flush_then_bind_execute_sync() {
+    check(
+        Script::new()
+            .send(0, vec![p("h1", "SELECT $1::text AS echo"), ds("h1"), H])
+            .recv(0, 3)
+            .go(vec![b("h1", &["x"]), e(), S])
+            .moved()
+            .send(0, vec![p("h2", "SELECT 2 AS two"), ds("h1"), ds("h2"), H])
+            .recv(0, 5)
+            .go(vec![b("h2", &[]), e(), b("h1", &["y"]), e(), S])
+            .back()
+            .moved()
+            .send(0, vec![p("", "SELECT 3 AS three"), ds(""), H])
+            .recv(0, 3)
+            .send(0, vec![b("", &[]), e(), H])
+            .recv(0, 3)
+            .go(vec![S])
+            .back(),
+    )
+    .await;
+}
+
+/// Two clients sharing one server: the same name with different SQL, the same SQL under
+/// different names, interleaved pipelines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_same_names_and_same_sql() {
+    check(
+        Script::new()
+            .clients(2)
+            .on(
+                0,
+                vec![
+                    p("s", "SELECT 'client 0' AS who"),
+                    p("mine0", "SELECT 42 AS answer"),
+                    S,
+                ],
+            )
+            .on(
+                1,
+                vec![
+                    p("s", "SELECT 'client 1' AS who, 1 AS extra"),
+                    p("mine1", "SELECT 42 AS answer"),
+                    S,
+                ],
+            )
+            .on(0, vec![b("s", &[]), e(), b("mine0", &[]), e(), S])
+            .on(1, vec![b("s", &[]), e(), b("mine1", &[]), e(), S])
+            // Both pipelines in flight at once.
+            .send(0, vec![b("s", &[]), ds("s"), e(), S])
+            .send(1, vec![b("s", &[]), ds("s"), e(), S])
+            .expect(1, 1)
+            .expect(0, 1)
+            .moved()
+            .on(1, vec![b("mine0", &[]), e(), S])
+            .on(1, vec![cs("s"), S])
+            .on(0, vec![b("s", &[]), e(), S])
+            .on(1, vec![b("s", &[]), e(), S])
+            .back()
+            // Client 1 takes the name client 0 uses, for the same SQL.
+            .on(
+                1,
+                vec![p("mine0", "SELECT 42 AS answer"), b("mine0", &[]), e(), S],
+            )
+            .on(1, vec![cs("mine1"), b("mine1", &[]), S])
+            .on(0, vec![b("mine0", &[]), e(), b("mine1", &[]), S])
+            .on(0, vec![p("s", "SELECT 'client 0' AS who"), S])
+            .on(
+                1,
+                vec![
+                    p("s", "SELECT 'client 1 again' AS who"),
+                    b("s", &[]),
+                    e(),
+                    S,
+                ],
+            ),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors, exactly as PostgreSQL gives them
+// ---------------------------------------------------------------------------------------------
+
+/// A Parse that fails (42P01) registers nothing; once the table exists, the same name works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_parse_then_create_table() {
+    check(
+        Script::new()
+            .setup("DROP TABLE IF EXISTS prep_late_t")
+            .go(vec![p("late", "SELECT a FROM prep_late_t"), S])
+            .go(vec![b("late", &[]), e(), S])
+            .go(vec![q(
+                "CREATE TABLE prep_late_t (a int); INSERT INTO prep_late_t VALUES (7)",
+            )])
+            .go(vec![
+                p("late", "SELECT a FROM prep_late_t"),
+                b("late", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![b("late", &[]), e(), S])
+            .back()
+            .go(vec![q("DROP TABLE prep_late_t")]),
+    )
+    .await;
+}
+
+/// A second Parse of a name gets 42P05 — after PostgreSQL's own checks of the query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_named_parse() {
+    check(
+        Script::new()
+            .clients(2)
+            .go(vec![p("dup", "SELECT 1 AS one"), S])
+            .go(vec![p("dup", "SELECT 1 AS one"), S])
+            .go(vec![p("dup", "SELECT 2 AS two"), b("dup", &[]), e(), S])
+            .go(vec![p("dup", "SELEC 1"), S])
+            .go(vec![p("dup", "SELECT * FROM prep_no_such_t"), S])
+            .moved()
+            .go(vec![p("dup", "SELECT 1 AS one"), S])
+            .back()
+            .go(vec![
+                p("dup2", "SELECT 3"),
+                p("dup2", "SELECT 3"),
+                b("dup2", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![b("dup2", &[]), e(), b("dup", &[]), e(), S])
+            .go(vec![q("BEGIN")])
+            .go(vec![p("dup", "SELECT 1 AS one"), S])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("dup", &[]), e(), S])
+            // The error arrives before the Sync is sent: pgmemo must still clean up after
+            // it, so that no other client (here with a SQL-level DEALLOCATE on the same
+            // server) ever sees the client's name on the server.
+            .send(0, vec![p("dup", "SELECT 1 AS one"), H])
+            .recv(0, 1)
+            .go(vec![S])
+            .on(1, vec![q("DEALLOCATE dup")])
+            .on(1, vec![q("EXECUTE dup")]),
+    )
+    .await;
+}
+
+/// Bind and Describe of names the client does not have; Close of unknown names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_names() {
+    check(
+        Script::new()
+            .go(vec![b("nope", &[]), e(), S])
+            .go(vec![ds("nope"), S])
+            .go(vec![dp("nope"), S])
+            .go(vec![b("", &[]), e(), S])
+            .go(vec![ds(""), S])
+            .go(vec![
+                p("known", "SELECT 1 AS k"),
+                b("known", &[]),
+                e(),
+                b("nope", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![q("BEGIN")])
+            .go(vec![b("nope", &[]), e(), S])
+            .go(vec![q("ROLLBACK")])
+            // pgmemo's own server names mean nothing to a client.
+            .go(vec![b("pgmemo_s1", &[]), e(), S])
+            .go(vec![ds("pgmemo_s2"), S])
+            .go(vec![
+                p("pgmemo_s1", "SELECT 'mine' AS m"),
+                b("pgmemo_s1", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![b("pgmemo_s1", &[]), e(), S])
+            .go(vec![p("pgmemo_s1", "SELECT 'mine' AS m"), S])
+            .back()
+            .go(vec![cs("nope"), F::close_portal("nope"), cs(""), S]),
+    )
+    .await;
+}
+
+/// P(bad)/B/E/P(cached)/B/E/S: PostgreSQL answers exactly ErrorResponse, ReadyForQuery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_parse_before_a_cached_one() {
+    let pipeline = |bad: &str, cached: &str| {
+        vec![
+            p(bad, "SELEC bad"),
+            b(bad, &[]),
+            e(),
+            p(cached, "SELECT 1 AS c"),
+            b(cached, &[]),
+            e(),
+            S,
+        ]
+    };
+    let direct = check(
+        Script::new()
+            .go(vec![p("cached", "SELECT 1 AS c"), S])
+            .go(pipeline("", "cached2"))
+            .go(vec![b("cached2", &[]), e(), S])
+            .moved()
+            .go(pipeline("bad", "cached3"))
+            .go(vec![b("cached3", &[]), ds("bad"), S])
+            .back()
+            .go(pipeline("", "")),
+    )
+    .await;
+    let names = |lines: Vec<String>| -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(replies_to(&direct, 1)),
+        ["ErrorResponse", "ReadyForQuery"]
+    );
+}
+
+/// A statement whose table was dropped: the Parse pgmemo injects on a new server fails as
+/// the Bind fails on the old one; after the table is created again, both work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_parse_fails_after_drop_table() {
+    check(
+        Script::new()
+            .setup(
+                "DROP TABLE IF EXISTS prep_drop_t; CREATE TABLE prep_drop_t (a int); \
+                 INSERT INTO prep_drop_t VALUES (1)",
+            )
+            .go(vec![
+                p("sel", "SELECT a FROM prep_drop_t"),
+                b("sel", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![q("DROP TABLE prep_drop_t")])
+            .moved()
+            .go(vec![b("sel", &[]), e(), S])
+            .back()
+            .go(vec![b("sel", &[]), e(), S])
+            .go(vec![q(
+                "CREATE TABLE prep_drop_t (a int); INSERT INTO prep_drop_t VALUES (2)",
+            )])
+            .moved()
+            .go(vec![b("sel", &[]), e(), S])
+            .back()
+            .go(vec![b("sel", &[]), e(), S])
+            .go(vec![q("DROP TABLE prep_drop_t")]),
+    )
+    .await;
+}
+
+/// In an aborted transaction block, a Bind that needs its statement prepared first gets
+/// 25P02, and the statement is still prepared properly once the block is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_transaction_then_bind_needing_a_parse() {
+    check(
+        Script::new()
+            .go(vec![
+                p("t1", "SELECT 1 AS one"),
+                p("t2", "SELECT 2 AS two"),
+                S,
+            ])
+            .moved()
+            .go(vec![q("BEGIN")])
+            .go(vec![q("SELECT 1/0")])
+            .go(vec![b("t1", &[]), e(), S])
+            .go(vec![ds("t2"), S])
+            .go(vec![p("t3", "SELECT 3 AS three"), S])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("t1", &[]), e(), b("t2", &[]), e(), b("t3", &[]), S])
+            .back()
+            .go(vec![b("t1", &[]), e(), b("t2", &[]), e(), S]),
+    )
+    .await;
+}
+
+/// Close of unknown names is fine; a name closed can be parsed again in the same pipeline;
+/// a Close that an error discards did not happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_and_reuse_in_one_pipeline() {
+    check(
+        Script::new()
+            .go(vec![cs("never"), cs(""), S])
+            .go(vec![
+                p("r", "SELECT 1 AS first"),
+                b("r", &[]),
+                e(),
+                cs("r"),
+                p("r", "SELECT 2 AS second"),
+                b("r", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![b("r", &[]), e(), S])
+            .moved()
+            .go(vec![
+                b("r", &[]),
+                e(),
+                cs("r"),
+                cs("r"),
+                p("r", "SELECT 3 AS third"),
+                ds("r"),
+                S,
+            ])
+            .back()
+            .go(vec![b("r", &[]), e(), S])
+            // Close and Parse run, then the Bind fails: the new statement stays.
+            .go(vec![
+                cs("r"),
+                p("r", "SELECT 4 AS fourth"),
+                b("r", &["extra"]),
+                e(),
+                S,
+            ])
+            .go(vec![b("r", &[]), e(), S])
+            // The Execute fails: the Close after it never ran.
+            .go(vec![
+                p("x", "SELECT 1/0 AS boom"),
+                b("x", &[]),
+                e(),
+                cs("x"),
+                S,
+            ])
+            .go(vec![ds("x"), S])
+            .moved()
+            .go(vec![b("x", &[]), e(), cs("x"), cs("r"), S])
+            .back()
+            .go(vec![ds("x"), ds("r"), S]),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Eviction
+// ---------------------------------------------------------------------------------------------
+
+fn limit_one(config: &mut Config) {
+    config.general.max_prepared_statements = 1;
+}
+
+/// With room for one statement per server, five statements take turns; each server never
+/// holds more than one, also when a pipeline that evicts fails halfway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_with_a_limit_of_one() {
+    let names = ["e1", "e2", "e3", "e4", "e5"];
+    let mut parse: Vec<F> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| p(n, &format!("SELECT {} AS n", i + 1)))
+        .collect();
+    parse.push(p("f", "SELECT 1 / $1::int AS boom"));
+    parse.push(S);
+    let mut all: Vec<F> = names.iter().flat_map(|n| [b(n, &[]), e()]).collect();
+    all.push(S);
+    check_with(
+        Script::new()
+            .go(parse)
+            .at_most(1)
+            .go(all.clone())
+            .at_most(1)
+            .moved()
+            .go(vec![b("e5", &[]), e(), b("e1", &[]), e(), S])
+            .back()
+            .at_most(1)
+            .go(vec![b("e1", &[]), e(), b("e1", &[]), e(), ds("e2"), S])
+            .at_most(1)
+            // The statement evicted for f is closed, f prepared, then f fails: what comes
+            // after never runs, including the eviction of f for e2.
+            .go(vec![
+                b("e1", &[]),
+                e(),
+                b("f", &["0"]),
+                e(),
+                b("e2", &[]),
+                e(),
+                S,
+            ])
+            .at_most(1)
+            .go(vec![b("e2", &[]), e(), b("f", &["1"]), e(), S])
+            .at_most(1)
+            // The error comes before any eviction.
+            .go(vec![b("f", &["0"]), e(), b("e3", &[]), e(), S])
+            .go(vec![b("e3", &[]), e(), S])
+            .at_most(1)
+            .moved()
+            .go(vec![q("BEGIN")])
+            .go(all.clone())
+            .go(vec![b("f", &["0"]), e(), S])
+            .go(vec![b("e4", &[]), e(), S])
+            .go(vec![q("ROLLBACK")])
+            .back()
+            .at_most(1)
+            .go(all)
+            .at_most(1),
+        limit_one,
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQL-level statement commands
+// ---------------------------------------------------------------------------------------------
+
+/// DEALLOCATE name, DEALLOCATE ALL and DISCARD ALL drop protocol-level statements, also
+/// when pipelined before a Parse of the same name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deallocate_and_discard() {
+    check(
+        Script::new()
+            .go(vec![p("a1", "SELECT 1 AS a"), p("a2", "SELECT 2 AS b"), S])
+            .go(vec![q("DEALLOCATE a1")])
+            .go(vec![b("a1", &[]), e(), S])
+            .go(vec![b("a2", &[]), e(), S])
+            .go(vec![q("DEALLOCATE a1")])
+            .go(vec![q("DEALLOCATE ALL")])
+            .go(vec![b("a2", &[]), e(), S])
+            .go(vec![p("a2", "SELECT 2 AS b"), b("a2", &[]), e(), S])
+            .moved()
+            .go(vec![q("DISCARD ALL")])
+            .go(vec![b("a2", &[]), e(), S])
+            .back()
+            // Pipelined before a Parse of the same name.
+            .go(vec![p("a3", "SELECT 3 AS c"), S])
+            .go(vec![
+                q("DEALLOCATE a3"),
+                p("a3", "SELECT 33 AS c"),
+                b("a3", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![
+                q("DEALLOCATE ALL"),
+                p("a3", "SELECT 333 AS c"),
+                b("a3", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![
+                q("DISCARD ALL"),
+                p("a3", "SELECT 3333 AS c"),
+                b("a3", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![
+                q("DEALLOCATE PREPARE a3"),
+                p("a3", "SELECT 3 AS c"),
+                ds("a3"),
+                S,
+            ])
+            .back()
+            // In a transaction block DEALLOCATE is not undone by ROLLBACK; DISCARD ALL is
+            // refused.
+            .go(vec![q("BEGIN")])
+            .go(vec![q("DEALLOCATE a3")])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a3", &[]), e(), S])
+            .go(vec![p("a3", "SELECT 3 AS c"), S])
+            .go(vec![q("BEGIN")])
+            .go(vec![q("DISCARD ALL")])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a3", &[]), e(), S])
+            // In an aborted block DEALLOCATE fails and drops nothing.
+            .go(vec![q("BEGIN")])
+            .go(vec![q("SELECT 1/0")])
+            .go(vec![q("DEALLOCATE a3")])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a3", &[]), e(), S])
+            // An error earlier in the pipeline: the DEALLOCATE is discarded with the rest.
+            .send(
+                0,
+                vec![b("nope", &[]), q("DEALLOCATE a3"), p("a3", "SELECT 4"), S],
+            )
+            .expect(0, 1)
+            .go(vec![b("a3", &[]), e(), S])
+            // Quoted names.
+            .go(vec![p("MiXed", "SELECT 'm' AS m"), S])
+            .go(vec![q("DEALLOCATE mixed")])
+            .go(vec![q("DEALLOCATE \"MiXed\"")])
+            .go(vec![b("MiXed", &[]), e(), S])
+            // Several statements in one query.
+            .go(vec![p("a4", "SELECT 4 AS d"), S])
+            .go(vec![q("SELECT 1; DEALLOCATE a4")])
+            .go(vec![b("a4", &[]), e(), S]),
+    )
+    .await;
+}
+
+/// SQL PREPARE and EXECUTE in different transactions, on different servers; clients never see
+/// each other's statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepare_and_execute_across_transactions() {
+    check(
+        Script::new()
+            .clients(2)
+            .on(0, vec![q("PREPARE sq(int) AS SELECT $1 + 1 AS next")])
+            .moved()
+            .on(0, vec![q("EXECUTE sq(41)")])
+            .back()
+            .on(0, vec![q("EXECUTE sq(1)")])
+            .on(1, vec![q("EXECUTE sq(1)")])
+            .on(1, vec![q("PREPARE sq AS SELECT 'client 1' AS who")])
+            .on(1, vec![q("EXECUTE sq")])
+            .on(0, vec![q("EXECUTE sq(2)")])
+            .moved()
+            .on(1, vec![q("EXECUTE sq")])
+            .on(0, vec![q("EXECUTE sq(3)")])
+            .back()
+            // One namespace with the protocol's statements.
+            .on(0, vec![b("sq", &["5"]), e(), S])
+            .on(0, vec![p("sq", "SELECT 1"), S])
+            .on(0, vec![p("proto", "SELECT 'proto' AS p"), S])
+            .on(0, vec![q("EXECUTE proto")])
+            .on(0, vec![q("PREPARE proto AS SELECT 1")])
+            .on(0, vec![q("DEALLOCATE sq")])
+            .on(0, vec![q("EXECUTE sq(1)")])
+            .moved()
+            .on(1, vec![q("DEALLOCATE sq")])
+            .on(1, vec![q("EXECUTE sq")])
+            .back()
+            // PREPARE is not undone by the failure of its query, nor by ROLLBACK.
+            .on(0, vec![q("PREPARE kept AS SELECT 'kept' AS k; SELECT 1/0")])
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("PREPARE kept2(text) AS SELECT $1 AS k2")])
+            .on(0, vec![q("ROLLBACK")])
+            .moved()
+            .on(0, vec![q("EXECUTE kept; EXECUTE kept2('two')")])
+            // The protocol sees SQL-level statements: Describe, Bind, Close.
+            .on(
+                0,
+                vec![ds("kept2"), b("kept2", &["bound"]), e(), cs("kept"), S],
+            )
+            .back()
+            .on(0, vec![q("EXECUTE kept")])
+            .on(
+                0,
+                vec![
+                    p("kept", "SELECT 'now protocol' AS k"),
+                    b("kept", &[]),
+                    e(),
+                    S,
+                ],
+            )
+            .moved()
+            .on(0, vec![q("DEALLOCATE ALL")])
+            .on(0, vec![q("EXECUTE kept2('gone')")])
+            .back()
+            .on(0, vec![q("EXECUTE kept2('gone')")]),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DDL
+// ---------------------------------------------------------------------------------------------
+
+/// After ALTER TABLE ADD COLUMN, a `SELECT *` statement prepared before fails with 0A000
+/// ("cached plan must not change result type"), as on a PostgreSQL connection. pgmemo then
+/// prepares it again everywhere, so the next use works, also on the other server: the
+/// direct connection is given the same fresh statement (not recorded) to compare with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alter_table_then_execute_select_star() {
+    let reprepare = vec![cs("star"), p("star", "SELECT * FROM prep_alter_t"), S];
+    check(
+        Script::new()
+            .setup(
+                "DROP TABLE IF EXISTS prep_alter_t; CREATE TABLE prep_alter_t (a int); \
+                 INSERT INTO prep_alter_t VALUES (1)",
+            )
+            .go(vec![
+                p("star", "SELECT * FROM prep_alter_t"),
+                b("star", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![b("star", &[]), e(), S])
+            .back()
+            .go(vec![q(
+                "ALTER TABLE prep_alter_t ADD COLUMN b int DEFAULT 5",
+            )])
+            .go(vec![q("BEGIN")])
+            .go(vec![b("star", &[]), e(), S])
+            .go(vec![q("ROLLBACK")])
+            .direct_only(0, reprepare.clone(), 1)
+            .go(vec![b("star", &[]), e(), S])
+            .moved()
+            .go(vec![b("star", &[]), e(), S])
+            .back()
+            .go(vec![q("DROP TABLE prep_alter_t")]),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portals, sizes, formats, transaction control, COPY
+// ---------------------------------------------------------------------------------------------
+
+/// Named portals, Execute with a row limit, Describe of a portal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_portals_and_row_limits() {
+    check(
+        Script::new()
+            .go(vec![
+                p("gen", "SELECT g FROM generate_series(1, $1::int) g"),
+                S,
+            ])
+            .moved()
+            .go(vec![q("BEGIN")])
+            .go(vec![
+                bp("cur", "gen", &["5"]),
+                dp("cur"),
+                F::execute("cur", 2),
+                F::execute("cur", 2),
+                S,
+            ])
+            .go(vec![F::execute("cur", 0), F::close_portal("cur"), S])
+            .go(vec![dp("cur"), S])
+            .go(vec![q("COMMIT")])
+            .back()
+            .moved()
+            .go(vec![bp("p2", "gen", &["3"]), F::execute("p2", 1), S])
+            .go(vec![F::execute("p2", 1), S])
+            .back()
+            .go(vec![
+                bp("p3", "gen", &["2"]),
+                bp("p4", "gen", &["3"]),
+                F::execute("p4", 0),
+                F::execute("p3", 1),
+                dp("p3"),
+                S,
+            ]),
+    )
+    .await;
+}
+
+/// Messages larger than 64 KiB, the longest statement names PostgreSQL keeps, binary
+/// parameters and results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_long_names_binary_formats() {
+    let big_sql = format!(
+        "SELECT length($1::text) AS len, '{}'::text AS filler",
+        "x".repeat(70_000)
+    );
+    let big_param = "y".repeat(100_000);
+    let name63 = "n".repeat(63);
+    let binary = F::Bind {
+        portal: String::new(),
+        statement: "bin".into(),
+        param_formats: vec![1],
+        params: vec![Some(7i32.to_be_bytes().to_vec()), Some(vec![0, 1, 2, 255])],
+        result_formats: vec![1],
+    };
+    let mixed = F::Bind {
+        portal: String::new(),
+        statement: "bin".into(),
+        param_formats: vec![0, 1],
+        params: vec![Some(b"8".to_vec()), Some(vec![9; 70_000])],
+        result_formats: vec![0, 1],
+    };
+    check(
+        Script::new()
+            .go(vec![p(&name63, &big_sql), ds(&name63), S])
+            .moved()
+            .go(vec![b(&name63, &[&big_param]), e(), S])
+            .back()
+            .go(vec![b(&name63, &["short"]), e(), S])
+            .go(vec![
+                p("bin", "SELECT $1::int4 + 1 AS n, $2::bytea AS raw"),
+                S,
+            ])
+            .moved()
+            .go(vec![binary.clone(), e(), S])
+            .go(vec![mixed, e(), S])
+            .back()
+            .go(vec![binary, e(), cs(&name63), S]),
+    )
+    .await;
+}
+
+/// Names longer than 63 bytes: PostgreSQL keeps only the first 63.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_longer_than_63_bytes() {
+    let long = "L".repeat(70);
+    let prefix = &long[..63];
+    let other = format!("{prefix}other");
+    check(
+        Script::new()
+            .go(vec![p(&long, "SELECT 'long' AS l"), S])
+            .go(vec![b(prefix, &[]), e(), S])
+            .moved()
+            .go(vec![b(&other, &[]), e(), S])
+            .back()
+            .go(vec![p(&other, "SELECT 1"), S])
+            .go(vec![cs(&other), b(&long, &[]), e(), S]),
+    )
+    .await;
+}
+
+/// Transaction control as named statements, also prepared on a new server in the middle of
+/// (and in an aborted) transaction block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_control_as_named_statements() {
+    check(
+        Script::new()
+            .go(vec![
+                p("begin", "BEGIN"),
+                p("commit", "COMMIT"),
+                p("rollback", "ROLLBACK"),
+                p("sp", "SAVEPOINT sp1"),
+                p("rsp", "ROLLBACK TO SAVEPOINT sp1"),
+                p("div", "SELECT 1 / $1::int AS q"),
+                S,
+            ])
+            .moved()
+            .go(vec![
+                b("begin", &[]),
+                e(),
+                b("div", &["1"]),
+                e(),
+                b("sp", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![b("div", &["0"]), e(), S])
+            .go(vec![b("rsp", &[]), e(), S])
+            .go(vec![b("div", &["1"]), e(), b("commit", &[]), e(), S])
+            .back()
+            .moved()
+            .go(vec![b("begin", &[]), e(), S])
+            .go(vec![b("div", &["0"]), e(), S])
+            .go(vec![b("rollback", &[]), e(), S])
+            .back()
+            .go(vec![b("commit", &[]), e(), S])
+            .moved()
+            .go(vec![
+                b("begin", &[]),
+                e(),
+                b("div", &["0"]),
+                e(),
+                b("commit", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![b("commit", &[]), e(), S])
+            .back(),
+    )
+    .await;
+}
+
+/// COPY FROM STDIN and TO STDOUT through Bind/Execute of a statement pgmemo must prepare on
+/// the server first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_through_the_extended_protocol_after_an_injected_parse() {
+    check(
+        Script::new()
+            .setup("DROP TABLE IF EXISTS prep_copy_t; CREATE TABLE prep_copy_t (a int, b text)")
+            .go(vec![
+                p("cin", "COPY prep_copy_t FROM STDIN"),
+                p("cout", "COPY prep_copy_t TO STDOUT"),
+                S,
+            ])
+            .moved()
+            // Like libpq: Sync right after Execute; PostgreSQL ignores it during COPY IN.
+            .send(0, vec![b("cin", &[]), e(), S])
+            .recv(0, 2)
+            .send(0, vec![F::copy_data(b"1\tone\n2\ttwo\n"), F::CopyDone, S])
+            .expect(0, 1)
+            .go(vec![b("cout", &[]), e(), S])
+            .back()
+            .moved()
+            .send(0, vec![b("cin", &[]), e(), H])
+            .recv(0, 2)
+            .send(
+                0,
+                vec![
+                    F::copy_data(b"3\tthree\n"),
+                    F::CopyFail("changed my mind".into()),
+                    S,
+                ],
+            )
+            .expect(0, 1)
+            .go(vec![b("cout", &[]), e(), S])
+            .back()
+            .go(vec![q("DROP TABLE prep_copy_t")]),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property: random message sequences
+// ---------------------------------------------------------------------------------------------
+
+/// xorshift64*: small, deterministic, good enough to pick messages.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// True with probability `percent` %.
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// Statement texts and their parameter counts: good ones, and ones that fail at Parse
+/// (syntax, missing table), at Bind (planning divides by zero) or at Execute.
+const TEXTS: &[(&str, usize)] = &[
+    ("SELECT 1 AS one", 0),
+    ("SELECT $1::int + 1 AS n", 1),
+    ("SELECT $1::text || 'x' AS s, 2 AS two", 1),
+    ("SELECT g FROM generate_series(1, 3) g", 0),
+    ("VALUES ($1::int), ($2::int)", 2),
+    ("SELECT 1/0 AS boom", 0),
+    ("SELECT g / (g - 2) FROM generate_series(1, 3) g", 0),
+    ("SELEC oops", 0),
+    ("SELECT * FROM prep_prop_missing_t", 0),
+];
+
+const NAMES: &[&str] = &["", "a", "b", "c"];
+const PORTALS: &[&str] = &["", "p"];
+
+/// Simple queries sent at the start of a round, before its extended batch. Not `ROLLBACK TO`:
+/// when it fails in an aborted block (no such savepoint), PostgreSQL keeps the failed unnamed
+/// portal with its statement list in memory it has already reset, and what a later Execute of
+/// the unnamed portal answers (25P02 or 55000) depends on how that memory was reused, which
+/// any extra message changes. Savepoints are rolled back to in the scripted tests.
+const QUERIES: &[&str] = &[
+    "SELECT 1",
+    "BEGIN",
+    "COMMIT",
+    "ROLLBACK",
+    "SELECT 1/0",
+    "DEALLOCATE a",
+    "DEALLOCATE ALL",
+    "DISCARD ALL",
+    "SAVEPOINT sp",
+    // SQL-level statements share the namespace with the protocol's.
+    "PREPARE a AS SELECT 'sql a' AS s",
+    "PREPARE b(int) AS SELECT $1 * 10 AS s",
+    "EXECUTE a",
+    "EXECUTE b(4)",
+    "DEALLOCATE b",
+    "SELECT 1; EXECUTE c",
+];
+
+/// One random sequence: rounds of an optional simple query and an extended batch ending in
+/// Sync, sometimes with a Move before a round (and a Back after it).
+fn random_sequence(rng: &mut Rng) -> Vec<Act> {
+    // What the generator believes each name holds, to choose parameters (a belief: failed
+    // Parses and resets are not tracked, and wrong counts are wanted now and then anyway).
+    let mut params_of = std::collections::HashMap::<&str, usize>::new();
+    let mut acts = vec![
+        Act::Send(0, vec![q("ROLLBACK; DEALLOCATE ALL")]),
+        Act::Expect(0, 1),
+    ];
+    for _ in 0..1 + rng.below(8) {
+        let moved = rng.chance(30);
+        if moved {
+            acts.push(Act::Move);
+        }
+        let mut msgs = Vec::new();
+        let mut ready = 1;
+        if rng.chance(20) {
+            let query = QUERIES[rng.below(QUERIES.len())];
+            msgs.push(q(query));
+            ready += 1;
+        }
+        // The unnamed portal is used only once this round has bound it: a simple query that
+        // fails in a transaction block leaves PostgreSQL's unnamed portal failed, with its
+        // statements in memory already reset, and an Execute of it then answers as that
+        // memory happens to read — or crashes the backend (PostgreSQL 15).
+        let mut bound_unnamed = false;
+        for _ in 0..rng.below(7) {
+            let name = if rng.chance(5) {
+                "zz"
+            } else {
+                *rng.pick(NAMES)
+            };
+            let mut portal = *rng.pick(PORTALS);
+            if !bound_unnamed {
+                portal = "p";
+            }
+            let msg = match rng.below(100) {
+                0..=24 => {
+                    let (text, n) = *rng.pick(TEXTS);
+                    params_of.insert(name, n);
+                    p(name, text)
+                }
+                25..=49 => {
+                    let mut n = params_of.get(name).copied().unwrap_or(0);
+                    if rng.chance(10) {
+                        n = rng.below(3);
+                    }
+                    let values: Vec<String> = (0..n).map(|i| (i + 5).to_string()).collect();
+                    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+                    let portal = *rng.pick(PORTALS);
+                    bound_unnamed |= portal.is_empty();
+                    bp(portal, name, &values)
+                }
+                50..=69 => F::execute(portal, rng.below(2) as i32),
+                70..=77 => ds(name),
+                78..=82 => dp(portal),
+                83..=89 => cs(name),
+                90..=92 => F::close_portal(portal),
+                _ => H,
+            };
+            msgs.push(msg);
+        }
+        msgs.push(S);
+        // Now and then pipelined behind the previous round, in the same write: what the
+        // previous round does to the statements is not known when this one arrives.
+        let previous = acts
+            .len()
+            .checked_sub(2)
+            .filter(|_| !moved && rng.chance(30));
+        match previous.map(|at| acts.split_at_mut(at + 1)) {
+            Some((sent, [Act::Expect(0, expected)]))
+                if matches!(sent.last(), Some(Act::Send(..))) =>
+            {
+                *expected += ready;
+                if let Some(Act::Send(_, pipeline)) = sent.last_mut() {
+                    pipeline.extend(msgs);
+                }
+            }
+            _ => {
+                acts.push(Act::Send(0, msgs));
+                acts.push(Act::Expect(0, ready));
+            }
+        }
+        if moved {
+            acts.push(Act::Back);
+        }
+    }
+    acts
+}
+
+fn limit_two(config: &mut Config) {
+    config.general.max_prepared_statements = 2;
+}
+
+/// Random sequences give the same transcript directly and through pgmemo (pools of one and
+/// two, with a per-server limit of two statements, so evictions are frequent), while a helper
+/// keeps moving the client to servers that lack its statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_sequences_match_postgres() {
+    let sequences: usize = std::env::var("PREPARED_SEQUENCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let seed: u64 = std::env::var("PREPARED_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_0f9e_3779_b97f);
+    let one = start(1, limit_two).await;
+    let two = start(2, limit_two).await;
+    let targets = [
+        Target::Direct,
+        Target::Pgmemo(one.local_addr(), 1),
+        Target::Pgmemo(two.local_addr(), 2),
+    ];
+    let mut runners = Vec::new();
+    for target in targets {
+        runners.push(Runner::connect(target, 1).await);
+    }
+    let mut rng = Rng(seed);
+    for i in 0..sequences {
+        let acts = random_sequence(&mut rng);
+        // A Move only between transactions: the same decision on every target, as long as
+        // their transcripts agree (which is checked).
+        let runs = runners.iter_mut().map(|runner| {
+            let acts = &acts;
+            async move {
+                runner.out.clear();
+                for act in acts {
+                    if matches!(act, Act::Move) && !runner.all_idle() {
+                        continue;
+                    }
+                    runner.act(act).await;
+                }
+            }
+        });
+        futures_util::future::join_all(runs).await;
+        for (runner, label) in runners[1..].iter().zip(["pool_size 1", "pool_size 2"]) {
+            if let Some(d) = diff(&runners[0].out, &runner.out) {
+                if std::env::var_os("PREPARED_FULL").is_some() {
+                    eprintln!("proxied:\n{}", runner.out.join("\n"));
+                }
+                panic!(
+                    "sequence {i} (seed {seed}) through pgmemo, {label}: {d}\n\
+                     direct transcript:\n{}",
+                    runners[0].out.join("\n")
+                );
+            }
+        }
+        assert!(!runners[0].broken, "direct run broke: {:?}", runners[0].out);
+    }
+    for runner in runners {
+        runner.finish().await;
+    }
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+/// A DISCARD ALL that PostgreSQL refuses inside a transaction block, pipelined with a Parse
+/// that then runs in the aborted block: nothing pgmemo sends in between may be lost or
+/// misread, and a later Describe of a statement the server lacks gets PostgreSQL's own
+/// 25P02 from Describe. (Found by the random sequences.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_discard_all_pipelined_in_a_block() {
+    check_with(
+        Script::new()
+            .moved()
+            .go(vec![p("c", "SELECT $1::int + 1 AS n"), b("", &[]), S])
+            .back()
+            .moved()
+            .go(vec![p("c", "SELEC oops"), H, S])
+            .back()
+            .send(
+                0,
+                vec![
+                    q("BEGIN"),
+                    S,
+                    q("DISCARD ALL"),
+                    p("b", "SELECT 1/0 AS boom"),
+                    S,
+                    S,
+                ],
+            )
+            .expect(0, 5)
+            .go(vec![
+                ds("c"),
+                H,
+                p("a", "SELECT g FROM generate_series(1, 3) g"),
+                S,
+            ])
+            .go(vec![b("c", &["1"]), S])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("c", &["1"]), e(), S]),
+        limit_two,
+    )
+    .await;
+}
