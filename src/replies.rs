@@ -326,6 +326,25 @@ impl ReplyQueue {
         })
     }
 
+    /// Whether a simple query, an Execute or a Sync of the client is still unanswered.
+    pub fn has_pending_work(&self) -> bool {
+        self.entries.iter().any(|e| {
+            matches!(
+                e.expected,
+                Expected::Query | Expected::Execute | Expected::Sync
+            )
+        })
+    }
+
+    /// Whether the head entry is the first statement of an implicit transaction, whose batch
+    /// may be sent again (see `planner::Retry`).
+    pub fn head_is_retry_point(&self) -> bool {
+        matches!(
+            self.entries.front().and_then(|e| e.effect.as_ref()),
+            Some(Effect::Uses { retry: true, .. })
+        )
+    }
+
     /// Whether a simple query's reply is still outstanding.
     pub fn has_pending_query(&self) -> bool {
         self.entries.iter().any(|e| e.expected == Expected::Query)

@@ -1215,12 +1215,27 @@ async fn sql_prepare_and_execute_across_transactions() {
 // ---------------------------------------------------------------------------------------------
 
 /// After ALTER TABLE ADD COLUMN, a `SELECT *` statement prepared before fails with 0A000
-/// ("cached plan must not change result type"), as on a PostgreSQL connection. pgmemo then
-/// prepares it again everywhere, so the next use works, also on the other server: the
-/// direct connection is given the same fresh statement (not recorded) to compare with.
+/// ("cached plan must not change result type") on a PostgreSQL connection, for good. pgmemo
+/// does better, and the direct connection is given what pgmemo promises (the statement
+/// prepared afresh, not recorded) before the steps that show it:
+/// - the first statement of an implicit transaction, when its batch describes the portal
+///   (as libpq does), is prepared again and its batch sent again, invisibly: the client
+///   reads the new rows by the new description;
+/// - elsewhere the client gets the 0A000, as from PostgreSQL (it may decode rows by a
+///   description it cached: no Describe of the portal, a transaction block, an earlier
+///   statement in the batch, further pipelined work, a Describe of the statement, which
+///   PostgreSQL half answers before it fails), and the next use works — on every server,
+///   including one whose copy predates the ALTER.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alter_table_then_execute_select_star() {
     let reprepare = vec![cs("star"), p("star", "SELECT * FROM prep_alter_t"), S];
+    let alter = |column: &str| {
+        q(&format!(
+            "ALTER TABLE prep_alter_t ADD COLUMN {column} int DEFAULT 5"
+        ))
+    };
+    let described = || vec![b("star", &[]), dp(""), e(), S];
+    let plain = || vec![b("star", &[]), e(), S];
     check(
         Script::new()
             .setup(
@@ -1234,19 +1249,52 @@ async fn alter_table_then_execute_select_star() {
                 S,
             ])
             .moved()
-            .go(vec![b("star", &[]), e(), S])
+            .go(plain())
             .back()
-            .go(vec![q(
-                "ALTER TABLE prep_alter_t ADD COLUMN b int DEFAULT 5",
-            )])
+            // Sent again, invisibly.
+            .go(vec![alter("b")])
+            .direct_only(0, reprepare.clone(), 1)
+            .go(described())
+            .moved()
+            .go(described())
+            .back()
+            // The rows would not match a description the client cached.
+            .go(vec![alter("c")])
+            .go(plain())
+            .direct_only(0, reprepare.clone(), 1)
+            .go(plain())
+            .moved()
+            .go(plain())
+            .back()
+            .go(vec![alter("d")])
+            .go(vec![ds("star"), b("star", &[]), dp(""), e(), S])
+            .direct_only(0, reprepare.clone(), 1)
+            .go(vec![ds("star"), b("star", &[]), dp(""), e(), S])
+            // In a transaction block.
+            .go(vec![alter("e")])
             .go(vec![q("BEGIN")])
-            .go(vec![b("star", &[]), e(), S])
+            .go(described())
             .go(vec![q("ROLLBACK")])
             .direct_only(0, reprepare.clone(), 1)
-            .go(vec![b("star", &[]), e(), S])
-            .moved()
-            .go(vec![b("star", &[]), e(), S])
-            .back()
+            .go(described())
+            // After an earlier statement of the batch.
+            .go(vec![alter("f")])
+            .go(vec![
+                p("one", "SELECT 1 AS one"),
+                b("one", &[]),
+                e(),
+                b("star", &[]),
+                dp(""),
+                e(),
+                S,
+            ])
+            .direct_only(0, reprepare.clone(), 1)
+            .go(described())
+            // Pipelined: the second batch was sent before the first failed.
+            .go(vec![alter("g")])
+            .go([described(), described()].concat())
+            .direct_only(0, reprepare, 1)
+            .go(described())
             .go(vec![q("DROP TABLE prep_alter_t")]),
     )
     .await;

@@ -197,6 +197,8 @@ struct Session {
     waiting: bool,
     /// A Flush has been sent for the current wait.
     wait_flushed: bool,
+    /// The batch kept to be sent again after 0A000 on its first statement.
+    retry: planner::Retry,
 }
 
 impl Session {
@@ -245,6 +247,7 @@ impl Session {
             cleanup: Vec::new(),
             waiting: false,
             wait_flushed: false,
+            retry: planner::Retry::default(),
         };
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
@@ -591,6 +594,7 @@ impl Session {
                     stats: &mut self.stats,
                     limits: self.statement_limits,
                     cleanup: &mut self.cleanup,
+                    retry: &mut self.retry,
                 }
                 .plan(tag);
                 if planned != planner::Plan::Wait {
@@ -598,6 +602,7 @@ impl Session {
                 }
                 match planned {
                     planner::Plan::Done => {
+                        self.retry.consumed(&self.client.rbuf[..len]);
                         self.client.rbuf.advance(len);
                         self.answer_locally();
                         continue;
@@ -620,6 +625,7 @@ impl Session {
                 self.replies.push(expected);
             }
             server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
+            self.retry.consumed(&self.client.rbuf[..len]);
             self.client.rbuf.advance(len);
         }
     }
@@ -714,7 +720,28 @@ impl Session {
                 }
             };
             self.waiting = false;
-            let route = self.replies.on_server_message(tag);
+            // 0A000 on the first statement of an implicit transaction whose batch is kept,
+            // with nothing queued after the batch: sent again instead (see planner::Retry).
+            let retry = tag == be::ERROR_RESPONSE
+                && self.retry.is_armed()
+                && self.replies.head_is_retry_point()
+                && ErrorFields::parse(&server.rbuf[5..len]).is_some_and(|f| f.code == "0A000");
+            let mut route = self.replies.on_server_message(tag);
+            let mut replay = false;
+            if retry {
+                if self.replies.len() == 1 {
+                    route = Route::Swallow;
+                    self.retry.swallow_ready();
+                } else {
+                    self.retry.forget();
+                }
+            } else if tag == be::READY_FOR_QUERY && self.retry.is_pending() {
+                route = Route::Swallow;
+                replay = true;
+            } else if tag == be::READY_FOR_QUERY && route == Route::Forward {
+                // The kept batch ended.
+                self.retry.forget();
+            }
             let body = &server.rbuf[5..len];
             match tag {
                 be::READY_FOR_QUERY => {
@@ -739,7 +766,7 @@ impl Session {
                     if fields.is_fatal() {
                         server.broken = true;
                     }
-                    if route == Route::Swallow {
+                    if route == Route::Swallow && !retry {
                         tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
                     }
                 }
@@ -776,6 +803,13 @@ impl Session {
             if self.stmts.is_some() {
                 self.settle(error_code.as_deref());
                 self.answer_locally();
+            }
+            if replay {
+                // Planned again before whatever the client sent since.
+                let mut input = self.retry.replay();
+                input.extend_from_slice(&self.client.rbuf);
+                self.client.rbuf = input;
+                tracing::debug!(client = %self.info.addr, "batch sent again after 0A000");
             }
             let Some(s) = self.server.as_mut() else {
                 return Ok(());

@@ -65,6 +65,103 @@ pub struct Planner<'a> {
     /// Statement names to close on the server after the client's next Sync (see
     /// [`Planner::duplicate_parse`]).
     pub cleanup: &'a mut Vec<Box<[u8]>>,
+    pub retry: &'a mut Retry,
+}
+
+/// The client's batch from its first statement to its Sync, kept while it runs, so that it can
+/// be sent again once, transparently, when that first statement of an implicit transaction
+/// fails with 0A000 ("cached plan must not change result type": a table's columns changed
+/// since the statement was prepared). Nothing of the batch has run then: pgmemo swallows the
+/// error and the batch's ReadyForQuery, and plans the kept messages again, which prepares
+/// the statement afresh.
+///
+/// Only when the batch describes its portal before executing it (as libpq does): the client
+/// then reads the new rows by the new RowDescription. A client that decodes rows by a
+/// description it cached earlier must see the 0A000, as PostgreSQL gives it, or it would
+/// read the new columns by the old description. Elsewhere too (in a transaction block,
+/// after a statement already ran, behind further pipelined work) the client gets the error.
+#[derive(Debug, Default)]
+pub struct Retry {
+    /// Keeping the client's messages (from a retry point on).
+    capturing: bool,
+    /// They reach the batch's Sync: the batch can be sent again.
+    complete: bool,
+    bytes: BytesMut,
+    /// The first bytes of the client's input are a batch sent again: not again.
+    replaying: usize,
+    /// The 0A000 was swallowed: so is the batch's ReadyForQuery, then the batch goes again.
+    pending: bool,
+    /// The kept messages describe a portal before any Execute.
+    describes: bool,
+    /// The kept messages have an Execute.
+    executes: bool,
+}
+
+/// A larger batch is not kept (its first statement's 0A000 reaches the client).
+const MAX_RETRY_BYTES: usize = 1 << 20;
+
+impl Retry {
+    fn can_start(&self) -> bool {
+        !self.capturing && self.replaying == 0 && !self.pending
+    }
+
+    fn start(&mut self) {
+        self.capturing = true;
+    }
+
+    /// The session consumed this client message (planned or forwarded).
+    pub fn consumed(&mut self, msg: &[u8]) {
+        self.replaying = self.replaying.saturating_sub(msg.len());
+        if !self.capturing || self.complete {
+            return;
+        }
+        if self.bytes.len() + msg.len() > MAX_RETRY_BYTES {
+            self.forget();
+            return;
+        }
+        self.bytes.extend_from_slice(msg);
+        match msg.first() {
+            Some(&fe::SYNC) => self.complete = true,
+            Some(&fe::EXECUTE) => self.executes = true,
+            Some(&fe::DESCRIBE) if msg.get(5) == Some(&b'P') && !self.executes => {
+                self.describes = true
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether an error now may be the retry point's 0A000 with the whole batch kept.
+    pub fn is_armed(&self) -> bool {
+        self.complete && self.describes && !self.pending
+    }
+
+    /// The batch ended (or cannot be sent again): forget it.
+    pub fn forget(&mut self) {
+        self.capturing = false;
+        self.complete = false;
+        self.describes = false;
+        self.executes = false;
+        self.bytes.clear();
+    }
+
+    /// The 0A000 was swallowed; the batch's ReadyForQuery must be too.
+    pub fn swallow_ready(&mut self) {
+        self.pending = true;
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// The batch's ReadyForQuery arrived: the batch to plan again, before anything else the
+    /// client sent.
+    pub fn replay(&mut self) -> BytesMut {
+        self.pending = false;
+        let bytes = std::mem::take(&mut self.bytes);
+        self.forget();
+        self.replaying = bytes.len();
+        bytes
+    }
 }
 
 /// What became of a client message.
@@ -281,6 +378,7 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
+        let retry = self.retry_point();
         self.ensure_prepared(&statement);
         let generation = statement.generation();
         write_message(&mut self.server.wbuf, fe::BIND, |m| {
@@ -294,6 +392,7 @@ impl Planner<'_> {
             effect: Some(Effect::Uses {
                 statement,
                 generation,
+                retry,
             }),
         });
         Plan::Done
@@ -368,6 +467,9 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
+        // Not a retry point: PostgreSQL sends the ParameterDescription before it finds out
+        // that the result type changed.
+        let retry = false;
         self.ensure_prepared(&statement);
         let generation = statement.generation();
         write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
@@ -380,6 +482,7 @@ impl Planner<'_> {
             effect: Some(Effect::Uses {
                 statement,
                 generation,
+                retry,
             }),
         });
         Plan::Done
@@ -752,6 +855,20 @@ impl Planner<'_> {
         self.server.status == b'E' && self.state_known()
     }
 
+    /// Whether the Bind being planned is the first statement of an implicit
+    /// transaction, so that its batch can be sent again if it fails with 0A000 ("cached plan
+    /// must not change result type") — nothing of the batch has run yet. If so, the session
+    /// keeps the client's messages from here to the batch's Sync ([`Retry`]).
+    fn retry_point(&mut self) -> bool {
+        let first = self.server.status == b'I'
+            && self.retry.can_start()
+            && !self.replies.has_pending_work();
+        if first {
+            self.retry.start();
+        }
+        first
+    }
+
     /// Injects the statement's Parse unless the server has a current copy.
     #[inline]
     fn ensure_prepared(&mut self, statement: &Arc<Statement>) {
@@ -885,6 +1002,7 @@ pub fn settle(
         Effect::Uses {
             statement,
             generation,
+            ..
         } if outcome == Outcome::Failed && error_code == Some("0A000") => {
             // "cached plan must not change result type": every server's copy is now stale
             // and is re-parsed on its next use.

@@ -185,6 +185,9 @@ pub enum Effect {
     Uses {
         statement: Arc<Statement>,
         generation: u32,
+        /// The first statement of an implicit transaction: after 0A000 its batch is sent
+        /// again (see `planner::Retry`).
+        retry: bool,
     },
     /// DISCARD ALL / DEALLOCATE ALL dropped every statement. Undone: restored as it was.
     Reset(Box<ResetSnapshot>),
