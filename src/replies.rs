@@ -201,6 +201,13 @@ pub struct ReplyQueue {
     open_fallible: bool,
     /// The open batch has bookkeeping that may be undone.
     open_uncertain: bool,
+    /// Queued entries of the kinds that may change the transaction state, counted so that
+    /// the planner's questions about them cost O(1): simple queries, Executes, Syncs, and
+    /// pgmemo's own queries.
+    queued_queries: usize,
+    queued_executes: usize,
+    queued_syncs: usize,
+    queued_internal: usize,
     /// Effects whose entries have ended, in the order they must be applied (undos of one
     /// error newest first). The session drains it after every message.
     outcomes: Vec<(Effect, Outcome)>,
@@ -289,6 +296,7 @@ impl ReplyQueue {
             }
         }
         self.uncertain_units += usize::from(closes_uncertain);
+        self.count(e, 1);
         self.entries.push_back(Queued {
             entry,
             closes_uncertain,
@@ -306,7 +314,19 @@ impl ReplyQueue {
     fn take_front(&mut self) -> Option<Entry> {
         let queued = self.entries.pop_front()?;
         self.uncertain_units -= usize::from(queued.closes_uncertain);
+        self.count(queued.expected, -1);
         Some(queued.entry)
+    }
+
+    fn count(&mut self, e: Expected, by: isize) {
+        let counter = match e {
+            Expected::Query => &mut self.queued_queries,
+            Expected::Execute => &mut self.queued_executes,
+            Expected::Sync => &mut self.queued_syncs,
+            Expected::Internal => &mut self.queued_internal,
+            _ => return,
+        };
+        *counter = counter.wrapping_add_signed(by);
     }
 
     /// PostgreSQL is discarding messages until the client's next Sync: whatever the client
@@ -318,22 +338,12 @@ impl ReplyQueue {
     /// Whether something still unanswered may change the transaction state (a query, an
     /// Execute, a Sync).
     pub fn may_change_transaction(&self) -> bool {
-        self.entries.iter().any(|e| {
-            matches!(
-                e.expected,
-                Expected::Query | Expected::Execute | Expected::Sync | Expected::Internal
-            )
-        })
+        self.has_pending_work() || self.queued_internal > 0
     }
 
     /// Whether a simple query, an Execute or a Sync of the client is still unanswered.
     pub fn has_pending_work(&self) -> bool {
-        self.entries.iter().any(|e| {
-            matches!(
-                e.expected,
-                Expected::Query | Expected::Execute | Expected::Sync
-            )
-        })
+        self.queued_queries + self.queued_executes + self.queued_syncs > 0
     }
 
     /// Whether the head entry is the first statement of an implicit transaction, whose batch
@@ -347,7 +357,7 @@ impl ReplyQueue {
 
     /// Whether a simple query's reply is still outstanding.
     pub fn has_pending_query(&self) -> bool {
-        self.entries.iter().any(|e| e.expected == Expected::Query)
+        self.queued_queries > 0
     }
 
     /// The server is in COPY IN, waiting for the client's data.
@@ -386,6 +396,10 @@ impl ReplyQueue {
             }
         }
         self.uncertain_units = 0;
+        self.queued_queries = 0;
+        self.queued_executes = 0;
+        self.queued_syncs = 0;
+        self.queued_internal = 0;
         self.open_fallible = false;
         self.open_uncertain = false;
         self.open_batch = false;
@@ -535,6 +549,7 @@ impl ReplyQueue {
                     if self.entries[i].expected == Expected::Sync {
                         if let Some(sync) = self.entries.remove(i) {
                             self.uncertain_units -= usize::from(sync.closes_uncertain);
+                            self.count(Expected::Sync, -1);
                         }
                         end -= 1;
                     } else {
@@ -708,6 +723,65 @@ mod tests {
         q.push(Expected::Query);
         q.push(Expected::Sync);
         assert_eq!(q.len(), 1);
+    }
+
+    /// The O(1) counters agree with the queue, through answers, an error's skip, COPY IN.
+    #[test]
+    fn pending_kinds_are_counted() {
+        fn scan(q: &ReplyQueue) -> (bool, bool, bool) {
+            let has = |kinds: &[Expected]| q.entries.iter().any(|e| kinds.contains(&e.expected));
+            (
+                has(&[Expected::Query]),
+                has(&[Expected::Query, Expected::Execute, Expected::Sync]),
+                has(&[
+                    Expected::Query,
+                    Expected::Execute,
+                    Expected::Sync,
+                    Expected::Internal,
+                ]),
+            )
+        }
+        let counted = |q: &ReplyQueue| {
+            (
+                q.has_pending_query(),
+                q.has_pending_work(),
+                q.may_change_transaction(),
+            )
+        };
+        let mut q = ReplyQueue::new();
+        q.push(Expected::Internal);
+        for tag in [b'P', b'B', b'E', b'S', b'Q', b'B', b'E', b'S'] {
+            q.push(Expected::for_client_message(tag).unwrap());
+        }
+        assert_eq!(counted(&q), scan(&q));
+        for tag in [
+            be::COMMAND_COMPLETE,
+            be::READY_FOR_QUERY,
+            be::PARSE_COMPLETE,
+            be::ERROR_RESPONSE,
+        ] {
+            q.on_server_message(tag);
+            assert_eq!(counted(&q), scan(&q), "{q:?}");
+        }
+        for tag in [
+            be::READY_FOR_QUERY,
+            be::COMMAND_COMPLETE,
+            be::READY_FOR_QUERY,
+            be::BIND_COMPLETE,
+            be::COPY_IN_RESPONSE,
+        ] {
+            q.on_server_message(tag);
+            assert_eq!(counted(&q), scan(&q), "{q:?}");
+        }
+        q.push(Expected::CopyEnd);
+        q.push(Expected::Sync);
+        q.on_server_message(be::COMMAND_COMPLETE);
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle(), "{q:?}");
+        assert_eq!(counted(&q), (false, false, false));
+        q.push(Expected::Query);
+        q.clear();
+        assert_eq!(counted(&q), (false, false, false));
     }
 
     #[test]

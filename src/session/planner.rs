@@ -378,6 +378,9 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
+        if statement.starts_transaction && !self.server.prepared.has_guard() {
+            self.prepare_guard();
+        }
         let retry = self.retry_point();
         self.ensure_prepared(&statement);
         let generation = statement.generation();
@@ -778,18 +781,26 @@ impl Planner<'_> {
     }
 
     /// Whether the message may open a transaction block: a simple query that mentions BEGIN
-    /// or START (a cheap, generous test), a Parse or Bind of BEGIN or START TRANSACTION.
+    /// or START (a cheap, generous test), a Parse of BEGIN or START TRANSACTION.
     fn may_open_block(&self, tag: u8) -> bool {
         match tag {
             fe::QUERY => fe::query_text(self.body()).is_some_and(|text| {
-                contains_ignore_case(text, b"begin") || contains_ignore_case(text, b"start")
+                text.iter().enumerate().any(|(i, c)| {
+                    let rest = &text[i..];
+                    let is = |word: &[u8]| {
+                        rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word)
+                    };
+                    match c | 0x20 {
+                        b'b' => is(b"begin"),
+                        b's' => is(b"start"),
+                        _ => false,
+                    }
+                })
             }),
             fe::PARSE => Parse::parse(self.body())
                 .and_then(|p| std::str::from_utf8(p.query).ok())
                 .is_some_and(sql::is_transaction_start),
-            fe::BIND => Bind::parse(self.body())
-                .and_then(|b| self.stmts.get(b.statement))
-                .is_some_and(|s| s.starts_transaction),
+            // A Bind of BEGIN: see bind().
             _ => false,
         }
     }
