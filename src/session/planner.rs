@@ -811,8 +811,26 @@ impl Planner<'_> {
     /// Sync commits nothing); if an earlier unit still in flight leaves the block aborted,
     /// the Parse fails, silently, and the guard is not there.
     fn prepare_guard(&mut self) {
-        if self.replies.in_batch() || self.replies.in_copy_in() || self.certainly_aborted() {
+        if self.replies.in_batch()
+            || self.replies.in_copy_in()
+            || self.certainly_aborted()
+            || self.server.prepared.limit() < 2
+        {
+            // (With room for one statement only, the client's statements need it.)
             return;
+        }
+        // The guard counts toward the limit: make room if the set is full.
+        if let Some(victim) = self.server.prepared.lru_if_full() {
+            let generation = self
+                .server
+                .prepared
+                .generation_of(&victim)
+                .unwrap_or_default();
+            victim
+                .evictions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats.prepare_evictions += 1;
+            self.write_close(victim, generation);
         }
         write_message(&mut self.server.wbuf, fe::PARSE, |m| {
             put_cstr(m, GUARD_NAME);

@@ -287,11 +287,13 @@ pub struct ResetSnapshot {
     pub sole_command: bool,
 }
 
-/// The guard: a statement pgmemo keeps prepared on every server connection (outside the LRU),
-/// so that in an aborted transaction block a Bind or Describe of a statement the server lacks
-/// can still get PostgreSQL's own 25P02 from Bind or Describe (a Parse injected there would
-/// fail in Parse, with other error fields). Its id, 0, is one the statement counter never
-/// hands out, and its name matches the `pgmemo_s<n>` pattern that session-mode resets keep.
+/// The guard: a statement pgmemo keeps prepared on a server connection once a transaction
+/// block may open there, so that in an aborted block a Bind or Describe of a statement the
+/// server lacks can still get PostgreSQL's own 25P02 from Bind or Describe (a Parse injected
+/// there would fail in Parse, with other error fields). It counts toward
+/// `max_prepared_statements` but is never evicted, and is not prepared when the limit is 1.
+/// Its id, 0, is one the statement counter never hands out, and its name matches the
+/// `pgmemo_s<n>` pattern that session-mode resets keep.
 pub const GUARD_NAME: &[u8] = b"pgmemo_s0";
 /// The guard's text: no parameters, and a (zero-column) result, so that Describe in an
 /// aborted block refuses it as it refuses any statement that returns rows.

@@ -15,8 +15,8 @@ struct Prepared {
 pub struct ServerSet {
     prepared: LruCache<u64, Prepared>,
     limit: usize,
-    /// Whether the guard statement ([`super::GUARD_NAME`]) is prepared here. Not part of
-    /// the LRU: it is pgmemo's own, one per server.
+    /// Whether the guard statement ([`super::GUARD_NAME`]) is prepared here. It counts
+    /// toward the limit but is never a victim: pgmemo's own, one per server.
     guard: bool,
     /// SQL-level statements prepared here under their clients' names (name → PREPARE
     /// statement): those of the last client whose transaction ran here.
@@ -125,7 +125,7 @@ impl ServerSet {
     /// The least recently used statement to close when one more must fit, if the set is full.
     /// It stays recorded until [`ServerSet::remove`]: the caller decides when the Close ran.
     pub fn victim(&self, keep: &Statement) -> Option<Arc<Statement>> {
-        if self.prepared.len() < self.limit {
+        if self.len() < self.limit {
             return None;
         }
         self.prepared
@@ -146,12 +146,25 @@ impl ServerSet {
         self.guard = false;
     }
 
+    /// Statements prepared here, the guard included.
     pub fn len(&self) -> usize {
-        self.prepared.len()
+        self.prepared.len() + usize::from(self.guard)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.prepared.is_empty()
+        self.len() == 0
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The least recently used statement, if the set is full.
+    pub fn lru_if_full(&self) -> Option<Arc<Statement>> {
+        if self.len() < self.limit {
+            return None;
+        }
+        self.prepared.peek_lru().map(|(_, p)| p.statement.clone())
     }
 }
 
