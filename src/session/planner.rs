@@ -63,7 +63,7 @@ pub struct Planner<'a> {
     pub stats: &'a mut LocalStats,
     pub limits: Limits,
     /// Statement names to close on the server after the client's next Sync (see
-    /// [`Planner::duplicate_parse`]).
+    /// `Planner::duplicate_parse`).
     pub cleanup: &'a mut Vec<Box<[u8]>>,
     pub retry: &'a mut Retry,
 }
