@@ -1315,7 +1315,6 @@ async fn tokio_postgres_ddl_transcript(url: &str, table: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pgmemo bug: after 0A000 invalidates a statement, the next Bind of a client name prepared before the DDL is re-prepared with the new result shape instead of failing with 0A000 as PostgreSQL does, so the driver decodes new rows with its cached RowDescription (column a reads b)"]
 async fn tokio_postgres_ddl_like_postgresql() {
     let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
     let direct = tokio_postgres_ddl_transcript(&direct_url, "ddl_tp_direct").await;
@@ -1331,7 +1330,6 @@ async fn tokio_postgres_ddl_like_postgresql() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pgmemo bug: after 0A000 invalidates a statement, the next Bind of a client name prepared before the DDL is re-prepared with the new result shape instead of failing with 0A000 as PostgreSQL does, so the driver decodes new rows with its cached RowDescription (column a reads b)"]
 async fn pgx_v5_ddl_like_postgresql() {
     let bin = build_pgx().await;
     let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);

@@ -26,7 +26,7 @@ use crate::server::{ServerConn, ServerError};
 use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use login::{LoginError, Outcome, Startup};
 use std::future::poll_fn;
 use std::io;
@@ -199,6 +199,8 @@ struct Session {
     wait_flushed: bool,
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
+    /// The last 0A000 ErrorResponse a server sent (whole), for stale-statement answers.
+    last_0a000: Option<Bytes>,
 }
 
 impl Session {
@@ -248,6 +250,7 @@ impl Session {
             waiting: false,
             wait_flushed: false,
             retry: planner::Retry::default(),
+            last_0a000: None,
         };
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
@@ -728,9 +731,11 @@ impl Session {
                 && ErrorFields::parse(&server.rbuf[5..len]).is_some_and(|f| f.code == "0A000");
             let mut route = self.replies.on_server_message(tag);
             let mut replay = false;
+            let mut retried = false;
             if retry {
                 if self.replies.len() == 1 {
                     route = Route::Swallow;
+                    retried = true;
                     self.retry.swallow_ready();
                 } else {
                     self.retry.forget();
@@ -798,10 +803,13 @@ impl Session {
             }
             if tag == be::ERROR_RESPONSE {
                 error_code = ErrorFields::parse(body).map(|f| f.code);
+                if error_code.as_deref() == Some("0A000") {
+                    self.last_0a000 = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
+                }
             }
             server.rbuf.advance(len);
             if self.stmts.is_some() {
-                self.settle(error_code.as_deref());
+                self.settle(error_code.as_deref(), retried);
                 self.answer_locally();
             }
             if replay {
@@ -852,16 +860,17 @@ impl Session {
                 }
             }
         }
-        self.settle(None);
+        self.settle(None, false);
     }
 
     /// Applies the bookkeeping of entries that ended: kept when their message ran, undone
     /// (newest first) when PostgreSQL discarded it.
-    fn settle(&mut self, error_code: Option<&str>) {
+    fn settle(&mut self, error_code: Option<&str>, retried: bool) {
         let Session {
             replies,
             stmts,
             server,
+            last_0a000,
             ..
         } = self;
         let Some(outcomes) = replies.drain_outcomes() else {
@@ -871,7 +880,17 @@ impl Session {
             return;
         };
         for (effect, outcome) in outcomes {
-            planner::settle(stmts, server.as_mut(), effect, outcome, error_code);
+            if let (
+                crate::statements::Effect::Uses { statement, .. },
+                replies::Outcome::Failed,
+                Some("0A000"),
+            ) = (&effect, outcome, error_code)
+            {
+                if let Some(message) = last_0a000.take() {
+                    statement.set_stale_error(message);
+                }
+            }
+            planner::settle(stmts, server.as_mut(), effect, outcome, error_code, retried);
         }
     }
 

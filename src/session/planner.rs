@@ -378,6 +378,21 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
+        if self.stmts.is_stale(b.statement) {
+            // The client prepared this before a DDL change of its result type and may decode
+            // rows by the description it got then: PostgreSQL keeps refusing such a statement
+            // until the client prepares it again, and so does pgmemo (even on a server that
+            // would happily prepare the new shape).
+            match statement.stale_error() {
+                Some(genuine) => self.fail_here_with(Expected::Bind, genuine),
+                None => self.fail_here(
+                    Expected::Bind,
+                    "0A000",
+                    "cached plan must not change result type",
+                ),
+            }
+            return Plan::Done;
+        }
         if statement.starts_transaction && !self.server.prepared.has_guard() {
             self.prepare_guard();
         }
@@ -473,6 +488,9 @@ impl Planner<'_> {
         // Not a retry point: PostgreSQL sends the ParameterDescription before it finds out
         // that the result type changed.
         let retry = false;
+        // PostgreSQL describes the statement as it is now and accepts it afterwards: a client
+        // that asked knows the new shape.
+        self.stmts.refresh(&statement);
         self.ensure_prepared(&statement);
         let generation = statement.generation();
         write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
@@ -767,15 +785,20 @@ impl Planner<'_> {
 
     /// Makes the server fail at this point with pgmemo's own error.
     fn fail_here(&mut self, expected: Expected, code: &str, message: &str) {
+        let mut error = BytesMut::new();
+        be::error_response(&mut error, Severity::Error, code, message);
+        self.fail_here_with(expected, error.freeze());
+    }
+
+    /// Makes the server fail at this point, showing `error` (a whole ErrorResponse).
+    fn fail_here_with(&mut self, expected: Expected, error: Bytes) {
         write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
             m.extend_from_slice(b"S");
             put_cstr(m, MISSING_NAME);
         });
-        let mut error = BytesMut::new();
-        be::error_response(&mut error, Severity::Error, code, message);
         self.replies.push_entry(Entry {
             expected,
-            action: Action::ReplaceError(ErrorRewrite::Whole(error.freeze())),
+            action: Action::ReplaceError(ErrorRewrite::Whole(error)),
             effect: None,
         });
     }
@@ -977,6 +1000,7 @@ pub fn settle(
     effect: Effect,
     outcome: Outcome,
     error_code: Option<&str>,
+    retried: bool,
 ) {
     let done = outcome == Outcome::Done;
     match effect {
@@ -1031,11 +1055,16 @@ pub fn settle(
         Effect::Uses {
             statement,
             generation,
-            ..
+            retry,
         } if outcome == Outcome::Failed && error_code == Some("0A000") => {
             // "cached plan must not change result type": every server's copy is now stale
             // and is re-parsed on its next use.
             statement.invalidate(generation);
+            if retry && retried {
+                // Its batch is being sent again and re-describes the portal: this client gets
+                // the new shape, so its name is current again. Other clients stay stale.
+                stmts.refresh(&statement);
+            }
         }
         Effect::Reset(snapshot) if !done => {
             stmts.restore_all(snapshot.names);
@@ -1081,8 +1110,15 @@ pub fn settle(
             } else {
                 (second, first)
             };
-            settle(stmts, server.as_deref_mut(), a, outcome, error_code);
-            settle(stmts, server, b, outcome, error_code);
+            settle(
+                stmts,
+                server.as_deref_mut(),
+                a,
+                outcome,
+                error_code,
+                retried,
+            );
+            settle(stmts, server, b, outcome, error_code, retried);
         }
         _ => {}
     }

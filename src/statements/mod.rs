@@ -48,6 +48,9 @@ pub struct Statement {
     /// Set once some server accepted its Parse: until then a client's Parse of it must reach a
     /// server, so that an invalid statement fails where PostgreSQL would fail it.
     validated: AtomicBool,
+    /// The server's own 0A000 ("cached plan must not change result type") for this statement,
+    /// replayed to clients that prepared it before the change, as PostgreSQL would answer them.
+    stale_error: parking_lot::Mutex<Option<Bytes>>,
     /// COMMIT, ROLLBACK and the like: the statements PostgreSQL still parses and runs in an
     /// aborted transaction block.
     pub ends_transaction: bool,
@@ -90,6 +93,7 @@ impl Statement {
             parse_message: msg.freeze(),
             generation: AtomicU32::new(0),
             validated: AtomicBool::new(false),
+            stale_error: parking_lot::Mutex::new(None),
             holders: AtomicUsize::new(0),
             servers: AtomicUsize::new(0),
             parse_hits: AtomicU64::new(0),
@@ -117,6 +121,15 @@ impl Statement {
     /// Marks every server's copy as stale (after 0A000 "cached plan must not change result
     /// type"). Only bumps from the generation the caller saw, so many sessions seeing the same
     /// error bump it once.
+    /// Keeps the server's 0A000 message (whole) to answer stale clients with.
+    pub fn set_stale_error(&self, message: Bytes) {
+        *self.stale_error.lock() = Some(message);
+    }
+
+    pub fn stale_error(&self) -> Option<Bytes> {
+        self.stale_error.lock().clone()
+    }
+
     pub fn invalidate(&self, seen: u32) {
         let _ = self.generation.compare_exchange(
             seen,
@@ -314,7 +327,10 @@ pub fn pg_name(name: &[u8]) -> &[u8] {
 /// kept as PostgreSQL keeps them ([`pg_name`]).
 #[derive(Debug, Default)]
 pub struct ClientStatements {
-    names: HashMap<Bytes, Arc<Statement>>,
+    /// Name → statement, with the statement's generation when the client bound the name: a
+    /// client that prepared before a DDL change of the result type keeps getting PostgreSQL's
+    /// 0A000 until it prepares again (it may have cached the old row description).
+    names: HashMap<Bytes, (Arc<Statement>, u32)>,
     /// The client's SQL-level statements (`PREPARE name AS ...`): name → the PREPARE
     /// statement, to prepare them again on whichever server the client's next transaction
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
@@ -344,13 +360,32 @@ impl ClientStatements {
 
     #[inline]
     pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
-        self.names.get(pg_name(name))
+        self.names.get(pg_name(name)).map(|(s, _)| s)
     }
 
     /// The binding with the stored name (a cheap clone, for error messages).
     #[inline]
     pub fn get_named(&self, name: &[u8]) -> Option<(&Bytes, &Arc<Statement>)> {
-        self.names.get_key_value(pg_name(name))
+        self.names
+            .get_key_value(pg_name(name))
+            .map(|(n, (s, _))| (n, s))
+    }
+
+    /// Whether the client bound `name` before its statement's result type changed (DDL).
+    #[inline]
+    pub fn is_stale(&self, name: &[u8]) -> bool {
+        self.names
+            .get(pg_name(name))
+            .is_some_and(|(s, generation)| *generation != s.generation())
+    }
+
+    /// The client now knows `statement`'s current shape (it was re-described for it).
+    pub fn refresh(&mut self, statement: &Arc<Statement>) {
+        for (s, generation) in self.names.values_mut() {
+            if Arc::ptr_eq(s, statement) {
+                *generation = s.generation();
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -376,9 +411,12 @@ impl ClientStatements {
             Some(s) => {
                 s.holders.fetch_add(1, Ordering::Relaxed);
                 self.bytes += s.key.query.len();
-                self.names.insert(Bytes::copy_from_slice(name), s)
+                let generation = s.generation();
+                self.names
+                    .insert(Bytes::copy_from_slice(name), (s, generation))
+                    .map(|(p, _)| p)
             }
-            None => self.names.remove(name),
+            None => self.names.remove(name).map(|(p, _)| p),
         };
         if let Some(p) = &previous {
             self.forget(p);
@@ -394,11 +432,14 @@ impl ClientStatements {
     /// Drops every name (DISCARD ALL, DEALLOCATE ALL), returning them for a possible undo.
     pub fn take_all(&mut self) -> HashMap<Bytes, Arc<Statement>> {
         let names = std::mem::take(&mut self.names);
-        for s in names.values() {
-            s.holders.fetch_sub(1, Ordering::Relaxed);
-        }
         self.bytes = 0;
         names
+            .into_iter()
+            .map(|(name, (s, _))| {
+                s.holders.fetch_sub(1, Ordering::Relaxed);
+                (name, s)
+            })
+            .collect()
     }
 
     /// Puts back what [`ClientStatements::take_all`] took, replacing what is there now.
