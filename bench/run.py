@@ -555,7 +555,9 @@ class Pgmemo:
         self.port = free_port()
         self.argv = [str(self.binary), "--upstream", f"postgresql://{DB_USER}@127.0.0.1:{c.pg.port}",
                      "--listen", f"127.0.0.1:{self.port}", "--pool-mode", "transaction",
-                     "--pool-size", str(c.args.pool_size), "--auth", "trust"] + list(c.args.pgmemo_arg)
+                     "--pool-size", str(c.args.pool_size), "--auth", "trust",
+                     # The same client limit as PgBouncer's config above.
+                     "--max-client-conn", "6000"] + list(c.args.pgmemo_arg)
         lf = c.open_log(self.logfile)
         lf.write(f"\n# {shlex.join(self.argv)}\n".encode())
         lf.flush()

@@ -130,6 +130,17 @@ pub struct Cli {
     )]
     pub pool_size: Option<u32>,
 
+    /// Most client connections accepted at once [default: 1000].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "PGMEMO_MAX_CLIENT_CONN",
+        value_parser = clap::value_parser!(u32).range(1..),
+        long_help = "The most client connections pgmemo accepts at once; more get FATAL 53300 \
+                     (too many connections). Overrides general.max_client_conn. Default: 1000."
+    )]
+    pub max_client_conn: Option<u32>,
+
     /// How clients authenticate to pgmemo [default: scram-sha-256].
     #[arg(
         long = "auth",
@@ -202,6 +213,7 @@ impl fmt::Debug for Cli {
             .field("listen", &self.listen)
             .field("pool_mode", &self.pool_mode)
             .field("pool_size", &self.pool_size)
+            .field("max_client_conn", &self.max_client_conn)
             .field("auth", &self.auth)
             .field("admin_users", &self.admin_users)
             .field("metrics_listen", &self.metrics_listen)
@@ -252,6 +264,9 @@ impl Cli {
         if let Some(size) = self.pool_size {
             g.default_pool_size = size;
             g.min_pool_size = g.min_pool_size.min(size);
+        }
+        if let Some(n) = self.max_client_conn {
+            g.max_client_conn = n;
         }
         if let Some(auth) = self.auth {
             g.auth_type = auth;
