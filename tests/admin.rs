@@ -7,7 +7,6 @@ use common::*;
 use pgmemo::config::{PoolMode, UserConfig};
 use pgmemo::Pgmemo;
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -15,16 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 type Rows = Vec<HashMap<String, Option<String>>>;
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
 
 fn url(addr: std::net::SocketAddr, db: &str) -> String {
     proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), db)
@@ -77,39 +66,6 @@ fn row_for<'a>(rows: &'a Rows, db: &str) -> &'a HashMap<String, Option<String>> 
     rows.iter()
         .find(|r| val(r, "database") == db)
         .unwrap_or_else(|| panic!("no row for database {db} in {rows:?}"))
-}
-
-async fn fresh_db(name: &'static str) {
-    tokio::task::spawn_blocking(move || {
-        cluster().psql(
-            "postgres",
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        );
-        cluster().psql(
-            "postgres",
-            &format!("CREATE DATABASE {name} OWNER {PGMEMO_USER}"),
-        );
-    })
-    .await
-    .unwrap();
-}
-
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn assert_columns(got: &[String], expected: &[&str], what: &str) {

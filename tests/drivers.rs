@@ -19,7 +19,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Row as _;
 use std::time::Duration;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 const MODES: [PoolMode; 2] = [PoolMode::Transaction, PoolMode::Session];
 
@@ -28,16 +28,6 @@ fn mode_name(mode: PoolMode) -> &'static str {
         PoolMode::Transaction => "transaction",
         PoolMode::Session => "session",
     }
-}
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
 }
 
 /// The rows of a simple query (all statements), as text.

@@ -13,21 +13,10 @@ use pgmemo::config::{AuthType, Config, PoolMode, Upstream};
 use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
 
 /// A client whose connection task can be aborted: the socket is then dropped without a
 /// Terminate message, as when a client process is killed.
@@ -45,21 +34,6 @@ async fn connect_killable(url: &str) -> (Client, tokio::task::JoinHandle<()>) {
 async fn direct() -> Client {
     let url = cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres");
     connect(&url).await
-}
-
-async fn fresh_db(name: &'static str) {
-    tokio::task::spawn_blocking(move || {
-        cluster().psql(
-            "postgres",
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        );
-        cluster().psql(
-            "postgres",
-            &format!("CREATE DATABASE {name} OWNER {PGMEMO_USER}"),
-        );
-    })
-    .await
-    .unwrap();
 }
 
 fn url(proxy: &Pgmemo, db: &str) -> String {
@@ -102,25 +76,6 @@ async fn backends_where(direct: &Client, db: &str, cond: &str) -> i64 {
     .await
     .parse()
     .unwrap()
-}
-
-/// Polls `cond` every 20 ms until it holds; fails the test after `timeout`.
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The admin console's rows for `cmd`, as column name → value maps.

@@ -13,12 +13,14 @@
 //! allowances.
 #![allow(dead_code, unused_imports)]
 
+pub mod client;
 pub mod cluster;
 pub mod differential;
 pub mod proxy;
 pub mod raw;
 pub mod scenarios;
 
+pub use client::*;
 pub use cluster::*;
 pub use differential::*;
 pub use proxy::*;
