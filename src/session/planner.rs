@@ -397,15 +397,35 @@ impl Planner<'_> {
             self.prepare_guard();
         }
         let retry = self.retry_point();
+        self.forward_renamed(statement, client_name, Expected::Bind, retry, |m, name| {
+            put_cstr(m, b.portal);
+            put_cstr(m, name);
+            m.extend_from_slice(b.rest);
+        })
+    }
+
+    /// Sends a Bind or Describe under the statement's server name, preparing it there first
+    /// if needed; errors that name it are shown with the client's name.
+    fn forward_renamed(
+        &mut self,
+        statement: Arc<Statement>,
+        client_name: Bytes,
+        expected: Expected,
+        retry: bool,
+        body: impl FnOnce(&mut BytesMut, &[u8]),
+    ) -> Plan {
         self.ensure_prepared(&statement);
         let generation = statement.generation();
-        write_message(&mut self.server.wbuf, fe::BIND, |m| {
-            put_cstr(m, b.portal);
-            put_cstr(m, statement.server_name.as_bytes());
-            m.extend_from_slice(b.rest);
+        let tag = if expected == Expected::Bind {
+            fe::BIND
+        } else {
+            fe::DESCRIBE
+        };
+        write_message(&mut self.server.wbuf, tag, |m| {
+            body(m, statement.server_name.as_bytes())
         });
         self.replies.push_entry(Entry {
-            expected: Expected::Bind,
+            expected,
             action: renaming_errors(&statement, client_name),
             effect: Some(Effect::Uses {
                 statement,
@@ -491,22 +511,16 @@ impl Planner<'_> {
         // PostgreSQL describes the statement as it is now and accepts it afterwards: a client
         // that asked knows the new shape.
         self.stmts.refresh(&statement);
-        self.ensure_prepared(&statement);
-        let generation = statement.generation();
-        write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
-            m.extend_from_slice(b"S");
-            put_cstr(m, statement.server_name.as_bytes());
-        });
-        self.replies.push_entry(Entry {
-            expected: Expected::Describe,
-            action: renaming_errors(&statement, client_name),
-            effect: Some(Effect::Uses {
-                statement,
-                generation,
-                retry,
-            }),
-        });
-        Plan::Done
+        self.forward_renamed(
+            statement,
+            client_name,
+            Expected::Describe,
+            retry,
+            |m, name| {
+                m.extend_from_slice(b"S");
+                put_cstr(m, name);
+            },
+        )
     }
 
     fn close(&mut self) -> bool {
