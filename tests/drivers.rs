@@ -451,40 +451,10 @@ async fn psycopg3_through_pgmemo() {
 // pgbench
 // ---------------------------------------------------------------------------------------------
 
-async fn pgbench(args: &[&str], port: u16, user: &str, password: &str) -> std::process::Output {
-    let bin = cluster().bin_dir().join("pgbench");
-    let mut cmd = tokio::process::Command::new(&bin);
-    cmd.args(args)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
-        .env("PGPASSWORD", password)
-        .env_remove("PGSERVICE")
-        .env_remove("PGDATABASE");
-    let out = cmd.output().await.expect("run pgbench");
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_simple_and_extended_through_pgmemo() {
     let db = "drv_pgbench";
-    let c = cluster();
-    tokio::task::spawn_blocking(move || {
-        cluster().psql("postgres", &format!("DROP DATABASE IF EXISTS {db}"));
-        cluster().psql("postgres", &format!("CREATE DATABASE {db} OWNER pgmemo"));
-    })
-    .await
-    .unwrap();
-    let init = pgbench(
-        &["-i", "-s", "1", "-q", db],
-        c.port(),
-        SUPERUSER,
-        SUPERUSER_PASS,
-    )
-    .await;
-    assert!(
-        init.status.success(),
-        "pgbench -i: {}",
-        String::from_utf8_lossy(&init.stderr)
-    );
+    pgbench_database(db).await;
 
     let proxy = pgmemo(PoolMode::Transaction, 4).await;
     let port = proxy.local_addr().port();

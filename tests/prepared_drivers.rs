@@ -1031,19 +1031,6 @@ async fn sqlx_statement_cache() {
 // pgbench -S -M prepared
 // ---------------------------------------------------------------------------------------------
 
-async fn pgbench(args: &[&str], port: u16, user: &str, password: &str) -> std::process::Output {
-    let bin = cluster().bin_dir().join("pgbench");
-    let mut cmd = Command::new(&bin);
-    cmd.args(args)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
-        .env("PGPASSWORD", password)
-        .env_remove("PGSERVICE")
-        .env_remove("PGDATABASE")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd.output().await.expect("run pgbench")
-}
-
 /// `pgbench -S -M prepared -t 200` with `clients` clients; passes when every transaction
 /// was processed and none failed.
 async fn pgbench_prepared(db: &str, port: u16, clients: u32) -> Outcome {
@@ -1093,25 +1080,7 @@ async fn pgbench_prepared(db: &str, port: u16, clients: u32) -> Outcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_select_only_prepared() {
     let db = "pd_pgbench";
-    let c = cluster();
-    tokio::task::spawn_blocking(move || {
-        cluster().psql("postgres", &format!("DROP DATABASE IF EXISTS {db}"));
-        cluster().psql("postgres", &format!("CREATE DATABASE {db} OWNER pgmemo"));
-    })
-    .await
-    .unwrap();
-    let init = pgbench(
-        &["-i", "-s", "1", "-q", db],
-        c.port(),
-        SUPERUSER,
-        SUPERUSER_PASS,
-    )
-    .await;
-    assert!(
-        init.status.success(),
-        "pgbench -i: {}",
-        String::from_utf8_lossy(&init.stderr)
-    );
+    pgbench_database(db).await;
 
     let on = async {
         let mut config = test_config(PoolMode::Transaction, 4);

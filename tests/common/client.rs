@@ -51,3 +51,34 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Runs the cluster's own pgbench against 127.0.0.1:`port` as `user`.
+pub async fn pgbench(args: &[&str], port: u16, user: &str, password: &str) -> std::process::Output {
+    let bin = cluster().bin_dir().join("pgbench");
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.args(args)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
+        .env("PGPASSWORD", password)
+        .env_remove("PGSERVICE")
+        .env_remove("PGDATABASE")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd.output().await.expect("run pgbench")
+}
+
+/// A fresh database `name` with pgbench's tables (`pgbench -i -s 1`), loaded directly.
+pub async fn pgbench_database(name: &'static str) {
+    fresh_db(name).await;
+    let init = pgbench(
+        &["-i", "-s", "1", "-q", name],
+        cluster().port(),
+        SUPERUSER,
+        SUPERUSER_PASS,
+    )
+    .await;
+    assert!(
+        init.status.success(),
+        "pgbench -i: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+}
