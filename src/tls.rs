@@ -86,6 +86,15 @@ pub fn server_connector(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
 ) -> anyhow::Result<Option<TlsConnector>> {
+    Ok(client_config(mode, ca_file)?.map(|config| TlsConnector::from(Arc::new(config))))
+}
+
+/// The rustls client configuration for `mode` (libpq's sslmode meanings); `None` for
+/// `Disable`. Also what a client needs to talk to pgmemo the way libpq would.
+pub fn client_config(
+    mode: ServerTlsMode,
+    ca_file: Option<&Path>,
+) -> anyhow::Result<Option<ClientConfig>> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
@@ -113,7 +122,7 @@ pub fn server_connector(
             builder.with_root_certificates(roots).with_no_client_auth()
         }
     };
-    Ok(Some(TlsConnector::from(Arc::new(config))))
+    Ok(Some(config))
 }
 
 /// Accepts any certificate, as libpq's `sslmode=require` does, but still checks that the
