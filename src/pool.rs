@@ -3,12 +3,14 @@
 //!
 //! A checked-out [`ServerConn`] is owned by the session using it, so the hot path touches the
 //! pool only twice per transaction (take and give back), each under this pool's own short lock;
-//! there is no global lock. A returned connection goes straight to the oldest waiter when there
+//! there is no global lock. Connections are boxed: one changes hands twice per transaction,
+//! and moving a pointer is cheaper than moving the whole connection. A returned connection goes straight to the oldest waiter when there
 //! is one, so a waiter never races a newcomer for it.
 
 use crate::params::Vars;
 use crate::server::{ServerConn, ServerError, ServerInfo, ServerState, ServerTarget};
 use crate::stats::PoolStats;
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -58,18 +60,18 @@ pub enum CheckoutError {
 
 /// What a waiting client is handed: a connection, or the right to open one (a slot freed by a
 /// connection that was closed).
-// Not boxed: a grant is built once per hand-over and moved into a oneshot; boxing it would add
-// an allocation to every hand-over for no gain.
-#[allow(clippy::large_enum_variant)]
 enum Grant {
-    Conn(ServerConn),
+    Conn(Box<ServerConn>),
     Slot,
 }
 
 #[derive(Default)]
 struct PoolState {
     /// Idle connections, most recently used last (taken LIFO, so the oldest ones idle out).
-    idle: Vec<ServerConn>,
+    /// Boxed although a Vec is on the heap already: each one leaves this Vec for its session
+    /// as a pointer rather than a copy of the whole connection.
+    #[allow(clippy::vec_box)]
+    idle: Vec<Box<ServerConn>>,
     /// Every connection counted against pool_size: idle + in use + being opened.
     total: usize,
     waiters: VecDeque<oneshot::Sender<Grant>>,
@@ -79,7 +81,8 @@ struct PoolState {
 
 pub struct Pool {
     pub key: PoolKey,
-    settings: Mutex<Arc<PoolSettings>>,
+    /// Read on every checkout and check-in: swapped whole by a reload, read without a lock.
+    settings: ArcSwap<PoolSettings>,
     state: Mutex<PoolState>,
     resumed: Notify,
     /// Every live server connection, for SHOW SERVERS.
@@ -97,7 +100,7 @@ impl Pool {
     pub fn new(key: PoolKey, settings: PoolSettings) -> Arc<Pool> {
         Arc::new(Pool {
             key,
-            settings: Mutex::new(Arc::new(settings)),
+            settings: ArcSwap::from_pointee(settings),
             state: Mutex::new(PoolState::default()),
             resumed: Notify::new(),
             servers: Mutex::new(HashMap::new()),
@@ -108,12 +111,17 @@ impl Pool {
     }
 
     pub fn settings(&self) -> Arc<PoolSettings> {
-        self.settings.lock().clone()
+        self.settings.load_full()
+    }
+
+    /// The per-server prepared-statement bound, read without a lock or a reference count.
+    pub fn max_prepared_statements(&self) -> usize {
+        self.settings.load().max_prepared_statements
     }
 
     /// Applies reloaded settings; a larger pool_size hands freed capacity to waiters at once.
     pub fn reconfigure(&self, settings: PoolSettings) {
-        *self.settings.lock() = Arc::new(settings);
+        self.settings.store(Arc::new(settings));
         self.dispatch();
     }
 
@@ -121,7 +129,7 @@ impl Pool {
     /// feed waiters by themselves; this is for capacity that appears otherwise: RESUME (while
     /// paused, returned connections stay idle and waiters stay queued) and a larger pool_size.
     fn dispatch(&self) {
-        let pool_size = self.settings().pool_size;
+        let pool_size = self.settings.load().pool_size;
         let mut st = self.state.lock();
         while !st.paused && !st.closed {
             let Some(w) = st.waiters.pop_front() else {
@@ -147,10 +155,15 @@ impl Pool {
 
     /// Takes a server connection: an idle one, a new one if the pool is below its size, or the
     /// next one returned, waiting at most query_wait_timeout.
-    pub async fn checkout(&self) -> Result<ServerConn, CheckoutError> {
+    ///
+    /// The clock is read once when an idle connection is at hand (the common case): that
+    /// instant becomes the connection's `checked_out`.
+    pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
         let started = Instant::now();
-        let settings = self.settings();
+        let settings = self.settings.load_full();
         let deadline = started + settings.query_wait_timeout;
+        // `now` is the last clock reading; wait time up to `counted` is already in the stats.
+        let (mut now, mut counted) = (started, started);
         loop {
             let mut discard = Vec::new();
             let next = {
@@ -163,7 +176,10 @@ impl Pool {
                 } else {
                     let mut got = None;
                     while let Some(conn) = st.idle.pop() {
-                        if conn.looks_alive() && conn.created.elapsed() < settings.server_lifetime {
+                        if conn.looks_alive()
+                            && now.saturating_duration_since(conn.created)
+                                < settings.server_lifetime
+                        {
                             got = Some(Grant::Conn(conn));
                             break;
                         }
@@ -200,11 +216,12 @@ impl Pool {
                     {
                         return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
                     }
+                    now = Instant::now();
                     continue;
                 }
                 Some(Ok(g)) => g,
                 Some(Err(mut rx)) => {
-                    match tokio::time::timeout_at(deadline.into(), &mut rx).await {
+                    let grant = match tokio::time::timeout_at(deadline.into(), &mut rx).await {
                         Ok(Ok(g)) => g,
                         Ok(Err(_)) => return Err(CheckoutError::Closed),
                         Err(_) => {
@@ -225,15 +242,22 @@ impl Pool {
                                 }
                             }
                         }
-                    }
+                    };
+                    // Waited in the queue: that time is the client's wait.
+                    now = Instant::now();
+                    grant
                 }
             };
-            self.stats
-                .wait_time_us
-                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if now > counted {
+                self.stats.wait_time_us.fetch_add(
+                    now.duration_since(counted).as_micros() as u64,
+                    Ordering::Relaxed,
+                );
+                counted = now;
+            }
             match grant {
                 Grant::Conn(mut conn) => {
-                    if conn.last_used.elapsed() >= settings.server_check_delay
+                    if now.saturating_duration_since(conn.last_used) >= settings.server_check_delay
                         && !settings.server_check_query.is_empty()
                     {
                         conn.set_state(ServerState::Tested);
@@ -247,11 +271,13 @@ impl Pool {
                         }
                     }
                     conn.set_state(ServerState::Active);
+                    conn.checked_out = now;
                     return Ok(conn);
                 }
                 Grant::Slot => match self.connect(&settings, deadline).await {
-                    Ok(conn) => {
+                    Ok(mut conn) => {
                         conn.set_state(ServerState::Active);
+                        conn.checked_out = Instant::now();
                         return Ok(conn);
                     }
                     Err(e) => {
@@ -269,7 +295,7 @@ impl Pool {
         &self,
         settings: &PoolSettings,
         deadline: Instant,
-    ) -> Result<ServerConn, ServerError> {
+    ) -> Result<Box<ServerConn>, ServerError> {
         let connect_deadline = (Instant::now() + settings.server_connect_timeout).min(deadline);
         let mut delay = Duration::from_millis(50);
         loop {
@@ -280,6 +306,7 @@ impl Pool {
             .await;
             let err = match attempt {
                 Ok(Ok(conn)) => {
+                    let conn = Box::new(conn);
                     self.servers.lock().insert(conn.info.id, conn.info.clone());
                     let mut defaults = self.defaults.lock();
                     if defaults.is_none() {
@@ -314,10 +341,17 @@ impl Pool {
     }
 
     /// Returns a connection. Broken, dirty or expired ones are closed and their slot passes on.
-    pub fn checkin(&self, mut conn: ServerConn) {
+    pub fn checkin(&self, conn: Box<ServerConn>) {
+        self.checkin_at(conn, Instant::now());
+    }
+
+    /// [`Pool::checkin`] with the clock already read by the caller (`now`).
+    pub fn checkin_at(&self, mut conn: Box<ServerConn>, now: Instant) {
         conn.info.client_id.store(0, Ordering::Relaxed);
-        let settings = self.settings();
-        if conn.broken || conn.status != b'I' || conn.created.elapsed() >= settings.server_lifetime
+        let settings = self.settings.load();
+        if conn.broken
+            || conn.status != b'I'
+            || now.saturating_duration_since(conn.created) >= settings.server_lifetime
         {
             if conn.status != b'I' && !conn.broken {
                 tracing::warn!(pool = ?self.key, "closing a server returned inside a transaction");
@@ -326,7 +360,7 @@ impl Pool {
             tokio::spawn(conn.terminate());
             return;
         }
-        conn.last_used = Instant::now();
+        conn.last_used = now;
         conn.set_state(ServerState::Idle);
         let mut st = self.state.lock();
         if st.total > settings.pool_size {
@@ -369,7 +403,7 @@ impl Pool {
     }
 
     fn give_slot_back(&self) {
-        let pool_size = self.settings().pool_size;
+        let pool_size = self.settings.load().pool_size;
         let mut st = self.state.lock();
         // Passed on to a waiter, unless paused or the pool is over a lowered pool_size.
         if !st.paused && st.total <= pool_size {
@@ -390,7 +424,7 @@ impl Pool {
     /// server_lifetime, and opens connections up to min_pool_size. Called by the janitor.
     pub async fn maintain(self: &Arc<Self>) {
         let settings = self.settings();
-        let expired: Vec<ServerConn> = {
+        let expired: Vec<Box<ServerConn>> = {
             let mut st = self.state.lock();
             let mut keep = Vec::with_capacity(st.idle.len());
             let mut out = Vec::new();
@@ -458,11 +492,11 @@ impl Pool {
 
     /// Closes idle connections and refuses new checkouts (shutdown).
     pub async fn close(&self) {
-        let idle: Vec<ServerConn> = {
+        let idle: Vec<Box<ServerConn>> = {
             let mut st = self.state.lock();
             st.closed = true;
             st.waiters.clear();
-            let idle: Vec<ServerConn> = st.idle.drain(..).collect();
+            let idle: Vec<Box<ServerConn>> = st.idle.drain(..).collect();
             st.total -= idle.len();
             idle
         };

@@ -129,6 +129,11 @@ pub struct ServerConn {
     pub status: u8,
     pub created: Instant,
     pub last_used: Instant,
+    /// When the pool last handed it out (the start of the holder's transaction time).
+    pub checked_out: Instant,
+    /// (client id, the client's parameter version) whose parameters this connection was last
+    /// made to match; while it still matches, nothing needs checking at the next checkout.
+    pub params_synced_for: Option<(u64, u64)>,
     /// Statements prepared on this connection under pgmemo's names.
     pub prepared: crate::statements::ServerSet,
     /// Set when the connection must not go back to the pool (I/O error, protocol confusion,
@@ -158,6 +163,7 @@ impl ServerConn {
             _ => Stream::Tcp(tcp),
         };
         let tls = stream.is_tls();
+        let now = Instant::now();
         let mut conn = ServerConn {
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
@@ -181,8 +187,10 @@ impl ServerConn {
             settings: Vars::new(),
             status: b'I',
             prepared: crate::statements::ServerSet::new(500),
-            created: Instant::now(),
-            last_used: Instant::now(),
+            created: now,
+            last_used: now,
+            checked_out: now,
+            params_synced_for: None,
             broken: false,
         };
         conn.login(target).await?;
@@ -327,6 +335,8 @@ impl ServerConn {
         &mut self,
         sql: &str,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        // It may change the session's parameters behind the last client's back.
+        self.params_synced_for = None;
         frontend::query(&mut self.wbuf, sql);
         self.flush().await?;
         let mut rows = Vec::new();

@@ -174,7 +174,7 @@ struct Session {
     pool: Arc<Pool>,
     mode: PoolMode,
     client: ClientConn,
-    server: Option<ServerConn>,
+    server: Option<Box<ServerConn>>,
     replies: ReplyQueue,
     /// The reported parameters as this client believes them to be.
     reported: Vars,
@@ -182,8 +182,9 @@ struct Session {
     settings: Vars,
     max_message: usize,
     stats: LocalStats,
-    /// When the current server was taken, for xact_time.
-    held_since: Instant,
+    /// Bumped whenever `reported` or `settings` change, so a server last made to match this
+    /// version for this client needs no comparison at the next checkout.
+    params_version: u64,
     /// A protocol violation found in the client's input while earlier messages were still
     /// being answered: like PostgreSQL, those get their replies first, then the FATAL.
     violation: Option<String>,
@@ -235,7 +236,7 @@ impl Session {
             reported: Vars::new(),
             settings: Vars::new(),
             stats: LocalStats::default(),
-            held_since: Instant::now(),
+            params_version: 0,
             violation: None,
             stmts: None,
             statement_limits: planner::Limits {
@@ -394,7 +395,7 @@ impl Session {
         }
     }
 
-    async fn login_checkout(&mut self) -> Result<ServerConn, String> {
+    async fn login_checkout(&mut self) -> Result<Box<ServerConn>, String> {
         match self.pool.checkout().await {
             Ok(s) => Ok(s),
             Err(e) => {
@@ -679,25 +680,28 @@ impl Session {
             .server_id
             .store(server.info.id, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Active);
-        if let Some(sql) = params::sync_sql(
-            &self.reported,
-            &server.reported,
-            &self.settings,
-            &server.settings,
-        ) {
-            fe::query(&mut server.wbuf, &sql);
-            self.replies.push(Expected::Internal);
-            // Reported values are updated from the server's ParameterStatus replies; unreported
-            // ones are only known by what was set.
-            server.settings = self.settings.clone();
+        let params_key = Some((self.info.id, self.params_version));
+        if server.params_synced_for != params_key {
+            if let Some(sql) = params::sync_sql(
+                &self.reported,
+                &server.reported,
+                &self.settings,
+                &server.settings,
+            ) {
+                fe::query(&mut server.wbuf, &sql);
+                self.replies.push(Expected::Internal);
+                // Reported values are updated from the server's ParameterStatus replies;
+                // unreported ones are only known by what was set.
+                server.settings = self.settings.clone();
+            }
+            server.params_synced_for = params_key;
         }
         if let Some(stmts) = self.stmts.as_ref() {
             server
                 .prepared
-                .set_limit(self.pool.settings().max_prepared_statements);
+                .set_limit(self.pool.max_prepared_statements());
             planner::sync_sql_statements(stmts, &mut server, &mut self.replies);
         }
-        self.held_since = Instant::now();
         self.server = Some(server);
         Ok(())
     }
@@ -758,8 +762,8 @@ impl Session {
                 be::PARAMETER_STATUS => {
                     if let Some((name, value)) = be::parse_parameter_status(body) {
                         server.reported.set(name, value);
-                        if route == Route::Forward {
-                            self.reported.set(name, value);
+                        if route == Route::Forward && self.reported.set(name, value) {
+                            self.params_version += 1;
                             if name == "application_name" {
                                 *self.info.application_name.lock() = value.to_owned();
                             }
@@ -890,7 +894,14 @@ impl Session {
                     statement.set_stale_error(message);
                 }
             }
-            planner::settle(stmts, server.as_mut(), effect, outcome, error_code, retried);
+            planner::settle(
+                stmts,
+                server.as_deref_mut(),
+                effect,
+                outcome,
+                error_code,
+                retried,
+            );
         }
     }
 
@@ -903,13 +914,16 @@ impl Session {
             .server_id
             .store(0, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Idle);
+        let now = Instant::now();
         self.stats.xact_count += 1;
-        self.stats.xact_time_us += self.held_since.elapsed().as_micros() as u64;
+        self.stats.xact_time_us += now
+            .saturating_duration_since(server.checked_out)
+            .as_micros() as u64;
         if self.stmts.is_some() {
             record_statement_stats(&server, &self.stats);
         }
         self.pool.stats.add(&mut self.stats);
-        self.pool.checkin(server);
+        self.pool.checkin_at(server, now);
     }
 
     /// One poll over both connections: writes pending output, then reads whichever side may be

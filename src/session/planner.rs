@@ -195,8 +195,21 @@ impl Planner<'_> {
         // Only a transaction block can be aborted: the guard is prepared on a server the
         // first time pgmemo plans a message in one, or one that may open one. (Not while an
         // earlier DISCARD ALL may yet fail: the server's statements are not known then.)
+        // The words of a simple query that matter here, found in one pass.
+        let words = if tag == fe::QUERY {
+            let mut wanted = Words::PREPARE | Words::DEALLOCATE | Words::DISCARD;
+            if !self.stmts.is_empty() {
+                wanted |= Words::EXECUTE;
+            }
+            if !self.server.prepared.has_guard() && self.server.status != b'T' {
+                wanted |= Words::BEGIN | Words::START;
+            }
+            fe::query_text(self.body()).map_or(0, |text| Words::found_in(text, wanted))
+        } else {
+            0
+        };
         if !self.server.prepared.has_guard()
-            && (self.server.status == b'T' || self.may_open_block(tag))
+            && (self.server.status == b'T' || self.may_open_block(tag, words))
         {
             self.prepare_guard();
         }
@@ -205,7 +218,7 @@ impl Planner<'_> {
             fe::BIND => return self.bind(),
             fe::DESCRIBE => return self.describe(),
             fe::CLOSE => self.close(),
-            fe::QUERY => return self.query(),
+            fe::QUERY => return self.query(words),
             fe::SYNC => self.sync(),
             _ => false,
         };
@@ -563,8 +576,8 @@ impl Planner<'_> {
     /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
     /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
     /// server knows it under another name). Everything else passes through.
-    fn query(&mut self) -> Plan {
-        if self.deallocates_protocol_name() && !self.state_known() {
+    fn query(&mut self, words: u8) -> Plan {
+        if self.deallocates_protocol_name(words) && !self.state_known() {
             // Answered locally, unless the session is in an aborted block: not known yet.
             return Plan::Wait;
         }
@@ -580,7 +593,7 @@ impl Planner<'_> {
                 name: Box::default(),
                 statement,
             });
-        let effect = self.query_effect();
+        let effect = self.query_effect(words);
         match effect {
             QueryPlan::Synthesize(effect) => self.replies.push_entry(Entry {
                 expected: Expected::Query,
@@ -658,13 +671,13 @@ impl Planner<'_> {
 
     /// Whether the message is a simple query that is only `DEALLOCATE` of one of the client's
     /// protocol-level statements.
-    fn deallocates_protocol_name(&self) -> bool {
+    fn deallocates_protocol_name(&self, words: u8) -> bool {
+        if self.stmts.is_empty() || words & Words::DEALLOCATE == 0 {
+            return false;
+        }
         let Some(text) = fe::query_text(self.body()) else {
             return false;
         };
-        if !contains_ignore_case(text, b"deallocate") {
-            return false;
-        }
         let Ok(text) = std::str::from_utf8(text) else {
             return false;
         };
@@ -673,11 +686,11 @@ impl Planner<'_> {
     }
 
     /// What a simple query does to the client's statements.
-    fn query_effect(&mut self) -> QueryPlan {
+    fn query_effect(&mut self, words: u8) -> QueryPlan {
         let Some(text) = fe::query_text(self.body()) else {
             return QueryPlan::Forward(None, Vec::new());
         };
-        if !mentions_statement_commands(text, !self.stmts.is_empty()) {
+        if words & (Words::PREPARE | Words::DEALLOCATE | Words::DISCARD | Words::EXECUTE) == 0 {
             return QueryPlan::Forward(None, Vec::new());
         }
         let Ok(text) = std::str::from_utf8(text) else {
@@ -819,21 +832,9 @@ impl Planner<'_> {
 
     /// Whether the message may open a transaction block: a simple query that mentions BEGIN
     /// or START (a cheap, generous test), a Parse of BEGIN or START TRANSACTION.
-    fn may_open_block(&self, tag: u8) -> bool {
+    fn may_open_block(&self, tag: u8, words: u8) -> bool {
         match tag {
-            fe::QUERY => fe::query_text(self.body()).is_some_and(|text| {
-                text.iter().enumerate().any(|(i, c)| {
-                    let rest = &text[i..];
-                    let is = |word: &[u8]| {
-                        rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word)
-                    };
-                    match c | 0x20 {
-                        b'b' => is(b"begin"),
-                        b's' => is(b"start"),
-                        _ => false,
-                    }
-                })
-            }),
+            fe::QUERY => words & (Words::BEGIN | Words::START) != 0,
             fe::PARSE => Parse::parse(self.body())
                 .and_then(|p| std::str::from_utf8(p.query).ok())
                 .is_some_and(sql::is_transaction_start),
@@ -1222,24 +1223,92 @@ fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
     })
 }
 
-/// Whether a simple query may contain PREPARE, DEALLOCATE, DISCARD (or, when `execute`,
-/// EXECUTE): one pass over the text, comparing only where a word could start with one.
-fn mentions_statement_commands(text: &[u8], execute: bool) -> bool {
-    text.iter().enumerate().any(|(i, c)| {
-        let rest = &text[i..];
-        let is =
-            |word: &[u8]| rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word);
-        match c | 0x20 {
-            b'p' => is(b"prepare"),
-            b'd' => is(b"deallocate") || is(b"discard"),
-            b'e' => execute && is(b"execute"),
-            _ => false,
+/// Which of the words that matter to the planner a simple query contains, in any case: a
+/// cheap and generous test run on every simple query (`sql::classify` decides what the query
+/// really does). One pass: a table lookup per byte, a comparison only where one of the words
+/// could start.
+struct Words;
+
+impl Words {
+    const BEGIN: u8 = 1;
+    const START: u8 = 2;
+    const PREPARE: u8 = 4;
+    const DEALLOCATE: u8 = 8;
+    const DISCARD: u8 = 16;
+    const EXECUTE: u8 = 32;
+
+    const ALL: [(&'static [u8], u8); 6] = [
+        (b"begin", Self::BEGIN),
+        (b"start", Self::START),
+        (b"prepare", Self::PREPARE),
+        (b"deallocate", Self::DEALLOCATE),
+        (b"discard", Self::DISCARD),
+        (b"execute", Self::EXECUTE),
+    ];
+
+    /// For each byte, the words that start with it (either case).
+    const STARTING_WITH: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut i = 0;
+        while i < Self::ALL.len() {
+            let (word, bit) = Self::ALL[i];
+            t[word[0] as usize] |= bit;
+            t[word[0].to_ascii_uppercase() as usize] |= bit;
+            i += 1;
         }
-    })
+        t
+    };
+
+    /// Which of the `wanted` words `text` contains (a set of the bits above), where a word
+    /// may start: not inside an identifier (after a letter, `_` or a non-ASCII byte).
+    fn found_in(text: &[u8], wanted: u8) -> u8 {
+        let mut found = 0;
+        let mut in_identifier = false;
+        for (at, &c) in text.iter().enumerate() {
+            let candidates = Self::STARTING_WITH[c as usize] & wanted & !found;
+            if candidates != 0 && !in_identifier {
+                let rest = &text[at..];
+                for (word, bit) in Self::ALL {
+                    if candidates & bit != 0
+                        && rest.len() >= word.len()
+                        && rest[..word.len()].eq_ignore_ascii_case(word)
+                    {
+                        found |= bit;
+                    }
+                }
+            }
+            in_identifier = c.is_ascii_alphabetic() || c == b'_' || c >= 0x80;
+        }
+        found
+    }
 }
 
-fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle))
+#[cfg(test)]
+mod words_tests {
+    use super::Words;
+
+    #[test]
+    fn finds_each_word_in_any_case_anywhere() {
+        let all = 0x3f;
+        let text = b"select 1; BEGIN; Prepare p AS select 1; dEaLlOcAtE p";
+        assert_eq!(
+            Words::found_in(text, all),
+            Words::BEGIN | Words::PREPARE | Words::DEALLOCATE
+        );
+        assert_eq!(
+            Words::found_in(text, Words::START | Words::BEGIN),
+            Words::BEGIN
+        );
+        assert_eq!(Words::found_in(b"xdiscard", all), 0);
+        assert_eq!(Words::found_in(b"1;discard", all), Words::DISCARD);
+        assert_eq!(Words::found_in(b"/**/Discard", all), Words::DISCARD);
+        assert_eq!(Words::found_in(b"(begin", all), Words::BEGIN);
+        assert_eq!(Words::found_in(b"dd START", all), Words::START);
+        assert_eq!(Words::found_in(b"EXECUTE q", all), Words::EXECUTE);
+        assert_eq!(Words::found_in(b"EXECUTE q", Words::BEGIN), 0);
+        let pgbench = b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;";
+        assert_eq!(Words::found_in(pgbench, all), 0);
+        assert_eq!(Words::found_in(b"begi", all), 0);
+        assert_eq!(Words::found_in(b"", all), 0);
+    }
 }
