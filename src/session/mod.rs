@@ -852,6 +852,7 @@ impl Session {
                     be::CLOSE_COMPLETE,
                     |_| {},
                 ),
+                Synth::Replies(replies) => self.client.wbuf.extend_from_slice(&replies),
                 Synth::Deallocate => {
                     let status = self.server.as_ref().map_or(b'I', |s| s.status);
                     be::command_complete(&mut self.client.wbuf, "DEALLOCATE");

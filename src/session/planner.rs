@@ -10,7 +10,9 @@
 //!   server's set is full.
 //! - Close(S): the client's name is dropped and CloseComplete answered locally; the server keeps
 //!   the shared statement for everyone else.
-//! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right.
+//! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right;
+//!   so does the Execute of a portal bound from one of them ([`Statement::tracked`]), as
+//!   psycopg sends them (see [`Planner::execute`]).
 //! - SQL-level `PREPARE name AS ...` statements are remembered per client (when their query
 //!   completes) and prepared again on whichever server the client's next transaction runs
 //!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
@@ -31,8 +33,8 @@ use crate::replies::{Action, Entry, ErrorRewrite, Expected, Outcome, ReplyQueue,
 use crate::server::ServerConn;
 use crate::statements::sql::{self, Command};
 use crate::statements::{
-    pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, Statement,
-    StatementKey, GUARD_NAME, GUARD_QUERY,
+    pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, SqlSnapshot,
+    Statement, StatementKey, GUARD_NAME, GUARD_QUERY,
 };
 use crate::stats::LocalStats;
 use bytes::{Bytes, BytesMut};
@@ -187,6 +189,7 @@ impl Planner<'_> {
         let reads_statements = match tag {
             fe::PARSE | fe::BIND | fe::QUERY => true,
             fe::DESCRIBE | fe::CLOSE => statement_target(),
+            fe::EXECUTE => self.stmts.has_tracked_portals() && self.tracked_execute().is_some(),
             _ => false,
         };
         if reads_statements && self.replies.is_uncertain() {
@@ -206,6 +209,7 @@ impl Planner<'_> {
             fe::DESCRIBE => return self.describe(),
             fe::CLOSE => self.close(),
             fe::QUERY => return self.query(),
+            fe::EXECUTE if self.stmts.has_tracked_portals() => return self.execute(),
             fe::SYNC => self.sync(),
             _ => false,
         };
@@ -357,6 +361,9 @@ impl Planner<'_> {
         let Some(b) = Bind::parse(&msg[5..]) else {
             return Plan::Forward;
         };
+        if self.stmts.has_tracked_portals() {
+            self.stmts.forget_portal(b.portal);
+        }
         let Some((client_name, statement)) = self
             .stmts
             .get_named(b.statement)
@@ -395,6 +402,9 @@ impl Planner<'_> {
         }
         if statement.starts_transaction && !self.server.prepared.has_guard() {
             self.prepare_guard();
+        }
+        if statement.tracked.is_some() {
+            self.stmts.bind_tracked_portal(b.portal, statement.clone());
         }
         let retry = self.retry_point();
         self.forward_renamed(statement, client_name, Expected::Bind, retry, |m, name| {
@@ -493,6 +503,21 @@ impl Planner<'_> {
         };
         match self.in_aborted_block(&statement) {
             None => return Plan::Wait,
+            Some(true) if statement.tracked.is_some() => {
+                // PostgreSQL describes a statement that returns no rows (DISCARD ALL,
+                // DEALLOCATE) in an aborted block too: its declared parameters, no row.
+                let mut replies = BytesMut::new();
+                write_message(&mut replies, be::PARAMETER_DESCRIPTION, |m| {
+                    m.extend_from_slice(&statement.key.param_types)
+                });
+                write_message(&mut replies, be::NO_DATA, |_| {});
+                self.replies.push_entry(Entry {
+                    expected: Expected::Describe,
+                    action: Action::Synthesize(Synth::Replies(replies.freeze())),
+                    effect: None,
+                });
+                return Plan::Done;
+            }
             Some(true) => {
                 // PostgreSQL refuses to describe a statement that returns rows (25P02): so
                 // does the server, describing the guard.
@@ -529,6 +554,9 @@ impl Planner<'_> {
             return false;
         };
         if t.kind != b'S' {
+            if self.stmts.has_tracked_portals() {
+                self.stmts.forget_portal(t.name);
+            }
             return false;
         }
         if self.stmts.is_sql(t.name) {
@@ -558,6 +586,147 @@ impl Planner<'_> {
             effect,
         });
         true
+    }
+
+    /// The tracked statement ([`Statement::tracked`]) the portal of the Execute being
+    /// planned was bound from, if any.
+    fn tracked_execute(&self) -> Option<Arc<Statement>> {
+        let x = fe::Execute::parse(self.body())?;
+        self.stmts.tracked_portal(x.portal).cloned()
+    }
+
+    /// An Execute of a portal bound from `DISCARD ALL`, `DEALLOCATE ALL` or `DEALLOCATE name`
+    /// (psycopg sends them so). The server runs it; the client's statements (and the server's
+    /// set) change as PostgreSQL's would, at once for whatever is planned after it, and are
+    /// restored if it fails or is discarded. Whether it fails is PostgreSQL's decision (DISCARD
+    /// ALL in a transaction block or a pipeline, an aborted block, a portal that is gone).
+    fn execute(&mut self) -> Plan {
+        let Some(command) = self.tracked_execute().and_then(|s| s.tracked.clone()) else {
+            return Plan::Forward;
+        };
+        let plan = match command {
+            Command::DiscardAll | Command::DeallocateAll => {
+                // Every named statement, pgmemo's on the server too (the guard included); the
+                // unnamed one stays.
+                let snapshot = ResetSnapshot {
+                    names: self.stmts.take_named(),
+                    prepared: self.server.prepared.snapshot(),
+                    guard: self.server.prepared.has_guard(),
+                    sole_command: true,
+                    discard_all: command == Command::DiscardAll,
+                    sql: Some(Box::new(SqlSnapshot {
+                        client: std::mem::take(&mut self.stmts.sql),
+                        server: std::mem::take(&mut self.server.prepared.sql),
+                    })),
+                };
+                self.server.prepared.clear();
+                self.forward_execute(Some(Effect::Reset(Box::new(snapshot))));
+                Plan::Done
+            }
+            Command::Deallocate { name } => self.execute_deallocate(name.as_bytes()),
+            _ => Plan::Forward,
+        };
+        // Its command runs to completion at once: an Execute of it again fails on the server
+        // (55000, "portal cannot be run"), as it would on PostgreSQL. (If this Execute does not
+        // run, the portal is gone or failed with its transaction anyway.)
+        if plan != Plan::Wait {
+            let msg = self.msg;
+            if let Some(x) = fe::Execute::parse(&msg[5..]) {
+                self.stmts.forget_portal(x.portal);
+            }
+        }
+        plan
+    }
+
+    /// The Execute of `DEALLOCATE name`: the server runs it, and must find a statement under
+    /// that name exactly when PostgreSQL would (the client has one).
+    fn execute_deallocate(&mut self, name: &[u8]) -> Plan {
+        if !self.state_known() {
+            return Plan::Wait;
+        }
+        if self.server.status == b'E' {
+            // In an aborted block the server refuses it (25P02), as PostgreSQL would.
+            return Plan::Forward;
+        }
+        let name = pg_name(name);
+        if self.stmts.is_sql(name) {
+            // A SQL-level statement: on the server under the client's name.
+            let name = String::from_utf8_lossy(name).into_owned();
+            let text = self.stmts.sql.remove(&name).unwrap_or_default();
+            self.server.prepared.sql.remove(&name);
+            self.forward_execute(Some(Effect::SqlDeallocated { name, text }));
+            return Plan::Done;
+        }
+        // Something of pgmemo's has this name on the server: its own statement (a client may
+        // name one `pgmemo_s<n>`), or what a duplicate Parse left until the next Sync.
+        let own = self.server.prepared.by_server_name(name);
+        let taken = own.is_some()
+            || (name == GUARD_NAME && self.server.prepared.has_guard())
+            || self.cleanup.iter().any(|n| pg_name(n) == name);
+        match self.stmts.set(name, None) {
+            Some(statement) => {
+                let mut effect = Effect::Deallocated {
+                    name: name.into(),
+                    statement,
+                };
+                if let Some((own, generation)) = own {
+                    // The DEALLOCATE drops pgmemo's copy: it is not there for what follows.
+                    self.server.prepared.remove(&own);
+                    let closed = Effect::Closed {
+                        statement: own,
+                        generation,
+                    };
+                    effect = Effect::Both(Box::new((closed, effect)));
+                } else if name == GUARD_NAME {
+                    self.server.prepared.set_guard(false);
+                } else if !taken {
+                    // The client's statement is on the server under pgmemo's name: a
+                    // placeholder under the client's name is what the DEALLOCATE drops. Closed
+                    // after the client's next Sync in case the Execute does not run.
+                    write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+                        put_cstr(m, name);
+                        put_cstr(m, GUARD_QUERY);
+                        m.extend_from_slice(&[0, 0]);
+                    });
+                    self.replies.push_entry(Entry {
+                        expected: Expected::Parse,
+                        action: Action::Skip,
+                        effect: None,
+                    });
+                    self.cleanup.push(name.into());
+                }
+                self.forward_execute(Some(effect));
+            }
+            None if taken => {
+                // PostgreSQL: 26000, which the server would not say. It says it, from the same
+                // lookup, to a Describe of a name no server has.
+                write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, MISSING_NAME);
+                });
+                self.replies.push_entry(Entry {
+                    expected: Expected::Describe,
+                    action: Action::ReplaceError(ErrorRewrite::Rename {
+                        from: Bytes::from_static(MISSING_NAME),
+                        to: Bytes::copy_from_slice(name),
+                    }),
+                    effect: None,
+                });
+            }
+            // The server fails it with PostgreSQL's 26000 (or finds the portal gone).
+            None => return Plan::Forward,
+        }
+        Plan::Done
+    }
+
+    /// Sends the client's Execute as it is, with bookkeeping.
+    fn forward_execute(&mut self, effect: Option<Effect>) {
+        self.server.wbuf.extend_from_slice(self.msg);
+        self.replies.push_entry(Entry {
+            expected: Expected::Execute,
+            action: Action::Forward,
+            effect,
+        });
     }
 
     /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
@@ -615,22 +784,13 @@ impl Planner<'_> {
     /// statements are prepared on the server under the client's names before the query
     /// (`tag` PARSE) and closed after it (`tag` CLOSE; closing a name that is not there is
     /// not an error). Each group is a unit of its own, between the client's, and silent.
-    fn placeholders(&mut self, names: &[String], tag: u8) {
-        for name in names {
+    fn placeholders(&mut self, names: &[(String, Arc<Statement>)], tag: u8) {
+        for (name, statement) in names {
             if tag == fe::PARSE {
-                let statement = self.stmts.get(name.as_bytes()).cloned();
                 write_message(&mut self.server.wbuf, fe::PARSE, |m| {
                     put_cstr(m, name.as_bytes());
-                    match &statement {
-                        Some(s) => {
-                            put_cstr(m, &s.key.query);
-                            m.extend_from_slice(&s.key.param_types);
-                        }
-                        None => {
-                            put_cstr(m, GUARD_QUERY);
-                            m.extend_from_slice(&[0, 0]);
-                        }
-                    }
+                    put_cstr(m, &statement.key.query);
+                    m.extend_from_slice(&statement.key.param_types);
                 });
             } else {
                 write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
@@ -696,8 +856,39 @@ impl Planner<'_> {
                 }
             }
         }
+        // An EXECUTE of a protocol-level statement whose text is DEALLOCATE runs that
+        // DEALLOCATE (placeholders below prepare both names on the server).
+        let executed: Vec<Command> = commands
+            .iter()
+            .map(|c| match c {
+                Command::Execute { name } => match self
+                    .stmts
+                    .get(name.as_bytes())
+                    .and_then(|s| s.tracked.clone())
+                {
+                    Some(t @ (Command::Deallocate { .. } | Command::DeallocateAll)) => t,
+                    _ => c.clone(),
+                },
+                _ => c.clone(),
+            })
+            .collect();
+        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
+        let mut placeholders: Vec<(String, Arc<Statement>)> = Vec::new();
+        for command in commands.iter().chain(&executed) {
+            if let Command::Prepare { name, .. }
+            | Command::Execute { name }
+            | Command::Deallocate { name } = command
+            {
+                if let Some(statement) = self.stmts.get(name.as_bytes()) {
+                    if !name.starts_with("pgmemo_s") && !placeholders.iter().any(|(n, _)| n == name)
+                    {
+                        placeholders.push((name.clone(), statement.clone()));
+                    }
+                }
+            }
+        }
         let mut effect = None;
-        if commands
+        if executed
             .iter()
             .any(|c| matches!(c, Command::DiscardAll | Command::DeallocateAll))
         {
@@ -706,25 +897,13 @@ impl Planner<'_> {
                 prepared: self.server.prepared.snapshot(),
                 guard: self.server.prepared.has_guard(),
                 sole_command: commands.len() == 1,
+                discard_all: commands.contains(&Command::DiscardAll),
+                sql: None,
             };
             self.server.prepared.clear();
             effect = Some(Effect::Reset(Box::new(snapshot)));
         }
-        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
-        let mut placeholders: Vec<String> = Vec::new();
-        for command in &commands {
-            if let Command::Prepare { name, .. }
-            | Command::Execute { name }
-            | Command::Deallocate { name } = command
-            {
-                if self.stmts.get(name.as_bytes()).is_some()
-                    && !name.starts_with("pgmemo_s")
-                    && !placeholders.contains(name)
-                {
-                    placeholders.push(name.clone());
-                }
-            }
-        }
+        let commands = executed;
         if commands.iter().any(|c| {
             matches!(
                 c,
@@ -1000,7 +1179,7 @@ fn bind_param_count(rest: &[u8]) -> Option<usize> {
 /// How a simple query is sent, and what it does to the client's statements.
 enum QueryPlan {
     /// To the server, between placeholders for these names (see [`Planner::placeholders`]).
-    Forward(Option<Effect>, Vec<String>),
+    Forward(Option<Effect>, Vec<(String, Arc<Statement>)>),
     /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
     Synthesize(Effect),
 }
@@ -1056,6 +1235,15 @@ pub fn settle(
         Effect::Unbound { name, statement } if outcome == Outcome::Discarded => {
             stmts.set(&name, Some(statement));
         }
+        Effect::Deallocated { name, statement } if !done => {
+            stmts.set(&name, Some(statement));
+        }
+        Effect::SqlDeallocated { name, text } if !done => {
+            if let Some(server) = server {
+                server.prepared.sql.insert(name.clone(), text.clone());
+            }
+            stmts.sql.insert(name, text);
+        }
         Effect::Closed {
             statement,
             generation,
@@ -1080,8 +1268,20 @@ pub fn settle(
                 stmts.refresh(&statement);
             }
         }
+        Effect::Reset(snapshot) if done && snapshot.discard_all => {
+            if let Some(server) = server {
+                // RESET ALL: the settings pgmemo made on the server are gone.
+                server.settings.clear();
+            }
+        }
         Effect::Reset(snapshot) if !done => {
             stmts.restore_all(snapshot.names);
+            if let Some(sql) = snapshot.sql {
+                stmts.sql = sql.client;
+                if let Some(server) = server.as_deref_mut() {
+                    server.prepared.sql = sql.server;
+                }
+            }
             if let Some(server) = server {
                 server.prepared.clear();
                 for (s, generation) in snapshot.prepared {

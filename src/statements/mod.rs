@@ -56,6 +56,9 @@ pub struct Statement {
     pub ends_transaction: bool,
     /// BEGIN or START TRANSACTION.
     pub starts_transaction: bool,
+    /// `DISCARD ALL`, `DEALLOCATE ALL` or `DEALLOCATE name`: executing a portal of it changes
+    /// the client's statements (and the server's), see `planner::Planner::execute`.
+    pub tracked: Option<sql::Command>,
     /// How many parameters PostgreSQL will say it has: as many types as the Parse gives, or
     /// more if the text uses a higher `$n`.
     pub param_count: usize,
@@ -86,6 +89,7 @@ impl Statement {
             id,
             ends_transaction: sql::is_transaction_exit(text),
             starts_transaction: sql::is_transaction_start(text),
+            tracked: sql::tracked_command(text),
             param_count: declared.max(sql::highest_parameter(text)),
             key,
             server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),
@@ -204,6 +208,14 @@ pub enum Effect {
     },
     /// DISCARD ALL / DEALLOCATE ALL dropped every statement. Undone: restored as it was.
     Reset(Box<ResetSnapshot>),
+    /// A client name dropped by the Execute of a `DEALLOCATE name`. Undone unless it ran.
+    Deallocated {
+        name: Box<[u8]>,
+        statement: Arc<Statement>,
+    },
+    /// A SQL-level statement dropped by the Execute of a `DEALLOCATE name`. Undone unless it
+    /// ran.
+    SqlDeallocated { name: String, text: String },
     /// A simple query with SQL-level statement commands (PREPARE, DEALLOCATE, DISCARD ALL).
     /// Applied when the query ends, to the commands that completed (PostgreSQL runs the
     /// statements of a query in order and stops at the first error; PREPARE and DEALLOCATE
@@ -226,6 +238,7 @@ impl Effect {
         match self {
             Effect::Prepared(_)
             | Effect::Sql(_)
+            | Effect::Reset(_)
             | Effect::Bound {
                 prepared_here: true,
                 ..
@@ -251,7 +264,12 @@ impl Effect {
     pub fn undone_on_failure(&self) -> bool {
         match self {
             // SQL commands are applied only when their query ends.
-            Effect::Bound { .. } | Effect::Prepared(_) | Effect::Reset(_) | Effect::Sql(_) => true,
+            Effect::Bound { .. }
+            | Effect::Prepared(_)
+            | Effect::Reset(_)
+            | Effect::Sql(_)
+            | Effect::Deallocated { .. }
+            | Effect::SqlDeallocated { .. } => true,
             Effect::Both(both) => both.0.undone_on_failure() || both.1.undone_on_failure(),
             _ => false,
         }
@@ -298,6 +316,19 @@ pub struct ResetSnapshot {
     /// multi-statement query it may have run before the failure, and the server's state is
     /// then unknown.
     pub sole_command: bool,
+    /// It was DISCARD ALL, which also resets the server's settings.
+    pub discard_all: bool,
+    /// The client's and the server's SQL-level statements, when the reset took them too (an
+    /// extended-protocol Execute; a simple query settles those when it ends, see
+    /// [`Effect::Sql`]).
+    pub sql: Option<Box<SqlSnapshot>>,
+}
+
+/// The SQL-level statements of a client and of its server (name → PREPARE statement).
+#[derive(Debug)]
+pub struct SqlSnapshot {
+    pub client: HashMap<String, String>,
+    pub server: HashMap<String, String>,
 }
 
 /// The guard: a statement pgmemo keeps prepared on a server connection once a transaction
@@ -340,6 +371,10 @@ pub struct ClientStatements {
     pub context: u32,
     /// Query bytes held by named statements, for the per-client limit.
     bytes: usize,
+    /// Portals bound from statements whose execution changes the statements
+    /// ([`Statement::tracked`]): portal name → statement. Usually empty, so that Bind and
+    /// Execute pay one length check.
+    portals: Vec<(Bytes, Arc<Statement>)>,
 }
 
 impl ClientStatements {
@@ -349,7 +384,40 @@ impl ClientStatements {
             sql: HashMap::new(),
             context,
             bytes: 0,
+            portals: Vec::new(),
         }
+    }
+
+    /// Whether some portal is bound from a tracked statement.
+    #[inline]
+    pub fn has_tracked_portals(&self) -> bool {
+        !self.portals.is_empty()
+    }
+
+    /// The tracked statement `portal` was bound from, if any.
+    pub fn tracked_portal(&self, portal: &[u8]) -> Option<&Arc<Statement>> {
+        self.portals
+            .iter()
+            .find(|(p, _)| p.as_ref() == portal)
+            .map(|(_, s)| s)
+    }
+
+    /// `portal` is bound again (or closed): forgets what it was bound from.
+    pub fn forget_portal(&mut self, portal: &[u8]) {
+        self.portals.retain(|(p, _)| p.as_ref() != portal);
+    }
+
+    /// `portal` is bound from the tracked `statement`. Portals end with their transaction,
+    /// which pgmemo does not watch here: a forgotten one costs nothing but a Vec entry (its
+    /// Execute fails on the server), and only the latest few are kept.
+    pub fn bind_tracked_portal(&mut self, portal: &[u8], statement: Arc<Statement>) {
+        const KEPT: usize = 16;
+        self.forget_portal(portal);
+        if self.portals.len() >= KEPT {
+            self.portals.remove(0);
+        }
+        self.portals
+            .push((Bytes::copy_from_slice(portal), statement));
     }
 
     /// Whether `name` is one of the client's SQL-level statements.
@@ -440,6 +508,17 @@ impl ClientStatements {
                 (name, s)
             })
             .collect()
+    }
+
+    /// Drops every named statement (DISCARD ALL, DEALLOCATE ALL executed through the extended
+    /// protocol, which leave the unnamed statement alone); returns every name, the unnamed one
+    /// included, for a possible undo.
+    pub fn take_named(&mut self) -> HashMap<Bytes, Arc<Statement>> {
+        let names = self.take_all();
+        if let Some(unnamed) = names.get(&b""[..]) {
+            self.set(b"", Some(unnamed.clone()));
+        }
+        names
     }
 
     /// Puts back what [`ClientStatements::take_all`] took, replacing what is there now.

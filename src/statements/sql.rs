@@ -38,6 +38,24 @@ pub fn classify(sql: &str) -> Vec<Command> {
         .collect()
 }
 
+/// What the text of a Parse is, when it is one of the commands that change the prepared
+/// statements when executed: `DISCARD ALL`, `DEALLOCATE [PREPARE] ALL`, `DEALLOCATE [PREPARE]
+/// name`, alone (a Parse holds one statement). Cheap for every other text: only its first word
+/// is read.
+pub fn tracked_command(text: &str) -> Option<Command> {
+    let first = leading_words(text, 1);
+    let word = first.first()?;
+    if !is_keyword(word, "discard") && !is_keyword(word, "deallocate") {
+        return None;
+    }
+    match classify(text).as_slice() {
+        [c @ (Command::DiscardAll | Command::DeallocateAll | Command::Deallocate { .. })] => {
+            Some(c.clone())
+        }
+        _ => None,
+    }
+}
+
 fn classify_one(stmt: &str) -> Command {
     let words = leading_words(stmt, 3);
     let word = |i: usize| words.get(i).map(|w| w.to_ascii_lowercase());
@@ -359,6 +377,28 @@ mod tests {
         assert_eq!(classify("DISCARD PLANS"), vec![Command::Other]);
         assert_eq!(classify("PREPARE TRANSACTION 'x'"), vec![Command::Other]);
         assert_eq!(classify("SELECT 1"), vec![Command::Other]);
+    }
+
+    #[test]
+    fn tracked_commands_of_a_parse() {
+        assert_eq!(tracked_command("DISCARD ALL"), Some(Command::DiscardAll));
+        assert_eq!(
+            tracked_command(" deallocate prepare ALL ;"),
+            Some(Command::DeallocateAll)
+        );
+        assert_eq!(
+            tracked_command("DEALLOCATE \"A\""),
+            Some(Command::Deallocate { name: "A".into() })
+        );
+        for no in [
+            "SELECT 1",
+            "DISCARD PLANS",
+            "PREPARE p AS SELECT 1",
+            "DEALLOCATE a; DEALLOCATE b",
+            "",
+        ] {
+            assert_eq!(tracked_command(no), None, "{no}");
+        }
     }
 
     #[test]
