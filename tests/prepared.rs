@@ -1399,6 +1399,118 @@ async fn extended_deallocate_name() {
     .await;
 }
 
+/// The same text under the search_path a client SETs: statements are keyed by the one in
+/// effect (SET LOCAL until its transaction ends, a session-level SET if it commits, through
+/// a simple query or Parse/Bind/Execute), and a session-level one follows the client to other
+/// servers (and not to other clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_search_path() {
+    let items = |name: &str| {
+        vec![
+            p(name, "SELECT v FROM items"),
+            ds(name),
+            b(name, &[]),
+            e(),
+            S,
+        ]
+    };
+    check(
+        Script::new()
+            .clients(2)
+            .setup(
+                "DROP SCHEMA IF EXISTS prep_sp1 CASCADE; DROP SCHEMA IF EXISTS prep_sp2 CASCADE;
+                 CREATE SCHEMA prep_sp1; CREATE SCHEMA prep_sp2;
+                 CREATE TABLE prep_sp1.items (v int4); INSERT INTO prep_sp1.items VALUES (1);
+                 CREATE TABLE prep_sp2.items (v text); INSERT INTO prep_sp2.items VALUES ('two');",
+            )
+            .on(0, vec![q("SET search_path = prep_sp1")])
+            .on(0, items("s"))
+            .on(1, vec![q("SET search_path TO \"prep_sp2\", public")])
+            .on(1, items("s"))
+            .moved()
+            .on(0, vec![b("s", &[]), e(), S])
+            .on(1, vec![b("s", &[]), e(), S])
+            .on(0, items("s0"))
+            .back()
+            // SET LOCAL lasts until the transaction ends.
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("SET LOCAL search_path = prep_sp2")])
+            .on(0, items("t"))
+            .on(0, vec![q("COMMIT")])
+            .on(0, items("u"))
+            // Ended by a ROLLBACK pipelined before the Parse.
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("SET LOCAL search_path = prep_sp2")])
+            .on(
+                0,
+                vec![q("ROLLBACK"), p("w", "SELECT v FROM items"), ds("w"), S],
+            )
+            // A session-level SET that is rolled back, or fails with its query.
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("SET search_path = prep_sp2")])
+            .on(0, items("x1"))
+            .on(0, vec![q("ROLLBACK")])
+            .on(0, items("x2"))
+            .on(0, vec![q("SET search_path = prep_sp2; SELECT 1/0")])
+            .on(0, items("x3"))
+            // One that commits in a block.
+            .on(1, vec![q("BEGIN")])
+            .on(1, vec![q("SET SESSION search_path = prep_sp1")])
+            .on(1, vec![q("COMMIT")])
+            .on(1, items("y1"))
+            // Through Parse/Bind/Execute, pipelined before a Parse.
+            .on(
+                0,
+                vec![
+                    p("", "SET search_path = prep_sp2"),
+                    b("", &[]),
+                    e(),
+                    p("z1", "SELECT v FROM items"),
+                    ds("z1"),
+                    S,
+                ],
+            )
+            .on(
+                0,
+                vec![
+                    p("", "SET search_path = prep_sp1"),
+                    b("", &[]),
+                    e(),
+                    b("nope", &[]),
+                    S,
+                ],
+            )
+            .on(0, items("z2"))
+            .moved()
+            .on(0, items("z3"))
+            .on(1, items("y2"))
+            .back()
+            // RESET: the startup packet's (here the server's default).
+            .on(1, vec![q("RESET search_path")])
+            .on(1, items("r"))
+            .on(0, vec![q("SHOW search_path")])
+            .on(1, vec![q("SHOW search_path")])
+            // DISCARD ALL: the startup packet's again, here and on other servers.
+            .on(0, vec![q("DISCARD ALL")])
+            .on(0, vec![q("SHOW search_path")])
+            .on(0, items("d1"))
+            .moved()
+            .on(0, vec![q("SHOW search_path")])
+            .on(
+                0,
+                vec![p("", "SET search_path = prep_sp2"), b("", &[]), e(), S],
+            )
+            .back()
+            .on(0, items("d2"))
+            .on(0, vec![p("", "DISCARD ALL"), b("", &[]), e(), S])
+            .moved()
+            .on(0, vec![q("SHOW search_path")])
+            .back()
+            .on(0, vec![q("SHOW search_path")]),
+    )
+    .await;
+}
+
 /// SQL PREPARE and EXECUTE in different transactions, on different servers; clients never see
 /// each other's statements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1800,6 +1912,7 @@ const TEXTS: &[(&str, usize)] = &[
     ("DISCARD ALL", 0),
     ("DEALLOCATE ALL", 0),
     ("DEALLOCATE a", 0),
+    ("SET search_path = public", 0),
 ];
 
 const NAMES: &[&str] = &["", "a", "b", "c"];
@@ -1827,6 +1940,10 @@ const QUERIES: &[&str] = &[
     "EXECUTE b(4)",
     "DEALLOCATE b",
     "SELECT 1; EXECUTE c",
+    // Statements are keyed by the search_path in effect.
+    "SET LOCAL search_path = pg_catalog, public",
+    "SET search_path = public, pg_catalog",
+    "RESET search_path",
 ];
 
 /// One random sequence: rounds of an optional simple query and an extended batch ending in

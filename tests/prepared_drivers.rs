@@ -1443,9 +1443,6 @@ async fn set_local_search_path_transcript(url: &str, prefix: &str) -> Vec<String
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pgmemo bug: statements are keyed by the search_path of the startup packet, so a Parse \
-            after SET LOCAL search_path is answered from the registry and its Describe runs on a \
-            copy prepared for the other schema: 0A000 where PostgreSQL prepares the statement"]
 async fn set_local_search_path_like_postgresql() {
     let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
     let direct = set_local_search_path_transcript(&direct_url, "sld").await;

@@ -13,6 +13,11 @@
 //! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right;
 //!   so does the Execute of a portal bound from one of them ([`Statement::tracked`]), as
 //!   psycopg sends them (see [`Planner::execute`]).
+//! - `SET [SESSION | LOCAL] search_path` / `RESET search_path` (simple query or Execute) change
+//!   the registry context of the client's next Parses (the same text means another statement
+//!   under another search_path): a change lasts until its transaction ends, a session-level one
+//!   stays if it commits and is then carried to the client's other servers like a startup
+//!   setting ([`SearchPath`](crate::statements::SearchPath), [`carry_search_path`]).
 //! - SQL-level `PREPARE name AS ...` statements are remembered per client (when their query
 //!   completes) and prepared again on whichever server the client's next transaction runs
 //!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
@@ -26,6 +31,7 @@
 //! cannot succeed), so PostgreSQL's own error-skip and transaction rules apply, and only the
 //! error text is pgmemo's.
 
+use crate::params::Vars;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
 use crate::protocol::{put_cstr, write_message};
@@ -195,6 +201,11 @@ impl Planner<'_> {
         if reads_statements && self.replies.is_uncertain() {
             return Plan::Wait;
         }
+        if tag == fe::PARSE && self.stmts.search_path.is_open() && !self.state_known() {
+            // The search_path a SET changed in the open transaction, which replies still to
+            // come may end (and the change with it): the Parse's key is not known yet.
+            return Plan::Wait;
+        }
         // Only a transaction block can be aborted: the guard is prepared on a server the
         // first time pgmemo plans a message in one, or one that may open one. (Not while an
         // earlier DISCARD ALL may yet fail: the server's statements are not known then.)
@@ -250,9 +261,16 @@ impl Planner<'_> {
             self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
             return true;
         }
+        self.stmts.refresh_context(self.registry);
         let statement = match existing {
             // Re-parse of the unnamed statement with the same text: tier 1.
-            Some(s) if s.key.query == p.query && s.key.param_types == p.param_types => s,
+            Some(s)
+                if s.key.query == p.query
+                    && s.key.param_types == p.param_types
+                    && s.key.context == self.stmts.context =>
+            {
+                s
+            }
             _ => {
                 let key = StatementKey {
                     context: self.stmts.context,
@@ -624,6 +642,13 @@ impl Planner<'_> {
                 Plan::Done
             }
             Command::Deallocate { name } => self.execute_deallocate(name.as_bytes()),
+            Command::SetSearchPath { value, local } => {
+                // Statements parsed after it are keyed by the new search_path.
+                let before = self.stmts.search_path.clone();
+                self.stmts.search_path.set(value.as_deref(), local);
+                self.forward_execute(Some(Effect::SearchPathSet(Box::new(before))));
+                Plan::Done
+            }
             _ => Plan::Forward,
         };
         // Its command runs to completion at once: an Execute of it again fails on the server
@@ -908,6 +933,7 @@ impl Planner<'_> {
             matches!(
                 c,
                 Command::Prepare { .. }
+                    | Command::SetSearchPath { .. }
                     | Command::Deallocate { .. }
                     | Command::DeallocateAll
                     | Command::DiscardAll
@@ -1238,6 +1264,7 @@ pub fn settle(
         Effect::Deallocated { name, statement } if !done => {
             stmts.set(&name, Some(statement));
         }
+        Effect::SearchPathSet(before) if !done => stmts.search_path.restore(*before),
         Effect::SqlDeallocated { name, text } if !done => {
             if let Some(server) = server {
                 server.prepared.sql.insert(name.clone(), text.clone());
@@ -1269,6 +1296,7 @@ pub fn settle(
             }
         }
         Effect::Reset(snapshot) if done && snapshot.discard_all => {
+            stmts.search_path.discarded();
             if let Some(server) = server {
                 // RESET ALL: the settings pgmemo made on the server are gone.
                 server.settings.clear();
@@ -1296,8 +1324,9 @@ pub fn settle(
             }
         }
         Effect::Sql(sql) if outcome != Outcome::Discarded => {
+            let failed = outcome == Outcome::Failed;
             for command in sql.commands.into_iter().take(sql.completed) {
-                apply_sql_command(stmts, server.as_deref_mut(), command);
+                apply_sql_command(stmts, server.as_deref_mut(), command, failed);
             }
         }
         Effect::SqlSync { name } if !done => {
@@ -1338,14 +1367,28 @@ pub fn settle(
     }
 }
 
-/// One SQL-level statement command that ran.
+/// One SQL-level statement command that ran, in a query that `failed` or not.
 fn apply_sql_command(
     stmts: &mut ClientStatements,
     server: Option<&mut ServerConn>,
     command: Command,
+    failed: bool,
 ) {
+    let status = server.as_ref().map_or(b'I', |s| s.status);
     let server_sql = server.map(|s| &mut s.prepared.sql);
     match command {
+        Command::SetSearchPath { value, local } => {
+            if status == b'I' {
+                // The query's transaction has ended: committed, unless the query failed.
+                if !failed {
+                    stmts.search_path.set(value.as_deref(), local);
+                    stmts.search_path.end(true);
+                }
+            } else {
+                // In a transaction block, until it ends (see `SearchPath::observe`).
+                stmts.search_path.set(value.as_deref(), local);
+            }
+        }
         Command::Prepare { name, text } => {
             if let Some(server_sql) = server_sql {
                 server_sql.insert(name.clone(), text.clone());
@@ -1368,6 +1411,35 @@ fn apply_sql_command(
             }
         }
         Command::Execute { .. } | Command::Other => {}
+    }
+}
+
+/// A session-level search_path the client SET and committed (or, after DISCARD ALL, the startup
+/// packet's again): from now on the client's setting (carried to every server its transactions
+/// run on, like a startup packet's), and what this server has. `""` is the server's default; a value pgmemo could not read is not carried, but
+/// the server is marked as unlike anyone's, so the next client sets its own.
+pub fn carry_search_path(
+    path: &str,
+    state: &mut crate::statements::SearchPath,
+    client: &mut Vars,
+    server: Option<&mut ServerConn>,
+) {
+    const NAME: &str = "search_path";
+    state.remember_startup(client.get(NAME));
+    let client_only = std::mem::take(&mut state.carry_to_client_only);
+    let server = server.filter(|_| !client_only);
+    if crate::statements::is_unknown_search_path(path) {
+        if let Some(server) = server {
+            server.settings.set(NAME, path);
+        }
+        return;
+    }
+    for settings in std::iter::once(client).chain(server.map(|s| &mut s.settings)) {
+        if path.is_empty() {
+            settings.remove(NAME);
+        } else {
+            settings.set(NAME, path);
+        }
     }
 }
 
@@ -1422,8 +1494,9 @@ fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
     })
 }
 
-/// Whether a simple query may contain PREPARE, DEALLOCATE, DISCARD (or, when `execute`,
-/// EXECUTE): one pass over the text, comparing only where a word could start with one.
+/// Whether a simple query may contain PREPARE, DEALLOCATE, DISCARD, search_path (or, when
+/// `execute`, EXECUTE): one pass over the text, comparing only where a word could start with
+/// one.
 fn mentions_statement_commands(text: &[u8], execute: bool) -> bool {
     text.iter().enumerate().any(|(i, c)| {
         let rest = &text[i..];
@@ -1432,6 +1505,7 @@ fn mentions_statement_commands(text: &[u8], execute: bool) -> bool {
         match c | 0x20 {
             b'p' => is(b"prepare"),
             b'd' => is(b"deallocate") || is(b"discard"),
+            b's' => is(b"search_path"),
             b'e' => execute && is(b"execute"),
             _ => false,
         }
