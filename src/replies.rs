@@ -127,10 +127,14 @@ pub fn error_with_message(out: &mut bytes::BytesMut, body: &[u8], message: &[u8]
 }
 
 /// A reply pgmemo writes itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Synth {
     ParseComplete,
     CloseComplete,
+    /// These replies, ready-made: the ParameterDescription and NoData of a Describe that
+    /// PostgreSQL answers even in an aborted transaction block (a statement that returns no
+    /// rows) while the server lacks the statement.
+    Replies(Bytes),
     /// The reply to a simple-query `DEALLOCATE name` of a protocol-level statement:
     /// CommandComplete and ReadyForQuery (or 25P02 in a failed transaction).
     Deallocate,
@@ -432,7 +436,7 @@ impl ReplyQueue {
         else {
             return None;
         };
-        let synth = *synth;
+        let synth = synth.clone();
         self.pop_done();
         Some(synth)
     }

@@ -1154,6 +1154,363 @@ async fn deallocate_and_discard() {
     .await;
 }
 
+/// `DISCARD ALL` and `DEALLOCATE ALL` through Parse/Bind/Execute (psycopg sends them so): the
+/// client's named statements (and SQL-level ones) are gone, the unnamed one stays, the same
+/// names can be parsed again, also later in the same pipeline; an error before the Execute
+/// leaves everything as it was, one after it does not; PostgreSQL refuses DISCARD ALL in a
+/// transaction block and after another Execute of the same pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_discard_all_and_deallocate_all() {
+    check(
+        Script::new()
+            .go(vec![
+                p("a1", "SELECT 1 AS a"),
+                p("a2", "SELECT 2 AS b"),
+                p("", "SELECT 0 AS z"),
+                S,
+            ])
+            .go(vec![p("d", "DISCARD ALL"), b("d", &[]), dp(""), e(), S])
+            .go(vec![b("a1", &[]), e(), S])
+            .go(vec![b("d", &[]), e(), S])
+            .go(vec![b("", &[]), e(), S])
+            .go(vec![
+                p("a1", "SELECT 11 AS a"),
+                b("a1", &[]),
+                e(),
+                p("d", "DISCARD ALL"),
+                S,
+            ])
+            .moved()
+            .go(vec![b("a1", &[]), e(), S])
+            .back()
+            // Not after another Execute of the same pipeline (25001).
+            .go(vec![
+                b("a1", &[]),
+                e(),
+                b("d", &[]),
+                e(),
+                p("a1", "SELECT 12"),
+                S,
+            ])
+            .go(vec![b("a1", &[]), e(), S])
+            // First in its pipeline, with the same names parsed again after it.
+            .go(vec![
+                b("d", &[]),
+                e(),
+                p("a1", "SELECT 13 AS a"),
+                p("d", "DISCARD ALL"),
+                b("a1", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![b("a1", &[]), e(), b("a1", &[]), e(), S])
+            .back()
+            // An error after it: it ran all the same.
+            .go(vec![p("a2", "SELECT 2 AS b"), S])
+            .go(vec![b("d", &[]), e(), b("nope", &[]), e(), S])
+            .go(vec![b("a2", &[]), e(), S])
+            .go(vec![b("d", &[]), e(), S])
+            // An error before it: nothing happened.
+            .go(vec![p("d", "DISCARD ALL"), p("a2", "SELECT 2 AS b"), S])
+            .go(vec![
+                b("nope", &[]),
+                b("d", &[]),
+                e(),
+                p("a2", "SELECT 22"),
+                S,
+            ])
+            .go(vec![b("a2", &[]), e(), S])
+            .moved()
+            .go(vec![b("a2", &[]), e(), S])
+            .back()
+            // In a transaction block: refused (25001), nothing dropped.
+            .go(vec![q("BEGIN")])
+            .go(vec![b("d", &[]), e(), S])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a2", &[]), e(), b("d", &[]), dp(""), S])
+            // DEALLOCATE ALL runs in a block, and ROLLBACK does not undo it.
+            .go(vec![p("da", "DEALLOCATE ALL"), S])
+            .go(vec![q("BEGIN")])
+            .go(vec![
+                b("da", &[]),
+                e(),
+                p("a2", "SELECT 222 AS b"),
+                b("a2", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a2", &[]), e(), S])
+            .go(vec![b("da", &[]), e(), S])
+            // Unnamed, into a named portal.
+            .go(vec![
+                p("", "DEALLOCATE ALL"),
+                bp("por", "", &[]),
+                F::execute("por", 0),
+                S,
+            ])
+            .go(vec![b("a2", &[]), e(), S])
+            .go(vec![b("", &[]), e(), S])
+            // The server's own statements are gone too: the client's are prepared again.
+            .go(vec![p("a3", "SELECT 3 AS c"), b("a3", &[]), e(), S])
+            .go(vec![p("", "DISCARD ALL"), b("", &[]), e(), S])
+            .go(vec![p("a3", "SELECT 3 AS c"), b("a3", &[]), e(), S])
+            .go(vec![p("a4", "SELECT 3 AS c"), b("a4", &[]), e(), S])
+            // SQL-level statements too.
+            .go(vec![q("PREPARE s1 AS SELECT 5 AS f")])
+            .moved()
+            .go(vec![p("", "DISCARD ALL"), b("", &[]), e(), S])
+            .back()
+            .go(vec![q("EXECUTE s1")])
+            .go(vec![q("PREPARE s1 AS SELECT 6 AS f")])
+            .go(vec![q("EXECUTE s1")]),
+    )
+    .await;
+}
+
+/// `DEALLOCATE name` through Parse/Bind/Execute: of a protocol-level statement (which the
+/// server knows under pgmemo's name only), of a SQL-level one, of an unknown name, of pgmemo's
+/// own names; in pipelines with errors before and after it, in a transaction block and an
+/// aborted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_deallocate_name() {
+    check(
+        Script::new()
+            .go(vec![p("a1", "SELECT 1 AS a"), p("a2", "SELECT 2 AS b"), S])
+            .go(vec![p("", "DEALLOCATE a1"), b("", &[]), dp(""), e(), S])
+            .go(vec![b("a1", &[]), e(), S])
+            .go(vec![b("", &[]), e(), S])
+            .go(vec![p("a1", "SELECT 11 AS a"), b("a1", &[]), e(), S])
+            .moved()
+            .go(vec![
+                p("dd", "DEALLOCATE a1"),
+                b("dd", &[]),
+                e(),
+                p("a1", "SELECT 111 AS a"),
+                b("a1", &[]),
+                e(),
+                S,
+            ])
+            .back()
+            .go(vec![b("a1", &[]), e(), S])
+            // An error before it: nothing happened.
+            .go(vec![b("nope", &[]), b("dd", &[]), e(), S])
+            .go(vec![b("a1", &[]), e(), S])
+            // An error after it: it ran.
+            .go(vec![b("dd", &[]), e(), b("nope", &[]), S])
+            .go(vec![b("a1", &[]), e(), S])
+            // Twice in one pipeline: the second fails.
+            .go(vec![
+                p("a1", "SELECT 1 AS a"),
+                b("dd", &[]),
+                e(),
+                b("dd", &[]),
+                e(),
+                p("a1", "SELECT 2"),
+                S,
+            ])
+            .go(vec![b("a1", &[]), e(), S])
+            // In a transaction block: ROLLBACK does not undo it.
+            .go(vec![p("a1", "SELECT 1 AS a"), S])
+            .go(vec![q("BEGIN")])
+            .go(vec![b("dd", &[]), e(), S])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a1", &[]), e(), S])
+            // In an aborted block: refused, nothing dropped.
+            .go(vec![p("a1", "SELECT 1 AS a"), S])
+            .go(vec![q("BEGIN")])
+            .go(vec![bp("keep", "dd", &[]), S])
+            .go(vec![q("SELECT 1/0")])
+            .go(vec![F::execute("keep", 0), S])
+            .go(vec![b("dd", &[]), e(), S])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("a1", &[]), e(), S])
+            // Quoted and unknown names.
+            .go(vec![p("MiXed", "SELECT 'm' AS m"), S])
+            .go(vec![p("", "DEALLOCATE mixed"), b("", &[]), e(), S])
+            .go(vec![
+                p("", "DEALLOCATE PREPARE \"MiXed\""),
+                b("", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![b("MiXed", &[]), e(), S])
+            // pgmemo's own names are not the client's; a client's statement may have one.
+            .go(vec![p("", "DEALLOCATE pgmemo_s1"), b("", &[]), e(), S])
+            .go(vec![p("", "DEALLOCATE pgmemo_s0"), b("", &[]), e(), S])
+            .go(vec![p("pgmemo_s0", "SELECT 7 AS g"), S])
+            .go(vec![q("BEGIN")])
+            .go(vec![p("", "DEALLOCATE pgmemo_s0"), b("", &[]), e(), S])
+            .go(vec![b("pgmemo_s0", &[]), e(), S])
+            .go(vec![q("COMMIT")])
+            // A SQL-level statement.
+            .go(vec![q("PREPARE s1 AS SELECT 5 AS f")])
+            .moved()
+            .go(vec![p("", "DEALLOCATE s1"), b("", &[]), e(), S])
+            .back()
+            .go(vec![q("EXECUTE s1")])
+            .go(vec![q("PREPARE s1 AS SELECT 6 AS f")])
+            .go(vec![
+                b("nope", &[]),
+                p("", "DEALLOCATE s1"),
+                b("", &[]),
+                e(),
+                S,
+            ])
+            .go(vec![q("EXECUTE s1")])
+            .go(vec![p("", "DEALLOCATE s1"), b("", &[]), e(), S])
+            .go(vec![q("EXECUTE s1")])
+            // A portal runs once: executed again, it fails (55000).
+            .go(vec![
+                p("a5", "SELECT 5 AS e"),
+                p("dx", "DEALLOCATE a5"),
+                b("dx", &[]),
+                e(),
+                e(),
+                S,
+            ])
+            .go(vec![b("a5", &[]), e(), S])
+            // Described in an aborted block, on a server that lacks it: it returns no rows.
+            .go(vec![p("dy", "DEALLOCATE a1"), S])
+            .moved()
+            .go(vec![q("BEGIN")])
+            .go(vec![q("SELECT 1/0")])
+            .go(vec![ds("dy"), ds("a1"), S])
+            .go(vec![q("ROLLBACK")])
+            .back()
+            // SQL EXECUTE of a statement that deallocates (itself, or all).
+            .go(vec![q("EXECUTE dy")])
+            .go(vec![b("a1", &[]), e(), S])
+            .go(vec![p("dz", "DEALLOCATE dz"), S])
+            .go(vec![q("EXECUTE dz")])
+            .go(vec![ds("dz"), S])
+            .go(vec![
+                p("a1", "SELECT 1 AS a"),
+                p("dall", "DEALLOCATE ALL"),
+                S,
+            ])
+            .moved()
+            .go(vec![q("EXECUTE dall")])
+            .back()
+            .go(vec![b("a1", &[]), e(), S])
+            .go(vec![b("dy", &[]), e(), S]),
+    )
+    .await;
+}
+
+/// The same text under the search_path a client SETs: statements are keyed by the one in
+/// effect (SET LOCAL until its transaction ends, a session-level SET if it commits, through
+/// a simple query or Parse/Bind/Execute), and a session-level one follows the client to other
+/// servers (and not to other clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_search_path() {
+    let items = |name: &str| {
+        vec![
+            p(name, "SELECT v FROM items"),
+            ds(name),
+            b(name, &[]),
+            e(),
+            S,
+        ]
+    };
+    check(
+        Script::new()
+            .clients(2)
+            .setup(
+                "DROP SCHEMA IF EXISTS prep_sp1 CASCADE; DROP SCHEMA IF EXISTS prep_sp2 CASCADE;
+                 CREATE SCHEMA prep_sp1; CREATE SCHEMA prep_sp2;
+                 CREATE TABLE prep_sp1.items (v int4); INSERT INTO prep_sp1.items VALUES (1);
+                 CREATE TABLE prep_sp2.items (v text); INSERT INTO prep_sp2.items VALUES ('two');",
+            )
+            .on(0, vec![q("SET search_path = prep_sp1")])
+            .on(0, items("s"))
+            .on(1, vec![q("SET search_path TO \"prep_sp2\", public")])
+            .on(1, items("s"))
+            .moved()
+            .on(0, vec![b("s", &[]), e(), S])
+            .on(1, vec![b("s", &[]), e(), S])
+            .on(0, items("s0"))
+            .back()
+            // SET LOCAL lasts until the transaction ends.
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("SET LOCAL search_path = prep_sp2")])
+            .on(0, items("t"))
+            .on(0, vec![q("COMMIT")])
+            .on(0, items("u"))
+            // Ended by a ROLLBACK pipelined before the Parse.
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("SET LOCAL search_path = prep_sp2")])
+            .on(
+                0,
+                vec![q("ROLLBACK"), p("w", "SELECT v FROM items"), ds("w"), S],
+            )
+            // A session-level SET that is rolled back, or fails with its query.
+            .on(0, vec![q("BEGIN")])
+            .on(0, vec![q("SET search_path = prep_sp2")])
+            .on(0, items("x1"))
+            .on(0, vec![q("ROLLBACK")])
+            .on(0, items("x2"))
+            .on(0, vec![q("SET search_path = prep_sp2; SELECT 1/0")])
+            .on(0, items("x3"))
+            // One that commits in a block.
+            .on(1, vec![q("BEGIN")])
+            .on(1, vec![q("SET SESSION search_path = prep_sp1")])
+            .on(1, vec![q("COMMIT")])
+            .on(1, items("y1"))
+            // Through Parse/Bind/Execute, pipelined before a Parse.
+            .on(
+                0,
+                vec![
+                    p("", "SET search_path = prep_sp2"),
+                    b("", &[]),
+                    e(),
+                    p("z1", "SELECT v FROM items"),
+                    ds("z1"),
+                    S,
+                ],
+            )
+            .on(
+                0,
+                vec![
+                    p("", "SET search_path = prep_sp1"),
+                    b("", &[]),
+                    e(),
+                    b("nope", &[]),
+                    S,
+                ],
+            )
+            .on(0, items("z2"))
+            .moved()
+            .on(0, items("z3"))
+            .on(1, items("y2"))
+            .back()
+            // RESET: the startup packet's (here the server's default).
+            .on(1, vec![q("RESET search_path")])
+            .on(1, items("r"))
+            .on(0, vec![q("SHOW search_path")])
+            .on(1, vec![q("SHOW search_path")])
+            // DISCARD ALL: the startup packet's again, here and on other servers.
+            .on(0, vec![q("DISCARD ALL")])
+            .on(0, vec![q("SHOW search_path")])
+            .on(0, items("d1"))
+            .moved()
+            .on(0, vec![q("SHOW search_path")])
+            .on(
+                0,
+                vec![p("", "SET search_path = prep_sp2"), b("", &[]), e(), S],
+            )
+            .back()
+            .on(0, items("d2"))
+            .on(0, vec![p("", "DISCARD ALL"), b("", &[]), e(), S])
+            .moved()
+            .on(0, vec![q("SHOW search_path")])
+            .back()
+            .on(0, vec![q("SHOW search_path")]),
+    )
+    .await;
+}
+
 /// SQL PREPARE and EXECUTE in different transactions, on different servers; clients never see
 /// each other's statements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1551,6 +1908,11 @@ const TEXTS: &[(&str, usize)] = &[
     ("SELECT g / (g - 2) FROM generate_series(1, 3) g", 0),
     ("SELEC oops", 0),
     ("SELECT * FROM prep_prop_missing_t", 0),
+    // Executed, these change the statements (psycopg sends them so).
+    ("DISCARD ALL", 0),
+    ("DEALLOCATE ALL", 0),
+    ("DEALLOCATE a", 0),
+    ("SET search_path = public", 0),
 ];
 
 const NAMES: &[&str] = &["", "a", "b", "c"];
@@ -1578,6 +1940,10 @@ const QUERIES: &[&str] = &[
     "EXECUTE b(4)",
     "DEALLOCATE b",
     "SELECT 1; EXECUTE c",
+    // Statements are keyed by the search_path in effect.
+    "SET LOCAL search_path = pg_catalog, public",
+    "SET search_path = public, pg_catalog",
+    "RESET search_path",
 ];
 
 /// One random sequence: rounds of an optional simple query and an extended batch ending in

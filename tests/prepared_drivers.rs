@@ -433,11 +433,6 @@ async fn psycopg3_default_threshold() {
 /// succeed. The same program runs against PostgreSQL directly (it must pass there) and
 /// through pgmemo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pgmemo bug: DISCARD ALL, DEALLOCATE ALL and DEALLOCATE name sent through the \
-            extended protocol (Parse/Bind/Execute) are not tracked: the client keeps its names (a \
-            later Parse of one gets 42P05), the server's pgmemo_s statements are gone while \
-            pgmemo still counts them (later Binds get 26000), DEALLOCATE name reaches the server \
-            with the client's name (26000)"]
 async fn psycopg3_discard_all_like_postgresql() {
     require_python_module("psycopg", "psycopg[binary]>=3.1").await;
     let table = "pd_discard_direct".to_string();
@@ -1448,9 +1443,6 @@ async fn set_local_search_path_transcript(url: &str, prefix: &str) -> Vec<String
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pgmemo bug: statements are keyed by the search_path of the startup packet, so a Parse \
-            after SET LOCAL search_path is answered from the registry and its Describe runs on a \
-            copy prepared for the other schema: 0A000 where PostgreSQL prepares the statement"]
 async fn set_local_search_path_like_postgresql() {
     let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
     let direct = set_local_search_path_transcript(&direct_url, "sld").await;

@@ -811,6 +811,12 @@ impl Session {
                     self.last_0a000 = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
                 }
             }
+            if let Some(stmts) = self.stmts.as_mut().filter(|s| s.search_path.is_open()) {
+                // A SET of search_path in a transaction that may now end.
+                stmts
+                    .search_path
+                    .observe(tag, &server.rbuf[5..len], server.status);
+            }
             server.rbuf.advance(len);
             if self.stmts.is_some() {
                 self.settle(error_code.as_deref(), retried);
@@ -856,6 +862,7 @@ impl Session {
                     be::CLOSE_COMPLETE,
                     |_| {},
                 ),
+                Synth::Replies(replies) => self.client.wbuf.extend_from_slice(&replies),
                 Synth::Deallocate => {
                     let status = self.server.as_ref().map_or(b'I', |s| s.status);
                     be::command_complete(&mut self.client.wbuf, "DEALLOCATE");
@@ -875,15 +882,15 @@ impl Session {
             stmts,
             server,
             last_0a000,
+            settings,
+            params_version,
             ..
         } = self;
-        let Some(outcomes) = replies.drain_outcomes() else {
-            return;
-        };
+        let outcomes = replies.drain_outcomes();
         let Some(stmts) = stmts.as_mut() else {
             return;
         };
-        for (effect, outcome) in outcomes {
+        for (effect, outcome) in outcomes.into_iter().flatten() {
             if let (
                 crate::statements::Effect::Uses { statement, .. },
                 replies::Outcome::Failed,
@@ -901,6 +908,15 @@ impl Session {
                 outcome,
                 error_code,
                 retried,
+            );
+        }
+        if let Some(path) = stmts.search_path.take_carry() {
+            *params_version += 1;
+            planner::carry_search_path(
+                &path,
+                &mut stmts.search_path,
+                settings,
+                server.as_deref_mut(),
             );
         }
     }

@@ -10,7 +10,14 @@
 //!   server's set is full.
 //! - Close(S): the client's name is dropped and CloseComplete answered locally; the server keeps
 //!   the shared statement for everyone else.
-//! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right.
+//! - `DISCARD ALL` / `DEALLOCATE ALL` / `DEALLOCATE name` in a simple query keep the maps right;
+//!   so does the Execute of a portal bound from one of them ([`Statement::tracked`]), as
+//!   psycopg sends them (see [`Planner::execute`]).
+//! - `SET [SESSION | LOCAL] search_path` / `RESET search_path` (simple query or Execute) change
+//!   the registry context of the client's next Parses (the same text means another statement
+//!   under another search_path): a change lasts until its transaction ends, a session-level one
+//!   stays if it commits and is then carried to the client's other servers like a startup
+//!   setting ([`SearchPath`](crate::statements::SearchPath), [`carry_search_path`]).
 //! - SQL-level `PREPARE name AS ...` statements are remembered per client (when their query
 //!   completes) and prepared again on whichever server the client's next transaction runs
 //!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
@@ -24,6 +31,7 @@
 //! cannot succeed), so PostgreSQL's own error-skip and transaction rules apply, and only the
 //! error text is pgmemo's.
 
+use crate::params::Vars;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
 use crate::protocol::{put_cstr, write_message};
@@ -31,8 +39,8 @@ use crate::replies::{Action, Entry, ErrorRewrite, Expected, Outcome, ReplyQueue,
 use crate::server::ServerConn;
 use crate::statements::sql::{self, Command};
 use crate::statements::{
-    pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, Statement,
-    StatementKey, GUARD_NAME, GUARD_QUERY,
+    pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, SqlSnapshot,
+    Statement, StatementKey, GUARD_NAME, GUARD_QUERY,
 };
 use crate::stats::LocalStats;
 use bytes::{Bytes, BytesMut};
@@ -187,9 +195,15 @@ impl Planner<'_> {
         let reads_statements = match tag {
             fe::PARSE | fe::BIND | fe::QUERY => true,
             fe::DESCRIBE | fe::CLOSE => statement_target(),
+            fe::EXECUTE => self.stmts.has_tracked_portals() && self.tracked_execute().is_some(),
             _ => false,
         };
         if reads_statements && self.replies.is_uncertain() {
+            return Plan::Wait;
+        }
+        if tag == fe::PARSE && self.stmts.search_path.is_open() && !self.state_known() {
+            // The search_path a SET changed in the open transaction, which replies still to
+            // come may end (and the change with it): the Parse's key is not known yet.
             return Plan::Wait;
         }
         // Only a transaction block can be aborted: the guard is prepared on a server the
@@ -197,7 +211,8 @@ impl Planner<'_> {
         // earlier DISCARD ALL may yet fail: the server's statements are not known then.)
         // The words of a simple query that matter here, found in one pass.
         let words = if tag == fe::QUERY {
-            let mut wanted = Words::PREPARE | Words::DEALLOCATE | Words::DISCARD;
+            let mut wanted =
+                Words::PREPARE | Words::DEALLOCATE | Words::DISCARD | Words::SEARCH_PATH;
             if !self.stmts.is_empty() {
                 wanted |= Words::EXECUTE;
             }
@@ -219,6 +234,7 @@ impl Planner<'_> {
             fe::DESCRIBE => return self.describe(),
             fe::CLOSE => self.close(),
             fe::QUERY => return self.query(words),
+            fe::EXECUTE if self.stmts.has_tracked_portals() => return self.execute(),
             fe::SYNC => self.sync(),
             _ => false,
         };
@@ -259,9 +275,16 @@ impl Planner<'_> {
             self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
             return true;
         }
+        self.stmts.refresh_context(self.registry);
         let statement = match existing {
             // Re-parse of the unnamed statement with the same text: tier 1.
-            Some(s) if s.key.query == p.query && s.key.param_types == p.param_types => s,
+            Some(s)
+                if s.key.query == p.query
+                    && s.key.param_types == p.param_types
+                    && s.key.context == self.stmts.context =>
+            {
+                s
+            }
             _ => {
                 let key = StatementKey {
                     context: self.stmts.context,
@@ -370,6 +393,9 @@ impl Planner<'_> {
         let Some(b) = Bind::parse(&msg[5..]) else {
             return Plan::Forward;
         };
+        if self.stmts.has_tracked_portals() {
+            self.stmts.forget_portal(b.portal);
+        }
         let Some((client_name, statement)) = self
             .stmts
             .get_named(b.statement)
@@ -408,6 +434,9 @@ impl Planner<'_> {
         }
         if statement.starts_transaction && !self.server.prepared.has_guard() {
             self.prepare_guard();
+        }
+        if statement.tracked.is_some() {
+            self.stmts.bind_tracked_portal(b.portal, statement.clone());
         }
         let retry = self.retry_point();
         self.forward_renamed(statement, client_name, Expected::Bind, retry, |m, name| {
@@ -506,6 +535,21 @@ impl Planner<'_> {
         };
         match self.in_aborted_block(&statement) {
             None => return Plan::Wait,
+            Some(true) if statement.tracked.is_some() => {
+                // PostgreSQL describes a statement that returns no rows (DISCARD ALL,
+                // DEALLOCATE) in an aborted block too: its declared parameters, no row.
+                let mut replies = BytesMut::new();
+                write_message(&mut replies, be::PARAMETER_DESCRIPTION, |m| {
+                    m.extend_from_slice(&statement.key.param_types)
+                });
+                write_message(&mut replies, be::NO_DATA, |_| {});
+                self.replies.push_entry(Entry {
+                    expected: Expected::Describe,
+                    action: Action::Synthesize(Synth::Replies(replies.freeze())),
+                    effect: None,
+                });
+                return Plan::Done;
+            }
             Some(true) => {
                 // PostgreSQL refuses to describe a statement that returns rows (25P02): so
                 // does the server, describing the guard.
@@ -542,6 +586,9 @@ impl Planner<'_> {
             return false;
         };
         if t.kind != b'S' {
+            if self.stmts.has_tracked_portals() {
+                self.stmts.forget_portal(t.name);
+            }
             return false;
         }
         if self.stmts.is_sql(t.name) {
@@ -571,6 +618,154 @@ impl Planner<'_> {
             effect,
         });
         true
+    }
+
+    /// The tracked statement ([`Statement::tracked`]) the portal of the Execute being
+    /// planned was bound from, if any.
+    fn tracked_execute(&self) -> Option<Arc<Statement>> {
+        let x = fe::Execute::parse(self.body())?;
+        self.stmts.tracked_portal(x.portal).cloned()
+    }
+
+    /// An Execute of a portal bound from `DISCARD ALL`, `DEALLOCATE ALL` or `DEALLOCATE name`
+    /// (psycopg sends them so). The server runs it; the client's statements (and the server's
+    /// set) change as PostgreSQL's would, at once for whatever is planned after it, and are
+    /// restored if it fails or is discarded. Whether it fails is PostgreSQL's decision (DISCARD
+    /// ALL in a transaction block or a pipeline, an aborted block, a portal that is gone).
+    fn execute(&mut self) -> Plan {
+        let Some(command) = self.tracked_execute().and_then(|s| s.tracked.clone()) else {
+            return Plan::Forward;
+        };
+        let plan = match command {
+            Command::DiscardAll | Command::DeallocateAll => {
+                // Every named statement, pgmemo's on the server too (the guard included); the
+                // unnamed one stays.
+                let snapshot = ResetSnapshot {
+                    names: self.stmts.take_named(),
+                    prepared: self.server.prepared.snapshot(),
+                    guard: self.server.prepared.has_guard(),
+                    sole_command: true,
+                    discard_all: command == Command::DiscardAll,
+                    sql: Some(Box::new(SqlSnapshot {
+                        client: std::mem::take(&mut self.stmts.sql),
+                        server: std::mem::take(&mut self.server.prepared.sql),
+                    })),
+                };
+                self.server.prepared.clear();
+                self.forward_execute(Some(Effect::Reset(Box::new(snapshot))));
+                Plan::Done
+            }
+            Command::Deallocate { name } => self.execute_deallocate(name.as_bytes()),
+            Command::SetSearchPath { value, local } => {
+                // Statements parsed after it are keyed by the new search_path.
+                let before = self.stmts.search_path.clone();
+                self.stmts.search_path.set(value.as_deref(), local);
+                self.forward_execute(Some(Effect::SearchPathSet(Box::new(before))));
+                Plan::Done
+            }
+            _ => Plan::Forward,
+        };
+        // Its command runs to completion at once: an Execute of it again fails on the server
+        // (55000, "portal cannot be run"), as it would on PostgreSQL. (If this Execute does not
+        // run, the portal is gone or failed with its transaction anyway.)
+        if plan != Plan::Wait {
+            let msg = self.msg;
+            if let Some(x) = fe::Execute::parse(&msg[5..]) {
+                self.stmts.forget_portal(x.portal);
+            }
+        }
+        plan
+    }
+
+    /// The Execute of `DEALLOCATE name`: the server runs it, and must find a statement under
+    /// that name exactly when PostgreSQL would (the client has one).
+    fn execute_deallocate(&mut self, name: &[u8]) -> Plan {
+        if !self.state_known() {
+            return Plan::Wait;
+        }
+        if self.server.status == b'E' {
+            // In an aborted block the server refuses it (25P02), as PostgreSQL would.
+            return Plan::Forward;
+        }
+        let name = pg_name(name);
+        if self.stmts.is_sql(name) {
+            // A SQL-level statement: on the server under the client's name.
+            let name = String::from_utf8_lossy(name).into_owned();
+            let text = self.stmts.sql.remove(&name).unwrap_or_default();
+            self.server.prepared.sql.remove(&name);
+            self.forward_execute(Some(Effect::SqlDeallocated { name, text }));
+            return Plan::Done;
+        }
+        // Something of pgmemo's has this name on the server: its own statement (a client may
+        // name one `pgmemo_s<n>`), or what a duplicate Parse left until the next Sync.
+        let own = self.server.prepared.by_server_name(name);
+        let taken = own.is_some()
+            || (name == GUARD_NAME && self.server.prepared.has_guard())
+            || self.cleanup.iter().any(|n| pg_name(n) == name);
+        match self.stmts.set(name, None) {
+            Some(statement) => {
+                let mut effect = Effect::Deallocated {
+                    name: name.into(),
+                    statement,
+                };
+                if let Some((own, generation)) = own {
+                    // The DEALLOCATE drops pgmemo's copy: it is not there for what follows.
+                    self.server.prepared.remove(&own);
+                    let closed = Effect::Closed {
+                        statement: own,
+                        generation,
+                    };
+                    effect = Effect::Both(Box::new((closed, effect)));
+                } else if name == GUARD_NAME {
+                    self.server.prepared.set_guard(false);
+                } else if !taken {
+                    // The client's statement is on the server under pgmemo's name: a
+                    // placeholder under the client's name is what the DEALLOCATE drops. Closed
+                    // after the client's next Sync in case the Execute does not run.
+                    write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+                        put_cstr(m, name);
+                        put_cstr(m, GUARD_QUERY);
+                        m.extend_from_slice(&[0, 0]);
+                    });
+                    self.replies.push_entry(Entry {
+                        expected: Expected::Parse,
+                        action: Action::Skip,
+                        effect: None,
+                    });
+                    self.cleanup.push(name.into());
+                }
+                self.forward_execute(Some(effect));
+            }
+            None if taken => {
+                // PostgreSQL: 26000, which the server would not say. It says it, from the same
+                // lookup, to a Describe of a name no server has.
+                write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, MISSING_NAME);
+                });
+                self.replies.push_entry(Entry {
+                    expected: Expected::Describe,
+                    action: Action::ReplaceError(ErrorRewrite::Rename {
+                        from: Bytes::from_static(MISSING_NAME),
+                        to: Bytes::copy_from_slice(name),
+                    }),
+                    effect: None,
+                });
+            }
+            // The server fails it with PostgreSQL's 26000 (or finds the portal gone).
+            None => return Plan::Forward,
+        }
+        Plan::Done
+    }
+
+    /// Sends the client's Execute as it is, with bookkeeping.
+    fn forward_execute(&mut self, effect: Option<Effect>) {
+        self.server.wbuf.extend_from_slice(self.msg);
+        self.replies.push_entry(Entry {
+            expected: Expected::Execute,
+            action: Action::Forward,
+            effect,
+        });
     }
 
     /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
@@ -628,22 +823,13 @@ impl Planner<'_> {
     /// statements are prepared on the server under the client's names before the query
     /// (`tag` PARSE) and closed after it (`tag` CLOSE; closing a name that is not there is
     /// not an error). Each group is a unit of its own, between the client's, and silent.
-    fn placeholders(&mut self, names: &[String], tag: u8) {
-        for name in names {
+    fn placeholders(&mut self, names: &[(String, Arc<Statement>)], tag: u8) {
+        for (name, statement) in names {
             if tag == fe::PARSE {
-                let statement = self.stmts.get(name.as_bytes()).cloned();
                 write_message(&mut self.server.wbuf, fe::PARSE, |m| {
                     put_cstr(m, name.as_bytes());
-                    match &statement {
-                        Some(s) => {
-                            put_cstr(m, &s.key.query);
-                            m.extend_from_slice(&s.key.param_types);
-                        }
-                        None => {
-                            put_cstr(m, GUARD_QUERY);
-                            m.extend_from_slice(&[0, 0]);
-                        }
-                    }
+                    put_cstr(m, &statement.key.query);
+                    m.extend_from_slice(&statement.key.param_types);
                 });
             } else {
                 write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
@@ -690,7 +876,12 @@ impl Planner<'_> {
         let Some(text) = fe::query_text(self.body()) else {
             return QueryPlan::Forward(None, Vec::new());
         };
-        if words & (Words::PREPARE | Words::DEALLOCATE | Words::DISCARD | Words::EXECUTE) == 0 {
+        let commands = Words::PREPARE
+            | Words::DEALLOCATE
+            | Words::DISCARD
+            | Words::EXECUTE
+            | Words::SEARCH_PATH;
+        if words & commands == 0 {
             return QueryPlan::Forward(None, Vec::new());
         }
         let Ok(text) = std::str::from_utf8(text) else {
@@ -709,8 +900,39 @@ impl Planner<'_> {
                 }
             }
         }
+        // An EXECUTE of a protocol-level statement whose text is DEALLOCATE runs that
+        // DEALLOCATE (placeholders below prepare both names on the server).
+        let executed: Vec<Command> = commands
+            .iter()
+            .map(|c| match c {
+                Command::Execute { name } => match self
+                    .stmts
+                    .get(name.as_bytes())
+                    .and_then(|s| s.tracked.clone())
+                {
+                    Some(t @ (Command::Deallocate { .. } | Command::DeallocateAll)) => t,
+                    _ => c.clone(),
+                },
+                _ => c.clone(),
+            })
+            .collect();
+        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
+        let mut placeholders: Vec<(String, Arc<Statement>)> = Vec::new();
+        for command in commands.iter().chain(&executed) {
+            if let Command::Prepare { name, .. }
+            | Command::Execute { name }
+            | Command::Deallocate { name } = command
+            {
+                if let Some(statement) = self.stmts.get(name.as_bytes()) {
+                    if !name.starts_with("pgmemo_s") && !placeholders.iter().any(|(n, _)| n == name)
+                    {
+                        placeholders.push((name.clone(), statement.clone()));
+                    }
+                }
+            }
+        }
         let mut effect = None;
-        if commands
+        if executed
             .iter()
             .any(|c| matches!(c, Command::DiscardAll | Command::DeallocateAll))
         {
@@ -719,29 +941,18 @@ impl Planner<'_> {
                 prepared: self.server.prepared.snapshot(),
                 guard: self.server.prepared.has_guard(),
                 sole_command: commands.len() == 1,
+                discard_all: commands.contains(&Command::DiscardAll),
+                sql: None,
             };
             self.server.prepared.clear();
             effect = Some(Effect::Reset(Box::new(snapshot)));
         }
-        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
-        let mut placeholders: Vec<String> = Vec::new();
-        for command in &commands {
-            if let Command::Prepare { name, .. }
-            | Command::Execute { name }
-            | Command::Deallocate { name } = command
-            {
-                if self.stmts.get(name.as_bytes()).is_some()
-                    && !name.starts_with("pgmemo_s")
-                    && !placeholders.contains(name)
-                {
-                    placeholders.push(name.clone());
-                }
-            }
-        }
+        let commands = executed;
         if commands.iter().any(|c| {
             matches!(
                 c,
                 Command::Prepare { .. }
+                    | Command::SetSearchPath { .. }
                     | Command::Deallocate { .. }
                     | Command::DeallocateAll
                     | Command::DiscardAll
@@ -1001,7 +1212,7 @@ fn bind_param_count(rest: &[u8]) -> Option<usize> {
 /// How a simple query is sent, and what it does to the client's statements.
 enum QueryPlan {
     /// To the server, between placeholders for these names (see [`Planner::placeholders`]).
-    Forward(Option<Effect>, Vec<String>),
+    Forward(Option<Effect>, Vec<(String, Arc<Statement>)>),
     /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
     Synthesize(Effect),
 }
@@ -1057,6 +1268,16 @@ pub fn settle(
         Effect::Unbound { name, statement } if outcome == Outcome::Discarded => {
             stmts.set(&name, Some(statement));
         }
+        Effect::Deallocated { name, statement } if !done => {
+            stmts.set(&name, Some(statement));
+        }
+        Effect::SearchPathSet(before) if !done => stmts.search_path.restore(*before),
+        Effect::SqlDeallocated { name, text } if !done => {
+            if let Some(server) = server {
+                server.prepared.sql.insert(name.clone(), text.clone());
+            }
+            stmts.sql.insert(name, text);
+        }
         Effect::Closed {
             statement,
             generation,
@@ -1081,8 +1302,22 @@ pub fn settle(
                 stmts.refresh(&statement);
             }
         }
+        Effect::Reset(snapshot) if done && snapshot.discard_all => {
+            stmts.search_path.discarded();
+            if let Some(server) = server {
+                // RESET ALL: the settings pgmemo made on the server are gone.
+                server.settings.clear();
+                server.params_synced_for = None;
+            }
+        }
         Effect::Reset(snapshot) if !done => {
             stmts.restore_all(snapshot.names);
+            if let Some(sql) = snapshot.sql {
+                stmts.sql = sql.client;
+                if let Some(server) = server.as_deref_mut() {
+                    server.prepared.sql = sql.server;
+                }
+            }
             if let Some(server) = server {
                 server.prepared.clear();
                 for (s, generation) in snapshot.prepared {
@@ -1097,8 +1332,9 @@ pub fn settle(
             }
         }
         Effect::Sql(sql) if outcome != Outcome::Discarded => {
+            let failed = outcome == Outcome::Failed;
             for command in sql.commands.into_iter().take(sql.completed) {
-                apply_sql_command(stmts, server.as_deref_mut(), command);
+                apply_sql_command(stmts, server.as_deref_mut(), command, failed);
             }
         }
         Effect::SqlSync { name } if !done => {
@@ -1139,14 +1375,28 @@ pub fn settle(
     }
 }
 
-/// One SQL-level statement command that ran.
+/// One SQL-level statement command that ran, in a query that `failed` or not.
 fn apply_sql_command(
     stmts: &mut ClientStatements,
     server: Option<&mut ServerConn>,
     command: Command,
+    failed: bool,
 ) {
+    let status = server.as_ref().map_or(b'I', |s| s.status);
     let server_sql = server.map(|s| &mut s.prepared.sql);
     match command {
+        Command::SetSearchPath { value, local } => {
+            if status == b'I' {
+                // The query's transaction has ended: committed, unless the query failed.
+                if !failed {
+                    stmts.search_path.set(value.as_deref(), local);
+                    stmts.search_path.end(true);
+                }
+            } else {
+                // In a transaction block, until it ends (see `SearchPath::observe`).
+                stmts.search_path.set(value.as_deref(), local);
+            }
+        }
         Command::Prepare { name, text } => {
             if let Some(server_sql) = server_sql {
                 server_sql.insert(name.clone(), text.clone());
@@ -1169,6 +1419,39 @@ fn apply_sql_command(
             }
         }
         Command::Execute { .. } | Command::Other => {}
+    }
+}
+
+/// A session-level search_path the client SET and committed (or, after DISCARD ALL, the startup
+/// packet's again): from now on the client's setting (carried to every server its transactions
+/// run on, like a startup packet's), and what this server has. `""` is the server's default; a value pgmemo could not read is not carried, but
+/// the server is marked as unlike anyone's, so the next client sets its own.
+pub fn carry_search_path(
+    path: &str,
+    state: &mut crate::statements::SearchPath,
+    client: &mut Vars,
+    server: Option<&mut ServerConn>,
+) {
+    const NAME: &str = "search_path";
+    state.remember_startup(client.get(NAME));
+    let client_only = std::mem::take(&mut state.carry_to_client_only);
+    let mut server = server.filter(|_| !client_only);
+    if let Some(server) = server.as_deref_mut() {
+        // Its recorded settings change here, outside the parameter sync.
+        server.params_synced_for = None;
+    }
+    if crate::statements::is_unknown_search_path(path) {
+        if let Some(server) = server {
+            server.settings.set(NAME, path);
+        }
+        return;
+    }
+    for settings in std::iter::once(client).chain(server.map(|s| &mut s.settings)) {
+        if path.is_empty() {
+            settings.remove(NAME);
+        } else {
+            settings.set(NAME, path);
+        }
     }
 }
 
@@ -1236,14 +1519,16 @@ impl Words {
     const DEALLOCATE: u8 = 8;
     const DISCARD: u8 = 16;
     const EXECUTE: u8 = 32;
+    const SEARCH_PATH: u8 = 64;
 
-    const ALL: [(&'static [u8], u8); 6] = [
+    const ALL: [(&'static [u8], u8); 7] = [
         (b"begin", Self::BEGIN),
         (b"start", Self::START),
         (b"prepare", Self::PREPARE),
         (b"deallocate", Self::DEALLOCATE),
         (b"discard", Self::DISCARD),
         (b"execute", Self::EXECUTE),
+        (b"search_path", Self::SEARCH_PATH),
     ];
 
     /// For each byte, the words that start with it (either case).
@@ -1289,7 +1574,7 @@ mod words_tests {
 
     #[test]
     fn finds_each_word_in_any_case_anywhere() {
-        let all = 0x3f;
+        let all = 0x7f;
         let text = b"select 1; BEGIN; Prepare p AS select 1; dEaLlOcAtE p";
         assert_eq!(
             Words::found_in(text, all),
@@ -1306,6 +1591,10 @@ mod words_tests {
         assert_eq!(Words::found_in(b"dd START", all), Words::START);
         assert_eq!(Words::found_in(b"EXECUTE q", all), Words::EXECUTE);
         assert_eq!(Words::found_in(b"EXECUTE q", Words::BEGIN), 0);
+        assert_eq!(
+            Words::found_in(b"set local SEARCH_PATH = a", all),
+            Words::SEARCH_PATH
+        );
         let pgbench = b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;";
         assert_eq!(Words::found_in(pgbench, all), 0);
         assert_eq!(Words::found_in(b"begi", all), 0);

@@ -56,6 +56,10 @@ pub struct Statement {
     pub ends_transaction: bool,
     /// BEGIN or START TRANSACTION.
     pub starts_transaction: bool,
+    /// `DISCARD ALL`, `DEALLOCATE ALL`, `DEALLOCATE name` or `SET search_path`: executing a
+    /// portal of it changes the client's statements (and the server's) or their context, see
+    /// `planner::Planner::execute`.
+    pub tracked: Option<sql::Command>,
     /// How many parameters PostgreSQL will say it has: as many types as the Parse gives, or
     /// more if the text uses a higher `$n`.
     pub param_count: usize,
@@ -86,6 +90,7 @@ impl Statement {
             id,
             ends_transaction: sql::is_transaction_exit(text),
             starts_transaction: sql::is_transaction_start(text),
+            tracked: sql::tracked_command(text),
             param_count: declared.max(sql::highest_parameter(text)),
             key,
             server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),
@@ -204,6 +209,17 @@ pub enum Effect {
     },
     /// DISCARD ALL / DEALLOCATE ALL dropped every statement. Undone: restored as it was.
     Reset(Box<ResetSnapshot>),
+    /// A client name dropped by the Execute of a `DEALLOCATE name`. Undone unless it ran.
+    Deallocated {
+        name: Box<[u8]>,
+        statement: Arc<Statement>,
+    },
+    /// A SQL-level statement dropped by the Execute of a `DEALLOCATE name`. Undone unless it
+    /// ran.
+    SqlDeallocated { name: String, text: String },
+    /// The search_path as it was before the Execute of a `SET search_path`. Undone unless it
+    /// ran.
+    SearchPathSet(Box<SearchPath>),
     /// A simple query with SQL-level statement commands (PREPARE, DEALLOCATE, DISCARD ALL).
     /// Applied when the query ends, to the commands that completed (PostgreSQL runs the
     /// statements of a query in order and stops at the first error; PREPARE and DEALLOCATE
@@ -226,6 +242,7 @@ impl Effect {
         match self {
             Effect::Prepared(_)
             | Effect::Sql(_)
+            | Effect::Reset(_)
             | Effect::Bound {
                 prepared_here: true,
                 ..
@@ -251,7 +268,13 @@ impl Effect {
     pub fn undone_on_failure(&self) -> bool {
         match self {
             // SQL commands are applied only when their query ends.
-            Effect::Bound { .. } | Effect::Prepared(_) | Effect::Reset(_) | Effect::Sql(_) => true,
+            Effect::Bound { .. }
+            | Effect::Prepared(_)
+            | Effect::Reset(_)
+            | Effect::Sql(_)
+            | Effect::Deallocated { .. }
+            | Effect::SqlDeallocated { .. }
+            | Effect::SearchPathSet(_) => true,
             Effect::Both(both) => both.0.undone_on_failure() || both.1.undone_on_failure(),
             _ => false,
         }
@@ -279,6 +302,143 @@ impl Effect {
     }
 }
 
+/// A value no search_path has: what a client's search_path is when pgmemo cannot tell (a
+/// ROLLBACK TO SAVEPOINT after a SET). Each is its own, so statements parsed under it are
+/// shared with no one. (A SET that pgmemo cannot read is keyed by its text, `\0` first.)
+fn unknown_search_path() -> Box<str> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("\0unknown{}", NEXT.fetch_add(1, Ordering::Relaxed)).into_boxed_str()
+}
+
+/// Whether a search_path value is one of [`unknown_search_path`]'s.
+pub fn is_unknown_search_path(path: &str) -> bool {
+    path.starts_with('\0')
+}
+
+/// A client's search_path as far as statement keys go: statements are shared only between
+/// clients for whom the same text means the same thing. `SET [SESSION | LOCAL] search_path` and
+/// `RESET search_path` change it when they run; a change lasts until the transaction ends, and
+/// a session-level one stays if the transaction commits. Values are setting strings as
+/// PostgreSQL shows them, `""` for the server's default.
+#[derive(Debug, Clone, Default)]
+pub struct SearchPath {
+    /// The session-level value, once a committed SET changed the startup packet's.
+    session: Option<Box<str>>,
+    /// The value in effect in the open transaction, when a SET in it changed it.
+    current: Option<Box<str>>,
+    /// A session-level SET of the open transaction: the session value if it commits.
+    pending: Option<Box<str>>,
+    /// An error since the open transaction's first change.
+    failed: bool,
+    /// A ROLLBACK since then (the transaction's, or one to a savepoint).
+    rolled_back: bool,
+    /// A session value that committed, for the session to carry to other servers.
+    carry: Option<Box<str>>,
+    /// The client's search_path setting before the first carry (`""`: none), to go back to.
+    startup: Option<Box<str>>,
+    /// The carried value is the client's only: the server has its default (DISCARD ALL).
+    pub carry_to_client_only: bool,
+    /// [`ClientStatements::context`] must be worked out again.
+    dirty: bool,
+}
+
+impl SearchPath {
+    /// The value in effect, or None for the startup packet's.
+    pub fn effective(&self) -> Option<&str> {
+        self.current.as_deref().or(self.session.as_deref())
+    }
+
+    /// A change in the open transaction that has not ended yet.
+    #[inline]
+    pub fn is_open(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// A SET (`local`: SET LOCAL) to `value` (None: unreadable) ran.
+    pub fn set(&mut self, value: Option<&str>, local: bool) {
+        if !self.is_open() {
+            self.failed = false;
+            self.rolled_back = false;
+        }
+        let value: Box<str> = value.map_or_else(unknown_search_path, Into::into);
+        if !local {
+            self.pending = Some(value.clone());
+        }
+        self.current = Some(value);
+        self.dirty = true;
+    }
+
+    /// The transaction that the changes belong to ended: a session-level value stays if it
+    /// committed.
+    pub fn end(&mut self, committed: bool) {
+        if let (Some(value), true) = (self.pending.take(), committed) {
+            self.carry = Some(value.clone());
+            self.session = Some(value);
+        }
+        self.current = None;
+        self.failed = false;
+        self.rolled_back = false;
+        self.dirty = true;
+    }
+
+    /// A message from the server while a change is open: the transaction's end (ReadyForQuery
+    /// `I`), committed unless an error or a ROLLBACK came since the change.
+    pub fn observe(&mut self, tag: u8, body: &[u8], status: u8) {
+        use crate::protocol::backend as be;
+        match tag {
+            be::ERROR_RESPONSE => self.failed = true,
+            be::COMMAND_COMPLETE if body.starts_with(b"ROLLBACK") => self.rolled_back = true,
+            be::READY_FOR_QUERY if status == b'I' => self.end(!self.failed && !self.rolled_back),
+            be::READY_FOR_QUERY if self.rolled_back && status == b'T' => {
+                // ROLLBACK TO SAVEPOINT: the changes since it are undone, which pgmemo does
+                // not follow.
+                self.rolled_back = false;
+                self.current = Some(unknown_search_path());
+                if self.pending.is_some() {
+                    self.pending = self.current.clone();
+                }
+                self.dirty = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// DISCARD ALL ran: back to the startup packet's search_path (PostgreSQL's RESET ALL).
+    pub fn discarded(&mut self) {
+        let startup = self.startup.clone();
+        *self = SearchPath {
+            carry: startup.clone(),
+            carry_to_client_only: true,
+            startup,
+            dirty: true,
+            ..SearchPath::default()
+        };
+    }
+
+    /// The client's setting as it was before the first carry.
+    pub fn remember_startup(&mut self, setting: Option<&str>) {
+        if self.startup.is_none() {
+            self.startup = Some(setting.unwrap_or_default().into());
+        }
+    }
+
+    /// The session value that committed since the last call, to carry to other servers.
+    #[inline]
+    pub fn take_carry(&mut self) -> Option<Box<str>> {
+        self.carry.take()
+    }
+
+    /// Undoes changes made since `before` was taken (their message did not run).
+    pub fn restore(&mut self, before: SearchPath) {
+        *self = SearchPath {
+            dirty: true,
+            carry: self.carry.take(),
+            startup: self.startup.take(),
+            ..before
+        };
+    }
+}
+
 /// The statements of a simple query, as far as SQL-level statements go, and how many of them
 /// have completed.
 #[derive(Debug)]
@@ -298,6 +458,19 @@ pub struct ResetSnapshot {
     /// multi-statement query it may have run before the failure, and the server's state is
     /// then unknown.
     pub sole_command: bool,
+    /// It was DISCARD ALL, which also resets the server's settings.
+    pub discard_all: bool,
+    /// The client's and the server's SQL-level statements, when the reset took them too (an
+    /// extended-protocol Execute; a simple query settles those when it ends, see
+    /// [`Effect::Sql`]).
+    pub sql: Option<Box<SqlSnapshot>>,
+}
+
+/// The SQL-level statements of a client and of its server (name → PREPARE statement).
+#[derive(Debug)]
+pub struct SqlSnapshot {
+    pub client: HashMap<String, String>,
+    pub server: HashMap<String, String>,
 }
 
 /// The guard: a statement pgmemo keeps prepared on a server connection once a transaction
@@ -336,10 +509,20 @@ pub struct ClientStatements {
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
     /// map or the other, never both.
     pub sql: HashMap<String, String>,
-    /// The registry context (database, role, search_path) of this client.
+    /// The registry context (database, role, search_path) of this client's next Parse: the
+    /// startup packet's search_path or, after a SET of it, the one in effect (see
+    /// [`ClientStatements::refresh_context`]).
     pub context: u32,
+    /// The context of the startup packet's search_path.
+    startup_context: u32,
+    /// The search_path in effect, as far as it differs from the startup packet's.
+    pub search_path: SearchPath,
     /// Query bytes held by named statements, for the per-client limit.
     bytes: usize,
+    /// Portals bound from statements whose execution changes the statements
+    /// ([`Statement::tracked`]): portal name → statement. Usually empty, so that Bind and
+    /// Execute pay one length check.
+    portals: Vec<(Bytes, Arc<Statement>)>,
 }
 
 impl ClientStatements {
@@ -348,8 +531,56 @@ impl ClientStatements {
             names: HashMap::new(),
             sql: HashMap::new(),
             context,
+            startup_context: context,
+            search_path: SearchPath::default(),
             bytes: 0,
+            portals: Vec::new(),
         }
+    }
+
+    /// Makes [`ClientStatements::context`] follow the search_path in effect (cheap when it
+    /// has not changed).
+    #[inline]
+    pub fn refresh_context(&mut self, registry: &Registry) {
+        if self.search_path.dirty {
+            self.search_path.dirty = false;
+            self.context = match self.search_path.effective() {
+                None => self.startup_context,
+                Some(path) => registry.derived_context(self.startup_context, path),
+            };
+        }
+    }
+
+    /// Whether some portal is bound from a tracked statement.
+    #[inline]
+    pub fn has_tracked_portals(&self) -> bool {
+        !self.portals.is_empty()
+    }
+
+    /// The tracked statement `portal` was bound from, if any.
+    pub fn tracked_portal(&self, portal: &[u8]) -> Option<&Arc<Statement>> {
+        self.portals
+            .iter()
+            .find(|(p, _)| p.as_ref() == portal)
+            .map(|(_, s)| s)
+    }
+
+    /// `portal` is bound again (or closed): forgets what it was bound from.
+    pub fn forget_portal(&mut self, portal: &[u8]) {
+        self.portals.retain(|(p, _)| p.as_ref() != portal);
+    }
+
+    /// `portal` is bound from the tracked `statement`. Portals end with their transaction,
+    /// which pgmemo does not watch here: a forgotten one costs nothing but a Vec entry (its
+    /// Execute fails on the server), and only the latest few are kept.
+    pub fn bind_tracked_portal(&mut self, portal: &[u8], statement: Arc<Statement>) {
+        const KEPT: usize = 16;
+        self.forget_portal(portal);
+        if self.portals.len() >= KEPT {
+            self.portals.remove(0);
+        }
+        self.portals
+            .push((Bytes::copy_from_slice(portal), statement));
     }
 
     /// Whether `name` is one of the client's SQL-level statements.
@@ -440,6 +671,17 @@ impl ClientStatements {
                 (name, s)
             })
             .collect()
+    }
+
+    /// Drops every named statement (DISCARD ALL, DEALLOCATE ALL executed through the extended
+    /// protocol, which leave the unnamed statement alone); returns every name, the unnamed one
+    /// included, for a possible undo.
+    pub fn take_named(&mut self) -> HashMap<Bytes, Arc<Statement>> {
+        let names = self.take_all();
+        if let Some(unnamed) = names.get(&b""[..]) {
+            self.set(b"", Some(unnamed.clone()));
+        }
+        names
     }
 
     /// Puts back what [`ClientStatements::take_all`] took, replacing what is there now.

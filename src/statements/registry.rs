@@ -46,6 +46,23 @@ impl Registry {
             .or_insert(next)
     }
 
+    /// The context of the same database and role as `context`, with another search_path (a
+    /// client changed its own with SET).
+    pub fn derived_context(&self, context: u32, search_path: &str) -> u32 {
+        let mut contexts = self.contexts.lock();
+        let Some((database, role)) = contexts
+            .iter()
+            .find(|(_, &c)| c == context)
+            .map(|((d, r, _), _)| (d.clone(), r.clone()))
+        else {
+            return context;
+        };
+        let next = contexts.len() as u32 + 1;
+        *contexts
+            .entry((database, role, search_path.to_owned()))
+            .or_insert(next)
+    }
+
     /// The statement for `key`, created if new. The bool says whether it already existed.
     pub fn get_or_insert(&self, key: StatementKey) -> (Arc<Statement>, bool) {
         let map = self.statements.pin();
@@ -119,6 +136,9 @@ mod tests {
         let b = r.context("db", "app", "other");
         assert_ne!(a, b);
         assert_eq!(a, r.context("db", "app", "public"));
+        assert_eq!(r.derived_context(a, "other"), b);
+        assert_eq!(r.derived_context(b, "public"), a);
+        assert_ne!(r.derived_context(a, "third"), a);
         let (s1, found1) = r.get_or_insert(key(a, "SELECT 1"));
         let (s2, found2) = r.get_or_insert(key(a, "SELECT 1"));
         let (s3, _) = r.get_or_insert(key(b, "SELECT 1"));

@@ -111,6 +111,14 @@ impl ServerSet {
                 .any(|(_, p)| p.statement.server_name.as_bytes() == name)
     }
 
+    /// The statement prepared here under this server-side name, if any (not the guard).
+    pub fn by_server_name(&self, name: &[u8]) -> Option<(Arc<Statement>, u32)> {
+        self.prepared
+            .iter()
+            .find(|(_, p)| p.statement.server_name.as_bytes() == name)
+            .map(|(_, p)| (p.statement.clone(), p.generation))
+    }
+
     /// Forgets `statement` (closed, or its Parse never ran); returns whether it was there.
     pub fn remove(&mut self, statement: &Statement) -> bool {
         match self.prepared.pop(&statement.id) {

@@ -26,6 +26,13 @@ pub enum Command {
     DeallocateAll,
     /// `DISCARD ALL` (also drops every prepared statement).
     DiscardAll,
+    /// `SET [SESSION | LOCAL] search_path {TO | =} ...`, `SET search_path TO DEFAULT`,
+    /// `RESET search_path`: the value as a `search_path` setting string (what `SHOW` would
+    /// give, `""` for the server's default); what pgmemo cannot read is `\0` and its text.
+    SetSearchPath {
+        value: Option<String>,
+        local: bool,
+    },
     Other,
 }
 
@@ -36,6 +43,28 @@ pub fn classify(sql: &str) -> Vec<Command> {
         .filter(|s| !s.trim().is_empty())
         .map(classify_one)
         .collect()
+}
+
+/// What the text of a Parse is, when it is one of the commands that change the prepared
+/// statements when executed: `DISCARD ALL`, `DEALLOCATE [PREPARE] ALL`, `DEALLOCATE [PREPARE]
+/// name`, alone (a Parse holds one statement). Cheap for every other text: only its first word
+/// is read.
+pub fn tracked_command(text: &str) -> Option<Command> {
+    let first = leading_words(text, 1);
+    let word = first.first()?;
+    if !["discard", "deallocate", "set", "reset"]
+        .iter()
+        .any(|kw| is_keyword(word, kw))
+    {
+        return None;
+    }
+    match classify(text).as_slice() {
+        [c @ (Command::DiscardAll
+        | Command::DeallocateAll
+        | Command::Deallocate { .. }
+        | Command::SetSearchPath { .. })] => Some(c.clone()),
+        _ => None,
+    }
 }
 
 fn classify_one(stmt: &str) -> Command {
@@ -69,7 +98,125 @@ fn classify_one(stmt: &str) -> Command {
             }
         }
         Some("discard") if word(1).as_deref() == Some("all") => Command::DiscardAll,
+        Some("set" | "reset") => set_search_path(stmt).unwrap_or(Command::Other),
         _ => Command::Other,
+    }
+}
+
+/// `SET [SESSION | LOCAL] search_path ...` or `RESET search_path`, if `stmt` is one.
+fn set_search_path(stmt: &str) -> Option<Command> {
+    let words = leading_words(stmt, 3);
+    let mut i = 1;
+    let mut local = false;
+    if is_keyword(words.first()?, "reset") {
+        return (identifier(words.get(1)?) == "search_path").then_some(Command::SetSearchPath {
+            value: Some(String::new()),
+            local: false,
+        });
+    }
+    match words.get(1) {
+        Some(w) if is_keyword(w, "local") => {
+            local = true;
+            i = 2;
+        }
+        Some(w) if is_keyword(w, "session") => i = 2,
+        _ => {}
+    }
+    let name = words.get(i)?;
+    if identifier(name) != "search_path" {
+        return None;
+    }
+    // What follows the name: `TO` or `=`, then the value list.
+    let at = name.as_ptr() as usize - stmt.as_ptr() as usize + name.len();
+    let b = stmt.as_bytes();
+    let mut j = skip_space_and_comments(b, at);
+    if b.get(j) == Some(&b'=') {
+        j += 1;
+    } else if b.len() >= j + 2
+        && b[j..j + 2].eq_ignore_ascii_case(b"to")
+        && !b.get(j + 2).is_some_and(|&c| is_ident_byte(c))
+    {
+        j += 2;
+    } else {
+        return None;
+    }
+    // What this reader cannot read is keyed by its text, marked as unreadable (see
+    // `statements::is_unknown_search_path`).
+    let value = search_path_value(&stmt[j..]).unwrap_or_else(|| format!("\0{}", stmt[j..].trim()));
+    Some(Command::SetSearchPath {
+        value: Some(value),
+        local,
+    })
+}
+
+fn is_ident_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+}
+
+/// The list after `SET search_path TO` as PostgreSQL stores it: each item (identifier or
+/// string) as a quoted-if-needed identifier, joined by `, `; `DEFAULT` is `""`. None for what
+/// this small reader does not understand.
+fn search_path_value(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let mut items: Vec<String> = Vec::new();
+    let mut i = skip_space_and_comments(b, 0);
+    loop {
+        let item = match *b.get(i)? {
+            b'"' | b'\'' => {
+                let q = b[i];
+                let end = skip_quoted(b, i, i);
+                if end > b.len() || b.get(end - 1) != Some(&q) || end - 1 == i {
+                    return None;
+                }
+                let doubled = [q as char, q as char].iter().collect::<String>();
+                let inner = text[i + 1..end - 1].replace(&doubled, &(q as char).to_string());
+                if q == b'\'' && inner.contains('\\') {
+                    return None; // backslashes depend on standard_conforming_strings
+                }
+                i = end;
+                inner
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                let start = i;
+                while i < b.len() && is_ident_byte(b[i]) {
+                    i += 1;
+                }
+                let word = &text[start..i];
+                if !word.is_ascii() {
+                    return None; // case folding of non-ASCII letters depends on the encoding
+                }
+                if items.is_empty() && word.eq_ignore_ascii_case("default") {
+                    i = skip_space_and_comments(b, i);
+                    return (i >= b.len()).then(String::new);
+                }
+                word.to_ascii_lowercase()
+            }
+            _ => return None,
+        };
+        items.push(quote_identifier(&item));
+        i = skip_space_and_comments(b, i);
+        match b.get(i) {
+            None => return Some(items.join(", ")),
+            Some(b',') => i = skip_space_and_comments(b, i + 1),
+            Some(_) => return None,
+        }
+    }
+}
+
+/// An identifier quoted unless it is a plain lower-case one (PostgreSQL also quotes keywords,
+/// which only changes the text, not the schema it names).
+fn quote_identifier(name: &str) -> String {
+    let plain = name
+        .bytes()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == b'_')
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
+    if plain {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 
@@ -359,6 +506,68 @@ mod tests {
         assert_eq!(classify("DISCARD PLANS"), vec![Command::Other]);
         assert_eq!(classify("PREPARE TRANSACTION 'x'"), vec![Command::Other]);
         assert_eq!(classify("SELECT 1"), vec![Command::Other]);
+    }
+
+    #[test]
+    fn tracked_commands_of_a_parse() {
+        assert_eq!(tracked_command("DISCARD ALL"), Some(Command::DiscardAll));
+        assert_eq!(
+            tracked_command(" deallocate prepare ALL ;"),
+            Some(Command::DeallocateAll)
+        );
+        assert_eq!(
+            tracked_command("DEALLOCATE \"A\""),
+            Some(Command::Deallocate { name: "A".into() })
+        );
+        for no in [
+            "SELECT 1",
+            "DISCARD PLANS",
+            "PREPARE p AS SELECT 1",
+            "DEALLOCATE a; DEALLOCATE b",
+            "",
+        ] {
+            assert_eq!(tracked_command(no), None, "{no}");
+        }
+    }
+
+    #[test]
+    fn reads_set_search_path() {
+        let set = |value: Option<&str>, local| Command::SetSearchPath {
+            value: value.map(str::to_owned),
+            local,
+        };
+        for (text, want) in [
+            ("SET search_path = a", set(Some("a"), false)),
+            (
+                "set LOCAL search_path TO A, \"B\", 'c d'",
+                set(Some("a, \"B\", \"c d\""), true),
+            ),
+            (
+                "SET SESSION \"search_path\" TO \"$user\" , public",
+                set(Some("\"$user\", public"), false),
+            ),
+            ("SET search_path TO DEFAULT", set(Some(""), false)),
+            ("RESET search_path", set(Some(""), false)),
+            ("SET search_path = 'it''s'", set(Some("\"it's\""), false)),
+            ("SET search_path = E'x'", set(Some("\0E'x'"), false)),
+            ("SET search_path = a b", set(Some("\0a b"), false)),
+            ("SET search_path TO", set(Some("\0"), false)),
+        ] {
+            assert_eq!(classify(text), vec![want], "{text}");
+        }
+        for other in [
+            "SET search_paths = a",
+            "SET work_mem = 1",
+            "RESET ALL",
+            "SET LOCAL statement_timeout = 5",
+        ] {
+            assert_eq!(classify(other), vec![Command::Other], "{other}");
+        }
+        assert_eq!(
+            tracked_command("SET search_path = a"),
+            Some(set(Some("a"), false))
+        );
+        assert_eq!(tracked_command("SET work_mem = 1"), None);
     }
 
     #[test]
