@@ -222,14 +222,44 @@ impl Session {
             .await;
             return None;
         };
+        let mut session = Session::new(app, info, pool, conn);
+        if let Err(e) = session.settle_parameters(&startup_params).await {
+            tracing::info!(error = %e, "client startup parameters refused");
+            return None;
+        }
+        session.track_statements();
+        for (k, v) in session.reported.iter() {
+            be::parameter_status(&mut session.client.wbuf, k, v);
+        }
+        if let Some(name) = session.reported.get("application_name") {
+            *session.info.application_name.lock() = name.to_owned();
+        }
+        let (pid, secret) = session.info.cancel_key;
+        be::backend_key_data(&mut session.client.wbuf, pid, secret);
+        be::ready_for_query(&mut session.client.wbuf, b'I');
+        session
+            .pool
+            .stats
+            .client_logins
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        session.info.set_state(ClientState::Idle);
+        if session.client.flush().await.is_err() {
+            session.finish().await;
+            return None;
+        }
+        Some(session)
+    }
+
+    /// A session for a client of `pool` whose login is done, holding no server yet.
+    fn new(app: Arc<App>, info: Arc<ClientInfo>, pool: Arc<Pool>, client: ClientConn) -> Session {
         let cfg = app.config.load();
-        let mut session = Session {
+        Session {
             mode: pool.settings().mode,
             max_message: cfg.general.max_message_size,
-            app: app.clone(),
+            app,
             info,
             pool,
-            client: conn,
+            client,
             server: None,
             replies: ReplyQueue::new(),
             reported: Vars::new(),
@@ -251,42 +281,23 @@ impl Session {
             wait_flushed: false,
             retry: planner::Retry::default(),
             last_0a000: None,
-        };
-        if let Err(e) = session.settle_parameters(&startup_params).await {
-            tracing::info!(error = %e, "client startup parameters refused");
-            return None;
         }
-        let pool_settings = session.pool.settings();
+    }
+
+    /// Turns the statement planner on for this client when its pool has it, for the client's
+    /// settings as settled at login.
+    fn track_statements(&mut self) {
+        let pool_settings = self.pool.settings();
         if pool_settings.prepared_statements {
             // Statements are shared only between clients for whom the same text means the same
             // thing: same database, same server role, same search_path.
-            let context = app.registry.context(
+            let context = self.app.registry.context(
                 &pool_settings.target.dbname,
                 &pool_settings.target.user,
-                session.settings.get("search_path").unwrap_or(""),
+                self.settings.get("search_path").unwrap_or(""),
             );
-            session.stmts = Some(ClientStatements::new(context));
+            self.stmts = Some(ClientStatements::new(context));
         }
-        for (k, v) in session.reported.iter() {
-            be::parameter_status(&mut session.client.wbuf, k, v);
-        }
-        if let Some(name) = session.reported.get("application_name") {
-            *session.info.application_name.lock() = name.to_owned();
-        }
-        let (pid, secret) = session.info.cancel_key;
-        be::backend_key_data(&mut session.client.wbuf, pid, secret);
-        be::ready_for_query(&mut session.client.wbuf, b'I');
-        session
-            .pool
-            .stats
-            .client_logins
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        session.info.set_state(ClientState::Idle);
-        if session.client.flush().await.is_err() {
-            session.finish().await;
-            return None;
-        }
-        Some(session)
     }
 
     /// Works out the client's parameter values. Values never seen before are tried on a server
@@ -657,7 +668,7 @@ impl Session {
         if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
             return Err(End::ClientGone);
         }
-        let mut server = match self.pool.checkout().await {
+        let server = match self.pool.checkout().await {
             Ok(s) => s,
             Err(e) => {
                 let msg = e.to_string();
@@ -666,6 +677,13 @@ impl Session {
                 return Err(End::NoServer(msg));
             }
         };
+        self.hold(server);
+        Ok(())
+    }
+
+    /// Makes `server` the one this session's work runs on, after queueing what brings it in
+    /// line with the client: its parameters and its SQL-level prepared statements.
+    fn hold(&mut self, mut server: ServerConn) {
         server
             .info
             .client_id
@@ -699,7 +717,6 @@ impl Session {
         }
         self.held_since = Instant::now();
         self.server = Some(server);
-        Ok(())
     }
 
     /// Routes every complete server message, then gives the server back if the client's work
