@@ -292,6 +292,21 @@ impl App {
         }
     }
 
+    /// Takes every lock of the app (the pools' map exclusively) and of its statement registry,
+    /// and keeps them until the result is dropped: for benches/hot_path.rs (see
+    /// [`Pool::hold_locks`]).
+    #[doc(hidden)]
+    pub fn hold_locks(&self) -> impl Sized + '_ {
+        (
+            self.pools.write(),
+            self.clients.lock(),
+            self.cancel_keys.lock(),
+            self.listen_addr.lock(),
+            self.reloader.lock(),
+            self.registry.hold_locks(),
+        )
+    }
+
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown_tx.subscribe()
     }

@@ -512,6 +512,19 @@ impl Pool {
         (st.idle.len(), st.total - st.idle.len(), st.waiters.len())
     }
 
+    /// Takes every lock of the pool and keeps them until the result is dropped: for
+    /// benches/hot_path.rs, which holds them while it times a session's hot path, to show
+    /// that the path takes none of them (it would wait forever). (The settings take no lock.)
+    #[doc(hidden)]
+    pub fn hold_locks(&self) -> impl Sized + '_ {
+        (
+            self.state.lock(),
+            self.servers.lock(),
+            self.defaults.lock(),
+            self.normalized.lock(),
+        )
+    }
+
     pub fn servers(&self) -> Vec<Arc<ServerInfo>> {
         self.servers.lock().values().cloned().collect()
     }

@@ -142,13 +142,48 @@ pub struct ServerConn {
 }
 
 impl ServerConn {
+    /// A connection over an open stream, before login: what [`ServerConn::connect`] logs in
+    /// with. Public for benches/hot_path.rs, which hands a session a connection over a
+    /// loopback socket that no server is behind (it never writes to it).
+    #[doc(hidden)]
+    pub fn over(stream: Stream) -> io::Result<ServerConn> {
+        let now = Instant::now();
+        Ok(ServerConn {
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            wbuf: BytesMut::with_capacity(16 * 1024),
+            info: Arc::new(ServerInfo {
+                id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
+                addr: stream.peer_addr()?,
+                local_addr: stream.local_addr()?,
+                backend_pid: 0,
+                connect_time: std::time::SystemTime::now(),
+                tls: stream.is_tls(),
+                state: AtomicU8::new(ServerState::Login as u8),
+                client_id: AtomicU64::new(0),
+                prepared_statements: AtomicU64::new(0),
+                prepare_cache_hit: AtomicU64::new(0),
+                prepare_cache_miss: AtomicU64::new(0),
+                prepare_evictions: AtomicU64::new(0),
+            }),
+            stream,
+            backend_secret: 0,
+            reported: Vars::new(),
+            settings: Vars::new(),
+            status: b'I',
+            prepared: crate::statements::ServerSet::new(500),
+            created: now,
+            last_used: now,
+            checked_out: now,
+            params_synced_for: None,
+            broken: false,
+        })
+    }
+
     /// Connects and logs in. The returned connection is idle ('I') with its reported
     /// parameters known.
     pub async fn connect(target: &ServerTarget) -> Result<ServerConn, ServerError> {
         let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
         tcp.set_nodelay(true)?;
-        let addr = tcp.peer_addr()?;
-        let local_addr = tcp.local_addr()?;
         let stream = match (&target.tls, target.tls_mode) {
             (Some(connector), mode) if mode != ServerTlsMode::Disable => {
                 let s = crate::tls::connect_server_tls(tcp, connector, &target.host).await?;
@@ -162,37 +197,7 @@ impl ServerConn {
             }
             _ => Stream::Tcp(tcp),
         };
-        let tls = stream.is_tls();
-        let now = Instant::now();
-        let mut conn = ServerConn {
-            stream,
-            rbuf: BytesMut::with_capacity(16 * 1024),
-            wbuf: BytesMut::with_capacity(16 * 1024),
-            info: Arc::new(ServerInfo {
-                id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
-                addr,
-                local_addr,
-                backend_pid: 0,
-                connect_time: std::time::SystemTime::now(),
-                tls,
-                state: AtomicU8::new(ServerState::Login as u8),
-                client_id: AtomicU64::new(0),
-                prepared_statements: AtomicU64::new(0),
-                prepare_cache_hit: AtomicU64::new(0),
-                prepare_cache_miss: AtomicU64::new(0),
-                prepare_evictions: AtomicU64::new(0),
-            }),
-            backend_secret: 0,
-            reported: Vars::new(),
-            settings: Vars::new(),
-            status: b'I',
-            prepared: crate::statements::ServerSet::new(500),
-            created: now,
-            last_used: now,
-            checked_out: now,
-            params_synced_for: None,
-            broken: false,
-        };
+        let mut conn = ServerConn::over(stream)?;
         conn.login(target).await?;
         Ok(conn)
     }

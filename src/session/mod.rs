@@ -223,14 +223,44 @@ impl Session {
             .await;
             return None;
         };
+        let mut session = Session::new(app, info, pool, conn);
+        if let Err(e) = session.settle_parameters(&startup_params).await {
+            tracing::info!(error = %e, "client startup parameters refused");
+            return None;
+        }
+        session.track_statements();
+        for (k, v) in session.reported.iter() {
+            be::parameter_status(&mut session.client.wbuf, k, v);
+        }
+        if let Some(name) = session.reported.get("application_name") {
+            *session.info.application_name.lock() = name.to_owned();
+        }
+        let (pid, secret) = session.info.cancel_key;
+        be::backend_key_data(&mut session.client.wbuf, pid, secret);
+        be::ready_for_query(&mut session.client.wbuf, b'I');
+        session
+            .pool
+            .stats
+            .client_logins
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        session.info.set_state(ClientState::Idle);
+        if session.client.flush().await.is_err() {
+            session.finish().await;
+            return None;
+        }
+        Some(session)
+    }
+
+    /// A session for a client of `pool` whose login is done, holding no server yet.
+    fn new(app: Arc<App>, info: Arc<ClientInfo>, pool: Arc<Pool>, client: ClientConn) -> Session {
         let cfg = app.config.load();
-        let mut session = Session {
+        Session {
             mode: pool.settings().mode,
             max_message: cfg.general.max_message_size,
-            app: app.clone(),
+            app,
             info,
             pool,
-            client: conn,
+            client,
             server: None,
             replies: ReplyQueue::new(),
             reported: Vars::new(),
@@ -252,42 +282,23 @@ impl Session {
             wait_flushed: false,
             retry: planner::Retry::default(),
             last_0a000: None,
-        };
-        if let Err(e) = session.settle_parameters(&startup_params).await {
-            tracing::info!(error = %e, "client startup parameters refused");
-            return None;
         }
-        let pool_settings = session.pool.settings();
+    }
+
+    /// Turns the statement planner on for this client when its pool has it, for the client's
+    /// settings as settled at login.
+    fn track_statements(&mut self) {
+        let pool_settings = self.pool.settings();
         if pool_settings.prepared_statements {
             // Statements are shared only between clients for whom the same text means the same
             // thing: same database, same server role, same search_path.
-            let context = app.registry.context(
+            let context = self.app.registry.context(
                 &pool_settings.target.dbname,
                 &pool_settings.target.user,
-                session.settings.get("search_path").unwrap_or(""),
+                self.settings.get("search_path").unwrap_or(""),
             );
-            session.stmts = Some(ClientStatements::new(context));
+            self.stmts = Some(ClientStatements::new(context));
         }
-        for (k, v) in session.reported.iter() {
-            be::parameter_status(&mut session.client.wbuf, k, v);
-        }
-        if let Some(name) = session.reported.get("application_name") {
-            *session.info.application_name.lock() = name.to_owned();
-        }
-        let (pid, secret) = session.info.cancel_key;
-        be::backend_key_data(&mut session.client.wbuf, pid, secret);
-        be::ready_for_query(&mut session.client.wbuf, b'I');
-        session
-            .pool
-            .stats
-            .client_logins
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        session.info.set_state(ClientState::Idle);
-        if session.client.flush().await.is_err() {
-            session.finish().await;
-            return None;
-        }
-        Some(session)
     }
 
     /// Works out the client's parameter values. Values never seen before are tried on a server
@@ -658,7 +669,7 @@ impl Session {
         if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
             return Err(End::ClientGone);
         }
-        let mut server = match self.pool.checkout().await {
+        let server = match self.pool.checkout().await {
             Ok(s) => s,
             Err(e) => {
                 let msg = e.to_string();
@@ -667,6 +678,13 @@ impl Session {
                 return Err(End::NoServer(msg));
             }
         };
+        self.hold(server);
+        Ok(())
+    }
+
+    /// Makes `server` the one this session's work runs on, after queueing what brings it in
+    /// line with the client: its parameters and its SQL-level prepared statements.
+    fn hold(&mut self, mut server: Box<ServerConn>) {
         server
             .info
             .client_id
@@ -703,7 +721,6 @@ impl Session {
             planner::sync_sql_statements(stmts, &mut server, &mut self.replies);
         }
         self.server = Some(server);
-        Ok(())
     }
 
     /// Routes every complete server message, then gives the server back if the client's work
@@ -1107,4 +1124,87 @@ fn poll_write_buf(stream: &mut Stream, buf: &mut BytesMut, cx: &mut Context<'_>)
         }
     }
     Ok(())
+}
+
+/// A session driven by hand instead of by its relay loop, with nothing read from or written to
+/// its sockets: for benches/hot_path.rs, which times the session's own code for a client's
+/// batch and for the server's replies. Not part of pgmemo's API.
+#[doc(hidden)]
+pub struct BenchSession(Session);
+
+impl BenchSession {
+    /// A logged-in client of `pool` (`info` its entry in the app, `client` its connection) that
+    /// holds `server`, with its statement planner on if the pool has it.
+    pub fn new(
+        app: Arc<App>,
+        info: Arc<ClientInfo>,
+        pool: Arc<Pool>,
+        client: ClientConn,
+        server: ServerConn,
+    ) -> BenchSession {
+        let mut session = Session::new(app, info, pool, client);
+        session.track_statements();
+        session.hold(Box::new(server));
+        BenchSession(session)
+    }
+
+    /// What the client sent, as read from its socket.
+    pub fn client_input(&mut self) -> &mut BytesMut {
+        &mut self.0.client.rbuf
+    }
+
+    /// What the session has for the client, not yet written to its socket.
+    pub fn client_output(&mut self) -> &mut BytesMut {
+        &mut self.0.client.wbuf
+    }
+
+    /// The server held (its `rbuf` is what it sent, its `wbuf` what it is to be sent).
+    pub fn server(&mut self) -> &mut ServerConn {
+        self.0
+            .server
+            .as_mut()
+            .expect("a bench session holds its server")
+    }
+
+    /// The client's prepared statements, if the planner is on.
+    pub fn statements(&self) -> Option<&ClientStatements> {
+        self.0.stmts.as_ref()
+    }
+
+    /// Plans every complete message of the client's input, as the relay loop does when the
+    /// client's socket was readable. Panics if that had to wait (for a server or for replies)
+    /// or ended the session.
+    pub fn client_messages(&mut self) {
+        let planned = {
+            let planning = std::pin::pin!(self.0.handle_client_messages());
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            std::future::Future::poll(planning, &mut cx)
+        };
+        match planned {
+            Poll::Ready(Ok(())) => assert!(!self.0.waiting, "planning waits for replies"),
+            Poll::Ready(Err(end)) => panic!("the session ended: {end:?}"),
+            Poll::Pending => panic!("planning waits for a server"),
+        }
+    }
+
+    /// Routes every complete message of the server's input, as the relay loop does when the
+    /// server's socket was readable. Panics if that ended the session.
+    pub fn server_messages(&mut self) {
+        if let Err(end) = self.0.handle_server_messages() {
+            panic!("the session ended: {end:?}");
+        }
+    }
+
+    /// Drops the replies still expected (and their bookkeeping, unapplied), the batch kept
+    /// for a retry, and the server's unsent output: the state after the server has answered a
+    /// batch that needed no bookkeeping, without routing its answers.
+    pub fn forget_replies(&mut self) {
+        let session = &mut self.0;
+        session.replies.clear();
+        session.replies.drain_outcomes();
+        session.retry.forget();
+        if let Some(server) = session.server.as_mut() {
+            server.wbuf.clear();
+        }
+    }
 }

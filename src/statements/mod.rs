@@ -135,6 +135,13 @@ impl Statement {
         self.stale_error.lock().clone()
     }
 
+    /// Takes the statement's lock until the result is dropped: for benches/hot_path.rs (see
+    /// `Pool::hold_locks`).
+    #[doc(hidden)]
+    pub fn hold_lock(&self) -> impl Sized + '_ {
+        self.stale_error.lock()
+    }
+
     pub fn invalidate(&self, seen: u32) {
         let _ = self.generation.compare_exchange(
             seen,
