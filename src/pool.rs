@@ -153,6 +153,32 @@ impl Pool {
         }
     }
 
+    /// The common case of [`Pool::checkout`], without its future: an idle connection that
+    /// needs no check, or None (then `checkout` waits, connects, discards or checks). Sessions
+    /// try this first so that their own future need not have room for `checkout`'s, which
+    /// holds a whole connect-and-login; that one is boxed, off the hot path.
+    pub fn try_checkout(&self) -> Option<Box<ServerConn>> {
+        let settings = self.settings.load();
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        if st.closed || st.paused {
+            return None;
+        }
+        let mut conn = st.idle.pop()?;
+        let needs_care = !conn.looks_alive()
+            || now.saturating_duration_since(conn.created) >= settings.server_lifetime
+            || (now.saturating_duration_since(conn.last_used) >= settings.server_check_delay
+                && !settings.server_check_query.is_empty());
+        if needs_care {
+            st.idle.push(conn); // checkout() closes or checks it
+            return None;
+        }
+        drop(st);
+        conn.set_state(ServerState::Active);
+        conn.checked_out = now;
+        Some(conn)
+    }
+
     /// Takes a server connection: an idle one, a new one if the pool is below its size, or the
     /// next one returned, waiting at most query_wait_timeout.
     ///

@@ -63,6 +63,16 @@ impl Stream {
         }
     }
 
+    /// Readiness to read, polled without a buffer (see crate::buffers). A TLS stream may
+    /// hold decrypted bytes its socket no longer shows, so it is always ready to be read.
+    #[inline]
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(t) => t.poll_read_ready(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
     /// The remote address of the socket.
     #[inline]
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {

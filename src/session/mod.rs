@@ -17,6 +17,7 @@ pub mod login;
 pub mod planner;
 
 use crate::app::{App, ClientInfo, ClientState, ServerCancel};
+use crate::buffers;
 use crate::params::{self, Vars};
 use crate::pool::{CheckoutError, Pool, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
@@ -80,7 +81,11 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
     };
     let _ = tcp.set_nodelay(true);
     let login_timeout = app.config.load().general.client_login_timeout;
-    let startup = match tokio::time::timeout(login_timeout, login::read_startup(&app, tcp)).await {
+    // The futures that run once per client (login, the session's start and finish, the admin
+    // console) are boxed: the task's own future lives as long as the client, and stays small
+    // by holding only the relay loop's state (a few KiB less per idle client).
+    let login = Box::pin(login::read_startup(&app, tcp));
+    let startup = match tokio::time::timeout(login_timeout, login).await {
         Err(_) => {
             tracing::info!(%peer, "client did not finish its login within client_login_timeout");
             return;
@@ -122,12 +127,12 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
         return;
     }
     if startup.database == crate::admin::ADMIN_DATABASE {
-        crate::admin::serve(app, startup, peer, local).await;
+        Box::pin(crate::admin::serve(app, startup, peer, local)).await;
         return;
     }
     let tls = startup.conn.stream.is_tls();
     let info = app.register_client(peer, local, tls, &startup.user, &startup.database);
-    match Session::start(app.clone(), info.clone(), startup).await {
+    match Box::pin(Session::start(app.clone(), info.clone(), startup)).await {
         Some(mut session) => {
             let end = session.relay().await;
             match &end {
@@ -137,7 +142,7 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
                     tracing::info!(client = %peer, "client session ended: {why}")
                 }
             }
-            session.finish().await;
+            Box::pin(session.finish()).await;
         }
         None => tracing::info!(client = %peer, "client login failed"),
     }
@@ -407,7 +412,10 @@ impl Session {
     }
 
     async fn login_checkout(&mut self) -> Result<Box<ServerConn>, String> {
-        match self.pool.checkout().await {
+        if let Some(server) = self.pool.try_checkout() {
+            return Ok(server);
+        }
+        match Box::pin(self.pool.checkout()).await {
             Ok(s) => Ok(s),
             Err(e) => {
                 let msg = e.to_string();
@@ -669,7 +677,12 @@ impl Session {
         if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
             return Err(End::ClientGone);
         }
-        let server = match self.pool.checkout().await {
+        let checked_out = match self.pool.try_checkout() {
+            Some(server) => Ok(server),
+            // Boxed: see Pool::try_checkout.
+            None => Box::pin(self.pool.checkout()).await,
+        };
+        let server = match checked_out {
             Ok(s) => s,
             Err(e) => {
                 let msg = e.to_string();
@@ -729,6 +742,9 @@ impl Session {
         let Some(mut server) = self.server.as_mut() else {
             return Ok(());
         };
+        // Usually lent when the client sent its query; not when the server speaks first (a
+        // notification to an idle session-mode client).
+        buffers::lend(&mut self.client.wbuf);
         loop {
             if self.client.wbuf.len() >= HIGH_WATER {
                 break; // backpressure: let the client read first
@@ -970,6 +986,12 @@ impl Session {
         if let Err(e) = poll_write_buf(&mut self.client.stream, &mut self.client.wbuf, cx) {
             return Poll::Ready(Event::ClientGone(Some(e)));
         }
+        // Nothing in flight: the client's buffers go back to the free list until it sends
+        // again (an idle client then costs no buffer memory).
+        if self.replies.is_empty() && self.client.rbuf.is_empty() && self.client.wbuf.is_empty() {
+            buffers::take_back(&mut self.client.rbuf);
+            buffers::take_back(&mut self.client.wbuf);
+        }
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
         // After a protocol violation only the replies still owed are relayed.
         if server_backlog < HIGH_WATER && self.violation.is_none() && !self.waiting {
@@ -977,12 +999,24 @@ impl Session {
             if !matches!(frame(&self.client.rbuf, self.max_message), Ok(None)) {
                 return Poll::Ready(Event::ClientRead);
             }
-            reserve(&mut self.client.rbuf);
-            match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Event::ClientGone(None)),
-                Poll::Ready(Ok(_)) => return Poll::Ready(Event::ClientRead),
-                Poll::Ready(Err(e)) => return Poll::Ready(Event::ClientGone(Some(e))),
-                Poll::Pending => {}
+            // Without a buffer, wait for the socket to have bytes before borrowing one; the
+            // replies to what it sends will need a write buffer too.
+            let readable = self.client.rbuf.capacity() != 0
+                || match self.client.stream.poll_read_ready(cx) {
+                    Poll::Ready(Ok(())) => true,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Event::ClientGone(Some(e))),
+                    Poll::Pending => false,
+                };
+            if readable {
+                buffers::lend(&mut self.client.rbuf);
+                buffers::lend(&mut self.client.wbuf);
+                reserve(&mut self.client.rbuf);
+                match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Event::ClientGone(None)),
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::ClientRead),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Event::ClientGone(Some(e))),
+                    Poll::Pending => {}
+                }
             }
         }
         if let Some(server) = self.server.as_mut() {

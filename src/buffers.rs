@@ -1,0 +1,102 @@
+//! Buffers lent to client connections only while bytes are in flight.
+//!
+//! Thousands of idle clients are normal behind a pooler. A client that holds its own 8 KiB
+//! read buffer (and a write buffer) while it waits for its next query costs memory for
+//! nothing, so a plain-TCP client holds no buffer when idle: it waits for its socket to become
+//! readable without one, borrows a buffer from this thread's free list to read, and gives it
+//! back once everything it read was handled and everything it was sent went out. Borrowing is
+//! a pop and a push on a thread-local list, not an allocation, so the hot path stays
+//! allocation-free once warm.
+
+use bytes::BytesMut;
+use std::cell::RefCell;
+
+/// The size a lent buffer starts with.
+pub const SIZE: usize = 8 * 1024;
+
+/// Buffers that grew past this (a large row, a big COPY) are freed rather than kept.
+const MAX_KEPT_CAPACITY: usize = 64 * 1024;
+
+/// At most this many free buffers are kept per thread (8 MiB of 8 KiB buffers): enough for
+/// the connections that are busy at once; more would only hold memory after a burst.
+const MAX_FREE: usize = 1024;
+
+thread_local! {
+    static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Gives `buf` a buffer if it has none (capacity 0).
+#[inline]
+pub fn lend(buf: &mut BytesMut) {
+    if buf.capacity() == 0 {
+        *buf = FREE
+            .with(|free| free.borrow_mut().pop())
+            .unwrap_or_else(|| BytesMut::with_capacity(SIZE));
+    }
+}
+
+/// Takes back the buffer of `buf` if it is empty, leaving it without one.
+#[inline]
+pub fn take_back(buf: &mut BytesMut) {
+    if !buf.is_empty() || buf.capacity() == 0 {
+        return;
+    }
+    let mut returned = std::mem::take(buf);
+    if returned.capacity() > MAX_KEPT_CAPACITY {
+        return;
+    }
+    // Whole again: reading advances the start of a buffer; reclaiming moves it back without
+    // allocating. One that cannot hold SIZE that way (a small one from login) is freed.
+    returned.clear();
+    if !returned.try_reclaim(SIZE) {
+        return;
+    }
+    FREE.with(|free| {
+        let mut free = free.borrow_mut();
+        if free.len() < MAX_FREE {
+            free.push(returned);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lends_and_takes_back_the_same_memory() {
+        let mut buf = BytesMut::new();
+        lend(&mut buf);
+        assert!(buf.capacity() >= SIZE);
+        buf.extend_from_slice(b"pending");
+        take_back(&mut buf);
+        assert_eq!(&buf[..], b"pending", "a buffer with bytes in it stays");
+        let address = buf.as_ptr();
+        bytes::Buf::advance(&mut buf, 3); // read and handled: the start moved
+        buf.clear();
+        take_back(&mut buf);
+        assert_eq!(buf.capacity(), 0);
+        lend(&mut buf);
+        assert_eq!(
+            buf.as_ptr(),
+            address,
+            "the free list hands the buffer out again"
+        );
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn small_and_grown_buffers_are_freed_not_kept() {
+        let mut small = BytesMut::with_capacity(SIZE / 8);
+        take_back(&mut small);
+        assert_eq!(small.capacity(), 0);
+        assert!(FREE.with(|free| free.borrow().is_empty()));
+        let mut big = BytesMut::with_capacity(MAX_KEPT_CAPACITY * 2);
+        let address = big.as_ptr();
+        take_back(&mut big);
+        assert_eq!(big.capacity(), 0);
+        let mut next = BytesMut::new();
+        lend(&mut next);
+        assert_ne!(next.as_ptr(), address);
+    }
+}
