@@ -2143,3 +2143,93 @@ async fn refused_discard_all_pipelined_in_a_block() {
     )
     .await;
 }
+
+/// pgmemo's own server names (`pgmemo_s<n>`, the guard `pgmemo_s0`) mean nothing to a client
+/// that did not prepare them: a second client's SQL `DEALLOCATE` / `EXECUTE` of them (simple
+/// queries, several statements in one, pipelined, in a transaction block, through
+/// Parse/Bind/Execute) gets PostgreSQL's 26000 and never reaches pgmemo's statements, which
+/// the first client's Binds still use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_server_names_are_not_the_clients() {
+    let uses = |c: usize, s: Script| {
+        s.on(
+            c,
+            vec![
+                b("r1", &[]),
+                e(),
+                b("r2", &["2"]),
+                e(),
+                b("r3", &[]),
+                e(),
+                S,
+            ],
+        )
+    };
+    let script = Script::new().clients(2).on(
+        0,
+        vec![
+            p("r1", "SELECT 1 AS one"),
+            p("r2", "SELECT $1::int * 2 AS two"),
+            p("r3", "SELECT 'three' AS three"),
+            b("r1", &[]),
+            e(),
+            S,
+        ],
+    );
+    let script = uses(0, script)
+        .on(1, vec![q("DEALLOCATE pgmemo_s1")])
+        .on(1, vec![q("DEALLOCATE PREPARE \"pgmemo_s2\"")])
+        .on(1, vec![q("deallocate PGMEMO_S3")])
+        .on(1, vec![q("EXECUTE pgmemo_s1")])
+        .on(1, vec![q("EXECUTE pgmemo_s2(21)")])
+        .on(1, vec![q("DEALLOCATE pgmemo_s0")])
+        .on(1, vec![q("EXECUTE pgmemo_s0")])
+        .on(1, vec![q("SELECT 1 AS x; DEALLOCATE pgmemo_s3")])
+        .on(
+            1,
+            vec![q("SELECT 1 AS x; EXECUTE pgmemo_s1; SELECT 2 AS y")],
+        )
+        .on(
+            1,
+            vec![q("SELECT 1 AS x; SELECT 1 +; DEALLOCATE pgmemo_s1")],
+        )
+        .on(
+            1,
+            vec![
+                q("DEALLOCATE pgmemo_s1"),
+                q("DEALLOCATE pgmemo_s2"),
+                q("EXECUTE pgmemo_s3"),
+                q("DEALLOCATE pgmemo_s0"),
+            ],
+        )
+        .on(1, vec![q("BEGIN")])
+        .on(1, vec![q("DEALLOCATE pgmemo_s1")])
+        .on(1, vec![q("DEALLOCATE pgmemo_s2")])
+        .on(1, vec![q("ROLLBACK")])
+        .on(1, vec![p("", "DEALLOCATE pgmemo_s1"), b("", &[]), e(), S])
+        .on(
+            1,
+            vec![
+                p("", "EXECUTE pgmemo_s2(4)"),
+                ds(""),
+                b("", &[]),
+                dp(""),
+                e(),
+                S,
+            ],
+        )
+        .on(
+            1,
+            vec![
+                p("ex", "EXECUTE pgmemo_s1"),
+                b("ex", &[]),
+                e(),
+                S,
+                q("EXECUTE ex"),
+                b("ex", &[]),
+                e(),
+                S,
+            ],
+        );
+    check(uses(0, script).on(0, vec![q("EXECUTE pgmemo_s1")])).await;
+}
