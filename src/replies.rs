@@ -101,6 +101,9 @@ pub enum ErrorRewrite {
     Rename { from: Bytes, to: Bytes },
     /// pgmemo's own ErrorResponse message, whole.
     Whole(Bytes),
+    /// pgmemo's own ErrorResponse message, whole, if PostgreSQL's message names the quoted
+    /// statement `name` (the one pgmemo sent so that this fails); otherwise PostgreSQL's.
+    WholeIfNamed { name: Bytes, error: Bytes },
     /// PostgreSQL's error with this message text instead of its own (`M`), when its own
     /// message is about a placeholder pgmemo sent; every other field is the server's.
     Message(Bytes),

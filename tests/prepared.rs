@@ -2233,3 +2233,78 @@ async fn reserved_server_names_are_not_the_clients() {
         );
     check(uses(0, script).on(0, vec![q("EXECUTE pgmemo_s1")])).await;
 }
+
+/// `PREPARE` of a reserved name (`pgmemo_s<n>`) is refused with pgmemo's 42939 where the
+/// statement runs (earlier statements of its query run, later ones do not; in a transaction
+/// block it aborts the block), through a simple query or Parse/Bind/Execute; nothing is
+/// prepared, and pgmemo's statement of that name is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_of_a_reserved_name_is_refused() {
+    let script = Script::new()
+        .clients(2)
+        .on(0, vec![p("r1", "SELECT 1 AS one"), b("r1", &[]), e(), S])
+        .on(1, vec![q("PREPARE pgmemo_s1 AS SELECT 'mine' AS m")])
+        .on(
+            1,
+            vec![q(
+                "SELECT 1 AS x; PREPARE pgmemo_s1 AS SELECT 2; SELECT 3 AS y",
+            )],
+        )
+        .on(
+            1,
+            vec![p("", "PREPARE pgmemo_s1 AS SELECT 3"), b("", &[]), e(), S],
+        )
+        .on(1, vec![q("BEGIN")])
+        .on(1, vec![q("PREPARE \"pgmemo_s1\" AS SELECT 4")])
+        .on(1, vec![q("ROLLBACK")])
+        .on(1, vec![q("EXECUTE pgmemo_s1")])
+        .on(0, vec![b("r1", &[]), e(), S]);
+    let refused = "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"42939\", M=\"pgmemo: prepared statement name \\\"pgmemo_s1\\\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)\" }";
+    let want: Vec<String> = [
+        refused,
+        "ReadyForQuery I",
+        "RowDescription [\"x\" table=0 col=0 type=23 len=4 typmod=-1 format=0]",
+        "DataRow [\"1\"]",
+        "CommandComplete \"SELECT 1\"",
+        refused,
+        "ReadyForQuery I",
+        "ParseComplete",
+        "BindComplete",
+        refused,
+        "ReadyForQuery I",
+        "CommandComplete \"BEGIN\"",
+        "ReadyForQuery T",
+        refused,
+        "ReadyForQuery E",
+        "CommandComplete \"ROLLBACK\"",
+        "ReadyForQuery I",
+        "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"26000\", M=\"prepared statement \\\"pgmemo_s1\\\" does not exist\", F=\"prepare.c\", L=\"451\", R=\"FetchPreparedStatement\" }",
+        "ReadyForQuery I",
+    ]
+    .iter()
+    .map(|l| format!("1<< {l}"))
+    .collect();
+    for pool_size in [1, 2] {
+        let proxy = start(pool_size, defaults).await;
+        let out = run(&script, Target::Pgmemo(proxy.local_addr(), pool_size)).await;
+        proxy.shutdown().await;
+        let second: Vec<String> = out
+            .iter()
+            .filter(|l| l.starts_with("1<<"))
+            .cloned()
+            .collect();
+        assert_eq!(second, want, "pool_size {pool_size}:\n{}", out.join("\n"));
+        let tail = &out[out.len() - 4..];
+        assert_eq!(
+            tail,
+            [
+                "0<< BindComplete",
+                "0<< DataRow [\"1\"]",
+                "0<< CommandComplete \"SELECT 1\"",
+                "0<< ReadyForQuery I"
+            ],
+            "pool_size {pool_size}:\n{}",
+            out.join("\n")
+        );
+    }
+}

@@ -813,6 +813,15 @@ impl Session {
                         Some(ErrorRewrite::Whole(bytes)) => {
                             self.client.wbuf.extend_from_slice(&bytes)
                         }
+                        Some(ErrorRewrite::WholeIfNamed { name, error }) => {
+                            let quoted = format!("\"{}\"", String::from_utf8_lossy(&name));
+                            if ErrorFields::parse(body).is_some_and(|f| f.message.contains(&quoted))
+                            {
+                                self.client.wbuf.extend_from_slice(&error)
+                            } else {
+                                self.client.wbuf.extend_from_slice(&server.rbuf[..len])
+                            }
+                        }
                         Some(ErrorRewrite::Message(message)) => {
                             replies::error_with_message(&mut self.client.wbuf, body, &message)
                         }
