@@ -2184,6 +2184,10 @@ async fn reserved_server_names_are_not_the_clients() {
         .on(1, vec![q("EXECUTE pgmemo_s2(21)")])
         .on(1, vec![q("DEALLOCATE pgmemo_s0")])
         .on(1, vec![q("EXECUTE pgmemo_s0")])
+        // A protocol-level statement of the client's may have such a name.
+        .on(1, vec![p("pgmemo_s2", "SELECT 'mine' AS m"), S])
+        .on(1, vec![q("DEALLOCATE pgmemo_s2")])
+        .on(1, vec![b("pgmemo_s2", &[]), e(), S])
         .on(1, vec![q("SELECT 1 AS x; DEALLOCATE pgmemo_s3")])
         .on(
             1,
@@ -2258,6 +2262,10 @@ async fn prepare_of_a_reserved_name_is_refused() {
         .on(1, vec![q("PREPARE \"pgmemo_s1\" AS SELECT 4")])
         .on(1, vec![q("ROLLBACK")])
         .on(1, vec![q("EXECUTE pgmemo_s1")])
+        // In an aborted block PostgreSQL's 25P02 comes first.
+        .on(1, vec![q("BEGIN; SELECT 1/0")])
+        .on(1, vec![q("PREPARE pgmemo_s1 AS SELECT 5")])
+        .on(1, vec![q("ROLLBACK")])
         .on(0, vec![b("r1", &[]), e(), S]);
     let refused = "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"42939\", M=\"pgmemo: prepared statement name \\\"pgmemo_s1\\\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)\" }";
     let want: Vec<String> = [
@@ -2279,6 +2287,13 @@ async fn prepare_of_a_reserved_name_is_refused() {
         "CommandComplete \"ROLLBACK\"",
         "ReadyForQuery I",
         "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"26000\", M=\"prepared statement \\\"pgmemo_s1\\\" does not exist\", F=\"prepare.c\", L=\"451\", R=\"FetchPreparedStatement\" }",
+        "ReadyForQuery I",
+        "CommandComplete \"BEGIN\"",
+        "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"22012\", M=\"division by zero\", F=\"int.c\", L=\"869\", R=\"int4div\" }",
+        "ReadyForQuery E",
+        "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"25P02\", M=\"current transaction is aborted, commands ignored until end of transaction block\", F=\"postgres.c\", L=\"1081\", R=\"exec_simple_query\" }",
+        "ReadyForQuery E",
+        "CommandComplete \"ROLLBACK\"",
         "ReadyForQuery I",
     ]
     .iter()
