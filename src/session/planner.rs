@@ -826,7 +826,7 @@ impl Planner<'_> {
                 }
                 let action = match hidden {
                     Some((text, action)) => {
-                        fe::query(&mut self.server.wbuf, &text);
+                        write_message(&mut self.server.wbuf, fe::QUERY, |m| put_cstr(m, &text));
                         action
                     }
                     None => {
@@ -917,7 +917,15 @@ impl Planner<'_> {
             return QueryPlan::Forward(None, Vec::new(), None);
         }
         let Ok(text) = std::str::from_utf8(text) else {
-            return QueryPlan::Forward(None, Vec::new(), None);
+            // Another client_encoding: its reserved names are hidden all the same.
+            let hidden = (words & Words::PGMEMO_S != 0)
+                .then(|| sql::hide_reserved(text))
+                .flatten()
+                .map(|h| {
+                    let action = reserved_action(&h.uses[0].1);
+                    (h.text, action)
+                });
+            return QueryPlan::Forward(None, Vec::new(), hidden);
         };
         let commands = sql::classify(text);
         if let [Command::Deallocate { name }] = commands.as_slice() {
@@ -984,7 +992,7 @@ impl Planner<'_> {
         // hidden one fails: the error, if about `pgmemo_s`, is about the first of them (or of
         // the client's statements whose hidden text an EXECUTE runs, see `placeholders`).
         let hidden = if words & Words::PGMEMO_S != 0 {
-            sql::hide_reserved(text)
+            sql::hide_reserved(text.as_bytes())
         } else {
             None
         };
@@ -1004,7 +1012,7 @@ impl Planner<'_> {
         });
         let hidden = match (hidden, first_hidden) {
             (Some(h), Some(used)) => Some((h.text, reserved_action(&used))),
-            (None, Some(used)) => Some((text.to_owned(), reserved_action(&used))),
+            (None, Some(used)) => Some((text.as_bytes().to_vec(), reserved_action(&used))),
             (Some(h), None) => Some((h.text, Action::Forward)),
             (None, None) => None,
         };
@@ -1277,7 +1285,7 @@ enum QueryPlan {
     Forward(
         Option<Effect>,
         Vec<(String, Arc<Statement>)>,
-        Option<(String, Action)>,
+        Option<(Vec<u8>, Action)>,
     ),
     /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
     Synthesize(Effect),

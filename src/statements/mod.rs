@@ -86,7 +86,7 @@ impl Statement {
         let server_name = format!("pgmemo_s{id}").into_boxed_str();
         let text = std::str::from_utf8(&key.query).unwrap_or_default();
         let mut tracked = sql::tracked_command(text);
-        let hidden = sql::hide_reserved(text);
+        let hidden = sql::hide_reserved(&key.query);
         let server_query = hidden
             .as_ref()
             .map_or_else(|| key.query.clone(), |h| Bytes::from(h.text.clone()));

@@ -106,21 +106,43 @@ impl ReservedUse {
 /// errors stay right.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hidden {
-    pub text: String,
+    pub text: Vec<u8>,
     /// The index (as in [`classify`]) and use of each changed statement, in order.
     pub uses: Vec<(usize, ReservedUse)>,
 }
 
 /// Hides the reserved statement names a query's `PREPARE`, `EXECUTE` and `DEALLOCATE`
-/// statements name, if any. Cheap when the text does not contain `pgmemo_s`.
-pub fn hide_reserved(sql: &str) -> Option<Hidden> {
+/// statements name, if any. Cheap when the text does not contain `pgmemo_s`. A text that
+/// is not UTF-8 (another client_encoding) is read byte by byte: the words and the quotes
+/// that matter are ASCII in every client encoding PostgreSQL accepts.
+pub fn hide_reserved(sql: &[u8]) -> Option<Hidden> {
     if !sql
-        .as_bytes()
         .windows(NOWHERE.len())
         .any(|w| w.eq_ignore_ascii_case(NOWHERE.as_bytes()))
     {
         return None;
     }
+    match std::str::from_utf8(sql) {
+        Ok(text) => {
+            let (text, uses) = hide_reserved_str(text)?;
+            Some(Hidden {
+                text: text.into_bytes(),
+                uses,
+            })
+        }
+        Err(_) => {
+            let text: String = sql.iter().map(|&b| char::from(b)).collect();
+            let (text, uses) = hide_reserved_str(&text)?;
+            Some(Hidden {
+                // Every char is one of the bytes, or ASCII pgmemo wrote.
+                text: text.chars().map(|c| c as u8).collect(),
+                uses,
+            })
+        }
+    }
+}
+
+fn hide_reserved_str(sql: &str) -> Option<(String, Vec<(usize, ReservedUse)>)> {
     let offset = |part: &str| part.as_ptr() as usize - sql.as_ptr() as usize;
     let mut text = String::new();
     let mut copied = 0;
@@ -176,7 +198,7 @@ pub fn hide_reserved(sql: &str) -> Option<Hidden> {
         return None;
     }
     text.push_str(&sql[copied..]);
-    Some(Hidden { text, uses })
+    Some((text, uses))
 }
 
 fn classify_one(stmt: &str) -> Command {
@@ -712,17 +734,18 @@ mod tests {
         ] {
             assert!(!is_reserved_name(no));
         }
-        assert_eq!(hide_reserved("SELECT 1; DEALLOCATE a"), None);
-        assert_eq!(hide_reserved("SELECT 'pgmemo_s1'"), None);
+        assert_eq!(hide_reserved(b"SELECT 1; DEALLOCATE a"), None);
+        assert_eq!(hide_reserved(b"SELECT 'pgmemo_s1'"), None);
         let query = "SELECT 1; DEALLOCATE PREPARE \"pgmemo_s12\"; execute PGMEMO_S3(1); \
                      prepare pgmemo_s4 AS SELECT 'é'; SELECT 2";
-        let h = hide_reserved(query).unwrap();
+        let h = hide_reserved(query.as_bytes()).unwrap();
+        let text = String::from_utf8(h.text).unwrap();
         assert_eq!(
-            h.text,
+            text,
             "SELECT 1; DEALLOCATE PREPARE pgmemo_s    ; execute pgmemo_s (1); \
              EXECUTE pgmemo_s               ; SELECT 2"
         );
-        assert_eq!(h.text.chars().count(), query.chars().count());
+        assert_eq!(text.chars().count(), query.chars().count());
         assert_eq!(
             h.uses,
             vec![
@@ -731,8 +754,12 @@ mod tests {
                 (3, ReservedUse::Refused("pgmemo_s4".into())),
             ]
         );
-        assert_eq!(hide_reserved("EXECUTE \"PGMEMO_S1\""), None);
-        assert_eq!(hide_reserved("PREPARE TRANSACTION 'pgmemo_s1'"), None);
+        assert_eq!(hide_reserved(b"EXECUTE \"PGMEMO_S1\""), None);
+        assert_eq!(hide_reserved(b"PREPARE TRANSACTION 'pgmemo_s1'"), None);
+        // Latin-1 (not UTF-8): byte for byte.
+        let h = hide_reserved(b"SELECT '\xe9'; EXECUTE pgmemo_s7").unwrap();
+        assert_eq!(h.text, b"SELECT '\xe9'; EXECUTE pgmemo_s ");
+        assert_eq!(h.uses, vec![(1, ReservedUse::Missing("pgmemo_s7".into()))]);
     }
 
     #[test]
