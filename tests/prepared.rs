@@ -2197,6 +2197,8 @@ async fn reserved_server_names_are_not_the_clients() {
             1,
             vec![q("SELECT 1 AS x; SELECT 1 +; DEALLOCATE pgmemo_s1")],
         )
+        .on(1, vec![q("DEALLOCATE \"pgmemo_s1\"; SELECT 'é' +")])
+        .on(1, vec![q("SELECT * FROM pgmemo_s; EXECUTE pgmemo_s1")])
         .on(
             1,
             vec![

@@ -23,6 +23,7 @@ use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
 use crate::replies::{self, ErrorRewrite, Expected, ReplyQueue, Route, Synth};
 use crate::server::{ServerConn, ServerError};
+use crate::statements::sql;
 use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
@@ -813,13 +814,21 @@ impl Session {
                         Some(ErrorRewrite::Whole(bytes)) => {
                             self.client.wbuf.extend_from_slice(&bytes)
                         }
-                        Some(ErrorRewrite::WholeIfNamed { name, error }) => {
-                            let quoted = format!("\"{}\"", String::from_utf8_lossy(&name));
-                            if ErrorFields::parse(body).is_some_and(|f| f.message.contains(&quoted))
-                            {
-                                self.client.wbuf.extend_from_slice(&error)
-                            } else {
-                                self.client.wbuf.extend_from_slice(&server.rbuf[..len])
+                        Some(ErrorRewrite::Hidden { name, refusal }) => {
+                            let hidden = ErrorFields::parse(body).is_some_and(|f| {
+                                f.code == "26000" && f.message == sql::NOWHERE_MISSING
+                            });
+                            match refusal {
+                                _ if !hidden => {
+                                    self.client.wbuf.extend_from_slice(&server.rbuf[..len])
+                                }
+                                Some(refusal) => self.client.wbuf.extend_from_slice(&refusal),
+                                None => be::error_with_renamed(
+                                    &mut self.client.wbuf,
+                                    body,
+                                    sql::NOWHERE.as_bytes(),
+                                    &name,
+                                ),
                             }
                         }
                         Some(ErrorRewrite::Message(message)) => {

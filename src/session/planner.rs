@@ -1581,9 +1581,9 @@ fn reserved_action(used: &sql::ReservedUse) -> Action {
 
 /// PostgreSQL's 26000 about [`MISSING_NAME`] is about the client's `name`.
 fn missing_as(name: &str) -> Action {
-    Action::ReplaceError(ErrorRewrite::Rename {
-        from: Bytes::from_static(MISSING_NAME),
-        to: Bytes::copy_from_slice(name.as_bytes()),
+    Action::ReplaceError(ErrorRewrite::Hidden {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        refusal: None,
     })
 }
 
@@ -1599,9 +1599,9 @@ fn refusing(name: &str) -> Action {
             "pgmemo: prepared statement name \"{name}\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)"
         ),
     );
-    Action::ReplaceError(ErrorRewrite::WholeIfNamed {
-        name: Bytes::from_static(MISSING_NAME),
-        error: error.freeze(),
+    Action::ReplaceError(ErrorRewrite::Hidden {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        refusal: Some(error.freeze()),
     })
 }
 

@@ -72,6 +72,8 @@ pub fn tracked_command(text: &str) -> Option<Command> {
 /// Names of this form are reserved: a client's SQL that names one never reaches a server
 /// with it (see [`hide_reserved`]).
 pub const NOWHERE: &str = "pgmemo_s";
+/// PostgreSQL's message for a statement that names [`NOWHERE`].
+pub const NOWHERE_MISSING: &str = "prepared statement \"pgmemo_s\" does not exist";
 
 /// Whether a statement name (as PostgreSQL stores it) is reserved: `pgmemo_s` followed by
 /// digits or nothing.
@@ -722,6 +724,10 @@ mod tests {
 
     #[test]
     fn hides_reserved_names_keeping_positions() {
+        assert_eq!(
+            NOWHERE_MISSING,
+            format!("prepared statement \"{NOWHERE}\" does not exist")
+        );
         assert!(is_reserved_name(b"pgmemo_s0"));
         assert!(is_reserved_name(b"pgmemo_s"));
         assert!(is_reserved_name(b"pgmemo_s12345"));
