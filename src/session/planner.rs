@@ -22,6 +22,10 @@
 //!   completes) and prepared again on whichever server the client's next transaction runs
 //!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
 //!   the client's namespace with protocol-level names, as in PostgreSQL.
+//! - Statement names `pgmemo_s<digits>` are pgmemo's on servers: SQL that names one (simple
+//!   query, or the text of a Parse) reaches the server with the name hidden, an `EXECUTE` /
+//!   `DEALLOCATE` of it failing with PostgreSQL's own 26000, a `PREPARE` of it refused
+//!   (42939), where the statement runs ([`sql::hide_reserved`]).
 //! - Where PostgreSQL's answer depends on what is still in flight (an aborted block, a Parse
 //!   that may fail), planning waits for those replies ([`Plan::Wait`]).
 //!
