@@ -101,6 +101,11 @@ pub enum ErrorRewrite {
     Rename { from: Bytes, to: Bytes },
     /// pgmemo's own ErrorResponse message, whole.
     Whole(Bytes),
+    /// For a statement in which pgmemo hid a reserved statement name (`sql::hide_reserved`):
+    /// PostgreSQL's 26000 about the name pgmemo sent instead (`sql::NOWHERE`) is shown about
+    /// the client's `name`, or as pgmemo's `refusal` (a whole ErrorResponse message); any
+    /// other error is PostgreSQL's.
+    Hidden { name: Bytes, refusal: Option<Bytes> },
     /// PostgreSQL's error with this message text instead of its own (`M`), when its own
     /// message is about a placeholder pgmemo sent; every other field is the server's.
     Message(Bytes),

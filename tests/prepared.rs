@@ -2143,3 +2143,185 @@ async fn refused_discard_all_pipelined_in_a_block() {
     )
     .await;
 }
+
+/// pgmemo's own server names (`pgmemo_s<n>`, the guard `pgmemo_s0`) mean nothing to a client
+/// that did not prepare them: a second client's SQL `DEALLOCATE` / `EXECUTE` of them (simple
+/// queries, several statements in one, pipelined, in a transaction block, through
+/// Parse/Bind/Execute) gets PostgreSQL's 26000 and never reaches pgmemo's statements, which
+/// the first client's Binds still use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_server_names_are_not_the_clients() {
+    let uses = |c: usize, s: Script| {
+        s.on(
+            c,
+            vec![
+                b("r1", &[]),
+                e(),
+                b("r2", &["2"]),
+                e(),
+                b("r3", &[]),
+                e(),
+                S,
+            ],
+        )
+    };
+    let script = Script::new().clients(2).on(
+        0,
+        vec![
+            p("r1", "SELECT 1 AS one"),
+            p("r2", "SELECT $1::int * 2 AS two"),
+            p("r3", "SELECT 'three' AS three"),
+            b("r1", &[]),
+            e(),
+            S,
+        ],
+    );
+    let script = uses(0, script)
+        .on(1, vec![q("DEALLOCATE pgmemo_s1")])
+        .on(1, vec![q("DEALLOCATE PREPARE \"pgmemo_s2\"")])
+        .on(1, vec![q("deallocate PGMEMO_S3")])
+        .on(1, vec![q("EXECUTE pgmemo_s1")])
+        .on(1, vec![q("EXECUTE pgmemo_s2(21)")])
+        .on(1, vec![q("DEALLOCATE pgmemo_s0")])
+        .on(1, vec![q("EXECUTE pgmemo_s0")])
+        // A protocol-level statement of the client's may have such a name.
+        .on(1, vec![p("pgmemo_s2", "SELECT 'mine' AS m"), S])
+        .on(1, vec![q("DEALLOCATE pgmemo_s2")])
+        .on(1, vec![b("pgmemo_s2", &[]), e(), S])
+        .on(1, vec![q("SELECT 1 AS x; DEALLOCATE pgmemo_s3")])
+        .on(
+            1,
+            vec![q("SELECT 1 AS x; EXECUTE pgmemo_s1; SELECT 2 AS y")],
+        )
+        .on(
+            1,
+            vec![q("SELECT 1 AS x; SELECT 1 +; DEALLOCATE pgmemo_s1")],
+        )
+        .on(1, vec![q("DEALLOCATE \"pgmemo_s1\"; SELECT 'é' +")])
+        .on(1, vec![q("SELECT * FROM pgmemo_s; EXECUTE pgmemo_s1")])
+        .on(
+            1,
+            vec![
+                q("DEALLOCATE pgmemo_s1"),
+                q("DEALLOCATE pgmemo_s2"),
+                q("EXECUTE pgmemo_s3"),
+                q("DEALLOCATE pgmemo_s0"),
+            ],
+        )
+        .on(1, vec![q("BEGIN")])
+        .on(1, vec![q("DEALLOCATE pgmemo_s1")])
+        .on(1, vec![q("DEALLOCATE pgmemo_s2")])
+        .on(1, vec![q("ROLLBACK")])
+        .on(1, vec![p("", "DEALLOCATE pgmemo_s1"), b("", &[]), e(), S])
+        .on(
+            1,
+            vec![
+                p("", "EXECUTE pgmemo_s2(4)"),
+                ds(""),
+                b("", &[]),
+                dp(""),
+                e(),
+                S,
+            ],
+        )
+        .on(
+            1,
+            vec![
+                p("ex", "EXECUTE pgmemo_s1"),
+                b("ex", &[]),
+                e(),
+                S,
+                q("EXECUTE ex"),
+                b("ex", &[]),
+                e(),
+                S,
+            ],
+        );
+    check(uses(0, script).on(0, vec![q("EXECUTE pgmemo_s1")])).await;
+}
+
+/// `PREPARE` of a reserved name (`pgmemo_s<n>`) is refused with pgmemo's 42939 where the
+/// statement runs (earlier statements of its query run, later ones do not; in a transaction
+/// block it aborts the block), through a simple query or Parse/Bind/Execute; nothing is
+/// prepared, and pgmemo's statement of that name is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_of_a_reserved_name_is_refused() {
+    let script = Script::new()
+        .clients(2)
+        .on(0, vec![p("r1", "SELECT 1 AS one"), b("r1", &[]), e(), S])
+        .on(1, vec![q("PREPARE pgmemo_s1 AS SELECT 'mine' AS m")])
+        .on(
+            1,
+            vec![q(
+                "SELECT 1 AS x; PREPARE pgmemo_s1 AS SELECT 2; SELECT 3 AS y",
+            )],
+        )
+        .on(
+            1,
+            vec![p("", "PREPARE pgmemo_s1 AS SELECT 3"), b("", &[]), e(), S],
+        )
+        .on(1, vec![q("BEGIN")])
+        .on(1, vec![q("PREPARE \"pgmemo_s1\" AS SELECT 4")])
+        .on(1, vec![q("ROLLBACK")])
+        .on(1, vec![q("EXECUTE pgmemo_s1")])
+        // In an aborted block PostgreSQL's 25P02 comes first.
+        .on(1, vec![q("BEGIN; SELECT 1/0")])
+        .on(1, vec![q("PREPARE pgmemo_s1 AS SELECT 5")])
+        .on(1, vec![q("ROLLBACK")])
+        .on(0, vec![b("r1", &[]), e(), S]);
+    let refused = "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"42939\", M=\"pgmemo: prepared statement name \\\"pgmemo_s1\\\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)\" }";
+    let want: Vec<String> = [
+        refused,
+        "ReadyForQuery I",
+        "RowDescription [\"x\" table=0 col=0 type=23 len=4 typmod=-1 format=0]",
+        "DataRow [\"1\"]",
+        "CommandComplete \"SELECT 1\"",
+        refused,
+        "ReadyForQuery I",
+        "ParseComplete",
+        "BindComplete",
+        refused,
+        "ReadyForQuery I",
+        "CommandComplete \"BEGIN\"",
+        "ReadyForQuery T",
+        refused,
+        "ReadyForQuery E",
+        "CommandComplete \"ROLLBACK\"",
+        "ReadyForQuery I",
+        "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"26000\", M=\"prepared statement \\\"pgmemo_s1\\\" does not exist\", F=\"prepare.c\", L=\"451\", R=\"FetchPreparedStatement\" }",
+        "ReadyForQuery I",
+        "CommandComplete \"BEGIN\"",
+        "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"22012\", M=\"division by zero\", F=\"int.c\", L=\"869\", R=\"int4div\" }",
+        "ReadyForQuery E",
+        "ErrorResponse { S=\"ERROR\", V=\"ERROR\", C=\"25P02\", M=\"current transaction is aborted, commands ignored until end of transaction block\", F=\"postgres.c\", L=\"1081\", R=\"exec_simple_query\" }",
+        "ReadyForQuery E",
+        "CommandComplete \"ROLLBACK\"",
+        "ReadyForQuery I",
+    ]
+    .iter()
+    .map(|l| format!("1<< {l}"))
+    .collect();
+    for pool_size in [1, 2] {
+        let proxy = start(pool_size, defaults).await;
+        let out = run(&script, Target::Pgmemo(proxy.local_addr(), pool_size)).await;
+        proxy.shutdown().await;
+        let second: Vec<String> = out
+            .iter()
+            .filter(|l| l.starts_with("1<<"))
+            .cloned()
+            .collect();
+        assert_eq!(second, want, "pool_size {pool_size}:\n{}", out.join("\n"));
+        let tail = &out[out.len() - 4..];
+        assert_eq!(
+            tail,
+            [
+                "0<< BindComplete",
+                "0<< DataRow [\"1\"]",
+                "0<< CommandComplete \"SELECT 1\"",
+                "0<< ReadyForQuery I"
+            ],
+            "pool_size {pool_size}:\n{}",
+            out.join("\n")
+        );
+    }
+}

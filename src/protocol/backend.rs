@@ -44,6 +44,7 @@ pub mod sqlstate {
     pub const SYNTAX_ERROR: &str = "42601";
     pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
     pub const INTERNAL_ERROR: &str = "XX000";
+    pub const RESERVED_NAME: &str = "42939";
 }
 
 /// A FATAL error in protocol 2.0's format (`E`, then the text, NUL-terminated), which is what

@@ -24,6 +24,7 @@ use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
 use crate::replies::{self, ErrorRewrite, Expected, ReplyQueue, Route, Synth};
 use crate::server::{ServerConn, ServerError};
+use crate::statements::sql;
 use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
@@ -828,6 +829,23 @@ impl Session {
                         }
                         Some(ErrorRewrite::Whole(bytes)) => {
                             self.client.wbuf.extend_from_slice(&bytes)
+                        }
+                        Some(ErrorRewrite::Hidden { name, refusal }) => {
+                            let hidden = ErrorFields::parse(body).is_some_and(|f| {
+                                f.code == "26000" && f.message == sql::NOWHERE_MISSING
+                            });
+                            match refusal {
+                                _ if !hidden => {
+                                    self.client.wbuf.extend_from_slice(&server.rbuf[..len])
+                                }
+                                Some(refusal) => self.client.wbuf.extend_from_slice(&refusal),
+                                None => be::error_with_renamed(
+                                    &mut self.client.wbuf,
+                                    body,
+                                    sql::NOWHERE.as_bytes(),
+                                    &name,
+                                ),
+                            }
                         }
                         Some(ErrorRewrite::Message(message)) => {
                             replies::error_with_message(&mut self.client.wbuf, body, &message)

@@ -22,6 +22,10 @@
 //!   completes) and prepared again on whichever server the client's next transaction runs
 //!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
 //!   the client's namespace with protocol-level names, as in PostgreSQL.
+//! - Statement names `pgmemo_s<digits>` are pgmemo's on servers: SQL that names one (simple
+//!   query, or the text of a Parse) reaches the server with the name hidden, an `EXECUTE` /
+//!   `DEALLOCATE` of it failing with PostgreSQL's own 26000, a `PREPARE` of it refused
+//!   (42939), where the statement runs ([`sql::hide_reserved`]).
 //! - Where PostgreSQL's answer depends on what is still in flight (an aborted block, a Parse
 //!   that may fail), planning waits for those replies ([`Plan::Wait`]).
 //!
@@ -46,9 +50,9 @@ use crate::stats::LocalStats;
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
-/// A server-side name no statement ever has: a message using it fails with 26000 exactly where
-/// pgmemo needs an error.
-pub const MISSING_NAME: &[u8] = b"pgmemo_missing";
+/// A server-side name no statement ever has (a reserved name, see [`sql::NOWHERE`]): a
+/// message using it fails with 26000 exactly where pgmemo needs an error.
+pub const MISSING_NAME: &[u8] = sql::NOWHERE.as_bytes();
 
 /// The per-client statement count limit is never below this, whatever the per-server limit.
 pub const MIN_CLIENT_STATEMENTS: usize = 1000;
@@ -211,8 +215,11 @@ impl Planner<'_> {
         // earlier DISCARD ALL may yet fail: the server's statements are not known then.)
         // The words of a simple query that matter here, found in one pass.
         let words = if tag == fe::QUERY {
-            let mut wanted =
-                Words::PREPARE | Words::DEALLOCATE | Words::DISCARD | Words::SEARCH_PATH;
+            let mut wanted = Words::PREPARE
+                | Words::DEALLOCATE
+                | Words::DISCARD
+                | Words::SEARCH_PATH
+                | Words::PGMEMO_S;
             if !self.stmts.is_empty() {
                 wanted |= Words::EXECUTE;
             }
@@ -656,6 +663,16 @@ impl Planner<'_> {
                 Plan::Done
             }
             Command::Deallocate { name } => self.execute_deallocate(name.as_bytes()),
+            // Of a reserved name (see `Statement::hidden`): the server runs it naming
+            // `pgmemo_s`, which it does not have.
+            Command::Execute { name } => {
+                self.forward_execute_with(None, missing_as(&name));
+                Plan::Done
+            }
+            Command::Prepare { name, .. } => {
+                self.forward_execute_with(None, refusing(&name));
+                Plan::Done
+            }
             Command::SetSearchPath { value, local } => {
                 // Statements parsed after it are keyed by the new search_path.
                 let before = self.stmts.search_path.clone();
@@ -760,10 +777,14 @@ impl Planner<'_> {
 
     /// Sends the client's Execute as it is, with bookkeeping.
     fn forward_execute(&mut self, effect: Option<Effect>) {
+        self.forward_execute_with(effect, Action::Forward);
+    }
+
+    fn forward_execute_with(&mut self, effect: Option<Effect>, action: Action) {
         self.server.wbuf.extend_from_slice(self.msg);
         self.replies.push_entry(Entry {
             expected: Expected::Execute,
-            action: Action::Forward,
+            action,
             effect,
         });
     }
@@ -795,18 +816,31 @@ impl Planner<'_> {
                 action: Action::Synthesize(Synth::Deallocate),
                 effect: Effect::combine(unnamed, Some(effect)),
             }),
-            QueryPlan::Forward(effect, placeholders) => {
-                if unnamed.is_none() && effect.is_none() && placeholders.is_empty() {
+            QueryPlan::Forward(effect, placeholders, hidden) => {
+                if unnamed.is_none()
+                    && effect.is_none()
+                    && placeholders.is_empty()
+                    && hidden.is_none()
+                {
                     return Plan::Forward;
                 }
                 let bracket = !placeholders.is_empty() && !self.replies.in_batch();
                 if bracket {
                     self.placeholders(&placeholders, fe::PARSE);
                 }
-                self.server.wbuf.extend_from_slice(self.msg);
+                let action = match hidden {
+                    Some((text, action)) => {
+                        write_message(&mut self.server.wbuf, fe::QUERY, |m| put_cstr(m, &text));
+                        action
+                    }
+                    None => {
+                        self.server.wbuf.extend_from_slice(self.msg);
+                        Action::Forward
+                    }
+                };
                 self.replies.push_entry(Entry {
                     expected: Expected::Query,
-                    action: Action::Forward,
+                    action,
                     effect: Effect::combine(unnamed, effect),
                 });
                 if bracket {
@@ -828,7 +862,7 @@ impl Planner<'_> {
             if tag == fe::PARSE {
                 write_message(&mut self.server.wbuf, fe::PARSE, |m| {
                     put_cstr(m, name.as_bytes());
-                    put_cstr(m, &statement.key.query);
+                    put_cstr(m, &statement.server_query);
                     m.extend_from_slice(&statement.key.param_types);
                 });
             } else {
@@ -873,19 +907,29 @@ impl Planner<'_> {
 
     /// What a simple query does to the client's statements.
     fn query_effect(&mut self, words: u8) -> QueryPlan {
-        let Some(text) = fe::query_text(self.body()) else {
-            return QueryPlan::Forward(None, Vec::new());
+        let msg = self.msg;
+        let Some(text) = fe::query_text(&msg[5..]) else {
+            return QueryPlan::Forward(None, Vec::new(), None);
         };
         let commands = Words::PREPARE
             | Words::DEALLOCATE
             | Words::DISCARD
             | Words::EXECUTE
-            | Words::SEARCH_PATH;
+            | Words::SEARCH_PATH
+            | Words::PGMEMO_S;
         if words & commands == 0 {
-            return QueryPlan::Forward(None, Vec::new());
+            return QueryPlan::Forward(None, Vec::new(), None);
         }
         let Ok(text) = std::str::from_utf8(text) else {
-            return QueryPlan::Forward(None, Vec::new());
+            // Another client_encoding: its reserved names are hidden all the same.
+            let hidden = (words & Words::PGMEMO_S != 0)
+                .then(|| sql::hide_reserved(text))
+                .flatten()
+                .map(|h| {
+                    let action = reserved_action(&h.uses[0].1);
+                    (h.text, action)
+                });
+            return QueryPlan::Forward(None, Vec::new(), hidden);
         };
         let commands = sql::classify(text);
         if let [Command::Deallocate { name }] = commands.as_slice() {
@@ -947,6 +991,35 @@ impl Planner<'_> {
             self.server.prepared.clear();
             effect = Some(Effect::Reset(Box::new(snapshot)));
         }
+        // Reserved names (`pgmemo_s<n>`) are pgmemo's on the server: hidden from it (see
+        // `sql::hide_reserved`). PostgreSQL stops at the first statement that fails, and each
+        // hidden one fails: the error, if about `pgmemo_s`, is about the first of them (or of
+        // the client's statements whose hidden text an EXECUTE runs, see `placeholders`).
+        let hidden = if words & Words::PGMEMO_S != 0 {
+            sql::hide_reserved(text.as_bytes())
+        } else {
+            None
+        };
+        let first_hidden = commands.iter().enumerate().find_map(|(i, c)| {
+            if let Some((_, used)) = hidden
+                .as_ref()
+                .and_then(|h| h.uses.iter().find(|(j, _)| *j == i))
+            {
+                return Some(used.clone());
+            }
+            match c {
+                Command::Execute { name } if !sql::is_reserved_name(name.as_bytes()) => {
+                    self.stmts.get(name.as_bytes())?.hidden.clone()
+                }
+                _ => None,
+            }
+        });
+        let hidden = match (hidden, first_hidden) {
+            (Some(h), Some(used)) => Some((h.text, reserved_action(&used))),
+            (None, Some(used)) => Some((text.as_bytes().to_vec(), reserved_action(&used))),
+            (Some(h), None) => Some((h.text, Action::Forward)),
+            (None, None) => None,
+        };
         let commands = executed;
         if commands.iter().any(|c| {
             matches!(
@@ -964,7 +1037,7 @@ impl Planner<'_> {
             }));
             effect = Effect::combine(effect, Some(sql));
         }
-        QueryPlan::Forward(effect, placeholders)
+        QueryPlan::Forward(effect, placeholders, hidden)
     }
 
     /// Forwards the Sync, then closes the names a duplicate Parse left on the server.
@@ -1211,8 +1284,13 @@ fn bind_param_count(rest: &[u8]) -> Option<usize> {
 
 /// How a simple query is sent, and what it does to the client's statements.
 enum QueryPlan {
-    /// To the server, between placeholders for these names (see [`Planner::placeholders`]).
-    Forward(Option<Effect>, Vec<(String, Arc<Statement>)>),
+    /// To the server, between placeholders for these names (see [`Planner::placeholders`]);
+    /// with reserved statement names hidden, this text, its errors shown so.
+    Forward(
+        Option<Effect>,
+        Vec<(String, Arc<Statement>)>,
+        Option<(Vec<u8>, Action)>,
+    ),
     /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
     Synthesize(Effect),
 }
@@ -1497,6 +1575,40 @@ pub fn sync_sql_statements(
     }
 }
 
+/// The replies to a statement that names the reserved `name` (see `sql::ReservedUse`).
+fn reserved_action(used: &sql::ReservedUse) -> Action {
+    match used {
+        sql::ReservedUse::Missing(name) => missing_as(name),
+        sql::ReservedUse::Refused(name) => refusing(name),
+    }
+}
+
+/// PostgreSQL's 26000 about [`MISSING_NAME`] is about the client's `name`.
+fn missing_as(name: &str) -> Action {
+    Action::ReplaceError(ErrorRewrite::Hidden {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        refusal: None,
+    })
+}
+
+/// PostgreSQL's 26000 about [`MISSING_NAME`] is pgmemo's refusal to prepare the reserved
+/// `name`.
+fn refusing(name: &str) -> Action {
+    let mut error = BytesMut::new();
+    be::error_response(
+        &mut error,
+        Severity::Error,
+        sqlstate::RESERVED_NAME,
+        &format!(
+            "pgmemo: prepared statement name \"{name}\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)"
+        ),
+    );
+    Action::ReplaceError(ErrorRewrite::Hidden {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        refusal: Some(error.freeze()),
+    })
+}
+
 /// Replies pass through, but an error that names the statement names it as the client does.
 #[inline]
 fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
@@ -1520,8 +1632,10 @@ impl Words {
     const DISCARD: u8 = 16;
     const EXECUTE: u8 = 32;
     const SEARCH_PATH: u8 = 64;
+    /// A reserved statement name may follow (see `sql::hide_reserved`).
+    const PGMEMO_S: u8 = 128;
 
-    const ALL: [(&'static [u8], u8); 7] = [
+    const ALL: [(&'static [u8], u8); 8] = [
         (b"begin", Self::BEGIN),
         (b"start", Self::START),
         (b"prepare", Self::PREPARE),
@@ -1529,6 +1643,7 @@ impl Words {
         (b"discard", Self::DISCARD),
         (b"execute", Self::EXECUTE),
         (b"search_path", Self::SEARCH_PATH),
+        (b"pgmemo_s", Self::PGMEMO_S),
     ];
 
     /// For each byte, the words that start with it (either case).
@@ -1574,7 +1689,7 @@ mod words_tests {
 
     #[test]
     fn finds_each_word_in_any_case_anywhere() {
-        let all = 0x7f;
+        let all = 0xff;
         let text = b"select 1; BEGIN; Prepare p AS select 1; dEaLlOcAtE p";
         assert_eq!(
             Words::found_in(text, all),
@@ -1599,5 +1714,9 @@ mod words_tests {
         assert_eq!(Words::found_in(pgbench, all), 0);
         assert_eq!(Words::found_in(b"begi", all), 0);
         assert_eq!(Words::found_in(b"", all), 0);
+        assert_eq!(
+            Words::found_in(b"DEALLOCATE \"PGMEMO_S1\"", Words::PGMEMO_S),
+            Words::PGMEMO_S
+        );
     }
 }

@@ -60,6 +60,15 @@ pub struct Statement {
     /// portal of it changes the client's statements (and the server's) or their context, see
     /// `planner::Planner::execute`.
     pub tracked: Option<sql::Command>,
+    /// Its text names a reserved statement name (`pgmemo_s<n>`, see
+    /// [`sql::hide_reserved`]): what its first such statement does instead. An `EXECUTE` or
+    /// `PREPARE` of one is then also [`Statement::tracked`], so that its error is shown as
+    /// PostgreSQL's about the client's name, or as pgmemo's refusal.
+    pub hidden: Option<sql::ReservedUse>,
+    /// The text servers get: the client's, or (with [`Statement::hidden`]) the one with the
+    /// reserved names hidden. A `DEALLOCATE` keeps the client's text in its Parse (its
+    /// Execute is planned, see `planner::Planner::execute`), not in placeholders.
+    pub server_query: Bytes,
     /// How many parameters PostgreSQL will say it has: as many types as the Parse gives, or
     /// more if the text uses a higher `$n`.
     pub param_count: usize,
@@ -75,13 +84,33 @@ pub struct Statement {
 impl Statement {
     fn new(id: u64, key: StatementKey) -> Statement {
         let server_name = format!("pgmemo_s{id}").into_boxed_str();
+        let text = std::str::from_utf8(&key.query).unwrap_or_default();
+        let mut tracked = sql::tracked_command(text);
+        let hidden = sql::hide_reserved(&key.query);
+        let server_query = hidden
+            .as_ref()
+            .map_or_else(|| key.query.clone(), |h| Bytes::from(h.text.clone()));
+        let hidden = hidden.and_then(|h| h.uses.into_iter().next().map(|(_, used)| used));
+        let mut parsed_query = &key.query;
+        if tracked.is_none() {
+            if let Some(used) = &hidden {
+                // `EXECUTE` / `PREPARE` of a reserved name: hidden from servers.
+                parsed_query = &server_query;
+                tracked = Some(match used {
+                    sql::ReservedUse::Missing(name) => sql::Command::Execute { name: name.clone() },
+                    sql::ReservedUse::Refused(name) => sql::Command::Prepare {
+                        name: name.clone(),
+                        text: String::new(),
+                    },
+                });
+            }
+        }
         let mut msg = BytesMut::with_capacity(key.query.len() + server_name.len() + 16);
         write_message(&mut msg, crate::protocol::frontend::PARSE, |b| {
             put_cstr(b, server_name.as_bytes());
-            put_cstr(b, &key.query);
+            put_cstr(b, parsed_query);
             b.extend_from_slice(&key.param_types);
         });
-        let text = std::str::from_utf8(&key.query).unwrap_or_default();
         let declared = u16::from_be_bytes([
             key.param_types.first().copied().unwrap_or(0),
             key.param_types.get(1).copied().unwrap_or(0),
@@ -90,7 +119,9 @@ impl Statement {
             id,
             ends_transaction: sql::is_transaction_exit(text),
             starts_transaction: sql::is_transaction_start(text),
-            tracked: sql::tracked_command(text),
+            tracked,
+            hidden,
+            server_query,
             param_count: declared.max(sql::highest_parameter(text)),
             key,
             server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),

@@ -67,6 +67,142 @@ pub fn tracked_command(text: &str) -> Option<Command> {
     }
 }
 
+/// The prefix of pgmemo's own statement names on servers (`pgmemo_s<n>`, the guard
+/// `pgmemo_s0`), and on its own the name pgmemo sends where a server must find no statement.
+/// Names of this form are reserved: a client's SQL that names one never reaches a server
+/// with it (see [`hide_reserved`]).
+pub const NOWHERE: &str = "pgmemo_s";
+/// PostgreSQL's message for a statement that names [`NOWHERE`].
+pub const NOWHERE_MISSING: &str = "prepared statement \"pgmemo_s\" does not exist";
+
+/// Whether a statement name (as PostgreSQL stores it) is reserved: `pgmemo_s` followed by
+/// digits or nothing.
+pub fn is_reserved_name(name: &[u8]) -> bool {
+    let name = super::pg_name(name);
+    name.len() >= NOWHERE.len()
+        && name[..NOWHERE.len()] == *NOWHERE.as_bytes()
+        && name[NOWHERE.len()..].iter().all(u8::is_ascii_digit)
+}
+
+/// A statement of a query that names a reserved statement name, as pgmemo sends it instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReservedUse {
+    /// `EXECUTE` / `DEALLOCATE` of it: sent naming [`NOWHERE`], which no server has, so that
+    /// PostgreSQL fails it with its own 26000 (about `NOWHERE`, to be shown about this name).
+    Missing(String),
+    /// `PREPARE` of it: refused. The statement is sent as `EXECUTE pgmemo_s`, which fails the
+    /// same way, at the same place; the error shown is pgmemo's.
+    Refused(String),
+}
+
+impl ReservedUse {
+    pub fn name(&self) -> &str {
+        match self {
+            ReservedUse::Missing(name) | ReservedUse::Refused(name) => name,
+        }
+    }
+}
+
+/// A query's text with every reserved name hidden (see [`ReservedUse`]): each replaced by
+/// text of the same length in characters, so that the positions PostgreSQL reports in
+/// errors stay right.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hidden {
+    pub text: Vec<u8>,
+    /// The index (as in [`classify`]) and use of each changed statement, in order.
+    pub uses: Vec<(usize, ReservedUse)>,
+}
+
+/// Hides the reserved statement names a query's `PREPARE`, `EXECUTE` and `DEALLOCATE`
+/// statements name, if any. Cheap when the text does not contain `pgmemo_s`. A text that
+/// is not UTF-8 (another client_encoding) is read byte by byte: the words and the quotes
+/// that matter are ASCII in every client encoding PostgreSQL accepts.
+pub fn hide_reserved(sql: &[u8]) -> Option<Hidden> {
+    if !sql
+        .windows(NOWHERE.len())
+        .any(|w| w.eq_ignore_ascii_case(NOWHERE.as_bytes()))
+    {
+        return None;
+    }
+    match std::str::from_utf8(sql) {
+        Ok(text) => {
+            let (text, uses) = hide_reserved_str(text)?;
+            Some(Hidden {
+                text: text.into_bytes(),
+                uses,
+            })
+        }
+        Err(_) => {
+            let text: String = sql.iter().map(|&b| char::from(b)).collect();
+            let (text, uses) = hide_reserved_str(&text)?;
+            Some(Hidden {
+                // Every char is one of the bytes, or ASCII pgmemo wrote.
+                text: text.chars().map(|c| c as u8).collect(),
+                uses,
+            })
+        }
+    }
+}
+
+fn hide_reserved_str(sql: &str) -> Option<(String, Vec<(usize, ReservedUse)>)> {
+    let offset = |part: &str| part.as_ptr() as usize - sql.as_ptr() as usize;
+    let mut text = String::new();
+    let mut copied = 0;
+    let mut uses = Vec::new();
+    let statements = split(sql).into_iter().filter(|s| !s.trim().is_empty());
+    for (index, stmt) in statements.enumerate() {
+        let words = leading_words(stmt, 3);
+        let Some(&first) = words.first() else {
+            continue;
+        };
+        let prepare = is_keyword(first, "prepare");
+        let token = if prepare || is_keyword(first, "execute") {
+            words.get(1)
+        } else if is_keyword(first, "deallocate") {
+            match words.get(1) {
+                Some(w) if is_keyword(w, "prepare") => words.get(2),
+                w => w,
+            }
+        } else {
+            None
+        };
+        let Some(&token) = token else {
+            continue;
+        };
+        let name = identifier(token);
+        if !is_reserved_name(name.as_bytes()) {
+            continue;
+        }
+        let (start, end, replacement, used) = if prepare {
+            let start = offset(first);
+            let end = offset(stmt) + stmt.len();
+            (start, end, "EXECUTE pgmemo_s", ReservedUse::Refused(name))
+        } else {
+            let start = offset(token);
+            (
+                start,
+                start + token.len(),
+                NOWHERE,
+                ReservedUse::Missing(name),
+            )
+        };
+        let width = sql[start..end].chars().count();
+        text.push_str(&sql[copied..start]);
+        text.push_str(replacement);
+        text.extend(std::iter::repeat_n(
+            ' ',
+            width.saturating_sub(replacement.len()),
+        ));
+        copied = end;
+        uses.push((index, used));
+    }
+    if uses.is_empty() {
+        return None;
+    }
+    text.push_str(&sql[copied..]);
+    Some((text, uses))
+}
+
 fn classify_one(stmt: &str) -> Command {
     let words = leading_words(stmt, 3);
     let word = |i: usize| words.get(i).map(|w| w.to_ascii_lowercase());
@@ -584,6 +720,52 @@ mod tests {
         );
         assert_eq!(highest_parameter(r"SELECT E'\' $4', $2"), 2);
         assert_eq!(highest_parameter("$"), 0);
+    }
+
+    #[test]
+    fn hides_reserved_names_keeping_positions() {
+        assert_eq!(
+            NOWHERE_MISSING,
+            format!("prepared statement \"{NOWHERE}\" does not exist")
+        );
+        assert!(is_reserved_name(b"pgmemo_s0"));
+        assert!(is_reserved_name(b"pgmemo_s"));
+        assert!(is_reserved_name(b"pgmemo_s12345"));
+        for no in [
+            &b"pgmemo_s1x"[..],
+            b"PGMEMO_S1",
+            b"pgmemo_",
+            b"xpgmemo_s1",
+            b"pgmemo_missing",
+        ] {
+            assert!(!is_reserved_name(no));
+        }
+        assert_eq!(hide_reserved(b"SELECT 1; DEALLOCATE a"), None);
+        assert_eq!(hide_reserved(b"SELECT 'pgmemo_s1'"), None);
+        let query = "SELECT 1; DEALLOCATE PREPARE \"pgmemo_s12\"; execute PGMEMO_S3(1); \
+                     prepare pgmemo_s4 AS SELECT 'é'; SELECT 2";
+        let h = hide_reserved(query.as_bytes()).unwrap();
+        let text = String::from_utf8(h.text).unwrap();
+        assert_eq!(
+            text,
+            "SELECT 1; DEALLOCATE PREPARE pgmemo_s    ; execute pgmemo_s (1); \
+             EXECUTE pgmemo_s               ; SELECT 2"
+        );
+        assert_eq!(text.chars().count(), query.chars().count());
+        assert_eq!(
+            h.uses,
+            vec![
+                (1, ReservedUse::Missing("pgmemo_s12".into())),
+                (2, ReservedUse::Missing("pgmemo_s3".into())),
+                (3, ReservedUse::Refused("pgmemo_s4".into())),
+            ]
+        );
+        assert_eq!(hide_reserved(b"EXECUTE \"PGMEMO_S1\""), None);
+        assert_eq!(hide_reserved(b"PREPARE TRANSACTION 'pgmemo_s1'"), None);
+        // Latin-1 (not UTF-8): byte for byte.
+        let h = hide_reserved(b"SELECT '\xe9'; EXECUTE pgmemo_s7").unwrap();
+        assert_eq!(h.text, b"SELECT '\xe9'; EXECUTE pgmemo_s ");
+        assert_eq!(h.uses, vec![(1, ReservedUse::Missing("pgmemo_s7".into()))]);
     }
 
     #[test]
