@@ -1119,7 +1119,9 @@ impl Planner<'_> {
     fn may_open_block(&self, tag: u8, words: u8) -> bool {
         match tag {
             fe::QUERY => words & (Words::BEGIN | Words::START) != 0,
+            // (A look at the first byte first: a Parse is planned per query.)
             fe::PARSE => Parse::parse(self.body())
+                .filter(|p| Words::may_start_transaction(p.query))
                 .and_then(|p| std::str::from_utf8(p.query).ok())
                 .is_some_and(sql::is_transaction_start),
             // A Bind of BEGIN: see bind().
@@ -1646,29 +1648,45 @@ impl Words {
         (b"pgmemo_s", Self::PGMEMO_S),
     ];
 
-    /// For each byte, the words that start with it (either case).
-    const STARTING_WITH: [u8; 256] = {
-        let mut t = [0u8; 256];
+    /// Bit of [`Words::CLASS`] for bytes that continue an identifier: a word cannot start
+    /// right after one.
+    const IDENTIFIER: u16 = 256;
+
+    /// For each byte: the words that start with it (either case), and whether it is part of
+    /// an identifier (a letter, `_`, a non-ASCII byte).
+    const CLASS: [u16; 256] = {
+        let mut t = [0u16; 256];
+        let mut c = 0;
+        while c < 256 {
+            let b = c as u8;
+            if b.is_ascii_alphabetic() || b == b'_' || b >= 0x80 {
+                t[c] = Self::IDENTIFIER;
+            }
+            c += 1;
+        }
         let mut i = 0;
         while i < Self::ALL.len() {
             let (word, bit) = Self::ALL[i];
-            t[word[0] as usize] |= bit;
-            t[word[0].to_ascii_uppercase() as usize] |= bit;
+            t[word[0] as usize] |= bit as u16;
+            t[word[0].to_ascii_uppercase() as usize] |= bit as u16;
             i += 1;
         }
         t
     };
 
     /// Which of the `wanted` words `text` contains (a set of the bits above), where a word
-    /// may start: not inside an identifier (after a letter, `_` or a non-ASCII byte).
+    /// may start: not inside an identifier. One table lookup per byte.
     fn found_in(text: &[u8], wanted: u8) -> u8 {
-        let mut found = 0;
-        let mut in_identifier = false;
+        let mut found = 0u8;
+        // Bytes that start a wanted word not yet found, after a byte that is not part of an
+        // identifier: `IDENTIFIER` set in `after` means "the previous byte was one".
+        let mut after = 0; // nothing before the start
         for (at, &c) in text.iter().enumerate() {
-            let candidates = Self::STARTING_WITH[c as usize] & wanted & !found;
-            if candidates != 0 && !in_identifier {
+            let class = Self::CLASS[c as usize];
+            let candidates = (class as u8) & wanted & !found;
+            if candidates != 0 && after == 0 {
                 let rest = &text[at..];
-                for (word, bit) in Self::ALL {
+                for (word, bit) in Self::ALL.iter() {
                     if candidates & bit != 0
                         && rest.len() >= word.len()
                         && rest[..word.len()].eq_ignore_ascii_case(word)
@@ -1677,9 +1695,18 @@ impl Words {
                     }
                 }
             }
-            in_identifier = c.is_ascii_alphabetic() || c == b'_' || c >= 0x80;
+            after = class & Self::IDENTIFIER;
         }
         found
+    }
+
+    /// Whether a statement's text may begin with BEGIN or START (after blanks or a comment):
+    /// a look at its first byte, before the exact check.
+    fn may_start_transaction(text: &[u8]) -> bool {
+        matches!(
+            text.iter().find(|c| !c.is_ascii_whitespace()),
+            Some(b'b' | b'B' | b's' | b'S' | b'-' | b'/')
+        )
     }
 }
 
