@@ -675,6 +675,27 @@ async fn parse_describe_flush_then_bind_execute_sync() {
     .await;
 }
 
+/// A Parse pgmemo answers itself (the statement is known) followed by Flush: its
+/// ParseComplete arrives at once, also when it waits behind replies the server owes (pgmemo
+/// holds its own replies back only until the server's come).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locally_answered_parse_then_flush() {
+    check(
+        Script::new()
+            .go(vec![p("f1", "SELECT 1 AS one"), S])
+            .moved()
+            .send(0, vec![p("f2", "SELECT 1 AS one"), H])
+            .recv(0, 1)
+            .send(0, vec![b("f2", &[]), e(), H])
+            .recv(0, 3)
+            .send(0, vec![b("f1", &[]), e(), p("f3", "SELECT 1 AS one"), H])
+            .recv(0, 4)
+            .go(vec![S])
+            .back(),
+    )
+    .await;
+}
+
 /// Two clients sharing one server: the same name with different SQL, the same SQL under
 /// different names, interleaved pipelines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

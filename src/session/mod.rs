@@ -204,6 +204,11 @@ struct Session {
     waiting: bool,
     /// A Flush has been sent for the current wait.
     wait_flushed: bool,
+    /// The client's write buffer holds only replies pgmemo gave itself (a ParseComplete).
+    /// While the server still owes replies they wait for those: PostgreSQL sends a batch's
+    /// replies together, at its Sync or Flush, and a separate early write would cost a system
+    /// call and a wake-up of the client.
+    local_replies_only: bool,
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
     /// The last 0A000 ErrorResponse a server sent (whole), for stale-statement answers.
@@ -286,6 +291,7 @@ impl Session {
             cleanup: Vec::new(),
             waiting: false,
             wait_flushed: false,
+            local_replies_only: false,
             retry: planner::Retry::default(),
             last_0a000: None,
         }
@@ -628,7 +634,11 @@ impl Session {
                     planner::Plan::Done => {
                         self.retry.consumed(&self.client.rbuf[..len]);
                         self.client.rbuf.advance(len);
+                        let pending_output = self.client.wbuf.len();
                         self.answer_locally();
+                        if pending_output == 0 && !self.client.wbuf.is_empty() {
+                            self.local_replies_only = true;
+                        }
                         continue;
                     }
                     planner::Plan::Wait => {
@@ -746,6 +756,7 @@ impl Session {
         // Usually lent when the client sent its query; not when the server speaks first (a
         // notification to an idle session-mode client).
         buffers::lend(&mut self.client.wbuf);
+        self.local_replies_only = false;
         loop {
             if self.client.wbuf.len() >= HIGH_WATER {
                 break; // backpressure: let the client read first
@@ -1001,8 +1012,11 @@ impl Session {
                 return Poll::Ready(Event::ServerGone(Some(e)));
             }
         }
-        if let Err(e) = poll_write_buf(&mut self.client.stream, &mut self.client.wbuf, cx) {
-            return Poll::Ready(Event::ClientGone(Some(e)));
+        let hold = self.local_replies_only && !self.replies.is_empty();
+        if !hold {
+            if let Err(e) = poll_write_buf(&mut self.client.stream, &mut self.client.wbuf, cx) {
+                return Poll::Ready(Event::ClientGone(Some(e)));
+            }
         }
         // Nothing in flight: the client's buffers go back to the free list until it sends
         // again (an idle client then costs no buffer memory).

@@ -739,16 +739,7 @@ impl Planner<'_> {
                     // The client's statement is on the server under pgmemo's name: a
                     // placeholder under the client's name is what the DEALLOCATE drops. Closed
                     // after the client's next Sync in case the Execute does not run.
-                    write_message(&mut self.server.wbuf, fe::PARSE, |m| {
-                        put_cstr(m, name);
-                        put_cstr(m, GUARD_QUERY);
-                        m.extend_from_slice(&[0, 0]);
-                    });
-                    self.replies.push_entry(Entry {
-                        expected: Expected::Parse,
-                        action: Action::Skip,
-                        effect: None,
-                    });
+                    self.parse_guard_query(name, Action::Skip, None);
                     self.cleanup.push(name.into());
                 }
                 self.forward_execute(Some(effect));
@@ -1129,6 +1120,21 @@ impl Planner<'_> {
         }
     }
 
+    /// Sends a Parse of the guard's query (a statement that does nothing) under `name`, its
+    /// reply handled as `action` says.
+    fn parse_guard_query(&mut self, name: &[u8], action: Action, effect: Option<Effect>) {
+        write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+            put_cstr(m, name);
+            put_cstr(m, GUARD_QUERY);
+            m.extend_from_slice(&[0, 0]);
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action,
+            effect,
+        });
+    }
+
     /// Prepares the guard statement (see [`GUARD_NAME`]) if this is a safe moment: between
     /// the client's units of work (no batch open), unless the block is known to be aborted.
     /// A Sync follows, so that the Parse is a unit of its own (inside a transaction block a
@@ -1156,16 +1162,7 @@ impl Planner<'_> {
             self.stats.prepare_evictions += 1;
             self.write_close(victim, generation);
         }
-        write_message(&mut self.server.wbuf, fe::PARSE, |m| {
-            put_cstr(m, GUARD_NAME);
-            put_cstr(m, GUARD_QUERY);
-            m.extend_from_slice(&[0, 0]);
-        });
-        self.replies.push_entry(Entry {
-            expected: Expected::Parse,
-            action: Action::Silent,
-            effect: Some(Effect::Guard),
-        });
+        self.parse_guard_query(GUARD_NAME, Action::Silent, Some(Effect::Guard));
         fe::sync(&mut self.server.wbuf);
         self.replies.push_entry(Entry {
             expected: Expected::Sync,
