@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Per-transaction cost of pgmemo binaries, in figures that do not move with the machine's
+# load (the TPS and CPU-time runs of bench/run.py do, by ±15% on a shared VM):
+#   - user-space instructions per transaction, counted by valgrind's callgrind;
+#   - system calls per transaction (sendto, recvfrom, epoll_wait), counted by perf.
+# Use it to compare a change against the binary before it:
+#
+#   bench/profile.sh -p PGPORT [-m simple|extended|prepared] [-c CLIENTS] [-t TX] BIN...
+#
+# PGPORT is a running PostgreSQL on 127.0.0.1 with `pgbench -i` data, trusting user postgres
+# (the demo mode's private server works: `pgmemo` prints nothing about its port, find it with
+# `ss -ltnp | grep postgres`). Needs valgrind and perf (apt-get install valgrind linux-perf).
+set -eu
+
+mode=prepared clients=8 tx=500 pgport=
+while getopts "p:m:c:t:" opt; do
+  case $opt in
+    p) pgport=$OPTARG ;;
+    m) mode=$OPTARG ;;
+    c) clients=$OPTARG ;;
+    t) tx=$OPTARG ;;
+    *) sed -n 2,15p "$0"; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,15p "$0"; exit 2; fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+port=6499
+total=$((clients * tx))
+run_pgbench() {
+  pgbench -S -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U postgres postgres >/dev/null
+}
+start() { # start BIN [wrapper...]: pgmemo on $port, in front of $pgport
+  local bin=$1; shift
+  "$@" "$bin" --upstream "postgresql://postgres@127.0.0.1:$pgport" --listen "127.0.0.1:$port" \
+    --pool-size 10 --auth trust >"$work/pgmemo.log" 2>&1 &
+  pid=$!
+  until pg_isready -q -h 127.0.0.1 -p "$port"; do sleep 0.2; done
+  run_pgbench 100 # warm: statements prepared, buffers grown
+}
+stop() { kill -INT "$pid"; wait "$pid" 2>/dev/null || true; }
+
+for bin in "$@"; do
+  start "$bin" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out"
+  callgrind_control -i on "$pid" >/dev/null 2>&1
+  run_pgbench "$tx"
+  callgrind_control -i off "$pid" >/dev/null 2>&1
+  stop
+  instructions=$(callgrind_annotate "$work"/cg.out* 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+  rm -f "$work"/cg.out*
+
+  start "$bin"
+  perf stat -x, -o "$work/stat.txt" -p "$pid" \
+    -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait &
+  perf_pid=$!
+  sleep 0.3
+  run_pgbench "$tx"
+  kill -INT "$perf_pid"; wait "$perf_pid" || true
+  stop
+  syscalls=$(awk -F, -v n="$total" '/sys_enter/ {sub("syscalls:sys_enter_", "", $3); printf "%s %.2f  ", $3, $1 / n}' "$work/stat.txt")
+  printf '%s  -M %s -c %s: %d user-space instructions/tx; syscalls/tx: %s\n' \
+    "$bin" "$mode" "$clients" $((instructions / total)) "$syscalls"
+done
