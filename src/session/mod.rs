@@ -1019,8 +1019,13 @@ impl Session {
             }
         }
         // Nothing in flight: the client's buffers go back to the free list until it sends
-        // again (an idle client then costs no buffer memory).
-        if self.replies.is_empty() && self.client.rbuf.is_empty() && self.client.wbuf.is_empty() {
+        // again (an idle client then costs no buffer memory). Not for TLS: its stream is always
+        // "ready" (see Stream::poll_read_ready), so it would borrow them straight back.
+        if self.replies.is_empty()
+            && self.client.rbuf.is_empty()
+            && self.client.wbuf.is_empty()
+            && !self.client.stream.is_tls()
+        {
             buffers::take_back(&mut self.client.rbuf);
             buffers::take_back(&mut self.client.wbuf);
         }
