@@ -1120,6 +1120,20 @@ impl Planner<'_> {
         }
     }
 
+    /// Closes the least recently used statement on the server to make room, and counts it.
+    fn evict(&mut self, victim: Arc<Statement>) {
+        let generation = self
+            .server
+            .prepared
+            .generation_of(&victim)
+            .unwrap_or_default();
+        victim
+            .evictions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.stats.prepare_evictions += 1;
+        self.write_close(victim, generation);
+    }
+
     /// Sends a Parse of the guard's query (a statement that does nothing) under `name`, its
     /// reply handled as `action` says.
     fn parse_guard_query(&mut self, name: &[u8], action: Action, effect: Option<Effect>) {
@@ -1151,16 +1165,7 @@ impl Planner<'_> {
         }
         // The guard counts toward the limit: make room if the set is full.
         if let Some(victim) = self.server.prepared.lru_if_full() {
-            let generation = self
-                .server
-                .prepared
-                .generation_of(&victim)
-                .unwrap_or_default();
-            victim
-                .evictions
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.stats.prepare_evictions += 1;
-            self.write_close(victim, generation);
+            self.evict(victim);
         }
         self.parse_guard_query(GUARD_NAME, Action::Silent, Some(Effect::Guard));
         fe::sync(&mut self.server.wbuf);
@@ -1243,16 +1248,7 @@ impl Planner<'_> {
             self.write_close(statement.clone(), generation);
         }
         while let Some(victim) = self.server.prepared.victim(statement) {
-            let generation = self
-                .server
-                .prepared
-                .generation_of(&victim)
-                .unwrap_or_default();
-            victim
-                .evictions
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.stats.prepare_evictions += 1;
-            self.write_close(victim, generation);
+            self.evict(victim);
         }
         self.server
             .wbuf
