@@ -822,6 +822,8 @@ impl Session {
                     }
                     if route == Route::Swallow && !retry {
                         tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
+                        // It may have been the parameter sync: check it again next time.
+                        server.params_synced_for = None;
                     }
                 }
                 _ => {}
