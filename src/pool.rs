@@ -4,8 +4,8 @@
 //! A checked-out [`ServerConn`] is owned by the session using it, so the hot path touches the
 //! pool only twice per transaction (take and give back), each under this pool's own short lock;
 //! there is no global lock. Connections are boxed: one changes hands twice per transaction,
-//! and moving a pointer is cheaper than moving the whole connection. A returned connection goes straight to the oldest waiter when there
-//! is one, so a waiter never races a newcomer for it.
+//! and moving a pointer is cheaper than moving the whole connection. A returned connection goes
+//! straight to the oldest waiter when there is one, so a waiter never races a newcomer for it.
 
 use crate::params::Vars;
 use crate::server::{ServerConn, ServerError, ServerInfo, ServerState, ServerTarget};
@@ -45,6 +45,19 @@ pub struct PoolSettings {
     pub prepared_statements: bool,
     /// Bound of each server connection's prepared-statement LRU.
     pub max_prepared_statements: usize,
+}
+
+impl PoolSettings {
+    /// Whether `conn` has lived past server_lifetime at `now` and must be closed.
+    fn outlived(&self, conn: &ServerConn, now: Instant) -> bool {
+        now.saturating_duration_since(conn.created) >= self.server_lifetime
+    }
+
+    /// Whether `conn` has been idle long enough at `now` to be checked before it is handed out.
+    fn due_for_check(&self, conn: &ServerConn, now: Instant) -> bool {
+        now.saturating_duration_since(conn.last_used) >= self.server_check_delay
+            && !self.server_check_query.is_empty()
+    }
 }
 
 /// Why a client could not get a server.
@@ -153,11 +166,22 @@ impl Pool {
         }
     }
 
-    /// The common case of [`Pool::checkout`], without its future: an idle connection that
-    /// needs no check, or None (then `checkout` waits, connects, discards or checks). Sessions
-    /// try this first so that their own future need not have room for `checkout`'s, which
-    /// holds a whole connect-and-login; that one is boxed, off the hot path.
-    pub fn try_checkout(&self) -> Option<Box<ServerConn>> {
+    /// Takes a server connection: an idle one, a new one if the pool is below its size, or the
+    /// next one returned, waiting at most query_wait_timeout.
+    ///
+    /// The common case, an idle connection that needs no check, is taken at once with one
+    /// clock reading. Everything else (waiting, connecting, discarding, checking) is a future
+    /// of its own, boxed: a session's task, which lives as long as its client, then need not
+    /// have room for a whole connect-and-login.
+    pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
+        match self.take_idle_now() {
+            Some(conn) => Ok(conn),
+            None => Box::pin(self.checkout_slowly()).await,
+        }
+    }
+
+    /// An idle connection ready to hand out, or None (then [`Pool::checkout_slowly`]).
+    fn take_idle_now(&self) -> Option<Box<ServerConn>> {
         let settings = self.settings.load();
         let now = Instant::now();
         let mut st = self.state.lock();
@@ -165,12 +189,11 @@ impl Pool {
             return None;
         }
         let mut conn = st.idle.pop()?;
-        let needs_care = !conn.looks_alive()
-            || now.saturating_duration_since(conn.created) >= settings.server_lifetime
-            || (now.saturating_duration_since(conn.last_used) >= settings.server_check_delay
-                && !settings.server_check_query.is_empty());
-        if needs_care {
-            st.idle.push(conn); // checkout() closes or checks it
+        if !conn.looks_alive()
+            || settings.outlived(&conn, now)
+            || settings.due_for_check(&conn, now)
+        {
+            st.idle.push(conn); // checkout_slowly() closes or checks it
             return None;
         }
         drop(st);
@@ -179,12 +202,8 @@ impl Pool {
         Some(conn)
     }
 
-    /// Takes a server connection: an idle one, a new one if the pool is below its size, or the
-    /// next one returned, waiting at most query_wait_timeout.
-    ///
-    /// The clock is read once when an idle connection is at hand (the common case): that
-    /// instant becomes the connection's `checked_out`.
-    pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
+    /// [`Pool::checkout`] when no idle connection could be handed out at once.
+    async fn checkout_slowly(&self) -> Result<Box<ServerConn>, CheckoutError> {
         let started = Instant::now();
         let settings = self.settings.load_full();
         let deadline = started + settings.query_wait_timeout;
@@ -202,10 +221,7 @@ impl Pool {
                 } else {
                     let mut got = None;
                     while let Some(conn) = st.idle.pop() {
-                        if conn.looks_alive()
-                            && now.saturating_duration_since(conn.created)
-                                < settings.server_lifetime
-                        {
+                        if conn.looks_alive() && !settings.outlived(&conn, now) {
                             got = Some(Grant::Conn(conn));
                             break;
                         }
@@ -283,9 +299,7 @@ impl Pool {
             }
             match grant {
                 Grant::Conn(mut conn) => {
-                    if now.saturating_duration_since(conn.last_used) >= settings.server_check_delay
-                        && !settings.server_check_query.is_empty()
-                    {
+                    if settings.due_for_check(&conn, now) {
                         conn.set_state(ServerState::Tested);
                         if conn
                             .internal_query(&settings.server_check_query)
@@ -375,10 +389,7 @@ impl Pool {
     pub fn checkin_at(&self, mut conn: Box<ServerConn>, now: Instant) {
         conn.info.client_id.store(0, Ordering::Relaxed);
         let settings = self.settings.load();
-        if conn.broken
-            || conn.status != b'I'
-            || now.saturating_duration_since(conn.created) >= settings.server_lifetime
-        {
+        if conn.broken || conn.status != b'I' || settings.outlived(&conn, now) {
             if conn.status != b'I' && !conn.broken {
                 tracing::warn!(pool = ?self.key, "closing a server returned inside a transaction");
             }
@@ -450,19 +461,21 @@ impl Pool {
     /// server_lifetime, and opens connections up to min_pool_size. Called by the janitor.
     pub async fn maintain(self: &Arc<Self>) {
         let settings = self.settings();
+        let now = Instant::now();
         let expired: Vec<Box<ServerConn>> = {
             let mut st = self.state.lock();
             let mut keep = Vec::with_capacity(st.idle.len());
             let mut out = Vec::new();
             let total = st.total;
             for conn in st.idle.drain(..) {
-                let idle_too_long = conn.last_used.elapsed() >= settings.server_idle_timeout
+                let idle_too_long = now.saturating_duration_since(conn.last_used)
+                    >= settings.server_idle_timeout
                     && total - out.len() > settings.min_pool_size;
                 // Over a pool_size lowered by a reload: idle ones go first.
                 let over_size = total - out.len() > settings.pool_size;
                 if idle_too_long
                     || over_size
-                    || conn.created.elapsed() >= settings.server_lifetime
+                    || settings.outlived(&conn, now)
                     || !conn.looks_alive()
                 {
                     out.push(conn);

@@ -84,7 +84,8 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
     let login_timeout = app.config.load().general.client_login_timeout;
     // The futures that run once per client (login, the session's start and finish, the admin
     // console) are boxed: the task's own future lives as long as the client, and stays small
-    // by holding only the relay loop's state (a few KiB less per idle client).
+    // by holding only the relay loop's state (a few KiB less per idle client; Pool::checkout
+    // boxes its slow path for the same reason).
     let login = Box::pin(login::read_startup(&app, tcp));
     let startup = match tokio::time::timeout(login_timeout, login).await {
         Err(_) => {
@@ -419,10 +420,7 @@ impl Session {
     }
 
     async fn login_checkout(&mut self) -> Result<Box<ServerConn>, String> {
-        if let Some(server) = self.pool.try_checkout() {
-            return Ok(server);
-        }
-        match Box::pin(self.pool.checkout()).await {
+        match self.pool.checkout().await {
             Ok(s) => Ok(s),
             Err(e) => {
                 let msg = e.to_string();
@@ -688,12 +686,7 @@ impl Session {
         if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
             return Err(End::ClientGone);
         }
-        let checked_out = match self.pool.try_checkout() {
-            Some(server) => Ok(server),
-            // Boxed: see Pool::try_checkout.
-            None => Box::pin(self.pool.checkout()).await,
-        };
-        let server = match checked_out {
+        let server = match self.pool.checkout().await {
             Ok(s) => s,
             Err(e) => {
                 let msg = e.to_string();
