@@ -1189,6 +1189,22 @@ async fn drivers_under_constant_eviction() {
 // (pgx) and some never do (tokio-postgres). Through pgmemo a driver must see the same: never
 // rows of the new shape under the description it cached for the old one.
 
+/// Runs `transcript` (given a URL and a name prefix for the objects it creates) against
+/// PostgreSQL directly and through pgmemo in transaction mode, and compares what it saw.
+async fn same_as_postgresql<F, Fut>(scenario: &str, prefixes: [&str; 2], transcript: F)
+where
+    F: Fn(String, String) -> Fut,
+    Fut: Future<Output = Vec<String>>,
+{
+    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let direct = transcript(direct_url, prefixes[0].to_owned()).await;
+    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let through = transcript(url, prefixes[1].to_owned()).await;
+    proxy.shutdown().await;
+    assert_same_transcript(scenario, &direct, &through);
+}
+
 /// Compares what a driver saw in a scenario directly and through pgmemo, printing both.
 fn assert_same_transcript(scenario: &str, direct: &[String], through: &[String]) {
     let mut table = String::new();
@@ -1280,17 +1296,12 @@ async fn tokio_postgres_ddl_transcript(url: &str, table: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_postgres_ddl_like_postgresql() {
-    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
-    let direct = tokio_postgres_ddl_transcript(&direct_url, "ddl_tp_direct").await;
-    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
-    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
-    let through = tokio_postgres_ddl_transcript(&url, "ddl_tp_pgmemo").await;
-    proxy.shutdown().await;
-    assert_same_transcript(
+    same_as_postgresql(
         "tokio-postgres, a DDL changes a prepared statement's result",
-        &direct,
-        &through,
-    );
+        ["ddl_tp_direct", "ddl_tp_pgmemo"],
+        |url, prefix| async move { tokio_postgres_ddl_transcript(&url, &prefix).await },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1410,13 +1421,12 @@ async fn startup_search_path_transcript(url: &str, prefix: &str) -> Vec<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_search_path_like_postgresql() {
-    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
-    let direct = startup_search_path_transcript(&direct_url, "spd").await;
-    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
-    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
-    let through = startup_search_path_transcript(&url, "spp").await;
-    proxy.shutdown().await;
-    assert_same_transcript("tokio-postgres, startup search_path", &direct, &through);
+    same_as_postgresql(
+        "tokio-postgres, startup search_path",
+        ["spd", "spp"],
+        |url, prefix| async move { startup_search_path_transcript(&url, &prefix).await },
+    )
+    .await;
 }
 
 /// A client of schema 1 prepares the text; then another client of schema 1 switches to
@@ -1444,11 +1454,10 @@ async fn set_local_search_path_transcript(url: &str, prefix: &str) -> Vec<String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_local_search_path_like_postgresql() {
-    let direct_url = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
-    let direct = set_local_search_path_transcript(&direct_url, "sld").await;
-    let proxy = pgmemo(PoolMode::Transaction, POOL_SIZE).await;
-    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
-    let through = set_local_search_path_transcript(&url, "slp").await;
-    proxy.shutdown().await;
-    assert_same_transcript("tokio-postgres, SET LOCAL search_path", &direct, &through);
+    same_as_postgresql(
+        "tokio-postgres, SET LOCAL search_path",
+        ["sld", "slp"],
+        |url, prefix| async move { set_local_search_path_transcript(&url, &prefix).await },
+    )
+    .await;
 }
