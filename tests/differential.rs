@@ -202,15 +202,7 @@ fn startup_cases() -> Vec<Vec<(&'static str, &'static str)>> {
 async fn check_startup_cases(proxy: SocketAddr, label: &str) -> Vec<String> {
     let mut failures = Vec::new();
     for params in startup_cases() {
-        let direct = RawClient::connect(
-            cluster().addr(),
-            PGMEMO_USER,
-            TEST_DB,
-            Some(PGMEMO_PASS),
-            &params,
-        )
-        .await
-        .expect("direct login");
+        let direct = RawClient::direct(&params).await.expect("direct login");
         let proxied = RawClient::connect(proxy, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &params)
             .await
             .unwrap_or_else(|e| panic!("login through pgmemo ({label}) with {params:?}: {e:#}"));
@@ -353,15 +345,7 @@ struct Twin {
 
 impl Twin {
     async fn connect(name: &'static str, proxy: SocketAddr, params: &[(&str, &str)]) -> Twin {
-        let direct = RawClient::connect(
-            cluster().addr(),
-            PGMEMO_USER,
-            TEST_DB,
-            Some(PGMEMO_PASS),
-            params,
-        )
-        .await
-        .expect("direct login");
+        let direct = RawClient::direct(params).await.expect("direct login");
         let proxied = RawClient::connect(proxy, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), params)
             .await
             .expect("login through pgmemo");
@@ -614,15 +598,7 @@ fn client_state(proxy: &Pgmemo, client: &RawClient) -> ClientState {
 
 /// Creates a fresh regular table (visible to every session) with one int column.
 async fn fresh_table(name: &str) {
-    let mut admin = RawClient::connect(
-        cluster().addr(),
-        PGMEMO_USER,
-        TEST_DB,
-        Some(PGMEMO_PASS),
-        &[],
-    )
-    .await
-    .unwrap();
+    let mut admin = RawClient::direct(&[]).await.unwrap();
     let replies = query(
         &mut admin,
         &format!("DROP TABLE IF EXISTS {name}; CREATE TABLE {name} (a int)"),
@@ -636,15 +612,7 @@ async fn fresh_table(name: &str) {
 
 /// Counts the committed rows of a table, directly.
 async fn committed_rows(table: &str) -> String {
-    let mut direct = RawClient::connect(
-        cluster().addr(),
-        PGMEMO_USER,
-        TEST_DB,
-        Some(PGMEMO_PASS),
-        &[],
-    )
-    .await
-    .unwrap();
+    let mut direct = RawClient::direct(&[]).await.unwrap();
     direct
         .send(&[Frontend::query(&format!("SELECT count(*) FROM {table}"))])
         .await

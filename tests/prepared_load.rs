@@ -213,15 +213,7 @@ async fn failing_operation() -> Failing {
         Frontend::bind("", "", &[Some("0")]),
         Frontend::execute("", 0),
     ];
-    let mut direct = RawClient::connect(
-        cluster().addr(),
-        PGMEMO_USER,
-        TEST_DB,
-        Some(PGMEMO_PASS),
-        &[],
-    )
-    .await
-    .expect("connect to PostgreSQL");
+    let mut direct = RawClient::direct(&[]).await.expect("connect to PostgreSQL");
     let mut pipeline = msgs.clone();
     pipeline.push(Frontend::Sync);
     direct.send(&pipeline).await.unwrap();

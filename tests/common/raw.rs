@@ -629,6 +629,20 @@ pub struct RawClient {
 }
 
 impl RawClient {
+    /// [`RawClient::connect`] to the test cluster itself (not through pgmemo), as the test
+    /// user in the test database.
+    pub async fn direct(params: &[(&str, &str)]) -> Result<RawClient> {
+        use super::cluster::{cluster, PGMEMO_PASS, PGMEMO_USER, TEST_DB};
+        Self::connect(
+            cluster().addr(),
+            PGMEMO_USER,
+            TEST_DB,
+            Some(PGMEMO_PASS),
+            params,
+        )
+        .await
+    }
+
     /// Connects, sends a StartupMessage (`user`, `database` and `params`), answers the
     /// authentication request (trust, cleartext, MD5 or SCRAM-SHA-256; `password` is needed
     /// for all but trust) and reads up to the first ReadyForQuery. The messages read after
