@@ -97,12 +97,15 @@ pub struct App {
     pub reloader: Mutex<Option<crate::Reloader>>,
     /// Every prepared statement any client has parsed, shared across pools.
     pub registry: crate::statements::Registry,
+    /// Query shapes seen in simple queries, and what autoprepare decided for each.
+    pub autoprepare: crate::autoprepare::Autoprepare,
 }
 
 impl App {
     pub fn new(config: Config) -> anyhow::Result<Arc<App>> {
         let (shutdown_tx, _) = watch::channel(false);
         let (cutoff_tx, _) = watch::channel(false);
+        let max_shapes = config.general.autoprepare_max_shapes as usize;
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             pools: RwLock::new(HashMap::new()),
@@ -118,6 +121,7 @@ impl App {
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
             registry: crate::statements::Registry::new(),
+            autoprepare: crate::autoprepare::Autoprepare::new(max_shapes),
         });
         app.load_tls()?;
         Ok(app)
@@ -147,6 +151,8 @@ impl App {
             return Err(e);
         }
         let cfg = self.config.load();
+        self.autoprepare
+            .set_max_shapes(cfg.general.autoprepare_max_shapes as usize);
         for pool in self.pools.read().values() {
             if let Some(settings) = self.pool_settings(&cfg, &pool.key) {
                 pool.reconfigure(settings);
@@ -217,6 +223,8 @@ impl App {
             server_reset_query_always: g.server_reset_query_always,
             prepared_statements: g.prepared_statements,
             max_prepared_statements: g.max_prepared_statements as usize,
+            autoprepare: db.autoprepare,
+            autoprepare_threshold: u64::from(g.autoprepare_threshold),
         })
     }
 

@@ -455,6 +455,14 @@ pub struct General {
     /// Prepared statements kept per server connection; the least recently used beyond this
     /// are closed on the server. Default 500.
     pub max_prepared_statements: u32,
+    /// Run simple-protocol queries as shared prepared statements, their literals made
+    /// parameters (see README, "Autoprepare"). Default true; per database and user too.
+    pub autoprepare: bool,
+    /// Uses of a query shape before it is prepared. Default 2.
+    pub autoprepare_threshold: u32,
+    /// Query shapes remembered (with what was decided for each), least useful dropped
+    /// first. Default 10000.
+    pub autoprepare_max_shapes: u32,
     /// Log filter: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or
     /// tracing-style directives such as `pgmemo=debug,info`. Default `info`.
     pub log_level: String,
@@ -489,6 +497,9 @@ impl Default for General {
             server_tls_ca_file: None,
             prepared_statements: true,
             max_prepared_statements: 500,
+            autoprepare: true,
+            autoprepare_threshold: 2,
+            autoprepare_max_shapes: 10_000,
             log_level: "info".into(),
         }
     }
@@ -524,6 +535,8 @@ pub struct DatabaseConfig {
     /// Server connections kept open per pool even when idle.
     pub min_pool_size: Option<u32>,
     pub pool_mode: Option<PoolMode>,
+    /// Autoprepare for this database's pools, over the general setting.
+    pub autoprepare: Option<bool>,
 }
 
 /// `[users.NAME]`: a user who may log in to pgmemo.
@@ -537,6 +550,8 @@ pub struct UserConfig {
     pub pool_mode: Option<PoolMode>,
     /// Size of this user's pools, over the database's and the general one.
     pub pool_size: Option<u32>,
+    /// Autoprepare for this user's pools, over the database's and the general setting.
+    pub autoprepare: Option<bool>,
 }
 
 /// Where and how one client's (database, user) pool reaches its server: the answer of
@@ -555,6 +570,7 @@ pub struct ResolvedDatabase {
     /// Never more than `pool_size`.
     pub min_pool_size: u32,
     pub pool_mode: PoolMode,
+    pub autoprepare: bool,
 }
 
 /// Passwords never reach a log line: these types print `password: Some(<hidden>)`.
@@ -1021,6 +1037,11 @@ impl Config {
             .or(star.min_pool_size)
             .unwrap_or(g.min_pool_size)
             .min(pool_size);
+        let autoprepare = user_cfg
+            .and_then(|u| u.autoprepare)
+            .or(entry.autoprepare)
+            .or(star.autoprepare)
+            .unwrap_or(g.autoprepare);
         Some(ResolvedDatabase {
             host,
             port,
@@ -1030,6 +1051,7 @@ impl Config {
             pool_size,
             min_pool_size,
             pool_mode,
+            autoprepare,
         })
     }
 
@@ -1206,6 +1228,24 @@ impl Config {
                 "max_prepared_statements",
                 g.max_prepared_statements.to_string(),
                 d.max_prepared_statements.to_string(),
+                false,
+            ),
+            (
+                "autoprepare",
+                g.autoprepare.to_string(),
+                d.autoprepare.to_string(),
+                false,
+            ),
+            (
+                "autoprepare_threshold",
+                g.autoprepare_threshold.to_string(),
+                d.autoprepare_threshold.to_string(),
+                false,
+            ),
+            (
+                "autoprepare_max_shapes",
+                g.autoprepare_max_shapes.to_string(),
+                d.autoprepare_max_shapes.to_string(),
                 false,
             ),
             ("log_level", g.log_level.clone(), d.log_level.clone(), false),
@@ -1462,6 +1502,9 @@ struct RawGeneral {
     server_tls_ca_file: Option<PathBuf>,
     prepared_statements: Option<bool>,
     max_prepared_statements: Option<i64>,
+    autoprepare: Option<bool>,
+    autoprepare_threshold: Option<i64>,
+    autoprepare_max_shapes: Option<i64>,
     log_level: Option<String>,
 }
 
@@ -1486,6 +1529,7 @@ struct RawDatabase {
     pool_size: Option<i64>,
     min_pool_size: Option<i64>,
     pool_mode: Option<String>,
+    autoprepare: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -1494,6 +1538,7 @@ struct RawUser {
     password: Option<String>,
     pool_mode: Option<String>,
     pool_size: Option<i64>,
+    autoprepare: Option<bool>,
 }
 
 /// A duration written as a number of seconds, integer or fractional (`120`, `0.5`).
@@ -1672,6 +1717,19 @@ impl RawConfig {
                 d.max_prepared_statements,
                 U32_RANGE,
             )?,
+            autoprepare: g.autoprepare.unwrap_or(d.autoprepare),
+            autoprepare_threshold: int(
+                "general.autoprepare_threshold",
+                g.autoprepare_threshold,
+                d.autoprepare_threshold,
+                U32_RANGE,
+            )?,
+            autoprepare_max_shapes: int(
+                "general.autoprepare_max_shapes",
+                g.autoprepare_max_shapes,
+                d.autoprepare_max_shapes,
+                U32_RANGE,
+            )?,
             log_level: g.log_level.unwrap_or(d.log_level),
         };
 
@@ -1685,6 +1743,7 @@ impl RawConfig {
                 pool_size: opt_int(&key("pool_size"), db.pool_size, U32_RANGE)?,
                 min_pool_size: opt_int(&key("min_pool_size"), db.min_pool_size, U32_RANGE)?,
                 pool_mode: named(&key("pool_mode"), db.pool_mode)?,
+                autoprepare: db.autoprepare,
                 host: db.host,
                 dbname: db.dbname,
                 user: db.user,
@@ -1699,6 +1758,7 @@ impl RawConfig {
             let entry = UserConfig {
                 pool_mode: named(&key("pool_mode"), user.pool_mode)?,
                 pool_size: opt_int(&key("pool_size"), user.pool_size, U32_RANGE)?,
+                autoprepare: user.autoprepare,
                 password: user.password,
             };
             users.insert(name, entry);

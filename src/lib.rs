@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod autoprepare;
 pub mod buffers;
 pub mod cli;
 pub mod config;

@@ -45,6 +45,10 @@ pub struct PoolSettings {
     pub prepared_statements: bool,
     /// Bound of each server connection's prepared-statement LRU.
     pub max_prepared_statements: usize,
+    /// Simple queries run as autoprepared statements (needs `prepared_statements`).
+    pub autoprepare: bool,
+    /// Uses of a query shape before it is prepared.
+    pub autoprepare_threshold: u64,
 }
 
 impl PoolSettings {

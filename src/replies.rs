@@ -91,6 +91,13 @@ pub enum Action {
     /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
     /// error-skip and transaction rules apply); the client sees the error rewritten.
     ReplaceError(ErrorRewrite),
+    /// Part of a simple query that runs as an autoprepared statement: the replies a simple
+    /// query has no counterpart for (ParseComplete, BindComplete, NoData) are swallowed, an
+    /// error is shown as the simple query's ([`ErrorRewrite::AsSimpleQuery`]).
+    AsSimpleQuery,
+    /// The Describe of such a query that writes: its RowDescription is held back
+    /// ([`Route::Hold`]) until the statement has produced its first row or completed.
+    AsSimpleQueryHeld,
 }
 
 /// How the server's error is shown to the client.
@@ -109,6 +116,9 @@ pub enum ErrorRewrite {
     /// PostgreSQL's error with this message text instead of its own (`M`), when its own
     /// message is about a placeholder pgmemo sent; every other field is the server's.
     Message(Bytes),
+    /// The error of an autoprepared query's Parse or Bind, as PostgreSQL reports it for the
+    /// client's simple query (see `autoprepare::simple_error`).
+    AsSimpleQuery,
 }
 
 /// Writes the ErrorResponse `body` with its `M` field replaced by `message`.
@@ -173,6 +183,9 @@ pub enum Route {
     Swallow,
     /// An error to be shown as [`ReplyQueue::take_replacement`] instead.
     Replace,
+    /// Kept by the session until the rows it describes come (see
+    /// [`Action::AsSimpleQueryHeld`]).
+    Hold,
 }
 
 /// An entry in the queue.
@@ -472,7 +485,12 @@ impl ReplyQueue {
         let route = match (&head.action, tag) {
             (Action::Silent, _) => Route::Swallow,
             (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,
-            (Action::ReplaceError(_), be::ERROR_RESPONSE) => Route::Replace,
+            (Action::ReplaceError(_) | Action::AsSimpleQuery, be::ERROR_RESPONSE) => Route::Replace,
+            (
+                Action::AsSimpleQuery | Action::AsSimpleQueryHeld,
+                be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA,
+            ) => Route::Swallow,
+            (Action::AsSimpleQueryHeld, be::ROW_DESCRIPTION) => Route::Hold,
             (_, be::ERROR_RESPONSE | be::NOTICE_RESPONSE) => Route::Forward,
             (Action::Skip, _) => Route::Swallow,
             _ if kind == Expected::Internal => Route::Swallow,
@@ -489,8 +507,10 @@ impl ReplyQueue {
             be::ERROR_RESPONSE => {
                 // An error ends a COPY IN on the server's side; later Syncs count again.
                 self.copy_in = false;
-                if let Action::ReplaceError(rewrite) = &head.action {
-                    self.replacement = Some(rewrite.clone());
+                match &head.action {
+                    Action::ReplaceError(rewrite) => self.replacement = Some(rewrite.clone()),
+                    Action::AsSimpleQuery => self.replacement = Some(ErrorRewrite::AsSimpleQuery),
+                    _ => {}
                 }
                 if kind.skipped_after_error() {
                     // PostgreSQL discards every message up to the next Sync, simple queries

@@ -214,6 +214,13 @@ struct Session {
     retry: planner::Retry,
     /// The last 0A000 ErrorResponse a server sent (whole), for stale-statement answers.
     last_0a000: Option<Bytes>,
+    /// Autoprepare's buffers and statements for this client, made at its first simple query.
+    autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
+    /// Whether the client's settings allow autoprepare, as of `params_version` (+1; 0: not
+    /// worked out yet).
+    autoprepare_allowed: (u64, bool),
+    /// An autoprepared query's RowDescription waits in `autoprepare.held`.
+    held_description: bool,
 }
 
 impl Session {
@@ -295,6 +302,9 @@ impl Session {
             local_replies_only: false,
             retry: planner::Retry::default(),
             last_0a000: None,
+            autoprepare: None,
+            autoprepare_allowed: (0, false),
+            held_description: false,
         }
     }
 
@@ -606,6 +616,11 @@ impl Session {
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
             }
+            let autoprepare = if tag == fe::QUERY {
+                self.autoprepare_threshold()
+            } else {
+                None
+            };
             let server = self.server.as_mut().expect("server acquired above");
             self.stats.bytes_received += len as u64;
             // Statement messages are planned (renamed, injected, answered locally), unless
@@ -623,6 +638,11 @@ impl Session {
                     limits: self.statement_limits,
                     cleanup: &mut self.cleanup,
                     retry: &mut self.retry,
+                    autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
+                        global: &self.app.autoprepare,
+                        client: self.autoprepare.get_or_insert_with(Default::default),
+                        threshold,
+                    }),
                 }
                 .plan(tag);
                 if planned != planner::Plan::Wait {
@@ -678,6 +698,29 @@ impl Session {
             .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message)
             .await;
         End::Protocol(message)
+    }
+
+    /// `autoprepare_threshold` if this client's simple queries may be autoprepared: its pool
+    /// has autoprepare on and its settings read literals as the pool's defaults do.
+    fn autoprepare_threshold(&mut self) -> Option<u64> {
+        let settings = self.pool.settings();
+        if !settings.autoprepare || self.stmts.is_none() {
+            return None;
+        }
+        if self.autoprepare_allowed.0 != self.params_version + 1 {
+            let allowed = self
+                .pool
+                .defaults()
+                .is_some_and(|d| crate::autoprepare::settings_allow(&self.reported, &d));
+            self.autoprepare_allowed = (self.params_version + 1, allowed);
+        }
+        if !self.autoprepare_allowed.1 {
+            self.app
+                .autoprepare
+                .count_pass(crate::autoprepare::Pass::Settings);
+            return None;
+        }
+        Some(settings.autoprepare_threshold)
     }
 
     /// Takes a server from the pool and makes its session parameters match this client's.
@@ -822,10 +865,33 @@ impl Session {
                 _ => {}
             }
             let mut error_code = None;
+            if self.held_description
+                && matches!(
+                    tag,
+                    be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY
+                )
+            {
+                // The RowDescription of an autoprepared query that writes: out before its
+                // first row or its CommandComplete, dropped with an error (see
+                // `Action::AsSimpleQueryHeld`).
+                self.held_description = false;
+                if let Some(ap) = self.autoprepare.as_mut() {
+                    if matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE) {
+                        self.client.wbuf.extend_from_slice(&ap.held);
+                    }
+                    ap.held.clear();
+                }
+            }
             match route {
                 Route::Forward => {
                     self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
                     self.stats.bytes_sent += len as u64;
+                }
+                Route::Hold => {
+                    if let Some(ap) = self.autoprepare.as_mut() {
+                        ap.held.extend_from_slice(&server.rbuf[..len]);
+                        self.held_description = true;
+                    }
                 }
                 Route::Replace => {
                     let at = self.client.wbuf.len();
@@ -856,6 +922,14 @@ impl Session {
                         Some(ErrorRewrite::Message(message)) => {
                             replies::error_with_message(&mut self.client.wbuf, body, &message)
                         }
+                        Some(ErrorRewrite::AsSimpleQuery) => match self.autoprepare.as_deref() {
+                            Some(client) => crate::autoprepare::simple_error(
+                                &mut self.client.wbuf,
+                                body,
+                                client,
+                            ),
+                            None => self.client.wbuf.extend_from_slice(&server.rbuf[..len]),
+                        },
                         None => self.client.wbuf.extend_from_slice(&server.rbuf[..len]),
                     }
                     self.stats.bytes_sent += (self.client.wbuf.len() - at) as u64;

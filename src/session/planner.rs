@@ -78,6 +78,8 @@ pub struct Planner<'a> {
     /// `Planner::duplicate_parse`).
     pub cleanup: &'a mut Vec<Box<[u8]>>,
     pub retry: &'a mut Retry,
+    /// For a simple query of a client with autoprepare on.
+    pub autoprepare: Option<crate::autoprepare::Use<'a>>,
 }
 
 /// The client's batch from its first statement to its Sync, kept while it runs, so that it can
@@ -107,6 +109,9 @@ pub struct Retry {
     describes: bool,
     /// The kept messages have an Execute.
     executes: bool,
+    /// What is kept is one simple query, run as an autoprepared statement: complete once
+    /// it is kept.
+    query: bool,
 }
 
 /// A larger batch is not kept (its first statement's 0A000 reaches the client).
@@ -119,6 +124,14 @@ impl Retry {
 
     fn start(&mut self) {
         self.capturing = true;
+    }
+
+    /// Keeps the simple query being planned, which runs as an autoprepared statement (its
+    /// portal described before it executes).
+    fn start_query(&mut self) {
+        self.capturing = true;
+        self.query = true;
+        self.describes = true;
     }
 
     /// The session consumed this client message (planned or forwarded).
@@ -134,6 +147,7 @@ impl Retry {
         self.bytes.extend_from_slice(msg);
         match msg.first() {
             Some(&fe::SYNC) => self.complete = true,
+            Some(&fe::QUERY) if self.query => self.complete = true,
             Some(&fe::EXECUTE) => self.executes = true,
             Some(&fe::DESCRIBE) if msg.get(5) == Some(&b'P') && !self.executes => {
                 self.describes = true
@@ -153,6 +167,7 @@ impl Retry {
         self.complete = false;
         self.describes = false;
         self.executes = false;
+        self.query = false;
         self.bytes.clear();
     }
 
@@ -784,6 +799,17 @@ impl Planner<'_> {
     /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
     /// server knows it under another name). Everything else passes through.
     fn query(&mut self, words: u8) -> Plan {
+        let statement_words = Words::PREPARE
+            | Words::DEALLOCATE
+            | Words::DISCARD
+            | Words::EXECUTE
+            | Words::SEARCH_PATH
+            | Words::PGMEMO_S;
+        if words & statement_words == 0 {
+            if let Some(plan) = self.autoprepared() {
+                return plan;
+            }
+        }
         if self.deallocates_protocol_name(words) && !self.state_known() {
             // Answered locally, unless the session is in an aborted block: not known yet.
             return Plan::Wait;
@@ -840,6 +866,114 @@ impl Planner<'_> {
             }
         }
         Plan::Done
+    }
+
+    /// A simple query run as an autoprepared statement (see [`crate::autoprepare`]): Bind of
+    /// the statement to the unnamed portal with the literals' values, Describe of the portal,
+    /// Execute, Sync, the replies shown as PostgreSQL answers the simple query. None: the
+    /// query goes to the server as it is.
+    ///
+    /// Only with nothing of the client's in flight (so the session knows the transaction
+    /// state, and one query's error translation is pending at a time) and outside an aborted
+    /// block. A statement no server has accepted yet is first prepared on its own, in an idle
+    /// session only (a Parse PostgreSQL refuses must not abort the client's transaction), and
+    /// the query is planned again when that answer is in ([`Effect::Probe`]).
+    fn autoprepared(&mut self) -> Option<Plan> {
+        let ap = self.autoprepare.take()?;
+        if self.replies.has_pending_work() || self.replies.in_batch() || self.may_be_aborted() {
+            ap.global.count_pass(crate::autoprepare::Pass::Busy);
+            return None;
+        }
+        let msg = self.msg;
+        let text = fe::query_text(&msg[5..])?;
+        self.stmts.refresh_context(self.registry);
+        let statement = match ap.client.statement(
+            ap.global,
+            self.registry,
+            text,
+            self.stmts.context,
+            ap.threshold,
+        ) {
+            Ok(statement) => statement,
+            Err(pass) => {
+                ap.global.count_pass(pass);
+                return None;
+            }
+        };
+        if !statement.is_validated() && !self.server.prepared.has_current(&statement) {
+            if self.server.status != b'I' {
+                ap.global.count_pass(crate::autoprepare::Pass::InBlock);
+                return None;
+            }
+            self.stats.prepare_cache_miss += 1;
+            self.write_parse(&statement);
+            self.replies.push_entry(Entry {
+                expected: Expected::Parse,
+                action: Action::Silent,
+                effect: Some(Effect::Probe(statement)),
+            });
+            fe::sync(&mut self.server.wbuf);
+            self.replies.push_entry(Entry {
+                expected: Expected::Sync,
+                action: Action::Silent,
+                effect: None,
+            });
+            return Some(Plan::Wait);
+        }
+        // Every simple query drops the client's unnamed statement, even one that fails.
+        let unnamed = self.stmts.set(b"", None).map(|statement| Effect::Unbound {
+            name: Box::default(),
+            statement,
+        });
+        if self.server.prepared.has_current(&statement) {
+            self.stats.prepare_cache_hit += 1;
+        } else {
+            self.stats.prepare_cache_miss += 1;
+            self.write_parse(&statement);
+            self.replies.push_entry(Entry {
+                expected: Expected::Parse,
+                action: Action::AsSimpleQuery,
+                effect: Some(Effect::Prepared(statement.clone())),
+            });
+        }
+        // The first statement of an implicit transaction: after 0A000 the query is planned
+        // again (the statement re-prepared), invisibly.
+        let retry = self.server.status == b'I'
+            && self.retry.can_start()
+            && !self.replies.has_pending_work();
+        if retry {
+            self.retry.start_query();
+        }
+        let generation = statement.generation();
+        ap.client
+            .write_bind(statement.server_name.as_bytes(), &mut self.server.wbuf);
+        crate::autoprepare::write_run(&mut self.server.wbuf);
+        ap.client.executed(ap.global);
+        self.replies.push_entry(Entry {
+            expected: Expected::Bind,
+            action: Action::AsSimpleQuery,
+            effect: Some(Effect::Uses {
+                statement,
+                generation,
+                retry,
+            }),
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Describe,
+            action: if ap.client.modifies {
+                Action::AsSimpleQueryHeld
+            } else {
+                Action::AsSimpleQuery
+            },
+            effect: None,
+        });
+        self.replies.push(Expected::Execute);
+        self.replies.push_entry(Entry {
+            expected: Expected::Sync,
+            action: Action::Forward,
+            effect: unnamed,
+        });
+        Some(Plan::Done)
     }
 
     /// A query that PREPAREs, EXECUTEs or DEALLOCATEs a name that is one of the client's
@@ -1314,6 +1448,19 @@ pub fn settle(
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Effect::Prepared(s) => {
+            if let Some(server) = server {
+                server.prepared.remove(&s);
+            }
+        }
+        Effect::Probe(s) if done => {
+            s.mark_validated();
+            s.server_prepares
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Effect::Probe(s) => {
+            if outcome == Outcome::Failed {
+                s.mark_rejected();
+            }
             if let Some(server) = server {
                 server.prepared.remove(&s);
             }

@@ -48,6 +48,9 @@ pub struct Statement {
     /// Set once some server accepted its Parse: until then a client's Parse of it must reach a
     /// server, so that an invalid statement fails where PostgreSQL would fail it.
     validated: AtomicBool,
+    /// A server refused its Parse when autoprepare tried it (see `Effect::Probe`): simple
+    /// queries of its shape go to servers as they are.
+    rejected: AtomicBool,
     /// The server's own 0A000 ("cached plan must not change result type") for this statement,
     /// replayed to clients that prepared it before the change, as PostgreSQL would answer them.
     stale_error: parking_lot::Mutex<Option<Bytes>>,
@@ -129,6 +132,7 @@ impl Statement {
             parse_message: msg.freeze(),
             generation: AtomicU32::new(0),
             validated: AtomicBool::new(false),
+            rejected: AtomicBool::new(false),
             stale_error: parking_lot::Mutex::new(None),
             holders: AtomicUsize::new(0),
             servers: AtomicUsize::new(0),
@@ -192,6 +196,14 @@ impl Statement {
         }
     }
 
+    pub fn is_rejected(&self) -> bool {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    pub fn mark_rejected(&self) {
+        self.rejected.store(true, Ordering::Relaxed);
+    }
+
     pub fn query_text(&self) -> String {
         String::from_utf8_lossy(&self.key.query).into_owned()
     }
@@ -229,6 +241,10 @@ pub enum Effect {
     },
     /// A Parse pgmemo injected on this server. Undone or failed: the server lacks it.
     Prepared(Arc<Statement>),
+    /// The first Parse of an autoprepared statement anywhere, sent on its own (with a Sync)
+    /// before the query runs as it: done, the statement is validated; failed, it is
+    /// [`Statement::is_rejected`] and the query goes to the server as it is.
+    Probe(Arc<Statement>),
     /// A Close pgmemo injected (eviction, or a stale copy). Undone: the server still has it.
     Closed {
         statement: Arc<Statement>,
@@ -279,6 +295,7 @@ impl Effect {
     pub fn matters_when_done(&self) -> bool {
         match self {
             Effect::Prepared(_)
+            | Effect::Probe(_)
             | Effect::Sql(_)
             | Effect::Reset(_)
             | Effect::Bound {
@@ -308,6 +325,7 @@ impl Effect {
             // SQL commands are applied only when their query ends.
             Effect::Bound { .. }
             | Effect::Prepared(_)
+            | Effect::Probe(_)
             | Effect::Reset(_)
             | Effect::Sql(_)
             | Effect::Deallocated { .. }

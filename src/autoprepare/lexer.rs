@@ -1,0 +1,875 @@
+//! One pass over a simple query's text that finds its literals, the hot path of autoprepare.
+//!
+//! The pass follows PostgreSQL 15's lexer (scan.l) for everything that decides where a token
+//! starts and ends: whitespace, `--` and nested `/* */` comments, quoted identifiers (also
+//! `U&"..."` with `UESCAPE`), strings (`'...'` with `''`, continuation across a newline, `E'...'`
+//! with backslash escapes, `B'...'`, `X'...'`, `N'...'`, `U&'...'`), dollar quotes, numbers and
+//! `$n` parameters. It yields the *generalized* text — comments dropped, every literal that can be
+//! a parameter replaced by `$1..$n` in text order — a hash of that text with the literals' types,
+//! and each literal's place and value.
+//!
+//! Whatever it does not understand it refuses ([`Refusal`]): the query then goes to the server
+//! untouched and PostgreSQL answers it (or reports its syntax error) itself. Refused outright:
+//! several statements, `$n` (a simple query cannot have parameters: PostgreSQL's own error),
+//! unterminated quotes and comments, numbers glued to letters (`0x1F`, `1_000`, `123abc`: read
+//! differently by PostgreSQL versions), and statements that are not a `SELECT`, `VALUES`,
+//! `TABLE`, `WITH`, `INSERT`, `UPDATE`, `DELETE` or `MERGE`. Literals it understands but that
+//! never become parameters stay in the text as they are ([`Kind::Verbatim`]): `U&'...'`, `N'...'`
+//! (a typed literal) and `E'...'` with octal, hex or Unicode escapes (their bytes are checked by
+//! the server against the encoding, with errors a parameter would not give).
+//!
+//! Nothing is allocated per token: the caller's [`Lexed`] keeps its buffers between queries.
+
+use std::hash::BuildHasher;
+
+/// How a literal is sent as a parameter: its type as PostgreSQL would type the literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// An integer that fits in 32 bits.
+    Int4,
+    /// An integer that fits in 64 bits only.
+    Int8,
+    /// Any other number (a decimal point, an exponent, or too large for 64 bits).
+    Numeric,
+    /// A string constant: sent as type `unknown` (0), for the server to infer, as it infers the
+    /// literal's.
+    Text,
+    /// `B'...'` / `X'...'`: type `bit`, the value as PostgreSQL's lexer makes it (`b101`, `x1F`).
+    Bit,
+    /// Understood, but never a parameter: stays in the text.
+    Verbatim,
+}
+
+impl Kind {
+    /// The type OID sent in the Parse for a parameter of this kind.
+    pub fn type_oid(self) -> u32 {
+        match self {
+            Kind::Int4 => 23,
+            Kind::Int8 => 20,
+            Kind::Numeric => 1700,
+            Kind::Bit => 1560,
+            Kind::Text | Kind::Verbatim => 0,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Kind::Int4 => 1,
+            Kind::Int8 => 2,
+            Kind::Numeric => 3,
+            Kind::Text => 4,
+            Kind::Bit => 5,
+            Kind::Verbatim => 6,
+        }
+    }
+}
+
+/// One literal of the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Literal {
+    /// Where the token starts and ends in the original text (bytes; prefixes, quotes and a
+    /// continuation included).
+    pub start: u32,
+    pub end: u32,
+    /// Its position as PostgreSQL reports error positions: characters from the start, 1-based.
+    pub position: u32,
+    /// The position of the character after it.
+    pub end_position: u32,
+    pub kind: Kind,
+    /// Where it is in the generalized text ([`Lexed::text`]): its `$n`, or itself.
+    pub gen_start: u32,
+    pub gen_end: u32,
+    /// Its value, in [`Lexed::values`] (empty for [`Kind::Verbatim`]).
+    value_start: u32,
+    value_end: u32,
+}
+
+/// Why a text is not generalized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// Not a single SELECT / VALUES / TABLE / WITH / INSERT / UPDATE / DELETE / MERGE.
+    NotDml,
+    /// More than one statement.
+    MultiStatement,
+    /// The text uses `$n`.
+    HasParameters,
+    /// Something the lexer does not read the way PostgreSQL would be sure to: unterminated
+    /// quotes or comments, a number glued to letters, a lone `$`.
+    NotUnderstood,
+    /// More literals than a Bind can carry.
+    TooManyLiterals,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NotDml => "not a query or DML statement",
+            Refusal::MultiStatement => "several statements",
+            Refusal::HasParameters => "uses $n parameters",
+            Refusal::NotUnderstood => "text not understood by the lexer",
+            Refusal::TooManyLiterals => "too many literals",
+        }
+    }
+}
+
+/// A Bind carries at most this many parameters (PostgreSQL's own limit is 65535).
+const MAX_LITERALS: usize = 65535;
+
+/// The result of one pass, with buffers kept for the next one.
+#[derive(Debug, Default)]
+pub struct Lexed {
+    /// The generalized text: comments dropped, parameter literals replaced by `$1..$n`.
+    pub text: Vec<u8>,
+    /// Every literal, in text order (parameters and verbatim ones).
+    pub literals: Vec<Literal>,
+    /// The decoded values of the parameter literals, back to back.
+    values: Vec<u8>,
+    /// Where comments were dropped: the offset in `text` after each, and the position (in
+    /// the original) of the character that follows it.
+    pub comments: Vec<(u32, u32)>,
+    /// Hash of `text` and the parameters' kinds: the shape.
+    pub shape: u64,
+    /// How many literals became `$n`.
+    pub params: usize,
+}
+
+impl Lexed {
+    pub fn value(&self, literal: &Literal) -> &[u8] {
+        &self.values[literal.value_start as usize..literal.value_end as usize]
+    }
+
+    /// The parameter literals, in `$n` order.
+    pub fn parameters(&self) -> impl Iterator<Item = &Literal> {
+        self.literals.iter().filter(|l| l.kind != Kind::Verbatim)
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.literals.clear();
+        self.values.clear();
+        self.comments.clear();
+        self.shape = 0;
+        self.params = 0;
+    }
+}
+
+/// A map hasher with a fixed seed, for keys that are hashes already.
+pub type FixedHash = foldhash::fast::FixedState;
+
+/// The hasher of shapes and statement texts: fixed seed, so hashes are the same in every
+/// session (they are shown in SHOW AUTOPREPARE).
+pub fn hasher() -> foldhash::fast::FixedState {
+    foldhash::fast::FixedState::with_seed(0x7067_6d65_6d6f)
+}
+
+/// Reads `sql` (a simple query's text, without its terminating NUL) into `out`.
+pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
+    out.clear();
+    let mut lexer = Lexer {
+        sql,
+        at: 0,
+        chars: 0,
+        chars_at: 0,
+        out,
+        first_word: true,
+        after_semicolon: false,
+    };
+    lexer.run()?;
+    let out = lexer.out;
+    let mut h = hasher().build_hasher();
+    std::hash::Hasher::write(&mut h, &out.text);
+    for literal in out.literals.iter() {
+        std::hash::Hasher::write_u8(&mut h, literal.kind.code());
+    }
+    out.shape = std::hash::Hasher::finish(&h);
+    Ok(())
+}
+
+struct Lexer<'a> {
+    sql: &'a [u8],
+    at: usize,
+    /// Characters in `sql[..chars_at]`, counted lazily for literal positions.
+    chars: u32,
+    chars_at: usize,
+    out: &'a mut Lexed,
+    /// No word has been read yet: the next one decides whether the statement is DML.
+    first_word: bool,
+    /// A `;` has been read: only whitespace and comments may follow.
+    after_semicolon: bool,
+}
+
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | b'\x0b')
+}
+
+fn is_ident_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
+}
+
+fn is_ident_cont(b: u8) -> bool {
+    is_ident_start(b) || b.is_ascii_digit() || b == b'$'
+}
+
+/// Statements whose first word makes them candidates.
+fn is_dml_word(word: &[u8]) -> bool {
+    const WORDS: [&[u8]; 8] = [
+        b"select", b"values", b"table", b"with", b"insert", b"update", b"delete", b"merge",
+    ];
+    WORDS.iter().any(|w| w.eq_ignore_ascii_case(word))
+}
+
+impl Lexer<'_> {
+    fn peek(&self, ahead: usize) -> u8 {
+        self.sql.get(self.at + ahead).copied().unwrap_or(0)
+    }
+
+    fn position_of(&mut self, at: usize) -> u32 {
+        for &b in &self.sql[self.chars_at..at] {
+            if b & 0xC0 != 0x80 {
+                self.chars += 1;
+            }
+        }
+        self.chars_at = at;
+        self.chars + 1
+    }
+
+    fn run(&mut self) -> Result<(), Refusal> {
+        while self.at < self.sql.len() {
+            let b = self.sql[self.at];
+            if is_space(b) {
+                self.out.text.push(b);
+                self.at += 1;
+                continue;
+            }
+            if b == b'-' && self.peek(1) == b'-' {
+                self.line_comment();
+                continue;
+            }
+            if b == b'/' && self.peek(1) == b'*' {
+                self.block_comment()?;
+                continue;
+            }
+            if self.after_semicolon {
+                return Err(Refusal::MultiStatement);
+            }
+            if self.first_word && b != b'(' && !is_ident_start(b) {
+                return Err(Refusal::NotDml);
+            }
+            match b {
+                b'\'' => self.string(self.at, self.at, StrKind::Plain)?,
+                b'"' => self.quoted_identifier()?,
+                b'$' => self.dollar()?,
+                b'0'..=b'9' => self.number()?,
+                b'.' if self.peek(1).is_ascii_digit() => self.number()?,
+                b';' => {
+                    self.after_semicolon = true;
+                    self.out.text.push(b);
+                    self.at += 1;
+                }
+                _ if is_ident_start(b) => self.word()?,
+                _ => {
+                    self.out.text.push(b);
+                    self.at += 1;
+                }
+            }
+        }
+        if self.first_word {
+            return Err(Refusal::NotDml);
+        }
+        Ok(())
+    }
+
+    /// Where a comment was, a space keeps the tokens on either side apart.
+    fn comment_gap(&mut self) {
+        if self.out.text.last().is_some_and(|&b| !is_space(b)) {
+            self.out.text.push(b' ');
+        }
+        let after = self.position_of(self.at);
+        self.out.comments.push((self.out.text.len() as u32, after));
+    }
+
+    fn line_comment(&mut self) {
+        while self.at < self.sql.len() && !matches!(self.sql[self.at], b'\n' | b'\r') {
+            self.at += 1;
+        }
+        self.comment_gap();
+    }
+
+    fn block_comment(&mut self) -> Result<(), Refusal> {
+        let mut depth = 0usize;
+        while self.at < self.sql.len() {
+            if self.peek(0) == b'/' && self.peek(1) == b'*' {
+                depth += 1;
+                self.at += 2;
+            } else if self.peek(0) == b'*' && self.peek(1) == b'/' {
+                depth -= 1;
+                self.at += 2;
+                if depth == 0 {
+                    self.comment_gap();
+                    return Ok(());
+                }
+            } else {
+                self.at += 1;
+            }
+        }
+        Err(Refusal::NotUnderstood)
+    }
+
+    fn word(&mut self) -> Result<(), Refusal> {
+        let start = self.at;
+        let b = self.sql[start];
+        let next = self.peek(1);
+        // String prefixes glued to a quote: E'..', B'..', X'..', N'..', U&'..', U&"..".
+        if next == b'\'' {
+            let kind = match b {
+                b'e' | b'E' => Some(StrKind::Escape),
+                b'b' | b'B' => Some(StrKind::Bit(b'b')),
+                b'x' | b'X' => Some(StrKind::Bit(b'x')),
+                b'n' | b'N' => Some(StrKind::National),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                if self.first_word {
+                    return Err(Refusal::NotDml);
+                }
+                return self.string(start, start + 1, kind);
+            }
+        }
+        if matches!(b, b'u' | b'U') && next == b'&' && matches!(self.peek(2), b'\'' | b'"') {
+            if self.first_word {
+                return Err(Refusal::NotDml);
+            }
+            return self.unicode_escaped(start);
+        }
+        while self.at < self.sql.len() && is_ident_cont(self.sql[self.at]) {
+            self.at += 1;
+        }
+        let word = &self.sql[start..self.at];
+        if self.first_word {
+            if !is_dml_word(word) {
+                return Err(Refusal::NotDml);
+            }
+            self.first_word = false;
+        }
+        self.out.text.extend_from_slice(word);
+        Ok(())
+    }
+
+    fn quoted_identifier(&mut self) -> Result<(), Refusal> {
+        if self.first_word {
+            return Err(Refusal::NotDml);
+        }
+        let start = self.at;
+        self.at = closing_quote(self.sql, self.at + 1, b'"').ok_or(Refusal::NotUnderstood)?;
+        self.out.text.extend_from_slice(&self.sql[start..self.at]);
+        Ok(())
+    }
+
+    /// `U&'...'` or `U&"..."`, with an optional `UESCAPE 'c'`: kept as it is.
+    fn unicode_escaped(&mut self, start: usize) -> Result<(), Refusal> {
+        let quote = self.sql[start + 2];
+        let mut end = closing_quote(self.sql, start + 3, quote).ok_or(Refusal::NotUnderstood)?;
+        // A string may continue on the next line, before its UESCAPE.
+        if quote == b'\'' {
+            while let Some(next) = continuation(self.sql, end) {
+                end = closing_quote(self.sql, next + 1, b'\'').ok_or(Refusal::NotUnderstood)?;
+            }
+        }
+        let mut after = end;
+        while after < self.sql.len() && is_space(self.sql[after]) {
+            after += 1;
+        }
+        let rest = &self.sql[after..];
+        if rest.len() >= 7 && rest[..7].eq_ignore_ascii_case(b"uescape") {
+            let mut q = after + 7;
+            while q < self.sql.len() && is_space(self.sql[q]) {
+                q += 1;
+            }
+            if self.sql.get(q) != Some(&b'\'') {
+                return Err(Refusal::NotUnderstood);
+            }
+            end = closing_quote(self.sql, q + 1, b'\'').ok_or(Refusal::NotUnderstood)?;
+        }
+        self.at = end;
+        if quote == b'"' {
+            self.out.text.extend_from_slice(&self.sql[start..end]);
+            return Ok(());
+        }
+        self.verbatim(start, end);
+        Ok(())
+    }
+
+    /// A string literal starting at `start` whose opening quote is at `quote`.
+    fn string(&mut self, start: usize, quote: usize, kind: StrKind) -> Result<(), Refusal> {
+        if self.first_word {
+            return Err(Refusal::NotDml);
+        }
+        let value_start = self.out.values.len();
+        if let StrKind::Bit(prefix) = kind {
+            self.out.values.push(prefix);
+        }
+        let mut plain = true; // no escape a parameter would read differently
+        let mut open = quote;
+        let end = loop {
+            let close = match kind {
+                StrKind::Escape => self.escape_body(open + 1, &mut plain)?,
+                _ => {
+                    let close =
+                        closing_quote(self.sql, open + 1, b'\'').ok_or(Refusal::NotUnderstood)?;
+                    unquote(&self.sql[open + 1..close - 1], &mut self.out.values);
+                    close
+                }
+            };
+            match continuation(self.sql, close) {
+                Some(next) => open = next,
+                None => break close,
+            }
+        };
+        self.at = end;
+        let kind = match kind {
+            StrKind::National => Kind::Verbatim,
+            StrKind::Escape if !plain => Kind::Verbatim,
+            StrKind::Bit(_) => Kind::Bit,
+            _ => Kind::Text,
+        };
+        if kind == Kind::Verbatim {
+            self.out.values.truncate(value_start);
+            self.verbatim(start, end);
+            return Ok(());
+        }
+        self.parameter(start, end, kind, value_start)
+    }
+
+    /// The body of an `E'...'` part from `from`, decoded into the values; returns the index
+    /// after its closing quote. `plain` is cleared by escapes that make raw bytes.
+    fn escape_body(&mut self, from: usize, plain: &mut bool) -> Result<usize, Refusal> {
+        let mut i = from;
+        loop {
+            let &b = self.sql.get(i).ok_or(Refusal::NotUnderstood)?;
+            match b {
+                b'\'' if self.sql.get(i + 1) == Some(&b'\'') => {
+                    self.out.values.push(b'\'');
+                    i += 2;
+                }
+                b'\'' => return Ok(i + 1),
+                b'\\' => {
+                    let &c = self.sql.get(i + 1).ok_or(Refusal::NotUnderstood)?;
+                    let decoded = match c {
+                        b'b' => 8,
+                        b'f' => 12,
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'0'..=b'7' | b'x' | b'u' | b'U' => {
+                            *plain = false;
+                            c
+                        }
+                        _ => c,
+                    };
+                    self.out.values.push(decoded);
+                    i += 2;
+                }
+                _ => {
+                    self.out.values.push(b);
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// `$tag$...$tag$` or `$n`.
+    fn dollar(&mut self) -> Result<(), Refusal> {
+        if self.peek(1).is_ascii_digit() {
+            return Err(Refusal::HasParameters);
+        }
+        let start = self.at;
+        let mut tag_end = start + 1;
+        if self.sql.get(tag_end).is_some_and(|&b| is_ident_start(b)) {
+            while self
+                .sql
+                .get(tag_end)
+                .is_some_and(|&b| is_ident_start(b) || b.is_ascii_digit())
+            {
+                tag_end += 1;
+            }
+        }
+        if self.sql.get(tag_end) != Some(&b'$') {
+            return Err(Refusal::NotUnderstood);
+        }
+        if self.first_word {
+            return Err(Refusal::NotDml);
+        }
+        let tag = &self.sql[start..=tag_end];
+        let body = tag_end + 1;
+        let close = find(&self.sql[body..], tag).ok_or(Refusal::NotUnderstood)? + body;
+        let end = close + tag.len();
+        let value_start = self.out.values.len();
+        self.out.values.extend_from_slice(&self.sql[body..close]);
+        self.at = end;
+        self.parameter(start, end, Kind::Text, value_start)
+    }
+
+    fn number(&mut self) -> Result<(), Refusal> {
+        let sql = self.sql;
+        let start = self.at;
+        let mut i = start;
+        while i < sql.len() && sql[i].is_ascii_digit() {
+            i += 1;
+        }
+        let mut integer = true;
+        if sql.get(i) == Some(&b'.') && sql.get(i + 1) != Some(&b'.') {
+            integer = false;
+            i += 1;
+            while i < sql.len() && sql[i].is_ascii_digit() {
+                i += 1;
+            }
+        }
+        if matches!(sql.get(i), Some(b'e' | b'E')) {
+            let mut j = i + 1;
+            if matches!(sql.get(j), Some(b'+' | b'-')) {
+                j += 1;
+            }
+            if !sql.get(j).is_some_and(u8::is_ascii_digit) {
+                return Err(Refusal::NotUnderstood); // "trailing junk" in PostgreSQL 15
+            }
+            while j < sql.len() && sql[j].is_ascii_digit() {
+                j += 1;
+            }
+            integer = false;
+            i = j;
+        }
+        if sql.get(i).is_some_and(|&b| is_ident_start(b)) {
+            return Err(Refusal::NotUnderstood); // 0x1F, 1_000, 123abc
+        }
+        if self.first_word {
+            return Err(Refusal::NotDml);
+        }
+        let digits = &sql[start..i];
+        let kind = if integer {
+            integer_kind(digits)
+        } else {
+            Kind::Numeric
+        };
+        let value_start = self.out.values.len();
+        self.out.values.extend_from_slice(digits);
+        self.at = i;
+        self.parameter(start, i, kind, value_start)
+    }
+
+    /// A literal kept in the text as it is.
+    fn verbatim(&mut self, start: usize, end: usize) {
+        let position = self.position_of(start);
+        let end_position = self.position_of(end);
+        let at = self.out.values.len() as u32;
+        let gen_start = self.out.text.len() as u32;
+        self.out.text.extend_from_slice(&self.sql[start..end]);
+        self.out.literals.push(Literal {
+            start: start as u32,
+            end: end as u32,
+            position,
+            end_position,
+            kind: Kind::Verbatim,
+            gen_start,
+            gen_end: self.out.text.len() as u32,
+            value_start: at,
+            value_end: at,
+        });
+    }
+
+    /// A literal that becomes `$n` in the generalized text.
+    fn parameter(
+        &mut self,
+        start: usize,
+        end: usize,
+        kind: Kind,
+        value_start: usize,
+    ) -> Result<(), Refusal> {
+        if self.out.params == MAX_LITERALS {
+            return Err(Refusal::TooManyLiterals);
+        }
+        let position = self.position_of(start);
+        let end_position = self.position_of(end);
+        self.out.params += 1;
+        let gen_start = self.out.text.len() as u32;
+        let gen_end = push_placeholder(
+            &mut self.out.text,
+            self.out.params,
+            self.sql.get(end).copied(),
+        );
+        self.out.literals.push(Literal {
+            start: start as u32,
+            end: end as u32,
+            position,
+            end_position,
+            kind,
+            gen_start,
+            gen_end: gen_end as u32,
+            value_start: value_start as u32,
+            value_end: self.out.values.len() as u32,
+        });
+        Ok(())
+    }
+}
+
+/// Appends `$n`, with a space on either side where it would otherwise run into a word
+/// (`SELECT'a'` → `SELECT $1`, `'a'AND` → `$1 AND`). Returns where its digits end.
+pub fn push_placeholder(text: &mut Vec<u8>, n: usize, next: Option<u8>) -> usize {
+    if text.last().is_some_and(|&b| is_ident_cont(b)) {
+        text.push(b' ');
+    }
+    text.push(b'$');
+    let mut digits = [0u8; 8];
+    let mut len = 0;
+    let mut v = n;
+    loop {
+        digits[len] = b'0' + (v % 10) as u8;
+        len += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    text.extend(digits[..len].iter().rev());
+    let end = text.len();
+    if next.is_some_and(is_ident_cont) {
+        text.push(b' ');
+    }
+    end
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StrKind {
+    Plain,
+    Escape,
+    /// `B` or `X`, as the value's first byte.
+    Bit(u8),
+    National,
+}
+
+/// The type PostgreSQL gives an integer literal: int4 if it fits, else int8, else numeric.
+fn integer_kind(digits: &[u8]) -> Kind {
+    let mut v: u64 = 0;
+    for &d in digits {
+        match v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+        {
+            Some(n) => v = n,
+            None => return Kind::Numeric,
+        }
+    }
+    if v <= i32::MAX as u64 {
+        Kind::Int4
+    } else if v <= i64::MAX as u64 {
+        Kind::Int8
+    } else {
+        Kind::Numeric
+    }
+}
+
+/// The index after the quote that closes a quoted token whose body starts at `from`
+/// (a doubled quote stands for one).
+fn closing_quote(sql: &[u8], from: usize, quote: u8) -> Option<usize> {
+    let mut i = from;
+    loop {
+        let at = i + sql.get(i..)?.iter().position(|&b| b == quote)?;
+        if sql.get(at + 1) == Some(&quote) {
+            i = at + 2;
+        } else {
+            return Some(at + 1);
+        }
+    }
+}
+
+/// The body of a `'...'` string, `''` read as `'`.
+fn unquote(body: &[u8], out: &mut Vec<u8>) {
+    let mut i = 0;
+    while i < body.len() {
+        out.push(body[i]);
+        i += if body[i] == b'\'' { 2 } else { 1 };
+    }
+}
+
+/// If the string that ended before `end` continues (whitespace with a newline, `--` comments
+/// allowed, then a quote), where the next part's quote is.
+fn continuation(sql: &[u8], end: usize) -> Option<usize> {
+    let mut i = end;
+    let mut newline = false;
+    while i < sql.len() {
+        match sql[i] {
+            b'\n' | b'\r' => {
+                newline = true;
+                i += 1;
+            }
+            b if is_space(b) => i += 1,
+            b'-' if sql.get(i + 1) == Some(&b'-') => {
+                while i < sql.len() && !matches!(sql[i], b'\n' | b'\r') {
+                    i += 1;
+                }
+            }
+            b'\'' if newline => return Some(i),
+            _ => return None,
+        }
+    }
+    None
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen(sql: &str) -> Result<(String, Vec<(Kind, String)>), Refusal> {
+        let mut out = Lexed::default();
+        generalize(sql.as_bytes(), &mut out)?;
+        let values = out
+            .literals
+            .iter()
+            .map(|l| {
+                let v = if l.kind == Kind::Verbatim {
+                    &sql.as_bytes()[l.start as usize..l.end as usize]
+                } else {
+                    out.value(l)
+                };
+                (l.kind, String::from_utf8_lossy(v).into_owned())
+            })
+            .collect();
+        Ok((String::from_utf8(out.text.clone()).unwrap(), values))
+    }
+
+    fn text(sql: &str) -> String {
+        gen(sql).unwrap().0
+    }
+
+    #[test]
+    fn numbers_get_postgresql_types() {
+        let (t, v) = gen("SELECT 1, 3000000000, 99999999999999999999, 1.5, .5, 1e3, 2.").unwrap();
+        assert_eq!(t, "SELECT $1, $2, $3, $4, $5, $6, $7");
+        let kinds: Vec<Kind> = v.iter().map(|(k, _)| *k).collect();
+        use Kind::*;
+        assert_eq!(
+            kinds,
+            [Int4, Int8, Numeric, Numeric, Numeric, Numeric, Numeric]
+        );
+        assert_eq!(v[1].1, "3000000000");
+        assert_eq!(
+            gen("SELECT 2147483647, 2147483648").unwrap().1[1].0,
+            Kind::Int8
+        );
+    }
+
+    #[test]
+    fn numbers_glued_to_letters_are_refused() {
+        for q in [
+            "SELECT 0x1F",
+            "SELECT 1_000",
+            "SELECT 123abc",
+            "SELECT 1e",
+            "SELECT 0o17",
+        ] {
+            assert_eq!(gen(q), Err(Refusal::NotUnderstood), "{q}");
+        }
+        // `1..2` is an integer followed by `..`.
+        assert_eq!(text("SELECT a[1:2] FROM t"), "SELECT a[$1:$2] FROM t");
+    }
+
+    #[test]
+    fn strings_and_their_forms() {
+        let (t, v) =
+            gen("SELECT 'it''s', E'a\\nb\\'c', $$x'y$$, $q$ $$ $q$, B'101', X'1F'").unwrap();
+        assert_eq!(t, "SELECT $1, $2, $3, $4, $5, $6");
+        assert_eq!(v[0].1, "it's");
+        assert_eq!(v[1].1, "a\nb'c");
+        assert_eq!(v[2].1, "x'y");
+        assert_eq!(v[3].1, " $$ ");
+        assert_eq!(v[4], (Kind::Bit, "b101".into()));
+        assert_eq!(v[5], (Kind::Bit, "x1F".into()));
+        // Raw bytes from escapes, national and Unicode strings stay in the text.
+        let (t, v) =
+            gen("SELECT E'\\101', N'x', U&'d\\0061t', U&'d!0061t' UESCAPE '!', 'z'").unwrap();
+        assert_eq!(
+            t,
+            "SELECT E'\\101', N'x', U&'d\\0061t', U&'d!0061t' UESCAPE '!', $1"
+        );
+        assert_eq!(v.len(), 5);
+        assert_eq!(v[4], (Kind::Text, "z".into()));
+    }
+
+    #[test]
+    fn string_continuation_needs_a_newline() {
+        let (t, v) = gen("SELECT 'foo'\n  'bar', 'x'").unwrap();
+        assert_eq!(t, "SELECT $1, $2");
+        assert_eq!(v[0].1, "foobar");
+        let (t, v) = gen("SELECT 'a' -- note\n'b'").unwrap();
+        assert_eq!(t, "SELECT $1");
+        assert_eq!(v[0].1, "ab");
+        // Without a newline two strings are two tokens (a syntax error for the server).
+        assert_eq!(text("SELECT 'a' 'b'"), "SELECT $1 $2");
+    }
+
+    #[test]
+    fn comments_are_not_part_of_the_shape() {
+        assert_eq!(
+            text("SELECT /* a /* nested */ b */ 1 -- tail"),
+            "SELECT  $1 "
+        );
+        assert_eq!(text("SELECT/**/1"), "SELECT $1");
+        let mut a = Lexed::default();
+        let mut b = Lexed::default();
+        generalize(b"SELECT 1 /* request=1 */", &mut a).unwrap();
+        generalize(b"SELECT 2 /* request=2 */", &mut b).unwrap();
+        assert_eq!(a.shape, b.shape);
+    }
+
+    #[test]
+    fn identifiers_and_words_are_left_alone() {
+        assert_eq!(
+            text("SELECT \"a\"\"b'\", a$1, t.col1 FROM \"T\" WHERE x='y'AND z=1"),
+            "SELECT \"a\"\"b'\", a$1, t.col1 FROM \"T\" WHERE x=$1 AND z=$2"
+        );
+        assert_eq!(
+            text("SELECT U&\"d!0061t\" UESCAPE '!' FROM t"),
+            "SELECT U&\"d!0061t\" UESCAPE '!' FROM t"
+        );
+        assert_eq!(text("SELECT'a'"), "SELECT $1");
+    }
+
+    #[test]
+    fn refusals() {
+        assert_eq!(gen("SELECT 1; SELECT 2"), Err(Refusal::MultiStatement));
+        assert_eq!(text("SELECT 1;"), "SELECT $1;");
+        assert_eq!(gen("SELECT $1"), Err(Refusal::HasParameters));
+        assert_eq!(gen("SET x = 1"), Err(Refusal::NotDml));
+        assert_eq!(gen("BEGIN"), Err(Refusal::NotDml));
+        assert_eq!(gen(""), Err(Refusal::NotDml));
+        assert_eq!(gen("  -- nothing\n"), Err(Refusal::NotDml));
+        assert_eq!(gen("SELECT 'open"), Err(Refusal::NotUnderstood));
+        assert_eq!(gen("SELECT /* open"), Err(Refusal::NotUnderstood));
+        assert_eq!(gen("SELECT $a"), Err(Refusal::NotUnderstood));
+        assert_eq!(text("(SELECT 1)"), "(SELECT $1)");
+        assert_eq!(
+            text("with x as (select 1) select * from x"),
+            "with x as (select $1) select * from x"
+        );
+    }
+
+    #[test]
+    fn positions_count_characters() {
+        let mut out = Lexed::default();
+        generalize("SELECT 'é', 'x'".as_bytes(), &mut out).unwrap();
+        let p: Vec<u32> = out.literals.iter().map(|l| l.position).collect();
+        assert_eq!(p, [8, 13]);
+    }
+
+    #[test]
+    fn placeholders_beyond_nine() {
+        let sql = format!("VALUES ({})", ["1"; 12].join(","));
+        assert_eq!(
+            text(&sql),
+            "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
+        );
+    }
+}

@@ -1,0 +1,650 @@
+//! Autoprepare: simple-protocol queries run as shared server-side prepared statements.
+//!
+//! A `Query` whose text is one SELECT / VALUES / TABLE / WITH / INSERT / UPDATE / DELETE /
+//! MERGE is read once by the [`lexer`]: its literals become `$1..$n` and the rest is its
+//! *shape*. The first time a shape reaches `autoprepare_threshold` uses, PostgreSQL's own
+//! parser decides which literals may be parameters ([`shape`]); the decision is remembered per
+//! shape in a bounded table, so the hot path is the lexer and one lookup. The generalized text
+//! with the literals' types then is an ordinary registry statement, the same one a driver's
+//! `Parse` of that text and types would get, and the query runs as Bind / Describe / Execute /
+//! Sync of it, its replies shown as PostgreSQL answers a simple query (the planner's
+//! `autoprepared` and [`simple_error`]).
+//!
+//! Everything here that is not a plain yes happens before anything reaches a server: a query
+//! that is not generalized goes to the server untouched ([`Pass`] says why, counted).
+
+pub mod lexer;
+pub mod shape;
+
+use crate::protocol::{frontend as fe, put_cstr, write_message};
+use crate::statements::{Registry, Statement, StatementKey};
+use arc_swap::ArcSwap;
+use bytes::{BufMut, Bytes, BytesMut};
+use lexer::Lexed;
+use shape::{Decision, Never};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+/// Why a query went to the server as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Lexer(lexer::Refusal),
+    Never(Never),
+    /// PostgreSQL refused to prepare the generalized text (a literal whose type it cannot
+    /// infer as a parameter, say): remembered, never tried again.
+    Rejected,
+    /// The client's settings differ from its pool's in a way that changes how literals read
+    /// (standard_conforming_strings off, another client_encoding or DateStyle, ...).
+    Settings,
+    /// Other work is in flight (a pipeline, an open extended batch, an aborted transaction).
+    Busy,
+    /// The shape has not been seen `autoprepare_threshold` times yet.
+    Threshold,
+    /// In a transaction block, a statement no server has accepted yet: its first Parse never
+    /// runs where its failure would abort the client's transaction.
+    InBlock,
+}
+
+/// Every reason, in the order of [`Pass::index`] (SHOW STATS, Prometheus).
+pub const PASS_REASONS: [&str; 14] = [
+    "not_dml",
+    "multi_statement",
+    "parameters",
+    "not_understood",
+    "too_many_literals",
+    "syntax_error",
+    "not_dml_parsed",
+    "select_into",
+    "rejected",
+    "settings",
+    "busy",
+    "threshold",
+    "in_block",
+    "disabled",
+];
+
+impl Pass {
+    pub fn index(self) -> usize {
+        use lexer::Refusal as R;
+        match self {
+            Pass::Lexer(R::NotDml) => 0,
+            Pass::Lexer(R::MultiStatement) => 1,
+            Pass::Lexer(R::HasParameters) => 2,
+            Pass::Lexer(R::NotUnderstood) => 3,
+            Pass::Lexer(R::TooManyLiterals) => 4,
+            Pass::Never(Never::ParseError) => 5,
+            Pass::Never(Never::NotDml) => 6,
+            Pass::Never(Never::SelectInto) => 7,
+            Pass::Rejected => 8,
+            Pass::Settings => 9,
+            Pass::Busy => 10,
+            Pass::Threshold => 11,
+            Pass::InBlock => 12,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Lexer(r) => r.as_str(),
+            Pass::Never(n) => n.as_str(),
+            Pass::Rejected => "refused by the server as a prepared statement",
+            Pass::Settings => "client settings differ from the pool's",
+            Pass::Busy => "other work in flight",
+            Pass::Threshold => "below autoprepare_threshold",
+            Pass::InBlock => "first use inside a transaction block",
+        }
+    }
+}
+
+/// One query shape: a generalized text with its literals' types.
+#[derive(Debug)]
+pub struct Shape {
+    pub hash: u64,
+    /// The generalized text, every literal a parameter (as SHOW AUTOPREPARE shows it).
+    pub text: Box<str>,
+    /// Literals the lexer found (a check against hash collisions).
+    pub literals: u32,
+    /// Decided when the shape first reaches the threshold.
+    decision: OnceLock<Decision>,
+    rejected: AtomicBool,
+    pub seen: AtomicU64,
+    /// Queries of this shape run through a prepared statement.
+    pub executions: AtomicU64,
+}
+
+impl Shape {
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.get()
+    }
+
+    pub fn is_rejected(&self) -> bool {
+        self.rejected.load(Relaxed)
+    }
+
+    /// Parameters of the statement it runs as, once decided.
+    pub fn parameters(&self) -> Option<usize> {
+        match self.decision.get()? {
+            Decision::Generalize { verbatim, .. } => Some(verbatim.iter().filter(|v| !**v).count()),
+            Decision::Never(_) => None,
+        }
+    }
+
+    /// Why it is not generalized, if it is not.
+    pub fn never(&self) -> Option<Pass> {
+        if self.is_rejected() {
+            return Some(Pass::Rejected);
+        }
+        match self.decision.get()? {
+            Decision::Never(n) => Some(Pass::Never(*n)),
+            Decision::Generalize { .. } => None,
+        }
+    }
+}
+
+type ShapeTable = quick_cache::sync::Cache<u64, Arc<Shape>>;
+
+/// The shapes seen by every session, bounded (`autoprepare_max_shapes`), and the counters.
+pub struct Autoprepare {
+    shapes: ArcSwap<ShapeTable>,
+    max_shapes: AtomicU64,
+    /// Queries run through an autoprepared statement.
+    pub executions: AtomicU64,
+    /// Queries passed through, by [`Pass::index`]; the last slot counts queries of clients
+    /// for whom autoprepare is off.
+    pub passed: [AtomicU64; PASS_REASONS.len()],
+}
+
+impl Autoprepare {
+    pub fn new(max_shapes: usize) -> Autoprepare {
+        Autoprepare {
+            shapes: ArcSwap::from_pointee(ShapeTable::new(max_shapes.max(1))),
+            max_shapes: AtomicU64::new(max_shapes as u64),
+            executions: AtomicU64::new(0),
+            passed: Default::default(),
+        }
+    }
+
+    /// Applies a new `autoprepare_max_shapes` (RELOAD): the table starts afresh.
+    pub fn set_max_shapes(&self, max_shapes: usize) {
+        if self.max_shapes.swap(max_shapes as u64, Relaxed) != max_shapes as u64 {
+            self.shapes
+                .store(Arc::new(ShapeTable::new(max_shapes.max(1))));
+        }
+    }
+
+    pub fn count_pass(&self, pass: Pass) {
+        self.passed[pass.index()].fetch_add(1, Relaxed);
+    }
+
+    /// Every remembered shape, most used first (SHOW AUTOPREPARE).
+    pub fn shapes(&self) -> Vec<Arc<Shape>> {
+        let mut v: Vec<Arc<Shape>> = self.shapes.load().iter().map(|(_, s)| s).collect();
+        v.sort_by_key(|s| std::cmp::Reverse(s.seen.load(Relaxed)));
+        v
+    }
+
+    /// Shapes remembered as never generalized (the negative cache).
+    pub fn never_count(&self) -> usize {
+        self.shapes
+            .load()
+            .iter()
+            .filter(|(_, s)| s.never().is_some())
+            .count()
+    }
+
+    fn shape(&self, lexed: &Lexed) -> Arc<Shape> {
+        let table = self.shapes.load();
+        if let Some(shape) = table.get(&lexed.shape) {
+            if shape.literals as usize == lexed.literals.len() {
+                return shape;
+            }
+        }
+        let shape = Arc::new(Shape {
+            hash: lexed.shape,
+            text: String::from_utf8_lossy(&lexed.text).into(),
+            literals: lexed.literals.len() as u32,
+            decision: OnceLock::new(),
+            rejected: AtomicBool::new(false),
+            seen: AtomicU64::new(0),
+            executions: AtomicU64::new(0),
+        });
+        table.insert(lexed.shape, shape.clone());
+        shape
+    }
+}
+
+/// What the planner needs to autoprepare one client's simple query.
+pub struct Use<'a> {
+    pub global: &'a Autoprepare,
+    pub client: &'a mut ClientAutoprepare,
+    /// `autoprepare_threshold` of the client's pool.
+    pub threshold: u64,
+}
+
+/// A client's autoprepare state: buffers reused from query to query, and the statements its
+/// queries ran as (so a repeated query costs no registry lookup).
+#[derive(Default)]
+pub struct ClientAutoprepare {
+    lexed: Lexed,
+    /// The text of the statement the last query runs as.
+    text: Vec<u8>,
+    /// Its Parse's parameter types (count, then OIDs).
+    types: Vec<u8>,
+    /// For each parameter of that statement, the index of its literal in `lexed.literals`,
+    /// and where its `$n` is in `text`.
+    params: Vec<(u32, u32, u32)>,
+    /// Points of `text` whose position in the client's text is known, in order.
+    anchors: Vec<Anchor>,
+    statements: HashMap<u64, Arc<Statement>, lexer::FixedHash>,
+    /// The shape of the query in flight.
+    shape: Option<Arc<Shape>>,
+    /// The query in flight writes: PostgreSQL describes its rows (RowDescription) to a
+    /// simple query only once it has run to completion, so the Describe's answer waits in
+    /// `held` for the first row or the CommandComplete, and is dropped on an error.
+    pub modifies: bool,
+    pub held: BytesMut,
+}
+
+/// A byte of a statement's text whose character position in the client's query is known.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    at: u32,
+    position: u32,
+    /// For a `$n`: where it ends; everything before that is the literal's position.
+    literal_end: u32,
+}
+
+/// A client's statements are remembered up to this many; beyond it the map starts afresh.
+const MAX_CLIENT_STATEMENTS: usize = 1024;
+
+impl ClientAutoprepare {
+    /// The statement the simple query `sql` runs as, or why it goes to the server as it is.
+    /// `context` is the client's registry context (database, role, search_path).
+    pub fn statement(
+        &mut self,
+        global: &Autoprepare,
+        registry: &Registry,
+        sql: &[u8],
+        context: u32,
+        threshold: u64,
+    ) -> Result<Arc<Statement>, Pass> {
+        self.shape = None;
+        self.held.clear();
+        lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?;
+        let shape = global.shape(&self.lexed);
+        if shape.is_rejected() {
+            return Err(Pass::Rejected);
+        }
+        let seen = shape.seen.fetch_add(1, Relaxed) + 1;
+        if seen < threshold {
+            return Err(Pass::Threshold);
+        }
+        let decision = shape
+            .decision
+            .get_or_init(|| match std::str::from_utf8(sql) {
+                Ok(sql) => shape::decide(sql, &self.lexed.literals),
+                Err(_) => Decision::Never(Never::ParseError),
+            });
+        let verbatim = match decision {
+            Decision::Never(n) => return Err(Pass::Never(*n)),
+            Decision::Generalize { verbatim, modifies } => {
+                self.modifies = *modifies;
+                verbatim
+            }
+        };
+        self.build(sql, verbatim);
+        let hash = lexer::hasher().hash_one((&self.text, &self.types, context));
+        let statement = match self.statements.get(&hash) {
+            Some(s)
+                if s.key.context == context
+                    && s.key.query == self.text
+                    && s.key.param_types == self.types =>
+            {
+                s.clone()
+            }
+            _ => {
+                let key = StatementKey {
+                    context,
+                    query: Bytes::copy_from_slice(&self.text),
+                    param_types: Bytes::copy_from_slice(&self.types),
+                };
+                let statement = registry.get_or_insert(key).0;
+                if self.statements.len() >= MAX_CLIENT_STATEMENTS {
+                    self.statements.clear();
+                }
+                self.statements.insert(hash, statement.clone());
+                statement
+            }
+        };
+        if statement.is_rejected() {
+            shape.rejected.store(true, Relaxed);
+            return Err(Pass::Rejected);
+        }
+        self.shape = Some(shape);
+        Ok(statement)
+    }
+
+    /// Counts one run of the last query's shape through its statement.
+    pub fn executed(&self, global: &Autoprepare) {
+        if let Some(shape) = &self.shape {
+            shape.executions.fetch_add(1, Relaxed);
+        }
+        global.executions.fetch_add(1, Relaxed);
+    }
+
+    /// Builds the statement's text and types: the lexer's text, with the literals the shape
+    /// keeps put back and the others numbered `$1..$n`.
+    fn build(&mut self, sql: &[u8], verbatim: &[bool]) {
+        self.text.clear();
+        self.types.clear();
+        self.params.clear();
+        self.anchors.clear();
+        self.anchors.push(Anchor {
+            at: 0,
+            position: 1,
+            literal_end: 0,
+        });
+        let lexed = &self.lexed;
+        let mut comments = lexed.comments.iter().peekable();
+        let mut at = 0usize; // in lexed.text
+        let mut n = 0usize;
+        // Copies lexed.text[at..to], anchoring the comments dropped in it.
+        let mut copy = |text: &mut Vec<u8>, anchors: &mut Vec<Anchor>, at: usize, to: usize| {
+            let base = text.len();
+            while let Some(&&(gen_at, position)) = comments.peek() {
+                if gen_at as usize > to {
+                    break;
+                }
+                anchors.push(Anchor {
+                    at: (base + gen_at as usize - at) as u32,
+                    position,
+                    literal_end: 0,
+                });
+                comments.next();
+            }
+            text.extend_from_slice(&lexed.text[at..to]);
+        };
+        for (i, literal) in lexed.literals.iter().enumerate() {
+            let (gen_start, gen_end) = (literal.gen_start as usize, literal.gen_end as usize);
+            copy(&mut self.text, &mut self.anchors, at, gen_start);
+            at = gen_end;
+            let start = self.text.len() as u32;
+            if verbatim[i] {
+                // A `$n` may have been spaced from its neighbours; the literal itself need not.
+                self.text
+                    .extend_from_slice(&sql[literal.start as usize..literal.end as usize]);
+                self.anchors.push(Anchor {
+                    at: start,
+                    position: literal.position,
+                    literal_end: 0,
+                });
+                continue;
+            }
+            n += 1;
+            let end = lexer::push_placeholder(&mut self.text, n, lexed.text.get(gen_end).copied());
+            self.params.push((i as u32, start, end as u32));
+            self.anchors.push(Anchor {
+                at: start,
+                position: literal.position,
+                literal_end: end as u32,
+            });
+            self.anchors.push(Anchor {
+                at: end as u32,
+                position: literal.end_position,
+                literal_end: 0,
+            });
+        }
+        copy(&mut self.text, &mut self.anchors, at, lexed.text.len());
+        self.types.put_u16(n as u16);
+        for &(i, _, _) in &self.params {
+            self.types
+                .put_u32(lexed.literals[i as usize].kind.type_oid());
+        }
+    }
+
+    /// Writes the Bind of the last query's statement (named `server_name`) to the unnamed
+    /// portal: its literals' values in text format, text results.
+    pub fn write_bind(&self, server_name: &[u8], out: &mut BytesMut) {
+        write_message(out, fe::BIND, |m| {
+            put_cstr(m, b"");
+            put_cstr(m, server_name);
+            m.put_u16(0); // every parameter in text format
+            m.put_u16(self.params.len() as u16);
+            for &(i, _, _) in &self.params {
+                let value = self.lexed.value(&self.lexed.literals[i as usize]);
+                m.put_i32(value.len() as i32);
+                m.extend_from_slice(value);
+            }
+            m.put_u16(0); // every result column in text format
+        });
+    }
+
+    /// The position PostgreSQL gives the literal of parameter `n` (1-based) in a simple query.
+    fn literal_position(&self, n: usize) -> Option<u32> {
+        let &(i, _, _) = self.params.get(n.checked_sub(1)?)?;
+        Some(self.lexed.literals[i as usize].position)
+    }
+
+    /// A position (characters, 1-based) in the statement's text, as a position in the
+    /// client's query: the same where no literal or comment came before it, moved by the
+    /// length differences of the literals before it, a literal's own where it is in a `$n`.
+    fn original_position(&self, position: u32) -> u32 {
+        let Some(offset) = char_offset(&self.text, position) else {
+            return position;
+        };
+        let anchor = self
+            .anchors
+            .iter()
+            .rev()
+            .find(|a| a.at as usize <= offset)
+            .copied()
+            .unwrap_or(Anchor {
+                at: 0,
+                position: 1,
+                literal_end: 0,
+            });
+        if offset < anchor.literal_end as usize {
+            return anchor.position;
+        }
+        anchor.position + chars(&self.text[anchor.at as usize..offset])
+    }
+}
+
+/// Writes the Describe (portal), Execute and Sync that follow an autoprepared query's Bind.
+pub fn write_run(out: &mut BytesMut) {
+    write_message(out, fe::DESCRIBE, |m| {
+        m.put_u8(b'P');
+        put_cstr(m, b"");
+    });
+    write_message(out, fe::EXECUTE, |m| {
+        put_cstr(m, b"");
+        m.put_u32(0);
+    });
+    fe::sync(out);
+}
+
+/// Whether the client's settings read literals as its pool's defaults do, and the text can
+/// be counted in characters as the server counts them: UTF8 on both sides,
+/// standard_conforming_strings on, and DateStyle, IntervalStyle and TimeZone as the pool's
+/// (literals kept in the text are read when a statement is prepared, for every client that
+/// shares it).
+pub fn settings_allow(client: &crate::params::Vars, pool: &crate::params::Vars) -> bool {
+    let is = |name: &str, value: &str| {
+        client
+            .get(name)
+            .is_some_and(|v| v.eq_ignore_ascii_case(value))
+    };
+    is("client_encoding", "UTF8")
+        && is("server_encoding", "UTF8")
+        && is("standard_conforming_strings", "on")
+        && ["DateStyle", "IntervalStyle", "TimeZone"]
+            .iter()
+            .all(|name| client.get(name) == pool.get(name))
+}
+
+/// Writes the server's ErrorResponse `body` (to an autoprepared query's Parse or Bind) as
+/// PostgreSQL reports the same error for the simple query: the context line the extended
+/// protocol adds about a parameter's value is dropped, and the error gets that literal's
+/// position instead; a position in the statement's text becomes one in the client's text.
+pub fn simple_error(out: &mut BytesMut, body: &[u8], client: &ClientAutoprepare) {
+    let mut fields: Vec<(u8, Vec<u8>)> = Vec::new();
+    let mut rest = body;
+    while let [code, tail @ ..] = rest {
+        if *code == 0 {
+            break;
+        }
+        let Some(end) = tail.iter().position(|&c| c == 0) else {
+            break;
+        };
+        fields.push((*code, tail[..end].to_vec()));
+        rest = &tail[end + 1..];
+    }
+    let mut position = None;
+    if let Some(i) = fields.iter().position(|(c, _)| *c == b'W') {
+        let context = &fields[i].1;
+        let line_start = context
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1);
+        if let Some(n) = portal_parameter(&context[line_start..]) {
+            position = client.literal_position(n);
+            if line_start == 0 {
+                fields.remove(i);
+            } else {
+                fields[i].1.truncate(line_start - 1);
+            }
+        }
+    }
+    if let Some((_, p)) = fields.iter_mut().find(|(c, _)| *c == b'P') {
+        if let Some(at) = std::str::from_utf8(p).ok().and_then(|s| s.parse().ok()) {
+            *p = client.original_position(at).to_string().into_bytes();
+        }
+        position = None;
+    }
+    write_message(out, crate::protocol::backend::ERROR_RESPONSE, |m| {
+        let mut pending = position;
+        for (code, value) in &fields {
+            // PostgreSQL's order (elog.c): S V C M D H W s t c d n, then P, p q F L R.
+            if pending.is_some() && matches!(code, b'p' | b'q' | b'F' | b'L' | b'R') {
+                m.put_u8(b'P');
+                put_cstr(m, pending.take().unwrap_or_default().to_string().as_bytes());
+            }
+            m.put_u8(*code);
+            put_cstr(m, value);
+        }
+        if let Some(p) = pending {
+            m.put_u8(b'P');
+            put_cstr(m, p.to_string().as_bytes());
+        }
+        m.put_u8(0);
+    });
+}
+
+/// `unnamed portal parameter $N` or `unnamed portal parameter $N = '...'`: N.
+fn portal_parameter(line: &[u8]) -> Option<usize> {
+    let rest = line.strip_prefix(b"unnamed portal parameter $")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let tail = &rest[digits..];
+    if !(tail.is_empty() || tail.starts_with(b" = ")) {
+        return None;
+    }
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
+/// The byte offset of the character at `position` (1-based) in `text`.
+fn char_offset(text: &[u8], position: u32) -> Option<usize> {
+    let mut seen = 0u32;
+    for (i, &b) in text.iter().enumerate() {
+        if b & 0xC0 != 0x80 {
+            seen += 1;
+            if seen == position {
+                return Some(i);
+            }
+        }
+    }
+    (seen + 1 == position).then_some(text.len())
+}
+
+fn chars(text: &[u8]) -> u32 {
+    text.iter().filter(|&&b| b & 0xC0 != 0x80).count() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lexer::Kind;
+
+    fn client_for(sql: &str) -> ClientAutoprepare {
+        let mut c = ClientAutoprepare::default();
+        lexer::generalize(sql.as_bytes(), &mut c.lexed).unwrap();
+        let verbatim: Vec<bool> = c
+            .lexed
+            .literals
+            .iter()
+            .map(|l| l.kind == Kind::Verbatim)
+            .collect();
+        c.build(sql.as_bytes(), &verbatim);
+        c
+    }
+
+    #[test]
+    fn build_numbers_parameters_and_types() {
+        let sql = "SELECT * FROM t WHERE a = 1 AND b = 'x' AND c = U&'y' AND d = 3000000000";
+        let c = client_for(sql);
+        assert_eq!(
+            String::from_utf8_lossy(&c.text),
+            "SELECT * FROM t WHERE a = $1 AND b = $2 AND c = U&'y' AND d = $3"
+        );
+        assert_eq!(c.types, [0, 3, 0, 0, 0, 23, 0, 0, 0, 0, 0, 0, 0, 20]);
+        let mut out = BytesMut::new();
+        c.write_bind(b"pgmemo_s9", &mut out);
+        let bind = fe::Bind::parse(&out[5..]).unwrap();
+        assert_eq!(bind.statement, b"pgmemo_s9");
+    }
+
+    #[test]
+    fn positions_map_back_to_the_clients_text() {
+        let sql = "SELECT 'abcdef' /* x */, nosuch";
+        let c = client_for(sql);
+        assert_eq!(String::from_utf8_lossy(&c.text), "SELECT $1 , nosuch");
+        let gen = 13; // `nosuch` in the statement's text
+        assert_eq!(c.original_position(gen), 26);
+        assert_eq!(
+            c.original_position(8),
+            8,
+            "inside $1: the literal's position"
+        );
+        assert_eq!(c.original_position(3), 3);
+    }
+
+    #[test]
+    fn bind_errors_become_simple_query_errors() {
+        let sql = "SELECT * FROM t WHERE a = 1 AND b = 'zz'";
+        let c = client_for(sql);
+        let mut body = Vec::new();
+        for (code, value) in [
+            (b'S', "ERROR"),
+            (b'V', "ERROR"),
+            (b'C', "22P02"),
+            (b'M', "invalid input syntax for type integer: \"zz\""),
+            (b'W', "unnamed portal parameter $2 = '...'"),
+            (b'F', "numutils.c"),
+        ] {
+            body.push(code);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        let mut out = BytesMut::new();
+        simple_error(&mut out, &body, &c);
+        let fields = crate::protocol::backend::ErrorFields::parse(&out[5..]).unwrap();
+        assert_eq!(fields.code, "22P02");
+        let text = String::from_utf8_lossy(&out[5..]).into_owned();
+        assert!(text.contains("\0P37\0Fnumutils.c"), "{text:?}");
+        assert!(!text.contains("portal"), "{text:?}");
+        assert_eq!(portal_parameter(b"unnamed portal parameter $12"), Some(12));
+        assert_eq!(portal_parameter(b"unnamed portal parameter $1x"), None);
+    }
+}

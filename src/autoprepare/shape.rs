@@ -1,0 +1,284 @@
+//! Which literals of a query shape may become parameters, decided once per shape by
+//! PostgreSQL's own parser (libpg_query through the `pg_query` crate) on the cold path.
+//!
+//! The lexer found every literal; the parse tree says what each one is. A literal becomes a
+//! parameter only if the tree has a constant (`A_Const`) starting exactly where the lexer's
+//! literal starts, outside the places where a parameter would change the meaning or be refused:
+//!
+//! - typed literals, `DATE '...'`, `interval '1' day`, `int4 '5'` (a `TypeCast` without a `::`
+//!   location: `DATE $1` is a syntax error), and anything inside a type name (`varchar(10)`);
+//! - a constant that is a whole `ORDER BY` item (a column ordinal: `ORDER BY $1` sorts by a
+//!   constant, silently), and the select list, `GROUP BY`, `HAVING`, `ORDER BY` and
+//!   `DISTINCT ON` of any SELECT that groups or is DISTINCT (`a + $1 ... GROUP BY a + $2` fails);
+//! - window `PARTITION BY` / `ORDER BY`, the field of `extract(...)`, the operand of `COLLATE`;
+//! - a number after a unary minus: PostgreSQL folds the sign into the constant, which then
+//!   starts at the `-` (`-2147483648` is an int4; `-$1` with an int8 `$1` is not).
+//!
+//! Only a single SELECT (not `SELECT ... INTO`), VALUES, TABLE, INSERT, UPDATE, DELETE or MERGE
+//! (with or without WITH) is generalized at all.
+
+use super::lexer::{Kind, Literal};
+use serde_json::Value;
+use std::collections::HashSet;
+
+/// What was decided for a shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Never generalized; the query goes to the server as it is.
+    Never(Never),
+    /// Generalized: `verbatim[i]` says literal `i` (of the lexer's, in text order) stays in the
+    /// text as it is. `modifies`: the statement writes (DML, or a data-modifying WITH), so
+    /// PostgreSQL runs it to completion before it describes its rows to a simple query.
+    Generalize {
+        verbatim: Box<[bool]>,
+        modifies: bool,
+    },
+}
+
+/// Why a shape is never generalized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Never {
+    /// PostgreSQL's parser refused the text: the server will say why.
+    ParseError,
+    /// Not a single query or DML statement.
+    NotDml,
+    /// `SELECT ... INTO` creates a table.
+    SelectInto,
+}
+
+impl Never {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Never::ParseError => "syntax error",
+            Never::NotDml => "not a query or DML statement",
+            Never::SelectInto => "SELECT INTO",
+        }
+    }
+}
+
+/// Decides for the shape of `sql`, whose literals the lexer found.
+pub fn decide(sql: &str, literals: &[Literal]) -> Decision {
+    let Ok(parsed) = pg_query::parse(sql, 0) else {
+        return Decision::Never(Never::ParseError);
+    };
+    let Ok(tree) = serde_json::to_value(&parsed.protobuf) else {
+        return Decision::Never(Never::ParseError);
+    };
+    let stmts = tree["stmts"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let [stmt] = stmts else {
+        return Decision::Never(Never::NotDml);
+    };
+    let node = &stmt["stmt"]["node"];
+    let kind = node
+        .as_object()
+        .and_then(|o| o.keys().next())
+        .map(String::as_str);
+    let mut modifies = true;
+    match kind {
+        Some("SelectStmt") => {
+            modifies = false;
+            if !node["SelectStmt"]["into_clause"].is_null() {
+                return Decision::Never(Never::SelectInto);
+            }
+        }
+        Some("InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt") => {}
+        _ => return Decision::Never(Never::NotDml),
+    }
+    let mut found = Found::default();
+    walk(node, false, &mut found);
+    let verbatim = literals
+        .iter()
+        .map(|l| l.kind == Kind::Verbatim || !found.constants.contains(&i64::from(l.start)))
+        .collect();
+    Decision::Generalize {
+        verbatim,
+        modifies: modifies || found.modifies,
+    }
+}
+
+/// What the walk finds.
+#[derive(Default)]
+struct Found {
+    /// Locations of the constants that may become parameters.
+    constants: HashSet<i64>,
+    /// A data-modifying statement inside (a WITH of a SELECT).
+    modifies: bool,
+}
+
+/// Collects the locations of the constants that may become parameters.
+fn walk(value: &Value, excluded: bool, out: &mut Found) {
+    match value {
+        Value::Array(items) => {
+            for item in items {
+                walk(item, excluded, out);
+            }
+        }
+        Value::Object(fields) => {
+            for (key, inner) in fields {
+                node(key, inner, excluded, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// One `"Kind": {...}` pair of the tree (or a plain field, walked through).
+fn node(key: &str, inner: &Value, excluded: bool, out: &mut Found) {
+    match key {
+        "AConst" => {
+            if !excluded {
+                if let Some(location) = inner["location"].as_i64() {
+                    out.constants.insert(location);
+                }
+            }
+        }
+        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => {
+            out.modifies = true;
+            walk(inner, excluded, out);
+        }
+        // A type name's modifiers and array bounds are part of the type.
+        "TypeName" | "type_name" => {}
+        "TypeCast" => {
+            // `DATE '...'` has no `::` location: the literal is typed by its syntax.
+            let typed_literal = inner["location"].as_i64() == Some(-1);
+            walk(&inner["arg"], excluded || typed_literal, out);
+        }
+        "SortBy" => {
+            let ordinal = inner["node"]["node"].get("AConst").is_some();
+            walk(&inner["node"], excluded || ordinal, out);
+            walk(&inner["use_op"], excluded, out);
+        }
+        "SelectStmt" => select(inner, excluded, out),
+        // A window definition: a node in WINDOW clauses, a plain field in `f() OVER (...)`.
+        "WindowDef" | "over" => {
+            for (k, v) in inner.as_object().into_iter().flatten() {
+                let positional = k == "partition_clause" || k == "order_clause";
+                node(k, v, excluded || positional, out);
+            }
+        }
+        "FuncCall" => {
+            let is_extract = inner["funcname"]
+                .as_array()
+                .and_then(|n| n.last())
+                .and_then(|n| n["node"]["String"]["sval"].as_str())
+                == Some("extract");
+            for (k, v) in inner.as_object().into_iter().flatten() {
+                if k == "args" && is_extract {
+                    let args = v.as_array().map(Vec::as_slice).unwrap_or(&[]);
+                    for (i, arg) in args.iter().enumerate() {
+                        walk(arg, excluded || i == 0, out);
+                    }
+                } else {
+                    node(k, v, excluded, out);
+                }
+            }
+        }
+        "CollateClause" => walk(inner, true, out),
+        _ => walk(inner, excluded, out),
+    }
+}
+
+fn select(inner: &Value, excluded: bool, out: &mut Found) {
+    let non_empty = |k: &str| inner[k].as_array().is_some_and(|a| !a.is_empty());
+    let grouped = non_empty("group_clause") || non_empty("distinct_clause");
+    for (k, v) in inner.as_object().into_iter().flatten() {
+        let tied = grouped
+            && matches!(
+                k.as_str(),
+                "target_list"
+                    | "group_clause"
+                    | "having_clause"
+                    | "sort_clause"
+                    | "distinct_clause"
+            );
+        node(k, v, excluded || tied, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoprepare::lexer::{generalize, Lexed};
+
+    /// The text the server would get: kept literals verbatim, the others `$?`.
+    fn shape(sql: &str) -> String {
+        let mut lexed = Lexed::default();
+        generalize(sql.as_bytes(), &mut lexed).expect("lexed");
+        match decide(sql, &lexed.literals) {
+            Decision::Never(n) => format!("never: {}", n.as_str()),
+            Decision::Generalize { verbatim, .. } => {
+                let mut s = String::new();
+                let mut at = 0;
+                for (l, keep) in lexed.literals.iter().zip(verbatim.iter()) {
+                    s.push_str(&sql[at..l.start as usize]);
+                    if *keep {
+                        s.push_str(&sql[l.start as usize..l.end as usize]);
+                    } else {
+                        s.push_str("$?");
+                    }
+                    at = l.end as usize;
+                }
+                s.push_str(&sql[at..]);
+                s
+            }
+        }
+    }
+
+    #[test]
+    fn plain_literals_become_parameters() {
+        assert_eq!(
+            shape("SELECT * FROM t WHERE a = 1 AND b = 'x' AND c IN (1.5, 2) LIMIT 10 OFFSET 5"),
+            "SELECT * FROM t WHERE a = $? AND b = $? AND c IN ($?, $?) LIMIT $? OFFSET $?"
+        );
+        assert_eq!(
+            shape("INSERT INTO t (a, b) VALUES (1, 'x'), (2, 'y') RETURNING a"),
+            "INSERT INTO t (a, b) VALUES ($?, $?), ($?, $?) RETURNING a"
+        );
+        assert_eq!(
+            shape("UPDATE t SET a = '1'::int WHERE b = CAST('2' AS int)"),
+            "UPDATE t SET a = $?::int WHERE b = CAST($? AS int)"
+        );
+    }
+
+    #[test]
+    fn literals_that_must_stay() {
+        assert_eq!(
+            shape("SELECT DATE '2020-01-01', interval '1' day, int4 '5', x::varchar(10) FROM t"),
+            "SELECT DATE '2020-01-01', interval '1' day, int4 '5', x::varchar(10) FROM t"
+        );
+        assert_eq!(
+            shape("SELECT a, 2 FROM t WHERE b > 3 ORDER BY 1, a + 4"),
+            "SELECT a, $? FROM t WHERE b > $? ORDER BY 1, a + $?"
+        );
+        assert_eq!(
+            shape("SELECT a + 1, count(*) FROM t WHERE b = 2 GROUP BY a + 1 HAVING count(*) > 3"),
+            "SELECT a + 1, count(*) FROM t WHERE b = $? GROUP BY a + 1 HAVING count(*) > 3"
+        );
+        assert_eq!(
+            shape("SELECT DISTINCT ON (a + 1) a FROM t WHERE b = 2 ORDER BY a + 1"),
+            "SELECT DISTINCT ON (a + 1) a FROM t WHERE b = $? ORDER BY a + 1"
+        );
+        assert_eq!(
+            shape("SELECT -2147483648, - 5, 3 - 1, x = -1.5 FROM t"),
+            "SELECT -2147483648, - 5, $? - $?, x = -1.5 FROM t"
+        );
+        assert_eq!(
+            shape("SELECT extract('year' FROM ts), 'a' COLLATE \"C\", rank() OVER (PARTITION BY a + 1 ORDER BY 2) FROM t"),
+            "SELECT extract('year' FROM ts), 'a' COLLATE \"C\", rank() OVER (PARTITION BY a + 1 ORDER BY 2) FROM t"
+        );
+    }
+
+    #[test]
+    fn statements_that_are_never_generalized() {
+        assert_eq!(shape("SELECT 1 INTO t2"), "never: SELECT INTO");
+        assert_eq!(shape("SELECT FROM WHERE 1"), "never: syntax error");
+        assert_eq!(
+            shape("with x as (select 1) select * from x"),
+            "with x as (select $?) select * from x"
+        );
+        assert_eq!(
+            shape("WITH d AS (DELETE FROM t WHERE a = 1 RETURNING *) SELECT count(*) FROM d"),
+            "WITH d AS (DELETE FROM t WHERE a = $? RETURNING *) SELECT count(*) FROM d"
+        );
+    }
+}
