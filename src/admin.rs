@@ -143,6 +143,8 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "stats"] => Ok(Reply::Table(show_stats(app))),
         ["show", "config"] => Ok(Reply::Table(show_config(app))),
         ["show", "prepared_statements"] => Ok(Reply::Table(show_prepared_statements(app))),
+        ["show", "autoprepare"] => Ok(Reply::Table(show_autoprepare(app))),
+        ["show", "autoprepare_reasons"] => Ok(Reply::Table(show_autoprepare_reasons(app))),
         ["show", "version"] => Ok(Reply::Table(Table {
             columns: vec!["version"],
             rows: vec![vec![Some(format!("pgmemo {}", env!("CARGO_PKG_VERSION")))]],
@@ -151,6 +153,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             columns: vec!["command"],
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
+                "SHOW AUTOPREPARE|AUTOPREPARE_REASONS",
                 "RELOAD",
                 "PAUSE [db]",
                 "RESUME [db]",
@@ -478,6 +481,8 @@ pub fn show_stats(app: &App) -> Table {
         e.prepare_cache_hit += s.prepare_cache_hit;
         e.prepare_cache_miss += s.prepare_cache_miss;
         e.prepare_evictions += s.prepare_evictions;
+        e.autoprepared += s.autoprepared;
+        e.autoprepare_passed += s.autoprepare_passed;
     }
     let uptime = app.started.elapsed().as_secs().max(1);
     let rows = per_db
@@ -503,6 +508,8 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.prepare_cache_hit),
                 text(s.prepare_cache_miss),
                 text(s.prepare_evictions),
+                text(s.autoprepared),
+                text(s.autoprepare_passed),
             ]
         })
         .collect();
@@ -526,7 +533,57 @@ pub fn show_stats(app: &App) -> Table {
             "prepare_cache_hit",
             "prepare_cache_miss",
             "prepare_evictions",
+            "autoprepared",
+            "autoprepare_passed",
         ],
+        rows,
+    }
+}
+
+/// Every remembered query shape: its generalized text, how often it was seen and run
+/// prepared, and why it is not generalized when it is not.
+pub fn show_autoprepare(app: &App) -> Table {
+    let rows = app
+        .autoprepare
+        .shapes()
+        .iter()
+        .map(|s| {
+            let seen = s.seen.load(Relaxed);
+            let executions = s.executions.load(Relaxed);
+            vec![
+                text(format!("{:016x}", s.hash)),
+                text(&*s.text),
+                s.parameters().map(|n| n.to_string()),
+                text(seen),
+                text(executions),
+                text(seen.saturating_sub(executions)),
+                text(s.never().map_or("", |p| p.as_str())),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "hash",
+            "query",
+            "parameters",
+            "uses",
+            "prepared_executions",
+            "passed_through",
+            "never_because",
+        ],
+        rows,
+    }
+}
+
+/// Simple queries that autoprepare passed through, by reason, since start.
+pub fn show_autoprepare_reasons(app: &App) -> Table {
+    let rows = crate::autoprepare::PASS_REASONS
+        .iter()
+        .zip(&app.autoprepare.passed)
+        .map(|(reason, n)| vec![text(reason), text(n.load(Relaxed))])
+        .collect();
+    Table {
+        columns: vec!["reason", "queries"],
         rows,
     }
 }

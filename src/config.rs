@@ -1234,19 +1234,19 @@ impl Config {
                 "autoprepare",
                 g.autoprepare.to_string(),
                 d.autoprepare.to_string(),
-                false,
+                true,
             ),
             (
                 "autoprepare_threshold",
                 g.autoprepare_threshold.to_string(),
                 d.autoprepare_threshold.to_string(),
-                false,
+                true,
             ),
             (
                 "autoprepare_max_shapes",
                 g.autoprepare_max_shapes.to_string(),
                 d.autoprepare_max_shapes.to_string(),
-                false,
+                true,
             ),
             ("log_level", g.log_level.clone(), d.log_level.clone(), false),
             (
@@ -2550,7 +2550,7 @@ password = "b"
         assert!(!row("listen").3);
         assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
         assert!(rows.iter().all(|r| !r.1.contains("pw")));
-        assert_eq!(rows.len(), 28);
+        assert_eq!(rows.len(), 31);
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [Counter; 11] = [
+    let counters: [Counter; 13] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -180,6 +180,16 @@ pub fn render(app: &App) -> String {
             "Statements closed to stay within max_prepared_statements.",
             |s| s.prepare_evictions as f64,
         ),
+        (
+            "pgmemo_autoprepared_total",
+            "Simple queries run as autoprepared statements.",
+            |s| s.autoprepared as f64,
+        ),
+        (
+            "pgmemo_autoprepare_passed_total",
+            "Simple queries autoprepare passed to the server as they were.",
+            |s| s.autoprepare_passed as f64,
+        ),
     ];
     for (name, help, get) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -193,6 +203,26 @@ pub fn render(app: &App) -> String {
             );
         }
     }
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_autoprepare_passed_by_reason_total Simple queries passed through, by reason.\n# TYPE pgmemo_autoprepare_passed_by_reason_total counter"
+    );
+    for (reason, n) in crate::autoprepare::PASS_REASONS
+        .iter()
+        .zip(&app.autoprepare.passed)
+    {
+        let _ = writeln!(
+            out,
+            "pgmemo_autoprepare_passed_by_reason_total{{reason=\"{reason}\"}} {}",
+            n.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_autoprepare_shapes Query shapes remembered.\n# TYPE pgmemo_autoprepare_shapes gauge\npgmemo_autoprepare_shapes {}\n# HELP pgmemo_autoprepare_never_shapes Shapes remembered as never generalized (negative cache).\n# TYPE pgmemo_autoprepare_never_shapes gauge\npgmemo_autoprepare_never_shapes {}",
+        app.autoprepare.shape_count(),
+        app.autoprepare.never_count()
+    );
     let _ = writeln!(
         out,
         "# HELP pgmemo_uptime_seconds Seconds since start.\n# TYPE pgmemo_uptime_seconds gauge\npgmemo_uptime_seconds {}",

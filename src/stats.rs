@@ -24,6 +24,10 @@ pub struct PoolStats {
     pub prepare_cache_miss: AtomicU64,
     /// Statements closed on a server to keep it within max_prepared_statements.
     pub prepare_evictions: AtomicU64,
+    /// Simple queries run as autoprepared statements.
+    pub autoprepared: AtomicU64,
+    /// Simple queries of clients with autoprepare on that went to the server as they were.
+    pub autoprepare_passed: AtomicU64,
 }
 
 /// What one session counted since it last reported.
@@ -38,6 +42,8 @@ pub struct LocalStats {
     pub prepare_cache_hit: u64,
     pub prepare_cache_miss: u64,
     pub prepare_evictions: u64,
+    pub autoprepared: u64,
+    pub autoprepare_passed: u64,
 }
 
 impl PoolStats {
@@ -54,6 +60,11 @@ impl PoolStats {
             self.prepare_cache_miss
                 .fetch_add(local.prepare_cache_miss, r);
             self.prepare_evictions.fetch_add(local.prepare_evictions, r);
+        }
+        if local.autoprepared | local.autoprepare_passed != 0 {
+            self.autoprepared.fetch_add(local.autoprepared, r);
+            self.autoprepare_passed
+                .fetch_add(local.autoprepare_passed, r);
         }
         *local = LocalStats::default();
     }
@@ -74,6 +85,8 @@ impl PoolStats {
             prepare_cache_hit: self.prepare_cache_hit.load(r),
             prepare_cache_miss: self.prepare_cache_miss.load(r),
             prepare_evictions: self.prepare_evictions.load(r),
+            autoprepared: self.autoprepared.load(r),
+            autoprepare_passed: self.autoprepare_passed.load(r),
         }
     }
 }
@@ -93,4 +106,6 @@ pub struct StatsSnapshot {
     pub prepare_cache_hit: u64,
     pub prepare_cache_miss: u64,
     pub prepare_evictions: u64,
+    pub autoprepared: u64,
+    pub autoprepare_passed: u64,
 }

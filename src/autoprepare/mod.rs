@@ -47,8 +47,8 @@ pub enum Pass {
     InBlock,
 }
 
-/// Every reason, in the order of [`Pass::index`] (SHOW STATS, Prometheus).
-pub const PASS_REASONS: [&str; 14] = [
+/// Every reason, in the order of [`Pass::index`] (SHOW AUTOPREPARE_REASONS, Prometheus).
+pub const PASS_REASONS: [&str; 13] = [
     "not_dml",
     "multi_statement",
     "parameters",
@@ -62,7 +62,6 @@ pub const PASS_REASONS: [&str; 14] = [
     "busy",
     "threshold",
     "in_block",
-    "disabled",
 ];
 
 impl Pass {
@@ -149,10 +148,7 @@ type ShapeTable = quick_cache::sync::Cache<u64, Arc<Shape>>;
 pub struct Autoprepare {
     shapes: ArcSwap<ShapeTable>,
     max_shapes: AtomicU64,
-    /// Queries run through an autoprepared statement.
-    pub executions: AtomicU64,
-    /// Queries passed through, by [`Pass::index`]; the last slot counts queries of clients
-    /// for whom autoprepare is off.
+    /// Queries passed through, by [`Pass::index`].
     pub passed: [AtomicU64; PASS_REASONS.len()],
 }
 
@@ -161,7 +157,6 @@ impl Autoprepare {
         Autoprepare {
             shapes: ArcSwap::from_pointee(ShapeTable::new(max_shapes.max(1))),
             max_shapes: AtomicU64::new(max_shapes as u64),
-            executions: AtomicU64::new(0),
             passed: Default::default(),
         }
     }
@@ -183,6 +178,10 @@ impl Autoprepare {
         let mut v: Vec<Arc<Shape>> = self.shapes.load().iter().map(|(_, s)| s).collect();
         v.sort_by_key(|s| std::cmp::Reverse(s.seen.load(Relaxed)));
         v
+    }
+
+    pub fn shape_count(&self) -> usize {
+        self.shapes.load().len()
     }
 
     /// Shapes remembered as never generalized (the negative cache).
@@ -327,11 +326,10 @@ impl ClientAutoprepare {
     }
 
     /// Counts one run of the last query's shape through its statement.
-    pub fn executed(&self, global: &Autoprepare) {
+    pub fn executed(&self) {
         if let Some(shape) = &self.shape {
             shape.executions.fetch_add(1, Relaxed);
         }
-        global.executions.fetch_add(1, Relaxed);
     }
 
     /// Builds the statement's text and types: the lexer's text, with the literals the shape

@@ -715,6 +715,7 @@ impl Session {
             self.autoprepare_allowed = (self.params_version + 1, allowed);
         }
         if !self.autoprepare_allowed.1 {
+            self.stats.autoprepare_passed += 1;
             self.app
                 .autoprepare
                 .count_pass(crate::autoprepare::Pass::Settings);

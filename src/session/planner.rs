@@ -881,6 +881,7 @@ impl Planner<'_> {
     fn autoprepared(&mut self) -> Option<Plan> {
         let ap = self.autoprepare.take()?;
         if self.replies.has_pending_work() || self.replies.in_batch() || self.may_be_aborted() {
+            self.stats.autoprepare_passed += 1;
             ap.global.count_pass(crate::autoprepare::Pass::Busy);
             return None;
         }
@@ -896,12 +897,14 @@ impl Planner<'_> {
         ) {
             Ok(statement) => statement,
             Err(pass) => {
+                self.stats.autoprepare_passed += 1;
                 ap.global.count_pass(pass);
                 return None;
             }
         };
         if !statement.is_validated() && !self.server.prepared.has_current(&statement) {
             if self.server.status != b'I' {
+                self.stats.autoprepare_passed += 1;
                 ap.global.count_pass(crate::autoprepare::Pass::InBlock);
                 return None;
             }
@@ -948,7 +951,8 @@ impl Planner<'_> {
         ap.client
             .write_bind(statement.server_name.as_bytes(), &mut self.server.wbuf);
         crate::autoprepare::write_run(&mut self.server.wbuf);
-        ap.client.executed(ap.global);
+        ap.client.executed();
+        self.stats.autoprepared += 1;
         self.replies.push_entry(Entry {
             expected: Expected::Bind,
             action: Action::AsSimpleQuery,
