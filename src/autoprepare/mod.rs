@@ -20,8 +20,8 @@ use crate::protocol::{frontend as fe, put_cstr, write_message};
 use crate::statements::{Registry, Statement, StatementKey};
 use arc_swap::ArcSwap;
 use bytes::{BufMut, Bytes, BytesMut};
-use lexer::Lexed;
-use shape::{Decision, Never};
+use lexer::{Kind, Lexed};
+use shape::{Decision, Form, Never};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -42,9 +42,9 @@ pub enum Pass {
     Busy,
     /// The shape has not been seen `autoprepare_threshold` times yet.
     Threshold,
-    /// In a transaction block, a statement no server has accepted yet: its first Parse never
-    /// runs where its failure would abort the client's transaction.
-    InBlock,
+    /// The first use of a statement no server has accepted yet: it is prepared on the side
+    /// (see the planner's `probe`) while the query runs as it is.
+    Probing,
 }
 
 /// Every reason, in the order of [`Pass::index`] (SHOW AUTOPREPARE_REASONS, Prometheus).
@@ -61,7 +61,7 @@ pub const PASS_REASONS: [&str; 13] = [
     "settings",
     "busy",
     "threshold",
-    "in_block",
+    "probing",
 ];
 
 impl Pass {
@@ -80,7 +80,7 @@ impl Pass {
             Pass::Settings => 9,
             Pass::Busy => 10,
             Pass::Threshold => 11,
-            Pass::InBlock => 12,
+            Pass::Probing => 12,
         }
     }
 
@@ -92,7 +92,7 @@ impl Pass {
             Pass::Settings => "client settings differ from the pool's",
             Pass::Busy => "other work in flight",
             Pass::Threshold => "below autoprepare_threshold",
-            Pass::InBlock => "first use inside a transaction block",
+            Pass::Probing => "first use, prepared on the side",
         }
     }
 }
@@ -125,7 +125,9 @@ impl Shape {
     /// Parameters of the statement it runs as, once decided.
     pub fn parameters(&self) -> Option<usize> {
         match self.decision.get()? {
-            Decision::Generalize { verbatim, .. } => Some(verbatim.iter().filter(|v| !**v).count()),
+            Decision::Generalize { forms, .. } => {
+                Some(forms.iter().filter(|f| **f != Form::Verbatim).count())
+            }
             Decision::Never(_) => None,
         }
     }
@@ -231,9 +233,8 @@ pub struct ClientAutoprepare {
     text: Vec<u8>,
     /// Its Parse's parameter types (count, then OIDs).
     types: Vec<u8>,
-    /// For each parameter of that statement, the index of its literal in `lexed.literals`,
-    /// and where its `$n` is in `text`.
-    params: Vec<(u32, u32, u32)>,
+    /// The parameters of that statement, in `$n` order.
+    params: Vec<Param>,
     /// Points of `text` whose position in the client's text is known, in order.
     anchors: Vec<Anchor>,
     statements: HashMap<u64, Arc<Statement>, lexer::FixedHash>,
@@ -244,6 +245,16 @@ pub struct ClientAutoprepare {
     /// `held` for the first row or the CommandComplete, and is dropped on an error.
     pub modifies: bool,
     pub held: BytesMut,
+}
+
+/// One parameter of an autoprepared statement.
+#[derive(Debug, Clone, Copy)]
+struct Param {
+    /// Its literal, in `lexed.literals`.
+    literal: u32,
+    kind: Kind,
+    /// The value is the literal's with a minus in front (see [`Form::Negated`]).
+    negated: bool,
 }
 
 /// A byte of a statement's text whose character position in the client's query is known.
@@ -286,14 +297,14 @@ impl ClientAutoprepare {
                 Ok(sql) => shape::decide(sql, &self.lexed.literals),
                 Err(_) => Decision::Never(Never::ParseError),
             });
-        let verbatim = match decision {
+        let forms = match decision {
             Decision::Never(n) => return Err(Pass::Never(*n)),
-            Decision::Generalize { verbatim, modifies } => {
+            Decision::Generalize { forms, modifies } => {
                 self.modifies = *modifies;
-                verbatim
+                forms
             }
         };
-        self.build(sql, verbatim);
+        self.build(sql, forms);
         let hash = lexer::hasher().hash_one((&self.text, &self.types, context));
         let statement = match self.statements.get(&hash) {
             Some(s)
@@ -334,7 +345,7 @@ impl ClientAutoprepare {
 
     /// Builds the statement's text and types: the lexer's text, with the literals the shape
     /// keeps put back and the others numbered `$1..$n`.
-    fn build(&mut self, sql: &[u8], verbatim: &[bool]) {
+    fn build(&mut self, sql: &[u8], forms: &[Form]) {
         self.text.clear();
         self.types.clear();
         self.params.clear();
@@ -368,8 +379,18 @@ impl ClientAutoprepare {
             let (gen_start, gen_end) = (literal.gen_start as usize, literal.gen_end as usize);
             copy(&mut self.text, &mut self.anchors, at, gen_start);
             at = gen_end;
+            let mut position = literal.position;
+            let negated = match forms[i] {
+                Form::Negated { back } => {
+                    // The minus (and the spaces after it) go into the parameter.
+                    self.text.truncate(self.text.len() - back as usize);
+                    position -= back;
+                    true
+                }
+                _ => false,
+            };
             let start = self.text.len() as u32;
-            if verbatim[i] {
+            if forms[i] == Form::Verbatim {
                 // A `$n` may have been spaced from its neighbours; the literal itself need not.
                 self.text
                     .extend_from_slice(&sql[literal.start as usize..literal.end as usize]);
@@ -382,10 +403,20 @@ impl ClientAutoprepare {
             }
             n += 1;
             let end = lexer::push_placeholder(&mut self.text, n, lexed.text.get(gen_end).copied());
-            self.params.push((i as u32, start, end as u32));
+            let kind = match (negated, literal.kind) {
+                (true, Kind::Int4 | Kind::Int8 | Kind::Numeric) => {
+                    lexer::negative_kind(lexed.value(literal))
+                }
+                _ => literal.kind,
+            };
+            self.params.push(Param {
+                literal: i as u32,
+                kind,
+                negated,
+            });
             self.anchors.push(Anchor {
                 at: start,
-                position: literal.position,
+                position,
                 literal_end: end as u32,
             });
             self.anchors.push(Anchor {
@@ -396,9 +427,8 @@ impl ClientAutoprepare {
         }
         copy(&mut self.text, &mut self.anchors, at, lexed.text.len());
         self.types.put_u16(n as u16);
-        for &(i, _, _) in &self.params {
-            self.types
-                .put_u32(lexed.literals[i as usize].kind.type_oid());
+        for p in &self.params {
+            self.types.put_u32(p.kind.type_oid());
         }
     }
 
@@ -410,9 +440,12 @@ impl ClientAutoprepare {
             put_cstr(m, server_name);
             m.put_u16(0); // every parameter in text format
             m.put_u16(self.params.len() as u16);
-            for &(i, _, _) in &self.params {
-                let value = self.lexed.value(&self.lexed.literals[i as usize]);
-                m.put_i32(value.len() as i32);
+            for p in &self.params {
+                let value = self.lexed.value(&self.lexed.literals[p.literal as usize]);
+                m.put_i32((value.len() + usize::from(p.negated)) as i32);
+                if p.negated {
+                    m.put_u8(b'-');
+                }
                 m.extend_from_slice(value);
             }
             m.put_u16(0); // every result column in text format
@@ -421,8 +454,8 @@ impl ClientAutoprepare {
 
     /// The position PostgreSQL gives the literal of parameter `n` (1-based) in a simple query.
     fn literal_position(&self, n: usize) -> Option<u32> {
-        let &(i, _, _) = self.params.get(n.checked_sub(1)?)?;
-        Some(self.lexed.literals[i as usize].position)
+        let p = self.params.get(n.checked_sub(1)?)?;
+        Some(self.lexed.literals[p.literal as usize].position)
     }
 
     /// A position (characters, 1-based) in the statement's text, as a position in the
@@ -572,18 +605,23 @@ fn chars(text: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lexer::Kind;
 
     fn client_for(sql: &str) -> ClientAutoprepare {
         let mut c = ClientAutoprepare::default();
         lexer::generalize(sql.as_bytes(), &mut c.lexed).unwrap();
-        let verbatim: Vec<bool> = c
+        let forms: Vec<Form> = c
             .lexed
             .literals
             .iter()
-            .map(|l| l.kind == Kind::Verbatim)
+            .map(|l| {
+                if l.kind == Kind::Verbatim {
+                    Form::Verbatim
+                } else {
+                    Form::Param
+                }
+            })
             .collect();
-        c.build(sql.as_bytes(), &verbatim);
+        c.build(sql.as_bytes(), &forms);
         c
     }
 

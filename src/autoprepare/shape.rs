@@ -26,13 +26,23 @@ use std::collections::HashSet;
 pub enum Decision {
     /// Never generalized; the query goes to the server as it is.
     Never(Never),
-    /// Generalized: `verbatim[i]` says literal `i` (of the lexer's, in text order) stays in the
-    /// text as it is. `modifies`: the statement writes (DML, or a data-modifying WITH), so
+    /// Generalized: `forms[i]` says what becomes of literal `i` (of the lexer's, in text
+    /// order). `modifies`: the statement writes (DML, or a data-modifying WITH), so
     /// PostgreSQL runs it to completion before it describes its rows to a simple query.
-    Generalize {
-        verbatim: Box<[bool]>,
-        modifies: bool,
-    },
+    Generalize { forms: Box<[Form]>, modifies: bool },
+}
+
+/// What becomes of one literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// It stays in the text as it is.
+    Verbatim,
+    /// It becomes a parameter.
+    Param,
+    /// A number whose unary minus PostgreSQL folds into the constant (`- 5`, `x = -5`): the
+    /// minus `back` bytes before it, and the number, become one parameter, typed by the
+    /// negative value as PostgreSQL types it (`-2147483648` is an int4).
+    Negated { back: u32 },
 }
 
 /// Why a shape is never generalized.
@@ -86,14 +96,41 @@ pub fn decide(sql: &str, literals: &[Literal]) -> Decision {
     }
     let mut found = Found::default();
     walk(node, false, &mut found);
-    let verbatim = literals
+    let forms = literals
         .iter()
-        .map(|l| l.kind == Kind::Verbatim || !found.constants.contains(&i64::from(l.start)))
+        .map(|l| form(sql.as_bytes(), l, &found.constants))
         .collect();
     Decision::Generalize {
-        verbatim,
+        forms,
         modifies: modifies || found.modifies,
     }
+}
+
+fn form(sql: &[u8], literal: &Literal, constants: &HashSet<i64>) -> Form {
+    if literal.kind == Kind::Verbatim {
+        return Form::Verbatim;
+    }
+    if constants.contains(&i64::from(literal.start)) {
+        return Form::Param;
+    }
+    if !matches!(literal.kind, Kind::Int4 | Kind::Int8 | Kind::Numeric) {
+        return Form::Verbatim;
+    }
+    // A constant that starts at a `-` right before the number (only whitespace between) is
+    // the number negated by the grammar (doNegate reports the constant at the sign).
+    let before = &sql[..literal.start as usize];
+    let spaces = before
+        .iter()
+        .rev()
+        .take_while(|b| b.is_ascii_whitespace())
+        .count();
+    let minus = before.len() - spaces;
+    if minus > 0 && before[minus - 1] == b'-' && constants.contains(&(minus as i64 - 1)) {
+        return Form::Negated {
+            back: (before.len() - minus + 1) as u32,
+        };
+    }
+    Form::Verbatim
 }
 
 /// What the walk finds.
@@ -206,15 +243,18 @@ mod tests {
         generalize(sql.as_bytes(), &mut lexed).expect("lexed");
         match decide(sql, &lexed.literals) {
             Decision::Never(n) => format!("never: {}", n.as_str()),
-            Decision::Generalize { verbatim, .. } => {
+            Decision::Generalize { forms, .. } => {
                 let mut s = String::new();
                 let mut at = 0;
-                for (l, keep) in lexed.literals.iter().zip(verbatim.iter()) {
+                for (l, form) in lexed.literals.iter().zip(forms.iter()) {
                     s.push_str(&sql[at..l.start as usize]);
-                    if *keep {
-                        s.push_str(&sql[l.start as usize..l.end as usize]);
-                    } else {
-                        s.push_str("$?");
+                    match form {
+                        Form::Verbatim => s.push_str(&sql[l.start as usize..l.end as usize]),
+                        Form::Param => s.push_str("$?"),
+                        Form::Negated { back } => {
+                            s.truncate(s.len() - *back as usize);
+                            s.push_str("$-?");
+                        }
                     }
                     at = l.end as usize;
                 }
@@ -259,8 +299,8 @@ mod tests {
             "SELECT DISTINCT ON (a + 1) a FROM t WHERE b = $? ORDER BY a + 1"
         );
         assert_eq!(
-            shape("SELECT -2147483648, - 5, 3 - 1, x = -1.5 FROM t"),
-            "SELECT -2147483648, - 5, $? - $?, x = -1.5 FROM t"
+            shape("SELECT -2147483648, - 5, 3 - 1, x = -1.5, -5^2, - /**/ 5 FROM t"),
+            "SELECT $-?, $-?, $? - $?, x = $-?, $-?^$?, - /**/ 5 FROM t"
         );
         assert_eq!(
             shape("SELECT extract('year' FROM ts), 'a' COLLATE \"C\", rank() OVER (PARTITION BY a + 1 ORDER BY 2) FROM t"),

@@ -203,6 +203,9 @@ struct Session {
     /// The next client message waits for the server's replies to what is in flight (see
     /// [`planner::Plan::Wait`]): client input is not planned until a server message arrives.
     waiting: bool,
+    /// A client message waits to be planned again (see `waiting`): the server stays held
+    /// for it even if it becomes idle meanwhile.
+    replan: bool,
     /// A Flush has been sent for the current wait.
     wait_flushed: bool,
     /// The client's write buffer holds only replies pgmemo gave itself (a ParseComplete).
@@ -298,6 +301,7 @@ impl Session {
             },
             cleanup: Vec::new(),
             waiting: false,
+            replan: false,
             wait_flushed: false,
             local_replies_only: false,
             retry: planner::Retry::default(),
@@ -488,6 +492,8 @@ impl Session {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
             }
+            // A message planned again after a wait may have been answered by pgmemo alone.
+            self.release_if_done();
             // A shutdown closes the client only between transactions, never mid-work.
             let between_transactions =
                 self.replies.is_idle() && self.server.as_ref().is_none_or(|s| s.status == b'I');
@@ -647,6 +653,7 @@ impl Session {
                 .plan(tag);
                 if planned != planner::Plan::Wait {
                     self.wait_flushed = false;
+                    self.replan = false;
                 }
                 match planned {
                     planner::Plan::Done => {
@@ -668,6 +675,7 @@ impl Session {
                             self.wait_flushed = true;
                         }
                         self.waiting = true;
+                        self.replan = true;
                         return Ok(());
                     }
                     planner::Plan::Forward => {}
@@ -966,17 +974,25 @@ impl Session {
             };
             server = s;
         }
-        // Not before the Sync of an extended batch: until then PostgreSQL keeps the batch's
-        // implicit transaction open (or skips everything after an error), whatever
-        // ReadyForQuery said last.
+        self.release_if_done();
+        Ok(())
+    }
+
+    /// Gives the server back in transaction mode when the client's work on it is done. Not
+    /// before the Sync of an extended batch: until then PostgreSQL keeps the batch's implicit
+    /// transaction open (or skips everything after an error), whatever ReadyForQuery said
+    /// last. Nor while a client message waits to be planned again on it.
+    fn release_if_done(&mut self) {
         if self.mode == PoolMode::Transaction
+            && !self.replan
             && self.replies.is_idle()
-            && server.status == b'I'
-            && server.rbuf.is_empty()
+            && self
+                .server
+                .as_ref()
+                .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
         {
             self.release_server();
         }
-        Ok(())
     }
 
     /// Writes the replies pgmemo gives itself (ParseComplete, CloseComplete, ...) that have

@@ -875,9 +875,8 @@ impl Planner<'_> {
     ///
     /// Only with nothing of the client's in flight (so the session knows the transaction
     /// state, and one query's error translation is pending at a time) and outside an aborted
-    /// block. A statement no server has accepted yet is first prepared on its own, in an idle
-    /// session only (a Parse PostgreSQL refuses must not abort the client's transaction), and
-    /// the query is planned again when that answer is in ([`Effect::Probe`]).
+    /// block. A statement no server has accepted yet is prepared on the side first
+    /// ([`Planner::probe`]) while this query goes to the server as it is.
     fn autoprepared(&mut self) -> Option<Plan> {
         let ap = self.autoprepare.take()?;
         if self.replies.has_pending_work() || self.replies.in_batch() || self.may_be_aborted() {
@@ -903,25 +902,10 @@ impl Planner<'_> {
             }
         };
         if !statement.is_validated() && !self.server.prepared.has_current(&statement) {
-            if self.server.status != b'I' {
-                self.stats.autoprepare_passed += 1;
-                ap.global.count_pass(crate::autoprepare::Pass::InBlock);
-                return None;
-            }
-            self.stats.prepare_cache_miss += 1;
-            self.write_parse(&statement);
-            self.replies.push_entry(Entry {
-                expected: Expected::Parse,
-                action: Action::Silent,
-                effect: Some(Effect::Probe(statement)),
-            });
-            fe::sync(&mut self.server.wbuf);
-            self.replies.push_entry(Entry {
-                expected: Expected::Sync,
-                action: Action::Silent,
-                effect: None,
-            });
-            return Some(Plan::Wait);
+            self.probe(statement);
+            self.stats.autoprepare_passed += 1;
+            ap.global.count_pass(crate::autoprepare::Pass::Probing);
+            return None;
         }
         // Every simple query drops the client's unnamed statement, even one that fails.
         let unnamed = self.stmts.set(b"", None).map(|statement| Effect::Unbound {
@@ -978,6 +962,40 @@ impl Planner<'_> {
             effect: unnamed,
         });
         Some(Plan::Done)
+    }
+
+    /// Prepares an autoprepared statement that no server has accepted yet, on its own and
+    /// silently, before the client's query (which then goes to the server as it is): if
+    /// PostgreSQL accepts it, the client's next query of its shape runs prepared; if not, the
+    /// shape is never tried again ([`Effect::Probe`]). In a transaction block the Parse runs
+    /// inside a savepoint that is rolled back and released after it, so a Parse PostgreSQL
+    /// refuses never aborts the client's transaction. Pipelined: no round trip is added.
+    fn probe(&mut self, statement: Arc<Statement>) {
+        let in_block = self.server.status == b'T';
+        if in_block {
+            fe::query(&mut self.server.wbuf, "SAVEPOINT pgmemo_probe");
+            self.replies.push(Expected::Internal);
+        }
+        self.stats.prepare_cache_miss += 1;
+        self.write_parse(&statement);
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Silent,
+            effect: Some(Effect::Probe(statement)),
+        });
+        fe::sync(&mut self.server.wbuf);
+        self.replies.push_entry(Entry {
+            expected: Expected::Sync,
+            action: Action::Silent,
+            effect: None,
+        });
+        if in_block {
+            fe::query(
+                &mut self.server.wbuf,
+                "ROLLBACK TO SAVEPOINT pgmemo_probe; RELEASE SAVEPOINT pgmemo_probe",
+            );
+            self.replies.push(Expected::Internal);
+        }
     }
 
     /// A query that PREPAREs, EXECUTEs or DEALLOCATEs a name that is one of the client's
