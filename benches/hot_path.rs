@@ -24,6 +24,11 @@
 //! - **Allocations**: a counting global allocator reports the allocations per batch of each
 //!   session benchmark, after warm-up, before criterion's own report: none with `P_0` on the
 //!   server; one without (the node of the server's LRU for `P_0`, in `ServerSet::insert`).
+//! - `autoprepare: ...` groups: the lexer's pass over a simple query's text (generalization,
+//!   shape hash, literal values), and the whole hot path of an autoprepared query before it
+//!   is written to a server: the pass, the shape lookup, the statement's text and types, the
+//!   client's statement map, and the Bind with the literals' values. Allocations per query
+//!   are counted as for the session groups (none once the buffers are warm).
 //! - The other groups time the framing and reply-queue steps alone.
 
 use bytes::BytesMut;
@@ -428,8 +433,74 @@ fn bench_session(c: &mut Criterion) {
     drop(held);
 }
 
+/// Simple queries as applications send them, with their literals spliced in.
+const SIMPLE_QUERIES: [(&str, &str); 3] = [
+    (
+        "pgbench -S (59 bytes, 1 literal)",
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 4242217;",
+    ),
+    (
+        "ORM point select (104 bytes, 4 literals)",
+        "SELECT id, name, price FROM items WHERE id = 42 AND name = 'it''s' AND price > 10.5 LIMIT 20",
+    ),
+    (
+        "ORM join with an IN list (262 bytes, 8 literals, a comment)",
+        "SELECT o.id, o.amount, i.name FROM orders o JOIN items i ON i.id = o.item_id \
+         WHERE o.customer_id = 123456 AND o.status IN ('new', 'paid', 'shipped') \
+         AND o.created_at >= '2024-01-01' AND o.amount > 0 ORDER BY o.id DESC LIMIT 50 \
+         /*controller='orders',action='index'*/",
+    ),
+];
+
+fn bench_autoprepare(c: &mut Criterion) {
+    use pgmemo::autoprepare::{lexer, Autoprepare, ClientAutoprepare};
+    let mut group = c.benchmark_group("autoprepare: lexer pass");
+    let mut lexed = lexer::Lexed::default();
+    for (name, sql) in SIMPLE_QUERIES {
+        group.throughput(Throughput::Bytes(sql.len() as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| lexer::generalize(black_box(sql.as_bytes()), &mut lexed).unwrap())
+        });
+    }
+    group.finish();
+
+    let global = Autoprepare::new(1000);
+    let registry = pgmemo::statements::Registry::new();
+    let mut client = ClientAutoprepare::default();
+    let mut out = BytesMut::with_capacity(4096);
+    let mut run = |sql: &str| {
+        let statement = client
+            .statement(&global, &registry, sql.as_bytes(), 1, 1)
+            .expect("generalized");
+        client.write_bind(statement.server_name.as_bytes(), &mut out);
+        pgmemo::autoprepare::write_run(&mut out);
+        out.clear();
+    };
+    for (name, sql) in SIMPLE_QUERIES {
+        for _ in 0..100 {
+            run(sql); // the shape is decided, the statement registered, buffers grown
+        }
+        let before = ALLOCATIONS.with(Cell::get);
+        for _ in 0..1000 {
+            run(sql);
+        }
+        let n = ALLOCATIONS.with(Cell::get) - before;
+        println!(
+            "autoprepare, {name}: {} allocations per query",
+            n as f64 / 1000.0
+        );
+    }
+    let mut group = c.benchmark_group("autoprepare: query to Bind/Describe/Execute/Sync");
+    for (name, sql) in SIMPLE_QUERIES {
+        group.throughput(Throughput::Bytes(sql.len() as u64));
+        group.bench_function(name, |b| b.iter(|| run(black_box(sql))));
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    bench_autoprepare,
     bench_session,
     bench_client_batch,
     bench_server_reply,

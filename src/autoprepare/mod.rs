@@ -45,10 +45,13 @@ pub enum Pass {
     /// The first use of a statement no server has accepted yet: it is prepared on the side
     /// (see the planner's `probe`) while the query runs as it is.
     Probing,
+    /// The query failed as a prepared statement before its first row and runs again as
+    /// it is, for PostgreSQL's own reply (see [`ClientAutoprepare::rerun`]).
+    Rerun,
 }
 
 /// Every reason, in the order of [`Pass::index`] (SHOW AUTOPREPARE_REASONS, Prometheus).
-pub const PASS_REASONS: [&str; 13] = [
+pub const PASS_REASONS: [&str; 14] = [
     "not_dml",
     "multi_statement",
     "parameters",
@@ -62,6 +65,7 @@ pub const PASS_REASONS: [&str; 13] = [
     "busy",
     "threshold",
     "probing",
+    "rerun",
 ];
 
 impl Pass {
@@ -81,6 +85,7 @@ impl Pass {
             Pass::Busy => 10,
             Pass::Threshold => 11,
             Pass::Probing => 12,
+            Pass::Rerun => 13,
         }
     }
 
@@ -93,6 +98,7 @@ impl Pass {
             Pass::Busy => "other work in flight",
             Pass::Threshold => "below autoprepare_threshold",
             Pass::Probing => "first use, prepared on the side",
+            Pass::Rerun => "failed before its first row, run again as it is",
         }
     }
 }
@@ -244,6 +250,15 @@ pub struct ClientAutoprepare {
     /// simple query only once it has run to completion, so the Describe's answer waits in
     /// `held` for the first row or the CommandComplete, and is dropped on an error.
     pub modifies: bool,
+    /// The query in flight is a SELECT that is the first statement of an implicit
+    /// transaction. With a generic plan PostgreSQL evaluates expressions of constants at run
+    /// time that the simple query folds while planning, so an error it would raise before
+    /// the RowDescription comes after it. So the RowDescription (and notices) wait in `held`
+    /// for the first row or the CommandComplete; an error before then (nothing of the query
+    /// has persisted) is swallowed and the client's query runs again as it is.
+    pub rerun: bool,
+    /// The next query goes to the server as it is (it is such a query, run again).
+    pub bypass: bool,
     pub held: BytesMut,
 }
 
@@ -282,6 +297,9 @@ impl ClientAutoprepare {
     ) -> Result<Arc<Statement>, Pass> {
         self.shape = None;
         self.held.clear();
+        if std::mem::take(&mut self.bypass) {
+            return Err(Pass::Rerun);
+        }
         lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?;
         let shape = global.shape(&self.lexed);
         if shape.is_rejected() {

@@ -206,6 +206,8 @@ struct Session {
     /// A client message waits to be planned again (see `waiting`): the server stays held
     /// for it even if it becomes idle meanwhile.
     replan: bool,
+    /// The message that waited has now been planned.
+    replanned: bool,
     /// A Flush has been sent for the current wait.
     wait_flushed: bool,
     /// The client's write buffer holds only replies pgmemo gave itself (a ParseComplete).
@@ -302,6 +304,7 @@ impl Session {
             cleanup: Vec::new(),
             waiting: false,
             replan: false,
+            replanned: false,
             wait_flushed: false,
             local_replies_only: false,
             retry: planner::Retry::default(),
@@ -492,8 +495,11 @@ impl Session {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
             }
-            // A message planned again after a wait may have been answered by pgmemo alone.
-            self.release_if_done();
+            // A message planned again after a wait may have been answered by pgmemo alone,
+            // leaving the server idle with nothing more to come from it.
+            if std::mem::take(&mut self.replanned) {
+                self.release_if_done();
+            }
             // A shutdown closes the client only between transactions, never mid-work.
             let between_transactions =
                 self.replies.is_idle() && self.server.as_ref().is_none_or(|s| s.status == b'I');
@@ -653,7 +659,7 @@ impl Session {
                 .plan(tag);
                 if planned != planner::Plan::Wait {
                     self.wait_flushed = false;
-                    self.replan = false;
+                    self.replanned |= std::mem::take(&mut self.replan);
                 }
                 match planned {
                     planner::Plan::Done => {
@@ -823,10 +829,26 @@ impl Session {
                 && self.retry.is_armed()
                 && self.replies.head_is_retry_point()
                 && ErrorFields::parse(&server.rbuf[5..len]).is_some_and(|f| f.code == "0A000");
+            // An autoprepared SELECT that failed before its first row: run again as it is
+            // (see `ClientAutoprepare::rerun`).
+            let rerun = tag == be::ERROR_RESPONSE
+                && self.held_description
+                && self.retry.is_armed()
+                && self.autoprepare.as_ref().is_some_and(|a| a.rerun);
             let mut route = self.replies.on_server_message(tag);
             let mut replay = false;
             let mut retried = false;
-            if retry {
+            if rerun {
+                if self.replies.len() == 1 {
+                    route = Route::Swallow;
+                    self.retry.swallow_ready();
+                    if let Some(ap) = self.autoprepare.as_mut() {
+                        ap.bypass = true;
+                    }
+                } else {
+                    self.retry.forget();
+                }
+            } else if retry {
                 if self.replies.len() == 1 {
                     route = Route::Swallow;
                     retried = true;
@@ -880,16 +902,25 @@ impl Session {
                     be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY
                 )
             {
-                // The RowDescription of an autoprepared query that writes: out before its
-                // first row or its CommandComplete, dropped with an error (see
-                // `Action::AsSimpleQueryHeld`).
+                // The RowDescription held back for an autoprepared query (see
+                // `Action::AsSimpleQueryHeld`): out before its first row or its
+                // CommandComplete; with an error, dropped for a query that writes, and for a
+                // SELECT dropped if it runs again, out before the error if it cannot.
                 self.held_description = false;
                 if let Some(ap) = self.autoprepare.as_mut() {
-                    if matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE) {
+                    let out = matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE)
+                        || (tag == be::ERROR_RESPONSE && ap.rerun && route != Route::Swallow);
+                    if out {
                         self.client.wbuf.extend_from_slice(&ap.held);
                     }
                     ap.held.clear();
                 }
+            } else if self.held_description
+                && tag == be::NOTICE_RESPONSE
+                && self.autoprepare.as_ref().is_some_and(|a| a.rerun)
+            {
+                // Notices of a SELECT come after its RowDescription, and go with it.
+                route = Route::Hold;
             }
             match route {
                 Route::Forward => {

@@ -946,9 +946,10 @@ impl Planner<'_> {
                 retry,
             }),
         });
+        ap.client.rerun = retry && !ap.client.modifies;
         self.replies.push_entry(Entry {
             expected: Expected::Describe,
-            action: if ap.client.modifies {
+            action: if ap.client.modifies || ap.client.rerun {
                 Action::AsSimpleQueryHeld
             } else {
                 Action::AsSimpleQuery
