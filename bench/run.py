@@ -1,30 +1,62 @@
 #!/usr/bin/env python3
-"""pgmemo benchmark: pgbench -S through pgmemo, directly against PostgreSQL, and
-through PgBouncer, side by side in one run.
+"""pgmemo benchmark: pgbench through pgmemo, directly against PostgreSQL, and
+through the peer poolers PgBouncer 1.25, Odyssey 1.5 and Debian's PgBouncer, side
+by side in one run.
 
-    python3 bench/run.py            # full default run (< 15 min on 2 cores)
-    python3 bench/run.py --quick    # one round, 3 s runs, 8 clients (< 2 min)
+    python3 bench/run.py            # full default run (~25 min on 2 cores)
+    python3 bench/run.py --quick    # one round, 3 s runs, 8 clients (~3 min)
+    python3 bench/run.py --quick --no-build --duration 2 --protocols simple --no-peers
+
+Targets (columns of the tables, in this order):
+  * direct          the throwaway PostgreSQL itself (the ceiling, not a proxy);
+  * pgmemo          target/release/pgmemo (built with `cargo build --release`
+                    unless --no-build; --no-pgmemo leaves it out);
+  * pgbouncer-1.25, odyssey-1.5
+                    the peers, built from source by REPO/../shared/peers/build.sh
+                    into --peers-prefix (default /opt/peers; built there once,
+                    ~2 min, when missing; if build.sh is missing or fails the run
+                    goes on without them, with a warning) and started from that
+                    directory's pgbouncer.ini.template / odyssey.conf.template;
+                    --no-peers leaves them out;
+  * pgbouncer-1.18  Debian's package `pgbouncer` (installed with apt-get when
+                    missing and running as root), named with its version;
+                    --no-pgbouncer leaves it out;
+  * --target NAME=host:port  any already-running pooler (repeatable).
+Every proxy runs in transaction mode with the same pool size (--pool-size) and
+client limit, on a free loopback port; as root, PostgreSQL and the poolers run as
+the unprivileged user `postgres` (they refuse or dislike root).
+
+Workloads (rows; --workloads, default: the --protocols plus orm-simple):
+  * simple, extended, prepared: `pgbench -S` (select-only) with that -M protocol;
+  * orm-simple (also orm-extended, orm-prepared): bench/orm.sql, an ORM-like mix
+    of a point select, a join with an IN list, an UPDATE and an INSERT, each its
+    own autocommit statement, with that -M protocol (one "transaction" = one run
+    of the script = 4 statements).
 
 What it does, by itself:
   * starts a throwaway PostgreSQL (initdb in a temp dir, trust on 127.0.0.1,
     fsync=off, free port) and loads `pgbench -i -s SCALE`;
-  * builds pgmemo (`cargo build --release`, unless --no-build) and starts
-    target/release/pgmemo in transaction mode; starts PgBouncer (Debian package
-    `pgbouncer`, installed with apt-get when missing and running as root) in
-    transaction mode with the same pool size; both on free loopback ports;
-  * for each protocol x client count ("cell") and each round, runs
-    `pgbench -S -n -j 2 -c C -T S -M P` against every target, the targets in
-    rotating order (round r starts at target r mod n);
+  * starts the proxies above;
+  * for each workload x client count ("cell") and each round, runs
+    `pgbench -n -j 2 -c C -T S -M P (-S | -f bench/orm.sql)` against every target,
+    the targets in rotating order (round r starts at target r mod n);
   * records TPS (without connection time), average latency, failed transactions,
     exit status, and for the proxies the CPU time per transaction (utime+stime of
-    the process, all threads, from /proc/PID/stat) and RSS;
+    the process, all threads, from /proc/PID/stat; Odyssey's daemon pid from its
+    pid file) and RSS;
   * measures memory per idle client (bench/idle_clients.py) for the proxies;
-  * prints a markdown table on stdout and writes runs.csv, memory.csv, tps.png,
+  * prints markdown tables on stdout (per cell: median TPS and min-max of every
+    target, proxy/direct ratios, `pgmemo/best peer` = pgmemo's median TPS over
+    the best median among the peers, each proxy's CPU µs per transaction) and
+    writes runs.csv (one row per run), cells.csv (one row per cell, the same
+    columns as the table), memory.csv, tps.png (TPS and CPU µs/tx per target),
     summary.md, meta.json and the servers' logs into bench/results/<timestamp>/.
 
 Progress goes to stderr; the report goes to stdout. Nothing is left running when
 it ends, also on Ctrl-C or an error: every child runs in its own process group
-and is stopped in a finally block; the temp dir is removed.
+and is stopped in a finally block (Odyssey, which daemonizes, by the pid from its
+pid file, with a watchdog that kills it should this harness be SIGKILLed); the
+temp dir is removed.
 
 Standard library only, except matplotlib for the plot (pip install -r
 bench/requirements.txt); without it the plot is skipped with a warning.
@@ -65,6 +97,17 @@ PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 DB_USER = "bench"
 DB_NAME = "bench"
 PROTOCOLS = ("simple", "extended", "prepared")
+ORM_SCRIPT = BENCH_DIR / "orm.sql"
+# Every workload name: the select-only protocols, and the ORM-like script with each protocol.
+WORKLOADS = PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS)
+# The same client limit for every proxy, above the largest default idle-client test (5000).
+MAX_CLIENT_CONN = 6000
+# Sources, build script and config templates of the peers (shared by the projects compared).
+PEERS_SRC = REPO.parent / "shared" / "peers"
+DEFAULT_PEERS_PREFIX = "/opt/peers"
+PEER_BINARIES = {"pgbouncer": "pgbouncer/bin/pgbouncer", "odyssey": "odyssey/odyssey"}
+PEER_TEMPLATES = {"pgbouncer": "pgbouncer.ini.template", "odyssey": "odyssey.conf.template"}
+PEER_KINDS = ("pgbouncer", "odyssey")
 
 
 class BenchError(Exception):
@@ -90,11 +133,43 @@ except OSError:  # pragma: no cover
 PR_SET_PDEATHSIG = 1
 
 
-def _child_setup() -> None:
-    """Runs in the child after fork (and after the uid change): die with us,
-    even when this harness is killed with SIGKILL."""
+def _child_setup(death_signal: int = signal.SIGKILL) -> None:
+    """Runs in the child after fork (and after the uid change): die with us (or,
+    for a watchdog, get told so), even when this harness is killed with SIGKILL."""
     if _libc is not None:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc.prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+
+
+def pid_alive(pid: Optional[int]) -> bool:
+    """Whether pid runs (a zombie counts as gone: a daemon's is reaped by init)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def pid_comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# Kills the daemon whose pid is $1 when the harness dies (it gets SIGTERM as its
+# parent-death signal); exits by itself once the daemon is gone.
+WATCHDOG_SH = ('trap \'kill -KILL "$1" 2>/dev/null; exit 0\' TERM HUP INT\n'
+               'while kill -0 "$1" 2>/dev/null; do sleep 1; done\n')
 
 
 @dataclass
@@ -111,17 +186,23 @@ class Procs:
     def __init__(self) -> None:
         self.live: list[tuple[str, subprocess.Popen, int]] = []  # (name, proc, stop signal)
         self.pgids: set[int] = set()
+        # Daemons (they leave our process groups): (name, pid, comm), stopped by pid.
+        self.daemons: list[tuple[str, int, str]] = []
+        # Strings in the command line of a daemon we started (its config path): the
+        # final sweep also kills those, should one have daemonized before we got its pid.
+        self.markers: set[str] = set()
 
     def spawn(self, name: str, argv: list[str], *, run_as: Optional[RunAs] = None,
               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
               stdin=subprocess.DEVNULL, cwd=None, env=None, text=False,
-              stop_signal: int = signal.SIGTERM) -> subprocess.Popen:
+              stop_signal: int = signal.SIGTERM,
+              death_signal: int = signal.SIGKILL) -> subprocess.Popen:
         kw = {}
         if run_as is not None:
             kw = dict(user=run_as.uid, group=run_as.gid, extra_groups=[])
         p = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
                              env=env, text=text, start_new_session=True,
-                             preexec_fn=_child_setup, **kw)
+                             preexec_fn=lambda: _child_setup(death_signal), **kw)
         self.live.append((name, p, stop_signal))
         self.pgids.add(p.pid)
         return p
@@ -157,21 +238,64 @@ class Procs:
         if entry:
             self.live.remove(entry)
 
+    def release(self, p: subprocess.Popen) -> None:
+        """Forget a child that has exited by itself (its group stays in the sweep)."""
+        p.wait()
+        for stream in (p.stdin, p.stdout, p.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self.live = [e for e in self.live if e[1] is not p]
+
+    def adopt(self, name: str, pid: int) -> None:
+        """Track a daemon (not our child, not in our groups) so that it is stopped."""
+        self.daemons.append((name, pid, pid_comm(pid)))
+
+    def stop_daemon(self, pid: int, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL; only while pid is still the process we adopted."""
+        entry = next((e for e in self.daemons if e[1] == pid), None)
+        comm = entry[2] if entry else None
+        for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            if not pid_alive(pid) or (comm and pid_comm(pid) != comm):
+                break
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            end = time.monotonic() + wait_s
+            while pid_alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
+        if pid_alive(pid) and (not comm or pid_comm(pid) == comm):
+            warn(f"daemon {pid} did not exit after SIGKILL")
+        if entry:
+            self.daemons.remove(entry)
+
     def stop_all(self) -> None:
+        # Daemons first: their watchdogs (in `live`) would SIGKILL them when stopped.
+        for name, pid, _ in reversed(list(self.daemons)):
+            self.stop_daemon(pid, timeout=8.0)
         for name, p, _ in reversed(list(self.live)):
             self.stop(p, timeout=8.0)
-        # Final sweep: anything still in one of our process groups.
+        # Final sweep: anything still in one of our process groups, or a daemon of ours.
         for pid_dir in glob.glob("/proc/[0-9]*"):
+            pid = int(pid_dir[6:])
             try:
                 with open(pid_dir + "/stat") as f:
                     rest = f.read().rsplit(")", 1)[1].split()
                 pgrp = int(rest[2])
             except (OSError, IndexError, ValueError):
                 continue
-            if pgrp in self.pgids:
+            ours = pgrp in self.pgids
+            if not ours and self.markers and pid != os.getpid():
+                cmd = pid_cmdline(pid)
+                ours = any(m in cmd for m in self.markers)
+            if ours:
+                comm = pid_comm(pid) or "?"
                 try:
-                    os.kill(int(pid_dir[6:]), signal.SIGKILL)
-                    warn(f"killed leftover process {pid_dir[6:]} of group {pgrp}")
+                    os.kill(pid, signal.SIGKILL)
+                    warn(f"killed leftover process {pid} ({comm}) of group {pgrp}")
                 except (ProcessLookupError, PermissionError):
                     pass
 
@@ -307,6 +431,72 @@ def ensure_pgbouncer() -> str:
     return path
 
 
+def find_peers(prefix: Path) -> dict[str, Optional[str]]:
+    """The peer binaries build.sh installs under prefix (None: not there)."""
+    found = {}
+    for kind, rel in PEER_BINARIES.items():
+        path = prefix / rel
+        found[kind] = str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    return found
+
+
+def ensure_peers(prefix: Path, logdir: Path) -> dict[str, Optional[str]]:
+    """The peers' binaries, built with PEERS_SRC/build.sh PREFIX when missing
+    (once, ~2 min; it is idempotent). A missing or failing build.sh is not fatal:
+    the run goes on without the peers that are not there, with a warning, since
+    the comparison with direct PostgreSQL and Debian's PgBouncer still stands."""
+    found = find_peers(prefix)
+    missing = [k for k, v in found.items() if v is None]
+    if not missing:
+        return found
+    build = PEERS_SRC / "build.sh"
+    if not build.is_file():
+        warn(f"{', '.join(missing)} not built under {prefix} and {build} not found: "
+             f"going on without {', '.join(missing)} (pass --no-peers to silence this)")
+        return found
+    blog = logdir / "peers-build.log"
+    log(f"{', '.join(missing)} not built under {prefix}: bash {build} {prefix} "
+        f"(about 2 min; log in {blog})")
+    t0 = time.monotonic()
+    with open(blog, "w") as lf:
+        r = subprocess.run(["bash", str(build), str(prefix)], stdin=subprocess.DEVNULL,
+                           stdout=lf, stderr=subprocess.STDOUT)
+    found = find_peers(prefix)
+    missing = [k for k, v in found.items() if v is None]
+    if r.returncode != 0 or missing:
+        warn(f"{build} {prefix} failed (status {r.returncode}) after {time.monotonic() - t0:.0f} s"
+             + (f": going on without {', '.join(missing)}" if missing else "")
+             + f"; last lines of {blog}:\n{tail(blog, 15)}")
+    else:
+        log(f"peers built in {time.monotonic() - t0:.0f} s")
+    return found
+
+
+def render_template(path: Path, *, listen_port: int, pg_port: int, pool_size: int, dir: Path) -> str:
+    """A peer's config from its template; every placeholder must be filled, so a
+    template with a new placeholder fails here rather than in the peer."""
+    text = path.read_text()
+    for key, val in (("LISTEN_PORT", listen_port), ("PG_PORT", pg_port),
+                     ("POOL_SIZE", pool_size), ("DIR", dir)):
+        text = text.replace(f"@{key}@", str(val))
+    left = sorted(set(re.findall(r"@[A-Z_]+@", text)))
+    if left:
+        raise BenchError(f"{path}: unknown placeholders {', '.join(left)}")
+    return text
+
+
+def set_client_limit(conf: str, key: str, sep: str) -> str:
+    """The templates allow 1000 clients; the idle-client test opens up to 5000 and
+    pgmemo is given MAX_CLIENT_CONN: give every proxy the same limit."""
+    new, n = re.subn(rf"(?m)^(\s*{key}\s*{sep}\s*)\d+", rf"\g<1>{MAX_CLIENT_CONN}", conf)
+    return new if n else conf
+
+
+def version_tuple(line: str) -> tuple:
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", line)
+    return tuple(int(x or 0) for x in m.groups()) if m else (0, 0, 0)
+
+
 def ensure_run_as() -> Optional[RunAs]:
     """PostgreSQL refuses to run as root: as root, run servers as `postgres`."""
     if os.geteuid() != 0:
@@ -390,18 +580,23 @@ class Target:
     user: str = DB_USER
     database: str = DB_NAME
     password: Optional[str] = None
-    kind: str = "external"           # direct | pgmemo | pgbouncer | external
+    kind: str = "external"           # direct | pgmemo | pgbouncer | odyssey | external
     server: object = None            # the Server that runs it (None for direct/external)
     broken: Optional[str] = None     # why its runs were not done
 
     @property
     def pid(self) -> Optional[int]:
-        p = getattr(self.server, "proc", None)
-        return p.pid if p is not None and p.poll() is None else None
+        """The proxy's process while it runs (Odyssey: its daemon), for CPU and RSS."""
+        return getattr(self.server, "pid", None)
 
     @property
     def is_proxy(self) -> bool:
         return self.kind != "direct"
+
+    @property
+    def is_peer(self) -> bool:
+        """A pooler pgmemo is measured against (the `pgmemo/best peer` column)."""
+        return self.kind in PEER_KINDS
 
     def env(self) -> dict:
         env = dict(os.environ, PGCONNECT_TIMEOUT="10")
@@ -481,30 +676,41 @@ log_min_messages = warning
 
 
 class PgBouncer:
+    """PgBouncer in the foreground as our child: the peer built from source (its
+    config from the shared template) or Debian's package (the config below)."""
     kind = "pgbouncer"
+    dir_logs: tuple = ()  # its logfile repeats what it writes on stderr, into logfile below
 
-    def __init__(self, ctx: "Ctx", binary: str) -> None:
-        self.ctx, self.binary = ctx, binary
+    def __init__(self, ctx: "Ctx", binary: str, template: Optional[Path] = None) -> None:
+        self.ctx, self.binary, self.template = ctx, binary, template
         self.version_line = version_of([binary, "--version"])
-        m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", self.version_line)
-        self.version = tuple(int(x or 0) for x in m.groups()) if m else (0, 0, 0)
-        self.logfile = ctx.logdir / "pgbouncer.log"
+        self.version = version_tuple(self.version_line)
+        self.name = f"pgbouncer-{self.version[0]}.{self.version[1]}"
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
 
     @property
-    def dir(self) -> Path:
-        return self.ctx.tmp / "pgbouncer"
+    def logfile(self) -> Path:
+        return self.ctx.logdir / f"{self.name}.log"
 
-    def start(self) -> int:
+    @property
+    def dir(self) -> Path:
+        return self.ctx.tmp / self.name
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def config(self) -> str:
         c = self.ctx
-        self.port = free_port()
-        self.dir.mkdir(exist_ok=True)
-        (self.dir / "userlist.txt").write_text(f'"{DB_USER}" ""\n')
+        if self.template is not None:
+            conf = render_template(self.template, listen_port=self.port, pg_port=c.pg.port,
+                                   pool_size=c.args.pool_size, dir=self.dir)
+            return set_client_limit(conf, "max_client_conn", "=")
         extra = ""
         if self.version >= (1, 21):
             extra = "max_prepared_statements = 200\n"
-        (self.dir / "pgbouncer.ini").write_text(f"""[databases]
+        return f"""[databases]
 * = host=127.0.0.1 port={c.pg.port}
 
 [pgbouncer]
@@ -517,20 +723,29 @@ pool_mode = transaction
 default_pool_size = {c.args.pool_size}
 min_pool_size = 0
 reserve_pool_size = 0
-max_client_conn = 6000
+max_client_conn = {MAX_CLIENT_CONN}
 ignore_startup_parameters = extra_float_digits
 logfile =
 pidfile =
 log_connections = 0
 log_disconnections = 0
 admin_users = {DB_USER}
-{extra}""")
+{extra}"""
+
+    def start(self) -> int:
+        c = self.ctx
+        self.port = free_port()
+        self.dir.mkdir(exist_ok=True)
+        # trust auth still needs the client user in auth_file
+        (self.dir / "userlist.txt").write_text(f'"{DB_USER}" ""\n')
+        (self.dir / "pgbouncer.pid").unlink(missing_ok=True)  # a stale one stops it starting
+        (self.dir / "pgbouncer.ini").write_text(self.config())
         chown_tree(self.dir, c.run_as)
         lf = c.open_log(self.logfile)
-        self.proc = c.procs.spawn("pgbouncer", [self.binary, str(self.dir / "pgbouncer.ini")],
+        self.proc = c.procs.spawn(self.name, [self.binary, str(self.dir / "pgbouncer.ini")],
                                   run_as=c.run_as, cwd=self.dir, stdout=lf, stderr=subprocess.STDOUT,
                                   env=dict(os.environ, HOME=str(self.dir)), stop_signal=signal.SIGTERM)
-        wait_port("pgbouncer", "127.0.0.1", self.port, self.proc, self.logfile)
+        wait_port(self.name, "127.0.0.1", self.port, self.proc, self.logfile)
         return self.port
 
     def stop(self) -> None:
@@ -539,16 +754,122 @@ admin_users = {DB_USER}
             self.proc = None
 
 
+class Odyssey:
+    """Odyssey from the shared template. It daemonizes (the launcher exits at
+    once) and writes its pid file: that pid is what we measure and stop, and a
+    watchdog child kills it should this harness die without its finally block."""
+    kind = "odyssey"
+    dir_logs = ("odyssey.log",)
+
+    def __init__(self, ctx: "Ctx", binary: str, template: Path) -> None:
+        self.ctx, self.binary, self.template = ctx, binary, template
+        self.version_line = version_of([binary, "--version"])
+        self.version = version_tuple(self.version_line)
+        self.name = f"odyssey-{self.version[0]}.{self.version[1]}"
+        self.daemon_pid: Optional[int] = None
+        self.watchdog: Optional[subprocess.Popen] = None
+        self.port = 0
+
+    @property
+    def logfile(self) -> Path:
+        return self.ctx.logdir / f"{self.name}.log"  # the launcher's output; the daemon logs in dir
+
+    @property
+    def dir(self) -> Path:
+        return self.ctx.tmp / self.name
+
+    @property
+    def pidfile(self) -> Path:
+        return self.dir / "odyssey.pid"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.daemon_pid if pid_alive(self.daemon_pid) else None
+
+    def _read_pid(self) -> Optional[int]:
+        try:
+            pid = int(self.pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def _fail(self, why: str) -> BenchError:
+        return BenchError(f"{self.name} {why}; last lines of {self.logfile}:\n{tail(self.logfile, 10)}\n"
+                          f"last lines of {self.dir / 'odyssey.log'}:\n{tail(self.dir / 'odyssey.log')}")
+
+    def start(self) -> int:
+        c = self.ctx
+        self.port = free_port()
+        self.dir.mkdir(exist_ok=True)
+        self.pidfile.unlink(missing_ok=True)
+        conf_path = self.dir / "odyssey.conf"
+        conf = render_template(self.template, listen_port=self.port, pg_port=c.pg.port,
+                               pool_size=c.args.pool_size, dir=self.dir)
+        conf_path.write_text(set_client_limit(conf, "client_max", ""))
+        chown_tree(self.dir, c.run_as)
+        c.procs.markers.add(str(conf_path))
+        lf = c.open_log(self.logfile)
+        launcher = c.procs.spawn(self.name, [self.binary, str(conf_path)], run_as=c.run_as,
+                                 cwd=self.dir, stdout=lf, stderr=subprocess.STDOUT,
+                                 env=dict(os.environ, HOME=str(self.dir)))
+        try:
+            rc = launcher.wait(30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None:
+            c.procs.stop(launcher, timeout=1)
+        else:
+            # not stop(): its killpg could hit the daemon before the daemon's setsid()
+            c.procs.release(launcher)
+        if rc != 0:
+            raise self._fail("did not daemonize (launcher " +
+                             ("still running after 30 s" if rc is None else f"exited with status {rc}") + ")")
+        end = time.monotonic() + 30
+        while self.daemon_pid is None:
+            pid = self._read_pid()
+            if pid is not None:
+                self.daemon_pid = pid
+                c.procs.adopt(self.name, pid)
+                self.watchdog = c.procs.spawn(f"{self.name}-watchdog", ["sh", "-c", WATCHDOG_SH, "watchdog",
+                                                                         str(pid)],
+                                              death_signal=signal.SIGTERM)
+            elif time.monotonic() > end:
+                raise self._fail(f"wrote no pid file {self.pidfile} within 30 s")
+            else:
+                time.sleep(0.05)
+        while not port_open("127.0.0.1", self.port):
+            if self.pid is None:
+                raise self._fail(f"(pid {self.daemon_pid}) exited before accepting connections")
+            if time.monotonic() > end:
+                raise self._fail(f"did not accept connections on 127.0.0.1:{self.port} within 30 s")
+            time.sleep(0.1)
+        return self.port
+
+    def stop(self) -> None:
+        if self.daemon_pid is not None:
+            self.ctx.procs.stop_daemon(self.daemon_pid)
+            self.daemon_pid = None
+        if self.watchdog is not None:
+            # SIGKILL: its TERM trap would SIGKILL the (already stopped) daemon's pid
+            self.ctx.procs.stop(self.watchdog, sig=signal.SIGKILL, timeout=2)
+            self.watchdog = None
+
+
 class Pgmemo:
     kind = "pgmemo"
 
     def __init__(self, ctx: "Ctx", binary: Path) -> None:
         self.ctx, self.binary = ctx, binary
         self.version_line = version_of([str(binary), "--version"])
+        self.name = "pgmemo"
         self.logfile = ctx.logdir / "pgmemo.log"
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self.argv: list[str] = []
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def start(self) -> int:
         c = self.ctx
@@ -556,8 +877,8 @@ class Pgmemo:
         self.argv = [str(self.binary), "--upstream", f"postgresql://{DB_USER}@127.0.0.1:{c.pg.port}",
                      "--listen", f"127.0.0.1:{self.port}", "--pool-mode", "transaction",
                      "--pool-size", str(c.args.pool_size), "--auth", "trust",
-                     # The same client limit as PgBouncer's config above.
-                     "--max-client-conn", "6000"] + list(c.args.pgmemo_arg)
+                     # The same client limit as the other proxies.
+                     "--max-client-conn", str(MAX_CLIENT_CONN)] + list(c.args.pgmemo_arg)
         lf = c.open_log(self.logfile)
         lf.write(f"\n# {shlex.join(self.argv)}\n".encode())
         lf.flush()
@@ -584,11 +905,39 @@ RE_FAILED = re.compile(r"^number of failed transactions: (\d+)", re.M)
 RE_ABORTED = re.compile(r"client \d+ .*aborted", re.M)
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A row of the report: pgbench's select-only script (-S) or bench/orm.sql,
+    with one -M protocol."""
+    name: str                        # simple | extended | prepared | orm-<protocol>
+    protocol: str                    # pgbench -M
+    script: Optional[Path] = None    # None: built-in select-only
+
+    @classmethod
+    def parse(cls, name: str) -> "Workload":
+        if name in PROTOCOLS:
+            return cls(name, name)
+        if name.startswith("orm-") and name[4:] in PROTOCOLS:
+            return cls(name, name[4:], ORM_SCRIPT)
+        raise ValueError(f"unknown workload {name!r} (use {', '.join(WORKLOADS)})")
+
+    def pgbench_args(self, scale: int) -> list[str]:
+        if self.script is None:
+            return ["-S"]
+        # -s: a custom script's :scale is 1 unless given (pgbench only counts
+        # pgbench_branches for its built-in scripts)
+        return ["-f", str(self.script), "-s", str(scale)]
+
+
+SELECT_SIMPLE = Workload("simple", "simple")
+
+
 @dataclass
 class Run:
     cell: int
     round: int
     order: int
+    workload: str
     protocol: str
     clients: int
     target: str
@@ -632,13 +981,14 @@ def first_error(err: str) -> str:
     return one_line(pick)[:240]
 
 
-def run_pgbench(ctx: "Ctx", t: Target, protocol: str, clients: int, duration: int,
+def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int,
                 run: Run) -> Run:
-    argv = [ctx.pgbench, "-S", "-n", "-j", str(min(2, clients)), "-c", str(clients),
-            "-T", str(duration), "-M", protocol, "-h", t.host, "-p", str(t.port),
+    argv = [ctx.pgbench] + wl.pgbench_args(ctx.args.scale) + [
+            "-n", "-j", str(min(2, clients)), "-c", str(clients),
+            "-T", str(duration), "-M", wl.protocol, "-h", t.host, "-p", str(t.port),
             "-U", t.user, t.database]
     pid = t.pid
-    if t.kind in ("pgmemo", "pgbouncer") and pid is None:
+    if t.server is not None and pid is None:
         run.error = f"{t.name} is not running"
         return run
     run.started = dt.datetime.now().isoformat(timespec="seconds")
@@ -704,8 +1054,10 @@ class Ctx:
         self.pg_version = ""
         self.pgbench = ""
         self.pg: Optional[Postgres] = None
-        self.pgbouncer: Optional[PgBouncer] = None
         self.pgmemo: Optional[Pgmemo] = None
+        # The other poolers we start: the peers (PgBouncer 1.25, Odyssey), then Debian's PgBouncer.
+        self.poolers: list = []
+        self.workloads: list[Workload] = []
         self.grace_s = 30
         self._logs: list = []
         self._pgbench_out = None
@@ -719,7 +1071,7 @@ class Ctx:
         if self._pgbench_out is None:
             self._pgbench_out = open(self.logdir / "pgbench-runs.log", "a")
         f = self._pgbench_out
-        f.write(f"\n===== cell {run.cell} round {run.round} {run.target} {run.protocol} "
+        f.write(f"\n===== cell {run.cell} round {run.round} {run.target} {run.workload} "
                 f"c={run.clients} started {run.started} exit {run.exit_status}\n$ {shlex.join(argv)}\n")
         f.write(out)
         if err.strip():
@@ -727,6 +1079,16 @@ class Ctx:
             errl = err.splitlines()
             f.write("\n".join(errl[:40] + (["... (%d more lines)" % (len(errl) - 40)] if len(errl) > 40 else [])) + "\n")
         f.flush()
+
+    def save_pooler_logs(self) -> None:
+        """Copy the logs a pooler writes into its own dir (in the temp dir, removed
+        at the end; Odyssey's daemon logs nowhere else) next to the other logs."""
+        for srv in self.poolers:
+            for name in srv.dir_logs:
+                try:
+                    shutil.copyfile(srv.dir / name, self.logdir / f"{srv.name}-{name}")
+                except OSError:
+                    pass
 
     def close_logs(self) -> None:
         for f in self._logs + ([self._pgbench_out] if self._pgbench_out else []):
@@ -753,7 +1115,7 @@ def parse_target(spec: str) -> Target:
         if not host or not port.isdigit():
             raise BenchError(f"--target {spec}: expected NAME=host:port")
         t = Target(name or addr, host, int(port))
-    if t.name in ("direct", "pgmemo", "pgbouncer"):
+    if t.name in ("direct", "pgmemo") or t.name.startswith(("pgbouncer-", "odyssey-")):
         raise BenchError(f"--target name {t.name!r} is reserved")
     return t
 
@@ -765,27 +1127,41 @@ def csv_list(s: str, conv=str) -> list:
 def build_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python3 bench/run.py",
-        description="pgbench -S through pgmemo vs PostgreSQL directly vs PgBouncer, side by side.",
+        description="pgbench through pgmemo vs PostgreSQL directly vs the peer poolers (PgBouncer 1.25, "
+                    "Odyssey 1.5, Debian's PgBouncer), side by side: select-only (-S) with each protocol "
+                    "and an ORM-like mix (bench/orm.sql).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="one round, 3 s runs, 8 clients, idle-client test with 1000 (under 2 min); "
-                        "options given explicitly still win")
+                   help="one round, 3 s runs, 8 clients, idle-client test with 1000 (about 3 min with "
+                        "all targets); options given explicitly still win")
     p.add_argument("--protocols", type=lambda s: csv_list(s), default=None,
-                   help="comma list of pgbench -M protocols [simple,extended,prepared]")
+                   help="comma list of pgbench -M protocols for the select-only workload (pgbench -S); "
+                        "the default --workloads are these plus orm-simple [simple,extended,prepared]")
+    p.add_argument("--workloads", type=lambda s: csv_list(s), default=None,
+                   help="comma list of workloads (rows): simple, extended, prepared = pgbench -S -M that; "
+                        "orm-simple, orm-extended, orm-prepared = bench/orm.sql (point select, join with "
+                        "an IN list, UPDATE, INSERT; autocommit) -M that [the --protocols, then orm-simple]")
     p.add_argument("--clients", type=lambda s: csv_list(s, int), default=None,
                    help="comma list of client counts [1,8,32; quick: 8]")
     p.add_argument("--duration", "-T", type=int, default=None,
                    help="seconds per pgbench run [8; quick: 3]")
     p.add_argument("--rounds", type=int, default=None, help="rounds per cell [3; quick: 1]")
     p.add_argument("--scale", type=int, default=10, help="pgbench -i scale")
-    p.add_argument("--pool-size", type=int, default=10, help="server connections per pool (pgmemo and PgBouncer)")
+    p.add_argument("--pool-size", type=int, default=10,
+                   help="server connections per pool (pgmemo and every pooler it is compared with)")
     p.add_argument("--target", action="append", default=[], metavar="NAME=host:port",
                    help="an already-running pooler to add (repeatable); also NAME=postgresql://user[:pw]@host:port/db. "
                         "It must serve database 'bench' as user 'bench' with pgbench tables (see --pg-port)")
     p.add_argument("--pg-port", type=int, default=0,
                    help="port for the throwaway PostgreSQL (0: a free one), e.g. to point a --target pooler at it")
     p.add_argument("--no-pgmemo", action="store_true", help="leave pgmemo out")
-    p.add_argument("--no-pgbouncer", action="store_true", help="leave PgBouncer out")
+    p.add_argument("--peers-prefix", default=DEFAULT_PEERS_PREFIX, metavar="DIR",
+                   help=f"where the peers PgBouncer 1.25 (DIR/{PEER_BINARIES['pgbouncer']}) and Odyssey 1.5 "
+                        f"(DIR/{PEER_BINARIES['odyssey']}) are; built there with {PEERS_SRC}/build.sh DIR "
+                        "(~2 min, once) when missing, going on without them if that fails")
+    p.add_argument("--no-peers", action="store_true", help="leave the peers PgBouncer 1.25 and Odyssey out")
+    p.add_argument("--no-pgbouncer", action="store_true",
+                   help="leave Debian's PgBouncer (package pgbouncer, e.g. pgbouncer-1.18) out")
     p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     p.add_argument("--pgmemo-bin", default=str(REPO / "target" / "release" / "pgmemo"))
     p.add_argument("--pgmemo-arg", action="append", default=[], metavar="ARG",
@@ -796,8 +1172,22 @@ def build_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="seconds of warm-up per target before the runs [2; quick: 1]")
     args = p.parse_args(argv)
     q = args.quick
+    if args.protocols is not None and args.workloads is not None:
+        p.error("give --workloads or --protocols, not both (--workloads simple,orm-simple "
+                "is --protocols simple with the default ORM workload)")
     if args.protocols is None:
         args.protocols = list(PROTOCOLS)
+    for proto in args.protocols:
+        if proto not in PROTOCOLS:
+            p.error(f"unknown protocol {proto!r} (use {', '.join(PROTOCOLS)})")
+    if args.workloads is None:
+        args.workloads = list(args.protocols) + ["orm-simple"]
+    args.workloads = list(dict.fromkeys(args.workloads))  # once each, in the order given
+    for name in args.workloads:
+        try:
+            Workload.parse(name)
+        except ValueError as e:
+            p.error(str(e))
     if args.clients is None:
         args.clients = [8] if q else [1, 8, 32]
     if args.duration is None:
@@ -809,12 +1199,38 @@ def build_args(argv=None):
     args.idle_clients = [n for n in args.idle_clients if n > 0]
     if args.warmup is None:
         args.warmup = 1 if q else 2
-    for proto in args.protocols:
-        if proto not in PROTOCOLS:
-            p.error(f"unknown protocol {proto!r} (use {', '.join(PROTOCOLS)})")
+    if not args.workloads:
+        p.error("no workload to run")
     if not args.clients or min(args.clients) < 1 or args.duration < 1 or args.rounds < 1:
         p.error("clients, duration and rounds must be positive")
     return args
+
+
+def setup_poolers(ctx: Ctx) -> None:
+    """The poolers pgmemo is compared with, in column order: the peers built at
+    --peers-prefix (PgBouncer 1.25, Odyssey), then Debian's PgBouncer."""
+    a = ctx.args
+    if not a.no_peers:
+        found = ensure_peers(Path(a.peers_prefix), ctx.logdir)
+        for kind, cls in (("pgbouncer", PgBouncer), ("odyssey", Odyssey)):
+            template = PEERS_SRC / PEER_TEMPLATES[kind]
+            if found[kind] is None:
+                continue  # ensure_peers said why
+            if not template.is_file():
+                warn(f"{template} not found: going on without {kind} from {found[kind]}")
+                continue
+            srv = cls(ctx, found[kind], template=template)
+            ctx.poolers.append(srv)
+            log(f"peer {srv.name}: {srv.version_line} ({srv.binary}, config from {template.name})")
+    if not a.no_pgbouncer:
+        srv = PgBouncer(ctx, ensure_pgbouncer())
+        if srv.name in {s.name for s in ctx.poolers}:
+            srv.name += "-debian"
+        ctx.poolers.append(srv)
+        log(f"Debian's PgBouncer {srv.name}: {srv.version_line} ({srv.binary})")
+        if srv.version < (1, 21):
+            log(f"PgBouncer < 1.21 has no prepared statements in transaction mode: "
+                f"{srv.name}'s -M prepared cells are expected to FAIL (they are run and reported)")
 
 
 def setup_targets(ctx: Ctx) -> list[Target]:
@@ -825,11 +1241,17 @@ def setup_targets(ctx: Ctx) -> list[Target]:
         port = s.start()
         log(f"pgmemo up on 127.0.0.1:{port} (pid {s.proc.pid}): {shlex.join(s.argv[1:])}")
         targets.append(Target("pgmemo", "127.0.0.1", port, kind="pgmemo", server=s))
-    if not a.no_pgbouncer:
-        s = ctx.pgbouncer
-        port = s.start()
-        log(f"pgbouncer up on 127.0.0.1:{port} (pid {s.proc.pid})")
-        targets.append(Target("pgbouncer", "127.0.0.1", port, kind="pgbouncer", server=s))
+    for s in ctx.poolers:
+        t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
+        try:
+            t.port = s.start()
+            log(f"{s.name} up on 127.0.0.1:{t.port} (pid {s.pid}): {s.version_line}")
+        except BenchError as e:
+            # A peer that does not start is reported (FAIL cells), not fatal: the others still compare.
+            s.stop()
+            t.broken = f"did not start: {one_line(str(e))[:300]}"
+            warn(f"{s.name}: {t.broken}")
+        targets.append(t)
     for spec in a.target:
         targets.append(parse_target(spec))
     return targets
@@ -851,8 +1273,8 @@ def check_target(ctx: Ctx, t: Target) -> None:
         warn(f"{t.name}: {t.broken}")
         return
     if ctx.args.warmup > 0:
-        w = run_pgbench(ctx, t, "simple", min(8, max(ctx.args.clients)), ctx.args.warmup,
-                        Run(-1, -1, -1, "simple", 0, t.name, ctx.args.warmup))
+        w = run_pgbench(ctx, t, SELECT_SIMPLE, min(8, max(ctx.args.clients)), ctx.args.warmup,
+                        Run(-1, -1, -1, "warm-up", "simple", 0, t.name, ctx.args.warmup))
         if not w.ok:
             t.broken = f"warm-up pgbench failed: {w.error}"
             warn(f"{t.name}: {t.broken}")
@@ -862,23 +1284,24 @@ def check_target(ctx: Ctx, t: Target) -> None:
 
 def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
     a = ctx.args
-    cells = [(proto, c) for proto in a.protocols for c in a.clients]
+    cells = [(wl, c) for wl in ctx.workloads for c in a.clients]
     n = len(targets)
     total = len(cells) * a.rounds * n
+    width = max(len(t.name) for t in targets)
     runs: list[Run] = []
     k = 0
-    for ci, (proto, clients) in enumerate(cells):
+    for ci, (wl, clients) in enumerate(cells):
         for r in range(a.rounds):
             for i in range(n):
                 t = targets[(r + i) % n]
                 k += 1
-                run = Run(ci, r, i, proto, clients, t.name, a.duration)
+                run = Run(ci, r, i, wl.name, wl.protocol, clients, t.name, a.duration)
                 if t.broken:
                     run.error = f"not run: {t.broken}"
                 else:
-                    run_pgbench(ctx, t, proto, clients, a.duration, run)
+                    run_pgbench(ctx, t, wl, clients, a.duration, run)
                     if "timed out" in run.error or "exited during the run" in run.error \
-                            or (t.kind in ("pgmemo", "pgbouncer") and t.pid is None):
+                            or (t.server is not None and t.pid is None):
                         t.broken = f"an earlier run failed: {run.error[:160]}"
                         warn(f"{t.name}: {t.broken}; its remaining runs are skipped (FAIL)")
                 runs.append(run)
@@ -886,14 +1309,15 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
                 cpu = f", {run.proxy_cpu_us_per_tx:.1f} us/tx" if run.proxy_cpu_us_per_tx is not None else ""
                 flag = "" if run.ok else f"  FAIL: {run.error}"
                 if not t.broken:
-                    log(f"[{k}/{total}] {proto:8s} c={clients:<3d} round {r + 1} {t.name:10s} {status}{cpu}{flag}")
+                    log(f"[{k}/{total}] {wl.name:10s} c={clients:<3d} round {r + 1} {t.name:{width}s} "
+                        f"{status}{cpu}{flag}")
     return runs
 
 
 def memory_test(ctx: Ctx, targets: list[Target]) -> list[dict]:
     rows = []
     for t in targets:
-        if t.kind not in ("pgmemo", "pgbouncer") or t.broken:
+        if t.server is None or t.broken:
             continue
         for n in ctx.args.idle_clients:
             row = {"target": t.name, "idle_clients": n, "opened": 0, "failed": n,
@@ -906,7 +1330,7 @@ def memory_test(ctx: Ctx, targets: list[Target]) -> list[dict]:
                 t.server.stop()
                 t.port = t.server.start()
                 if ctx.args.warmup > 0:
-                    run_pgbench(ctx, t, "simple", 4, 1, Run(-1, -1, -1, "simple", 4, t.name, 1))
+                    run_pgbench(ctx, t, SELECT_SIMPLE, 4, 1, Run(-1, -1, -1, "warm-up", "simple", 4, t.name, 1))
                 time.sleep(0.5)
                 row["rss_before_kib"] = before = proc_status_kib(t.pid)
                 p = ctx.procs.spawn("idle_clients", [sys.executable, str(BENCH_DIR / "idle_clients.py"),
@@ -986,7 +1410,7 @@ class Cell:
 def cells_of(runs: list[Run]) -> dict:
     cells: dict = {}
     for r in runs:
-        c = cells.setdefault((r.protocol, r.clients, r.target), Cell([]))
+        c = cells.setdefault((r.workload, r.clients, r.target), Cell([]))
         c.runs.append(r)
         if r.ok:
             c.ok_tps.append(r.tps)
@@ -997,47 +1421,127 @@ def cells_of(runs: list[Run]) -> dict:
     return cells
 
 
-def ratio(a: Optional[Cell], b: Optional[Cell]) -> str:
+def ratio_value(a: Optional[Cell], b: Optional[Cell]) -> Optional[float]:
     if a is None or b is None or a.median is None or b.median is None:
+        return None
+    return a.median / b.median
+
+
+def ratio(a: Optional[Cell], b: Optional[Cell]) -> str:
+    v = ratio_value(a, b)
+    if v is None:
         return "—"
-    s = f"{a.median / b.median:.2f}"
+    s = f"{v:.2f}"
     return s + "*" if a.nfail or b.nfail else s
+
+
+def best_peer(cells: dict, key: tuple, peers: list[str]) -> Optional[str]:
+    """The peer with the highest median TPS in this cell (None: no peer has one).
+    Failed runs are left out of a median; a peer whose runs all failed has none."""
+    meds = [(cells[key + (n,)].median, n) for n in peers
+            if key + (n,) in cells and cells[key + (n,)].median is not None]
+    return max(meds)[1] if meds else None
+
+
+def comparisons(targets: list[Target]) -> tuple[list[tuple[str, str]], list[str], bool]:
+    """What the report compares: (a, b) ratio pairs, the peers' names, and whether
+    there is a `pgmemo/best peer` column."""
+    names = [t.name for t in targets]
+    proxies = [t for t in targets if t.is_proxy]
+    peers = [t.name for t in targets if t.is_peer]
+    pairs = []
+    if "direct" in names:
+        pairs += [(p.name, "direct") for p in proxies]
+    for p in proxies:
+        if p.kind == "external" and "pgmemo" in names:
+            pairs.append(("pgmemo", p.name))
+    return pairs, peers, "pgmemo" in names and bool(peers)
+
+
+def best_peer_text(cells: dict, key: tuple, peers: list[str]) -> str:
+    best = best_peer(cells, key, peers)
+    if best is None:
+        return "—"
+    r = ratio(cells.get(key + ("pgmemo",)), cells[key + (best,)])
+    if r == "—":
+        return r
+    # a `*` also when a peer that might have been the best had failures
+    if not r.endswith("*") and any(cells[key + (n,)].nfail for n in peers if key + (n,) in cells):
+        r += "*"
+    return f"{r} ({best})"
+
+
+def cpu_text(cell: Optional[Cell]) -> str:
+    return fmt_range(cell.cpu, lambda x: f"{x:.1f}") if cell else ""
 
 
 def table(args, targets: list[Target], runs: list[Run]) -> tuple[str, list[str]]:
     cells = cells_of(runs)
     names = [t.name for t in targets]
-    proxies = [t for t in targets if t.is_proxy]
-    hdr = ["protocol", "clients"] + [f"{n} TPS" for n in names]
-    ratios = []
-    if "direct" in names:
-        ratios += [(p.name, "direct") for p in proxies]
-    if "pgmemo" in names and "pgbouncer" in names:
-        ratios.append(("pgmemo", "pgbouncer"))
-    for p in proxies:
-        if p.kind == "external" and "pgmemo" in names:
-            ratios.append(("pgmemo", p.name))
-    hdr += [f"{a}/{b}" for a, b in ratios]
-    hdr += [f"{p.name} µs CPU/tx" for p in proxies]
+    measured = [t for t in targets if t.is_proxy and t.kind != "external"]  # CPU of our own processes
+    pairs, peers, has_best = comparisons(targets)
+    hdr = ["workload", "clients"] + [f"{n} TPS" for n in names]
+    hdr += [f"{a}/{b}" for a, b in pairs]
+    if has_best:
+        hdr.append("pgmemo/best peer")
+    hdr += [f"{p.name} µs CPU/tx" for p in measured]
     lines = ["| " + " | ".join(hdr) + " |",
              "|" + "|".join(["---", "---:"] + ["---:"] * (len(hdr) - 2)) + "|"]
     notes = []
-    for proto in args.protocols:
+    for wl in args.workloads:
         for c in args.clients:
-            row = [proto, str(c)]
-            row += [cells[(proto, c, n)].tps_text() if (proto, c, n) in cells else "MISSING" for n in names]
-            row += [ratio(cells.get((proto, c, a)), cells.get((proto, c, b))) for a, b in ratios]
-            for p in proxies:
-                cell = cells.get((proto, c, p.name))
-                row.append(fmt_range(cell.cpu, lambda x: f"{x:.1f}") if cell and p.kind != "external" else "")
+            key = (wl, c)
+            row = [wl, str(c)]
+            row += [cells[key + (n,)].tps_text() if key + (n,) in cells else "MISSING" for n in names]
+            row += [ratio(cells.get(key + (a,)), cells.get(key + (b,))) for a, b in pairs]
+            if has_best:
+                row.append(best_peer_text(cells, key, peers))
+            row += [cpu_text(cells.get(key + (p.name,))) for p in measured]
             lines.append("| " + " | ".join(row) + " |")
             for n in names:
-                cell = cells.get((proto, c, n))
+                cell = cells.get(key + (n,))
                 if cell and cell.nfail:
                     errs = sorted({r.error for r in cell.runs if not r.ok})
-                    notes.append(f"- **{n}**, {proto}, {c} clients: {cell.nfail}/{len(cell.runs)} runs failed: "
+                    notes.append(f"- **{n}**, {wl}, {c} clients: {cell.nfail}/{len(cell.runs)} runs failed: "
                                  + " | ".join(errs))
     return "\n".join(lines), notes
+
+
+def cell_rows(args, targets: list[Target], runs: list[Run]) -> list[dict]:
+    """cells.csv: one row per workload x client count, the table's columns as numbers
+    (medians; empty when there is none), plus min/max, failures and pgmemo/each peer."""
+    cells = cells_of(runs)
+    pairs, peers, has_best = comparisons(targets)
+    if "pgmemo" in (t.name for t in targets):
+        pairs = pairs + [("pgmemo", n) for n in peers]
+    num = lambda v, nd: "" if v is None else round(v, nd)
+    rows = []
+    for wl in args.workloads:
+        for c in args.clients:
+            key = (wl, c)
+            row = {"workload": wl, "protocol": Workload.parse(wl).protocol, "clients": c}
+            for t in targets:
+                cell = cells.get(key + (t.name,))
+                ok = cell.ok_tps if cell else []
+                row[f"{t.name}_tps_median"] = num(cell.median if cell else None, 1)
+                row[f"{t.name}_tps_min"] = num(min(ok) if ok else None, 1)
+                row[f"{t.name}_tps_max"] = num(max(ok) if ok else None, 1)
+                row[f"{t.name}_runs"] = len(cell.runs) if cell else 0
+                row[f"{t.name}_failed"] = cell.nfail if cell else 0
+            for a, b in pairs:
+                row[f"{a}/{b}"] = num(ratio_value(cells.get(key + (a,)), cells.get(key + (b,))), 3)
+            if has_best:
+                best = best_peer(cells, key, peers)
+                row["pgmemo/best_peer"] = num(ratio_value(cells.get(key + ("pgmemo",)),
+                                                          cells.get(key + (best,)) if best else None), 3)
+                row["best_peer"] = best or ""
+            for t in targets:
+                if t.is_proxy and t.kind != "external":
+                    cell = cells.get(key + (t.name,))
+                    row[f"{t.name}_cpu_us_per_tx"] = num(statistics.median(cell.cpu) if cell and cell.cpu
+                                                         else None, 2)
+            rows.append(row)
+    return rows
 
 
 def memory_table(rows: list[dict]) -> str:
@@ -1057,6 +1561,9 @@ def memory_table(rows: list[dict]) -> str:
 
 
 def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[str]:
+    """Two panels over the same groups (workload x clients): TPS of every target,
+    with `pgmemo/best peer` written over each group, and the proxies' CPU µs per
+    transaction; each target keeps its colour in both."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -1064,37 +1571,62 @@ def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[s
     except ImportError:
         return "matplotlib not installed (pip install -r bench/requirements.txt): plot skipped"
     cells = cells_of(runs)
-    groups = [(p, c) for p in args.protocols for c in args.clients]
+    groups = [(w, c) for w in args.workloads for c in args.clients]
     names = [t.name for t in targets]
-    width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups) * max(1, len(names) / 3) + 2), 4.8))
-    ymax = max([max(c.ok_tps) for c in cells.values() if c.ok_tps] or [1])
-    for i, n in enumerate(names):
-        xs, hs, lo, hi, fails = [], [], [], [], []
-        for g, (p, c) in enumerate(groups):
-            cell = cells.get((p, c, n))
-            x = g + (i - (len(names) - 1) / 2) * width
-            if cell is None or not cell.ok_tps:
-                fails.append((x, "FAIL"))
-                continue
-            m = cell.median
-            xs.append(x); hs.append(m)
-            lo.append(m - min(cell.ok_tps)); hi.append(max(cell.ok_tps) - m)
-            if cell.nfail:
-                fails.append((x, f"FAIL {cell.nfail}/{len(cell.runs)}"))
-        bars = ax.bar(xs, hs, width, label=n, yerr=[lo, hi] if args.rounds > 1 else None, capsize=2)
-        color = bars.patches[0].get_facecolor() if bars.patches else None
-        for x, label in fails:
-            ax.text(x, ymax * 0.02, label, rotation=90, ha="center", va="bottom", fontsize=7,
-                    color="red", fontweight="bold")
-            if color is not None:
-                ax.bar([x], [0], width, color=color)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"{p}\n{c} client{'s' if c != 1 else ''}" for p, c in groups], fontsize=8)
-    ax.set_ylabel("TPS (median; whiskers min–max over rounds)")
-    ax.set_title(f"pgbench -S, {args.duration} s runs, {args.rounds} round(s), pool size {args.pool_size}")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    measured = [t.name for t in targets if t.is_proxy and t.kind != "external"]
+    _, peers, has_best = comparisons(targets)
+    colors = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    fig, (ax, ax_cpu) = plt.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]},
+        figsize=(max(7, 1.3 * len(groups) * max(1, len(names) / 3) + 2), 7.5))
+
+    def bars(axis, series: list[str], values, fail_marks: bool) -> None:
+        width = 0.8 / max(1, len(series))
+        top = max([v[0] for n in series for g in groups if (v := values(g, n)) is not None] or [1])
+        for i, n in enumerate(series):
+            xs, hs, lo, hi, fails = [], [], [], [], []
+            for gi, g in enumerate(groups):
+                x = gi + (i - (len(series) - 1) / 2) * width
+                v = values(g, n)
+                cell = cells.get(g + (n,))
+                if v is None:
+                    if fail_marks:
+                        fails.append((x, "FAIL"))
+                    continue
+                xs.append(x); hs.append(v[0]); lo.append(v[0] - v[1]); hi.append(v[2] - v[0])
+                if fail_marks and cell is not None and cell.nfail:
+                    fails.append((x, f"FAIL {cell.nfail}/{len(cell.runs)}"))
+            axis.bar(xs, hs, width, label=n, color=colors[n],
+                     yerr=[lo, hi] if args.rounds > 1 else None, capsize=2)
+            for x, label in fails:
+                axis.text(x, top * 0.02, label, rotation=90, ha="center", va="bottom", fontsize=7,
+                          color="red", fontweight="bold")
+        axis.grid(axis="y", alpha=0.3)
+
+    def tps(g, n):
+        cell = cells.get(g + (n,))
+        return (cell.median, min(cell.ok_tps), max(cell.ok_tps)) if cell and cell.ok_tps else None
+
+    def cpu(g, n):
+        cell = cells.get(g + (n,))
+        return (statistics.median(cell.cpu), min(cell.cpu), max(cell.cpu)) if cell and cell.cpu else None
+
+    bars(ax, names, tps, True)
+    ax.set_ylabel("TPS (median; whiskers min–max)")
+    if has_best:
+        ymax = ax.get_ylim()[1]
+        for gi, g in enumerate(groups):
+            ax.text(gi, ymax * 0.985, "pgmemo/best peer\n" + best_peer_text(cells, g, peers).replace(" (", "\n("),
+                    ha="center", va="top", fontsize=7)
+        ax.set_ylim(top=ymax * 1.18)
+    ax.set_title(f"pgbench, {args.duration} s runs, {args.rounds} round(s), pool size {args.pool_size}, "
+                 "transaction mode", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if measured:
+        bars(ax_cpu, measured, cpu, False)
+        ax_cpu.set_ylabel("proxy CPU µs per transaction")
+    ax_cpu.set_xticks(range(len(groups)))
+    ax_cpu.set_xticklabels([f"{w}\n{c} client{'s' if c != 1 else ''}" for w, c in groups], fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1132,6 +1664,7 @@ def main(argv=None) -> int:
         old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             ctx.procs.stop_all()
+            ctx.save_pooler_logs()
             ctx.close_logs()
             if ctx.tmp != Path() and ctx.tmp.exists():
                 shutil.rmtree(ctx.tmp, ignore_errors=True)
@@ -1166,12 +1699,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     ctx.pgbench = tool(ctx.pg_bindir, "pgbench")
     ctx.run_as = ensure_run_as()
 
-    if not args.no_pgbouncer:
-        ctx.pgbouncer = PgBouncer(ctx, ensure_pgbouncer())
-        log(f"PgBouncer: {ctx.pgbouncer.version_line} ({ctx.pgbouncer.binary})")
-        if ctx.pgbouncer.version < (1, 21):
-            log("PgBouncer < 1.21 has no prepared statements in transaction mode: "
-                "its -M prepared cells are expected to FAIL (they are run and reported)")
+    ctx.workloads = [Workload.parse(w) for w in args.workloads]
+    setup_poolers(ctx)
     if not args.no_pgmemo:
         binary = Path(args.pgmemo_bin)
         if not args.no_build:
@@ -1189,11 +1718,12 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     if lim < need_fds:
         warn(f"RLIMIT_NOFILE is {lim}: the idle-client test may fail above ~{lim - 1024} clients")
 
-    n_targets = 1 + (not args.no_pgmemo) + (not args.no_pgbouncer) + len(args.target)
-    n_runs = len(args.protocols) * len(args.clients) * args.rounds * n_targets
+    n_ours = (not args.no_pgmemo) + len(ctx.poolers)  # the proxies we start (memory-tested)
+    n_targets = 1 + n_ours + len(args.target)
+    n_runs = len(ctx.workloads) * len(args.clients) * args.rounds * n_targets
     est = n_runs * (args.duration + 0.3) + 10 + n_targets * args.warmup \
-        + sum(3 + n / 1500 for n in args.idle_clients) * (n_targets - 1 - len(args.target))
-    log(f"{n_runs} pgbench runs of {args.duration} s ({len(args.protocols)} protocols x "
+        + sum(3 + n / 1500 for n in args.idle_clients) * n_ours
+    log(f"{n_runs} pgbench runs of {args.duration} s ({len(ctx.workloads)} workloads x "
         f"{len(args.clients)} client counts x {args.rounds} rounds x {n_targets} targets); "
         f"estimated {est / 60:.1f} min")
 
@@ -1219,19 +1749,24 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     # ---- report
     run_rows = [asdict(r) for r in runs]
     write_csv(ctx.outdir / "runs.csv", run_rows)
+    write_csv(ctx.outdir / "cells.csv", cell_rows(args, targets, runs))
     write_csv(ctx.outdir / "memory.csv", mem_rows)
     tbl, notes = table(args, targets, runs)
     plot_err = plot(ctx.outdir / "tps.png", args, targets, runs)
     versions = {"postgres": ctx.pg_version, "pgbench": version_of([ctx.pgbench, "--version"])}
-    if not args.no_pgbouncer:
-        versions["pgbouncer"] = ctx.pgbouncer.version_line
     if not args.no_pgmemo:
         versions["pgmemo"] = f"{ctx.pgmemo.version_line}, git {git_rev()}"
+    for srv in ctx.poolers:
+        versions[srv.name] = f"{srv.version_line} ({srv.binary})"
     cmd = "python3 bench/run.py" + ("" if len(sys.argv) < 2 else " " + shlex.join(sys.argv[1:]))
     meta = {"date": stamp, "command": cmd, "machine": info, "versions": versions,
             "args": vars(args), "ports": {t.name: t.port for t in targets} | {"postgres": ctx.pg.port},
             "matrix_seconds": round(matrix_s, 1), "total_seconds": round(total_s, 1),
             "rss_after_runs_kib": rss_after_runs,
+            "targets": [{"name": t.name, "kind": t.kind, "port": t.port, "broken": t.broken}
+                        for t in targets],
+            "workloads": {w.name: shlex.join(w.pgbench_args(args.scale) + ["-M", w.protocol])
+                          for w in ctx.workloads},
             "pgmemo_argv": getattr(getattr(ctx, "pgmemo", None), "argv", None)}
     (ctx.outdir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
@@ -1243,12 +1778,18 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             f"Linux {info['kernel']}; load average {info['loadavg_start']:.2f} at start, "
             f"{info['loadavg_end']:.2f} at end.",
             "Versions: " + "; ".join(f"{k}: {v}" for k, v in versions.items()) + ".",
-            f"Workload: `pgbench -S -n -j 2 -c C -T {args.duration} -M P`, scale {args.scale}, "
+            f"Workloads: `pgbench -n -j 2 -c C -T {args.duration} -M P` with `-S` (select-only: rows "
+            f"simple, extended, prepared) or `-f bench/orm.sql -s {args.scale}` (rows orm-P: a point select, "
+            "a join with an IN list of three ids, an UPDATE and an INSERT, each its own autocommit "
+            f"statement; one transaction = one run of the script), scale {args.scale}, "
             f"{args.rounds} round(s) per cell, targets interleaved in rotating order; "
-            f"pool size {args.pool_size}, transaction mode. TPS excludes connection time; "
+            f"pool size {args.pool_size}, transaction mode, for every proxy. TPS excludes connection time; "
             "cells show median (min–max over rounds); `FAIL(k/n)`: k of n runs failed "
-            "(non-zero exit, aborted clients or failed transactions), the median is over the others; "
-            "ratios of medians, `*` when a side had failures; µs CPU/tx = proxy utime+stime / transactions.",
+            "(non-zero exit, aborted clients or failed transactions, or the target did not start), "
+            "the median is over the others; ratios of medians, `*` when a side had failures; "
+            "`pgmemo/best peer`: pgmemo's median over the best median among the peer poolers "
+            f"({', '.join(s.name for s in ctx.poolers) or 'none'}; named in parentheses); "
+            "µs CPU/tx = proxy utime+stime (all threads) / transactions.",
             ""]
     body = head + [tbl, ""]
     if notes:
@@ -1258,7 +1799,7 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
                  "opening N idle logged-in client connections):", "", memory_table(mem_rows), ""]
     if rss_after_runs:
         body += ["RSS after the TPS runs: " + ", ".join(f"{k} {v / 1024:.1f} MiB" for k, v in rss_after_runs.items()), ""]
-    files = [f for f in ("runs.csv", "memory.csv", "tps.png", "summary.md", "meta.json")
+    files = [f for f in ("runs.csv", "cells.csv", "memory.csv", "tps.png", "summary.md", "meta.json")
              if (ctx.outdir / f).exists() or f == "summary.md"] + ["logs/"]
     body += [f"Run time: {total_s / 60:.1f} min ({matrix_s / 60:.1f} min of pgbench runs). "
              f"Files: {ctx.outdir}/ ({', '.join(files)})."]

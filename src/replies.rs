@@ -377,6 +377,13 @@ impl ReplyQueue {
         )
     }
 
+    /// Whether the head entry is the Bind of a simple query run as an autoprepared statement.
+    pub fn head_is_autoprepared_bind(&self) -> bool {
+        self.entries.front().is_some_and(|e| {
+            e.expected == Expected::Bind && matches!(e.action, Action::AsSimpleQuery)
+        })
+    }
+
     /// Whether a simple query's reply is still outstanding.
     pub fn has_pending_query(&self) -> bool {
         self.queued_queries > 0

@@ -591,6 +591,27 @@ pub fn simple_error(out: &mut BytesMut, body: &[u8], client: &ClientAutoprepare)
     });
 }
 
+/// Whether an ErrorResponse body is about the value of a Bind's parameter (its context's last
+/// line is PostgreSQL's `unnamed portal parameter $N ...`).
+pub fn is_parameter_error(body: &[u8]) -> bool {
+    let mut rest = body;
+    while let [code, tail @ ..] = rest {
+        let Some(end) = tail.iter().position(|&c| c == 0) else {
+            return false;
+        };
+        if *code == b'W' {
+            let context = &tail[..end];
+            let line = context
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(context, |p| &context[p + 1..]);
+            return portal_parameter(line).is_some();
+        }
+        rest = &tail[end + 1..];
+    }
+    false
+}
+
 /// `unnamed portal parameter $N` or `unnamed portal parameter $N = '...'`: N.
 fn portal_parameter(line: &[u8]) -> Option<usize> {
     let rest = line.strip_prefix(b"unnamed portal parameter $")?;

@@ -829,12 +829,16 @@ impl Session {
                 && self.retry.is_armed()
                 && self.replies.head_is_retry_point()
                 && ErrorFields::parse(&server.rbuf[5..len]).is_some_and(|f| f.code == "0A000");
-            // An autoprepared SELECT that failed before its first row: run again as it is
-            // (see `ClientAutoprepare::rerun`).
+            // An autoprepared SELECT that failed before its first row (see
+            // `ClientAutoprepare::rerun`), or an autoprepared query whose literal the Bind
+            // refused (with two bad literals PostgreSQL's analysis may name another first),
+            // as the first statement of an implicit transaction: nothing of it ran, so it runs
+            // again as it is, for PostgreSQL's own reply.
             let rerun = tag == be::ERROR_RESPONSE
-                && self.held_description
                 && self.retry.is_armed()
-                && self.autoprepare.as_ref().is_some_and(|a| a.rerun);
+                && ((self.held_description && self.autoprepare.as_ref().is_some_and(|a| a.rerun))
+                    || (self.replies.head_is_autoprepared_bind()
+                        && crate::autoprepare::is_parameter_error(&server.rbuf[5..len])));
             let mut route = self.replies.on_server_message(tag);
             let mut replay = false;
             let mut retried = false;
