@@ -124,18 +124,10 @@ pub enum ErrorRewrite {
 /// Writes the ErrorResponse `body` with its `M` field replaced by `message`.
 pub fn error_with_message(out: &mut bytes::BytesMut, body: &[u8], message: &[u8]) {
     crate::protocol::write_message(out, be::ERROR_RESPONSE, |b| {
-        let mut fields = body;
-        while let [code, rest @ ..] = fields {
-            if *code == 0 {
-                break;
-            }
-            let Some(end) = rest.iter().position(|&c| c == 0) else {
-                break;
-            };
-            b.extend_from_slice(&[*code]);
-            b.extend_from_slice(if *code == b'M' { message } else { &rest[..end] });
+        for (code, value) in be::fields(body) {
+            b.extend_from_slice(&[code]);
+            b.extend_from_slice(if code == b'M' { message } else { value });
             b.extend_from_slice(&[0]);
-            fields = &rest[end + 1..];
         }
         b.extend_from_slice(&[0]);
     });

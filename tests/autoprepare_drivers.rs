@@ -86,63 +86,30 @@ async fn run_program(mut cmd: Command, what: &str) -> String {
     stdout.into_owned()
 }
 
+/// Runs pgbench through `proxy` on the database `ap_pgbench` with `args`; asserts that it
+/// completed without a failed transaction.
+async fn pgbench_through(proxy: &Pgmemo, args: &[&str]) {
+    let mut all = vec!["-M", "simple", "-n", "-j", "2"];
+    all.extend_from_slice(args);
+    all.push("ap_pgbench");
+    let out = pgbench(&all, proxy.local_addr().port(), PGMEMO_USER, PGMEMO_PASS).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("number of failed transactions: 0"),
+        "pgbench {all:?} through pgmemo:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_simple_protocol_has_no_failures() {
     pgbench_database("ap_pgbench").await;
     let proxy = autoprepare_proxy(4).await;
-    let port = proxy.local_addr().port().to_string();
     for clients in ["1", "8", "32"] {
-        let out = pgbench(
-            &[
-                "-S",
-                "-M",
-                "simple",
-                "-n",
-                "-c",
-                clients,
-                "-j",
-                "2",
-                "-t",
-                "200",
-                "ap_pgbench",
-            ],
-            proxy.local_addr().port(),
-            PGMEMO_USER,
-            PGMEMO_PASS,
-        )
-        .await;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("number of failed transactions: 0"),
-            "pgbench -S -M simple -c {clients} through pgmemo on port {port}:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        pgbench_through(&proxy, &["-S", "-c", clients, "-t", "200"]).await;
     }
     // The TPC-B-like script: BEGIN, three UPDATEs, a SELECT, an INSERT, END.
-    let out = pgbench(
-        &[
-            "-M",
-            "simple",
-            "-n",
-            "-c",
-            "8",
-            "-j",
-            "2",
-            "-t",
-            "100",
-            "ap_pgbench",
-        ],
-        proxy.local_addr().port(),
-        PGMEMO_USER,
-        PGMEMO_PASS,
-    )
-    .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("number of failed transactions: 0"),
-        "pgbench tpcb-like -M simple through pgmemo:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pgbench_through(&proxy, &["-c", "8", "-t", "100"]).await;
     // 8,200 point selects and 800 transactions of five statements, nearly all prepared.
     let n = autoprepared_at_least(&proxy, 10_000).await;
     println!("pgbench -M simple: {n} queries autoprepared");

@@ -538,18 +538,9 @@ pub fn settings_allow(client: &crate::params::Vars, pool: &crate::params::Vars) 
 /// protocol adds about a parameter's value is dropped, and the error gets that literal's
 /// position instead; a position in the statement's text becomes one in the client's text.
 pub fn simple_error(out: &mut BytesMut, body: &[u8], client: &ClientAutoprepare) {
-    let mut fields: Vec<(u8, Vec<u8>)> = Vec::new();
-    let mut rest = body;
-    while let [code, tail @ ..] = rest {
-        if *code == 0 {
-            break;
-        }
-        let Some(end) = tail.iter().position(|&c| c == 0) else {
-            break;
-        };
-        fields.push((*code, tail[..end].to_vec()));
-        rest = &tail[end + 1..];
-    }
+    let mut fields: Vec<(u8, Vec<u8>)> = crate::protocol::backend::fields(body)
+        .map(|(code, value)| (code, value.to_vec()))
+        .collect();
     let mut position = None;
     if let Some(i) = fields.iter().position(|(c, _)| *c == b'W') {
         let context = &fields[i].1;
@@ -594,22 +585,15 @@ pub fn simple_error(out: &mut BytesMut, body: &[u8], client: &ClientAutoprepare)
 /// Whether an ErrorResponse body is about the value of a Bind's parameter (its context's last
 /// line is PostgreSQL's `unnamed portal parameter $N ...`).
 pub fn is_parameter_error(body: &[u8]) -> bool {
-    let mut rest = body;
-    while let [code, tail @ ..] = rest {
-        let Some(end) = tail.iter().position(|&c| c == 0) else {
-            return false;
-        };
-        if *code == b'W' {
-            let context = &tail[..end];
+    crate::protocol::backend::fields(body)
+        .find(|(code, _)| *code == b'W')
+        .is_some_and(|(_, context)| {
             let line = context
                 .iter()
                 .rposition(|&b| b == b'\n')
                 .map_or(context, |p| &context[p + 1..]);
-            return portal_parameter(line).is_some();
-        }
-        rest = &tail[end + 1..];
-    }
-    false
+            portal_parameter(line).is_some()
+        })
 }
 
 /// `unnamed portal parameter $N` or `unnamed portal parameter $N = '...'`: N.

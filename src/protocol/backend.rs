@@ -196,6 +196,16 @@ pub fn empty_query_response(out: &mut BytesMut) {
     write_message(out, EMPTY_QUERY_RESPONSE, |_| {});
 }
 
+/// Every field of an ErrorResponse or NoticeResponse body, in order, as (code, value); stops
+/// at the terminator or at the first malformed field.
+pub fn fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    let mut r = Reader::new(body);
+    std::iter::from_fn(move || {
+        let code = r.u8().filter(|&c| c != 0)?;
+        Some((code, r.cstr()?))
+    })
+}
+
 /// The fields of an ErrorResponse or NoticeResponse that pgmemo looks at.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ErrorFields {
