@@ -96,8 +96,9 @@ pub enum Refusal {
     /// Something the lexer does not read the way PostgreSQL would be sure to: unterminated
     /// quotes or comments, a number glued to letters, a lone `$`.
     NotUnderstood,
-    /// More literals than a Bind can carry.
-    TooManyLiterals,
+    /// Over [`MAX_TEXT`] bytes or [`MAX_LITERALS`] literals (bulk loads: each row count
+    /// would be a statement of its own, parsed on pgmemo's cold path and kept on servers).
+    TooLarge,
 }
 
 impl Refusal {
@@ -107,13 +108,14 @@ impl Refusal {
             Refusal::MultiStatement => "several statements",
             Refusal::HasParameters => "uses $n parameters",
             Refusal::NotUnderstood => "text not understood by the lexer",
-            Refusal::TooManyLiterals => "too many literals",
+            Refusal::TooLarge => "too large",
         }
     }
 }
 
-/// A Bind carries at most this many parameters (PostgreSQL's own limit is 65535).
-const MAX_LITERALS: usize = 65535;
+/// Larger texts, and texts with more literals, are sent as they are.
+pub const MAX_TEXT: usize = 64 * 1024;
+pub const MAX_LITERALS: usize = 4096;
 
 /// The result of one pass, with buffers kept for the next one.
 #[derive(Debug, Default)]
@@ -165,6 +167,9 @@ pub fn hasher() -> foldhash::fast::FixedState {
 /// Reads `sql` (a simple query's text, without its terminating NUL) into `out`.
 pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
     out.clear();
+    if sql.len() > MAX_TEXT {
+        return Err(Refusal::TooLarge);
+    }
     let mut lexer = Lexer {
         sql,
         at: 0,
@@ -585,7 +590,7 @@ impl Lexer<'_> {
         value_start: usize,
     ) -> Result<(), Refusal> {
         if self.out.params == MAX_LITERALS {
-            return Err(Refusal::TooManyLiterals);
+            return Err(Refusal::TooLarge);
         }
         let position = self.position_of(start);
         let end_position = self.position_of(end);
@@ -874,6 +879,15 @@ mod tests {
             text("with x as (select 1) select * from x"),
             "with x as (select $1) select * from x"
         );
+    }
+
+    #[test]
+    fn large_texts_are_sent_as_they_are() {
+        let many = format!("VALUES ({})", vec!["1"; MAX_LITERALS + 1].join("),("));
+        assert_eq!(gen(&many), Err(Refusal::TooLarge));
+        let long = format!("SELECT '{}'", "x".repeat(MAX_TEXT));
+        assert_eq!(gen(&long), Err(Refusal::TooLarge));
+        assert!(gen(&format!("VALUES ({})", vec!["1"; 100].join("),("))).is_ok());
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub const PASS_REASONS: [&str; 14] = [
     "multi_statement",
     "parameters",
     "not_understood",
-    "too_many_literals",
+    "too_large",
     "syntax_error",
     "not_dml_parsed",
     "select_into",
@@ -76,7 +76,7 @@ impl Pass {
             Pass::Lexer(R::MultiStatement) => 1,
             Pass::Lexer(R::HasParameters) => 2,
             Pass::Lexer(R::NotUnderstood) => 3,
-            Pass::Lexer(R::TooManyLiterals) => 4,
+            Pass::Lexer(R::TooLarge) => 4,
             Pass::Never(Never::ParseError) => 5,
             Pass::Never(Never::NotDml) => 6,
             Pass::Never(Never::SelectInto) => 7,
@@ -282,7 +282,7 @@ struct Anchor {
 }
 
 /// A client's statements are remembered up to this many; beyond it the map starts afresh.
-const MAX_CLIENT_STATEMENTS: usize = 1024;
+const MAX_CLIENT_STATEMENTS: usize = 256;
 
 impl ClientAutoprepare {
     /// The statement the simple query `sql` runs as, or why it goes to the server as it is.
