@@ -3,8 +3,8 @@
 through the peer poolers PgBouncer 1.25, Odyssey 1.5 and Debian's PgBouncer, side
 by side in one run.
 
-    python3 bench/run.py            # full default run (~25 min on 2 cores)
-    python3 bench/run.py --quick    # one round, 3 s runs, 8 clients (~3 min)
+    python3 bench/run.py            # full default run (~27 min on 2 cores)
+    python3 bench/run.py --quick    # one round, 3 s runs, 8 clients (~2 min)
     python3 bench/run.py --quick --no-build --duration 2 --protocols simple --no-peers
 
 Targets (columns of the tables, in this order):
@@ -23,8 +23,11 @@ Targets (columns of the tables, in this order):
                     --no-pgbouncer leaves it out;
   * --target NAME=host:port  any already-running pooler (repeatable).
 Every proxy runs in transaction mode with the same pool size (--pool-size) and
-client limit, on a free loopback port; as root, PostgreSQL and the poolers run as
-the unprivileged user `postgres` (they refuse or dislike root).
+client limit (6000: the templates' 1000 is raised so that the idle-client test can
+open 5000), on a free loopback port; as root, PostgreSQL and the poolers run as
+the unprivileged user `postgres` (they refuse or dislike root). The "peers" of
+`pgmemo/best peer` are pgbouncer-1.25, odyssey-1.5 and Debian's PgBouncer (not
+direct, not --target poolers).
 
 Workloads (rows; --workloads, default: the --protocols plus orm-simple):
   * simple, extended, prepared: `pgbench -S` (select-only) with that -M protocol;
@@ -141,15 +144,19 @@ def _child_setup(death_signal: int = signal.SIGKILL) -> None:
 
 
 def pid_alive(pid: Optional[int]) -> bool:
-    """Whether pid runs (a zombie counts as gone: a daemon's is reaped by init)."""
+    """Whether pid runs. A zombie counts as gone (a daemon's is reaped by init),
+    unless other threads still run: a main thread that exits first (Odyssey's,
+    when it shuts down) leaves a zombie leader while the process lives on."""
     if not pid:
         return False
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
+        if state not in ("Z", "X"):
+            return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     except (OSError, IndexError):
         return False
-    return state not in ("Z", "X")
 
 
 def pid_comm(pid: int) -> str:
@@ -1132,7 +1139,7 @@ def build_args(argv=None):
                     "and an ORM-like mix (bench/orm.sql).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="one round, 3 s runs, 8 clients, idle-client test with 1000 (about 3 min with "
+                   help="one round, 3 s runs, 8 clients, idle-client test with 1000 (about 2 min with "
                         "all targets); options given explicitly still win")
     p.add_argument("--protocols", type=lambda s: csv_list(s), default=None,
                    help="comma list of pgbench -M protocols for the select-only workload (pgbench -S); "
@@ -1260,6 +1267,8 @@ def setup_targets(ctx: Ctx) -> list[Target]:
 def check_target(ctx: Ctx, t: Target) -> None:
     """A login and `select 1`, then a short pgbench warm-up; a target that fails
     here is marked broken and its cells are reported as FAIL (not run)."""
+    if t.broken:
+        return  # did not start: setup_targets said why
     try:
         r = subprocess.run([tool(ctx.pg_bindir, "psql"), "-h", t.host, "-p", str(t.port), "-U", t.user,
                             "-d", t.database, "-Atqc", "select 1"], capture_output=True, text=True,
@@ -1288,6 +1297,7 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
     n = len(targets)
     total = len(cells) * a.rounds * n
     width = max(len(t.name) for t in targets)
+    wwidth = max(len(w.name) for w in ctx.workloads)
     runs: list[Run] = []
     k = 0
     for ci, (wl, clients) in enumerate(cells):
@@ -1309,7 +1319,7 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
                 cpu = f", {run.proxy_cpu_us_per_tx:.1f} us/tx" if run.proxy_cpu_us_per_tx is not None else ""
                 flag = "" if run.ok else f"  FAIL: {run.error}"
                 if not t.broken:
-                    log(f"[{k}/{total}] {wl.name:10s} c={clients:<3d} round {r + 1} {t.name:{width}s} "
+                    log(f"[{k}/{total}] {wl.name:{wwidth}s} c={clients:<3d} round {r + 1} {t.name:{width}s} "
                         f"{status}{cpu}{flag}")
     return runs
 
@@ -1614,11 +1624,11 @@ def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[s
     bars(ax, names, tps, True)
     ax.set_ylabel("TPS (median; whiskers min–max)")
     if has_best:
-        ymax = ax.get_ylim()[1]
+        ymax = ax.get_ylim()[1]  # above the tallest bar: the labels go over all of them
         for gi, g in enumerate(groups):
-            ax.text(gi, ymax * 0.985, "pgmemo/best peer\n" + best_peer_text(cells, g, peers).replace(" (", "\n("),
-                    ha="center", va="top", fontsize=7)
-        ax.set_ylim(top=ymax * 1.18)
+            ax.text(gi, ymax * 1.01, "pgmemo/best peer\n" + best_peer_text(cells, g, peers).replace(" (", "\n("),
+                    ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(top=ymax * 1.2)
     ax.set_title(f"pgbench, {args.duration} s runs, {args.rounds} round(s), pool size {args.pool_size}, "
                  "transaction mode", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -1631,6 +1641,21 @@ def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[s
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def workloads_text(workloads: list[Workload], args) -> str:
+    """The report's sentence on what the rows ran."""
+    sel = [w.name for w in workloads if w.script is None]
+    orm = [w.name for w in workloads if w.script is not None]
+    parts = []
+    if sel:
+        parts.append(f"`-S` (select-only; rows {', '.join(sel)})")
+    if orm:
+        parts.append(f"`-f bench/orm.sql -s {args.scale}` (rows {', '.join(orm)}: a point select, a join "
+                     "with an IN list of three ids, an UPDATE and an INSERT, each its own autocommit "
+                     "statement; one transaction = one run of the script)")
+    return (f"Workloads: `pgbench -n -j 2 -c C -T {args.duration} -M P` with " + " or ".join(parts)
+            + f", scale {args.scale};")
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -1778,18 +1803,16 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             f"Linux {info['kernel']}; load average {info['loadavg_start']:.2f} at start, "
             f"{info['loadavg_end']:.2f} at end.",
             "Versions: " + "; ".join(f"{k}: {v}" for k, v in versions.items()) + ".",
-            f"Workloads: `pgbench -n -j 2 -c C -T {args.duration} -M P` with `-S` (select-only: rows "
-            f"simple, extended, prepared) or `-f bench/orm.sql -s {args.scale}` (rows orm-P: a point select, "
-            "a join with an IN list of three ids, an UPDATE and an INSERT, each its own autocommit "
-            f"statement; one transaction = one run of the script), scale {args.scale}, "
-            f"{args.rounds} round(s) per cell, targets interleaved in rotating order; "
+            workloads_text(ctx.workloads, args)
+            + f" {args.rounds} round(s) per cell, targets interleaved in rotating order; "
             f"pool size {args.pool_size}, transaction mode, for every proxy. TPS excludes connection time; "
             "cells show median (min–max over rounds); `FAIL(k/n)`: k of n runs failed "
             "(non-zero exit, aborted clients or failed transactions, or the target did not start), "
             "the median is over the others; ratios of medians, `*` when a side had failures; "
-            "`pgmemo/best peer`: pgmemo's median over the best median among the peer poolers "
-            f"({', '.join(s.name for s in ctx.poolers) or 'none'}; named in parentheses); "
-            "µs CPU/tx = proxy utime+stime (all threads) / transactions.",
+            + (f"`pgmemo/best peer`: pgmemo's median over the best median among the peer poolers "
+               f"({', '.join(t.name for t in targets if t.is_peer)}), that peer in parentheses; "
+               if comparisons(targets)[2] else "")
+            + "µs CPU/tx = proxy utime+stime (all threads) / transactions.",
             ""]
     body = head + [tbl, ""]
     if notes:

@@ -4,17 +4,25 @@ speed is asserted).
 
 Runs `python3 bench/run.py --quick --duration 1` (scale 1, 200 idle clients) into a
 temp dir and checks that:
-  * it exits 0 and prints the table with a row for every protocol x client count
-    and a TPS cell (a number or FAIL(k/n)) for every target;
+  * it exits 0 and prints the table with a row for every workload (simple,
+    extended, prepared, orm-simple) x client count, a TPS cell (a number or
+    FAIL(k/n)) for every target, a CPU µs/tx column for every proxy and, with
+    pgmemo and a peer, a `pgmemo/best peer` column;
   * direct PostgreSQL never fails (if it does, the harness is broken);
-  * runs.csv has one row per run, the memory table has a row per proxy;
+  * runs.csv has one row per run, cells.csv one per cell, the memory table a row
+    per proxy;
   * tps.png exists when matplotlib is installed;
-  * every port the run used is closed afterwards (nothing left running).
+  * every port the run used is closed afterwards (nothing left running, also
+    Odyssey's daemon).
 
 pgmemo is included when target/release/pgmemo exists (with --no-build; set
 PGMEMO_SMOKE_BUILD=1 to let the harness build it), else the run uses --no-pgmemo.
-PgBouncer is included when installed or when running as root (the harness then
-installs it); PGMEMO_SMOKE_NO_PGBOUNCER=1 leaves it out.
+The peers (PgBouncer 1.25, Odyssey) are included when already built under
+PGMEMO_SMOKE_PEERS_PREFIX (default /opt/peers); otherwise they are skipped with a
+message, never built here (that takes minutes: see run.py --peers-prefix);
+PGMEMO_SMOKE_NO_PEERS=1 leaves them out.
+Debian's PgBouncer is included when installed or when running as root (the harness
+then installs it); PGMEMO_SMOKE_NO_PGBOUNCER=1 leaves it out.
 
     python3 bench/smoke_test.py [extra run.py options]
     python3 -m pytest bench/smoke_test.py
@@ -36,9 +44,35 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-PROTOCOLS = ["simple", "extended", "prepared"]
+WORKLOADS = ["simple", "extended", "prepared", "orm-simple"]
 CLIENTS = [8]
 CELL_RE = re.compile(r"^(?:[\d,]+(?: \([\d,]+–[\d,]+\))?(?: FAIL\(\d+/\d+\))?|FAIL\(\d+/\d+\))$")
+BEST_RE = re.compile(r"^(?:—|\d+\.\d\d\*? \((?:pgbouncer|odyssey)-\S+\))$")
+PEER_KINDS = ("pgbouncer", "odyssey")
+
+
+def harness():
+    """bench/run.py as a module, for where it looks for the peers."""
+    spec = importlib.util.spec_from_file_location("bench_run", BENCH / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def peers_ready(prefix: Path) -> str | None:
+    """Why the peers are left out (None: built under prefix, templates there).
+    The smoke test never builds them: it must stay fast."""
+    run = harness()
+    missing = [k for k, v in run.find_peers(prefix).items() if v is None]
+    if missing:
+        return (f"{', '.join(missing)} not built under {prefix} (build them with "
+                f"{run.PEERS_SRC / 'build.sh'} {prefix}, ~2 min, or run bench/run.py once)")
+    templates = [run.PEERS_SRC / t for t in run.PEER_TEMPLATES.values()]
+    missing = [str(t) for t in templates if not t.is_file()]
+    if missing:
+        return f"config templates missing: {', '.join(missing)}"
+    return None
 
 
 def prerequisites() -> str | None:
@@ -50,7 +84,7 @@ def prerequisites() -> str | None:
 
 
 def parse_table(stdout: str):
-    lines = [l for l in stdout.splitlines() if l.startswith("| protocol | clients |")]
+    lines = [l for l in stdout.splitlines() if l.startswith("| workload | clients |")]
     if not lines:
         return None, {}
     start = stdout.splitlines().index(lines[0])
@@ -93,44 +127,79 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         else:
             argv.append("--no-pgmemo")
         has_bouncer = shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")
-        if os.environ.get("PGMEMO_SMOKE_NO_PGBOUNCER") == "1" or (not has_bouncer and os.geteuid() != 0):
+        debian_bouncer = not (os.environ.get("PGMEMO_SMOKE_NO_PGBOUNCER") == "1"
+                              or (not has_bouncer and os.geteuid() != 0))
+        if not debian_bouncer:
             argv.append("--no-pgbouncer")
+        prefix = Path(os.environ.get("PGMEMO_SMOKE_PEERS_PREFIX", "/opt/peers"))
+        why = "PGMEMO_SMOKE_NO_PEERS=1" if os.environ.get("PGMEMO_SMOKE_NO_PEERS") == "1" \
+            else peers_ready(prefix)
+        if why:
+            print(f"smoke: peers skipped: {why}", flush=True)
+            argv.append("--no-peers")
         else:
-            targets.append("pgbouncer")
+            argv += ["--peers-prefix", str(prefix)]
         argv += list(extra or [])
         print("smoke: " + " ".join(argv), file=sys.stderr, flush=True)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
         if r.returncode != 0:
             return [f"run.py exited {r.returncode}; stderr tail:\n" + "\n".join(r.stderr.splitlines()[-20:])]
+        meta = json.loads((out / "meta.json").read_text())
+        # The targets' names carry versions (pgbouncer-1.25, odyssey-1.5, pgbouncer-1.18): take them from meta.
+        kinds = {}
+        for t in meta["targets"]:
+            kinds.setdefault(t["kind"], []).append(t["name"])
+        want_kinds = {"direct": 1, "pgmemo": int("pgmemo" in targets),
+                      "pgbouncer": int(debian_bouncer) + int(not why), "odyssey": int(not why)}
+        for kind, n in want_kinds.items():
+            if len(kinds.get(kind, [])) != n:
+                problems.append(f"expected {n} target(s) of kind {kind}, got {kinds.get(kind, [])}")
+        targets = [t["name"] for t in meta["targets"]]
+        proxies = targets[1:]
+        peers = [t["name"] for t in meta["targets"] if t["kind"] in PEER_KINDS]
         header, rows = parse_table(r.stdout)
         if header is None:
-            return ["no table in stdout:\n" + r.stdout[-2000:]]
+            return problems + ["no table in stdout:\n" + r.stdout[-2000:]]
         for t in targets:
             if f"{t} TPS" not in header:
                 problems.append(f"table has no column for {t}: {header}")
-        for proto in PROTOCOLS:
+        for t in proxies:
+            if f"{t} µs CPU/tx" not in header:
+                problems.append(f"table has no CPU column for {t}: {header}")
+        has_best = "pgmemo" in targets and bool(peers)
+        if has_best != ("pgmemo/best peer" in header):
+            problems.append(f"column `pgmemo/best peer` {'missing' if has_best else 'unexpected'}: {header}")
+        for wl in WORKLOADS:
             for c in CLIENTS:
-                row = rows.get((proto, str(c)))
+                row = rows.get((wl, str(c)))
                 if row is None:
-                    problems.append(f"table has no row for {proto} / {c} clients")
+                    problems.append(f"table has no row for {wl} / {c} clients")
                     continue
                 for t in targets:
                     v = row.get(f"{t} TPS", "")
                     if not CELL_RE.match(v):
-                        problems.append(f"cell {proto}/{c}/{t} is {v!r}, expected a TPS or FAIL(k/n)")
+                        problems.append(f"cell {wl}/{c}/{t} is {v!r}, expected a TPS or FAIL(k/n)")
                     if t == "direct" and "FAIL" in v:
-                        problems.append(f"direct PostgreSQL failed in {proto}/{c}: harness problem")
+                        problems.append(f"direct PostgreSQL failed in {wl}/{c}: harness problem")
+                if has_best and not BEST_RE.match(row.get("pgmemo/best peer", "")):
+                    problems.append(f"pgmemo/best peer in {wl}/{c} is {row.get('pgmemo/best peer')!r}")
         with open(out / "runs.csv") as f:
             runs = list(csv.DictReader(f))
-        want = len(PROTOCOLS) * len(CLIENTS) * len(targets)
+        want = len(WORKLOADS) * len(CLIENTS) * len(targets)
         if len(runs) != want:
             problems.append(f"runs.csv has {len(runs)} rows, expected {want}")
+        with open(out / "cells.csv") as f:
+            cells = list(csv.DictReader(f))
+        if [x["workload"] for x in cells] != [w for w in WORKLOADS for _ in CLIENTS]:
+            problems.append(f"cells.csv rows: {[x['workload'] for x in cells]}")
+        if has_best and cells and "pgmemo/best_peer" not in cells[0]:
+            problems.append("cells.csv has no pgmemo/best_peer column")
         mem_path = out / "memory.csv"
         mem = set()
         if mem_path.exists():
             with open(mem_path) as f:
                 mem = {row["target"] for row in csv.DictReader(f)}
-        for t in targets[1:]:
+        for t in proxies:
             mine = [x for x in runs if x["target"] == t]
             # a proxy that was never skipped as broken must have been memory-tested
             if mine and not any(x["error"].startswith("not run") for x in mine) and t not in mem:
@@ -139,7 +208,6 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
             problems.append("memory table missing from stdout")
         if importlib.util.find_spec("matplotlib") and not (out / "tps.png").stat().st_size > 0:
             problems.append("tps.png missing")
-        meta = json.loads((out / "meta.json").read_text())
         left = ports_closed(meta["ports"].values())
         if left:
             problems.append(f"ports still accepting connections after exit: {left}")
