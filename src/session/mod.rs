@@ -1017,6 +1017,7 @@ impl Session {
     /// before the Sync of an extended batch: until then PostgreSQL keeps the batch's implicit
     /// transaction open (or skips everything after an error), whatever ReadyForQuery said
     /// last. Nor while a client message waits to be planned again on it.
+    #[inline]
     fn release_if_done(&mut self) {
         if self.mode == PoolMode::Transaction
             && !self.replan
