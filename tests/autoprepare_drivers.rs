@@ -233,3 +233,61 @@ async fn node_postgres_interpolated_values() {
     let n = autoprepared_at_least(&proxy, 8 * 40 * 3 - 10).await;
     println!("node-postgres: {} ({n} queries autoprepared)", out.trim());
 }
+
+/// A cancel reaches an autoprepared query: the client gets PostgreSQL's 57014 at once and the
+/// query is not run again (only data exceptions are; see `ClientAutoprepare::rerun`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_autoprepared_query_stays_cancelled() {
+    let proxy = autoprepare_proxy(2).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let client = connect(&url).await;
+    // The shape `SELECT pg_sleep($1), $2` (a numeric and an int4) is prepared on its first use
+    // and runs prepared after.
+    for i in 0..2 {
+        client
+            .simple_query(&format!("SELECT pg_sleep(0.01), {i}"))
+            .await
+            .unwrap();
+    }
+    let token = client.cancel_token();
+    let started = std::time::Instant::now();
+    let query = tokio::spawn(async move {
+        let r = client.simple_query("SELECT pg_sleep(30.0), 2").await;
+        (r, client)
+    });
+    wait_until(
+        "the query to run on the server",
+        Duration::from_secs(10),
+        || async {
+            let mut c = RawClient::direct(&[]).await.expect("login");
+            c.send(&[Frontend::query(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep($1), $2' AND state = 'active'",
+            )])
+            .await
+            .unwrap();
+            let replies = c.recv_until_ready(1).await.unwrap();
+            replies
+                .iter()
+                .filter_map(|r| r.data_row())
+                .any(|row| row[0].as_deref() == Some(&b"1"[..]))
+        },
+    )
+    .await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (result, client) = tokio::time::timeout(Duration::from_secs(10), query)
+        .await
+        .expect("the cancelled query ended")
+        .unwrap();
+    let error = result.expect_err("cancelled");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{error:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The client carries on, its queries still autoprepared.
+    client
+        .simple_query("SELECT pg_sleep(0.01), 3")
+        .await
+        .unwrap();
+}

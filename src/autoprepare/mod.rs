@@ -582,6 +582,14 @@ pub fn simple_error(out: &mut BytesMut, body: &[u8], client: &ClientAutoprepare)
     });
 }
 
+/// Whether an ErrorResponse body is a data exception (SQLSTATE class 22: invalid input,
+/// division by zero, a value out of range), the errors a query raises the same way each time
+/// it runs with the same values.
+pub fn is_data_exception(body: &[u8]) -> bool {
+    crate::protocol::backend::fields(body)
+        .any(|(code, value)| code == b'C' && value.starts_with(b"22"))
+}
+
 /// Whether an ErrorResponse body is about the value of a Bind's parameter (its context's last
 /// line is PostgreSQL's `unnamed portal parameter $N ...`).
 pub fn is_parameter_error(body: &[u8]) -> bool {

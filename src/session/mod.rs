@@ -833,9 +833,12 @@ impl Session {
             // `ClientAutoprepare::rerun`), or an autoprepared query whose literal the Bind
             // refused (with two bad literals PostgreSQL's analysis may name another first),
             // as the first statement of an implicit transaction: nothing of it ran, so it runs
-            // again as it is, for PostgreSQL's own reply.
+            // again as it is, for PostgreSQL's own reply. Only for data exceptions (class 22:
+            // what folding constants and reading literals raise), never for a cancel, a
+            // timeout, a deadlock or a serialization failure, which must reach the client.
             let rerun = tag == be::ERROR_RESPONSE
                 && self.retry.is_armed()
+                && crate::autoprepare::is_data_exception(&server.rbuf[5..len])
                 && ((self.held_description && self.autoprepare.as_ref().is_some_and(|a| a.rerun))
                     || (self.replies.head_is_autoprepared_bind()
                         && crate::autoprepare::is_parameter_error(&server.rbuf[5..len])));
