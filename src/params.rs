@@ -75,6 +75,8 @@ pub const CARRIED: &[&str] = &[
     "application_name",
     "client_encoding",
     "DateStyle",
+    // Reported since PostgreSQL 14.
+    "default_transaction_read_only",
     "IntervalStyle",
     "standard_conforming_strings",
     "TimeZone",

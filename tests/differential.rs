@@ -162,6 +162,9 @@ const SHOW_SETTINGS: &str = "SELECT current_setting('DateStyle') AS datestyle, \
      current_setting('IntervalStyle') AS intervalstyle, \
      current_setting('application_name') AS app, current_setting('client_encoding') AS enc, \
      current_setting('extra_float_digits') AS efd, \
+     current_setting('default_transaction_read_only') AS default_ro, \
+     current_setting('transaction_read_only') AS ro, \
+     current_setting('standard_conforming_strings') AS scs, \
      timestamptz '2024-05-06 07:08:09+00' AS ts, date '2024-05-06' AS d, \
      interval '1 day 2 hours' AS iv, 0.1::float8 AS f, 'café' AS t";
 
@@ -194,6 +197,10 @@ fn startup_cases() -> Vec<Vec<(&'static str, &'static str)>> {
         ],
         // Values equal to the server's defaults, spelled differently.
         vec![("DateStyle", "iso, mdy"), ("client_encoding", "utf8")],
+        // Every other reported parameter a client can set, in effect from its first query.
+        vec![("default_transaction_read_only", "on")],
+        vec![("options", "-c default_transaction_read_only=true")],
+        vec![("standard_conforming_strings", "off")],
     ]
 }
 
