@@ -1069,6 +1069,20 @@ impl Config {
         self.users.get(user)?.password.as_deref()
     }
 
+    /// Whether `user` may log in at all, before any password is checked: a `[users]` entry,
+    /// or without `[users]` the upstream role, and the admin users. With neither `[users]`
+    /// nor `[upstream]` anyone may (pgmemo then logs into servers as the client, and the
+    /// server decides).
+    pub fn is_known_user(&self, user: &str) -> bool {
+        if self.is_admin(user) {
+            return true;
+        }
+        if !self.users.is_empty() {
+            return self.users.contains_key(user);
+        }
+        self.upstream.as_ref().is_none_or(|up| up.user == user)
+    }
+
     /// Whether `user` may use the admin console.
     pub fn is_admin(&self, user: &str) -> bool {
         self.general.admin_users.iter().any(|a| a == user)

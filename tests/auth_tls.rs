@@ -231,6 +231,39 @@ async fn a_wrong_password_gets_the_same_answer_whether_the_user_exists_or_not() 
     }
 }
 
+/// With `auth_type = trust` only known users log in (the upstream role here, there being no
+/// `[users]`); any other name gets PostgreSQL's answer for a name that is no role, and is not
+/// logged in as the upstream role.
+#[tokio::test]
+async fn trust_lets_in_only_known_users() {
+    let mut config = test_config(PoolMode::Transaction, 1);
+    config.general.auth_type = AuthType::Trust;
+    let proxy = start_pgmemo(config).await;
+    let mut known = try_login(proxy.local_addr(), PGMEMO_USER, "").await;
+    assert!(known.ready, "{:?}", known.messages);
+    assert_eq!(
+        scalar(&mut known.client, "SELECT current_user").await,
+        PGMEMO_USER
+    );
+    let mut stranger = try_login(proxy.local_addr(), "stranger", "").await;
+    assert!(!stranger.ready, "a user pgmemo does not know was let in");
+    assert_eq!(
+        stranger.expect_error(),
+        (
+            "FATAL".to_string(),
+            "28000".to_string(),
+            "role \"stranger\" does not exist".to_string()
+        )
+    );
+    assert!(stranger
+        .client
+        .recv_until_closed()
+        .await
+        .unwrap()
+        .is_empty());
+    proxy.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // pgmemo → PostgreSQL
 // ---------------------------------------------------------------------------------------------

@@ -223,6 +223,16 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
         (method, _) => method,
     };
     match method {
+        // Without a password to check, the name alone decides: as PostgreSQL answers a name
+        // that is no role (with trust, nothing else is asked first).
+        AuthType::Trust if !cfg.is_known_user(user) => {
+            return Err(conn
+                .refuse(
+                    sqlstate::INVALID_AUTHORIZATION,
+                    format!("role \"{user}\" does not exist"),
+                )
+                .await);
+        }
         AuthType::Trust => {}
         AuthType::Md5 => {
             let salt = md5_salt();
