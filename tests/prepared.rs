@@ -1290,6 +1290,27 @@ async fn extended_discard_all_and_deallocate_all() {
     .await;
 }
 
+/// SQL `EXECUTE name` and `EXPLAIN [ANALYZE] EXECUTE name` of a protocol-level statement, also
+/// on a server that has never seen it: PostgreSQL's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_execute_and_explain_execute_of_a_protocol_statement() {
+    check(
+        Script::new()
+            .go(vec![p("s1", "SELECT 41 + 1 AS answer"), S])
+            .go(vec![q("EXECUTE s1")])
+            .moved()
+            .go(vec![q("EXPLAIN (COSTS OFF) EXECUTE s1")])
+            .back()
+            .go(vec![q(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE s1",
+            )])
+            .moved()
+            .go(vec![q("EXPLAIN EXECUTE nosuch")])
+            .back(),
+    )
+    .await;
+}
+
 /// `DEALLOCATE name` through Parse/Bind/Execute: of a protocol-level statement (which the
 /// server knows under pgmemo's name only), of a SQL-level one, of an unknown name, of pgmemo's
 /// own names; in pipelines with errors before and after it, in a transaction block and an

@@ -204,6 +204,13 @@ fn hide_reserved_str(sql: &str) -> Option<(String, Vec<(usize, ReservedUse)>)> {
 }
 
 fn classify_one(stmt: &str) -> Command {
+    if let Some(explained) = explained(stmt) {
+        // `EXPLAIN [ANALYZE] EXECUTE name` runs (or plans) the statement `name`.
+        return match classify_one(explained) {
+            execute @ Command::Execute { .. } => execute,
+            _ => Command::Other,
+        };
+    }
     let words = leading_words(stmt, 3);
     let word = |i: usize| words.get(i).map(|w| w.to_ascii_lowercase());
     match word(0).as_deref() {
@@ -396,6 +403,34 @@ fn identifier(word: &str) -> String {
 }
 
 /// The first `n` words (identifiers, quoted identifiers), stopping at anything else.
+/// The statement an `EXPLAIN` is about: the text after `EXPLAIN`, its options in parentheses
+/// or the words ANALYZE and VERBOSE.
+fn explained(stmt: &str) -> Option<&str> {
+    let b = stmt.as_bytes();
+    let mut i = skip_space_and_comments(b, 0);
+    let word_at = |i: usize, w: &str| {
+        b.len() >= i + w.len()
+            && b[i..i + w.len()].eq_ignore_ascii_case(w.as_bytes())
+            && !b
+                .get(i + w.len())
+                .is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80)
+    };
+    if !word_at(i, "explain") {
+        return None;
+    }
+    i = skip_space_and_comments(b, i + "explain".len());
+    if b.get(i) == Some(&b'(') {
+        i += b[i..].iter().position(|&c| c == b')')? + 1;
+    } else {
+        for w in ["analyze", "analyse", "verbose"] {
+            if word_at(i, w) {
+                i = skip_space_and_comments(b, i + w.len());
+            }
+        }
+    }
+    Some(&stmt[i..])
+}
+
 fn leading_words(stmt: &str, n: usize) -> Vec<&str> {
     let b = stmt.as_bytes();
     let mut words = Vec::new();
@@ -613,6 +648,24 @@ fn is_escape_string(b: &[u8], stmt_start: usize, at: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn explain_execute_is_an_execute() {
+        for sql in [
+            "EXPLAIN EXECUTE s1(1)",
+            "explain analyze verbose execute s1",
+            "EXPLAIN (COSTS OFF, FORMAT JSON) EXECUTE s1 (1)",
+            "EXPLAIN /* c */ ANALYZE EXECUTE \"s1\"",
+        ] {
+            assert_eq!(
+                classify(sql),
+                [Command::Execute { name: "s1".into() }],
+                "{sql}"
+            );
+        }
+        assert_eq!(classify("EXPLAIN SELECT 1"), [Command::Other]);
+        assert_eq!(classify("EXPLAINED"), [Command::Other]);
+    }
+
     use super::*;
 
     #[test]
