@@ -187,6 +187,16 @@ class RunAs:
     home: str
 
 
+def close_pipes(p: subprocess.Popen) -> None:
+    """Closes a child's pipes (ours), whatever state they are in."""
+    for stream in (p.stdin, p.stdout, p.stderr):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
 class Procs:
     """Registry of the children we started (each the leader of its own group)."""
 
@@ -236,24 +246,14 @@ class Procs:
             p.wait(5)
         except subprocess.TimeoutExpired:
             warn(f"process {p.pid} did not exit after SIGKILL")
-        for stream in (p.stdin, p.stdout, p.stderr):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        close_pipes(p)
         if entry:
             self.live.remove(entry)
 
     def release(self, p: subprocess.Popen) -> None:
         """Forget a child that has exited by itself (its group stays in the sweep)."""
         p.wait()
-        for stream in (p.stdin, p.stdout, p.stderr):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        close_pipes(p)
         self.live = [e for e in self.live if e[1] is not p]
 
     def adopt(self, name: str, pid: int) -> None:
