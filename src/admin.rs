@@ -145,6 +145,38 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "prepared_statements"] => Ok(Reply::Table(show_prepared_statements(app))),
         ["show", "autoprepare"] => Ok(Reply::Table(show_autoprepare(app))),
         ["show", "autoprepare_reasons"] => Ok(Reply::Table(show_autoprepare_reasons(app))),
+        ["show", "cache"] => Ok(Reply::Table(show_cache(app))),
+        ["show", "cache", "entries"] | ["show", "cache_entries"] => {
+            Ok(Reply::Table(show_cache_entries(app)))
+        }
+        ["show", "cache_bypasses"] => Ok(Reply::Table(show_cache_bypasses(app))),
+        ["cache", "flush"] | ["cache", "flush", "all"] => {
+            app.cache.flush(crate::cache::FlushTarget::All);
+            Ok(Reply::Done("CACHE FLUSH".into()))
+        }
+        ["cache", "flush", "database", db] => {
+            app.cache.flush(crate::cache::FlushTarget::Database(db));
+            Ok(Reply::Done("CACHE FLUSH".into()))
+        }
+        ["cache", "flush", "table", table] | ["cache", "flush", "table", table, _] => {
+            let databases: Vec<String> = match words.get(4) {
+                Some(db) => vec![db.to_string()],
+                None => {
+                    let mut dbs: Vec<String> = app
+                        .pools()
+                        .iter()
+                        .map(|p| p.settings().target.dbname.clone())
+                        .collect();
+                    dbs.sort();
+                    dbs.dedup();
+                    dbs
+                }
+            };
+            for db in &databases {
+                app.cache.flush(crate::cache::FlushTarget::Table(db, table));
+            }
+            Ok(Reply::Done("CACHE FLUSH".into()))
+        }
         ["show", "version"] => Ok(Reply::Table(Table {
             columns: vec!["version"],
             rows: vec![vec![Some(format!("pgmemo {}", env!("CARGO_PKG_VERSION")))]],
@@ -154,6 +186,8 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS",
+                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES",
+                "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
                 "RELOAD",
                 "PAUSE [db]",
                 "RESUME [db]",
@@ -570,6 +604,107 @@ pub fn show_autoprepare(app: &App) -> Table {
             "prepared_executions",
             "passed_through",
             "never_because",
+        ],
+        rows,
+    }
+}
+
+/// The result cache per rule (the last row: queries chosen by a hint).
+pub fn show_cache(app: &App) -> Table {
+    let usage = app.cache.usage();
+    let (memory, limit) = app.cache.memory();
+    let rows = app
+        .cache
+        .rule_stats()
+        .iter()
+        .map(|r| {
+            let (entries, bytes) = usage.get(&r.name).copied().unwrap_or_default();
+            let hits = r.hits.load(Relaxed);
+            let misses = r.misses.load(Relaxed);
+            let ratio = if hits + misses == 0 {
+                0.0
+            } else {
+                hits as f64 / (hits + misses) as f64
+            };
+            vec![
+                text(&r.name),
+                text(entries),
+                text(bytes),
+                text(hits),
+                text(misses),
+                text(format!("{ratio:.3}")),
+                text(r.stores.load(Relaxed)),
+                text(r.evictions.load(Relaxed)),
+                text(r.invalidations.load(Relaxed)),
+                text(r.bypasses.load(Relaxed)),
+                text(memory),
+                text(limit),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "rule",
+            "entries",
+            "bytes",
+            "hits",
+            "misses",
+            "hit_ratio",
+            "stores",
+            "evictions",
+            "invalidations",
+            "bypasses",
+            "store_bytes",
+            "store_limit",
+        ],
+        rows,
+    }
+}
+
+/// Queries a rule or hint chose but the cache did not take, by reason, since start.
+pub fn show_cache_bypasses(app: &App) -> Table {
+    let rows = crate::cache::analysis::BYPASS_REASONS
+        .iter()
+        .zip(&app.cache.bypasses)
+        .map(|(reason, n)| vec![text(reason.as_str()), text(n.load(Relaxed))])
+        .collect();
+    Table {
+        columns: vec!["reason", "queries"],
+        rows,
+    }
+}
+
+/// Every stored result.
+pub fn show_cache_entries(app: &App) -> Table {
+    let now = std::time::Instant::now();
+    let rows = app
+        .cache
+        .entries()
+        .iter()
+        .map(|e| {
+            vec![
+                text(&e.database),
+                text(&e.rule.name),
+                text(&e.text),
+                text(e.tables.join(",")),
+                text(e.reply.len()),
+                text(e.hits.load(Relaxed)),
+                text(format!(
+                    "{:.1}",
+                    e.expires.saturating_duration_since(now).as_secs_f64()
+                )),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "database",
+            "rule",
+            "query",
+            "tables",
+            "bytes",
+            "hits",
+            "expires_in",
         ],
         rows,
     }

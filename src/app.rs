@@ -99,6 +99,8 @@ pub struct App {
     pub registry: crate::statements::Registry,
     /// Query shapes seen in simple queries, and what autoprepare decided for each.
     pub autoprepare: crate::autoprepare::Autoprepare,
+    /// Cached results, table versions and the analyses behind them.
+    pub cache: crate::cache::ResultCache,
 }
 
 impl App {
@@ -106,6 +108,7 @@ impl App {
         let (shutdown_tx, _) = watch::channel(false);
         let (cutoff_tx, _) = watch::channel(false);
         let max_shapes = config.general.autoprepare_max_shapes as usize;
+        let config_cache = config.cache.clone();
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             pools: RwLock::new(HashMap::new()),
@@ -122,6 +125,7 @@ impl App {
             reloader: Mutex::new(None),
             registry: crate::statements::Registry::new(),
             autoprepare: crate::autoprepare::Autoprepare::new(max_shapes),
+            cache: crate::cache::ResultCache::new(&config_cache),
         });
         app.load_tls()?;
         Ok(app)
@@ -153,6 +157,7 @@ impl App {
         let cfg = self.config.load();
         self.autoprepare
             .set_max_shapes(cfg.general.autoprepare_max_shapes as usize);
+        self.cache.reconfigure(&cfg.cache);
         for pool in self.pools.read().values() {
             if let Some(settings) = self.pool_settings(&cfg, &pool.key) {
                 pool.reconfigure(settings);

@@ -382,6 +382,8 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     /// `[users.NAME]`: who may log in to pgmemo, and per-user pool settings.
     pub users: BTreeMap<String, UserConfig>,
+    /// `[cache]`: the result cache and its rules.
+    pub cache: crate::cache::config::CacheConfig,
     /// The file this configuration came from, read again on RELOAD / SIGHUP.
     pub source: Option<PathBuf>,
 }
@@ -1485,6 +1487,8 @@ struct RawConfig {
     databases: BTreeMap<String, RawDatabase>,
     #[serde(default)]
     users: BTreeMap<String, RawUser>,
+    #[serde(default)]
+    cache: crate::cache::config::RawCache,
 }
 
 #[derive(Deserialize, Default)]
@@ -1783,6 +1787,7 @@ impl RawConfig {
             upstream,
             databases,
             users,
+            cache: self.cache.into_config()?,
             source: None,
         })
     }

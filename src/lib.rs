@@ -8,6 +8,7 @@ pub mod app;
 pub mod auth;
 pub mod autoprepare;
 pub mod buffers;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod demo;

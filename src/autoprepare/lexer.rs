@@ -52,7 +52,7 @@ impl Kind {
         }
     }
 
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Kind::Int4 => 1,
             Kind::Int8 => 2,

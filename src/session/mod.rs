@@ -13,6 +13,7 @@
 //! [`HIGH_WATER`] (backpressure instead of unbounded buffering), and a batch of client messages
 //! becomes one write to the server.
 
+mod caching;
 pub mod login;
 pub mod planner;
 
@@ -226,6 +227,9 @@ struct Session {
     autoprepare_allowed: (u64, bool),
     /// An autoprepared query's RowDescription waits in `autoprepare.held`.
     held_description: bool,
+    /// The result cache's state for this client, made at its first Query or Bind while the
+    /// cache is on.
+    cache: Option<Box<crate::cache::ClientCache>>,
 }
 
 impl Session {
@@ -312,6 +316,7 @@ impl Session {
             autoprepare: None,
             autoprepare_allowed: (0, false),
             held_description: false,
+            cache: None,
         }
     }
 
@@ -603,6 +608,12 @@ impl Session {
                 Ok(None) => return Ok(()),
                 Err(e) => return self.violated(e.to_string()).await,
             };
+            if (tag == fe::QUERY || tag == fe::BIND)
+                && self.caching()
+                && self.cache_client_message(tag, len).await?
+            {
+                continue; // answered from the result cache
+            }
             if self.server.is_none() {
                 match tag {
                     fe::TERMINATE => return Err(End::Terminate),
@@ -823,6 +834,7 @@ impl Session {
                 }
             };
             self.waiting = false;
+            let out_at = self.client.wbuf.len();
             // 0A000 on the first statement of an implicit transaction whose batch is kept,
             // with nothing queued after the batch: sent again instead (see planner::Retry).
             let retry = tag == be::ERROR_RESPONSE
@@ -982,6 +994,21 @@ impl Session {
                     self.stats.bytes_sent += (self.client.wbuf.len() - at) as u64;
                 }
                 Route::Swallow => {}
+            }
+            if let Some(client) = self.cache.as_deref_mut().filter(|c| c.watching()) {
+                // Nothing in flight and no transaction open: whatever was sent has ended.
+                let idle = tag == be::READY_FOR_QUERY
+                    && body.first() == Some(&b'I')
+                    && self.replies.is_idle();
+                caching::after_server_message(
+                    client,
+                    &self.app.cache,
+                    &self.pool.settings().target.dbname,
+                    &self.client.wbuf[out_at..],
+                    tag,
+                    body,
+                    idle,
+                );
             }
             if tag == be::ERROR_RESPONSE {
                 error_code = ErrorFields::parse(body).map(|f| f.code);
@@ -1201,6 +1228,7 @@ impl Session {
     /// After the relay: leaves the server, if one is still held, clean for the next client
     /// (rolled back and reset), or closes it when that cannot be done safely.
     async fn finish(&mut self) {
+        self.cache_abandon();
         if self.stmts.take().is_some() {
             self.app.registry.note_released();
         }

@@ -82,6 +82,9 @@ pub struct Statement {
     pub parse_hits: AtomicU64,
     pub server_prepares: AtomicU64,
     pub evictions: AtomicU64,
+    /// What executing it may change and whether its result may be cached (result cache),
+    /// worked out at its first use there.
+    pub cache_analysis: std::sync::OnceLock<Arc<crate::cache::analysis::Analysis>>,
 }
 
 impl Statement {
@@ -139,6 +142,7 @@ impl Statement {
             parse_hits: AtomicU64::new(0),
             server_prepares: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            cache_analysis: std::sync::OnceLock::new(),
         }
     }
 

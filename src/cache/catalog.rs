@@ -1,0 +1,293 @@
+//! What the database's catalog says, read on the cold path through a server connection:
+//!
+//! - per database, a [`Snapshot`] of every function's volatility and of what a write to a
+//!   table reaches besides the table (user triggers and rules: anything; cascading foreign
+//!   keys: the referencing tables; inheritance and partitions: the whole tree; a view: its base
+//!   tables). Loaded when the first cacheable query of the database is analyzed, and again
+//!   after DDL (a snapshot older than the database's last flush is not trusted: writes then
+//!   invalidate the whole database).
+//! - per cacheable query and search_path, [`resolve`]: which relations its names are
+//!   (through views and partitions down to the tables), and whether all of them may be cached.
+
+use super::analysis::{analyze, Bypass, Reads};
+use std::collections::{HashMap, HashSet};
+
+/// What a database's functions and tables do, as of one moment.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The database's version when the snapshot was read.
+    pub generation: u64,
+    functions: HashMap<Box<str>, Function>,
+    /// Tables whose writes fire user triggers or rules: they may write anything.
+    anything: HashSet<Box<str>>,
+    /// A write to the key also changes these tables.
+    reaches: HashMap<Box<str>, Vec<Box<str>>>,
+}
+
+/// Every function of one name, merged: the strictest wins.
+#[derive(Debug, Default, Clone, Copy)]
+struct Function {
+    volatile: bool,
+    user_not_immutable: bool,
+    user_volatile: bool,
+}
+
+/// One query returning the whole snapshot, a row kind in the first column.
+pub const SNAPSHOT_SQL: &str = "\
+SELECT 'f', p.proname::text, bool_or(p.provolatile = 'v')::text, \
+ bool_or(p.oid >= 16384 AND p.provolatile <> 'i')::text, \
+ bool_or(p.oid >= 16384 AND p.provolatile = 'v')::text FROM pg_proc p GROUP BY p.proname \
+UNION ALL SELECT 'w', c.relname::text, '', '', '' FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+ WHERE NOT t.tgisinternal \
+UNION ALL SELECT 'w', c.relname::text, '', '', '' FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class \
+ WHERE r.rulename <> '_RETURN' \
+UNION ALL SELECT 'e', p.relname::text, ch.relname::text, '', '' FROM pg_constraint k \
+ JOIN pg_class p ON p.oid = k.confrelid JOIN pg_class ch ON ch.oid = k.conrelid \
+ WHERE k.contype = 'f' AND (k.confdeltype IN ('c', 'n', 'd') OR k.confupdtype IN ('c', 'n', 'd')) \
+UNION ALL SELECT 'e', p.relname::text, ch.relname::text, '', '' FROM pg_inherits i \
+ JOIN pg_class p ON p.oid = i.inhparent JOIN pg_class ch ON ch.oid = i.inhrelid \
+UNION ALL SELECT 'e', ch.relname::text, p.relname::text, '', '' FROM pg_inherits i \
+ JOIN pg_class p ON p.oid = i.inhparent JOIN pg_class ch ON ch.oid = i.inhrelid \
+UNION ALL SELECT DISTINCT 'e', v.relname::text, b.relname::text, '', '' FROM pg_rewrite r \
+ JOIN pg_class v ON v.oid = r.ev_class JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass \
+ AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass JOIN pg_class b ON b.oid = d.refobjid \
+ WHERE b.oid <> v.oid AND r.rulename = '_RETURN'";
+
+impl Snapshot {
+    /// Builds a snapshot from the rows of [`SNAPSHOT_SQL`].
+    pub fn from_rows(generation: u64, rows: &[Vec<Option<String>>]) -> Snapshot {
+        let mut s = Snapshot {
+            generation,
+            ..Snapshot::default()
+        };
+        let col =
+            |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        for row in rows {
+            match col(row, 0).as_str() {
+                "f" => {
+                    let f = s.functions.entry(col(row, 1).into()).or_default();
+                    f.volatile |= col(row, 2) == "true";
+                    f.user_not_immutable |= col(row, 3) == "true";
+                    f.user_volatile |= col(row, 4) == "true";
+                }
+                "w" => {
+                    s.anything.insert(col(row, 1).into());
+                }
+                "e" => {
+                    let to: Box<str> = col(row, 2).into();
+                    let list = s.reaches.entry(col(row, 1).into()).or_default();
+                    if !list.contains(&to) {
+                        list.push(to);
+                    }
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// The tables a write to `table` changes (itself first, then what cascades, triggers,
+    /// inheritance and views reach, transitively); None if it may change anything.
+    pub fn reached_by_write(&self, table: &str) -> Option<Vec<Box<str>>> {
+        let mut seen: Vec<Box<str>> = vec![table.into()];
+        let mut i = 0;
+        while i < seen.len() {
+            if self.anything.contains(&seen[i]) {
+                return None;
+            }
+            if let Some(next) = self.reaches.get(&seen[i]) {
+                for t in next {
+                    if !seen.contains(t) {
+                        seen.push(t.clone());
+                    }
+                }
+            }
+            i += 1;
+            if seen.len() > 10_000 {
+                return None;
+            }
+        }
+        Some(seen)
+    }
+
+    /// Whether calling `name` may write to the database (a volatile function defined in it,
+    /// or one the snapshot does not know).
+    pub fn call_may_write(&self, name: &str) -> bool {
+        self.functions.get(name).is_none_or(|f| f.user_volatile)
+    }
+
+    /// Why calling these functions makes a result uncacheable, if it does.
+    pub fn functions_bypass(&self, names: &[Box<str>]) -> Option<Bypass> {
+        for name in names {
+            match self.functions.get(name) {
+                None => return Some(Bypass::Unknown),
+                Some(f) if f.volatile => return Some(Bypass::Volatile),
+                Some(f) if f.user_not_immutable => return Some(Bypass::UserFunction),
+                Some(_) => {}
+            }
+        }
+        None
+    }
+}
+
+/// A double-quoted identifier.
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// A string literal (the servers run with standard_conforming_strings on).
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The query that resolves the relations `reads` names under `search_path` (None: the
+/// server's own), with everything they reach through views and partitions.
+pub fn resolve_sql(reads: &Reads, search_path: Option<&str>) -> String {
+    let names: Vec<String> = reads
+        .relations
+        .iter()
+        .map(|r| {
+            let name = match &r.schema {
+                Some(schema) => format!("{}.{}", quote_ident(schema), quote_ident(&r.name)),
+                None => quote_ident(&r.name),
+            };
+            quote_literal(&name)
+        })
+        .collect();
+    let mut sql = String::new();
+    if let Some(path) = search_path {
+        sql.push_str(&format!(
+            "SELECT 'p', set_config('search_path', {}, true); ",
+            quote_literal(path)
+        ));
+    }
+    sql.push_str(&format!(
+        "WITH RECURSIVE edges(parent, child) AS ( \
+           SELECT r.ev_class, d.refobjid FROM pg_rewrite r JOIN pg_depend d \
+             ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid \
+             AND d.refclassid = 'pg_class'::regclass \
+           WHERE r.rulename = '_RETURN' AND d.refobjid <> r.ev_class \
+           UNION ALL SELECT inhparent, inhrelid FROM pg_inherits), \
+         named(name, oid) AS (SELECT n, to_regclass(n) FROM unnest(ARRAY[{}]::text[]) n), \
+         closure(oid) AS (SELECT oid FROM named WHERE oid IS NOT NULL \
+           UNION SELECT e.child FROM closure c JOIN edges e ON e.parent = c.oid) \
+         SELECT 'r', c.relname::text, c.relkind::text, c.relpersistence::text, n.nspname::text, \
+           c.relrowsecurity::text, \
+           CASE WHEN c.relkind IN ('v', 'm') THEN pg_get_viewdef(c.oid) END, \
+           (SELECT string_agg(coalesce(pg_get_expr(p.polqual, p.polrelid), 'true') || ' AND ' || \
+              coalesce(pg_get_expr(p.polwithcheck, p.polrelid), 'true'), ' AND ') \
+            FROM pg_policy p WHERE p.polrelid = c.oid) \
+         FROM closure JOIN pg_class c ON c.oid = closure.oid \
+           JOIN pg_namespace n ON n.oid = c.relnamespace \
+         UNION ALL SELECT 'u', name, NULL, NULL, NULL, NULL, NULL, NULL FROM named WHERE oid IS NULL",
+        names.join(", ")
+    ));
+    sql
+}
+
+/// The tables a cacheable query depends on, or why it may not be cached, from the rows of
+/// [`resolve_sql`] and the database's snapshot.
+pub fn resolved(
+    reads: &Reads,
+    rows: &[Vec<Option<String>>],
+    snapshot: &Snapshot,
+) -> Result<Vec<Box<str>>, Bypass> {
+    let col = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten();
+    let mut tables: Vec<Box<str>> = Vec::new();
+    let mut functions: Vec<Box<str>> = reads.functions.clone();
+    for row in rows {
+        match col(row, 0).as_deref() {
+            Some("u") => return Err(Bypass::Unknown),
+            Some("r") => {}
+            _ => continue,
+        }
+        let relname = col(row, 1).unwrap_or_default();
+        match col(row, 2).as_deref() {
+            Some("r" | "p" | "v" | "m") => {}
+            _ => return Err(Bypass::NotATable),
+        }
+        match col(row, 3).as_deref() {
+            Some("t") => return Err(Bypass::Temporary),
+            Some("u") => return Err(Bypass::Unlogged),
+            _ => {}
+        }
+        if matches!(
+            col(row, 4).as_deref(),
+            Some("pg_catalog" | "information_schema" | "pg_toast")
+        ) {
+            return Err(Bypass::SystemCatalog);
+        }
+        // A view's own functions count as the query's (pg_depend does not list builtins).
+        if let Some(definition) = col(row, 6) {
+            match analyze(&definition).read {
+                Ok(inner) => functions.extend(inner.functions),
+                Err(why) => return Err(why),
+            }
+        }
+        // Row security: the role is in the key, so policies on the role are followed; one
+        // that reads a setting (a tenant id in a custom GUC) is not.
+        if col(row, 5).as_deref() == Some("true") {
+            if let Some(policy) = col(row, 7) {
+                match analyze(&format!("SELECT {policy}")).read {
+                    Ok(inner) => functions.extend(inner.functions),
+                    Err(Bypass::TimeOrSession) => return Err(Bypass::RowSecurity),
+                    Err(why) => return Err(why),
+                }
+            }
+        }
+        let relname: Box<str> = relname.into();
+        if !tables.contains(&relname) {
+            tables.push(relname);
+        }
+    }
+    functions.sort();
+    functions.dedup();
+    if let Some(why) = snapshot.functions_bypass(&functions) {
+        return Err(why);
+    }
+    Ok(tables)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cols: &[&str]) -> Vec<Option<String>> {
+        cols.iter().map(|c| Some(c.to_string())).collect()
+    }
+
+    #[test]
+    fn writes_reach_cascades_and_stop_at_triggers() {
+        let s = Snapshot::from_rows(
+            0,
+            &[
+                row(&["f", "lower", "false", "false", "false"]),
+                row(&["f", "f", "true", "true", "true"]),
+                row(&["e", "parent", "child", "", ""]),
+                row(&["e", "child", "grandchild", "", ""]),
+                row(&["w", "audited", "", "", ""]),
+            ],
+        );
+        assert_eq!(
+            s.reached_by_write("parent").unwrap(),
+            vec!["parent".into(), "child".into(), "grandchild".into()] as Vec<Box<str>>
+        );
+        assert!(s.reached_by_write("audited").is_none());
+        assert!(s.call_may_write("f"));
+        assert!(!s.call_may_write("lower"));
+        assert!(s.call_may_write("created_later"));
+        assert_eq!(s.functions_bypass(&["lower".into()]), None);
+        assert_eq!(s.functions_bypass(&["f".into()]), Some(Bypass::Volatile));
+    }
+
+    #[test]
+    fn resolve_sql_quotes_names() {
+        let reads = analyze("SELECT * FROM \"We'ird\" JOIN s.t ON true")
+            .read
+            .unwrap();
+        let sql = resolve_sql(&reads, Some("a, b"));
+        assert!(sql.contains("'\"We''ird\"'"), "{sql}");
+        assert!(sql.contains("'\"s\".\"t\"'"), "{sql}");
+        assert!(sql.starts_with("SELECT 'p', set_config('search_path', 'a, b', true); "));
+    }
+}

@@ -1,0 +1,848 @@
+//! The result cache: chosen reads answered from memory, without a server, with the exact bytes
+//! PostgreSQL sent for them; invalidated by the writes pgmemo sees (read-your-writes).
+//!
+//! - What: `[[cache.rules]]` and `/* pgmemo cache */` hints ([`config`], [`hint`]) pick simple
+//!   queries by their normalized text (autoprepare's lexer: literals as `$n`, comments
+//!   dropped). PostgreSQL's parser then says, once per shape, whether the query can be cached
+//!   at all and what it reads ([`analysis`]); the catalog, once per shape and search_path,
+//!   which tables those are and whether their functions are safe ([`catalog`]).
+//! - Key: the client's context (database, server role, search_path, the settings that change
+//!   how results are written), the normalized text and the literal values.
+//! - Value: RowDescription, DataRows and CommandComplete as the client got them, in one
+//!   [`Bytes`]; a hit appends them and a ReadyForQuery to the client's output: one write.
+//! - Invalidation: table versions ([`versions`]); a result is stored with the versions it was
+//!   sent under and never if one changed before it came back; every statement a client sends
+//!   is looked at for what it writes ([`ClientCache::note_query`]), bumped once its
+//!   transaction is over (`ClientCache::settle`), before the client hears so.
+//! - Single flight: the first client that misses on a key runs the query; others missing on
+//!   it meanwhile wait for its result (at most `flight_wait`).
+
+pub mod analysis;
+pub mod catalog;
+pub mod config;
+pub mod hint;
+pub mod versions;
+
+use crate::autoprepare::lexer::{self, Lexed};
+use crate::protocol::backend as be;
+use analysis::{Analysis, Bypass, Flush, BYPASS_REASONS};
+use arc_swap::ArcSwap;
+use bytes::{Bytes, BytesMut};
+use catalog::Snapshot;
+use config::CacheConfig;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use versions::{Seen, Versions};
+
+/// Texts longer than this are not analyzed for their writes: they invalidate their database.
+const MAX_ANALYZED_TEXT: usize = 64 * 1024;
+
+/// Counters of one rule (or of all hint-chosen queries), for SHOW CACHE and Prometheus.
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    pub name: String,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stores: AtomicU64,
+    pub evictions: AtomicU64,
+    pub invalidations: AtomicU64,
+    pub bypasses: AtomicU64,
+}
+
+/// One stored result.
+#[derive(Debug)]
+pub struct Entry {
+    /// RowDescription, DataRows, CommandComplete, as sent to the client.
+    pub reply: Bytes,
+    pub expires: Instant,
+    pub seen: Seen,
+    pub rule: Arc<RuleStats>,
+    /// The normalized text, for SHOW CACHE ENTRIES.
+    pub text: Arc<str>,
+    pub tables: Arc<[Box<str>]>,
+    pub database: Arc<str>,
+    pub hits: AtomicU64,
+}
+
+#[derive(Clone)]
+struct EntryWeight;
+
+impl quick_cache::Weighter<Box<[u8]>, Arc<Entry>> for EntryWeight {
+    fn weight(&self, key: &Box<[u8]>, value: &Arc<Entry>) -> u64 {
+        // The key and reply bytes, and the entry's own bookkeeping.
+        (key.len() + value.reply.len() + 160 + 16 * value.seen.slots.len()) as u64
+    }
+}
+
+/// Counts evictions per rule.
+#[derive(Clone, Default)]
+struct Evictions;
+
+impl quick_cache::Lifecycle<Box<[u8]>, Arc<Entry>> for Evictions {
+    type RequestState = ();
+
+    fn on_evict(&self, _: &mut (), _: Box<[u8]>, value: Arc<Entry>) {
+        value.rule.evictions.fetch_add(1, Relaxed);
+    }
+}
+
+type Store = quick_cache::sync::Cache<
+    Box<[u8]>,
+    Arc<Entry>,
+    EntryWeight,
+    quick_cache::DefaultHashBuilder,
+    Evictions,
+>;
+
+/// A query being fetched for the cache by one client; others missing on its key wait for it.
+#[derive(Default)]
+pub struct Flight {
+    done: tokio::sync::Notify,
+    finished: AtomicBool,
+}
+
+impl Flight {
+    /// Waits until the fetch ends (stored or not), at most `limit`.
+    pub async fn wait(&self, limit: Duration) {
+        let notified = self.done.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.finished.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let _ = tokio::time::timeout(limit, notified).await;
+    }
+
+    fn finish(&self) {
+        self.finished
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.done.notify_waiters();
+    }
+}
+
+type Flights = papaya::HashMap<Box<[u8]>, Arc<Flight>>;
+
+/// What was decided about one normalized text (or one raw text the lexer refused).
+pub struct Shape {
+    /// The text it was decided for, compared on lookup (the map is keyed by its hash).
+    text: Box<[u8]>,
+    analysis: Arc<Analysis>,
+}
+
+/// Which tables a cacheable shape reads under one search_path, or why it is not cacheable.
+struct Plan {
+    /// The database's catalog version it was resolved at.
+    catalog: u64,
+    /// Database slot first, then the tables'.
+    slots: Result<Box<[u32]>, Bypass>,
+    tables: Arc<[Box<str>]>,
+}
+
+/// The result cache of the whole process.
+pub struct ResultCache {
+    config: ArcSwap<CacheConfig>,
+    /// `config.enabled`, readable with one load on the hot path.
+    enabled: AtomicBool,
+    store: Store,
+    pub versions: Versions,
+    flights: Arc<Flights>,
+    shapes: quick_cache::sync::Cache<u64, Arc<Shape>>,
+    plans: quick_cache::sync::Cache<(u64, u64), Arc<Plan>>,
+    snapshots: papaya::HashMap<Box<str>, Arc<Snapshot>>,
+    /// One per rule of the configuration, then one for hints.
+    rules: ArcSwap<Vec<Arc<RuleStats>>>,
+    pub bypasses: [AtomicU64; BYPASS_REASONS.len()],
+    /// Database flushes and whole-cache flushes, by writes, DDL and CACHE FLUSH.
+    pub flushes: AtomicU64,
+}
+
+/// Where a lookup happens: the client's context.
+pub struct Where<'a> {
+    pub database: &'a str,
+    pub user: &'a str,
+    /// The search_path the client's queries run with; None: the server's default.
+    pub search_path: Option<&'a str>,
+    /// A transaction block is open or other work is in flight.
+    pub busy: bool,
+}
+
+/// What the session does with a query.
+pub enum Lookup {
+    /// Not the cache's: run it as usual.
+    Pass,
+    /// Answer with these bytes and a ReadyForQuery.
+    Hit(Arc<Entry>),
+    /// Run it; its replies are captured (`ClientCache::fill`).
+    Miss,
+    /// Another client is fetching it: wait, then look up again.
+    Wait(Arc<Flight>),
+    /// The catalog must be read first (on a server, see [`Resolve`]), then look up again.
+    Resolve(Resolve),
+}
+
+/// A catalog read the cache needs before it can decide.
+pub struct Resolve {
+    /// Run first when the database's snapshot is missing or stale.
+    pub snapshot: bool,
+    /// Resolves the query's relations.
+    pub sql: String,
+    database: Box<str>,
+    plan_key: (u64, u64),
+    shape: Arc<Shape>,
+    catalog: u64,
+}
+
+impl Resolve {
+    pub const SNAPSHOT_SQL: &'static str = catalog::SNAPSHOT_SQL;
+}
+
+impl ResultCache {
+    pub fn new(config: &CacheConfig) -> ResultCache {
+        let cache = ResultCache {
+            config: ArcSwap::from_pointee(config.clone()),
+            enabled: AtomicBool::new(config.enabled),
+            store: Store::with(
+                1024,
+                config.max_memory as u64,
+                EntryWeight,
+                Default::default(),
+                Evictions,
+            ),
+            versions: Versions::default(),
+            flights: Arc::new(papaya::HashMap::new()),
+            shapes: quick_cache::sync::Cache::new(10_000),
+            plans: quick_cache::sync::Cache::new(10_000),
+            snapshots: papaya::HashMap::new(),
+            rules: ArcSwap::from_pointee(Vec::new()),
+            bypasses: Default::default(),
+            flushes: AtomicU64::new(0),
+        };
+        cache.reconfigure(config);
+        cache
+    }
+
+    /// Applies a reloaded `[cache]`: rules, limits; counters of rules kept by name.
+    pub fn reconfigure(&self, config: &CacheConfig) {
+        let old = self.rules.load();
+        let stats_for = |name: &str| {
+            old.iter()
+                .find(|r| r.name == name)
+                .cloned()
+                .unwrap_or_else(|| {
+                    Arc::new(RuleStats {
+                        name: name.to_owned(),
+                        ..RuleStats::default()
+                    })
+                })
+        };
+        let mut rules: Vec<_> = config.rules.iter().map(|r| stats_for(&r.name)).collect();
+        rules.push(stats_for("(hint)"));
+        self.rules.store(Arc::new(rules));
+        self.store.set_capacity(config.max_memory as u64);
+        if !config.enabled {
+            self.store.clear();
+        }
+        self.enabled.store(config.enabled, Relaxed);
+        self.config.store(Arc::new(config.clone()));
+    }
+
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Relaxed)
+    }
+
+    pub fn rule_stats(&self) -> Vec<Arc<RuleStats>> {
+        self.rules.load().iter().cloned().collect()
+    }
+
+    /// (entries, bytes) stored per rule name.
+    pub fn usage(&self) -> std::collections::HashMap<String, (u64, u64)> {
+        let mut out = std::collections::HashMap::new();
+        for (key, entry) in self.store.iter() {
+            let e = out.entry(entry.rule.name.clone()).or_insert((0, 0));
+            e.0 += 1;
+            e.1 += quick_cache::Weighter::weight(&EntryWeight, &key, &entry);
+        }
+        out
+    }
+
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        self.store.iter().map(|(_, e)| e).collect()
+    }
+
+    /// Bytes the store holds (keys, results and bookkeeping), and its limit.
+    pub fn memory(&self) -> (u64, u64) {
+        (self.store.weight(), self.store.capacity())
+    }
+
+    fn count(&self, why: Bypass) {
+        self.bypasses[why.index()].fetch_add(1, Relaxed);
+    }
+
+    /// `CACHE FLUSH`: everything, one database's entries, or what read one table.
+    pub fn flush(&self, what: FlushTarget<'_>) {
+        self.flushes.fetch_add(1, Relaxed);
+        match what {
+            FlushTarget::All => {
+                self.versions.bump_all();
+                self.store.clear();
+            }
+            FlushTarget::Database(db) => {
+                self.versions.bump(Versions::database_slot(db));
+                self.versions.bump(catalog_slot(db));
+                self.store.retain(|_, e| &*e.database != db);
+            }
+            FlushTarget::Table(db, table) => {
+                self.versions.bump_table(db, table);
+                self.store
+                    .retain(|_, e| &*e.database != db || !e.tables.iter().any(|t| &**t == table));
+            }
+        }
+    }
+
+    /// The decision for a text, made once: by the lexer's shape when it read the text, else
+    /// by the text itself.
+    fn shape(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Shape>> {
+        let lexed = lexer::generalize(sql, &mut client.lexed).is_ok();
+        client.lexed_valid = lexed;
+        let (hash, text): (u64, &[u8]) = if lexed {
+            (client.lexed.shape, &client.lexed.text)
+        } else if sql.len() <= MAX_ANALYZED_TEXT {
+            (lexer::hasher().hash_one(sql), sql)
+        } else {
+            return None;
+        };
+        if let Some(shape) = self.shapes.get(&hash).filter(|s| &*s.text == text) {
+            return Some(shape);
+        }
+        let original = std::str::from_utf8(sql).ok()?;
+        let shape = Arc::new(Shape {
+            text: text.into(),
+            analysis: Arc::new(analysis::analyze(original)),
+        });
+        self.shapes.insert(hash, shape.clone());
+        Some(shape)
+    }
+
+    /// Notes what a Query the client sent may change (see [`ClientCache::settle`]); returns
+    /// what was decided for its text, for [`ResultCache::lookup`].
+    pub fn note_query(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Shape>> {
+        let shape = self.shape(client, sql);
+        match &shape {
+            Some(shape) => client.note(&shape.analysis),
+            None => client.note(&FLUSH_DATABASE.clone()),
+        }
+        shape
+    }
+
+    /// Notes what executing a statement may change.
+    pub fn note_statement(
+        &self,
+        client: &mut ClientCache,
+        statement: &crate::statements::Statement,
+    ) {
+        let analysis = statement.cache_analysis.get_or_init(|| {
+            match std::str::from_utf8(&statement.key.query) {
+                Ok(text) if text.len() <= MAX_ANALYZED_TEXT => Arc::new(analysis::analyze(text)),
+                _ => FLUSH_DATABASE.clone(),
+            }
+        });
+        client.note(analysis);
+    }
+
+    /// Looks up a simple query whose text `sql` was just noted (`shape`, its lexer reading
+    /// in `client`). `may_wait`: whether waiting for another client's fetch is still allowed
+    /// (once per query).
+    pub fn lookup(
+        &self,
+        client: &mut ClientCache,
+        at: &Where<'_>,
+        sql: &[u8],
+        shape: &Arc<Shape>,
+        may_wait: bool,
+    ) -> Lookup {
+        let cfg = self.config.load();
+        let hint = if cfg.hints { hint::parse(sql) } else { None };
+        let rules = self.rules.load();
+        let shape = shape.clone();
+        if !client.lexed_valid {
+            return Lookup::Pass;
+        }
+        let text = std::str::from_utf8(&client.lexed.text).unwrap_or_default();
+        let shape_hash = client.lexed.shape;
+        let (rule, stats) = match hint {
+            Some(hint::Hint::NoCache) => {
+                self.count(Bypass::Hint);
+                return Lookup::Pass;
+            }
+            Some(hint::Hint::Cache { ttl }) => (
+                Chosen {
+                    ttl: ttl.unwrap_or(cfg.default_ttl),
+                    cache_empty: true,
+                    max_result_bytes: cfg.max_result_bytes,
+                },
+                rules.last().cloned(),
+            ),
+            None => match cfg
+                .rules
+                .iter()
+                .position(|r| r.matches(at.database, at.user, text, shape_hash))
+            {
+                Some(i) => {
+                    let r = &cfg.rules[i];
+                    (
+                        Chosen {
+                            ttl: r.ttl,
+                            cache_empty: r.cache_empty,
+                            max_result_bytes: r.max_result_bytes,
+                        },
+                        rules.get(i).cloned(),
+                    )
+                }
+                None => return Lookup::Pass,
+            },
+        };
+        let Some(stats) = stats else {
+            return Lookup::Pass;
+        };
+        let bypass = |why: Bypass| {
+            self.count(why);
+            stats.bypasses.fetch_add(1, Relaxed);
+            Lookup::Pass
+        };
+        if client.off {
+            return bypass(Bypass::SessionState);
+        }
+        if at.busy {
+            return bypass(Bypass::InTransaction);
+        }
+        let reads = match &shape.analysis.read {
+            Ok(reads) => reads,
+            Err(why) => return bypass(*why),
+        };
+        let path_hash = lexer::hasher().hash_one((at.database, at.search_path));
+        let plan_key = (client.lexed.shape, path_hash);
+        let catalog = self.versions.get(catalog_slot(at.database));
+        let plan = match self.plans.get(&plan_key) {
+            Some(plan) if plan.catalog == catalog => plan,
+            _ => {
+                let snapshot = self
+                    .snapshots
+                    .pin()
+                    .get(at.database)
+                    .is_none_or(|s| s.generation != catalog);
+                return Lookup::Resolve(Resolve {
+                    snapshot,
+                    sql: catalog::resolve_sql(reads, at.search_path),
+                    database: at.database.into(),
+                    plan_key,
+                    shape,
+                    catalog,
+                });
+            }
+        };
+        let slots = match &plan.slots {
+            Ok(slots) => slots,
+            Err(why) => return bypass(*why),
+        };
+        client.build_key();
+        if let Some(entry) = self.store.get(&client.key[..]) {
+            if entry.expires > Instant::now() && self.versions.unchanged(&entry.seen) {
+                entry.hits.fetch_add(1, Relaxed);
+                stats.hits.fetch_add(1, Relaxed);
+                return Lookup::Hit(entry);
+            }
+            if self.store.remove(&client.key[..]).is_some() {
+                stats.invalidations.fetch_add(1, Relaxed);
+            }
+        }
+        let flights = self.flights.pin();
+        let key: Box<[u8]> = client.key[..].into();
+        let flight = Arc::new(Flight::default());
+        match flights.try_insert(key.clone(), flight.clone()) {
+            Ok(_) => {}
+            Err(existing) if may_wait => return Lookup::Wait(existing.current.clone()),
+            // Waited once already: run it without filling.
+            Err(_) => return Lookup::Pass,
+        }
+        stats.misses.fetch_add(1, Relaxed);
+        let text: Arc<str> = String::from_utf8_lossy(&client.lexed.text).into();
+        client.fill = Some(Fill {
+            key,
+            flight,
+            flights: self.flights.clone(),
+            seen: self.versions.capture(slots),
+            chosen: rule,
+            stats,
+            text,
+            tables: plan.tables.clone(),
+            database: at.database.into(),
+            reply: BytesMut::new(),
+            rows: false,
+            spoiled: None,
+        });
+        Lookup::Miss
+    }
+
+    /// Takes in what a [`Resolve`] read (`Err`: it could not be read, counted and not
+    /// remembered: tried again next time). Returns whether it could be read.
+    pub fn resolved(
+        &self,
+        job: Resolve,
+        snapshot_rows: Option<&[Vec<Option<String>>]>,
+        rows: Result<&[Vec<Option<String>>], ()>,
+    ) -> bool {
+        if rows.is_err() || (job.snapshot && snapshot_rows.is_none()) {
+            self.count(Bypass::CatalogUnavailable);
+            return false;
+        }
+        if let Some(rows) = snapshot_rows {
+            self.snapshots.pin().insert(
+                job.database.clone(),
+                Arc::new(Snapshot::from_rows(job.catalog, rows)),
+            );
+        }
+        let snapshots = self.snapshots.pin();
+        let snapshot = snapshots.get(&job.database);
+        let reads = job.shape.analysis.read.as_ref().ok();
+        let tables: Result<Vec<Box<str>>, Bypass> = match (rows, snapshot, reads) {
+            (Ok(rows), Some(snapshot), Some(reads)) if snapshot.generation == job.catalog => {
+                catalog::resolved(reads, rows, snapshot)
+            }
+            _ => Err(Bypass::CatalogUnavailable),
+        };
+        let slots = tables.as_ref().map(|tables| {
+            std::iter::once(Versions::database_slot(&job.database))
+                .chain(
+                    tables
+                        .iter()
+                        .map(|t| Versions::table_slot(&job.database, t)),
+                )
+                .collect::<Box<[u32]>>()
+        });
+        let slots = slots.map_err(|e| *e);
+        self.plans.insert(
+            job.plan_key,
+            Arc::new(Plan {
+                catalog: job.catalog,
+                slots,
+                tables: tables.unwrap_or_default().into(),
+            }),
+        );
+        true
+    }
+
+    /// Stores a finished fill (see [`ClientCache::capture`]) if it may be.
+    fn store_fill(&self, mut fill: Fill, status: u8) {
+        let why = if let Some(why) = fill.spoiled {
+            Some(why)
+        } else if status != b'I' {
+            Some(Bypass::InTransaction)
+        } else if !fill.rows && !fill.chosen.cache_empty {
+            Some(Bypass::Empty)
+        } else if !self.versions.unchanged(&fill.seen) {
+            Some(Bypass::WrittenMeanwhile)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.count(why);
+            fill.stats.bypasses.fetch_add(1, Relaxed);
+            return;
+        }
+        let entry = Entry {
+            reply: std::mem::take(&mut fill.reply).freeze(),
+            expires: Instant::now() + fill.chosen.ttl,
+            seen: std::mem::take(&mut fill.seen),
+            rule: fill.stats.clone(),
+            text: fill.text.clone(),
+            tables: fill.tables.clone(),
+            database: fill.database.clone(),
+            hits: AtomicU64::new(0),
+        };
+        fill.stats.stores.fetch_add(1, Relaxed);
+        // The key stays with the fill: dropping it ends the flight of that key.
+        self.store.insert(fill.key.clone(), Arc::new(entry));
+    }
+
+    /// Bumps what `effects` may have changed in `database`.
+    fn apply(&self, database: &str, effects: &[Arc<Analysis>]) {
+        let snapshots = self.snapshots.pin();
+        let snapshot = snapshots
+            .get(database)
+            .filter(|s| s.generation == self.versions.get(catalog_slot(database)));
+        let mut whole = false;
+        for a in effects {
+            let e = &a.effects;
+            match e.flush {
+                Flush::All => {
+                    self.flushes.fetch_add(1, Relaxed);
+                    self.versions.bump_all();
+                    return;
+                }
+                Flush::Database => {
+                    self.flushes.fetch_add(1, Relaxed);
+                    self.versions.bump(catalog_slot(database));
+                    self.versions.bump_database(database);
+                    return;
+                }
+                Flush::Data => whole = true,
+                Flush::None => {}
+            }
+            for table in &e.writes {
+                match snapshot.map(|s| s.reached_by_write(table)) {
+                    Some(Some(reached)) => {
+                        for t in reached {
+                            self.versions.bump_table(database, &t);
+                        }
+                    }
+                    // A table with triggers or rules, or no trustworthy snapshot.
+                    Some(None) => whole = true,
+                    None => {
+                        self.versions.bump_table(database, table);
+                        whole |= self.snapshots.pin().contains_key(database);
+                    }
+                }
+            }
+            if let Some(s) = snapshot {
+                whole |= e.calls.iter().any(|c| s.call_may_write(c));
+            } else if !e.calls.is_empty() && snapshots.contains_key(database) {
+                whole = true;
+            }
+        }
+        if whole {
+            self.flushes.fetch_add(1, Relaxed);
+            self.versions.bump_database(database);
+        }
+    }
+}
+
+/// What CACHE FLUSH removes.
+pub enum FlushTarget<'a> {
+    All,
+    Database(&'a str),
+    Table(&'a str, &'a str),
+}
+
+/// The slot of a database's catalog version (bumped by DDL; plans and snapshots older than it
+/// are read again).
+fn catalog_slot(database: &str) -> u32 {
+    Versions::table_slot(database, "\0catalog")
+}
+
+/// What a statement pgmemo cannot analyze may change: anything in its database.
+static FLUSH_DATABASE: std::sync::LazyLock<Arc<Analysis>> = std::sync::LazyLock::new(|| {
+    Arc::new(Analysis {
+        effects: analysis::Effects {
+            flush: Flush::Database,
+            ..Default::default()
+        },
+        read: Err(Bypass::NotSelect),
+    })
+});
+
+/// How the chosen rule or hint caches.
+#[derive(Debug, Clone, Copy)]
+struct Chosen {
+    ttl: Duration,
+    cache_empty: bool,
+    max_result_bytes: usize,
+}
+
+/// A result being captured for the store.
+pub struct Fill {
+    key: Box<[u8]>,
+    flight: Arc<Flight>,
+    flights: Arc<Flights>,
+    seen: Seen,
+    chosen: Chosen,
+    stats: Arc<RuleStats>,
+    text: Arc<str>,
+    tables: Arc<[Box<str>]>,
+    database: Arc<str>,
+    reply: BytesMut,
+    rows: bool,
+    spoiled: Option<Bypass>,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        let flights = self.flights.pin();
+        flights
+            .remove_if(&self.key, |_, f| Arc::ptr_eq(f, &self.flight))
+            .ok();
+        self.flight.finish();
+    }
+}
+
+/// One client's part: buffers, its notes of writes, its fill.
+#[derive(Default)]
+pub struct ClientCache {
+    lexed: Lexed,
+    /// `lexed` holds the lexer's reading of the last text looked at.
+    lexed_valid: bool,
+    key: Vec<u8>,
+    context: Vec<u8>,
+    /// What `context` was built from.
+    context_of: Option<(u64, u32)>,
+    /// The client changed its role or a setting outside the key: no caching for it.
+    pub off: bool,
+    /// What the statements sent since the last settled transaction may change.
+    pending: Vec<Arc<Analysis>>,
+    /// Since `pending` began: an error or a ROLLBACK was seen / a COMMIT was seen /
+    /// transactions that ended.
+    failed: bool,
+    committed: bool,
+    ended: u32,
+    pub fill: Option<Fill>,
+}
+
+impl ClientCache {
+    fn note(&mut self, analysis: &Arc<Analysis>) {
+        let e = &analysis.effects;
+        if e.session_state {
+            self.off = true;
+        }
+        if e.changes_data() && !self.pending.iter().any(|p| Arc::ptr_eq(p, analysis)) {
+            if self.pending.len() >= 256 {
+                self.pending.clear();
+                self.pending.push(FLUSH_DATABASE.clone());
+            }
+            self.pending.push(analysis.clone());
+        }
+    }
+
+    pub fn needs_context(&self, params_version: u64, statement_context: u32) -> bool {
+        self.context_of != Some((params_version, statement_context))
+    }
+
+    /// Sets the part of keys that comes from the client's context.
+    pub fn set_context(&mut self, params_version: u64, statement_context: u32, parts: &[&str]) {
+        self.context.clear();
+        self.context
+            .extend_from_slice(&statement_context.to_le_bytes());
+        for p in parts {
+            self.context.extend_from_slice(p.as_bytes());
+            self.context.push(0);
+        }
+        self.context_of = Some((params_version, statement_context));
+    }
+
+    fn build_key(&mut self) {
+        self.key.clear();
+        self.key.extend_from_slice(&self.context);
+        self.key.extend_from_slice(&self.lexed.text);
+        self.key.push(0);
+        for literal in self.lexed.parameters() {
+            let value = self.lexed.value(literal);
+            self.key.push(literal.kind.code());
+            self.key
+                .extend_from_slice(&(value.len() as u32).to_le_bytes());
+            self.key.extend_from_slice(value);
+        }
+    }
+
+    /// Whether anything is pending for server messages to settle.
+    #[inline]
+    pub fn watching(&self) -> bool {
+        !self.pending.is_empty() || self.fill.is_some()
+    }
+
+    /// Takes in the bytes the session appended to the client's output for one server message
+    /// while a fill is open; stores the fill at its ReadyForQuery.
+    pub fn capture(&mut self, cache: &ResultCache, out: &[u8]) {
+        let Some(fill) = self.fill.as_mut() else {
+            return;
+        };
+        let mut at = 0;
+        while at + 5 <= out.len() {
+            let tag = out[at];
+            let len = u32::from_be_bytes([out[at + 1], out[at + 2], out[at + 3], out[at + 4]])
+                as usize
+                + 1;
+            let Some(message) = out.get(at..at + len) else {
+                fill.spoiled = Some(Bypass::NotPlainResult);
+                break;
+            };
+            match tag {
+                be::READY_FOR_QUERY => {
+                    let status = message.get(5).copied().unwrap_or(b'I');
+                    if let Some(fill) = self.fill.take() {
+                        cache.store_fill(fill, status);
+                    }
+                    return;
+                }
+                be::ROW_DESCRIPTION | be::DATA_ROW | be::COMMAND_COMPLETE
+                    if fill.spoiled.is_none() =>
+                {
+                    fill.rows |= tag == be::DATA_ROW;
+                    if fill.reply.len() + len > fill.chosen.max_result_bytes {
+                        fill.spoiled = Some(Bypass::TooLarge);
+                        fill.reply = BytesMut::new();
+                    } else {
+                        fill.reply.extend_from_slice(message);
+                    }
+                }
+                be::ROW_DESCRIPTION | be::DATA_ROW | be::COMMAND_COMPLETE => {}
+                _ => {
+                    fill.spoiled = Some(Bypass::NotPlainResult);
+                    fill.reply = BytesMut::new();
+                }
+            }
+            at += len;
+        }
+    }
+
+    /// Follows the transaction in the replies the client gets: once nothing is in flight
+    /// and no transaction is open (`idle`), what the statements sent meanwhile may have
+    /// changed is bumped, unless all of it was one transaction that failed or rolled back.
+    /// A COMMIT bumps at once too. Bumps come before the client reads the reply, so its
+    /// next query sees its writes (and so does everyone else's).
+    pub fn settle(
+        &mut self,
+        cache: &ResultCache,
+        database: &str,
+        tag: u8,
+        body: &[u8],
+        idle: bool,
+    ) {
+        if self.pending.is_empty() {
+            return;
+        }
+        match tag {
+            be::ERROR_RESPONSE => self.failed = true,
+            be::COMMAND_COMPLETE if body.starts_with(b"ROLLBACK") => self.failed = true,
+            be::COMMAND_COMPLETE if body.starts_with(b"COMMIT") => {
+                self.committed = true;
+                cache.apply(database, &self.pending);
+            }
+            be::READY_FOR_QUERY => {
+                if body.first() == Some(&b'I') {
+                    self.ended += 1;
+                }
+                if idle {
+                    let undone = self.failed && !self.committed && self.ended == 1;
+                    if !undone {
+                        cache.apply(database, &self.pending);
+                    }
+                    self.pending.clear();
+                    self.failed = false;
+                    self.committed = false;
+                    self.ended = 0;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The client left: what it sent may have run to the end without it.
+    pub fn abandon(&mut self, cache: &ResultCache, database: &str) {
+        if !self.pending.is_empty() {
+            cache.apply(database, &self.pending);
+            self.pending.clear();
+        }
+        self.fill = None;
+    }
+}

@@ -1,0 +1,207 @@
+//! The session's side of the result cache (see [`crate::cache`]): it shows the cache every
+//! statement the client sends (for what it may write), lets it answer simple queries before a
+//! server is taken, reads the catalog for it when it asks, and hands it the replies of the
+//! queries it wants to keep.
+
+use super::{End, Session};
+use crate::cache::{ClientCache, Lookup, Resolve, Where};
+use crate::protocol::backend as be;
+use crate::protocol::frontend as fe;
+use crate::server::ServerConn;
+use bytes::Buf;
+
+/// Settings that change how a result is written: part of every key (with the server role,
+/// the search_path and the statement context).
+const KEYED_REPORTED: [&str; 5] = [
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "client_encoding",
+    "standard_conforming_strings",
+];
+const KEYED_UNREPORTED: [&str; 3] = ["extra_float_digits", "bytea_output", "search_path"];
+
+type Rows = Vec<Vec<Option<String>>>;
+
+impl Session {
+    /// Whether the result cache follows this client: it is on, and the client's statements
+    /// are tracked (the cache needs their texts).
+    #[inline]
+    pub(super) fn caching(&self) -> bool {
+        self.stmts.is_some() && self.app.cache.enabled()
+    }
+
+    /// Before a client message is planned: the cache notes what a Query or a Bind may
+    /// change, and may answer a Query itself. `Ok(true)`: answered, the message is consumed.
+    pub(super) async fn cache_client_message(&mut self, tag: u8, len: usize) -> Result<bool, End> {
+        let app = self.app.clone();
+        let cache = &app.cache;
+        let client = self.cache.get_or_insert_with(Default::default);
+        match tag {
+            fe::BIND => {
+                let body = &self.client.rbuf[5..len];
+                let portal_end = body.iter().position(|&b| b == 0).unwrap_or(body.len());
+                let rest = body.get(portal_end + 1..).unwrap_or_default();
+                let name = &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())];
+                if let Some(statement) = self.stmts.as_ref().and_then(|s| s.get(name)) {
+                    cache.note_statement(client, statement);
+                }
+                Ok(false)
+            }
+            fe::QUERY => {
+                let sql = &self.client.rbuf[5..len.saturating_sub(1).max(5)];
+                let Some(shape) = cache.note_query(client, sql) else {
+                    return Ok(false);
+                };
+                self.cached_query(len, &shape).await
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Answers a Query from the cache when it holds its result; otherwise leaves the query to
+    /// run (filling the cache if it is a miss the cache wants).
+    async fn cached_query(
+        &mut self,
+        len: usize,
+        shape: &std::sync::Arc<crate::cache::Shape>,
+    ) -> Result<bool, End> {
+        let app = self.app.clone();
+        let cache = &app.cache;
+        let settings = self.pool.settings();
+        let busy = !self.replies.is_empty()
+            || self
+                .server
+                .as_ref()
+                .is_some_and(|s| s.status != b'I' || !s.wbuf.is_empty());
+        let search_path = self
+            .stmts
+            .as_ref()
+            .and_then(|s| s.search_path.effective())
+            .or_else(|| self.settings.get("search_path"))
+            .map(str::to_owned);
+        let statement_context = self.stmts.as_ref().map_or(0, |s| s.context);
+        let client = self.cache.get_or_insert_with(Default::default);
+        if client.needs_context(self.params_version, statement_context) {
+            let mut parts: Vec<&str> = vec![&settings.target.user];
+            parts.extend(
+                KEYED_REPORTED
+                    .iter()
+                    .map(|n| self.reported.get(n).unwrap_or("")),
+            );
+            parts.extend(
+                KEYED_UNREPORTED
+                    .iter()
+                    .map(|n| self.settings.get(n).unwrap_or("")),
+            );
+            parts.push(search_path.as_deref().unwrap_or(""));
+            client.set_context(self.params_version, statement_context, &parts);
+        }
+        let mut may_wait = true;
+        let mut resolves = 0;
+        loop {
+            let at = Where {
+                database: &settings.target.dbname,
+                user: &self.info.user,
+                search_path: search_path.as_deref(),
+                busy,
+            };
+            let client = self.cache.get_or_insert_with(Default::default);
+            let sql = &self.client.rbuf[5..len - 1];
+            match cache.lookup(client, &at, sql, shape, may_wait) {
+                Lookup::Pass | Lookup::Miss => return Ok(false),
+                Lookup::Hit(entry) => {
+                    crate::buffers::lend(&mut self.client.wbuf);
+                    self.client.wbuf.extend_from_slice(&entry.reply);
+                    be::ready_for_query(&mut self.client.wbuf, b'I');
+                    self.client.rbuf.advance(len);
+                    self.stats.query_count += 1;
+                    self.stats.bytes_received += len as u64;
+                    self.stats.bytes_sent += entry.reply.len() as u64 + 6;
+                    return Ok(true);
+                }
+                Lookup::Wait(flight) => {
+                    let limit = app.config.load().cache.flight_wait;
+                    flight.wait(limit).await;
+                    may_wait = false;
+                }
+                Lookup::Resolve(job) => {
+                    resolves += 1;
+                    if resolves > 2 || busy {
+                        return Ok(false);
+                    }
+                    let (snapshot, rows) = self.read_catalog(&job).await;
+                    if !cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ())) {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a catalog read for the cache on the session's own server (session mode, nothing
+    /// in flight) or on one lent by the pool for the purpose.
+    async fn read_catalog(&mut self, job: &Resolve) -> (Option<Rows>, Result<Rows, ()>) {
+        let own = self.server.take();
+        let held = own.is_some();
+        let mut server: Box<ServerConn> = match own {
+            Some(s) => s,
+            None => match self.pool.checkout().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no server to read the catalog for the result cache");
+                    return (None, Err(()));
+                }
+            },
+        };
+        let snapshot = if job.snapshot {
+            match server.internal_query(Resolve::SNAPSHOT_SQL).await {
+                Ok(rows) => Some(rows),
+                Err(e) => {
+                    tracing::warn!(error = %e, "result cache: reading the catalog failed");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let rows = match server.internal_query(&job.sql).await {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                tracing::warn!(error = %e, "result cache: resolving relations failed");
+                Err(())
+            }
+        };
+        if held {
+            self.server = Some(server);
+        } else {
+            self.pool.checkin(server);
+        }
+        (snapshot, rows)
+    }
+
+    /// The client is gone: what it sent may still commit.
+    pub(super) fn cache_abandon(&mut self) {
+        if let Some(client) = self.cache.as_mut() {
+            client.abandon(&self.app.cache, &self.pool.settings().target.dbname);
+        }
+    }
+}
+
+/// After one server message was routed (its output, if any, at `out[at..]`): the fill in
+/// progress takes its bytes, and the transaction's writes are settled when it ends.
+#[inline]
+pub(super) fn after_server_message(
+    client: &mut ClientCache,
+    cache: &crate::cache::ResultCache,
+    database: &str,
+    out: &[u8],
+    tag: u8,
+    body: &[u8],
+    idle: bool,
+) {
+    if client.fill.is_some() {
+        client.capture(cache, out);
+    }
+    client.settle(cache, database, tag, body, idle);
+}

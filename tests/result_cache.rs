@@ -1,0 +1,632 @@
+//! The result cache against a real PostgreSQL: hits are byte-identical to PostgreSQL's own
+//! replies, writes through pgmemo invalidate (read-your-writes, also under concurrency), what
+//! must never be cached is not (the counters prove it), concurrent misses run one query, the
+//! store stays within its memory limit, and the admin console shows and flushes it.
+
+mod common;
+
+use common::*;
+use pgmemo::cache::config::Rule;
+use pgmemo::config::{Config, PoolMode};
+use pgmemo::Pgmemo;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// pgmemo in `mode` with the cache on and `rules`.
+fn cache_config(mode: PoolMode, pool_size: u32, rules: Vec<Rule>) -> Config {
+    let mut config = test_config(mode, pool_size);
+    config.cache.enabled = true;
+    config.cache.rules = rules;
+    config
+}
+
+fn rule(name: &str, contains: &str) -> Rule {
+    Rule {
+        name: name.into(),
+        database: None,
+        user: None,
+        query: None,
+        query_hash: None,
+        query_contains: Some(contains.into()),
+        ttl: Duration::from_secs(300),
+        cache_empty: true,
+        max_result_bytes: 1024 * 1024,
+    }
+}
+
+async fn raw_proxy(proxy: &Pgmemo, db: &str) -> RawClient {
+    RawClient::connect(proxy.local_addr(), PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+        .await
+        .expect("login through pgmemo")
+}
+
+async fn raw_direct(db: &str) -> RawClient {
+    RawClient::connect(cluster().addr(), PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+        .await
+        .expect("login to PostgreSQL")
+}
+
+/// One simple query's replies, as (tag, body) pairs.
+async fn run(c: &mut RawClient, sql: &str) -> Vec<(u8, Vec<u8>)> {
+    c.send(&[Frontend::query(sql)]).await.expect("send");
+    c.recv_until_ready(1)
+        .await
+        .expect("replies")
+        .into_iter()
+        .map(|m| (m.tag, m.body))
+        .collect()
+}
+
+/// The first column of the first row, as text.
+fn first_value(replies: &[(u8, Vec<u8>)]) -> Option<String> {
+    replies
+        .iter()
+        .find(|(t, _)| *t == b'D')
+        .and_then(|(_, body)| {
+            let len = i32::from_be_bytes(body[2..6].try_into().unwrap());
+            (len >= 0).then(|| String::from_utf8_lossy(&body[6..6 + len as usize]).into_owned())
+        })
+}
+
+fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
+    let r = proxy
+        .app()
+        .cache
+        .rule_stats()
+        .into_iter()
+        .find(|r| r.name == rule)
+        .expect("rule stats");
+    (
+        r.hits.load(Relaxed),
+        r.misses.load(Relaxed),
+        r.stores.load(Relaxed),
+    )
+}
+
+fn bypassed(proxy: &Pgmemo, reason: &str) -> u64 {
+    let cache = &proxy.app().cache;
+    pgmemo::cache::analysis::BYPASS_REASONS
+        .iter()
+        .zip(&cache.bypasses)
+        .find(|(r, _)| r.as_str() == reason)
+        .map(|(_, n)| n.load(Relaxed))
+        .expect("reason")
+}
+
+async fn setup(db: &'static str, sql: &str) {
+    fresh_db(db).await;
+    let sql = sql.to_owned();
+    tokio::task::spawn_blocking(move || cluster().psql(db, &sql))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn hits_are_byte_identical_to_postgresql() {
+    const DB: &str = "cache_bytes";
+    setup(
+        DB,
+        "CREATE TABLE t (id int PRIMARY KEY, name text, score numeric, at timestamptz, \
+           tags text[], blob bytea, note text);
+         INSERT INTO t SELECT i, 'name ' || i, i * 1.5, '2026-01-01'::timestamptz + i * interval '1 hour', \
+           ARRAY['a', 'b' || i], decode(md5(i::text), 'hex'), CASE WHEN i % 3 = 0 THEN NULL ELSE 'n' END \
+           FROM generate_series(1, 200) i;
+         CREATE TABLE nulls AS SELECT NULL::int a, NULL::text b, NULL::date c FROM generate_series(1, 50);
+         CREATE TABLE big AS SELECT i, repeat('x', 1000) AS pad FROM generate_series(1, 5000) i;",
+    )
+    .await;
+    let mut config = cache_config(PoolMode::Transaction, 2, vec![rule("bytes", "FROM")]);
+    config.cache.max_result_bytes = 1024 * 1024;
+    config.cache.rules[0].max_result_bytes = 1024 * 1024;
+    let proxy = start_pgmemo(config).await;
+    let queries = [
+        "SELECT * FROM t WHERE id = 7",
+        "SELECT * FROM t WHERE id BETWEEN 10 AND 60 ORDER BY id",
+        "SELECT * FROM t WHERE id = -1",
+        "SELECT * FROM nulls",
+        "SELECT count(*), sum(score), max(at) FROM t",
+        "select name, upper(name) FROM t where name like 'name 1%' order by id limit 5",
+        "/* pgmemo cache ttl=30s */ SELECT tags FROM t WHERE id = 3",
+        "SELECT i, pad FROM big ORDER BY i",
+    ];
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    for sql in queries {
+        let expected = run(&mut direct, sql).await;
+        for round in 0..3 {
+            let got = run(&mut through, sql).await;
+            assert!(
+                got == expected,
+                "{sql} (round {round}) differs from PostgreSQL's reply"
+            );
+        }
+    }
+    let (hits, misses, stores) = stats(&proxy, "bytes");
+    // 7 queries cacheable under the rule (the hinted one counts as the hint's), each stored
+    // once and hit twice; the 5 MB result is never stored.
+    assert_eq!(stores, 6, "stores");
+    assert_eq!(misses, 7 + 2, "misses (the large result misses every time)");
+    assert_eq!(hits, 12, "hits");
+    assert!(bypassed(&proxy, "larger than max_result_bytes") >= 3);
+    let (hint_hits, _, hint_stores) = stats(&proxy, "(hint)");
+    assert_eq!((hint_hits, hint_stores), (2, 1));
+
+    // The same results again after a reconnect, in session mode, and by the cache in a
+    // second pool: byte-identical all the same.
+    let mut again = raw_proxy(&proxy, DB).await;
+    for sql in &queries[..3] {
+        assert!(run(&mut again, sql).await == run(&mut direct, sql).await);
+    }
+}
+
+#[tokio::test]
+async fn writes_through_pgmemo_invalidate() {
+    const DB: &str = "cache_writes";
+    setup(
+        DB,
+        "CREATE TABLE kv (k int PRIMARY KEY, v int);
+         INSERT INTO kv SELECT i, 0 FROM generate_series(1, 10) i;
+         CREATE TABLE child (id int PRIMARY KEY, k int REFERENCES kv ON DELETE CASCADE);
+         INSERT INTO child VALUES (1, 1), (2, 2);
+         CREATE VIEW kv_view AS SELECT k, v * 2 AS twice FROM kv;
+         CREATE FUNCTION bump(key int) RETURNS int LANGUAGE sql AS 'UPDATE kv SET v = v + 100 WHERE k = key RETURNING v';",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("kv", "kv"), rule("child", "FROM child")],
+    ))
+    .await;
+    let mut reader = raw_proxy(&proxy, DB).await;
+    let mut writer = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    let read = "SELECT v FROM kv WHERE k = 1";
+    let view = "SELECT twice FROM kv_view WHERE k = 1";
+    let children = "SELECT count(*) FROM child";
+
+    async fn check(reader: &mut RawClient, direct: &mut RawClient, sqls: &[&str], step: &str) {
+        for sql in sqls {
+            let expected = run(direct, sql).await;
+            let got = run(reader, sql).await;
+            assert!(got == expected, "{step}: {sql}: {got:?} vs {expected:?}");
+        }
+    }
+    let all = [read, view, children];
+    check(&mut reader, &mut direct, &all, "first").await;
+    check(&mut reader, &mut direct, &all, "cached").await;
+    let hits_before = stats(&proxy, "kv").0;
+    assert!(hits_before >= 2, "the reads were cached");
+
+    // Another client's UPDATE (an implicit transaction).
+    run(&mut writer, "UPDATE kv SET v = 1 WHERE k = 1").await;
+    check(&mut reader, &mut direct, &all, "after UPDATE").await;
+    // A multi-statement query.
+    run(
+        &mut writer,
+        "SELECT 1; UPDATE kv SET v = 2 WHERE k = 1; SELECT 2",
+    )
+    .await;
+    check(
+        &mut reader,
+        &mut direct,
+        &all,
+        "after a multi-statement query",
+    )
+    .await;
+    // A block that commits, in separate messages.
+    run(&mut writer, "BEGIN").await;
+    run(&mut writer, "UPDATE kv SET v = 3 WHERE k = 1").await;
+    check(&mut reader, &mut direct, &all, "inside the writer's block").await;
+    run(&mut writer, "COMMIT").await;
+    check(&mut reader, &mut direct, &all, "after COMMIT").await;
+    // A block that rolls back: nothing changes, and the entries stay valid.
+    check(&mut reader, &mut direct, &all, "cached again").await;
+    let hits = stats(&proxy, "kv").0;
+    run(
+        &mut writer,
+        "BEGIN; UPDATE kv SET v = 99 WHERE k = 1; ROLLBACK",
+    )
+    .await;
+    check(&mut reader, &mut direct, &all, "after ROLLBACK").await;
+    assert!(
+        stats(&proxy, "kv").0 >= hits + 2,
+        "a rolled-back write invalidates nothing: {:?} -> {:?}",
+        hits,
+        stats(&proxy, "kv")
+    );
+    // A write inside a function that pgmemo sees only as a SELECT.
+    let bumped = run(&mut writer, "SELECT bump(1)").await;
+    assert!(!bumped.iter().any(|(t, _)| *t == b'E'));
+    check(&mut reader, &mut direct, &all, "after SELECT bump(1)").await;
+    // The extended protocol: Parse/Bind/Execute of an UPDATE.
+    writer
+        .send(&[
+            Frontend::parse("upd", "UPDATE kv SET v = $1 WHERE k = 1", &[23]),
+            Frontend::bind("", "upd", &[Some("7")]),
+            Frontend::execute("", 0),
+            Frontend::Sync,
+        ])
+        .await
+        .unwrap();
+    writer.recv_until_ready(1).await.unwrap();
+    check(&mut reader, &mut direct, &all, "after an extended UPDATE").await;
+    writer
+        .send(&[
+            Frontend::bind("", "upd", &[Some("8")]),
+            Frontend::execute("", 0),
+            Frontend::Sync,
+        ])
+        .await
+        .unwrap();
+    writer.recv_until_ready(1).await.unwrap();
+    check(
+        &mut reader,
+        &mut direct,
+        &all,
+        "after a named statement ran again",
+    )
+    .await;
+    // A cascade through a foreign key.
+    run(&mut writer, "DELETE FROM kv WHERE k = 2").await;
+    check(&mut reader, &mut direct, &all, "after a cascading DELETE").await;
+    // DDL.
+    run(&mut writer, "ALTER TABLE kv ADD COLUMN extra int DEFAULT 5").await;
+    check(
+        &mut reader,
+        &mut direct,
+        &["SELECT * FROM kv WHERE k = 1"],
+        "after DDL",
+    )
+    .await;
+    run(&mut writer, "UPDATE kv SET extra = 6").await;
+    check(
+        &mut reader,
+        &mut direct,
+        &["SELECT * FROM kv WHERE k = 1"],
+        "after DDL and UPDATE",
+    )
+    .await;
+    // A write by the reader itself is seen by its own next read.
+    run(&mut reader, "UPDATE kv SET v = 42 WHERE k = 1").await;
+    check(&mut reader, &mut direct, &all, "own write").await;
+}
+
+#[tokio::test]
+async fn read_your_writes_under_concurrency() {
+    const DB: &str = "cache_ryw";
+    setup(
+        DB,
+        "CREATE TABLE own (id int PRIMARY KEY, v int); INSERT INTO own SELECT i, 0 FROM generate_series(0, 19) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        4,
+        vec![rule("own", "FROM own")],
+    ))
+    .await;
+    let addr = proxy.local_addr();
+    let mut tasks = Vec::new();
+    for id in 0..20 {
+        tasks.push(tokio::spawn(async move {
+            let mut c = RawClient::connect(addr, PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+                .await
+                .unwrap();
+            let mut stale = 0;
+            for i in 1..=60 {
+                if i % 3 == 0 {
+                    run(
+                        &mut c,
+                        &format!("BEGIN; UPDATE own SET v = {i} WHERE id = {id}; COMMIT"),
+                    )
+                    .await;
+                } else {
+                    run(&mut c, &format!("UPDATE own SET v = {i} WHERE id = {id}")).await;
+                }
+                for _ in 0..3 {
+                    let got = first_value(
+                        &run(&mut c, &format!("SELECT v FROM own WHERE id = {id}")).await,
+                    );
+                    if got.as_deref() != Some(&i.to_string()) {
+                        stale += 1;
+                    }
+                }
+                // Everyone's rows, cached and invalidated by everyone's writes.
+                run(&mut c, "SELECT sum(v) FROM own").await;
+            }
+            stale
+        }));
+    }
+    let mut stale = 0;
+    for t in tasks {
+        stale += t.await.unwrap();
+    }
+    assert_eq!(stale, 0, "stale reads");
+    let (hits, misses, _) = stats(&proxy, "own");
+    assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");
+}
+
+#[tokio::test]
+async fn what_must_not_be_cached_is_not() {
+    const DB: &str = "cache_never";
+    setup(
+        DB,
+        "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 1);
+         CREATE UNLOGGED TABLE u (id int); CREATE SEQUENCE s;
+         CREATE FUNCTION stable_user() RETURNS int LANGUAGE sql STABLE AS 'SELECT 1';
+         CREATE FUNCTION immutable_user() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+         CREATE TABLE secret (owner text, v int); ALTER TABLE secret ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY p ON secret USING (owner = current_setting('app.owner', true));",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(PoolMode::Session, 2, vec![])).await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    let cases = [
+        ("SELECT random() FROM t", "volatile function"),
+        ("SELECT nextval('s')", "volatile function"),
+        ("SELECT now()", "time or session function"),
+        ("SELECT current_timestamp", "time or session function"),
+        ("SELECT clock_timestamp()", "time or session function"),
+        ("SELECT * FROM t FOR UPDATE", "FOR UPDATE/SHARE"),
+        (
+            "WITH d AS (UPDATE t SET v = v RETURNING *) SELECT * FROM d",
+            "data-modifying WITH",
+        ),
+        ("SELECT * FROM pg_class LIMIT 1", "system catalog"),
+        ("SELECT * FROM u", "unlogged table"),
+        ("SELECT * FROM s", "foreign table or sequence"),
+        ("SELECT stable_user()", "non-immutable user function"),
+        ("SELECT * FROM secret", "row security on a setting"),
+        ("SELECT * FROM nowhere", "unknown relation or function"),
+    ];
+    for (sql, reason) in cases {
+        let before = bypassed(&proxy, reason);
+        let hinted = format!("/* pgmemo cache */ {sql}");
+        run(&mut c, &hinted).await;
+        run(&mut c, &hinted).await;
+        assert!(
+            bypassed(&proxy, reason) >= before + 2,
+            "{sql}: not counted as {reason:?}"
+        );
+    }
+    // A temporary table shadowing a cached table's name: the client's caching is off from
+    // its CREATE on.
+    run(&mut c, "/* pgmemo cache */ SELECT * FROM t").await;
+    run(&mut c, "CREATE TEMP TABLE t (id int, v int)").await;
+    let before = bypassed(&proxy, "role or setting changed");
+    let temp = run(&mut c, "/* pgmemo cache */ SELECT * FROM t").await;
+    assert!(
+        first_value(&temp).is_none(),
+        "the temporary table is read, empty"
+    );
+    assert!(bypassed(&proxy, "role or setting changed") > before);
+    // Inside a transaction block.
+    let before = bypassed(&proxy, "in a transaction block");
+    let mut d = raw_proxy(&proxy, DB).await;
+    run(&mut d, "BEGIN").await;
+    run(&mut d, "/* pgmemo cache */ SELECT * FROM t").await;
+    run(&mut d, "COMMIT").await;
+    assert!(bypassed(&proxy, "in a transaction block") > before);
+    // The immutable function is cached.
+    let (h0, _, s0) = stats(&proxy, "(hint)");
+    run(&mut d, "/* pgmemo cache */ SELECT immutable_user()").await;
+    run(&mut d, "/* pgmemo cache */ SELECT immutable_user()").await;
+    let (h1, _, s1) = stats(&proxy, "(hint)");
+    assert_eq!((h1 - h0, s1 - s0), (1, 1));
+    // No stores for anything above.
+    let stored: Vec<String> = proxy
+        .app()
+        .cache
+        .entries()
+        .iter()
+        .map(|e| e.text.to_string())
+        .collect();
+    assert!(
+        stored
+            .iter()
+            .all(|t| t.contains("immutable_user") || t.contains("FROM t")),
+        "{stored:?}"
+    );
+}
+
+#[tokio::test]
+async fn set_role_turns_caching_off_for_that_client() {
+    const DB: &str = "cache_roles";
+    setup(
+        DB,
+        "DROP ROLE IF EXISTS cache_other; CREATE ROLE cache_other;
+         CREATE TABLE rows_by_role (owner name, v int);
+         INSERT INTO rows_by_role VALUES ('pgmemo', 1), ('cache_other', 2);
+         ALTER TABLE rows_by_role ENABLE ROW LEVEL SECURITY; ALTER TABLE rows_by_role FORCE ROW LEVEL SECURITY;
+         CREATE POLICY mine ON rows_by_role USING (owner = current_user);
+         GRANT SELECT ON rows_by_role TO cache_other; GRANT cache_other TO pgmemo;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Session,
+        2,
+        vec![rule("roles", "rows_by_role")],
+    ))
+    .await;
+    let sql = "SELECT v FROM rows_by_role";
+    let mut a = raw_proxy(&proxy, DB).await;
+    assert_eq!(first_value(&run(&mut a, sql).await).as_deref(), Some("1"));
+    assert_eq!(first_value(&run(&mut a, sql).await).as_deref(), Some("1"));
+    assert_eq!(stats(&proxy, "roles").0, 1, "the owner's read is cached");
+    let mut b = raw_proxy(&proxy, DB).await;
+    run(&mut b, "SET ROLE cache_other").await;
+    for _ in 0..2 {
+        assert_eq!(first_value(&run(&mut b, sql).await).as_deref(), Some("2"));
+    }
+    assert_eq!(stats(&proxy, "roles").0, 1, "no hit for the other role");
+    assert!(bypassed(&proxy, "role or setting changed") >= 2);
+}
+
+#[tokio::test]
+async fn concurrent_misses_run_one_query() {
+    const DB: &str = "cache_flight";
+    setup(DB, "CREATE TABLE one (v int); INSERT INTO one VALUES (1);").await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        10,
+        vec![rule("slow", "generate_series")],
+    ))
+    .await;
+    let addr = proxy.local_addr();
+    // A query that takes a while (an immutable count over a long series).
+    let sql = "SELECT count(*) FROM generate_series(1, 3000000) JOIN one ON true";
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = RawClient::connect(addr, PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+                .await
+                .unwrap();
+            barrier.wait().await;
+            first_value(&run(&mut c, sql).await)
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().as_deref(), Some("3000000"));
+    }
+    let (hits, misses, stores) = stats(&proxy, "slow");
+    assert_eq!(
+        (misses, stores, hits),
+        (1, 1, 49),
+        "one query ran, 49 clients waited for it"
+    );
+}
+
+#[tokio::test]
+async fn the_store_stays_within_its_memory_limit() {
+    const DB: &str = "cache_memory";
+    setup(DB, "CREATE TABLE pad AS SELECT i, repeat(md5(i::text), 64) AS p FROM generate_series(1, 100000) i;").await;
+    let mut config = cache_config(PoolMode::Transaction, 2, vec![rule("pad", "FROM pad")]);
+    config.cache.max_memory = 1024 * 1024;
+    let proxy = start_pgmemo(config).await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    let mut most = 0;
+    for i in 0..400 {
+        // ~10 KB each, 4 MB in all.
+        run(
+            &mut c,
+            &format!(
+                "SELECT p FROM pad WHERE i BETWEEN {} AND {}",
+                i * 5,
+                i * 5 + 4
+            ),
+        )
+        .await;
+        let (used, limit) = proxy.app().cache.memory();
+        assert!(
+            used <= limit,
+            "store at {used} bytes over its limit {limit}"
+        );
+        most = most.max(used);
+    }
+    let (_, _, stores) = stats(&proxy, "pad");
+    assert_eq!(stores, 400);
+    assert!(
+        most > 512 * 1024,
+        "the store filled up to its limit ({most})"
+    );
+    let evictions = proxy
+        .app()
+        .cache
+        .rule_stats()
+        .iter()
+        .find(|r| r.name == "pad")
+        .unwrap()
+        .evictions
+        .load(Relaxed);
+    assert!(evictions > 100, "evictions {evictions}");
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        let rss = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap_or("");
+        eprintln!(
+            "store peak {most} bytes of {} allowed; test process {rss}",
+            1024 * 1024
+        );
+    }
+}
+
+#[tokio::test]
+async fn admin_console_shows_and_flushes_the_cache() {
+    const DB: &str = "cache_admin";
+    setup(DB, "CREATE TABLE a (v int); INSERT INTO a VALUES (1); CREATE TABLE b (v int); INSERT INTO b VALUES (2);").await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("ab", "FROM")],
+    ))
+    .await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    for _ in 0..2 {
+        run(&mut c, "SELECT v FROM a").await;
+        run(&mut c, "SELECT v FROM b").await;
+    }
+    let admin = connect(&proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        "pgmemo",
+    ))
+    .await;
+    let rows = |msgs: Vec<tokio_postgres::SimpleQueryMessage>| -> Vec<Vec<String>> {
+        msgs.into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                    (0..r.len())
+                        .map(|i| r.get(i).unwrap_or("").to_owned())
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    };
+    let cache = rows(admin.simple_query("SHOW CACHE").await.unwrap());
+    let ab = cache.iter().find(|r| r[0] == "ab").expect("rule row");
+    assert_eq!(
+        (ab[1].as_str(), ab[3].as_str(), ab[4].as_str()),
+        ("2", "2", "2")
+    );
+    let entries = rows(admin.simple_query("SHOW CACHE ENTRIES").await.unwrap());
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    admin.simple_query("CACHE FLUSH TABLE a").await.unwrap();
+    let entries = rows(admin.simple_query("SHOW CACHE ENTRIES").await.unwrap());
+    assert_eq!(entries.len(), 1);
+    assert!(entries[0][2].contains("FROM b"));
+    run(&mut c, "SELECT v FROM b").await;
+    assert_eq!(stats(&proxy, "ab").0, 3, "b still cached");
+    admin.simple_query("CACHE FLUSH").await.unwrap();
+    assert!(rows(admin.simple_query("SHOW CACHE ENTRIES").await.unwrap()).is_empty());
+    let bypasses = rows(admin.simple_query("SHOW CACHE_BYPASSES").await.unwrap());
+    assert!(bypasses.iter().any(|r| r[0] == "volatile function"));
+}
+
+#[tokio::test]
+async fn rules_follow_a_reload() {
+    const DB: &str = "cache_reload";
+    setup(DB, "CREATE TABLE r (v int); INSERT INTO r VALUES (1);").await;
+    let proxy = start_pgmemo(cache_config(PoolMode::Transaction, 2, vec![])).await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    run(&mut c, "SELECT v FROM r").await;
+    run(&mut c, "SELECT v FROM r").await;
+    assert!(
+        proxy.app().cache.entries().is_empty(),
+        "nothing cached without a rule"
+    );
+    let config = cache_config(PoolMode::Transaction, 2, vec![rule("r", "FROM r")]);
+    proxy.reload_with(config).expect("reload");
+    run(&mut c, "SELECT v FROM r").await;
+    run(&mut c, "SELECT v FROM r").await;
+    assert_eq!(stats(&proxy, "r").0, 1);
+    // A nocache hint wins over the rule.
+    run(&mut c, "/* pgmemo nocache */ SELECT v FROM r").await;
+    assert_eq!(stats(&proxy, "r").0, 1);
+}
