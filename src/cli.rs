@@ -179,6 +179,21 @@ pub struct Cli {
     )]
     pub metrics_listen: Option<String>,
 
+    /// Turn the result cache on (queries are cached by [[cache.rules]] and hints).
+    #[arg(
+        long,
+        env = "PGMEMO_CACHE",
+        long_help = "Turn the result cache on: simple queries chosen by a [[cache.rules]] entry \
+                     of the config file or by a leading /* pgmemo cache ttl=5s */ hint are \
+                     answered from memory until a write through pgmemo or their TTL invalidates \
+                     them. Overrides cache.enabled. Default: off."
+    )]
+    pub cache: bool,
+
+    /// Memory of the result cache in MiB [default: 64].
+    #[arg(long, value_name = "MIB", env = "PGMEMO_CACHE_MEMORY_MB")]
+    pub cache_memory_mb: Option<u32>,
+
     /// Log filter: error, warn, info, debug, trace [default: info].
     #[arg(
         long,
@@ -218,6 +233,8 @@ impl fmt::Debug for Cli {
             .field("admin_users", &self.admin_users)
             .field("metrics_listen", &self.metrics_listen)
             .field("log_level", &self.log_level)
+            .field("cache", &self.cache)
+            .field("cache_memory_mb", &self.cache_memory_mb)
             .field("check", &self.check)
             .finish()
     }
@@ -279,6 +296,12 @@ impl Cli {
         }
         if let Some(level) = &self.log_level {
             g.log_level = level.clone();
+        }
+        if self.cache {
+            config.cache.enabled = true;
+        }
+        if let Some(mb) = self.cache_memory_mb {
+            config.cache.max_memory = mb.max(1) as usize * 1024 * 1024;
         }
         config.validate()
     }

@@ -223,10 +223,75 @@ pub fn render(app: &App) -> String {
         app.autoprepare.shape_count(),
         app.autoprepare.never_count()
     );
+    cache_metrics(app, &mut out);
     let _ = writeln!(
         out,
         "# HELP pgmemo_uptime_seconds Seconds since start.\n# TYPE pgmemo_uptime_seconds gauge\npgmemo_uptime_seconds {}",
         app.started.elapsed().as_secs()
     );
     out
+}
+
+/// The result cache's counters, per rule (`(hint)`: queries chosen by a hint).
+fn cache_metrics(app: &App, out: &mut String) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rules = app.cache.rule_stats();
+    type Get = fn(&crate::cache::RuleStats) -> u64;
+    let counters: [(&str, &str, Get); 6] = [
+        (
+            "pgmemo_cache_hits_total",
+            "Queries answered from the result cache.",
+            |r| r.hits.load(Relaxed),
+        ),
+        (
+            "pgmemo_cache_misses_total",
+            "Cacheable queries sent to a server to fill the cache.",
+            |r| r.misses.load(Relaxed),
+        ),
+        ("pgmemo_cache_stores_total", "Results stored.", |r| {
+            r.stores.load(Relaxed)
+        }),
+        (
+            "pgmemo_cache_evictions_total",
+            "Results evicted for room.",
+            |r| r.evictions.load(Relaxed),
+        ),
+        (
+            "pgmemo_cache_invalidations_total",
+            "Results found invalidated by a write or expired.",
+            |r| r.invalidations.load(Relaxed),
+        ),
+        (
+            "pgmemo_cache_bypasses_total",
+            "Queries a rule or hint chose that were not cached.",
+            |r| r.bypasses.load(Relaxed),
+        ),
+    ];
+    for (name, help, get) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for r in &rules {
+            let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(&r.name), get(r));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_cache_bypasses_by_reason_total Queries not cached, by reason.\n# TYPE pgmemo_cache_bypasses_by_reason_total counter"
+    );
+    for (reason, n) in crate::cache::analysis::BYPASS_REASONS
+        .iter()
+        .zip(&app.cache.bypasses)
+    {
+        let _ = writeln!(
+            out,
+            "pgmemo_cache_bypasses_by_reason_total{{reason=\"{}\"}} {}",
+            reason.as_str(),
+            n.load(Relaxed)
+        );
+    }
+    let (bytes, limit) = app.cache.memory();
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_cache_bytes Bytes held by the result cache.\n# TYPE pgmemo_cache_bytes gauge\npgmemo_cache_bytes {bytes}\n# HELP pgmemo_cache_limit_bytes The result cache's memory limit.\n# TYPE pgmemo_cache_limit_bytes gauge\npgmemo_cache_limit_bytes {limit}\n# HELP pgmemo_cache_flushes_total Whole-database or whole-cache invalidations.\n# TYPE pgmemo_cache_flushes_total counter\npgmemo_cache_flushes_total {}",
+        app.cache.flushes.load(Relaxed)
+    );
 }

@@ -630,3 +630,168 @@ async fn rules_follow_a_reload() {
     run(&mut c, "/* pgmemo nocache */ SELECT v FROM r").await;
     assert_eq!(stats(&proxy, "r").0, 1);
 }
+
+/// The extended protocol: unnamed and named statements, text and binary parameters and
+/// results, with and without Describe: the cached replies are PostgreSQL's, byte for byte.
+#[tokio::test]
+async fn extended_protocol_hits_are_byte_identical() {
+    const DB: &str = "cache_extended";
+    setup(
+        DB,
+        "CREATE TABLE e (id int PRIMARY KEY, name text, score float8, n numeric);
+         INSERT INTO e SELECT i, 'e' || i, i / 3.0, i * 1.25 FROM generate_series(1, 100) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("ext", "FROM e")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let sql = "SELECT id, name, score, n FROM e WHERE id <= $1 ORDER BY id";
+    let int4 = |v: i32| v.to_be_bytes().to_vec();
+    // Binary parameter, binary results.
+    let binary_bind = |statement: &str, value: Vec<u8>| Frontend::Bind {
+        portal: String::new(),
+        statement: statement.to_string(),
+        param_formats: vec![1],
+        params: vec![Some(value)],
+        result_formats: vec![1],
+    };
+    let batches: Vec<(&str, Vec<Frontend>)> = vec![
+        (
+            "unnamed, text, described",
+            vec![
+                Frontend::parse("", sql, &[23]),
+                Frontend::bind("", "", &[Some("5")]),
+                Frontend::describe_portal(""),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+            ],
+        ),
+        (
+            "unnamed, untyped, not described",
+            vec![
+                Frontend::parse("", sql, &[]),
+                Frontend::bind("", "", &[Some("3")]),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+            ],
+        ),
+        (
+            "empty result",
+            vec![
+                Frontend::parse("", sql, &[23]),
+                Frontend::bind("", "", &[Some("0")]),
+                Frontend::describe_portal(""),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+            ],
+        ),
+    ];
+    for (what, batch) in &batches {
+        direct.send(batch).await.unwrap();
+        let expected = direct.recv_until_ready(1).await.unwrap();
+        for round in 0..3 {
+            through.send(batch).await.unwrap();
+            let got = through.recv_until_ready(1).await.unwrap();
+            let same = got.len() == expected.len()
+                && got
+                    .iter()
+                    .zip(&expected)
+                    .all(|(a, b)| a.tag == b.tag && a.body == b.body);
+            assert!(same, "{what} (round {round}): {got:?} vs {expected:?}");
+        }
+    }
+    // Named statements, text and binary.
+    for c in [&mut direct, &mut through] {
+        c.send(&[Frontend::parse("named", sql, &[23]), Frontend::Sync])
+            .await
+            .unwrap();
+        c.recv_until_ready(1).await.unwrap();
+    }
+    for round in 0..3 {
+        for value in [7, 2] {
+            let mut replies = Vec::new();
+            for c in [&mut direct, &mut through] {
+                c.send(&[
+                    binary_bind("named", int4(value)),
+                    Frontend::describe_portal(""),
+                    Frontend::execute("", 0),
+                    Frontend::Sync,
+                ])
+                .await
+                .unwrap();
+                replies.push(c.recv_until_ready(1).await.unwrap());
+                c.send(&[
+                    Frontend::bind("", "named", &[Some(&value.to_string())]),
+                    Frontend::execute("", 0),
+                    Frontend::Sync,
+                ])
+                .await
+                .unwrap();
+                replies.push(c.recv_until_ready(1).await.unwrap());
+            }
+            let same = |a: &Vec<Backend>, b: &Vec<Backend>| {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(x, y)| x.tag == y.tag && x.body == y.body)
+            };
+            assert!(same(&replies[0], &replies[2]), "binary, round {round}");
+            assert!(same(&replies[1], &replies[3]), "text, round {round}");
+        }
+    }
+    let (hits, misses, stores) = stats(&proxy, "ext");
+    assert_eq!(stores, 3 + 4, "stores");
+    assert_eq!(misses, stores);
+    // A statement no server has accepted yet goes to a server first (as PostgreSQL must
+    // judge it): the first two unnamed statements are new in round 0 and fill in round 1.
+    assert_eq!(hits, 1 + 1 + 2 + 4 * 2, "hits");
+    // A write through the extended protocol invalidates the extended entries.
+    through
+        .send(&[Frontend::query(
+            "UPDATE e SET name = 'changed' WHERE id = 1",
+        )])
+        .await
+        .unwrap();
+    through.recv_until_ready(1).await.unwrap();
+    for c in [&mut direct, &mut through] {
+        c.send(&batches[0].1).await.unwrap();
+    }
+    let expected = direct.recv_until_ready(1).await.unwrap();
+    let got = through.recv_until_ready(1).await.unwrap();
+    assert!(
+        got.iter().zip(&expected).all(|(a, b)| a.body == b.body) && got.len() == expected.len(),
+        "after UPDATE"
+    );
+    // tokio-postgres (named statements from its own cache), with a nocache comparison.
+    let client = connect(&proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        DB,
+    ))
+    .await;
+    let plain = connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), DB)).await;
+    let statement = client.prepare(sql).await.unwrap();
+    for limit in [1i32, 10, 10, 1, 50] {
+        let got: Vec<(i32, String, f64)> = client
+            .query(&statement, &[&limit])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let expected: Vec<(i32, String, f64)> = plain
+            .query(sql, &[&limit])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(got, expected);
+    }
+}

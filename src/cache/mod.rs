@@ -190,7 +190,7 @@ pub struct Resolve {
     pub sql: String,
     database: Box<str>,
     plan_key: (u64, u64),
-    shape: Arc<Shape>,
+    analysis: Arc<Analysis>,
     catalog: u64,
 }
 
@@ -363,15 +363,77 @@ impl ResultCache {
         shape: &Arc<Shape>,
         may_wait: bool,
     ) -> Lookup {
-        let cfg = self.config.load();
-        let hint = if cfg.hints { hint::parse(sql) } else { None };
-        let rules = self.rules.load();
-        let shape = shape.clone();
         if !client.lexed_valid {
             return Lookup::Pass;
         }
-        let text = std::str::from_utf8(&client.lexed.text).unwrap_or_default();
-        let shape_hash = client.lexed.shape;
+        client.build_key();
+        let text = std::mem::take(&mut client.lexed.text);
+        let found = self.decide(
+            client,
+            at,
+            Candidate {
+                hint_source: sql,
+                text: &text,
+                hash: client.lexed.shape,
+                analysis: &shape.analysis,
+                extended: false,
+            },
+            may_wait,
+        );
+        client.lexed.text = text;
+        found
+    }
+
+    /// Looks up an extended-protocol batch that runs `statement` with the Bind whose
+    /// formats, values and result formats are `bind_rest` (see [`Batch`]).
+    pub fn lookup_statement(
+        &self,
+        client: &mut ClientCache,
+        at: &Where<'_>,
+        statement: &crate::statements::Statement,
+        describe: bool,
+        bind_rest: &[u8],
+        may_wait: bool,
+    ) -> Lookup {
+        let analysis = statement_analysis(statement);
+        client.key.clear();
+        client.key.extend_from_slice(&client.context);
+        client.key.push(b'E');
+        client.key.extend_from_slice(&statement.id.to_le_bytes());
+        client.key.push(u8::from(describe));
+        client.key.extend_from_slice(bind_rest);
+        let hash = lexer::hasher().hash_one(&statement.key.query[..]) ^ 1;
+        self.decide(
+            client,
+            at,
+            Candidate {
+                hint_source: &statement.key.query,
+                text: &statement.key.query,
+                hash,
+                analysis: &analysis,
+                extended: true,
+            },
+            may_wait,
+        )
+    }
+
+    /// Whether a rule or hint wants `query`, whether it may be cached, and whether its key
+    /// (in `client.key`) is stored.
+    fn decide(
+        &self,
+        client: &mut ClientCache,
+        at: &Where<'_>,
+        query: Candidate<'_>,
+        may_wait: bool,
+    ) -> Lookup {
+        let cfg = self.config.load();
+        let hint = if cfg.hints {
+            hint::parse(query.hint_source)
+        } else {
+            None
+        };
+        let rules = self.rules.load();
+        let text = std::str::from_utf8(query.text).unwrap_or_default();
         let (rule, stats) = match hint {
             Some(hint::Hint::NoCache) => {
                 self.count(Bypass::Hint);
@@ -388,7 +450,7 @@ impl ResultCache {
             None => match cfg
                 .rules
                 .iter()
-                .position(|r| r.matches(at.database, at.user, text, shape_hash))
+                .position(|r| r.matches(at.database, at.user, text, query.hash))
             {
                 Some(i) => {
                     let r = &cfg.rules[i];
@@ -418,12 +480,12 @@ impl ResultCache {
         if at.busy {
             return bypass(Bypass::InTransaction);
         }
-        let reads = match &shape.analysis.read {
+        let reads = match &query.analysis.read {
             Ok(reads) => reads,
             Err(why) => return bypass(*why),
         };
         let path_hash = lexer::hasher().hash_one((at.database, at.search_path));
-        let plan_key = (client.lexed.shape, path_hash);
+        let plan_key = (query.hash, path_hash);
         let catalog = self.versions.get(catalog_slot(at.database));
         let plan = match self.plans.get(&plan_key) {
             Some(plan) if plan.catalog == catalog => plan,
@@ -438,7 +500,7 @@ impl ResultCache {
                     sql: catalog::resolve_sql(reads, at.search_path),
                     database: at.database.into(),
                     plan_key,
-                    shape,
+                    analysis: query.analysis.clone(),
                     catalog,
                 });
             }
@@ -447,7 +509,6 @@ impl ResultCache {
             Ok(slots) => slots,
             Err(why) => return bypass(*why),
         };
-        client.build_key();
         if let Some(entry) = self.store.get(&client.key[..]) {
             if entry.expires > Instant::now() && self.versions.unchanged(&entry.seen) {
                 entry.hits.fetch_add(1, Relaxed);
@@ -468,7 +529,6 @@ impl ResultCache {
             Err(_) => return Lookup::Pass,
         }
         stats.misses.fetch_add(1, Relaxed);
-        let text: Arc<str> = String::from_utf8_lossy(&client.lexed.text).into();
         client.fill = Some(Fill {
             key,
             flight,
@@ -476,12 +536,13 @@ impl ResultCache {
             seen: self.versions.capture(slots),
             chosen: rule,
             stats,
-            text,
+            text: text.into(),
             tables: plan.tables.clone(),
             database: at.database.into(),
             reply: BytesMut::new(),
             rows: false,
             spoiled: None,
+            extended: query.extended,
         });
         Lookup::Miss
     }
@@ -506,7 +567,7 @@ impl ResultCache {
         }
         let snapshots = self.snapshots.pin();
         let snapshot = snapshots.get(&job.database);
-        let reads = job.shape.analysis.read.as_ref().ok();
+        let reads = job.analysis.read.as_ref().ok();
         let tables: Result<Vec<Box<str>>, Bypass> = match (rows, snapshot, reads) {
             (Ok(rows), Some(snapshot), Some(reads)) if snapshot.generation == job.catalog => {
                 catalog::resolved(reads, rows, snapshot)
@@ -619,6 +680,95 @@ impl ResultCache {
     }
 }
 
+/// What was decided for a registry statement, made at its first use by the cache.
+fn statement_analysis(statement: &crate::statements::Statement) -> Arc<Analysis> {
+    statement
+        .cache_analysis
+        .get_or_init(|| match std::str::from_utf8(&statement.key.query) {
+            Ok(text) if text.len() <= MAX_ANALYZED_TEXT => Arc::new(analysis::analyze(text)),
+            _ => FLUSH_DATABASE.clone(),
+        })
+        .clone()
+}
+
+/// A query the cache is asked about.
+struct Candidate<'a> {
+    /// Where a hint would be: the query's text as the client sent it.
+    hint_source: &'a [u8],
+    /// What rules match: the normalized text (simple queries) or the statement's text.
+    text: &'a [u8],
+    hash: u64,
+    analysis: &'a Arc<Analysis>,
+    extended: bool,
+}
+
+/// An extended-protocol batch the cache may answer without a server: `[Parse ""] Bind
+/// [Describe portal] Execute(all rows) Sync`, all of it already read.
+pub struct Batch<'a> {
+    pub parse: Option<crate::protocol::frontend::Parse<'a>>,
+    pub bind: crate::protocol::frontend::Bind<'a>,
+    pub describe: bool,
+    /// Bytes of the whole batch.
+    pub len: usize,
+}
+
+/// Reads the batch at the start of `input`, if it is one the cache handles.
+pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
+    use crate::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
+    let mut at = 0;
+    let mut next = || -> Option<(u8, &[u8])> {
+        let header = input.get(at..at + 5)?;
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let body = input.get(at + 5..at + 1 + len)?;
+        at += 1 + len;
+        Some((header[0], body))
+    };
+    let (mut tag, mut body) = next()?;
+    let mut parse = None;
+    if tag == fe::PARSE {
+        let p = Parse::parse(body)?;
+        if !p.name.is_empty() {
+            return None;
+        }
+        parse = Some(p);
+        (tag, body) = next()?;
+    }
+    if tag != fe::BIND {
+        return None;
+    }
+    let bind = Bind::parse(body)?;
+    if parse.is_some() && !bind.statement.is_empty() {
+        return None;
+    }
+    (tag, body) = next()?;
+    let mut describe = false;
+    if tag == fe::DESCRIBE {
+        let d = Target::parse(body)?;
+        if d.kind != b'P' || d.name != bind.portal {
+            return None;
+        }
+        describe = true;
+        (tag, body) = next()?;
+    }
+    if tag != fe::EXECUTE {
+        return None;
+    }
+    let e = Execute::parse(body)?;
+    if e.portal != bind.portal || e.max_rows != 0 {
+        return None;
+    }
+    let (tag, body) = next()?;
+    if tag != fe::SYNC || !body.is_empty() {
+        return None;
+    }
+    Some(Batch {
+        parse,
+        bind,
+        describe,
+        len: at,
+    })
+}
+
 /// What CACHE FLUSH removes.
 pub enum FlushTarget<'a> {
     All,
@@ -665,6 +815,8 @@ pub struct Fill {
     reply: BytesMut,
     rows: bool,
     spoiled: Option<Bypass>,
+    /// Its replies start with ParseComplete / BindComplete, not stored.
+    extended: bool,
 }
 
 impl Drop for Fill {
@@ -786,6 +938,7 @@ impl ClientCache {
                     }
                 }
                 be::ROW_DESCRIPTION | be::DATA_ROW | be::COMMAND_COMPLETE => {}
+                be::PARSE_COMPLETE | be::BIND_COMPLETE if fill.extended => {}
                 _ => {
                     fill.spoiled = Some(Bypass::NotPlainResult);
                     fill.reply = BytesMut::new();

@@ -36,6 +36,9 @@ impl Session {
     pub(super) async fn cache_client_message(&mut self, tag: u8, len: usize) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
+        if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() && self.cached_batch().await? {
+            return Ok(true);
+        }
         let client = self.cache.get_or_insert_with(Default::default);
         match tag {
             fe::BIND => {
@@ -56,6 +59,151 @@ impl Session {
                 self.cached_query(len, &shape).await
             }
             _ => Ok(false),
+        }
+    }
+
+    /// Something is in flight or a transaction is open: the cache cannot answer.
+    fn cache_busy(&self) -> bool {
+        !self.replies.is_empty()
+            || self
+                .server
+                .as_ref()
+                .is_some_and(|s| s.status != b'I' || !s.wbuf.is_empty())
+    }
+
+    /// The search_path the client's queries run with (None: the server's), after bringing
+    /// the client's key context up to date.
+    fn cache_context(&mut self) -> Option<String> {
+        let settings = self.pool.settings();
+        let search_path = self
+            .stmts
+            .as_ref()
+            .and_then(|s| s.search_path.effective())
+            .or_else(|| self.settings.get("search_path"))
+            .map(str::to_owned);
+        let statement_context = self.stmts.as_ref().map_or(0, |s| s.context);
+        let client = self.cache.get_or_insert_with(Default::default);
+        if client.needs_context(self.params_version, statement_context) {
+            let mut parts: Vec<&str> = vec![&settings.target.user];
+            parts.extend(
+                KEYED_REPORTED
+                    .iter()
+                    .map(|n| self.reported.get(n).unwrap_or("")),
+            );
+            parts.extend(
+                KEYED_UNREPORTED
+                    .iter()
+                    .map(|n| self.settings.get(n).unwrap_or("")),
+            );
+            parts.push(search_path.as_deref().unwrap_or(""));
+            client.set_context(self.params_version, statement_context, &parts);
+        }
+        search_path
+    }
+
+    /// Answers an extended-protocol batch (see [`crate::cache::batch`]) from the cache when
+    /// it holds its result, exactly as PostgreSQL would have: ParseComplete, BindComplete, the
+    /// RowDescription if the portal was described, the rows, CommandComplete and
+    /// ReadyForQuery. Otherwise the batch runs (filling the cache on a miss it wants).
+    async fn cached_batch(&mut self) -> Result<bool, End> {
+        let app = self.app.clone();
+        let cache = &app.cache;
+        let search_path = self.cache_context();
+        let settings = self.pool.settings();
+        let mut may_wait = true;
+        let mut resolves = 0;
+        loop {
+            let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
+                return Ok(false);
+            };
+            let Some(stmts) = self.stmts.as_mut() else {
+                return Ok(false);
+            };
+            let statement = match &batch.parse {
+                Some(p) => {
+                    stmts.refresh_context(&app.registry);
+                    match stmts.get(b"") {
+                        Some(s)
+                            if s.key.query == p.query
+                                && s.key.param_types == p.param_types
+                                && s.key.context == stmts.context =>
+                        {
+                            s.clone()
+                        }
+                        _ => {
+                            let key = crate::statements::StatementKey {
+                                context: stmts.context,
+                                query: bytes::Bytes::copy_from_slice(p.query),
+                                param_types: bytes::Bytes::copy_from_slice(p.param_types),
+                            };
+                            app.registry.get_or_insert(key).0
+                        }
+                    }
+                }
+                None if stmts.is_stale(batch.bind.statement) => return Ok(false),
+                None => match stmts.get(batch.bind.statement) {
+                    Some(s) => s.clone(),
+                    None => return Ok(false),
+                },
+            };
+            if !statement.is_validated() || statement.hidden.is_some() {
+                return Ok(false);
+            }
+            let at = Where {
+                database: &settings.target.dbname,
+                user: &self.info.user,
+                search_path: search_path.as_deref(),
+                busy: false,
+            };
+            let client = self.cache.get_or_insert_with(Default::default);
+            let (parsed, len) = (batch.parse.is_some(), batch.len);
+            let found = cache.lookup_statement(
+                client,
+                &at,
+                &statement,
+                batch.describe,
+                batch.bind.rest,
+                may_wait,
+            );
+            match found {
+                Lookup::Pass | Lookup::Miss => return Ok(false),
+                Lookup::Hit(entry) => {
+                    if parsed {
+                        stmts.set(b"", Some(statement.clone()));
+                        statement
+                            .parse_hits
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    crate::buffers::lend(&mut self.client.wbuf);
+                    let out = &mut self.client.wbuf;
+                    if parsed {
+                        crate::protocol::write_message(out, be::PARSE_COMPLETE, |_| {});
+                    }
+                    crate::protocol::write_message(out, be::BIND_COMPLETE, |_| {});
+                    out.extend_from_slice(&entry.reply);
+                    be::ready_for_query(out, b'I');
+                    self.client.rbuf.advance(len);
+                    self.stats.query_count += 1;
+                    self.stats.bytes_received += len as u64;
+                    self.stats.bytes_sent += entry.reply.len() as u64 + 16;
+                    return Ok(true);
+                }
+                Lookup::Wait(flight) => {
+                    let limit = app.config.load().cache.flight_wait;
+                    flight.wait(limit).await;
+                    may_wait = false;
+                }
+                Lookup::Resolve(job) => {
+                    resolves += 1;
+                    if resolves > 2 {
+                        return Ok(false);
+                    }
+                    let (snapshot, rows) = self.read_catalog(&job).await;
+                    if !cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ())) {
+                        return Ok(false);
+                    }
+                }
+            }
         }
     }
 

@@ -608,7 +608,7 @@ impl Session {
                 Ok(None) => return Ok(()),
                 Err(e) => return self.violated(e.to_string()).await,
             };
-            if (tag == fe::QUERY || tag == fe::BIND)
+            if matches!(tag, fe::QUERY | fe::PARSE | fe::BIND)
                 && self.caching()
                 && self.cache_client_message(tag, len).await?
             {
