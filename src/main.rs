@@ -80,6 +80,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 config.general.auth_type = AuthType::Trust;
             }
             config.general.admin_users = vec!["postgres".into()];
+            // Demo mode shows pgmemo's main job: the result cache is on (for hinted queries;
+            // no rules).
+            config.cache.enabled = true;
             cli.apply_overrides(&mut config)?;
             (config, Some(cluster))
         }
@@ -107,6 +110,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     c.general.auth_type = AuthType::Trust;
                 }
                 c.general.admin_users = vec!["postgres".into()];
+                // Demo mode shows pgmemo's main job: the result cache is on (for hinted
+                // queries; no rules).
+                c.cache.enabled = true;
                 reload_cli.apply_overrides(&mut c)?;
                 c
             }
@@ -126,6 +132,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             "Admin console (as an admin user): psql -h {} -p {} -U postgres pgmemo",
             addr.ip(),
             addr.port()
+        );
+        println!(
+            "Result cache: on for queries with a leading hint, e.g. \
+             /* pgmemo cache ttl=30s */ SELECT count(*) FROM t;  (run it twice; SHOW CACHE in the admin console)"
         );
         println!("Press Ctrl-C to stop; the private PostgreSQL is removed on exit.");
     }

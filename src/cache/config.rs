@@ -243,6 +243,35 @@ mod tests {
     }
 
     #[test]
+    fn cache_section_in_toml() {
+        let c = crate::config::Config::from_toml_str(
+            "[upstream]\nurl = \"postgresql://u:p@h\"\n[cache]\nenabled = true\nmax_memory_mb = 2\n\
+             [[cache.rules]]\nquery_contains = \"FROM t\"\nttl = \"5s\"\n\
+             [[cache.rules]]\nname = \"h\"\nquery_hash = \"00ff\"\nttl = 2.5\ncache_empty = false\n",
+        )
+        .unwrap();
+        assert!(c.cache.enabled);
+        assert_eq!(c.cache.max_memory, 2 * 1024 * 1024);
+        assert_eq!(c.cache.rules[0].name, "rule1");
+        assert_eq!(c.cache.rules[0].ttl, Duration::from_secs(5));
+        assert_eq!(c.cache.rules[1].query_hash, Some(0xff));
+        assert_eq!(c.cache.rules[1].ttl, Duration::from_millis(2500));
+        assert!(!c.cache.rules[1].cache_empty);
+        let err = crate::config::Config::from_toml_str(
+            "[upstream]\nurl = \"postgresql://u:p@h\"\n[[cache.rules]]\nttl = \"5s\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cache.rules[0].query"), "{err}");
+        let err = crate::config::Config::from_toml_str(
+            "[upstream]\nurl = \"postgresql://u:p@h\"\n[[cache.rules]]\nquery = \"x\"\nttl = \"forever\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cache.rules[0].ttl"), "{err}");
+    }
+
+    #[test]
     fn rules_match_on_database_user_and_text() {
         let rule = Rule {
             name: "r".into(),
