@@ -6,11 +6,19 @@ by side in one run.
     python3 bench/run.py            # full default run (~27 min on 2 cores)
     python3 bench/run.py --quick    # one round, 3 s runs, 8 clients (~2 min)
     python3 bench/run.py --quick --no-build --duration 2 --protocols simple --no-peers
+    # the result cache (pgmemo --cache) against the same targets (~15 min on 2 cores):
+    python3 bench/run.py --workloads cache-hot,cache-uniform,cache-rw --clients 8,32 --idle-clients 0
 
 Targets (columns of the tables, in this order):
   * direct          the throwaway PostgreSQL itself (the ceiling, not a proxy);
   * pgmemo          target/release/pgmemo (built with `cargo build --release`
                     unless --no-build; --no-pgmemo leaves it out);
+  * pgmemo+cache    a second pgmemo, the same arguments plus `--cache
+                    --metrics-listen 127.0.0.1:<free port>`, started only when a
+                    cache workload (below) is selected; it runs only the cache
+                    workloads (its cells of the others are `—`, not run, no
+                    failure) and is left out of the idle-client memory test (the
+                    same binary as pgmemo, with an empty cache there);
   * pgbouncer-1.25, odyssey-1.5
                     the peers, built from source by REPO/../shared/peers/build.sh
                     into --peers-prefix (default /opt/peers; built there once,
@@ -27,14 +35,29 @@ client limit (6000: the templates' 1000 is raised so that the idle-client test c
 open 5000), on a free loopback port; as root, PostgreSQL and the poolers run as
 the unprivileged user `postgres` (they refuse or dislike root). The "peers" of
 `pgmemo/best peer` are pgbouncer-1.25, odyssey-1.5 and Debian's PgBouncer (not
-direct, not --target poolers).
+direct, not --target poolers); `pgmemo/best peer` is always about `pgmemo` (the
+cache off), never about pgmemo+cache.
 
-Workloads (rows; --workloads, default: the --protocols plus orm-simple):
+Workloads (rows; --workloads, default: the --protocols plus orm-simple, and the
+three cache workloads with --cache-workloads):
   * simple, extended, prepared: `pgbench -S` (select-only) with that -M protocol;
   * orm-simple (also orm-extended, orm-prepared): bench/orm.sql, an ORM-like mix
     of a point select, a join with an IN list, an UPDATE and an INSERT, each its
     own autocommit statement, with that -M protocol (one "transaction" = one run
-    of the script = 4 statements).
+    of the script = 4 statements);
+  * cache-hot, cache-uniform, cache-rw: the result cache, `-M simple`, run by every
+    target (for all but pgmemo+cache the hint is just a comment):
+      cache-hot      bench/cache_hot.sql: a point select of pgbench_accounts with
+                     a leading `/* pgmemo cache ttl=60s */` hint, the aid drawn
+                     random_zipfian(1, 100000 * scale, 1.1): a few hot keys, a high
+                     hit ratio (the CPU µs per transaction is about that of a hit);
+      cache-uniform  bench/cache_uniform.sql: the same select, the aid uniform: a
+                     low hit ratio, so pgmemo+cache / pgmemo is the miss path's
+                     cost (the goal: at most 10 % below pgmemo);
+      cache-rw       bench/cache_rw.sql: 90 % the hot select; 10 % an UPDATE of the
+                     client's own row and a cached read of it, which runs
+                     `SELECT 1/0` (aborting the client: a FAIL) if the value read
+                     is not the one just written, i.e. on a stale read.
 
 What it does, by itself:
   * starts a throwaway PostgreSQL (initdb in a temp dir, trust on 127.0.0.1,
@@ -46,14 +69,22 @@ What it does, by itself:
   * records TPS (without connection time), average latency, failed transactions,
     exit status, and for the proxies the CPU time per transaction (utime+stime of
     the process, all threads, from /proc/PID/stat; Odyssey's daemon pid from its
-    pid file) and RSS;
+    pid file) and RSS; for pgmemo+cache also the cache hits and misses of the run
+    (pgmemo_cache_hits_total and pgmemo_cache_misses_total, each summed over its
+    per-rule lines, scraped from its /metrics before and after the run, outside
+    the CPU measurement) and the hit ratio hits / (hits + misses);
   * measures memory per idle client (bench/idle_clients.py) for the proxies;
   * prints markdown tables on stdout (per cell: median TPS and min-max of every
     target, proxy/direct ratios, `pgmemo/best peer` = pgmemo's median TPS over
-    the best median among the peers, each proxy's CPU µs per transaction) and
-    writes runs.csv (one row per run), cells.csv (one row per cell, the same
-    columns as the table), memory.csv, tps.png (TPS and CPU µs/tx per target),
-    summary.md, meta.json and the servers' logs into bench/results/<timestamp>/.
+    the best median among the peers, each proxy's CPU µs per transaction), with
+    cache workloads a second table "Result cache" (per cache workload x clients:
+    TPS of direct, pgmemo, pgmemo+cache and the best peer, pgmemo+cache over each
+    of them, hit ratio, CPU µs per transaction of pgmemo and pgmemo+cache, and
+    pgmemo+cache's failed transactions: pgbench's count plus aborted clients,
+    0 in cache-rw = no stale read), and writes runs.csv (one row per run),
+    cells.csv (one row per cell, the same columns as the tables), memory.csv,
+    tps.png (TPS and CPU µs/tx per target), summary.md, meta.json and the
+    servers' logs into bench/results/<timestamp>/.
 
 Progress goes to stderr; the report goes to stdout. Nothing is left running when
 it ends, also on Ctrl-C or an error: every child runs in its own process group
@@ -72,6 +103,7 @@ import csv
 import ctypes
 import datetime as dt
 import glob
+import http.client
 import json
 import os
 import platform
@@ -88,6 +120,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Optional
@@ -101,8 +134,16 @@ DB_USER = "bench"
 DB_NAME = "bench"
 PROTOCOLS = ("simple", "extended", "prepared")
 ORM_SCRIPT = BENCH_DIR / "orm.sql"
-# Every workload name: the select-only protocols, and the ORM-like script with each protocol.
-WORKLOADS = PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS)
+# The result-cache workloads (always -M simple: pgmemo caches simple queries) and their scripts.
+CACHE_SCRIPTS = {"cache-hot": BENCH_DIR / "cache_hot.sql",
+                 "cache-uniform": BENCH_DIR / "cache_uniform.sql",
+                 "cache-rw": BENCH_DIR / "cache_rw.sql"}
+CACHE_WORKLOADS = tuple(CACHE_SCRIPTS)
+# Every workload name: the select-only protocols, the ORM-like script with each protocol,
+# and the cache workloads.
+WORKLOADS = PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS) + CACHE_WORKLOADS
+# The pgmemo with its result cache on (--cache), started when a cache workload is selected.
+CACHE_TARGET = "pgmemo+cache"
 # The same client limit for every proxy, above the largest default idle-client test (5000).
 MAX_CLIENT_CONN = 6000
 # Sources, build script and config templates of the peers (shared by the projects compared).
@@ -590,6 +631,17 @@ class Target:
     kind: str = "external"           # direct | pgmemo | pgbouncer | odyssey | external
     server: object = None            # the Server that runs it (None for direct/external)
     broken: Optional[str] = None     # why its runs were not done
+    cache: bool = False              # pgmemo+cache: runs only the cache workloads
+
+    def runs(self, wl: "Workload") -> bool:
+        """Whether this target runs workload wl (pgmemo+cache: only the cache ones;
+        its other cells are not run by design, not failures)."""
+        return wl.is_cache or not self.cache
+
+    @property
+    def metrics_url(self) -> Optional[str]:
+        """pgmemo's Prometheus endpoint, when it has one (pgmemo+cache)."""
+        return getattr(self.server, "metrics_url", None)
 
     @property
     def pid(self) -> Optional[int]:
@@ -863,16 +915,24 @@ class Odyssey:
 
 
 class Pgmemo:
+    """target/release/pgmemo; with cache=True the pgmemo+cache target: the same
+    arguments plus --cache and a Prometheus endpoint (--metrics-listen) on a free
+    port, from which the harness reads the cache's hits and misses."""
     kind = "pgmemo"
 
-    def __init__(self, ctx: "Ctx", binary: Path) -> None:
-        self.ctx, self.binary = ctx, binary
+    def __init__(self, ctx: "Ctx", binary: Path, cache: bool = False) -> None:
+        self.ctx, self.binary, self.cache = ctx, binary, cache
         self.version_line = version_of([str(binary), "--version"])
-        self.name = "pgmemo"
-        self.logfile = ctx.logdir / "pgmemo.log"
+        self.name = CACHE_TARGET if cache else "pgmemo"
+        self.logfile = ctx.logdir / f"{self.name}.log"
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
+        self.metrics_port = 0
         self.argv: list[str] = []
+
+    @property
+    def metrics_url(self) -> Optional[str]:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.cache and self.metrics_port else None
 
     @property
     def pid(self) -> Optional[int]:
@@ -886,12 +946,17 @@ class Pgmemo:
                      "--pool-size", str(c.args.pool_size), "--auth", "trust",
                      # The same client limit as the other proxies.
                      "--max-client-conn", str(MAX_CLIENT_CONN)] + list(c.args.pgmemo_arg)
+        if self.cache:
+            self.metrics_port = free_port()
+            self.argv += ["--cache", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
         lf = c.open_log(self.logfile)
         lf.write(f"\n# {shlex.join(self.argv)}\n".encode())
         lf.flush()
-        self.proc = c.procs.spawn("pgmemo", self.argv, cwd=REPO, stdout=lf, stderr=subprocess.STDOUT,
+        self.proc = c.procs.spawn(self.name, self.argv, cwd=REPO, stdout=lf, stderr=subprocess.STDOUT,
                                   stop_signal=signal.SIGTERM)
-        wait_port("pgmemo", "127.0.0.1", self.port, self.proc, self.logfile)
+        wait_port(self.name, "127.0.0.1", self.port, self.proc, self.logfile)
+        if self.cache:
+            wait_port(f"{self.name} metrics", "127.0.0.1", self.metrics_port, self.proc, self.logfile)
         return self.port
 
     def stop(self) -> None:
@@ -910,13 +975,40 @@ RE_LAT = re.compile(r"^latency average = ([0-9.]+) ms", re.M)
 RE_TX = re.compile(r"^number of transactions actually processed: (\d+)", re.M)
 RE_FAILED = re.compile(r"^number of failed transactions: (\d+)", re.M)
 RE_ABORTED = re.compile(r"client \d+ .*aborted", re.M)
+# pgmemo's result-cache counters, one line per cache rule: `name{rule="(hint)"} N`.
+RE_CACHE_METRIC = re.compile(r"^(pgmemo_cache_hits_total|pgmemo_cache_misses_total)(?:\{[^}]*\})?\s+(\S+)\s*$",
+                             re.M)
+# Straight to the loopback endpoint, whatever http_proxy says.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def cache_counters(url: Optional[str]) -> Optional[tuple[int, int]]:
+    """(hits, misses) of pgmemo's result cache from its Prometheus endpoint, each
+    metric summed over its lines (one per rule); None when it cannot be read."""
+    if not url:
+        return None
+    try:
+        with _NO_PROXY.open(url, timeout=5) as resp:
+            text = resp.read().decode(errors="replace")
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    found = RE_CACHE_METRIC.findall(text)
+    if not found:
+        return None  # no result cache in this pgmemo (or other names): no ratio rather than 0/0
+    sums = {"pgmemo_cache_hits_total": 0.0, "pgmemo_cache_misses_total": 0.0}
+    for name, value in found:
+        try:
+            sums[name] += float(value)
+        except ValueError:
+            return None
+    return int(sums["pgmemo_cache_hits_total"]), int(sums["pgmemo_cache_misses_total"])
 
 
 @dataclass(frozen=True)
 class Workload:
     """A row of the report: pgbench's select-only script (-S) or bench/orm.sql,
-    with one -M protocol."""
-    name: str                        # simple | extended | prepared | orm-<protocol>
+    with one -M protocol, or a result-cache script (bench/cache_*.sql, -M simple)."""
+    name: str                        # simple | extended | prepared | orm-<protocol> | cache-<kind>
     protocol: str                    # pgbench -M
     script: Optional[Path] = None    # None: built-in select-only
 
@@ -926,7 +1018,14 @@ class Workload:
             return cls(name, name)
         if name.startswith("orm-") and name[4:] in PROTOCOLS:
             return cls(name, name[4:], ORM_SCRIPT)
+        if name in CACHE_SCRIPTS:
+            return cls(name, "simple", CACHE_SCRIPTS[name])
         raise ValueError(f"unknown workload {name!r} (use {', '.join(WORKLOADS)})")
+
+    @property
+    def is_cache(self) -> bool:
+        """A result-cache workload: the only ones pgmemo+cache runs."""
+        return self.name in CACHE_SCRIPTS
 
     def pgbench_args(self, scale: int) -> list[str]:
         if self.script is None:
@@ -960,6 +1059,9 @@ class Run:
     proxy_cpu_s: Optional[float] = None
     proxy_cpu_us_per_tx: Optional[float] = None
     proxy_rss_kib: Optional[int] = None
+    cache_hits: Optional[int] = None        # pgmemo+cache: result-cache hits during the run
+    cache_misses: Optional[int] = None      # ... and misses (queries sent to fill the cache)
+    cache_hit_ratio: Optional[float] = None  # hits / (hits + misses)
     ok: bool = False
     error: str = ""
 
@@ -999,6 +1101,7 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
         run.error = f"{t.name} is not running"
         return run
     run.started = dt.datetime.now().isoformat(timespec="seconds")
+    counters0 = cache_counters(t.metrics_url)  # before the CPU reading: the scrape is not the run's
     cpu0 = proc_cpu_ticks(pid)
     t0 = time.monotonic()
     p = ctx.procs.spawn("pgbench", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -1017,7 +1120,15 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
         ctx.procs.stop(p, timeout=1)
     run.wall_s = round(time.monotonic() - t0, 3)
     cpu1 = proc_cpu_ticks(pid)
+    counters1 = cache_counters(t.metrics_url)
     run.proxy_rss_kib = proc_status_kib(pid)
+    if counters0 is not None and counters1 is not None:
+        run.cache_hits = counters1[0] - counters0[0]
+        run.cache_misses = counters1[1] - counters0[1]
+        if run.cache_hits + run.cache_misses > 0:
+            run.cache_hit_ratio = round(run.cache_hits / (run.cache_hits + run.cache_misses), 4)
+    elif t.metrics_url:
+        warn(f"{t.name}: could not read the cache counters from {t.metrics_url}: no hit ratio for this run")
     run.exit_status = p.returncode
     parse_pgbench(run, out, err)
     if cpu0 is not None and cpu1 is not None:
@@ -1031,6 +1142,8 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
         problems.append(f"pgbench exit {run.exit_status}")
     if run.aborted_clients:
         problems.append(f"{run.aborted_clients} client(s) aborted")
+        if wl.name == "cache-rw" and "division by zero" in err:
+            problems.append("STALE READ (cache-rw read back a value other than the one it wrote)")
     if run.failed_tx:
         problems.append(f"{run.failed_tx} failed transactions")
     if run.tps is None or not run.transactions:
@@ -1062,6 +1175,7 @@ class Ctx:
         self.pgbench = ""
         self.pg: Optional[Postgres] = None
         self.pgmemo: Optional[Pgmemo] = None
+        self.pgmemo_cache: Optional[Pgmemo] = None  # pgmemo+cache, with cache workloads only
         # The other poolers we start: the peers (PgBouncer 1.25, Odyssey), then Debian's PgBouncer.
         self.poolers: list = []
         self.workloads: list[Workload] = []
@@ -1122,7 +1236,7 @@ def parse_target(spec: str) -> Target:
         if not host or not port.isdigit():
             raise BenchError(f"--target {spec}: expected NAME=host:port")
         t = Target(name or addr, host, int(port))
-    if t.name in ("direct", "pgmemo") or t.name.startswith(("pgbouncer-", "odyssey-")):
+    if t.name in ("direct", "pgmemo", CACHE_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-")):
         raise BenchError(f"--target name {t.name!r} is reserved")
     return t
 
@@ -1135,8 +1249,9 @@ def build_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python3 bench/run.py",
         description="pgbench through pgmemo vs PostgreSQL directly vs the peer poolers (PgBouncer 1.25, "
-                    "Odyssey 1.5, Debian's PgBouncer), side by side: select-only (-S) with each protocol "
-                    "and an ORM-like mix (bench/orm.sql).",
+                    "Odyssey 1.5, Debian's PgBouncer), side by side: select-only (-S) with each protocol, "
+                    "an ORM-like mix (bench/orm.sql) and, on request, the result-cache workloads "
+                    "(bench/cache_*.sql, also through pgmemo --cache as target pgmemo+cache).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="one round, 3 s runs, 8 clients, idle-client test with 1000 (about 2 min with "
@@ -1147,7 +1262,13 @@ def build_args(argv=None):
     p.add_argument("--workloads", type=lambda s: csv_list(s), default=None,
                    help="comma list of workloads (rows): simple, extended, prepared = pgbench -S -M that; "
                         "orm-simple, orm-extended, orm-prepared = bench/orm.sql (point select, join with "
-                        "an IN list, UPDATE, INSERT; autocommit) -M that [the --protocols, then orm-simple]")
+                        "an IN list, UPDATE, INSERT; autocommit) -M that; cache-hot, cache-uniform, cache-rw "
+                        "= bench/cache_hot.sql (zipfian point select with a cache hint), cache_uniform.sql "
+                        "(uniform), cache_rw.sql (90%% hot select, 10%% UPDATE + read-your-writes check) "
+                        "-M simple, which also start target pgmemo+cache [the --protocols, then orm-simple]")
+    p.add_argument("--cache-workloads", action="store_true",
+                   help="add the result-cache workloads cache-hot, cache-uniform, cache-rw to the workloads "
+                        "(default or --workloads/--protocols)")
     p.add_argument("--clients", type=lambda s: csv_list(s, int), default=None,
                    help="comma list of client counts [1,8,32; quick: 8]")
     p.add_argument("--duration", "-T", type=int, default=None,
@@ -1189,6 +1310,8 @@ def build_args(argv=None):
             p.error(f"unknown protocol {proto!r} (use {', '.join(PROTOCOLS)})")
     if args.workloads is None:
         args.workloads = list(args.protocols) + ["orm-simple"]
+    if args.cache_workloads:
+        args.workloads = list(args.workloads) + list(CACHE_WORKLOADS)
     args.workloads = list(dict.fromkeys(args.workloads))  # once each, in the order given
     for name in args.workloads:
         try:
@@ -1248,6 +1371,12 @@ def setup_targets(ctx: Ctx) -> list[Target]:
         port = s.start()
         log(f"pgmemo up on 127.0.0.1:{port} (pid {s.proc.pid}): {shlex.join(s.argv[1:])}")
         targets.append(Target("pgmemo", "127.0.0.1", port, kind="pgmemo", server=s))
+    if ctx.pgmemo_cache is not None:
+        s = ctx.pgmemo_cache
+        port = s.start()
+        log(f"{s.name} up on 127.0.0.1:{port} (pid {s.proc.pid}, metrics {s.metrics_url}): "
+            f"{shlex.join(s.argv[1:])}")
+        targets.append(Target(s.name, "127.0.0.1", port, kind="pgmemo", server=s, cache=True))
     for s in ctx.poolers:
         t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
         try:
@@ -1292,18 +1421,21 @@ def check_target(ctx: Ctx, t: Target) -> None:
 
 
 def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
+    """Every cell (workload x clients), each round over the targets that run that
+    workload (pgmemo+cache: only the cache ones), in rotating order."""
     a = ctx.args
     cells = [(wl, c) for wl in ctx.workloads for c in a.clients]
-    n = len(targets)
-    total = len(cells) * a.rounds * n
+    total = sum(a.rounds * sum(t.runs(wl) for t in targets) for wl, _ in cells)
     width = max(len(t.name) for t in targets)
     wwidth = max(len(w.name) for w in ctx.workloads)
     runs: list[Run] = []
     k = 0
     for ci, (wl, clients) in enumerate(cells):
+        cell_targets = [t for t in targets if t.runs(wl)]
+        n = len(cell_targets)
         for r in range(a.rounds):
             for i in range(n):
-                t = targets[(r + i) % n]
+                t = cell_targets[(r + i) % n]
                 k += 1
                 run = Run(ci, r, i, wl.name, wl.protocol, clients, t.name, a.duration)
                 if t.broken:
@@ -1317,6 +1449,8 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
                 runs.append(run)
                 status = f"{run.tps:,.0f} tps" if run.tps is not None else "-"
                 cpu = f", {run.proxy_cpu_us_per_tx:.1f} us/tx" if run.proxy_cpu_us_per_tx is not None else ""
+                if run.cache_hit_ratio is not None:
+                    cpu += f", hit ratio {run.cache_hit_ratio:.1%}"
                 flag = "" if run.ok else f"  FAIL: {run.error}"
                 if not t.broken:
                     log(f"[{k}/{total}] {wl.name:{wwidth}s} c={clients:<3d} round {r + 1} {t.name:{width}s} "
@@ -1327,8 +1461,8 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
 def memory_test(ctx: Ctx, targets: list[Target]) -> list[dict]:
     rows = []
     for t in targets:
-        if t.server is None or t.broken:
-            continue
+        if t.server is None or t.broken or t.cache:
+            continue  # pgmemo+cache: the same binary as pgmemo, its cache empty with idle clients
         for n in ctx.args.idle_clients:
             row = {"target": t.name, "idle_clients": n, "opened": 0, "failed": n,
                    "rss_before_kib": None, "rss_after_kib": None, "kib_per_client": None,
@@ -1404,7 +1538,14 @@ class Cell:
     runs: list
     ok_tps: list = field(default_factory=list)
     cpu: list = field(default_factory=list)
+    hit: list = field(default_factory=list)  # cache hit ratios of the runs that have one
     nfail: int = 0
+
+    @property
+    def failed_tx(self) -> int:
+        """pgbench's failed transactions plus aborted clients (each aborts at a
+        failed transaction: in cache-rw, a stale read), over all runs."""
+        return sum((r.failed_tx or 0) + r.aborted_clients for r in self.runs)
 
     @property
     def median(self) -> Optional[float]:
@@ -1428,6 +1569,8 @@ def cells_of(runs: list[Run]) -> dict:
                 c.cpu.append(r.proxy_cpu_us_per_tx)
         else:
             c.nfail += 1
+        if r.cache_hit_ratio is not None:
+            c.hit.append(r.cache_hit_ratio)
     return cells
 
 
@@ -1485,6 +1628,15 @@ def cpu_text(cell: Optional[Cell]) -> str:
     return fmt_range(cell.cpu, lambda x: f"{x:.1f}") if cell else ""
 
 
+def tps_cell_text(cells: dict, key: tuple, t: Target) -> str:
+    """A target's TPS cell: `—` where it does not run that workload by design
+    (pgmemo+cache outside the cache workloads), MISSING should a run be lost."""
+    cell = cells.get(key + (t.name,))
+    if cell is not None:
+        return cell.tps_text()
+    return "—" if not t.runs(Workload.parse(key[0])) else "MISSING"
+
+
 def table(args, targets: list[Target], runs: list[Run]) -> tuple[str, list[str]]:
     cells = cells_of(runs)
     names = [t.name for t in targets]
@@ -1502,7 +1654,7 @@ def table(args, targets: list[Target], runs: list[Run]) -> tuple[str, list[str]]
         for c in args.clients:
             key = (wl, c)
             row = [wl, str(c)]
-            row += [cells[key + (n,)].tps_text() if key + (n,) in cells else "MISSING" for n in names]
+            row += [tps_cell_text(cells, key, t) for t in targets]
             row += [ratio(cells.get(key + (a,)), cells.get(key + (b,))) for a, b in pairs]
             if has_best:
                 row.append(best_peer_text(cells, key, peers))
@@ -1550,8 +1702,63 @@ def cell_rows(args, targets: list[Target], runs: list[Run]) -> list[dict]:
                     cell = cells.get(key + (t.name,))
                     row[f"{t.name}_cpu_us_per_tx"] = num(statistics.median(cell.cpu) if cell and cell.cpu
                                                          else None, 2)
+            for t in targets:
+                if t.cache:  # the Result cache table's columns (empty outside the cache workloads)
+                    cell = cells.get(key + (t.name,))
+                    best = best_peer(cells, key, peers)
+                    row[f"{t.name}/pgmemo"] = num(ratio_value(cell, cells.get(key + ("pgmemo",))), 3)
+                    row[f"{t.name}/best_peer"] = num(ratio_value(cell, cells.get(key + (best,)) if best
+                                                                 else None), 3)
+                    row[f"{t.name}_hit_ratio"] = num(statistics.median(cell.hit) if cell and cell.hit
+                                                     else None, 4)
+                    row[f"{t.name}_failed_tx"] = cell.failed_tx if cell else ""
             rows.append(row)
     return rows
+
+
+def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
+    """The "Result cache" table (empty without cache workloads): per cache workload
+    x clients, TPS of direct, pgmemo (cache off), pgmemo+cache and the best peer,
+    pgmemo+cache over each, its hit ratio, CPU µs/tx of both pgmemos, and
+    pgmemo+cache's failed transactions (pgbench's count plus aborted clients)."""
+    wls = [w for w in args.workloads if Workload.parse(w).is_cache]
+    if not wls:
+        return ""
+    cells = cells_of(runs)
+    by_name = {t.name: t for t in targets}
+    _, peers, _ = comparisons(targets)
+    c = CACHE_TARGET
+    hdr = ["workload", "clients", "direct TPS", "pgmemo TPS", f"{c} TPS", "best peer TPS",
+           f"{c}/direct", f"{c}/best peer", f"{c}/pgmemo", "hit ratio",
+           "pgmemo µs CPU/tx", f"{c} µs CPU/tx", f"{c} failed tx"]
+    lines = ["| " + " | ".join(hdr) + " |",
+             "|" + "|".join(["---", "---:"] + ["---:"] * (len(hdr) - 2)) + "|"]
+    pct = lambda x: f"{x:.1%}"
+    for wl in wls:
+        for n in args.clients:
+            key = (wl, n)
+            tps = lambda name: tps_cell_text(cells, key, by_name[name]) if name in by_name else "—"
+            mine = cells.get(key + (c,))
+            best = best_peer(cells, key, peers)
+            row = [wl, str(n), tps("direct"), tps("pgmemo"), tps(c),
+                   f"{tps(best)} ({best})" if best else "—",
+                   ratio(mine, cells.get(key + ("direct",))),
+                   ratio(mine, cells.get(key + (best,))) if best else "—",
+                   ratio(mine, cells.get(key + ("pgmemo",))),
+                   fmt_range(mine.hit, pct) if mine and mine.hit else "—",
+                   cpu_text(cells.get(key + ("pgmemo",))), cpu_text(mine),
+                   str(mine.failed_tx) + (f" FAIL({mine.nfail}/{len(mine.runs)})" if mine.nfail else "")
+                   if mine else "—"]
+            lines.append("| " + " | ".join(row) + " |")
+    intro = (f"Result cache: {c} is pgmemo with `--cache` (the same binary and arguments as pgmemo, whose "
+             "cache is off: for it and every other target the `/* pgmemo cache ttl=60s */` hint is just a "
+             "comment), run only for these workloads, interleaved with the others. Hit ratio: its cache "
+             "hits / (hits + misses) during each run, from its /metrics; in cache-hot (nearly all hits) "
+             "the µs CPU/tx is about that of a hit, in cache-uniform (mostly misses) "
+             f"`{c}/pgmemo` is the miss path's cost. `{c} failed tx`: pgbench's failed transactions plus "
+             "aborted clients over all runs; in cache-rw a stale read aborts its client, so 0 = no stale "
+             "read. Best peer: the peer with the highest median TPS in that cell.")
+    return "\n".join(["### Result cache", "", intro, ""] + lines)
 
 
 def memory_table(rows: list[dict]) -> str:
@@ -1600,7 +1807,7 @@ def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[s
                 v = values(g, n)
                 cell = cells.get(g + (n,))
                 if v is None:
-                    if fail_marks:
+                    if fail_marks and cell is not None:  # no cell: not run by design (pgmemo+cache)
                         fails.append((x, "FAIL"))
                     continue
                 xs.append(x); hs.append(v[0]); lo.append(v[0] - v[1]); hi.append(v[2] - v[0])
@@ -1646,7 +1853,8 @@ def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[s
 def workloads_text(workloads: list[Workload], args) -> str:
     """The report's sentence on what the rows ran."""
     sel = [w.name for w in workloads if w.script is None]
-    orm = [w.name for w in workloads if w.script is not None]
+    orm = [w.name for w in workloads if w.script == ORM_SCRIPT]
+    cache = [w.name for w in workloads if w.is_cache]
     parts = []
     if sel:
         parts.append(f"`-S` (select-only; rows {', '.join(sel)})")
@@ -1654,6 +1862,12 @@ def workloads_text(workloads: list[Workload], args) -> str:
         parts.append(f"`-f bench/orm.sql -s {args.scale}` (rows {', '.join(orm)}: a point select, a join "
                      "with an IN list of three ids, an UPDATE and an INSERT, each its own autocommit "
                      "statement; one transaction = one run of the script)")
+    if cache:
+        parts.append(f"`-f bench/cache_*.sql -s {args.scale}` (rows {', '.join(cache)}, -M simple: a point "
+                     "select of pgbench_accounts with a `/* pgmemo cache ttl=60s */` hint, aid "
+                     f"random_zipfian(1, {100000 * args.scale:,}, 1.1) in cache-hot, uniform in "
+                     "cache-uniform; cache-rw: 90 % the hot select, 10 % an UPDATE of the client's own row "
+                     "and a cached read of it that aborts the client if it is not the value written)")
     return (f"Workloads: `pgbench -n -j 2 -c C -T {args.duration} -M P` with " + " or ".join(parts)
             + f", scale {args.scale};")
 
@@ -1737,6 +1951,9 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             raise BenchError(f"{binary} not found (build it, or pass --no-pgmemo)")
         ctx.pgmemo = Pgmemo(ctx, binary)
         log(f"pgmemo: {binary} ({ctx.pgmemo.version_line}), git {git_rev()}")
+        if any(w.is_cache for w in ctx.workloads):
+            ctx.pgmemo_cache = Pgmemo(ctx, binary, cache=True)
+            log(f"cache workloads selected: also {CACHE_TARGET} (pgmemo --cache), for those only")
 
     need_fds = max(args.idle_clients or [0]) + 1024
     lim = raise_nofile(need_fds)
@@ -1745,12 +1962,14 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
 
     n_ours = (not args.no_pgmemo) + len(ctx.poolers)  # the proxies we start (memory-tested)
     n_targets = 1 + n_ours + len(args.target)
-    n_runs = len(ctx.workloads) * len(args.clients) * args.rounds * n_targets
-    est = n_runs * (args.duration + 0.3) + 10 + n_targets * args.warmup \
+    n_cache = sum(w.is_cache for w in ctx.workloads) if ctx.pgmemo_cache else 0  # pgmemo+cache's rows
+    n_runs = (len(ctx.workloads) * n_targets + n_cache) * len(args.clients) * args.rounds
+    est = n_runs * (args.duration + 0.3) + 10 + (n_targets + bool(n_cache)) * args.warmup \
         + sum(3 + n / 1500 for n in args.idle_clients) * n_ours
     log(f"{n_runs} pgbench runs of {args.duration} s ({len(ctx.workloads)} workloads x "
-        f"{len(args.clients)} client counts x {args.rounds} rounds x {n_targets} targets); "
-        f"estimated {est / 60:.1f} min")
+        f"{len(args.clients)} client counts x {args.rounds} rounds x {n_targets} targets"
+        + (f", plus {CACHE_TARGET} for the {n_cache} cache workloads" if n_cache else "")
+        + f"); estimated {est / 60:.1f} min")
 
     ctx.tmp = Path(tempfile.mkdtemp(prefix="pgmemo-bench-"))
     chown_tree(ctx.tmp, ctx.run_as)
@@ -1777,10 +1996,13 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     write_csv(ctx.outdir / "cells.csv", cell_rows(args, targets, runs))
     write_csv(ctx.outdir / "memory.csv", mem_rows)
     tbl, notes = table(args, targets, runs)
+    cache_tbl = cache_table(args, targets, runs)
     plot_err = plot(ctx.outdir / "tps.png", args, targets, runs)
     versions = {"postgres": ctx.pg_version, "pgbench": version_of([ctx.pgbench, "--version"])}
     if not args.no_pgmemo:
         versions["pgmemo"] = f"{ctx.pgmemo.version_line}, git {git_rev()}"
+        if ctx.pgmemo_cache:
+            versions[CACHE_TARGET] = "the same binary with --cache"
     for srv in ctx.poolers:
         versions[srv.name] = f"{srv.version_line} ({srv.binary})"
     cmd = "python3 bench/run.py" + ("" if len(sys.argv) < 2 else " " + shlex.join(sys.argv[1:]))
@@ -1792,7 +2014,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
                         for t in targets],
             "workloads": {w.name: shlex.join(w.pgbench_args(args.scale) + ["-M", w.protocol])
                           for w in ctx.workloads},
-            "pgmemo_argv": getattr(getattr(ctx, "pgmemo", None), "argv", None)}
+            "pgmemo_argv": getattr(getattr(ctx, "pgmemo", None), "argv", None),
+            "pgmemo_cache_argv": getattr(ctx.pgmemo_cache, "argv", None)}
     (ctx.outdir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
     head = [f"## pgmemo benchmark {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
@@ -1812,9 +2035,13 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             + (f"`pgmemo/best peer`: pgmemo's median over the best median among the peer poolers "
                f"({', '.join(t.name for t in targets if t.is_peer)}), that peer in parentheses; "
                if comparisons(targets)[2] else "")
-            + "µs CPU/tx = proxy utime+stime (all threads) / transactions.",
+            + "µs CPU/tx = proxy utime+stime (all threads) / transactions."
+            + (f" {CACHE_TARGET} (pgmemo --cache) runs only the cache workloads (`—` elsewhere)."
+               if ctx.pgmemo_cache else ""),
             ""]
     body = head + [tbl, ""]
+    if cache_tbl:
+        body += [cache_tbl, ""]
     if notes:
         body += ["Failures:", ""] + notes + [""]
     if mem_rows:

@@ -2,15 +2,19 @@
 """Smoke test of the benchmark harness (not a performance test: nothing about
 speed is asserted).
 
-Runs `python3 bench/run.py --quick --duration 1` (scale 1, 200 idle clients) into a
-temp dir and checks that:
+Runs `python3 bench/run.py --quick --duration 1` (scale 1, 200 idle clients, the
+default workloads plus one result-cache cell, cache-hot) into a temp dir and
+checks that:
   * it exits 0 and prints the table with a row for every workload (simple,
-    extended, prepared, orm-simple) x client count, a TPS cell (a number or
-    FAIL(k/n)) for every target, a CPU µs/tx column for every proxy and, with
-    pgmemo and a peer, a `pgmemo/best peer` column;
+    extended, prepared, orm-simple, cache-hot) x client count, a TPS cell (a
+    number or FAIL(k/n)) for every target, a CPU µs/tx column for every proxy and,
+    with pgmemo and a peer, a `pgmemo/best peer` column;
+  * with pgmemo, the target pgmemo+cache (pgmemo --cache) is there, runs cache-hot
+    only (its other cells are `—`), and the "Result cache" table has a cache-hot
+    row with a hit ratio (also in runs.csv) and 0 failed transactions;
   * direct PostgreSQL never fails (if it does, the harness is broken);
   * runs.csv has one row per run, cells.csv one per cell, the memory table a row
-    per proxy;
+    per proxy (but pgmemo+cache, which the harness leaves out of it);
   * tps.png exists when matplotlib is installed;
   * every port the run used is closed afterwards (nothing left running, also
     Odyssey's daemon).
@@ -44,7 +48,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-WORKLOADS = ["simple", "extended", "prepared", "orm-simple"]
+WORKLOADS = ["simple", "extended", "prepared", "orm-simple", "cache-hot"]
+CACHE_WORKLOADS = ["cache-hot"]  # the only ones pgmemo+cache runs
+CACHE_TARGET = "pgmemo+cache"
 CLIENTS = [8]
 CELL_RE = re.compile(r"^(?:[\d,]+(?: \([\d,]+–[\d,]+\))?(?: FAIL\(\d+/\d+\))?|FAIL\(\d+/\d+\))$")
 BEST_RE = re.compile(r"^(?:—|\d+\.\d\d\*? \((?:pgbouncer|odyssey)-\S+\))$")
@@ -83,12 +89,15 @@ def prerequisites() -> str | None:
     return None
 
 
-def parse_table(stdout: str):
-    lines = [l for l in stdout.splitlines() if l.startswith("| workload | clients |")]
+def parse_table(stdout: str, after: str | None = None):
+    """The first markdown table whose header starts with `| workload | clients |`
+    (after the line `after`, when given): its header and {(workload, clients): row}."""
+    all_lines = stdout.splitlines()
+    first = all_lines.index(after) + 1 if after in all_lines else (0 if after is None else len(all_lines))
+    lines = [l for l in all_lines[first:] if l.startswith("| workload | clients |")]
     if not lines:
         return None, {}
-    start = stdout.splitlines().index(lines[0])
-    all_lines = stdout.splitlines()
+    start = all_lines.index(lines[0], first)
     header = [c.strip() for c in all_lines[start].strip("|").split("|")]
     rows = {}
     for l in all_lines[start + 2:]:
@@ -116,7 +125,7 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
     out = Path(tempfile.mkdtemp(prefix="pgmemo-smoke-"))
     try:
         argv = [sys.executable, str(BENCH / "run.py"), "--quick", "--duration", "1", "--scale", "1",
-                "--idle-clients", "200", "--out", str(out)]
+                "--idle-clients", "200", "--workloads", ",".join(WORKLOADS), "--out", str(out)]
         targets = ["direct"]
         binary = REPO / "target" / "release" / "pgmemo"
         if os.environ.get("PGMEMO_SMOKE_BUILD") == "1":
@@ -149,13 +158,18 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         kinds = {}
         for t in meta["targets"]:
             kinds.setdefault(t["kind"], []).append(t["name"])
-        want_kinds = {"direct": 1, "pgmemo": int("pgmemo" in targets),
+        # pgmemo and, for the cache workload, pgmemo+cache (the same binary with --cache)
+        want_kinds = {"direct": 1, "pgmemo": 2 * int("pgmemo" in targets),
                       "pgbouncer": int(debian_bouncer) + int(not why), "odyssey": int(not why)}
         for kind, n in want_kinds.items():
             if len(kinds.get(kind, [])) != n:
                 problems.append(f"expected {n} target(s) of kind {kind}, got {kinds.get(kind, [])}")
         targets = [t["name"] for t in meta["targets"]]
         proxies = targets[1:]
+        has_cache = CACHE_TARGET in targets
+        if has_cache != ("pgmemo" in targets):
+            problems.append(f"target {CACHE_TARGET} expected exactly when pgmemo runs: {targets}")
+        runs_wl = lambda t, wl: t != CACHE_TARGET or wl in CACHE_WORKLOADS  # the cells a target runs
         peers = [t["name"] for t in meta["targets"] if t["kind"] in PEER_KINDS]
         header, rows = parse_table(r.stdout)
         if header is None:
@@ -177,6 +191,10 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
                     continue
                 for t in targets:
                     v = row.get(f"{t} TPS", "")
+                    if not runs_wl(t, wl):
+                        if v != "—":
+                            problems.append(f"cell {wl}/{c}/{t} is {v!r}, expected — (not run by design)")
+                        continue
                     if not CELL_RE.match(v):
                         problems.append(f"cell {wl}/{c}/{t} is {v!r}, expected a TPS or FAIL(k/n)")
                     if t == "direct" and "FAIL" in v:
@@ -185,7 +203,7 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
                     problems.append(f"pgmemo/best peer in {wl}/{c} is {row.get('pgmemo/best peer')!r}")
         with open(out / "runs.csv") as f:
             runs = list(csv.DictReader(f))
-        want = len(WORKLOADS) * len(CLIENTS) * len(targets)
+        want = sum(runs_wl(t, wl) for wl in WORKLOADS for t in targets) * len(CLIENTS)
         if len(runs) != want:
             problems.append(f"runs.csv has {len(runs)} rows, expected {want}")
         with open(out / "cells.csv") as f:
@@ -194,6 +212,8 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
             problems.append(f"cells.csv rows: {[x['workload'] for x in cells]}")
         if has_best and cells and "pgmemo/best_peer" not in cells[0]:
             problems.append("cells.csv has no pgmemo/best_peer column")
+        if has_cache:
+            problems += check_cache(r.stdout, runs, cells)
         mem_path = out / "memory.csv"
         mem = set()
         if mem_path.exists():
@@ -202,7 +222,8 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         for t in proxies:
             mine = [x for x in runs if x["target"] == t]
             # a proxy that was never skipped as broken must have been memory-tested
-            if mine and not any(x["error"].startswith("not run") for x in mine) and t not in mem:
+            if t != CACHE_TARGET and mine and not any(x["error"].startswith("not run") for x in mine) \
+                    and t not in mem:
                 problems.append(f"memory.csv has no row for {t}")
         if mem and "| proxy | idle clients |" not in r.stdout:
             problems.append("memory table missing from stdout")
@@ -216,6 +237,33 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         return problems
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def check_cache(stdout: str, runs: list[dict], cells: list[dict]) -> list[str]:
+    """The result-cache part: the "Result cache" table's rows, the hit ratio in
+    runs.csv and cells.csv, and no failed transaction through pgmemo+cache."""
+    problems = []
+    header, rows = parse_table(stdout, after="### Result cache")
+    if header is None:
+        return ["no `### Result cache` table in stdout"]
+    for col in (f"{CACHE_TARGET} TPS", f"{CACHE_TARGET}/pgmemo", "hit ratio", f"{CACHE_TARGET} failed tx"):
+        if col not in header:
+            problems.append(f"Result cache table has no column {col!r}: {header}")
+    if sorted(rows) != sorted((wl, str(c)) for wl in CACHE_WORKLOADS for c in CLIENTS):
+        problems.append(f"Result cache table rows: {sorted(rows)}")
+    for key, row in rows.items():
+        if not re.match(r"^\d+\.\d%", row.get("hit ratio", "")):
+            problems.append(f"Result cache {key}: hit ratio {row.get('hit ratio')!r}")
+        if row.get(f"{CACHE_TARGET} failed tx") != "0":
+            problems.append(f"Result cache {key}: failed tx {row.get(f'{CACHE_TARGET} failed tx')!r}")
+    mine = [x for x in runs if x["target"] == CACHE_TARGET]
+    if not mine or any(x["workload"] not in CACHE_WORKLOADS for x in mine):
+        problems.append(f"runs.csv: {CACHE_TARGET} ran {[x['workload'] for x in mine]}")
+    if any(x["ok"] == "True" and not x["cache_hit_ratio"] for x in mine):
+        problems.append(f"runs.csv: a {CACHE_TARGET} run without cache_hit_ratio")
+    if cells and f"{CACHE_TARGET}_hit_ratio" not in cells[0]:
+        problems.append(f"cells.csv has no {CACHE_TARGET}_hit_ratio column")
+    return problems
 
 
 def test_quick_smoke():

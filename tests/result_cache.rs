@@ -35,6 +35,22 @@ fn rule(name: &str, contains: &str) -> Rule {
     }
 }
 
+/// Serves `db` as itself and as `alias`, whose pool logs into the server as `scram_user`:
+/// a second pool on the same database, under another role.
+fn with_alias(config: &mut Config, db: &str, alias: &str) {
+    use pgmemo::config::DatabaseConfig;
+    config.databases.insert(db.into(), DatabaseConfig::default());
+    config.databases.insert(
+        alias.into(),
+        DatabaseConfig {
+            dbname: Some(db.into()),
+            user: Some(SCRAM_USER.into()),
+            password: Some(SCRAM_PASS.into()),
+            ..DatabaseConfig::default()
+        },
+    );
+}
+
 async fn raw_proxy(proxy: &Pgmemo, db: &str) -> RawClient {
     RawClient::connect(proxy.local_addr(), PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
         .await
@@ -170,15 +186,17 @@ async fn writes_through_pgmemo_invalidate() {
          CREATE TABLE child (id int PRIMARY KEY, k int REFERENCES kv ON DELETE CASCADE);
          INSERT INTO child VALUES (1, 1), (2, 2);
          CREATE VIEW kv_view AS SELECT k, v * 2 AS twice FROM kv;
-         CREATE FUNCTION bump(key int) RETURNS int LANGUAGE sql AS 'UPDATE kv SET v = v + 100 WHERE k = key RETURNING v';",
+         CREATE FUNCTION bump(key int) RETURNS int LANGUAGE sql AS 'UPDATE kv SET v = v + 100 WHERE k = key RETURNING v';
+         GRANT SELECT, UPDATE ON kv TO scram_user;",
     )
     .await;
-    let proxy = start_pgmemo(cache_config(
+    let mut config = cache_config(
         PoolMode::Transaction,
         2,
         vec![rule("kv", "kv"), rule("child", "FROM child")],
-    ))
-    .await;
+    );
+    with_alias(&mut config, DB, "cache_writes_other");
+    let proxy = start_pgmemo(config).await;
     let mut reader = raw_proxy(&proxy, DB).await;
     let mut writer = raw_proxy(&proxy, DB).await;
     let mut direct = raw_direct(DB).await;
@@ -441,26 +459,31 @@ async fn set_role_turns_caching_off_for_that_client() {
          INSERT INTO rows_by_role VALUES ('pgmemo', 1), ('cache_other', 2);
          ALTER TABLE rows_by_role ENABLE ROW LEVEL SECURITY; ALTER TABLE rows_by_role FORCE ROW LEVEL SECURITY;
          CREATE POLICY mine ON rows_by_role USING (owner = current_user);
-         GRANT SELECT ON rows_by_role TO cache_other; GRANT cache_other TO pgmemo;",
+         INSERT INTO rows_by_role VALUES ('scram_user', 3);
+         GRANT SELECT ON rows_by_role TO cache_other, scram_user; GRANT cache_other TO pgmemo;",
     )
     .await;
-    let proxy = start_pgmemo(cache_config(
-        PoolMode::Session,
-        2,
-        vec![rule("roles", "rows_by_role")],
-    ))
-    .await;
+    let mut config = cache_config(PoolMode::Session, 2, vec![rule("roles", "rows_by_role")]);
+    with_alias(&mut config, DB, "cache_roles_other");
+    let proxy = start_pgmemo(config).await;
     let sql = "SELECT v FROM rows_by_role";
     let mut a = raw_proxy(&proxy, DB).await;
     assert_eq!(first_value(&run(&mut a, sql).await).as_deref(), Some("1"));
     assert_eq!(first_value(&run(&mut a, sql).await).as_deref(), Some("1"));
     assert_eq!(stats(&proxy, "roles").0, 1, "the owner's read is cached");
+    // The same text in a pool whose server role is another: its own rows, its own entry.
+    let mut other = raw_proxy(&proxy, "cache_roles_other").await;
+    for _ in 0..2 {
+        assert_eq!(first_value(&run(&mut other, sql).await).as_deref(), Some("3"));
+    }
+    assert_eq!(stats(&proxy, "roles").0, 2, "each role's read is cached apart");
+    assert_eq!(stats(&proxy, "roles").2, 2, "two entries");
     let mut b = raw_proxy(&proxy, DB).await;
     run(&mut b, "SET ROLE cache_other").await;
     for _ in 0..2 {
         assert_eq!(first_value(&run(&mut b, sql).await).as_deref(), Some("2"));
     }
-    assert_eq!(stats(&proxy, "roles").0, 1, "no hit for the other role");
+    assert_eq!(stats(&proxy, "roles").0, 2, "no hit after SET ROLE");
     assert!(bypassed(&proxy, "role or setting changed") >= 2);
 }
 
