@@ -9,7 +9,7 @@
 -- -s SCALE must be given: for a custom script :scale is 1 otherwise.
 \set r random(1, 100)
 \if :r <= 90
-\set aid random_zipfian(1, 100000 * :scale, 1.1)
+\set aid random_zipfian(1, 100000, 1.1)
 /* pgmemo cache ttl=60s */ SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
 \else
 \set mine :client_id + 1

@@ -39,7 +39,9 @@ fn rule(name: &str, contains: &str) -> Rule {
 /// a second pool on the same database, under another role.
 fn with_alias(config: &mut Config, db: &str, alias: &str) {
     use pgmemo::config::DatabaseConfig;
-    config.databases.insert(db.into(), DatabaseConfig::default());
+    config
+        .databases
+        .insert(db.into(), DatabaseConfig::default());
     config.databases.insert(
         alias.into(),
         DatabaseConfig {
@@ -474,9 +476,16 @@ async fn set_role_turns_caching_off_for_that_client() {
     // The same text in a pool whose server role is another: its own rows, its own entry.
     let mut other = raw_proxy(&proxy, "cache_roles_other").await;
     for _ in 0..2 {
-        assert_eq!(first_value(&run(&mut other, sql).await).as_deref(), Some("3"));
+        assert_eq!(
+            first_value(&run(&mut other, sql).await).as_deref(),
+            Some("3")
+        );
     }
-    assert_eq!(stats(&proxy, "roles").0, 2, "each role's read is cached apart");
+    assert_eq!(
+        stats(&proxy, "roles").0,
+        2,
+        "each role's read is cached apart"
+    );
     assert_eq!(stats(&proxy, "roles").2, 2, "two entries");
     let mut b = raw_proxy(&proxy, DB).await;
     run(&mut b, "SET ROLE cache_other").await;

@@ -72,7 +72,9 @@ struct EntryWeight;
 impl quick_cache::Weighter<Box<[u8]>, Arc<Entry>> for EntryWeight {
     fn weight(&self, key: &Box<[u8]>, value: &Arc<Entry>) -> u64 {
         // The key and reply bytes, and the entry's own bookkeeping.
-        (key.len() + value.reply.len() + 160 + 16 * value.seen.slots.len()) as u64
+        // The entry, its Arc and Box headers, the store's slot and the allocator's rounding
+        // come to about 320 bytes besides the key and reply (measured against RSS).
+        (key.len() + value.reply.len() + 320 + 16 * value.seen.slots.len()) as u64
     }
 }
 
@@ -129,6 +131,8 @@ pub struct Shape {
     /// The text it was decided for, compared on lookup (the map is keyed by its hash).
     text: Box<[u8]>,
     analysis: Arc<Analysis>,
+    /// The normalized text, for SHOW CACHE ENTRIES.
+    display: Arc<str>,
 }
 
 /// Which tables a cacheable shape reads under one search_path, or why it is not cacheable.
@@ -163,7 +167,6 @@ pub struct Where<'a> {
     pub database: &'a str,
     pub user: &'a str,
     /// The search_path the client's queries run with; None: the server's default.
-    pub search_path: Option<&'a str>,
     /// A transaction block is open or other work is in flight.
     pub busy: bool,
 }
@@ -320,6 +323,7 @@ impl ResultCache {
         let original = std::str::from_utf8(sql).ok()?;
         let shape = Arc::new(Shape {
             text: text.into(),
+            display: String::from_utf8_lossy(text).into(),
             analysis: Arc::new(analysis::analyze(original)),
         });
         self.shapes.insert(hash, shape.clone());
@@ -374,6 +378,7 @@ impl ResultCache {
             Candidate {
                 hint_source: sql,
                 text: &text,
+                display: Some(&shape.display),
                 hash: client.lexed.shape,
                 analysis: &shape.analysis,
                 extended: false,
@@ -409,6 +414,7 @@ impl ResultCache {
             Candidate {
                 hint_source: &statement.key.query,
                 text: &statement.key.query,
+                display: None,
                 hash,
                 analysis: &analysis,
                 extended: true,
@@ -484,8 +490,7 @@ impl ResultCache {
             Ok(reads) => reads,
             Err(why) => return bypass(*why),
         };
-        let path_hash = lexer::hasher().hash_one((at.database, at.search_path));
-        let plan_key = (query.hash, path_hash);
+        let plan_key = (query.hash, client.path_hash);
         let catalog = self.versions.get(catalog_slot(at.database));
         let plan = match self.plans.get(&plan_key) {
             Some(plan) if plan.catalog == catalog => plan,
@@ -497,7 +502,7 @@ impl ResultCache {
                     .is_none_or(|s| s.generation != catalog);
                 return Lookup::Resolve(Resolve {
                     snapshot,
-                    sql: catalog::resolve_sql(reads, at.search_path),
+                    sql: catalog::resolve_sql(reads, client.search_path.as_deref()),
                     database: at.database.into(),
                     plan_key,
                     analysis: query.analysis.clone(),
@@ -536,9 +541,9 @@ impl ResultCache {
             seen: self.versions.capture(slots),
             chosen: rule,
             stats,
-            text: text.into(),
+            text: query.display.cloned().unwrap_or_else(|| text.into()),
             tables: plan.tables.clone(),
-            database: at.database.into(),
+            database: client.database.clone(),
             reply: BytesMut::new(),
             rows: false,
             spoiled: None,
@@ -614,7 +619,8 @@ impl ResultCache {
             return;
         }
         let entry = Entry {
-            reply: std::mem::take(&mut fill.reply).freeze(),
+            // Exactly its size: the fill's buffer grew by doubling.
+            reply: Bytes::copy_from_slice(&fill.reply),
             expires: Instant::now() + fill.chosen.ttl,
             seen: std::mem::take(&mut fill.seen),
             rule: fill.stats.clone(),
@@ -697,6 +703,8 @@ struct Candidate<'a> {
     hint_source: &'a [u8],
     /// What rules match: the normalized text (simple queries) or the statement's text.
     text: &'a [u8],
+    /// The same, shareable (for the entry), when it is at hand.
+    display: Option<&'a Arc<str>>,
     hash: u64,
     analysis: &'a Arc<Analysis>,
     extended: bool,
@@ -839,6 +847,11 @@ pub struct ClientCache {
     context: Vec<u8>,
     /// What `context` was built from.
     context_of: Option<(u64, u32)>,
+    /// The search_path the context was built with (None: the server's default), its hash
+    /// with the database (plans are per search_path), and the database.
+    search_path: Option<Box<str>>,
+    path_hash: u64,
+    database: Arc<str>,
     /// The client changed its role or a setting outside the key: no caching for it.
     pub off: bool,
     /// What the statements sent since the last settled transaction may change.
@@ -870,9 +883,28 @@ impl ClientCache {
         self.context_of != Some((params_version, statement_context))
     }
 
+    /// Whether the context was built for this search_path.
+    pub fn has_search_path(&self, search_path: Option<&str>) -> bool {
+        self.search_path.as_deref() == search_path
+    }
+
     /// Sets the part of keys that comes from the client's context.
-    pub fn set_context(&mut self, params_version: u64, statement_context: u32, parts: &[&str]) {
+    pub fn set_context(
+        &mut self,
+        params_version: u64,
+        statement_context: u32,
+        database: &str,
+        search_path: Option<&str>,
+        parts: &[&str],
+    ) {
+        if &*self.database != database {
+            self.database = database.into();
+        }
+        self.search_path = search_path.map(Into::into);
+        self.path_hash = lexer::hasher().hash_one((database, search_path));
         self.context.clear();
+        self.context.extend_from_slice(database.as_bytes());
+        self.context.push(0);
         self.context
             .extend_from_slice(&statement_context.to_le_bytes());
         for p in parts {

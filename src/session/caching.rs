@@ -71,19 +71,20 @@ impl Session {
                 .is_some_and(|s| s.status != b'I' || !s.wbuf.is_empty())
     }
 
-    /// The search_path the client's queries run with (None: the server's), after bringing
-    /// the client's key context up to date.
-    fn cache_context(&mut self) -> Option<String> {
-        let settings = self.pool.settings();
+    /// Brings the client's key context up to date (settings, role, search_path), rebuilt
+    /// only when one of them changed.
+    fn cache_context(&mut self) {
         let search_path = self
             .stmts
             .as_ref()
             .and_then(|s| s.search_path.effective())
-            .or_else(|| self.settings.get("search_path"))
-            .map(str::to_owned);
+            .or_else(|| self.settings.get("search_path"));
         let statement_context = self.stmts.as_ref().map_or(0, |s| s.context);
         let client = self.cache.get_or_insert_with(Default::default);
-        if client.needs_context(self.params_version, statement_context) {
+        if client.needs_context(self.params_version, statement_context)
+            || !client.has_search_path(search_path)
+        {
+            let settings = self.pool.settings();
             let mut parts: Vec<&str> = vec![&settings.target.user];
             parts.extend(
                 KEYED_REPORTED
@@ -95,10 +96,15 @@ impl Session {
                     .iter()
                     .map(|n| self.settings.get(n).unwrap_or("")),
             );
-            parts.push(search_path.as_deref().unwrap_or(""));
-            client.set_context(self.params_version, statement_context, &parts);
+            parts.push(search_path.unwrap_or(""));
+            client.set_context(
+                self.params_version,
+                statement_context,
+                &settings.target.dbname,
+                search_path,
+                &parts,
+            );
         }
-        search_path
     }
 
     /// Answers an extended-protocol batch (see [`crate::cache::batch`]) from the cache when
@@ -108,7 +114,7 @@ impl Session {
     async fn cached_batch(&mut self) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
-        let search_path = self.cache_context();
+        self.cache_context();
         let settings = self.pool.settings();
         let mut may_wait = true;
         let mut resolves = 0;
@@ -152,7 +158,6 @@ impl Session {
             let at = Where {
                 database: &settings.target.dbname,
                 user: &self.info.user,
-                search_path: search_path.as_deref(),
                 busy: false,
             };
             let client = self.cache.get_or_insert_with(Default::default);
@@ -216,42 +221,15 @@ impl Session {
     ) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
+        let busy = self.cache_busy();
+        self.cache_context();
         let settings = self.pool.settings();
-        let busy = !self.replies.is_empty()
-            || self
-                .server
-                .as_ref()
-                .is_some_and(|s| s.status != b'I' || !s.wbuf.is_empty());
-        let search_path = self
-            .stmts
-            .as_ref()
-            .and_then(|s| s.search_path.effective())
-            .or_else(|| self.settings.get("search_path"))
-            .map(str::to_owned);
-        let statement_context = self.stmts.as_ref().map_or(0, |s| s.context);
-        let client = self.cache.get_or_insert_with(Default::default);
-        if client.needs_context(self.params_version, statement_context) {
-            let mut parts: Vec<&str> = vec![&settings.target.user];
-            parts.extend(
-                KEYED_REPORTED
-                    .iter()
-                    .map(|n| self.reported.get(n).unwrap_or("")),
-            );
-            parts.extend(
-                KEYED_UNREPORTED
-                    .iter()
-                    .map(|n| self.settings.get(n).unwrap_or("")),
-            );
-            parts.push(search_path.as_deref().unwrap_or(""));
-            client.set_context(self.params_version, statement_context, &parts);
-        }
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
             let at = Where {
                 database: &settings.target.dbname,
                 user: &self.info.user,
-                search_path: search_path.as_deref(),
                 busy,
             };
             let client = self.cache.get_or_insert_with(Default::default);
