@@ -45,11 +45,12 @@ three cache workloads with --cache-workloads):
     of a point select, a join with an IN list, an UPDATE and an INSERT, each its
     own autocommit statement, with that -M protocol (one "transaction" = one run
     of the script = 4 statements);
-  * cache-hot, cache-uniform, cache-rw: the result cache, `-M simple`, run by every
-    target (for all but pgmemo+cache the hint is just a comment):
+  * cache-hot, cache-uniform, cache-rw: the result cache, `-M simple` (and
+    cache-hot-extended etc. with `-M extended`), run by every target (for all but
+    pgmemo+cache the hint is just a comment):
       cache-hot      bench/cache_hot.sql: a point select of pgbench_accounts with
                      a leading `/* pgmemo cache ttl=60s */` hint, the aid drawn
-                     random_zipfian(1, 100000 * scale, 1.1): a few hot keys, a high
+                     random_zipfian(1, 100000, 1.1): a few hot keys, a high
                      hit ratio (the CPU µs per transaction is about that of a hit);
       cache-uniform  bench/cache_uniform.sql: the same select, the aid uniform: a
                      low hit ratio, so pgmemo+cache / pgmemo is the miss path's
@@ -134,14 +135,17 @@ DB_USER = "bench"
 DB_NAME = "bench"
 PROTOCOLS = ("simple", "extended", "prepared")
 ORM_SCRIPT = BENCH_DIR / "orm.sql"
-# The result-cache workloads (always -M simple: pgmemo caches simple queries) and their scripts.
-CACHE_SCRIPTS = {"cache-hot": BENCH_DIR / "cache_hot.sql",
-                 "cache-uniform": BENCH_DIR / "cache_uniform.sql",
-                 "cache-rw": BENCH_DIR / "cache_rw.sql"}
-CACHE_WORKLOADS = tuple(CACHE_SCRIPTS)
+# The result-cache workloads and their scripts: -M simple, and with an -extended suffix -M
+# extended (the statement's hint is in its text, so both protocols are cached).
+_CACHE_BASE = {"cache-hot": BENCH_DIR / "cache_hot.sql",
+               "cache-uniform": BENCH_DIR / "cache_uniform.sql",
+               "cache-rw": BENCH_DIR / "cache_rw.sql"}
+CACHE_SCRIPTS = {**_CACHE_BASE, **{f"{k}-extended": v for k, v in _CACHE_BASE.items()}}
+# The default cache workloads (--cache-workloads): simple and extended hot, the others simple.
+CACHE_WORKLOADS = ("cache-hot", "cache-hot-extended", "cache-uniform", "cache-rw")
 # Every workload name: the select-only protocols, the ORM-like script with each protocol,
 # and the cache workloads.
-WORKLOADS = PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS) + CACHE_WORKLOADS
+WORKLOADS = PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS) + tuple(CACHE_SCRIPTS)
 # The pgmemo with its result cache on (--cache), started when a cache workload is selected.
 CACHE_TARGET = "pgmemo+cache"
 # The same client limit for every proxy, above the largest default idle-client test (5000).
@@ -1019,7 +1023,8 @@ class Workload:
         if name.startswith("orm-") and name[4:] in PROTOCOLS:
             return cls(name, name[4:], ORM_SCRIPT)
         if name in CACHE_SCRIPTS:
-            return cls(name, "simple", CACHE_SCRIPTS[name])
+            protocol = "extended" if name.endswith("-extended") else "simple"
+            return cls(name, protocol, CACHE_SCRIPTS[name])
         raise ValueError(f"unknown workload {name!r} (use {', '.join(WORKLOADS)})")
 
     @property
@@ -1863,9 +1868,10 @@ def workloads_text(workloads: list[Workload], args) -> str:
                      "with an IN list of three ids, an UPDATE and an INSERT, each its own autocommit "
                      "statement; one transaction = one run of the script)")
     if cache:
-        parts.append(f"`-f bench/cache_*.sql -s {args.scale}` (rows {', '.join(cache)}, -M simple: a point "
+        parts.append(f"`-f bench/cache_*.sql -s {args.scale}` (rows {', '.join(cache)}, -M simple or, "
+                     "for the -extended rows, extended: a point "
                      "select of pgbench_accounts with a `/* pgmemo cache ttl=60s */` hint, aid "
-                     f"random_zipfian(1, {100000 * args.scale:,}, 1.1) in cache-hot, uniform in "
+                     f"random_zipfian(1, 100,000, 1.1) in cache-hot, uniform over {100000 * args.scale:,} in "
                      "cache-uniform; cache-rw: 90 % the hot select, 10 % an UPDATE of the client's own row "
                      "and a cached read of it that aborts the client if it is not the value written)")
     return (f"Workloads: `pgbench -n -j 2 -c C -T {args.duration} -M P` with " + " or ".join(parts)

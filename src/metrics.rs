@@ -291,7 +291,8 @@ fn cache_metrics(app: &App, out: &mut String) {
     let (bytes, limit) = app.cache.memory();
     let _ = writeln!(
         out,
-        "# HELP pgmemo_cache_bytes Bytes held by the result cache.\n# TYPE pgmemo_cache_bytes gauge\npgmemo_cache_bytes {bytes}\n# HELP pgmemo_cache_limit_bytes The result cache's memory limit.\n# TYPE pgmemo_cache_limit_bytes gauge\npgmemo_cache_limit_bytes {limit}\n# HELP pgmemo_cache_flushes_total Whole-database or whole-cache invalidations.\n# TYPE pgmemo_cache_flushes_total counter\npgmemo_cache_flushes_total {}",
-        app.cache.flushes.load(Relaxed)
+        "# HELP pgmemo_cache_bytes Bytes held by the result cache.\n# TYPE pgmemo_cache_bytes gauge\npgmemo_cache_bytes {bytes}\n# HELP pgmemo_cache_limit_bytes The result cache's memory limit.\n# TYPE pgmemo_cache_limit_bytes gauge\npgmemo_cache_limit_bytes {limit}\n# HELP pgmemo_cache_flushes_total Whole-database or whole-cache invalidations.\n# TYPE pgmemo_cache_flushes_total counter\npgmemo_cache_flushes_total {}\n# HELP pgmemo_cache_flight_timeouts_total Misses that waited flight_wait for another client's fetch in vain.\n# TYPE pgmemo_cache_flight_timeouts_total counter\npgmemo_cache_flight_timeouts_total {}",
+        app.cache.flushes.load(Relaxed),
+        app.cache.flight_timeouts.load(Relaxed)
     );
 }

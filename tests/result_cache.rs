@@ -782,6 +782,11 @@ async fn extended_protocol_hits_are_byte_identical() {
     // A statement no server has accepted yet goes to a server first (as PostgreSQL must
     // judge it): the first two unnamed statements are new in round 0 and fill in round 1.
     assert_eq!(hits, 1 + 1 + 2 + 4 * 2, "hits");
+    assert_eq!(
+        proxy.app().cache.flight_timeouts.load(Relaxed),
+        0,
+        "no batch waited for a fetch (its own) that never ended"
+    );
     // A write through the extended protocol invalidates the extended entries.
     through
         .send(&[Frontend::query(

@@ -106,15 +106,15 @@ pub struct Flight {
 }
 
 impl Flight {
-    /// Waits until the fetch ends (stored or not), at most `limit`.
-    pub async fn wait(&self, limit: Duration) {
+    /// Waits until the fetch ends (stored or not), at most `limit`; false if it did not.
+    pub async fn wait(&self, limit: Duration) -> bool {
         let notified = self.done.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         if self.finished.load(std::sync::atomic::Ordering::Acquire) {
-            return;
+            return true;
         }
-        let _ = tokio::time::timeout(limit, notified).await;
+        tokio::time::timeout(limit, notified).await.is_ok()
     }
 
     fn finish(&self) {
@@ -160,6 +160,8 @@ pub struct ResultCache {
     pub bypasses: [AtomicU64; BYPASS_REASONS.len()],
     /// Database flushes and whole-cache flushes, by writes, DDL and CACHE FLUSH.
     pub flushes: AtomicU64,
+    /// Clients that waited `flight_wait` for another's fetch in vain.
+    pub flight_timeouts: AtomicU64,
 }
 
 /// Where a lookup happens: the client's context.
@@ -221,6 +223,7 @@ impl ResultCache {
             rules: ArcSwap::from_pointee(Vec::new()),
             bypasses: Default::default(),
             flushes: AtomicU64::new(0),
+            flight_timeouts: AtomicU64::new(0),
         };
         cache.reconfigure(config);
         cache

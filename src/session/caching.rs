@@ -64,7 +64,10 @@ impl Session {
 
     /// Something is in flight or a transaction is open: the cache cannot answer.
     fn cache_busy(&self) -> bool {
-        !self.replies.is_empty()
+        // An extended batch whose first messages pgmemo answered itself is still open.
+        self.replies.in_batch()
+            || self.cache.as_ref().is_some_and(|c| c.fill.is_some())
+            || !self.replies.is_empty()
             || self
                 .server
                 .as_ref()
@@ -195,7 +198,11 @@ impl Session {
                 }
                 Lookup::Wait(flight) => {
                     let limit = app.config.load().cache.flight_wait;
-                    flight.wait(limit).await;
+                    if !flight.wait(limit).await {
+                        cache
+                            .flight_timeouts
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     may_wait = false;
                 }
                 Lookup::Resolve(job) => {
@@ -248,7 +255,11 @@ impl Session {
                 }
                 Lookup::Wait(flight) => {
                     let limit = app.config.load().cache.flight_wait;
-                    flight.wait(limit).await;
+                    if !flight.wait(limit).await {
+                        cache
+                            .flight_timeouts
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     may_wait = false;
                 }
                 Lookup::Resolve(job) => {
