@@ -18,6 +18,8 @@ fn cache_config(mode: PoolMode, pool_size: u32, rules: Vec<Rule>) -> Config {
     let mut config = test_config(mode, pool_size);
     config.cache.enabled = true;
     config.cache.rules = rules;
+    // Exact counts below: store at the first miss (admit_after = 2 has its own test).
+    config.cache.admit_after = 1;
     config
 }
 
@@ -831,4 +833,27 @@ async fn extended_protocol_hits_are_byte_identical() {
             .collect();
         assert_eq!(got, expected);
     }
+}
+
+/// With `admit_after = 2` (the default) a key is stored at its second miss, so keys read once
+/// cost no store; a key other clients waited for is stored at once.
+#[tokio::test]
+async fn keys_are_admitted_at_their_second_miss() {
+    const DB: &str = "cache_admit";
+    setup(DB, "CREATE TABLE a (v int); INSERT INTO a VALUES (1);").await;
+    let mut config = cache_config(PoolMode::Transaction, 2, vec![rule("a", "FROM a")]);
+    config.cache.admit_after = 2;
+    let proxy = start_pgmemo(config).await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    for (round, expected) in [(0, (0, 1, 0)), (1, (0, 2, 1)), (2, (1, 2, 1))] {
+        let sql = "SELECT v FROM a WHERE v = 1";
+        assert!(run(&mut c, sql).await == run(&mut direct, sql).await);
+        assert_eq!(
+            stats(&proxy, "a"),
+            expected,
+            "round {round}: (hits, misses, stores)"
+        );
+    }
+    assert_eq!(bypassed(&proxy, "first miss (admitted on the next)"), 1);
 }

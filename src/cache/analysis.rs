@@ -56,9 +56,11 @@ pub enum Bypass {
     Empty,
     /// A table it read was written while it ran.
     WrittenMeanwhile,
+    /// Its key missed for the first time lately (`admit_after = 2`): stored the next time.
+    FirstMiss,
 }
 
-pub const BYPASS_REASONS: [Bypass; 22] = [
+pub const BYPASS_REASONS: [Bypass; 23] = [
     Bypass::ParseError,
     Bypass::NotSelect,
     Bypass::SelectInto,
@@ -81,6 +83,7 @@ pub const BYPASS_REASONS: [Bypass; 22] = [
     Bypass::NotPlainResult,
     Bypass::Empty,
     Bypass::WrittenMeanwhile,
+    Bypass::FirstMiss,
 ];
 
 impl Bypass {
@@ -112,6 +115,7 @@ impl Bypass {
             Bypass::NotPlainResult => "error or notice",
             Bypass::Empty => "empty result",
             Bypass::WrittenMeanwhile => "written while it ran",
+            Bypass::FirstMiss => "first miss (admitted on the next)",
         }
     }
 }

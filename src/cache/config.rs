@@ -21,6 +21,10 @@ pub struct CacheConfig {
     pub default_ttl: Duration,
     /// Results larger than this are not stored (unless a rule says otherwise). Default 1 MiB.
     pub max_result_bytes: usize,
+    /// A result is stored when its key misses for this many times lately (1 or 2). With 2
+    /// (the default) keys read once cost no store and evict nothing useful; a key other
+    /// clients waited for is stored at once.
+    pub admit_after: u32,
     pub rules: Vec<Rule>,
 }
 
@@ -33,6 +37,7 @@ impl Default for CacheConfig {
             flight_wait: Duration::from_secs(2),
             default_ttl: Duration::from_secs(60),
             max_result_bytes: 1024 * 1024,
+            admit_after: 2,
             rules: Vec::new(),
         }
     }
@@ -83,6 +88,7 @@ pub(crate) struct RawCache {
     flight_wait: Option<RawDuration>,
     default_ttl: Option<RawDuration>,
     max_result_bytes: Option<i64>,
+    admit_after: Option<i64>,
     #[serde(default)]
     rules: Vec<RawRule>,
 }
@@ -213,7 +219,13 @@ impl RawCache {
                 )?,
             });
         }
+        let admit_after = match self.admit_after {
+            None => d.admit_after,
+            Some(n @ 1..=2) => n as u32,
+            Some(_) => return Err(ConfigError::invalid("cache.admit_after", "must be 1 or 2")),
+        };
         Ok(CacheConfig {
+            admit_after,
             enabled: self.enabled.unwrap_or(d.enabled),
             max_memory,
             hints: self.hints.unwrap_or(d.hints),

@@ -36,6 +36,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use versions::{Seen, Versions};
 
+/// 2^20 bits: 128 KiB, for about half a million recent one-off keys before a reset.
+const DOORKEEPER_WORDS: usize = 1 << 14;
+
 /// Texts longer than this are not analyzed for their writes: they invalidate their database.
 const MAX_ANALYZED_TEXT: usize = 64 * 1024;
 
@@ -103,11 +106,14 @@ type Store = quick_cache::sync::Cache<
 pub struct Flight {
     done: tokio::sync::Notify,
     finished: AtomicBool,
+    /// Clients that waited for it: their interest admits the result to the store.
+    waiters: AtomicU64,
 }
 
 impl Flight {
     /// Waits until the fetch ends (stored or not), at most `limit`; false if it did not.
     pub async fn wait(&self, limit: Duration) -> bool {
+        self.waiters.fetch_add(1, Relaxed);
         let notified = self.done.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -124,7 +130,9 @@ impl Flight {
     }
 }
 
-type Flights = papaya::HashMap<Box<[u8]>, Arc<Flight>>;
+/// Fetches in progress, by the hash of their key (two keys with one hash only make a client
+/// wait for a fetch that is not its own, then look up again).
+type Flights = papaya::HashMap<u64, Arc<Flight>>;
 
 /// What was decided about one normalized text (or one raw text the lexer refused).
 pub struct Shape {
@@ -162,6 +170,9 @@ pub struct ResultCache {
     pub flushes: AtomicU64,
     /// Clients that waited `flight_wait` for another's fetch in vain.
     pub flight_timeouts: AtomicU64,
+    /// One bit per key hash that missed recently (`admit_after = 2`).
+    doorkeeper: Box<[AtomicU64]>,
+    doorkeeper_set: AtomicU64,
 }
 
 /// Where a lookup happens: the client's context.
@@ -224,6 +235,8 @@ impl ResultCache {
             bypasses: Default::default(),
             flushes: AtomicU64::new(0),
             flight_timeouts: AtomicU64::new(0),
+            doorkeeper: (0..DOORKEEPER_WORDS).map(|_| AtomicU64::new(0)).collect(),
+            doorkeeper_set: AtomicU64::new(0),
         };
         cache.reconfigure(config);
         cache
@@ -528,17 +541,20 @@ impl ResultCache {
             }
         }
         let flights = self.flights.pin();
-        let key: Box<[u8]> = client.key[..].into();
+        let key_hash = lexer::hasher().hash_one(&client.key[..]);
         let flight = Arc::new(Flight::default());
-        match flights.try_insert(key.clone(), flight.clone()) {
+        match flights.try_insert(key_hash, flight.clone()) {
             Ok(_) => {}
             Err(existing) if may_wait => return Lookup::Wait(existing.current.clone()),
             // Waited once already: run it without filling.
             Err(_) => return Lookup::Pass,
         }
         stats.misses.fetch_add(1, Relaxed);
+        let admitted = cfg.admit_after <= 1 || self.seen_before(key_hash);
         client.fill = Some(Fill {
-            key,
+            key: client.key[..].into(),
+            key_hash,
+            admitted,
             flight,
             flights: self.flights.clone(),
             seen: self.versions.capture(slots),
@@ -547,7 +563,7 @@ impl ResultCache {
             text: query.display.cloned().unwrap_or_else(|| text.into()),
             tables: plan.tables.clone(),
             database: client.database.clone(),
-            reply: BytesMut::new(),
+            reply: std::mem::take(&mut client.spare),
             rows: false,
             spoiled: None,
             extended: query.extended,
@@ -603,8 +619,30 @@ impl ResultCache {
         true
     }
 
-    /// Stores a finished fill (see [`ClientCache::capture`]) if it may be.
-    fn store_fill(&self, mut fill: Fill, status: u8) {
+    /// Whether a key (by hash) missed before, recently: the admission doorkeeper of
+    /// `admit_after = 2` (a bit set per hash, all cleared once half are set), so keys asked
+    /// for once cost no store, no eviction of a useful entry and no memory.
+    fn seen_before(&self, key_hash: u64) -> bool {
+        let bits = self.doorkeeper.len() as u64 * 64;
+        let bit = key_hash % bits;
+        let mask = 1u64 << (bit % 64);
+        let before = self.doorkeeper[(bit / 64) as usize].fetch_or(mask, Relaxed);
+        if before & mask != 0 {
+            return true;
+        }
+        if self.doorkeeper_set.fetch_add(1, Relaxed) + 1 > bits / 2 {
+            self.doorkeeper_set.store(0, Relaxed);
+            for word in self.doorkeeper.iter() {
+                word.store(0, Relaxed);
+            }
+        }
+        false
+    }
+
+    /// Stores a finished fill (see [`ClientCache::capture`]) if it may be; gives its buffer
+    /// back for the client's next fill.
+    fn store_fill(&self, mut fill: Fill, status: u8) -> BytesMut {
+        let admitted = fill.admitted || fill.flight.waiters.load(Relaxed) > 0;
         let why = if let Some(why) = fill.spoiled {
             Some(why)
         } else if status != b'I' {
@@ -613,28 +651,39 @@ impl ResultCache {
             Some(Bypass::Empty)
         } else if !self.versions.unchanged(&fill.seen) {
             Some(Bypass::WrittenMeanwhile)
+        } else if !admitted {
+            Some(Bypass::FirstMiss)
         } else {
             None
         };
-        if let Some(why) = why {
-            self.count(why);
-            fill.stats.bypasses.fetch_add(1, Relaxed);
-            return;
+        match why {
+            Some(why) => {
+                self.count(why);
+                fill.stats.bypasses.fetch_add(1, Relaxed);
+            }
+            None => {
+                let entry = Entry {
+                    // Exactly its size (the buffer is reused for the client's next fill).
+                    reply: Bytes::copy_from_slice(&fill.reply),
+                    expires: Instant::now() + fill.chosen.ttl,
+                    seen: std::mem::take(&mut fill.seen),
+                    rule: fill.stats.clone(),
+                    text: fill.text.clone(),
+                    tables: fill.tables.clone(),
+                    database: fill.database.clone(),
+                    hits: AtomicU64::new(0),
+                };
+                fill.stats.stores.fetch_add(1, Relaxed);
+                self.store
+                    .insert(std::mem::take(&mut fill.key), Arc::new(entry));
+            }
         }
-        let entry = Entry {
-            // Exactly its size: the fill's buffer grew by doubling.
-            reply: Bytes::copy_from_slice(&fill.reply),
-            expires: Instant::now() + fill.chosen.ttl,
-            seen: std::mem::take(&mut fill.seen),
-            rule: fill.stats.clone(),
-            text: fill.text.clone(),
-            tables: fill.tables.clone(),
-            database: fill.database.clone(),
-            hits: AtomicU64::new(0),
-        };
-        fill.stats.stores.fetch_add(1, Relaxed);
-        // The key stays with the fill: dropping it ends the flight of that key.
-        self.store.insert(fill.key.clone(), Arc::new(entry));
+        let mut spare = std::mem::take(&mut fill.reply);
+        spare.clear();
+        if spare.capacity() > 64 * 1024 {
+            spare = BytesMut::new();
+        }
+        spare
     }
 
     /// Bumps what `effects` may have changed in `database`.
@@ -815,6 +864,9 @@ struct Chosen {
 /// A result being captured for the store.
 pub struct Fill {
     key: Box<[u8]>,
+    key_hash: u64,
+    /// Stored when it completes (else only if another client waited for it).
+    admitted: bool,
     flight: Arc<Flight>,
     flights: Arc<Flights>,
     seen: Seen,
@@ -834,7 +886,7 @@ impl Drop for Fill {
     fn drop(&mut self) {
         let flights = self.flights.pin();
         flights
-            .remove_if(&self.key, |_, f| Arc::ptr_eq(f, &self.flight))
+            .remove_if(&self.key_hash, |_, f| Arc::ptr_eq(f, &self.flight))
             .ok();
         self.flight.finish();
     }
@@ -865,6 +917,8 @@ pub struct ClientCache {
     committed: bool,
     ended: u32,
     pub fill: Option<Fill>,
+    /// The buffer of the last fill, for the next.
+    spare: BytesMut,
 }
 
 impl ClientCache {
@@ -957,7 +1011,7 @@ impl ClientCache {
                 be::READY_FOR_QUERY => {
                     let status = message.get(5).copied().unwrap_or(b'I');
                     if let Some(fill) = self.fill.take() {
-                        cache.store_fill(fill, status);
+                        self.spare = cache.store_fill(fill, status);
                     }
                     return;
                 }

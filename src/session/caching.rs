@@ -196,22 +196,8 @@ impl Session {
                     self.stats.bytes_sent += entry.reply.len() as u64 + 16;
                     return Ok(true);
                 }
-                Lookup::Wait(flight) => {
-                    let limit = app.config.load().cache.flight_wait;
-                    if !flight.wait(limit).await {
-                        cache
-                            .flight_timeouts
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    may_wait = false;
-                }
-                Lookup::Resolve(job) => {
-                    resolves += 1;
-                    if resolves > 2 {
-                        return Ok(false);
-                    }
-                    let (snapshot, rows) = self.read_catalog(&job).await;
-                    if !cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ())) {
+                step => {
+                    if !self.cache_step(step, &mut may_wait, &mut resolves).await {
                         return Ok(false);
                     }
                 }
@@ -253,26 +239,41 @@ impl Session {
                     self.stats.bytes_sent += entry.reply.len() as u64 + 6;
                     return Ok(true);
                 }
-                Lookup::Wait(flight) => {
-                    let limit = app.config.load().cache.flight_wait;
-                    if !flight.wait(limit).await {
-                        cache
-                            .flight_timeouts
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    may_wait = false;
-                }
-                Lookup::Resolve(job) => {
-                    resolves += 1;
-                    if resolves > 2 || busy {
-                        return Ok(false);
-                    }
-                    let (snapshot, rows) = self.read_catalog(&job).await;
-                    if !cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ())) {
+                step => {
+                    if !self.cache_step(step, &mut may_wait, &mut resolves).await {
                         return Ok(false);
                     }
                 }
             }
+        }
+    }
+
+    /// A lookup that must wait for another client's fetch or read the catalog first: does
+    /// that, and says whether to look up again (a wait happens once per query, catalog reads
+    /// at most twice).
+    async fn cache_step(&mut self, step: Lookup, may_wait: &mut bool, resolves: &mut u32) -> bool {
+        let app = self.app.clone();
+        let cache = &app.cache;
+        match step {
+            Lookup::Wait(flight) => {
+                let limit = app.config.load().cache.flight_wait;
+                if !flight.wait(limit).await {
+                    cache
+                        .flight_timeouts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                *may_wait = false;
+                true
+            }
+            Lookup::Resolve(job) => {
+                *resolves += 1;
+                if *resolves > 2 {
+                    return false;
+                }
+                let (snapshot, rows) = self.read_catalog(&job).await;
+                cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ()))
+            }
+            Lookup::Pass | Lookup::Miss | Lookup::Hit(_) => false,
         }
     }
 
