@@ -31,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use catalog::Snapshot;
 use config::CacheConfig;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use versions::{Seen, Versions};
@@ -113,20 +113,23 @@ pub struct Flight {
 impl Flight {
     /// Waits until the fetch ends (stored or not), at most `limit`; false if it did not.
     pub async fn wait(&self, limit: Duration) -> bool {
-        self.waiters.fetch_add(1, Relaxed);
+        // SeqCst with `finish`: either it sees this waiter, or this sees it finished.
+        self.waiters.fetch_add(1, SeqCst);
         let notified = self.done.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if self.finished.load(std::sync::atomic::Ordering::Acquire) {
+        if self.finished.load(SeqCst) {
             return true;
         }
         tokio::time::timeout(limit, notified).await.is_ok()
     }
 
     fn finish(&self) {
-        self.finished
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.done.notify_waiters();
+        self.finished.store(true, SeqCst);
+        // Most fetches have nobody waiting: no lock in Notify then.
+        if self.waiters.load(SeqCst) > 0 {
+            self.done.notify_waiters();
+        }
     }
 }
 
