@@ -111,6 +111,12 @@ fn run(name: &str, store: Arc<dyn Store>, distinct: bool) {
     );
 }
 
+// moka's weigher is a closure over the key type itself.
+#[allow(clippy::borrowed_box)]
+fn weigh(k: &Box<[u8]>, v: &Arc<Vec<u8>>) -> u32 {
+    (k.len() + v.len() + 64) as u32
+}
+
 fn main() {
     for distinct in [false, true] {
         let quick = Quick(quick_cache::sync::Cache::with_weighter(
@@ -120,7 +126,7 @@ fn main() {
         let moka = Moka(
             moka::sync::Cache::builder()
                 .max_capacity(LIMIT)
-                .weigher(|k: &Box<[u8]>, v: &Arc<Vec<u8>>| (k.len() + v.len() + 64) as u32)
+                .weigher(weigh)
                 .build(),
         );
         run("moka", Arc::new(moka), distinct);
