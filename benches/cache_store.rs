@@ -8,7 +8,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 const THREADS: usize = 2;
-const OPS: usize = 1_000_000;
+/// Operations per thread; `cargo test --all-targets` runs this file too (without `--bench`),
+/// then only a few, as a smoke test.
+fn ops() -> usize {
+    if std::env::args().any(|a| a == "--bench") {
+        1_000_000
+    } else {
+        1_000
+    }
+}
 const LIMIT: u64 = 16 * 1024 * 1024;
 const VALUE: usize = 100;
 
@@ -79,12 +87,13 @@ fn run(name: &str, store: Arc<dyn Store>, distinct: bool) {
         .map(|t| {
             let store = store.clone();
             let value = value.clone();
+            let ops = ops();
             std::thread::spawn(move || {
                 let mut state = 0x9e3779b97f4a7c15u64 ^ (t as u64 + 1);
                 let mut hits = 0u64;
-                for i in 0..OPS {
+                for i in 0..ops {
                     let n = if distinct {
-                        (t * OPS + i) as u64
+                        (t * ops + i) as u64
                     } else {
                         hot(&mut state, 1_000_000)
                     };
@@ -104,8 +113,8 @@ fn run(name: &str, store: Arc<dyn Store>, distinct: bool) {
     println!(
         "{name:<12} {:<9} {:>6.0} ns/op/thread  hit ratio {:>5.1}%  weight {:.1} MiB of {:.0}",
         if distinct { "distinct" } else { "hot" },
-        elapsed.as_nanos() as f64 / OPS as f64,
-        100.0 * hits as f64 / (THREADS * OPS) as f64,
+        elapsed.as_nanos() as f64 / ops() as f64,
+        100.0 * hits as f64 / (THREADS * ops()) as f64,
         store.weight() as f64 / 1048576.0,
         LIMIT as f64 / 1048576.0
     );
