@@ -32,6 +32,8 @@ fn config() -> Config {
     config.general.max_message_size = MAX_MESSAGE;
     config.general.client_login_timeout = LOGIN_TIMEOUT;
     config.general.server_connect_timeout = CONNECT_TIMEOUT;
+    // The result cache reads every Query, Parse and Bind: bad ones must get past it too.
+    config.cache.enabled = true;
     config
 }
 
@@ -392,6 +394,10 @@ async fn malformed_message_bodies_match_postgres() {
         (
             "Query without its terminator",
             vec![Send(vec![raw(b'Q', b"SELECT 1".to_vec())]), Expect(1)],
+        ),
+        (
+            "Query with an empty body",
+            vec![Send(vec![raw(b'Q', Vec::new())]), Expect(1)],
         ),
         (
             "Query with bytes after the terminator",

@@ -42,21 +42,23 @@ impl Session {
         let client = self.cache.get_or_insert_with(Default::default);
         match tag {
             fe::BIND => {
-                let body = &self.client.rbuf[5..len];
-                let portal_end = body.iter().position(|&b| b == 0).unwrap_or(body.len());
-                let rest = body.get(portal_end + 1..).unwrap_or_default();
-                let name = &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())];
-                if let Some(statement) = self.stmts.as_ref().and_then(|s| s.get(name)) {
+                let bind = fe::Bind::parse(&self.client.rbuf[5..len]);
+                let statement = bind.and_then(|b| self.stmts.as_ref()?.get(b.statement));
+                if let Some(statement) = statement {
                     cache.note_statement(client, statement);
                 }
                 Ok(false)
             }
             fe::QUERY => {
-                let sql = &self.client.rbuf[5..len.saturating_sub(1).max(5)];
+                // A malformed Query (no terminator) is left to the server, for its own error.
+                let Some(sql) = fe::query_text(&self.client.rbuf[5..len]) else {
+                    return Ok(false);
+                };
+                let text_end = 5 + sql.len();
                 let Some(shape) = cache.note_query(client, sql) else {
                     return Ok(false);
                 };
-                self.cached_query(len, &shape).await
+                self.cached_query(len, text_end, &shape).await
             }
             _ => Ok(false),
         }
@@ -129,26 +131,7 @@ impl Session {
                 return Ok(false);
             };
             let statement = match &batch.parse {
-                Some(p) => {
-                    stmts.refresh_context(&app.registry);
-                    match stmts.get(b"") {
-                        Some(s)
-                            if s.key.query == p.query
-                                && s.key.param_types == p.param_types
-                                && s.key.context == stmts.context =>
-                        {
-                            s.clone()
-                        }
-                        _ => {
-                            let key = crate::statements::StatementKey {
-                                context: stmts.context,
-                                query: bytes::Bytes::copy_from_slice(p.query),
-                                param_types: bytes::Bytes::copy_from_slice(p.param_types),
-                            };
-                            app.registry.get_or_insert(key).0
-                        }
-                    }
-                }
+                Some(p) => stmts.statement_for_parse(&app.registry, p),
                 None if stmts.is_stale(batch.bind.statement) => return Ok(false),
                 None => match stmts.get(batch.bind.statement) {
                     Some(s) => s.clone(),
@@ -182,18 +165,12 @@ impl Session {
                             .parse_hits
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    crate::buffers::lend(&mut self.client.wbuf);
-                    let out = &mut self.client.wbuf;
-                    if parsed {
-                        crate::protocol::write_message(out, be::PARSE_COMPLETE, |_| {});
-                    }
-                    crate::protocol::write_message(out, be::BIND_COMPLETE, |_| {});
-                    out.extend_from_slice(&entry.reply);
-                    be::ready_for_query(out, b'I');
-                    self.client.rbuf.advance(len);
-                    self.stats.query_count += 1;
-                    self.stats.bytes_received += len as u64;
-                    self.stats.bytes_sent += entry.reply.len() as u64 + 16;
+                    let opened: &[u8] = if parsed {
+                        &[be::PARSE_COMPLETE, be::BIND_COMPLETE]
+                    } else {
+                        &[be::BIND_COMPLETE]
+                    };
+                    self.answer_hit(len, opened, &entry);
                     return Ok(true);
                 }
                 step => {
@@ -210,6 +187,7 @@ impl Session {
     async fn cached_query(
         &mut self,
         len: usize,
+        text_end: usize,
         shape: &std::sync::Arc<crate::cache::Shape>,
     ) -> Result<bool, End> {
         let app = self.app.clone();
@@ -226,17 +204,11 @@ impl Session {
                 busy,
             };
             let client = self.cache.get_or_insert_with(Default::default);
-            let sql = &self.client.rbuf[5..len - 1];
+            let sql = &self.client.rbuf[5..text_end];
             match cache.lookup(client, &at, sql, shape, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
-                    crate::buffers::lend(&mut self.client.wbuf);
-                    self.client.wbuf.extend_from_slice(&entry.reply);
-                    be::ready_for_query(&mut self.client.wbuf, b'I');
-                    self.client.rbuf.advance(len);
-                    self.stats.query_count += 1;
-                    self.stats.bytes_received += len as u64;
-                    self.stats.bytes_sent += entry.reply.len() as u64 + 6;
+                    self.answer_hit(len, &[], &entry);
                     return Ok(true);
                 }
                 step => {
@@ -246,6 +218,23 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Answers the client's `consumed` bytes of input from a cache entry: the empty messages
+    /// of `opened` (ParseComplete, BindComplete), the entry's bytes, ReadyForQuery.
+    fn answer_hit(&mut self, consumed: usize, opened: &[u8], entry: &crate::cache::Entry) {
+        crate::buffers::lend(&mut self.client.wbuf);
+        let out = &mut self.client.wbuf;
+        let before = out.len();
+        for &tag in opened {
+            crate::protocol::write_message(out, tag, |_| {});
+        }
+        out.extend_from_slice(&entry.reply);
+        be::ready_for_query(out, b'I');
+        self.stats.bytes_sent += (out.len() - before) as u64;
+        self.client.rbuf.advance(consumed);
+        self.stats.query_count += 1;
+        self.stats.bytes_received += consumed as u64;
     }
 
     /// A lookup that must wait for another client's fetch or read the catalog first: does

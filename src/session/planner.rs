@@ -44,7 +44,7 @@ use crate::server::ServerConn;
 use crate::statements::sql::{self, Command};
 use crate::statements::{
     pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, SqlSnapshot,
-    Statement, StatementKey, GUARD_NAME, GUARD_QUERY,
+    Statement, GUARD_NAME, GUARD_QUERY,
 };
 use crate::stats::LocalStats;
 use bytes::{Bytes, BytesMut};
@@ -282,8 +282,7 @@ impl Planner<'_> {
             // under that name: PostgreSQL's own 42P05 (after its checks of the query).
             return false;
         }
-        let existing = self.stmts.get(p.name).cloned();
-        if !p.name.is_empty() && existing.is_some() {
+        if !p.name.is_empty() && self.stmts.get(p.name).is_some() {
             return self.duplicate_parse(p.name);
         }
         if !p.name.is_empty()
@@ -297,25 +296,7 @@ impl Planner<'_> {
             self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
             return true;
         }
-        self.stmts.refresh_context(self.registry);
-        let statement = match existing {
-            // Re-parse of the unnamed statement with the same text: tier 1.
-            Some(s)
-                if s.key.query == p.query
-                    && s.key.param_types == p.param_types
-                    && s.key.context == self.stmts.context =>
-            {
-                s
-            }
-            _ => {
-                let key = StatementKey {
-                    context: self.stmts.context,
-                    query: Bytes::copy_from_slice(p.query),
-                    param_types: Bytes::copy_from_slice(p.param_types),
-                };
-                self.registry.get_or_insert(key).0
-            }
-        };
+        let statement = self.stmts.statement_for_parse(self.registry, &p);
         // Send the Parse only when PostgreSQL has never accepted this statement: an invalid
         // one must fail here, as it would without pgmemo. Otherwise the server gets it when it
         // is first used.

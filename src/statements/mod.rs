@@ -691,6 +691,34 @@ impl ClientStatements {
         self.bytes
     }
 
+    /// The registry statement a Parse of the unnamed statement or of a new name means, in the
+    /// client's context as of now: the unnamed statement already bound, if it is the same
+    /// text, types and context (a driver re-parsing it every time); else the registry's.
+    pub fn statement_for_parse(
+        &mut self,
+        registry: &Registry,
+        p: &crate::protocol::frontend::Parse<'_>,
+    ) -> Arc<Statement> {
+        self.refresh_context(registry);
+        match self.get(p.name) {
+            Some(s)
+                if s.key.query == p.query
+                    && s.key.param_types == p.param_types
+                    && s.key.context == self.context =>
+            {
+                s.clone()
+            }
+            _ => {
+                let key = StatementKey {
+                    context: self.context,
+                    query: Bytes::copy_from_slice(p.query),
+                    param_types: Bytes::copy_from_slice(p.param_types),
+                };
+                registry.get_or_insert(key).0
+            }
+        }
+    }
+
     /// Binds `name` (or, with None, removes it); returns the previous binding.
     pub fn set(
         &mut self,
