@@ -56,6 +56,27 @@ fn init_logging(level: &str) {
         .try_init();
 }
 
+/// The configuration of demo mode, in front of the private cluster at `host:port`: at start
+/// and again at each reload.
+fn demo_config(cli: &Cli, host: String, port: u16) -> anyhow::Result<Config> {
+    let mut config = Config::for_upstream(Upstream {
+        host,
+        port,
+        user: "postgres".into(),
+        password: None,
+    });
+    // The private cluster trusts loopback logins; so does pgmemo in front of it unless asked
+    // otherwise.
+    if cli.auth.is_none() {
+        config.general.auth_type = AuthType::Trust;
+    }
+    config.general.admin_users = vec!["postgres".into()];
+    // Demo mode shows pgmemo's main job: the result cache is on (for hinted queries; no rules).
+    config.cache.enabled = true;
+    cli.apply_overrides(&mut config)?;
+    Ok(config)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let check_only = cli.check;
     let (config, demo) = match cli.clone().into_config()? {
@@ -68,22 +89,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 LocalPostgres::start(LocalPostgresOptions::default())
             })
             .await??;
-            let mut config = Config::for_upstream(Upstream {
-                host: cluster.host().to_owned(),
-                port: cluster.port(),
-                user: "postgres".into(),
-                password: None,
-            });
-            // The private cluster trusts loopback logins; so does pgmemo in front of it unless
-            // asked otherwise.
-            if cli.auth.is_none() {
-                config.general.auth_type = AuthType::Trust;
-            }
-            config.general.admin_users = vec!["postgres".into()];
-            // Demo mode shows pgmemo's main job: the result cache is on (for hinted queries;
-            // no rules).
-            config.cache.enabled = true;
-            cli.apply_overrides(&mut config)?;
+            let config = demo_config(&cli, cluster.host().to_owned(), cluster.port())?;
             (config, Some(cluster))
         }
     };
@@ -100,21 +106,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Some(c) => c,
             None => {
                 let (host, port) = demo_upstream.clone().expect("demo mode has a cluster");
-                let mut c = Config::for_upstream(Upstream {
-                    host,
-                    port,
-                    user: "postgres".into(),
-                    password: None,
-                });
-                if reload_cli.auth.is_none() {
-                    c.general.auth_type = AuthType::Trust;
-                }
-                c.general.admin_users = vec!["postgres".into()];
-                // Demo mode shows pgmemo's main job: the result cache is on (for hinted
-                // queries; no rules).
-                c.cache.enabled = true;
-                reload_cli.apply_overrides(&mut c)?;
-                c
+                demo_config(&reload_cli, host, port)?
             }
         };
         Ok(config)
