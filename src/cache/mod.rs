@@ -140,10 +140,8 @@ type Flights = papaya::HashMap<u64, Arc<Flight>>;
 /// What was decided about one normalized text (or one raw text the lexer refused).
 pub struct Shape {
     /// The text it was decided for, compared on lookup (the map is keyed by its hash).
-    text: Box<[u8]>,
+    text: Arc<str>,
     analysis: Arc<Analysis>,
-    /// The normalized text, for SHOW CACHE ENTRIES.
-    display: Arc<str>,
 }
 
 /// Which tables a cacheable shape reads under one search_path, or why it is not cacheable.
@@ -303,20 +301,32 @@ impl ResultCache {
         self.bypasses[why.index()].fetch_add(1, Relaxed);
     }
 
+    /// Everything cached becomes stale (entries go lazily, at lookup or eviction).
+    fn invalidate_all(&self) {
+        self.flushes.fetch_add(1, Relaxed);
+        self.versions.bump_all();
+    }
+
+    /// Everything cached for `database`, and what pgmemo knows of its catalog, becomes stale.
+    fn invalidate_database(&self, database: &str) {
+        self.flushes.fetch_add(1, Relaxed);
+        self.versions.bump(catalog_slot(database));
+        self.versions.bump_database(database);
+    }
+
     /// `CACHE FLUSH`: everything, one database's entries, or what read one table.
     pub fn flush(&self, what: FlushTarget<'_>) {
-        self.flushes.fetch_add(1, Relaxed);
         match what {
             FlushTarget::All => {
-                self.versions.bump_all();
+                self.invalidate_all();
                 self.store.clear();
             }
             FlushTarget::Database(db) => {
-                self.versions.bump(Versions::database_slot(db));
-                self.versions.bump(catalog_slot(db));
+                self.invalidate_database(db);
                 self.store.retain(|_, e| &*e.database != db);
             }
             FlushTarget::Table(db, table) => {
+                self.flushes.fetch_add(1, Relaxed);
                 self.versions.bump_table(db, table);
                 self.store
                     .retain(|_, e| &*e.database != db || !e.tables.iter().any(|t| &**t == table));
@@ -336,13 +346,13 @@ impl ResultCache {
         } else {
             return None;
         };
-        if let Some(shape) = self.shapes.get(&hash).filter(|s| &*s.text == text) {
+        if let Some(shape) = self.shapes.get(&hash).filter(|s| s.text.as_bytes() == text) {
             return Some(shape);
         }
+        // The lexer's text comes from the client's, so both are UTF-8 or neither.
         let original = std::str::from_utf8(sql).ok()?;
         let shape = Arc::new(Shape {
-            text: text.into(),
-            display: String::from_utf8_lossy(text).into(),
+            text: std::str::from_utf8(text).ok()?.into(),
             analysis: Arc::new(analysis::analyze(original)),
         });
         self.shapes.insert(hash, shape.clone());
@@ -355,7 +365,7 @@ impl ResultCache {
         let shape = self.shape(client, sql);
         match &shape {
             Some(shape) => client.note(&shape.analysis),
-            None => client.note(&FLUSH_DATABASE.clone()),
+            None => client.note(&FLUSH_DATABASE),
         }
         shape
     }
@@ -366,13 +376,7 @@ impl ResultCache {
         client: &mut ClientCache,
         statement: &crate::statements::Statement,
     ) {
-        let analysis = statement.cache_analysis.get_or_init(|| {
-            match std::str::from_utf8(&statement.key.query) {
-                Ok(text) if text.len() <= MAX_ANALYZED_TEXT => Arc::new(analysis::analyze(text)),
-                _ => FLUSH_DATABASE.clone(),
-            }
-        });
-        client.note(analysis);
+        client.note(statement_analysis(statement));
     }
 
     /// Looks up a simple query whose text `sql` was just noted (`shape`, its lexer reading
@@ -397,7 +401,7 @@ impl ResultCache {
             Candidate {
                 hint_source: sql,
                 text: &text,
-                display: Some(&shape.display),
+                display: Some(&shape.text),
                 hash: client.lexed.shape,
                 analysis: &shape.analysis,
                 extended: false,
@@ -435,7 +439,7 @@ impl ResultCache {
                 text: &statement.key.query,
                 display: None,
                 hash,
-                analysis: &analysis,
+                analysis,
                 extended: true,
             },
             may_wait,
@@ -692,24 +696,18 @@ impl ResultCache {
     /// Bumps what `effects` may have changed in `database`.
     fn apply(&self, database: &str, effects: &[Arc<Analysis>]) {
         let snapshots = self.snapshots.pin();
-        let snapshot = snapshots
-            .get(database)
-            .filter(|s| s.generation == self.versions.get(catalog_slot(database)));
+        let known = snapshots.get(database);
+        let snapshot = known.filter(|s| s.generation == self.versions.get(catalog_slot(database)));
+        // A snapshot older than the last DDL: triggers, cascades and functions may have
+        // changed, so a write may reach anything. (No snapshot at all: nothing is cached for
+        // the database yet beyond what its tables' own versions guard.)
+        let stale = known.is_some() && snapshot.is_none();
         let mut whole = false;
         for a in effects {
             let e = &a.effects;
             match e.flush {
-                Flush::All => {
-                    self.flushes.fetch_add(1, Relaxed);
-                    self.versions.bump_all();
-                    return;
-                }
-                Flush::Database => {
-                    self.flushes.fetch_add(1, Relaxed);
-                    self.versions.bump(catalog_slot(database));
-                    self.versions.bump_database(database);
-                    return;
-                }
+                Flush::All => return self.invalidate_all(),
+                Flush::Database => return self.invalidate_database(database),
                 Flush::Data => whole = true,
                 Flush::None => {}
             }
@@ -720,21 +718,21 @@ impl ResultCache {
                             self.versions.bump_table(database, &t);
                         }
                     }
-                    // A table with triggers or rules, or no trustworthy snapshot.
+                    // A table with triggers or rules.
                     Some(None) => whole = true,
                     None => {
                         self.versions.bump_table(database, table);
-                        whole |= self.snapshots.pin().contains_key(database);
+                        whole |= stale;
                     }
                 }
             }
-            if let Some(s) = snapshot {
-                whole |= e.calls.iter().any(|c| s.call_may_write(c));
-            } else if !e.calls.is_empty() && snapshots.contains_key(database) {
-                whole = true;
+            match snapshot {
+                Some(s) => whole |= e.calls.iter().any(|c| s.call_may_write(c)),
+                None => whole |= stale && !e.calls.is_empty(),
             }
         }
         if whole {
+            // Data only: the catalog knowledge stays good.
             self.flushes.fetch_add(1, Relaxed);
             self.versions.bump_database(database);
         }
@@ -742,14 +740,13 @@ impl ResultCache {
 }
 
 /// What was decided for a registry statement, made at its first use by the cache.
-fn statement_analysis(statement: &crate::statements::Statement) -> Arc<Analysis> {
+fn statement_analysis(statement: &crate::statements::Statement) -> &Arc<Analysis> {
     statement
         .cache_analysis
         .get_or_init(|| match std::str::from_utf8(&statement.key.query) {
             Ok(text) if text.len() <= MAX_ANALYZED_TEXT => Arc::new(analysis::analyze(text)),
             _ => FLUSH_DATABASE.clone(),
         })
-        .clone()
 }
 
 /// A query the cache is asked about.
@@ -779,12 +776,13 @@ pub struct Batch<'a> {
 pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
     use crate::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
     let mut at = 0;
+    // A message not all there, or with an impossible length, ends the batch: the session's
+    // own framing deals with it.
     let mut next = || -> Option<(u8, &[u8])> {
-        let header = input.get(at..at + 5)?;
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        let body = input.get(at + 5..at + 1 + len)?;
-        at += 1 + len;
-        Some((header[0], body))
+        let (tag, len) = crate::protocol::frame(&input[at..], usize::MAX).ok()??;
+        let body = &input[at + 5..at + len];
+        at += len;
+        Some((tag, body))
     };
     let (mut tag, mut body) = next()?;
     let mut parse = None;
@@ -1001,15 +999,12 @@ impl ClientCache {
             return;
         };
         let mut at = 0;
-        while at + 5 <= out.len() {
-            let tag = out[at];
-            let len = u32::from_be_bytes([out[at + 1], out[at + 2], out[at + 3], out[at + 4]])
-                as usize
-                + 1;
-            let Some(message) = out.get(at..at + len) else {
+        while at < out.len() {
+            let Ok(Some((tag, len))) = crate::protocol::frame(&out[at..], usize::MAX) else {
                 fill.spoiled = Some(Bypass::NotPlainResult);
                 break;
             };
+            let message = &out[at..at + len];
             match tag {
                 be::READY_FOR_QUERY => {
                     let status = message.get(5).copied().unwrap_or(b'I');
@@ -1024,7 +1019,7 @@ impl ClientCache {
                     fill.rows |= tag == be::DATA_ROW;
                     if fill.reply.len() + len > fill.chosen.max_result_bytes {
                         fill.spoiled = Some(Bypass::TooLarge);
-                        fill.reply = BytesMut::new();
+                        fill.reply.clear();
                     } else {
                         fill.reply.extend_from_slice(message);
                     }
@@ -1033,7 +1028,7 @@ impl ClientCache {
                 be::PARSE_COMPLETE | be::BIND_COMPLETE if fill.extended => {}
                 _ => {
                     fill.spoiled = Some(Bypass::NotPlainResult);
-                    fill.reply = BytesMut::new();
+                    fill.reply.clear();
                 }
             }
             at += len;
