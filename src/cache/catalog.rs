@@ -10,6 +10,7 @@
 //!   (through views and partitions down to the tables), and whether all of them may be cached.
 
 use super::analysis::{analyze, Bypass, Reads};
+use crate::params::quote_literal;
 use std::collections::{HashMap, HashSet};
 
 /// What a database's functions and tables do, as of one moment.
@@ -130,14 +131,9 @@ impl Snapshot {
     }
 }
 
-/// A double-quoted identifier.
+/// A double-quoted identifier (one name: unlike `params::quote_name`, a `.` in it is kept).
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-/// A string literal (the servers run with standard_conforming_strings on).
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// The query that resolves the relations `reads` names under `search_path` (None: the
@@ -286,8 +282,8 @@ mod tests {
             .read
             .unwrap();
         let sql = resolve_sql(&reads, Some("a, b"));
-        assert!(sql.contains("'\"We''ird\"'"), "{sql}");
-        assert!(sql.contains("'\"s\".\"t\"'"), "{sql}");
-        assert!(sql.starts_with("SELECT 'p', set_config('search_path', 'a, b', true); "));
+        assert!(sql.contains("E'\"We''ird\"'"), "{sql}");
+        assert!(sql.contains("E'\"s\".\"t\"'"), "{sql}");
+        assert!(sql.starts_with("SELECT 'p', set_config('search_path', E'a, b', true); "));
     }
 }
