@@ -11,7 +11,7 @@ use crate::server::ServerConn;
 use bytes::Buf;
 
 /// Settings that change how a result is written: part of every key (with the server role,
-/// the search_path and the statement context).
+/// the search_path in effect and the statement context).
 const KEYED_REPORTED: [&str; 5] = [
     "DateStyle",
     "IntervalStyle",
@@ -19,7 +19,7 @@ const KEYED_REPORTED: [&str; 5] = [
     "client_encoding",
     "standard_conforming_strings",
 ];
-const KEYED_UNREPORTED: [&str; 3] = ["extra_float_digits", "bytea_output", "search_path"];
+const KEYED_UNREPORTED: [&str; 2] = ["extra_float_digits", "bytea_output"];
 
 type Rows = Vec<Vec<Option<String>>>;
 
