@@ -118,10 +118,21 @@ pub fn quote_name(name: &str) -> String {
         .join(".")
 }
 
+/// Settings that decide whose privileges the session has, carried by pgmemo like other
+/// settings but applied in their own order (see [`sync_sql`]).
+const PRIVILEGE: [&str; 2] = ["session_authorization", "role"];
+
+fn is_privilege(name: &str) -> bool {
+    PRIVILEGE.iter().any(|p| p.eq_ignore_ascii_case(name))
+}
+
 /// The statements that make a server's parameters equal a client's, or None when they match.
 ///
 /// `client_reported`/`server_reported` hold the carried reported parameters;
-/// `client_settings`/`server_settings` the unreported ones pgmemo manages.
+/// `client_settings`/`server_settings` the unreported ones pgmemo manages, `role` and
+/// `session_authorization` among them. Those two are taken back first (so the leftovers of
+/// another client are reset, and superuser-only settings set, with the login's privileges)
+/// and set last.
 pub fn sync_sql(
     client_reported: &Vars,
     server_reported: &Vars,
@@ -134,21 +145,39 @@ pub fn sync_sql(
         return None;
     }
     let mut sql = String::new();
+    let privileges_differ = PRIVILEGE
+        .iter()
+        .any(|name| client_settings.get(name) != server_settings.get(name));
+    if privileges_differ {
+        // SET SESSION AUTHORIZATION DEFAULT also resets the role.
+        if server_settings.get("session_authorization").is_some() {
+            sql.push_str("SET SESSION AUTHORIZATION DEFAULT;");
+        } else if server_settings.get("role").is_some() {
+            sql.push_str("RESET ROLE;");
+        }
+    }
     for (name, value) in client_reported.iter() {
         if is_carried(name) && server_reported.get(name) != Some(value) {
             push_set(&mut sql, name, value);
         }
     }
     for (name, value) in client_settings.iter() {
-        if server_settings.get(name) != Some(value) {
+        if !is_privilege(name) && server_settings.get(name) != Some(value) {
             push_set(&mut sql, name, value);
         }
     }
     for (name, _) in server_settings.iter() {
-        if client_settings.get(name).is_none() {
+        if !is_privilege(name) && client_settings.get(name).is_none() {
             sql.push_str("RESET ");
             sql.push_str(&quote_name(name));
             sql.push(';');
+        }
+    }
+    if privileges_differ {
+        for name in PRIVILEGE {
+            if let Some(value) = client_settings.get(name) {
+                push_set(&mut sql, name, value);
+            }
         }
     }
     (!sql.is_empty()).then_some(sql)
@@ -238,6 +267,24 @@ mod tests {
             "SELECT pg_catalog.set_config(E'timezone', E'UTC', false);\
              SELECT pg_catalog.set_config(E'search_path', E'it''s', false);\
              RESET \"statement_timeout\";"
+        );
+    }
+
+    #[test]
+    fn privileges_are_taken_back_first_and_given_last() {
+        let none = Vars::new();
+        let client = vars(&[("role", "tenant_b"), ("work_mem", "1MB")]);
+        let server = vars(&[("session_authorization", "other"), ("role", "tenant_a")]);
+        assert_eq!(
+            sync_sql(&none, &none, &client, &server).unwrap(),
+            "SET SESSION AUTHORIZATION DEFAULT;\
+             SELECT pg_catalog.set_config(E'work_mem', E'1MB', false);\
+             SELECT pg_catalog.set_config(E'role', E'tenant_b', false);"
+        );
+        let server = vars(&[("role", "tenant_a"), ("statement_timeout", "1s")]);
+        assert_eq!(
+            sync_sql(&none, &none, &none, &server).unwrap(),
+            "RESET ROLE;RESET \"statement_timeout\";"
         );
     }
 

@@ -340,6 +340,17 @@ impl ServerConn {
         &mut self,
         sql: &str,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        self.internal_query_relaying(sql, None).await
+    }
+
+    /// [`ServerConn::internal_query`] on a server held by a client: the NotificationResponse
+    /// messages that arrive meanwhile are the client's, and are appended whole to
+    /// `notifications` instead of being dropped.
+    pub async fn internal_query_relaying(
+        &mut self,
+        sql: &str,
+        mut notifications: Option<&mut bytes::BytesMut>,
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
         // It may change the session's parameters behind the last client's back.
         self.params_synced_for = None;
         frontend::query(&mut self.wbuf, sql);
@@ -356,6 +367,11 @@ impl ServerConn {
             };
             match tag {
                 backend::DATA_ROW => rows.push(parse_text_row(&body)),
+                backend::NOTIFICATION_RESPONSE => {
+                    if let Some(out) = notifications.as_deref_mut() {
+                        crate::protocol::write_message(out, tag, |b| b.extend_from_slice(&body));
+                    }
+                }
                 backend::PARAMETER_STATUS => {
                     if let Some((k, v)) = backend::parse_parameter_status(&body) {
                         self.reported.set(k, v);

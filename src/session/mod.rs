@@ -16,6 +16,7 @@
 mod caching;
 pub mod login;
 pub mod planner;
+pub mod state;
 
 use crate::app::{App, ClientInfo, ClientState, ServerCancel};
 use crate::buffers;
@@ -230,6 +231,9 @@ struct Session {
     /// The result cache's state for this client, made at its first Query or Bind while the
     /// cache is on.
     cache: Option<Box<crate::cache::ClientCache>>,
+    /// What the client changed in its server session (transaction mode): settings to carry,
+    /// state that pins it to its server.
+    state: state::StateWatch,
 }
 
 impl Session {
@@ -257,6 +261,7 @@ impl Session {
             return None;
         }
         session.track_statements();
+        session.state.startup = session.settings.clone();
         for (k, v) in session.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
         }
@@ -317,6 +322,7 @@ impl Session {
             autoprepare_allowed: (0, false),
             held_description: false,
             cache: None,
+            state: state::StateWatch::default(),
         }
     }
 
@@ -504,6 +510,9 @@ impl Session {
             // leaving the server idle with nothing more to come from it.
             if std::mem::take(&mut self.replanned) {
                 self.release_if_done();
+                if let Err(end) = self.checkpoint_state().await {
+                    return end;
+                }
             }
             // A shutdown closes the client only between transactions, never mid-work.
             let between_transactions =
@@ -520,6 +529,9 @@ impl Session {
                 Event::ClientRead => {}
                 Event::ServerRead => {
                     if let Err(end) = self.handle_server_messages() {
+                        return end;
+                    }
+                    if let Err(end) = self.checkpoint_state().await {
                         return end;
                     }
                     // A server waiting for COPY data will not finish without the client.
@@ -639,6 +651,11 @@ impl Session {
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
             }
+            if self.mode == PoolMode::Transaction
+                && (tag == fe::QUERY || (tag == fe::PARSE && self.stmts.is_none()))
+            {
+                self.note_state(len);
+            }
             let autoprepare = if tag == fe::QUERY {
                 self.autoprepare_threshold()
             } else {
@@ -661,6 +678,7 @@ impl Session {
                     limits: self.statement_limits,
                     cleanup: &mut self.cleanup,
                     retry: &mut self.retry,
+                    state: &mut self.state,
                     autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
                         global: &self.app.autoprepare,
                         client: self.autoprepare.get_or_insert_with(Default::default),
@@ -942,6 +960,15 @@ impl Session {
                 route = Route::Hold;
             }
             match route {
+                Route::Forward if tag == be::NOTIFICATION_RESPONSE => {
+                    state::write_notification(
+                        &mut self.client.wbuf,
+                        &server.rbuf[..len],
+                        server.info.backend_pid,
+                        self.info.cancel_key.0,
+                    );
+                    self.stats.bytes_sent += len as u64;
+                }
                 Route::Forward => {
                     self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
                     self.stats.bytes_sent += len as u64;
@@ -1049,16 +1076,110 @@ impl Session {
     /// last. Nor while a client message waits to be planned again on it.
     #[inline]
     fn release_if_done(&mut self) {
-        if self.mode == PoolMode::Transaction
+        if self.work_done() && !self.state.keeps_server() {
+            self.release_server();
+        }
+    }
+
+    /// Transaction mode, and the client's work on its server is done: nothing in flight,
+    /// nothing waiting to be planned, the server idle outside a transaction.
+    #[inline]
+    fn work_done(&self) -> bool {
+        self.mode == PoolMode::Transaction
             && !self.replan
             && self.replies.is_idle()
             && self
                 .server
                 .as_ref()
                 .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
-        {
+    }
+
+    /// Reads what a simple query (or, without the statement planner, a Parse) may do to the
+    /// session's state (see [`state`]).
+    fn note_state(&mut self, len: usize) {
+        let body = &self.client.rbuf[5..len];
+        let text = if self.client.rbuf[0] == fe::QUERY {
+            fe::query_text(body)
+        } else {
+            fe::Parse::parse(body).map(|p| p.query)
+        };
+        if let Some(text) = text {
+            self.state.note(state::touch(text));
+        }
+    }
+
+    /// After a transaction that may have changed the session's state: asks the server what it
+    /// now holds, records the client's settings and pins, and gives the server back unless
+    /// the client is pinned to it. A pinned client whose server holds other settings than it
+    /// wants (a RESET of a startup setting) gets them at once.
+    async fn checkpoint_state(&mut self) -> Result<(), End> {
+        if !self.state.keeps_server() || !self.work_done() {
+            return Ok(());
+        }
+        if self.state.touched {
+            self.state.touched = false;
+            // The client's replies first: the probe is pgmemo's own round trip.
+            if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+                return Err(End::ClientGone);
+            }
+            let login_user = self.pool.settings().target.user.clone();
+            let server = self.server.as_mut().expect("work_done: a server is held");
+            let mut notifications = BytesMut::new();
+            let probed = server
+                .internal_query_relaying(state::PROBE, Some(&mut notifications))
+                .await;
+            let client_pid = self.info.cancel_key.0;
+            while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
+                let msg = notifications.split_to(len);
+                state::write_notification(
+                    &mut self.client.wbuf,
+                    &msg,
+                    server.info.backend_pid,
+                    client_pid,
+                );
+            }
+            match probed {
+                Ok(rows) => {
+                    let (now, pins) = state::read_probe(&rows, &server.reported, &login_user);
+                    let wanted = state::wanted(&now, &self.state.startup);
+                    server.settings = now;
+                    if wanted != self.settings {
+                        self.settings = wanted;
+                        self.params_version += 1;
+                    }
+                    self.state.set_pins(pins);
+                    if self.state.pins != 0 && self.settings != server.settings {
+                        let sql = params::sync_sql(
+                            &self.reported,
+                            &server.reported,
+                            &self.settings,
+                            &server.settings,
+                        );
+                        if let Some(sql) = sql {
+                            if server.internal_query(&sql).await.is_err() {
+                                server.broken = true;
+                            }
+                            server.settings = self.settings.clone();
+                        }
+                    }
+                    server.params_synced_for = Some((self.info.id, self.params_version));
+                }
+                Err(e) => {
+                    // What the session holds is unknown: nobody else may have this server,
+                    // and the client's per-backend state goes with it.
+                    tracing::warn!(client = %self.info.addr, error = %e, "session state probe failed; closing the server");
+                    server.broken = true;
+                    self.state.pins = 0;
+                }
+            }
+            if server.broken {
+                self.state.pins = 0;
+            }
+        }
+        if self.state.pins == 0 {
             self.release_server();
         }
+        Ok(())
     }
 
     /// Writes the replies pgmemo gives itself (ParseComplete, CloseComplete, ...) that have
@@ -1268,11 +1389,17 @@ impl Session {
             if server.status != b'I' {
                 server.internal_query("ROLLBACK").await?;
             }
-            if self.mode == PoolMode::Session || settings.server_reset_query_always {
+            // A client that may have left per-backend state on its server (transaction mode:
+            // pinned, or not probed since its last statements) gets it cleaned like a session.
+            if self.mode == PoolMode::Session
+                || settings.server_reset_query_always
+                || self.state.keeps_server()
+            {
                 let keep_statements = settings.prepared_statements
-                    && settings
+                    && (settings
                         .server_reset_query
-                        .eq_ignore_ascii_case("DISCARD ALL");
+                        .eq_ignore_ascii_case("DISCARD ALL")
+                        || self.mode == PoolMode::Transaction);
                 if keep_statements {
                     // pgmemo's own statements are shared by every client: keep them, so a
                     // statement is parsed once per server rather than once per client.

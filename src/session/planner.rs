@@ -78,6 +78,8 @@ pub struct Planner<'a> {
     /// `Planner::duplicate_parse`).
     pub cleanup: &'a mut Vec<Box<[u8]>>,
     pub retry: &'a mut Retry,
+    /// What the client's statements may do to its session (see `session::state`).
+    pub state: &'a mut super::state::StateWatch,
     /// For a simple query of a client with autoprepare on.
     pub autoprepare: Option<crate::autoprepare::Use<'a>>,
 }
@@ -420,6 +422,7 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
+        self.state.note(statement.session_touch);
         if self.stmts.is_stale(b.statement) {
             // The client prepared this before a DDL change of its result type and may decode
             // rows by the description it got then: PostgreSQL keeps refusing such a statement
@@ -779,7 +782,7 @@ impl Planner<'_> {
     /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
     /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
     /// server knows it under another name). Everything else passes through.
-    fn query(&mut self, words: u8) -> Plan {
+    fn query(&mut self, words: u32) -> Plan {
         let statement_words = Words::PREPARE
             | Words::DEALLOCATE
             | Words::DISCARD
@@ -1020,7 +1023,7 @@ impl Planner<'_> {
 
     /// Whether the message is a simple query that is only `DEALLOCATE` of one of the client's
     /// protocol-level statements.
-    fn deallocates_protocol_name(&self, words: u8) -> bool {
+    fn deallocates_protocol_name(&self, words: u32) -> bool {
         if self.stmts.is_empty() || words & Words::DEALLOCATE == 0 {
             return false;
         }
@@ -1035,7 +1038,7 @@ impl Planner<'_> {
     }
 
     /// What a simple query does to the client's statements.
-    fn query_effect(&mut self, words: u8) -> QueryPlan {
+    fn query_effect(&mut self, words: u32) -> QueryPlan {
         let msg = self.msg;
         let Some(text) = fe::query_text(&msg[5..]) else {
             return QueryPlan::Forward(None, Vec::new(), None);
@@ -1245,7 +1248,7 @@ impl Planner<'_> {
 
     /// Whether the message may open a transaction block: a simple query that mentions BEGIN
     /// or START (a cheap, generous test), a Parse of BEGIN or START TRANSACTION.
-    fn may_open_block(&self, tag: u8, words: u8) -> bool {
+    fn may_open_block(&self, tag: u8, words: u32) -> bool {
         match tag {
             fe::QUERY => words & (Words::BEGIN | Words::START) != 0,
             // (A look at the first byte first: a Parse is planned per query.)
@@ -1766,82 +1769,34 @@ fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
 
 /// Which of the words that matter to the planner a simple query contains, in any case: a
 /// cheap and generous test run on every simple query (`sql::classify` decides what the query
-/// really does). One pass: a table lookup per byte, a comparison only where one of the words
-/// could start.
+/// really does).
 struct Words;
 
 impl Words {
-    const BEGIN: u8 = 1;
-    const START: u8 = 2;
-    const PREPARE: u8 = 4;
-    const DEALLOCATE: u8 = 8;
-    const DISCARD: u8 = 16;
-    const EXECUTE: u8 = 32;
-    const SEARCH_PATH: u8 = 64;
+    const BEGIN: u32 = 1;
+    const START: u32 = 2;
+    const PREPARE: u32 = 4;
+    const DEALLOCATE: u32 = 8;
+    const DISCARD: u32 = 16;
+    const EXECUTE: u32 = 32;
+    const SEARCH_PATH: u32 = 64;
     /// A reserved statement name may follow (see `sql::hide_reserved`).
-    const PGMEMO_S: u8 = 128;
+    const PGMEMO_S: u32 = 128;
 
-    const ALL: [(&'static [u8], u8); 8] = [
-        (b"begin", Self::BEGIN),
-        (b"start", Self::START),
-        (b"prepare", Self::PREPARE),
-        (b"deallocate", Self::DEALLOCATE),
-        (b"discard", Self::DISCARD),
-        (b"execute", Self::EXECUTE),
-        (b"search_path", Self::SEARCH_PATH),
-        (b"pgmemo_s", Self::PGMEMO_S),
-    ];
+    const SET: crate::words::WordSet<8> = crate::words::WordSet::new([
+        b"begin",
+        b"start",
+        b"prepare",
+        b"deallocate",
+        b"discard",
+        b"execute",
+        b"search_path",
+        b"pgmemo_s",
+    ]);
 
-    /// Bit of [`Words::CLASS`] for bytes that continue an identifier: a word cannot start
-    /// right after one.
-    const IDENTIFIER: u16 = 256;
-
-    /// For each byte: the words that start with it (either case), and whether it is part of
-    /// an identifier (a letter, `_`, a non-ASCII byte).
-    const CLASS: [u16; 256] = {
-        let mut t = [0u16; 256];
-        let mut c = 0;
-        while c < 256 {
-            let b = c as u8;
-            if b.is_ascii_alphabetic() || b == b'_' || b >= 0x80 {
-                t[c] = Self::IDENTIFIER;
-            }
-            c += 1;
-        }
-        let mut i = 0;
-        while i < Self::ALL.len() {
-            let (word, bit) = Self::ALL[i];
-            t[word[0] as usize] |= bit as u16;
-            t[word[0].to_ascii_uppercase() as usize] |= bit as u16;
-            i += 1;
-        }
-        t
-    };
-
-    /// Which of the `wanted` words `text` contains (a set of the bits above), where a word
-    /// may start: not inside an identifier. One table lookup per byte.
-    fn found_in(text: &[u8], wanted: u8) -> u8 {
-        let mut found = 0u8;
-        // Bytes that start a wanted word not yet found, after a byte that is not part of an
-        // identifier: `IDENTIFIER` set in `after` means "the previous byte was one".
-        let mut after = 0; // nothing before the start
-        for (at, &c) in text.iter().enumerate() {
-            let class = Self::CLASS[c as usize];
-            let candidates = (class as u8) & wanted & !found;
-            if candidates != 0 && after == 0 {
-                let rest = &text[at..];
-                for (word, bit) in Self::ALL.iter() {
-                    if candidates & bit != 0
-                        && rest.len() >= word.len()
-                        && rest[..word.len()].eq_ignore_ascii_case(word)
-                    {
-                        found |= bit;
-                    }
-                }
-            }
-            after = class & Self::IDENTIFIER;
-        }
-        found
+    /// Which of the `wanted` words `text` contains (a set of the bits above).
+    fn found_in(text: &[u8], wanted: u32) -> u32 {
+        Self::SET.found_in(text, wanted)
     }
 
     /// Whether a statement's text may begin with BEGIN or START (after blanks or a comment):
@@ -1860,7 +1815,7 @@ mod words_tests {
 
     #[test]
     fn finds_each_word_in_any_case_anywhere() {
-        let all = 0xff;
+        let all = 0xff_u32;
         let text = b"select 1; BEGIN; Prepare p AS select 1; dEaLlOcAtE p";
         assert_eq!(
             Words::found_in(text, all),

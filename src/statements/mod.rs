@@ -63,6 +63,8 @@ pub struct Statement {
     /// portal of it changes the client's statements (and the server's) or their context, see
     /// `planner::Planner::execute`.
     pub tracked: Option<sql::Command>,
+    /// What executing it may do to the session's state (see `session::state`).
+    pub session_touch: crate::session::state::Touch,
     /// Its text names a reserved statement name (`pgmemo_s<n>`, see
     /// [`sql::hide_reserved`]): what its first such statement does instead. An `EXECUTE` or
     /// `PREPARE` of one is then also [`Statement::tracked`], so that its error is shown as
@@ -126,6 +128,7 @@ impl Statement {
             ends_transaction: sql::is_transaction_exit(text),
             starts_transaction: sql::is_transaction_start(text),
             tracked,
+            session_touch: crate::session::state::touch(&key.query),
             hidden,
             server_query,
             param_count: declared.max(sql::highest_parameter(text)),

@@ -1,0 +1,321 @@
+//! A client's session state in transaction mode: what it changes in the server session it
+//! happens to run on, which must follow the client rather than stay with that server.
+//!
+//! - **Settings** (`SET`, `RESET`, `RESET ALL`, `SET ROLE`, `SET SESSION AUTHORIZATION`,
+//!   `SET SESSION CHARACTERISTICS`, `set_config(..., false)`, `DISCARD ALL`) are values: after
+//!   a transaction that may have changed one, pgmemo asks the server which settings the session
+//!   now holds ([`PROBE`]) and records them for the client. That answer is exact whatever the
+//!   syntax, and whether the transaction committed, rolled back or failed. The next server the
+//!   client lands on gets the differences (`params::sync_sql`), and the server it leaves is
+//!   reset to the next client's values, so no client sees another's.
+//! - **State that lives inside one backend** (temporary objects, `LISTEN`, session advisory
+//!   locks, `WITH HOLD` cursors, `LOAD`) cannot be carried: the client keeps its server
+//!   ([`Pins`]) until the same probe shows the state gone, and a pinned client's server is
+//!   cleaned before anyone else gets it.
+//!
+//! Detection reads the SQL the client sends: a cheap word scan ([`WORDS`]) on every simple
+//! query and once per prepared statement; only a transaction that contained one of the words
+//! costs the probe's round trip. State made inside functions or dynamic SQL is not seen.
+
+use crate::params::Vars;
+use crate::protocol::backend as be;
+use crate::words::WordSet;
+use bytes::BytesMut;
+
+/// Words that matter only at the start of a statement: `SET` is also part of every `UPDATE`,
+/// `LOAD` a common column name. (Bits of [`WORDS`] in its order.)
+const SET: u32 = 1;
+const LOAD: u32 = 1 << 9;
+const LEADING: u32 = SET | LOAD;
+const ALL: u32 = (1 << 13) - 1;
+
+/// Words of statements that may change session state or remove it.
+const WORDS: WordSet<13> = WordSet::new([
+    b"set",
+    b"reset",
+    b"set_config",
+    b"discard",
+    b"listen",
+    b"unlisten",
+    b"temp",
+    b"pg_temp",
+    b"hold",
+    b"load",
+    b"pg_advisory",
+    b"close",
+    b"drop",
+]);
+
+/// What a text may do to the session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Touch {
+    /// It may change settings or create or remove state: probe after its transaction.
+    pub probe: bool,
+    /// It has a `LOAD`, whose library stays loaded for the server's life.
+    pub load: bool,
+}
+
+/// Reads `text` (a simple query's, or a prepared statement's).
+pub fn touch(text: &[u8]) -> Touch {
+    let found = WORDS.found_in(text, ALL);
+    if found == 0 {
+        return Touch::default();
+    }
+    let mut probe = found & !LEADING != 0;
+    let mut load = false;
+    if found & LEADING != 0 {
+        let text = String::from_utf8_lossy(text);
+        for statement in crate::statements::sql::split(&text) {
+            let word = first_word(statement);
+            probe |= word.eq_ignore_ascii_case("set");
+            load |= word.eq_ignore_ascii_case("load");
+        }
+    }
+    Touch {
+        probe: probe || load,
+        load,
+    }
+}
+
+/// The first word of a statement, after blanks and comments.
+fn first_word(statement: &str) -> &str {
+    let mut rest = statement;
+    loop {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix("--") {
+            rest = after.split_once('\n').map_or("", |(_, r)| r);
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            // Nested comments are rare in front of a statement; the first `*/` is enough here.
+            rest = after.split_once("*/").map_or("", |(_, r)| r);
+        } else {
+            break;
+        }
+    }
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// Why a client keeps its server (a set of bits).
+pub struct Pins;
+
+impl Pins {
+    pub const TEMP: u8 = 1;
+    pub const LISTEN: u8 = 2;
+    pub const ADVISORY_LOCK: u8 = 4;
+    pub const CURSOR: u8 = 8;
+    pub const LOAD: u8 = 16;
+
+    pub const ALL: [(u8, &'static str); 5] = [
+        (Self::TEMP, "temp"),
+        (Self::LISTEN, "listen"),
+        (Self::ADVISORY_LOCK, "advisory_lock"),
+        (Self::CURSOR, "cursor"),
+        (Self::LOAD, "load"),
+    ];
+
+    /// The reasons in `pins`, comma-separated (`""` for none), as SHOW CLIENTS prints them.
+    pub fn describe(pins: u8) -> String {
+        Self::ALL
+            .iter()
+            .filter(|(bit, _)| pins & bit != 0)
+            .map(|(_, name)| *name)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// What the server session holds after a transaction: one row per setting changed at session
+/// level (name, value as `SHOW` gives it), the role and session authorization, and whether
+/// each kind of per-backend state exists. Schema-qualified: the client's search_path may be
+/// anything.
+pub const PROBE: &str =
+    "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings \
+    WHERE source = 'session' \
+    UNION ALL SELECT '$role', pg_catalog.current_setting('role') \
+    UNION ALL SELECT '$session_authorization', pg_catalog.current_setting('session_authorization') \
+    UNION ALL SELECT '$temp', EXISTS (SELECT FROM pg_catalog.pg_class \
+        WHERE relnamespace = pg_catalog.pg_my_temp_schema())::text \
+    UNION ALL SELECT '$listen', EXISTS (SELECT FROM pg_catalog.pg_listening_channels())::text \
+    UNION ALL SELECT '$advisory_lock', EXISTS (SELECT FROM pg_catalog.pg_locks \
+        WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())::text \
+    UNION ALL SELECT '$cursor', EXISTS (SELECT FROM pg_catalog.pg_cursors)::text";
+
+/// The settings of [`PROBE`]'s answer that pgmemo carries (those PostgreSQL reports with
+/// ParameterStatus, in `reported`, are carried from those messages instead), with `role` and
+/// `session_authorization` when they differ from the server login's (`login_user`), and the
+/// pins it shows.
+pub fn read_probe(rows: &[Vec<Option<String>>], reported: &Vars, login_user: &str) -> (Vars, u8) {
+    let mut settings = Vars::new();
+    let mut pins = 0;
+    for row in rows {
+        let (Some(Some(name)), Some(Some(value))) = (row.first(), row.get(1)) else {
+            continue;
+        };
+        let yes = value == "true";
+        match name.as_str() {
+            "$role" if value != "none" => {
+                settings.set("role", value);
+            }
+            "$session_authorization" if value != login_user => {
+                settings.set("session_authorization", value);
+            }
+            "$temp" if yes => pins |= Pins::TEMP,
+            "$listen" if yes => pins |= Pins::LISTEN,
+            "$advisory_lock" if yes => pins |= Pins::ADVISORY_LOCK,
+            "$cursor" if yes => pins |= Pins::CURSOR,
+            name if name.starts_with('$') => {}
+            name if reported.get(name).is_some() => {}
+            name => {
+                settings.set(name, value);
+            }
+        }
+    }
+    (settings, pins)
+}
+
+/// What the client wants its session's settings to be after a probe found `now`: the same,
+/// and for each of its startup settings that `now` lacks (a `RESET`, `RESET ALL` or
+/// `DISCARD ALL` took it back to the server's default), its startup value, as PostgreSQL's
+/// `RESET` returns to the value the connection started with.
+pub fn wanted(now: &Vars, startup: &Vars) -> Vars {
+    let mut wanted = now.clone();
+    for (name, value) in startup.iter() {
+        if now.get(name).is_none() {
+            wanted.set(name, value);
+        }
+    }
+    wanted
+}
+
+/// Per-client record of session state.
+#[derive(Debug, Default)]
+pub struct StateWatch {
+    /// The client's work on its current server may have changed session state: the server is
+    /// probed before it goes back to the pool.
+    pub touched: bool,
+    /// Why the client keeps its server ([`Pins`]).
+    pub pins: u8,
+    /// The client's settings from its startup packet (unreported ones), which `RESET` returns
+    /// to.
+    pub startup: Vars,
+}
+
+impl StateWatch {
+    pub fn note(&mut self, touch: Touch) {
+        self.touched |= touch.probe;
+        if touch.load {
+            // A loaded library cannot be unloaded: the client keeps its server for good.
+            self.pins |= Pins::LOAD;
+        }
+    }
+
+    /// The server must not go back to the pool as things are.
+    #[inline]
+    pub fn keeps_server(&self) -> bool {
+        self.touched || self.pins != 0
+    }
+
+    /// Takes the pins a probe found (a `LOAD` is never undone).
+    pub fn set_pins(&mut self, found: u8) {
+        self.pins = found | (self.pins & Pins::LOAD);
+    }
+}
+
+/// Writes a NotificationResponse for the client: one its own server session sent (a NOTIFY
+/// of its own) carries the process ID the client was given in BackendKeyData, which drivers
+/// compare against (`server_pid`: its server's real one).
+pub fn write_notification(out: &mut BytesMut, msg: &[u8], server_pid: i32, client_pid: i32) {
+    let pid = msg
+        .get(5..9)
+        .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    if pid == Some(server_pid) && msg[0] == be::NOTIFICATION_RESPONSE {
+        out.extend_from_slice(&msg[..5]);
+        out.extend_from_slice(&client_pid.to_be_bytes());
+        out.extend_from_slice(&msg[9..]);
+    } else {
+        out.extend_from_slice(msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touches() {
+        let probe = |t: &str| touch(t.as_bytes()).probe;
+        assert!(probe("SET work_mem = '1MB'"));
+        assert!(probe("select 1; /* c */ set role r"));
+        assert!(probe("RESET ALL"));
+        assert!(probe("SELECT set_config('a.b', 'c', false)"));
+        assert!(probe("CREATE TEMP TABLE t (a int)"));
+        assert!(probe("create temporary table t (a int)"));
+        assert!(probe("create table pg_temp.t (a int)"));
+        assert!(probe("LISTEN ch"));
+        assert!(probe("UNLISTEN *"));
+        assert!(probe("SELECT pg_advisory_lock(1)"));
+        assert!(probe("DECLARE c CURSOR WITH HOLD FOR SELECT 1"));
+        assert!(probe("CLOSE c"));
+        assert!(probe("DISCARD ALL"));
+        assert!(!probe("UPDATE t SET a = 1 WHERE b = 2"));
+        assert!(!probe(
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 1"
+        ));
+        assert!(!probe("SELECT load FROM machines"));
+        assert!(touch(b"LOAD 'auto_explain'").load);
+        assert!(!touch(b"select load from t").load);
+    }
+
+    #[test]
+    fn probe_rows() {
+        let row = |n: &str, v: &str| vec![Some(n.to_owned()), Some(v.to_owned())];
+        let mut reported = Vars::new();
+        reported.set("TimeZone", "UTC");
+        let rows = vec![
+            row("work_mem", "8MB"),
+            row("TimeZone", "Europe/Paris"),
+            row("$role", "r1"),
+            row("$session_authorization", "app"),
+            row("$temp", "true"),
+            row("$listen", "false"),
+            row("$cursor", "true"),
+        ];
+        let (settings, pins) = read_probe(&rows, &reported, "app");
+        assert_eq!(settings.get("work_mem"), Some("8MB"));
+        assert_eq!(settings.get("role"), Some("r1"));
+        assert_eq!(settings.get("timezone"), None);
+        assert_eq!(settings.get("session_authorization"), None);
+        assert_eq!(pins, Pins::TEMP | Pins::CURSOR);
+        assert_eq!(Pins::describe(pins), "temp,cursor");
+    }
+
+    #[test]
+    fn reset_returns_to_startup_values() {
+        let mut startup = Vars::new();
+        startup.set("work_mem", "2MB");
+        startup.set("search_path", "app");
+        let mut now = Vars::new();
+        now.set("search_path", "other");
+        let wanted = wanted(&now, &startup);
+        assert_eq!(wanted.get("search_path"), Some("other"));
+        assert_eq!(wanted.get("work_mem"), Some("2MB"));
+    }
+
+    #[test]
+    fn own_notifications_carry_the_clients_pid() {
+        let mut msg = BytesMut::new();
+        crate::protocol::write_message(&mut msg, be::NOTIFICATION_RESPONSE, |b| {
+            b.extend_from_slice(&77i32.to_be_bytes());
+            b.extend_from_slice(b"ch\0payload\0");
+        });
+        let mut out = BytesMut::new();
+        write_notification(&mut out, &msg, 77, 5);
+        assert_eq!(&out[5..9], &5i32.to_be_bytes());
+        assert_eq!(&out[9..], &msg[9..]);
+        out.clear();
+        write_notification(&mut out, &msg, 78, 5);
+        assert_eq!(&out[..], &msg[..]);
+    }
+}

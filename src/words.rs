@@ -1,0 +1,86 @@
+//! A cheap, generous test for which of a few SQL words a text contains: run on the hot path
+//! (every simple query) by the statement planner and the session-state watch, which then
+//! decide exactly what a query that contains one of their words does.
+//!
+//! One pass over the text with a table lookup per byte; the words are compared only where one
+//! of them could start (a byte that begins one, not inside an identifier). A word matches as a
+//! prefix, in any case: `temp` is found in `TEMPORARY` (and in `temperature`, which costs the
+//! caller an exact check, never a wrong answer).
+
+/// Up to 31 words; word `i` is bit `1 << i` of the sets [`WordSet::found_in`] returns.
+pub struct WordSet<const N: usize> {
+    words: [&'static [u8]; N],
+    /// For each byte: the words that start with it (either case), and [`IDENTIFIER`] when it
+    /// continues an identifier (a letter, `_`, a non-ASCII byte): no word starts right after
+    /// such a byte.
+    class: [u32; 256],
+}
+
+const IDENTIFIER: u32 = 1 << 31;
+
+impl<const N: usize> WordSet<N> {
+    /// The set of `words` (lower case).
+    pub const fn new(words: [&'static [u8]; N]) -> Self {
+        assert!(N < 32, "at most 31 words");
+        let mut class = [0u32; 256];
+        let mut c = 0;
+        while c < 256 {
+            let b = c as u8;
+            if b.is_ascii_alphabetic() || b == b'_' || b >= 0x80 {
+                class[c] = IDENTIFIER;
+            }
+            c += 1;
+        }
+        let mut i = 0;
+        while i < N {
+            let first = words[i][0];
+            class[first as usize] |= 1 << i;
+            class[first.to_ascii_uppercase() as usize] |= 1 << i;
+            i += 1;
+        }
+        WordSet { words, class }
+    }
+
+    /// Which of the `wanted` words `text` contains where a word may start.
+    pub fn found_in(&self, text: &[u8], wanted: u32) -> u32 {
+        let wanted = wanted & !IDENTIFIER;
+        let mut found = 0u32;
+        // `IDENTIFIER` set in `after`: the previous byte continues an identifier.
+        let mut after = 0; // nothing before the start
+        for (at, &c) in text.iter().enumerate() {
+            let class = self.class[c as usize];
+            let candidates = class & wanted & !found;
+            if candidates != 0 && after == 0 {
+                let rest = &text[at..];
+                for (i, word) in self.words.iter().enumerate() {
+                    if candidates & (1 << i) != 0
+                        && rest.len() >= word.len()
+                        && rest[..word.len()].eq_ignore_ascii_case(word)
+                    {
+                        found |= 1 << i;
+                    }
+                }
+            }
+            after = class & IDENTIFIER;
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WordSet;
+
+    const SET: WordSet<3> = WordSet::new([b"begin", b"temp", b"pg_temp"]);
+
+    #[test]
+    fn prefixes_at_word_starts_in_any_case() {
+        assert_eq!(SET.found_in(b"x; BEGIN", 0b111), 0b001);
+        assert_eq!(SET.found_in(b"create TEMPORARY table", 0b111), 0b010);
+        assert_eq!(SET.found_in(b"create table pg_temp.t", 0b111), 0b100);
+        assert_eq!(SET.found_in(b"xbegin mytemp", 0b111), 0);
+        assert_eq!(SET.found_in(b"(begin", 0b001), 0b001);
+        assert_eq!(SET.found_in(b"begin temp", 0b010), 0b010);
+        assert_eq!(SET.found_in(b"", 0b111), 0);
+    }
+}

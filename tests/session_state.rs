@@ -1,0 +1,348 @@
+//! Session state in transaction mode: several clients interleave their transactions on a pool
+//! of one or two servers through pgmemo, and each client's transcript must equal what the same
+//! client gets on a dedicated PostgreSQL session (the same steps, in the same order, each
+//! client on its own direct connection). Settings, roles and search_path are carried per
+//! client; temporary tables, LISTEN, advisory locks and WITH HOLD cursors pin the client to
+//! its server until they are gone; nothing of one client is ever seen by another.
+//!
+//! Every query runs under a timeout: a client waiting for a server that a pinned client never
+//! gives back shows up as `TIMEOUT` in its transcript, which then differs from PostgreSQL's.
+
+mod common;
+
+use common::*;
+use pgmemo::config::PoolMode;
+use std::time::Duration;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+const DB: &str = "session_state";
+
+/// What one statement returned, as text: its rows, or its error.
+async fn outcome(client: &Client, sql: &str) -> String {
+    outcome_within(client, sql, Duration::from_secs(10)).await
+}
+
+async fn outcome_within(client: &Client, sql: &str, limit: Duration) -> String {
+    match tokio::time::timeout(limit, client.simple_query(sql)).await {
+        Err(_) => "TIMEOUT".into(),
+        Ok(Err(e)) => match e.as_db_error() {
+            Some(db) => format!("ERROR {}: {}", db.code().code(), db.message()),
+            None => format!("ERROR {e}"),
+        },
+        Ok(Ok(messages)) => messages
+            .iter()
+            .map(|m| match m {
+                SimpleQueryMessage::Row(r) => (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("NULL").to_owned())
+                    .collect::<Vec<_>>()
+                    .join("|"),
+                SimpleQueryMessage::CommandComplete(n) => format!("({n})"),
+                _ => String::new(),
+            })
+            .filter(|piece| !piece.is_empty())
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// Runs `steps` (client index, SQL) in order over `clients`; returns each client's
+/// transcript.
+async fn run(clients: &[Client], steps: &[(usize, &str)]) -> Vec<Vec<String>> {
+    let mut transcripts = vec![Vec::new(); clients.len()];
+    for (i, sql) in steps {
+        let out = outcome(&clients[*i], sql).await;
+        transcripts[*i].push(format!("{sql} => {out}"));
+    }
+    transcripts
+}
+
+async fn clients(url: &str, n: usize) -> Vec<Client> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(connect(url).await);
+    }
+    out
+}
+
+fn direct_url() -> String {
+    cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), DB)
+}
+
+/// The steps on dedicated PostgreSQL sessions, then through pgmemo in transaction mode with a
+/// pool of `pool_size`: the transcripts must be the same.
+async fn same_as_dedicated_sessions(name: &str, pool_size: u32, n: usize, steps: &[(usize, &str)]) {
+    let direct = run(&clients(&direct_url(), n).await, steps).await;
+    let proxy = pgmemo(PoolMode::Transaction, pool_size).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let proxied = run(&clients(&url, n).await, steps).await;
+    for (i, (d, p)) in direct.iter().zip(&proxied).enumerate() {
+        assert_eq!(d, p, "{name}: client {i} differs from a dedicated session");
+    }
+}
+
+static SETUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+async fn setup() {
+    SETUP
+        .get_or_init(|| async {
+            fresh_db(DB).await;
+            tokio::task::spawn_blocking(|| {
+                cluster().psql(
+                    DB,
+                    "DO $$ BEGIN
+                       IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tenant_a') THEN
+                         CREATE ROLE tenant_a; CREATE ROLE tenant_b;
+                       END IF; END $$;
+                     CREATE SCHEMA tenant_a; CREATE SCHEMA tenant_b;
+                     CREATE TABLE tenant_a.accounts (owner text); INSERT INTO tenant_a.accounts VALUES ('a');
+                     CREATE TABLE tenant_b.accounts (owner text); INSERT INTO tenant_b.accounts VALUES ('b');
+                     GRANT USAGE ON SCHEMA tenant_a TO tenant_a; GRANT SELECT ON tenant_a.accounts TO tenant_a;
+                     GRANT USAGE ON SCHEMA tenant_b TO tenant_b; GRANT SELECT ON tenant_b.accounts TO tenant_b;",
+                );
+            })
+            .await
+            .unwrap();
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_follow_the_client() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "SET work_mem = '1MB'"),
+        (1, "SHOW work_mem"),
+        (0, "SHOW work_mem"),
+        (1, "SET statement_timeout = '7s'"),
+        (0, "SHOW statement_timeout"),
+        (1, "SHOW statement_timeout"),
+        // Rolled back, failed: nothing recorded.
+        (0, "BEGIN; SET statement_timeout = '5s'; ROLLBACK"),
+        (0, "SHOW statement_timeout"),
+        // (One simple query is one implicit transaction: the error rolls the SET back.)
+        (0, "SET work_mem = '9MB'; SELECT 1/0"),
+        (0, "BEGIN; SET work_mem = '8MB'; SELECT 1/0"),
+        (0, "ROLLBACK"),
+        (0, "SHOW work_mem"),
+        (0, "SET LOCAL work_mem = '4MB'"),
+        (0, "SHOW work_mem"),
+        // In a multi-statement query, committed at its end.
+        (1, "SET work_mem = '2MB'; SELECT 1"),
+        (0, "SHOW work_mem"),
+        (1, "SHOW work_mem"),
+        (0, "SELECT pg_catalog.set_config('work_mem', '3MB', false)"),
+        (1, "SHOW work_mem"),
+        (0, "SHOW work_mem"),
+        (
+            0,
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        ),
+        (1, "SHOW transaction_isolation"),
+        (0, "SHOW transaction_isolation"),
+        (0, "SET application_name = 'client0'"),
+        (1, "SHOW application_name"),
+        (0, "RESET ALL"),
+        (0, "SHOW work_mem"),
+        (0, "SHOW transaction_isolation"),
+        (1, "SHOW statement_timeout"),
+        (1, "DISCARD ALL"),
+        (1, "SHOW work_mem"),
+        (1, "SHOW statement_timeout"),
+    ];
+    same_as_dedicated_sessions("settings", 1, 2, steps).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_and_search_path_never_leak_between_tenants() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "SET ROLE tenant_a"),
+        (1, "SELECT current_user"),
+        (0, "SELECT current_user, session_user"),
+        (1, "SET ROLE tenant_b"),
+        (0, "SELECT owner FROM tenant_b.accounts"),
+        (1, "SELECT owner FROM tenant_b.accounts"),
+        (1, "SELECT owner FROM tenant_a.accounts"),
+        (2, "SELECT current_user"),
+        (0, "SET search_path = tenant_a"),
+        (1, "SET search_path = tenant_b"),
+        (0, "SELECT owner FROM accounts"),
+        (1, "SELECT owner FROM accounts"),
+        (2, "SELECT current_user, current_setting('search_path')"),
+        (0, "BEGIN; SET ROLE tenant_b; ROLLBACK"),
+        (0, "SELECT current_user"),
+        (0, "RESET ROLE"),
+        (1, "SET SESSION AUTHORIZATION tenant_a"),
+        (0, "SELECT current_user, session_user"),
+        (1, "SELECT current_user, session_user"),
+        (2, "SELECT current_user, session_user"),
+        (1, "SET SESSION AUTHORIZATION DEFAULT"),
+        (
+            1,
+            "SELECT current_user, session_user, current_setting('search_path')",
+        ),
+    ];
+    same_as_dedicated_sessions("roles", 1, 3, steps).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn temporary_tables_pin_their_client() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "CREATE TEMP TABLE scratch (a int)"),
+        (0, "INSERT INTO scratch VALUES (1)"),
+        (1, "CREATE TEMP TABLE scratch (a int)"),
+        (1, "INSERT INTO scratch VALUES (2), (3)"),
+        (0, "SELECT a FROM scratch ORDER BY a"),
+        (1, "SELECT a FROM scratch ORDER BY a"),
+        (0, "DROP TABLE scratch"),
+        (
+            0,
+            "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()",
+        ),
+        // ON COMMIT DROP leaves nothing behind: no pin.
+        (
+            0,
+            "BEGIN; CREATE TEMP TABLE gone (a int) ON COMMIT DROP; COMMIT",
+        ),
+        (1, "DISCARD TEMP"),
+        (
+            2,
+            "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()",
+        ),
+        (2, "SELECT 1"),
+        (0, "SELECT 2"),
+    ];
+    // Two servers: while clients 0 and 1 are pinned client 2 has none, and waits until one
+    // of them lets go.
+    same_as_dedicated_sessions("temp tables", 2, 3, steps).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_locks_and_held_cursors_pin_their_client() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "SELECT pg_advisory_lock(4242)"),
+        (1, "SELECT pg_try_advisory_lock(4242)"),
+        (0, "SELECT pg_try_advisory_lock(4242)"),
+        (
+            0,
+            "SELECT pg_advisory_unlock(4242), pg_advisory_unlock(4242)",
+        ),
+        (1, "SELECT pg_try_advisory_lock(4242)"),
+        (1, "SELECT pg_advisory_unlock_all()"),
+        (0, "SELECT pg_try_advisory_xact_lock(4242)"),
+        (
+            0,
+            "DECLARE c CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 5) g",
+        ),
+        (0, "FETCH 2 FROM c"),
+        (1, "SELECT name FROM pg_cursors"),
+        (0, "FETCH 2 FROM c"),
+        (0, "CLOSE c"),
+        (1, "SELECT 1"),
+    ];
+    same_as_dedicated_sessions("advisory locks and cursors", 2, 2, steps).await;
+}
+
+/// A pinned client that goes away leaves a clean server: the next client on a pool of one
+/// finds no temporary table, no lock, no setting, no role of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_client_that_leaves_leaves_nothing_behind() {
+    setup().await;
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let (first, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    for sql in [
+        "CREATE TEMP TABLE mine (a int)",
+        "SELECT pg_advisory_lock(77)",
+        "SET work_mem = '5MB'",
+        "SET ROLE tenant_a",
+        "LISTEN somewhere",
+    ] {
+        first.simple_query(sql).await.unwrap();
+    }
+    // Killed: the socket closes without a Terminate.
+    task.abort();
+    drop(first);
+    let second = connect(&url).await;
+    let seen = outcome(
+        &second,
+        "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()), \
+         (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()), \
+         current_setting('work_mem'), current_user, (SELECT count(*) FROM pg_listening_channels())",
+    )
+    .await;
+    assert_eq!(seen, format!("0|0|4MB|{PGMEMO_USER}|0 (1)"));
+}
+
+/// LISTEN works in transaction mode: the listening client keeps its server and gets
+/// notifications sent by others between its transactions, and its own NOTIFY carries the
+/// process ID pgmemo gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_notify_in_transaction_mode() {
+    setup().await;
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let addr = proxy.local_addr();
+    let mut listener = RawClient::connect(addr, PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap();
+    let (own_pid, _) = listener.backend_key().unwrap();
+    listener
+        .send(&[Frontend::query("LISTEN jobs")])
+        .await
+        .unwrap();
+    listener.recv_until_ready(1).await.unwrap();
+    let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let other = connect(&url).await;
+    other
+        .simple_query("NOTIFY jobs, 'from another client'")
+        .await
+        .unwrap();
+    let notification = listener.recv_until_tag(b'A').await.unwrap();
+    let notification = notification.last().unwrap();
+    assert!(
+        String::from_utf8_lossy(&notification.body).contains("from another client"),
+        "{notification:?}"
+    );
+    let other_pid = i32::from_be_bytes(notification.body[..4].try_into().unwrap());
+    assert_ne!(other_pid, own_pid);
+    // Its own NOTIFY: the notification comes with the query's replies.
+    listener
+        .send(&[Frontend::query("NOTIFY jobs, 'mine'")])
+        .await
+        .unwrap();
+    let replies = listener.recv_until_ready(1).await.unwrap();
+    let mine = replies
+        .iter()
+        .find(|m| m.tag == b'A')
+        .expect("own notification");
+    assert_eq!(
+        i32::from_be_bytes(mine.body[..4].try_into().unwrap()),
+        own_pid
+    );
+    // While it listens it keeps one of the two servers: with the other held by an open
+    // transaction, a third client gets none.
+    let third = connect(&url).await;
+    other.simple_query("BEGIN").await.unwrap();
+    // (Bounded by a timeout: it waits for a server that is not given back.)
+    assert_eq!(
+        outcome_within(&third, "SELECT 3", Duration::from_secs(2)).await,
+        "TIMEOUT"
+    );
+    // UNLISTEN * unpins: the listener's server is free for the third client.
+    listener
+        .send(&[Frontend::query("UNLISTEN *")])
+        .await
+        .unwrap();
+    listener.recv_until_ready(1).await.unwrap();
+    let third = connect(&url).await;
+    assert_eq!(outcome(&third, "SELECT 3").await, "3 (1)");
+    other.simple_query("COMMIT").await.unwrap();
+    let _ = listener.terminate().await;
+}
