@@ -292,8 +292,11 @@ pub fn show_pools(app: &App) -> Table {
             let mine = clients
                 .iter()
                 .filter(|c| c.database == pool.key.database && c.user == pool.key.user);
-            let (mut active, mut waiting) = (0, 0);
+            let (mut active, mut waiting, mut pinned) = (0, 0, 0);
             for c in mine {
+                if c.pins.load(Relaxed) != 0 {
+                    pinned += 1;
+                }
                 match c.state() {
                     ClientState::Waiting => waiting += 1,
                     _ => active += 1,
@@ -318,6 +321,7 @@ pub fn show_pools(app: &App) -> Table {
                 text(0),
                 text(0),
                 text(pool.settings().mode.as_str()),
+                text(pinned),
             ]
         })
         .collect();
@@ -339,6 +343,8 @@ pub fn show_pools(app: &App) -> Table {
             "maxwait",
             "maxwait_us",
             "pool_mode",
+            // pgmemo's: clients that keep their server for session state.
+            "cl_pinned",
         ],
         rows,
     }
@@ -400,13 +406,14 @@ pub fn show_clients(app: &App) -> Table {
                 text(c.cancel_key.0),
                 text(if c.tls { "TLS" } else { "" }),
                 text(c.application_name.lock().clone()),
+                text(crate::session::state::Pins::describe(c.pins.load(Relaxed))),
             ]
         })
         .collect();
-    Table {
-        columns: CONN_COLUMNS.to_vec(),
-        rows,
-    }
+    let mut columns = CONN_COLUMNS.to_vec();
+    // pgmemo's: why the client keeps its server (temp, listen, advisory_lock, cursor, load).
+    columns.push("pinned");
+    Table { columns, rows }
 }
 
 pub fn show_servers(app: &App) -> Table {
@@ -517,6 +524,10 @@ pub fn show_stats(app: &App) -> Table {
         e.prepare_evictions += s.prepare_evictions;
         e.autoprepared += s.autoprepared;
         e.autoprepare_passed += s.autoprepare_passed;
+        e.state_probes += s.state_probes;
+        for (total, n) in e.pins.iter_mut().zip(s.pins) {
+            *total += n;
+        }
     }
     let uptime = app.started.elapsed().as_secs().max(1);
     let rows = per_db
@@ -544,6 +555,8 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.prepare_evictions),
                 text(s.autoprepared),
                 text(s.autoprepare_passed),
+                text(s.state_probes),
+                text(s.pins.iter().sum::<u64>()),
             ]
         })
         .collect();
@@ -569,6 +582,8 @@ pub fn show_stats(app: &App) -> Table {
             "prepare_evictions",
             "autoprepared",
             "autoprepare_passed",
+            "state_probes",
+            "pins",
         ],
         rows,
     }

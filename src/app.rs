@@ -62,6 +62,8 @@ pub struct ClientInfo {
     /// The server running this client's work right now, if any.
     pub server: Mutex<Option<ServerCancel>>,
     pub server_id: AtomicU64,
+    /// Why the client keeps its server (`session::state::Pins`), 0 when it does not.
+    pub pins: AtomicU8,
 }
 
 impl ClientInfo {
@@ -230,6 +232,7 @@ impl App {
             max_prepared_statements: g.max_prepared_statements as usize,
             autoprepare: db.autoprepare,
             autoprepare_threshold: u64::from(g.autoprepare_threshold),
+            pin_session_state: db.pin_session_state,
         })
     }
 
@@ -269,6 +272,7 @@ impl App {
             application_name: Mutex::new(String::new()),
             server: Mutex::new(None),
             server_id: AtomicU64::new(0),
+            pins: AtomicU8::new(0),
         });
         keys.insert(key, info.clone());
         drop(keys);

@@ -460,6 +460,12 @@ pub struct General {
     /// Run simple-protocol queries as shared prepared statements, their literals made
     /// parameters (see README, "Autoprepare"). Default true; per database and user too.
     pub autoprepare: bool,
+    /// Transaction mode: carry each client's session settings (SET, SET ROLE, ...) from
+    /// server to server and pin a client to its server while it holds state that cannot be
+    /// carried (temporary tables, LISTEN, advisory locks, WITH HOLD cursors, LOAD); see
+    /// README, "How pooling behaves". `false` is PgBouncer's behaviour: what a client sets
+    /// stays on the server. Default true; per database and user too.
+    pub pin_session_state: bool,
     /// Uses of a query shape before it is prepared. Default 2.
     pub autoprepare_threshold: u32,
     /// Query shapes remembered (with what was decided for each), least useful dropped
@@ -500,6 +506,7 @@ impl Default for General {
             prepared_statements: true,
             max_prepared_statements: 500,
             autoprepare: true,
+            pin_session_state: true,
             autoprepare_threshold: 2,
             autoprepare_max_shapes: 10_000,
             log_level: "info".into(),
@@ -539,6 +546,8 @@ pub struct DatabaseConfig {
     pub pool_mode: Option<PoolMode>,
     /// Autoprepare for this database's pools, over the general setting.
     pub autoprepare: Option<bool>,
+    /// Session state handling for this database's pools, over the general setting.
+    pub pin_session_state: Option<bool>,
 }
 
 /// `[users.NAME]`: a user who may log in to pgmemo.
@@ -554,6 +563,9 @@ pub struct UserConfig {
     pub pool_size: Option<u32>,
     /// Autoprepare for this user's pools, over the database's and the general setting.
     pub autoprepare: Option<bool>,
+    /// Session state handling for this user's pools, over the database's and the general
+    /// setting.
+    pub pin_session_state: Option<bool>,
 }
 
 /// Where and how one client's (database, user) pool reaches its server: the answer of
@@ -573,6 +585,7 @@ pub struct ResolvedDatabase {
     pub min_pool_size: u32,
     pub pool_mode: PoolMode,
     pub autoprepare: bool,
+    pub pin_session_state: bool,
 }
 
 /// Passwords never reach a log line: these types print `password: Some(<hidden>)`.
@@ -1044,6 +1057,11 @@ impl Config {
             .or(entry.autoprepare)
             .or(star.autoprepare)
             .unwrap_or(g.autoprepare);
+        let pin_session_state = user_cfg
+            .and_then(|u| u.pin_session_state)
+            .or(entry.pin_session_state)
+            .or(star.pin_session_state)
+            .unwrap_or(g.pin_session_state);
         Some(ResolvedDatabase {
             host,
             port,
@@ -1054,6 +1072,7 @@ impl Config {
             min_pool_size,
             pool_mode,
             autoprepare,
+            pin_session_state,
         })
     }
 
@@ -1250,6 +1269,12 @@ impl Config {
                 "autoprepare",
                 g.autoprepare.to_string(),
                 d.autoprepare.to_string(),
+                true,
+            ),
+            (
+                "pin_session_state",
+                g.pin_session_state.to_string(),
+                d.pin_session_state.to_string(),
                 true,
             ),
             (
@@ -1521,6 +1546,7 @@ struct RawGeneral {
     prepared_statements: Option<bool>,
     max_prepared_statements: Option<i64>,
     autoprepare: Option<bool>,
+    pin_session_state: Option<bool>,
     autoprepare_threshold: Option<i64>,
     autoprepare_max_shapes: Option<i64>,
     log_level: Option<String>,
@@ -1548,6 +1574,7 @@ struct RawDatabase {
     min_pool_size: Option<i64>,
     pool_mode: Option<String>,
     autoprepare: Option<bool>,
+    pin_session_state: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -1557,6 +1584,7 @@ struct RawUser {
     pool_mode: Option<String>,
     pool_size: Option<i64>,
     autoprepare: Option<bool>,
+    pin_session_state: Option<bool>,
 }
 
 /// A duration written as a number of seconds, integer or fractional (`120`, `0.5`).
@@ -1736,6 +1764,7 @@ impl RawConfig {
                 U32_RANGE,
             )?,
             autoprepare: g.autoprepare.unwrap_or(d.autoprepare),
+            pin_session_state: g.pin_session_state.unwrap_or(d.pin_session_state),
             autoprepare_threshold: int(
                 "general.autoprepare_threshold",
                 g.autoprepare_threshold,
@@ -1762,6 +1791,7 @@ impl RawConfig {
                 min_pool_size: opt_int(&key("min_pool_size"), db.min_pool_size, U32_RANGE)?,
                 pool_mode: named(&key("pool_mode"), db.pool_mode)?,
                 autoprepare: db.autoprepare,
+                pin_session_state: db.pin_session_state,
                 host: db.host,
                 dbname: db.dbname,
                 user: db.user,
@@ -1777,6 +1807,7 @@ impl RawConfig {
                 pool_mode: named(&key("pool_mode"), user.pool_mode)?,
                 pool_size: opt_int(&key("pool_size"), user.pool_size, U32_RANGE)?,
                 autoprepare: user.autoprepare,
+                pin_session_state: user.pin_session_state,
                 password: user.password,
             };
             users.insert(name, entry);

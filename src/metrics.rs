@@ -128,7 +128,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [Counter; 13] = [
+    let counters: [Counter; 14] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -190,6 +190,11 @@ pub fn render(app: &App) -> String {
             "Simple queries autoprepare passed to the server as they were.",
             |s| s.autoprepare_passed as f64,
         ),
+        (
+            "pgmemo_state_probes_total",
+            "Servers asked what a client's transaction left in its session.",
+            |s| s.state_probes as f64,
+        ),
     ];
     for (name, help, get) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -222,6 +227,29 @@ pub fn render(app: &App) -> String {
         "# HELP pgmemo_autoprepare_shapes Query shapes remembered.\n# TYPE pgmemo_autoprepare_shapes gauge\npgmemo_autoprepare_shapes {}\n# HELP pgmemo_autoprepare_never_shapes Shapes remembered as never generalized (negative cache).\n# TYPE pgmemo_autoprepare_never_shapes gauge\npgmemo_autoprepare_never_shapes {}",
         app.autoprepare.shape_count(),
         app.autoprepare.never_count()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_pins_total Clients pinned to their server for session state, by reason.\n# TYPE pgmemo_pins_total counter"
+    );
+    for pool in &pools {
+        let s = pool.stats.snapshot();
+        for ((_, reason), n) in crate::session::state::Pins::ALL.iter().zip(s.pins) {
+            let _ = writeln!(
+                out,
+                "pgmemo_pins_total{{{},reason=\"{reason}\"}} {n}",
+                labels(&pool.key.database, &pool.key.user)
+            );
+        }
+    }
+    let pinned = app
+        .clients()
+        .iter()
+        .filter(|c| c.pins.load(std::sync::atomic::Ordering::Relaxed) != 0)
+        .count();
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_pinned_clients Clients keeping their server for session state.\n# TYPE pgmemo_pinned_clients gauge\npgmemo_pinned_clients {pinned}"
     );
     cache_metrics(app, &mut out);
     let _ = writeln!(

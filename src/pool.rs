@@ -49,6 +49,9 @@ pub struct PoolSettings {
     pub autoprepare: bool,
     /// Uses of a query shape before it is prepared.
     pub autoprepare_threshold: u64,
+    /// Session settings carried per client and pinning (transaction mode; see
+    /// `session::state`).
+    pub pin_session_state: bool,
 }
 
 impl PoolSettings {

@@ -28,6 +28,11 @@ pub struct PoolStats {
     pub autoprepared: AtomicU64,
     /// Simple queries of clients with autoprepare on that went to the server as they were.
     pub autoprepare_passed: AtomicU64,
+    /// Servers asked what a client's transaction left in its session (`session::state`).
+    pub state_probes: AtomicU64,
+    /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
+    /// counted when the reason appears.
+    pub pins: [AtomicU64; 5],
 }
 
 /// What one session counted since it last reported.
@@ -87,6 +92,17 @@ impl PoolStats {
             prepare_evictions: self.prepare_evictions.load(r),
             autoprepared: self.autoprepared.load(r),
             autoprepare_passed: self.autoprepare_passed.load(r),
+            state_probes: self.state_probes.load(r),
+            pins: std::array::from_fn(|i| self.pins[i].load(r)),
+        }
+    }
+
+    /// Counts the pin reasons in `new` (a set of `session::state::Pins` bits).
+    pub fn count_pins(&self, new: u8) {
+        for (i, (bit, _)) in crate::session::state::Pins::ALL.iter().enumerate() {
+            if new & bit != 0 {
+                self.pins[i].fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -108,4 +124,6 @@ pub struct StatsSnapshot {
     pub prepare_evictions: u64,
     pub autoprepared: u64,
     pub autoprepare_passed: u64,
+    pub state_probes: u64,
+    pub pins: [u64; 5],
 }

@@ -270,7 +270,9 @@ const CORPUS: &[Item] = &[
     Q("SHOW DateStyle"),
     Q("EXPLAIN SELECT 1"),
     Q("DO $$ BEGIN PERFORM 1; END $$"),
-    Q("SELECT 1 AS x INTO TEMP tmp_x"),
+    // Dropped in the same query: a temporary table left behind would pin the client to its
+    // server (transaction mode), and the helpers that move it between servers would wait.
+    Q("SELECT 1 AS x INTO TEMP tmp_x; DROP TABLE tmp_x"),
     // Writes.
     Q("INSERT INTO log (msg) VALUES ('hello')"),
     Q("INSERT INTO log (msg) VALUES ('a'), ('b') RETURNING id, msg"),

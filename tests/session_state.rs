@@ -56,6 +56,29 @@ async fn run(clients: &[Client], steps: &[(usize, &str)]) -> Vec<Vec<String>> {
     transcripts
 }
 
+/// The rows of an admin console command, column name → value.
+async fn admin_rows(
+    admin: &Client,
+    command: &str,
+) -> Vec<std::collections::HashMap<String, String>> {
+    admin
+        .simple_query(command)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
 async fn clients(url: &str, n: usize) -> Vec<Client> {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -299,6 +322,27 @@ async fn listen_notify_in_transaction_mode() {
         .unwrap();
     listener.recv_until_ready(1).await.unwrap();
     let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    // The admin console shows the pin and counts it.
+    let admin = connect(&proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), "pgmemo")).await;
+    let clients = admin_rows(&admin, "SHOW CLIENTS").await;
+    assert!(
+        clients.iter().any(|r| r["pinned"] == "listen"),
+        "{clients:?}"
+    );
+    let pools = admin_rows(&admin, "SHOW POOLS").await;
+    assert!(
+        pools
+            .iter()
+            .any(|r| r["database"] == DB && r["cl_pinned"] == "1"),
+        "{pools:?}"
+    );
+    let stats = admin_rows(&admin, "SHOW STATS").await;
+    assert!(
+        stats
+            .iter()
+            .any(|r| r["database"] == DB && r["pins"] == "1"),
+        "{stats:?}"
+    );
     let other = connect(&url).await;
     other
         .simple_query("NOTIFY jobs, 'from another client'")
@@ -345,4 +389,25 @@ async fn listen_notify_in_transaction_mode() {
     assert_eq!(outcome(&third, "SELECT 3").await, "3 (1)");
     other.simple_query("COMMIT").await.unwrap();
     let _ = listener.terminate().await;
+}
+
+/// `pin_session_state = false` keeps PgBouncer's behaviour: a temporary table stays on the
+/// server, where the next client finds it, and nothing is pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pin_session_state_off_is_pgbouncers_behaviour() {
+    setup().await;
+    let mut config = test_config(PoolMode::Transaction, 1);
+    config.general.pin_session_state = false;
+    let proxy = start_pgmemo(config).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    assert_eq!(
+        outcome(&a, "CREATE TEMP TABLE left_behind (x int)").await,
+        "(0)"
+    );
+    assert_eq!(
+        outcome(&b, "SELECT count(*) FROM left_behind").await,
+        "0 (1)"
+    );
+    assert_eq!(outcome(&b, "DISCARD ALL").await, "(0)");
 }

@@ -287,8 +287,14 @@ impl Session {
     /// A session for a client of `pool` whose login is done, holding no server yet.
     fn new(app: Arc<App>, info: Arc<ClientInfo>, pool: Arc<Pool>, client: ClientConn) -> Session {
         let cfg = app.config.load();
+        let pool_settings = pool.settings();
         Session {
-            mode: pool.settings().mode,
+            mode: pool_settings.mode,
+            state: state::StateWatch {
+                enabled: pool_settings.mode == PoolMode::Transaction
+                    && pool_settings.pin_session_state,
+                ..Default::default()
+            },
             max_message: cfg.general.max_message_size,
             app,
             info,
@@ -322,7 +328,6 @@ impl Session {
             autoprepare_allowed: (0, false),
             held_description: false,
             cache: None,
-            state: state::StateWatch::default(),
         }
     }
 
@@ -651,7 +656,7 @@ impl Session {
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
             }
-            if self.mode == PoolMode::Transaction
+            if self.state.enabled
                 && (tag == fe::QUERY || (tag == fe::PARSE && self.stmts.is_none()))
             {
                 self.note_state(len);
@@ -1094,6 +1099,15 @@ impl Session {
                 .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
     }
 
+    /// Takes the pins a probe found, for SHOW CLIENTS and the pool's counters too.
+    fn note_pins(&mut self, found: u8) {
+        let new = self.state.set_pins(found);
+        self.info
+            .pins
+            .store(self.state.pins, std::sync::atomic::Ordering::Relaxed);
+        self.pool.stats.count_pins(new);
+    }
+
     /// Reads what a simple query (or, without the statement planner, a Parse) may do to the
     /// session's state (see [`state`]).
     fn note_state(&mut self, len: usize) {
@@ -1122,64 +1136,73 @@ impl Session {
             if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
                 return Err(End::ClientGone);
             }
-            let login_user = self.pool.settings().target.user.clone();
-            let server = self.server.as_mut().expect("work_done: a server is held");
-            let mut notifications = BytesMut::new();
-            let probed = server
-                .internal_query_relaying(state::PROBE, Some(&mut notifications))
-                .await;
-            let client_pid = self.info.cancel_key.0;
-            while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
-                let msg = notifications.split_to(len);
-                state::write_notification(
-                    &mut self.client.wbuf,
-                    &msg,
-                    server.info.backend_pid,
-                    client_pid,
-                );
-            }
-            match probed {
-                Ok(rows) => {
-                    let (now, pins) = state::read_probe(&rows, &server.reported, &login_user);
-                    let wanted = state::wanted(&now, &self.state.startup);
-                    server.settings = now;
-                    if wanted != self.settings {
-                        self.settings = wanted;
-                        self.params_version += 1;
-                    }
-                    self.state.set_pins(pins);
-                    if self.state.pins != 0 && self.settings != server.settings {
-                        let sql = params::sync_sql(
-                            &self.reported,
-                            &server.reported,
-                            &self.settings,
-                            &server.settings,
-                        );
-                        if let Some(sql) = sql {
-                            if server.internal_query(&sql).await.is_err() {
-                                server.broken = true;
-                            }
-                            server.settings = self.settings.clone();
-                        }
-                    }
-                    server.params_synced_for = Some((self.info.id, self.params_version));
-                }
-                Err(e) => {
-                    // What the session holds is unknown: nobody else may have this server,
-                    // and the client's per-backend state goes with it.
-                    tracing::warn!(client = %self.info.addr, error = %e, "session state probe failed; closing the server");
-                    server.broken = true;
-                    self.state.pins = 0;
-                }
-            }
-            if server.broken {
-                self.state.pins = 0;
-            }
+            let mut server = self.server.take().expect("work_done: a server is held");
+            let pins = self.probe_state(&mut server).await;
+            self.note_pins(if server.broken { 0 } else { pins });
+            self.server = Some(server);
         }
         if self.state.pins == 0 {
             self.release_server();
         }
         Ok(())
+    }
+
+    /// Asks `server` (held by this client, idle) what its session holds ([`state::PROBE`]):
+    /// records the client's settings and returns the pins found. Notifications that arrive
+    /// meanwhile go to the client. A server whose state cannot be known is marked broken.
+    async fn probe_state(&mut self, server: &mut ServerConn) -> u8 {
+        self.pool
+            .stats
+            .state_probes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut notifications = BytesMut::new();
+        let probed = server
+            .internal_query_relaying(state::PROBE, Some(&mut notifications))
+            .await;
+        while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
+            let msg = notifications.split_to(len);
+            state::write_notification(
+                &mut self.client.wbuf,
+                &msg,
+                server.info.backend_pid,
+                self.info.cancel_key.0,
+            );
+        }
+        let rows = match probed {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Nobody else may have this server, and the client's per-backend state goes
+                // with it.
+                tracing::warn!(client = %self.info.addr, error = %e, "session state probe failed; closing the server");
+                server.broken = true;
+                return 0;
+            }
+        };
+        let login_user = &self.pool.settings().target.user;
+        let (now, pins) = state::read_probe(&rows, &server.reported, login_user);
+        let wanted = state::wanted(&now, &self.state.startup);
+        server.settings = now;
+        if wanted != self.settings {
+            self.settings = wanted;
+            self.params_version += 1;
+        }
+        // A client that keeps its server gets its settings there at once (a RESET of a
+        // startup setting); others get them wherever they land next.
+        if pins | (self.state.pins & state::Pins::LOAD) != 0 {
+            if let Some(sql) = params::sync_sql(
+                &self.reported,
+                &server.reported,
+                &self.settings,
+                &server.settings,
+            ) {
+                if server.internal_query(&sql).await.is_err() {
+                    server.broken = true;
+                }
+                server.settings = self.settings.clone();
+            }
+            server.params_synced_for = Some((self.info.id, self.params_version));
+        }
+        pins
     }
 
     /// Writes the replies pgmemo gives itself (ParseComplete, CloseComplete, ...) that have

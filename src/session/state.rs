@@ -192,6 +192,8 @@ pub fn wanted(now: &Vars, startup: &Vars) -> Vars {
 /// Per-client record of session state.
 #[derive(Debug, Default)]
 pub struct StateWatch {
+    /// Watching at all: transaction mode with `pin_session_state` on.
+    pub enabled: bool,
     /// The client's work on its current server may have changed session state: the server is
     /// probed before it goes back to the pool.
     pub touched: bool,
@@ -203,7 +205,11 @@ pub struct StateWatch {
 }
 
 impl StateWatch {
+    #[inline]
     pub fn note(&mut self, touch: Touch) {
+        if !self.enabled {
+            return;
+        }
         self.touched |= touch.probe;
         if touch.load {
             // A loaded library cannot be unloaded: the client keeps its server for good.
@@ -217,9 +223,12 @@ impl StateWatch {
         self.touched || self.pins != 0
     }
 
-    /// Takes the pins a probe found (a `LOAD` is never undone).
-    pub fn set_pins(&mut self, found: u8) {
+    /// Takes the pins a probe found (a `LOAD` is never undone); returns the reasons that are
+    /// new.
+    pub fn set_pins(&mut self, found: u8) -> u8 {
+        let before = self.pins;
         self.pins = found | (self.pins & Pins::LOAD);
+        self.pins & !before
     }
 }
 
