@@ -9,7 +9,7 @@
 //!   client lands on gets the differences (`params::sync_sql`), and the server it leaves is
 //!   reset to the next client's values, so no client sees another's.
 //! - **State that lives inside one backend** (temporary objects, `LISTEN`, session advisory
-//!   locks, `WITH HOLD` cursors, `LOAD`) cannot be carried: the client keeps its server
+//!   locks, `WITH HOLD` cursors, `LOAD`; temporary functions too) cannot be carried: the client keeps its server
 //!   ([`Pins`]) until the same probe shows the state gone, and a pinned client's server is
 //!   cleaned before anyone else gets it.
 //!
@@ -135,8 +135,10 @@ pub const PROBE: &str =
     WHERE source = 'session' \
     UNION ALL SELECT '$role', pg_catalog.current_setting('role') \
     UNION ALL SELECT '$session_authorization', pg_catalog.current_setting('session_authorization') \
-    UNION ALL SELECT '$temp', EXISTS (SELECT FROM pg_catalog.pg_class \
-        WHERE relnamespace = pg_catalog.pg_my_temp_schema())::text \
+    UNION ALL SELECT '$temp', (EXISTS (SELECT FROM pg_catalog.pg_class \
+        WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+        OR EXISTS (SELECT FROM pg_catalog.pg_proc \
+        WHERE pronamespace = pg_catalog.pg_my_temp_schema()))::text \
     UNION ALL SELECT '$listen', EXISTS (SELECT FROM pg_catalog.pg_listening_channels())::text \
     UNION ALL SELECT '$advisory_lock', EXISTS (SELECT FROM pg_catalog.pg_locks \
         WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())::text \
