@@ -1,6 +1,7 @@
-//! A cheap, generous test for which of a few SQL words a text contains: run on the hot path
-//! (every simple query) by the statement planner and the session-state watch, which then
-//! decide exactly what a query that contains one of their words does.
+//! A cheap, generous test for which of a few SQL words a text contains: run once on every
+//! simple query ([`in_query`]), its answer shared by the statement planner and the
+//! session-state watch, which then decide exactly what a query that contains one of their
+//! words does.
 //!
 //! One pass over the text with a table lookup per byte; the words are compared only where one
 //! of them could start (a byte that begins one, not inside an identifier). A word matches as a
@@ -65,6 +66,64 @@ impl<const N: usize> WordSet<N> {
         }
         found
     }
+}
+
+/// The words looked for in every simple query; bit `1 << i` of [`in_query`]'s answer is word
+/// `i` of [`query::WORDS`].
+pub mod query {
+    use super::WordSet;
+
+    // The statement planner's (see `session::planner::Words`).
+    pub const BEGIN: u32 = 1;
+    pub const START: u32 = 1 << 1;
+    pub const PREPARE: u32 = 1 << 2;
+    pub const DEALLOCATE: u32 = 1 << 3;
+    pub const DISCARD: u32 = 1 << 4;
+    pub const EXECUTE: u32 = 1 << 5;
+    pub const SEARCH_PATH: u32 = 1 << 6;
+    pub const PGMEMO_S: u32 = 1 << 7;
+    // The session-state watch's (see `session::state`), DISCARD too.
+    pub const SET: u32 = 1 << 8;
+    pub const RESET: u32 = 1 << 9;
+    pub const SET_CONFIG: u32 = 1 << 10;
+    pub const LISTEN: u32 = 1 << 11;
+    pub const UNLISTEN: u32 = 1 << 12;
+    pub const TEMP: u32 = 1 << 13;
+    pub const PG_TEMP: u32 = 1 << 14;
+    pub const HOLD: u32 = 1 << 15;
+    pub const LOAD: u32 = 1 << 16;
+    pub const PG_ADVISORY: u32 = 1 << 17;
+    pub const CLOSE: u32 = 1 << 18;
+    pub const DROP: u32 = 1 << 19;
+    pub const ALL: u32 = (1 << 20) - 1;
+
+    pub const WORDS: WordSet<20> = WordSet::new([
+        b"begin",
+        b"start",
+        b"prepare",
+        b"deallocate",
+        b"discard",
+        b"execute",
+        b"search_path",
+        b"pgmemo_s",
+        b"set",
+        b"reset",
+        b"set_config",
+        b"listen",
+        b"unlisten",
+        b"temp",
+        b"pg_temp",
+        b"hold",
+        b"load",
+        b"pg_advisory",
+        b"close",
+        b"drop",
+    ]);
+}
+
+/// Which of [`query::WORDS`] a simple query's text contains.
+pub fn in_query(text: &[u8]) -> u32 {
+    query::WORDS.found_in(text, query::ALL)
 }
 
 #[cfg(test)]

@@ -656,10 +656,15 @@ impl Session {
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
             }
-            if self.state.enabled
-                && (tag == fe::QUERY || (tag == fe::PARSE && self.stmts.is_none()))
-            {
-                self.note_state(len);
+            // The words of a simple query that the planner and the session-state watch look
+            // for, found in one pass.
+            let query_words = if tag == fe::QUERY && (self.state.enabled || self.stmts.is_some()) {
+                fe::query_text(&self.client.rbuf[5..len]).map_or(0, crate::words::in_query)
+            } else {
+                0
+            };
+            if self.state.enabled {
+                self.note_state(tag, len, query_words);
             }
             let autoprepare = if tag == fe::QUERY {
                 self.autoprepare_threshold()
@@ -683,6 +688,7 @@ impl Session {
                     limits: self.statement_limits,
                     cleanup: &mut self.cleanup,
                     retry: &mut self.retry,
+                    query_words,
                     state: &mut self.state,
                     autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
                         global: &self.app.autoprepare,
@@ -1108,17 +1114,19 @@ impl Session {
         self.pool.stats.count_pins(new);
     }
 
-    /// Reads what a simple query (or, without the statement planner, a Parse) may do to the
-    /// session's state (see [`state`]).
-    fn note_state(&mut self, len: usize) {
+    /// Reads what a simple query (its words `query_words`) or, without the statement planner,
+    /// a Parse may do to the session's state (see [`state`]).
+    fn note_state(&mut self, tag: u8, len: usize, query_words: u32) {
         let body = &self.client.rbuf[5..len];
-        let text = if self.client.rbuf[0] == fe::QUERY {
-            fe::query_text(body)
-        } else {
-            fe::Parse::parse(body).map(|p| p.query)
+        let touch = match tag {
+            fe::QUERY => fe::query_text(body).map(|text| state::touch_found(query_words, text)),
+            fe::PARSE if self.stmts.is_none() => {
+                fe::Parse::parse(body).map(|p| state::touch(p.query))
+            }
+            _ => None,
         };
-        if let Some(text) = text {
-            self.state.note(state::touch(text));
+        if let Some(touch) = touch {
+            self.state.note(touch);
         }
     }
 

@@ -47,6 +47,7 @@ use crate::statements::{
     Statement, GUARD_NAME, GUARD_QUERY,
 };
 use crate::stats::LocalStats;
+use crate::words::query;
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
@@ -78,6 +79,9 @@ pub struct Planner<'a> {
     /// `Planner::duplicate_parse`).
     pub cleanup: &'a mut Vec<Box<[u8]>>,
     pub retry: &'a mut Retry,
+    /// For a simple query: the words its text contains (`words::in_query`, found once by
+    /// the session).
+    pub query_words: u32,
     /// What the client's statements may do to its session (see `session::state`).
     pub state: &'a mut super::state::StateWatch,
     /// For a simple query of a client with autoprepare on.
@@ -230,7 +234,7 @@ impl Planner<'_> {
         // Only a transaction block can be aborted: the guard is prepared on a server the
         // first time pgmemo plans a message in one, or one that may open one. (Not while an
         // earlier DISCARD ALL may yet fail: the server's statements are not known then.)
-        // The words of a simple query that matter here, found in one pass.
+        // The words of a simple query that matter here.
         let words = if tag == fe::QUERY {
             let mut wanted = Words::PREPARE
                 | Words::DEALLOCATE
@@ -243,7 +247,7 @@ impl Planner<'_> {
             if !self.server.prepared.has_guard() && self.server.status != b'T' {
                 wanted |= Words::BEGIN | Words::START;
             }
-            fe::query_text(self.body()).map_or(0, |text| Words::found_in(text, wanted))
+            self.query_words & wanted
         } else {
             0
         };
@@ -1769,34 +1773,24 @@ fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
 
 /// Which of the words that matter to the planner a simple query contains, in any case: a
 /// cheap and generous test run on every simple query (`sql::classify` decides what the query
-/// really does).
+/// really does). Bits of `words::in_query`'s answer.
 struct Words;
 
 impl Words {
-    const BEGIN: u32 = 1;
-    const START: u32 = 2;
-    const PREPARE: u32 = 4;
-    const DEALLOCATE: u32 = 8;
-    const DISCARD: u32 = 16;
-    const EXECUTE: u32 = 32;
-    const SEARCH_PATH: u32 = 64;
+    const BEGIN: u32 = query::BEGIN;
+    const START: u32 = query::START;
+    const PREPARE: u32 = query::PREPARE;
+    const DEALLOCATE: u32 = query::DEALLOCATE;
+    const DISCARD: u32 = query::DISCARD;
+    const EXECUTE: u32 = query::EXECUTE;
+    const SEARCH_PATH: u32 = query::SEARCH_PATH;
     /// A reserved statement name may follow (see `sql::hide_reserved`).
-    const PGMEMO_S: u32 = 128;
-
-    const SET: crate::words::WordSet<8> = crate::words::WordSet::new([
-        b"begin",
-        b"start",
-        b"prepare",
-        b"deallocate",
-        b"discard",
-        b"execute",
-        b"search_path",
-        b"pgmemo_s",
-    ]);
+    const PGMEMO_S: u32 = query::PGMEMO_S;
 
     /// Which of the `wanted` words `text` contains (a set of the bits above).
+    #[cfg(test)]
     fn found_in(text: &[u8], wanted: u32) -> u32 {
-        Self::SET.found_in(text, wanted)
+        query::WORDS.found_in(text, wanted)
     }
 
     /// Whether a statement's text may begin with BEGIN or START (after blanks or a comment):

@@ -19,32 +19,28 @@
 
 use crate::params::Vars;
 use crate::protocol::backend as be;
-use crate::words::WordSet;
+use crate::statements::sql;
+use crate::words::query;
 use bytes::BytesMut;
 
-/// Words that matter only at the start of a statement: `SET` is also part of every `UPDATE`,
-/// `LOAD` a common column name. (Bits of [`WORDS`] in its order.)
-const SET: u32 = 1;
-const LOAD: u32 = 1 << 9;
-const LEADING: u32 = SET | LOAD;
-const ALL: u32 = (1 << 13) - 1;
-
-/// Words of statements that may change session state or remove it.
-const WORDS: WordSet<13> = WordSet::new([
-    b"set",
-    b"reset",
-    b"set_config",
-    b"discard",
-    b"listen",
-    b"unlisten",
-    b"temp",
-    b"pg_temp",
-    b"hold",
-    b"load",
-    b"pg_advisory",
-    b"close",
-    b"drop",
-]);
+/// Words of statements that may change session state or remove it (bits of
+/// `words::in_query`'s answer).
+const STATE_WORDS: u32 = query::SET
+    | query::RESET
+    | query::SET_CONFIG
+    | query::DISCARD
+    | query::LISTEN
+    | query::UNLISTEN
+    | query::TEMP
+    | query::PG_TEMP
+    | query::HOLD
+    | query::LOAD
+    | query::PG_ADVISORY
+    | query::CLOSE
+    | query::DROP;
+/// Of those, the words that matter only at the start of a statement: `SET` is also part of
+/// every `UPDATE`, `LOAD` a common column name.
+const LEADING: u32 = query::SET | query::LOAD;
 
 /// What a text may do to the session.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,9 +51,14 @@ pub struct Touch {
     pub load: bool,
 }
 
-/// Reads `text` (a simple query's, or a prepared statement's).
+/// Reads `text` (a prepared statement's).
 pub fn touch(text: &[u8]) -> Touch {
-    let found = WORDS.found_in(text, ALL);
+    touch_found(crate::words::in_query(text), text)
+}
+
+/// Reads `text` (a simple query's) whose words (`words::in_query`) are `found`.
+pub fn touch_found(found: u32, text: &[u8]) -> Touch {
+    let found = found & STATE_WORDS;
     if found == 0 {
         return Touch::default();
     }
@@ -65,36 +66,17 @@ pub fn touch(text: &[u8]) -> Touch {
     let mut load = false;
     if found & LEADING != 0 {
         let text = String::from_utf8_lossy(text);
-        for statement in crate::statements::sql::split(&text) {
-            let word = first_word(statement);
-            probe |= word.eq_ignore_ascii_case("set");
-            load |= word.eq_ignore_ascii_case("load");
+        for statement in sql::split(&text) {
+            if let Some(word) = sql::leading_words(statement, 1).first() {
+                probe |= sql::is_keyword(word, "set");
+                load |= sql::is_keyword(word, "load");
+            }
         }
     }
     Touch {
         probe: probe || load,
         load,
     }
-}
-
-/// The first word of a statement, after blanks and comments.
-fn first_word(statement: &str) -> &str {
-    let mut rest = statement;
-    loop {
-        rest = rest.trim_start();
-        if let Some(after) = rest.strip_prefix("--") {
-            rest = after.split_once('\n').map_or("", |(_, r)| r);
-        } else if let Some(after) = rest.strip_prefix("/*") {
-            // Nested comments are rare in front of a statement; the first `*/` is enough here.
-            rest = after.split_once("*/").map_or("", |(_, r)| r);
-        } else {
-            break;
-        }
-    }
-    let end = rest
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or(rest.len());
-    &rest[..end]
 }
 
 /// Why a client keeps its server (a set of bits).

@@ -389,7 +389,8 @@ pub fn is_transaction_start(stmt: &str) -> bool {
         || (is_keyword(word(0), "start") && is_keyword(word(1), "transaction"))
 }
 
-fn is_keyword(word: &str, kw: &str) -> bool {
+/// Whether `word` (one of [`leading_words`]) is the keyword `kw`, in any case, unquoted.
+pub fn is_keyword(word: &str, kw: &str) -> bool {
     !word.starts_with('"') && word.eq_ignore_ascii_case(kw)
 }
 
@@ -431,7 +432,9 @@ fn explained(stmt: &str) -> Option<&str> {
     Some(&stmt[i..])
 }
 
-fn leading_words(stmt: &str, n: usize) -> Vec<&str> {
+/// The first `n` words of a statement (keywords, identifiers, quoted identifiers), after
+/// blanks and comments.
+pub fn leading_words(stmt: &str, n: usize) -> Vec<&str> {
     let b = stmt.as_bytes();
     let mut words = Vec::new();
     let mut i = 0;
