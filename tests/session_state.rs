@@ -322,13 +322,20 @@ async fn listen_notify_in_transaction_mode() {
         .unwrap();
     listener.recv_until_ready(1).await.unwrap();
     let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
-    // The admin console shows the pin and counts it.
+    // The admin console shows the pin and counts it. (The client has its ReadyForQuery
+    // before pgmemo's own check of the session, which records the pin: wait for that.)
     let admin = connect(&proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), "pgmemo")).await;
-    let clients = admin_rows(&admin, "SHOW CLIENTS").await;
-    assert!(
-        clients.iter().any(|r| r["pinned"] == "listen"),
-        "{clients:?}"
-    );
+    wait_until(
+        "the LISTEN pin in SHOW CLIENTS",
+        Duration::from_secs(10),
+        || async {
+            admin_rows(&admin, "SHOW CLIENTS")
+                .await
+                .iter()
+                .any(|r| r["pinned"] == "listen")
+        },
+    )
+    .await;
     let pools = admin_rows(&admin, "SHOW POOLS").await;
     assert!(
         pools

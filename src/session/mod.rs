@@ -1108,10 +1108,11 @@ impl Session {
     /// Takes the pins a probe found, for SHOW CLIENTS and the pool's counters too.
     fn note_pins(&mut self, found: u8) {
         let new = self.state.set_pins(found);
+        // Counted before it shows in SHOW CLIENTS: whoever sees the pin sees it counted.
+        self.pool.stats.count_pins(new);
         self.info
             .pins
             .store(self.state.pins, std::sync::atomic::Ordering::Relaxed);
-        self.pool.stats.count_pins(new);
     }
 
     /// Reads what a simple query (its words `query_words`) or, without the statement planner,
