@@ -272,8 +272,22 @@ async fn advisory_locks_and_held_cursors_pin_their_client() {
 /// finds no temporary table, no lock, no setting, no role of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_client_that_leaves_leaves_nothing_behind() {
+    leaves_nothing_behind(test_config(PoolMode::Transaction, 1)).await;
+}
+
+/// The same without prepared statements and with no server_reset_query: the cleaning of a
+/// pinned client's server does not depend on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_client_leaves_nothing_behind_whatever_the_reset_query() {
+    let mut config = test_config(PoolMode::Transaction, 1);
+    config.general.prepared_statements = false;
+    config.general.server_reset_query = String::new();
+    leaves_nothing_behind(config).await;
+}
+
+async fn leaves_nothing_behind(config: pgmemo::config::Config) {
     setup().await;
-    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let proxy = start_pgmemo(config).await;
     let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
     let (first, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await

@@ -1422,22 +1422,23 @@ impl Session {
                 server.internal_query("ROLLBACK").await?;
             }
             // A client that may have left per-backend state on its server (transaction mode:
-            // pinned, or not probed since its last statements) gets it cleaned like a session.
-            if self.mode == PoolMode::Session
-                || settings.server_reset_query_always
-                || self.state.keeps_server()
-            {
-                let keep_statements = settings.prepared_statements
-                    && (settings
-                        .server_reset_query
-                        .eq_ignore_ascii_case("DISCARD ALL")
-                        || self.mode == PoolMode::Transaction);
+            // pinned, or not probed since its last statements) gets it cleaned as DISCARD ALL
+            // would, whatever server_reset_query says (it may be empty).
+            let pinned = self.mode == PoolMode::Transaction && self.state.keeps_server();
+            if self.mode == PoolMode::Session || settings.server_reset_query_always || pinned {
+                let reset_query = if pinned {
+                    "DISCARD ALL"
+                } else {
+                    settings.server_reset_query.as_str()
+                };
+                let keep_statements =
+                    settings.prepared_statements && reset_query.eq_ignore_ascii_case("DISCARD ALL");
                 if keep_statements {
                     // pgmemo's own statements are shared by every client: keep them, so a
                     // statement is parsed once per server rather than once per client.
                     server.internal_query(RESET_KEEPING_STATEMENTS).await?;
-                } else if !settings.server_reset_query.is_empty() {
-                    server.internal_query(&settings.server_reset_query).await?;
+                } else if !reset_query.is_empty() {
+                    server.internal_query(reset_query).await?;
                     // The reset may have dropped statements: forget them all.
                     server.prepared.clear();
                 }
