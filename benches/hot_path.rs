@@ -470,7 +470,7 @@ fn bench_autoprepare(c: &mut Criterion) {
     let mut out = BytesMut::with_capacity(4096);
     let mut run = |sql: &str| {
         let statement = client
-            .statement(&global, &registry, sql.as_bytes(), 1, 1)
+            .statement(&global, &registry, sql.as_bytes(), (1, 0), 1)
             .expect("generalized");
         client.write_bind(statement.server_name.as_bytes(), &mut out);
         pgmemo::autoprepare::write_run(&mut out);

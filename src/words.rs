@@ -6,7 +6,8 @@
 //! One pass over the text with a table lookup per byte; the words are compared only where one
 //! of them could start (a byte that begins one, not inside an identifier). A word matches as a
 //! prefix, in any case: `temp` is found in `TEMPORARY` (and in `temperature`, which costs the
-//! caller an exact check, never a wrong answer).
+//! caller an exact check, never a wrong answer). Words marked whole ([`WordSet::whole`]) match
+//! only as whole words: `create` is not found in `created_at`, a column of every other table.
 
 /// Up to 31 words; word `i` is bit `1 << i` of the sets [`WordSet::found_in`] returns.
 pub struct WordSet<const N: usize> {
@@ -15,6 +16,8 @@ pub struct WordSet<const N: usize> {
     /// continues an identifier (a letter, `_`, a non-ASCII byte): no word starts right after
     /// such a byte.
     class: [u32; 256],
+    /// The words that must not be followed by an identifier's byte or a digit.
+    whole: u32,
 }
 
 const IDENTIFIER: u32 = 1 << 31;
@@ -39,7 +42,17 @@ impl<const N: usize> WordSet<N> {
             class[first.to_ascii_uppercase() as usize] |= 1 << i;
             i += 1;
         }
-        WordSet { words, class }
+        WordSet {
+            words,
+            class,
+            whole: 0,
+        }
+    }
+
+    /// The same set, the words in `whole` matching only as whole words.
+    pub const fn whole(mut self, whole: u32) -> Self {
+        self.whole = whole;
+        self
     }
 
     /// Which of the `wanted` words `text` contains where a word may start.
@@ -57,6 +70,11 @@ impl<const N: usize> WordSet<N> {
                     if candidates & (1 << i) != 0
                         && rest.len() >= word.len()
                         && rest[..word.len()].eq_ignore_ascii_case(word)
+                        && (self.whole & (1 << i) == 0
+                            || rest.get(word.len()).is_none_or(|&next| {
+                                self.class[next as usize] & IDENTIFIER == 0
+                                    && !next.is_ascii_digit()
+                            }))
                     {
                         found |= 1 << i;
                     }
@@ -95,9 +113,12 @@ pub mod query {
     pub const PG_ADVISORY: u32 = 1 << 17;
     pub const CLOSE: u32 = 1 << 18;
     pub const DROP: u32 = 1 << 19;
-    pub const ALL: u32 = (1 << 20) - 1;
+    // Schema changes, which prepared statements follow (see `statements::schema`); DROP too.
+    pub const CREATE: u32 = 1 << 20;
+    pub const ALTER: u32 = 1 << 21;
+    pub const ALL: u32 = (1 << 22) - 1;
 
-    pub const WORDS: WordSet<20> = WordSet::new([
+    pub const WORDS: WordSet<22> = WordSet::new([
         b"begin",
         b"start",
         b"prepare",
@@ -118,7 +139,10 @@ pub mod query {
         b"pg_advisory",
         b"close",
         b"drop",
-    ]);
+        b"create",
+        b"alter",
+    ])
+    .whole(DROP | CREATE | ALTER);
 }
 
 /// Which of [`query::WORDS`] a simple query's text contains.
@@ -141,5 +165,14 @@ mod tests {
         assert_eq!(SET.found_in(b"(begin", 0b001), 0b001);
         assert_eq!(SET.found_in(b"begin temp", 0b010), 0b010);
         assert_eq!(SET.found_in(b"", 0b111), 0);
+    }
+
+    #[test]
+    fn whole_words() {
+        const DDL: WordSet<2> = WordSet::new([b"create", b"temp"]).whole(0b01);
+        assert_eq!(DDL.found_in(b"SELECT created_at, create1", 0b11), 0);
+        assert_eq!(DDL.found_in(b"CREATE\tTEMPORARY", 0b11), 0b11);
+        assert_eq!(DDL.found_in(b"x;create", 0b11), 0b01);
+        assert_eq!(DDL.found_in(b"create(", 0b11), 0b01);
     }
 }

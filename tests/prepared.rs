@@ -1714,6 +1714,161 @@ async fn alter_table_then_execute_select_star() {
     .await;
 }
 
+/// A fresh Parse after a schema change made through pgmemo is answered with the schema as it
+/// is now, as on a PostgreSQL connection, even where a server still holds the same text
+/// prepared before the change (by this client or another): new parameter types after
+/// `ALTER COLUMN ... TYPE`, new columns after `ADD`/`DROP COLUMN` and after a table is dropped
+/// and made again with other columns, no `cache lookup failed for type` (XX000) after a type
+/// is dropped and made again, no 0A000 for a statement the client has just parsed, also in
+/// the transaction that made the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_parse_after_ddl_sees_the_new_schema() {
+    const SQL: &str = "SELECT * FROM ddl_t WHERE a = $1";
+    const MOOD: &str = "SELECT $1::ddl_mood::text AS m";
+    // Parse under `name`, describe it and its portal, run it with `arg`.
+    let fresh =
+        |name: &str, arg: &str| vec![p(name, SQL), ds(name), b(name, &[arg]), dp(""), e(), S];
+    let mood = |name: &str, arg: &str| vec![p(name, MOOD), b(name, &[arg]), dp(""), e(), S];
+    check(
+        Script::new()
+            .clients(2)
+            .setup(
+                "DROP TABLE IF EXISTS ddl_t; DROP TYPE IF EXISTS ddl_mood; \
+                 CREATE TABLE ddl_t (a int, b int); INSERT INTO ddl_t VALUES (1, 2); \
+                 CREATE TYPE ddl_mood AS ENUM ('sad', 'ok')",
+            )
+            .on(0, fresh("s", "1"))
+            .on(1, fresh("s", "1"))
+            .on(0, vec![q("ALTER TABLE ddl_t ALTER COLUMN a TYPE text")])
+            .on(1, fresh("s2", "1"))
+            .on(0, fresh("", "1"))
+            .on(1, vec![q("ALTER TABLE ddl_t DROP COLUMN b")])
+            .on(0, fresh("s3", "1"))
+            .moved()
+            .on(1, fresh("s3", "1"))
+            .back()
+            .on(1, vec![q("ALTER TABLE ddl_t ADD COLUMN c int DEFAULT 7")])
+            .on(0, fresh("s4", "1"))
+            .on(1, fresh("", "1"))
+            // The change and the Parse in one transaction.
+            .on(
+                0,
+                vec![
+                    q("BEGIN"),
+                    q("ALTER TABLE ddl_t ADD COLUMN d int DEFAULT 8"),
+                ],
+            )
+            .on(0, fresh("s5", "1"))
+            .on(0, vec![q("COMMIT")])
+            .on(1, fresh("s5", "1"))
+            // Extended protocol DDL.
+            .on(
+                1,
+                vec![p("", "ALTER TABLE ddl_t DROP COLUMN c"), b("", &[]), e(), S],
+            )
+            .on(0, fresh("s6", "1"))
+            .on(1, fresh("s6", "1"))
+            // Dropped and made again with other columns.
+            .on(
+                0,
+                vec![q("DROP TABLE ddl_t; CREATE TABLE ddl_t (a bool, z text); \
+                        INSERT INTO ddl_t VALUES (true, 'z')")],
+            )
+            .on(1, fresh("s7", "t"))
+            .on(0, fresh("s7", "t"))
+            // A type dropped and made again under the same name.
+            .on(0, mood("m", "ok"))
+            .on(1, mood("m", "ok"))
+            .on(
+                1,
+                vec![q(
+                    "DROP TYPE ddl_mood; CREATE TYPE ddl_mood AS ENUM ('sad', 'ok', 'happy')",
+                )],
+            )
+            .on(0, mood("m2", "happy"))
+            .on(1, mood("m2", "happy"))
+            .moved()
+            .on(0, mood("", "happy"))
+            .back()
+            .on(0, vec![q("DROP TABLE ddl_t; DROP TYPE ddl_mood")]),
+    )
+    .await;
+}
+
+/// A temporary table hides a table of the same name for the session that made it only: its
+/// client's fresh Parses of a text that other clients share resolve to the temporary table (a
+/// private statement, prepared on its own server), and to the shared one again once the
+/// temporary table is dropped; the other client's Parses never see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_table_hides_a_shared_statement_for_its_client_only() {
+    const SQL: &str = "SELECT * FROM ddl_shadow";
+    let fresh = |name: &str| vec![p(name, SQL), ds(name), b(name, &[]), dp(""), e(), S];
+    check(
+        Script::new()
+            .clients(2)
+            .setup(
+                "DROP TABLE IF EXISTS ddl_shadow; CREATE TABLE ddl_shadow (a int); \
+                 INSERT INTO ddl_shadow VALUES (1)",
+            )
+            .on(1, fresh("s"))
+            .on(0, fresh("s"))
+            .on(
+                0,
+                vec![q("CREATE TEMP TABLE ddl_shadow (x text, y text); \
+                        INSERT INTO ddl_shadow VALUES ('temp', 'row')")],
+            )
+            .on(0, fresh("s2"))
+            .on(0, fresh(""))
+            .on(0, vec![q("DROP TABLE ddl_shadow")])
+            .on(1, fresh("s2"))
+            .on(0, fresh("s3"))
+            .on(0, vec![q("DROP TABLE ddl_shadow")]),
+    )
+    .await;
+}
+
+/// A schema change made outside pgmemo is not seen: a fresh Parse of a text that a server
+/// holds prepared from before a type was dropped and made again fails once with the server's
+/// `cache lookup failed for type` (XX000); the statement is then retired, and the next Parse
+/// of the text is prepared afresh and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_change_outside_pgmemo_recovers_at_the_first_error() {
+    const MOOD: &str = "SELECT $1::ddl_out_mood::text AS m";
+    run_directly(
+        "DROP TYPE IF EXISTS ddl_out_mood; CREATE TYPE ddl_out_mood AS ENUM ('sad', 'ok')",
+    )
+    .await;
+    let proxy = start(1, defaults).await;
+    let mut client = connect(proxy.local_addr()).await;
+    let run = |name: &str, arg: &str| vec![p(name, MOOD), b(name, &[arg]), e(), S];
+    client.send(&run("a", "ok")).await.unwrap();
+    let first = client.recv_until_ready(1).await.unwrap();
+    assert!(!first.iter().any(Backend::is_error), "{first:?}");
+    run_directly("DROP TYPE ddl_out_mood; CREATE TYPE ddl_out_mood AS ENUM ('sad', 'ok', 'happy')")
+        .await;
+    client.send(&run("b", "happy")).await.unwrap();
+    let failed = client.recv_until_ready(1).await.unwrap();
+    let error = failed
+        .iter()
+        .find(|m| m.is_error())
+        .expect("the server's error");
+    assert_eq!(error.field(b'C').as_deref(), Some("XX000"), "{failed:?}");
+    assert!(
+        error
+            .field(b'M')
+            .is_some_and(|m| m.starts_with("cache lookup failed for type")),
+        "{failed:?}"
+    );
+    client.send(&run("c", "happy")).await.unwrap();
+    let replies = client.recv_until_ready(1).await.unwrap();
+    assert!(!replies.iter().any(Backend::is_error), "{replies:?}");
+    let row = replies.iter().find_map(Backend::data_row).expect("a row");
+    assert_eq!(row[0].as_deref(), Some(&b"happy"[..]));
+    let _ = client.terminate().await;
+    proxy.shutdown().await;
+    run_directly("DROP TYPE ddl_out_mood").await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Portals, sizes, formats, transaction control, COPY
 // ---------------------------------------------------------------------------------------------

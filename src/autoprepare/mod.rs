@@ -286,13 +286,14 @@ const MAX_CLIENT_STATEMENTS: usize = 256;
 
 impl ClientAutoprepare {
     /// The statement the simple query `sql` runs as, or why it goes to the server as it is.
-    /// `context` is the client's registry context (database, role, search_path).
+    /// `context` is the client's registry context (database, role, search_path) and its
+    /// database's schema epoch.
     pub fn statement(
         &mut self,
         global: &Autoprepare,
         registry: &Registry,
         sql: &[u8],
-        context: u32,
+        context: (u32, u32),
         threshold: u64,
     ) -> Result<Arc<Statement>, Pass> {
         self.shape = None;
@@ -323,10 +324,12 @@ impl ClientAutoprepare {
             }
         };
         self.build(sql, forms);
-        let hash = lexer::hasher().hash_one((&self.text, &self.types, context));
+        let (context, epoch) = context;
+        let hash = lexer::hasher().hash_one((&self.text, &self.types, context, epoch));
         let statement = match self.statements.get(&hash) {
             Some(s)
                 if s.key.context == context
+                    && s.key.epoch == epoch
                     && s.key.query == self.text
                     && s.key.param_types == self.types =>
             {
@@ -335,6 +338,7 @@ impl ClientAutoprepare {
             _ => {
                 let key = StatementKey {
                     context,
+                    epoch,
                     query: Bytes::copy_from_slice(&self.text),
                     param_types: Bytes::copy_from_slice(&self.types),
                 };

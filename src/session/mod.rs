@@ -343,7 +343,10 @@ impl Session {
                 &pool_settings.target.user,
                 self.settings.get("search_path").unwrap_or(""),
             );
-            self.stmts = Some(ClientStatements::new(context));
+            let schema = crate::statements::schema::SchemaWatch::new(
+                self.app.registry.schema_epoch(&pool_settings.target.dbname),
+            );
+            self.stmts = Some(ClientStatements::new(context, schema));
         }
     }
 
@@ -666,6 +669,13 @@ impl Session {
             if self.state.enabled {
                 self.note_state(tag, len, query_words);
             }
+            if let Some(stmts) = self.stmts.as_mut().filter(|_| query_words != 0) {
+                if let Some(text) = fe::query_text(&self.client.rbuf[5..len]) {
+                    stmts
+                        .schema
+                        .note(crate::statements::schema::ddl_found(query_words, text));
+                }
+            }
             let autoprepare = if tag == fe::QUERY {
                 self.autoprepare_threshold()
             } else {
@@ -918,6 +928,11 @@ impl Session {
                     if route == Route::Forward {
                         self.stats.query_count += 1;
                     }
+                    if let Some(stmts) = self.stmts.as_mut() {
+                        stmts
+                            .schema
+                            .ready(server.status == b'I' && self.replies.is_idle());
+                    }
                 }
                 be::PARAMETER_STATUS => {
                     if let Some((name, value)) = be::parse_parameter_status(body) {
@@ -1108,6 +1123,9 @@ impl Session {
     /// Takes the pins a probe found, for SHOW CLIENTS and the pool's counters too.
     fn note_pins(&mut self, found: u8) {
         let new = self.state.set_pins(found);
+        if let Some(stmts) = self.stmts.as_mut() {
+            stmts.schema.temp_found(found & state::Pins::TEMP != 0);
+        }
         // Counted before it shows in SHOW CLIENTS: whoever sees the pin sees it counted.
         self.pool.stats.count_pins(new);
         self.info
@@ -1245,6 +1263,7 @@ impl Session {
     /// (newest first) when PostgreSQL discarded it.
     fn settle(&mut self, error_code: Option<&str>, retried: bool) {
         let Session {
+            app,
             replies,
             stmts,
             server,
@@ -1266,6 +1285,18 @@ impl Session {
             {
                 if let Some(message) = last_0a000.take() {
                     statement.set_stale_error(message);
+                }
+            }
+            if let (
+                crate::statements::Effect::Uses { statement, .. },
+                replies::Outcome::Failed,
+                Some(sqlstate::INTERNAL_ERROR),
+            ) = (&effect, outcome, error_code)
+            {
+                // "cache lookup failed for type N": the server's copy outlived a type that a
+                // schema change pgmemo did not see dropped. Later Parses get a fresh one.
+                if app.registry.retire(statement) {
+                    tracing::info!(statement = %statement.server_name, "statement retired after XX000 (a schema change made outside pgmemo?)");
                 }
             }
             planner::settle(

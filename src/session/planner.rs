@@ -427,6 +427,7 @@ impl Planner<'_> {
             Some(false) => {}
         }
         self.state.note(statement.session_touch);
+        self.stmts.schema.note(statement.ddl);
         if self.stmts.is_stale(b.statement) {
             // The client prepared this before a DDL change of its result type and may decode
             // rows by the description it got then: PostgreSQL keeps refusing such a statement
@@ -879,7 +880,7 @@ impl Planner<'_> {
             ap.global,
             self.registry,
             text,
-            self.stmts.context,
+            (self.stmts.context, self.stmts.schema.epoch()),
             ap.threshold,
         ) {
             Ok(statement) => statement,

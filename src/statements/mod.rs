@@ -8,6 +8,7 @@
 //! lacks one, and answers Parse/Close locally when the server has nothing to do.
 
 pub mod registry;
+pub mod schema;
 pub mod server_set;
 pub mod sql;
 
@@ -25,6 +26,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StatementKey {
     pub context: u32,
+    /// The database's schema epoch at the Parse (see [`schema`]): after DDL the same text is
+    /// a new statement.
+    pub epoch: u32,
     pub query: Bytes,
     /// Parameter count and OIDs exactly as in the Parse message.
     pub param_types: Bytes,
@@ -65,6 +69,8 @@ pub struct Statement {
     pub tracked: Option<sql::Command>,
     /// What executing it may do to the session's state (see `session::state`).
     pub session_touch: crate::session::state::Touch,
+    /// The schema changes it may make (see [`schema`]).
+    pub ddl: schema::Ddl,
     /// Its text names a reserved statement name (`pgmemo_s<n>`, see
     /// [`sql::hide_reserved`]): what its first such statement does instead. An `EXECUTE` or
     /// `PREPARE` of one is then also [`Statement::tracked`], so that its error is shown as
@@ -129,6 +135,7 @@ impl Statement {
             starts_transaction: sql::is_transaction_start(text),
             tracked,
             session_touch: crate::session::state::touch(&key.query),
+            ddl: schema::ddl(&key.query),
             hidden,
             server_query,
             param_count: declared.max(sql::highest_parameter(text)),
@@ -580,6 +587,8 @@ pub struct ClientStatements {
     startup_context: u32,
     /// The search_path in effect, as far as it differs from the startup packet's.
     pub search_path: SearchPath,
+    /// The schema changes the client's Parses follow.
+    pub schema: schema::SchemaWatch,
     /// Query bytes held by named statements, for the per-client limit.
     bytes: usize,
     /// Portals bound from statements whose execution changes the statements
@@ -589,27 +598,34 @@ pub struct ClientStatements {
 }
 
 impl ClientStatements {
-    pub fn new(context: u32) -> Self {
+    pub fn new(context: u32, schema: schema::SchemaWatch) -> Self {
         ClientStatements {
             names: HashMap::new(),
             sql: HashMap::new(),
             context,
             startup_context: context,
             search_path: SearchPath::default(),
+            schema,
             bytes: 0,
             portals: Vec::new(),
         }
     }
 
-    /// Makes [`ClientStatements::context`] follow the search_path in effect (cheap when it
-    /// has not changed).
+    /// Makes [`ClientStatements::context`] follow the search_path in effect and whether the
+    /// client may hold temporary objects (cheap when neither has changed).
     #[inline]
     pub fn refresh_context(&mut self, registry: &Registry) {
-        if self.search_path.dirty {
+        if self.search_path.dirty || self.schema.context_dirty {
             self.search_path.dirty = false;
-            self.context = match self.search_path.effective() {
-                None => self.startup_context,
-                Some(path) => registry.derived_context(self.startup_context, path),
+            self.schema.context_dirty = false;
+            self.context = if self.schema.is_private() {
+                // Its own temporary objects may hide others': shared with nobody.
+                registry.private_context()
+            } else {
+                match self.search_path.effective() {
+                    None => self.startup_context,
+                    Some(path) => registry.derived_context(self.startup_context, path),
+                }
             };
         }
     }
@@ -703,17 +719,20 @@ impl ClientStatements {
         p: &crate::protocol::frontend::Parse<'_>,
     ) -> Arc<Statement> {
         self.refresh_context(registry);
+        let epoch = self.schema.epoch();
         match self.get(p.name) {
             Some(s)
                 if s.key.query == p.query
                     && s.key.param_types == p.param_types
-                    && s.key.context == self.context =>
+                    && s.key.context == self.context
+                    && s.key.epoch == epoch =>
             {
                 s.clone()
             }
             _ => {
                 let key = StatementKey {
                     context: self.context,
+                    epoch,
                     query: Bytes::copy_from_slice(p.query),
                     param_types: Bytes::copy_from_slice(p.param_types),
                 };
@@ -799,12 +818,13 @@ mod tests {
         let r = Registry::new();
         let key = |q: &'static str| StatementKey {
             context: 1,
+            epoch: 0,
             query: Bytes::from_static(q.as_bytes()),
             param_types: Bytes::from_static(&[0, 0]),
         };
         let (a, _) = r.get_or_insert(key("SELECT 1"));
         let (b, _) = r.get_or_insert(key("SELECT 22"));
-        let mut c = ClientStatements::new(1);
+        let mut c = ClientStatements::new(1, Default::default());
         assert!(c.set(b"x", Some(a.clone())).is_none());
         assert_eq!(c.set(b"x", Some(b.clone())).unwrap().id, a.id);
         assert_eq!(a.holders.load(Ordering::Relaxed), 0);
@@ -822,6 +842,7 @@ mod tests {
     fn parse_message_carries_the_server_name() {
         let key = StatementKey {
             context: 1,
+            epoch: 0,
             query: Bytes::from_static(b"SELECT $1"),
             param_types: Bytes::from_static(&[0, 1, 0, 0, 0, 23]),
         };

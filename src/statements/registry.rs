@@ -5,7 +5,7 @@
 use super::{Statement, StatementKey};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Server statement names come from this process-wide counter and are never reused, so a name
@@ -19,7 +19,14 @@ pub struct Registry {
     /// Statements that lost their last user since the last purge: a cheap hint that a purge
     /// has work to do (the first phase of the two-phase purge).
     released: AtomicUsize,
+    /// Database → its schema epoch (see `schema`). Touched once per client login.
+    epochs: Mutex<HashMap<String, Arc<AtomicU32>>>,
+    /// The next private context (see [`Registry::private_context`]).
+    next_private: AtomicU32,
 }
+
+/// Private contexts are numbered from here; shared ones count up from 1.
+const FIRST_PRIVATE_CONTEXT: u32 = 1 << 31;
 
 impl Default for Registry {
     fn default() -> Self {
@@ -33,6 +40,8 @@ impl Registry {
             statements: papaya::HashMap::new(),
             contexts: Mutex::new(HashMap::new()),
             released: AtomicUsize::new(0),
+            epochs: Mutex::new(HashMap::new()),
+            next_private: AtomicU32::new(FIRST_PRIVATE_CONTEXT),
         }
     }
 
@@ -61,6 +70,31 @@ impl Registry {
         *contexts
             .entry((database, role, search_path.to_owned()))
             .or_insert(next)
+    }
+
+    /// A context nobody else has: for a client whose temporary objects may give a text a
+    /// meaning only in its own session.
+    pub fn private_context(&self) -> u32 {
+        self.next_private.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The schema epoch of `database`, shared by all its clients (see `schema`).
+    pub fn schema_epoch(&self, database: &str) -> Arc<AtomicU32> {
+        self.epochs
+            .lock()
+            .entry(database.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Takes `statement` out of the registry (a server failed it for a schema change pgmemo
+    /// did not see): later Parses of its text make a new statement, prepared afresh. Clients
+    /// and servers holding it keep it until they let go.
+    pub fn retire(&self, statement: &Arc<Statement>) -> bool {
+        self.statements
+            .pin()
+            .remove_if(&statement.key, |_, s| Arc::ptr_eq(s, statement))
+            .is_ok_and(|removed| removed.is_some())
     }
 
     /// The statement for `key`, created if new. The bool says whether it already existed.
@@ -130,6 +164,7 @@ mod tests {
     fn key(ctx: u32, q: &'static str) -> StatementKey {
         StatementKey {
             context: ctx,
+            epoch: 0,
             query: Bytes::from_static(q.as_bytes()),
             param_types: Bytes::from_static(&[0, 0]),
         }
@@ -187,5 +222,26 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    }
+
+    #[test]
+    fn a_retired_statement_is_replaced_by_a_fresh_one() {
+        let r = Registry::new();
+        let (old, _) = r.get_or_insert(key(1, "SELECT 1"));
+        assert!(r.retire(&old));
+        assert!(!r.retire(&old), "retired once");
+        let (fresh, found) = r.get_or_insert(key(1, "SELECT 1"));
+        assert!(!found);
+        assert_ne!(fresh.server_name, old.server_name);
+        assert!(!r.retire(&old), "the fresh statement stays");
+        assert_eq!(r.all()[0].id, fresh.id);
+        let mut other = key(1, "SELECT 1");
+        other.epoch = 1;
+        assert_ne!(
+            r.get_or_insert(other).0.id,
+            fresh.id,
+            "another schema epoch"
+        );
+        assert!(r.private_context() != r.private_context());
     }
 }

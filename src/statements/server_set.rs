@@ -191,6 +191,7 @@ mod tests {
     fn stmt(r: &Registry, q: &'static str) -> Arc<Statement> {
         r.get_or_insert(StatementKey {
             context: 1,
+            epoch: 0,
             query: Bytes::from_static(q.as_bytes()),
             param_types: Bytes::from_static(&[0, 0]),
         })

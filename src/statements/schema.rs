@@ -1,0 +1,187 @@
+//! Prepared statements follow schema changes as PostgreSQL's do: a Parse after a change is
+//! answered with the schema as it is now, never from a server statement prepared before it.
+//!
+//! Each database has a schema epoch, part of every registry key
+//! ([`super::StatementKey::epoch`]). DDL sent through pgmemo (a statement that starts with
+//! `CREATE`, `ALTER` or `DROP`) bumps it when it is sent, and again when the client is back
+//! outside a transaction (other sessions see the change only once it is committed): later
+//! Parses make new statements, with new server names, prepared afresh on whichever server runs
+//! them. Statements bound before keep their server copies and get PostgreSQL's own answers
+//! (0A000 when the result type changed), as on a direct connection.
+//!
+//! A temporary object is visible only to the session that made it and may hide a table of the
+//! same name: a client that may hold one parses in a private context (shared with nobody)
+//! until a session-state probe shows its temporary objects gone.
+//!
+//! DDL made outside pgmemo, or inside functions, is not seen: the first use of a statement
+//! that fails for it retires the statement (`Registry::retire`), so later Parses get a fresh
+//! one.
+
+use crate::statements::sql;
+use crate::words::{self, query};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Words that may start DDL.
+const DDL_WORDS: u32 = query::CREATE | query::ALTER | query::DROP;
+
+/// What a text's DDL may change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ddl {
+    /// The schema every session sees.
+    pub shared: bool,
+    /// Only the session's own temporary objects (the statement names `temp` or `pg_temp`).
+    pub temp: bool,
+}
+
+/// Reads `text` (a prepared statement's).
+pub fn ddl(text: &[u8]) -> Ddl {
+    ddl_found(words::in_query(text), text)
+}
+
+/// Reads `text` (a simple query's), whose words (`words::in_query`) are `found`.
+pub fn ddl_found(found: u32, text: &[u8]) -> Ddl {
+    let mut ddl = Ddl::default();
+    if found & DDL_WORDS == 0 {
+        return ddl;
+    }
+    let text = String::from_utf8_lossy(text);
+    for statement in sql::split(&text) {
+        let Some(first) = sql::leading_words(statement, 1).into_iter().next() else {
+            continue;
+        };
+        if ["create", "alter", "drop"]
+            .iter()
+            .any(|kw| sql::is_keyword(first, kw))
+        {
+            let temp = query::WORDS.found_in(statement.as_bytes(), query::TEMP | query::PG_TEMP);
+            if temp != 0 {
+                ddl.temp = true;
+            } else {
+                ddl.shared = true;
+            }
+        }
+    }
+    ddl
+}
+
+/// One client's view of its database's schema changes.
+#[derive(Debug, Default)]
+pub struct SchemaWatch {
+    /// The database's epoch, shared by all its clients (see `Registry::schema_epoch`).
+    epoch: Arc<AtomicU32>,
+    /// DDL was sent since the client was last idle: the epoch moves again when it is.
+    uncommitted: bool,
+    /// The client may hold temporary objects: it parses in a private context.
+    temp: bool,
+    /// [`SchemaWatch::temp`] changed since the context was last worked out.
+    pub context_dirty: bool,
+}
+
+impl SchemaWatch {
+    pub fn new(epoch: Arc<AtomicU32>) -> SchemaWatch {
+        SchemaWatch {
+            epoch,
+            ..Default::default()
+        }
+    }
+
+    /// The epoch a Parse now belongs to.
+    #[inline]
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether the client parses in a private context.
+    pub fn is_private(&self) -> bool {
+        self.temp
+    }
+
+    /// `ddl` is being sent.
+    #[inline]
+    pub fn note(&mut self, ddl: Ddl) {
+        if ddl.shared {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.uncommitted = true;
+        }
+        if ddl.temp && !self.temp {
+            self.temp = true;
+            self.context_dirty = true;
+        }
+    }
+
+    /// A ReadyForQuery arrived; `idle`: nothing of the client's in flight and no transaction
+    /// open.
+    #[inline]
+    pub fn ready(&mut self, idle: bool) {
+        if self.uncommitted && idle {
+            self.uncommitted = false;
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A probe showed whether the client's session holds temporary objects.
+    pub fn temp_found(&mut self, found: bool) {
+        if self.temp && !found {
+            self.temp = false;
+            self.context_dirty = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ddl_is_read_per_statement() {
+        let shared = Ddl {
+            shared: true,
+            temp: false,
+        };
+        let temp = Ddl {
+            shared: false,
+            temp: true,
+        };
+        assert_eq!(ddl(b"ALTER TABLE t ADD COLUMN c int"), shared);
+        assert_eq!(
+            ddl(b"/* x */ drop type mood; create type mood AS ENUM ('a')"),
+            shared
+        );
+        assert_eq!(ddl(b"CREATE TEMP TABLE t (a int)"), temp);
+        assert_eq!(ddl(b"create table pg_temp.t (a int)"), temp);
+        assert_eq!(
+            ddl(b"CREATE TEMPORARY TABLE t (a int); ALTER TABLE u DROP COLUMN b"),
+            Ddl {
+                shared: true,
+                temp: true
+            }
+        );
+        assert_eq!(ddl(b"SELECT created_at FROM t"), Ddl::default());
+        assert_eq!(ddl(b"SELECT 'x' AS alter_ego, dropped"), Ddl::default());
+        assert_eq!(ddl(b"SELECT 1 AS drop"), Ddl::default());
+    }
+
+    #[test]
+    fn the_epoch_moves_when_sent_and_when_committed() {
+        let epoch = Arc::new(AtomicU32::new(0));
+        let mut a = SchemaWatch::new(epoch.clone());
+        let b = SchemaWatch::new(epoch.clone());
+        a.note(ddl(b"ALTER TABLE t ADD COLUMN c int"));
+        assert_eq!(b.epoch(), 1);
+        a.ready(false);
+        assert_eq!(b.epoch(), 1, "still in its transaction");
+        a.ready(true);
+        assert_eq!(b.epoch(), 2, "committed");
+        a.ready(true);
+        assert_eq!(b.epoch(), 2);
+        a.note(ddl(b"CREATE TEMP TABLE t (a int)"));
+        assert_eq!(b.epoch(), 2, "temporary objects concern the client alone");
+        assert!(a.is_private() && a.context_dirty);
+        a.context_dirty = false;
+        a.temp_found(true);
+        assert!(a.is_private() && !a.context_dirty);
+        a.temp_found(false);
+        assert!(!a.is_private() && a.context_dirty);
+    }
+}
