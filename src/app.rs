@@ -228,7 +228,8 @@ impl App {
             server_check_query: g.server_check_query.clone(),
             server_reset_query: g.server_reset_query.clone(),
             server_reset_query_always: g.server_reset_query_always,
-            prepared_statements: g.prepared_statements,
+            prepared_statements: g.prepared_statements
+                && (db.pool_mode == PoolMode::Transaction || g.session_shared_statements),
             max_prepared_statements: g.max_prepared_statements as usize,
             autoprepare: db.autoprepare,
             autoprepare_threshold: u64::from(g.autoprepare_threshold),

@@ -466,6 +466,11 @@ pub struct General {
     /// README, "How pooling behaves". `false` is PgBouncer's behaviour: what a client sets
     /// stays on the server. Default true; per database and user too.
     pub pin_session_state: bool,
+    /// Session mode: clients share prepared statements through the registry (pgmemo's own
+    /// `pgmemo_s<n>` names on servers, autoprepare and the result cache for them), as in
+    /// transaction mode. Default false: a session-mode client's statements go to its server
+    /// under its own names, as on a direct connection.
+    pub session_shared_statements: bool,
     /// Uses of a query shape before it is prepared. Default 2.
     pub autoprepare_threshold: u32,
     /// Query shapes remembered (with what was decided for each), least useful dropped
@@ -507,6 +512,7 @@ impl Default for General {
             max_prepared_statements: 500,
             autoprepare: true,
             pin_session_state: true,
+            session_shared_statements: false,
             autoprepare_threshold: 2,
             autoprepare_max_shapes: 10_000,
             log_level: "info".into(),
@@ -1278,6 +1284,12 @@ impl Config {
                 true,
             ),
             (
+                "session_shared_statements",
+                g.session_shared_statements.to_string(),
+                d.session_shared_statements.to_string(),
+                true,
+            ),
+            (
                 "autoprepare_threshold",
                 g.autoprepare_threshold.to_string(),
                 d.autoprepare_threshold.to_string(),
@@ -1547,6 +1559,7 @@ struct RawGeneral {
     max_prepared_statements: Option<i64>,
     autoprepare: Option<bool>,
     pin_session_state: Option<bool>,
+    session_shared_statements: Option<bool>,
     autoprepare_threshold: Option<i64>,
     autoprepare_max_shapes: Option<i64>,
     log_level: Option<String>,
@@ -1765,6 +1778,9 @@ impl RawConfig {
             )?,
             autoprepare: g.autoprepare.unwrap_or(d.autoprepare),
             pin_session_state: g.pin_session_state.unwrap_or(d.pin_session_state),
+            session_shared_statements: g
+                .session_shared_statements
+                .unwrap_or(d.session_shared_statements),
             autoprepare_threshold: int(
                 "general.autoprepare_threshold",
                 g.autoprepare_threshold,
@@ -2600,7 +2616,7 @@ password = "b"
         assert!(!row("listen").3);
         assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
         assert!(rows.iter().all(|r| !r.1.contains("pw")));
-        assert_eq!(rows.len(), 32);
+        assert_eq!(rows.len(), 33);
     }
 
     #[test]

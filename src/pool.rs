@@ -41,7 +41,8 @@ pub struct PoolSettings {
     pub server_check_query: String,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
-    /// Prepared statements in transaction mode (the statement planner) for new clients.
+    /// Prepared statements shared through the registry (the statement planner) for new
+    /// clients: transaction mode, or session mode with `session_shared_statements`.
     pub prepared_statements: bool,
     /// Bound of each server connection's prepared-statement LRU.
     pub max_prepared_statements: usize,

@@ -596,6 +596,8 @@ async fn corpus_matches_postgresql() {
         setup(db).await;
         let mut config = test_config(mode, pool_size);
         config.general.autoprepare_threshold = 1;
+        // Session mode autoprepares into statements it shares.
+        config.general.session_shared_statements = true;
         let proxy = start_pgmemo(config).await;
         let proxied = run(proxy.local_addr(), db, mover).await;
         if let Some(report) = diff(&direct, &proxied) {

@@ -145,8 +145,21 @@ async fn scenarios_match_postgres_in_transaction_mode_with_two_servers() {
 async fn scenarios_match_postgres_in_session_mode() {
     // Fewer servers than scenarios: sessions queue, and servers are reset and reused.
     let proxy = pgmemo(PoolMode::Session, 4).await;
-    let failures =
+    let mut failures =
         compare_concurrently(proxy.local_addr(), "session mode, pool_size 4", scenarios()).await;
+    proxy.shutdown().await;
+    // With statements shared between sessions, as transaction mode shares them.
+    let mut config = test_config(PoolMode::Session, 4);
+    config.general.session_shared_statements = true;
+    let proxy = start_pgmemo(config).await;
+    failures.extend(
+        compare_concurrently(
+            proxy.local_addr(),
+            "session mode with shared statements, pool_size 4",
+            scenarios(),
+        )
+        .await,
+    );
     proxy.shutdown().await;
     assert_no_failures(failures);
 }

@@ -18,6 +18,8 @@ fn cache_config(mode: PoolMode, pool_size: u32, rules: Vec<Rule>) -> Config {
     let mut config = test_config(mode, pool_size);
     config.cache.enabled = true;
     config.cache.rules = rules;
+    // Session mode caches statements it shares (see `session_shared_statements`).
+    config.general.session_shared_statements = true;
     // Exact counts below: store at the first miss (admit_after = 2 has its own test).
     config.cache.admit_after = 1;
     config

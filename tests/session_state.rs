@@ -432,3 +432,55 @@ async fn pin_session_state_off_is_pgbouncers_behaviour() {
     );
     assert_eq!(outcome(&b, "DISCARD ALL").await, "(0)");
 }
+
+/// What the clients of [`session_mode_statements_are_each_clients_own`] see: each its own
+/// temporary table through a statement of the text the other prepares too, and the statements
+/// (names and texts) its session holds.
+async fn own_statements_transcript(url: &str) -> Vec<String> {
+    let (a, b) = (connect(url).await, connect(url).await);
+    a.batch_execute("CREATE TEMP TABLE own_t (v bool); INSERT INTO own_t VALUES (true)")
+        .await
+        .unwrap();
+    b.batch_execute("CREATE TEMP TABLE own_t (v int); INSERT INTO own_t VALUES (7)")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for (name, client) in [("a", &a), ("b", &b), ("a", &a)] {
+        let value = match client.prepare("SELECT v::text FROM own_t").await {
+            Ok(statement) => match client.query_one(&statement, &[]).await {
+                Ok(row) => row.get::<_, String>(0),
+                Err(e) => format!("ERROR {e}"),
+            },
+            Err(e) => format!("ERROR {e}"),
+        };
+        let held: Vec<String> = client
+            .query(
+                // tokio-postgres numbers its statements across the process.
+                "SELECT regexp_replace(name, '[0-9]+$', 'N') || ': ' || statement \
+                 FROM pg_catalog.pg_prepared_statements ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        out.push(format!("{name}: {value}; holds {held:?}"));
+    }
+    out
+}
+
+/// Session mode behaves as a direct connection: a client's prepared statements go to its own
+/// server under its own names, so the same text means its own temporary table, and
+/// `pg_prepared_statements` shows exactly the client's statements (`session_shared_statements`
+/// off, the default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_statements_are_each_clients_own() {
+    setup().await;
+    let direct = own_statements_transcript(&direct_url()).await;
+    assert!(direct[1].starts_with("b: 7;"), "{direct:?}");
+    let proxy = pgmemo(PoolMode::Session, 2).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    assert_eq!(own_statements_transcript(&url).await, direct);
+    proxy.shutdown().await;
+}
