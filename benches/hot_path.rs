@@ -217,7 +217,10 @@ fn fixture() -> Fixture {
         user: "bench".into(),
         password: None,
     });
+    // Session mode keeps the server; its statements are shared as in transaction mode, so the
+    // planner's hot path is what is measured.
     config.general.pool_mode = PoolMode::Session;
+    config.general.session_shared_statements = true;
     let app = App::new(config).expect("app");
     let pool = app.pool("bench", "bench").expect("pool");
     let info = app.register_client(

@@ -403,7 +403,7 @@ pub fn show_clients(app: &App) -> Table {
                 text(0),
                 text(c.id),
                 (server != 0).then(|| server.to_string()),
-                text(c.cancel_key.0),
+                text(c.pid()),
                 text(if c.tls { "TLS" } else { "" }),
                 text(c.application_name.lock().clone()),
                 text(crate::session::state::Pins::describe(c.pins.load(Relaxed))),

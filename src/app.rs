@@ -55,8 +55,12 @@ pub struct ClientInfo {
     pub tls: bool,
     pub user: String,
     pub database: String,
-    /// The BackendKeyData pgmemo gave this client.
-    pub cancel_key: (i32, i32),
+    /// The secret key of the BackendKeyData pgmemo gave this client (pgmemo's own, never a
+    /// server's).
+    pub secret: i32,
+    /// The process ID of that BackendKeyData: pgmemo's own in transaction mode, the server's
+    /// in session mode (set once, at login: see [`App::show_pid`]).
+    pid: std::sync::atomic::AtomicI32,
     state: AtomicU8,
     pub application_name: Mutex<String>,
     /// The server running this client's work right now, if any.
@@ -67,6 +71,11 @@ pub struct ClientInfo {
 }
 
 impl ClientInfo {
+    /// The process ID the client was given in BackendKeyData.
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+
     pub fn state(&self) -> ClientState {
         match self.state.load(Ordering::Relaxed) {
             0 => ClientState::Login,
@@ -87,7 +96,8 @@ pub struct App {
     pub tls_acceptor: ArcSwapOption<tokio_rustls::TlsAcceptor>,
     server_tls: ArcSwapOption<tokio_rustls::TlsConnector>,
     clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
-    cancel_keys: Mutex<HashMap<(i32, i32), Arc<ClientInfo>>>,
+    /// Secret key → client: a CancelRequest must also carry the client's process ID.
+    cancel_keys: Mutex<HashMap<i32, Arc<ClientInfo>>>,
     next_client_id: AtomicU64,
     pub shutdown_tx: watch::Sender<bool>,
     /// Set when shutdown_timeout has passed: sessions still in a transaction are closed too.
@@ -254,9 +264,9 @@ impl App {
     ) -> Arc<ClientInfo> {
         let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
         let mut keys = self.cancel_keys.lock();
-        let key = loop {
+        let (pid, secret) = loop {
             let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
-            if k.0 != 0 && !keys.contains_key(&k) {
+            if k.0 != 0 && !keys.contains_key(&k.1) {
                 break k;
             }
         };
@@ -268,21 +278,22 @@ impl App {
             tls,
             user: user.to_owned(),
             database: database.to_owned(),
-            cancel_key: key,
+            secret,
+            pid: std::sync::atomic::AtomicI32::new(pid),
             state: AtomicU8::new(ClientState::Login as u8),
             application_name: Mutex::new(String::new()),
             server: Mutex::new(None),
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
         });
-        keys.insert(key, info.clone());
+        keys.insert(secret, info.clone());
         drop(keys);
         self.clients.lock().insert(id, info.clone());
         info
     }
 
     pub fn unregister_client(&self, info: &ClientInfo) {
-        self.cancel_keys.lock().remove(&info.cancel_key);
+        self.cancel_keys.lock().remove(&info.secret);
         self.clients.lock().remove(&info.id);
     }
 
@@ -296,12 +307,21 @@ impl App {
         self.clients.lock().len()
     }
 
+    /// Gives `client` (logging in, not yet told its BackendKeyData) the process ID `pid`: in
+    /// session mode its server's, so that `pg_backend_pid()`, notifications and the server's
+    /// logs agree with what the client was told. The secret stays pgmemo's.
+    pub fn show_pid(&self, client: &ClientInfo, pid: i32) {
+        client.pid.store(pid, Ordering::Relaxed);
+    }
+
     /// Passes a client's CancelRequest to the server running its query, if any. Unknown keys
     /// are ignored silently, as PostgreSQL does.
     pub async fn cancel(&self, pid: i32, secret: i32) {
         let target = {
             let keys = self.cancel_keys.lock();
-            keys.get(&(pid, secret)).and_then(|c| *c.server.lock())
+            keys.get(&secret)
+                .filter(|c| c.pid() == pid)
+                .and_then(|c| *c.server.lock())
         };
         if let Some(t) = target {
             if let Err(e) = crate::server::send_cancel(t.addr, t.pid, t.secret).await {

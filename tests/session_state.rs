@@ -484,3 +484,73 @@ async fn session_mode_statements_are_each_clients_own() {
     assert_eq!(own_statements_transcript(&url).await, direct);
     proxy.shutdown().await;
 }
+
+/// Session mode: the process ID in a client's BackendKeyData is its server's own, so
+/// `pg_backend_pid()` and its own notifications agree with it; cancelling with that key still
+/// works (the secret is pgmemo's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_shows_the_servers_process_id() {
+    setup().await;
+    let proxy = pgmemo(PoolMode::Session, 2).await;
+    let addr = proxy.local_addr();
+    let mut client = RawClient::connect(addr, PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap();
+    let (pid, secret) = client.backend_key().unwrap();
+    client
+        .send(&[Frontend::query(
+            "LISTEN own; NOTIFY own, 'mine'; SELECT pg_backend_pid()",
+        )])
+        .await
+        .unwrap();
+    let replies = client.recv_until_ready(1).await.unwrap();
+    let row = replies.iter().find_map(Backend::data_row).expect("a row");
+    assert_eq!(row[0].as_deref(), Some(pid.to_string().as_bytes()));
+    let notification = replies
+        .iter()
+        .find(|m| m.tag == b'A')
+        .map(|m| m.body.clone());
+    let notification = match notification {
+        Some(body) => body,
+        None => client
+            .recv_until_tag(b'A')
+            .await
+            .unwrap()
+            .last()
+            .unwrap()
+            .body
+            .clone(),
+    };
+    assert_eq!(&notification[..4], &pid.to_be_bytes());
+    // A cancel with the key reaches the server running the client's query.
+    client
+        .send(&[Frontend::query("SELECT pg_sleep(30)")])
+        .await
+        .unwrap();
+    let direct = connect(&direct_url()).await;
+    wait_until("the sleep to run", Duration::from_secs(10), || async {
+        outcome(
+            &direct,
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid} \
+                 AND query = 'SELECT pg_sleep(30)' AND state = 'active'"
+            ),
+        )
+        .await
+            == "1 (1)"
+    })
+    .await;
+    let mut cancel = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request = Vec::new();
+    request.extend_from_slice(&16i32.to_be_bytes());
+    request.extend_from_slice(&80877102i32.to_be_bytes());
+    request.extend_from_slice(&pid.to_be_bytes());
+    request.extend_from_slice(&secret.to_be_bytes());
+    tokio::io::AsyncWriteExt::write_all(&mut cancel, &request)
+        .await
+        .unwrap();
+    let replies = client.recv_until_ready(1).await.unwrap();
+    let error = replies.iter().find(|m| m.is_error()).expect("cancelled");
+    assert_eq!(error.field(b'C').as_deref(), Some("57014"), "{replies:?}");
+    proxy.shutdown().await;
+}

@@ -268,8 +268,21 @@ impl Session {
         if let Some(name) = session.reported.get("application_name") {
             *session.info.application_name.lock() = name.to_owned();
         }
-        let (pid, secret) = session.info.cancel_key;
-        be::backend_key_data(&mut session.client.wbuf, pid, secret);
+        if session.mode == PoolMode::Session {
+            // The server it keeps for life, taken now: its process ID is the client's.
+            if session.acquire_server().await.is_err() {
+                session.finish().await;
+                return None;
+            }
+            if let Some(server) = session.server.as_ref() {
+                session.app.show_pid(&session.info, server.info.backend_pid);
+            }
+        }
+        be::backend_key_data(
+            &mut session.client.wbuf,
+            session.info.pid(),
+            session.info.secret,
+        );
         be::ready_for_query(&mut session.client.wbuf, b'I');
         session
             .pool
@@ -991,7 +1004,7 @@ impl Session {
                         &mut self.client.wbuf,
                         &server.rbuf[..len],
                         server.info.backend_pid,
-                        self.info.cancel_key.0,
+                        self.info.pid(),
                     );
                     self.stats.bytes_sent += len as u64;
                 }
@@ -1192,7 +1205,7 @@ impl Session {
                 &mut self.client.wbuf,
                 &msg,
                 server.info.backend_pid,
-                self.info.cancel_key.0,
+                self.info.pid(),
             );
         }
         let rows = match probed {
