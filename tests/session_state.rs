@@ -22,8 +22,57 @@ async fn outcome(client: &Client, sql: &str) -> String {
     outcome_within(client, sql, Duration::from_secs(10)).await
 }
 
+/// One statement through the extended protocol (Parse/Bind/Execute/Sync, as tokio-postgres
+/// sends it); its columns must be text.
+async fn extended(client: &Client, sql: &str) -> String {
+    match client.query(sql, &[]).await {
+        Err(e) => match e.as_db_error() {
+            Some(db) => format!("ERROR {}: {}", db.code().code(), db.message()),
+            None => format!("ERROR {e}"),
+        },
+        Ok(rows) => rows
+            .iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| {
+                        r.get::<_, Option<String>>(i)
+                            .unwrap_or_else(|| "NULL".into())
+                    })
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// `sql` as a step: `x:` runs it through the extended protocol, `p:` runs its statements
+/// (separated by ` ;; `) through the extended protocol pipelined (each with its Sync, all sent
+/// before the first reply is read), anything else is a simple query.
+async fn step(client: &Client, sql: &str, limit: Duration) -> String {
+    let run = async {
+        if let Some(one) = sql.strip_prefix("x:") {
+            extended(client, one).await
+        } else if let Some(many) = sql.strip_prefix("p:") {
+            let replies =
+                futures_util::future::join_all(many.split(" ;; ").map(|s| extended(client, s)))
+                    .await;
+            replies.join(" / ")
+        } else {
+            simple(client, sql).await
+        }
+    };
+    tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| "TIMEOUT".into())
+}
+
 async fn outcome_within(client: &Client, sql: &str, limit: Duration) -> String {
-    match tokio::time::timeout(limit, client.simple_query(sql)).await {
+    step(client, sql, limit).await
+}
+
+async fn simple(client: &Client, sql: &str) -> String {
+    match tokio::time::timeout(Duration::from_secs(3600), client.simple_query(sql)).await {
         Err(_) => "TIMEOUT".into(),
         Ok(Err(e)) => match e.as_db_error() {
             Some(db) => format!("ERROR {}: {}", db.code().code(), db.message()),
@@ -164,6 +213,15 @@ async fn settings_follow_the_client() {
         (0, "SHOW transaction_isolation"),
         (0, "SET application_name = 'client0'"),
         (1, "SHOW application_name"),
+        // Custom settings (placeholders, not listed in pg_settings). A placeholder another
+        // client's session made reads '' rather than NULL after its RESET: coalesced.
+        (0, "SET app.tenant = 'zero'"),
+        (1, "SELECT coalesce(current_setting('app.tenant', true), '')"),
+        (1, "SELECT set_config('app.tenant', 'one', false)"),
+        (0, "SELECT current_setting('app.tenant')"),
+        (1, "SELECT current_setting('app.tenant')"),
+        (0, "BEGIN; SET app.tenant = 'rolled back'; ROLLBACK"),
+        (0, "SELECT current_setting('app.tenant')"),
         (0, "RESET ALL"),
         (0, "SHOW work_mem"),
         (0, "SHOW transaction_isolation"),
@@ -173,6 +231,43 @@ async fn settings_follow_the_client() {
         (1, "SHOW statement_timeout"),
     ];
     same_as_dedicated_sessions("settings", 1, 2, steps).await;
+}
+
+/// The same through the extended protocol, one statement at a time and pipelined (several
+/// Parse/Bind/Execute/Sync sent before the first reply), committed, in a block, rolled back
+/// and failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_follow_the_client_through_the_extended_protocol() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "x:SET work_mem = '3MB'"),
+        (1, "x:SHOW work_mem"),
+        (0, "x:SHOW work_mem"),
+        (1, "p:SET statement_timeout = '9s' ;; SHOW statement_timeout ;; SELECT pg_catalog.set_config('my.x', 'one', false)"),
+        (0, "p:SHOW statement_timeout ;; SELECT coalesce(current_setting('my.x', true), '')"),
+        (1, "p:SHOW statement_timeout ;; SELECT coalesce(current_setting('my.x', true), '')"),
+        // A failure in a pipeline fails its own implicit transaction only.
+        (0, "p:SET work_mem = '5MB' ;; SELECT (1/0)::text ;; SHOW work_mem"),
+        (1, "x:SHOW work_mem"),
+        (0, "x:SHOW work_mem"),
+        // In a block: rolled back, then committed.
+        (0, "x:BEGIN"),
+        (0, "x:SET search_path = tenant_a"),
+        (0, "x:SELECT owner FROM accounts"),
+        (0, "x:ROLLBACK"),
+        (0, "x:SHOW search_path"),
+        (0, "p:BEGIN ;; SET ROLE tenant_b ;; SET search_path = tenant_b ;; COMMIT"),
+        (1, "x:SELECT current_user::text, current_setting('search_path')"),
+        (0, "x:SELECT current_user::text, owner FROM accounts"),
+        (1, "x:SET SESSION AUTHORIZATION tenant_a"),
+        (0, "x:SELECT current_user::text, session_user::text"),
+        (1, "x:SELECT current_user::text, session_user::text"),
+        (0, "p:RESET ROLE ;; RESET ALL ;; SHOW work_mem ;; SHOW search_path"),
+        (1, "x:RESET SESSION AUTHORIZATION"),
+        (1, "x:SELECT current_user::text, current_setting('work_mem')"),
+        (0, "x:SELECT current_user::text, current_setting('statement_timeout')"),
+    ];
+    same_as_dedicated_sessions("extended settings", 1, 2, steps).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

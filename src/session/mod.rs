@@ -1150,15 +1150,21 @@ impl Session {
     /// a Parse may do to the session's state (see [`state`]).
     fn note_state(&mut self, tag: u8, len: usize, query_words: u32) {
         let body = &self.client.rbuf[5..len];
-        let touch = match tag {
-            fe::QUERY => fe::query_text(body).map(|text| state::touch_found(query_words, text)),
-            fe::PARSE if self.stmts.is_none() => {
-                fe::Parse::parse(body).map(|p| state::touch(p.query))
-            }
+        let text = match tag {
+            fe::QUERY => fe::query_text(body),
+            fe::PARSE if self.stmts.is_none() => fe::Parse::parse(body).map(|p| p.query),
             _ => None,
         };
-        if let Some(touch) = touch {
+        if let Some(text) = text {
+            let touch = if tag == fe::QUERY {
+                state::touch_found(query_words, text)
+            } else {
+                state::touch(text)
+            };
             self.state.note(touch);
+            if touch.custom {
+                self.state.note_custom(&state::custom_settings(text));
+            }
         }
     }
 
@@ -1197,7 +1203,10 @@ impl Session {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut notifications = BytesMut::new();
         let probed = server
-            .internal_query_relaying(state::PROBE, Some(&mut notifications))
+            .internal_query_relaying(
+                &state::probe_sql(&self.state.custom),
+                Some(&mut notifications),
+            )
             .await;
         while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
             let msg = notifications.split_to(len);

@@ -427,6 +427,9 @@ impl Planner<'_> {
             Some(false) => {}
         }
         self.state.note(statement.session_touch);
+        if statement.session_touch.custom {
+            self.state.note_custom(&statement.custom_settings);
+        }
         self.stmts.schema.note(statement.ddl);
         if self.stmts.is_stale(b.statement) {
             // The client prepared this before a DDL change of its result type and may decode

@@ -49,6 +49,9 @@ pub struct Touch {
     pub probe: bool,
     /// It has a `LOAD`, whose library stays loaded for the server's life.
     pub load: bool,
+    /// It may set a custom setting (a dotted name such as `app.tenant`), which `pg_settings`
+    /// does not list: see [`custom_settings`].
+    pub custom: bool,
 }
 
 /// Reads `text` (a prepared statement's).
@@ -76,7 +79,58 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
     Touch {
         probe: probe || load,
         load,
+        custom: found & (query::SET | query::SET_CONFIG) != 0 && text.contains(&b'.'),
     }
+}
+
+/// The custom settings (dotted names: `app.tenant`, `my.flag`) that `text` sets with
+/// `SET [SESSION | LOCAL] name ...` or `set_config('name', ...)`, lower-cased. PostgreSQL
+/// keeps those as placeholders that `pg_settings` does not show, so the probe asks for each
+/// by name. A name computed at run time (`set_config($1, ...)`, dynamic SQL) is not seen.
+pub fn custom_settings(text: &[u8]) -> Vec<Box<str>> {
+    let text = String::from_utf8_lossy(text);
+    let mut names: Vec<Box<str>> = Vec::new();
+    let mut add = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        if name.contains('.') && !names.iter().any(|n| **n == *name) {
+            names.push(name.into());
+        }
+    };
+    let dotted = |s: &str| -> usize {
+        s.bytes()
+            .take_while(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'$')
+            .count()
+    };
+    for statement in sql::split(&text) {
+        let words = sql::leading_words(statement, 3);
+        if words.first().is_some_and(|w| sql::is_keyword(w, "set")) {
+            let at = match words.get(1) {
+                Some(w) if sql::is_keyword(w, "session") || sql::is_keyword(w, "local") => 2,
+                _ => 1,
+            };
+            if let Some(word) = words.get(at) {
+                // A subslice of `statement`: the dotted name continues past the word.
+                let start = word.as_ptr() as usize - statement.as_ptr() as usize;
+                let rest = &statement[start..];
+                add(&rest[..dotted(rest)]);
+            }
+        }
+        let lower = statement.to_ascii_lowercase();
+        let mut from = 0;
+        while let Some(at) = lower[from..].find("set_config") {
+            from += at + "set_config".len();
+            let rest = lower[from..].trim_start();
+            let Some(rest) = rest.strip_prefix('(') else {
+                continue;
+            };
+            if let Some(rest) = rest.trim_start().strip_prefix('\'') {
+                if let Some(end) = rest.find('\'') {
+                    add(&rest[..end]);
+                }
+            }
+        }
+    }
+    names
 }
 
 /// Why a client keeps its server (a set of bits).
@@ -126,6 +180,24 @@ pub const PROBE: &str =
         WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())::text \
     UNION ALL SELECT '$cursor', EXISTS (SELECT FROM pg_catalog.pg_cursors)::text";
 
+/// At most this many custom setting names are followed per client.
+const MAX_CUSTOM_SETTINGS: usize = 64;
+
+/// [`PROBE`], asking also for the custom settings `custom` (which `pg_settings` does not list).
+pub fn probe_sql(custom: &[Box<str>]) -> std::borrow::Cow<'static, str> {
+    if custom.is_empty() {
+        return PROBE.into();
+    }
+    let mut sql = String::from(PROBE);
+    for name in custom {
+        let name = crate::params::quote_literal(name);
+        sql.push_str(&format!(
+            " UNION ALL SELECT {name}, pg_catalog.current_setting({name}, true)"
+        ));
+    }
+    sql.into()
+}
+
 /// The settings of [`PROBE`]'s answer that pgmemo carries (those PostgreSQL reports with
 /// ParameterStatus, in `reported`, are carried from those messages instead), with `role` and
 /// `session_authorization` when they differ from the server login's (`login_user`), and the
@@ -139,6 +211,8 @@ pub fn read_probe(rows: &[Vec<Option<String>>], reported: &Vars, login_user: &st
         };
         let yes = value == "true";
         match name.as_str() {
+            // A custom setting's placeholder that is reset reads as ''.
+            name if name.contains('.') && value.is_empty() => {}
             "$role" if value != "none" => {
                 settings.set("role", value);
             }
@@ -186,6 +260,8 @@ pub struct StateWatch {
     /// The client's settings from its startup packet (unreported ones), which `RESET` returns
     /// to.
     pub startup: Vars,
+    /// Custom settings its SQL set (see [`custom_settings`]), which the probe asks for.
+    pub custom: Vec<Box<str>>,
 }
 
 impl StateWatch {
@@ -198,6 +274,18 @@ impl StateWatch {
         if touch.load {
             // A loaded library cannot be unloaded: the client keeps its server for good.
             self.pins |= Pins::LOAD;
+        }
+    }
+
+    /// The client's SQL `text` may set custom settings: the probe follows them from now on.
+    pub fn note_custom(&mut self, names: &[Box<str>]) {
+        if !self.enabled {
+            return;
+        }
+        for name in names {
+            if self.custom.len() < MAX_CUSTOM_SETTINGS && !self.custom.contains(name) {
+                self.custom.push(name.clone());
+            }
         }
     }
 
@@ -258,7 +346,32 @@ mod tests {
         ));
         assert!(!probe("SELECT load FROM machines"));
         assert!(touch(b"LOAD 'auto_explain'").load);
+        assert!(touch(b"SELECT set_config('app.tenant', $1, false)").custom);
+        assert!(!touch(b"SET work_mem = '1MB'").custom);
         assert!(!touch(b"select load from t").load);
+    }
+
+    #[test]
+    fn custom_setting_names() {
+        let names = |t: &str| -> Vec<String> {
+            custom_settings(t.as_bytes())
+                .iter()
+                .map(|n| n.to_string())
+                .collect()
+        };
+        assert_eq!(names("SET app.tenant = 'a'"), ["app.tenant"]);
+        assert_eq!(
+            names("set session My.Flag to on; SET LOCAL x.y = 1"),
+            ["my.flag", "x.y"]
+        );
+        assert_eq!(
+            names("SELECT set_config('app.user', $1, false), pg_catalog.set_config ( 'work_mem', '1MB', false)"),
+            ["app.user"]
+        );
+        assert!(names("SET work_mem = '1MB'; UPDATE t SET a.b = 1").is_empty());
+        assert!(names("SELECT set_config($1, $2, false)").is_empty());
+        let sql = probe_sql(&["app.o'x".into()]);
+        assert!(sql.ends_with("SELECT E'app.o''x', pg_catalog.current_setting(E'app.o''x', true)"));
     }
 
     #[test]

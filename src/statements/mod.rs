@@ -69,6 +69,8 @@ pub struct Statement {
     pub tracked: Option<sql::Command>,
     /// What executing it may do to the session's state (see `session::state`).
     pub session_touch: crate::session::state::Touch,
+    /// The custom settings it may set (see `session::state::custom_settings`).
+    pub custom_settings: Box<[Box<str>]>,
     /// The schema changes it may make (see [`schema`]).
     pub ddl: schema::Ddl,
     /// Its text names a reserved statement name (`pgmemo_s<n>`, see
@@ -125,6 +127,12 @@ impl Statement {
             put_cstr(b, parsed_query);
             b.extend_from_slice(&key.param_types);
         });
+        let session_touch = crate::session::state::touch(&key.query);
+        let custom_settings = if session_touch.custom {
+            crate::session::state::custom_settings(&key.query).into()
+        } else {
+            Box::default()
+        };
         let declared = u16::from_be_bytes([
             key.param_types.first().copied().unwrap_or(0),
             key.param_types.get(1).copied().unwrap_or(0),
@@ -134,7 +142,8 @@ impl Statement {
             ends_transaction: sql::is_transaction_exit(text),
             starts_transaction: sql::is_transaction_start(text),
             tracked,
-            session_touch: crate::session::state::touch(&key.query),
+            session_touch,
+            custom_settings,
             ddl: schema::ddl(&key.query),
             hidden,
             server_query,
