@@ -25,9 +25,19 @@ async fn outcome(client: &Client, sql: &str) -> String {
 /// One statement through the extended protocol (Parse/Bind/Execute/Sync, as tokio-postgres
 /// sends it); its columns must be text.
 async fn extended(client: &Client, sql: &str) -> String {
-    match client.query(sql, &[]).await {
+    rendered(client.query(sql, &[]).await)
+}
+
+fn rendered(result: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>) -> String {
+    match result {
         Err(e) => match e.as_db_error() {
-            Some(db) => format!("ERROR {}: {}", db.code().code(), db.message()),
+            // tokio-postgres numbers its statements across the process (a DISCARD ALL
+            // pipelined before one drops it).
+            Some(db) => format!(
+                "ERROR {}: {}",
+                db.code().code(),
+                statement_numbers_hidden(db.message())
+            ),
             None => format!("ERROR {e}"),
         },
         Ok(rows) => rows
@@ -46,18 +56,45 @@ async fn extended(client: &Client, sql: &str) -> String {
     }
 }
 
+/// `text` with tokio-postgres's statement names (`"s123"`) as `"sN"`.
+fn statement_numbers_hidden(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("\"s") {
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && rest[digits..].starts_with('"') {
+            out.push('N');
+            rest = &rest[digits..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `sql` as a step: `x:` runs it through the extended protocol, `p:` runs its statements
-/// (separated by ` ;; `) through the extended protocol pipelined (each with its Sync, all sent
-/// before the first reply is read), anything else is a simple query.
+/// (separated by ` ;; `) through the extended protocol pipelined (each Bind/Execute with its
+/// Sync, all sent before the first reply is read), anything else is a simple query.
 async fn step(client: &Client, sql: &str, limit: Duration) -> String {
     let run = async {
         if let Some(one) = sql.strip_prefix("x:") {
             extended(client, one).await
         } else if let Some(many) = sql.strip_prefix("p:") {
-            let replies =
-                futures_util::future::join_all(many.split(" ;; ").map(|s| extended(client, s)))
-                    .await;
-            replies.join(" / ")
+            // Prepared one by one first: tokio-postgres sends a statement's Bind when its own
+            // Parse is answered, so pipelined prepares would leave the order of execution to
+            // timing. Then all Bind/Execute/Sync in one go, in order.
+            let mut prepared = Vec::new();
+            for text in many.split(" ;; ") {
+                prepared.push(client.prepare(text).await.map_err(|e| rendered(Err(e))));
+            }
+            let runs = prepared.iter().map(|p| async move {
+                match p {
+                    Ok(statement) => rendered(client.query(statement, &[]).await),
+                    Err(failed) => failed.clone(),
+                }
+            });
+            futures_util::future::join_all(runs).await.join(" / ")
         } else {
             simple(client, sql).await
         }
@@ -216,7 +253,10 @@ async fn settings_follow_the_client() {
         // Custom settings (placeholders, not listed in pg_settings). A placeholder another
         // client's session made reads '' rather than NULL after its RESET: coalesced.
         (0, "SET app.tenant = 'zero'"),
-        (1, "SELECT coalesce(current_setting('app.tenant', true), '')"),
+        (
+            1,
+            "SELECT coalesce(current_setting('app.tenant', true), '')",
+        ),
         (1, "SELECT set_config('app.tenant', 'one', false)"),
         (0, "SELECT current_setting('app.tenant')"),
         (1, "SELECT current_setting('app.tenant')"),
@@ -648,4 +688,113 @@ async fn session_mode_shows_the_servers_process_id() {
     let error = replies.iter().find(|m| m.is_error()).expect("cancelled");
     assert_eq!(error.field(b'C').as_deref(), Some("57014"), "{replies:?}");
     proxy.shutdown().await;
+}
+
+/// xorshift64*: small and deterministic, to pick steps.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One random step of a client that changes or reads its settings: a statement alone, in a
+/// committed or rolled-back block, failing with its implicit transaction, through the
+/// extended protocol, or pipelined. A block is followed by a `ROLLBACK` (a failed statement
+/// makes the simple query skip its `COMMIT`, and the block would stay open, holding the only
+/// server for good).
+fn random_step(rng: &mut Rng) -> Vec<String> {
+    let n = rng.below(9) + 1;
+    let change = match rng.below(14) {
+        0 => format!("SET work_mem = '{n}MB'"),
+        1 => format!("SET app.t = 'v{n}'"),
+        2 => format!("SELECT set_config('app.t', 'w{n}', false)"),
+        3 => [
+            "SET search_path = tenant_a",
+            "SET search_path = tenant_b",
+            "SET search_path = public",
+        ][n % 3]
+            .to_owned(),
+        4 => ["SET ROLE tenant_a", "SET ROLE tenant_b"][n % 2].to_owned(),
+        5 => "RESET ROLE".to_owned(),
+        6 => "RESET work_mem".to_owned(),
+        7 => "RESET ALL".to_owned(),
+        8 => "DISCARD ALL".to_owned(),
+        9 => "SET SESSION AUTHORIZATION tenant_a".to_owned(),
+        10 => "RESET SESSION AUTHORIZATION".to_owned(),
+        11 => format!("SET statement_timeout = '{n}s'"),
+        12 => "SET LOCAL work_mem = '7MB'".to_owned(),
+        _ => {
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ".to_owned()
+        }
+    };
+    const OBSERVE: &str = "SELECT current_setting('work_mem'), current_user::text, \
+        session_user::text, current_setting('search_path'), \
+        coalesce(current_setting('app.t', true), ''), current_setting('statement_timeout'), \
+        current_setting('transaction_isolation')";
+    let step = match rng.below(9) {
+        0 | 1 => change,
+        2 => format!("BEGIN; {change}; COMMIT"),
+        3 => format!("BEGIN; {change}; ROLLBACK"),
+        4 => format!("{change}; SELECT 1/0"),
+        5 => format!("x:{change}"),
+        6 => format!("p:{change} ;; {OBSERVE}"),
+        7 => format!("p:BEGIN ;; {change} ;; {OBSERVE} ;; COMMIT"),
+        _ => OBSERVE.to_owned(),
+    };
+    if step.starts_with("BEGIN") {
+        vec![step, "ROLLBACK".to_owned()]
+    } else {
+        vec![step]
+    }
+}
+
+/// Property: random interleavings of three clients' setting changes (carried state) over a
+/// pool of one and of two servers give every client what a dedicated PostgreSQL session
+/// gives it. `SESSION_STATE_SEED` / `SESSION_STATE_SEQUENCES` replay or widen the search.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_interleavings_match_dedicated_sessions() {
+    setup().await;
+    let sequences: usize = std::env::var("SESSION_STATE_SEQUENCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let seed: u64 = std::env::var("SESSION_STATE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x9e37_79b9_7f4a_7c15);
+    let one = pgmemo(PoolMode::Transaction, 1).await;
+    let two = pgmemo(PoolMode::Transaction, 2).await;
+    let mut rng = Rng(seed);
+    for i in 0..sequences {
+        let steps: Vec<(usize, String)> = (0..20)
+            .flat_map(|_| {
+                let client = rng.below(3);
+                random_step(&mut rng).into_iter().map(move |s| (client, s))
+            })
+            .collect();
+        let steps: Vec<(usize, &str)> = steps.iter().map(|(c, s)| (*c, s.as_str())).collect();
+        let direct = run(&clients(&direct_url(), 3).await, &steps).await;
+        for (proxy, label) in [(&one, "pool_size 1"), (&two, "pool_size 2")] {
+            let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
+            let proxied = run(&clients(&url, 3).await, &steps).await;
+            for (c, (d, p)) in direct.iter().zip(&proxied).enumerate() {
+                assert_eq!(
+                    d, p,
+                    "sequence {i} (seed {seed}), {label}: client {c} differs from a dedicated \
+                     session; the steps: {steps:#?}"
+                );
+            }
+        }
+    }
+    one.shutdown().await;
+    two.shutdown().await;
 }
