@@ -116,9 +116,12 @@ pub mod query {
     // Schema changes, which prepared statements follow (see `statements::schema`); DROP too.
     pub const CREATE: u32 = 1 << 20;
     pub const ALTER: u32 = 1 << 21;
-    pub const ALL: u32 = (1 << 22) - 1;
+    // The session-state watch's again: `pg_try_advisory_lock*` does not start with
+    // `pg_advisory`.
+    pub const PG_TRY_ADVISORY: u32 = 1 << 22;
+    pub const ALL: u32 = (1 << 23) - 1;
 
-    pub const WORDS: WordSet<22> = WordSet::new([
+    pub const WORDS: WordSet<23> = WordSet::new([
         b"begin",
         b"start",
         b"prepare",
@@ -141,6 +144,7 @@ pub mod query {
         b"drop",
         b"create",
         b"alter",
+        b"pg_try_advisory",
     ])
     .whole(DROP | CREATE | ALTER);
 }

@@ -390,6 +390,14 @@ async fn advisory_locks_and_held_cursors_pin_their_client() {
         (1, "SELECT pg_try_advisory_lock(4242)"),
         (1, "SELECT pg_advisory_unlock_all()"),
         (0, "SELECT pg_try_advisory_xact_lock(4242)"),
+        // Taken with pg_try_advisory_lock alone: it pins too.
+        (1, "SELECT pg_try_advisory_lock(555)"),
+        (0, "SELECT pg_try_advisory_lock(555)"),
+        (1, "SELECT pg_try_advisory_lock(555)"),
+        (0, "SELECT pg_try_advisory_lock(555)"),
+        (1, "SELECT pg_advisory_unlock(555), pg_advisory_unlock(555)"),
+        (0, "SELECT pg_try_advisory_lock(555)"),
+        (0, "SELECT pg_advisory_unlock(555)"),
         (
             0,
             "DECLARE c CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 5) g",

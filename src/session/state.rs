@@ -36,6 +36,7 @@ const STATE_WORDS: u32 = query::SET
     | query::HOLD
     | query::LOAD
     | query::PG_ADVISORY
+    | query::PG_TRY_ADVISORY
     | query::CLOSE
     | query::DROP;
 /// Of those, the words that matter only at the start of a statement: `SET` is also part of
@@ -337,6 +338,7 @@ mod tests {
         assert!(probe("LISTEN ch"));
         assert!(probe("UNLISTEN *"));
         assert!(probe("SELECT pg_advisory_lock(1)"));
+        assert!(probe("SELECT pg_try_advisory_lock($1)"));
         assert!(probe("DECLARE c CURSOR WITH HOLD FOR SELECT 1"));
         assert!(probe("CLOSE c"));
         assert!(probe("DISCARD ALL"));

@@ -3,7 +3,7 @@
 // executed by name afterwards, across transactions and so across server connections).
 //
 // Usage: go run . URL TABLE [CLIENTS] [ITERATIONS]
-// (or go run . ddl ...: see ddl.go)
+// (or go run . ddl ...: see ddl.go; go run . state ...: see state.go)
 //
 // TABLE must exist as (id int primary key, label text, amount int8) with ids 1..100,
 // label 'item-<id>' and amount id*id; TABLE_log as (worker int, i int, note text,
@@ -216,6 +216,10 @@ func iteration(ctx context.Context, conn *pgx.Conn, table string, w, i int) erro
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "ddl" {
 		ddlMain(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "state" {
+		stateMain(os.Args[2:])
 		return
 	}
 	if len(os.Args) < 3 {
