@@ -924,10 +924,13 @@ class Pgmemo:
     port, from which the harness reads the cache's hits and misses."""
     kind = "pgmemo"
 
-    def __init__(self, ctx: "Ctx", binary: Path, cache: bool = False) -> None:
+    def __init__(self, ctx: "Ctx", binary: Path, cache: bool = False,
+                 variant: Optional[tuple[str, str]] = None) -> None:
         self.ctx, self.binary, self.cache = ctx, binary, cache
         self.version_line = version_of([str(binary), "--version"])
-        self.name = CACHE_TARGET if cache else "pgmemo"
+        # A variant: (name, a [general] TOML line), e.g. ("nopin", "pin_session_state = false").
+        self.variant = variant
+        self.name = CACHE_TARGET if cache else f"pgmemo-{variant[0]}" if variant else "pgmemo"
         self.logfile = ctx.logdir / f"{self.name}.log"
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
@@ -953,6 +956,10 @@ class Pgmemo:
         if self.cache:
             self.metrics_port = free_port()
             self.argv += ["--cache", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+        if self.variant:
+            config = c.logdir / f"{self.name}.toml"
+            config.write_text(f"[general]\n{self.variant[1]}\n")
+            self.argv += ["--config", str(config)]
         lf = c.open_log(self.logfile)
         lf.write(f"\n# {shlex.join(self.argv)}\n".encode())
         lf.flush()
@@ -1181,6 +1188,7 @@ class Ctx:
         self.pg: Optional[Postgres] = None
         self.pgmemo: Optional[Pgmemo] = None
         self.pgmemo_cache: Optional[Pgmemo] = None  # pgmemo+cache, with cache workloads only
+        self.pgmemo_variants: list[Pgmemo] = []  # --pgmemo-variant, in every cell
         # The other poolers we start: the peers (PgBouncer 1.25, Odyssey), then Debian's PgBouncer.
         self.poolers: list = []
         self.workloads: list[Workload] = []
@@ -1241,7 +1249,7 @@ def parse_target(spec: str) -> Target:
         if not host or not port.isdigit():
             raise BenchError(f"--target {spec}: expected NAME=host:port")
         t = Target(name or addr, host, int(port))
-    if t.name in ("direct", "pgmemo", CACHE_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-")):
+    if t.name in ("direct", "pgmemo", CACHE_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-", "pgmemo-")):
         raise BenchError(f"--target name {t.name!r} is reserved")
     return t
 
@@ -1297,6 +1305,9 @@ def build_args(argv=None):
                    help="leave Debian's PgBouncer (package pgbouncer, e.g. pgbouncer-1.18) out")
     p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     p.add_argument("--pgmemo-bin", default=str(REPO / "target" / "release" / "pgmemo"))
+    p.add_argument("--pgmemo-variant", action="append", default=[], metavar="NAME=SETTING",
+                   help="also run pgmemo-NAME: the same binary with one more [general] setting, e.g. "
+                        "nopin='pin_session_state = false' (repeatable), in every cell")
     p.add_argument("--pgmemo-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for pgmemo (repeatable; use --pgmemo-arg=--flag for dashes)")
     p.add_argument("--idle-clients", type=lambda s: csv_list(s, int), default=None,
@@ -1376,6 +1387,10 @@ def setup_targets(ctx: Ctx) -> list[Target]:
         port = s.start()
         log(f"pgmemo up on 127.0.0.1:{port} (pid {s.proc.pid}): {shlex.join(s.argv[1:])}")
         targets.append(Target("pgmemo", "127.0.0.1", port, kind="pgmemo", server=s))
+    for s in ctx.pgmemo_variants:
+        port = s.start()
+        log(f"{s.name} up on 127.0.0.1:{port} (pid {s.proc.pid}): {shlex.join(s.argv[1:])}")
+        targets.append(Target(s.name, "127.0.0.1", port, kind="pgmemo", server=s))
     if ctx.pgmemo_cache is not None:
         s = ctx.pgmemo_cache
         port = s.start()
@@ -1957,6 +1972,12 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             raise BenchError(f"{binary} not found (build it, or pass --no-pgmemo)")
         ctx.pgmemo = Pgmemo(ctx, binary)
         log(f"pgmemo: {binary} ({ctx.pgmemo.version_line}), git {git_rev()}")
+        for spec in args.pgmemo_variant:
+            name, _, line = spec.partition("=")
+            if not name or not line or not re.fullmatch(r"[a-z0-9_]+", name):
+                raise BenchError(f"--pgmemo-variant {spec!r}: expected NAME='setting = value'")
+            ctx.pgmemo_variants.append(Pgmemo(ctx, binary, variant=(name, line)))
+            log(f"also pgmemo-{name}: the same binary with [general] {line}")
         if any(w.is_cache for w in ctx.workloads):
             ctx.pgmemo_cache = Pgmemo(ctx, binary, cache=True)
             log(f"cache workloads selected: also {CACHE_TARGET} (pgmemo --cache), for those only")
@@ -1966,7 +1987,7 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     if lim < need_fds:
         warn(f"RLIMIT_NOFILE is {lim}: the idle-client test may fail above ~{lim - 1024} clients")
 
-    n_ours = (not args.no_pgmemo) + len(ctx.poolers)  # the proxies we start (memory-tested)
+    n_ours = (not args.no_pgmemo) + len(ctx.pgmemo_variants) + len(ctx.poolers)  # we start these
     n_targets = 1 + n_ours + len(args.target)
     n_cache = sum(w.is_cache for w in ctx.workloads) if ctx.pgmemo_cache else 0  # pgmemo+cache's rows
     n_runs = (len(ctx.workloads) * n_targets + n_cache) * len(args.clients) * args.rounds
@@ -2007,6 +2028,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     versions = {"postgres": ctx.pg_version, "pgbench": version_of([ctx.pgbench, "--version"])}
     if not args.no_pgmemo:
         versions["pgmemo"] = f"{ctx.pgmemo.version_line}, git {git_rev()}"
+        for v in ctx.pgmemo_variants:
+            versions[v.name] = f"the same binary with [general] {v.variant[1]}"
         if ctx.pgmemo_cache:
             versions[CACHE_TARGET] = "the same binary with --cache"
     for srv in ctx.poolers:

@@ -507,6 +507,31 @@ async fn listen_notify_in_transaction_mode() {
             .any(|r| r["database"] == DB && r["pins"] == "1"),
         "{stats:?}"
     );
+    // The pinned client's transactions are counted although its server never goes back.
+    let xacts = || async {
+        admin_rows(&admin, "SHOW STATS")
+            .await
+            .iter()
+            .find(|r| r["database"] == DB)
+            .map_or(0, |r| r["total_xact_count"].parse::<u64>().unwrap())
+    };
+    wait_until(
+        "the LISTEN transaction counted",
+        Duration::from_secs(10),
+        || async { xacts().await >= 1 },
+    )
+    .await;
+    let before = xacts().await;
+    for _ in 0..3 {
+        listener.send(&[Frontend::query("SELECT 1")]).await.unwrap();
+        listener.recv_until_ready(1).await.unwrap();
+    }
+    wait_until(
+        "three more transactions counted",
+        Duration::from_secs(10),
+        || async { xacts().await == before + 3 },
+    )
+    .await;
     let other = connect(&url).await;
     other
         .simple_query("NOTIFY jobs, 'from another client'")

@@ -671,6 +671,12 @@ impl Session {
                 }
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
+            } else if self.state.pins != 0 && self.work_done() {
+                // A pinned client's next transaction starts on the server it kept: its time
+                // counts from here (see `pinned_transaction_done`).
+                if let Some(server) = self.server.as_mut() {
+                    server.checked_out = Instant::now();
+                }
             }
             // The words of a simple query that the planner and the session-state watch look
             // for, found in one pass.
@@ -1189,8 +1195,33 @@ impl Session {
         }
         if self.state.pins == 0 {
             self.release_server();
+        } else {
+            self.pinned_transaction_done();
         }
         Ok(())
+    }
+
+    /// A pinned client's transaction ended on the server it keeps: counted (SHOW STATS, the
+    /// server's statement counters) as [`Session::release_server`] counts one that gives its
+    /// server back.
+    fn pinned_transaction_done(&mut self) {
+        // Nothing ran since the last count: a notification woke the session.
+        if self.stats.query_count == 0 {
+            return;
+        }
+        let Some(server) = self.server.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        self.stats.xact_count += 1;
+        self.stats.xact_time_us += now
+            .saturating_duration_since(server.checked_out)
+            .as_micros() as u64;
+        server.checked_out = now;
+        if self.stmts.is_some() {
+            record_statement_stats(server, &self.stats);
+        }
+        self.pool.stats.add(&mut self.stats);
     }
 
     /// Asks `server` (held by this client, idle) what its session holds ([`state::PROBE`]):
