@@ -234,6 +234,13 @@ struct Session {
     /// What the client changed in its server session (transaction mode): settings to carry,
     /// state that pins it to its server.
     state: state::StateWatch,
+    /// The client sent a message of an unknown type while its server waited for COPY data:
+    /// from there on its bytes go to the server as they are, which fails the COPY and ends
+    /// the connection with PostgreSQL's own messages.
+    copy_garbage: bool,
+    /// The server sent a FATAL error (relayed): when it then closes, the client has been told
+    /// why, as a direct connection would have been, and gets nothing more from pgmemo.
+    server_fatal: bool,
 }
 
 impl Session {
@@ -341,6 +348,8 @@ impl Session {
             autoprepare_allowed: (0, false),
             held_description: false,
             cache: None,
+            copy_garbage: false,
+            server_fatal: false,
         }
     }
 
@@ -555,7 +564,16 @@ impl Session {
                     if let Err(end) = self.checkpoint_state().await {
                         return end;
                     }
-                    // A server waiting for COPY data will not finish without the client.
+                    // A server waiting for COPY data reads the bad message itself (see
+                    // `copy_garbage`): PostgreSQL's own answer.
+                    if self.violation.is_some() && self.replies.in_copy_in() {
+                        if let Some(server) = self.server.as_mut() {
+                            self.violation = None;
+                            self.copy_garbage = true;
+                            server.wbuf.extend_from_slice(&self.client.rbuf);
+                            self.client.rbuf.clear();
+                        }
+                    }
                     if self.violation.is_some()
                         && (self.replies.is_empty() || self.replies.in_copy_in())
                     {
@@ -584,15 +602,20 @@ impl Session {
                         server.broken = true;
                     }
                     // Whatever the server managed to send still reaches the client (often a
-                    // FATAL explaining why), then the client is told the connection is gone.
+                    // FATAL explaining why), then, unless that was a FATAL, the client is told
+                    // the connection is gone.
                     let _ = self.handle_server_messages();
-                    self.client
-                        .send_error(
-                            Severity::Fatal,
-                            sqlstate::CONNECTION_FAILURE,
-                            "server closed the connection unexpectedly",
-                        )
-                        .await;
+                    if self.server_fatal {
+                        let _ = self.client.flush().await;
+                    } else {
+                        self.client
+                            .send_error(
+                                Severity::Fatal,
+                                sqlstate::CONNECTION_FAILURE,
+                                "server closed the connection unexpectedly",
+                            )
+                            .await;
+                    }
                     return End::ServerGone(detail);
                 }
                 Event::Shutdown => return self.shutdown_client().await,
@@ -630,6 +653,17 @@ impl Session {
             let Some(&tag) = self.client.rbuf.first() else {
                 return Ok(());
             };
+            if self.copy_garbage || (!fe::is_known(tag) && self.replies.in_copy_in()) {
+                // PostgreSQL reads it itself: it fails the COPY ("unexpected message type
+                // during COPY from stdin"), then, out of step with the client, ends the
+                // connection (FATAL 08P01). Its replies reach the client as they are.
+                if let Some(server) = self.server.as_mut() {
+                    self.copy_garbage = true;
+                    server.wbuf.extend_from_slice(&self.client.rbuf);
+                    self.client.rbuf.clear();
+                    return Ok(());
+                }
+            }
             if !fe::is_known(tag) {
                 return self
                     .violated(format!("invalid frontend message type {tag}"))
@@ -968,6 +1002,7 @@ impl Session {
                     let fields = ErrorFields::parse(body).unwrap_or_default();
                     if fields.is_fatal() {
                         server.broken = true;
+                        self.server_fatal |= route == Route::Forward;
                     }
                     if route == Route::Swallow && !retry {
                         tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
