@@ -150,6 +150,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             Ok(Reply::Table(show_cache_entries(app)))
         }
         ["show", "cache_bypasses"] => Ok(Reply::Table(show_cache_bypasses(app))),
+        ["show", "cache", "wal"] | ["show", "cache_wal"] => Ok(Reply::Table(show_cache_wal(app))),
         ["cache", "flush"] | ["cache", "flush", "all"] => {
             app.cache.flush(crate::cache::FlushTarget::All);
             Ok(Reply::Done("CACHE FLUSH".into()))
@@ -186,7 +187,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS",
-                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES",
+                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
                 "RELOAD",
                 "PAUSE [db]",
@@ -671,6 +672,42 @@ pub fn show_cache(app: &App) -> Table {
             "bypasses",
             "store_bytes",
             "store_limit",
+        ],
+        rows,
+    }
+}
+
+/// WAL invalidation: one row per database whose replication stream pgmemo follows.
+pub fn show_cache_wal(app: &App) -> Table {
+    let ms = |us: u64| format!("{:.3}", us as f64 / 1000.0);
+    let rows = app
+        .wal
+        .followers()
+        .iter()
+        .map(|f| {
+            let s = f.status();
+            vec![
+                text(&s.database),
+                text(&s.phase),
+                text(f.is_ready()),
+                text(s.applied),
+                text(s.commits),
+                text(s.connects),
+                s.lag_us.map(|(p50, _)| ms(p50)),
+                s.lag_us.map(|(_, p99)| ms(p99)),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "database",
+            "state",
+            "serving",
+            "applied_lsn",
+            "commits",
+            "connects",
+            "lag_p50_ms",
+            "lag_p99_ms",
         ],
         rows,
     }

@@ -112,7 +112,9 @@ pub struct App {
     /// Query shapes seen in simple queries, and what autoprepare decided for each.
     pub autoprepare: crate::autoprepare::Autoprepare,
     /// Cached results, table versions and the analyses behind them.
-    pub cache: crate::cache::ResultCache,
+    pub cache: Arc<crate::cache::ResultCache>,
+    /// The replication streams that invalidate cached results (`cache.invalidation = "wal"`).
+    pub wal: crate::wal::Wal,
 }
 
 impl App {
@@ -137,7 +139,8 @@ impl App {
             reloader: Mutex::new(None),
             registry: crate::statements::Registry::new(),
             autoprepare: crate::autoprepare::Autoprepare::new(max_shapes),
-            cache: crate::cache::ResultCache::new(&config_cache),
+            cache: Arc::new(crate::cache::ResultCache::new(&config_cache)),
+            wal: crate::wal::Wal::default(),
         });
         app.load_tls()?;
         Ok(app)

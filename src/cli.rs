@@ -194,6 +194,20 @@ pub struct Cli {
     #[arg(long, value_name = "MIB", env = "PGMEMO_CACHE_MEMORY_MB")]
     pub cache_memory_mb: Option<u32>,
 
+    /// What invalidates cached results: proxy (writes through pgmemo) or wal (also every
+    /// write in the database's WAL) [default: proxy].
+    #[arg(
+        long,
+        value_name = "proxy|wal",
+        env = "PGMEMO_CACHE_INVALIDATION",
+        long_help = "What invalidates cached results. proxy: writes that pass through this \
+                     pgmemo (and TTL). wal: also every write the database's logical \
+                     replication stream shows, whoever made it (needs wal_level = logical and \
+                     a role with the REPLICATION attribute; see README, \"Invalidation from \
+                     the WAL\"). Overrides cache.invalidation. Default: proxy."
+    )]
+    pub cache_invalidation: Option<crate::cache::config::Invalidation>,
+
     /// Log filter: error, warn, info, debug, trace [default: info].
     #[arg(
         long,
@@ -235,6 +249,7 @@ impl fmt::Debug for Cli {
             .field("log_level", &self.log_level)
             .field("cache", &self.cache)
             .field("cache_memory_mb", &self.cache_memory_mb)
+            .field("cache_invalidation", &self.cache_invalidation)
             .field("check", &self.check)
             .finish()
     }
@@ -302,6 +317,9 @@ impl Cli {
         }
         if let Some(mb) = self.cache_memory_mb {
             config.cache.max_memory = mb.max(1) as usize * 1024 * 1024;
+        }
+        if let Some(invalidation) = self.cache_invalidation {
+            config.cache.invalidation = invalidation;
         }
         config.validate()
     }

@@ -23,6 +23,7 @@ pub mod statements;
 pub mod stats;
 pub mod stream;
 pub mod tls;
+pub mod wal;
 pub mod words;
 
 use anyhow::Context as _;

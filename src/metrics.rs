@@ -323,4 +323,36 @@ fn cache_metrics(app: &App, out: &mut String) {
         app.cache.flushes.load(Relaxed),
         app.cache.flight_timeouts.load(Relaxed)
     );
+    let followers = app.wal.followers();
+    if !followers.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pgmemo_cache_invalidation_lag_seconds Commit on the server to cached results invalidated here (WAL invalidation), over recent commits.\n# TYPE pgmemo_cache_invalidation_lag_seconds summary"
+        );
+        for f in &followers {
+            let status = f.status();
+            if let Some((p50, p99)) = status.lag_us {
+                for (q, us) in [("0.5", p50), ("0.99", p99)] {
+                    let _ = writeln!(
+                        out,
+                        "pgmemo_cache_invalidation_lag_seconds{{database=\"{}\",quantile=\"{q}\"}} {}",
+                        escape(&status.database),
+                        us as f64 / 1e6
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pgmemo_cache_wal_ready Whether a database's replication stream is caught up (its results are served).\n# TYPE pgmemo_cache_wal_ready gauge"
+        );
+        for f in &followers {
+            let _ = writeln!(
+                out,
+                "pgmemo_cache_wal_ready{{database=\"{}\"}} {}",
+                escape(&f.database),
+                u8::from(f.is_ready())
+            );
+        }
+    }
 }

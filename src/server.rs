@@ -182,6 +182,14 @@ impl ServerConn {
     /// Connects and logs in. The returned connection is idle ('I') with its reported
     /// parameters known.
     pub async fn connect(target: &ServerTarget) -> Result<ServerConn, ServerError> {
+        Self::connect_with(target, &[]).await
+    }
+
+    /// [`ServerConn::connect`] with more startup parameters (`replication=database`).
+    pub async fn connect_with(
+        target: &ServerTarget,
+        extra: &[(&str, &str)],
+    ) -> Result<ServerConn, ServerError> {
         let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
         tcp.set_nodelay(true)?;
         let stream = match (&target.tls, target.tls_mode) {
@@ -198,18 +206,21 @@ impl ServerConn {
             _ => Stream::Tcp(tcp),
         };
         let mut conn = ServerConn::over(stream)?;
-        conn.login(target).await?;
+        conn.login(target, extra).await?;
         Ok(conn)
     }
 
-    async fn login(&mut self, target: &ServerTarget) -> Result<(), ServerError> {
-        frontend::startup(
-            &mut self.wbuf,
-            &[
-                ("user", target.user.as_str()),
-                ("database", target.dbname.as_str()),
-            ],
-        );
+    async fn login(
+        &mut self,
+        target: &ServerTarget,
+        extra: &[(&str, &str)],
+    ) -> Result<(), ServerError> {
+        let mut params = vec![
+            ("user", target.user.as_str()),
+            ("database", target.dbname.as_str()),
+        ];
+        params.extend_from_slice(extra);
+        frontend::startup(&mut self.wbuf, &params);
         self.flush().await?;
         let password = target.password.as_deref().unwrap_or("");
         let mut scram: Option<crate::auth::ScramClient> = None;

@@ -58,9 +58,12 @@ pub enum Bypass {
     WrittenMeanwhile,
     /// Its key missed for the first time lately (`admit_after = 2`): stored the next time.
     FirstMiss,
+    /// `cache.invalidation = "wal"` and the database's replication stream is not (yet) up
+    /// and caught up: writes by others could be missed.
+    WalBehind,
 }
 
-pub const BYPASS_REASONS: [Bypass; 23] = [
+pub const BYPASS_REASONS: [Bypass; 24] = [
     Bypass::ParseError,
     Bypass::NotSelect,
     Bypass::SelectInto,
@@ -84,6 +87,7 @@ pub const BYPASS_REASONS: [Bypass; 23] = [
     Bypass::Empty,
     Bypass::WrittenMeanwhile,
     Bypass::FirstMiss,
+    Bypass::WalBehind,
 ];
 
 impl Bypass {
@@ -116,6 +120,7 @@ impl Bypass {
             Bypass::Empty => "empty result",
             Bypass::WrittenMeanwhile => "written while it ran",
             Bypass::FirstMiss => "first miss (admitted on the next)",
+            Bypass::WalBehind => "WAL stream not caught up",
         }
     }
 }

@@ -26,6 +26,48 @@ pub struct CacheConfig {
     /// clients waited for is stored at once.
     pub admit_after: u32,
     pub rules: Vec<Rule>,
+    /// What invalidates cached results: writes through this pgmemo (`proxy`, the default),
+    /// or also every write the database's WAL shows (`wal`, see `wal`).
+    pub invalidation: Invalidation,
+    /// The role WAL invalidation's replication connections log in as (it needs the
+    /// REPLICATION attribute); default: each pool's server user.
+    pub replication_user: Option<String>,
+    pub replication_password: Option<String>,
+    /// The logical decoding plugin WAL invalidation streams with: `test_decoding` (default:
+    /// no publication needed, see `wal::test_decoding`) or `pgoutput`.
+    pub wal_plugin: WalPlugin,
+    /// pgoutput's publication. Default `pgmemo`.
+    pub publication: String,
+    /// Create the publication (`FOR ALL TABLES`) when it is missing. Default true.
+    pub create_publication: bool,
+}
+
+/// The logical decoding plugin of WAL invalidation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WalPlugin {
+    #[default]
+    TestDecoding,
+    Pgoutput,
+}
+
+/// What invalidates cached results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Invalidation {
+    #[default]
+    Proxy,
+    Wal,
+}
+
+impl std::str::FromStr for Invalidation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Invalidation, String> {
+        match s {
+            "proxy" => Ok(Invalidation::Proxy),
+            "wal" => Ok(Invalidation::Wal),
+            other => Err(format!("expected \"proxy\" or \"wal\", got \"{other}\"")),
+        }
+    }
 }
 
 impl Default for CacheConfig {
@@ -39,6 +81,12 @@ impl Default for CacheConfig {
             max_result_bytes: 1024 * 1024,
             admit_after: 2,
             rules: Vec::new(),
+            invalidation: Invalidation::Proxy,
+            replication_user: None,
+            replication_password: None,
+            wal_plugin: WalPlugin::TestDecoding,
+            publication: "pgmemo".into(),
+            create_publication: true,
         }
     }
 }
@@ -89,6 +137,12 @@ pub(crate) struct RawCache {
     default_ttl: Option<RawDuration>,
     max_result_bytes: Option<i64>,
     admit_after: Option<i64>,
+    invalidation: Option<String>,
+    replication_user: Option<String>,
+    replication_password: Option<String>,
+    wal_plugin: Option<String>,
+    publication: Option<String>,
+    create_publication: Option<bool>,
     #[serde(default)]
     rules: Vec<RawRule>,
 }
@@ -224,7 +278,30 @@ impl RawCache {
             Some(n @ 1..=2) => n as u32,
             Some(_) => return Err(ConfigError::invalid("cache.admit_after", "must be 1 or 2")),
         };
+        let invalidation = match self.invalidation {
+            None => d.invalidation,
+            Some(text) => text
+                .parse()
+                .map_err(|e: String| ConfigError::invalid("cache.invalidation", e))?,
+        };
+        let wal_plugin = match self.wal_plugin.as_deref() {
+            None => d.wal_plugin,
+            Some("test_decoding") => WalPlugin::TestDecoding,
+            Some("pgoutput") => WalPlugin::Pgoutput,
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    "cache.wal_plugin",
+                    format!("expected \"test_decoding\" or \"pgoutput\", got \"{other}\""),
+                ))
+            }
+        };
         Ok(CacheConfig {
+            invalidation,
+            wal_plugin,
+            replication_user: self.replication_user,
+            replication_password: self.replication_password,
+            publication: self.publication.unwrap_or(d.publication),
+            create_publication: self.create_publication.unwrap_or(d.create_publication),
             admit_after,
             enabled: self.enabled.unwrap_or(d.enabled),
             max_memory,

@@ -183,6 +183,8 @@ pub struct Where<'a> {
     /// The search_path the client's queries run with; None: the server's default.
     /// A transaction block is open or other work is in flight.
     pub busy: bool,
+    /// WAL invalidation is on and the database's stream is not caught up (see `wal`).
+    pub wal_behind: bool,
 }
 
 /// What the session does with a query.
@@ -269,6 +271,11 @@ impl ResultCache {
     }
 
     #[inline]
+    /// Whether writes are followed in the database's WAL (`cache.invalidation = "wal"`).
+    pub fn follows_wal(&self) -> bool {
+        self.config.load().invalidation == config::Invalidation::Wal
+    }
+
     pub fn enabled(&self) -> bool {
         self.enabled.load(Relaxed)
     }
@@ -508,6 +515,9 @@ impl ResultCache {
         }
         if at.busy {
             return bypass(Bypass::InTransaction);
+        }
+        if at.wal_behind {
+            return bypass(Bypass::WalBehind);
         }
         let reads = match &query.analysis.read {
             Ok(reads) => reads,

@@ -64,6 +64,36 @@ impl Session {
         }
     }
 
+    /// With WAL invalidation, whether this client's database's stream is not caught up (the
+    /// cache then neither answers nor stores); starts following the database at its first
+    /// lookup.
+    fn wal_behind(&self, settings: &crate::pool::PoolSettings) -> bool {
+        if !self.app.cache.follows_wal() {
+            return false;
+        }
+        let database = &settings.target.dbname;
+        !self.app.wal.ready(
+            &self.app.cache,
+            || {
+                let config = self.app.config.load();
+                let cache = &config.cache;
+                let mut target = settings.target.clone();
+                if let Some(user) = &cache.replication_user {
+                    target.user = user.clone();
+                    target.password = cache.replication_password.clone();
+                }
+                crate::wal::Setup {
+                    target,
+                    plugin: cache.wal_plugin,
+                    publication: cache.publication.clone(),
+                    create_publication: cache.create_publication,
+                    shutdown: self.app.shutdown_signal(),
+                }
+            },
+            database,
+        )
+    }
+
     /// Something is in flight or a transaction is open: the cache cannot answer.
     fn cache_busy(&self) -> bool {
         // An extended batch whose first messages pgmemo answered itself is still open.
@@ -121,6 +151,7 @@ impl Session {
         let cache = &app.cache;
         self.cache_context();
         let settings = self.pool.settings();
+        let wal_behind = self.wal_behind(&settings);
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
@@ -145,6 +176,7 @@ impl Session {
                 database: &settings.target.dbname,
                 user: &self.info.user,
                 busy: false,
+                wal_behind,
             };
             let client = self.cache.get_or_insert_with(Default::default);
             let (parsed, len) = (batch.parse.is_some(), batch.len);
@@ -202,6 +234,7 @@ impl Session {
                 database: &settings.target.dbname,
                 user: &self.info.user,
                 busy,
+                wal_behind: self.wal_behind(&settings),
             };
             let client = self.cache.get_or_insert_with(Default::default);
             let sql = &self.client.rbuf[5..text_end];

@@ -89,6 +89,15 @@ impl Cluster {
             superuser: SUPERUSER.to_string(),
             superuser_password: Some(SUPERUSER_PASS.to_string()),
             hba: HBA.iter().map(|line| line.to_string()).collect(),
+            // WAL invalidation's tests follow the logical replication stream.
+            settings: [
+                ("wal_level", "logical"),
+                ("max_replication_slots", "20"),
+                ("max_wal_senders", "20"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
             ..LocalPostgresOptions::default()
         })?;
         pg.psql("postgres", SETUP_SQL)?;

@@ -1,0 +1,650 @@
+//! Invalidation from the WAL: with `cache.invalidation = "wal"`, pgmemo follows each cached
+//! database's logical replication stream, so that a write made by anyone (another
+//! application, a cron job, a migration, a trigger, another pgmemo) invalidates the cached
+//! results that read the table it wrote, once its commit is decoded.
+//!
+//! One [`Follower`] per server database whose results are looked up in the cache, started at
+//! the first lookup: a replication connection (`replication=database`), the publication
+//! (`FOR ALL TABLES`, made by pgmemo when it may), a temporary slot (no WAL is kept once pgmemo
+//! is gone), `pgoutput`. At each Commit the versions of the tables the transaction wrote are
+//! bumped (a partition's ancestors too); a Relation whose columns changed bumps the catalog.
+//!
+//! Never stale without saying so: until the follower has caught up with the server's WAL
+//! position of its start, the database's results are not served; when the stream drops, the
+//! database's entries are flushed and caching stays off for it until the stream is back and
+//! caught up again.
+
+pub mod pgoutput;
+pub mod replication;
+pub mod test_decoding;
+
+use crate::cache::config::WalPlugin;
+use crate::cache::{FlushTarget, ResultCache};
+use crate::protocol::backend;
+use crate::server::{ServerConn, ServerError, ServerTarget};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A WAL position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lsn(pub u64);
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xffff_ffff)
+    }
+}
+
+impl std::str::FromStr for Lsn {
+    type Err = ();
+
+    /// PostgreSQL's `X/Y` (hexadecimal halves).
+    fn from_str(s: &str) -> Result<Lsn, ()> {
+        let (hi, lo) = s.split_once('/').ok_or(())?;
+        let hi = u64::from_str_radix(hi, 16).map_err(|_| ())?;
+        let lo = u64::from_str_radix(lo, 16).map_err(|_| ())?;
+        if hi > u32::MAX as u64 || lo > u32::MAX as u64 {
+            return Err(());
+        }
+        Ok(Lsn(hi << 32 | lo))
+    }
+}
+
+/// Where a follower is, for SHOW CACHE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    Connecting,
+    /// Streaming, not yet at the server's WAL position of the start: not served.
+    CatchingUp,
+    Streaming,
+    /// The last attempt failed (the reason, saying what to change); retried.
+    Failed(String),
+}
+
+/// How long invalidation took: commit on the server → versions bumped here, recent commits.
+#[derive(Debug, Default)]
+struct Lags {
+    /// Microseconds, a ring of the latest.
+    recent: Vec<u64>,
+    next: usize,
+}
+
+const LAG_SAMPLES: usize = 1024;
+
+impl Lags {
+    fn add(&mut self, us: u64) {
+        if self.recent.len() < LAG_SAMPLES {
+            self.recent.push(us);
+        } else {
+            self.recent[self.next] = us;
+        }
+        self.next = (self.next + 1) % LAG_SAMPLES;
+    }
+
+    /// (p50, p99) in microseconds.
+    fn percentiles(&self) -> Option<(u64, u64)> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        let mut sorted = self.recent.clone();
+        sorted.sort_unstable();
+        let at = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+        Some((at(0.5), at(0.99)))
+    }
+}
+
+/// The stream of one server database.
+pub struct Follower {
+    /// The server database's name (the cache's `database`).
+    pub database: Box<str>,
+    /// The database's cached results may be served.
+    ready: AtomicBool,
+    /// Everything up to here is applied (versions bumped).
+    applied: AtomicU64,
+    phase: Mutex<Phase>,
+    lags: Mutex<Lags>,
+    /// Commits applied, connections made.
+    pub commits: AtomicU64,
+    pub connects: AtomicU64,
+}
+
+/// What SHOW CACHE prints of a follower.
+pub struct FollowerStatus {
+    pub database: String,
+    pub phase: String,
+    pub applied: Lsn,
+    pub commits: u64,
+    pub connects: u64,
+    /// Invalidation lag p50 / p99, microseconds.
+    pub lag_us: Option<(u64, u64)>,
+}
+
+impl Follower {
+    /// Whether the database's cached results may be served.
+    #[inline]
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Relaxed)
+    }
+
+    pub fn applied(&self) -> Lsn {
+        Lsn(self.applied.load(Relaxed))
+    }
+
+    pub fn status(&self) -> FollowerStatus {
+        let phase = match &*self.phase.lock() {
+            Phase::Connecting => "connecting".to_string(),
+            Phase::CatchingUp => "catching up".to_string(),
+            Phase::Streaming => "streaming".to_string(),
+            Phase::Failed(why) => format!("failed: {why}"),
+        };
+        FollowerStatus {
+            database: self.database.to_string(),
+            phase,
+            applied: self.applied(),
+            commits: self.commits.load(Relaxed),
+            connects: self.connects.load(Relaxed),
+            lag_us: self.lags.lock().percentiles(),
+        }
+    }
+
+    /// A commit made at `timestamp` (microseconds since 2000-01-01) was applied.
+    fn committed(&self, timestamp: Option<i64>) {
+        self.commits.fetch_add(1, Relaxed);
+        if let Some(at) = timestamp {
+            let lag = (replication::pg_now() - at).max(0) as u64;
+            self.lags.lock().add(lag);
+        }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        *self.phase.lock() = phase;
+    }
+}
+
+/// Every follower of the process.
+#[derive(Default)]
+pub struct Wal {
+    followers: papaya::HashMap<Box<str>, Arc<Follower>>,
+}
+
+/// How a follower connects and what it may do there.
+#[derive(Clone)]
+pub struct Setup {
+    /// The pool's server connection settings; the user replaced by the replication user
+    /// when one is configured.
+    pub target: ServerTarget,
+    pub plugin: WalPlugin,
+    /// pgoutput's publication, and whether pgmemo may create it.
+    pub publication: String,
+    pub create_publication: bool,
+    /// pgmemo is shutting down: the follower closes its connections (its temporary slot goes
+    /// with them).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Wal {
+    /// The follower of `setup`'s database, started if there is none; whether its cached
+    /// results may be served now.
+    pub fn ready(
+        &self,
+        cache: &Arc<ResultCache>,
+        setup: impl FnOnce() -> Setup,
+        database: &str,
+    ) -> bool {
+        let followers = self.followers.pin();
+        if let Some(f) = followers.get(database) {
+            return f.is_ready();
+        }
+        let follower = Arc::new(Follower {
+            database: database.into(),
+            ready: AtomicBool::new(false),
+            applied: AtomicU64::new(0),
+            phase: Mutex::new(Phase::Connecting),
+            lags: Mutex::new(Lags::default()),
+            commits: AtomicU64::new(0),
+            connects: AtomicU64::new(0),
+        });
+        if followers
+            .try_insert(database.into(), follower.clone())
+            .is_ok()
+        {
+            tokio::spawn(follow(follower, cache.clone(), setup()));
+        }
+        false
+    }
+
+    pub fn followers(&self) -> Vec<Arc<Follower>> {
+        let mut v: Vec<_> = self.followers.pin().values().cloned().collect();
+        v.sort_by(|a, b| a.database.cmp(&b.database));
+        v
+    }
+}
+
+/// Follows one database for the life of the process: connects, streams, and after a failure
+/// flushes what the stream guarded and tries again.
+async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) {
+    let mut backoff = Duration::from_millis(500);
+    let mut shutdown = setup.shutdown.clone();
+    loop {
+        follower.set_phase(Phase::Connecting);
+        follower.connects.fetch_add(1, Relaxed);
+        let outcome = tokio::select! {
+            outcome = stream(&follower, &cache, &setup) => outcome,
+            _ = shutdown.wait_for(|stop| *stop) => {
+                follower.ready.store(false, Relaxed);
+                return;
+            }
+        };
+        // Writes from here on may be missed: nothing is served until the stream is back.
+        follower.ready.store(false, Relaxed);
+        cache.flush(FlushTarget::Database(&follower.database));
+        let why = match outcome {
+            Ok(()) => "the server ended the replication stream".to_string(),
+            Err(e) => e,
+        };
+        tracing::warn!(database = %follower.database, "WAL invalidation: {why}; caching is off for this database until the stream is back");
+        follower.set_phase(Phase::Failed(why));
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Sends a replication command (or query) and reads its replies up to ReadyForQuery, or up to
+/// CopyBothResponse for START_REPLICATION.
+async fn command(conn: &mut ServerConn, sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
+    conn.internal_query(sql).await.map_err(|e| describe(&e))
+}
+
+fn describe(e: &ServerError) -> String {
+    match e {
+        ServerError::Server { fields, .. } => format!("{} ({})", fields.message, fields.code),
+        other => other.to_string(),
+    }
+}
+
+/// One replication session: set up, catch up, stream until it fails.
+async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Result<(), String> {
+    let target = &setup.target;
+    let mut conn = ServerConn::connect_with(target, &[("replication", "database")])
+        .await
+        .map_err(|e| match &e {
+            ServerError::Server { fields, .. } if fields.code == "42501" => format!(
+                "role \"{}\" may not start a replication connection: give it the REPLICATION \
+                 attribute (ALTER ROLE {} REPLICATION) or set cache.replication_user",
+                target.user, target.user
+            ),
+            ServerError::Server { fields, .. } if fields.code == "53300" => format!(
+                "{}: raise max_wal_senders (and max_connections) in postgresql.conf",
+                fields.message
+            ),
+            other => format!("replication connection: {}", describe(other)),
+        })?;
+    let wal_level = command(&mut conn, "SHOW wal_level").await?;
+    let level = wal_level
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .unwrap_or_default();
+    if level != "logical" {
+        return Err(format!(
+            "wal_level is {level}: set wal_level = logical in postgresql.conf and restart PostgreSQL"
+        ));
+    }
+    if setup.plugin == WalPlugin::Pgoutput {
+        ensure_publication(&mut conn, setup).await?;
+    }
+    // The position to catch up with before anything is served.
+    let identity = command(&mut conn, "IDENTIFY_SYSTEM").await?;
+    let start: Lsn = identity
+        .first()
+        .and_then(|r| r.get(2).cloned().flatten())
+        .and_then(|s| s.parse().ok())
+        .ok_or("IDENTIFY_SYSTEM gave no WAL position")?;
+    let slot = format!(
+        "pgmemo_{}_{}",
+        std::process::id(),
+        follower.connects.load(Relaxed)
+    );
+    let (plugin, options) = match setup.plugin {
+        WalPlugin::TestDecoding => ("test_decoding", test_decoding::OPTIONS.to_string()),
+        WalPlugin::Pgoutput => (
+            "pgoutput",
+            format!(
+                "(proto_version '1', publication_names '{}')",
+                // The replication grammar takes plain '...' strings only (no E'...').
+                crate::params::quote_name(&setup.publication).replace('\'', "''")
+            ),
+        ),
+    };
+    command(
+        &mut conn,
+        &format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL {plugin} NOEXPORT_SNAPSHOT"),
+    )
+    .await
+    .map_err(|e| {
+        if e.contains("53400") {
+            format!("{e}: raise max_replication_slots in postgresql.conf")
+        } else if e.contains("58P01") {
+            format!(
+                "{e}: the {plugin} decoder is not installed (test_decoding comes with \
+                 PostgreSQL's contrib modules), or set cache.wal_plugin = \"pgoutput\""
+            )
+        } else {
+            format!("creating the replication slot: {e}")
+        }
+    })?;
+    crate::protocol::frontend::query(
+        &mut conn.wbuf,
+        &format!("START_REPLICATION SLOT {slot} LOGICAL 0/0 {options}"),
+    );
+    conn.flush().await.map_err(|e| e.to_string())?;
+    loop {
+        let (tag, body) = conn.read_message().await.map_err(|e| describe(&e))?;
+        match tag {
+            backend::COPY_BOTH_RESPONSE => break,
+            backend::ERROR_RESPONSE => {
+                return Err(format!(
+                    "START_REPLICATION: {}",
+                    describe(&crate::server::server_error(body))
+                ))
+            }
+            _ => {}
+        }
+    }
+    follower.set_phase(Phase::CatchingUp);
+    tracing::info!(database = %follower.database, slot, %start, "WAL invalidation: streaming");
+    let mut catalog: Option<ServerConn> = None;
+    let mut state = Decoder::default();
+    const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+    let mut next_status = tokio::time::Instant::now();
+    let mut applied = Lsn(0);
+    loop {
+        // `read_message` keeps what it read in the connection's buffer: cancelling it loses
+        // nothing.
+        let message = match tokio::time::timeout_at(next_status, conn.read_message()).await {
+            Ok(m) => m.map_err(|e| describe(&e))?,
+            Err(_) => {
+                // Asks for a keepalive: while no transaction is open, its position is applied.
+                replication::status_update(&mut conn.wbuf, applied, true);
+                conn.flush().await.map_err(|e| e.to_string())?;
+                next_status = tokio::time::Instant::now() + STATUS_INTERVAL;
+                continue;
+            }
+        };
+        let (tag, body) = message;
+        match tag {
+            backend::COPY_DATA => {}
+            backend::ERROR_RESPONSE => {
+                return Err(describe(&crate::server::server_error(body)));
+            }
+            backend::COPY_DONE => return Ok(()),
+            _ => continue,
+        }
+        let Some(from) = replication::parse(&body) else {
+            return Err("malformed replication message".into());
+        };
+        match from {
+            replication::FromServer::XLogData { start, data, .. } => {
+                let done = match setup.plugin {
+                    WalPlugin::Pgoutput => {
+                        let message = pgoutput::decode(data).map_err(|e| e.to_string())?;
+                        state
+                            .apply(message, follower, cache, &mut catalog, setup)
+                            .await?
+                    }
+                    WalPlugin::TestDecoding => {
+                        let line = test_decoding::decode(data);
+                        // A commit's output is sent at its record's end.
+                        state
+                            .apply_text(line, start, follower, cache, &mut catalog, setup)
+                            .await
+                    }
+                };
+                if let Some(end) = done {
+                    applied = applied.max(end);
+                }
+            }
+            replication::FromServer::Keepalive { wal_end, reply } => {
+                if !state.in_transaction {
+                    applied = applied.max(wal_end);
+                }
+                if reply {
+                    replication::status_update(&mut conn.wbuf, applied, false);
+                    conn.flush().await.map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        follower.applied.store(applied.0, Relaxed);
+        if !follower.is_ready() && applied >= start {
+            follower.ready.store(true, Relaxed);
+            follower.set_phase(Phase::Streaming);
+            tracing::info!(database = %follower.database, %applied, "WAL invalidation: caught up; caching on");
+        }
+    }
+}
+
+/// pgoutput's publication: there, or made (`FOR ALL TABLES`) when pgmemo may. (Such a
+/// publication makes PostgreSQL refuse UPDATE and DELETE on tables without a replica identity:
+/// see `test_decoding`.)
+async fn ensure_publication(conn: &mut ServerConn, setup: &Setup) -> Result<(), String> {
+    let publication = &setup.publication;
+    let exists = command(
+        conn,
+        &format!(
+            "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = {}",
+            crate::params::quote_literal(publication)
+        ),
+    )
+    .await?;
+    if !exists.is_empty() {
+        return Ok(());
+    }
+    if !setup.create_publication {
+        return Err(format!(
+            "publication \"{publication}\" does not exist: CREATE PUBLICATION \
+             \"{publication}\" FOR ALL TABLES, or set cache.create_publication = true"
+        ));
+    }
+    command(
+        conn,
+        &format!(
+            "CREATE PUBLICATION {} FOR ALL TABLES",
+            crate::params::quote_name(publication)
+        ),
+    )
+    .await
+    .map_err(|e| {
+        format!(
+            "could not create publication \"{publication}\" ({e}): create it as a superuser \
+             (CREATE PUBLICATION \"{publication}\" FOR ALL TABLES)"
+        )
+    })?;
+    Ok(())
+}
+
+/// A relation's columns as pgoutput describes them (name, type OID, type modifier).
+type Columns = Vec<(String, u32, i32)>;
+
+/// What the stream has told so far: relations by id (pgoutput) or by name (test_decoding),
+/// the open transaction's writes.
+#[derive(Default)]
+struct Decoder {
+    /// Relation id → the names a write to it invalidates (itself, and its ancestors when it
+    /// is a partition), and its columns.
+    relations: HashMap<u32, (Vec<Box<str>>, Columns)>,
+    written: HashSet<u32>,
+    /// (schema, name) → the names a write to it invalidates.
+    tables: HashMap<(String, String), Vec<Box<str>>>,
+    written_tables: HashSet<(String, String)>,
+    in_transaction: bool,
+}
+
+impl Decoder {
+    /// Applies one test_decoding line; returns the position it completes (a commit's, `at`).
+    async fn apply_text(
+        &mut self,
+        line: test_decoding::Line,
+        at: Lsn,
+        follower: &Follower,
+        cache: &ResultCache,
+        catalog: &mut Option<ServerConn>,
+        setup: &Setup,
+    ) -> Option<Lsn> {
+        use test_decoding::Line;
+        match line {
+            Line::Begin => {
+                self.in_transaction = true;
+                self.written_tables.clear();
+            }
+            Line::Tables(tables) => self.written_tables.extend(tables),
+            Line::Commit { timestamp } => {
+                self.in_transaction = false;
+                let written: Vec<_> = self.written_tables.drain().collect();
+                for table in written {
+                    if !self.tables.contains_key(&table) {
+                        let relation = crate::params::quote_literal(&format!(
+                            "{}.{}",
+                            crate::params::quote_name(&table.0),
+                            crate::params::quote_name(&table.1)
+                        ));
+                        let names =
+                            ancestors(catalog, setup, &format!("{relation}::regclass"), &table.1)
+                                .await;
+                        self.tables.insert(table.clone(), names);
+                    }
+                    for name in &self.tables[&table] {
+                        cache.versions.bump_table(&follower.database, name);
+                    }
+                }
+                follower.committed(timestamp);
+                return Some(at);
+            }
+            Line::Other => {}
+        }
+        None
+    }
+
+    /// Applies one message; returns the position it completes (a Commit's end).
+    async fn apply(
+        &mut self,
+        message: pgoutput::Message,
+        follower: &Follower,
+        cache: &ResultCache,
+        catalog: &mut Option<ServerConn>,
+        setup: &Setup,
+    ) -> Result<Option<Lsn>, String> {
+        use pgoutput::Message;
+        let database = &follower.database;
+        match message {
+            Message::Begin { .. } => {
+                self.in_transaction = true;
+                self.written.clear();
+            }
+            Message::Relation(rel) => {
+                let changed = self
+                    .relations
+                    .get(&rel.id)
+                    .is_some_and(|(_, columns)| *columns != rel.columns);
+                let names = match self.relations.get(&rel.id) {
+                    Some((names, _)) if !changed => names.clone(),
+                    _ => ancestors(catalog, setup, &format!("{}::oid", rel.id), &rel.name).await,
+                };
+                if changed {
+                    // Its shape changed (DDL made outside pgmemo): what read it, and what
+                    // pgmemo knows of the catalog, is stale.
+                    cache.flush(FlushTarget::Database(database));
+                }
+                self.relations.insert(rel.id, (names, rel.columns));
+            }
+            Message::Change { relation } => {
+                self.written.insert(relation);
+            }
+            Message::Truncate { relations } => self.written.extend(relations),
+            Message::Commit {
+                end_lsn, timestamp, ..
+            } => {
+                self.in_transaction = false;
+                for id in self.written.drain() {
+                    match self.relations.get(&id) {
+                        Some((names, _)) => {
+                            for name in names {
+                                cache.versions.bump_table(database, name);
+                            }
+                        }
+                        // pgoutput always describes a relation before its first change.
+                        None => cache.flush(FlushTarget::Database(database)),
+                    }
+                }
+                follower.committed(Some(timestamp));
+                return Ok(Some(end_lsn));
+            }
+            Message::Other(_) => {}
+        }
+        Ok(None)
+    }
+}
+
+/// The names whose cached reads a write to `relation` (SQL for its OID, named `name`)
+/// invalidates: its own
+/// and, for a partition, its ancestors' (a query reads the partitioned table by its name).
+/// Asked on a second, ordinary connection; without it, only the relation's own name.
+async fn ancestors(
+    catalog: &mut Option<ServerConn>,
+    setup: &Setup,
+    relation: &str,
+    name: &str,
+) -> Vec<Box<str>> {
+    let mut names: Vec<Box<str>> = vec![name.into()];
+    if catalog.as_ref().is_none_or(|c| c.broken) {
+        *catalog = ServerConn::connect(&setup.target).await.ok();
+    }
+    if let Some(conn) = catalog.as_mut() {
+        let sql = format!(
+            "SELECT c.relname FROM pg_catalog.pg_partition_ancestors({relation}) a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.relid WHERE a.relid <> {relation}"
+        );
+        if let Ok(rows) = conn.internal_query(&sql).await {
+            names.extend(
+                rows.into_iter()
+                    .filter_map(|r| r.into_iter().next().flatten())
+                    .map(Into::into),
+            );
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_text() {
+        let lsn: Lsn = "16/B374D848".parse().unwrap();
+        assert_eq!(lsn, Lsn(0x16_B374_D848));
+        assert_eq!(lsn.to_string(), "16/B374D848");
+        assert!("16".parse::<Lsn>().is_err());
+        assert!("x/1".parse::<Lsn>().is_err());
+        assert!(Lsn(1) < Lsn(2));
+    }
+
+    #[test]
+    fn lag_percentiles() {
+        let mut lags = Lags::default();
+        assert_eq!(lags.percentiles(), None);
+        for us in 1..=100 {
+            lags.add(us);
+        }
+        assert_eq!(lags.percentiles(), Some((51, 99)));
+        for _ in 0..LAG_SAMPLES {
+            lags.add(7);
+        }
+        assert_eq!(lags.percentiles(), Some((7, 7)));
+    }
+}

@@ -1,0 +1,409 @@
+//! Invalidation from the WAL (`cache.invalidation = "wal"`): cached results follow writes made
+//! directly on PostgreSQL, not through pgmemo — an UPDATE, a trigger, `ON DELETE CASCADE`, a
+//! function, TRUNCATE, COPY FROM, a partition's leaf read through its root, a table read
+//! through a view. Each test waits for pgmemo's follower to have applied the server's WAL
+//! position after the write (`SHOW CACHE WAL`'s applied LSN), never for a time.
+
+mod common;
+
+use common::*;
+use pgmemo::cache::config::{Invalidation, Rule};
+use pgmemo::config::{Config, PoolMode};
+use pgmemo::Pgmemo;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+use tokio_postgres::Client;
+
+fn rule(name: &str, contains: &str) -> Rule {
+    Rule {
+        name: name.into(),
+        database: None,
+        user: None,
+        query: None,
+        query_hash: None,
+        query_contains: Some(contains.into()),
+        ttl: Duration::from_secs(600),
+        cache_empty: true,
+        max_result_bytes: 1024 * 1024,
+    }
+}
+
+fn wal_config(rules: Vec<Rule>) -> Config {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.cache.enabled = true;
+    config.cache.admit_after = 1;
+    config.cache.invalidation = Invalidation::Wal;
+    config.cache.rules = rules;
+    config
+}
+
+async fn setup(db: &'static str, sql: &str) {
+    fresh_db(db).await;
+    let sql = sql.to_owned();
+    tokio::task::spawn_blocking(move || cluster().psql(db, &sql))
+        .await
+        .unwrap();
+}
+
+fn direct_url(db: &str) -> String {
+    cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
+
+fn proxy_db_url(proxy: &Pgmemo, db: &str) -> String {
+    proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
+
+async fn value(client: &Client, sql: &str) -> String {
+    let messages = client.simple_query(sql).await.unwrap();
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get(0).unwrap_or("NULL").to_owned())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| "no row".into())
+}
+
+fn hits(proxy: &Pgmemo, rule: &str) -> u64 {
+    proxy
+        .app()
+        .cache
+        .rule_stats()
+        .into_iter()
+        .find(|r| r.name == rule)
+        .map(|r| r.hits.load(Relaxed))
+        .expect("rule stats")
+}
+
+/// Waits until the follower of `db` serves cached results.
+async fn wait_ready(proxy: &Pgmemo, db: &str) {
+    wait_until(
+        "the WAL follower to catch up",
+        Duration::from_secs(30),
+        || async {
+            proxy
+                .app()
+                .wal
+                .followers()
+                .iter()
+                .any(|f| &*f.database == db && f.is_ready())
+        },
+    )
+    .await;
+}
+
+/// Waits until the follower of `db` has applied the server's WAL position as of now (after
+/// the caller's committed write).
+async fn wait_applied(proxy: &Pgmemo, direct: &Client, db: &str) {
+    // The insert position: the test cluster runs with synchronous_commit = off, so the
+    // write position may not include the commit yet.
+    let lsn: pgmemo::wal::Lsn = value(direct, "SELECT pg_current_wal_insert_lsn()")
+        .await
+        .parse()
+        .unwrap();
+    wait_until(
+        "the WAL follower to apply the write",
+        Duration::from_secs(30),
+        || async {
+            proxy
+                .app()
+                .wal
+                .followers()
+                .iter()
+                .any(|f| &*f.database == db && f.is_ready() && f.applied() >= lsn)
+        },
+    )
+    .await;
+}
+
+/// Reads `sql` through pgmemo until it is answered from the cache (its rule's hits grow),
+/// returning the value.
+async fn cached(proxy: &Pgmemo, client: &Client, rule: &str, sql: &str) -> String {
+    let before = hits(proxy, rule);
+    let first = value(client, sql).await;
+    let second = value(client, sql).await;
+    assert_eq!(first, second, "{sql}");
+    assert!(
+        hits(proxy, rule) > before,
+        "{sql} was not answered from the cache"
+    );
+    second
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_made_directly_invalidate_cached_reads() {
+    const DB: &str = "wal_writes";
+    setup(
+        DB,
+        "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 1);
+         CREATE TABLE audit (n int); INSERT INTO audit VALUES (0);
+         CREATE TABLE src (id int);
+         CREATE FUNCTION bump_audit() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN UPDATE audit SET n = n + 1; RETURN NEW; END $$;
+         CREATE TRIGGER src_audit AFTER INSERT ON src FOR EACH ROW EXECUTE FUNCTION bump_audit();
+         CREATE TABLE parent (id int PRIMARY KEY);
+         CREATE TABLE child (pid int REFERENCES parent ON DELETE CASCADE);
+         INSERT INTO parent VALUES (1), (2); INSERT INTO child VALUES (1), (1), (2);
+         CREATE FUNCTION set_v(x int) RETURNS void LANGUAGE sql AS 'UPDATE t SET v = x WHERE id = 1';
+         CREATE TABLE gone (x int); INSERT INTO gone VALUES (1), (2);
+         CREATE TABLE copied (x int);
+         CREATE TABLE measures (at int, v int) PARTITION BY RANGE (at);
+         CREATE TABLE measures_1 PARTITION OF measures FOR VALUES FROM (0) TO (100);
+         INSERT INTO measures VALUES (1, 10);
+         CREATE VIEW t_view AS SELECT v * 100 AS big FROM t WHERE id = 1;",
+    )
+    .await;
+    let proxy = start_pgmemo(wal_config(vec![
+        rule("t", "FROM t WHERE"),
+        rule("audit", "FROM audit"),
+        rule("child", "FROM child"),
+        rule("gone", "FROM gone"),
+        rule("copied", "FROM copied"),
+        rule("measures", "FROM measures"),
+        rule("view", "FROM t_view"),
+    ]))
+    .await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    // The first lookup starts following the database; nothing is served until it caught up.
+    assert_eq!(value(&client, "SELECT v FROM t WHERE id = 1").await, "1");
+    wait_ready(&proxy, DB).await;
+
+    let cases: &[(&str, &str, &str, &str)] = &[
+        // (rule, cached read, direct write, value after)
+        (
+            "t",
+            "SELECT v FROM t WHERE id = 1",
+            "UPDATE t SET v = 2 WHERE id = 1",
+            "2",
+        ),
+        (
+            "audit",
+            "SELECT n FROM audit",
+            "INSERT INTO src VALUES (1)",
+            "1",
+        ),
+        (
+            "child",
+            "SELECT count(*) FROM child",
+            "DELETE FROM parent WHERE id = 1",
+            "1",
+        ),
+        ("t", "SELECT v FROM t WHERE id = 1", "SELECT set_v(7)", "7"),
+        ("gone", "SELECT count(*) FROM gone", "TRUNCATE gone", "0"),
+        (
+            "copied",
+            "SELECT count(*) FROM copied",
+            "COPY copied FROM PROGRAM 'echo 5'",
+            "1",
+        ),
+        (
+            "measures",
+            "SELECT sum(v) FROM measures",
+            "INSERT INTO measures_1 VALUES (2, 5)",
+            "15",
+        ),
+        (
+            "view",
+            "SELECT big FROM t_view",
+            "UPDATE t SET v = 3 WHERE id = 1",
+            "300",
+        ),
+    ];
+    for (rule, read, write, after) in cases {
+        let before = cached(&proxy, &client, rule, read).await;
+        assert_ne!(&before, after, "{read} before {write}");
+        direct.batch_execute(write).await.unwrap();
+        wait_applied(&proxy, &direct, DB).await;
+        assert_eq!(&value(&client, read).await, after, "{read} after {write}");
+    }
+    let admin = connect(&proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        "pgmemo",
+    ))
+    .await;
+    let rows = admin.simple_query("SHOW CACHE WAL").await.unwrap();
+    let row = rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some(DB) => Some((
+                r.get("state").unwrap().to_owned(),
+                r.get("commits").unwrap().to_owned(),
+            )),
+            _ => None,
+        })
+        .expect("a SHOW CACHE WAL row");
+    assert_eq!(row.0, "streaming");
+    assert!(
+        row.1.parse::<u64>().unwrap() >= cases.len() as u64,
+        "{row:?}"
+    );
+    proxy.shutdown().await;
+    // The temporary slot went with pgmemo's connection.
+    wait_until("the slot to go", Duration::from_secs(10), || async {
+        value(
+            &direct,
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgmemo%'",
+        )
+        .await
+            == "0"
+    })
+    .await;
+}
+
+/// The stream drops (its walsender is terminated): the database's entries are flushed and
+/// nothing is served until the follower is back and caught up, so a write made meanwhile is
+/// never hidden by an old entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_flushes_and_comes_back() {
+    const DB: &str = "wal_drop";
+    setup(
+        DB,
+        "CREATE TABLE k (id int PRIMARY KEY, v int); INSERT INTO k VALUES (1, 1);",
+    )
+    .await;
+    let proxy = start_pgmemo(wal_config(vec![rule("k", "FROM k")])).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    value(&client, "SELECT v FROM k WHERE id = 1").await;
+    wait_ready(&proxy, DB).await;
+    assert_eq!(
+        cached(&proxy, &client, "k", "SELECT v FROM k WHERE id = 1").await,
+        "1"
+    );
+    direct
+        .batch_execute(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE backend_type = 'walsender' AND datname = '{DB}'"
+        ))
+        .await
+        .unwrap();
+    direct
+        .batch_execute("UPDATE k SET v = 2 WHERE id = 1")
+        .await
+        .unwrap();
+    // Whether or not pgmemo noticed the drop yet, the value read is never the old one once
+    // the follower is back: the drop flushed the entry.
+    wait_until(
+        "the follower to reconnect",
+        Duration::from_secs(30),
+        || async {
+            proxy
+                .app()
+                .wal
+                .followers()
+                .iter()
+                .any(|f| &*f.database == DB && f.connects.load(Relaxed) >= 2 && f.is_ready())
+        },
+    )
+    .await;
+    assert_eq!(value(&client, "SELECT v FROM k WHERE id = 1").await, "2");
+    assert_eq!(
+        cached(&proxy, &client, "k", "SELECT v FROM k WHERE id = 1").await,
+        "2"
+    );
+    proxy.shutdown().await;
+}
+
+/// A replication role that may not replicate: pgmemo starts, says why (SHOW CACHE WAL), and
+/// serves every query uncached and right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_replication_serves_uncached() {
+    const DB: &str = "wal_norepl";
+    setup(DB, "CREATE TABLE n (v int); INSERT INTO n VALUES (1);").await;
+    let mut config = wal_config(vec![rule("n", "FROM n")]);
+    config.cache.replication_user = Some(MD5_USER.into());
+    config.cache.replication_password = Some(MD5_PASS.into());
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    wait_until("the follower to fail", Duration::from_secs(30), || async {
+        value(&client, "SELECT v FROM n").await;
+        proxy
+            .app()
+            .wal
+            .followers()
+            .iter()
+            .any(|f| f.status().phase.contains("REPLICATION"))
+    })
+    .await;
+    for i in 2..5 {
+        direct
+            .batch_execute(&format!("UPDATE n SET v = {i}"))
+            .await
+            .unwrap();
+        assert_eq!(value(&client, "SELECT v FROM n").await, i.to_string());
+    }
+    assert_eq!(hits(&proxy, "n"), 0);
+    proxy.shutdown().await;
+}
+
+/// The same through pgoutput (`cache.wal_plugin = "pgoutput"`): pgmemo makes its publication
+/// (`FOR ALL TABLES`) and follows writes by relation id, a partition's leaf invalidating reads
+/// of its root. (Such a publication makes PostgreSQL refuse UPDATE/DELETE on tables without a
+/// replica identity: these tables have primary keys.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgoutput_follows_writes_too() {
+    const DB: &str = "wal_pgoutput";
+    setup(
+        DB,
+        "CREATE TABLE p (id int PRIMARY KEY, v int); INSERT INTO p VALUES (1, 1);
+         CREATE TABLE readings (at int, v int, PRIMARY KEY (at)) PARTITION BY RANGE (at);
+         CREATE TABLE readings_1 PARTITION OF readings FOR VALUES FROM (0) TO (100);
+         INSERT INTO readings VALUES (1, 10);",
+    )
+    .await;
+    let mut config = wal_config(vec![rule("p", "FROM p"), rule("readings", "FROM readings")]);
+    config.cache.wal_plugin = pgmemo::cache::config::WalPlugin::Pgoutput;
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    value(&client, "SELECT v FROM p WHERE id = 1").await;
+    wait_ready(&proxy, DB).await;
+    assert_eq!(
+        value(
+            &direct,
+            "SELECT count(*) FROM pg_publication WHERE pubname = 'pgmemo'"
+        )
+        .await,
+        "1"
+    );
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "p",
+            "SELECT v FROM p WHERE id = 1",
+            "UPDATE p SET v = 2 WHERE id = 1",
+            "2",
+        ),
+        (
+            "p",
+            "SELECT v FROM p WHERE id = 1",
+            "DELETE FROM p",
+            "no row",
+        ),
+        (
+            "readings",
+            "SELECT sum(v) FROM readings",
+            "UPDATE readings_1 SET v = 11",
+            "11",
+        ),
+        (
+            "readings",
+            "SELECT sum(v) FROM readings",
+            "TRUNCATE readings_1",
+            "NULL",
+        ),
+    ];
+    for (rule, read, write, after) in cases {
+        let before = cached(&proxy, &client, rule, read).await;
+        assert_ne!(&before, after, "{read} before {write}");
+        direct.batch_execute(write).await.unwrap();
+        wait_applied(&proxy, &direct, DB).await;
+        assert_eq!(&value(&client, read).await, after, "{read} after {write}");
+    }
+    proxy.shutdown().await;
+}
