@@ -14,6 +14,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio_postgres::Client;
 
+/// The values written to a row, each with the server's WAL position after its commit.
+type Writes = Vec<(i64, pgmemo::wal::Lsn)>;
+
 fn rule(name: &str, contains: &str) -> Rule {
     Rule {
         name: name.into(),
@@ -433,7 +436,7 @@ async fn two_instances_stay_consistent() {
         wait_ready(proxy, DB).await;
     }
     // Per row: the values committed through A, with the WAL position after each commit.
-    let committed: Arc<Mutex<Vec<Vec<(i64, pgmemo::wal::Lsn)>>>> =
+    let committed: Arc<Mutex<Vec<Writes>>> =
         Arc::new(Mutex::new(vec![vec![(0, pgmemo::wal::Lsn(0))]; WRITERS]));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -518,4 +521,217 @@ async fn two_instances_stay_consistent() {
     assert!(lag.is_some());
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A private cluster (its server is restarted, or misconfigured, by the test), with
+/// `settings`, and pgmemo's config in front of it: clients log in as `postgres`, trusted.
+fn private_cluster(settings: &[(&str, &str)]) -> pgmemo::demo::LocalPostgres {
+    pgmemo::demo::LocalPostgres::start(pgmemo::demo::LocalPostgresOptions {
+        settings: settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    })
+    .expect("a private cluster")
+}
+
+fn private_config(pg: &pgmemo::demo::LocalPostgres, rules: Vec<Rule>) -> Config {
+    let mut config = wal_config(rules);
+    config.upstream = Some(pgmemo::config::Upstream {
+        host: "127.0.0.1".into(),
+        port: pg.port(),
+        user: "postgres".into(),
+        password: None,
+    });
+    config.general.auth_type = pgmemo::config::AuthType::Trust;
+    config
+}
+
+fn private_url(addr: std::net::SocketAddr) -> String {
+    format!(
+        "postgresql://postgres@{}:{}/postgres",
+        addr.ip(),
+        addr.port()
+    )
+}
+
+/// `wal_level = replica`: pgmemo starts, says what to change, and serves uncached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_level_replica_serves_uncached_and_says_why() {
+    let pg = tokio::task::spawn_blocking(|| private_cluster(&[("wal_level", "replica")]))
+        .await
+        .unwrap();
+    pg.psql(
+        "postgres",
+        "CREATE TABLE w (v int); INSERT INTO w VALUES (1);",
+    )
+    .unwrap();
+    let proxy = start_pgmemo(private_config(&pg, vec![rule("w", "FROM w")])).await;
+    let client = connect(&private_url(proxy.local_addr())).await;
+    wait_until("the follower to fail", Duration::from_secs(30), || async {
+        value(&client, "SELECT v FROM w").await;
+        proxy.app().wal.followers().iter().any(|f| {
+            f.status()
+                .phase
+                .contains("wal_level is replica: set wal_level = logical")
+        })
+    })
+    .await;
+    pg.psql("postgres", "UPDATE w SET v = 2").unwrap();
+    assert_eq!(value(&client, "SELECT v FROM w").await, "2");
+    assert_eq!(hits(&proxy, "w"), 0);
+    proxy.shutdown().await;
+}
+
+/// The server restarts (`pg_ctl restart -m fast`) while a writer writes directly and readers
+/// read through pgmemo: no read is ever older than a write the follower had applied when the
+/// read started, the follower reconnects by itself and caching resumes, and its temporary
+/// slot does not outlive pgmemo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_under_load() {
+    use std::sync::{Arc, Mutex};
+    let pg = tokio::task::spawn_blocking(|| private_cluster(&[("wal_level", "logical")]))
+        .await
+        .unwrap();
+    pg.psql(
+        "postgres",
+        "CREATE TABLE r (id int PRIMARY KEY, v int); INSERT INTO r VALUES (1, 0);",
+    )
+    .unwrap();
+    let direct_url = pg.url("postgres", None, "postgres");
+    let proxy = start_pgmemo(private_config(&pg, vec![rule("r", "FROM r")])).await;
+    let url = private_url(proxy.local_addr());
+    let first = connect(&url).await;
+    value(&first, "SELECT v FROM r WHERE id = 1").await;
+    wait_ready(&proxy, "postgres").await;
+    let pg = Arc::new(Mutex::new(pg));
+    let written: Arc<Mutex<Writes>> = Arc::new(Mutex::new(vec![]));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let follower = || {
+        proxy
+            .app()
+            .wal
+            .followers()
+            .into_iter()
+            .find(|f| &*f.database == "postgres")
+            .expect("the follower")
+    };
+    let applied_of = follower();
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let (url, written, stop, f) = (
+            url.clone(),
+            written.clone(),
+            stop.clone(),
+            applied_of.clone(),
+        );
+        readers.push(tokio::spawn(async move {
+            let mut checked = 0u64;
+            while !stop.load(Relaxed) {
+                let Ok((c, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                else {
+                    continue;
+                };
+                tokio::spawn(conn);
+                while !stop.load(Relaxed) {
+                    let applied = f.applied();
+                    let floor = written
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|(_, lsn)| *lsn <= applied)
+                        .map(|(v, _)| *v)
+                        .max()
+                        .unwrap_or(0);
+                    let Ok(rows) = c.simple_query("SELECT v FROM r WHERE id = 1").await else {
+                        break; // the restart: connect again
+                    };
+                    let got: i64 = rows
+                        .iter()
+                        .find_map(|m| match m {
+                            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                                r.get(0).map(str::to_owned)
+                            }
+                            _ => None,
+                        })
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    assert!(
+                        got >= floor,
+                        "read {got} after the follower had applied {floor}"
+                    );
+                    checked += 1;
+                }
+            }
+            checked
+        }));
+    }
+    let write = |i: i64| {
+        let (direct_url, written) = (direct_url.clone(), written.clone());
+        async move {
+            loop {
+                let Ok((c, conn)) =
+                    tokio_postgres::connect(&direct_url, tokio_postgres::NoTls).await
+                else {
+                    continue;
+                };
+                tokio::spawn(conn);
+                if c.batch_execute(&format!("UPDATE r SET v = {i} WHERE id = 1"))
+                    .await
+                    .is_err()
+                {
+                    continue;
+                }
+                let lsn = value(&c, "SELECT pg_current_wal_insert_lsn()")
+                    .await
+                    .parse()
+                    .unwrap();
+                written.lock().unwrap().push((i, lsn));
+                return;
+            }
+        }
+    };
+    for i in 1..=20 {
+        write(i).await;
+    }
+    let restarting = pg.clone();
+    tokio::task::spawn_blocking(move || restarting.lock().unwrap().restart("fast").unwrap())
+        .await
+        .unwrap();
+    for i in 21..=40 {
+        write(i).await;
+    }
+    wait_until(
+        "the follower to be back",
+        Duration::from_secs(60),
+        || async {
+            let f = follower();
+            f.connects.load(Relaxed) >= 2 && f.is_ready()
+        },
+    )
+    .await;
+    let direct = connect(&direct_url).await;
+    wait_applied(&proxy, &direct, "postgres").await;
+    stop.store(true, Relaxed);
+    let mut checked = 0;
+    for r in readers {
+        checked += r.await.unwrap();
+    }
+    let after = connect(&url).await;
+    assert_eq!(value(&after, "SELECT v FROM r WHERE id = 1").await, "40");
+    assert_eq!(
+        cached(&proxy, &after, "r", "SELECT v FROM r WHERE id = 1").await,
+        "40"
+    );
+    eprintln!(
+        "restart: {checked} reads checked, {} connects",
+        follower().connects.load(Relaxed)
+    );
+    proxy.shutdown().await;
+    wait_until("the slot to go", Duration::from_secs(10), || async {
+        value(&direct, "SELECT count(*) FROM pg_replication_slots").await == "0"
+    })
+    .await;
 }
