@@ -735,3 +735,73 @@ async fn a_server_restart_under_load() {
     })
     .await;
 }
+
+fn bypassed_behind(proxy: &Pgmemo) -> u64 {
+    let cache = &proxy.app().cache;
+    pgmemo::cache::analysis::BYPASS_REASONS
+        .iter()
+        .zip(&cache.bypasses)
+        .find(|(r, _)| r.as_str() == "WAL stream not caught up")
+        .map(|(_, n)| n.load(Relaxed))
+        .unwrap()
+}
+
+/// `cache.max_lag`: while the stream is silent (its walsender stopped with SIGSTOP) for longer
+/// than the bound, nothing is served from the cache — a write made meanwhile is read at once —
+/// and once it speaks again, caching resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_lag_stops_serving_a_silent_stream() {
+    const DB: &str = "wal_lag";
+    setup(
+        DB,
+        "CREATE TABLE l (id int PRIMARY KEY, v int); INSERT INTO l VALUES (1, 1);",
+    )
+    .await;
+    let mut config = wal_config(vec![rule("l", "FROM l")]);
+    config.cache.max_lag = Some(Duration::from_secs(1));
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    value(&client, "SELECT v FROM l WHERE id = 1").await;
+    wait_ready(&proxy, DB).await;
+    assert_eq!(
+        cached(&proxy, &client, "l", "SELECT v FROM l WHERE id = 1").await,
+        "1"
+    );
+    let pid: i32 = value(
+        &direct,
+        &format!("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender' AND datname = '{DB}'"),
+    )
+    .await
+    .parse()
+    .unwrap();
+    let signal = |sig: libc::c_int| {
+        // SAFETY: kill(2) on a process id; no memory is involved.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to {pid}");
+    };
+    signal(libc::SIGSTOP);
+    let before = bypassed_behind(&proxy);
+    wait_until(
+        "lookups to stop being served",
+        Duration::from_secs(30),
+        || async {
+            value(&client, "SELECT v FROM l WHERE id = 1").await;
+            bypassed_behind(&proxy) > before
+        },
+    )
+    .await;
+    direct
+        .batch_execute("UPDATE l SET v = 2 WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(value(&client, "SELECT v FROM l WHERE id = 1").await, "2");
+    signal(libc::SIGCONT);
+    wait_applied(&proxy, &direct, DB).await;
+    let hits_before = hits(&proxy, "l");
+    wait_until("caching to resume", Duration::from_secs(30), || async {
+        assert_eq!(value(&client, "SELECT v FROM l WHERE id = 1").await, "2");
+        hits(&proxy, "l") > hits_before
+    })
+    .await;
+    proxy.shutdown().await;
+}

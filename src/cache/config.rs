@@ -36,6 +36,10 @@ pub struct CacheConfig {
     /// The logical decoding plugin WAL invalidation streams with: `test_decoding` (default:
     /// no publication needed, see `wal::test_decoding`) or `pgoutput`.
     pub wal_plugin: WalPlugin,
+    /// With WAL invalidation: a database's results are not served while its follower last
+    /// knew itself caught up longer ago than this. Default: no bound beyond being connected
+    /// and caught up.
+    pub max_lag: Option<Duration>,
     /// pgoutput's publication. Default `pgmemo`.
     pub publication: String,
     /// Create the publication (`FOR ALL TABLES`) when it is missing. Default true.
@@ -85,6 +89,7 @@ impl Default for CacheConfig {
             replication_user: None,
             replication_password: None,
             wal_plugin: WalPlugin::TestDecoding,
+            max_lag: None,
             publication: "pgmemo".into(),
             create_publication: true,
         }
@@ -141,6 +146,7 @@ pub(crate) struct RawCache {
     replication_user: Option<String>,
     replication_password: Option<String>,
     wal_plugin: Option<String>,
+    max_lag: Option<RawDuration>,
     publication: Option<String>,
     create_publication: Option<bool>,
     #[serde(default)]
@@ -295,9 +301,14 @@ impl RawCache {
                 ))
             }
         };
+        let max_lag = self
+            .max_lag
+            .map(|d| d.resolve("cache.max_lag"))
+            .transpose()?;
         Ok(CacheConfig {
             invalidation,
             wal_plugin,
+            max_lag,
             replication_user: self.replication_user,
             replication_password: self.replication_password,
             publication: self.publication.unwrap_or(d.publication),

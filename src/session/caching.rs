@@ -72,6 +72,7 @@ impl Session {
             return false;
         }
         let database = &settings.target.dbname;
+        let max_lag = self.app.config.load().cache.max_lag;
         !self.app.wal.ready(
             &self.app.cache,
             || {
@@ -91,6 +92,7 @@ impl Session {
                 }
             },
             database,
+            max_lag,
         )
     }
 

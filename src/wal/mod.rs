@@ -105,6 +105,9 @@ pub struct Follower {
     ready: AtomicBool,
     /// Everything up to here is applied (versions bumped).
     applied: AtomicU64,
+    /// When (milliseconds on [`clock_ms`]) the follower last knew it had applied everything
+    /// the server had written: what `cache.max_lag` is measured from.
+    confirmed_ms: AtomicU64,
     phase: Mutex<Phase>,
     lags: Mutex<Lags>,
     /// Commits applied, connections made.
@@ -165,6 +168,15 @@ impl Follower {
     }
 }
 
+/// Milliseconds since the first call: a cheap monotonic clock for `max_lag`.
+fn clock_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
 /// Every follower of the process.
 #[derive(Default)]
 pub struct Wal {
@@ -188,21 +200,28 @@ pub struct Setup {
 
 impl Wal {
     /// The follower of `setup`'s database, started if there is none; whether its cached
-    /// results may be served now.
+    /// results may be served now: it is caught up and, with `max_lag`, knew itself caught up
+    /// at most that long ago.
     pub fn ready(
         &self,
         cache: &Arc<ResultCache>,
         setup: impl FnOnce() -> Setup,
         database: &str,
+        max_lag: Option<Duration>,
     ) -> bool {
         let followers = self.followers.pin();
         if let Some(f) = followers.get(database) {
-            return f.is_ready();
+            return f.is_ready()
+                && max_lag.is_none_or(|max| {
+                    clock_ms().saturating_sub(f.confirmed_ms.load(Relaxed))
+                        <= max.as_millis() as u64
+                });
         }
         let follower = Arc::new(Follower {
             database: database.into(),
             ready: AtomicBool::new(false),
             applied: AtomicU64::new(0),
+            confirmed_ms: AtomicU64::new(0),
             phase: Mutex::new(Phase::Connecting),
             lags: Mutex::new(Lags::default()),
             commits: AtomicU64::new(0),
@@ -364,6 +383,8 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
     const STATUS_INTERVAL: Duration = Duration::from_millis(500);
     let mut next_status = tokio::time::Instant::now();
     let mut applied = Lsn(0);
+    // The server's end of WAL as last reported.
+    let mut server_end = Lsn(0);
     loop {
         // `read_message` keeps what it read in the connection's buffer: cancelling it loses
         // nothing.
@@ -390,7 +411,12 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
             return Err("malformed replication message".into());
         };
         match from {
-            replication::FromServer::XLogData { start, data, .. } => {
+            replication::FromServer::XLogData {
+                start,
+                wal_end,
+                data,
+            } => {
+                server_end = server_end.max(wal_end);
                 let done = match setup.plugin {
                     WalPlugin::Pgoutput => {
                         let message = pgoutput::decode(data).map_err(|e| e.to_string())?;
@@ -411,6 +437,7 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
                 }
             }
             replication::FromServer::Keepalive { wal_end, reply } => {
+                server_end = server_end.max(wal_end);
                 if !state.in_transaction {
                     applied = applied.max(wal_end);
                 }
@@ -421,6 +448,9 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
             }
         }
         follower.applied.store(applied.0, Relaxed);
+        if applied >= server_end {
+            follower.confirmed_ms.store(clock_ms(), Relaxed);
+        }
         if !follower.is_ready() && applied >= start {
             follower.ready.store(true, Relaxed);
             follower.set_phase(Phase::Streaming);
