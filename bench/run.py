@@ -675,6 +675,8 @@ class Postgres:
         self.datadir = ctx.tmp / "pgdata"
         self.logfile = ctx.logdir / "postgres.log"
         self.proc: Optional[subprocess.Popen] = None
+        # More postgresql.conf lines (bench/wal.py: wal_level = logical).
+        self.extra_conf = ""
 
     def start(self) -> None:
         c = self.ctx
@@ -701,7 +703,7 @@ shared_buffers = 512MB
 max_parallel_workers_per_gather = 0
 logging_collector = off
 log_min_messages = warning
-""")
+{self.extra_conf}""")
         self.proc = c.procs.spawn("postgres", [tool(c.pg_bindir, "postgres"), "-D", str(self.datadir)],
                                   run_as=c.run_as, cwd=c.tmp, env=env,
                                   stdout=c.open_log(self.logfile), stderr=subprocess.STDOUT,

@@ -2093,6 +2093,14 @@ mod tests {
     }
 
     #[test]
+    fn the_scale_out_sample_loads() {
+        let c = Config::from_toml_str(include_str!("../docs/scale-out/pgmemo.toml")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.cache.invalidation, crate::cache::config::Invalidation::Wal);
+        assert_eq!(c.cache.max_lag, Some(std::time::Duration::from_secs(2)));
+    }
+
+    #[test]
     fn the_example_file_loads_and_documents_the_defaults() {
         let c = Config::from_toml_str(include_str!("../pgmemo.example.toml")).unwrap();
         // The example writes every [general] setting at its default value.
