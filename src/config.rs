@@ -2096,7 +2096,10 @@ mod tests {
     fn the_scale_out_sample_loads() {
         let c = Config::from_toml_str(include_str!("../docs/scale-out/pgmemo.toml")).unwrap();
         c.validate().unwrap();
-        assert_eq!(c.cache.invalidation, crate::cache::config::Invalidation::Wal);
+        assert_eq!(
+            c.cache.invalidation,
+            crate::cache::config::Invalidation::Wal
+        );
         assert_eq!(c.cache.max_lag, Some(std::time::Duration::from_secs(2)));
     }
 

@@ -805,3 +805,35 @@ async fn max_lag_stops_serving_a_silent_stream() {
     .await;
     proxy.shutdown().await;
 }
+
+/// No replication slot to be had (`max_replication_slots = 0`): pgmemo says so, with what to
+/// change, and serves uncached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_replication_slots_serves_uncached_and_says_why() {
+    let pg = tokio::task::spawn_blocking(|| {
+        private_cluster(&[("wal_level", "logical"), ("max_replication_slots", "0")])
+    })
+    .await
+    .unwrap();
+    pg.psql(
+        "postgres",
+        "CREATE TABLE s (v int); INSERT INTO s VALUES (1);",
+    )
+    .unwrap();
+    let proxy = start_pgmemo(private_config(&pg, vec![rule("s", "FROM s")])).await;
+    let client = connect(&private_url(proxy.local_addr())).await;
+    wait_until("the follower to fail", Duration::from_secs(30), || async {
+        value(&client, "SELECT v FROM s").await;
+        proxy
+            .app()
+            .wal
+            .followers()
+            .iter()
+            .any(|f| f.status().phase.contains("max_replication_slots"))
+    })
+    .await;
+    pg.psql("postgres", "UPDATE s SET v = 2").unwrap();
+    assert_eq!(value(&client, "SELECT v FROM s").await, "2");
+    assert_eq!(hits(&proxy, "s"), 0);
+    proxy.shutdown().await;
+}
