@@ -2068,31 +2068,6 @@ async fn copy_through_the_extended_protocol_after_an_injected_parse() {
 // Property: random message sequences
 // ---------------------------------------------------------------------------------------------
 
-/// xorshift64*: small, deterministic, good enough to pick messages.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// True with probability `percent` %.
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
-
 /// Statement texts and their parameter counts: good ones, and ones that fail at Parse
 /// (syntax, missing table), at Bind (planning divides by zero) or at Execute.
 const TEXTS: &[(&str, usize)] = &[

@@ -11,7 +11,6 @@ use pgmemo::config::{Config, PoolMode};
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// pgmemo in `mode` with the cache on and `rules`.
 fn cache_config(mode: PoolMode, pool_size: u32, rules: Vec<Rule>) -> Config {
@@ -26,17 +25,7 @@ fn cache_config(mode: PoolMode, pool_size: u32, rules: Vec<Rule>) -> Config {
 }
 
 fn rule(name: &str, contains: &str) -> Rule {
-    Rule {
-        name: name.into(),
-        database: None,
-        user: None,
-        query: None,
-        query_hash: None,
-        query_contains: Some(contains.into()),
-        ttl: Duration::from_secs(300),
-        cache_empty: true,
-        max_result_bytes: 1024 * 1024,
-    }
+    cache_rule(name, contains)
 }
 
 /// Serves `db` as itself and as `alias`, whose pool logs into the server as `scram_user`:

@@ -723,22 +723,6 @@ async fn session_mode_shows_the_servers_process_id() {
     proxy.shutdown().await;
 }
 
-/// xorshift64*: small and deterministic, to pick steps.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// One random step of a client that changes or reads its settings: a statement alone, in a
 /// committed or rolled-back block, failing with its implicit transaction, through the
 /// extended protocol, or pipelined. A block is followed by a `ROLLBACK` (a failed statement

@@ -18,17 +18,7 @@ use tokio_postgres::Client;
 type Writes = Vec<(i64, pgmemo::wal::Lsn)>;
 
 fn rule(name: &str, contains: &str) -> Rule {
-    Rule {
-        name: name.into(),
-        database: None,
-        user: None,
-        query: None,
-        query_hash: None,
-        query_contains: Some(contains.into()),
-        ttl: Duration::from_secs(600),
-        cache_empty: true,
-        max_result_bytes: 1024 * 1024,
-    }
+    cache_rule(name, contains)
 }
 
 fn wal_config(rules: Vec<Rule>) -> Config {
@@ -119,6 +109,25 @@ async fn wait_applied(proxy: &Pgmemo, direct: &Client, db: &str) {
         },
     )
     .await;
+}
+
+/// For each (rule, cached read, direct write, value after): the read is answered from the
+/// cache, the write is made on PostgreSQL directly, and once the follower applied it the read
+/// gives the new value.
+async fn writes_invalidate(
+    proxy: &Pgmemo,
+    client: &Client,
+    direct: &Client,
+    db: &str,
+    cases: &[(&str, &str, &str, &str)],
+) {
+    for (rule, read, write, after) in cases {
+        let before = cached(proxy, client, rule, read).await;
+        assert_ne!(&before, after, "{read} before {write}");
+        direct.batch_execute(write).await.unwrap();
+        wait_applied(proxy, direct, db).await;
+        assert_eq!(&value(client, read).await, after, "{read} after {write}");
+    }
 }
 
 /// Reads `sql` through pgmemo until it is answered from the cache (its rule's hits grow),
@@ -215,13 +224,7 @@ async fn writes_made_directly_invalidate_cached_reads() {
             "300",
         ),
     ];
-    for (rule, read, write, after) in cases {
-        let before = cached(&proxy, &client, rule, read).await;
-        assert_ne!(&before, after, "{read} before {write}");
-        direct.batch_execute(write).await.unwrap();
-        wait_applied(&proxy, &direct, DB).await;
-        assert_eq!(&value(&client, read).await, after, "{read} after {write}");
-    }
+    writes_invalidate(&proxy, &client, &direct, DB, cases).await;
     let admin = connect(&proxy_url(
         proxy.local_addr(),
         PGMEMO_USER,
@@ -401,13 +404,7 @@ async fn pgoutput_follows_writes_too() {
             "NULL",
         ),
     ];
-    for (rule, read, write, after) in cases {
-        let before = cached(&proxy, &client, rule, read).await;
-        assert_ne!(&before, after, "{read} before {write}");
-        direct.batch_execute(write).await.unwrap();
-        wait_applied(&proxy, &direct, DB).await;
-        assert_eq!(&value(&client, read).await, after, "{read} after {write}");
-    }
+    writes_invalidate(&proxy, &client, &direct, DB, cases).await;
     proxy.shutdown().await;
 }
 

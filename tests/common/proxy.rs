@@ -42,3 +42,19 @@ pub fn proxy_url(addr: SocketAddr, user: &str, password: Option<&str>, db: &str)
         None => format!("postgresql://{user}@{}:{}/{db}", addr.ip(), addr.port()),
     }
 }
+
+/// A `[[cache.rules]]` entry named `name` for queries whose normalized text contains
+/// `contains`, with a TTL far beyond any test.
+pub fn cache_rule(name: &str, contains: &str) -> pgmemo::cache::config::Rule {
+    pgmemo::cache::config::Rule {
+        name: name.into(),
+        database: None,
+        user: None,
+        query: None,
+        query_hash: None,
+        query_contains: Some(contains.into()),
+        ttl: std::time::Duration::from_secs(600),
+        cache_empty: true,
+        max_result_bytes: 1024 * 1024,
+    }
+}
