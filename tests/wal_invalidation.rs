@@ -130,6 +130,21 @@ async fn writes_invalidate(
     }
 }
 
+/// Reads `sql` through `client` (which starts the follower) until the follower's state is a
+/// failure that says `says`.
+async fn follower_fails(proxy: &Pgmemo, client: &Client, sql: &str, says: &str) {
+    wait_until("the follower to fail", Duration::from_secs(30), || async {
+        value(client, sql).await;
+        proxy
+            .app()
+            .wal
+            .followers()
+            .iter()
+            .any(|f| f.status().phase.contains(says))
+    })
+    .await;
+}
+
 /// Reads `sql` through pgmemo until it is answered from the cache (its rule's hits grow),
 /// returning the value.
 async fn cached(proxy: &Pgmemo, client: &Client, rule: &str, sql: &str) -> String {
@@ -327,16 +342,7 @@ async fn a_role_without_replication_serves_uncached() {
     let proxy = start_pgmemo(config).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
     let direct = connect(&direct_url(DB)).await;
-    wait_until("the follower to fail", Duration::from_secs(30), || async {
-        value(&client, "SELECT v FROM n").await;
-        proxy
-            .app()
-            .wal
-            .followers()
-            .iter()
-            .any(|f| f.status().phase.contains("REPLICATION"))
-    })
-    .await;
+    follower_fails(&proxy, &client, "SELECT v FROM n", "REPLICATION").await;
     for i in 2..5 {
         direct
             .batch_execute(&format!("UPDATE n SET v = {i}"))
@@ -819,16 +825,7 @@ async fn no_replication_slots_serves_uncached_and_says_why() {
     .unwrap();
     let proxy = start_pgmemo(private_config(&pg, vec![rule("s", "FROM s")])).await;
     let client = connect(&private_url(proxy.local_addr())).await;
-    wait_until("the follower to fail", Duration::from_secs(30), || async {
-        value(&client, "SELECT v FROM s").await;
-        proxy
-            .app()
-            .wal
-            .followers()
-            .iter()
-            .any(|f| f.status().phase.contains("max_replication_slots"))
-    })
-    .await;
+    follower_fails(&proxy, &client, "SELECT v FROM s", "max_replication_slots").await;
     pg.psql("postgres", "UPDATE s SET v = 2").unwrap();
     assert_eq!(value(&client, "SELECT v FROM s").await, "2");
     assert_eq!(hits(&proxy, "s"), 0);
