@@ -572,14 +572,12 @@ async fn wal_level_replica_serves_uncached_and_says_why() {
     .unwrap();
     let proxy = start_pgmemo(private_config(&pg, vec![rule("w", "FROM w")])).await;
     let client = connect(&private_url(proxy.local_addr())).await;
-    wait_until("the follower to fail", Duration::from_secs(30), || async {
-        value(&client, "SELECT v FROM w").await;
-        proxy.app().wal.followers().iter().any(|f| {
-            f.status()
-                .phase
-                .contains("wal_level is replica: set wal_level = logical")
-        })
-    })
+    follower_fails(
+        &proxy,
+        &client,
+        "SELECT v FROM w",
+        "wal_level is replica: set wal_level = logical",
+    )
     .await;
     pg.psql("postgres", "UPDATE w SET v = 2").unwrap();
     assert_eq!(value(&client, "SELECT v FROM w").await, "2");
