@@ -848,3 +848,57 @@ async fn keys_are_admitted_at_their_second_miss() {
     }
     assert_eq!(bypassed(&proxy, "first miss (admitted on the next)"), 1);
 }
+
+/// Transaction mode, where pgmemo follows every setting a client holds: a SET ROLE or SET
+/// changes the client's key instead of turning its caching off. Each role reads its own
+/// rows (row-level security on current_user), cached apart; a client with another setting has
+/// its own entries; RESET ROLE and RESET of the setting return to the shared ones.
+#[tokio::test]
+async fn transaction_mode_keys_by_the_settings_a_client_holds() {
+    const DB: &str = "cache_keyed_settings";
+    setup(
+        DB,
+        "DROP ROLE IF EXISTS cache_keyed_other; CREATE ROLE cache_keyed_other;
+         CREATE TABLE mine (owner name, v int);
+         INSERT INTO mine VALUES ('pgmemo', 1), ('cache_keyed_other', 2);
+         ALTER TABLE mine ENABLE ROW LEVEL SECURITY; ALTER TABLE mine FORCE ROW LEVEL SECURITY;
+         CREATE POLICY own ON mine USING (owner = current_user);
+         GRANT SELECT ON mine TO cache_keyed_other; GRANT cache_keyed_other TO pgmemo;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        1,
+        vec![rule("mine", "FROM mine")],
+    ))
+    .await;
+    let sql = "SELECT v FROM mine";
+    let mut a = raw_proxy(&proxy, DB).await;
+    let mut b = raw_proxy(&proxy, DB).await;
+    for _ in 0..2 {
+        assert_eq!(first_value(&run(&mut a, sql).await).as_deref(), Some("1"));
+    }
+    assert_eq!(stats(&proxy, "mine").0, 1, "a's second read is a hit");
+    run(&mut b, "SET ROLE cache_keyed_other").await;
+    for _ in 0..2 {
+        assert_eq!(first_value(&run(&mut b, sql).await).as_deref(), Some("2"));
+    }
+    assert_eq!(
+        stats(&proxy, "mine").0,
+        2,
+        "b's second read is a hit, under its role"
+    );
+    assert_eq!(first_value(&run(&mut a, sql).await).as_deref(), Some("1"));
+    run(&mut b, "SET work_mem = '3MB'").await;
+    assert_eq!(first_value(&run(&mut b, sql).await).as_deref(), Some("2"));
+    // (RESET ALL would keep the role, as PostgreSQL does.)
+    run(&mut b, "RESET ROLE; RESET work_mem").await;
+    let hits_before = stats(&proxy, "mine").0;
+    assert_eq!(first_value(&run(&mut b, sql).await).as_deref(), Some("1"));
+    assert_eq!(
+        stats(&proxy, "mine").0,
+        hits_before + 1,
+        "back on a's entry"
+    );
+    assert_eq!(bypassed(&proxy, "role or setting changed"), 0);
+}

@@ -920,6 +920,10 @@ pub struct ClientCache {
     database: Arc<str>,
     /// The client changed its role or a setting outside the key: no caching for it.
     pub off: bool,
+    /// The session records every setting the client holds (transaction mode's session-state
+    /// watch) and keys its results by all of them: a SET or SET ROLE changes the key instead
+    /// of turning caching off.
+    pub keys_all_settings: bool,
     /// What the statements sent since the last settled transaction may change.
     pending: Vec<Arc<Analysis>>,
     /// Since `pending` began: an error or a ROLLBACK was seen / a COMMIT was seen /
@@ -933,9 +937,17 @@ pub struct ClientCache {
 }
 
 impl ClientCache {
+    /// A client's part; `keys_all_settings`: see [`ClientCache::keys_all_settings`].
+    pub fn new(keys_all_settings: bool) -> Box<ClientCache> {
+        Box::new(ClientCache {
+            keys_all_settings,
+            ..Default::default()
+        })
+    }
+
     fn note(&mut self, analysis: &Arc<Analysis>) {
         let e = &analysis.effects;
-        if e.session_state {
+        if e.session_state && !self.keys_all_settings {
             self.off = true;
         }
         if e.changes_data() && !self.pending.iter().any(|p| Arc::ptr_eq(p, analysis)) {

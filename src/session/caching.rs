@@ -39,7 +39,9 @@ impl Session {
         if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() && self.cached_batch().await? {
             return Ok(true);
         }
-        let client = self.cache.get_or_insert_with(Default::default);
+        let client = self
+            .cache
+            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         match tag {
             fe::BIND => {
                 let bind = fe::Bind::parse(&self.client.rbuf[5..len]);
@@ -117,7 +119,9 @@ impl Session {
             .and_then(|s| s.search_path.effective())
             .or_else(|| self.settings.get("search_path"));
         let statement_context = self.stmts.as_ref().map_or(0, |s| s.context);
-        let client = self.cache.get_or_insert_with(Default::default);
+        let client = self
+            .cache
+            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         if client.needs_context(self.params_version, statement_context)
             || !client.has_search_path(search_path)
         {
@@ -134,6 +138,19 @@ impl Session {
                     .map(|n| self.settings.get(n).unwrap_or("")),
             );
             parts.push(search_path.unwrap_or(""));
+            // With the session-state watch every setting the client holds (its role too) is
+            // known after each transaction that could change one: all are in the key.
+            let all_settings;
+            if client.keys_all_settings {
+                let mut pairs: Vec<_> = self.settings.iter().collect();
+                pairs.sort();
+                all_settings = pairs
+                    .iter()
+                    .map(|(n, v)| format!("{n}\u{1}{v}"))
+                    .collect::<Vec<_>>()
+                    .join("\u{2}");
+                parts.push(&all_settings);
+            }
             client.set_context(
                 self.params_version,
                 statement_context,
@@ -180,7 +197,9 @@ impl Session {
                 busy: false,
                 wal_behind,
             };
-            let client = self.cache.get_or_insert_with(Default::default);
+            let client = self
+                .cache
+                .get_or_insert_with(|| ClientCache::new(self.state.enabled));
             let (parsed, len) = (batch.parse.is_some(), batch.len);
             let found = cache.lookup_statement(
                 client,
@@ -238,7 +257,9 @@ impl Session {
                 busy,
                 wal_behind: self.wal_behind(&settings),
             };
-            let client = self.cache.get_or_insert_with(Default::default);
+            let client = self
+                .cache
+                .get_or_insert_with(|| ClientCache::new(self.state.enabled));
             let sql = &self.client.rbuf[5..text_end];
             match cache.lookup(client, &at, sql, shape, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
