@@ -902,3 +902,67 @@ async fn transaction_mode_keys_by_the_settings_a_client_holds() {
     );
     assert_eq!(bypassed(&proxy, "role or setting changed"), 0);
 }
+
+/// A rule with `read_only_transactions` answers hits inside READ ONLY, READ COMMITTED
+/// transaction blocks (byte-identical to PostgreSQL's replies, ReadyForQuery 'T' included,
+/// and a write committed meanwhile by another client is read at once, as READ COMMITTED
+/// does); not in a read-write block, not in REPEATABLE READ, and not for other rules.
+#[tokio::test]
+async fn read_only_transactions_where_a_rule_allows_them() {
+    const DB: &str = "cache_read_only";
+    setup(
+        DB,
+        "CREATE TABLE ro (id int PRIMARY KEY, v int); INSERT INTO ro VALUES (1, 1);
+         CREATE TABLE rw (v int); INSERT INTO rw VALUES (7);",
+    )
+    .await;
+    let mut allowed = rule("ro", "FROM ro");
+    allowed.read_only_transactions = true;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![allowed, rule("rw", "FROM rw")],
+    ))
+    .await;
+    let mut a = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    let mut writer = raw_proxy(&proxy, DB).await;
+    let ro = "SELECT v FROM ro WHERE id = 1";
+    let rw = "SELECT v FROM rw";
+    // Stored outside any transaction.
+    for sql in [ro, ro, rw, rw] {
+        run(&mut a, sql).await;
+    }
+    let hits = |proxy: &Pgmemo| stats(proxy, "ro").0 + stats(proxy, "rw").0;
+    let steps: &[(&str, bool)] = &[
+        ("BEGIN READ ONLY", false),
+        (ro, true),
+        (rw, false),
+        ("COMMIT", false),
+        ("BEGIN", false),
+        (ro, false),
+        ("COMMIT", false),
+        ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", false),
+        (ro, false),
+        ("COMMIT", false),
+        ("START TRANSACTION READ ONLY", false),
+        (ro, true),
+    ];
+    for (sql, hit) in steps {
+        let before = hits(&proxy);
+        let through = run(&mut a, sql).await;
+        assert_eq!(through, run(&mut direct, sql).await, "{sql}");
+        assert_eq!(hits(&proxy) > before, *hit, "{sql}: hit");
+    }
+    // Another client commits a change: the open READ COMMITTED block reads it at once.
+    run(&mut writer, "UPDATE ro SET v = 2 WHERE id = 1").await;
+    let through = run(&mut a, ro).await;
+    assert_eq!(first_value(&through).as_deref(), Some("2"));
+    assert_eq!(through, run(&mut direct, ro).await);
+    assert_eq!(
+        through.last().map(|(t, b)| (*t, b.clone())),
+        Some((b'Z', b"T".to_vec()))
+    );
+    run(&mut a, "COMMIT").await;
+    run(&mut direct, "COMMIT").await;
+}

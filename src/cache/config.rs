@@ -114,6 +114,9 @@ pub struct Rule {
     /// Store results without rows too. Default true.
     pub cache_empty: bool,
     pub max_result_bytes: usize,
+    /// Also answer from the cache inside READ ONLY, READ COMMITTED transaction blocks
+    /// (hits only). Default false: nothing is cached inside transaction blocks.
+    pub read_only_transactions: bool,
 }
 
 impl Rule {
@@ -165,6 +168,7 @@ struct RawRule {
     ttl: Option<RawDuration>,
     cache_empty: Option<bool>,
     max_result_bytes: Option<i64>,
+    read_only_transactions: Option<bool>,
 }
 
 /// A duration as a number of seconds or a string with a unit (`"500ms"`, `"5s"`, `"2m"`).
@@ -272,6 +276,7 @@ impl RawCache {
                     None => default_ttl,
                 },
                 cache_empty: r.cache_empty.unwrap_or(true),
+                read_only_transactions: r.read_only_transactions.unwrap_or(false),
                 max_result_bytes: bytes(
                     &key("max_result_bytes"),
                     r.max_result_bytes,
@@ -383,6 +388,7 @@ mod tests {
             ttl: Duration::from_secs(1),
             cache_empty: true,
             max_result_bytes: 10,
+            read_only_transactions: false,
         };
         assert!(rule.matches("app", "u", "SELECT * FROM accounts WHERE id = $1", 1));
         assert!(!rule.matches("other", "u", "SELECT * FROM accounts WHERE id = $1", 1));

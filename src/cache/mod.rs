@@ -181,10 +181,24 @@ pub struct Where<'a> {
     pub database: &'a str,
     pub user: &'a str,
     /// The search_path the client's queries run with; None: the server's default.
-    /// A transaction block is open or other work is in flight.
-    pub busy: bool,
+    /// Whether a transaction block is open or other work is in flight.
+    pub transaction: Transaction,
     /// WAL invalidation is on and the database's stream is not caught up (see `wal`).
     pub wal_behind: bool,
+}
+
+/// The client's transaction as a lookup sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transaction {
+    /// No transaction block, nothing in flight.
+    Idle,
+    /// In a READ ONLY, READ COMMITTED transaction block with nothing in flight: every
+    /// statement takes a new snapshot and the block writes nothing, so a current cached
+    /// result is what the statement would read. Hits only (a miss is not filled, no catalog
+    /// is read inside the client's transaction), for rules that allow it.
+    ReadOnly,
+    /// Any other transaction block, or work in flight.
+    Busy,
 }
 
 /// What the session does with a query.
@@ -480,6 +494,7 @@ impl ResultCache {
                     ttl: ttl.unwrap_or(cfg.default_ttl),
                     cache_empty: true,
                     max_result_bytes: cfg.max_result_bytes,
+                    read_only_transactions: false,
                 },
                 rules.last().cloned(),
             ),
@@ -495,6 +510,7 @@ impl ResultCache {
                             ttl: r.ttl,
                             cache_empty: r.cache_empty,
                             max_result_bytes: r.max_result_bytes,
+                            read_only_transactions: r.read_only_transactions,
                         },
                         rules.get(i).cloned(),
                     )
@@ -513,9 +529,13 @@ impl ResultCache {
         if client.off {
             return bypass(Bypass::SessionState);
         }
-        if at.busy {
-            return bypass(Bypass::InTransaction);
-        }
+        let hits_only = match at.transaction {
+            Transaction::Idle => false,
+            Transaction::ReadOnly if rule.read_only_transactions => true,
+            Transaction::ReadOnly | Transaction::Busy => {
+                return bypass(Bypass::InTransaction);
+            }
+        };
         if at.wal_behind {
             return bypass(Bypass::WalBehind);
         }
@@ -528,6 +548,9 @@ impl ResultCache {
         let plan = match self.plans.get(&plan_key) {
             Some(plan) if plan.catalog == catalog => plan,
             _ => {
+                if hits_only {
+                    return Lookup::Pass;
+                }
                 let snapshot = self
                     .snapshots
                     .pin()
@@ -556,6 +579,9 @@ impl ResultCache {
             if self.store.remove(&client.key[..]).is_some() {
                 stats.invalidations.fetch_add(1, Relaxed);
             }
+        }
+        if hits_only {
+            return Lookup::Pass;
         }
         let flights = self.flights.pin();
         let key_hash = lexer::hasher().hash_one(&client.key[..]);
@@ -870,6 +896,8 @@ struct Chosen {
     ttl: Duration,
     cache_empty: bool,
     max_result_bytes: usize,
+    /// Hits inside read-only READ COMMITTED transaction blocks (see [`Transaction`]).
+    read_only_transactions: bool,
 }
 
 /// A result being captured for the store.

@@ -4,7 +4,7 @@
 //! queries it wants to keep.
 
 use super::{End, Session};
-use crate::cache::{ClientCache, Lookup, Resolve, Where};
+use crate::cache::{ClientCache, Lookup, Resolve, Transaction, Where};
 use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
 use crate::server::ServerConn;
@@ -96,6 +96,52 @@ impl Session {
             database,
             max_lag,
         )
+    }
+
+    /// Whether the client is in a READ ONLY, READ COMMITTED transaction block with nothing in
+    /// flight (see [`Transaction::ReadOnly`]). Asked of the server once per transaction, and
+    /// only when a rule allows hits there.
+    async fn in_read_only_transaction(&mut self) -> Result<bool, End> {
+        let quiet = self.replies.is_empty()
+            && !self.replies.in_batch()
+            && self.cache.as_ref().is_none_or(|c| c.fill.is_none());
+        let Some(server) = self
+            .server
+            .as_mut()
+            .filter(|s| quiet && s.status == b'T' && s.wbuf.is_empty() && s.rbuf.is_empty())
+        else {
+            return Ok(false);
+        };
+        if let Some(known) = self.read_only_transaction {
+            return Ok(known);
+        }
+        if !self
+            .app
+            .config
+            .load()
+            .cache
+            .rules
+            .iter()
+            .any(|r| r.read_only_transactions)
+        {
+            return Ok(false);
+        }
+        let rows = server
+            .internal_query(
+                "SELECT pg_catalog.current_setting('transaction_read_only'), \
+                 pg_catalog.current_setting('transaction_isolation')",
+            )
+            .await;
+        let known = match rows {
+            Ok(rows) => rows.first().is_some_and(|r| {
+                r.first().and_then(|v| v.as_deref()) == Some("on")
+                    && r.get(1).and_then(|v| v.as_deref()) == Some("read committed")
+            }),
+            Err(_) if server.broken => return Err(End::ServerGone("transaction probe".into())),
+            Err(_) => false,
+        };
+        self.read_only_transaction = Some(known);
+        Ok(known)
     }
 
     /// Something is in flight or a transaction is open: the cache cannot answer.
@@ -194,7 +240,7 @@ impl Session {
             let at = Where {
                 database: &settings.target.dbname,
                 user: &self.info.user,
-                busy: false,
+                transaction: Transaction::Idle,
                 wal_behind,
             };
             let client = self
@@ -223,7 +269,7 @@ impl Session {
                     } else {
                         &[be::BIND_COMPLETE]
                     };
-                    self.answer_hit(len, opened, &entry);
+                    self.answer_hit(len, opened, &entry, b'I');
                     return Ok(true);
                 }
                 step => {
@@ -245,7 +291,13 @@ impl Session {
     ) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
-        let busy = self.cache_busy();
+        let transaction = if !self.cache_busy() {
+            Transaction::Idle
+        } else if self.in_read_only_transaction().await? {
+            Transaction::ReadOnly
+        } else {
+            Transaction::Busy
+        };
         self.cache_context();
         let settings = self.pool.settings();
         let mut may_wait = true;
@@ -254,7 +306,7 @@ impl Session {
             let at = Where {
                 database: &settings.target.dbname,
                 user: &self.info.user,
-                busy,
+                transaction,
                 wal_behind: self.wal_behind(&settings),
             };
             let client = self
@@ -264,7 +316,8 @@ impl Session {
             match cache.lookup(client, &at, sql, shape, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
-                    self.answer_hit(len, &[], &entry);
+                    let status = self.server.as_ref().map_or(b'I', |s| s.status);
+                    self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
                 step => {
@@ -278,7 +331,13 @@ impl Session {
 
     /// Answers the client's `consumed` bytes of input from a cache entry: the empty messages
     /// of `opened` (ParseComplete, BindComplete), the entry's bytes, ReadyForQuery.
-    fn answer_hit(&mut self, consumed: usize, opened: &[u8], entry: &crate::cache::Entry) {
+    fn answer_hit(
+        &mut self,
+        consumed: usize,
+        opened: &[u8],
+        entry: &crate::cache::Entry,
+        status: u8,
+    ) {
         crate::buffers::lend(&mut self.client.wbuf);
         let out = &mut self.client.wbuf;
         let before = out.len();
@@ -286,7 +345,7 @@ impl Session {
             crate::protocol::write_message(out, tag, |_| {});
         }
         out.extend_from_slice(&entry.reply);
-        be::ready_for_query(out, b'I');
+        be::ready_for_query(out, status);
         self.stats.bytes_sent += (out.len() - before) as u64;
         self.client.rbuf.advance(consumed);
         self.stats.query_count += 1;

@@ -238,6 +238,9 @@ struct Session {
     /// from there on its bytes go to the server as they are, which fails the COPY and ends
     /// the connection with PostgreSQL's own messages.
     copy_garbage: bool,
+    /// Whether the client's open transaction block is READ ONLY and READ COMMITTED (the
+    /// result cache may answer inside it), once asked; forgotten when the block ends.
+    read_only_transaction: Option<bool>,
     /// The server sent a FATAL error (relayed): when it then closes, the client has been told
     /// why, as a direct connection would have been, and gets nothing more from pgmemo.
     server_fatal: bool,
@@ -349,6 +352,7 @@ impl Session {
             held_description: false,
             cache: None,
             copy_garbage: false,
+            read_only_transaction: None,
             server_fatal: false,
         }
     }
@@ -978,6 +982,9 @@ impl Session {
             match tag {
                 be::READY_FOR_QUERY => {
                     server.status = body.first().copied().unwrap_or(b'I');
+                    if server.status != b'T' {
+                        self.read_only_transaction = None;
+                    }
                     if route == Route::Forward {
                         self.stats.query_count += 1;
                     }
