@@ -63,12 +63,15 @@ impl<const N: usize> WordSet<N> {
         let mut after = 0; // nothing before the start
         for (at, &c) in text.iter().enumerate() {
             let class = self.class[c as usize];
-            let candidates = class & wanted & !found;
+            let mut candidates = class & wanted & !found;
             if candidates != 0 && after == 0 {
                 let rest = &text[at..];
-                for (i, word) in self.words.iter().enumerate() {
-                    if candidates & (1 << i) != 0
-                        && rest.len() >= word.len()
+                // Only the words that start with this byte.
+                while candidates != 0 {
+                    let i = candidates.trailing_zeros() as usize;
+                    candidates &= candidates - 1;
+                    let word = self.words[i];
+                    if rest.len() >= word.len()
                         && rest[..word.len()].eq_ignore_ascii_case(word)
                         && (self.whole & (1 << i) == 0
                             || rest.get(word.len()).is_none_or(|&next| {
