@@ -966,3 +966,35 @@ async fn read_only_transactions_where_a_rule_allows_them() {
     run(&mut a, "COMMIT").await;
     run(&mut direct, "COMMIT").await;
 }
+
+/// `SELECT ...;` (as pgbench and psql scripts send it) and `SELECT ...` share an entry: their
+/// replies are the same.
+#[tokio::test]
+async fn a_final_semicolon_shares_the_entry() {
+    const DB: &str = "cache_semicolon";
+    setup(
+        DB,
+        "CREATE TABLE semi (v int); INSERT INTO semi VALUES (4);",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        1,
+        vec![rule("semi", "FROM semi")],
+    ))
+    .await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    for sql in [
+        "SELECT v FROM semi;",
+        "SELECT v FROM semi",
+        "SELECT v FROM semi ;  ",
+    ] {
+        assert_eq!(run(&mut c, sql).await, run(&mut direct, sql).await, "{sql}");
+    }
+    assert_eq!(
+        stats(&proxy, "semi").0,
+        2,
+        "two hits on the first one's entry"
+    );
+}

@@ -866,6 +866,16 @@ pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
     })
 }
 
+/// A normalized query text without the `;` that may end it (and the blanks around): `SELECT
+/// 1;` and `SELECT 1` get the same replies, and share an entry (pgbench sends the `;`, most
+/// drivers do not).
+fn statement_text(text: &[u8]) -> &[u8] {
+    let trimmed = text.trim_ascii_end();
+    trimmed
+        .strip_suffix(b";")
+        .map_or(trimmed, |t| t.trim_ascii_end())
+}
+
 /// What CACHE FLUSH removes.
 pub enum FlushTarget<'a> {
     All,
@@ -1025,7 +1035,7 @@ impl ClientCache {
     fn build_key(&mut self) {
         self.key.clear();
         self.key.extend_from_slice(&self.context);
-        self.key.extend_from_slice(&self.lexed.text);
+        self.key.extend_from_slice(statement_text(&self.lexed.text));
         self.key.push(0);
         for literal in self.lexed.parameters() {
             let value = self.lexed.value(literal);
@@ -1134,5 +1144,18 @@ impl ClientCache {
             self.pending.clear();
         }
         self.fill = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statement_text;
+
+    #[test]
+    fn a_final_semicolon_is_not_part_of_the_key() {
+        assert_eq!(statement_text(b"SELECT $1;"), b"SELECT $1");
+        assert_eq!(statement_text(b"SELECT $1 ; \n"), b"SELECT $1");
+        assert_eq!(statement_text(b"SELECT $1"), b"SELECT $1");
+        assert_eq!(statement_text(b"SELECT 1 AS \";\""), b"SELECT 1 AS \";\"");
     }
 }
