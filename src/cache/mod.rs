@@ -160,6 +160,10 @@ pub struct ResultCache {
     enabled: AtomicBool,
     store: Store,
     pub versions: Versions,
+    /// The first tier of simple-query lookups: (client context, the query's text exactly as
+    /// sent) → its stored entry, so that a repeated text is answered without lexing, hint,
+    /// rule and plan work. Weak: the store alone keeps entries (and bounds their memory).
+    raw: quick_cache::sync::Cache<Box<[u8]>, std::sync::Weak<Entry>>,
     flights: Arc<Flights>,
     shapes: quick_cache::sync::Cache<u64, Arc<Shape>>,
     plans: quick_cache::sync::Cache<(u64, u64), Arc<Plan>>,
@@ -244,6 +248,7 @@ impl ResultCache {
                 Evictions,
             ),
             versions: Versions::default(),
+            raw: quick_cache::sync::Cache::new(RAW_ENTRIES),
             flights: Arc::new(papaya::HashMap::new()),
             shapes: quick_cache::sync::Cache::new(10_000),
             plans: quick_cache::sync::Cache::new(10_000),
@@ -261,6 +266,9 @@ impl ResultCache {
 
     /// Applies a reloaded `[cache]`: rules, limits; counters of rules kept by name.
     pub fn reconfigure(&self, config: &CacheConfig) {
+        // A rule kept by name may now match other texts: the first tier decided by the old
+        // rules is forgotten (the store's entries are judged again at their next lookup).
+        self.raw.clear();
         let old = self.rules.load();
         let stats_for = |name: &str| {
             old.iter()
@@ -341,6 +349,7 @@ impl ResultCache {
             FlushTarget::All => {
                 self.invalidate_all();
                 self.store.clear();
+                self.raw.clear();
             }
             FlushTarget::Database(db) => {
                 self.invalidate_database(db);
@@ -378,6 +387,34 @@ impl ResultCache {
         });
         self.shapes.insert(hash, shape.clone());
         Some(shape)
+    }
+
+    /// The first tier: the entry stored for exactly this text in the client's context, if
+    /// it is still valid and its rule (or hints) still chooses it. The caller has checked
+    /// that the client may be answered from the cache now (idle, context current, caching
+    /// not off, the WAL caught up).
+    pub fn raw_hit(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Entry>> {
+        if client.off || client.context_of.is_none() {
+            return None;
+        }
+        let key = raw_key(&client.context, sql);
+        let entry = self.raw.get(&key)?.upgrade()?;
+        if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
+            return None;
+        }
+        let rules = self.rules.load();
+        let chosen = match rules.iter().position(|r| Arc::ptr_eq(r, &entry.rule)) {
+            // The last stats are the hints': only while hints are obeyed.
+            Some(i) if i + 1 == rules.len() => self.config.load().hints,
+            Some(_) => true,
+            None => false,
+        };
+        if !chosen {
+            return None;
+        }
+        entry.hits.fetch_add(1, Relaxed);
+        entry.rule.hits.fetch_add(1, Relaxed);
+        Some(entry)
     }
 
     /// Notes what a Query the client sent may change (see [`ClientCache::settle`]); returns
@@ -594,7 +631,9 @@ impl ResultCache {
         }
         stats.misses.fetch_add(1, Relaxed);
         let admitted = cfg.admit_after <= 1 || self.seen_before(key_hash);
+        let raw_key = (!query.extended).then(|| raw_key(&client.context, query.hint_source));
         client.fill = Some(Fill {
+            raw_key,
             key: client.key[..].into(),
             key_hash,
             admitted,
@@ -717,8 +756,11 @@ impl ResultCache {
                     hits: AtomicU64::new(0),
                 };
                 fill.stats.stores.fetch_add(1, Relaxed);
-                self.store
-                    .insert(std::mem::take(&mut fill.key), Arc::new(entry));
+                let entry = Arc::new(entry);
+                if let Some(raw) = fill.raw_key.take() {
+                    self.raw.insert(raw, Arc::downgrade(&entry));
+                }
+                self.store.insert(std::mem::take(&mut fill.key), entry);
             }
         }
         let mut spare = std::mem::take(&mut fill.reply);
@@ -866,6 +908,15 @@ pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
     })
 }
 
+/// The first tier's key of a simple query's text in a client's context.
+fn raw_key(context: &[u8], sql: &[u8]) -> Box<[u8]> {
+    let mut key = Vec::with_capacity(context.len() + 1 + sql.len());
+    key.extend_from_slice(context);
+    key.push(0xff); // no UTF-8 text holds it: the context's end, unambiguously
+    key.extend_from_slice(sql);
+    key.into()
+}
+
 /// A normalized query text without the `;` that may end it (and the blanks around): `SELECT
 /// 1;` and `SELECT 1` get the same replies, and share an entry (pgbench sends the `;`, most
 /// drivers do not).
@@ -882,6 +933,9 @@ pub enum FlushTarget<'a> {
     Database(&'a str),
     Table(&'a str, &'a str),
 }
+
+/// Texts remembered by the first tier ([`ResultCache::raw`]).
+const RAW_ENTRIES: usize = 65_536;
 
 /// The slot of a database's catalog version (bumped by DDL; plans and snapshots older than it
 /// are read again).
@@ -913,6 +967,8 @@ struct Chosen {
 /// A result being captured for the store.
 pub struct Fill {
     key: Box<[u8]>,
+    /// A simple query's first-tier key (see [`ResultCache::raw`]).
+    raw_key: Option<Box<[u8]>>,
     key_hash: u64,
     /// Stored when it completes (else only if another client waited for it).
     admitted: bool,

@@ -57,6 +57,16 @@ impl Session {
                     return Ok(false);
                 };
                 let text_end = 5 + sql.len();
+                if let Some(entry) = self.raw_hit(len) {
+                    self.answer_hit(len, &[], &entry, b'I');
+                    return Ok(true);
+                }
+                let client = self
+                    .cache
+                    .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+                let Some(sql) = fe::query_text(&self.client.rbuf[5..len]) else {
+                    return Ok(false);
+                };
                 let Some(shape) = cache.note_query(client, sql) else {
                     return Ok(false);
                 };
@@ -142,6 +152,24 @@ impl Session {
         };
         self.read_only_transaction = Some(known);
         Ok(known)
+    }
+
+    /// The Query of `len` bytes at the head of the client's input, answered by the cache's
+    /// first tier (its exact text seen before, see `ResultCache::raw_hit`), when the client
+    /// may be answered from the cache at all now.
+    fn raw_hit(&mut self, len: usize) -> Option<std::sync::Arc<crate::cache::Entry>> {
+        if self.cache_busy() {
+            return None;
+        }
+        self.cache_context();
+        let settings = self.pool.settings();
+        if self.wal_behind(&settings) {
+            return None;
+        }
+        let app = self.app.clone();
+        let sql = fe::query_text(&self.client.rbuf[5..len])?;
+        let client = self.cache.as_deref_mut()?;
+        app.cache.raw_hit(client, sql)
     }
 
     /// Something is in flight or a transaction is open: the cache cannot answer.
