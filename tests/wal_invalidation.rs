@@ -559,10 +559,13 @@ fn private_url(addr: std::net::SocketAddr) -> String {
     )
 }
 
-/// `wal_level = replica`: pgmemo starts, says what to change, and serves uncached.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wal_level_replica_serves_uncached_and_says_why() {
-    let pg = tokio::task::spawn_blocking(|| private_cluster(&[("wal_level", "replica")]))
+/// A private cluster with `settings` that keep the follower from starting: pgmemo says why
+/// (`says`, in SHOW CACHE WAL's state), and serves every read uncached and right.
+async fn serves_uncached_and_says_why(
+    settings: &'static [(&'static str, &'static str)],
+    says: &str,
+) {
+    let pg = tokio::task::spawn_blocking(move || private_cluster(settings))
         .await
         .unwrap();
     pg.psql(
@@ -572,17 +575,21 @@ async fn wal_level_replica_serves_uncached_and_says_why() {
     .unwrap();
     let proxy = start_pgmemo(private_config(&pg, vec![rule("w", "FROM w")])).await;
     let client = connect(&private_url(proxy.local_addr())).await;
-    follower_fails(
-        &proxy,
-        &client,
-        "SELECT v FROM w",
-        "wal_level is replica: set wal_level = logical",
-    )
-    .await;
+    follower_fails(&proxy, &client, "SELECT v FROM w", says).await;
     pg.psql("postgres", "UPDATE w SET v = 2").unwrap();
     assert_eq!(value(&client, "SELECT v FROM w").await, "2");
     assert_eq!(hits(&proxy, "w"), 0);
     proxy.shutdown().await;
+}
+
+/// `wal_level = replica`: pgmemo starts, says what to change, and serves uncached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_level_replica_serves_uncached_and_says_why() {
+    serves_uncached_and_says_why(
+        &[("wal_level", "replica")],
+        "wal_level is replica: set wal_level = logical",
+    )
+    .await;
 }
 
 /// The server restarts (`pg_ctl restart -m fast`) while a writer writes directly and readers
@@ -811,21 +818,9 @@ async fn max_lag_stops_serving_a_silent_stream() {
 /// change, and serves uncached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_replication_slots_serves_uncached_and_says_why() {
-    let pg = tokio::task::spawn_blocking(|| {
-        private_cluster(&[("wal_level", "logical"), ("max_replication_slots", "0")])
-    })
-    .await
-    .unwrap();
-    pg.psql(
-        "postgres",
-        "CREATE TABLE s (v int); INSERT INTO s VALUES (1);",
+    serves_uncached_and_says_why(
+        &[("wal_level", "logical"), ("max_replication_slots", "0")],
+        "max_replication_slots",
     )
-    .unwrap();
-    let proxy = start_pgmemo(private_config(&pg, vec![rule("s", "FROM s")])).await;
-    let client = connect(&private_url(proxy.local_addr())).await;
-    follower_fails(&proxy, &client, "SELECT v FROM s", "max_replication_slots").await;
-    pg.psql("postgres", "UPDATE s SET v = 2").unwrap();
-    assert_eq!(value(&client, "SELECT v FROM s").await, "2");
-    assert_eq!(hits(&proxy, "s"), 0);
-    proxy.shutdown().await;
+    .await;
 }
