@@ -235,6 +235,9 @@ pub struct Use<'a> {
 #[derive(Default)]
 pub struct ClientAutoprepare {
     lexed: Lexed,
+    /// `lexed` already holds the lexer's reading of the next query's text (the result cache
+    /// lexed it first and handed it over): not lexed again.
+    prelexed: bool,
     /// The text of the statement the last query runs as.
     text: Vec<u8>,
     /// Its Parse's parameter types (count, then OIDs).
@@ -285,6 +288,17 @@ struct Anchor {
 const MAX_CLIENT_STATEMENTS: usize = 256;
 
 impl ClientAutoprepare {
+    /// Takes the result cache's reading of the query about to be planned, when it has a
+    /// valid one, instead of lexing the same text again (see `ClientCache::lend_lexed`).
+    pub fn adopt_lexed(&mut self, cache: &mut crate::cache::ClientCache) {
+        self.prelexed = cache.lend_lexed(&mut self.lexed);
+    }
+
+    /// The query planned next is not the one whose reading was adopted.
+    pub fn forget_adopted(&mut self) {
+        self.prelexed = false;
+    }
+
     /// The statement the simple query `sql` runs as, or why it goes to the server as it is.
     /// `context` is the client's registry context (database, role, search_path) and its
     /// database's schema epoch.
@@ -301,7 +315,9 @@ impl ClientAutoprepare {
         if std::mem::take(&mut self.bypass) {
             return Err(Pass::Rerun);
         }
-        lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?;
+        if !std::mem::take(&mut self.prelexed) {
+            lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?;
+        }
         let shape = global.shape(&self.lexed);
         if shape.is_rejected() {
             return Err(Pass::Rejected);

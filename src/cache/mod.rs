@@ -1031,6 +1031,22 @@ pub struct ClientCache {
 }
 
 impl ClientCache {
+    /// Whatever was lexed before is not the reading of the message at hand.
+    pub fn forget_lexed(&mut self) {
+        self.lexed_valid = false;
+    }
+
+    /// Hands the lexer's reading of the last Query looked at (valid only for that text) to
+    /// autoprepare, which would lex the same text again: swapped with `into`, so both keep
+    /// their buffers. Whether there was a valid reading.
+    pub fn lend_lexed(&mut self, into: &mut crate::autoprepare::lexer::Lexed) -> bool {
+        if !std::mem::take(&mut self.lexed_valid) {
+            return false;
+        }
+        std::mem::swap(&mut self.lexed, into);
+        true
+    }
+
     /// A client's part; `keys_all_settings`: see [`ClientCache::keys_all_settings`].
     pub fn new(keys_all_settings: bool) -> Box<ClientCache> {
         Box::new(ClientCache {

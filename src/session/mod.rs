@@ -679,11 +679,16 @@ impl Session {
                 Ok(None) => return Ok(()),
                 Err(e) => return self.violated(e.to_string()).await,
             };
-            if matches!(tag, fe::QUERY | fe::PARSE | fe::BIND)
-                && self.caching()
-                && self.cache_client_message(tag, len).await?
-            {
-                continue; // answered from the result cache
+            // Whether the cache lexed this Query (its reading then serves autoprepare too).
+            let mut cache_lexed = false;
+            if matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) && self.caching() {
+                if let Some(c) = self.cache.as_deref_mut() {
+                    c.forget_lexed();
+                }
+                if self.cache_client_message(tag, len).await? {
+                    continue; // answered from the result cache
+                }
+                cache_lexed = tag == fe::QUERY;
             }
             if self.server.is_none() {
                 match tag {
@@ -738,6 +743,11 @@ impl Session {
             } else {
                 None
             };
+            if let (Some(_), true, Some(c)) = (autoprepare, cache_lexed, self.cache.as_deref_mut()) {
+                self.autoprepare
+                    .get_or_insert_with(Default::default)
+                    .adopt_lexed(c);
+            }
             let server = self.server.as_mut().expect("server acquired above");
             self.stats.bytes_received += len as u64;
             // Statement messages are planned (renamed, injected, answered locally), unless
@@ -764,6 +774,9 @@ impl Session {
                     }),
                 }
                 .plan(tag);
+                if let Some(ap) = self.autoprepare.as_deref_mut() {
+                    ap.forget_adopted();
+                }
                 if planned != planner::Plan::Wait {
                     self.wait_flushed = false;
                     self.replanned |= std::mem::take(&mut self.replan);
