@@ -743,7 +743,8 @@ impl Session {
             } else {
                 None
             };
-            if let (Some(_), true, Some(c)) = (autoprepare, cache_lexed, self.cache.as_deref_mut()) {
+            if let (Some(_), true, Some(c)) = (autoprepare, cache_lexed, self.cache.as_deref_mut())
+            {
                 self.autoprepare
                     .get_or_insert_with(Default::default)
                     .adopt_lexed(c);
