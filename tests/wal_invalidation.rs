@@ -70,19 +70,22 @@ fn hits(proxy: &Pgmemo, rule: &str) -> u64 {
         .expect("rule stats")
 }
 
+/// pgmemo's follower of the server database `db`, once started.
+fn follower(proxy: &Pgmemo, db: &str) -> Option<std::sync::Arc<pgmemo::wal::Follower>> {
+    proxy
+        .app()
+        .wal
+        .followers()
+        .into_iter()
+        .find(|f| &*f.database == db)
+}
+
 /// Waits until the follower of `db` serves cached results.
 async fn wait_ready(proxy: &Pgmemo, db: &str) {
     wait_until(
         "the WAL follower to catch up",
         Duration::from_secs(30),
-        || async {
-            proxy
-                .app()
-                .wal
-                .followers()
-                .iter()
-                .any(|f| &*f.database == db && f.is_ready())
-        },
+        || async { follower(proxy, db).is_some_and(|f| f.is_ready()) },
     )
     .await;
 }
@@ -99,14 +102,7 @@ async fn wait_applied(proxy: &Pgmemo, direct: &Client, db: &str) {
     wait_until(
         "the WAL follower to apply the write",
         Duration::from_secs(30),
-        || async {
-            proxy
-                .app()
-                .wal
-                .followers()
-                .iter()
-                .any(|f| &*f.database == db && f.is_ready() && f.applied() >= lsn)
-        },
+        || async { follower(proxy, db).is_some_and(|f| f.is_ready() && f.applied() >= lsn) },
     )
     .await;
 }
@@ -313,12 +309,7 @@ async fn a_dropped_stream_flushes_and_comes_back() {
         "the follower to reconnect",
         Duration::from_secs(30),
         || async {
-            proxy
-                .app()
-                .wal
-                .followers()
-                .iter()
-                .any(|f| &*f.database == DB && f.connects.load(Relaxed) >= 2 && f.is_ready())
+            follower(&proxy, DB).is_some_and(|f| f.connects.load(Relaxed) >= 2 && f.is_ready())
         },
     )
     .await;
@@ -616,15 +607,7 @@ async fn a_server_restart_under_load() {
     let pg = Arc::new(Mutex::new(pg));
     let written: Arc<Mutex<Writes>> = Arc::new(Mutex::new(vec![]));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let follower = || {
-        proxy
-            .app()
-            .wal
-            .followers()
-            .into_iter()
-            .find(|f| &*f.database == "postgres")
-            .expect("the follower")
-    };
+    let follower = || follower(&proxy, "postgres").expect("the follower");
     let applied_of = follower();
     let mut readers = Vec::new();
     for _ in 0..4 {
