@@ -57,16 +57,14 @@ impl Session {
                     return Ok(false);
                 };
                 let text_end = 5 + sql.len();
-                if let Some(entry) = self.raw_hit(len) {
+                if let Some(entry) = self.raw_hit(text_end) {
                     self.answer_hit(len, &[], &entry, b'I');
                     return Ok(true);
                 }
                 let client = self
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-                let Some(sql) = fe::query_text(&self.client.rbuf[5..len]) else {
-                    return Ok(false);
-                };
+                let sql = &self.client.rbuf[5..text_end];
                 let Some(shape) = cache.note_query(client, sql) else {
                     return Ok(false);
                 };
@@ -154,10 +152,10 @@ impl Session {
         Ok(known)
     }
 
-    /// The Query of `len` bytes at the head of the client's input, answered by the cache's
-    /// first tier (its exact text seen before, see `ResultCache::raw_hit`), when the client
-    /// may be answered from the cache at all now.
-    fn raw_hit(&mut self, len: usize) -> Option<std::sync::Arc<crate::cache::Entry>> {
+    /// The Query at the head of the client's input (its text ends at `text_end`), answered by
+    /// the cache's first tier (its exact text seen before, see `ResultCache::raw_hit`), when
+    /// the client may be answered from the cache at all now.
+    fn raw_hit(&mut self, text_end: usize) -> Option<std::sync::Arc<crate::cache::Entry>> {
         if self.cache_busy() {
             return None;
         }
@@ -167,9 +165,8 @@ impl Session {
             return None;
         }
         let app = self.app.clone();
-        let sql = fe::query_text(&self.client.rbuf[5..len])?;
         let client = self.cache.as_deref_mut()?;
-        app.cache.raw_hit(client, sql)
+        app.cache.raw_hit(client, &self.client.rbuf[5..text_end])
     }
 
     /// Something is in flight or a transaction is open: the cache cannot answer.
@@ -328,6 +325,7 @@ impl Session {
         };
         self.cache_context();
         let settings = self.pool.settings();
+        let wal_behind = self.wal_behind(&settings);
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
@@ -335,7 +333,7 @@ impl Session {
                 database: &settings.target.dbname,
                 user: &self.info.user,
                 transaction,
-                wal_behind: self.wal_behind(&settings),
+                wal_behind,
             };
             let client = self
                 .cache

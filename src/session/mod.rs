@@ -570,13 +570,11 @@ impl Session {
                     }
                     // A server waiting for COPY data reads the bad message itself (see
                     // `copy_garbage`): PostgreSQL's own answer.
-                    if self.violation.is_some() && self.replies.in_copy_in() {
-                        if let Some(server) = self.server.as_mut() {
-                            self.violation = None;
-                            self.copy_garbage = true;
-                            server.wbuf.extend_from_slice(&self.client.rbuf);
-                            self.client.rbuf.clear();
-                        }
+                    if self.violation.is_some()
+                        && self.replies.in_copy_in()
+                        && self.hand_copy_garbage_over()
+                    {
+                        self.violation = None;
                     }
                     if self.violation.is_some()
                         && (self.replies.is_empty() || self.replies.in_copy_in())
@@ -657,16 +655,10 @@ impl Session {
             let Some(&tag) = self.client.rbuf.first() else {
                 return Ok(());
             };
-            if self.copy_garbage || (!fe::is_known(tag) && self.replies.in_copy_in()) {
-                // PostgreSQL reads it itself: it fails the COPY ("unexpected message type
-                // during COPY from stdin"), then, out of step with the client, ends the
-                // connection (FATAL 08P01). Its replies reach the client as they are.
-                if let Some(server) = self.server.as_mut() {
-                    self.copy_garbage = true;
-                    server.wbuf.extend_from_slice(&self.client.rbuf);
-                    self.client.rbuf.clear();
-                    return Ok(());
-                }
+            if (self.copy_garbage || (!fe::is_known(tag) && self.replies.in_copy_in()))
+                && self.hand_copy_garbage_over()
+            {
+                return Ok(());
             }
             if !fe::is_known(tag) {
                 return self
@@ -815,6 +807,21 @@ impl Session {
             self.retry.consumed(&self.client.rbuf[..len]);
             self.client.rbuf.advance(len);
         }
+    }
+
+    /// A message of an unknown type while the server waits for COPY data: PostgreSQL reads
+    /// it itself, fails the COPY ("unexpected message type during COPY from stdin") and then,
+    /// out of step with the client, ends the connection (FATAL 08P01); its replies reach the
+    /// client as they are. Everything the client sent from there on goes to the server as it
+    /// is. False when no server is held.
+    fn hand_copy_garbage_over(&mut self) -> bool {
+        let Some(server) = self.server.as_mut() else {
+            return false;
+        };
+        self.copy_garbage = true;
+        server.wbuf.extend_from_slice(&self.client.rbuf);
+        self.client.rbuf.clear();
+        true
     }
 
     /// The client broke the protocol: it is told so and disconnected at once, or, when

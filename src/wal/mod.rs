@@ -621,8 +621,8 @@ impl Decoder {
 }
 
 /// The names whose cached reads a write to `relation` (SQL for its OID, named `name`)
-/// invalidates: its own
-/// and, for a partition, its ancestors' (a query reads the partitioned table by its name).
+/// invalidates: its own and, for a partition, its ancestors' (a query reads the partitioned
+/// table by its name).
 /// Asked on a second, ordinary connection; without it, only the relation's own name.
 async fn ancestors(
     catalog: &mut Option<ServerConn>,
