@@ -493,12 +493,16 @@ async fn set_role_turns_caching_off_for_that_client() {
 async fn concurrent_misses_run_one_query() {
     const DB: &str = "cache_flight";
     setup(DB, "CREATE TABLE one (v int); INSERT INTO one VALUES (1);").await;
-    let proxy = start_pgmemo(cache_config(
+    let mut config = cache_config(
         PoolMode::Transaction,
         10,
         vec![rule("slow", "generate_series")],
-    ))
-    .await;
+    );
+    // The waiters must outwait the one query however loaded the machine is (other tests of
+    // this binary run at once): past flight_wait each would run its own, 49 long queries on
+    // 10 servers, beyond the client's receive timeout.
+    config.cache.flight_wait = std::time::Duration::from_secs(60);
+    let proxy = start_pgmemo(config).await;
     let addr = proxy.local_addr();
     // A query that takes a while (an immutable count over a long series).
     let sql = "SELECT count(*) FROM generate_series(1, 3000000) JOIN one ON true";
