@@ -142,29 +142,6 @@ async fn run(clients: &[Client], steps: &[(usize, &str)]) -> Vec<Vec<String>> {
     transcripts
 }
 
-/// The rows of an admin console command, column name → value.
-async fn admin_rows(
-    admin: &Client,
-    command: &str,
-) -> Vec<std::collections::HashMap<String, String>> {
-    admin
-        .simple_query(command)
-        .await
-        .unwrap()
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
-}
-
 async fn clients(url: &str, n: usize) -> Vec<Client> {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -481,7 +458,7 @@ async fn listen_notify_in_transaction_mode() {
     let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
     // The admin console shows the pin and counts it. (The client has its ReadyForQuery
     // before pgmemo's own check of the session, which records the pin: wait for that.)
-    let admin = connect(&proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), "pgmemo")).await;
+    let admin = admin_console(addr).await;
     wait_until(
         "the LISTEN pin in SHOW CLIENTS",
         Duration::from_secs(10),

@@ -46,21 +46,13 @@ async fn directly_and_through_pgmemo(what: &str, cmd: impl Fn(&str) -> Command) 
     let proxy = pgmemo(PoolMode::Transaction, 2).await;
     let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
     let ok = run_program(cmd(&url), &format!("{what} through pgmemo")).await;
-    let admin = connect(&proxy_url(
-        proxy.local_addr(),
-        PGMEMO_USER,
-        Some(PGMEMO_PASS),
-        "pgmemo",
-    ))
-    .await;
-    let mut pins = 0;
-    for message in admin.simple_query("SHOW STATS").await.unwrap() {
-        if let tokio_postgres::SimpleQueryMessage::Row(row) = message {
-            if row.get("database") == Some(TEST_DB) {
-                pins += row.get("pins").unwrap_or("0").parse::<u64>().unwrap();
-            }
-        }
-    }
+    let admin = admin_console(proxy.local_addr()).await;
+    let pins: u64 = admin_rows(&admin, "SHOW STATS")
+        .await
+        .iter()
+        .filter(|r| r["database"] == TEST_DB)
+        .map(|r| r["pins"].parse::<u64>().unwrap())
+        .sum();
     eprintln!("{what}: {ok}; pins counted by pgmemo: {pins}");
     proxy.shutdown().await;
     pins

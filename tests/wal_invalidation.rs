@@ -236,23 +236,12 @@ async fn writes_made_directly_invalidate_cached_reads() {
         ),
     ];
     writes_invalidate(&proxy, &client, &direct, DB, cases).await;
-    let admin = connect(&proxy_url(
-        proxy.local_addr(),
-        PGMEMO_USER,
-        Some(PGMEMO_PASS),
-        "pgmemo",
-    ))
-    .await;
-    let rows = admin.simple_query("SHOW CACHE WAL").await.unwrap();
+    let admin = admin_console(proxy.local_addr()).await;
+    let rows = admin_rows(&admin, "SHOW CACHE WAL").await;
     let row = rows
         .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some(DB) => Some((
-                r.get("state").unwrap().to_owned(),
-                r.get("commits").unwrap().to_owned(),
-            )),
-            _ => None,
-        })
+        .find(|r| r["database"] == DB)
+        .map(|r| (r["state"].clone(), r["commits"].clone()))
         .expect("a SHOW CACHE WAL row");
     assert_eq!(row.0, "streaming");
     assert!(

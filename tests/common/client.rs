@@ -82,3 +82,37 @@ pub async fn pgbench_database(name: &'static str) {
         String::from_utf8_lossy(&init.stderr)
     );
 }
+
+/// A client of pgmemo's admin console at `addr`, as the `pgmemo` role.
+pub async fn admin_console(addr: std::net::SocketAddr) -> Client {
+    connect(&super::proxy_url(
+        addr,
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        "pgmemo",
+    ))
+    .await
+}
+
+/// The rows of an admin console command, column name → value.
+pub async fn admin_rows(
+    admin: &Client,
+    command: &str,
+) -> Vec<std::collections::HashMap<String, String>> {
+    admin
+        .simple_query(command)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
