@@ -241,10 +241,11 @@ impl Session {
         let cache = &app.cache;
         self.cache_context();
         let settings = self.pool.settings();
-        let wal_behind = self.wal_behind(&settings);
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
+            // Asked again each round: a wait or a catalog read may outlast the stream.
+            let wal_behind = self.wal_behind(&settings);
             let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
                 return Ok(false);
             };
@@ -325,7 +326,6 @@ impl Session {
         };
         self.cache_context();
         let settings = self.pool.settings();
-        let wal_behind = self.wal_behind(&settings);
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
@@ -333,7 +333,8 @@ impl Session {
                 database: &settings.target.dbname,
                 user: &self.info.user,
                 transaction,
-                wal_behind,
+                // Asked again each round: a wait or a catalog read may outlast the stream.
+                wal_behind: self.wal_behind(&settings),
             };
             let client = self
                 .cache
