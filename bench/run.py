@@ -1314,6 +1314,9 @@ def build_args(argv=None):
                    help="extra argument for pgmemo (repeatable; use --pgmemo-arg=--flag for dashes)")
     p.add_argument("--idle-clients", type=lambda s: csv_list(s, int), default=None,
                    help="idle-client counts for the memory test, comma list; 0 or empty to skip [1000,5000; quick: 1000]")
+    p.add_argument("--max-idle-kib", type=float, default=None, metavar="KIB",
+                   help="fail (exit 1) when pgmemo's memory per idle client exceeds KIB at any "
+                        "--idle-clients count, or could not be measured (the test suite's memory check)")
     p.add_argument("--out", default=None, help="results directory [bench/results/<timestamp>]")
     p.add_argument("--warmup", type=int, default=None, help="seconds of warm-up per target before the runs [2; quick: 1]")
     args = p.parse_args(argv)
@@ -2099,6 +2102,18 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             pass
     sys.stdout.write(report)
     sys.stdout.flush()
+    if args.max_idle_kib is not None:
+        ours = [r for r in mem_rows if r["target"] == "pgmemo"]
+        over = [r for r in ours if r["kib_per_client"] is None or r["kib_per_client"] > args.max_idle_kib
+                or r["failed"]]
+        if not ours or over:
+            for r in over or [{"idle_clients": n, "kib_per_client": None, "error": "not measured"}
+                              for n in args.idle_clients]:
+                warn(f"memory per idle client over --max-idle-kib {args.max_idle_kib}: "
+                     f"{r['idle_clients']} clients, {r['kib_per_client']} KiB/client {r.get('error', '')}")
+            return 1
+        log(f"memory per idle client within {args.max_idle_kib} KiB: "
+            + ", ".join(f"{r['idle_clients']} clients {r['kib_per_client']} KiB" for r in ours))
     return 0
 
 

@@ -292,7 +292,7 @@ pub fn show_pools(app: &App) -> Table {
         .map(|pool| {
             let mine = clients
                 .iter()
-                .filter(|c| c.database == pool.key.database && c.user == pool.key.user);
+                .filter(|c| *c.database == *pool.key.database && *c.user == *pool.key.user);
             let (mut active, mut waiting, mut pinned) = (0, 0, 0);
             for c in mine {
                 if c.pins.load(Relaxed) != 0 {
@@ -406,7 +406,7 @@ pub fn show_clients(app: &App) -> Table {
                 (server != 0).then(|| server.to_string()),
                 text(c.pid()),
                 text(if c.tls { "TLS" } else { "" }),
-                text(c.application_name.lock().clone()),
+                text(c.application_name.lock().to_string()),
                 text(crate::session::state::Pins::describe(c.pins.load(Relaxed))),
             ]
         })
@@ -526,6 +526,7 @@ pub fn show_stats(app: &App) -> Table {
         e.autoprepared += s.autoprepared;
         e.autoprepare_passed += s.autoprepare_passed;
         e.state_probes += s.state_probes;
+        e.idle_batches += s.idle_batches;
         for (total, n) in e.pins.iter_mut().zip(s.pins) {
             *total += n;
         }
@@ -558,6 +559,7 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.autoprepare_passed),
                 text(s.state_probes),
                 text(s.pins.iter().sum::<u64>()),
+                text(s.idle_batches),
             ]
         })
         .collect();
@@ -585,6 +587,7 @@ pub fn show_stats(app: &App) -> Table {
             "autoprepare_passed",
             "state_probes",
             "pins",
+            "serverless_batches",
         ],
         rows,
     }

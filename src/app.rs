@@ -53,8 +53,9 @@ pub struct ClientInfo {
     pub local_addr: SocketAddr,
     pub connect_time: SystemTime,
     pub tls: bool,
-    pub user: String,
-    pub database: String,
+    /// Shared with the other clients of the same name (see [`App::intern`]).
+    pub user: Arc<str>,
+    pub database: Arc<str>,
     /// The secret key of the BackendKeyData pgmemo gave this client (pgmemo's own, never a
     /// server's).
     pub secret: i32,
@@ -62,13 +63,21 @@ pub struct ClientInfo {
     /// in session mode (set once, at login: see [`App::show_pid`]).
     pid: std::sync::atomic::AtomicI32,
     state: AtomicU8,
-    pub application_name: Mutex<String>,
+    pub application_name: Mutex<Arc<str>>,
     /// The server running this client's work right now, if any.
     pub server: Mutex<Option<ServerCancel>>,
     pub server_id: AtomicU64,
     /// Why the client keeps its server (`session::state::Pins`), 0 when it does not.
     pub pins: AtomicU8,
+    /// Its session's task, woken when a shutdown begins or reaches its cutoff: the session
+    /// reads the flags whenever it is polled. One waker set once per session costs less memory
+    /// than a future waiting on a shared signal in every session's task. Cleared when the
+    /// client is unregistered (the waker holds the task).
+    pub stop_waker: Mutex<Option<std::task::Waker>>,
 }
+
+/// At most this many distinct client user and database names are shared.
+const MAX_INTERNED_NAMES: usize = 1024;
 
 impl ClientInfo {
     /// The process ID the client was given in BackendKeyData.
@@ -99,10 +108,14 @@ pub struct App {
     /// Secret key → client: a CancelRequest must also carry the client's process ID.
     cancel_keys: Mutex<HashMap<i32, Arc<ClientInfo>>>,
     next_client_id: AtomicU64,
+    /// User and database names of clients, shared (see [`App::intern`]).
+    names: Mutex<std::collections::HashSet<Arc<str>>>,
     pub shutdown_tx: watch::Sender<bool>,
     /// Set when shutdown_timeout has passed: sessions still in a transaction are closed too.
     cutoff_tx: watch::Sender<bool>,
     pub shutting_down: AtomicBool,
+    /// Set with `cutoff_tx`.
+    cut_off: AtomicBool,
     pub started: Instant,
     pub listen_addr: Mutex<Option<SocketAddr>>,
     /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
@@ -131,9 +144,11 @@ impl App {
             clients: Mutex::new(HashMap::new()),
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
+            names: Mutex::new(std::collections::HashSet::new()),
             shutdown_tx,
             cutoff_tx,
             shutting_down: AtomicBool::new(false),
+            cut_off: AtomicBool::new(false),
             started: Instant::now(),
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
@@ -279,15 +294,16 @@ impl App {
             local_addr,
             connect_time: SystemTime::now(),
             tls,
-            user: user.to_owned(),
-            database: database.to_owned(),
+            user: self.intern(user),
+            database: self.intern(database),
             secret,
             pid: std::sync::atomic::AtomicI32::new(pid),
             state: AtomicU8::new(ClientState::Login as u8),
-            application_name: Mutex::new(String::new()),
+            application_name: Mutex::new(self.intern("")),
             server: Mutex::new(None),
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
+            stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());
         drop(keys);
@@ -295,7 +311,22 @@ impl App {
         info
     }
 
+    /// One shared copy of a user, database or application name for every client that uses it
+    /// (memory per idle client). Bounded: a client can name databases that do not exist.
+    pub fn intern(&self, name: &str) -> Arc<str> {
+        let mut names = self.names.lock();
+        if let Some(known) = names.get(name) {
+            return known.clone();
+        }
+        let name: Arc<str> = Arc::from(name);
+        if names.len() < MAX_INTERNED_NAMES {
+            names.insert(name.clone());
+        }
+        name
+    }
+
     pub fn unregister_client(&self, info: &ClientInfo) {
+        info.stop_waker.lock().take();
         self.cancel_keys.lock().remove(&info.secret);
         self.clients.lock().remove(&info.id);
     }
@@ -355,6 +386,7 @@ impl App {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.shutdown_tx.send_replace(true);
+        self.wake_sessions();
     }
 
     /// Fires when a shutdown stops waiting for transactions to finish (shutdown_timeout):
@@ -364,7 +396,22 @@ impl App {
     }
 
     pub fn cut_off(&self) {
+        self.cut_off.store(true, Ordering::SeqCst);
         self.cutoff_tx.send_replace(true);
+        self.wake_sessions();
+    }
+
+    /// Wakes every session, to read the shutdown flags (see [`ClientInfo::stop_waker`]).
+    fn wake_sessions(&self) {
+        for client in self.clients.lock().values() {
+            if let Some(waker) = client.stop_waker.lock().as_ref() {
+                waker.wake_by_ref();
+            }
+        }
+    }
+
+    pub fn is_cut_off(&self) -> bool {
+        self.cut_off.load(Ordering::Relaxed)
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -157,7 +157,9 @@ async fn accept_loop(app: Arc<App>, listener: TcpListener) {
         };
         match accepted {
             Ok((tcp, _)) => {
-                tokio::spawn(session::serve_client(app.clone(), tcp));
+                // Boxed: tokio aligns a task to 128 bytes, rounding a future of a few hundred
+                // bytes up by as much again; in a box it is allocated at its own size.
+                tokio::spawn(Box::pin(session::serve_client(app.clone(), tcp)));
             }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.

@@ -89,7 +89,9 @@ pub fn render(app: &App) -> String {
             let n = clients
                 .iter()
                 .filter(|c| {
-                    c.database == pool.key.database && c.user == pool.key.user && c.state() == state
+                    *c.database == *pool.key.database
+                        && *c.user == *pool.key.user
+                        && c.state() == state
                 })
                 .count();
             let _ = writeln!(
@@ -128,7 +130,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [Counter; 14] = [
+    let counters: [Counter; 15] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -194,6 +196,11 @@ pub fn render(app: &App) -> String {
             "pgmemo_state_probes_total",
             "Servers asked what a client's transaction left in its session.",
             |s| s.state_probes as f64,
+        ),
+        (
+            "pgmemo_serverless_batches_total",
+            "Batches of Parse, Close and Sync answered without taking a server.",
+            |s| s.idle_batches as f64,
         ),
     ];
     for (name, help, get) in counters {

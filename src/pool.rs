@@ -115,7 +115,13 @@ pub struct Pool {
     /// Startup parameter values already checked on a server: (name, raw value) → the value as
     /// the server reports it. Saves a round trip for every client login after the first.
     normalized: Mutex<HashMap<(String, String), String>>,
+    /// Clients' reported parameter sets, shared: clients of one application log in with the
+    /// same values, and each would otherwise hold its own copy (memory per idle client).
+    reported_sets: Mutex<Vec<Arc<Vars>>>,
 }
+
+/// At most this many distinct reported sets are kept for sharing; more are not shared.
+const MAX_SHARED_REPORTED_SETS: usize = 64;
 
 impl Pool {
     pub fn new(key: PoolKey, settings: PoolSettings) -> Arc<Pool> {
@@ -128,6 +134,7 @@ impl Pool {
             stats: PoolStats::default(),
             defaults: Mutex::new(None),
             normalized: Mutex::new(HashMap::new()),
+            reported_sets: Mutex::new(Vec::new()),
         })
     }
 
@@ -578,6 +585,19 @@ impl Pool {
 
     pub fn defaults(&self) -> Option<Vars> {
         self.defaults.lock().clone()
+    }
+
+    /// The shared copy of `vars` when another client has the same reported parameters (a
+    /// client that later changes one gets its own copy: `Arc::make_mut`).
+    pub fn share_reported(&self, vars: Arc<Vars>) -> Arc<Vars> {
+        let mut sets = self.reported_sets.lock();
+        if let Some(shared) = sets.iter().find(|s| **s == vars) {
+            return shared.clone();
+        }
+        if sets.len() < MAX_SHARED_REPORTED_SETS {
+            sets.push(vars.clone());
+        }
+        vars
     }
 
     pub fn normalized(&self, name: &str, raw: &str) -> Option<String> {

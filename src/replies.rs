@@ -209,7 +209,7 @@ pub struct ReplyQueue {
     /// may still be undone because a message may fail or be discarded. While there are any,
     /// what the client's statements are depends on replies not yet in: see
     /// [`ReplyQueue::is_uncertain`].
-    uncertain_units: usize,
+    uncertain_units: u32,
     /// The open batch has a message the server answers (which may fail, making PostgreSQL
     /// discard the rest of the batch).
     open_fallible: bool,
@@ -218,14 +218,15 @@ pub struct ReplyQueue {
     /// Queued entries of the kinds that may change the transaction state, counted so that
     /// the planner's questions about them cost O(1): simple queries, Executes, Syncs, and
     /// pgmemo's own queries.
-    queued_queries: usize,
-    queued_executes: usize,
-    queued_syncs: usize,
-    queued_internal: usize,
+    queued_queries: u32,
+    queued_executes: u32,
+    queued_syncs: u32,
+    queued_internal: u32,
     /// Effects whose entries have ended, in the order they must be applied (undos of one
     /// error newest first). The session drains it after every message.
     outcomes: Vec<(Effect, Outcome)>,
-    replacement: Option<ErrorRewrite>,
+    /// Boxed: rare, and every client holds a queue.
+    replacement: Option<Box<ErrorRewrite>>,
     /// The client sent extended-protocol messages (Parse, Bind, Describe, Execute, Close) and
     /// no Sync since. PostgreSQL keeps the batch's implicit transaction open until that Sync
     /// (and, after an error, discards everything up to it), so the server is not free even
@@ -241,10 +242,9 @@ pub struct ReplyQueue {
 
 impl ReplyQueue {
     pub fn new() -> Self {
-        ReplyQueue {
-            entries: VecDeque::with_capacity(16),
-            ..Default::default()
-        }
+        // Empty until the first query: an entry is over a hundred bytes, and an idle client
+        // should cost as little as possible (the queue grows to the depth the client uses).
+        ReplyQueue::default()
     }
 
     /// Queues a plain entry: replies forwarded, no bookkeeping.
@@ -309,7 +309,7 @@ impl ReplyQueue {
                 }
             }
         }
-        self.uncertain_units += usize::from(closes_uncertain);
+        self.uncertain_units += u32::from(closes_uncertain);
         self.count(e, 1);
         self.entries.push_back(Queued {
             entry,
@@ -327,12 +327,12 @@ impl ReplyQueue {
     /// Takes the head entry off the queue.
     fn take_front(&mut self) -> Option<Entry> {
         let queued = self.entries.pop_front()?;
-        self.uncertain_units -= usize::from(queued.closes_uncertain);
+        self.uncertain_units -= u32::from(queued.closes_uncertain);
         self.count(queued.expected, -1);
         Some(queued.entry)
     }
 
-    fn count(&mut self, e: Expected, by: isize) {
+    fn count(&mut self, e: Expected, by: i32) {
         let counter = match e {
             Expected::Query => &mut self.queued_queries,
             Expected::Execute => &mut self.queued_executes,
@@ -440,7 +440,7 @@ impl ReplyQueue {
 
     /// The error to show instead of the one just routed as [`Route::Replace`].
     pub fn take_replacement(&mut self) -> Option<ErrorRewrite> {
-        self.replacement.take()
+        self.replacement.take().map(|r| *r)
     }
 
     /// If the head is a reply pgmemo answers itself, takes it.
@@ -509,8 +509,12 @@ impl ReplyQueue {
                 // An error ends a COPY IN on the server's side; later Syncs count again.
                 self.copy_in = false;
                 match &head.action {
-                    Action::ReplaceError(rewrite) => self.replacement = Some(rewrite.clone()),
-                    Action::AsSimpleQuery => self.replacement = Some(ErrorRewrite::AsSimpleQuery),
+                    Action::ReplaceError(rewrite) => {
+                        self.replacement = Some(Box::new(rewrite.clone()))
+                    }
+                    Action::AsSimpleQuery => {
+                        self.replacement = Some(Box::new(ErrorRewrite::AsSimpleQuery))
+                    }
                     _ => {}
                 }
                 if kind.skipped_after_error() {
@@ -578,7 +582,7 @@ impl ReplyQueue {
                 while i < end {
                     if self.entries[i].expected == Expected::Sync {
                         if let Some(sync) = self.entries.remove(i) {
-                            self.uncertain_units -= usize::from(sync.closes_uncertain);
+                            self.uncertain_units -= u32::from(sync.closes_uncertain);
                             self.count(Expected::Sync, -1);
                         }
                         end -= 1;

@@ -2497,3 +2497,94 @@ async fn prepare_of_a_reserved_name_is_refused() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Batches answered without a server
+// ---------------------------------------------------------------------------------------------
+
+/// What a client reads back, message by message: the type, and for ReadyForQuery its status.
+fn shape(replies: &[Backend]) -> Vec<String> {
+    replies
+        .iter()
+        .map(|m| match m.ready_status() {
+            Some(status) => format!("{} {}", m.name(), status as char),
+            None => m.name().to_owned(),
+        })
+        .collect()
+}
+
+/// A Parse of a statement PostgreSQL has accepted, a Close, and the Sync that ends them are
+/// answered without a server: while another client holds the pool's only server in a
+/// transaction, a second client still prepares (named and unnamed) and closes, with the
+/// replies PostgreSQL gives a direct connection, and gets the server for its Bind/Execute once
+/// the first commits. Without the local answers its first batch would wait for the server
+/// (and the test time out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_statements_are_prepared_and_closed_without_a_server() {
+    let sql = "SELECT $1::int + 1";
+    let batches: Vec<Vec<F>> = vec![
+        vec![p("s1", sql), S],
+        vec![p("", sql), cs("s1"), S],
+        vec![cs("never_prepared"), S],
+        vec![p("s2", sql), p("s3", sql), cs("s2"), S],
+    ];
+    let mut want = Vec::new();
+    let mut direct = connect(cluster().addr()).await;
+    for batch in &batches {
+        direct.send(batch).await.unwrap();
+        want.push(shape(&direct.recv_until_ready(1).await.unwrap()));
+    }
+
+    let proxy = start(1, defaults).await;
+    let addr = proxy.local_addr();
+    let mut holder = connect(addr).await;
+    // PostgreSQL accepts the statement once (through pgmemo, so pgmemo knows it)...
+    holder.send(&[p("first", sql), S]).await.unwrap();
+    holder.recv_until_ready(1).await.unwrap();
+    // ... then the only server is held in a transaction.
+    simple(&mut holder, "BEGIN").await;
+    let mut client = connect(addr).await;
+    for (batch, want) in batches.iter().zip(&want) {
+        client.send(batch).await.unwrap();
+        let got = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            client.recv_until_ready(1),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{batch:?} waited for a server"))
+        .unwrap();
+        assert_eq!(&shape(&got), want, "{batch:?}");
+    }
+    let admin = admin_console(addr).await;
+    let stats = admin_rows(&admin, "SHOW STATS").await;
+    let served: u64 = stats
+        .iter()
+        .filter(|r| r["database"] == TEST_DB)
+        .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(served, batches.len() as u64, "{stats:?}");
+
+    // A statement PostgreSQL has not seen must reach it: it waits for the held server.
+    client.send(&[p("new", "SELECT 'new'"), S]).await.unwrap();
+    simple(&mut holder, "COMMIT").await;
+    let replies = client.recv_until_ready(1).await.unwrap();
+    assert_eq!(shape(&replies), ["ParseComplete", "ReadyForQuery I"]);
+    // The statements prepared without a server work on it.
+    client.send(&[b("s3", &["41"]), e(), S]).await.unwrap();
+    let replies = client.recv_until_ready(1).await.unwrap();
+    let row = replies.iter().find_map(Backend::data_row).expect("a row");
+    assert_eq!(row[0].as_deref(), Some(&b"42"[..]), "{replies:?}");
+    client.send(&[b("", &["1"]), e(), S]).await.unwrap();
+    let replies = client.recv_until_ready(1).await.unwrap();
+    let row = replies.iter().find_map(Backend::data_row).expect("a row");
+    assert_eq!(row[0].as_deref(), Some(&b"2"[..]), "{replies:?}");
+    // A closed name is gone, as in PostgreSQL.
+    client.send(&[b("s1", &["1"]), e(), S]).await.unwrap();
+    let replies = client.recv_until_ready(1).await.unwrap();
+    assert_eq!(
+        replies.iter().find_map(|m| m.field(b'C')).as_deref(),
+        Some("26000"),
+        "{replies:?}"
+    );
+    proxy.shutdown().await;
+}

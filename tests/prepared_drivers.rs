@@ -1120,6 +1120,51 @@ async fn pgbench_select_only_prepared() {
     );
 }
 
+/// `pgbench -M prepared` with the default TPC-B-like script, 16 clients in one thread, a pool
+/// of 8. pgbench prepares each client's statements synchronously before its first
+/// transaction; a client waiting for a server there blocks the thread, and with it the other
+/// clients that hold servers mid-transaction: through a pooler that must take a server for
+/// every Parse this never ends (it did through pgmemo before, and does through PgBouncer 1.25).
+/// pgmemo answers the Parse of a statement PostgreSQL already accepted without a server, so
+/// after the first client each prepare costs no checkout, and the run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_tpcb_prepared_with_more_clients_than_servers() {
+    let db = "pd_pgbench_tpcb";
+    fresh_db(db).await;
+    // Loaded by the database's owner, so that the script's UPDATEs are allowed through pgmemo.
+    let init = pgbench(
+        &["-i", "-s", "1", "-q", db],
+        cluster().port(),
+        PGMEMO_USER,
+        PGMEMO_PASS,
+    )
+    .await;
+    assert!(
+        init.status.success(),
+        "pgbench -i: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 8)).await;
+    let port = proxy.local_addr().port();
+    let args = [
+        "-n", "-M", "prepared", "-c", "16", "-j", "1", "-t", "50", db,
+    ];
+    let run = pgbench(&args, port, PGMEMO_USER, PGMEMO_PASS);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), run)
+        .await
+        .expect("pgbench -M prepared -c 16 through a pool of 8 stalled");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && stdout.contains("number of transactions actually processed: 800/800")
+            && stdout.contains("number of failed transactions: 0 "),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    proxy.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Constant eviction
 // ---------------------------------------------------------------------------------------------

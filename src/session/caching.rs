@@ -36,7 +36,12 @@ impl Session {
     pub(super) async fn cache_client_message(&mut self, tag: u8, len: usize) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
-        if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() && self.cached_batch().await? {
+        // The lookups below are boxed (an allocation, against a round trip saved or a miss's
+        // cost): the session's task, which lives as long as its client, keeps no room for them.
+        if matches!(tag, fe::PARSE | fe::BIND)
+            && !self.cache_busy()
+            && Box::pin(self.cached_batch()).await?
+        {
             return Ok(true);
         }
         let client = self
@@ -68,7 +73,7 @@ impl Session {
                 let Some(shape) = cache.note_query(client, sql) else {
                     return Ok(false);
                 };
-                self.cached_query(len, text_end, &shape).await
+                Box::pin(self.cached_query(len, text_end, &shape)).await
             }
             _ => Ok(false),
         }
@@ -298,8 +303,10 @@ impl Session {
                     self.answer_hit(len, opened, &entry, b'I');
                     return Ok(true);
                 }
+                // Waits and catalog reads are rare: boxed, so that the session's task (which
+                // lives as long as its client) has no room set aside for them.
                 step => {
-                    if !self.cache_step(step, &mut may_wait, &mut resolves).await {
+                    if !Box::pin(self.cache_step(step, &mut may_wait, &mut resolves)).await {
                         return Ok(false);
                     }
                 }
@@ -319,7 +326,7 @@ impl Session {
         let cache = &app.cache;
         let transaction = if !self.cache_busy() {
             Transaction::Idle
-        } else if self.in_read_only_transaction().await? {
+        } else if Box::pin(self.in_read_only_transaction()).await? {
             Transaction::ReadOnly
         } else {
             Transaction::Busy
@@ -347,8 +354,10 @@ impl Session {
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
+                // Waits and catalog reads are rare: boxed, so that the session's task (which
+                // lives as long as its client) has no room set aside for them.
                 step => {
-                    if !self.cache_step(step, &mut may_wait, &mut resolves).await {
+                    if !Box::pin(self.cache_step(step, &mut may_wait, &mut resolves)).await {
                         return Ok(false);
                     }
                 }
@@ -404,7 +413,7 @@ impl Session {
                 let (snapshot, rows) = self.read_catalog(&job).await;
                 cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ()))
             }
-            Lookup::Pass | Lookup::Miss | Lookup::Hit(_) => false,
+            Lookup::Pass | Lookup::Miss | Lookup::Hit(_) => false, // answered by the callers
         }
     }
 

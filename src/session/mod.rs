@@ -79,33 +79,85 @@ impl ClientConn {
 
 /// Entry point for an accepted TCP connection.
 pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
-    let (Ok(peer), Ok(local)) = (tcp.peer_addr(), tcp.local_addr()) else {
+    // The futures that run once per client (login, the session's start and finish, the admin
+    // console) are boxed: the task's own future lives as long as the client, and stays small
+    // by holding only the relay loop's state (memory per idle client; Pool::checkout boxes
+    // its slow path for the same reason).
+    // Kept in its box until moved into a boxed future: a value moved out of a local still
+    // takes room in the task's future.
+    let Some(admitted) = Box::pin(admit(&app, tcp)).await else {
         return;
+    };
+    if admitted.startup.database == crate::admin::ADMIN_DATABASE {
+        Box::pin(async move {
+            let Admitted {
+                startup,
+                peer,
+                local,
+            } = *admitted;
+            crate::admin::serve(app, startup, peer, local).await
+        })
+        .await;
+        return;
+    }
+    let info = app.register_client(
+        admitted.peer,
+        admitted.local,
+        admitted.startup.conn.stream.is_tls(),
+        &admitted.startup.user,
+        &admitted.startup.database,
+    );
+    match Box::pin(Session::start(app.clone(), info.clone(), admitted)).await {
+        Some(mut session) => {
+            let end = session.relay().await;
+            match &end {
+                End::Terminate | End::ClientGone => {}
+                End::Shutdown => {
+                    tracing::debug!(client = %info.addr, "client closed for shutdown")
+                }
+                End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
+                    tracing::info!(client = %info.addr, "client session ended: {why}")
+                }
+            }
+            Box::pin(session.finish()).await;
+        }
+        None => tracing::info!(client = %info.addr, "client login failed"),
+    }
+    app.unregister_client(&info);
+}
+
+/// A client that logged in and may stay, with its addresses.
+struct Admitted {
+    startup: Startup,
+    peer: std::net::SocketAddr,
+    local: std::net::SocketAddr,
+}
+
+/// Logs a client in within client_login_timeout and checks it may stay (not shutting down,
+/// under max_client_conn): its startup and addresses, or None when it was turned away.
+async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted>> {
+    let (Ok(peer), Ok(local)) = (tcp.peer_addr(), tcp.local_addr()) else {
+        return None;
     };
     let _ = tcp.set_nodelay(true);
     let login_timeout = app.config.load().general.client_login_timeout;
-    // The futures that run once per client (login, the session's start and finish, the admin
-    // console) are boxed: the task's own future lives as long as the client, and stays small
-    // by holding only the relay loop's state (a few KiB less per idle client; Pool::checkout
-    // boxes its slow path for the same reason).
-    let login = Box::pin(login::read_startup(&app, tcp));
-    let startup = match tokio::time::timeout(login_timeout, login).await {
+    let login = login::read_startup(app, tcp);
+    let mut startup = match tokio::time::timeout(login_timeout, login).await {
         Err(_) => {
             tracing::info!(%peer, "client did not finish its login within client_login_timeout");
-            return;
+            return None;
         }
         Ok(Err(LoginError::Io(e))) => {
             tracing::debug!(%peer, error = %e, "client went away during login");
-            return;
+            return None;
         }
         Ok(Err(e)) => {
             tracing::info!(%peer, error = %e, "client login refused");
-            return;
+            return None;
         }
-        Ok(Ok(Outcome::Done)) => return,
+        Ok(Ok(Outcome::Done)) => return None,
         Ok(Ok(Outcome::Session(s))) => *s,
     };
-    let mut startup = startup;
     let max_clients = app.config.load().general.max_client_conn as usize;
     if app.is_shutting_down() {
         startup
@@ -116,7 +168,7 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
                 "the database system is shutting down",
             )
             .await;
-        return;
+        return None;
     }
     if app.client_count() >= max_clients {
         tracing::warn!(%peer, "max_client_conn reached, refusing client");
@@ -128,29 +180,13 @@ pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
                 "no more connections allowed (max_client_conn)",
             )
             .await;
-        return;
+        return None;
     }
-    if startup.database == crate::admin::ADMIN_DATABASE {
-        Box::pin(crate::admin::serve(app, startup, peer, local)).await;
-        return;
-    }
-    let tls = startup.conn.stream.is_tls();
-    let info = app.register_client(peer, local, tls, &startup.user, &startup.database);
-    match Box::pin(Session::start(app.clone(), info.clone(), startup)).await {
-        Some(mut session) => {
-            let end = session.relay().await;
-            match &end {
-                End::Terminate | End::ClientGone => {}
-                End::Shutdown => tracing::debug!(client = %peer, "client closed for shutdown"),
-                End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
-                    tracing::info!(client = %peer, "client session ended: {why}")
-                }
-            }
-            Box::pin(session.finish()).await;
-        }
-        None => tracing::info!(client = %peer, "client login failed"),
-    }
-    app.unregister_client(&info);
+    Some(Box::new(Admitted {
+        startup,
+        peer,
+        local,
+    }))
 }
 
 /// Why a session's relay loop ended.
@@ -174,7 +210,8 @@ enum Event {
     ClientGone(Option<io::Error>),
     ServerRead,
     ServerGone(Option<io::Error>),
-    Shutdown,
+    /// pgmemo is shutting down: see [`Session::must_stop`].
+    Stop,
 }
 
 struct Session {
@@ -185,8 +222,9 @@ struct Session {
     client: ClientConn,
     server: Option<Box<ServerConn>>,
     replies: ReplyQueue,
-    /// The reported parameters as this client believes them to be.
-    reported: Vars,
+    /// The reported parameters as this client believes them to be (shared with other
+    /// clients that have the same: see [`Pool::share_reported`]).
+    reported: Arc<Vars>,
     /// Unreported settings from the client's startup packet.
     settings: Vars,
     max_message: usize,
@@ -220,7 +258,7 @@ struct Session {
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
     /// The last 0A000 ErrorResponse a server sent (whole), for stale-statement answers.
-    last_0a000: Option<Bytes>,
+    last_0a000: Option<Box<[u8]>>,
     /// Autoprepare's buffers and statements for this client, made at its first simple query.
     autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
     /// Whether the client's settings allow autoprepare, as of `params_version` (+1; 0: not
@@ -249,13 +287,20 @@ struct Session {
 impl Session {
     /// Finishes the login: finds the pool, settles the client's parameters, and sends the
     /// ParameterStatus / BackendKeyData / ReadyForQuery a PostgreSQL server would.
-    async fn start(app: Arc<App>, info: Arc<ClientInfo>, startup: Startup) -> Option<Session> {
+    ///
+    /// Boxed: the session lives as long as its client, and a box of exactly its size costs
+    /// less than the room a task's future would keep for it in every state.
+    async fn start(
+        app: Arc<App>,
+        info: Arc<ClientInfo>,
+        admitted: Box<Admitted>,
+    ) -> Option<Box<Session>> {
         let Startup {
             mut conn,
             user,
             database,
             params: startup_params,
-        } = startup;
+        } = admitted.startup;
         let Some(pool) = app.pool(&database, &user) else {
             conn.send_error(
                 Severity::Fatal,
@@ -265,18 +310,19 @@ impl Session {
             .await;
             return None;
         };
-        let mut session = Session::new(app, info, pool, conn);
+        let mut session = Box::new(Session::new(app, info, pool, conn));
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
             return None;
         }
+        session.reported = session.pool.share_reported(session.reported.clone());
         session.track_statements();
         session.state.startup = session.settings.clone();
         for (k, v) in session.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
         }
         if let Some(name) = session.reported.get("application_name") {
-            *session.info.application_name.lock() = name.to_owned();
+            *session.info.application_name.lock() = session.app.intern(name);
         }
         if session.mode == PoolMode::Session {
             // The server it keeps for life, taken now: its process ID is the client's.
@@ -325,7 +371,7 @@ impl Session {
             client,
             server: None,
             replies: ReplyQueue::new(),
-            reported: Vars::new(),
+            reported: Arc::default(),
             settings: Vars::new(),
             stats: LocalStats::default(),
             params_version: 0,
@@ -389,7 +435,7 @@ impl Session {
                 d
             }
         };
-        self.reported = defaults.clone();
+        self.reported = Arc::new(defaults.clone());
         // A setting given twice (in `options` and as a parameter) ends as the server makes of
         // the sequence, which for DateStyle combines both values: such settings are always
         // tried on a server, and their values are not remembered one by one.
@@ -415,7 +461,7 @@ impl Session {
             }
             match self.pool.normalized(name, value) {
                 Some(n) if reported => {
-                    self.reported.set(name, &n);
+                    Arc::make_mut(&mut self.reported).set(name, &n);
                 }
                 Some(_) => {
                     self.settings.set(name, value);
@@ -459,7 +505,7 @@ impl Session {
                         self.pool.remember_normalized(name, value, &normalized);
                     }
                     if defaults.get(name).is_some() {
-                        self.reported.set(name, &normalized);
+                        Arc::make_mut(&mut self.reported).set(name, &normalized);
                     } else {
                         self.settings.set(name, value);
                     }
@@ -530,12 +576,8 @@ impl Session {
 
     /// The relay loop; returns why it ended.
     async fn relay(&mut self) -> End {
-        let mut shutdown = self.app.shutdown_signal();
-        let mut cutoff = self.app.cutoff_signal();
-        // Made once, not per loop turn: they are polled on every event of the hot path.
-        let shutdown = shutdown.wait_for(|s| *s);
-        let cutoff = cutoff.wait_for(|c| *c);
-        tokio::pin!(shutdown, cutoff);
+        // Set before the flags are first read: a shutdown that begins later wakes the task.
+        *self.info.stop_waker.lock() = Some(poll_fn(|cx| Poll::Ready(cx.waker().clone())).await);
         loop {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
@@ -548,17 +590,12 @@ impl Session {
                     return end;
                 }
             }
-            // A shutdown closes the client only between transactions, never mid-work.
-            let between_transactions =
-                self.replies.is_idle() && self.server.as_ref().is_none_or(|s| s.status == b'I');
-            let event = tokio::select! {
-                biased;
-                ev = poll_fn(|cx| self.poll_io(cx)) => ev,
-                _ = &mut shutdown, if between_transactions => Event::Shutdown,
-                // ... unless shutdown_timeout has passed: then mid-transaction too (finish()
-                // rolls back or closes the server).
-                _ = &mut cutoff => Event::Shutdown,
-            };
+            // The sockets first: what is already there is handled before a shutdown.
+            let event = poll_fn(|cx| match self.poll_io(cx) {
+                Poll::Pending if self.must_stop() => Poll::Ready(Event::Stop),
+                polled => polled,
+            })
+            .await;
             match event {
                 Event::ClientRead => {}
                 Event::ServerRead => {
@@ -596,44 +633,97 @@ impl Session {
                     }
                     return End::ClientGone;
                 }
-                Event::ServerGone(e) => {
-                    let detail = e
-                        .map(|e| e.to_string())
-                        .unwrap_or_else(|| "server closed the connection unexpectedly".into());
-                    if let Some(server) = self.server.as_mut() {
-                        server.broken = true;
-                    }
-                    // Whatever the server managed to send still reaches the client (often a
-                    // FATAL explaining why), then, unless that was a FATAL, the client is told
-                    // the connection is gone.
-                    let _ = self.handle_server_messages();
-                    if self.server_fatal {
-                        let _ = self.client.flush().await;
-                    } else {
-                        self.client
-                            .send_error(
-                                Severity::Fatal,
-                                sqlstate::CONNECTION_FAILURE,
-                                "server closed the connection unexpectedly",
-                            )
-                            .await;
-                    }
-                    return End::ServerGone(detail);
-                }
-                Event::Shutdown => return self.shutdown_client().await,
+                Event::ServerGone(e) => return self.server_gone(e).await,
+                Event::Stop => return self.shutdown_client().await,
             }
         }
     }
 
-    async fn shutdown_client(&mut self) -> End {
-        self.client
-            .send_error(
-                Severity::Fatal,
-                sqlstate::ADMIN_SHUTDOWN,
-                "terminating connection due to administrator command",
-            )
-            .await;
-        End::Shutdown
+    /// Answers a batch of Parse / Close / Sync that needs no server, if the client's input
+    /// starts with one (see [`crate::statements::idle_batch`]).
+    fn answer_idle_batch(&mut self) -> bool {
+        let Some(stmts) = self.stmts.as_mut() else {
+            return false;
+        };
+        buffers::lend(&mut self.client.wbuf);
+        let limits = (
+            self.statement_limits.max_count,
+            self.statement_limits.max_bytes,
+            self.max_message,
+        );
+        let Some(taken) = crate::statements::idle_batch::answer(
+            &self.client.rbuf,
+            stmts,
+            &self.app.registry,
+            limits,
+            &mut self.client.wbuf,
+        ) else {
+            return false;
+        };
+        self.client.rbuf.advance(taken);
+        self.stats.bytes_received += taken as u64;
+        self.pool
+            .stats
+            .idle_batches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    /// A shutdown closes the client only between transactions, never mid-work, unless
+    /// shutdown_timeout has passed: then mid-transaction too (finish() rolls back or closes
+    /// the server).
+    #[inline]
+    fn must_stop(&self) -> bool {
+        self.app.is_cut_off()
+            || (self.app.is_shutting_down()
+                && self.replies.is_idle()
+                && self.server.as_ref().is_none_or(|s| s.status == b'I'))
+    }
+
+    /// The server connection failed. Boxed, like the other ends of a session: the session's
+    /// task need not keep room for them.
+    fn server_gone(
+        &mut self,
+        e: Option<io::Error>,
+    ) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        Box::pin(async move {
+            let detail = e
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "server closed the connection unexpectedly".into());
+            if let Some(server) = self.server.as_mut() {
+                server.broken = true;
+            }
+            // Whatever the server managed to send still reaches the client (often a FATAL
+            // explaining why), then, unless that was a FATAL, the client is told the
+            // connection is gone.
+            let _ = self.handle_server_messages();
+            if self.server_fatal {
+                let _ = self.client.flush().await;
+            } else {
+                self.client
+                    .send_error(
+                        Severity::Fatal,
+                        sqlstate::CONNECTION_FAILURE,
+                        "server closed the connection unexpectedly",
+                    )
+                    .await;
+            }
+            End::ServerGone(detail)
+        })
+    }
+
+    /// Boxed: once per client at most, and the session's task need not keep room for it.
+    fn shutdown_client(&mut self) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        Box::pin(async move {
+            self.client
+                .send_error(
+                    Severity::Fatal,
+                    sqlstate::ADMIN_SHUTDOWN,
+                    "terminating connection due to administrator command",
+                )
+                .await;
+            End::Shutdown
+        })
     }
 
     /// Plans every complete client message in the read buffer: answered locally, or queued
@@ -702,6 +792,8 @@ impl Session {
                         self.client.rbuf.advance(len);
                         continue;
                     }
+                    // Preparing or closing known statements needs no server.
+                    fe::PARSE | fe::CLOSE if self.answer_idle_batch() => continue,
                     _ => self.acquire_server().await?,
                 }
             } else if tag == fe::TERMINATE {
@@ -834,12 +926,19 @@ impl Session {
         Ok(())
     }
 
-    async fn protocol_violation(&mut self, message: String) -> End {
-        tracing::warn!(client = %self.info.addr, "protocol violation: {message}");
-        self.client
-            .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message)
-            .await;
-        End::Protocol(message)
+    /// Boxed: rare, and the session's task need not keep room for the message and its
+    /// sending.
+    fn protocol_violation(
+        &mut self,
+        message: String,
+    ) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        Box::pin(async move {
+            tracing::warn!(client = %self.info.addr, "protocol violation: {message}");
+            self.client
+                .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message)
+                .await;
+            End::Protocol(message)
+        })
     }
 
     /// `autoprepare_threshold` if this client's simple queries may be autoprepared: its pool
@@ -869,20 +968,35 @@ impl Session {
     /// Takes a server from the pool and makes its session parameters match this client's.
     async fn acquire_server(&mut self) -> Result<(), End> {
         self.info.set_state(ClientState::Waiting);
-        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+        // Boxed (the session's task keeps no room for a write): replies pgmemo gave itself
+        // before the client needed a server are rarely still unsent here.
+        if !self.client.wbuf.is_empty() && Box::pin(self.client.flush()).await.is_err() {
             return Err(End::ClientGone);
         }
-        let server = match self.pool.checkout().await {
-            Ok(s) => s,
-            Err(e) => {
-                let msg = e.to_string();
-                tracing::warn!(client = %self.info.addr, pool = ?self.pool.key, "{msg}");
-                self.report_checkout_error(e).await;
-                return Err(End::NoServer(msg));
+        // The error's future is made inside the match and awaited after it: awaited inside,
+        // the match's checkout result would take room in the session's task.
+        let failed = match self.pool.checkout().await {
+            Ok(server) => {
+                self.hold(server);
+                return Ok(());
             }
+            Err(e) => self.checkout_failed(e),
         };
-        self.hold(server);
-        Ok(())
+        Err(failed.await)
+    }
+
+    /// Tells the client why it got no server. Boxed: rare, and the session's task need not
+    /// keep room for the error and its reporting.
+    fn checkout_failed(
+        &mut self,
+        e: CheckoutError,
+    ) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        Box::pin(async move {
+            let msg = e.to_string();
+            tracing::warn!(client = %self.info.addr, pool = ?self.pool.key, "{msg}");
+            self.report_checkout_error(e).await;
+            End::NoServer(msg)
+        })
     }
 
     /// Makes `server` the one this session's work runs on, after queueing what brings it in
@@ -1018,10 +1132,13 @@ impl Session {
                 be::PARAMETER_STATUS => {
                     if let Some((name, value)) = be::parse_parameter_status(body) {
                         server.reported.set(name, value);
-                        if route == Route::Forward && self.reported.set(name, value) {
+                        if route == Route::Forward
+                            && self.reported.get(name) != Some(value)
+                            && Arc::make_mut(&mut self.reported).set(name, value)
+                        {
                             self.params_version += 1;
                             if name == "application_name" {
-                                *self.info.application_name.lock() = value.to_owned();
+                                *self.info.application_name.lock() = self.app.intern(value);
                             }
                         }
                     }
@@ -1148,7 +1265,7 @@ impl Session {
             if tag == be::ERROR_RESPONSE {
                 error_code = ErrorFields::parse(body).map(|f| f.code);
                 if error_code.as_deref() == Some("0A000") {
-                    self.last_0a000 = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
+                    self.last_0a000 = Some(server.rbuf[..len].into());
                 }
             }
             if let Some(stmts) = self.stmts.as_mut().filter(|s| s.search_path.is_open()) {
@@ -1247,20 +1364,27 @@ impl Session {
         }
         if self.state.touched {
             self.state.touched = false;
-            // The client's replies first: the probe is pgmemo's own round trip.
-            if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
-                return Err(End::ClientGone);
-            }
-            let mut server = self.server.take().expect("work_done: a server is held");
-            let pins = self.probe_state(&mut server).await;
-            self.note_pins(if server.broken { 0 } else { pins });
-            self.server = Some(server);
+            // Boxed: rare, and the session's task need not keep room for a round trip.
+            Box::pin(self.probe_touched_state()).await?;
         }
         if self.state.pins == 0 {
             self.release_server();
         } else {
             self.pinned_transaction_done();
         }
+        Ok(())
+    }
+
+    /// Asks the held server what the client's last statements left in its session.
+    async fn probe_touched_state(&mut self) -> Result<(), End> {
+        // The client's replies first: the probe is pgmemo's own round trip.
+        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+            return Err(End::ClientGone);
+        }
+        let mut server = self.server.take().expect("work_done: a server is held");
+        let pins = self.probe_state(&mut server).await;
+        self.note_pins(if server.broken { 0 } else { pins });
+        self.server = Some(server);
         Ok(())
     }
 
@@ -1400,7 +1524,7 @@ impl Session {
             ) = (&effect, outcome, error_code)
             {
                 if let Some(message) = last_0a000.take() {
-                    statement.set_stale_error(message);
+                    statement.set_stale_error(Bytes::from(message));
                 }
             }
             if let (
@@ -1674,6 +1798,7 @@ impl BenchSession {
         server: ServerConn,
     ) -> BenchSession {
         let mut session = Session::new(app, info, pool, client);
+        session.reported = session.pool.share_reported(session.reported.clone());
         session.track_statements();
         session.hold(Box::new(server));
         BenchSession(session)

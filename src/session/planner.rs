@@ -682,7 +682,7 @@ impl Planner<'_> {
             }
             Command::SetSearchPath { value, local } => {
                 // Statements parsed after it are keyed by the new search_path.
-                let before = self.stmts.search_path.clone();
+                let before = crate::statements::SearchPath::clone(&self.stmts.search_path);
                 self.stmts.search_path.set(value.as_deref(), local);
                 self.forward_execute(Some(Effect::SearchPathSet(Box::new(before))));
                 Plan::Done
@@ -1707,7 +1707,7 @@ pub fn sync_sql_statements(
         .prepared
         .sql
         .iter()
-        .filter(|(name, text)| stmts.sql.get(*name) != Some(*text))
+        .filter(|(name, text)| stmts.sql.get(name) != Some(*text))
         .map(|(name, _)| name.clone())
         .collect();
     for name in stale {
@@ -1718,7 +1718,7 @@ pub fn sync_sql_statements(
         );
         replies.push(Expected::Internal);
     }
-    for (name, text) in &stmts.sql {
+    for (name, text) in stmts.sql.iter() {
         if server.prepared.sql.contains_key(name) {
             continue;
         }

@@ -7,6 +7,7 @@
 //! The session's planner renames statements in Bind/Describe, injects a Parse when the server
 //! lacks one, and answers Parse/Close locally when the server has nothing to do.
 
+pub mod idle_batch;
 pub mod registry;
 pub mod schema;
 pub mod server_set;
@@ -421,6 +422,77 @@ pub struct SearchPath {
     dirty: bool,
 }
 
+/// SQL-level prepared statements (`PREPARE name AS ...`): name → the PREPARE statement. The
+/// map is boxed when the first is made: few clients use them, and each client holds one.
+// The box is the point (a pointer, not a map's 48 bytes, in every client that has none).
+#[allow(clippy::box_collection)]
+#[derive(Debug, Clone, Default)]
+pub struct SqlStatements(Option<Box<HashMap<String, String>>>);
+
+impl SqlStatements {
+    pub fn insert(&mut self, name: String, text: String) {
+        self.0
+            .get_or_insert_with(Default::default)
+            .insert(name, text);
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<String> {
+        self.0.as_mut()?.remove(name)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&String> {
+        self.0.as_ref()?.get(name)
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.0.as_ref().is_some_and(|m| m.contains_key(name))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|m| m.is_empty())
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter().flat_map(|m| m.iter())
+    }
+}
+
+/// A client's [`SearchPath`], boxed once the client first changes it: most clients never
+/// do, and an idle client should cost as little memory as possible.
+#[derive(Debug, Clone, Default)]
+pub struct SearchPathSlot(Option<Box<SearchPath>>);
+
+/// What a client that never changed its search_path has.
+static UNCHANGED_SEARCH_PATH: SearchPath = SearchPath {
+    session: None,
+    current: None,
+    pending: None,
+    failed: false,
+    rolled_back: false,
+    carry: None,
+    startup: None,
+    carry_to_client_only: false,
+    dirty: false,
+};
+
+impl std::ops::Deref for SearchPathSlot {
+    type Target = SearchPath;
+    #[inline]
+    fn deref(&self) -> &SearchPath {
+        self.0.as_deref().unwrap_or(&UNCHANGED_SEARCH_PATH)
+    }
+}
+
+impl std::ops::DerefMut for SearchPathSlot {
+    fn deref_mut(&mut self) -> &mut SearchPath {
+        self.0.get_or_insert_with(Default::default)
+    }
+}
+
 impl SearchPath {
     /// The value in effect, or None for the startup packet's.
     pub fn effective(&self) -> Option<&str> {
@@ -548,8 +620,8 @@ pub struct ResetSnapshot {
 /// The SQL-level statements of a client and of its server (name → PREPARE statement).
 #[derive(Debug)]
 pub struct SqlSnapshot {
-    pub client: HashMap<String, String>,
-    pub server: HashMap<String, String>,
+    pub client: SqlStatements,
+    pub server: SqlStatements,
 }
 
 /// The guard: a statement pgmemo keeps prepared on a server connection once a transaction
@@ -587,7 +659,7 @@ pub struct ClientStatements {
     /// statement, to prepare them again on whichever server the client's next transaction
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
     /// map or the other, never both.
-    pub sql: HashMap<String, String>,
+    pub sql: SqlStatements,
     /// The registry context (database, role, search_path) of this client's next Parse: the
     /// startup packet's search_path or, after a SET of it, the one in effect (see
     /// [`ClientStatements::refresh_context`]).
@@ -595,7 +667,7 @@ pub struct ClientStatements {
     /// The context of the startup packet's search_path.
     startup_context: u32,
     /// The search_path in effect, as far as it differs from the startup packet's.
-    pub search_path: SearchPath,
+    pub search_path: SearchPathSlot,
     /// The schema changes the client's Parses follow.
     pub schema: schema::SchemaWatch,
     /// Query bytes held by named statements, for the per-client limit.
@@ -610,10 +682,10 @@ impl ClientStatements {
     pub fn new(context: u32, schema: schema::SchemaWatch) -> Self {
         ClientStatements {
             names: HashMap::new(),
-            sql: HashMap::new(),
+            sql: SqlStatements::default(),
             context,
             startup_context: context,
-            search_path: SearchPath::default(),
+            search_path: SearchPathSlot::default(),
             schema,
             bytes: 0,
             portals: Vec::new(),

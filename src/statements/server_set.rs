@@ -20,7 +20,7 @@ pub struct ServerSet {
     guard: bool,
     /// SQL-level statements prepared here under their clients' names (name → PREPARE
     /// statement): those of the last client whose transaction ran here.
-    pub sql: std::collections::HashMap<String, String>,
+    pub sql: super::SqlStatements,
 }
 
 impl ServerSet {
@@ -29,7 +29,7 @@ impl ServerSet {
             prepared: LruCache::unbounded(),
             limit: limit.max(1),
             guard: false,
-            sql: std::collections::HashMap::new(),
+            sql: super::SqlStatements::default(),
         }
     }
 
