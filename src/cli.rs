@@ -218,6 +218,17 @@ pub struct Cli {
     )]
     pub log_level: Option<String>,
 
+    /// Log line format: text or json [default: text].
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "PGMEMO_LOG_FORMAT",
+        long_help = "How log lines are written to stderr: text (colours only when stderr is a \
+                     terminal) or json (one JSON object per line: timestamp, level, target and \
+                     fields, for log collectors). Overrides general.log_format. Default: text."
+    )]
+    pub log_format: Option<crate::config::LogFormat>,
+
     /// Check the configuration, print any problem and exit.
     #[arg(
         long,
@@ -247,6 +258,7 @@ impl fmt::Debug for Cli {
             .field("admin_users", &self.admin_users)
             .field("metrics_listen", &self.metrics_listen)
             .field("log_level", &self.log_level)
+            .field("log_format", &self.log_format)
             .field("cache", &self.cache)
             .field("cache_memory_mb", &self.cache_memory_mb)
             .field("cache_invalidation", &self.cache_invalidation)
@@ -311,6 +323,9 @@ impl Cli {
         }
         if let Some(level) = &self.log_level {
             g.log_level = level.clone();
+        }
+        if let Some(format) = self.log_format {
+            g.log_format = format;
         }
         if self.cache {
             config.cache.enabled = true;

@@ -188,6 +188,19 @@ pub enum PoolMode {
     Transaction,
 }
 
+/// How log lines are written (to stderr).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// Human-readable lines, coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields), for log collectors.
+    Json,
+}
+
 /// How clients prove who they are to pgmemo.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum,
@@ -271,6 +284,10 @@ macro_rules! named_enum {
     };
 }
 
+named_enum!(LogFormat, r#""text" or "json""#, {
+    LogFormat::Text => "text",
+    LogFormat::Json => "json",
+});
 named_enum!(PoolMode, r#""session" or "transaction""#, {
     PoolMode::Session => "session",
     PoolMode::Transaction => "transaction",
@@ -479,6 +496,8 @@ pub struct General {
     /// Log filter: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or
     /// tracing-style directives such as `pgmemo=debug,info`. Default `info`.
     pub log_level: String,
+    /// `text` (default; ANSI colours only on a terminal) or `json` (one object per line).
+    pub log_format: LogFormat,
 }
 
 impl Default for General {
@@ -516,6 +535,7 @@ impl Default for General {
             autoprepare_threshold: 2,
             autoprepare_max_shapes: 10_000,
             log_level: "info".into(),
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -1303,6 +1323,12 @@ impl Config {
             ),
             ("log_level", g.log_level.clone(), d.log_level.clone(), false),
             (
+                "log_format",
+                g.log_format.to_string(),
+                d.log_format.to_string(),
+                false,
+            ),
+            (
                 "upstream",
                 self.upstream
                     .as_ref()
@@ -1563,6 +1589,7 @@ struct RawGeneral {
     autoprepare_threshold: Option<i64>,
     autoprepare_max_shapes: Option<i64>,
     log_level: Option<String>,
+    log_format: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1794,6 +1821,7 @@ impl RawConfig {
                 U32_RANGE,
             )?,
             log_level: g.log_level.unwrap_or(d.log_level),
+            log_format: named("general.log_format", g.log_format)?.unwrap_or(d.log_format),
         };
 
         let upstream = self.upstream.map(RawUpstream::into_upstream).transpose()?;

@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use pgmemo::cli::Cli;
-use pgmemo::config::{AuthType, Config, Upstream};
+use pgmemo::config::{AuthType, Config, LogFormat, Upstream};
 use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
 use std::process::ExitCode;
@@ -46,14 +46,19 @@ fn runtime_builder() -> tokio::runtime::Builder {
     }
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("PGMEMO_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let logger = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        // Colour codes only for a person at a terminal: not in files, journald or pipes.
+        LogFormat::Text => logger.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => logger.json().with_ansi(false).try_init(),
+    };
 }
 
 /// The configuration of demo mode, in front of the private cluster at `host:port`: at start
@@ -83,7 +88,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(config) => (config, None),
         None => {
             // Demo mode: a private throwaway PostgreSQL, removed again when pgmemo exits.
-            init_logging(cli.log_level.as_deref().unwrap_or("info"));
+            init_logging(
+                cli.log_level.as_deref().unwrap_or("info"),
+                cli.log_format.unwrap_or_default(),
+            );
             eprintln!("pgmemo: no --upstream or --config given: starting a private PostgreSQL (demo mode)");
             let cluster = tokio::task::spawn_blocking(|| {
                 LocalPostgres::start(LocalPostgresOptions::default())
@@ -93,7 +101,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             (config, Some(cluster))
         }
     };
-    init_logging(&config.general.log_level);
+    init_logging(&config.general.log_level, config.general.log_format);
     if check_only {
         println!("configuration OK");
         return Ok(());

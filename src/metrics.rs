@@ -215,6 +215,34 @@ pub fn render(app: &App) -> String {
             );
         }
     }
+    type Histogram = fn(&crate::stats::PoolStats) -> &crate::stats::DurationHistogram;
+    let histograms: [(&str, &str, Histogram); 2] = [
+        (
+            "pgmemo_transaction_duration_seconds",
+            "How long each transaction held its server connection.",
+            |s| &s.xact_duration,
+        ),
+        (
+            "pgmemo_client_wait_seconds",
+            "How long each checkout waited for a server connection.",
+            |s| &s.wait_duration,
+        ),
+    ];
+    for (name, help, get) in histograms {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for pool in &pools {
+            let labels = labels(&pool.key.database, &pool.key.user);
+            let (counts, sum_us) = get(&pool.stats).cumulative();
+            for (bound, n) in crate::stats::DURATION_BUCKETS_US.iter().zip(counts) {
+                let le = *bound as f64 / 1e6;
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+            }
+            let total = counts[counts.len() - 1];
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum_us as f64 / 1e6);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
+        }
+    }
     let _ = writeln!(
         out,
         "# HELP pgmemo_autoprepare_passed_by_reason_total Simple queries passed through, by reason.\n# TYPE pgmemo_autoprepare_passed_by_reason_total counter"

@@ -190,7 +190,10 @@ impl Pool {
     /// have room for a whole connect-and-login.
     pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
         match self.take_idle_now() {
-            Some(conn) => Ok(conn),
+            Some(conn) => {
+                self.stats.wait_duration.observe_us(0);
+                Ok(conn)
+            }
             None => Box::pin(self.checkout_slowly()).await,
         }
     }
@@ -327,12 +330,18 @@ impl Pool {
                     }
                     conn.set_state(ServerState::Active);
                     conn.checked_out = now;
+                    self.stats
+                        .wait_duration
+                        .observe_us(now.duration_since(started).as_micros() as u64);
                     return Ok(conn);
                 }
                 Grant::Slot => match self.connect(&settings, deadline).await {
                     Ok(mut conn) => {
                         conn.set_state(ServerState::Active);
                         conn.checked_out = Instant::now();
+                        self.stats.wait_duration.observe_us(
+                            conn.checked_out.duration_since(started).as_micros() as u64,
+                        );
                         return Ok(conn);
                     }
                     Err(e) => {

@@ -6,8 +6,51 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Upper bounds, in microseconds, of the duration histograms' buckets (Prometheus `le`, in
+/// seconds); one more bucket counts the rest (`+Inf`).
+pub const DURATION_BUCKETS_US: [u64; 14] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+    2_500_000, 10_000_000,
+];
+
+/// A histogram of durations: a relaxed atomic add per bucket and one for the sum per
+/// observation, no lock.
+#[derive(Default, Debug)]
+pub struct DurationHistogram {
+    /// Observations per bucket (not cumulative), the last for those over every bound.
+    buckets: [AtomicU64; DURATION_BUCKETS_US.len() + 1],
+    sum_us: AtomicU64,
+}
+
+impl DurationHistogram {
+    #[inline]
+    pub fn observe_us(&self, us: u64) {
+        let bucket = DURATION_BUCKETS_US.partition_point(|&bound| bound < us);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        if us != 0 {
+            self.sum_us.fetch_add(us, Ordering::Relaxed);
+        }
+    }
+
+    /// The cumulative count of each bucket (the last is every observation), and the sum in
+    /// microseconds.
+    pub fn cumulative(&self) -> ([u64; DURATION_BUCKETS_US.len() + 1], u64) {
+        let mut total = 0;
+        let counts = std::array::from_fn(|i| {
+            total += self.buckets[i].load(Ordering::Relaxed);
+            total
+        });
+        (counts, self.sum_us.load(Ordering::Relaxed))
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct PoolStats {
+    /// How long each transaction held its server (one observation per transaction; in
+    /// transaction mode each query outside a block is one).
+    pub xact_duration: DurationHistogram,
+    /// How long each checkout waited for a server (0 when one was idle).
+    pub wait_duration: DurationHistogram,
     pub xact_count: AtomicU64,
     pub query_count: AtomicU64,
     pub bytes_received: AtomicU64,

@@ -551,6 +551,51 @@ async fn metrics_match_show_stats() {
     );
     assert_eq!(num(pool, "cl_waiting"), 0);
 
+    // Histograms: one observation per transaction (and per checkout), cumulative buckets
+    // ending in +Inf = _count, and the transaction time summed as SHOW STATS sums it.
+    let les = [
+        "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
+        "0.25", "1", "2.5", "10", "+Inf",
+    ];
+    for name in [
+        "pgmemo_transaction_duration_seconds",
+        "pgmemo_client_wait_seconds",
+    ] {
+        let buckets: Vec<f64> = les
+            .iter()
+            .map(|le| {
+                sample(
+                    &body,
+                    &format!("{name}_bucket"),
+                    &format!("{labels},le=\"{le}\""),
+                )
+            })
+            .collect();
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{name}: {buckets:?}"
+        );
+        let count = sample(&body, &format!("{name}_count"), &labels);
+        assert_eq!(buckets[buckets.len() - 1], count, "{name}");
+    }
+    let xacts = num(stats, "total_xact_count") as f64;
+    assert_eq!(
+        sample(&body, "pgmemo_transaction_duration_seconds_count", &labels),
+        xacts
+    );
+    let held = sample(&body, "pgmemo_transaction_duration_seconds_sum", &labels);
+    assert!(
+        (held - num(stats, "total_xact_time") as f64 / 1e6).abs() < 1e-3,
+        "{held}"
+    );
+    // Every transaction checked a server out (the login's checkout may add one); the one
+    // that timed out is not an observation.
+    let checkouts = sample(&body, "pgmemo_client_wait_seconds_count", &labels);
+    assert!(
+        (xacts..=xacts + 1.0).contains(&checkouts),
+        "{checkouts} checkouts for {xacts} transactions"
+    );
+
     let (head, _) = http_get(metrics, "/nope").await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     proxy.shutdown().await;
@@ -601,6 +646,7 @@ async fn help_mentions_every_flag() {
         "--admin-user",
         "--metrics-listen",
         "--log-level",
+        "--log-format",
         "--check",
         "--help",
         "--version",
@@ -917,4 +963,64 @@ async fn prepared_statements_are_visible_in_the_console() {
 
     drop(client);
     proxy.shutdown().await;
+}
+
+/// Logs written to a pipe (a file, journald) carry no ANSI colour codes; `--log-format json`
+/// writes one JSON object per line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_are_plain_off_a_terminal_or_json() {
+    use tokio::io::AsyncBufReadExt;
+    for format in ["text", "json"] {
+        let upstream = upstream_url();
+        let mut child = tokio::process::Command::new(BIN)
+            .args([
+                "--upstream",
+                &upstream,
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "info",
+                "--log-format",
+                format,
+            ])
+            .env_remove("PGMEMO_CONFIG")
+            .env_remove("PGMEMO_LOG")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run pgmemo");
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        let listening = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                let done = line.contains("pgmemo listening");
+                seen.push(line);
+                if done {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(listening.is_ok(), "{format}: no listening line in {seen:?}");
+        for line in &seen {
+            assert!(
+                !line.contains('\u{1b}'),
+                "{format}: colour codes in {line:?}"
+            );
+            if format == "json" {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+                assert!(
+                    v["level"].is_string() && v["timestamp"].is_string(),
+                    "{line}"
+                );
+                assert!(v["fields"]["message"].is_string(), "{line}");
+            } else {
+                assert!(line.contains("INFO"), "{line}");
+                assert!(serde_json::from_str::<serde_json::Value>(line).is_err());
+            }
+        }
+        child.kill().await.unwrap();
+    }
 }

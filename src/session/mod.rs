@@ -1400,10 +1400,12 @@ impl Session {
             return;
         };
         let now = Instant::now();
-        self.stats.xact_count += 1;
-        self.stats.xact_time_us += now
+        let held_us = now
             .saturating_duration_since(server.checked_out)
             .as_micros() as u64;
+        self.stats.xact_count += 1;
+        self.stats.xact_time_us += held_us;
+        self.pool.stats.xact_duration.observe_us(held_us);
         server.checked_out = now;
         if self.stmts.is_some() {
             record_statement_stats(server, &self.stats);
@@ -1569,10 +1571,12 @@ impl Session {
             .store(0, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Idle);
         let now = Instant::now();
-        self.stats.xact_count += 1;
-        self.stats.xact_time_us += now
+        let held_us = now
             .saturating_duration_since(server.checked_out)
             .as_micros() as u64;
+        self.stats.xact_count += 1;
+        self.stats.xact_time_us += held_us;
+        self.pool.stats.xact_duration.observe_us(held_us);
         if self.stmts.is_some() {
             record_statement_stats(&server, &self.stats);
         }
