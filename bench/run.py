@@ -145,7 +145,10 @@ CACHE_SCRIPTS = {**_CACHE_BASE, **{f"{k}-extended": v for k, v in _CACHE_BASE.it
 CACHE_WORKLOADS = ("cache-hot", "cache-hot-extended", "cache-uniform", "cache-rw")
 # Every workload name: the select-only protocols, the ORM-like script with each protocol,
 # and the cache workloads.
-WORKLOADS = PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS) + tuple(CACHE_SCRIPTS)
+# pgbench's built-in TPC-B-like script (not in the default matrix: see --workloads).
+TPCB_WORKLOADS = tuple(f"tpcb-{p}" for p in PROTOCOLS)
+WORKLOADS = (PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS) + tuple(CACHE_SCRIPTS)
+             + TPCB_WORKLOADS)
 # The pgmemo with its result cache on (--cache), started when a cache workload is selected.
 CACHE_TARGET = "pgmemo+cache"
 # The same client limit for every proxy, above the largest default idle-client test (5000).
@@ -1021,9 +1024,9 @@ def cache_counters(url: Optional[str]) -> Optional[tuple[int, int]]:
 class Workload:
     """A row of the report: pgbench's select-only script (-S) or bench/orm.sql,
     with one -M protocol, or a result-cache script (bench/cache_*.sql, -M simple)."""
-    name: str                        # simple | extended | prepared | orm-<protocol> | cache-<kind>
+    name: str                        # simple | extended | prepared | orm-<protocol> | cache-<kind> | tpcb-<protocol>
     protocol: str                    # pgbench -M
-    script: Optional[Path] = None    # None: built-in select-only
+    script: Optional[Path] = None    # None: a built-in script (select-only, or TPC-B-like for tpcb-*)
 
     @classmethod
     def parse(cls, name: str) -> "Workload":
@@ -1031,6 +1034,8 @@ class Workload:
             return cls(name, name)
         if name.startswith("orm-") and name[4:] in PROTOCOLS:
             return cls(name, name[4:], ORM_SCRIPT)
+        if name in TPCB_WORKLOADS:
+            return cls(name, name[5:])
         if name in CACHE_SCRIPTS:
             protocol = "extended" if name.endswith("-extended") else "simple"
             return cls(name, protocol, CACHE_SCRIPTS[name])
@@ -1043,7 +1048,9 @@ class Workload:
 
     def pgbench_args(self, scale: int) -> list[str]:
         if self.script is None:
-            return ["-S"]
+            # tpcb-*: pgbench's default script (UPDATEs of three tables and an INSERT in a
+            # BEGIN ... END block).
+            return [] if self.name in TPCB_WORKLOADS else ["-S"]
         # -s: a custom script's :scale is 1 unless given (pgbench only counts
         # pgbench_branches for its built-in scripts)
         return ["-f", str(self.script), "-s", str(scale)]
@@ -1280,7 +1287,10 @@ def build_args(argv=None):
                         "an IN list, UPDATE, INSERT; autocommit) -M that; cache-hot, cache-uniform, cache-rw "
                         "= bench/cache_hot.sql (zipfian point select with a cache hint), cache_uniform.sql "
                         "(uniform), cache_rw.sql (90%% hot select, 10%% UPDATE + read-your-writes check) "
-                        "-M simple, which also start target pgmemo+cache [the --protocols, then orm-simple]")
+                        "-M simple, which also start target pgmemo+cache; tpcb-simple, tpcb-extended, "
+                        "tpcb-prepared = pgbench's built-in TPC-B-like script -M that (e.g. --workloads "
+                        "tpcb-prepared --clients 16,64 --pool-size 8: more clients than servers) "
+                        "[the --protocols, then orm-simple]")
     p.add_argument("--cache-workloads", action="store_true",
                    help="add the result-cache workloads cache-hot, cache-uniform, cache-rw to the workloads "
                         "(default or --workloads/--protocols)")
@@ -1877,12 +1887,16 @@ def plot(path: Path, args, targets: list[Target], runs: list[Run]) -> Optional[s
 
 def workloads_text(workloads: list[Workload], args) -> str:
     """The report's sentence on what the rows ran."""
-    sel = [w.name for w in workloads if w.script is None]
+    sel = [w.name for w in workloads if w.script is None and w.name not in TPCB_WORKLOADS]
+    tpcb = [w.name for w in workloads if w.name in TPCB_WORKLOADS]
     orm = [w.name for w in workloads if w.script == ORM_SCRIPT]
     cache = [w.name for w in workloads if w.is_cache]
     parts = []
     if sel:
         parts.append(f"`-S` (select-only; rows {', '.join(sel)})")
+    if tpcb:
+        parts.append(f"pgbench's built-in TPC-B-like script (rows {', '.join(tpcb)}: three UPDATEs, a "
+                     "SELECT and an INSERT in a BEGIN ... END block)")
     if orm:
         parts.append(f"`-f bench/orm.sql -s {args.scale}` (rows {', '.join(orm)}: a point select, a join "
                      "with an IN list of three ids, an UPDATE and an INSERT, each its own autocommit "

@@ -229,6 +229,16 @@ pub struct Cli {
     )]
     pub log_format: Option<crate::config::LogFormat>,
 
+    /// Demo mode: also run 10-second pgbench comparisons, through pgmemo and directly.
+    #[arg(
+        long,
+        long_help = "In demo mode (no --upstream or --config), once pgmemo is up: run pgbench \
+                     for 10 seconds with 8 clients through pgmemo and then directly against the \
+                     private PostgreSQL, select-only (-S) and a point read with a cache hint, \
+                     and print the TPS figures. pgmemo keeps running."
+    )]
+    pub demo_bench: bool,
+
     /// Check the configuration, print any problem and exit.
     #[arg(
         long,

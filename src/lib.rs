@@ -23,6 +23,7 @@ pub mod statements;
 pub mod stats;
 pub mod stream;
 pub mod tls;
+pub mod tour;
 pub mod wal;
 pub mod words;
 

@@ -97,6 +97,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 LocalPostgres::start(LocalPostgresOptions::default())
             })
             .await??;
+            let cluster = tokio::task::spawn_blocking(move || {
+                pgmemo::tour::load_sample(&cluster).map(|()| cluster)
+            })
+            .await??;
             let config = demo_config(&cli, cluster.host().to_owned(), cluster.port())?;
             (config, Some(cluster))
         }
@@ -120,25 +124,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Ok(config)
     }));
     let addr = pgmemo.local_addr();
-    if demo.is_some() {
-        println!("pgmemo is proxying a private PostgreSQL on {addr} (transaction pooling).");
-        println!("Connect with:");
-        println!(
-            "    psql -h {} -p {} -U postgres postgres",
-            addr.ip(),
-            addr.port()
-        );
-        println!(
-            "Admin console (as an admin user): psql -h {} -p {} -U postgres pgmemo",
-            addr.ip(),
-            addr.port()
-        );
-        println!(
-            "Result cache: on for queries with a leading hint, e.g. \
-             /* pgmemo cache ttl=30s */ SELECT count(*) FROM t;  (run it twice; SHOW CACHE in the admin console)"
-        );
-        println!("Press Ctrl-C to stop; the private PostgreSQL is removed on exit.");
+    if let Some(cluster) = demo.as_ref() {
+        println!("{}", pgmemo::tour::banner(addr, cluster));
     }
+    let demo_bench = match demo.as_ref() {
+        Some(cluster) if cli.demo_bench => {
+            println!("--demo-bench: two 10-second pgbench runs, through pgmemo and directly ...");
+            let (host, port, bin) = (
+                cluster.host().to_owned(),
+                cluster.port(),
+                cluster.bin_dir().to_owned(),
+            );
+            Some(tokio::task::spawn_blocking(
+                move || match pgmemo::tour::compare(&host, port, &bin, addr) {
+                    Ok(comparisons) => {
+                        for c in comparisons {
+                            println!(
+                                "{}, 8 clients, 10 s: {:.0} TPS through pgmemo, {:.0} TPS \
+                                 directly ({:.2}x)",
+                                c.what,
+                                c.through,
+                                c.direct,
+                                c.through / c.direct
+                            );
+                        }
+                    }
+                    Err(e) => eprintln!("--demo-bench: {e:#}"),
+                },
+            ))
+        }
+        _ => None,
+    };
     let app = pgmemo.app().clone();
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
@@ -164,6 +180,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         _ = shutdown.wait_for(|s| *s) => {}
     }
     pgmemo.wait().await;
+    if let Some(bench) = demo_bench {
+        bench.abort();
+    }
     if let Some(mut cluster) = demo {
         tokio::task::spawn_blocking(move || cluster.stop()).await?;
     }
