@@ -2655,7 +2655,7 @@ password = "b"
         assert!(!row("listen").3);
         assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
         assert!(rows.iter().all(|r| !r.1.contains("pw")));
-        assert_eq!(rows.len(), 33);
+        assert_eq!(rows.len(), 34);
     }
 
     #[test]

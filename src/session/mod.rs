@@ -563,13 +563,7 @@ impl Session {
                     .await;
             }
             CheckoutError::Closed => {
-                self.client
-                    .send_error(
-                        Severity::Fatal,
-                        sqlstate::ADMIN_SHUTDOWN,
-                        "terminating connection due to administrator command",
-                    )
-                    .await;
+                self.shutdown_client().await;
             }
         }
     }
