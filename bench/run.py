@@ -31,8 +31,8 @@ Targets (columns of the tables, in this order):
                     --no-pgbouncer leaves it out;
   * --target NAME=host:port  any already-running pooler (repeatable).
 Every proxy runs in transaction mode with the same pool size (--pool-size) and
-client limit (6000: the templates' 1000 is raised so that the idle-client test can
-open 5000), on a free loopback port; as root, PostgreSQL and the poolers run as
+client limit (6000, or 1000 more than the largest --idle-clients count: the templates'
+1000 is raised so that the idle-client test can open its clients), on a free loopback port; as root, PostgreSQL and the poolers run as
 the unprivileged user `postgres` (they refuse or dislike root). The "peers" of
 `pgmemo/best peer` are pgbouncer-1.25, odyssey-1.5 and Debian's PgBouncer (not
 direct, not --target poolers); `pgmemo/best peer` is always about `pgmemo` (the
@@ -541,8 +541,8 @@ def render_template(path: Path, *, listen_port: int, pg_port: int, pool_size: in
 
 
 def set_client_limit(conf: str, key: str, sep: str) -> str:
-    """The templates allow 1000 clients; the idle-client test opens up to 5000 and
-    pgmemo is given MAX_CLIENT_CONN: give every proxy the same limit."""
+    """The templates allow 1000 clients; the idle-client test opens more and pgmemo is
+    given MAX_CLIENT_CONN: give every proxy the same limit."""
     new, n = re.subn(rf"(?m)^(\s*{key}\s*{sep}\s*)\d+", rf"\g<1>{MAX_CLIENT_CONN}", conf)
     return new if n else conf
 
@@ -1358,6 +1358,8 @@ def build_args(argv=None):
     if args.idle_clients is None:
         args.idle_clients = [1000] if q else [1000, 5000]
     args.idle_clients = [n for n in args.idle_clients if n > 0]
+    global MAX_CLIENT_CONN
+    MAX_CLIENT_CONN = max(MAX_CLIENT_CONN, max(args.idle_clients, default=0) + 1000)
     if args.warmup is None:
         args.warmup = 1 if q else 2
     if not args.workloads:
