@@ -1130,20 +1130,8 @@ async fn pgbench_select_only_prepared() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_tpcb_prepared_with_more_clients_than_servers() {
     let db = "pd_pgbench_tpcb";
-    fresh_db(db).await;
     // Loaded by the database's owner, so that the script's UPDATEs are allowed through pgmemo.
-    let init = pgbench(
-        &["-i", "-s", "1", "-q", db],
-        cluster().port(),
-        PGMEMO_USER,
-        PGMEMO_PASS,
-    )
-    .await;
-    assert!(
-        init.status.success(),
-        "pgbench -i: {}",
-        String::from_utf8_lossy(&init.stderr)
-    );
+    pgbench_database_as(db, PGMEMO_USER, PGMEMO_PASS).await;
     let proxy = start_pgmemo(test_config(PoolMode::Transaction, 8)).await;
     let port = proxy.local_addr().port();
     let args = [

@@ -68,12 +68,17 @@ pub async fn pgbench(args: &[&str], port: u16, user: &str, password: &str) -> st
 
 /// A fresh database `name` with pgbench's tables (`pgbench -i -s 1`), loaded directly.
 pub async fn pgbench_database(name: &'static str) {
+    pgbench_database_as(name, SUPERUSER, SUPERUSER_PASS).await
+}
+
+/// [`pgbench_database`] with the tables made by `user` (who then owns them).
+pub async fn pgbench_database_as(name: &'static str, user: &str, password: &str) {
     fresh_db(name).await;
     let init = pgbench(
         &["-i", "-s", "1", "-q", name],
         cluster().port(),
-        SUPERUSER,
-        SUPERUSER_PASS,
+        user,
+        password,
     )
     .await;
     assert!(
