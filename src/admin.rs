@@ -526,7 +526,7 @@ pub fn show_stats(app: &App) -> Table {
         e.autoprepared += s.autoprepared;
         e.autoprepare_passed += s.autoprepare_passed;
         e.state_probes += s.state_probes;
-        e.idle_batches += s.idle_batches;
+        e.serverless_batches += s.serverless_batches;
         for (total, n) in e.pins.iter_mut().zip(s.pins) {
             *total += n;
         }
@@ -559,7 +559,7 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.autoprepare_passed),
                 text(s.state_probes),
                 text(s.pins.iter().sum::<u64>()),
-                text(s.idle_batches),
+                text(s.serverless_batches),
             ]
         })
         .collect();

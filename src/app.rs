@@ -281,6 +281,8 @@ impl App {
         database: &str,
     ) -> Arc<ClientInfo> {
         let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
+        // Interned before the cancel keys are locked: one lock at a time.
+        let (user, database, no_name) = (self.intern(user), self.intern(database), self.intern(""));
         let mut keys = self.cancel_keys.lock();
         let (pid, secret) = loop {
             let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
@@ -294,12 +296,12 @@ impl App {
             local_addr,
             connect_time: SystemTime::now(),
             tls,
-            user: self.intern(user),
-            database: self.intern(database),
+            user,
+            database,
             secret,
             pid: std::sync::atomic::AtomicI32::new(pid),
             state: AtomicU8::new(ClientState::Login as u8),
-            application_name: Mutex::new(self.intern("")),
+            application_name: Mutex::new(no_name),
             server: Mutex::new(None),
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),

@@ -200,7 +200,7 @@ pub fn render(app: &App) -> String {
         (
             "pgmemo_serverless_batches_total",
             "Batches of Parse, Close and Sync answered without taking a server.",
-            |s| s.idle_batches as f64,
+            |s| s.serverless_batches as f64,
         ),
     ];
     for (name, help, get) in counters {

@@ -74,7 +74,7 @@ pub struct PoolStats {
     /// Servers asked what a client's transaction left in its session (`session::state`).
     pub state_probes: AtomicU64,
     /// Batches of Parse / Close / Sync answered without a server (`statements::idle_batch`).
-    pub idle_batches: AtomicU64,
+    pub serverless_batches: AtomicU64,
     /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
     /// counted when the reason appears.
     pub pins: [AtomicU64; 5],
@@ -138,7 +138,7 @@ impl PoolStats {
             autoprepared: self.autoprepared.load(r),
             autoprepare_passed: self.autoprepare_passed.load(r),
             state_probes: self.state_probes.load(r),
-            idle_batches: self.idle_batches.load(r),
+            serverless_batches: self.serverless_batches.load(r),
             pins: std::array::from_fn(|i| self.pins[i].load(r)),
         }
     }
@@ -171,6 +171,6 @@ pub struct StatsSnapshot {
     pub autoprepared: u64,
     pub autoprepare_passed: u64,
     pub state_probes: u64,
-    pub idle_batches: u64,
+    pub serverless_batches: u64,
     pub pins: [u64; 5],
 }

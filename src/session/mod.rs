@@ -658,7 +658,7 @@ impl Session {
         self.stats.bytes_received += taken as u64;
         self.pool
             .stats
-            .idle_batches
+            .serverless_batches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         true
     }
