@@ -376,6 +376,20 @@ impl ReplyQueue {
         })
     }
 
+    /// The statement (and its generation as sent) the head entry describes, when it is a
+    /// client's Describe of a statement.
+    pub fn head_describes(&self) -> Option<(&std::sync::Arc<crate::statements::Statement>, u32)> {
+        let head = self.entries.front()?;
+        match &head.effect {
+            Some(Effect::Uses {
+                statement,
+                generation,
+                ..
+            }) if head.expected == Expected::Describe => Some((statement, *generation)),
+            _ => None,
+        }
+    }
+
     /// Whether a simple query's reply is still outstanding.
     pub fn has_pending_query(&self) -> bool {
         self.queued_queries > 0

@@ -136,6 +136,9 @@ pub struct ServerConn {
     pub params_synced_for: Option<(u64, u64)>,
     /// Statements prepared on this connection under pgmemo's names.
     pub prepared: crate::statements::ServerSet,
+    /// The ParameterDescription of a Describe of a statement, kept until its RowDescription or
+    /// NoData completes the description (see `idle_batch::observe_description`).
+    pub describing: BytesMut,
     /// Set when the connection must not go back to the pool (I/O error, protocol confusion,
     /// FATAL from the server).
     pub broken: bool,
@@ -171,6 +174,7 @@ impl ServerConn {
             settings: Vars::new(),
             status: b'I',
             prepared: crate::statements::ServerSet::new(500),
+            describing: BytesMut::new(),
             created: now,
             last_used: now,
             checked_out: now,

@@ -2502,6 +2502,102 @@ async fn prepare_of_a_reserved_name_is_refused() {
 // Batches answered without a server
 // ---------------------------------------------------------------------------------------------
 
+/// Describe of a statement a server has described, with no server free: a client that
+/// prepares and describes as asyncpg and pgx do (Parse, Describe, Sync) gets the server's
+/// ParameterDescription and RowDescription/NoData again, byte for byte what PostgreSQL sends a
+/// direct connection (table and type OIDs included), without waiting for the held server.
+/// After a table is dropped and made again through pgmemo (same columns, another OID), a name
+/// bound before is described by a server again, as PostgreSQL describes it now; and after a
+/// change of its result type, as PostgreSQL answers it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_statements_are_described_without_a_server() {
+    let table = "CREATE TABLE describe_me (id int PRIMARY KEY, note text)";
+    run_directly(&format!("DROP TABLE IF EXISTS describe_me; {table}")).await;
+    let select = "SELECT * FROM describe_me WHERE id = $1";
+    let insert = "INSERT INTO describe_me VALUES ($1, $2)";
+    let batches: Vec<Vec<F>> = vec![
+        vec![p("d1", select), ds("d1"), S],
+        vec![p("", select), ds(""), S],
+        vec![p("d2", insert), ds("d2"), cs("d2"), S],
+        vec![ds("d1"), S],
+    ];
+    let render =
+        |replies: &[Backend]| -> Vec<String> { replies.iter().map(|m| m.to_string()).collect() };
+    let mut want = Vec::new();
+    let mut direct = connect(cluster().addr()).await;
+    for batch in &batches {
+        direct.send(batch).await.unwrap();
+        want.push(render(&direct.recv_until_ready(1).await.unwrap()));
+    }
+
+    let proxy = start(1, defaults).await;
+    let addr = proxy.local_addr();
+    let mut holder = connect(addr).await;
+    // A server describes the statements once (through pgmemo, so pgmemo keeps it)...
+    holder
+        .send(&[p("a", select), ds("a"), p("b", insert), ds("b"), S])
+        .await
+        .unwrap();
+    holder.recv_until_ready(1).await.unwrap();
+    // ... then the only server is held in a transaction.
+    simple(&mut holder, "BEGIN").await;
+    let mut client = connect(addr).await;
+    for (batch, want) in batches.iter().zip(&want) {
+        client.send(batch).await.unwrap();
+        let got = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            client.recv_until_ready(1),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{batch:?} waited for a server"))
+        .unwrap();
+        assert_eq!(&render(&got), want, "{batch:?}");
+    }
+    let admin = admin_console(addr).await;
+    let stats = admin_rows(&admin, "SHOW STATS").await;
+    let served: u64 = stats
+        .iter()
+        .filter(|r| r["database"] == TEST_DB)
+        .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(served, batches.len() as u64, "{stats:?}");
+    simple(&mut holder, "COMMIT").await;
+
+    // Schema changes made through pgmemo by another client, after both connections bound d1:
+    // the table made again (same columns, another OID), then a column added.
+    let ddl = [
+        format!("DROP TABLE describe_me; {table}"),
+        "ALTER TABLE describe_me ADD COLUMN extra int".to_owned(),
+    ];
+    let later = [ds("d1"), S];
+    let mut other = connect(addr).await;
+    let mut after_ddl = Vec::new();
+    for sql in &ddl {
+        let replies = simple(&mut other, sql).await;
+        assert!(!replies.iter().any(Backend::is_error), "{sql}: {replies:?}");
+        direct.send(&later).await.unwrap();
+        let want = render(&direct.recv_until_ready(1).await.unwrap());
+        client.send(&later).await.unwrap();
+        let got = render(&client.recv_until_ready(1).await.unwrap());
+        assert_eq!(got, want, "after {sql}");
+        after_ddl.push(want);
+    }
+    let description = |replies: &[String]| {
+        replies
+            .iter()
+            .find(|m| m.starts_with("RowDescription"))
+            .cloned()
+    };
+    assert!(description(&want[0]).is_some(), "{want:?}");
+    assert_ne!(
+        description(&want[0]),
+        description(&after_ddl[0]),
+        "the table OID moved"
+    );
+    proxy.shutdown().await;
+    run_directly("DROP TABLE describe_me").await;
+}
+
 /// What a client reads back, message by message: the type, and for ReadyForQuery its status.
 fn shape(replies: &[Backend]) -> Vec<String> {
     replies

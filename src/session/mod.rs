@@ -633,7 +633,7 @@ impl Session {
         }
     }
 
-    /// Answers a batch of Parse / Close / Sync that needs no server, if the client's input
+    /// Answers a batch of Parse / Describe / Close / Sync that needs no server, if the client's input
     /// starts with one (see [`crate::statements::idle_batch`]).
     fn answer_idle_batch(&mut self) -> bool {
         let Some(stmts) = self.stmts.as_mut() else {
@@ -786,8 +786,8 @@ impl Session {
                         self.client.rbuf.advance(len);
                         continue;
                     }
-                    // Preparing or closing known statements needs no server.
-                    fe::PARSE | fe::CLOSE if self.answer_idle_batch() => continue,
+                    // Preparing, describing or closing known statements needs no server.
+                    fe::PARSE | fe::CLOSE | fe::DESCRIBE if self.answer_idle_batch() => continue,
                     _ => self.acquire_server().await?,
                 }
             } else if tag == fe::TERMINATE {
@@ -1079,6 +1079,19 @@ impl Session {
                 && ((self.held_description && self.autoprepare.as_ref().is_some_and(|a| a.rerun))
                     || (self.replies.head_is_autoprepared_bind()
                         && crate::autoprepare::is_parameter_error(&server.rbuf[5..len])));
+            if matches!(
+                tag,
+                be::PARAMETER_DESCRIPTION | be::ROW_DESCRIPTION | be::NO_DATA
+            ) {
+                if let Some((statement, generation)) = self.replies.head_describes() {
+                    crate::statements::idle_batch::observe_description(
+                        &mut server.describing,
+                        statement,
+                        generation,
+                        &server.rbuf[..len],
+                    );
+                }
+            }
             let mut route = self.replies.on_server_message(tag);
             let mut replay = false;
             let mut retried = false;

@@ -11,6 +11,18 @@
 //! servers mid-transaction (pgbench with more clients than servers) would otherwise stall them
 //! all.
 //!
+//! A Describe of a statement whose current shape a server has described (drivers that prepare
+//! send Parse, Describe, Sync: asyncpg, pgx, JDBC's describe) gets that server's
+//! ParameterDescription and RowDescription/NoData again. A description is replayed only while
+//! it can still be PostgreSQL's: for the statement's generation it was taken at (a result type
+//! change seen as 0A000 moves it), while the database's schema epoch is the one the statement
+//! was made in (DDL through pgmemo moves it, and a dropped and recreated table would show
+//! another table OID), never to a client whose name predates a result type change (PostgreSQL
+//! answers it 0A000) and never for statements that exist only for one client (temporary
+//! objects) or that pgmemo plans itself (`DEALLOCATE`, hidden names). DDL made outside
+//! pgmemo is not seen: as with every statement pgmemo keeps, the 0A000 of the next use on a
+//! server is.
+//!
 //! Anything else, or anything whose answer only PostgreSQL can give (a statement not accepted
 //! before, so possibly an error; a name already in use, 42P05 after PostgreSQL's own checks of
 //! the query; an SQL-level name; a portal; a client over its statement limits; a batch not yet
@@ -32,6 +44,30 @@ enum Step<'a> {
     Parse(&'a [u8], Arc<Statement>),
     /// Drop `name`.
     Close(&'a [u8]),
+    /// Replay a server's description.
+    Describe(bytes::Bytes),
+}
+
+/// Follows a server's replies to a client's Describe of `statement` (sent at `generation`),
+/// one `message` (tag first) at a time: the ParameterDescription waits in `pending` for the
+/// RowDescription or NoData that completes it, and the two are kept on the statement.
+pub fn observe_description(
+    pending: &mut BytesMut,
+    statement: &Statement,
+    generation: u32,
+    message: &[u8],
+) {
+    match message.first() {
+        Some(&be::PARAMETER_DESCRIPTION) => {
+            pending.clear();
+            pending.extend_from_slice(message);
+        }
+        Some(&(be::ROW_DESCRIPTION | be::NO_DATA)) if !pending.is_empty() => {
+            pending.extend_from_slice(message);
+            statement.set_description(generation, pending.split().freeze());
+        }
+        _ => {}
+    }
 }
 
 /// If `input` starts with a whole batch pgmemo can answer alone (see the module's comment),
@@ -40,8 +76,8 @@ enum Step<'a> {
 ///
 /// `max_count` / `max_bytes` are the client's statement limits, `max_message` the
 /// configured `max_message_size`.
-pub fn answer(
-    input: &[u8],
+pub fn answer<'a>(
+    input: &'a [u8],
     stmts: &mut ClientStatements,
     registry: &Registry,
     (max_count, max_bytes, max_message): (usize, usize, usize),
@@ -53,10 +89,11 @@ pub fn answer(
     let mut steps: Vec<Step> = Vec::new();
     // Names bound or dropped earlier in the batch, newest last: what the client will have
     // when each message runs.
-    let bound_in_batch = |steps: &[Step], name: &[u8]| -> Option<bool> {
+    // (Some(statement) if bound, None if dropped.)
+    let bound_in_batch = |steps: &[Step<'a>], name: &[u8]| -> Option<Option<Arc<Statement>>> {
         steps.iter().rev().find_map(|s| match s {
-            Step::Parse(n, _) if *n == name => Some(true),
-            Step::Close(n) if *n == name => Some(false),
+            Step::Parse(n, statement) if *n == name => Some(Some(statement.clone())),
+            Step::Close(n) if *n == name => Some(None),
             _ => None,
         })
     };
@@ -79,7 +116,7 @@ pub fn answer(
             fe::PARSE => {
                 let p = Parse::parse(body)?;
                 let taken = match bound_in_batch(&steps, p.name) {
-                    Some(bound) => bound,
+                    Some(bound) => bound.is_some(),
                     None => stmts.get(p.name).is_some(),
                 };
                 if stmts.is_sql(p.name) || (!p.name.is_empty() && taken) {
@@ -99,6 +136,25 @@ pub fn answer(
                     return None; // PostgreSQL has not accepted it yet: it may fail
                 }
                 steps.push(Step::Parse(p.name, statement));
+            }
+            fe::DESCRIBE => {
+                let t = Target::parse(body)?;
+                if t.kind != b'S' || stmts.is_sql(t.name) {
+                    return None; // a portal (none exists here): PostgreSQL's error
+                }
+                let statement = match bound_in_batch(&steps, t.name) {
+                    Some(bound) => bound?,
+                    None if stmts.is_stale(t.name) => return None,
+                    None => stmts.get(t.name)?.clone(),
+                };
+                if statement.tracked.is_some()
+                    || statement.hidden.is_some()
+                    || stmts.schema.is_private()
+                    || statement.key.epoch != stmts.schema.epoch()
+                {
+                    return None;
+                }
+                steps.push(Step::Describe(statement.description()?));
             }
             fe::CLOSE => {
                 let t = Target::parse(body)?;
@@ -124,6 +180,7 @@ pub fn answer(
                 stmts.set(name, None);
                 crate::protocol::write_message(out, be::CLOSE_COMPLETE, |_| {});
             }
+            Step::Describe(messages) => out.extend_from_slice(&messages),
         }
     }
     be::ready_for_query(out, b'I');

@@ -59,6 +59,10 @@ pub struct Statement {
     /// The server's own 0A000 ("cached plan must not change result type") for this statement,
     /// replayed to clients that prepared it before the change, as PostgreSQL would answer them.
     stale_error: parking_lot::Mutex<Option<Bytes>>,
+    /// What a server answered to a Describe of it (ParameterDescription, then RowDescription
+    /// or NoData, whole messages) and the generation it described: replayed to clients that
+    /// describe it holding no server (see `idle_batch`).
+    description: parking_lot::Mutex<Option<(u32, Bytes)>>,
     /// COMMIT, ROLLBACK and the like: the statements PostgreSQL still parses and runs in an
     /// aborted transaction block.
     pub ends_transaction: bool,
@@ -157,6 +161,7 @@ impl Statement {
             validated: AtomicBool::new(false),
             rejected: AtomicBool::new(false),
             stale_error: parking_lot::Mutex::new(None),
+            description: parking_lot::Mutex::new(None),
             holders: AtomicUsize::new(0),
             servers: AtomicUsize::new(0),
             parse_hits: AtomicU64::new(0),
@@ -192,6 +197,20 @@ impl Statement {
 
     pub fn stale_error(&self) -> Option<Bytes> {
         self.stale_error.lock().clone()
+    }
+
+    /// Keeps a server's description of generation `generation` of the statement.
+    pub fn set_description(&self, generation: u32, messages: Bytes) {
+        *self.description.lock() = Some((generation, messages));
+    }
+
+    /// The description a server gave of the statement's current generation, if one did.
+    pub fn description(&self) -> Option<Bytes> {
+        let generation = self.generation();
+        match &*self.description.lock() {
+            Some((g, messages)) if *g == generation => Some(messages.clone()),
+            _ => None,
+        }
     }
 
     /// Takes the statement's lock until the result is dropped: for benches/hot_path.rs (see
