@@ -73,7 +73,8 @@ pub struct PoolStats {
     pub autoprepare_passed: AtomicU64,
     /// Servers asked what a client's transaction left in its session (`session::state`).
     pub state_probes: AtomicU64,
-    /// Batches of Parse / Close / Sync answered without a server (`statements::idle_batch`).
+    /// Batches of Parse / Describe / Close up to a Sync or Flush answered without a server
+    /// (`statements::idle_batch`).
     pub serverless_batches: AtomicU64,
     /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
     /// counted when the reason appears.

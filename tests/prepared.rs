@@ -2503,7 +2503,8 @@ async fn prepare_of_a_reserved_name_is_refused() {
 // ---------------------------------------------------------------------------------------------
 
 /// Describe of a statement a server has described, with no server free: a client that
-/// prepares and describes as asyncpg and pgx do (Parse, Describe, Sync) gets the server's
+/// prepares and describes as pgx (Parse, Describe, Sync) and asyncpg (Parse, Describe, Flush)
+/// do gets the server's
 /// ParameterDescription and RowDescription/NoData again, byte for byte what PostgreSQL sends a
 /// direct connection (table and type OIDs included), without waiting for the held server.
 /// After a table is dropped and made again through pgmemo (same columns, another OID), a name
@@ -2523,12 +2524,18 @@ async fn known_statements_are_described_without_a_server() {
     ];
     let render =
         |replies: &[Backend]| -> Vec<String> { replies.iter().map(|m| m.to_string()).collect() };
+    // asyncpg's prepare: Parse, Describe, Flush (no ReadyForQuery until a later Sync).
+    let flushed = [p("", select), ds(""), H];
     let mut want = Vec::new();
     let mut direct = connect(cluster().addr()).await;
     for batch in &batches {
         direct.send(batch).await.unwrap();
         want.push(render(&direct.recv_until_ready(1).await.unwrap()));
     }
+    direct.send(&flushed).await.unwrap();
+    let want_flushed = render(&direct.recv_n(3).await.unwrap());
+    direct.send(&[b("", &["1"]), e(), S]).await.unwrap();
+    let want_flushed_run = render(&direct.recv_until_ready(1).await.unwrap());
 
     let proxy = start(1, defaults).await;
     let addr = proxy.local_addr();
@@ -2553,6 +2560,12 @@ async fn known_statements_are_described_without_a_server() {
         .unwrap();
         assert_eq!(&render(&got), want, "{batch:?}");
     }
+    client.send(&flushed).await.unwrap();
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), client.recv_n(3))
+        .await
+        .expect("a batch ended by Flush waited for a server")
+        .unwrap();
+    assert_eq!(render(&got), want_flushed);
     let admin = admin_console(addr).await;
     let stats = admin_rows(&admin, "SHOW STATS").await;
     let served: u64 = stats
@@ -2560,8 +2573,14 @@ async fn known_statements_are_described_without_a_server() {
         .filter(|r| r["database"] == TEST_DB)
         .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
         .sum();
-    assert_eq!(served, batches.len() as u64, "{stats:?}");
+    assert_eq!(served, batches.len() as u64 + 1, "{stats:?}");
+    // The rest of the flushed batch runs on the server once it is free.
+    client.send(&[b("", &["1"]), e(), S]).await.unwrap();
     simple(&mut holder, "COMMIT").await;
+    assert_eq!(
+        render(&client.recv_until_ready(1).await.unwrap()),
+        want_flushed_run
+    );
 
     // Schema changes made through pgmemo by another client, after both connections bound d1:
     // the table made again (same columns, another OID), then a column added.

@@ -1153,6 +1153,71 @@ async fn pgbench_tpcb_prepared_with_more_clients_than_servers() {
     proxy.shutdown().await;
 }
 
+/// asyncpg prepares on a pool of one server held by another client's transaction: its
+/// `Connection.prepare` (Parse, Describe, Flush) of statements a server has prepared and
+/// described before gets PostgreSQL's description from pgmemo at once, with no server, the
+/// same parameter and column types as a direct connection's; with its statement cache off
+/// (the unnamed statement, as behind a pooler) and on (named statements). Without the local
+/// answers it would wait for the held server (and the test time out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncpg_prepares_known_statements_without_a_server() {
+    require_python_module("asyncpg", "asyncpg>=0.29").await;
+    let sqls = [
+        "SELECT $1::int + 1 AS n, 'x'::text AS t",
+        "SELECT generate_series(1, $1::int) AS i, $2::numeric AS amount",
+    ];
+    let prepare = |url: String, named: bool| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(drivers_dir("python").join("prepare_only_asyncpg.py"));
+        if named {
+            cmd.arg("--named");
+        }
+        cmd.arg(url)
+            .args(sqls)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        async move {
+            let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+                .await
+                .expect("asyncpg's prepare waited for the held server")
+                .expect("python3 runs");
+            assert!(
+                out.status.success(),
+                "{}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let direct = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let want = prepare(direct, false).await;
+    assert_eq!(want.lines().count(), sqls.len(), "{want}");
+
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 1)).await;
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    // A server prepares and describes them once, unnamed and named...
+    assert_eq!(prepare(url.clone(), false).await, want);
+    assert_eq!(prepare(url.clone(), true).await, want);
+    // ... then the only one is held in a transaction.
+    let (holder, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    holder.batch_execute("BEGIN").await.unwrap();
+    for named in [false, true] {
+        assert_eq!(prepare(url.clone(), named).await, want, "named: {named}");
+    }
+    let admin = admin_console(proxy.local_addr()).await;
+    let stats = admin_rows(&admin, "SHOW STATS").await;
+    let served: u64 = stats
+        .iter()
+        .filter(|r| r["database"] == TEST_DB)
+        .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
+        .sum();
+    assert!(served >= 2 * sqls.len() as u64, "{stats:?}");
+    holder.batch_execute("COMMIT").await.unwrap();
+    proxy.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Constant eviction
 // ---------------------------------------------------------------------------------------------

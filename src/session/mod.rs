@@ -633,8 +633,8 @@ impl Session {
         }
     }
 
-    /// Answers a batch of Parse / Describe / Close / Sync that needs no server, if the client's input
-    /// starts with one (see [`crate::statements::idle_batch`]).
+    /// Answers a batch of Parse / Describe / Close, ended by a Sync or Flush, that needs no
+    /// server, if the client's input starts with one (see [`crate::statements::idle_batch`]).
     fn answer_idle_batch(&mut self) -> bool {
         let Some(stmts) = self.stmts.as_mut() else {
             return false;

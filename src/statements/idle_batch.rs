@@ -6,7 +6,11 @@
 //! statement PostgreSQL has already accepted in the client's context, a Close of a statement
 //! name, and the Sync that ends them change only the client's names in pgmemo: PostgreSQL would
 //! answer ParseComplete, CloseComplete and ReadyForQuery 'I'. pgmemo answers them itself, in
-//! that order, and takes no server from the pool. Besides a round trip, this saves a checkout
+//! that order, and takes no server from the pool. A batch may also end with a Flush instead
+//! of a Sync (asyncpg prepares with Parse, Describe, Flush and sends the Sync only with its
+//! Bind/Execute): PostgreSQL then sends the same replies without the ReadyForQuery, and so does
+//! pgmemo; what the client sends next takes a server as usual, and a Parse of the statement is
+//! injected there when it runs. Besides a round trip, this saves a checkout
 //! that could wait: a client that prepares synchronously while its thread's other clients hold
 //! servers mid-transaction (pgbench with more clients than servers) would otherwise stall them
 //! all.
@@ -70,7 +74,8 @@ pub fn observe_description(
     }
 }
 
-/// If `input` starts with a whole batch pgmemo can answer alone (see the module's comment),
+/// If `input` starts with a whole batch pgmemo can answer alone, up to its Sync or Flush (see
+/// the module's comment),
 /// applies it to `stmts`, writes PostgreSQL's replies to `out`, and returns the number of
 /// bytes of `input` it took. Otherwise returns None and changes nothing.
 ///
@@ -99,7 +104,8 @@ pub fn answer<'a>(
     };
     let (mut count, mut bytes) = (stmts.len(), stmts.bytes());
     let mut at = 0;
-    loop {
+    // Whether the batch ends with a Flush (no ReadyForQuery) rather than a Sync.
+    let flushed = loop {
         let rest = &input[at..];
         if rest.len() < 5 || steps.len() >= MAX_MESSAGES {
             return None;
@@ -112,7 +118,8 @@ pub fn answer<'a>(
         let body = &rest[5..len];
         at += len;
         match tag {
-            fe::SYNC if body.is_empty() => break,
+            fe::SYNC if body.is_empty() => break false,
+            fe::FLUSH if body.is_empty() && !steps.is_empty() => break true,
             fe::PARSE => {
                 let p = Parse::parse(body)?;
                 let taken = match bound_in_batch(&steps, p.name) {
@@ -165,7 +172,7 @@ pub fn answer<'a>(
             }
             _ => return None,
         }
-    }
+    };
     for step in steps {
         match step {
             Step::Parse(name, statement) => {
@@ -183,6 +190,8 @@ pub fn answer<'a>(
             Step::Describe(messages) => out.extend_from_slice(&messages),
         }
     }
-    be::ready_for_query(out, b'I');
+    if !flushed {
+        be::ready_for_query(out, b'I');
+    }
     Some(at)
 }
