@@ -1083,6 +1083,8 @@ class Run:
     cache_hits: Optional[int] = None        # pgmemo+cache: result-cache hits during the run
     cache_misses: Optional[int] = None      # ... and misses (queries sent to fill the cache)
     cache_hit_ratio: Optional[float] = None  # hits / (hits + misses)
+    latency_p50_us: Optional[float] = None   # one client only: from pgbench's per-transaction log
+    latency_p99_us: Optional[float] = None
     ok: bool = False
     error: str = ""
 
@@ -1097,6 +1099,27 @@ def parse_pgbench(run: Run, out: str, err: str) -> None:
     m = RE_FAILED.search(out)
     run.failed_tx = int(m.group(1)) if m else (0 if run.transactions is not None else None)
     run.aborted_clients = len(RE_ABORTED.findall(err))
+
+
+def percentile(sorted_vals: list, q: float) -> float:
+    """The q-quantile (0..1) of sorted values, nearest rank."""
+    i = min(len(sorted_vals) - 1, max(0, int(round(q * len(sorted_vals) + 0.5)) - 1))
+    return sorted_vals[i]
+
+
+def read_latency_log(prefix: Path) -> list[int]:
+    """Per-transaction latencies (µs) from pgbench's --log files `<prefix>.<pid>[.<thread>]`
+    (the third field of each line), which are removed after reading."""
+    lat = []
+    for f in sorted(prefix.parent.glob(prefix.name + ".*")):
+        try:
+            for line in f.read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 3 and parts[2].isdigit():
+                    lat.append(int(parts[2]))
+        finally:
+            f.unlink(missing_ok=True)
+    return lat
 
 
 def one_line(text: str) -> str:
@@ -1117,6 +1140,10 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
             "-n", "-j", str(min(2, clients)), "-c", str(clients),
             "-T", str(duration), "-M", wl.protocol, "-h", t.host, "-p", str(t.port),
             "-U", t.user, t.database]
+    # One client: every transaction's latency is logged, for the p50/p99 the proxy adds.
+    lat_prefix = ctx.tmp / f"latency-{run.cell}-{run.round}-{t.name}" if clients == 1 else None
+    if lat_prefix is not None:
+        argv[1:1] = ["--log", f"--log-prefix={lat_prefix}"]
     pid = t.pid
     if t.server is not None and pid is None:
         run.error = f"{t.name} is not running"
@@ -1152,6 +1179,11 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
         warn(f"{t.name}: could not read the cache counters from {t.metrics_url}: no hit ratio for this run")
     run.exit_status = p.returncode
     parse_pgbench(run, out, err)
+    if lat_prefix is not None:
+        lat = sorted(read_latency_log(lat_prefix))
+        if lat:
+            run.latency_p50_us = float(percentile(lat, 0.50))
+            run.latency_p99_us = float(percentile(lat, 0.99))
     if cpu0 is not None and cpu1 is not None:
         run.proxy_cpu_s = round((cpu1 - cpu0) / CLK_TCK, 3)
         if run.transactions:
@@ -1753,6 +1785,39 @@ def cell_rows(args, targets: list[Target], runs: list[Run]) -> list[dict]:
     return rows
 
 
+def latency_table(args, targets: list[Target], runs: list[Run]) -> str:
+    """The "Latency at one client" table (empty without 1 in --clients): per workload, each
+    target's p50 / p99 transaction latency in µs (medians over rounds, from pgbench's
+    per-transaction log), and what each proxy adds to PostgreSQL directly's."""
+    if 1 not in args.clients:
+        return ""
+    med = lambda vals: statistics.median(vals) if vals else None
+    def quantiles(wl: str, name: str) -> tuple[Optional[float], Optional[float]]:
+        rs = [r for r in runs if r.workload == wl and r.clients == 1 and r.target == name and r.ok]
+        return (med([r.latency_p50_us for r in rs if r.latency_p50_us is not None]),
+                med([r.latency_p99_us for r in rs if r.latency_p99_us is not None]))
+    names = [t.name for t in targets]
+    proxies = [t.name for t in targets if t.is_proxy and not t.cache]
+    has_direct = "direct" in names
+    hdr = ["workload"] + [f"{n} p50 / p99" for n in names]
+    if has_direct:
+        hdr += [f"{n} adds p50 / p99" for n in proxies]
+    lines = ["| " + " | ".join(hdr) + " |", "|" + "|".join(["---"] + ["---:"] * (len(hdr) - 1)) + "|"]
+    pair = lambda a, b: "—" if a is None or b is None else f"{a:,.0f} / {b:,.0f}"
+    for wl in args.workloads:
+        q = {n: quantiles(wl, n) for n in names}
+        if all(v == (None, None) for v in q.values()):
+            continue
+        row = [wl] + [pair(*q[n]) for n in names]
+        if has_direct:
+            d50, d99 = q["direct"]
+            for n in proxies:
+                p50, p99 = q[n]
+                row.append("—" if None in (p50, p99, d50, d99) else f"{p50 - d50:+,.0f} / {p99 - d99:+,.0f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
     """The "Result cache" table (empty without cache workloads): per cache workload
     x clients, TPS of direct, pgmemo (cache off), pgmemo+cache and the best peer,
@@ -2045,6 +2110,7 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     write_csv(ctx.outdir / "memory.csv", mem_rows)
     tbl, notes = table(args, targets, runs)
     cache_tbl = cache_table(args, targets, runs)
+    latency_tbl = latency_table(args, targets, runs)
     plot_err = plot(ctx.outdir / "tps.png", args, targets, runs)
     versions = {"postgres": ctx.pg_version, "pgbench": version_of([ctx.pgbench, "--version"])}
     if not args.no_pgmemo:
@@ -2090,6 +2156,10 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
                if ctx.pgmemo_cache else ""),
             ""]
     body = head + [tbl, ""]
+    if latency_tbl:
+        body += ["Latency at one client, µs per transaction (pgbench -c 1 --log; median over rounds of "
+                 "each run's p50 and p99; `adds`: the proxy's over PostgreSQL directly's):", "",
+                 latency_tbl, ""]
     if cache_tbl:
         body += [cache_tbl, ""]
     if notes:
