@@ -17,7 +17,12 @@ pub enum Hint {
 pub fn parse(sql: &[u8]) -> Option<Hint> {
     let start = sql.iter().position(|b| !b.is_ascii_whitespace())?;
     let rest = sql[start..].strip_prefix(b"/*")?;
-    let end = rest.windows(2).position(|w| w == b"*/")?;
+    // Run on every query a rule or hint may choose: the common answers (no comment, another
+    // comment) are given before any text is split.
+    if !rest.trim_ascii_start().starts_with(b"pgmemo") {
+        return None;
+    }
+    let end = comment_end(rest)?;
     let body = std::str::from_utf8(&rest[..end]).ok()?;
     let mut words = body.split_ascii_whitespace();
     if words.next()? != "pgmemo" {
@@ -30,13 +35,37 @@ pub fn parse(sql: &[u8]) -> Option<Hint> {
             for word in words {
                 let (name, value) = word.split_once('=')?;
                 match name {
-                    "ttl" => ttl = Some(super::config::parse_duration(value)?),
+                    "ttl" => ttl = Some(ttl_value(value)?),
                     _ => return None,
                 }
             }
             Some(Hint::Cache { ttl })
         }
         _ => None,
+    }
+}
+
+/// Where `*/` starts in `text`.
+fn comment_end(text: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    loop {
+        let star = from + text[from..].iter().position(|&b| b == b'*')?;
+        if text.get(star + 1) == Some(&b'/') {
+            return Some(star);
+        }
+        from = star + 1;
+    }
+}
+
+/// A ttl's value: whole seconds (`60s`, the usual spelling) read directly, anything else as
+/// the configuration reads durations.
+fn ttl_value(value: &str) -> Option<Duration> {
+    let seconds = value
+        .strip_suffix('s')
+        .filter(|n| !n.is_empty() && n.len() <= 8 && n.bytes().all(|b| b.is_ascii_digit()));
+    match seconds {
+        Some(n) => Some(Duration::from_secs(n.parse().ok()?)).filter(|d| d.as_secs() <= 31_536_000),
+        None => super::config::parse_duration(value),
     }
 }
 
@@ -61,5 +90,25 @@ mod tests {
         assert_eq!(parse(b"/* pgmemo:cache */ SELECT 1"), None);
         assert_eq!(parse(b"/* pgmemo cache ttl=forever */ SELECT 1"), None);
         assert_eq!(parse(b"/* pgmemo cache"), None);
+        assert_eq!(parse(b"/* a * b */ SELECT 1"), None);
+        assert_eq!(parse(b"/*pgmemo nocache*/SELECT 1"), Some(Hint::NoCache));
+        assert_eq!(parse(b"/* pgmemocache */ SELECT 1"), None);
+        assert_eq!(parse(b"/* pgmemo cache ttl=99999999s */ SELECT 1"), None);
+        assert_eq!(
+            parse(b"/* pgmemo cache ttl=1.5s */ SELECT 1"),
+            Some(Hint::Cache {
+                ttl: Some(Duration::from_millis(1500))
+            })
+        );
+        assert_eq!(
+            parse(b"/* pgmemo cache ttl=2m */ SELECT 1"),
+            Some(Hint::Cache {
+                ttl: Some(Duration::from_secs(120))
+            })
+        );
+        // The integer path agrees with the configuration's reading of durations.
+        for n in ["0s", "1s", "60s", "31536000s", "31536001s", "007s", "s"] {
+            assert_eq!(ttl_value(n), super::super::config::parse_duration(n), "{n}");
+        }
     }
 }

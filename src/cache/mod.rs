@@ -397,8 +397,12 @@ impl ResultCache {
         if client.off || client.context_of.is_none() {
             return None;
         }
-        let key = raw_key(&client.context, sql);
-        let entry = self.raw.get(&key)?.upgrade()?;
+        raw_key(&mut client.raw_key, &client.context, sql);
+        let entry = self.raw.get(&client.raw_key[..]);
+        if client.raw_key.capacity() > 64 * 1024 {
+            client.raw_key = Vec::new(); // a long text's: not kept for every idle client
+        }
+        let entry = entry?.upgrade()?;
         if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
             return None;
         }
@@ -631,10 +635,16 @@ impl ResultCache {
         }
         stats.misses.fetch_add(1, Relaxed);
         let admitted = cfg.admit_after <= 1 || self.seen_before(key_hash);
-        let raw_key = (!query.extended).then(|| raw_key(&client.context, query.hint_source));
+        // The keys go into the buffers of the client's last fill: copied out only if stored.
+        let mut keys = std::mem::take(&mut client.spare_keys);
+        keys.0.clear();
+        keys.0.extend_from_slice(&client.key);
+        keys.1.clear();
+        if !query.extended {
+            raw_key(&mut keys.1, &client.context, query.hint_source);
+        }
         client.fill = Some(Fill {
-            raw_key,
-            key: client.key[..].into(),
+            keys,
             key_hash,
             admitted,
             flight,
@@ -721,9 +731,9 @@ impl ResultCache {
         false
     }
 
-    /// Stores a finished fill (see [`ClientCache::capture`]) if it may be; gives its buffer
-    /// back for the client's next fill.
-    fn store_fill(&self, mut fill: Fill, status: u8) -> BytesMut {
+    /// Stores a finished fill (see [`ClientCache::capture`]) if it may be; gives its buffers
+    /// (reply, keys) back for the client's next fill.
+    fn store_fill(&self, mut fill: Fill, status: u8) -> (BytesMut, FillKeys) {
         let admitted = fill.admitted || fill.flight.waiters.load(Relaxed) > 0;
         let why = if let Some(why) = fill.spoiled {
             Some(why)
@@ -757,10 +767,11 @@ impl ResultCache {
                 };
                 fill.stats.stores.fetch_add(1, Relaxed);
                 let entry = Arc::new(entry);
-                if let Some(raw) = fill.raw_key.take() {
-                    self.raw.insert(raw, Arc::downgrade(&entry));
+                let (key, raw) = &fill.keys;
+                if !raw.is_empty() {
+                    self.raw.insert(raw[..].into(), Arc::downgrade(&entry));
                 }
-                self.store.insert(std::mem::take(&mut fill.key), entry);
+                self.store.insert(key[..].into(), entry);
             }
         }
         let mut spare = std::mem::take(&mut fill.reply);
@@ -768,7 +779,11 @@ impl ResultCache {
         if spare.capacity() > 64 * 1024 {
             spare = BytesMut::new();
         }
-        spare
+        let mut keys = std::mem::take(&mut fill.keys);
+        if keys.0.capacity() + keys.1.capacity() > 64 * 1024 {
+            keys = FillKeys::default();
+        }
+        (spare, keys)
     }
 
     /// Bumps what `effects` may have changed in `database`.
@@ -908,14 +923,16 @@ pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
     })
 }
 
-/// The first tier's key of a simple query's text in a client's context.
-fn raw_key(context: &[u8], sql: &[u8]) -> Box<[u8]> {
-    let mut key = Vec::with_capacity(context.len() + 1 + sql.len());
+/// The first tier's key of a simple query's text in a client's context, written to `key`.
+fn raw_key(key: &mut Vec<u8>, context: &[u8], sql: &[u8]) {
+    key.clear();
     key.extend_from_slice(context);
     key.push(0xff); // no UTF-8 text holds it: the context's end, unambiguously
     key.extend_from_slice(sql);
-    key.into()
 }
+
+/// A fill's store key and first-tier key (empty: none, for the extended protocol).
+type FillKeys = (Vec<u8>, Vec<u8>);
 
 /// A normalized query text without the `;` that may end it (and the blanks around): `SELECT
 /// 1;` and `SELECT 1` get the same replies, and share an entry (pgbench sends the `;`, most
@@ -966,9 +983,8 @@ struct Chosen {
 
 /// A result being captured for the store.
 pub struct Fill {
-    key: Box<[u8]>,
-    /// A simple query's first-tier key (see [`ResultCache::raw`]).
-    raw_key: Option<Box<[u8]>>,
+    /// The store's key, and a simple query's first-tier key (see [`ResultCache::raw`]).
+    keys: FillKeys,
     key_hash: u64,
     /// Stored when it completes (else only if another client waited for it).
     admitted: bool,
@@ -1026,8 +1042,11 @@ pub struct ClientCache {
     committed: bool,
     ended: u32,
     pub fill: Option<Fill>,
-    /// The buffer of the last fill, for the next.
+    /// The buffers of the last fill, for the next.
     spare: BytesMut,
+    spare_keys: FillKeys,
+    /// The first tier's key of the last lookup.
+    raw_key: Vec<u8>,
 }
 
 impl ClientCache {
@@ -1141,7 +1160,7 @@ impl ClientCache {
                 be::READY_FOR_QUERY => {
                     let status = message.get(5).copied().unwrap_or(b'I');
                     if let Some(fill) = self.fill.take() {
-                        self.spare = cache.store_fill(fill, status);
+                        (self.spare, self.spare_keys) = cache.store_fill(fill, status);
                     }
                     return;
                 }
