@@ -242,7 +242,7 @@ mod tests {
                 text.push(alphabet[(seed % alphabet.len() as u64) as usize]);
             }
             // Every word somewhere now and then, in mixed case.
-            if seed % 3 == 0 {
+            if seed.is_multiple_of(3) {
                 let w = words.words[(seed >> 8) as usize % words.words.len()];
                 text.extend(w.iter().enumerate().map(|(i, &b)| {
                     if (seed >> (16 + i % 32)) & 1 == 1 {
