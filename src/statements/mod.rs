@@ -673,7 +673,9 @@ pub struct ClientStatements {
     /// Name → statement, with the statement's generation when the client bound the name: a
     /// client that prepared before a DDL change of the result type keeps getting PostgreSQL's
     /// 0A000 until it prepares again (it may have cached the old row description).
-    names: HashMap<Bytes, (Arc<Statement>, u32)>,
+    /// Looked up by every Parse/Bind/Describe: foldhash (randomly seeded per process), not
+    /// SipHash, whose cost showed in per-transaction profiles.
+    names: HashMap<Bytes, (Arc<Statement>, u32), foldhash::fast::RandomState>,
     /// The client's SQL-level statements (`PREPARE name AS ...`): name → the PREPARE
     /// statement, to prepare them again on whichever server the client's next transaction
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
@@ -700,7 +702,7 @@ pub struct ClientStatements {
 impl ClientStatements {
     pub fn new(context: u32, schema: schema::SchemaWatch) -> Self {
         ClientStatements {
-            names: HashMap::new(),
+            names: HashMap::default(),
             sql: SqlStatements::default(),
             context,
             startup_context: context,
