@@ -13,6 +13,43 @@ pub enum Hint {
     NoCache,
 }
 
+/// One client's last leading comment and what it said: a client's queries mostly carry the
+/// same hint, which is then recognized by one comparison instead of being read again.
+#[derive(Debug, Default)]
+pub struct Memo {
+    /// The comment, `/*` to `*/` (empty: none remembered).
+    comment: Vec<u8>,
+    hint: Option<Hint>,
+}
+
+/// Longer comments are read each time rather than kept for every client.
+const MAX_MEMO: usize = 256;
+
+impl Memo {
+    /// [`parse`], remembering the last comment read.
+    pub fn parse(&mut self, sql: &[u8]) -> Option<Hint> {
+        let start = sql.iter().position(|b| !b.is_ascii_whitespace())?;
+        let text = &sql[start..];
+        if !text.starts_with(b"/*") {
+            return None;
+        }
+        if !self.comment.is_empty() && text.starts_with(&self.comment) {
+            return self.hint;
+        }
+        let hint = parse(text);
+        let end = comment_end(&text[2..]).map(|e| e + 4);
+        match end {
+            Some(end) if end <= MAX_MEMO => {
+                self.comment.clear();
+                self.comment.extend_from_slice(&text[..end]);
+                self.hint = hint;
+            }
+            _ => self.comment.clear(),
+        }
+        hint
+    }
+}
+
 /// The hint in the first comment of `sql` (only whitespace before it), if it is one.
 pub fn parse(sql: &[u8]) -> Option<Hint> {
     let start = sql.iter().position(|b| !b.is_ascii_whitespace())?;
@@ -72,6 +109,34 @@ fn ttl_value(value: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memo answers as `parse` does, for the same comment again, another comment, no
+    /// comment, and an unfinished one.
+    #[test]
+    fn the_memo_agrees_with_parse() {
+        let mut memo = Memo::default();
+        for sql in [
+            &b"/* pgmemo cache ttl=60s */ SELECT 1"[..],
+            b"/* pgmemo cache ttl=60s */ SELECT 2",
+            b"  /* pgmemo cache ttl=60s */SELECT 3",
+            b"/* pgmemo cache ttl=61s */ SELECT 1",
+            b"/* pgmemo nocache */ SELECT 1",
+            b"SELECT 1",
+            b"/* pgmemo nocache */ SELECT 1",
+            b"/* other */ SELECT 1",
+            b"/* pgmemo cache",
+            b"/* pgmemo cache */",
+            b"/* pgmemo cache ttl=60s */ SELECT 1",
+            b"/* pgmemo cache ttl=60s * / */ SELECT 1",
+        ] {
+            assert_eq!(
+                memo.parse(sql),
+                parse(sql),
+                "{}",
+                String::from_utf8_lossy(sql)
+            );
+        }
+    }
 
     #[test]
     fn hints() {

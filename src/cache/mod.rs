@@ -135,7 +135,9 @@ impl Flight {
 
 /// Fetches in progress, by the hash of their key (two keys with one hash only make a client
 /// wait for a fetch that is not its own, then look up again).
-type Flights = papaya::HashMap<u64, Arc<Flight>>;
+/// The keys are already hashes: foldhash, not papaya's default SipHash, which showed in the
+/// miss path's profile.
+type Flights = papaya::HashMap<u64, Arc<Flight>, foldhash::fast::RandomState>;
 
 /// What was decided about one normalized text (or one raw text the lexer refused).
 pub struct Shape {
@@ -249,7 +251,7 @@ impl ResultCache {
             ),
             versions: Versions::default(),
             raw: quick_cache::sync::Cache::new(RAW_ENTRIES),
-            flights: Arc::new(papaya::HashMap::new()),
+            flights: Arc::new(papaya::HashMap::with_hasher(Default::default())),
             shapes: quick_cache::sync::Cache::new(10_000),
             plans: quick_cache::sync::Cache::new(10_000),
             snapshots: papaya::HashMap::new(),
@@ -519,12 +521,13 @@ impl ResultCache {
     ) -> Lookup {
         let cfg = self.config.load();
         let hint = if cfg.hints {
-            hint::parse(query.hint_source)
+            client.hint.parse(query.hint_source)
         } else {
             None
         };
         let rules = self.rules.load();
-        let text = std::str::from_utf8(query.text).unwrap_or_default();
+        // Rules match the text as a string; a hint needs none of it.
+        let text = || std::str::from_utf8(query.text).unwrap_or_default();
         let (rule, stats) = match hint {
             Some(hint::Hint::NoCache) => {
                 self.count(Bypass::Hint);
@@ -539,25 +542,26 @@ impl ResultCache {
                 },
                 rules.last().cloned(),
             ),
-            None => match cfg
-                .rules
-                .iter()
-                .position(|r| r.matches(at.database, at.user, text, query.hash))
-            {
-                Some(i) => {
-                    let r = &cfg.rules[i];
-                    (
-                        Chosen {
-                            ttl: r.ttl,
-                            cache_empty: r.cache_empty,
-                            max_result_bytes: r.max_result_bytes,
-                            read_only_transactions: r.read_only_transactions,
-                        },
-                        rules.get(i).cloned(),
-                    )
-                }
-                None => return Lookup::Pass,
-            },
+            None => {
+                let text = text();
+                let Some(i) = cfg
+                    .rules
+                    .iter()
+                    .position(|r| r.matches(at.database, at.user, text, query.hash))
+                else {
+                    return Lookup::Pass;
+                };
+                let r = &cfg.rules[i];
+                (
+                    Chosen {
+                        ttl: r.ttl,
+                        cache_empty: r.cache_empty,
+                        max_result_bytes: r.max_result_bytes,
+                        read_only_transactions: r.read_only_transactions,
+                    },
+                    rules.get(i).cloned(),
+                )
+            }
         };
         let Some(stats) = stats else {
             return Lookup::Pass;
@@ -652,7 +656,7 @@ impl ResultCache {
             seen: self.versions.capture(slots),
             chosen: rule,
             stats,
-            text: query.display.cloned().unwrap_or_else(|| text.into()),
+            text: query.display.cloned().unwrap_or_else(|| text().into()),
             tables: plan.tables.clone(),
             database: client.database.clone(),
             reply: std::mem::take(&mut client.spare),
@@ -1047,6 +1051,8 @@ pub struct ClientCache {
     spare_keys: FillKeys,
     /// The first tier's key of the last lookup.
     raw_key: Vec<u8>,
+    /// The last hint comment read.
+    hint: hint::Memo,
 }
 
 impl ClientCache {
