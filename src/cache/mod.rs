@@ -160,6 +160,8 @@ pub struct ResultCache {
     config: ArcSwap<CacheConfig>,
     /// `config.enabled`, readable with one load on the hot path.
     enabled: AtomicBool,
+    /// Whether `config.invalidation` is the WAL's, likewise (asked at every lookup).
+    follows_wal: AtomicBool,
     store: Store,
     pub versions: Versions,
     /// The first tier of simple-query lookups: (client context, the query's text exactly as
@@ -242,6 +244,7 @@ impl ResultCache {
         let cache = ResultCache {
             config: ArcSwap::from_pointee(config.clone()),
             enabled: AtomicBool::new(config.enabled),
+            follows_wal: AtomicBool::new(false),
             store: Store::with(
                 1024,
                 config.max_memory as u64,
@@ -291,13 +294,15 @@ impl ResultCache {
             self.store.clear();
         }
         self.enabled.store(config.enabled, Relaxed);
+        self.follows_wal
+            .store(config.invalidation == config::Invalidation::Wal, Relaxed);
         self.config.store(Arc::new(config.clone()));
     }
 
     #[inline]
     /// Whether writes are followed in the database's WAL (`cache.invalidation = "wal"`).
     pub fn follows_wal(&self) -> bool {
-        self.config.load().invalidation == config::Invalidation::Wal
+        self.follows_wal.load(Relaxed)
     }
 
     pub fn enabled(&self) -> bool {

@@ -165,8 +165,7 @@ impl Session {
             return None;
         }
         self.cache_context();
-        let settings = self.pool.settings();
-        if self.wal_behind(&settings) {
+        if self.app.cache.follows_wal() && self.wal_behind(&self.pool.settings()) {
             return None;
         }
         let app = self.app.clone();
