@@ -47,6 +47,7 @@ impl<const N: usize> WordSet<N> {
         let mut i = 0;
         while i < N {
             let first = words[i][0];
+            assert!(first.is_ascii_alphabetic(), "words start with a letter");
             class[first as usize] |= 1 << i;
             class[first.to_ascii_uppercase() as usize] |= 1 << i;
             let mut j = 0;
@@ -76,12 +77,17 @@ impl<const N: usize> WordSet<N> {
     pub fn found_in(&self, text: &[u8], wanted: u32) -> u32 {
         let wanted = wanted & !IDENTIFIER;
         let mut found = 0u32;
-        // `IDENTIFIER` set in `after`: the previous byte continues an identifier.
-        let mut after = 0; // nothing before the start
-        for (at, &c) in text.iter().enumerate() {
-            let class = self.class[c as usize];
+        let mut at = 0;
+        // Every word starts with a letter (see `new`), so only the first byte of each run of
+        // identifier bytes is looked at; the rest of the run is skipped in a tight loop.
+        while at < text.len() {
+            let class = self.class[text[at] as usize];
+            if class & IDENTIFIER == 0 {
+                at += 1;
+                continue;
+            }
             let mut candidates = class & wanted & !found;
-            if candidates != 0 && after == 0 {
+            if candidates != 0 {
                 let rest = &text[at..];
                 let next4 = match rest.first_chunk::<4>() {
                     Some(b) => u32::from_le_bytes(*b),
@@ -109,7 +115,10 @@ impl<const N: usize> WordSet<N> {
                     }
                 }
             }
-            after = class & IDENTIFIER;
+            at += 1;
+            while at < text.len() && self.class[text[at] as usize] & IDENTIFIER != 0 {
+                at += 1;
+            }
         }
         found
     }

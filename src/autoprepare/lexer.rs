@@ -175,6 +175,7 @@ pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
         at: 0,
         chars: 0,
         chars_at: 0,
+        ascii: if sql.is_ascii() { sql.len() } else { 0 },
         out,
         first_word: true,
         after_semicolon: false,
@@ -196,6 +197,9 @@ struct Lexer<'a> {
     /// Characters in `sql[..chars_at]`, counted lazily for literal positions.
     chars: u32,
     chars_at: usize,
+    /// `sql[..ascii]` is ASCII: a position there is its byte offset, with nothing to count
+    /// (the whole text for most queries; 0 when it has other characters).
+    ascii: usize,
     out: &'a mut Lexed,
     /// No word has been read yet: the next one decides whether the statement is DML.
     first_word: bool,
@@ -229,6 +233,11 @@ impl Lexer<'_> {
     }
 
     fn position_of(&mut self, at: usize) -> u32 {
+        if at <= self.ascii {
+            self.chars = at as u32;
+            self.chars_at = at;
+            return at as u32 + 1;
+        }
         for &b in &self.sql[self.chars_at..at] {
             if b & 0xC0 != 0x80 {
                 self.chars += 1;

@@ -1798,12 +1798,16 @@ impl Words {
     }
 
     /// Whether a statement's text may begin with BEGIN or START (after blanks or a comment):
-    /// a look at its first byte, before the exact check.
+    /// a look at its first bytes (`st`, not the `se` of every SELECT), before the exact check.
     fn may_start_transaction(text: &[u8]) -> bool {
-        matches!(
-            text.iter().find(|c| !c.is_ascii_whitespace()),
-            Some(b'b' | b'B' | b's' | b'S' | b'-' | b'/')
-        )
+        let Some(at) = text.iter().position(|c| !c.is_ascii_whitespace()) else {
+            return false;
+        };
+        match text[at] {
+            b'b' | b'B' | b'-' | b'/' => true,
+            b's' | b'S' => matches!(text.get(at + 1), Some(b't' | b'T')),
+            _ => false,
+        }
     }
 }
 

@@ -52,6 +52,25 @@ enum Step<'a> {
     Describe(bytes::Bytes),
 }
 
+/// Whether `input` starts with whole Parse, Describe and Close messages up to a Sync or
+/// Flush: a look at the types alone, so that the usual batch (a Parse before its Bind and
+/// Execute, sent by every extended-protocol query) is turned away before anything is read.
+fn only_statement_messages(input: &[u8]) -> bool {
+    let mut at = 0;
+    for _ in 0..=MAX_MESSAGES {
+        let Some(header) = input.get(at..at + 5) else {
+            return false;
+        };
+        match header[0] {
+            fe::SYNC | fe::FLUSH => return true,
+            fe::PARSE | fe::DESCRIBE | fe::CLOSE => {}
+            _ => return false,
+        }
+        at += 1 + u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    }
+    false
+}
+
 /// Follows a server's replies to a client's Describe of `statement` (sent at `generation`),
 /// one `message` (tag first) at a time: the ParameterDescription waits in `pending` for the
 /// RowDescription or NoData that completes it, and the two are kept on the statement.
@@ -88,8 +107,9 @@ pub fn answer<'a>(
     (max_count, max_bytes, max_message): (usize, usize, usize),
     out: &mut BytesMut,
 ) -> Option<usize> {
-    if stmts.search_path.is_open() {
-        return None; // a SET search_path still to be settled by the server's answer
+    // Not for other messages, nor while a SET search_path waits for the server's answer.
+    if !only_statement_messages(input) || stmts.search_path.is_open() {
+        return None;
     }
     let mut steps: Vec<Step> = Vec::new();
     // Names bound or dropped earlier in the batch, newest last: what the client will have
