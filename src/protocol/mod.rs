@@ -114,7 +114,7 @@ impl<'a> Reader<'a> {
 
     /// A NUL-terminated string, without the NUL.
     pub fn cstr(&mut self) -> Option<&'a [u8]> {
-        let end = self.buf.iter().position(|&b| b == 0)?;
+        let end = memchr::memchr(0, self.buf)?;
         let s = &self.buf[..end];
         self.buf = &self.buf[end + 1..];
         Some(s)

@@ -1259,11 +1259,16 @@ impl Planner<'_> {
     fn may_open_block(&self, tag: u8, words: u32) -> bool {
         match tag {
             fe::QUERY => words & (Words::BEGIN | Words::START) != 0,
-            // (A look at the first byte first: a Parse is planned per query.)
-            fe::PARSE => Parse::parse(self.body())
-                .filter(|p| Words::may_start_transaction(p.query))
-                .and_then(|p| std::str::from_utf8(p.query).ok())
-                .is_some_and(sql::is_transaction_start),
+            // (A look at the query's first bytes first, past the statement name: a Parse is
+            // planned per query.)
+            fe::PARSE => {
+                let body = self.body();
+                memchr::memchr(0, body)
+                    .is_some_and(|name_end| Words::may_start_transaction(&body[name_end + 1..]))
+                    && Parse::parse(body)
+                        .and_then(|p| std::str::from_utf8(p.query).ok())
+                        .is_some_and(sql::is_transaction_start)
+            }
             // A Bind of BEGIN: see bind().
             _ => false,
         }
