@@ -2566,14 +2566,8 @@ async fn known_statements_are_described_without_a_server() {
         .expect("a batch ended by Flush waited for a server")
         .unwrap();
     assert_eq!(render(&got), want_flushed);
-    let admin = admin_console(addr).await;
-    let stats = admin_rows(&admin, "SHOW STATS").await;
-    let served: u64 = stats
-        .iter()
-        .filter(|r| r["database"] == TEST_DB)
-        .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(served, batches.len() as u64 + 1, "{stats:?}");
+    let served = serverless_batches(addr).await;
+    assert_eq!(served, batches.len() as u64 + 1, "served: {served}");
     // The rest of the flushed batch runs on the server once it is free.
     client.send(&[b("", &["1"]), e(), S]).await.unwrap();
     simple(&mut holder, "COMMIT").await;
@@ -2670,14 +2664,8 @@ async fn known_statements_are_prepared_and_closed_without_a_server() {
         .unwrap();
         assert_eq!(&shape(&got), want, "{batch:?}");
     }
-    let admin = admin_console(addr).await;
-    let stats = admin_rows(&admin, "SHOW STATS").await;
-    let served: u64 = stats
-        .iter()
-        .filter(|r| r["database"] == TEST_DB)
-        .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(served, batches.len() as u64, "{stats:?}");
+    let served = serverless_batches(addr).await;
+    assert_eq!(served, batches.len() as u64, "served: {served}");
 
     // A statement PostgreSQL has not seen must reach it: it waits for the held server.
     client.send(&[p("new", "SELECT 'new'"), S]).await.unwrap();

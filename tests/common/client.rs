@@ -121,3 +121,15 @@ pub async fn admin_rows(
         })
         .collect()
 }
+
+/// The batches pgmemo at `addr` answered without a server for the test database
+/// (`SHOW STATS` `serverless_batches`).
+pub async fn serverless_batches(addr: std::net::SocketAddr) -> u64 {
+    let admin = admin_console(addr).await;
+    admin_rows(&admin, "SHOW STATS")
+        .await
+        .iter()
+        .filter(|r| r["database"] == super::TEST_DB)
+        .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
+        .sum()
+}
