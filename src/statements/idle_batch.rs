@@ -10,10 +10,9 @@
 //! of a Sync (asyncpg prepares with Parse, Describe, Flush and sends the Sync only with its
 //! Bind/Execute): PostgreSQL then sends the same replies without the ReadyForQuery, and so does
 //! pgmemo; what the client sends next takes a server as usual, and a Parse of the statement is
-//! injected there when it runs. Besides a round trip, this saves a checkout
-//! that could wait: a client that prepares synchronously while its thread's other clients hold
-//! servers mid-transaction (pgbench with more clients than servers) would otherwise stall them
-//! all.
+//! injected there when it runs. Besides a round trip, this saves a checkout that could wait: a
+//! client that prepares synchronously while its thread's other clients hold servers
+//! mid-transaction (pgbench with more clients than servers) would otherwise stall them all.
 //!
 //! A Describe of a statement whose current shape a server has described (drivers that prepare
 //! send Parse, Describe, Sync: asyncpg, pgx, JDBC's describe) gets that server's
@@ -94,9 +93,8 @@ pub fn observe_description(
 }
 
 /// If `input` starts with a whole batch pgmemo can answer alone, up to its Sync or Flush (see
-/// the module's comment),
-/// applies it to `stmts`, writes PostgreSQL's replies to `out`, and returns the number of
-/// bytes of `input` it took. Otherwise returns None and changes nothing.
+/// the module's comment), applies it to `stmts`, writes PostgreSQL's replies to `out`, and
+/// returns the number of bytes of `input` it took. Otherwise returns None and changes nothing.
 ///
 /// `max_count` / `max_bytes` are the client's statement limits, `max_message` the
 /// configured `max_message_size`.
@@ -139,7 +137,7 @@ pub fn answer<'a>(
         at += len;
         match tag {
             fe::SYNC if body.is_empty() => break false,
-            fe::FLUSH if body.is_empty() && !steps.is_empty() => break true,
+            fe::FLUSH if body.is_empty() => break true,
             fe::PARSE => {
                 let p = Parse::parse(body)?;
                 let taken = match bound_in_batch(&steps, p.name) {
