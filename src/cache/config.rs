@@ -179,10 +179,13 @@ enum RawDuration {
     Text(String),
 }
 
+/// The longest duration a setting or hint may give: a year.
+pub const MAX_DURATION_SECS: u64 = 31_536_000;
+
 impl RawDuration {
     fn resolve(self, key: &str) -> Result<Duration, ConfigError> {
         let d = match self {
-            RawDuration::Seconds(s) if (0.0..=31_536_000.0).contains(&s) => {
+            RawDuration::Seconds(s) if (0.0..=MAX_DURATION_SECS as f64).contains(&s) => {
                 Some(Duration::from_secs_f64(s))
             }
             RawDuration::Seconds(_) => None,
@@ -213,7 +216,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         _ => return None,
     };
     let secs = n * scale;
-    (secs.is_finite() && (0.0..=31_536_000.0).contains(&secs))
+    (secs.is_finite() && (0.0..=MAX_DURATION_SECS as f64).contains(&secs))
         .then(|| Duration::from_secs_f64(secs))
 }
 

@@ -84,14 +84,7 @@ pub fn parse(sql: &[u8]) -> Option<Hint> {
 
 /// Where `*/` starts in `text`.
 fn comment_end(text: &[u8]) -> Option<usize> {
-    let mut from = 0;
-    loop {
-        let star = from + text[from..].iter().position(|&b| b == b'*')?;
-        if text.get(star + 1) == Some(&b'/') {
-            return Some(star);
-        }
-        from = star + 1;
-    }
+    memchr::memmem::find(text, b"*/")
 }
 
 /// A ttl's value: whole seconds (`60s`, the usual spelling) read directly, anything else as
@@ -101,7 +94,8 @@ fn ttl_value(value: &str) -> Option<Duration> {
         .strip_suffix('s')
         .filter(|n| !n.is_empty() && n.len() <= 8 && n.bytes().all(|b| b.is_ascii_digit()));
     match seconds {
-        Some(n) => Some(Duration::from_secs(n.parse().ok()?)).filter(|d| d.as_secs() <= 31_536_000),
+        Some(n) => Some(Duration::from_secs(n.parse().ok()?))
+            .filter(|d| d.as_secs() <= super::config::MAX_DURATION_SECS),
         None => super::config::parse_duration(value),
     }
 }

@@ -42,6 +42,10 @@ const DOORKEEPER_WORDS: usize = 1 << 14;
 /// Texts longer than this are not analyzed for their writes: they invalidate their database.
 const MAX_ANALYZED_TEXT: usize = 64 * 1024;
 
+/// A client's reused buffer (a fill's reply, its keys, the first tier's key) that grew past
+/// this for one long text is dropped rather than kept for every idle client.
+const MAX_KEPT_BUFFER: usize = 64 * 1024;
+
 /// Counters of one rule (or of all hint-chosen queries), for SHOW CACHE and Prometheus.
 #[derive(Debug, Default)]
 pub struct RuleStats {
@@ -406,8 +410,8 @@ impl ResultCache {
         }
         raw_key(&mut client.raw_key, &client.context, sql);
         let entry = self.raw.get(&client.raw_key[..]);
-        if client.raw_key.capacity() > 64 * 1024 {
-            client.raw_key = Vec::new(); // a long text's: not kept for every idle client
+        if client.raw_key.capacity() > MAX_KEPT_BUFFER {
+            client.raw_key = Vec::new();
         }
         let entry = entry?.upgrade()?;
         if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
@@ -785,11 +789,11 @@ impl ResultCache {
         }
         let mut spare = std::mem::take(&mut fill.reply);
         spare.clear();
-        if spare.capacity() > 64 * 1024 {
+        if spare.capacity() > MAX_KEPT_BUFFER {
             spare = BytesMut::new();
         }
         let mut keys = std::mem::take(&mut fill.keys);
-        if keys.0.capacity() + keys.1.capacity() > 64 * 1024 {
+        if keys.0.capacity() + keys.1.capacity() > MAX_KEPT_BUFFER {
             keys = FillKeys::default();
         }
         (spare, keys)
