@@ -9,6 +9,12 @@ use pgmemo::Pgmemo;
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 
+/// mimalloc, not glibc's malloc: the result cache stores and evicts entries of many sizes in
+/// random order, which glibc served from its slow paths (cache_uniform.sql, 32 clients: 7.0 vs
+/// 5.4 µs user CPU per miss).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match runtime_builder().enable_all().build() {
