@@ -138,10 +138,87 @@ impl Flight {
 }
 
 /// Fetches in progress, by the hash of their key (two keys with one hash only make a client
-/// wait for a fetch that is not its own, then look up again).
-/// The keys are already hashes: foldhash, not papaya's default SipHash, which showed in the
-/// miss path's profile.
-type Flights = papaya::HashMap<u64, Arc<Flight>, foldhash::fast::RandomState>;
+/// wait for a fetch that is not its own, then look up again), in shards with a lock each. A
+/// miss inserts and its end removes microseconds later: papaya (lock-free) allocated a node
+/// per insert and reclaimed it by epochs, and grew and copied its table under the churn,
+/// ~700 instructions per miss; a shard's lock is uncontended (a one-thread runtime by
+/// default, and 64 shards otherwise) and its small table allocates nothing once grown.
+struct Flights {
+    shards: Box<[parking_lot::Mutex<FlightShard>]>,
+}
+
+/// The keys are already hashes (foldhash of the key): used as they are.
+type FlightShard = std::collections::HashMap<u64, Arc<Flight>, KeyIsHash>;
+
+const FLIGHT_SHARDS: usize = 64;
+
+impl Flights {
+    fn new() -> Flights {
+        Flights {
+            shards: (0..FLIGHT_SHARDS)
+                .map(|_| parking_lot::Mutex::new(FlightShard::default()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, key_hash: u64) -> &parking_lot::Mutex<FlightShard> {
+        // Middle bits: the shard's table uses the low bits for the bucket and the top ones
+        // for its tags.
+        &self.shards[(key_hash >> 32) as usize % FLIGHT_SHARDS]
+    }
+
+    /// Registers `flight` for `key_hash`, or returns the fetch already running for it.
+    fn start(&self, key_hash: u64, flight: &Arc<Flight>) -> Result<(), Arc<Flight>> {
+        match self.shard(key_hash).lock().entry(key_hash) {
+            std::collections::hash_map::Entry::Occupied(running) => Err(running.get().clone()),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(flight.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets `flight` if it is still the one registered for `key_hash`.
+    fn end(&self, key_hash: u64, flight: &Arc<Flight>) {
+        let mut shard = self.shard(key_hash).lock();
+        if shard.get(&key_hash).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            shard.remove(&key_hash);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
+
+/// Hashes a u64 key to itself.
+#[derive(Clone, Copy, Default)]
+struct KeyIsHash;
+
+impl BuildHasher for KeyIsHash {
+    type Hasher = IdentityHasher;
+    fn build_hasher(&self) -> IdentityHasher {
+        IdentityHasher(0)
+    }
+}
+
+struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed here; anything else is folded in, not lost.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 /// What was decided about one normalized text (or one raw text the lexer refused).
 pub struct Shape {
@@ -258,7 +335,7 @@ impl ResultCache {
             ),
             versions: Versions::default(),
             raw: quick_cache::sync::Cache::new(RAW_ENTRIES),
-            flights: Arc::new(papaya::HashMap::with_hasher(Default::default())),
+            flights: Arc::new(Flights::new()),
             shapes: quick_cache::sync::Cache::new(10_000),
             plans: quick_cache::sync::Cache::new(10_000),
             snapshots: papaya::HashMap::new(),
@@ -637,12 +714,11 @@ impl ResultCache {
         if hits_only {
             return Lookup::Pass;
         }
-        let flights = self.flights.pin();
         let key_hash = lexer::hasher().hash_one(&client.key[..]);
         let flight = Arc::new(Flight::default());
-        match flights.try_insert(key_hash, flight.clone()) {
-            Ok(_) => {}
-            Err(existing) if may_wait => return Lookup::Wait(existing.current.clone()),
+        match self.flights.start(key_hash, &flight) {
+            Ok(()) => {}
+            Err(running) if may_wait => return Lookup::Wait(running),
             // Waited once already: run it without filling.
             Err(_) => return Lookup::Pass,
         }
@@ -1018,10 +1094,7 @@ pub struct Fill {
 
 impl Drop for Fill {
     fn drop(&mut self) {
-        let flights = self.flights.pin();
-        flights
-            .remove_if(&self.key_hash, |_, f| Arc::ptr_eq(f, &self.flight))
-            .ok();
+        self.flights.end(self.key_hash, &self.flight);
         self.flight.finish();
     }
 }
@@ -1255,7 +1328,31 @@ impl ClientCache {
 
 #[cfg(test)]
 mod tests {
-    use super::statement_text;
+    use super::{statement_text, Flight, Flights};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_key_has_one_flight_until_it_ends() {
+        let flights = Flights::new();
+        let (first, second) = (Arc::new(Flight::default()), Arc::new(Flight::default()));
+        // Hashes that differ only in the bits that pick the shard, or only in the others.
+        let (a, b, c) = (7u64 << 32, 8u64 << 32, (7u64 << 32) | 1);
+        assert!(flights.start(a, &first).is_ok());
+        let running = flights.start(a, &second).expect_err("a is running");
+        assert!(Arc::ptr_eq(&running, &first));
+        assert!(flights.start(b, &second).is_ok());
+        assert!(flights.start(c, &second).is_ok());
+        // Only the flight registered for a key ends it.
+        flights.end(a, &second);
+        assert!(flights.start(a, &second).is_err());
+        flights.end(a, &first);
+        assert_eq!(flights.len(), 2);
+        assert!(flights.start(a, &second).is_ok());
+        for key in [a, b, c] {
+            flights.end(key, &second);
+        }
+        assert_eq!(flights.len(), 0);
+    }
 
     #[test]
     fn a_final_semicolon_is_not_part_of_the_key() {
