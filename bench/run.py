@@ -59,6 +59,8 @@ three cache workloads with --cache-workloads):
                      client's own row and a cached read of it, which runs
                      `SELECT 1/0` (aborting the client: a FAIL) if the value read
                      is not the one just written, i.e. on a stale read.
+    Before a cache workload's first cell, every target runs it once for
+    --cache-warmup seconds, not measured: the cache is measured warm.
 
 What it does, by itself:
   * starts a throwaway PostgreSQL (initdb in a temp dir, trust on 127.0.0.1,
@@ -1361,6 +1363,9 @@ def build_args(argv=None):
                         "--idle-clients count, or could not be measured (the test suite's memory check)")
     p.add_argument("--out", default=None, help="results directory [bench/results/<timestamp>]")
     p.add_argument("--warmup", type=int, default=None, help="seconds of warm-up per target before the runs [2; quick: 1]")
+    p.add_argument("--cache-warmup", type=int, default=None,
+                   help="seconds each target runs a cache workload, not measured, before its first cell "
+                        "(0: none) [5; quick: 1]")
     args = p.parse_args(argv)
     q = args.quick
     if args.protocols is not None and args.workloads is not None:
@@ -1394,6 +1399,8 @@ def build_args(argv=None):
     MAX_CLIENT_CONN = max(MAX_CLIENT_CONN, max(args.idle_clients, default=0) + 1000)
     if args.warmup is None:
         args.warmup = 1 if q else 2
+    if args.cache_warmup is None:
+        args.cache_warmup = 1 if q else 5
     if not args.workloads:
         p.error("no workload to run")
     if not args.clients or min(args.clients) < 1 or args.duration < 1 or args.rounds < 1:
@@ -1499,9 +1506,13 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
     wwidth = max(len(w.name) for w in ctx.workloads)
     runs: list[Run] = []
     k = 0
+    warmed: set[str] = set()
     for ci, (wl, clients) in enumerate(cells):
         cell_targets = [t for t in targets if t.runs(wl)]
         n = len(cell_targets)
+        if wl.is_cache and wl.name not in warmed and a.cache_warmup > 0:
+            warm_up_cache_workload(ctx, cell_targets, wl, clients)
+            warmed.add(wl.name)
         for r in range(a.rounds):
             for i in range(n):
                 t = cell_targets[(r + i) % n]
@@ -1525,6 +1536,20 @@ def run_matrix(ctx: Ctx, targets: list[Target]) -> list[Run]:
                     log(f"[{k}/{total}] {wl.name:{wwidth}s} c={clients:<3d} round {r + 1} {t.name:{width}s} "
                         f"{status}{cpu}{flag}")
     return runs
+
+
+def warm_up_cache_workload(ctx: Ctx, targets: list[Target], wl: Workload, clients: int) -> None:
+    """Runs a cache workload once on every target before its first measured cell, not
+    measured: the result cache is measured warm, as a cache in service is, and not by how
+    fast one round happened to fill it (every target gets the same run)."""
+    for t in targets:
+        if t.broken:
+            continue
+        w = run_pgbench(ctx, t, wl, clients, ctx.args.cache_warmup,
+                        Run(-1, -1, -1, "warm-up", wl.protocol, clients, t.name, ctx.args.cache_warmup))
+        ratio = f", hit ratio {w.cache_hit_ratio:.1%}" if w.cache_hit_ratio is not None else ""
+        log(f"{wl.name}: {t.name} warm-up {w.tps or 0:,.0f} tps{ratio}" if w.ok
+            else f"{wl.name}: {t.name} warm-up failed: {w.error}")
 
 
 def memory_test(ctx: Ctx, targets: list[Target]) -> list[dict]:
@@ -1854,7 +1879,9 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
             lines.append("| " + " | ".join(row) + " |")
     intro = (f"Result cache: {c} is pgmemo with `--cache` (the same binary and arguments as pgmemo, whose "
              "cache is off: for it and every other target the `/* pgmemo cache ttl=60s */` hint is just a "
-             "comment), run only for these workloads, interleaved with the others. Hit ratio: its cache "
+             "comment), run only for these workloads, interleaved with the others. Before a cache workload's "
+             f"first cell every target runs it once for {args.cache_warmup} s, not measured (the cache is "
+             "measured warm). Hit ratio: its cache "
              "hits / (hits + misses) during each run, from its /metrics; in cache-hot (nearly all hits) "
              "the µs CPU/tx is about that of a hit, in cache-uniform (mostly misses) "
              f"`{c}/pgmemo` is the miss path's cost. `{c} failed tx`: pgbench's failed transactions plus "
@@ -2078,7 +2105,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     n_cache = sum(w.is_cache for w in ctx.workloads) if ctx.pgmemo_cache else 0  # pgmemo+cache's rows
     n_runs = (len(ctx.workloads) * n_targets + n_cache) * len(args.clients) * args.rounds
     est = n_runs * (args.duration + 0.3) + 10 + (n_targets + bool(n_cache)) * args.warmup \
-        + sum(3 + n / 1500 for n in args.idle_clients) * n_ours
+        + sum(3 + n / 1500 for n in args.idle_clients) * n_ours \
+        + n_cache * (n_targets + 1) * args.cache_warmup
     log(f"{n_runs} pgbench runs of {args.duration} s ({len(ctx.workloads)} workloads x "
         f"{len(args.clients)} client counts x {args.rounds} rounds x {n_targets} targets"
         + (f", plus {CACHE_TARGET} for the {n_cache} cache workloads" if n_cache else "")
