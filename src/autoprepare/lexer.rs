@@ -176,6 +176,7 @@ pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
         chars: 0,
         chars_at: 0,
         ascii: if sql.is_ascii() { sql.len() } else { 0 },
+        copied: 0,
         out,
         first_word: true,
         after_semicolon: false,
@@ -200,6 +201,9 @@ struct Lexer<'a> {
     /// `sql[..ascii]` is ASCII: a position there is its byte offset, with nothing to count
     /// (the whole text for most queries; 0 when it has other characters).
     ascii: usize,
+    /// `sql[..copied]` is in `out.text` (as it is, or as placeholders and comment gaps): the
+    /// text is copied a run at a time, when something that is not copied as it is comes.
+    copied: usize,
     out: &'a mut Lexed,
     /// No word has been read yet: the next one decides whether the statement is DML.
     first_word: bool,
@@ -232,6 +236,12 @@ impl Lexer<'_> {
         self.sql.get(self.at + ahead).copied().unwrap_or(0)
     }
 
+    /// Copies the text up to `to` as it is.
+    fn copy_to(&mut self, to: usize) {
+        self.out.text.extend_from_slice(&self.sql[self.copied..to]);
+        self.copied = to;
+    }
+
     fn position_of(&mut self, at: usize) -> u32 {
         if at <= self.ascii {
             self.chars = at as u32;
@@ -251,7 +261,6 @@ impl Lexer<'_> {
         while self.at < self.sql.len() {
             let b = self.sql[self.at];
             if is_space(b) {
-                self.out.text.push(b);
                 self.at += 1;
                 continue;
             }
@@ -277,39 +286,41 @@ impl Lexer<'_> {
                 b'.' if self.peek(1).is_ascii_digit() => self.number()?,
                 b';' => {
                     self.after_semicolon = true;
-                    self.out.text.push(b);
                     self.at += 1;
                 }
                 _ if is_ident_start(b) => self.word()?,
-                _ => {
-                    self.out.text.push(b);
-                    self.at += 1;
-                }
+                _ => self.at += 1,
             }
         }
         if self.first_word {
             return Err(Refusal::NotDml);
         }
+        self.copy_to(self.sql.len());
         Ok(())
     }
 
-    /// Where a comment was, a space keeps the tokens on either side apart.
-    fn comment_gap(&mut self) {
+    /// Where a comment was (from `start` to here), a space keeps the tokens on either side
+    /// apart.
+    fn comment_gap(&mut self, start: usize) {
+        self.copy_to(start);
         if self.out.text.last().is_some_and(|&b| !is_space(b)) {
             self.out.text.push(b' ');
         }
+        self.copied = self.at;
         let after = self.position_of(self.at);
         self.out.comments.push((self.out.text.len() as u32, after));
     }
 
     fn line_comment(&mut self) {
+        let start = self.at;
         while self.at < self.sql.len() && !matches!(self.sql[self.at], b'\n' | b'\r') {
             self.at += 1;
         }
-        self.comment_gap();
+        self.comment_gap(start);
     }
 
     fn block_comment(&mut self) -> Result<(), Refusal> {
+        let start = self.at;
         let mut depth = 0usize;
         while self.at < self.sql.len() {
             if self.peek(0) == b'/' && self.peek(1) == b'*' {
@@ -319,7 +330,7 @@ impl Lexer<'_> {
                 depth -= 1;
                 self.at += 2;
                 if depth == 0 {
-                    self.comment_gap();
+                    self.comment_gap(start);
                     return Ok(());
                 }
             } else {
@@ -365,7 +376,6 @@ impl Lexer<'_> {
             }
             self.first_word = false;
         }
-        self.out.text.extend_from_slice(word);
         Ok(())
     }
 
@@ -373,9 +383,7 @@ impl Lexer<'_> {
         if self.first_word {
             return Err(Refusal::NotDml);
         }
-        let start = self.at;
         self.at = closing_quote(self.sql, self.at + 1, b'"').ok_or(Refusal::NotUnderstood)?;
-        self.out.text.extend_from_slice(&self.sql[start..self.at]);
         Ok(())
     }
 
@@ -406,7 +414,6 @@ impl Lexer<'_> {
         }
         self.at = end;
         if quote == b'"' {
-            self.out.text.extend_from_slice(&self.sql[start..end]);
             return Ok(());
         }
         self.verbatim(start, end);
@@ -575,8 +582,9 @@ impl Lexer<'_> {
         let position = self.position_of(start);
         let end_position = self.position_of(end);
         let at = self.out.values.len() as u32;
+        self.copy_to(start);
         let gen_start = self.out.text.len() as u32;
-        self.out.text.extend_from_slice(&self.sql[start..end]);
+        self.copy_to(end);
         self.out.literals.push(Literal {
             start: start as u32,
             end: end as u32,
@@ -604,12 +612,14 @@ impl Lexer<'_> {
         let position = self.position_of(start);
         let end_position = self.position_of(end);
         self.out.params += 1;
+        self.copy_to(start);
         let gen_start = self.out.text.len() as u32;
         let gen_end = push_placeholder(
             &mut self.out.text,
             self.out.params,
             self.sql.get(end).copied(),
         );
+        self.copied = end;
         self.out.literals.push(Literal {
             start: start as u32,
             end: end as u32,
