@@ -211,16 +211,43 @@ struct Lexer<'a> {
     after_semicolon: bool,
 }
 
+/// What each byte can be, one table lookup instead of a chain of comparisons per byte.
+const SPACE: u8 = 1;
+const IDENT_START: u8 = 2;
+const IDENT_CONT: u8 = 4;
+
+const CLASS: [u8; 256] = {
+    let mut class = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | b'\x0b') {
+            class[c] = SPACE;
+        }
+        if b.is_ascii_alphabetic() || b == b'_' || b >= 0x80 {
+            class[c] = IDENT_START | IDENT_CONT;
+        }
+        if b.is_ascii_digit() || b == b'$' {
+            class[c] = IDENT_CONT;
+        }
+        c += 1;
+    }
+    class
+};
+
+#[inline]
 fn is_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | b'\x0b')
+    CLASS[b as usize] & SPACE != 0
 }
 
+#[inline]
 fn is_ident_start(b: u8) -> bool {
-    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
+    CLASS[b as usize] & IDENT_START != 0
 }
 
+#[inline]
 fn is_ident_cont(b: u8) -> bool {
-    is_ident_start(b) || b.is_ascii_digit() || b == b'$'
+    CLASS[b as usize] & IDENT_CONT != 0
 }
 
 /// Statements whose first word makes them candidates.
@@ -765,6 +792,18 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_classes_are_postgresql_s() {
+        for b in 0..=255u8 {
+            let space = matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | b'\x0b');
+            let start = b.is_ascii_alphabetic() || b == b'_' || b >= 0x80;
+            let cont = start || b.is_ascii_digit() || b == b'$';
+            assert_eq!(is_space(b), space, "{b}");
+            assert_eq!(is_ident_start(b), start, "{b}");
+            assert_eq!(is_ident_cont(b), cont, "{b}");
+        }
+    }
 
     fn gen(sql: &str) -> Result<(String, Vec<(Kind, String)>), Refusal> {
         let mut out = Lexed::default();
