@@ -442,6 +442,12 @@ impl ReplyQueue {
         self.copy_in = false;
     }
 
+    /// Whether entries with effects ended since the last [`ReplyQueue::drain_outcomes`].
+    #[inline]
+    pub fn has_outcomes(&self) -> bool {
+        !self.outcomes.is_empty()
+    }
+
     /// Ended effects to apply, in order.
     #[inline]
     pub fn drain_outcomes(&mut self) -> Option<std::vec::Drain<'_, (Effect, Outcome)>> {

@@ -1510,7 +1510,23 @@ impl Session {
 
     /// Applies the bookkeeping of entries that ended: kept when their message ran, undone
     /// (newest first) when PostgreSQL discarded it.
+    #[inline]
     fn settle(&mut self, error_code: Option<&str>, retried: bool) {
+        // Called after every server read and local answer, mostly with nothing to do: that is
+        // checked here, before the large frame of the work itself (~550 instructions per
+        // transaction for nothing, measured).
+        if self.replies.has_outcomes()
+            || self
+                .stmts
+                .as_ref()
+                .is_some_and(|s| s.search_path.has_carry())
+        {
+            self.settle_outcomes(error_code, retried);
+        }
+    }
+
+    #[inline(never)]
+    fn settle_outcomes(&mut self, error_code: Option<&str>, retried: bool) {
         let Session {
             app,
             replies,

@@ -592,6 +592,12 @@ impl SearchPath {
         }
     }
 
+    /// Whether a committed session value waits to be carried (see [`SearchPath::take_carry`]).
+    #[inline]
+    pub fn has_carry(&self) -> bool {
+        self.carry.is_some()
+    }
+
     /// The session value that committed since the last call, to carry to other servers.
     #[inline]
     pub fn take_carry(&mut self) -> Option<Box<str>> {
