@@ -658,6 +658,43 @@ async fn rules_follow_a_reload() {
     // A nocache hint wins over the rule.
     run(&mut c, "/* pgmemo nocache */ SELECT v FROM r").await;
     assert_eq!(stats(&proxy, "r").0, 1);
+    // Once the rule is gone, what it stored is not answered any more.
+    let by_rule = |name: &str| {
+        proxy
+            .app()
+            .cache
+            .rule_stats()
+            .into_iter()
+            .find(|r| r.name == name)
+            .expect("rule stats")
+    };
+    let r = by_rule("r");
+    proxy
+        .reload_with(cache_config(PoolMode::Transaction, 2, vec![]))
+        .expect("reload");
+    run(&mut c, "SELECT v FROM r").await;
+    run(&mut c, "SELECT v FROM r").await;
+    assert_eq!(
+        r.hits.load(Relaxed),
+        1,
+        "answered after its rule was removed"
+    );
+    // Hints likewise: what they stored is answered only while hints are obeyed.
+    let hinted = "/* pgmemo cache */ SELECT v, 2 FROM r";
+    run(&mut c, hinted).await;
+    run(&mut c, hinted).await;
+    let hints = by_rule("(hint)");
+    assert_eq!(hints.hits.load(Relaxed), 1);
+    let mut config = cache_config(PoolMode::Transaction, 2, vec![]);
+    config.cache.hints = false;
+    proxy.reload_with(config).expect("reload");
+    let from_server = run(&mut c, hinted).await;
+    assert_eq!(hints.hits.load(Relaxed), 1, "answered with hints off");
+    assert_eq!(
+        from_server.iter().filter(|(tag, _)| *tag == b'D').count(),
+        1,
+        "{from_server:?}"
+    );
 }
 
 /// The extended protocol: unnamed and named statements, text and binary parameters and

@@ -56,6 +56,9 @@ pub struct RuleStats {
     pub evictions: AtomicU64,
     pub invalidations: AtomicU64,
     pub bypasses: AtomicU64,
+    /// The rule is in the configuration (the hints' counters: hints are obeyed), so entries
+    /// it stored are answered: one load on a first-tier hit instead of the configuration's.
+    chooses: AtomicBool,
 }
 
 /// One stored result.
@@ -369,6 +372,16 @@ impl ResultCache {
         };
         let mut rules: Vec<_> = config.rules.iter().map(|r| stats_for(&r.name)).collect();
         rules.push(stats_for("(hint)"));
+        for r in old
+            .iter()
+            .filter(|r| !rules.iter().any(|n| Arc::ptr_eq(r, n)))
+        {
+            r.chooses.store(false, Relaxed);
+        }
+        for (i, r) in rules.iter().enumerate() {
+            let hints = i + 1 == rules.len();
+            r.chooses.store(!hints || config.hints, Relaxed);
+        }
         self.rules.store(Arc::new(rules));
         self.store.set_capacity(config.max_memory as u64);
         if !config.enabled {
@@ -494,14 +507,7 @@ impl ResultCache {
         if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
             return None;
         }
-        let rules = self.rules.load();
-        let chosen = match rules.iter().position(|r| Arc::ptr_eq(r, &entry.rule)) {
-            // The last stats are the hints': only while hints are obeyed.
-            Some(i) if i + 1 == rules.len() => self.config.load().hints,
-            Some(_) => true,
-            None => false,
-        };
-        if !chosen {
+        if !entry.rule.chooses.load(Relaxed) {
             return None;
         }
         entry.hits.fetch_add(1, Relaxed);

@@ -168,9 +168,10 @@ impl Session {
         if self.app.cache.follows_wal() && self.wal_behind(&self.pool.settings()) {
             return None;
         }
-        let app = self.app.clone();
         let client = self.cache.as_deref_mut()?;
-        app.cache.raw_hit(client, &self.client.rbuf[5..text_end])
+        self.app
+            .cache
+            .raw_hit(client, &self.client.rbuf[5..text_end])
     }
 
     /// Something is in flight or a transaction is open: the cache cannot answer.
