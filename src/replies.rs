@@ -90,7 +90,7 @@ pub enum Action {
     Silent,
     /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
     /// error-skip and transaction rules apply); the client sees the error rewritten.
-    ReplaceError(ErrorRewrite),
+    ReplaceError(Box<ErrorRewrite>),
     /// Part of a simple query that runs as an autoprepared statement: the replies a simple
     /// query has no counterpart for (ParseComplete, BindComplete, NoData) are swallowed, an
     /// error is shown as the simple query's ([`ErrorRewrite::AsSimpleQuery`]).
@@ -98,6 +98,14 @@ pub enum Action {
     /// The Describe of such a query that writes: its RowDescription is held back
     /// ([`Route::Hold`]) until the statement has produced its first row or completed.
     AsSimpleQueryHeld,
+}
+
+impl Action {
+    /// [`Action::ReplaceError`], its rewrite boxed: rare, and an entry without it stays small
+    /// (136 → 80 bytes; entries are moved through the queue for every message).
+    pub fn replace_error(rewrite: ErrorRewrite) -> Action {
+        Action::ReplaceError(Box::new(rewrite))
+    }
 }
 
 /// How the server's error is shown to the client.
@@ -141,7 +149,7 @@ pub enum Synth {
     /// These replies, ready-made: the ParameterDescription and NoData of a Describe that
     /// PostgreSQL answers even in an aborted transaction block (a statement that returns no
     /// rows) while the server lacks the statement.
-    Replies(Bytes),
+    Replies(Box<Bytes>),
     /// The reply to a simple-query `DEALLOCATE name` of a protocol-level statement:
     /// CommandComplete and ReadyForQuery (or 25P02 in a failed transaction).
     Deallocate,
@@ -529,9 +537,7 @@ impl ReplyQueue {
                 // An error ends a COPY IN on the server's side; later Syncs count again.
                 self.copy_in = false;
                 match &head.action {
-                    Action::ReplaceError(rewrite) => {
-                        self.replacement = Some(Box::new(rewrite.clone()))
-                    }
+                    Action::ReplaceError(rewrite) => self.replacement = Some(rewrite.clone()),
                     Action::AsSimpleQuery => {
                         self.replacement = Some(Box::new(ErrorRewrite::AsSimpleQuery))
                     }

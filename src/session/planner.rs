@@ -520,7 +520,7 @@ impl Planner<'_> {
         self.replies.push_entry(Entry {
             expected: Expected::Bind,
             action: match rewrite {
-                Some(rewrite) => Action::ReplaceError(rewrite),
+                Some(rewrite) => Action::replace_error(rewrite),
                 None => Action::Forward,
             },
             effect: None,
@@ -559,7 +559,7 @@ impl Planner<'_> {
                 write_message(&mut replies, be::NO_DATA, |_| {});
                 self.replies.push_entry(Entry {
                     expected: Expected::Describe,
-                    action: Action::Synthesize(Synth::Replies(replies.freeze())),
+                    action: Action::Synthesize(Synth::Replies(Box::new(replies.freeze()))),
                     effect: None,
                 });
                 return Plan::Done;
@@ -760,7 +760,7 @@ impl Planner<'_> {
                 });
                 self.replies.push_entry(Entry {
                     expected: Expected::Describe,
-                    action: Action::ReplaceError(ErrorRewrite::Rename {
+                    action: Action::replace_error(ErrorRewrite::Rename {
                         from: Bytes::from_static(MISSING_NAME),
                         to: Bytes::copy_from_slice(name),
                     }),
@@ -1225,7 +1225,7 @@ impl Planner<'_> {
         encode(&mut self.server.wbuf, MISSING_NAME);
         self.replies.push_entry(Entry {
             expected,
-            action: Action::ReplaceError(ErrorRewrite::Rename {
+            action: Action::replace_error(ErrorRewrite::Rename {
                 from: Bytes::from_static(MISSING_NAME),
                 to: Bytes::copy_from_slice(name),
             }),
@@ -1249,7 +1249,7 @@ impl Planner<'_> {
         });
         self.replies.push_entry(Entry {
             expected,
-            action: Action::ReplaceError(ErrorRewrite::Whole(error)),
+            action: Action::replace_error(ErrorRewrite::Whole(error)),
             effect: None,
         });
     }
@@ -1747,7 +1747,7 @@ fn reserved_action(used: &sql::ReservedUse) -> Action {
 
 /// PostgreSQL's 26000 about [`MISSING_NAME`] is about the client's `name`.
 fn missing_as(name: &str) -> Action {
-    Action::ReplaceError(ErrorRewrite::Hidden {
+    Action::replace_error(ErrorRewrite::Hidden {
         name: Bytes::copy_from_slice(name.as_bytes()),
         refusal: None,
     })
@@ -1765,7 +1765,7 @@ fn refusing(name: &str) -> Action {
             "pgmemo: prepared statement name \"{name}\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)"
         ),
     );
-    Action::ReplaceError(ErrorRewrite::Hidden {
+    Action::replace_error(ErrorRewrite::Hidden {
         name: Bytes::copy_from_slice(name.as_bytes()),
         refusal: Some(error.freeze()),
     })
@@ -1774,7 +1774,7 @@ fn refusing(name: &str) -> Action {
 /// Replies pass through, but an error that names the statement names it as the client does.
 #[inline]
 fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
-    Action::ReplaceError(ErrorRewrite::Rename {
+    Action::replace_error(ErrorRewrite::Rename {
         from: statement.server_name_bytes.clone(),
         to: client_name,
     })
