@@ -614,7 +614,7 @@ impl Planner<'_> {
             self.replies.push_entry(Entry {
                 expected: Expected::Close,
                 action: Action::Forward,
-                effect: Some(Effect::SqlClosed { name, text }),
+                effect: Some(Effect::SqlClosed(Box::new((name, text)))),
             });
             return true;
         }
@@ -717,7 +717,7 @@ impl Planner<'_> {
             let name = String::from_utf8_lossy(name).into_owned();
             let text = self.stmts.sql.remove(&name).unwrap_or_default();
             self.server.prepared.sql.remove(&name);
-            self.forward_execute(Some(Effect::SqlDeallocated { name, text }));
+            self.forward_execute(Some(Effect::SqlDeallocated(Box::new((name, text)))));
             return Plan::Done;
         }
         // Something of pgmemo's has this name on the server: its own statement (a client may
@@ -1512,7 +1512,8 @@ pub fn settle(
             stmts.set(&name, Some(statement));
         }
         Effect::SearchPathSet(before) if !done => stmts.search_path.restore(*before),
-        Effect::SqlDeallocated { name, text } if !done => {
+        Effect::SqlDeallocated(named) if !done => {
+            let (name, text) = *named;
             if let Some(server) = server {
                 server.prepared.sql.insert(name.clone(), text.clone());
             }
@@ -1582,7 +1583,8 @@ pub fn settle(
                 server.prepared.sql.remove(&name);
             }
         }
-        Effect::SqlClosed { name, text } if outcome == Outcome::Discarded => {
+        Effect::SqlClosed(named) if outcome == Outcome::Discarded => {
+            let (name, text) = *named;
             if let Some(server) = server {
                 server.prepared.sql.insert(name.clone(), text.clone());
             }

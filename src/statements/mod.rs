@@ -311,9 +311,10 @@ pub enum Effect {
         name: Box<[u8]>,
         statement: Arc<Statement>,
     },
-    /// A SQL-level statement dropped by the Execute of a `DEALLOCATE name`. Undone unless it
-    /// ran.
-    SqlDeallocated { name: String, text: String },
+    /// A SQL-level statement (name, text) dropped by the Execute of a `DEALLOCATE name`.
+    /// Undone unless it ran. Boxed, like the other rare payloads: every reply entry holds an
+    /// `Option<Effect>` and is moved through the queue per message.
+    SqlDeallocated(Box<(String, String)>),
     /// The search_path as it was before the Execute of a `SET search_path`. Undone unless it
     /// ran.
     SearchPathSet(Box<SearchPath>),
@@ -325,8 +326,9 @@ pub enum Effect {
     /// A SQL-level statement pgmemo prepares (or deallocates) on a server so that the
     /// server's SQL-level statements are the client's. Failed: the server does not have it.
     SqlSync { name: String },
-    /// A client's SQL-level statement dropped by a protocol Close. Undone if discarded.
-    SqlClosed { name: String, text: String },
+    /// A client's SQL-level statement (name, text) dropped by a protocol Close. Undone if
+    /// discarded.
+    SqlClosed(Box<(String, String)>),
     /// Two effects of one message, in the order they happened (a simple query drops the
     /// unnamed statement, then deallocates).
     Both(Box<(Effect, Effect)>),
@@ -372,7 +374,7 @@ impl Effect {
             | Effect::Reset(_)
             | Effect::Sql(_)
             | Effect::Deallocated { .. }
-            | Effect::SqlDeallocated { .. }
+            | Effect::SqlDeallocated(_)
             | Effect::SearchPathSet(_) => true,
             Effect::Both(both) => both.0.undone_on_failure() || both.1.undone_on_failure(),
             _ => false,
