@@ -331,7 +331,10 @@ impl Session {
         } else {
             Transaction::Busy
         };
-        self.cache_context();
+        // Idle, the first-tier lookup just brought the context up to date for this query.
+        if transaction != Transaction::Idle {
+            self.cache_context();
+        }
         let settings = self.pool.settings();
         let mut may_wait = true;
         let mut resolves = 0;
