@@ -80,14 +80,19 @@ fn first_value(replies: &[(u8, Vec<u8>)]) -> Option<String> {
         })
 }
 
-fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
-    let r = proxy
+/// The counters of `rule` (`"(hint)"`: of hinted queries).
+fn rule_stats(proxy: &Pgmemo, rule: &str) -> std::sync::Arc<pgmemo::cache::RuleStats> {
+    proxy
         .app()
         .cache
         .rule_stats()
         .into_iter()
         .find(|r| r.name == rule)
-        .expect("rule stats");
+        .expect("rule stats")
+}
+
+fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
+    let r = rule_stats(proxy, rule);
     (
         r.hits.load(Relaxed),
         r.misses.load(Relaxed),
@@ -659,16 +664,7 @@ async fn rules_follow_a_reload() {
     run(&mut c, "/* pgmemo nocache */ SELECT v FROM r").await;
     assert_eq!(stats(&proxy, "r").0, 1);
     // Once the rule is gone, what it stored is not answered any more.
-    let by_rule = |name: &str| {
-        proxy
-            .app()
-            .cache
-            .rule_stats()
-            .into_iter()
-            .find(|r| r.name == name)
-            .expect("rule stats")
-    };
-    let r = by_rule("r");
+    let r = rule_stats(&proxy, "r");
     proxy
         .reload_with(cache_config(PoolMode::Transaction, 2, vec![]))
         .expect("reload");
@@ -683,7 +679,7 @@ async fn rules_follow_a_reload() {
     let hinted = "/* pgmemo cache */ SELECT v, 2 FROM r";
     run(&mut c, hinted).await;
     run(&mut c, hinted).await;
-    let hints = by_rule("(hint)");
+    let hints = rule_stats(&proxy, "(hint)");
     assert_eq!(hints.hits.load(Relaxed), 1);
     let mut config = cache_config(PoolMode::Transaction, 2, vec![]);
     config.cache.hints = false;

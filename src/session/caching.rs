@@ -82,10 +82,11 @@ impl Session {
     /// With WAL invalidation, whether this client's database's stream is not caught up (the
     /// cache then neither answers nor stores); starts following the database at its first
     /// lookup.
-    fn wal_behind(&self, settings: &crate::pool::PoolSettings) -> bool {
+    fn wal_behind(&self) -> bool {
         if !self.app.cache.follows_wal() {
             return false;
         }
+        let settings = self.pool.settings();
         let database = &settings.target.dbname;
         let max_lag = self.app.config.load().cache.max_lag;
         !self.app.wal.ready(
@@ -165,7 +166,7 @@ impl Session {
             return None;
         }
         self.cache_context();
-        if self.app.cache.follows_wal() && self.wal_behind(&self.pool.settings()) {
+        if self.wal_behind() {
             return None;
         }
         let client = self.cache.as_deref_mut()?;
@@ -250,7 +251,7 @@ impl Session {
         let mut resolves = 0;
         loop {
             // Asked again each round: a wait or a catalog read may outlast the stream.
-            let wal_behind = self.wal_behind(&settings);
+            let wal_behind = self.wal_behind();
             let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
                 return Ok(false);
             };
@@ -344,7 +345,7 @@ impl Session {
                 user: &self.info.user,
                 transaction,
                 // Asked again each round: a wait or a catalog read may outlast the stream.
-                wal_behind: self.wal_behind(&settings),
+                wal_behind: self.wal_behind(),
             };
             let client = self
                 .cache

@@ -1444,6 +1444,19 @@ enum QueryPlan {
     Synthesize(Effect),
 }
 
+/// A client's SQL-level statement (name, text) whose drop did not happen: the client has it
+/// again, and so does the server it was dropped on.
+fn restore_sql_statement(
+    stmts: &mut ClientStatements,
+    server: Option<&mut ServerConn>,
+    (name, text): (String, String),
+) {
+    if let Some(server) = server {
+        server.prepared.sql.insert(name.clone(), text.clone());
+    }
+    stmts.sql.insert(name, text);
+}
+
 /// Applies the bookkeeping of one ended entry: kept when its message ran, undone when
 /// PostgreSQL discarded it (or it failed). `error_code` is the SQLSTATE of the error that
 /// ended it, if any.
@@ -1512,13 +1525,7 @@ pub fn settle(
             stmts.set(&name, Some(statement));
         }
         Effect::SearchPathSet(before) if !done => stmts.search_path.restore(*before),
-        Effect::SqlDeallocated(named) if !done => {
-            let (name, text) = *named;
-            if let Some(server) = server {
-                server.prepared.sql.insert(name.clone(), text.clone());
-            }
-            stmts.sql.insert(name, text);
-        }
+        Effect::SqlDeallocated(named) if !done => restore_sql_statement(stmts, server, *named),
         Effect::Closed {
             statement,
             generation,
@@ -1584,11 +1591,7 @@ pub fn settle(
             }
         }
         Effect::SqlClosed(named) if outcome == Outcome::Discarded => {
-            let (name, text) = *named;
-            if let Some(server) = server {
-                server.prepared.sql.insert(name.clone(), text.clone());
-            }
-            stmts.sql.insert(name, text);
+            restore_sql_statement(stmts, server, *named)
         }
         Effect::Guard if !done => {
             if let Some(server) = server {
