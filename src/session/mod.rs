@@ -1632,48 +1632,83 @@ impl Session {
             buffers::take_back(&mut self.client.rbuf);
             buffers::take_back(&mut self.client.wbuf);
         }
-        let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
-        // After a protocol violation only the replies still owed are relayed.
-        if server_backlog < HIGH_WATER && self.violation.is_none() && !self.waiting {
-            // Messages left unplanned by backpressure can be planned now.
-            if !matches!(frame(&self.client.rbuf, self.max_message), Ok(None)) {
-                return Poll::Ready(Event::ClientRead);
-            }
-            // Without a buffer, wait for the socket to have bytes before borrowing one; the
-            // replies to what it sends will need a write buffer too.
-            let readable = self.client.rbuf.capacity() != 0
-                || match self.client.stream.poll_read_ready(cx) {
-                    Poll::Ready(Ok(())) => true,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Event::ClientGone(Some(e))),
-                    Poll::Pending => false,
-                };
-            if readable {
-                buffers::lend(&mut self.client.rbuf);
-                buffers::lend(&mut self.client.wbuf);
-                reserve(&mut self.client.rbuf);
-                match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(Event::ClientGone(None)),
-                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::ClientRead),
-                    Poll::Ready(Err(e)) => return Poll::Ready(Event::ClientGone(Some(e))),
-                    Poll::Pending => {}
-                }
-            }
+        // A message already buffered is handled before either socket is read.
+        if self.may_read_client() && !matches!(frame(&self.client.rbuf, self.max_message), Ok(None))
+        {
+            return Poll::Ready(Event::ClientRead); // left unplanned by backpressure
         }
-        if let Some(server) = self.server.as_mut() {
-            if self.client.wbuf.len() < HIGH_WATER {
-                if !matches!(frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE), Ok(None)) {
-                    return Poll::Ready(Event::ServerRead);
-                }
-                reserve(&mut server.rbuf);
-                match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(Event::ServerGone(None)),
-                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::ServerRead),
-                    Poll::Ready(Err(e)) => return Poll::Ready(Event::ServerGone(Some(e))),
-                    Poll::Pending => {}
-                }
+        // While replies are owed, the server is read first: its answer is what the client
+        // waits for, and when it is there the client's socket need not be polled (each poll of
+        // a socket that is not ready costs tokio a waker registration).
+        if !self.replies.is_empty() {
+            if let Some(event) = self.poll_server_read(cx) {
+                return Poll::Ready(event);
+            }
+            if let Some(event) = self.poll_client_read(cx) {
+                return Poll::Ready(event);
+            }
+        } else {
+            if let Some(event) = self.poll_client_read(cx) {
+                return Poll::Ready(event);
+            }
+            if let Some(event) = self.poll_server_read(cx) {
+                return Poll::Ready(event);
             }
         }
         Poll::Pending
+    }
+
+    /// Whether the client's messages may be read and planned now: not while the server has a
+    /// backlog to drain, after a protocol violation (only the replies still owed are
+    /// relayed), or while a message waits to be planned again.
+    fn may_read_client(&self) -> bool {
+        let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
+        server_backlog < HIGH_WATER && self.violation.is_none() && !self.waiting
+    }
+
+    /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
+    fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
+        if !self.may_read_client() {
+            return None;
+        }
+        // Without a buffer, wait for the socket to have bytes before borrowing one; the
+        // replies to what it sends will need a write buffer too.
+        let readable = self.client.rbuf.capacity() != 0
+            || match self.client.stream.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => true,
+                Poll::Ready(Err(e)) => return Some(Event::ClientGone(Some(e))),
+                Poll::Pending => false,
+            };
+        if !readable {
+            return None;
+        }
+        buffers::lend(&mut self.client.rbuf);
+        buffers::lend(&mut self.client.wbuf);
+        reserve(&mut self.client.rbuf);
+        match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
+            Poll::Ready(Ok(0)) => Some(Event::ClientGone(None)),
+            Poll::Ready(Ok(_)) => Some(Event::ClientRead),
+            Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
+            Poll::Pending => None,
+        }
+    }
+
+    /// Reads the server's socket, if a server is held and the client's output has room.
+    fn poll_server_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
+        let server = self.server.as_mut()?;
+        if self.client.wbuf.len() >= HIGH_WATER {
+            return None;
+        }
+        if !matches!(frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE), Ok(None)) {
+            return Some(Event::ServerRead);
+        }
+        reserve(&mut server.rbuf);
+        match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
+            Poll::Ready(Ok(0)) => Some(Event::ServerGone(None)),
+            Poll::Ready(Ok(_)) => Some(Event::ServerRead),
+            Poll::Ready(Err(e)) => Some(Event::ServerGone(Some(e))),
+            Poll::Pending => None,
+        }
     }
 
     /// After the relay: leaves the server, if one is still held, clean for the next client
