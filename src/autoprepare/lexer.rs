@@ -179,7 +179,6 @@ pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
         copied: 0,
         out,
         first_word: true,
-        after_semicolon: false,
     };
     lexer.run()?;
     let out = lexer.out;
@@ -207,8 +206,6 @@ struct Lexer<'a> {
     out: &'a mut Lexed,
     /// No word has been read yet: the next one decides whether the statement is DML.
     first_word: bool,
-    /// A `;` has been read: only whitespace and comments may follow.
-    after_semicolon: bool,
 }
 
 /// What each byte can be, one table lookup instead of a chain of comparisons per byte.
@@ -284,46 +281,60 @@ impl Lexer<'_> {
         self.chars + 1
     }
 
+    /// Three phases, so that the loop over the statement's body tests no flags per byte:
+    /// up to the first word (which must be a DML word, maybe after parentheses), the body up
+    /// to a `;`, and after it nothing but blanks and comments.
     fn run(&mut self) -> Result<(), Refusal> {
+        while self.first_word {
+            match self.blanks()? {
+                None => return Err(Refusal::NotDml),
+                Some(b'(') => self.at += 1,
+                Some(b) if is_ident_start(b) => self.word()?,
+                Some(_) => return Err(Refusal::NotDml),
+            }
+        }
+        while self.at < self.sql.len() {
+            let b = self.sql[self.at];
+            match CLASS[b as usize] {
+                c if c & IDENT_START != 0 => self.word()?,
+                c if c & SPACE != 0 => self.at += 1,
+                _ => match b {
+                    b'\'' => self.string(self.at, self.at, StrKind::Plain)?,
+                    b'"' => self.quoted_identifier()?,
+                    b'$' => self.dollar()?,
+                    b'0'..=b'9' => self.number()?,
+                    b'.' if self.peek(1).is_ascii_digit() => self.number()?,
+                    b'-' if self.peek(1) == b'-' => self.line_comment(),
+                    b'/' if self.peek(1) == b'*' => self.block_comment()?,
+                    b';' => {
+                        self.at += 1;
+                        if self.blanks()?.is_some() {
+                            return Err(Refusal::MultiStatement);
+                        }
+                    }
+                    _ => self.at += 1,
+                },
+            }
+        }
+        self.copy_to(self.sql.len());
+        Ok(())
+    }
+
+    /// Skips blanks and comments: the byte that follows them, or None at the end.
+    fn blanks(&mut self) -> Result<Option<u8>, Refusal> {
         while self.at < self.sql.len() {
             let b = self.sql[self.at];
             if is_space(b) {
                 self.at += 1;
-                continue;
-            }
-            if b == b'-' && self.peek(1) == b'-' {
+            } else if b == b'-' && self.peek(1) == b'-' {
                 self.line_comment();
-                continue;
-            }
-            if b == b'/' && self.peek(1) == b'*' {
+            } else if b == b'/' && self.peek(1) == b'*' {
                 self.block_comment()?;
-                continue;
-            }
-            if self.after_semicolon {
-                return Err(Refusal::MultiStatement);
-            }
-            if self.first_word && b != b'(' && !is_ident_start(b) {
-                return Err(Refusal::NotDml);
-            }
-            match b {
-                b'\'' => self.string(self.at, self.at, StrKind::Plain)?,
-                b'"' => self.quoted_identifier()?,
-                b'$' => self.dollar()?,
-                b'0'..=b'9' => self.number()?,
-                b'.' if self.peek(1).is_ascii_digit() => self.number()?,
-                b';' => {
-                    self.after_semicolon = true;
-                    self.at += 1;
-                }
-                _ if is_ident_start(b) => self.word()?,
-                _ => self.at += 1,
+            } else {
+                return Ok(Some(b));
             }
         }
-        if self.first_word {
-            return Err(Refusal::NotDml);
-        }
-        self.copy_to(self.sql.len());
-        Ok(())
+        Ok(None)
     }
 
     /// Where a comment was (from `start` to here), a space keeps the tokens on either side
@@ -367,6 +378,7 @@ impl Lexer<'_> {
         Err(Refusal::NotUnderstood)
     }
 
+    #[inline(always)] // the most frequent token
     fn word(&mut self) -> Result<(), Refusal> {
         let start = self.at;
         let b = self.sql[start];
@@ -407,9 +419,6 @@ impl Lexer<'_> {
     }
 
     fn quoted_identifier(&mut self) -> Result<(), Refusal> {
-        if self.first_word {
-            return Err(Refusal::NotDml);
-        }
         self.at = closing_quote(self.sql, self.at + 1, b'"').ok_or(Refusal::NotUnderstood)?;
         Ok(())
     }
@@ -449,9 +458,6 @@ impl Lexer<'_> {
 
     /// A string literal starting at `start` whose opening quote is at `quote`.
     fn string(&mut self, start: usize, quote: usize, kind: StrKind) -> Result<(), Refusal> {
-        if self.first_word {
-            return Err(Refusal::NotDml);
-        }
         let value_start = self.out.values.len();
         if let StrKind::Bit(prefix) = kind {
             self.out.values.push(prefix);
@@ -544,9 +550,6 @@ impl Lexer<'_> {
         if self.sql.get(tag_end) != Some(&b'$') {
             return Err(Refusal::NotUnderstood);
         }
-        if self.first_word {
-            return Err(Refusal::NotDml);
-        }
         let tag = &self.sql[start..=tag_end];
         let body = tag_end + 1;
         let close = find(&self.sql[body..], tag).ok_or(Refusal::NotUnderstood)? + body;
@@ -588,9 +591,6 @@ impl Lexer<'_> {
         }
         if sql.get(i).is_some_and(|&b| is_ident_start(b)) {
             return Err(Refusal::NotUnderstood); // 0x1F, 1_000, 123abc
-        }
-        if self.first_word {
-            return Err(Refusal::NotDml);
         }
         let digits = &sql[start..i];
         let kind = if integer {
@@ -669,18 +669,19 @@ pub fn push_placeholder(text: &mut Vec<u8>, n: usize, next: Option<u8>) -> usize
         text.push(b' ');
     }
     text.push(b'$');
-    let mut digits = [0u8; 8];
-    let mut len = 0;
-    let mut v = n;
-    loop {
-        digits[len] = b'0' + (v % 10) as u8;
-        len += 1;
-        v /= 10;
-        if v == 0 {
-            break;
+    if n < 10 {
+        text.push(b'0' + n as u8); // most statements have fewer than ten literals
+    } else {
+        let mut digits = [0u8; 8];
+        let mut len = 0;
+        let mut v = n;
+        while v != 0 {
+            digits[len] = b'0' + (v % 10) as u8;
+            len += 1;
+            v /= 10;
         }
+        text.extend(digits[..len].iter().rev());
     }
-    text.extend(digits[..len].iter().rev());
     let end = text.len();
     if next.is_some_and(is_ident_cont) {
         text.push(b' ');
