@@ -69,12 +69,24 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
     let mut probe = found & !LEADING != 0;
     let mut load = false;
     if found & LEADING != 0 {
-        let text = String::from_utf8_lossy(text);
-        for statement in sql::split(&text) {
+        let text = match std::str::from_utf8(text) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(text),
+        };
+        // `UPDATE t SET ...` has the word too: one statement (no `;` but a last one) needs no
+        // split to find its leading word.
+        let single = memchr::memchr(b';', text.as_bytes())
+            .is_none_or(|at| text[at + 1..].trim_ascii().is_empty());
+        let mut leading = |statement: &str| {
             if let Some(word) = sql::leading_words(statement, 1).first() {
                 probe |= sql::is_keyword(word, "set");
                 load |= sql::is_keyword(word, "load");
             }
+        };
+        if single {
+            leading(&text);
+        } else {
+            sql::split(&text).into_iter().for_each(leading);
         }
     }
     Touch {
@@ -343,6 +355,10 @@ mod tests {
         assert!(probe("CLOSE c"));
         assert!(probe("DISCARD ALL"));
         assert!(!probe("UPDATE t SET a = 1 WHERE b = 2"));
+        assert!(!probe("UPDATE t SET a = 1 WHERE b = 2 ; \n"));
+        assert!(!probe("UPDATE t SET a = ';' WHERE b = 2"));
+        assert!(probe("UPDATE t SET a = 1; SET work_mem = '1MB'"));
+        assert!(probe("/* x */ SET work_mem = '1MB';"));
         assert!(!probe(
             "SELECT abalance FROM pgbench_accounts WHERE aid = 1"
         ));
