@@ -1640,22 +1640,14 @@ impl Session {
         // While replies are owed, the server is read first: its answer is what the client
         // waits for, and when it is there the client's socket need not be polled (each poll of
         // a socket that is not ready costs tokio a waker registration).
-        if !self.replies.is_empty() {
-            if let Some(event) = self.poll_server_read(cx) {
-                return Poll::Ready(event);
-            }
-            if let Some(event) = self.poll_client_read(cx) {
-                return Poll::Ready(event);
-            }
+        let event = if self.replies.is_empty() {
+            self.poll_client_read(cx)
+                .or_else(|| self.poll_server_read(cx))
         } else {
-            if let Some(event) = self.poll_client_read(cx) {
-                return Poll::Ready(event);
-            }
-            if let Some(event) = self.poll_server_read(cx) {
-                return Poll::Ready(event);
-            }
-        }
-        Poll::Pending
+            self.poll_server_read(cx)
+                .or_else(|| self.poll_client_read(cx))
+        };
+        event.map_or(Poll::Pending, Poll::Ready)
     }
 
     /// Whether the client's messages may be read and planned now: not while the server has a
