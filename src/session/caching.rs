@@ -36,13 +36,24 @@ impl Session {
     pub(super) async fn cache_client_message(&mut self, tag: u8, len: usize) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
-        // The lookups below are boxed (an allocation, against a round trip saved or a miss's
-        // cost): the session's task, which lives as long as its client, keeps no room for them.
-        if matches!(tag, fe::PARSE | fe::BIND)
-            && !self.cache_busy()
-            && Box::pin(self.cached_batch()).await?
-        {
-            return Ok(true);
+        // A lookup is decided here, without an await, unless it must first wait for another
+        // client's fetch or read the catalog: only those (rare) go through the async loops,
+        // boxed so that the session's task, which lives as long as its client, keeps no room
+        // for them (a box per query on the common path cost ~350 instructions).
+        if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() {
+            self.cache_context();
+            match self.batch_lookup(true) {
+                Ok(answered) => {
+                    if answered {
+                        return Ok(true);
+                    }
+                }
+                Err(step) => {
+                    if Box::pin(self.cached_batch(step)).await? {
+                        return Ok(true);
+                    }
+                }
+            }
         }
         let client = self
             .cache
@@ -73,7 +84,18 @@ impl Session {
                 let Some(shape) = cache.note_query(client, sql) else {
                     return Ok(false);
                 };
-                Box::pin(self.cached_query(len, text_end, &shape)).await
+                if self.cache_busy() {
+                    return Box::pin(self.cached_query(len, text_end, &shape, None)).await;
+                }
+                // Idle: the first-tier lookup just brought the context up to date.
+                match self.lookup_query(text_end, &shape, Transaction::Idle, true) {
+                    Lookup::Pass | Lookup::Miss => Ok(false),
+                    Lookup::Hit(entry) => {
+                        self.answer_hit(len, &[], &entry, b'I');
+                        Ok(true)
+                    }
+                    step => Box::pin(self.cached_query(len, text_end, &shape, Some(step))).await,
+                }
             }
             _ => Ok(false),
         }
@@ -241,130 +263,150 @@ impl Session {
     /// Answers an extended-protocol batch (see [`crate::cache::batch`]) from the cache when
     /// it holds its result, exactly as PostgreSQL would have: ParseComplete, BindComplete, the
     /// RowDescription if the portal was described, the rows, CommandComplete and
-    /// ReadyForQuery. Otherwise the batch runs (filling the cache on a miss it wants).
-    async fn cached_batch(&mut self) -> Result<bool, End> {
+    /// ReadyForQuery. `Ok(false)`: the batch runs (filling the cache on a miss it wants);
+    /// `Err`: a wait or a catalog read must come first (see [`Session::cached_batch`]). The
+    /// caller brought the key context up to date.
+    fn batch_lookup(&mut self, may_wait: bool) -> Result<bool, Lookup> {
         let app = self.app.clone();
         let cache = &app.cache;
-        self.cache_context();
+        // Asked again each round: a wait or a catalog read may outlast the stream.
+        let wal_behind = self.wal_behind();
+        let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
+            return Ok(false);
+        };
+        let Some(stmts) = self.stmts.as_mut() else {
+            return Ok(false);
+        };
+        let statement = match &batch.parse {
+            Some(p) => stmts.statement_for_parse(&app.registry, p),
+            None if stmts.is_stale(batch.bind.statement) => return Ok(false),
+            None => match stmts.get(batch.bind.statement) {
+                Some(s) => s.clone(),
+                None => return Ok(false),
+            },
+        };
+        if !statement.is_validated() || statement.hidden.is_some() {
+            return Ok(false);
+        }
         let settings = self.pool.settings();
+        let at = Where {
+            database: &settings.target.dbname,
+            user: &self.info.user,
+            transaction: Transaction::Idle,
+            wal_behind,
+        };
+        let client = self
+            .cache
+            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+        let (parsed, len) = (batch.parse.is_some(), batch.len);
+        let found = cache.lookup_statement(
+            client,
+            &at,
+            &statement,
+            batch.describe,
+            batch.bind.rest,
+            may_wait,
+        );
+        match found {
+            Lookup::Pass | Lookup::Miss => Ok(false),
+            Lookup::Hit(entry) => {
+                if parsed {
+                    stmts.set(b"", Some(statement.clone()));
+                    statement
+                        .parse_hits
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                let opened: &[u8] = if parsed {
+                    &[be::PARSE_COMPLETE, be::BIND_COMPLETE]
+                } else {
+                    &[be::BIND_COMPLETE]
+                };
+                self.answer_hit(len, opened, &entry, b'I');
+                Ok(true)
+            }
+            step => Err(step),
+        }
+    }
+
+    /// [`Session::batch_lookup`]'s loop after a lookup that asked for `step` first.
+    async fn cached_batch(&mut self, mut step: Lookup) -> Result<bool, End> {
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
-            // Asked again each round: a wait or a catalog read may outlast the stream.
-            let wal_behind = self.wal_behind();
-            let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
-                return Ok(false);
-            };
-            let Some(stmts) = self.stmts.as_mut() else {
-                return Ok(false);
-            };
-            let statement = match &batch.parse {
-                Some(p) => stmts.statement_for_parse(&app.registry, p),
-                None if stmts.is_stale(batch.bind.statement) => return Ok(false),
-                None => match stmts.get(batch.bind.statement) {
-                    Some(s) => s.clone(),
-                    None => return Ok(false),
-                },
-            };
-            if !statement.is_validated() || statement.hidden.is_some() {
+            if !self.cache_step(step, &mut may_wait, &mut resolves).await {
                 return Ok(false);
             }
-            let at = Where {
-                database: &settings.target.dbname,
-                user: &self.info.user,
-                transaction: Transaction::Idle,
-                wal_behind,
-            };
-            let client = self
-                .cache
-                .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-            let (parsed, len) = (batch.parse.is_some(), batch.len);
-            let found = cache.lookup_statement(
-                client,
-                &at,
-                &statement,
-                batch.describe,
-                batch.bind.rest,
-                may_wait,
-            );
-            match found {
-                Lookup::Pass | Lookup::Miss => return Ok(false),
-                Lookup::Hit(entry) => {
-                    if parsed {
-                        stmts.set(b"", Some(statement.clone()));
-                        statement
-                            .parse_hits
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    let opened: &[u8] = if parsed {
-                        &[be::PARSE_COMPLETE, be::BIND_COMPLETE]
-                    } else {
-                        &[be::BIND_COMPLETE]
-                    };
-                    self.answer_hit(len, opened, &entry, b'I');
-                    return Ok(true);
-                }
-                // Waits and catalog reads are rare: boxed, so that the session's task (which
-                // lives as long as its client) has no room set aside for them.
-                step => {
-                    if !Box::pin(self.cache_step(step, &mut may_wait, &mut resolves)).await {
-                        return Ok(false);
-                    }
-                }
+            match self.batch_lookup(may_wait) {
+                Ok(answered) => return Ok(answered),
+                Err(next) => step = next,
             }
         }
     }
 
+    /// One lookup of the Query at the head of the client's input (its text ends at
+    /// `text_end`, the cache decided `shape` for it).
+    fn lookup_query(
+        &mut self,
+        text_end: usize,
+        shape: &std::sync::Arc<crate::cache::Shape>,
+        transaction: Transaction,
+        may_wait: bool,
+    ) -> Lookup {
+        let app = self.app.clone();
+        let settings = self.pool.settings();
+        let at = Where {
+            database: &settings.target.dbname,
+            user: &self.info.user,
+            transaction,
+            // Asked again each round: a wait or a catalog read may outlast the stream.
+            wal_behind: self.wal_behind(),
+        };
+        let client = self
+            .cache
+            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+        let sql = &self.client.rbuf[5..text_end];
+        app.cache.lookup(client, &at, sql, shape, may_wait)
+    }
+
     /// Answers a Query from the cache when it holds its result; otherwise leaves the query to
-    /// run (filling the cache if it is a miss the cache wants).
+    /// run (filling the cache if it is a miss the cache wants). `first`: an idle lookup's
+    /// wait or catalog read, to do before looking up again; None: the client is in a
+    /// transaction block or has work in flight.
     async fn cached_query(
         &mut self,
         len: usize,
         text_end: usize,
         shape: &std::sync::Arc<crate::cache::Shape>,
+        first: Option<Lookup>,
     ) -> Result<bool, End> {
-        let app = self.app.clone();
-        let cache = &app.cache;
-        let transaction = if !self.cache_busy() {
-            Transaction::Idle
-        } else if Box::pin(self.in_read_only_transaction()).await? {
-            Transaction::ReadOnly
-        } else {
-            Transaction::Busy
+        let (transaction, mut step) = match first {
+            Some(step) => (Transaction::Idle, Some(step)),
+            None => {
+                let transaction = if self.in_read_only_transaction().await? {
+                    Transaction::ReadOnly
+                } else {
+                    Transaction::Busy
+                };
+                self.cache_context();
+                (transaction, None)
+            }
         };
-        // Idle, the first-tier lookup just brought the context up to date for this query.
-        if transaction != Transaction::Idle {
-            self.cache_context();
-        }
-        let settings = self.pool.settings();
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
-            let at = Where {
-                database: &settings.target.dbname,
-                user: &self.info.user,
-                transaction,
-                // Asked again each round: a wait or a catalog read may outlast the stream.
-                wal_behind: self.wal_behind(),
-            };
-            let client = self
-                .cache
-                .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-            let sql = &self.client.rbuf[5..text_end];
-            match cache.lookup(client, &at, sql, shape, may_wait) {
+            if let Some(step) = step.take() {
+                if !self.cache_step(step, &mut may_wait, &mut resolves).await {
+                    return Ok(false);
+                }
+            }
+            match self.lookup_query(text_end, shape, transaction, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
                     let status = self.server.as_ref().map_or(b'I', |s| s.status);
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
-                // Waits and catalog reads are rare: boxed, so that the session's task (which
-                // lives as long as its client) has no room set aside for them.
-                step => {
-                    if !Box::pin(self.cache_step(step, &mut may_wait, &mut resolves)).await {
-                        return Ok(false);
-                    }
-                }
+                next => step = Some(next),
             }
         }
     }
