@@ -21,6 +21,7 @@ pub mod analysis;
 pub mod catalog;
 pub mod config;
 pub mod hint;
+mod key;
 pub mod versions;
 
 use crate::autoprepare::lexer::{self, Lexed};
@@ -30,6 +31,7 @@ use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use catalog::Snapshot;
 use config::CacheConfig;
+use key::{Key, KeyIsHash, KeyRef};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
@@ -83,8 +85,8 @@ pub struct Entry {
 #[derive(Clone)]
 struct EntryWeight;
 
-impl quick_cache::Weighter<Box<[u8]>, Arc<Entry>> for EntryWeight {
-    fn weight(&self, key: &Box<[u8]>, value: &Arc<Entry>) -> u64 {
+impl quick_cache::Weighter<Key, Arc<Entry>> for EntryWeight {
+    fn weight(&self, key: &Key, value: &Arc<Entry>) -> u64 {
         // The key and reply bytes, and the entry's own bookkeeping.
         // The entry, its Arc and Box headers, the store's slot and the allocator's rounding
         // come to about 320 bytes besides the key and reply (measured against RSS).
@@ -96,21 +98,15 @@ impl quick_cache::Weighter<Box<[u8]>, Arc<Entry>> for EntryWeight {
 #[derive(Clone, Default)]
 struct Evictions;
 
-impl quick_cache::Lifecycle<Box<[u8]>, Arc<Entry>> for Evictions {
+impl quick_cache::Lifecycle<Key, Arc<Entry>> for Evictions {
     type RequestState = ();
 
-    fn on_evict(&self, _: &mut (), _: Box<[u8]>, value: Arc<Entry>) {
+    fn on_evict(&self, _: &mut (), _: Key, value: Arc<Entry>) {
         value.rule.evictions.fetch_add(1, Relaxed);
     }
 }
 
-type Store = quick_cache::sync::Cache<
-    Box<[u8]>,
-    Arc<Entry>,
-    EntryWeight,
-    quick_cache::DefaultHashBuilder,
-    Evictions,
->;
+type Store = quick_cache::sync::Cache<Key, Arc<Entry>, EntryWeight, KeyIsHash, Evictions>;
 
 /// A query being fetched for the cache by one client; others missing on its key wait for it.
 #[derive(Default)]
@@ -196,34 +192,6 @@ impl Flights {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
-    }
-}
-
-/// Hashes a u64 key to itself.
-#[derive(Clone, Copy, Default)]
-struct KeyIsHash;
-
-impl BuildHasher for KeyIsHash {
-    type Hasher = IdentityHasher;
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
-    }
-}
-
-struct IdentityHasher(u64);
-
-impl std::hash::Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed here; anything else is folded in, not lost.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 
@@ -339,7 +307,7 @@ impl ResultCache {
                 1024,
                 config.max_memory as u64,
                 EntryWeight,
-                Default::default(),
+                KeyIsHash,
                 Evictions,
             ),
             versions: Versions::default(),
@@ -714,20 +682,21 @@ impl ResultCache {
             Ok(slots) => slots,
             Err(why) => return bypass(*why),
         };
-        if let Some(entry) = self.store.get(&client.key[..]) {
+        let key = KeyRef::new(&client.key);
+        if let Some(entry) = self.store.get(&key) {
             if entry.expires > Instant::now() && self.versions.unchanged(&entry.seen) {
                 entry.hits.fetch_add(1, Relaxed);
                 stats.hits.fetch_add(1, Relaxed);
                 return Lookup::Hit(entry);
             }
-            if self.store.remove(&client.key[..]).is_some() {
+            if self.store.remove(&key).is_some() {
                 stats.invalidations.fetch_add(1, Relaxed);
             }
         }
         if hits_only {
             return Lookup::Pass;
         }
-        let key_hash = lexer::hasher().hash_one(&client.key[..]);
+        let key_hash = key.hash;
         let flight = Arc::new(Flight::default());
         match self.flights.start(key_hash, &flight) {
             Ok(()) => {}
@@ -892,7 +861,8 @@ impl ResultCache {
                 if !raw.is_empty() {
                     self.raw.insert(raw[..].into(), Arc::downgrade(&entry));
                 }
-                self.store.insert(key[..].into(), entry);
+                self.store
+                    .insert(Key::with_hash(fill.key_hash, key[..].into()), entry);
             }
         }
         let mut spare = std::mem::take(&mut fill.reply);
@@ -1360,7 +1330,9 @@ impl ClientCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{statement_text, CacheConfig, Entry, Flight, Flights, ResultCache, FULL_SLACK};
+    use super::{
+        statement_text, CacheConfig, Entry, Flight, Flights, KeyRef, ResultCache, FULL_SLACK,
+    };
     use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
 
@@ -1386,7 +1358,9 @@ mod tests {
                 database: "db".into(),
                 hits: Default::default(),
             };
-            cache.store.insert(n.to_le_bytes().into(), Arc::new(entry));
+            cache
+                .store
+                .insert(KeyRef::new(&n.to_le_bytes()).to_key(), Arc::new(entry));
             n += 1;
         }
         // Not full before that last insert: the first window is still the longest.
