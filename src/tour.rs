@@ -73,9 +73,8 @@ pub fn banner(addr: SocketAddr, cluster: &LocalPostgres) -> String {
          \x20     pgbench -h {host} -p {direct} -U postgres -S -c 8 -T 10 postgres      # directly\n\
          3. The result cache answers hinted reads from memory, until a write to their tables:\n\
          \x20     {psql} postgres -c \"/* pgmemo cache ttl=60s */ SELECT p.name, sum(o.quantity) FROM orders o JOIN products p ON p.id = o.product_id GROUP BY p.name ORDER BY 2 DESC LIMIT 5\"\n\
-         \x20     (run it three times: a first miss is not stored, so that one-off queries do not \
-         fill the cache (cache.admit_after = 2); the second stores, the third is answered \
-         from memory)\n\
+         \x20     (run it twice: the first run stores the result, the second is answered from \
+         memory)\n\
          \x20     {psql} pgmemo -c \"SHOW CACHE\"\n\
          \n\
          Press Ctrl-C to stop; the private PostgreSQL is removed on exit."

@@ -863,24 +863,52 @@ async fn extended_protocol_hits_are_byte_identical() {
     }
 }
 
-/// With `admit_after = 2` (the default) a key is stored at its second miss, so keys read once
-/// cost no store; a key other clients waited for is stored at once.
+/// With `admit_after = 2` (the default) a miss is stored at once while the store has room;
+/// once the store is full (it evicted an entry), a key is stored at its second miss, so keys
+/// read once cost no store and evict nothing.
 #[tokio::test]
-async fn keys_are_admitted_at_their_second_miss() {
+async fn keys_are_admitted_at_their_second_miss_once_the_store_is_full() {
     const DB: &str = "cache_admit";
-    setup(DB, "CREATE TABLE a (v int); INSERT INTO a VALUES (1);").await;
+    setup(
+        DB,
+        "CREATE TABLE a (v int); INSERT INTO a SELECT generate_series(1, 1000);",
+    )
+    .await;
     let mut config = cache_config(PoolMode::Transaction, 2, vec![rule("a", "FROM a")]);
     config.cache.admit_after = 2;
+    config.cache.max_memory = 16 * 1024;
     let proxy = start_pgmemo(config).await;
     let mut c = raw_proxy(&proxy, DB).await;
     let mut direct = raw_direct(DB).await;
-    for (round, expected) in [(0, (0, 1, 0)), (1, (0, 2, 1)), (2, (1, 2, 1))] {
-        let sql = "SELECT v FROM a WHERE v = 1";
-        assert!(run(&mut c, sql).await == run(&mut direct, sql).await);
+    let mut read = async |v: u32| {
+        let sql = format!("SELECT v FROM a WHERE v = {v}");
+        assert!(run(&mut c, &sql).await == run(&mut direct, &sql).await);
+    };
+    read(1).await;
+    read(1).await;
+    assert_eq!(
+        stats(&proxy, "a"),
+        (1, 1, 1),
+        "room: stored at the first miss"
+    );
+    let mut v = 2;
+    while rule_stats(&proxy, "a").evictions.load(Relaxed) == 0 {
+        read(v).await;
+        v += 1;
+        assert!(v < 1000, "16 KiB hold fewer than 1,000 entries");
+    }
+    let (hits, misses, stores) = stats(&proxy, "a");
+    assert_eq!(bypassed(&proxy, "first miss (admitted on the next)"), 0);
+    for (round, expected) in [
+        (0, (hits, misses + 1, stores)),
+        (1, (hits, misses + 2, stores + 1)),
+        (2, (hits + 1, misses + 2, stores + 1)),
+    ] {
+        read(v).await;
         assert_eq!(
             stats(&proxy, "a"),
             expected,
-            "round {round}: (hits, misses, stores)"
+            "full, round {round}: (hits, misses, stores)"
         );
     }
     assert_eq!(bypassed(&proxy, "first miss (admitted on the next)"), 1);

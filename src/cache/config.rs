@@ -21,9 +21,10 @@ pub struct CacheConfig {
     pub default_ttl: Duration,
     /// Results larger than this are not stored (unless a rule says otherwise). Default 1 MiB.
     pub max_result_bytes: usize,
-    /// A result is stored when its key misses for this many times lately (1 or 2). With 2
-    /// (the default) keys read once cost no store and evict nothing useful; a key other
-    /// clients waited for is stored at once.
+    /// Once the store is full, a result is stored when its key misses for this many times
+    /// lately (1 or 2; see `cache::admission`). With 2 (the default) keys read once cost no
+    /// store and evict nothing useful; a key other clients waited for is stored at once. While
+    /// the store has room every miss is stored.
     pub admit_after: u32,
     pub rules: Vec<Rule>,
     /// What invalidates cached results: writes through this pgmemo (`proxy`, the default),

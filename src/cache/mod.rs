@@ -17,6 +17,7 @@
 //! - Single flight: the first client that misses on a key runs the query; others missing on
 //!   it meanwhile wait for its result (at most `flight_wait`).
 
+mod admission;
 pub mod analysis;
 pub mod catalog;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod versions;
 
 use crate::autoprepare::lexer::{self, Lexed};
 use crate::protocol::backend as be;
+use admission::Admission;
 use analysis::{Analysis, Bypass, Flush, BYPASS_REASONS};
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
@@ -37,13 +39,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqC
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use versions::{Seen, Versions};
-
-/// 2^20 bits: 128 KiB, for about half a million recent one-off keys before a reset.
-const DOORKEEPER_WORDS: usize = 1 << 14;
-/// The shortest doorkeeper window, for a full store of few (large) entries.
-const MIN_DOORKEEPER_WINDOW: u64 = 1024;
-/// How close to its capacity the store counts as full (more than most entries weigh).
-const FULL_SLACK: u64 = 64 * 1024;
 
 /// Texts longer than this are not analyzed for their writes: they invalidate their database.
 const MAX_ANALYZED_TEXT: usize = 64 * 1024;
@@ -94,15 +89,20 @@ impl quick_cache::Weighter<Key, Arc<Entry>> for EntryWeight {
     }
 }
 
-/// Counts evictions per rule.
-#[derive(Clone, Default)]
-struct Evictions;
+/// Counts evictions per rule, and tells admission that the store is full.
+#[derive(Clone)]
+struct Evictions {
+    full: Arc<AtomicBool>,
+}
 
 impl quick_cache::Lifecycle<Key, Arc<Entry>> for Evictions {
     type RequestState = ();
 
     fn on_evict(&self, _: &mut (), _: Key, value: Arc<Entry>) {
         value.rule.evictions.fetch_add(1, Relaxed);
+        if !self.full.load(Relaxed) {
+            self.full.store(true, Relaxed);
+        }
     }
 }
 
@@ -235,11 +235,8 @@ pub struct ResultCache {
     pub flushes: AtomicU64,
     /// Clients that waited `flight_wait` for another's fetch in vain.
     pub flight_timeouts: AtomicU64,
-    /// One bit per key hash that missed recently (`admit_after = 2`).
-    doorkeeper: Box<[AtomicU64]>,
-    doorkeeper_set: AtomicU64,
-    /// First misses until the doorkeeper is cleared (see `seen_before`).
-    doorkeeper_window: AtomicU64,
+    /// Which misses are stored (`admit_after = 2`).
+    admission: Admission,
 }
 
 /// Where a lookup happens: the client's context.
@@ -299,6 +296,10 @@ impl Resolve {
 
 impl ResultCache {
     pub fn new(config: &CacheConfig) -> ResultCache {
+        let admission = Admission::new();
+        let evictions = Evictions {
+            full: admission.full_flag(),
+        };
         let cache = ResultCache {
             config: ArcSwap::from_pointee(config.clone()),
             enabled: AtomicBool::new(config.enabled),
@@ -308,7 +309,7 @@ impl ResultCache {
                 config.max_memory as u64,
                 EntryWeight,
                 KeyIsHash,
-                Evictions,
+                evictions,
             ),
             versions: Versions::default(),
             raw: quick_cache::sync::Cache::new(RAW_ENTRIES),
@@ -320,9 +321,7 @@ impl ResultCache {
             bypasses: Default::default(),
             flushes: AtomicU64::new(0),
             flight_timeouts: AtomicU64::new(0),
-            doorkeeper: (0..DOORKEEPER_WORDS).map(|_| AtomicU64::new(0)).collect(),
-            doorkeeper_set: AtomicU64::new(0),
-            doorkeeper_window: AtomicU64::new(DOORKEEPER_WORDS as u64 * 64 / 2),
+            admission,
         };
         cache.reconfigure(config);
         cache
@@ -362,6 +361,7 @@ impl ResultCache {
         if !config.enabled {
             self.store.clear();
         }
+        self.admission.shrunk();
         self.enabled.store(config.enabled, Relaxed);
         self.follows_wal
             .store(config.invalidation == config::Invalidation::Wal, Relaxed);
@@ -438,6 +438,7 @@ impl ResultCache {
                     .retain(|_, e| &*e.database != db || !e.tables.iter().any(|t| &**t == table));
             }
         }
+        self.admission.shrunk();
     }
 
     /// The decision for a text, made once: by the lexer's shape when it read the text, else
@@ -705,7 +706,7 @@ impl ResultCache {
             Err(_) => return Lookup::Pass,
         }
         stats.misses.fetch_add(1, Relaxed);
-        let admitted = cfg.admit_after <= 1 || self.seen_before(key_hash);
+        let admitted = cfg.admit_after <= 1 || self.admission.admits(key_hash, &self.store);
         // The keys go into the buffers of the client's last fill: copied out only if stored.
         let mut keys = std::mem::take(&mut client.spare_keys);
         keys.0.clear();
@@ -780,45 +781,6 @@ impl ResultCache {
             }),
         );
         true
-    }
-
-    /// Whether a key (by hash) missed before, recently: the admission doorkeeper of
-    /// `admit_after = 2` (a bit set per hash, all cleared after a window of first misses), so
-    /// keys asked for once cost no store, no eviction of a useful entry and no memory.
-    ///
-    /// While the store has room the window is long (half the bits). Once it is full, a store
-    /// evicts an entry, and a new entry survives only about as many stores as the store holds
-    /// entries: a key that does not come back within that many first misses would be evicted
-    /// before its next read, so the window shrinks to the store's length. A uniform read over
-    /// ten times the store's entries then stores about one miss in ten instead of one in three
-    /// (each store an allocation, a copy and an eviction, for a hit ratio of a few percent).
-    fn seen_before(&self, key_hash: u64) -> bool {
-        let bits = self.doorkeeper.len() as u64 * 64;
-        let bit = key_hash % bits;
-        let mask = 1u64 << (bit % 64);
-        let before = self.doorkeeper[(bit / 64) as usize].fetch_or(mask, Relaxed);
-        if before & mask != 0 {
-            return true;
-        }
-        if self.doorkeeper_set.fetch_add(1, Relaxed) + 1 > self.doorkeeper_window.load(Relaxed) {
-            self.doorkeeper_set.store(0, Relaxed);
-            for word in self.doorkeeper.iter() {
-                word.store(0, Relaxed);
-            }
-            self.doorkeeper_window
-                .store(self.admission_window(bits / 2), Relaxed);
-        }
-        false
-    }
-
-    /// The doorkeeper's next window (see `seen_before`): `longest` while the store has room,
-    /// else its length (at least `MIN_DOORKEEPER_WINDOW`).
-    fn admission_window(&self, longest: u64) -> u64 {
-        // Full: within the largest entry's weight of its capacity, about.
-        if self.store.weight() + FULL_SLACK < self.store.capacity() {
-            return longest;
-        }
-        (self.store.len() as u64).clamp(MIN_DOORKEEPER_WINDOW, longest)
     }
 
     /// Stores a finished fill (see [`ClientCache::capture`]) if it may be; gives its buffers
@@ -1330,57 +1292,8 @@ impl ClientCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        statement_text, CacheConfig, Entry, Flight, Flights, KeyRef, ResultCache, FULL_SLACK,
-    };
-    use std::sync::atomic::Ordering::Relaxed;
+    use super::{statement_text, Flight, Flights};
     use std::sync::Arc;
-
-    /// Once the store is full, a key is admitted only if it comes back within about as many
-    /// first misses as the store holds entries (it would be evicted before that otherwise).
-    #[test]
-    fn a_full_store_shortens_the_admission_window() {
-        let cache = ResultCache::new(&CacheConfig {
-            enabled: true,
-            max_memory: 8 << 20,
-            ..Default::default()
-        });
-        let longest = cache.doorkeeper_window.load(Relaxed);
-        let mut n = 0u64;
-        while cache.store.weight() + FULL_SLACK < cache.store.capacity() {
-            let entry = Entry {
-                reply: vec![0u8; 1000].into(),
-                expires: std::time::Instant::now(),
-                seen: Default::default(),
-                rule: Default::default(),
-                text: "".into(),
-                tables: Arc::new([]),
-                database: "db".into(),
-                hits: Default::default(),
-            };
-            cache
-                .store
-                .insert(KeyRef::new(&n.to_le_bytes()).to_key(), Arc::new(entry));
-            n += 1;
-        }
-        // Not full before that last insert: the first window is still the longest.
-        assert_eq!(cache.doorkeeper_window.load(Relaxed), longest);
-        for hash in 0..=longest {
-            assert!(!cache.seen_before(hash), "distinct bits: all first misses");
-        }
-        let entries = cache.store.len() as u64;
-        assert!(entries > 1024 && entries < longest, "{entries} entries");
-        assert_eq!(cache.doorkeeper_window.load(Relaxed), entries);
-        // A key that missed once is admitted at its next miss within the window, and
-        // forgotten after a window of other first misses.
-        let key = longest + 1;
-        assert!(!cache.seen_before(key));
-        assert!(cache.seen_before(key));
-        for hash in 0..entries {
-            cache.seen_before(longest + 2 + hash);
-        }
-        assert!(!cache.seen_before(key));
-    }
 
     #[test]
     fn a_key_has_one_flight_until_it_ends() {
