@@ -10,7 +10,7 @@ by side in one run.
     python3 bench/run.py --workloads cache-hot,cache-uniform,cache-rw --clients 8,32 --idle-clients 0
 
 Targets (columns of the tables, in this order):
-  * direct          the throwaway PostgreSQL itself (the ceiling, not a proxy);
+  * direct          the throwaway PostgreSQL itself (not a proxy);
   * pgmemo          target/release/pgmemo (built with `cargo build --release`
                     unless --no-build; --no-pgmemo leaves it out);
   * pgmemo+cache    a second pgmemo, the same arguments plus `--cache
@@ -19,6 +19,11 @@ Targets (columns of the tables, in this order):
                     workloads (its cells of the others are `—`, not run, no
                     failure) and is left out of the idle-client memory test (the
                     same binary as pgmemo, with an empty cache there);
+  * ceiling         bench/ceiling.c (compiled with cc into the temp dir; --no-ceiling
+                    leaves it out), a server that answers every query at once with a
+                    canned row and does nothing else: run only in the cache-hot
+                    workloads (whose rows pgbench does not check), the TPS this
+                    machine and pgbench reach with no work behind the socket;
   * pgbouncer-1.25, odyssey-1.5
                     the peers, built from source by REPO/../shared/peers/build.sh
                     into --peers-prefix (default /opt/peers; built there once,
@@ -153,6 +158,10 @@ WORKLOADS = (PROTOCOLS + tuple(f"orm-{p}" for p in PROTOCOLS) + tuple(CACHE_SCRI
              + TPCB_WORKLOADS)
 # The pgmemo with its result cache on (--cache), started when a cache workload is selected.
 CACHE_TARGET = "pgmemo+cache"
+# bench/ceiling.c: a server that answers every query at once with a canned row, run in the
+# cache-hot workloads (pgbench does not read their rows) as the most any target could reach.
+CEILING_TARGET = "ceiling"
+CEILING_SRC = BENCH_DIR / "ceiling.c"
 # The same client limit for every proxy, above the largest default idle-client test (5000).
 MAX_CLIENT_CONN = 6000
 # Sources, build script and config templates of the peers (shared by the projects compared).
@@ -643,8 +652,10 @@ class Target:
     cache: bool = False              # pgmemo+cache: runs only the cache workloads
 
     def runs(self, wl: "Workload") -> bool:
-        """Whether this target runs workload wl (pgmemo+cache: only the cache ones;
-        its other cells are not run by design, not failures)."""
+        """Whether this target runs workload wl (pgmemo+cache: only the cache ones; the
+        ceiling: only cache-hot; their other cells are not run by design, not failures)."""
+        if self.kind == "ceiling":
+            return wl.is_cache_hot
         return wl.is_cache or not self.cache
 
     @property
@@ -659,7 +670,7 @@ class Target:
 
     @property
     def is_proxy(self) -> bool:
-        return self.kind != "direct"
+        return self.kind not in ("direct", "ceiling")
 
     @property
     def is_peer(self) -> bool:
@@ -983,6 +994,44 @@ class Pgmemo:
             self.proc = None
 
 
+class Ceiling:
+    """bench/ceiling.c, compiled with the system's C compiler into the temp dir: a
+    PostgreSQL-protocol server that answers every query at once with a canned row
+    (see the file). Its TPS in the cache-hot workloads is what this machine and
+    pgbench reach with no work at all behind the socket."""
+    kind = "ceiling"
+    name = CEILING_TARGET
+
+    def __init__(self, ctx: "Ctx", compiler: str) -> None:
+        self.ctx, self.compiler = ctx, compiler
+        self.logfile = ctx.logdir / f"{self.name}.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.port = 0
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def start(self) -> int:
+        c = self.ctx
+        binary = c.tmp / "ceiling"
+        r = subprocess.run([self.compiler, "-O2", "-o", str(binary), str(CEILING_SRC)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BenchError(f"{self.compiler} {CEILING_SRC.name} failed: {one_line(r.stderr)[:300]}")
+        self.port = free_port()
+        lf = c.open_log(self.logfile)
+        self.proc = c.procs.spawn(self.name, [str(binary), str(self.port)], stdout=lf,
+                                  stderr=subprocess.STDOUT)
+        wait_port(self.name, "127.0.0.1", self.port, self.proc, self.logfile)
+        return self.port
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.ctx.procs.stop(self.proc)
+            self.proc = None
+
+
 # --------------------------------------------------------------------------
 # pgbench
 # --------------------------------------------------------------------------
@@ -1047,6 +1096,12 @@ class Workload:
     def is_cache(self) -> bool:
         """A result-cache workload: the only ones pgmemo+cache runs."""
         return self.name in CACHE_SCRIPTS
+
+    @property
+    def is_cache_hot(self) -> bool:
+        """cache-hot with either protocol: the cache workloads the ceiling runs (the others
+        check what they read)."""
+        return self.name.startswith("cache-hot")
 
     def pgbench_args(self, scale: int) -> list[str]:
         if self.script is None:
@@ -1231,6 +1286,7 @@ class Ctx:
         self.pg: Optional[Postgres] = None
         self.pgmemo: Optional[Pgmemo] = None
         self.pgmemo_cache: Optional[Pgmemo] = None  # pgmemo+cache, with cache workloads only
+        self.ceiling: Optional[Ceiling] = None  # with the cache-hot workloads, unless --no-ceiling
         self.pgmemo_variants: list[Pgmemo] = []  # --pgmemo-variant, in every cell
         # The other poolers we start: the peers (PgBouncer 1.25, Odyssey), then Debian's PgBouncer.
         self.poolers: list = []
@@ -1349,6 +1405,9 @@ def build_args(argv=None):
     p.add_argument("--no-peers", action="store_true", help="leave the peers PgBouncer 1.25 and Odyssey out")
     p.add_argument("--no-pgbouncer", action="store_true",
                    help="leave Debian's PgBouncer (package pgbouncer, e.g. pgbouncer-1.18) out")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="leave out the ceiling (bench/ceiling.c, compiled with cc), which the cache-hot "
+                        "workloads otherwise also run")
     p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     p.add_argument("--pgmemo-bin", default=str(REPO / "target" / "release" / "pgmemo"))
     p.add_argument("--pgmemo-variant", action="append", default=[], metavar="NAME=SETTING",
@@ -1453,6 +1512,15 @@ def setup_targets(ctx: Ctx) -> list[Target]:
         log(f"{s.name} up on 127.0.0.1:{port} (pid {s.proc.pid}, metrics {s.metrics_url}): "
             f"{shlex.join(s.argv[1:])}")
         targets.append(Target(s.name, "127.0.0.1", port, kind="pgmemo", server=s, cache=True))
+    if ctx.ceiling is not None:
+        s = ctx.ceiling
+        t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
+        try:
+            t.port = s.start()
+            log(f"{s.name} up on 127.0.0.1:{t.port} (pid {s.pid}): {CEILING_SRC.name}, for the cache-hot rows")
+            targets.append(t)
+        except BenchError as e:
+            warn(f"{s.name}: {e}; the cache table goes without it")
     for s in ctx.poolers:
         t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
         try:
@@ -1486,7 +1554,7 @@ def check_target(ctx: Ctx, t: Target) -> None:
         t.broken = f"startup check `psql -c 'select 1'` failed: {why}"
         warn(f"{t.name}: {t.broken}")
         return
-    if ctx.args.warmup > 0:
+    if ctx.args.warmup > 0 and t.kind != "ceiling":  # -S would read the scale from its canned row
         w = run_pgbench(ctx, t, SELECT_SIMPLE, min(8, max(ctx.args.clients)), ctx.args.warmup,
                         Run(-1, -1, -1, "warm-up", "simple", 0, t.name, ctx.args.warmup))
         if not w.ok:
@@ -1555,7 +1623,7 @@ def warm_up_cache_workload(ctx: Ctx, targets: list[Target], wl: Workload, client
 def memory_test(ctx: Ctx, targets: list[Target]) -> list[dict]:
     rows = []
     for t in targets:
-        if t.server is None or t.broken or t.cache:
+        if t.server is None or t.broken or t.cache or t.kind == "ceiling":
             continue  # pgmemo+cache: the same binary as pgmemo, its cache empty with idle clients
         for n in ctx.args.idle_clients:
             row = {"target": t.name, "idle_clients": n, "opened": 0, "failed": n,
@@ -1803,6 +1871,7 @@ def cell_rows(args, targets: list[Target], runs: list[Run]) -> list[dict]:
                     row[f"{t.name}/pgmemo"] = num(ratio_value(cell, cells.get(key + ("pgmemo",))), 3)
                     row[f"{t.name}/best_peer"] = num(ratio_value(cell, cells.get(key + (best,)) if best
                                                                  else None), 3)
+                    row[f"{t.name}/{CEILING_TARGET}"] = num(ratio_value(cell, cells.get(key + (CEILING_TARGET,))), 3)
                     row[f"{t.name}_hit_ratio"] = num(statistics.median(cell.hit) if cell and cell.hit
                                                      else None, 4)
                     row[f"{t.name}_failed_tx"] = cell.failed_tx if cell else ""
@@ -1855,9 +1924,12 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
     by_name = {t.name: t for t in targets}
     _, peers, _ = comparisons(targets)
     c = CACHE_TARGET
-    hdr = ["workload", "clients", "direct TPS", "pgmemo TPS", f"{c} TPS", "best peer TPS",
-           f"{c}/direct", f"{c}/best peer", f"{c}/pgmemo", "hit ratio",
-           "pgmemo µs CPU/tx", f"{c} µs CPU/tx", f"{c} failed tx"]
+    ceiling = CEILING_TARGET in by_name
+    hdr = ["workload", "clients", "direct TPS", "pgmemo TPS", f"{c} TPS", "best peer TPS"]
+    hdr += [f"{CEILING_TARGET} TPS"] if ceiling else []
+    hdr += [f"{c}/direct", f"{c}/best peer", f"{c}/pgmemo"]
+    hdr += [f"{c}/{CEILING_TARGET}"] if ceiling else []
+    hdr += ["hit ratio", "pgmemo µs CPU/tx", f"{c} µs CPU/tx", f"{c} failed tx"]
     lines = ["| " + " | ".join(hdr) + " |",
              "|" + "|".join(["---", "---:"] + ["---:"] * (len(hdr) - 2)) + "|"]
     pct = lambda x: f"{x:.1%}"
@@ -1868,14 +1940,16 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
             mine = cells.get(key + (c,))
             best = best_peer(cells, key, peers)
             row = [wl, str(n), tps("direct"), tps("pgmemo"), tps(c),
-                   f"{tps(best)} ({best})" if best else "—",
-                   ratio(mine, cells.get(key + ("direct",))),
-                   ratio(mine, cells.get(key + (best,))) if best else "—",
-                   ratio(mine, cells.get(key + ("pgmemo",))),
-                   fmt_range(mine.hit, pct) if mine and mine.hit else "—",
-                   cpu_text(cells.get(key + ("pgmemo",))), cpu_text(mine),
-                   str(mine.failed_tx) + (f" FAIL({mine.nfail}/{len(mine.runs)})" if mine.nfail else "")
-                   if mine else "—"]
+                   f"{tps(best)} ({best})" if best else "—"]
+            row += [tps(CEILING_TARGET)] if ceiling else []
+            row += [ratio(mine, cells.get(key + ("direct",))),
+                    ratio(mine, cells.get(key + (best,))) if best else "—",
+                    ratio(mine, cells.get(key + ("pgmemo",)))]
+            row += [ratio(mine, cells.get(key + (CEILING_TARGET,)))] if ceiling else []
+            row += [fmt_range(mine.hit, pct) if mine and mine.hit else "—",
+                    cpu_text(cells.get(key + ("pgmemo",))), cpu_text(mine),
+                    str(mine.failed_tx) + (f" FAIL({mine.nfail}/{len(mine.runs)})" if mine.nfail else "")
+                    if mine else "—"]
             lines.append("| " + " | ".join(row) + " |")
     intro = (f"Result cache: {c} is pgmemo with `--cache` (the same binary and arguments as pgmemo, whose "
              "cache is off: for it and every other target the `/* pgmemo cache ttl=60s */` hint is just a "
@@ -1886,7 +1960,10 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
              "the µs CPU/tx is about that of a hit, in cache-uniform (mostly misses) "
              f"`{c}/pgmemo` is the miss path's cost. `{c} failed tx`: pgbench's failed transactions plus "
              "aborted clients over all runs; in cache-rw a stale read aborts its client, so 0 = no stale "
-             "read. Best peer: the peer with the highest median TPS in that cell.")
+             "read. Best peer: the peer with the highest median TPS in that cell."
+             + (f" {CEILING_TARGET}: bench/ceiling.c, a server that answers every query at once with a "
+                "canned row and does nothing else (cache-hot rows only): the TPS this machine and pgbench "
+                "reach with no work behind the socket, the most any cache could." if ceiling else ""))
     return "\n".join(["### Result cache", "", intro, ""] + lines)
 
 
@@ -2094,6 +2171,13 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
         if any(w.is_cache for w in ctx.workloads):
             ctx.pgmemo_cache = Pgmemo(ctx, binary, cache=True)
             log(f"cache workloads selected: also {CACHE_TARGET} (pgmemo --cache), for those only")
+    if any(w.is_cache_hot for w in ctx.workloads) and not args.no_ceiling:
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler:
+            ctx.ceiling = Ceiling(ctx, compiler)
+            log(f"cache-hot workloads selected: also {CEILING_TARGET} ({CEILING_SRC.name}), for those only")
+        else:
+            warn(f"no C compiler (cc): going on without {CEILING_TARGET}")
 
     need_fds = max(args.idle_clients or [0]) + 1024
     lim = raise_nofile(need_fds)
@@ -2103,7 +2187,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     n_ours = (not args.no_pgmemo) + len(ctx.pgmemo_variants) + len(ctx.poolers)  # we start these
     n_targets = 1 + n_ours + len(args.target)
     n_cache = sum(w.is_cache for w in ctx.workloads) if ctx.pgmemo_cache else 0  # pgmemo+cache's rows
-    n_runs = (len(ctx.workloads) * n_targets + n_cache) * len(args.clients) * args.rounds
+    n_hot = sum(w.is_cache_hot for w in ctx.workloads) if ctx.ceiling else 0  # the ceiling's rows
+    n_runs = (len(ctx.workloads) * n_targets + n_cache + n_hot) * len(args.clients) * args.rounds
     est = n_runs * (args.duration + 0.3) + 10 + (n_targets + bool(n_cache)) * args.warmup \
         + sum(3 + n / 1500 for n in args.idle_clients) * n_ours \
         + n_cache * (n_targets + 1) * args.cache_warmup
