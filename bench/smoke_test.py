@@ -12,6 +12,9 @@ checks that:
   * with pgmemo, the target pgmemo+cache (pgmemo --cache) is there, runs cache-hot
     only (its other cells are `—`), and the "Result cache" table has a cache-hot
     row with a hit ratio (also in runs.csv) and 0 failed transactions;
+  * the target ceiling (bench/ceiling.c, when a C compiler is there) runs cache-hot
+    only, has no CPU column and no memory row, and has its column in the "Result
+    cache" table;
   * direct PostgreSQL never fails (if it does, the harness is broken);
   * runs.csv has one row per run, cells.csv one per cell, the memory table a row
     per proxy (but pgmemo+cache, which the harness leaves out of it);
@@ -51,6 +54,7 @@ REPO = BENCH.parent
 WORKLOADS = ["simple", "extended", "prepared", "orm-simple", "cache-hot"]
 CACHE_WORKLOADS = ["cache-hot"]  # the only ones pgmemo+cache runs
 CACHE_TARGET = "pgmemo+cache"
+CEILING_TARGET = "ceiling"  # bench/ceiling.c: cache-hot only, not a proxy
 CLIENTS = [8]
 CELL_RE = re.compile(r"^(?:[\d,]+(?: \([\d,]+–[\d,]+\))?(?: FAIL\(\d+/\d+\))?|FAIL\(\d+/\d+\))$")
 BEST_RE = re.compile(r"^(?:—|\d+\.\d\d\*? \((?:pgbouncer|odyssey)-\S+\))$")
@@ -160,16 +164,17 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
             kinds.setdefault(t["kind"], []).append(t["name"])
         # pgmemo and, for the cache workload, pgmemo+cache (the same binary with --cache)
         want_kinds = {"direct": 1, "pgmemo": 2 * int("pgmemo" in targets),
-                      "pgbouncer": int(debian_bouncer) + int(not why), "odyssey": int(not why)}
+                      "pgbouncer": int(debian_bouncer) + int(not why), "odyssey": int(not why),
+                      "ceiling": int(bool(shutil.which("cc") or shutil.which("gcc")))}
         for kind, n in want_kinds.items():
             if len(kinds.get(kind, [])) != n:
                 problems.append(f"expected {n} target(s) of kind {kind}, got {kinds.get(kind, [])}")
         targets = [t["name"] for t in meta["targets"]]
-        proxies = targets[1:]
+        proxies = [t for t in targets[1:] if t != CEILING_TARGET]
         has_cache = CACHE_TARGET in targets
         if has_cache != ("pgmemo" in targets):
             problems.append(f"target {CACHE_TARGET} expected exactly when pgmemo runs: {targets}")
-        runs_wl = lambda t, wl: t != CACHE_TARGET or wl in CACHE_WORKLOADS  # the cells a target runs
+        runs_wl = lambda t, wl: t not in (CACHE_TARGET, CEILING_TARGET) or wl in CACHE_WORKLOADS  # its cells
         peers = [t["name"] for t in meta["targets"] if t["kind"] in PEER_KINDS]
         header, rows = parse_table(r.stdout)
         if header is None:
@@ -213,7 +218,7 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         if has_best and cells and "pgmemo/best_peer" not in cells[0]:
             problems.append("cells.csv has no pgmemo/best_peer column")
         if has_cache:
-            problems += check_cache(r.stdout, runs, cells)
+            problems += check_cache(r.stdout, runs, cells, CEILING_TARGET in targets)
         mem_path = out / "memory.csv"
         mem = set()
         if mem_path.exists():
@@ -239,14 +244,16 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def check_cache(stdout: str, runs: list[dict], cells: list[dict]) -> list[str]:
+def check_cache(stdout: str, runs: list[dict], cells: list[dict], ceiling: bool) -> list[str]:
     """The result-cache part: the "Result cache" table's rows, the hit ratio in
     runs.csv and cells.csv, and no failed transaction through pgmemo+cache."""
     problems = []
     header, rows = parse_table(stdout, after="### Result cache")
     if header is None:
         return ["no `### Result cache` table in stdout"]
-    for col in (f"{CACHE_TARGET} TPS", f"{CACHE_TARGET}/pgmemo", "hit ratio", f"{CACHE_TARGET} failed tx"):
+    cols = [f"{CACHE_TARGET} TPS", f"{CACHE_TARGET}/pgmemo", "hit ratio", f"{CACHE_TARGET} failed tx"]
+    cols += [f"{CEILING_TARGET} TPS", f"{CACHE_TARGET}/{CEILING_TARGET}"] if ceiling else []
+    for col in cols:
         if col not in header:
             problems.append(f"Result cache table has no column {col!r}: {header}")
     if sorted(rows) != sorted((wl, str(c)) for wl in CACHE_WORKLOADS for c in CLIENTS):
@@ -256,6 +263,9 @@ def check_cache(stdout: str, runs: list[dict], cells: list[dict]) -> list[str]:
             problems.append(f"Result cache {key}: hit ratio {row.get('hit ratio')!r}")
         if row.get(f"{CACHE_TARGET} failed tx") != "0":
             problems.append(f"Result cache {key}: failed tx {row.get(f'{CACHE_TARGET} failed tx')!r}")
+        if ceiling and not re.match(r"^\d+\.\d\d$", row.get(f"{CACHE_TARGET}/{CEILING_TARGET}", "")):
+            problems.append(f"Result cache {key}: {CACHE_TARGET}/{CEILING_TARGET} "
+                            f"{row.get(f'{CACHE_TARGET}/{CEILING_TARGET}')!r}, expected a ratio")
     mine = [x for x in runs if x["target"] == CACHE_TARGET]
     if not mine or any(x["workload"] not in CACHE_WORKLOADS for x in mine):
         problems.append(f"runs.csv: {CACHE_TARGET} ran {[x['workload'] for x in mine]}")
