@@ -1348,7 +1348,7 @@ def parse_target(spec: str) -> Target:
         if not host or not port.isdigit():
             raise BenchError(f"--target {spec}: expected NAME=host:port")
         t = Target(name or addr, host, int(port))
-    if t.name in ("direct", "pgmemo", CACHE_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-", "pgmemo-")):
+    if t.name in ("direct", "pgmemo", CACHE_TARGET, CEILING_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-", "pgmemo-")):
         raise BenchError(f"--target name {t.name!r} is reserved")
     return t
 
