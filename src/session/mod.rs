@@ -799,18 +799,28 @@ impl Session {
                     server.checked_out = Instant::now();
                 }
             }
+            // A simple query's text, found once (its end is a search for the terminator) for
+            // the word scan, the session-state watch and the planner.
+            let query_text_len = if tag == fe::QUERY {
+                fe::query_text(&self.client.rbuf[5..len]).map(<[u8]>::len)
+            } else {
+                None
+            };
+            fn text_of(rbuf: &[u8], len: Option<usize>) -> Option<&[u8]> {
+                len.map(|n| &rbuf[5..5 + n])
+            }
             // The words of a simple query that the planner and the session-state watch look
             // for, found in one pass.
-            let query_words = if tag == fe::QUERY && (self.state.enabled || self.stmts.is_some()) {
-                fe::query_text(&self.client.rbuf[5..len]).map_or(0, crate::words::in_query)
+            let query_words = if self.state.enabled || self.stmts.is_some() {
+                text_of(&self.client.rbuf, query_text_len).map_or(0, crate::words::in_query)
             } else {
                 0
             };
             if self.state.enabled {
-                self.note_state(tag, len, query_words);
+                self.note_state(tag, len, query_text_len, query_words);
             }
             if let Some(stmts) = self.stmts.as_mut().filter(|_| query_words != 0) {
-                if let Some(text) = fe::query_text(&self.client.rbuf[5..len]) {
+                if let Some(text) = text_of(&self.client.rbuf, query_text_len) {
                     stmts
                         .schema
                         .note(crate::statements::schema::ddl_found(query_words, text));
@@ -836,6 +846,7 @@ impl Session {
             if let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) {
                 let planned = planner::Planner {
                     msg: &self.client.rbuf[..len],
+                    query_text: text_of(&self.client.rbuf, query_text_len),
                     server,
                     stmts,
                     replies: &mut self.replies,
@@ -1339,12 +1350,13 @@ impl Session {
             .store(self.state.pins, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Reads what a simple query (its words `query_words`) or, without the statement planner,
-    /// a Parse may do to the session's state (see [`state`]).
-    fn note_state(&mut self, tag: u8, len: usize, query_words: u32) {
+    /// Reads what a simple query (its text `query_text_len` bytes long, its words
+    /// `query_words`) or, without the statement planner, a Parse may do to the session's
+    /// state (see [`state`]).
+    fn note_state(&mut self, tag: u8, len: usize, query_text_len: Option<usize>, query_words: u32) {
         let body = &self.client.rbuf[5..len];
         let text = match tag {
-            fe::QUERY => fe::query_text(body),
+            fe::QUERY => query_text_len.map(|n| &body[..n]),
             fe::PARSE if self.stmts.is_none() => fe::Parse::parse(body).map(|p| p.query),
             _ => None,
         };

@@ -69,6 +69,8 @@ pub struct Limits {
 pub struct Planner<'a> {
     /// The whole message, tag and length included.
     pub msg: &'a [u8],
+    /// For a simple query: its text (None: malformed, or another message).
+    pub query_text: Option<&'a [u8]>,
     pub server: &'a mut ServerConn,
     pub stmts: &'a mut ClientStatements,
     pub replies: &'a mut ReplyQueue,
@@ -876,8 +878,7 @@ impl Planner<'_> {
             ap.global.count_pass(crate::autoprepare::Pass::Busy);
             return None;
         }
-        let msg = self.msg;
-        let text = fe::query_text(&msg[5..])?;
+        let text = self.query_text?;
         self.stmts.refresh_context(self.registry);
         let statement = match ap.client.statement(
             ap.global,
@@ -1035,7 +1036,7 @@ impl Planner<'_> {
         if self.stmts.is_empty() || words & Words::DEALLOCATE == 0 {
             return false;
         }
-        let Some(text) = fe::query_text(self.body()) else {
+        let Some(text) = self.query_text else {
             return false;
         };
         let Ok(text) = std::str::from_utf8(text) else {
@@ -1047,8 +1048,7 @@ impl Planner<'_> {
 
     /// What a simple query does to the client's statements.
     fn query_effect(&mut self, words: u32) -> QueryPlan {
-        let msg = self.msg;
-        let Some(text) = fe::query_text(&msg[5..]) else {
+        let Some(text) = self.query_text else {
             return QueryPlan::Forward(None, Vec::new(), None);
         };
         let commands = Words::PREPARE
