@@ -471,10 +471,12 @@ impl ResultCache {
     /// that the client may be answered from the cache now (idle, context current, caching
     /// not off, the WAL caught up).
     pub fn raw_hit(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Entry>> {
+        client.raw_key_valid = false;
         if client.off || client.context_of.is_none() {
             return None;
         }
         raw_key(&mut client.raw_key, &client.context, sql);
+        client.raw_key_valid = true;
         let entry = self.raw.get(&client.raw_key[..]);
         if client.raw_key.capacity() > MAX_KEPT_BUFFER {
             client.raw_key = Vec::new();
@@ -489,6 +491,17 @@ impl ResultCache {
         entry.hits.fetch_add(1, Relaxed);
         entry.rule.hits.fetch_add(1, Relaxed);
         Some(entry)
+    }
+
+    /// After a hit in the second tier on the Query whose first-tier lookup just missed
+    /// ([`ResultCache::raw_hit`]): its text answers from the first tier from now on. (Done at
+    /// a hit, not when the entry is stored: most entries of a workload with a low hit ratio
+    /// are never read, and the first tier's insert and eviction would cost every store.)
+    pub fn remember_raw(&self, client: &mut ClientCache, entry: &Arc<Entry>) {
+        if std::mem::take(&mut client.raw_key_valid) {
+            self.raw
+                .insert(client.raw_key[..].into(), Arc::downgrade(entry));
+        }
     }
 
     /// Notes what a Query the client sent may change (see [`ClientCache::settle`]); returns
@@ -698,28 +711,27 @@ impl ResultCache {
             return Lookup::Pass;
         }
         let key_hash = key.hash;
-        let flight = Arc::new(Flight::default());
-        match self.flights.start(key_hash, &flight) {
-            Ok(()) => {}
-            Err(running) if may_wait => return Lookup::Wait(running),
-            // Waited once already: run it without filling.
-            Err(_) => return Lookup::Pass,
+        let flight = client.spare_flight.take().unwrap_or_default();
+        if let Err(running) = self.flights.start(key_hash, &flight) {
+            client.spare_flight = Some(flight);
+            return if may_wait {
+                Lookup::Wait(running)
+            } else {
+                // Waited once already: run it without filling.
+                Lookup::Pass
+            };
         }
         stats.misses.fetch_add(1, Relaxed);
         let admitted = cfg.admit_after <= 1 || self.admission.admits(key_hash, &self.store);
-        // The keys go into the buffers of the client's last fill: copied out only if stored.
-        let mut keys = std::mem::take(&mut client.spare_keys);
-        keys.0.clear();
-        keys.0.extend_from_slice(&client.key);
-        keys.1.clear();
-        if !query.extended {
-            raw_key(&mut keys.1, &client.context, query.hint_source);
-        }
+        // The key goes into the buffer of the client's last fill: copied out only if stored.
+        let mut key = std::mem::take(&mut client.spare_key);
+        key.clear();
+        key.extend_from_slice(&client.key);
         client.fill = Some(Fill {
-            keys,
+            key,
             key_hash,
             admitted,
-            flight,
+            flight: Some(flight),
             flights: self.flights.clone(),
             seen: self.versions.capture(slots),
             chosen: rule,
@@ -784,9 +796,13 @@ impl ResultCache {
     }
 
     /// Stores a finished fill (see [`ClientCache::capture`]) if it may be; gives its buffers
-    /// (reply, keys) back for the client's next fill.
-    fn store_fill(&self, mut fill: Fill, status: u8) -> (BytesMut, FillKeys) {
-        let admitted = fill.admitted || fill.flight.waiters.load(Relaxed) > 0;
+    /// (reply, key) and its flight back for the client's next fill.
+    fn store_fill(&self, mut fill: Fill, status: u8) -> Spares {
+        let admitted = fill.admitted
+            || fill
+                .flight
+                .as_ref()
+                .is_some_and(|f| f.waiters.load(Relaxed) > 0);
         let why = if let Some(why) = fill.spoiled {
             Some(why)
         } else if status != b'I' {
@@ -819,12 +835,8 @@ impl ResultCache {
                 };
                 fill.stats.stores.fetch_add(1, Relaxed);
                 let entry = Arc::new(entry);
-                let (key, raw) = &fill.keys;
-                if !raw.is_empty() {
-                    self.raw.insert(raw[..].into(), Arc::downgrade(&entry));
-                }
                 self.store
-                    .insert(Key::with_hash(fill.key_hash, key[..].into()), entry);
+                    .insert(Key::with_hash(fill.key_hash, fill.key[..].into()), entry);
             }
         }
         let mut spare = std::mem::take(&mut fill.reply);
@@ -832,11 +844,15 @@ impl ResultCache {
         if spare.capacity() > MAX_KEPT_BUFFER {
             spare = BytesMut::new();
         }
-        let mut keys = std::mem::take(&mut fill.keys);
-        if keys.0.capacity() + keys.1.capacity() > MAX_KEPT_BUFFER {
-            keys = FillKeys::default();
+        let mut key = std::mem::take(&mut fill.key);
+        if key.capacity() > MAX_KEPT_BUFFER {
+            key = Vec::new();
         }
-        (spare, keys)
+        Spares {
+            reply: spare,
+            key,
+            flight: fill.end_flight(),
+        }
     }
 
     /// Bumps what `effects` may have changed in `database`.
@@ -984,8 +1000,13 @@ fn raw_key(key: &mut Vec<u8>, context: &[u8], sql: &[u8]) {
     key.extend_from_slice(sql);
 }
 
-/// A fill's store key and first-tier key (empty: none, for the extended protocol).
-type FillKeys = (Vec<u8>, Vec<u8>);
+/// What a finished fill leaves for the client's next: its buffers, and its flight when
+/// nobody else holds it any more.
+struct Spares {
+    reply: BytesMut,
+    key: Vec<u8>,
+    flight: Option<Arc<Flight>>,
+}
 
 /// A normalized query text without the `;` that may end it (and the blanks around): `SELECT
 /// 1;` and `SELECT 1` get the same replies, and share an entry (pgbench sends the `;`, most
@@ -1036,12 +1057,13 @@ struct Chosen {
 
 /// A result being captured for the store.
 pub struct Fill {
-    /// The store's key, and a simple query's first-tier key (see [`ResultCache::raw`]).
-    keys: FillKeys,
+    /// The store's key.
+    key: Vec<u8>,
     key_hash: u64,
     /// Stored when it completes (else only if another client waited for it).
     admitted: bool,
-    flight: Arc<Flight>,
+    /// Taken only by [`Fill::end_flight`] (or the drop, which ends it too).
+    flight: Option<Arc<Flight>>,
     flights: Arc<Flights>,
     seen: Seen,
     chosen: Chosen,
@@ -1056,10 +1078,22 @@ pub struct Fill {
     extended: bool,
 }
 
+impl Fill {
+    /// Ends the fill's flight (waiters look up again); returns it, reset, when nobody else
+    /// holds it, for the client's next fill (no allocation per miss).
+    fn end_flight(&mut self) -> Option<Arc<Flight>> {
+        let mut flight = self.flight.take()?;
+        self.flights.end(self.key_hash, &flight);
+        flight.finish();
+        let reset = Arc::get_mut(&mut flight)?;
+        *reset = Flight::default();
+        Some(flight)
+    }
+}
+
 impl Drop for Fill {
     fn drop(&mut self) {
-        self.flights.end(self.key_hash, &self.flight);
-        self.flight.finish();
+        self.end_flight();
     }
 }
 
@@ -1092,19 +1126,24 @@ pub struct ClientCache {
     committed: bool,
     ended: u32,
     pub fill: Option<Fill>,
-    /// The buffers of the last fill, for the next.
+    /// The buffers and the flight of the last fill, for the next.
     spare: BytesMut,
-    spare_keys: FillKeys,
-    /// The first tier's key of the last lookup.
+    spare_key: Vec<u8>,
+    spare_flight: Option<Arc<Flight>>,
+    /// The first tier's key of the last lookup, and whether it is the Query's at hand
+    /// (see [`ResultCache::remember_raw`]).
     raw_key: Vec<u8>,
+    raw_key_valid: bool,
     /// The last hint comment read.
     hint: hint::Memo,
 }
 
 impl ClientCache {
-    /// Whatever was lexed before is not the reading of the message at hand.
+    /// Whatever was lexed (or keyed for the first tier) before is not the reading of the
+    /// message at hand.
     pub fn forget_lexed(&mut self) {
         self.lexed_valid = false;
+        self.raw_key_valid = false;
     }
 
     /// Hands the lexer's reading of the last Query looked at (valid only for that text) to
@@ -1212,7 +1251,10 @@ impl ClientCache {
                 be::READY_FOR_QUERY => {
                     let status = message.get(5).copied().unwrap_or(b'I');
                     if let Some(fill) = self.fill.take() {
-                        (self.spare, self.spare_keys) = cache.store_fill(fill, status);
+                        let spares = cache.store_fill(fill, status);
+                        self.spare = spares.reply;
+                        self.spare_key = spares.key;
+                        self.spare_flight = spares.flight;
                     }
                     return;
                 }
@@ -1292,8 +1334,55 @@ impl ClientCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{statement_text, Flight, Flights};
+    use super::{
+        statement_text, CacheConfig, ClientCache, Entry, Flight, Flights, ResultCache, RuleStats,
+    };
+    use bytes::Bytes;
+    use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn entry() -> Arc<Entry> {
+        let rule = RuleStats::default();
+        rule.chooses.store(true, Relaxed);
+        Arc::new(Entry {
+            reply: Bytes::from_static(b"reply"),
+            expires: Instant::now() + Duration::from_secs(60),
+            seen: Default::default(),
+            rule: Arc::new(rule),
+            text: "".into(),
+            tables: Arc::new([]),
+            database: "db".into(),
+            hits: Default::default(),
+        })
+    }
+
+    /// The first tier learns a text at its first hit in the second tier, and only the text
+    /// that its last lookup keyed.
+    #[test]
+    fn the_first_tier_learns_the_text_it_was_asked_for() {
+        let cache = ResultCache::new(&CacheConfig {
+            enabled: true,
+            ..Default::default()
+        });
+        let mut client = ClientCache::new(false);
+        client.set_context(1, 0, "db", None, &["role"]);
+        let (one, two) = (entry(), entry());
+        assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
+        cache.remember_raw(&mut client, &one);
+        let hit = cache.raw_hit(&mut client, b"SELECT 1").expect("learnt");
+        assert!(Arc::ptr_eq(&hit, &one));
+        // A later message that did not ask the first tier teaches it nothing.
+        client.forget_lexed();
+        cache.remember_raw(&mut client, &two);
+        let hit = cache
+            .raw_hit(&mut client, b"SELECT 1")
+            .expect("still known");
+        assert!(Arc::ptr_eq(&hit, &one));
+        // Another context does not see it.
+        client.set_context(2, 0, "db", None, &["other role"]);
+        assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
+    }
 
     #[test]
     fn a_key_has_one_flight_until_it_ends() {

@@ -91,6 +91,7 @@ impl Session {
                 match self.lookup_query(text_end, &shape, Transaction::Idle, true) {
                     Lookup::Pass | Lookup::Miss => Ok(false),
                     Lookup::Hit(entry) => {
+                        self.remember_raw(&entry);
                         self.answer_hit(len, &[], &entry, b'I');
                         Ok(true)
                     }
@@ -195,6 +196,14 @@ impl Session {
         self.app
             .cache
             .raw_hit(client, &self.client.rbuf[5..text_end])
+    }
+
+    /// After a second-tier hit on the Query at hand: its exact text answers from the first
+    /// tier from now on (when the first tier was asked for it: idle).
+    fn remember_raw(&mut self, entry: &std::sync::Arc<crate::cache::Entry>) {
+        if let Some(client) = self.cache.as_deref_mut() {
+            self.app.cache.remember_raw(client, entry);
+        }
     }
 
     /// Something is in flight or a transaction is open: the cache cannot answer.
@@ -402,6 +411,7 @@ impl Session {
             match self.lookup_query(text_end, shape, transaction, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
+                    self.remember_raw(&entry);
                     let status = self.server.as_ref().map_or(b'I', |s| s.status);
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
