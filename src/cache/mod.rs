@@ -43,7 +43,7 @@ use versions::{Seen, Versions};
 /// Texts longer than this are not analyzed for their writes: they invalidate their database.
 const MAX_ANALYZED_TEXT: usize = 64 * 1024;
 
-/// A client's reused buffer (a fill's reply, its keys, the first tier's key) that grew past
+/// A client's reused buffer (a fill's reply, its key, the first tier's key) that grew past
 /// this for one long text is dropped rather than kept for every idle client.
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
@@ -222,7 +222,9 @@ pub struct ResultCache {
     pub versions: Versions,
     /// The first tier of simple-query lookups: (client context, the query's text exactly as
     /// sent) → its stored entry, so that a repeated text is answered without lexing, hint,
-    /// rule and plan work. Weak: the store alone keeps entries (and bounds their memory).
+    /// rule and plan work; learnt at the text's first hit in the second tier
+    /// ([`ResultCache::remember_raw`]). Weak: the store alone keeps entries (and bounds their
+    /// memory).
     raw: quick_cache::sync::Cache<Box<[u8]>, std::sync::Weak<Entry>>,
     flights: Arc<Flights>,
     shapes: quick_cache::sync::Cache<u64, Arc<Shape>>,
