@@ -756,7 +756,23 @@ log_min_messages = warning
         return r.stdout.strip()
 
 
-class PgBouncer:
+class ChildServer:
+    """A server this harness runs as its own child process (`proc`): its pid while it runs,
+    and how it is stopped."""
+    ctx: "Ctx"
+    proc: Optional[subprocess.Popen] = None
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.ctx.procs.stop(self.proc)
+            self.proc = None
+
+
+class PgBouncer(ChildServer):
     """PgBouncer in the foreground as our child: the peer built from source (its
     config from the shared template) or Debian's package (the config below)."""
     kind = "pgbouncer"
@@ -777,10 +793,6 @@ class PgBouncer:
     @property
     def dir(self) -> Path:
         return self.ctx.tmp / self.name
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def config(self) -> str:
         c = self.ctx
@@ -828,11 +840,6 @@ admin_users = {DB_USER}
                                   env=dict(os.environ, HOME=str(self.dir)), stop_signal=signal.SIGTERM)
         wait_port(self.name, "127.0.0.1", self.port, self.proc, self.logfile)
         return self.port
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.ctx.procs.stop(self.proc)
-            self.proc = None
 
 
 class Odyssey:
@@ -936,7 +943,7 @@ class Odyssey:
             self.watchdog = None
 
 
-class Pgmemo:
+class Pgmemo(ChildServer):
     """target/release/pgmemo; with cache=True the pgmemo+cache target: the same
     arguments plus --cache and a Prometheus endpoint (--metrics-listen) on a free
     port, from which the harness reads the cache's hits and misses."""
@@ -958,10 +965,6 @@ class Pgmemo:
     @property
     def metrics_url(self) -> Optional[str]:
         return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.cache and self.metrics_port else None
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def start(self) -> int:
         c = self.ctx
@@ -988,13 +991,8 @@ class Pgmemo:
             wait_port(f"{self.name} metrics", "127.0.0.1", self.metrics_port, self.proc, self.logfile)
         return self.port
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.ctx.procs.stop(self.proc)
-            self.proc = None
 
-
-class Ceiling:
+class Ceiling(ChildServer):
     """bench/ceiling.c, compiled with the system's C compiler into the temp dir: a
     PostgreSQL-protocol server that answers every query at once with a canned row
     (see the file). Its TPS in the cache-hot workloads is what this machine and
@@ -1007,10 +1005,6 @@ class Ceiling:
         self.logfile = ctx.logdir / f"{self.name}.log"
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def start(self) -> int:
         c = self.ctx
@@ -1025,11 +1019,6 @@ class Ceiling:
                                   stderr=subprocess.STDOUT)
         wait_port(self.name, "127.0.0.1", self.port, self.proc, self.logfile)
         return self.port
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.ctx.procs.stop(self.proc)
-            self.proc = None
 
 
 # --------------------------------------------------------------------------
