@@ -4,6 +4,11 @@
 //! ~100 bytes for a point select).
 
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::LazyLock;
+
+/// The store's hasher: seeded at random once per process (keys carry client-chosen values,
+/// so a fixed seed would let a client craft keys that collide), the same for every lookup.
+static STORE_HASHER: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
 /// A stored key: its bytes and their hash ([`KeyRef::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +38,7 @@ pub struct KeyRef<'a> {
 impl<'a> KeyRef<'a> {
     pub fn new(bytes: &'a [u8]) -> KeyRef<'a> {
         KeyRef {
-            hash: crate::autoprepare::lexer::hasher().hash_one(bytes),
+            hash: STORE_HASHER.hash_one(bytes),
             bytes,
         }
     }
