@@ -33,7 +33,13 @@ impl Session {
 
     /// Before a client message is planned: the cache notes what a Query or a Bind may
     /// change, and may answer a Query itself. `Ok(true)`: answered, the message is consumed.
-    pub(super) async fn cache_client_message(&mut self, tag: u8, len: usize) -> Result<bool, End> {
+    /// `query_text_len`: a Query's text length (None: another message, or a malformed Query).
+    pub(super) async fn cache_client_message(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+    ) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
         // A lookup is decided here, without an await, unless it must first wait for another
@@ -42,24 +48,19 @@ impl Session {
         // for them (a box per query on the common path cost ~350 instructions).
         if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() {
             self.cache_context();
-            match self.batch_lookup(true) {
-                Ok(answered) => {
-                    if answered {
-                        return Ok(true);
-                    }
-                }
-                Err(step) => {
-                    if Box::pin(self.cached_batch(step)).await? {
-                        return Ok(true);
-                    }
-                }
+            let answered = match self.batch_lookup(true) {
+                Ok(answered) => answered,
+                Err(step) => Box::pin(self.cached_batch(step)).await?,
+            };
+            if answered {
+                return Ok(true);
             }
         }
-        let client = self
-            .cache
-            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         match tag {
             fe::BIND => {
+                let client = self
+                    .cache
+                    .get_or_insert_with(|| ClientCache::new(self.state.enabled));
                 let bind = fe::Bind::parse(&self.client.rbuf[5..len]);
                 let statement = bind.and_then(|b| self.stmts.as_ref()?.get(b.statement));
                 if let Some(statement) = statement {
@@ -69,10 +70,10 @@ impl Session {
             }
             fe::QUERY => {
                 // A malformed Query (no terminator) is left to the server, for its own error.
-                let Some(sql) = fe::query_text(&self.client.rbuf[5..len]) else {
+                let Some(text_len) = query_text_len else {
                     return Ok(false);
                 };
-                let text_end = 5 + sql.len();
+                let text_end = 5 + text_len;
                 if let Some(entry) = self.raw_hit(text_end) {
                     self.answer_hit(len, &[], &entry, b'I');
                     return Ok(true);
@@ -361,7 +362,6 @@ impl Session {
         transaction: Transaction,
         may_wait: bool,
     ) -> Lookup {
-        let app = self.app.clone();
         let settings = self.pool.settings();
         let at = Where {
             database: &settings.target.dbname,
@@ -374,7 +374,7 @@ impl Session {
             .cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         let sql = &self.client.rbuf[5..text_end];
-        app.cache.lookup(client, &at, sql, shape, may_wait)
+        self.app.cache.lookup(client, &at, sql, shape, may_wait)
     }
 
     /// Answers a Query from the cache when it holds its result; otherwise leaves the query to

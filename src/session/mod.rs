@@ -755,13 +755,23 @@ impl Session {
                 Ok(None) => return Ok(()),
                 Err(e) => return self.violated(e.to_string()).await,
             };
+            // A simple query's text, found once (its end is a search for the terminator) for
+            // the result cache, the word scan, the session-state watch and the planner.
+            let query_text_len = if tag == fe::QUERY {
+                fe::query_text(&self.client.rbuf[5..len]).map(<[u8]>::len)
+            } else {
+                None
+            };
+            fn text_of(rbuf: &[u8], len: Option<usize>) -> Option<&[u8]> {
+                len.map(|n| &rbuf[5..5 + n])
+            }
             // Whether the cache lexed this Query (its reading then serves autoprepare too).
             let mut cache_lexed = false;
             if matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) && self.caching() {
                 if let Some(c) = self.cache.as_deref_mut() {
                     c.forget_lexed();
                 }
-                if self.cache_client_message(tag, len).await? {
+                if self.cache_client_message(tag, len, query_text_len).await? {
                     continue; // answered from the result cache
                 }
                 cache_lexed = tag == fe::QUERY;
@@ -798,16 +808,6 @@ impl Session {
                 if let Some(server) = self.server.as_mut() {
                     server.checked_out = Instant::now();
                 }
-            }
-            // A simple query's text, found once (its end is a search for the terminator) for
-            // the word scan, the session-state watch and the planner.
-            let query_text_len = if tag == fe::QUERY {
-                fe::query_text(&self.client.rbuf[5..len]).map(<[u8]>::len)
-            } else {
-                None
-            };
-            fn text_of(rbuf: &[u8], len: Option<usize>) -> Option<&[u8]> {
-                len.map(|n| &rbuf[5..5 + n])
             }
             // The words of a simple query that the planner and the session-state watch look
             // for, found in one pass.
