@@ -142,6 +142,12 @@ impl Pool {
         self.settings.load_full()
     }
 
+    /// The settings for a moment (not across an await): no reference count taken, for
+    /// what every query reads.
+    pub fn settings_now(&self) -> arc_swap::Guard<Arc<PoolSettings>> {
+        self.settings.load()
+    }
+
     /// The per-server prepared-statement bound, read without a lock or a reference count.
     pub fn max_prepared_statements(&self) -> usize {
         self.settings.load().max_prepared_statements

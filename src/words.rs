@@ -3,8 +3,8 @@
 //! session-state watch, which then decide exactly what a query that contains one of their
 //! words does.
 //!
-//! One pass over the text with a table lookup per byte; the words are compared only where one
-//! of them could start (a byte that begins one, not inside an identifier). A word matches as a
+//! One pass over the text, eight bytes at a time, finds where identifiers start; the words are
+//! compared only there, and only those that begin with that byte. A word matches as a
 //! prefix, in any case: `temp` is found in `TEMPORARY` (and in `temperature`, which costs the
 //! caller an exact check, never a wrong answer). Words marked whole ([`WordSet::whole`]) match
 //! only as whole words: `create` is not found in `created_at`, a column of every other table.
@@ -23,6 +23,11 @@ pub struct WordSet<const N: usize> {
     /// continues an identifier (a letter, `_`, a non-ASCII byte): no word starts right after
     /// such a byte.
     class: [u32; 256],
+    /// For each byte ORed with 0x20: the words whose second (`second`) or third (`third`)
+    /// byte, ORed likewise, it is. Where a word starts, both narrow the candidates that
+    /// `class` gives before any comparison (every word has at least three bytes).
+    second: [u32; 256],
+    third: [u32; 256],
     /// The words that must not be followed by an identifier's byte or a digit.
     whole: u32,
 }
@@ -44,12 +49,17 @@ impl<const N: usize> WordSet<N> {
         }
         let mut prefix = [0u32; N];
         let mut prefix_mask = [0u32; N];
+        let mut second = [0u32; 256];
+        let mut third = [0u32; 256];
         let mut i = 0;
         while i < N {
             let first = words[i][0];
             assert!(first.is_ascii_alphabetic(), "words start with a letter");
+            assert!(words[i].len() >= 3, "words have at least three bytes");
             class[first as usize] |= 1 << i;
             class[first.to_ascii_uppercase() as usize] |= 1 << i;
+            second[(words[i][1] | 0x20) as usize] |= 1 << i;
+            third[(words[i][2] | 0x20) as usize] |= 1 << i;
             let mut j = 0;
             while j < 4 && j < words[i].len() {
                 prefix[i] |= ((words[i][j] | 0x20) as u32) << (8 * j);
@@ -63,6 +73,8 @@ impl<const N: usize> WordSet<N> {
             prefix,
             prefix_mask,
             class,
+            second,
+            third,
             whole: 0,
         }
     }
@@ -77,51 +89,90 @@ impl<const N: usize> WordSet<N> {
     pub fn found_in(&self, text: &[u8], wanted: u32) -> u32 {
         let wanted = wanted & !IDENTIFIER;
         let mut found = 0u32;
-        let mut at = 0;
-        // Every word starts with a letter (see `new`), so only the first byte of each run of
-        // identifier bytes is looked at; the rest of the run is skipped in a tight loop.
-        while at < text.len() {
-            let class = self.class[text[at] as usize];
-            if class & IDENTIFIER == 0 {
-                at += 1;
-                continue;
-            }
-            let mut candidates = class & wanted & !found;
-            if candidates != 0 {
-                let rest = &text[at..];
-                let next4 = match rest.first_chunk::<4>() {
-                    Some(b) => u32::from_le_bytes(*b),
-                    None => {
-                        let mut b = [0u8; 4];
-                        b[..rest.len()].copy_from_slice(rest);
-                        u32::from_le_bytes(b)
-                    }
-                } | 0x2020_2020;
-                // Only the words that start with this byte.
-                while candidates != 0 {
-                    let i = candidates.trailing_zeros() as usize;
-                    candidates &= candidates - 1;
-                    let word = self.words[i];
-                    if next4 & self.prefix_mask[i] == self.prefix[i]
-                        && rest.len() >= word.len()
-                        && rest[..word.len()].eq_ignore_ascii_case(word)
-                        && (self.whole & (1 << i) == 0
-                            || rest.get(word.len()).is_none_or(|&next| {
-                                self.class[next as usize] & IDENTIFIER == 0
-                                    && !next.is_ascii_digit()
-                            }))
-                    {
-                        found |= 1 << i;
-                    }
+        // Eight bytes at a time: where identifier runs start (every word starts with a letter,
+        // see `new`, so nothing else can start one), found with a few word-wide operations
+        // instead of a branch per byte; each start is then looked up as one byte.
+        let mut last_was_identifier = 0u64;
+        let mut base = 0;
+        while base < text.len() {
+            let chunk = match text[base..].first_chunk::<8>() {
+                Some(b) => u64::from_le_bytes(*b),
+                None => {
+                    // The tail, padded with NULs: not identifier bytes, so no run starts there.
+                    let mut b = [0u8; 8];
+                    b[..text.len() - base].copy_from_slice(&text[base..]);
+                    u64::from_le_bytes(b)
                 }
+            };
+            let identifier = identifier_bytes(chunk);
+            let mut starts = identifier & !((identifier << 8) | last_was_identifier);
+            last_was_identifier = identifier >> 56;
+            while starts != 0 {
+                let at = base + (starts.trailing_zeros() / 8) as usize;
+                starts &= starts - 1;
+                found |= self.starting_at(&text[at..], wanted & !found);
             }
-            at += 1;
-            while at < text.len() && self.class[text[at] as usize] & IDENTIFIER != 0 {
-                at += 1;
+            base += 8;
+        }
+        found
+    }
+
+    /// Which of the `wanted` words `rest` starts with (its first byte starts an identifier).
+    #[inline(always)]
+    fn starting_at(&self, rest: &[u8], wanted: u32) -> u32 {
+        let mut candidates = self.class[rest[0] as usize] & wanted;
+        if candidates == 0 {
+            return 0;
+        }
+        // Past the end reads as NUL, which no word has.
+        let next4 = match rest.first_chunk::<4>() {
+            Some(b) => u32::from_le_bytes(*b),
+            None => {
+                let mut b = [0u8; 4];
+                b[..rest.len()].copy_from_slice(rest);
+                u32::from_le_bytes(b)
+            }
+        } | 0x2020_2020;
+        candidates &=
+            self.second[(next4 >> 8) as u8 as usize] & self.third[(next4 >> 16) as u8 as usize];
+        let mut found = 0;
+        // Only the words that start with this byte.
+        while candidates != 0 {
+            let i = candidates.trailing_zeros() as usize;
+            candidates &= candidates - 1;
+            let word = self.words[i];
+            if next4 & self.prefix_mask[i] == self.prefix[i]
+                && rest.len() >= word.len()
+                && rest[..word.len()].eq_ignore_ascii_case(word)
+                && (self.whole & (1 << i) == 0
+                    || rest.get(word.len()).is_none_or(|&next| {
+                        self.class[next as usize] & IDENTIFIER == 0 && !next.is_ascii_digit()
+                    }))
+            {
+                found |= 1 << i;
             }
         }
         found
     }
+}
+
+/// Bit 7 of each byte of `v` (eight text bytes, little-endian) set where that byte is an
+/// identifier's (an ASCII letter, `_`, a non-ASCII byte: [`IDENTIFIER`] in the class table),
+/// every other bit clear. No sum below carries into the next byte: each byte is at most 0x7f
+/// before its addition and at most 0xfe after.
+#[inline(always)]
+fn identifier_bytes(v: u64) -> u64 {
+    const EACH: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x80 * EACH;
+    let low = v & !HIGH;
+    // Letters fold to lower case; no other byte lands in a..z by setting 0x20.
+    let folded = low | (0x20 * EACH);
+    let at_least_a = folded + (0x80 - b'a' as u64) * EACH;
+    let past_z = folded + (0x80 - b'z' as u64 - 1) * EACH;
+    let letter = at_least_a & !past_z;
+    // A byte is non-zero exactly when adding 0x7f sets its bit 7.
+    let not_underscore = (low ^ (b'_' as u64 * EACH)) + 0x7f * EACH;
+    (v | letter | !not_underscore) & HIGH
 }
 
 /// The words looked for in every simple query; bit `1 << i` of [`in_query`]'s answer is word
@@ -194,7 +245,7 @@ pub fn in_query(text: &[u8]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{WordSet, IDENTIFIER};
+    use super::{identifier_bytes, WordSet, IDENTIFIER};
 
     const SET: WordSet<3> = WordSet::new([b"begin", b"temp", b"pg_temp"]);
 
@@ -243,7 +294,7 @@ mod tests {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            let len = (seed % 24) as usize;
+            let len = (seed % 40) as usize;
             for _ in 0..len {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
@@ -267,6 +318,30 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(&text)
             );
+        }
+    }
+
+    /// The word-wide identifier test agrees with the class table for every byte in every
+    /// lane, whatever its neighbours are (no carries between lanes).
+    #[test]
+    fn identifier_bytes_agree_with_the_class_table() {
+        let class = &super::query::WORDS.class;
+        for b in 0..=255u8 {
+            for lane in 0..8 {
+                for fill in [0u8, b'a', b'Z', b'_', b'0', 0x7f, 0xff] {
+                    let mut bytes = [fill; 8];
+                    bytes[lane] = b;
+                    let got = identifier_bytes(u64::from_le_bytes(bytes));
+                    for (i, &x) in bytes.iter().enumerate() {
+                        assert_eq!(
+                            got >> (8 * i + 7) & 1 == 1,
+                            class[x as usize] & IDENTIFIER != 0,
+                            "byte {x:#x} in lane {i} of {bytes:x?}"
+                        );
+                    }
+                    assert_eq!(got & !0x8080_8080_8080_8080, 0);
+                }
+            }
         }
     }
 

@@ -110,7 +110,7 @@ impl Session {
         if !self.app.cache.follows_wal() {
             return false;
         }
-        let settings = self.pool.settings();
+        let settings = self.pool.settings_now();
         let database = &settings.target.dbname;
         let max_lag = self.app.config.load().cache.max_lag;
         !self.app.wal.ready(
@@ -298,7 +298,7 @@ impl Session {
         if !statement.is_validated() || statement.hidden.is_some() {
             return Ok(false);
         }
-        let settings = self.pool.settings();
+        let settings = self.pool.settings_now();
         let at = Where {
             database: &settings.target.dbname,
             user: &self.info.user,
@@ -362,7 +362,7 @@ impl Session {
         transaction: Transaction,
         may_wait: bool,
     ) -> Lookup {
-        let settings = self.pool.settings();
+        let settings = self.pool.settings_now();
         let at = Where {
             database: &settings.target.dbname,
             user: &self.info.user,

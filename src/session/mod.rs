@@ -949,7 +949,7 @@ impl Session {
     /// `autoprepare_threshold` if this client's simple queries may be autoprepared: its pool
     /// has autoprepare on and its settings read literals as the pool's defaults do.
     fn autoprepare_threshold(&mut self) -> Option<u64> {
-        let settings = self.pool.settings();
+        let settings = self.pool.settings_now();
         if !settings.autoprepare || self.stmts.is_none() {
             return None;
         }
