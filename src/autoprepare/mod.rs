@@ -109,8 +109,12 @@ pub struct Shape {
     pub hash: u64,
     /// The generalized text, every literal a parameter (as SHOW AUTOPREPARE shows it).
     pub text: Box<str>,
-    /// Literals the lexer found (a check against hash collisions).
-    pub literals: u32,
+    /// The lexer's generalized text as it was (bytes) and its literals' kinds: what the hash
+    /// was taken of, compared on every lookup. The hash has a fixed seed (SHOW AUTOPREPARE
+    /// and cache rules name shapes by it), so a client could craft a text that collides with
+    /// another's shape; without the comparison that text would be run with the other shape's
+    /// decision (which literals stay in the text).
+    key: Box<[u8]>,
     /// Decided when the shape first reaches the threshold.
     decision: OnceLock<Decision>,
     rejected: AtomicBool,
@@ -120,6 +124,14 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Whether this is the shape of `lexed` (not only one with the same hash).
+    fn is_of(&self, lexed: &Lexed) -> bool {
+        let (text, kinds) = self.key.split_at(self.key.len().min(lexed.text.len()));
+        text == &lexed.text[..]
+            && kinds.len() == lexed.literals.len()
+            && kinds.iter().zip(&lexed.literals).all(|(&k, l)| k == l.kind.code())
+    }
+
     pub fn decision(&self) -> Option<&Decision> {
         self.decision.get()
     }
@@ -203,21 +215,29 @@ impl Autoprepare {
 
     fn shape(&self, lexed: &Lexed) -> Arc<Shape> {
         let table = self.shapes.load();
-        if let Some(shape) = table.get(&lexed.shape) {
-            if shape.literals as usize == lexed.literals.len() {
-                return shape;
-            }
-        }
+        let known = table.get(&lexed.shape);
+        let collides = match known {
+            Some(shape) if shape.is_of(lexed) => return shape,
+            Some(_) => true,
+            None => false,
+        };
+        let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
+        key.extend_from_slice(&lexed.text);
+        key.extend(lexed.literals.iter().map(|l| l.kind.code()));
         let shape = Arc::new(Shape {
             hash: lexed.shape,
             text: String::from_utf8_lossy(&lexed.text).into(),
-            literals: lexed.literals.len() as u32,
+            key: key.into(),
             decision: OnceLock::new(),
             rejected: AtomicBool::new(false),
             seen: AtomicU64::new(0),
             executions: AtomicU64::new(0),
         });
-        table.insert(lexed.shape, shape.clone());
+        // A different text with the same hash keeps the place it took first; this one is
+        // counted and decided on its own, unshared.
+        if !collides {
+            table.insert(lexed.shape, shape.clone());
+        }
         shape
     }
 }
@@ -656,6 +676,32 @@ fn chars(text: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A text whose hash equals another shape's (the seed is fixed: a client can search for
+    /// one) is not run with that shape's decision: same text and literal kinds, or its own.
+    #[test]
+    fn a_colliding_hash_does_not_share_a_shape() {
+        let global = Autoprepare::new(100);
+        let lexed = |sql: &str| {
+            let mut l = Lexed::default();
+            lexer::generalize(sql.as_bytes(), &mut l).unwrap();
+            l
+        };
+        let a = lexed("SELECT 1, 2");
+        let first = global.shape(&a);
+        assert!(Arc::ptr_eq(&global.shape(&lexed("SELECT 3, 4")), &first));
+        // Another text, and the same text with other kinds, given a's hash.
+        for sql in ["SELECT x FROM t ORDER BY 1, 2", "SELECT 1, '2'"] {
+            let mut b = lexed(sql);
+            assert_ne!(b.shape, a.shape);
+            b.shape = a.shape;
+            let second = global.shape(&b);
+            assert!(!Arc::ptr_eq(&first, &second), "{sql}");
+            assert!(second.is_of(&b) && !first.is_of(&b));
+        }
+        // The first keeps its place.
+        assert!(Arc::ptr_eq(&global.shape(&a), &first));
+    }
 
     fn client_for(sql: &str) -> ClientAutoprepare {
         let mut c = ClientAutoprepare::default();
