@@ -129,7 +129,10 @@ impl Shape {
         let (text, kinds) = self.key.split_at(self.key.len().min(lexed.text.len()));
         text == &lexed.text[..]
             && kinds.len() == lexed.literals.len()
-            && kinds.iter().zip(&lexed.literals).all(|(&k, l)| k == l.kind.code())
+            && kinds
+                .iter()
+                .zip(&lexed.literals)
+                .all(|(&k, l)| k == l.kind.code())
     }
 
     pub fn decision(&self) -> Option<&Decision> {
