@@ -1055,6 +1055,8 @@ impl Session {
         // notification to an idle session-mode client).
         buffers::lend(&mut self.client.wbuf);
         self.local_replies_only = false;
+        // Read once for the messages of this wake, when the result cache needs it.
+        let mut pool_settings = None;
         loop {
             if self.client.wbuf.len() >= HIGH_WATER {
                 break; // backpressure: let the client read first
@@ -1270,10 +1272,11 @@ impl Session {
                 let idle = tag == be::READY_FOR_QUERY
                     && body.first() == Some(&b'I')
                     && self.replies.is_idle();
+                let pool_settings = pool_settings.get_or_insert_with(|| self.pool.settings_now());
                 caching::after_server_message(
                     client,
                     &self.app.cache,
-                    &self.pool.settings().target.dbname,
+                    &pool_settings.target.dbname,
                     &self.client.wbuf[out_at..],
                     tag,
                     body,
