@@ -605,7 +605,7 @@ pub fn show_autoprepare(app: &App) -> Table {
             let executions = s.executions.load(Relaxed);
             vec![
                 text(format!("{:016x}", s.hash)),
-                text(&*s.text),
+                text(s.text()),
                 s.parameters().map(|n| n.to_string()),
                 text(seen),
                 text(executions),

@@ -107,14 +107,14 @@ impl Pass {
 #[derive(Debug)]
 pub struct Shape {
     pub hash: u64,
-    /// The generalized text, every literal a parameter (as SHOW AUTOPREPARE shows it).
-    pub text: Box<str>,
-    /// The lexer's generalized text as it was (bytes) and its literals' kinds: what the hash
-    /// was taken of, compared on every lookup. The hash has a fixed seed (SHOW AUTOPREPARE
-    /// and cache rules name shapes by it), so a client could craft a text that collides with
-    /// another's shape; without the comparison that text would be run with the other shape's
-    /// decision (which literals stay in the text).
+    /// The lexer's generalized text as it was (bytes), every literal a parameter, then its
+    /// literals' kinds: what the hash was taken of, compared on every lookup. The hash has a
+    /// fixed seed (SHOW AUTOPREPARE and cache rules name shapes by it), so a client could
+    /// craft a text that collides with another's shape; without the comparison that text
+    /// would be run with the other shape's decision (which literals stay in the text).
     key: Box<[u8]>,
+    /// Where the text ends in `key`.
+    text_len: u32,
     /// Decided when the shape first reaches the threshold.
     decision: OnceLock<Decision>,
     rejected: AtomicBool,
@@ -124,9 +124,14 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// The generalized text (as SHOW AUTOPREPARE shows it).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.key[..self.text_len as usize])
+    }
+
     /// Whether this is the shape of `lexed` (not only one with the same hash).
     fn is_of(&self, lexed: &Lexed) -> bool {
-        let (text, kinds) = self.key.split_at(self.key.len().min(lexed.text.len()));
+        let (text, kinds) = self.key.split_at(self.text_len as usize);
         text == &lexed.text[..]
             && kinds.len() == lexed.literals.len()
             && kinds
@@ -229,8 +234,8 @@ impl Autoprepare {
         key.extend(lexed.literals.iter().map(|l| l.kind.code()));
         let shape = Arc::new(Shape {
             hash: lexed.shape,
-            text: String::from_utf8_lossy(&lexed.text).into(),
             key: key.into(),
+            text_len: lexed.text.len() as u32,
             decision: OnceLock::new(),
             rejected: AtomicBool::new(false),
             seen: AtomicU64::new(0),
