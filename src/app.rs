@@ -7,11 +7,44 @@ use crate::server::ServerTarget;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::sync::watch;
+
+/// A client's socket address in 20 bytes instead of `SocketAddr`'s 32 (an IPv6 address keeps
+/// no flow label or scope id, which pgmemo only ever shows): every client holds two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    ip: IpAddr,
+    port: u16,
+}
+
+impl Endpoint {
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl From<SocketAddr> for Endpoint {
+    fn from(addr: SocketAddr) -> Endpoint {
+        Endpoint {
+            ip: addr.ip(),
+            port: addr.port(),
+        }
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        SocketAddr::new(self.ip, self.port).fmt(f)
+    }
+}
 
 /// Where a client's current query runs, so a CancelRequest can be passed on.
 #[derive(Debug, Clone, Copy)]
@@ -49,9 +82,11 @@ impl ClientState {
 #[derive(Debug)]
 pub struct ClientInfo {
     pub id: u64,
-    pub addr: SocketAddr,
-    pub local_addr: SocketAddr,
-    pub connect_time: SystemTime,
+    pub addr: Endpoint,
+    pub local_addr: Endpoint,
+    /// When the client connected, in whole seconds since the Unix epoch (all SHOW CLIENTS
+    /// shows): 8 bytes where a `SystemTime` takes 16.
+    connect_secs: u64,
     pub tls: bool,
     /// Shared with the other clients of the same name (see [`App::intern`]).
     pub user: Arc<str>,
@@ -80,6 +115,11 @@ pub struct ClientInfo {
 const MAX_INTERNED_NAMES: usize = 1024;
 
 impl ClientInfo {
+    /// When the client connected (to the second).
+    pub fn connect_time(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(self.connect_secs)
+    }
+
     /// The process ID the client was given in BackendKeyData.
     pub fn pid(&self) -> i32 {
         self.pid.load(Ordering::Relaxed)
@@ -292,9 +332,11 @@ impl App {
         };
         let info = Arc::new(ClientInfo {
             id,
-            addr,
-            local_addr,
-            connect_time: SystemTime::now(),
+            addr: addr.into(),
+            local_addr: local_addr.into(),
+            connect_secs: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             tls,
             user,
             database,

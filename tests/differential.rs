@@ -611,7 +611,7 @@ fn client_state(proxy: &Pgmemo, client: &RawClient) -> ClientState {
         .app()
         .clients()
         .into_iter()
-        .find(|c| c.addr == addr)
+        .find(|c| c.addr == addr.into())
         .map(|c| c.state())
         .expect("pgmemo knows the client")
 }

@@ -277,7 +277,8 @@ pub enum Lookup {
     /// Another client is fetching it: wait, then look up again.
     Wait(Arc<Flight>),
     /// The catalog must be read first (on a server, see [`Resolve`]), then look up again.
-    Resolve(Resolve),
+    /// Boxed: rare, and a lookup's outcome is held across the session's awaits.
+    Resolve(Box<Resolve>),
 }
 
 /// A catalog read the cache needs before it can decide.
@@ -684,14 +685,14 @@ impl ResultCache {
                     .pin()
                     .get(at.database)
                     .is_none_or(|s| s.generation != catalog);
-                return Lookup::Resolve(Resolve {
+                return Lookup::Resolve(Box::new(Resolve {
                     snapshot,
                     sql: catalog::resolve_sql(reads, client.search_path.as_deref()),
                     database: at.database.into(),
                     plan_key,
                     analysis: query.analysis.clone(),
                     catalog,
-                });
+                }));
             }
         };
         let slots = match &plan.slots {

@@ -23,6 +23,10 @@ const KEYED_UNREPORTED: [&str; 2] = ["extra_float_digits", "bytea_output"];
 
 type Rows = Vec<Vec<Option<String>>>;
 
+/// A cache decision that must wait for another client's fetch or read the catalog first.
+pub(super) type SlowLookup<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, End>> + Send + 'a>>;
+
 impl Session {
     /// Whether the result cache follows this client: it is on, and the client's statements
     /// are tracked (the cache needs their texts).
@@ -33,29 +37,50 @@ impl Session {
 
     /// Before a client message is planned: the cache notes what a Query or a Bind may
     /// change, and may answer a Query itself. `Ok(true)`: answered, the message is consumed.
-    /// `query_text_len`: a Query's text length (None: another message, or a malformed Query).
-    pub(super) async fn cache_client_message(
+    /// `Err`: the decision needs an await (a wait for another client's fetch, a catalog read),
+    /// to be awaited by the caller. `query_text_len`: a Query's text length (None: another
+    /// message, or a malformed Query).
+    ///
+    /// Not itself async: the session's task, which lives as long as its client, would keep
+    /// room for this function's locals in every state; only the rare slow paths are boxed
+    /// futures (a box per query on the common path cost ~350 instructions).
+    pub(super) fn cache_client_message(
         &mut self,
         tag: u8,
         len: usize,
         query_text_len: Option<usize>,
-    ) -> Result<bool, End> {
-        let app = self.app.clone();
-        let cache = &app.cache;
-        // A lookup is decided here, without an await, unless it must first wait for another
-        // client's fetch or read the catalog: only those (rare) go through the async loops,
-        // boxed so that the session's task, which lives as long as its client, keeps no room
-        // for them (a box per query on the common path cost ~350 instructions).
+    ) -> Result<bool, SlowLookup<'_>> {
         if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() {
             self.cache_context();
-            let answered = match self.batch_lookup(true) {
-                Ok(answered) => answered,
-                Err(step) => Box::pin(self.cached_batch(step)).await?,
-            };
-            if answered {
-                return Ok(true);
+            match self.batch_lookup(true) {
+                Ok(true) => return Ok(true),
+                Ok(false) => {}
+                Err(step) => {
+                    return Err(Box::pin(async move {
+                        if self.cached_batch(step).await? {
+                            return Ok(true);
+                        }
+                        match self.cache_note_message(tag, len, query_text_len) {
+                            Ok(answered) => Ok(answered),
+                            Err(slow) => slow.await,
+                        }
+                    }))
+                }
             }
         }
+        self.cache_note_message(tag, len, query_text_len)
+    }
+
+    /// The part of [`Session::cache_client_message`] after a batch's lookup: a Bind's
+    /// statement noted, a Query looked up.
+    fn cache_note_message(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+    ) -> Result<bool, SlowLookup<'_>> {
+        let app = self.app.clone();
+        let cache = &app.cache;
         match tag {
             fe::BIND => {
                 let client = self
@@ -86,7 +111,9 @@ impl Session {
                     return Ok(false);
                 };
                 if self.cache_busy() {
-                    return Box::pin(self.cached_query(len, text_end, &shape, None)).await;
+                    return Err(Box::pin(async move {
+                        self.cached_query(len, text_end, &shape, None).await
+                    }));
                 }
                 // Idle: the first-tier lookup just brought the context up to date.
                 match self.lookup_query(text_end, &shape, Transaction::Idle, true) {
@@ -96,7 +123,9 @@ impl Session {
                         self.answer_hit(len, &[], &entry, b'I');
                         Ok(true)
                     }
-                    step => Box::pin(self.cached_query(len, text_end, &shape, Some(step))).await,
+                    step => Err(Box::pin(async move {
+                        self.cached_query(len, text_end, &shape, Some(step)).await
+                    })),
                 }
             }
             _ => Ok(false),
@@ -467,7 +496,7 @@ impl Session {
                     return false;
                 }
                 let (snapshot, rows) = self.read_catalog(&job).await;
-                cache.resolved(job, snapshot.as_deref(), rows.as_deref().map_err(|_| ()))
+                cache.resolved(*job, snapshot.as_deref(), rows.as_deref().map_err(|_| ()))
             }
             Lookup::Pass | Lookup::Miss | Lookup::Hit(_) => false, // answered by the callers
         }

@@ -78,14 +78,31 @@ impl ClientConn {
 }
 
 /// Entry point for an accepted TCP connection.
-pub async fn serve_client(app: Arc<App>, tcp: tokio::net::TcpStream) {
+pub fn serve_client(
+    app: Arc<App>,
+    tcp: tokio::net::TcpStream,
+) -> impl std::future::Future<Output = ()> + Send {
+    // The login's future is boxed before the task's future is made: an async fn keeps its
+    // arguments in its future for good, and the socket is 32 bytes the relay loop never needs
+    // there (it reaches the session through the login's result).
+    let login = {
+        let app = app.clone();
+        Box::pin(async move { admit(&app, tcp).await })
+    };
+    serve_admitted(app, login)
+}
+
+async fn serve_admitted(
+    app: Arc<App>,
+    login: std::pin::Pin<Box<impl std::future::Future<Output = Option<Box<Admitted>>>>>,
+) {
     // The futures that run once per client (login, the session's start and finish, the admin
     // console) are boxed: the task's own future lives as long as the client, and stays small
     // by holding only the relay loop's state (memory per idle client; Pool::checkout boxes
     // its slow path for the same reason).
     // Kept in its box until moved into a boxed future: a value moved out of a local still
     // takes room in the task's future.
-    let Some(admitted) = Box::pin(admit(&app, tcp)).await else {
+    let Some(admitted) = login.await else {
         return;
     };
     if admitted.startup.database == crate::admin::ADMIN_DATABASE {
@@ -234,12 +251,12 @@ struct Session {
     params_version: u64,
     /// A protocol violation found in the client's input while earlier messages were still
     /// being answered: like PostgreSQL, those get their replies first, then the FATAL.
-    violation: Option<String>,
+    violation: Option<Box<str>>,
     /// The client's prepared statements, when the planner is on.
     stmts: Option<ClientStatements>,
     statement_limits: planner::Limits,
     /// Names a duplicate Parse left on the server, closed after the next Sync.
-    cleanup: Vec<Box<[u8]>>,
+    cleanup: planner::Cleanup,
     /// The next client message waits for the server's replies to what is in flight (see
     /// [`planner::Plan::Wait`]): client input is not planned until a server message arrives.
     waiting: bool,
@@ -257,8 +274,6 @@ struct Session {
     local_replies_only: bool,
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
-    /// The last 0A000 ErrorResponse a server sent (whole), for stale-statement answers.
-    last_0a000: Option<Box<[u8]>>,
     /// Autoprepare's buffers and statements for this client, made at its first simple query.
     autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
     /// Whether the client's settings allow autoprepare, as of `params_version` (+1; 0: not
@@ -385,14 +400,13 @@ impl Session {
                     .max(planner::MIN_CLIENT_STATEMENTS),
                 max_bytes: 64 * 1024 * 1024,
             },
-            cleanup: Vec::new(),
+            cleanup: planner::Cleanup::default(),
             waiting: false,
             replan: false,
             replanned: false,
             wait_flushed: false,
             local_replies_only: false,
             retry: planner::Retry::default(),
-            last_0a000: None,
             autoprepare: None,
             autoprepare_allowed: (0, false),
             held_description: false,
@@ -610,7 +624,7 @@ impl Session {
                     if self.violation.is_some()
                         && (self.replies.is_empty() || self.replies.in_copy_in())
                     {
-                        let message = self.violation.take().unwrap_or_default();
+                        let message = self.violation.take().map(String::from).unwrap_or_default();
                         return self.protocol_violation(message).await;
                     }
                     if self.server.is_none()
@@ -771,7 +785,11 @@ impl Session {
                 if let Some(c) = self.cache.as_deref_mut() {
                     c.forget_lexed();
                 }
-                if self.cache_client_message(tag, len, query_text_len).await? {
+                let answered = match self.cache_client_message(tag, len, query_text_len) {
+                    Ok(answered) => answered,
+                    Err(slow) => slow.await?,
+                };
+                if answered {
                     continue; // answered from the result cache
                 }
                 cache_lexed = tag == fe::QUERY;
@@ -923,12 +941,18 @@ impl Session {
 
     /// The client broke the protocol: it is told so and disconnected at once, or, when
     /// messages before the bad one still await replies, once those replies are out.
-    async fn violated(&mut self, message: String) -> Result<(), End> {
-        if self.replies.is_empty() {
-            return Err(self.protocol_violation(message).await);
-        }
-        self.violation = Some(message);
-        Ok(())
+    /// Boxed: rare, and the session's task need not keep room for the message.
+    fn violated(
+        &mut self,
+        message: String,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), End>> + Send + '_>> {
+        Box::pin(async move {
+            if self.replies.is_empty() {
+                return Err(self.protocol_violation(message).await);
+            }
+            self.violation = Some(message.into_boxed_str());
+            Ok(())
+        })
     }
 
     /// Boxed: rare, and the session's task need not keep room for the message and its
@@ -1178,6 +1202,8 @@ impl Session {
                 _ => {}
             }
             let mut error_code = None;
+            // A 0A000 ErrorResponse, whole: the answer to a statement it made stale.
+            let mut stale_error = None;
             if self.held_description
                 && matches!(
                     tag,
@@ -1286,7 +1312,7 @@ impl Session {
             if tag == be::ERROR_RESPONSE {
                 error_code = ErrorFields::parse(body).map(|f| f.code);
                 if error_code.as_deref() == Some("0A000") {
-                    self.last_0a000 = Some(server.rbuf[..len].into());
+                    stale_error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
                 }
             }
             if let Some(stmts) = self.stmts.as_mut().filter(|s| s.search_path.is_open()) {
@@ -1297,7 +1323,7 @@ impl Session {
             }
             server.rbuf.advance(len);
             if self.stmts.is_some() {
-                self.settle(error_code.as_deref(), retried);
+                self.settle(error_code.as_deref(), stale_error, retried);
                 self.answer_locally();
             }
             if replay {
@@ -1520,13 +1546,13 @@ impl Session {
                 }
             }
         }
-        self.settle(None, false);
+        self.settle(None, None, false);
     }
 
     /// Applies the bookkeeping of entries that ended: kept when their message ran, undone
     /// (newest first) when PostgreSQL discarded it.
     #[inline]
-    fn settle(&mut self, error_code: Option<&str>, retried: bool) {
+    fn settle(&mut self, error_code: Option<&str>, stale_error: Option<Bytes>, retried: bool) {
         // Called after every server read and local answer, mostly with nothing to do: that is
         // checked here, before the large frame of the work itself (~550 instructions per
         // transaction for nothing, measured).
@@ -1536,18 +1562,22 @@ impl Session {
                 .as_ref()
                 .is_some_and(|s| s.search_path.has_carry())
         {
-            self.settle_outcomes(error_code, retried);
+            self.settle_outcomes(error_code, stale_error, retried);
         }
     }
 
     #[inline(never)]
-    fn settle_outcomes(&mut self, error_code: Option<&str>, retried: bool) {
+    fn settle_outcomes(
+        &mut self,
+        error_code: Option<&str>,
+        mut stale_error: Option<Bytes>,
+        retried: bool,
+    ) {
         let Session {
             app,
             replies,
             stmts,
             server,
-            last_0a000,
             settings,
             params_version,
             ..
@@ -1563,8 +1593,8 @@ impl Session {
                 Some("0A000"),
             ) = (&effect, outcome, error_code)
             {
-                if let Some(message) = last_0a000.take() {
-                    statement.set_stale_error(Bytes::from(message));
+                if let Some(message) = stale_error.take() {
+                    statement.set_stale_error(message);
                 }
             }
             if let (
@@ -1931,5 +1961,34 @@ impl BenchSession {
         if let Some(server) = session.server.as_mut() {
             server.wbuf.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod footprint {
+    use super::*;
+    use std::mem::size_of;
+
+    /// The size of what `f` returns (a future, for an async fn).
+    fn returned<A, B, F>(_: fn(A, B) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// An idle client is mostly these allocations (plus tokio's task cell and socket
+    /// registration): each stays within an allocator size class (mimalloc's 224, 256 and 640
+    /// bytes), so that the memory per idle client does not creep. A field that crosses a
+    /// class costs every client the class step (32 to 128 bytes): put rare state behind a box.
+    #[test]
+    fn an_idle_clients_allocations_stay_in_their_size_classes() {
+        assert!(
+            size_of::<Session>() <= 640,
+            "Session is {} bytes",
+            size_of::<Session>()
+        );
+        let task = returned(serve_client);
+        assert!(task <= 256, "the session's task future is {task} bytes");
+        // An Arc's allocation: two counts and the value.
+        let info = 16 + size_of::<crate::app::ClientInfo>();
+        assert!(info <= 224, "ClientInfo's Arc is {info} bytes");
     }
 }

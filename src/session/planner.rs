@@ -79,7 +79,7 @@ pub struct Planner<'a> {
     pub limits: Limits,
     /// Statement names to close on the server after the client's next Sync (see
     /// `Planner::duplicate_parse`).
-    pub cleanup: &'a mut Vec<Box<[u8]>>,
+    pub cleanup: &'a mut Cleanup,
     pub retry: &'a mut Retry,
     /// For a simple query: the words its text contains (`words::in_query`, found once by
     /// the session).
@@ -124,6 +124,26 @@ pub struct Retry {
 
 /// A larger batch is not kept (its first statement's 0A000 reaches the client).
 const MAX_RETRY_BYTES: usize = 1 << 20;
+
+/// Statement names a duplicate Parse left on the server, closed after the client's next Sync
+/// (see `Planner::duplicate_parse`). Boxed once there are any: rare, and every session holds
+/// one (8 bytes, where a Vec takes 24).
+#[derive(Default)]
+#[allow(clippy::box_collection)]
+pub struct Cleanup(Option<Box<Vec<Box<[u8]>>>>);
+
+impl Cleanup {
+    fn push(&mut self, name: Box<[u8]>) {
+        self.0.get_or_insert_with(Default::default).push(name);
+    }
+
+    /// Whether one of the names is `name` as PostgreSQL reads it (truncated).
+    fn holds(&self, name: &[u8]) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|names| names.iter().any(|n| pg_name(n) == name))
+    }
+}
 
 impl Retry {
     fn can_start(&self) -> bool {
@@ -727,7 +747,7 @@ impl Planner<'_> {
         let own = self.server.prepared.by_server_name(name);
         let taken = own.is_some()
             || (name == GUARD_NAME && self.server.prepared.has_guard())
-            || self.cleanup.iter().any(|n| pg_name(n) == name);
+            || self.cleanup.holds(name);
         match self.stmts.set(name, None) {
             Some(statement) => {
                 let mut effect = Effect::Deallocated {
@@ -1184,8 +1204,8 @@ impl Planner<'_> {
     fn sync(&mut self) -> bool {
         self.server.wbuf.extend_from_slice(self.msg);
         self.replies.push(Expected::Sync);
-        if !self.cleanup.is_empty() {
-            for name in self.cleanup.drain(..) {
+        if let Some(names) = self.cleanup.0.take() {
+            for name in names.into_iter() {
                 write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
                     m.extend_from_slice(b"S");
                     put_cstr(m, &name);

@@ -673,6 +673,9 @@ pub fn pg_name(name: &[u8]) -> &[u8] {
     &name[..name.len().min(MAX_NAME_LEN)]
 }
 
+/// A portal bound from a tracked statement: its name and the statement.
+type TrackedPortal = (Bytes, Arc<Statement>);
+
 /// One client's statement names (`""` included): the session-local first tier of Parse, and
 /// the only map Bind/Describe/Close look at. No lock: only its session touches it. Names are
 /// kept as PostgreSQL keeps them ([`pg_name`]).
@@ -703,8 +706,9 @@ pub struct ClientStatements {
     bytes: usize,
     /// Portals bound from statements whose execution changes the statements
     /// ([`Statement::tracked`]): portal name → statement. Usually empty, so that Bind and
-    /// Execute pay one length check.
-    portals: Vec<(Bytes, Arc<Statement>)>,
+    /// Execute pay one check (boxed: every client holds the field, few ever use it).
+    #[allow(clippy::box_collection)] // 8 bytes in every client, where a Vec takes 24
+    portals: Option<Box<Vec<TrackedPortal>>>,
 }
 
 impl ClientStatements {
@@ -717,7 +721,7 @@ impl ClientStatements {
             search_path: SearchPathSlot::default(),
             schema,
             bytes: 0,
-            portals: Vec::new(),
+            portals: None,
         }
     }
 
@@ -743,12 +747,13 @@ impl ClientStatements {
     /// Whether some portal is bound from a tracked statement.
     #[inline]
     pub fn has_tracked_portals(&self) -> bool {
-        !self.portals.is_empty()
+        self.portals.as_ref().is_some_and(|p| !p.is_empty())
     }
 
     /// The tracked statement `portal` was bound from, if any.
     pub fn tracked_portal(&self, portal: &[u8]) -> Option<&Arc<Statement>> {
         self.portals
+            .as_ref()?
             .iter()
             .find(|(p, _)| p.as_ref() == portal)
             .map(|(_, s)| s)
@@ -756,7 +761,9 @@ impl ClientStatements {
 
     /// `portal` is bound again (or closed): forgets what it was bound from.
     pub fn forget_portal(&mut self, portal: &[u8]) {
-        self.portals.retain(|(p, _)| p.as_ref() != portal);
+        if let Some(portals) = self.portals.as_mut() {
+            portals.retain(|(p, _)| p.as_ref() != portal);
+        }
     }
 
     /// `portal` is bound from the tracked `statement`. Portals end with their transaction,
@@ -765,11 +772,11 @@ impl ClientStatements {
     pub fn bind_tracked_portal(&mut self, portal: &[u8], statement: Arc<Statement>) {
         const KEPT: usize = 16;
         self.forget_portal(portal);
-        if self.portals.len() >= KEPT {
-            self.portals.remove(0);
+        let portals = self.portals.get_or_insert_with(Default::default);
+        if portals.len() >= KEPT {
+            portals.remove(0);
         }
-        self.portals
-            .push((Bytes::copy_from_slice(portal), statement));
+        portals.push((Bytes::copy_from_slice(portal), statement));
     }
 
     /// Whether `name` is one of the client's SQL-level statements.
