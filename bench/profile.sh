@@ -5,37 +5,47 @@
 #   - system calls per transaction (sendto, recvfrom, epoll_wait), counted by perf.
 # Use it to compare a change against the binary before it:
 #
-#   bench/profile.sh -p PGPORT [-m simple|extended|prepared] [-c CLIENTS] [-t TX] BIN...
+#   bench/profile.sh -p PGPORT [-m simple|extended|prepared] [-c CLIENTS] [-t TX]
+#                    [-f SCRIPT -s SCALE] [-d DATABASE] [-x PGMEMO_ARG]... BIN...
 #
-# PGPORT is a running PostgreSQL on 127.0.0.1 with `pgbench -i` data, trusting user postgres
-# (the demo mode's private server works: `pgmemo` prints nothing about its port, find it with
-# `ss -ltnp | grep postgres`). Needs valgrind and perf (apt-get install valgrind linux-perf).
+# PGPORT is a running PostgreSQL on 127.0.0.1 with `pgbench -i` data in DATABASE (default
+# postgres), trusting user postgres (the demo mode's private server works: `pgmemo` prints
+# nothing about its port, find it with `ss -ltnp | grep postgres`). `-f` runs a pgbench script
+# instead of `-S` (e.g. bench/orm.sql, or bench/cache_hot.sql with `-x --cache`), with `-s` the
+# scale of the data. Needs valgrind and perf (apt-get install valgrind linux-perf).
 set -eu
 
-mode=prepared clients=8 tx=500 pgport=
-while getopts "p:m:c:t:" opt; do
+mode=prepared clients=8 tx=500 pgport= database=postgres script= scale=1
+extra=()
+while getopts "p:m:c:t:f:s:d:x:" opt; do
   case $opt in
     p) pgport=$OPTARG ;;
     m) mode=$OPTARG ;;
     c) clients=$OPTARG ;;
     t) tx=$OPTARG ;;
-    *) sed -n 2,15p "$0"; exit 2 ;;
+    f) script=$OPTARG ;;
+    s) scale=$OPTARG ;;
+    d) database=$OPTARG ;;
+    x) extra+=("$OPTARG") ;;
+    *) sed -n 2,18p "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,15p "$0"; exit 2; fi
+if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,18p "$0"; exit 2; fi
+if [[ -n $script ]]; then workload=(-f "$script" -s "$scale"); else workload=(-S); fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 port=6499
 total=$((clients * tx))
 run_pgbench() {
-  pgbench -S -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U postgres postgres >/dev/null
+  pgbench "${workload[@]}" -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U postgres \
+    "$database" >/dev/null
 }
 start() { # start BIN [wrapper...]: pgmemo on $port, in front of $pgport
   local bin=$1; shift
   "$@" "$bin" --upstream "postgresql://postgres@127.0.0.1:$pgport" --listen "127.0.0.1:$port" \
-    --pool-size 10 --auth trust >"$work/pgmemo.log" 2>&1 &
+    --pool-size 10 --auth trust "${extra[@]}" >"$work/pgmemo.log" 2>&1 &
   pid=$!
   until pg_isready -q -h 127.0.0.1 -p "$port"; do sleep 0.2; done
   # Warm twice: statements prepared, buffers grown, and pgbench's own one-off query (the
