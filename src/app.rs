@@ -467,3 +467,24 @@ impl App {
 pub fn is_session_mode(mode: PoolMode) -> bool {
     mode == PoolMode::Session
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn an_endpoint_shows_and_splits_as_its_socket_address() {
+        for text in [
+            "127.0.0.1:6432",
+            "[::1]:5432",
+            "[2001:db8::7]:65535",
+            "0.0.0.0:0",
+        ] {
+            let addr: SocketAddr = text.parse().unwrap();
+            let endpoint = Endpoint::from(addr);
+            assert_eq!(endpoint.to_string(), text);
+            assert_eq!((endpoint.ip(), endpoint.port()), (addr.ip(), addr.port()));
+        }
+    }
+}

@@ -306,12 +306,13 @@ struct AllowedAt(u64);
 
 impl AllowedAt {
     fn new(params_version: u64, allowed: bool) -> AllowedAt {
-        AllowedAt((params_version + 1) << 1 | allowed as u64)
+        AllowedAt(params_version.wrapping_add(1) << 1 | allowed as u64)
     }
 
-    /// The answer, if it was worked out for `params_version`.
+    /// The answer, if it was worked out for `params_version` (a count of settings changes,
+    /// far below the 2^63 where two versions would share a word).
     fn at(self, params_version: u64) -> Option<bool> {
-        (self.0 >> 1 == params_version + 1).then_some(self.0 & 1 == 1)
+        (self.0 >> 1 == params_version.wrapping_add(1) & (u64::MAX >> 1)).then_some(self.0 & 1 == 1)
     }
 }
 
@@ -1980,6 +1981,24 @@ impl BenchSession {
         session.retry.forget();
         if let Some(server) = session.server.as_mut() {
             server.wbuf.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod allowed_at {
+    use super::AllowedAt;
+
+    #[test]
+    fn an_answer_holds_for_its_settings_version_only() {
+        assert_eq!(AllowedAt::default().at(0), None, "never worked out");
+        for version in [0, 1, 41, u64::MAX >> 2] {
+            for answer in [false, true] {
+                let known = AllowedAt::new(version, answer);
+                assert_eq!(known.at(version), Some(answer));
+                assert_eq!(known.at(version + 1), None);
+                assert_eq!(known.at(version.wrapping_sub(1)), None);
+            }
         }
     }
 }
