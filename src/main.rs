@@ -25,7 +25,8 @@ use tokio::signal::unix::{signal, SignalKind};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    // SAFETY: prctl with PR_SET_THP_DISABLE takes integer arguments only.
+    // No transparent huge pages for this process (see the allocator above), before anything
+    // else touches memory. SAFETY: prctl with PR_SET_THP_DISABLE takes integer arguments only.
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }

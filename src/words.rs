@@ -95,15 +95,8 @@ impl<const N: usize> WordSet<N> {
         let mut last_was_identifier = 0u64;
         let mut base = 0;
         while base < text.len() {
-            let chunk = match text[base..].first_chunk::<8>() {
-                Some(b) => u64::from_le_bytes(*b),
-                None => {
-                    // The tail, padded with NULs: not identifier bytes, so no run starts there.
-                    let mut b = [0u8; 8];
-                    b[..text.len() - base].copy_from_slice(&text[base..]);
-                    u64::from_le_bytes(b)
-                }
-            };
+            // The tail is padded with NULs: not identifier bytes, so no run starts there.
+            let chunk = u64::from_le_bytes(padded(&text[base..]));
             let identifier = identifier_bytes(chunk);
             let mut starts = identifier & !((identifier << 8) | last_was_identifier);
             last_was_identifier = identifier >> 56;
@@ -125,14 +118,7 @@ impl<const N: usize> WordSet<N> {
             return 0;
         }
         // Past the end reads as NUL, which no word has.
-        let next4 = match rest.first_chunk::<4>() {
-            Some(b) => u32::from_le_bytes(*b),
-            None => {
-                let mut b = [0u8; 4];
-                b[..rest.len()].copy_from_slice(rest);
-                u32::from_le_bytes(b)
-            }
-        } | 0x2020_2020;
+        let next4 = u32::from_le_bytes(padded(rest)) | 0x2020_2020;
         candidates &=
             self.second[(next4 >> 8) as u8 as usize] & self.third[(next4 >> 16) as u8 as usize];
         let mut found = 0;
@@ -153,6 +139,19 @@ impl<const N: usize> WordSet<N> {
             }
         }
         found
+    }
+}
+
+/// The first `N` bytes of `bytes`, NULs past its end.
+#[inline(always)]
+fn padded<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    match bytes.first_chunk::<N>() {
+        Some(b) => *b,
+        None => {
+            let mut b = [0u8; N];
+            b[..bytes.len()].copy_from_slice(bytes);
+            b
+        }
     }
 }
 

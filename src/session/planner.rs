@@ -143,6 +143,11 @@ impl Cleanup {
             .as_ref()
             .is_some_and(|names| names.iter().any(|n| pg_name(n) == name))
     }
+
+    /// The names, leaving none.
+    fn take(&mut self) -> Option<Vec<Box<[u8]>>> {
+        self.0.take().map(|names| *names)
+    }
 }
 
 impl Retry {
@@ -1204,8 +1209,8 @@ impl Planner<'_> {
     fn sync(&mut self) -> bool {
         self.server.wbuf.extend_from_slice(self.msg);
         self.replies.push(Expected::Sync);
-        if let Some(names) = self.cleanup.0.take() {
-            for name in names.into_iter() {
+        if let Some(names) = self.cleanup.take() {
+            for name in names {
                 write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
                     m.extend_from_slice(b"S");
                     put_cstr(m, &name);
