@@ -18,7 +18,6 @@ pub mod shape;
 
 use crate::protocol::{frontend as fe, put_cstr, write_message};
 use crate::statements::{Registry, Statement, StatementKey};
-use arc_swap::ArcSwap;
 use bytes::{BufMut, Bytes, BytesMut};
 use lexer::{Kind, Lexed};
 use shape::{Decision, Form, Never};
@@ -174,7 +173,8 @@ type ShapeTable = quick_cache::sync::Cache<u64, Arc<Shape>>;
 
 /// The shapes seen by every session, bounded (`autoprepare_max_shapes`), and the counters.
 pub struct Autoprepare {
-    shapes: ArcSwap<ShapeTable>,
+    /// Resized in place by a reload (not swapped): every query looks a shape up here.
+    shapes: ShapeTable,
     max_shapes: AtomicU64,
     /// Queries passed through, by [`Pass::index`].
     pub passed: [AtomicU64; PASS_REASONS.len()],
@@ -183,7 +183,7 @@ pub struct Autoprepare {
 impl Autoprepare {
     pub fn new(max_shapes: usize) -> Autoprepare {
         Autoprepare {
-            shapes: ArcSwap::from_pointee(ShapeTable::new(max_shapes.max(1))),
+            shapes: ShapeTable::new(max_shapes.max(1)),
             max_shapes: AtomicU64::new(max_shapes as u64),
             passed: Default::default(),
         }
@@ -192,8 +192,8 @@ impl Autoprepare {
     /// Applies a new `autoprepare_max_shapes` (RELOAD): the table starts afresh.
     pub fn set_max_shapes(&self, max_shapes: usize) {
         if self.max_shapes.swap(max_shapes as u64, Relaxed) != max_shapes as u64 {
-            self.shapes
-                .store(Arc::new(ShapeTable::new(max_shapes.max(1))));
+            self.shapes.clear();
+            self.shapes.set_capacity(max_shapes.max(1) as u64);
         }
     }
 
@@ -203,26 +203,25 @@ impl Autoprepare {
 
     /// Every remembered shape, most used first (SHOW AUTOPREPARE).
     pub fn shapes(&self) -> Vec<Arc<Shape>> {
-        let mut v: Vec<Arc<Shape>> = self.shapes.load().iter().map(|(_, s)| s).collect();
+        let mut v: Vec<Arc<Shape>> = self.shapes.iter().map(|(_, s)| s).collect();
         v.sort_by_key(|s| std::cmp::Reverse(s.seen.load(Relaxed)));
         v
     }
 
     pub fn shape_count(&self) -> usize {
-        self.shapes.load().len()
+        self.shapes.len()
     }
 
     /// Shapes remembered as never generalized (the negative cache).
     pub fn never_count(&self) -> usize {
         self.shapes
-            .load()
             .iter()
             .filter(|(_, s)| s.never().is_some())
             .count()
     }
 
     fn shape(&self, lexed: &Lexed) -> Arc<Shape> {
-        let table = self.shapes.load();
+        let table = &self.shapes;
         let known = table.get(&lexed.shape);
         let collides = match known {
             Some(shape) if shape.is_of(lexed) => return shape,

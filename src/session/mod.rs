@@ -990,8 +990,8 @@ impl Session {
     /// `autoprepare_threshold` if this client's simple queries may be autoprepared: its pool
     /// has autoprepare on and its settings read literals as the pool's defaults do.
     fn autoprepare_threshold(&mut self) -> Option<u64> {
-        let settings = self.pool.settings_now();
-        if !settings.autoprepare || self.stmts.is_none() {
+        let threshold = self.pool.autoprepare_threshold()?;
+        if self.stmts.is_none() {
             return None;
         }
         let allowed = match self.autoprepare_allowed.at(self.params_version) {
@@ -1012,7 +1012,7 @@ impl Session {
                 .count_pass(crate::autoprepare::Pass::Settings);
             return None;
         }
-        Some(settings.autoprepare_threshold)
+        Some(threshold)
     }
 
     /// Takes a server from the pool and makes its session parameters match this client's.
