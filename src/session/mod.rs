@@ -991,9 +991,7 @@ impl Session {
     /// has autoprepare on and its settings read literals as the pool's defaults do.
     fn autoprepare_threshold(&mut self) -> Option<u64> {
         let threshold = self.pool.autoprepare_threshold()?;
-        if self.stmts.is_none() {
-            return None;
-        }
+        self.stmts.as_ref()?; // autoprepare runs through the statement planner
         let allowed = match self.autoprepare_allowed.at(self.params_version) {
             Some(allowed) => allowed,
             None => {
