@@ -114,6 +114,10 @@ pub struct Shape {
     key: Box<[u8]>,
     /// Where the text ends in `key`.
     text_len: u32,
+    /// Which of the words the session looks for in every simple query (`words::query`) the
+    /// generalized text holds: the scan of a query of this shape then reads only its string
+    /// literals (see [`ClientAutoprepare::read_ahead`]).
+    words: u32,
     /// Decided when the shape first reaches the threshold.
     decision: OnceLock<Decision>,
     rejected: AtomicBool,
@@ -235,6 +239,7 @@ impl Autoprepare {
             hash: lexed.shape,
             key: key.into(),
             text_len: lexed.text.len() as u32,
+            words: crate::words::in_query(&lexed.text),
             decision: OnceLock::new(),
             rejected: AtomicBool::new(false),
             seen: AtomicU64::new(0),
@@ -262,9 +267,11 @@ pub struct Use<'a> {
 #[derive(Default)]
 pub struct ClientAutoprepare {
     lexed: Lexed,
-    /// `lexed` already holds the lexer's reading of the next query's text (the result cache
-    /// lexed it first and handed it over): not lexed again.
-    prelexed: bool,
+    /// What is known of the query about to be planned before it is: read by the result cache
+    /// or by [`ClientAutoprepare::read_ahead`], it is not lexed again.
+    reading: Reading,
+    /// Its shape, when `read_ahead` looked it up.
+    read_shape: Option<Arc<Shape>>,
     /// The text of the statement the last query runs as.
     text: Vec<u8>,
     /// Its Parse's parameter types (count, then OIDs).
@@ -311,6 +318,18 @@ struct Anchor {
     literal_end: u32,
 }
 
+/// The lexer's reading of the query about to be planned, made before the planner asks.
+#[derive(Debug, Default, Clone, Copy)]
+enum Reading {
+    /// None yet: the planner lexes the text.
+    #[default]
+    None,
+    /// `lexed` holds it.
+    Lexed,
+    /// The lexer refused the text.
+    Refused(lexer::Refusal),
+}
+
 /// A client's statements are remembered up to this many; beyond it the map starts afresh.
 const MAX_CLIENT_STATEMENTS: usize = 256;
 
@@ -318,12 +337,44 @@ impl ClientAutoprepare {
     /// Takes the result cache's reading of the query about to be planned, when it has a
     /// valid one, instead of lexing the same text again (see `ClientCache::lend_lexed`).
     pub fn adopt_lexed(&mut self, cache: &mut crate::cache::ClientCache) {
-        self.prelexed = cache.lend_lexed(&mut self.lexed);
+        if cache.lend_lexed(&mut self.lexed) {
+            self.reading = Reading::Lexed;
+        }
     }
 
-    /// The query planned next is not the one whose reading was adopted.
-    pub fn forget_adopted(&mut self) {
-        self.prelexed = false;
+    /// Reads the simple query `sql` ahead of planning (lexed, unless adopted, and its shape
+    /// looked up) and answers which of the session's words (`words::query`) it contains: its
+    /// shape's, found once, and those in its string literals (`set_config('search_path',
+    /// ...)` names a setting in one; numbers and bit strings hold no word). Comments are not
+    /// read: a word there does nothing. None when the lexer refuses the text: the caller scans
+    /// it whole.
+    pub fn read_ahead(&mut self, global: &Autoprepare, sql: &[u8]) -> Option<u32> {
+        if let Reading::None = self.reading {
+            self.reading = match lexer::generalize(sql, &mut self.lexed) {
+                Ok(()) => Reading::Lexed,
+                Err(refusal) => Reading::Refused(refusal),
+            };
+        }
+        let Reading::Lexed = self.reading else {
+            return None;
+        };
+        let shape = global.shape(&self.lexed);
+        let words = self
+            .lexed
+            .literals
+            .iter()
+            .filter(|l| l.kind == Kind::Text)
+            .fold(shape.words, |words, l| {
+                words | crate::words::in_query(&sql[l.start as usize..l.end as usize])
+            });
+        self.read_shape = Some(shape);
+        Some(words)
+    }
+
+    /// Forgets the reading of the last query: the next one is read afresh.
+    pub fn forget_reading(&mut self) {
+        self.reading = Reading::None;
+        self.read_shape = None;
     }
 
     /// The statement the simple query `sql` runs as, or why it goes to the server as it is.
@@ -342,10 +393,15 @@ impl ClientAutoprepare {
         if std::mem::take(&mut self.bypass) {
             return Err(Pass::Rerun);
         }
-        if !std::mem::take(&mut self.prelexed) {
-            lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?;
+        match std::mem::take(&mut self.reading) {
+            Reading::Lexed => {}
+            Reading::Refused(refusal) => return Err(Pass::Lexer(refusal)),
+            Reading::None => lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?,
         }
-        let shape = global.shape(&self.lexed);
+        let shape = match self.read_shape.take() {
+            Some(shape) => shape,
+            None => global.shape(&self.lexed),
+        };
         if shape.is_rejected() {
             return Err(Pass::Rejected);
         }
@@ -708,6 +764,53 @@ mod tests {
         }
         // The first keeps its place.
         assert!(Arc::ptr_eq(&global.shape(&a), &first));
+    }
+
+    /// Reading a query ahead finds the words a scan of its whole text finds (its shape's and
+    /// those in its string literals, in every form), except in comments; the planner then
+    /// uses that reading instead of lexing again, and a refused text is left to the full scan.
+    #[test]
+    fn read_ahead_finds_the_words_of_the_whole_text_but_comments() {
+        use crate::words::query as w;
+        let global = Autoprepare::new(100);
+        let mut c = ClientAutoprepare::default();
+        for sql in [
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 12345",
+            "SELECT set_config('search_path', 'pg_temp', false)",
+            "SELECT pg_advisory_lock(1), 'begin', $$listen$$, $t$ unlisten $t$, E'drop\\n'",
+            "SELECT 'a'\n 'load', \"Hold\", U&'temp', 1e5, B'101', X'1F', -2.5",
+            "UPDATE t SET x = 'create' WHERE y = 'pgmemo_s1' RETURNING 'alter'",
+            "WITH q AS (SELECT 'deallocate' AS reset) SELECT * FROM q",
+        ] {
+            let words = c.read_ahead(&global, sql.as_bytes());
+            assert_eq!(words, Some(crate::words::in_query(sql.as_bytes())), "{sql}");
+            c.forget_reading();
+        }
+        let sql = "SELECT 1 /* begin */ -- set search_path\n, 'x'";
+        assert_eq!(c.read_ahead(&global, sql.as_bytes()), Some(0));
+        assert_ne!(crate::words::in_query(sql.as_bytes()), 0);
+        // The planner takes the reading (no second lexing, the same shape).
+        let shape = c.read_shape.clone().unwrap();
+        assert!(matches!(c.reading, Reading::Lexed));
+        let _ = c.statement(
+            &global,
+            &Registry::default(),
+            sql.as_bytes(),
+            (0, 0),
+            u64::MAX,
+        );
+        assert!(matches!(c.reading, Reading::None) && c.read_shape.is_none());
+        assert_eq!(shape.seen.load(Relaxed), 1);
+        // Refused: no words from the reading, the refusal kept for the planner.
+        let sql = "SET search_path = a";
+        assert_eq!(c.read_ahead(&global, sql.as_bytes()), None);
+        assert!(matches!(c.reading, Reading::Refused(_)));
+        assert_eq!(
+            c.statement(&global, &Registry::default(), sql.as_bytes(), (0, 0), 1)
+                .err(),
+            Some(Pass::Lexer(lexer::Refusal::NotDml))
+        );
+        assert_ne!(crate::words::in_query(sql.as_bytes()) & w::SEARCH_PATH, 0);
     }
 
     fn client_for(sql: &str) -> ClientAutoprepare {

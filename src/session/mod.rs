@@ -844,10 +844,34 @@ impl Session {
                     server.checked_out = Instant::now();
                 }
             }
+            let autoprepare = if tag == fe::QUERY {
+                self.autoprepare_threshold()
+            } else {
+                None
+            };
+            if let Some(ap) = self.autoprepare.as_deref_mut() {
+                ap.forget_reading(); // a reading is of one message only
+            }
+            if let (Some(_), true, Some(c)) = (autoprepare, cache_lexed, self.cache.as_deref_mut())
+            {
+                self.autoprepare
+                    .get_or_insert_with(Default::default)
+                    .adopt_lexed(c);
+            }
             // The words of a simple query that the planner and the session-state watch look
-            // for, found in one pass.
+            // for: those of its autoprepare shape (found once per shape) and its string
+            // literals, or else those of one pass over its text.
             let query_words = if self.state.enabled || self.stmts.is_some() {
-                text_of(&self.client.rbuf, query_text_len).map_or(0, crate::words::in_query)
+                let text = text_of(&self.client.rbuf, query_text_len);
+                let read = match (autoprepare, text) {
+                    (Some(_), Some(text)) => self
+                        .autoprepare
+                        .get_or_insert_with(Default::default)
+                        .read_ahead(&self.app.autoprepare, text),
+                    _ => None,
+                };
+                read.or_else(|| text.map(crate::words::in_query))
+                    .unwrap_or(0)
             } else {
                 0
             };
@@ -860,17 +884,6 @@ impl Session {
                         .schema
                         .note(crate::statements::schema::ddl_found(query_words, text));
                 }
-            }
-            let autoprepare = if tag == fe::QUERY {
-                self.autoprepare_threshold()
-            } else {
-                None
-            };
-            if let (Some(_), true, Some(c)) = (autoprepare, cache_lexed, self.cache.as_deref_mut())
-            {
-                self.autoprepare
-                    .get_or_insert_with(Default::default)
-                    .adopt_lexed(c);
             }
             let server = self.server.as_mut().expect("server acquired above");
             self.stats.bytes_received += len as u64;
@@ -900,7 +913,7 @@ impl Session {
                 }
                 .plan(tag);
                 if let Some(ap) = self.autoprepare.as_deref_mut() {
-                    ap.forget_adopted();
+                    ap.forget_reading();
                 }
                 if planned != planner::Plan::Wait {
                     self.wait_flushed = false;
