@@ -472,6 +472,14 @@ impl ReplyQueue {
         self.replacement.take().map(|r| *r)
     }
 
+    /// Whether the head of the queue is a reply pgmemo gives itself ([`Self::pop_synthesized`]).
+    #[inline]
+    pub fn head_is_synthesized(&self) -> bool {
+        self.entries
+            .front()
+            .is_some_and(|q| matches!(q.entry.action, Action::Synthesize(_)))
+    }
+
     /// If the head is a reply pgmemo answers itself, takes it.
     #[inline]
     pub fn pop_synthesized(&mut self) -> Option<Synth> {

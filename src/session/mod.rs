@@ -1356,7 +1356,10 @@ impl Session {
             server.rbuf.advance(len);
             if self.stmts.is_some() {
                 self.settle(error_code.as_deref(), stale_error, retried);
-                self.answer_locally();
+                // Settled just now: only a local reply due next leaves anything to do.
+                if self.replies.head_is_synthesized() {
+                    self.answer_locally();
+                }
             }
             if replay {
                 // Planned again before whatever the client sent since.
