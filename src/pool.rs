@@ -71,7 +71,7 @@ impl PoolSettings {
 
 /// The settings every checkout and check-in reads, kept in the pool's state by each reload:
 /// read under the lock those take anyway, where loading the whole settings would cost an
-/// ArcSwap load (~90 instructions) each time.
+/// ArcSwap load (~70 instructions) each time.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     pool_size: usize,
@@ -160,7 +160,8 @@ struct PoolState {
 
 pub struct Pool {
     pub key: PoolKey,
-    /// Read on every checkout and check-in: swapped whole by a reload, read without a lock.
+    /// Swapped whole by a reload, read without a lock; what every transaction reads of it is
+    /// copied out by the reload too (`query_settings`, `PoolState::limits`).
     settings: ArcSwap<PoolSettings>,
     query_settings: QuerySettings,
     state: Mutex<PoolState>,
