@@ -178,7 +178,6 @@ pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
         ascii: if sql.is_ascii() { sql.len() } else { 0 },
         copied: 0,
         out,
-        first_word: true,
     };
     lexer.run()?;
     let out = lexer.out;
@@ -204,8 +203,6 @@ struct Lexer<'a> {
     /// text is copied a run at a time, when something that is not copied as it is comes.
     copied: usize,
     out: &'a mut Lexed,
-    /// No word has been read yet: the next one decides whether the statement is DML.
-    first_word: bool,
 }
 
 /// What each byte can be, one table lookup instead of a chain of comparisons per byte.
@@ -339,13 +336,21 @@ impl Lexer<'_> {
     /// up to the first word (which must be a DML word, maybe after parentheses), the body up
     /// to a `;`, and after it nothing but blanks and comments.
     fn run(&mut self) -> Result<(), Refusal> {
-        while self.first_word {
+        loop {
             match self.blanks()? {
-                None => return Err(Refusal::NotDml),
                 Some(b'(') => self.at += 1,
-                Some(b) if is_ident_start(b) => self.word()?,
-                Some(_) => return Err(Refusal::NotDml),
+                Some(b) if is_ident_start(b) => break,
+                _ => return Err(Refusal::NotDml),
             }
+        }
+        let start = self.at;
+        while self.at < self.sql.len() && is_ident_cont(self.sql[self.at]) {
+            self.at += 1;
+        }
+        // A string's prefix (`E'..'`, `U&'..'`) reads as a word of one letter here: never a
+        // DML word either.
+        if !is_dml_word(&self.sql[start..self.at]) {
+            return Err(Refusal::NotDml);
         }
         // The body, a jump at a time to the next byte that may start a token other than a
         // word or an operator (see `next_interesting`): words, blanks and punctuation are
@@ -443,46 +448,6 @@ impl Lexer<'_> {
             }
         }
         Err(Refusal::NotUnderstood)
-    }
-
-    #[inline(always)] // the most frequent token
-    fn word(&mut self) -> Result<(), Refusal> {
-        let start = self.at;
-        let b = self.sql[start];
-        let next = self.peek(1);
-        // String prefixes glued to a quote: E'..', B'..', X'..', N'..', U&'..', U&"..".
-        if next == b'\'' {
-            let kind = match b {
-                b'e' | b'E' => Some(StrKind::Escape),
-                b'b' | b'B' => Some(StrKind::Bit(b'b')),
-                b'x' | b'X' => Some(StrKind::Bit(b'x')),
-                b'n' | b'N' => Some(StrKind::National),
-                _ => None,
-            };
-            if let Some(kind) = kind {
-                if self.first_word {
-                    return Err(Refusal::NotDml);
-                }
-                return self.string(start, start + 1, kind);
-            }
-        }
-        if matches!(b, b'u' | b'U') && next == b'&' && matches!(self.peek(2), b'\'' | b'"') {
-            if self.first_word {
-                return Err(Refusal::NotDml);
-            }
-            return self.unicode_escaped(start);
-        }
-        while self.at < self.sql.len() && is_ident_cont(self.sql[self.at]) {
-            self.at += 1;
-        }
-        let word = &self.sql[start..self.at];
-        if self.first_word {
-            if !is_dml_word(word) {
-                return Err(Refusal::NotDml);
-            }
-            self.first_word = false;
-        }
-        Ok(())
     }
 
     /// A quote in the statement's body: a string, with the prefix glued to it if any

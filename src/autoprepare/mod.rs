@@ -398,10 +398,10 @@ impl ClientAutoprepare {
             Reading::Refused(refusal) => return Err(Pass::Lexer(refusal)),
             Reading::None => lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?,
         }
-        let shape = match self.read_shape.take() {
-            Some(shape) => shape,
-            None => global.shape(&self.lexed),
-        };
+        let shape = self
+            .read_shape
+            .take()
+            .unwrap_or_else(|| global.shape(&self.lexed));
         if shape.is_rejected() {
             return Err(Pass::Rejected);
         }

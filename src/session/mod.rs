@@ -912,9 +912,6 @@ impl Session {
                     }),
                 }
                 .plan(tag);
-                if let Some(ap) = self.autoprepare.as_deref_mut() {
-                    ap.forget_reading();
-                }
                 if planned != planner::Plan::Wait {
                     self.wait_flushed = false;
                     self.replanned |= std::mem::take(&mut self.replan);
