@@ -14,7 +14,8 @@ Targets (columns of the tables, in this order):
   * pgmemo          target/release/pgmemo (built with `cargo build --release`
                     unless --no-build; --no-pgmemo leaves it out);
   * pgmemo+cache    a second pgmemo, the same arguments plus `--cache
-                    --metrics-listen 127.0.0.1:<free port>`, started only when a
+                    --metrics-listen 127.0.0.1:<free port> --workers 2` (two event
+                    loops; --cache-workers N), started only when a
                     cache workload (below) is selected; it runs only the cache
                     workloads (its cells of the others are `—`, not run, no
                     failure) and is left out of the idle-client memory test (the
@@ -945,8 +946,9 @@ class Odyssey:
 
 class Pgmemo(ChildServer):
     """target/release/pgmemo; with cache=True the pgmemo+cache target: the same
-    arguments plus --cache and a Prometheus endpoint (--metrics-listen) on a free
-    port, from which the harness reads the cache's hits and misses."""
+    arguments plus --cache, --workers (--cache-workers) and a Prometheus endpoint
+    (--metrics-listen) on a free port, from which the harness reads the cache's hits
+    and misses."""
     kind = "pgmemo"
 
     def __init__(self, ctx: "Ctx", binary: Path, cache: bool = False,
@@ -976,7 +978,8 @@ class Pgmemo(ChildServer):
                      "--max-client-conn", str(MAX_CLIENT_CONN)] + list(c.args.pgmemo_arg)
         if self.cache:
             self.metrics_port = free_port()
-            self.argv += ["--cache", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+            self.argv += ["--cache", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                          "--workers", str(c.args.cache_workers)]
         if self.variant:
             config = c.logdir / f"{self.name}.toml"
             config.write_text(f"[general]\n{self.variant[1]}\n")
@@ -1416,6 +1419,9 @@ def build_args(argv=None):
                         "--idle-clients count, or could not be measured (the test suite's memory check)")
     p.add_argument("--out", default=None, help="results directory [bench/results/<timestamp>]")
     p.add_argument("--warmup", type=int, default=None, help="seconds of warm-up per target before the runs [2; quick: 1]")
+    p.add_argument("--cache-workers", type=int, default=2, metavar="N",
+                   help="pgmemo+cache runs with --workers N: a hit is answered inside pgmemo, so its "
+                        "threads bound the hits it serves (1: one event loop, as the pgmemo target) [2]")
     p.add_argument("--cache-warmup", type=int, default=None,
                    help="seconds each target runs a cache workload, not measured, before its first cell "
                         "(0: none) [5; quick: 1]")

@@ -527,6 +527,7 @@ pub fn show_stats(app: &App) -> Table {
         e.autoprepare_passed += s.autoprepare_passed;
         e.state_probes += s.state_probes;
         e.serverless_batches += s.serverless_batches;
+        e.server_moves += s.server_moves;
         for (total, n) in e.pins.iter_mut().zip(s.pins) {
             *total += n;
         }
@@ -560,6 +561,7 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.state_probes),
                 text(s.pins.iter().sum::<u64>()),
                 text(s.serverless_batches),
+                text(s.server_moves),
             ]
         })
         .collect();
@@ -588,6 +590,7 @@ pub fn show_stats(app: &App) -> Table {
             "state_probes",
             "pins",
             "serverless_batches",
+            "server_moves",
         ],
         rows,
     }

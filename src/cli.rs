@@ -130,6 +130,20 @@ pub struct Cli {
     )]
     pub pool_size: Option<u32>,
 
+    /// Threads serving clients, each with its own event loop [default: 1].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "PGMEMO_WORKERS",
+        value_parser = clap::value_parser!(u32).range(1..=64),
+        long_help = "Threads serving clients, each with an event loop of its own; accepted \
+                     clients are dealt to them in turn, and a client's server moves to its \
+                     thread. Overrides general.workers. Default: 1 (like PgBouncer: on a small \
+                     machine shared with PostgreSQL one thread forwards at the least CPU per \
+                     transaction); more serve more result-cache hits at once."
+    )]
+    pub workers: Option<u32>,
+
     /// Most client connections accepted at once [default: 1000].
     #[arg(
         long,
@@ -267,6 +281,7 @@ impl fmt::Debug for Cli {
             .field("auth", &self.auth)
             .field("admin_users", &self.admin_users)
             .field("metrics_listen", &self.metrics_listen)
+            .field("workers", &self.workers)
             .field("log_level", &self.log_level)
             .field("log_format", &self.log_format)
             .field("cache", &self.cache)
@@ -321,6 +336,9 @@ impl Cli {
         }
         if let Some(n) = self.max_client_conn {
             g.max_client_conn = n;
+        }
+        if let Some(n) = self.workers {
+            g.workers = n;
         }
         if let Some(auth) = self.auth {
             g.auth_type = auth;

@@ -498,6 +498,10 @@ pub struct General {
     pub log_level: String,
     /// `text` (default; ANSI colours only on a terminal) or `json` (one object per line).
     pub log_format: LogFormat,
+    /// Threads serving clients, each with an event loop of its own; clients are dealt to them
+    /// in turn (see `workers.rs`). Default 1, like PgBouncer; more serve more result-cache
+    /// hits at once. Needs a restart.
+    pub workers: u32,
 }
 
 impl Default for General {
@@ -536,6 +540,7 @@ impl Default for General {
             autoprepare_max_shapes: 10_000,
             log_level: "info".into(),
             log_format: LogFormat::Text,
+            workers: 1,
         }
     }
 }
@@ -777,6 +782,12 @@ impl Config {
                     "must not exceed general.default_pool_size ({})",
                     g.default_pool_size
                 ),
+            ));
+        }
+        if !(1..=MAX_WORKERS).contains(&g.workers) {
+            return Err(ConfigError::invalid(
+                "general.workers",
+                format!("must be between 1 and {MAX_WORKERS}"),
             ));
         }
         if g.max_client_conn == 0 {
@@ -1329,6 +1340,12 @@ impl Config {
                 false,
             ),
             (
+                "workers",
+                g.workers.to_string(),
+                d.workers.to_string(),
+                false,
+            ),
+            (
                 "upstream",
                 self.upstream
                     .as_ref()
@@ -1590,6 +1607,7 @@ struct RawGeneral {
     autoprepare_max_shapes: Option<i64>,
     log_level: Option<String>,
     log_format: Option<String>,
+    workers: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -1698,6 +1716,9 @@ fn named<T: FromStr<Err = String>>(key: &str, v: Option<String>) -> Result<Optio
     v.map(|s| s.parse::<T>().map_err(|m| ConfigError::invalid(key, m)))
         .transpose()
 }
+
+/// The most worker threads `general.workers` may ask for.
+const MAX_WORKERS: u32 = 64;
 
 const U32_RANGE: &str = "a whole number 0..=4294967295";
 const PORT_RANGE: &str = "1..=65535";
@@ -1822,6 +1843,7 @@ impl RawConfig {
             )?,
             log_level: g.log_level.unwrap_or(d.log_level),
             log_format: named("general.log_format", g.log_format)?.unwrap_or(d.log_format),
+            workers: int("general.workers", g.workers, d.workers, U32_RANGE)?,
         };
 
         let upstream = self.upstream.map(RawUpstream::into_upstream).transpose()?;
@@ -2655,7 +2677,7 @@ password = "b"
         assert!(!row("listen").3);
         assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
         assert!(rows.iter().all(|r| !r.1.contains("pw")));
-        assert_eq!(rows.len(), 34);
+        assert_eq!(rows.len(), 35);
     }
 
     #[test]

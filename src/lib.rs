@@ -26,6 +26,7 @@ pub mod tls;
 pub mod tour;
 pub mod wal;
 pub mod words;
+pub mod workers;
 
 use anyhow::Context as _;
 use app::App;
@@ -41,6 +42,9 @@ pub struct Pgmemo {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     accept_task: tokio::task::JoinHandle<()>,
+    /// Kept until [`Pgmemo::wait`] has seen every client go: the extra workers' event loops
+    /// stop when the last holder (this, or the accept loop while it runs) drops it.
+    workers: Arc<workers::Workers>,
 }
 
 /// Builds the configuration again on RELOAD / SIGHUP (re-reads the file, re-applies flags).
@@ -51,6 +55,10 @@ impl Pgmemo {
     pub async fn start(config: Config) -> anyhow::Result<Pgmemo> {
         let listen = config.general.listen.clone();
         let metrics_listen = config.general.metrics_listen.clone();
+        let workers = Arc::new(
+            workers::Workers::start(config.general.workers as usize)
+                .context("cannot start the worker threads")?,
+        );
         let app = App::new(config)?;
         let listener = TcpListener::bind(&listen)
             .await
@@ -69,13 +77,14 @@ impl Pgmemo {
             None => None,
         };
         tokio::spawn(janitor(app.clone()));
-        let accept_task = tokio::spawn(accept_loop(app.clone(), listener));
+        let accept_task = tokio::spawn(accept_loop(app.clone(), listener, workers.clone()));
         tracing::info!(%addr, "pgmemo listening");
         Ok(Pgmemo {
             app,
             addr,
             metrics_addr,
             accept_task,
+            workers,
         })
     }
 
@@ -136,6 +145,7 @@ impl Pgmemo {
         while self.app.client_count() > 0 && Instant::now() < grace {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        drop(self.workers);
         tracing::info!("pgmemo stopped");
     }
 }
@@ -149,7 +159,8 @@ pub fn reload(app: &App) -> anyhow::Result<()> {
     app.reload(config)
 }
 
-async fn accept_loop(app: Arc<App>, listener: TcpListener) {
+/// Accepts clients and deals them to the workers.
+async fn accept_loop(app: Arc<App>, listener: TcpListener, workers: Arc<workers::Workers>) {
     let mut shutdown = app.shutdown_signal();
     loop {
         let accepted = tokio::select! {
@@ -157,11 +168,7 @@ async fn accept_loop(app: Arc<App>, listener: TcpListener) {
             _ = shutdown.wait_for(|s| *s) => return,
         };
         match accepted {
-            Ok((tcp, _)) => {
-                // Boxed: tokio aligns a task to 128 bytes, rounding a future of a few hundred
-                // bytes up by as much again; in a box it is allocated at its own size.
-                tokio::spawn(Box::pin(session::serve_client(app.clone(), tcp)));
-            }
+            Ok((tcp, _)) => workers.serve(app.clone(), tcp),
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");

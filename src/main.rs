@@ -47,23 +47,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// The async runtime. By default everything runs on one thread, like PgBouncer: a proxy's
-/// work per transaction is a few microseconds, and on a small machine shared with PostgreSQL
-/// the cross-thread wake-ups of a multi-threaded scheduler cost more than a second core gains
-/// (measured: 9.5 vs 11.8 µs of pgmemo CPU per `pgbench -S -M prepared` transaction on 2
-/// cores). `PGMEMO_WORKERS=N` runs N worker threads instead.
+/// The async runtime of the thread pgmemo starts on: single-threaded, like PgBouncer (a
+/// proxy's work per transaction is a few microseconds, and on a small machine shared with
+/// PostgreSQL a multi-threaded scheduler's cross-thread wake-ups cost more than a second core
+/// gains: measured 9.5 vs 11.8 µs of pgmemo CPU per `pgbench -S -M prepared` transaction on 2
+/// cores). `general.workers` adds more threads, each with a loop of its own (workers.rs).
 fn runtime_builder() -> tokio::runtime::Builder {
-    match std::env::var("PGMEMO_WORKERS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        Some(n) if n > 1 => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        _ => tokio::runtime::Builder::new_current_thread(),
-    }
+    tokio::runtime::Builder::new_current_thread()
 }
 
 fn init_logging(level: &str, format: LogFormat) {

@@ -130,7 +130,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [Counter; 15] = [
+    let counters: [Counter; 16] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -201,6 +201,11 @@ pub fn render(app: &App) -> String {
             "pgmemo_serverless_batches_total",
             "Batches of Parse, Close and Sync answered without taking a server.",
             |s| s.serverless_batches as f64,
+        ),
+        (
+            "pgmemo_server_moves_total",
+            "Server connections moved to the worker thread of the client they were handed to.",
+            |s| s.server_moves as f64,
         ),
     ];
     for (name, help, get) in counters {

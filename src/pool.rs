@@ -276,13 +276,17 @@ impl Pool {
     /// of its own, boxed: a session's task, which lives as long as its client, then need not
     /// have room for a whole connect-and-login.
     pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
-        match self.take_idle_now() {
+        let mut conn = match self.take_idle_now() {
             Some(conn) => {
                 self.stats.wait_duration.observe_us(0);
-                Ok(conn)
+                conn
             }
-            None => Box::pin(self.checkout_slowly()).await,
+            None => Box::pin(self.checkout_slowly()).await?,
+        };
+        if conn.move_here() {
+            self.stats.server_moves.fetch_add(1, Ordering::Relaxed);
         }
+        Ok(conn)
     }
 
     /// An idle connection ready to hand out, or None (then [`Pool::checkout_slowly`]).
@@ -292,7 +296,19 @@ impl Pool {
         if st.closed || st.paused {
             return None;
         }
-        let mut conn = st.idle.pop()?;
+        // The most recently used one that this worker serves already, else the most recently
+        // used (see workers.rs; with one worker, always the last).
+        let here = crate::workers::current();
+        let last = st.idle.len().checked_sub(1)?;
+        let at = match st.idle[last].worker == here {
+            true => last,
+            false => st
+                .idle
+                .iter()
+                .rposition(|c| c.worker == here)
+                .unwrap_or(last),
+        };
+        let mut conn = st.idle.remove(at);
         if !conn.looks_alive()
             || st.limits.outlived(&conn, now)
             || st.limits.due_for_check(&conn, now)

@@ -142,6 +142,8 @@ pub struct ServerConn {
     /// Set when the connection must not go back to the pool (I/O error, protocol confusion,
     /// FATAL from the server).
     pub broken: bool,
+    /// The worker whose event loop its socket is registered with (see workers.rs).
+    pub worker: u16,
 }
 
 impl ServerConn {
@@ -180,7 +182,31 @@ impl ServerConn {
             checked_out: now,
             params_synced_for: None,
             broken: false,
+            worker: crate::workers::current(),
         })
+    }
+
+    /// Makes the calling thread's worker serve this connection from now on: the pool hands
+    /// it to a session on another worker than the one it last served. Without it every
+    /// message would be read on one thread and handled on another.
+    /// Whether it moved.
+    pub fn move_here(&mut self) -> bool {
+        let here = crate::workers::current();
+        if self.worker == here {
+            return false;
+        }
+        match self.stream.move_to_this_thread() {
+            Ok(()) => {
+                self.worker = here;
+                true
+            }
+            // Still usable where it is, at the price of a wake-up of the other thread for
+            // every message.
+            Err(e) => {
+                tracing::debug!(error = %e, "a server connection stays on its worker");
+                false
+            }
+        }
     }
 
     /// Connects and logs in. The returned connection is idle ('I') with its reported

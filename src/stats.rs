@@ -76,6 +76,9 @@ pub struct PoolStats {
     /// Batches of Parse / Describe / Close up to a Sync or Flush answered without a server
     /// (`statements::idle_batch`).
     pub serverless_batches: AtomicU64,
+    /// Server connections handed to a client on another worker than the one they served
+    /// last, and moved to it (see workers.rs).
+    pub server_moves: AtomicU64,
     /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
     /// counted when the reason appears.
     pub pins: [AtomicU64; 5],
@@ -140,6 +143,7 @@ impl PoolStats {
             autoprepare_passed: self.autoprepare_passed.load(r),
             state_probes: self.state_probes.load(r),
             serverless_batches: self.serverless_batches.load(r),
+            server_moves: self.server_moves.load(r),
             pins: std::array::from_fn(|i| self.pins[i].load(r)),
         }
     }
@@ -173,5 +177,6 @@ pub struct StatsSnapshot {
     pub autoprepare_passed: u64,
     pub state_probes: u64,
     pub serverless_batches: u64,
+    pub server_moves: u64,
     pub pins: [u64; 5],
 }

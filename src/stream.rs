@@ -63,6 +63,22 @@ impl Stream {
         }
     }
 
+    /// Registers the socket with the event loop of the calling thread instead of the one it
+    /// was registered with (see workers.rs): a duplicate of its descriptor joins this loop,
+    /// and the old descriptor leaves its loop and is closed. The connection, TLS state
+    /// included, stays as it was; only the thread its readiness wakes changes.
+    pub fn move_to_this_thread(&mut self) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        let tcp = match self {
+            Stream::Tcp(t) => t,
+            Stream::ServerTls(t) => t.get_mut().0,
+            Stream::ClientTls(t) => t.get_mut().0,
+        };
+        let fd = tcp.as_fd().try_clone_to_owned()?;
+        *tcp = TcpStream::from_std(std::net::TcpStream::from(fd))?;
+        Ok(())
+    }
+
     /// Readiness to read, polled without a buffer (see crate::buffers). A TLS stream may
     /// hold decrypted bytes its socket no longer shows, so it is always ready to be read.
     #[inline]

@@ -925,3 +925,113 @@ async fn max_client_conn_refuses_extra_clients() {
     .await;
     proxy.shutdown().await;
 }
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set, filled in by the kernel.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Keeps the calling thread on `cpu` (its connections' packets then arrive there).
+fn pin_to(cpu: usize) {
+    // SAFETY: as above; a set holding one CPU.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(r, 0, "sched_setaffinity to CPU {cpu}");
+}
+
+/// Two workers and a pool of 2 servers for 8 clients: a client is served by the worker its
+/// packets arrive at (its connecting thread is pinned to alternate CPUs here, so both
+/// workers get clients), and a server handed to a client on the other worker moves there.
+/// Every transaction still reads exactly its client's own writes, on the same 2 backends
+/// throughout (moving keeps the connection), and the moves are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_move_between_workers_with_their_clients() {
+    const DB: &str = "pool_workers";
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 60;
+    fresh_db(DB).await;
+    let setup = connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), DB)).await;
+    setup
+        .batch_execute("CREATE TABLE writes (client int, n int)")
+        .await
+        .unwrap();
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.workers = 2;
+    let proxy = start_pgmemo(config).await;
+    let cpus = allowed_cpus();
+    let url = url(&proxy, DB);
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let url = url.clone();
+            let cpu = (cpus.len() >= 2).then(|| cpus[client % 2]);
+            std::thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to(cpu);
+                }
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let c = connect(&url).await;
+                    let mut backends = Vec::new();
+                    for n in 1..=ROUNDS {
+                        let sql = format!(
+                            "BEGIN; INSERT INTO writes VALUES ({client}, {n}); \
+                             SELECT count(*), sum(n), pg_backend_pid() FROM writes \
+                             WHERE client = {client}; COMMIT"
+                        );
+                        let r = rows(&c, &sql).await;
+                        let expected_sum = n * (n + 1) / 2;
+                        assert_eq!(
+                            (r[0][0].as_deref(), r[0][1].as_deref()),
+                            (
+                                Some(n.to_string().as_str()),
+                                Some(expected_sum.to_string().as_str())
+                            ),
+                            "client {client}, round {n}"
+                        );
+                        backends.push(r[0][2].clone().unwrap());
+                    }
+                    backends
+                })
+            })
+        })
+        .collect();
+    let backends: std::collections::HashSet<String> = tokio::task::spawn_blocking(move || {
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("client thread"))
+            .collect()
+    })
+    .await
+    .unwrap();
+    assert!(
+        backends.len() <= 2,
+        "{} backends served a pool of 2: {backends:?}",
+        backends.len()
+    );
+    let moves: u64 = proxy
+        .app()
+        .pools()
+        .iter()
+        .map(|p| p.stats.snapshot().server_moves)
+        .sum();
+    // A client goes to worker (its CPU % 2): with two CPUs of different parity both workers
+    // had clients, and the 2 servers went back and forth between them.
+    if cpus.len() >= 2 && cpus[0] % 2 != cpus[1] % 2 {
+        assert!(moves > 0, "no server moved between the workers");
+    } else {
+        eprintln!("fewer than two CPUs of different parity here ({cpus:?}): moves not checked");
+    }
+    proxy.shutdown().await;
+}

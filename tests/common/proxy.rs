@@ -21,6 +21,13 @@ pub fn test_config(mode: PoolMode, pool_size: u32) -> Config {
     config.general.default_pool_size = pool_size;
     config.general.auth_type = AuthType::ScramSha256;
     config.general.admin_users = vec![PGMEMO_USER.into()];
+    // PGMEMO_TEST_WORKERS=N runs every test's pgmemo with N workers (see README, Tests).
+    if let Some(n) = std::env::var("PGMEMO_TEST_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.general.workers = n;
+    }
     config
 }
 
