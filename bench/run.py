@@ -978,8 +978,9 @@ class Pgmemo(ChildServer):
                      "--max-client-conn", str(MAX_CLIENT_CONN)] + list(c.args.pgmemo_arg)
         if self.cache:
             self.metrics_port = free_port()
-            self.argv += ["--cache", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
-                          "--workers", str(c.args.cache_workers)]
+            self.argv += ["--cache", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+            if not any(a.startswith("--workers") for a in c.args.pgmemo_arg):
+                self.argv += ["--workers", str(c.args.cache_workers)]
         if self.variant:
             config = c.logdir / f"{self.name}.toml"
             config.write_text(f"[general]\n{self.variant[1]}\n")
@@ -1421,7 +1422,8 @@ def build_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="seconds of warm-up per target before the runs [2; quick: 1]")
     p.add_argument("--cache-workers", type=int, default=2, metavar="N",
                    help="pgmemo+cache runs with --workers N: a hit is answered inside pgmemo, so its "
-                        "threads bound the hits it serves (1: one event loop, as the pgmemo target) [2]")
+                        "threads bound the hits it serves (1: one event loop, as the pgmemo target; "
+                        "a --pgmemo-arg=--workers=N given for both targets wins) [2]")
     p.add_argument("--cache-warmup", type=int, default=None,
                    help="seconds each target runs a cache workload, not measured, before its first cell "
                         "(0: none) [5; quick: 1]")

@@ -143,6 +143,24 @@ enum Grant {
     Slot,
 }
 
+/// A client queued for a server.
+struct Waiter {
+    grant: oneshot::Sender<Grant>,
+    /// The worker its session runs on (see workers.rs).
+    worker: u16,
+    /// How many clients queued after it were served before it.
+    passed: u8,
+}
+
+/// How many later clients a queued one may see served first: a server checked in on one
+/// worker goes to a client of the same worker near the front of the queue rather than to
+/// the oldest, which would move it to the other worker (five system calls, a wake-up of the
+/// other thread). With one worker the queue is strictly first come, first served.
+const MAX_PASSED: u8 = 4;
+
+/// How far into the queue a client of the same worker is looked for.
+const SAME_WORKER_WINDOW: usize = 16;
+
 #[derive(Default)]
 struct PoolState {
     /// Idle connections, most recently used last (taken LIFO, so the oldest ones idle out).
@@ -152,7 +170,7 @@ struct PoolState {
     idle: Vec<Box<ServerConn>>,
     /// Every connection counted against pool_size: idle + in use + being opened.
     total: usize,
-    waiters: VecDeque<oneshot::Sender<Grant>>,
+    waiters: VecDeque<Waiter>,
     paused: bool,
     closed: bool,
     limits: Limits,
@@ -182,6 +200,23 @@ pub struct Pool {
 
 /// At most this many distinct reported sets are kept for sharing; more are not shared.
 const MAX_SHARED_REPORTED_SETS: usize = 64;
+
+impl PoolState {
+    /// The client a server of worker `home` goes to: the first one of `home`, or one that may
+    /// not be passed again, near the front of the queue; else the oldest.
+    fn next_waiter(&mut self, home: u16) -> Option<Waiter> {
+        let at = self
+            .waiters
+            .iter()
+            .take(SAME_WORKER_WINDOW)
+            .position(|w| w.worker == home || w.passed >= MAX_PASSED)
+            .unwrap_or(0);
+        for w in self.waiters.iter_mut().take(at) {
+            w.passed += 1;
+        }
+        self.waiters.remove(at)
+    }
+}
 
 impl Pool {
     pub fn new(key: PoolKey, settings: PoolSettings) -> Arc<Pool> {
@@ -252,13 +287,13 @@ impl Pool {
             };
             if let Some(conn) = st.idle.pop() {
                 conn.set_state(ServerState::Active);
-                if let Err(Grant::Conn(back)) = w.send(Grant::Conn(conn)) {
+                if let Err(Grant::Conn(back)) = w.grant.send(Grant::Conn(conn)) {
                     back.set_state(ServerState::Idle);
                     st.idle.push(back);
                 }
             } else if st.total < pool_size {
                 st.total += 1;
-                if w.send(Grant::Slot).is_err() {
+                if w.grant.send(Grant::Slot).is_err() {
                     st.total -= 1;
                 }
             } else {
@@ -356,7 +391,11 @@ impl Pool {
                         }
                         None => {
                             let (tx, rx) = oneshot::channel();
-                            st.waiters.push_back(tx);
+                            st.waiters.push_back(Waiter {
+                                grant: tx,
+                                worker: crate::workers::current(),
+                                passed: 0,
+                            });
                             Some(Err(rx))
                         }
                     }
@@ -396,7 +435,7 @@ impl Pool {
                                 Ok(g) => g,
                                 Err(_) => {
                                     // Our dead entry must not count as a waiting client.
-                                    self.state.lock().waiters.retain(|w| !w.is_closed());
+                                    self.state.lock().waiters.retain(|w| !w.grant.is_closed());
                                     self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
                                     return Err(CheckoutError::WaitTimeout(
                                         settings.query_wait_timeout,
@@ -541,12 +580,14 @@ impl Pool {
         }
         // While paused, nobody gets a server: the connection stays idle and the waiters stay
         // queued until RESUME dispatches them.
+        // Its event loop's worker: a client there takes it without moving it.
+        let home = conn.worker;
         while !st.paused {
-            let Some(w) = st.waiters.pop_front() else {
+            let Some(w) = st.next_waiter(home) else {
                 break;
             };
             conn.set_state(ServerState::Active);
-            match w.send(Grant::Conn(conn)) {
+            match w.grant.send(Grant::Conn(conn)) {
                 Ok(()) => return,
                 Err(Grant::Conn(back)) => {
                     conn = back;
@@ -576,7 +617,7 @@ impl Pool {
         // Passed on to a waiter, unless paused or the pool is over a lowered pool_size.
         if !st.paused && st.total <= pool_size {
             while let Some(w) = st.waiters.pop_front() {
-                if w.send(Grant::Slot).is_ok() {
+                if w.grant.send(Grant::Slot).is_ok() {
                     return;
                 }
             }
@@ -730,5 +771,68 @@ impl Pool {
                 value.to_owned(),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Queues clients of the given workers; their receivers, in queue order.
+    fn queue(st: &mut PoolState, workers: &[u16]) -> Vec<oneshot::Receiver<Grant>> {
+        workers
+            .iter()
+            .map(|&worker| {
+                let (grant, rx) = oneshot::channel();
+                st.waiters.push_back(Waiter {
+                    grant,
+                    worker,
+                    passed: 0,
+                });
+                rx
+            })
+            .collect()
+    }
+
+    /// Which queued client (by queue position) the next server of worker `home` goes to.
+    fn serve(st: &mut PoolState, rxs: &mut [oneshot::Receiver<Grant>], home: u16) -> usize {
+        let w = st.next_waiter(home).expect("a waiter");
+        assert!(w.grant.send(Grant::Slot).is_ok());
+        rxs.iter_mut()
+            .position(|rx| rx.try_recv().is_ok())
+            .expect("one client got it")
+    }
+
+    #[test]
+    fn one_worker_serves_first_come_first_served() {
+        let mut st = PoolState::default();
+        let mut rxs = queue(&mut st, &[0, 0, 0]);
+        let order: Vec<usize> = (0..3).map(|_| serve(&mut st, &mut rxs, 0)).collect();
+        assert_eq!(order, [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_client_of_another_worker_is_passed_at_most_max_passed_times() {
+        let mut st = PoolState::default();
+        // The oldest client is on worker 1; every server comes back on worker 0.
+        let mut rxs = queue(&mut st, &[1, 0, 0, 0, 0, 0, 0, 0]);
+        let order: Vec<usize> = (0..=MAX_PASSED as usize)
+            .map(|_| serve(&mut st, &mut rxs, 0))
+            .collect();
+        let mut expected: Vec<usize> = (1..=MAX_PASSED as usize).collect();
+        expected.push(0);
+        assert_eq!(
+            order, expected,
+            "worker 0's clients first, then the one passed over"
+        );
+        // A server of worker 1 goes to worker 1's client even behind others.
+        let mut st = PoolState::default();
+        let mut rxs = queue(&mut st, &[0, 0, 1]);
+        assert_eq!(serve(&mut st, &mut rxs, 1), 2);
+        assert_eq!(
+            serve(&mut st, &mut rxs, 1),
+            0,
+            "none of worker 1 left: the oldest"
+        );
     }
 }
