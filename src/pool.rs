@@ -201,10 +201,35 @@ pub struct Pool {
 /// At most this many distinct reported sets are kept for sharing; more are not shared.
 const MAX_SHARED_REPORTED_SETS: usize = 64;
 
+/// The most recently used of `idle` (not empty) that worker `here` serves, else the most
+/// recently used; out of line, as only several workers need it.
+#[cold]
+#[inline(never)]
+#[allow(clippy::vec_box)]
+fn take_from(idle: &mut Vec<Box<ServerConn>>, here: u16) -> Box<ServerConn> {
+    let at = idle
+        .iter()
+        .rposition(|c| c.worker == here)
+        .unwrap_or(idle.len() - 1);
+    idle.remove(at)
+}
+
 impl PoolState {
     /// The client a server of worker `home` goes to: the first one of `home`, or one that may
     /// not be passed again, near the front of the queue; else the oldest.
+    #[inline]
     fn next_waiter(&mut self, home: u16) -> Option<Waiter> {
+        let first = self.waiters.front()?;
+        if first.worker == home {
+            return self.waiters.pop_front(); // always, with one worker
+        }
+        self.next_waiter_behind(home)
+    }
+
+    /// [`PoolState::next_waiter`] when the oldest client is on another worker.
+    #[cold]
+    #[inline(never)]
+    fn next_waiter_behind(&mut self, home: u16) -> Option<Waiter> {
         let at = self
             .waiters
             .iter()
@@ -334,16 +359,11 @@ impl Pool {
         // The most recently used one that this worker serves already, else the most recently
         // used (see workers.rs; with one worker, always the last).
         let here = crate::workers::current();
-        let last = st.idle.len().checked_sub(1)?;
-        let at = match st.idle[last].worker == here {
-            true => last,
-            false => st
-                .idle
-                .iter()
-                .rposition(|c| c.worker == here)
-                .unwrap_or(last),
+        let last = st.idle.last()?;
+        let mut conn = match last.worker == here {
+            true => st.idle.pop()?,
+            false => take_from(&mut st.idle, here),
         };
-        let mut conn = st.idle.remove(at);
         if !conn.looks_alive()
             || st.limits.outlived(&conn, now)
             || st.limits.due_for_check(&conn, now)

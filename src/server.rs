@@ -190,11 +190,16 @@ impl ServerConn {
     /// it to a session on another worker than the one it last served. Without it every
     /// message would be read on one thread and handled on another.
     /// Whether it moved.
+    #[inline]
     pub fn move_here(&mut self) -> bool {
         let here = crate::workers::current();
-        if self.worker == here {
-            return false;
-        }
+        self.worker != here && self.move_to(here)
+    }
+
+    /// [`ServerConn::move_here`]'s move, out of line: with one worker it never runs.
+    #[cold]
+    #[inline(never)]
+    fn move_to(&mut self, here: u16) -> bool {
         match self.stream.move_to_this_thread() {
             Ok(()) => {
                 self.worker = here;

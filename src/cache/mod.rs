@@ -624,7 +624,7 @@ impl ResultCache {
                     max_result_bytes: cfg.max_result_bytes,
                     read_only_transactions: false,
                 },
-                rules.last().cloned(),
+                rules.last(),
             ),
             None => {
                 let text = text();
@@ -643,7 +643,7 @@ impl ResultCache {
                         max_result_bytes: r.max_result_bytes,
                         read_only_transactions: r.read_only_transactions,
                     },
-                    rules.get(i).cloned(),
+                    rules.get(i),
                 )
             }
         };
@@ -738,7 +738,9 @@ impl ResultCache {
             flights: self.flights.clone(),
             seen: self.versions.capture(slots),
             chosen: rule,
-            stats,
+            // Cloned for a fill only: a hit's counting needs no reference of its own (the
+            // count would be written by every worker's hits).
+            stats: stats.clone(),
             text: query.display.cloned().unwrap_or_else(|| text().into()),
             tables: plan.tables.clone(),
             database: client.database.clone(),

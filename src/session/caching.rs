@@ -79,8 +79,8 @@ impl Session {
         len: usize,
         query_text_len: Option<usize>,
     ) -> Result<bool, SlowLookup<'_>> {
-        let app = self.app.clone();
-        let cache = &app.cache;
+        // Borrowed, not cloned: the App's reference count is written by every worker.
+        let cache = &self.app.cache;
         match tag {
             fe::BIND => {
                 let client = self
@@ -107,7 +107,7 @@ impl Session {
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
                 let sql = &self.client.rbuf[5..text_end];
-                let Some(shape) = cache.note_query(client, sql) else {
+                let Some(shape) = self.app.cache.note_query(client, sql) else {
                     return Ok(false);
                 };
                 if self.cache_busy() {
@@ -306,10 +306,11 @@ impl Session {
     /// `Err`: a wait or a catalog read must come first (see [`Session::cached_batch`]). The
     /// caller brought the key context up to date.
     fn batch_lookup(&mut self, may_wait: bool) -> Result<bool, Lookup> {
-        let app = self.app.clone();
-        let cache = &app.cache;
         // Asked again each round: a wait or a catalog read may outlast the stream.
         let wal_behind = self.wal_behind();
+        // Borrowed, not cloned: the App's reference count is written by every worker.
+        let app = &self.app;
+        let cache = &app.cache;
         let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
             return Ok(false);
         };
@@ -350,7 +351,10 @@ impl Session {
             Lookup::Pass | Lookup::Miss => Ok(false),
             Lookup::Hit(entry) => {
                 if parsed {
-                    stmts.set(b"", Some(statement.clone()));
+                    // Usually bound already (a driver's unnamed statement, parsed each time).
+                    if !stmts.is_bound_to(b"", &statement) {
+                        stmts.set(b"", Some(statement.clone()));
+                    }
                     statement
                         .parse_hits
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

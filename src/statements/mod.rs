@@ -882,6 +882,13 @@ impl ClientStatements {
         previous
     }
 
+    /// Whether `name` is bound to `statement` as it is now (its generation).
+    pub fn is_bound_to(&self, name: &[u8], statement: &Arc<Statement>) -> bool {
+        self.names.get(name).is_some_and(|(bound, generation)| {
+            Arc::ptr_eq(bound, statement) && *generation == statement.generation()
+        })
+    }
+
     fn forget(&mut self, s: &Statement) {
         self.bytes -= s.key.query.len();
         s.holders.fetch_sub(1, Ordering::Relaxed);
