@@ -738,8 +738,8 @@ impl ResultCache {
             flights: self.flights.clone(),
             seen: self.versions.capture(slots),
             chosen: rule,
-            // Cloned for a fill only: a hit's counting needs no reference of its own (the
-            // count would be written by every worker's hits).
+            // A reference taken for a fill only: on a hit, taking one would write a count
+            // that every worker's hits write.
             stats: stats.clone(),
             text: query.display.cloned().unwrap_or_else(|| text().into()),
             tables: plan.tables.clone(),
