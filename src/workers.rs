@@ -5,11 +5,14 @@
 //! second core gains on a small machine shared with PostgreSQL. A cache hit is different: it
 //! is answered inside pgmemo, so one thread bounds how many hits pgmemo serves. With
 //! `workers = N` there are N single-threaded event loops (the one pgmemo starts on and N-1
-//! more), and accepted clients are dealt to them in turn. Nothing is stolen between them: a
-//! client's socket, its session and (after [`crate::server::ServerConn::move_here`]) the
-//! server it holds are all served by its own worker, so no transaction wakes another thread.
-//! What the workers share (pools, statement registry, result cache, statistics) was already
-//! safe to share: locks held for a few instructions, or lock-free.
+//! more), and an accepted client goes to the one of the CPU its packets arrive on
+//! ([`Workers::serve`]). Nothing is stolen between them: a client's socket, its session and
+//! (after [`crate::server::ServerConn::move_here`]) the server it holds are all served by its
+//! own worker, and a server checked in goes to a queued client of the same worker first
+//! (`pool::PoolState::next_waiter`), so a transaction rarely wakes another thread. What the
+//! workers share (pools, statement registry, result cache, statistics) was already safe to
+//! share: locks held for a few instructions, or lock-free; its counters are still written by
+//! every worker (cache lines that travel between cores: the next thing to split by worker).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
