@@ -641,7 +641,7 @@ pub fn show_cache(app: &App) -> Table {
         .iter()
         .map(|r| {
             let (entries, bytes) = usage.get(&r.name).copied().unwrap_or_default();
-            let hits = r.hits.load(Relaxed);
+            let hits = r.hits.get();
             let misses = r.misses.load(Relaxed);
             let ratio = if hits + misses == 0 {
                 0.0

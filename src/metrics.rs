@@ -309,7 +309,7 @@ fn cache_metrics(app: &App, out: &mut String) {
         (
             "pgmemo_cache_hits_total",
             "Queries answered from the result cache.",
-            |r| r.hits.load(Relaxed),
+            |r| r.hits.get(),
         ),
         (
             "pgmemo_cache_misses_total",

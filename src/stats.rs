@@ -44,6 +44,33 @@ impl DurationHistogram {
     }
 }
 
+/// A counter that several workers add to at once, each into a cache line of its own (a line
+/// written by two cores travels between them on every write: see workers.rs); summed when
+/// read.
+#[derive(Default, Debug)]
+pub struct StripedCounter([Stripe; STRIPES]);
+
+/// One worker's part of a [`StripedCounter`], alone in its cache line (and the next one,
+/// which x86's adjacent-line prefetch pairs with it).
+#[derive(Default, Debug)]
+#[repr(align(128))]
+struct Stripe(AtomicU64);
+
+/// Workers beyond this many share stripes.
+const STRIPES: usize = 4;
+
+impl StripedCounter {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        let stripe = crate::workers::current() as usize % STRIPES;
+        self.0[stripe].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct PoolStats {
     /// How long each transaction held its server (one observation per transaction; in
@@ -179,4 +206,26 @@ pub struct StatsSnapshot {
     pub serverless_batches: u64,
     pub server_moves: u64,
     pub pins: [u64; 5],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_striped_counter_sums_its_stripes() {
+        let c = StripedCounter::default();
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| (0..1000).for_each(|_| c.add(1)));
+            }
+        });
+        c.add(5);
+        assert_eq!(c.get(), 3005);
+        assert_eq!(
+            std::mem::align_of::<Stripe>(),
+            128,
+            "a stripe per cache-line pair"
+        );
+    }
 }

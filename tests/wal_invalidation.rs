@@ -66,7 +66,7 @@ fn hits(proxy: &Pgmemo, rule: &str) -> u64 {
         .rule_stats()
         .into_iter()
         .find(|r| r.name == rule)
-        .map(|r| r.hits.load(Relaxed))
+        .map(|r| r.hits.get())
         .expect("rule stats")
 }
 

@@ -51,7 +51,8 @@ const MAX_KEPT_BUFFER: usize = 64 * 1024;
 #[derive(Debug, Default)]
 pub struct RuleStats {
     pub name: String,
-    pub hits: AtomicU64,
+    /// Written by every hit of every worker: striped.
+    pub hits: crate::stats::StripedCounter,
     pub misses: AtomicU64,
     pub stores: AtomicU64,
     pub evictions: AtomicU64,
@@ -492,7 +493,7 @@ impl ResultCache {
             return None;
         }
         entry.hits.fetch_add(1, Relaxed);
-        entry.rule.hits.fetch_add(1, Relaxed);
+        entry.rule.hits.add(1);
         Some(entry)
     }
 
@@ -703,7 +704,7 @@ impl ResultCache {
         if let Some(entry) = self.store.get(&key) {
             if entry.expires > Instant::now() && self.versions.unchanged(&entry.seen) {
                 entry.hits.fetch_add(1, Relaxed);
-                stats.hits.fetch_add(1, Relaxed);
+                stats.hits.add(1);
                 return Lookup::Hit(entry);
             }
             if self.store.remove(&key).is_some() {
