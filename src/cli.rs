@@ -136,9 +136,9 @@ pub struct Cli {
         value_name = "N",
         env = "PGMEMO_WORKERS",
         value_parser = clap::value_parser!(u32).range(1..=64),
-        long_help = "Threads serving clients, each with an event loop of its own; accepted \
-                     clients are dealt to them in turn, and a client's server moves to its \
-                     thread. Overrides general.workers. Default: 1 (like PgBouncer: on a small \
+        long_help = "Threads serving clients, each with an event loop of its own; a client \
+                     goes to the one of the CPU its packets arrive on, and its server moves to \
+                     its thread. Overrides general.workers. Default: 1 (like PgBouncer: on a small \
                      machine shared with PostgreSQL one thread forwards at the least CPU per \
                      transaction); more serve more result-cache hits at once."
     )]

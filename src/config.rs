@@ -498,8 +498,8 @@ pub struct General {
     pub log_level: String,
     /// `text` (default; ANSI colours only on a terminal) or `json` (one object per line).
     pub log_format: LogFormat,
-    /// Threads serving clients, each with an event loop of its own; clients are dealt to them
-    /// in turn (see `workers.rs`). Default 1, like PgBouncer; more serve more result-cache
+    /// Threads serving clients, each with an event loop of its own; a client goes to the one
+    /// of the CPU its packets arrive on (see `workers.rs`). Default 1, like PgBouncer; more serve more result-cache
     /// hits at once. Needs a restart.
     pub workers: u32,
 }

@@ -188,8 +188,7 @@ impl ServerConn {
 
     /// Makes the calling thread's worker serve this connection from now on: the pool hands
     /// it to a session on another worker than the one it last served. Without it every
-    /// message would be read on one thread and handled on another.
-    /// Whether it moved.
+    /// message would be read on one thread and handled on another. Returns whether it moved.
     #[inline]
     pub fn move_here(&mut self) -> bool {
         let here = crate::workers::current();

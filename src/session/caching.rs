@@ -79,8 +79,8 @@ impl Session {
         len: usize,
         query_text_len: Option<usize>,
     ) -> Result<bool, SlowLookup<'_>> {
-        // Borrowed, not cloned: the App's reference count is written by every worker.
-        let cache = &self.app.cache;
+        // The cache is reached through `self.app`, not a clone of it: the App's reference
+        // count is written by every worker.
         match tag {
             fe::BIND => {
                 let client = self
@@ -89,7 +89,7 @@ impl Session {
                 let bind = fe::Bind::parse(&self.client.rbuf[5..len]);
                 let statement = bind.and_then(|b| self.stmts.as_ref()?.get(b.statement));
                 if let Some(statement) = statement {
-                    cache.note_statement(client, statement);
+                    self.app.cache.note_statement(client, statement);
                 }
                 Ok(false)
             }
