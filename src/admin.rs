@@ -528,6 +528,7 @@ pub fn show_stats(app: &App) -> Table {
         e.state_probes += s.state_probes;
         e.serverless_batches += s.serverless_batches;
         e.server_moves += s.server_moves;
+        e.client_moves += s.client_moves;
         for (total, n) in e.pins.iter_mut().zip(s.pins) {
             *total += n;
         }
@@ -562,6 +563,7 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.pins.iter().sum::<u64>()),
                 text(s.serverless_batches),
                 text(s.server_moves),
+                text(s.client_moves),
             ]
         })
         .collect();
@@ -591,6 +593,7 @@ pub fn show_stats(app: &App) -> Table {
             "pins",
             "serverless_batches",
             "server_moves",
+            "client_moves",
         ],
         rows,
     }

@@ -168,6 +168,9 @@ pub struct App {
     pub cache: Arc<crate::cache::ResultCache>,
     /// The replication streams that invalidate cached results (`cache.invalidation = "wal"`).
     pub wal: crate::wal::Wal,
+    /// The workers' event loops, set once they run (`general.workers`); unset (one loop) in
+    /// an App that serves no clients.
+    pub workers: std::sync::OnceLock<crate::workers::Loops>,
 }
 
 impl App {
@@ -196,6 +199,7 @@ impl App {
             autoprepare: crate::autoprepare::Autoprepare::new(max_shapes),
             cache: Arc::new(crate::cache::ResultCache::new(&config_cache)),
             wal: crate::wal::Wal::default(),
+            workers: std::sync::OnceLock::new(),
         });
         app.load_tls()?;
         Ok(app)

@@ -60,6 +60,7 @@ impl Pgmemo {
                 .context("cannot start the worker threads")?,
         );
         let app = App::new(config)?;
+        let _ = app.workers.set(workers.loops());
         let listener = TcpListener::bind(&listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;

@@ -130,7 +130,7 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
-    let counters: [Counter; 16] = [
+    let counters: [Counter; 17] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -206,6 +206,11 @@ pub fn render(app: &App) -> String {
             "pgmemo_server_moves_total",
             "Server connections moved to the worker thread of the client they were handed to.",
             |s| s.server_moves as f64,
+        ),
+        (
+            "pgmemo_client_moves_total",
+            "Client sessions moved to the worker thread of the CPU their client sends from.",
+            |s| s.client_moves as f64,
         ),
     ];
     for (name, help, get) in counters {

@@ -106,6 +106,9 @@ pub struct PoolStats {
     /// Server connections handed to a client on another worker than the one they served
     /// last, and moved to it (see workers.rs).
     pub server_moves: AtomicU64,
+    /// Client sessions moved between transactions to the worker of the CPU their client
+    /// sends from (see workers.rs).
+    pub client_moves: AtomicU64,
     /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
     /// counted when the reason appears.
     pub pins: [AtomicU64; 5],
@@ -171,6 +174,7 @@ impl PoolStats {
             state_probes: self.state_probes.load(r),
             serverless_batches: self.serverless_batches.load(r),
             server_moves: self.server_moves.load(r),
+            client_moves: self.client_moves.load(r),
             pins: std::array::from_fn(|i| self.pins[i].load(r)),
         }
     }
@@ -205,6 +209,7 @@ pub struct StatsSnapshot {
     pub state_probes: u64,
     pub serverless_batches: u64,
     pub server_moves: u64,
+    pub client_moves: u64,
     pub pins: [u64; 5],
 }
 

@@ -6,7 +6,9 @@
 //! is answered inside pgmemo, so one thread bounds how many hits pgmemo serves. With
 //! `workers = N` there are N single-threaded event loops (the one pgmemo starts on and N-1
 //! more), and an accepted client goes to the one of the CPU its packets arrive on
-//! ([`Workers::serve`]). Nothing is stolen between them: a client's socket, its session and
+//! ([`Workers::serve`]); between transactions a session moves to the worker of the CPU its
+//! client sends from now, when that changed (`Session::worker_to_move_to`). Nothing is stolen
+//! between them: a client's socket, its session and
 //! (after [`crate::server::ServerConn::move_here`]) the server it holds are all served by its
 //! own worker, and a server checked in goes to a queued client of the same worker first
 //! (`pool::PoolState::next_waiter`), so a transaction rarely wakes another thread. What the
@@ -35,21 +37,50 @@ pub fn current() -> u16 {
     CURRENT.with(|c| c.get())
 }
 
-/// The extra workers' event loops; dropping it stops them (their clients are gone by then:
+/// The workers' event loops, as the sessions reach them (`App::workers`): a session moves to
+/// the worker of the CPU its client now sends from, between transactions
+/// (`Session::worker_to_move_to`).
+#[derive(Clone)]
+pub struct Loops(Arc<[Handle]>);
+
+impl Loops {
+    /// How many event loops serve clients.
+    #[inline]
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The worker a connection belongs on: the one the CPU that last received its packets
+    /// maps to (over loopback, the CPU its client's thread last sent from), if that is known.
+    pub fn worker_of(&self, tcp: &tokio::net::TcpStream) -> Option<u16> {
+        incoming_cpu(tcp).map(|cpu| (cpu % self.count()) as u16)
+    }
+
+    /// Runs `task` on worker `id`'s event loop.
+    pub fn spawn<F>(&self, id: u16, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        drop(self.0[id as usize].spawn(task));
+    }
+}
+
+/// The extra workers' threads; dropping it stops them (their clients are gone by then:
 /// [`crate::Pgmemo::wait`] drops it last).
 pub struct Workers {
-    handles: Vec<Handle>,
-    /// The next worker a client goes to, counting the caller's as 0.
+    loops: Loops,
+    /// The next worker a client goes to when its CPU is not known.
     next: AtomicUsize,
     _stop: watch::Sender<()>,
 }
 
 impl Workers {
     /// Starts `count - 1` threads, each running a single-threaded event loop until the
-    /// returned value is dropped. The caller's own thread is worker 0.
+    /// returned value is dropped. The caller's own thread (inside a tokio runtime) is worker 0.
     pub fn start(count: usize) -> std::io::Result<Workers> {
         let (stop, stopped) = watch::channel(());
-        let mut handles = Vec::with_capacity(count.saturating_sub(1));
+        let mut handles = Vec::with_capacity(count.max(1));
+        handles.push(Handle::try_current().map_err(std::io::Error::other)?);
         for id in 1..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -67,7 +98,7 @@ impl Workers {
                 })?;
         }
         Ok(Workers {
-            handles,
+            loops: Loops(handles.into()),
             next: AtomicUsize::new(0),
             _stop: stop,
         })
@@ -75,7 +106,12 @@ impl Workers {
 
     /// How many event loops serve clients, the caller's included.
     pub fn count(&self) -> usize {
-        self.handles.len() + 1
+        self.loops.count()
+    }
+
+    /// The event loops, for the sessions to move between.
+    pub fn loops(&self) -> Loops {
+        self.loops.clone()
     }
 
     /// Serves an accepted client on a worker: the one the CPU that received its packets
@@ -85,19 +121,19 @@ impl Workers {
     /// and the wake-ups cross cores (measured: 105-125k instead of 170-205k cache hits per
     /// second, pgbench -c 8 -j 2 against 2 workers on 2 cores).
     pub fn serve(&self, app: Arc<App>, tcp: tokio::net::TcpStream) {
-        let turn = match self.handles.is_empty() {
-            true => 0,
-            false => match incoming_cpu(&tcp) {
-                Some(cpu) => cpu % self.count(),
-                None => self.next.fetch_add(1, Ordering::Relaxed) % self.count(),
+        let turn = match self.count() {
+            1 => 0,
+            count => match self.loops.worker_of(&tcp) {
+                Some(worker) => worker,
+                None => (self.next.fetch_add(1, Ordering::Relaxed) % count) as u16,
             },
         };
-        let Some(handle) = turn.checked_sub(1).map(|i| &self.handles[i]) else {
+        if turn == current() {
             // Boxed: tokio aligns a task to 128 bytes, rounding a future of a few hundred
             // bytes up by as much again; in a box it is allocated at its own size.
             tokio::spawn(Box::pin(crate::session::serve_client(app, tcp)));
             return;
-        };
+        }
         // The socket leaves this thread's event loop and joins the worker's.
         let std = match tcp.into_std() {
             Ok(std) => std,
@@ -106,12 +142,15 @@ impl Workers {
                 return;
             }
         };
-        handle.spawn(Box::pin(async move {
-            match tokio::net::TcpStream::from_std(std) {
-                Ok(tcp) => crate::session::serve_client(app, tcp).await,
-                Err(e) => tracing::warn!(error = %e, "cannot hand a client to a worker"),
-            }
-        }));
+        self.loops.spawn(
+            turn,
+            Box::pin(async move {
+                match tokio::net::TcpStream::from_std(std) {
+                    Ok(tcp) => crate::session::serve_client(app, tcp).await,
+                    Err(e) => tracing::warn!(error = %e, "cannot hand a client to a worker"),
+                }
+            }),
+        );
     }
 }
 

@@ -1035,3 +1035,80 @@ async fn servers_move_between_workers_with_their_clients() {
     }
     proxy.shutdown().await;
 }
+
+/// Two workers: a client is placed by the CPU it connected from, and its session moves to
+/// the worker of the CPU it sends from later (checked at every 64th read while idle). Here
+/// every client connects from one CPU, then its thread moves to a CPU of the other parity:
+/// every session moves to the other worker, and each keeps reading exactly its own writes,
+/// by the simple and the extended protocol, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_follow_the_cpu_their_client_sends_from() {
+    const DB: &str = "pool_client_moves";
+    const CLIENTS: usize = 4;
+    const ROUNDS: i64 = 200;
+    let cpus = allowed_cpus();
+    let Some((from, to)) = cpus
+        .iter()
+        .find_map(|&a| cpus.iter().find(|&&b| a % 2 != b % 2).map(|&b| (a, b)))
+    else {
+        eprintln!("no two CPUs of different parity here ({cpus:?}): not run");
+        return;
+    };
+    fresh_db(DB).await;
+    let setup = connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), DB)).await;
+    setup
+        .batch_execute("CREATE TABLE writes (client int, n int)")
+        .await
+        .unwrap();
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.workers = 2;
+    let proxy = start_pgmemo(config).await;
+    let url = url(&proxy, DB);
+    let threads: Vec<_> = (0..CLIENTS as i32)
+        .map(|client| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                pin_to(from);
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let c = connect(&url).await;
+                    pin_to(to);
+                    for n in 1..=ROUNDS {
+                        let sql = format!(
+                            "INSERT INTO writes VALUES ({client}, {n}); \
+                             SELECT count(*) FROM writes WHERE client = {client}"
+                        );
+                        let r = rows(&c, &sql).await;
+                        assert_eq!(r[0][0].as_deref(), Some(n.to_string().as_str()));
+                        let row = c
+                            .query_one("SELECT sum(n) FROM writes WHERE client = $1", &[&client])
+                            .await
+                            .unwrap();
+                        assert_eq!(row.get::<_, i64>(0), n * (n + 1) / 2, "client {client}");
+                    }
+                })
+            })
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        for t in threads {
+            t.join().expect("client thread");
+        }
+    })
+    .await
+    .unwrap();
+    let moves: u64 = proxy
+        .app()
+        .pools()
+        .iter()
+        .map(|p| p.stats.snapshot().client_moves)
+        .sum();
+    assert!(
+        moves >= CLIENTS as u64,
+        "{moves} session moves for {CLIENTS} clients that all changed CPU"
+    );
+    proxy.shutdown().await;
+}

@@ -125,22 +125,55 @@ async fn serve_admitted(
         &admitted.startup.database,
     );
     match Box::pin(Session::start(app.clone(), info.clone(), admitted)).await {
-        Some(mut session) => {
-            let end = session.relay().await;
-            match &end {
-                End::Terminate | End::ClientGone => {}
-                End::Shutdown => {
-                    tracing::debug!(client = %info.addr, "client closed for shutdown")
-                }
-                End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
-                    tracing::info!(client = %info.addr, "client session ended: {why}")
-                }
-            }
-            Box::pin(session.finish()).await;
+        Some(session) => serve_session(app, info, session).await,
+        None => {
+            tracing::info!(client = %info.addr, "client login failed");
+            app.unregister_client(&info);
         }
-        None => tracing::info!(client = %info.addr, "client login failed"),
     }
+}
+
+/// Relays a logged-in client's session until it ends, or until it moves to another worker
+/// to go on there.
+async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>) {
+    let end = session.relay().await;
+    match &end {
+        End::Move(worker) => return move_session(app, info, session, *worker),
+        End::Terminate | End::ClientGone => {}
+        End::Shutdown => {
+            tracing::debug!(client = %info.addr, "client closed for shutdown")
+        }
+        End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
+            tracing::info!(client = %info.addr, "client session ended: {why}")
+        }
+    }
+    Box::pin(session.finish()).await;
     app.unregister_client(&info);
+}
+
+/// Goes on with an idle session (no server, nothing owed) in a task of `worker`'s, its
+/// client's socket registered with that worker's event loop.
+#[cold]
+#[inline(never)]
+fn move_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>, worker: u16) {
+    let Some(loops) = app.workers.get().cloned() else {
+        return;
+    };
+    session
+        .pool
+        .stats
+        .client_moves
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    loops.spawn(
+        worker,
+        Box::pin(async move {
+            if let Err(e) = session.client.stream.move_to_this_thread() {
+                // Still served, at the price of a wake-up of the other thread for every read.
+                tracing::debug!(error = %e, "a client connection stays on its worker");
+            }
+            serve_session(app, info, session).await
+        }),
+    );
 }
 
 /// A client that logged in and may stay, with its addresses.
@@ -220,6 +253,9 @@ enum End {
     /// No server could be had; the client has been told.
     NoServer(String),
     Shutdown,
+    /// Not an end: the session goes on on another worker (see
+    /// [`Session::worker_to_move_to`]).
+    Move(u16),
 }
 
 enum Event {
@@ -296,6 +332,9 @@ struct Session {
     /// The server sent a FATAL error (relayed): when it then closes, the client has been told
     /// why, as a direct connection would have been, and gets nothing more from pgmemo.
     server_fatal: bool,
+    /// Counts the requests that found the session idle, to ask now and then which worker
+    /// its client sends from (see [`Session::worker_to_move_to`]).
+    idle_reads: u8,
 }
 
 /// Whether something holds for the client's settings, worked out for one `params_version`:
@@ -431,6 +470,7 @@ impl Session {
             copy_garbage: false,
             read_only_transaction: None,
             server_fatal: false,
+            idle_reads: 0,
         }
     }
 
@@ -622,7 +662,11 @@ impl Session {
             })
             .await;
             match event {
-                Event::ClientRead => {}
+                Event::ClientRead => {
+                    if let Some(worker) = self.worker_to_move_to() {
+                        return End::Move(worker);
+                    }
+                }
                 Event::ServerRead => {
                     if let Err(end) = self.handle_server_messages() {
                         return end;
@@ -662,6 +706,34 @@ impl Session {
                 Event::Stop => return self.shutdown_client().await,
             }
         }
+    }
+
+    /// The worker this session should go on from, when it is not the current one: the one of
+    /// the CPU its client sent this request from (`SO_INCOMING_CPU`), asked at every 64th read
+    /// of the client's socket that finds the session idle (no server, nothing owed or unsent)
+    /// when there are several workers. Placement at
+    /// accept time goes by the CPU the client's thread connected from, which need not be where
+    /// it runs later: when two client threads connected from one CPU, every client would
+    /// otherwise stay on one worker while the other idles.
+    #[inline]
+    fn worker_to_move_to(&mut self) -> Option<u16> {
+        let loops = self.app.workers.get()?;
+        if loops.count() == 1 {
+            return None;
+        }
+        self.idle_reads = self.idle_reads.wrapping_add(1);
+        if !self.idle_reads.is_multiple_of(64)
+            || self.server.is_some()
+            || !self.replies.is_empty()
+            || !self.client.wbuf.is_empty()
+            || self.waiting
+            || self.replanned
+            || self.violation.is_some()
+        {
+            return None;
+        }
+        let worker = loops.worker_of(self.client.stream.tcp())?;
+        (worker != crate::workers::current()).then_some(worker)
     }
 
     /// Answers a batch of Parse / Describe / Close, ended by a Sync or Flush, that needs no
