@@ -225,24 +225,25 @@ pub fn render(app: &App) -> String {
             );
         }
     }
-    type Histogram = fn(&crate::stats::PoolStats) -> &crate::stats::DurationHistogram;
+    type Histogram =
+        fn(&crate::stats::PoolStats) -> ([u64; crate::stats::DURATION_BUCKETS_US.len() + 1], u64);
     let histograms: [(&str, &str, Histogram); 2] = [
         (
             "pgmemo_transaction_duration_seconds",
             "How long each transaction held its server connection.",
-            |s| &s.xact_duration,
+            |s| s.xact_durations(),
         ),
         (
             "pgmemo_client_wait_seconds",
             "How long each checkout waited for a server connection.",
-            |s| &s.wait_duration,
+            |s| s.wait_durations(),
         ),
     ];
     for (name, help, get) in histograms {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for pool in &pools {
             let labels = labels(&pool.key.database, &pool.key.user);
-            let (counts, sum_us) = get(&pool.stats).cumulative();
+            let (counts, sum_us) = get(&pool.stats);
             for (bound, n) in crate::stats::DURATION_BUCKETS_US.iter().zip(counts) {
                 let le = *bound as f64 / 1e6;
                 let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");

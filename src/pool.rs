@@ -338,13 +338,16 @@ impl Pool {
     pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
         let mut conn = match self.take_idle_now() {
             Some(conn) => {
-                self.stats.wait_duration.observe_us(0);
+                self.stats.here().wait_duration.observe_us(0);
                 conn
             }
             None => Box::pin(self.checkout_slowly()).await?,
         };
         if conn.move_here() {
-            self.stats.server_moves.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .here()
+                .server_moves
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(conn)
     }
@@ -456,7 +459,10 @@ impl Pool {
                                 Err(_) => {
                                     // Our dead entry must not count as a waiting client.
                                     self.state.lock().waiters.retain(|w| !w.grant.is_closed());
-                                    self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                                    self.stats
+                                        .here()
+                                        .wait_timeouts
+                                        .fetch_add(1, Ordering::Relaxed);
                                     return Err(CheckoutError::WaitTimeout(
                                         settings.query_wait_timeout,
                                     ));
@@ -470,7 +476,7 @@ impl Pool {
                 }
             };
             if now > counted {
-                self.stats.wait_time_us.fetch_add(
+                self.stats.here().wait_time_us.fetch_add(
                     now.duration_since(counted).as_micros() as u64,
                     Ordering::Relaxed,
                 );
@@ -492,6 +498,7 @@ impl Pool {
                     conn.set_state(ServerState::Active);
                     conn.checked_out = now;
                     self.stats
+                        .here()
                         .wait_duration
                         .observe_us(now.duration_since(started).as_micros() as u64);
                     return Ok(conn);
@@ -500,7 +507,7 @@ impl Pool {
                     Ok(mut conn) => {
                         conn.set_state(ServerState::Active);
                         conn.checked_out = Instant::now();
-                        self.stats.wait_duration.observe_us(
+                        self.stats.here().wait_duration.observe_us(
                             conn.checked_out.duration_since(started).as_micros() as u64,
                         );
                         return Ok(conn);

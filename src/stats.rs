@@ -2,7 +2,8 @@
 //!
 //! Sessions count into plain local fields during a transaction and add them here once, when the
 //! transaction ends, so the hot path does one batch of relaxed atomic adds per transaction and
-//! never takes a lock or sends a message for statistics.
+//! never takes a lock or sends a message for statistics; each worker adds to counters of its
+//! own (`PoolStripe`), summed when read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -56,7 +57,7 @@ pub struct StripedCounter([Stripe; STRIPES]);
 #[repr(align(128))]
 struct Stripe(AtomicU64);
 
-/// Workers beyond this many share stripes.
+/// Workers beyond this many share stripes (of a [`StripedCounter`] or [`PoolStats`]).
 const STRIPES: usize = 4;
 
 impl StripedCounter {
@@ -71,8 +72,18 @@ impl StripedCounter {
     }
 }
 
+/// A pool's counters, one [`PoolStripe`] per worker (see workers.rs): every transaction adds
+/// to them, and a cache line that two cores write travels between them on every write.
+/// Readers sum the stripes.
 #[derive(Default, Debug)]
 pub struct PoolStats {
+    stripes: [PoolStripe; STRIPES],
+}
+
+/// The counters one worker adds to, in cache lines of their own.
+#[derive(Default, Debug)]
+#[repr(align(128))]
+pub struct PoolStripe {
     /// How long each transaction held its server (one observation per transaction; in
     /// transaction mode each query outside a block is one).
     pub xact_duration: DurationHistogram,
@@ -131,7 +142,63 @@ pub struct LocalStats {
 }
 
 impl PoolStats {
+    /// The current worker's counters, to add to.
+    #[inline]
+    pub fn here(&self) -> &PoolStripe {
+        &self.stripes[crate::workers::current() as usize % STRIPES]
+    }
+
+    /// Adds what a session counted, and zeroes it.
+    #[inline]
     pub fn add(&self, local: &mut LocalStats) {
+        self.here().add(local)
+    }
+
+    /// Counts the pin reasons in `new` (a set of `session::state::Pins` bits).
+    pub fn count_pins(&self, new: u8) {
+        let here = self.here();
+        for (i, (bit, _)) in crate::session::state::Pins::ALL.iter().enumerate() {
+            if new & bit != 0 {
+                here.pins[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Every counter, summed over the workers.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut total = StatsSnapshot::default();
+        for stripe in &self.stripes {
+            stripe.add_to(&mut total);
+        }
+        total
+    }
+
+    /// [`DurationHistogram::cumulative`] of the transaction durations, over the workers.
+    pub fn xact_durations(&self) -> ([u64; DURATION_BUCKETS_US.len() + 1], u64) {
+        self.histogram(|s| &s.xact_duration)
+    }
+
+    /// [`DurationHistogram::cumulative`] of the checkout waits, over the workers.
+    pub fn wait_durations(&self) -> ([u64; DURATION_BUCKETS_US.len() + 1], u64) {
+        self.histogram(|s| &s.wait_duration)
+    }
+
+    fn histogram(
+        &self,
+        of: impl Fn(&PoolStripe) -> &DurationHistogram,
+    ) -> ([u64; DURATION_BUCKETS_US.len() + 1], u64) {
+        let mut total = ([0; DURATION_BUCKETS_US.len() + 1], 0);
+        for stripe in &self.stripes {
+            let (counts, sum) = of(stripe).cumulative();
+            total.0.iter_mut().zip(counts).for_each(|(t, n)| *t += n);
+            total.1 += sum;
+        }
+        total
+    }
+}
+
+impl PoolStripe {
+    fn add(&self, local: &mut LocalStats) {
         let r = Ordering::Relaxed;
         self.xact_count.fetch_add(local.xact_count, r);
         self.query_count.fetch_add(local.query_count, r);
@@ -153,38 +220,29 @@ impl PoolStats {
         *local = LocalStats::default();
     }
 
-    pub fn snapshot(&self) -> StatsSnapshot {
+    fn add_to(&self, t: &mut StatsSnapshot) {
         let r = Ordering::Relaxed;
-        StatsSnapshot {
-            xact_count: self.xact_count.load(r),
-            query_count: self.query_count.load(r),
-            bytes_received: self.bytes_received.load(r),
-            bytes_sent: self.bytes_sent.load(r),
-            xact_time_us: self.xact_time_us.load(r),
-            query_time_us: self.query_time_us.load(r),
-            wait_time_us: self.wait_time_us.load(r),
-            wait_timeouts: self.wait_timeouts.load(r),
-            client_logins: self.client_logins.load(r),
-            server_connects: self.server_connects.load(r),
-            prepare_cache_hit: self.prepare_cache_hit.load(r),
-            prepare_cache_miss: self.prepare_cache_miss.load(r),
-            prepare_evictions: self.prepare_evictions.load(r),
-            autoprepared: self.autoprepared.load(r),
-            autoprepare_passed: self.autoprepare_passed.load(r),
-            state_probes: self.state_probes.load(r),
-            serverless_batches: self.serverless_batches.load(r),
-            server_moves: self.server_moves.load(r),
-            client_moves: self.client_moves.load(r),
-            pins: std::array::from_fn(|i| self.pins[i].load(r)),
-        }
-    }
-
-    /// Counts the pin reasons in `new` (a set of `session::state::Pins` bits).
-    pub fn count_pins(&self, new: u8) {
-        for (i, (bit, _)) in crate::session::state::Pins::ALL.iter().enumerate() {
-            if new & bit != 0 {
-                self.pins[i].fetch_add(1, Ordering::Relaxed);
-            }
+        t.xact_count += self.xact_count.load(r);
+        t.query_count += self.query_count.load(r);
+        t.bytes_received += self.bytes_received.load(r);
+        t.bytes_sent += self.bytes_sent.load(r);
+        t.xact_time_us += self.xact_time_us.load(r);
+        t.query_time_us += self.query_time_us.load(r);
+        t.wait_time_us += self.wait_time_us.load(r);
+        t.wait_timeouts += self.wait_timeouts.load(r);
+        t.client_logins += self.client_logins.load(r);
+        t.server_connects += self.server_connects.load(r);
+        t.prepare_cache_hit += self.prepare_cache_hit.load(r);
+        t.prepare_cache_miss += self.prepare_cache_miss.load(r);
+        t.prepare_evictions += self.prepare_evictions.load(r);
+        t.autoprepared += self.autoprepared.load(r);
+        t.autoprepare_passed += self.autoprepare_passed.load(r);
+        t.state_probes += self.state_probes.load(r);
+        t.serverless_batches += self.serverless_batches.load(r);
+        t.server_moves += self.server_moves.load(r);
+        t.client_moves += self.client_moves.load(r);
+        for (total, n) in t.pins.iter_mut().zip(&self.pins) {
+            *total += n.load(r);
         }
     }
 }
@@ -216,6 +274,39 @@ pub struct StatsSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_stats_sum_the_workers_stripes() {
+        let stats = PoolStats::default();
+        let mut local = LocalStats {
+            xact_count: 2,
+            bytes_sent: 100,
+            autoprepared: 1,
+            ..LocalStats::default()
+        };
+        stats.stripes[0].add(&mut local.clone());
+        stats.stripes[2].add(&mut local);
+        assert_eq!(
+            local.xact_count, 0,
+            "a session's counts are zeroed once added"
+        );
+        stats.stripes[1]
+            .client_moves
+            .fetch_add(3, Ordering::Relaxed);
+        stats.stripes[1].pins[4].fetch_add(1, Ordering::Relaxed);
+        stats.stripes[1].xact_duration.observe_us(300);
+        stats.stripes[3].xact_duration.observe_us(20_000_000);
+        let s = stats.snapshot();
+        assert_eq!(
+            (s.xact_count, s.bytes_sent, s.autoprepared, s.client_moves),
+            (4, 200, 2, 3)
+        );
+        assert_eq!(s.pins, [0, 0, 0, 0, 1]);
+        let (counts, sum_us) = stats.xact_durations();
+        assert_eq!((counts[1], counts[2], counts[14]), (0, 1, 2));
+        assert_eq!(sum_us, 20_000_300);
+        assert_eq!(std::mem::align_of::<PoolStripe>(), 128);
+    }
 
     #[test]
     fn a_striped_counter_sums_its_stripes() {

@@ -162,6 +162,7 @@ fn move_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>,
     session
         .pool
         .stats
+        .here()
         .client_moves
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     loops.spawn(
@@ -414,6 +415,7 @@ impl Session {
         session
             .pool
             .stats
+            .here()
             .client_logins
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         session.info.set_state(ClientState::Idle);
@@ -761,6 +763,7 @@ impl Session {
         self.stats.bytes_received += taken as u64;
         self.pool
             .stats
+            .here()
             .serverless_batches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         true
@@ -1557,7 +1560,7 @@ impl Session {
             .as_micros() as u64;
         self.stats.xact_count += 1;
         self.stats.xact_time_us += held_us;
-        self.pool.stats.xact_duration.observe_us(held_us);
+        self.pool.stats.here().xact_duration.observe_us(held_us);
         server.checked_out = now;
         if self.stmts.is_some() {
             record_statement_stats(server, &self.stats);
@@ -1571,6 +1574,7 @@ impl Session {
     async fn probe_state(&mut self, server: &mut ServerConn) -> u8 {
         self.pool
             .stats
+            .here()
             .state_probes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut notifications = BytesMut::new();
@@ -1748,7 +1752,7 @@ impl Session {
             .as_micros() as u64;
         self.stats.xact_count += 1;
         self.stats.xact_time_us += held_us;
-        self.pool.stats.xact_duration.observe_us(held_us);
+        self.pool.stats.here().xact_duration.observe_us(held_us);
         if self.stmts.is_some() {
             record_statement_stats(&server, &self.stats);
         }
