@@ -1931,9 +1931,13 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
     ceiling = CEILING_TARGET in by_name
     hdr = ["workload", "clients", "direct TPS", "pgmemo TPS", f"{c} TPS", "best peer TPS"]
     hdr += [f"{CEILING_TARGET} TPS"] if ceiling else []
-    hdr += [f"{c}/direct", f"{c}/best peer", f"{c}/pgmemo"]
+    # --pgmemo-variant targets (e.g. w2='workers = 2', pgmemo+cache's thread count with the
+    # cache off: the miss path's baseline on as many workers).
+    variants = [t.name for t in targets if t.kind == "pgmemo" and t.name not in ("pgmemo", c)]
+    hdr += [f"{c}/direct", f"{c}/best peer", f"{c}/pgmemo"] + [f"{c}/{v}" for v in variants]
     hdr += [f"{c}/{CEILING_TARGET}"] if ceiling else []
-    hdr += ["hit ratio", "pgmemo µs CPU/tx", f"{c} µs CPU/tx", f"{c} failed tx"]
+    hdr += ["hit ratio", "pgmemo µs CPU/tx"] + [f"{v} µs CPU/tx" for v in variants]
+    hdr += [f"{c} µs CPU/tx", f"{c} failed tx"]
     lines = ["| " + " | ".join(hdr) + " |",
              "|" + "|".join(["---", "---:"] + ["---:"] * (len(hdr) - 2)) + "|"]
     pct = lambda x: f"{x:.1%}"
@@ -1949,9 +1953,12 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
             row += [ratio(mine, cells.get(key + ("direct",))),
                     ratio(mine, cells.get(key + (best,))) if best else "—",
                     ratio(mine, cells.get(key + ("pgmemo",)))]
+            row += [ratio(mine, cells.get(key + (v,))) for v in variants]
             row += [ratio(mine, cells.get(key + (CEILING_TARGET,)))] if ceiling else []
             row += [fmt_range(mine.hit, pct) if mine and mine.hit else "—",
-                    cpu_text(cells.get(key + ("pgmemo",))), cpu_text(mine),
+                    cpu_text(cells.get(key + ("pgmemo",)))]
+            row += [cpu_text(cells.get(key + (v,))) for v in variants]
+            row += [cpu_text(mine),
                     str(mine.failed_tx) + (f" FAIL({mine.nfail}/{len(mine.runs)})" if mine.nfail else "")
                     if mine else "—"]
             lines.append("| " + " | ".join(row) + " |")
@@ -1962,7 +1969,8 @@ def cache_table(args, targets: list[Target], runs: list[Run]) -> str:
              "measured warm). Hit ratio: its cache "
              "hits / (hits + misses) during each run, from its /metrics; in cache-hot (nearly all hits) "
              "the µs CPU/tx is about that of a hit, in cache-uniform (mostly misses) "
-             f"`{c}/pgmemo` is the miss path's cost. `{c} failed tx`: pgbench's failed transactions plus "
+             f"`{c}/pgmemo` is the miss path's cost (with a `--pgmemo-variant` of pgmemo+cache's "
+             f"`workers`, the ratio to it is that cost on as many threads). `{c} failed tx`: pgbench's failed transactions plus "
              "aborted clients over all runs; in cache-rw a stale read aborts its client, so 0 = no stale "
              "read. Best peer: the peer with the highest median TPS in that cell."
              + (f" {CEILING_TARGET}: bench/ceiling.c, a server that answers every query at once with a "
