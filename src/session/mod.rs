@@ -136,9 +136,10 @@ async fn serve_admitted(
 /// Relays a logged-in client's session until it ends, or until it moves to another worker
 /// to go on there.
 async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>) {
-    let end = session.relay().await;
-    match &end {
-        End::Move(worker) => return move_session(app, info, session, *worker),
+    // Matched by value, so that nothing of it is kept across the finish's await (the task's
+    // future would keep room for it: see `footprint`).
+    match session.relay().await {
+        End::Move(worker) => return move_session(app, info, session, worker),
         End::Terminate | End::ClientGone => {}
         End::Shutdown => {
             tracing::debug!(client = %info.addr, "client closed for shutdown")
