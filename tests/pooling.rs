@@ -939,6 +939,28 @@ fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// A fresh database `db` with an empty table `writes (client, n)`, and pgmemo on two workers
+/// with a transaction pool of 2 in front of it.
+async fn two_workers_writing(db: &'static str) -> Pgmemo {
+    fresh_db(db).await;
+    let setup = connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), db)).await;
+    setup
+        .batch_execute("CREATE TABLE writes (client int, n int)")
+        .await
+        .unwrap();
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.workers = 2;
+    start_pgmemo(config).await
+}
+
+/// A single-threaded runtime for a client thread of its own (pinned to a CPU by the caller).
+fn own_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Keeps the calling thread on `cpu` (its connections' packets then arrive there).
 fn pin_to(cpu: usize) {
     // SAFETY: as above; a set holding one CPU.
@@ -958,15 +980,7 @@ async fn servers_move_between_workers_with_their_clients() {
     const DB: &str = "pool_workers";
     const CLIENTS: usize = 8;
     const ROUNDS: usize = 60;
-    fresh_db(DB).await;
-    let setup = connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), DB)).await;
-    setup
-        .batch_execute("CREATE TABLE writes (client int, n int)")
-        .await
-        .unwrap();
-    let mut config = test_config(PoolMode::Transaction, 2);
-    config.general.workers = 2;
-    let proxy = start_pgmemo(config).await;
+    let proxy = two_workers_writing(DB).await;
     let cpus = allowed_cpus();
     let url = url(&proxy, DB);
     let threads: Vec<_> = (0..CLIENTS)
@@ -977,11 +991,7 @@ async fn servers_move_between_workers_with_their_clients() {
                 if let Some(cpu) = cpu {
                     pin_to(cpu);
                 }
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
+                own_runtime().block_on(async move {
                     let c = connect(&url).await;
                     let mut backends = Vec::new();
                     for n in 1..=ROUNDS {
@@ -1054,26 +1064,14 @@ async fn sessions_follow_the_cpu_their_client_sends_from() {
         eprintln!("no two CPUs of different parity here ({cpus:?}): not run");
         return;
     };
-    fresh_db(DB).await;
-    let setup = connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), DB)).await;
-    setup
-        .batch_execute("CREATE TABLE writes (client int, n int)")
-        .await
-        .unwrap();
-    let mut config = test_config(PoolMode::Transaction, 2);
-    config.general.workers = 2;
-    let proxy = start_pgmemo(config).await;
+    let proxy = two_workers_writing(DB).await;
     let url = url(&proxy, DB);
     let threads: Vec<_> = (0..CLIENTS as i32)
         .map(|client| {
             let url = url.clone();
             std::thread::spawn(move || {
                 pin_to(from);
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
+                own_runtime().block_on(async move {
                     let c = connect(&url).await;
                     pin_to(to);
                     for n in 1..=ROUNDS {
