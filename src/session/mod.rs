@@ -136,16 +136,23 @@ async fn serve_admitted(
 /// Relays a logged-in client's session until it ends, or until it moves to another worker
 /// to go on there.
 async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>) {
-    // Matched by value, so that nothing of it is kept across the finish's await (the task's
-    // future would keep room for it: see `footprint`).
-    match session.relay().await {
-        End::Move(worker) => return move_session(app, info, session, worker),
-        End::Terminate | End::ClientGone => {}
-        End::Shutdown => {
-            tracing::debug!(client = %info.addr, "client closed for shutdown")
-        }
-        End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
-            tracing::info!(client = %info.addr, "client session ended: {why}")
+    loop {
+        // Matched by value, so that nothing of it is kept across the finish's await (the
+        // task's future would keep room for it: see `footprint`).
+        match session.relay().await {
+            End::Move(worker) => match move_session(&app, &info, session, worker) {
+                Some(unmoved) => session = unmoved,
+                None => return,
+            },
+            End::Terminate | End::ClientGone => break,
+            End::Shutdown => {
+                tracing::debug!(client = %info.addr, "client closed for shutdown");
+                break;
+            }
+            End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
+                tracing::info!(client = %info.addr, "client session ended: {why}");
+                break;
+            }
         }
     }
     Box::pin(session.finish()).await;
@@ -153,12 +160,18 @@ async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Se
 }
 
 /// Goes on with an idle session (no server, nothing owed) in a task of `worker`'s, its
-/// client's socket registered with that worker's event loop.
+/// client's socket registered with that worker's event loop; gives the session back when
+/// there are no workers to move to.
 #[cold]
 #[inline(never)]
-fn move_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>, worker: u16) {
-    let Some(loops) = app.workers.get().cloned() else {
-        return;
+fn move_session(
+    app: &Arc<App>,
+    info: &Arc<ClientInfo>,
+    mut session: Box<Session>,
+    worker: u16,
+) -> Option<Box<Session>> {
+    let Some(loops) = app.workers.get().filter(|l| (worker as usize) < l.count()) else {
+        return Some(session);
     };
     session
         .pool
@@ -166,6 +179,7 @@ fn move_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>,
         .here()
         .client_moves
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (app, info) = (app.clone(), info.clone());
     loops.spawn(
         worker,
         Box::pin(async move {
@@ -176,6 +190,7 @@ fn move_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Session>,
             serve_session(app, info, session).await
         }),
     );
+    None
 }
 
 /// A client that logged in and may stay, with its addresses.
