@@ -137,8 +137,8 @@ pub struct Cli {
         env = "PGMEMO_WORKERS",
         value_parser = clap::value_parser!(u32).range(1..=64),
         long_help = "Threads serving clients, each with an event loop of its own; a client \
-                     goes to the one of the CPU its packets arrive on, and its server moves to \
-                     its thread. Overrides general.workers. Default: 1 (like PgBouncer: on a small \
+                     goes to the one of the CPU its packets arrive on (between transactions too), \
+                     and its server moves to its thread. Overrides general.workers. Default: 1 (like PgBouncer: on a small \
                      machine shared with PostgreSQL one thread forwards at the least CPU per \
                      transaction); more serve more result-cache hits at once."
     )]

@@ -499,7 +499,8 @@ pub struct General {
     /// `text` (default; ANSI colours only on a terminal) or `json` (one object per line).
     pub log_format: LogFormat,
     /// Threads serving clients, each with an event loop of its own; a client goes to the one
-    /// of the CPU its packets arrive on (see `workers.rs`). Default 1, like PgBouncer; more serve more result-cache
+    /// of the CPU its packets arrive on, and follows them between transactions (see
+    /// `workers.rs`). Default 1, like PgBouncer; more serve more result-cache
     /// hits at once. Needs a restart.
     pub workers: u32,
 }
