@@ -349,8 +349,8 @@ struct Session {
     /// The server sent a FATAL error (relayed): when it then closes, the client has been told
     /// why, as a direct connection would have been, and gets nothing more from pgmemo.
     server_fatal: bool,
-    /// Counts the requests that found the session idle, to ask now and then which worker
-    /// its client sends from (see [`Session::worker_to_move_to`]).
+    /// Counts the reads of the client's socket (with several workers), to ask now and then
+    /// which worker its client sends from (see [`Session::worker_to_move_to`]).
     idle_reads: u8,
 }
 
@@ -728,11 +728,11 @@ impl Session {
 
     /// The worker this session should go on from, when it is not the current one: the one of
     /// the CPU its client sent this request from (`SO_INCOMING_CPU`), asked at every 64th read
-    /// of the client's socket that finds the session idle (no server, nothing owed or unsent)
-    /// when there are several workers. Placement at
-    /// accept time goes by the CPU the client's thread connected from, which need not be where
-    /// it runs later: when two client threads connected from one CPU, every client would
-    /// otherwise stay on one worker while the other idles.
+    /// of the client's socket if the session is idle then (no server, nothing owed or unsent)
+    /// and there are several workers. Placement at accept time goes by the CPU the client's
+    /// thread connected from, which need not be where it runs later: when two client threads
+    /// connected from one CPU, every client would otherwise stay on one worker while the other
+    /// idles.
     #[inline]
     fn worker_to_move_to(&mut self) -> Option<u16> {
         let loops = self.app.workers.get()?;
