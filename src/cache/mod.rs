@@ -233,6 +233,10 @@ pub struct ResultCache {
     snapshots: papaya::HashMap<Box<str>, Arc<Snapshot>>,
     /// One per rule of the configuration, then one for hints.
     rules: ArcSwap<Vec<Arc<RuleStats>>>,
+    /// Bumped by every [`ResultCache::reconfigure`], after `config` and `rules`: a client
+    /// keeps both (`ClientCache::settings`) while it is unchanged, one atomic load per lookup
+    /// instead of two `ArcSwap` loads (~70 instructions each).
+    generation: AtomicU64,
     pub bypasses: [AtomicU64; BYPASS_REASONS.len()],
     /// Database flushes and whole-cache flushes, by writes, DDL and CACHE FLUSH.
     pub flushes: AtomicU64,
@@ -322,6 +326,7 @@ impl ResultCache {
             plans: quick_cache::sync::Cache::new(10_000),
             snapshots: papaya::HashMap::new(),
             rules: ArcSwap::from_pointee(Vec::new()),
+            generation: AtomicU64::new(0),
             bypasses: Default::default(),
             flushes: AtomicU64::new(0),
             flight_timeouts: AtomicU64::new(0),
@@ -370,6 +375,8 @@ impl ResultCache {
         self.follows_wal
             .store(config.invalidation == config::Invalidation::Wal, Relaxed);
         self.config.store(Arc::new(config.clone()));
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     #[inline]
@@ -604,13 +611,18 @@ impl ResultCache {
         query: Candidate<'_>,
         may_wait: bool,
     ) -> Lookup {
-        let cfg = self.config.load();
+        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
+        if client.settings.as_ref().is_none_or(|s| s.0 != generation) {
+            client.settings = Some((generation, self.config.load_full(), self.rules.load_full()));
+        }
+        let Some((_, cfg, rules)) = &client.settings else {
+            return Lookup::Pass;
+        };
         let hint = if cfg.hints {
             client.hint.parse(query.hint_source)
         } else {
             None
         };
-        let rules = self.rules.load();
         // Rules match the text as a string; a hint needs none of it.
         let text = || std::str::from_utf8(query.text).unwrap_or_default();
         let (rule, stats) = match hint {
@@ -1142,7 +1154,12 @@ pub struct ClientCache {
     raw_key_valid: bool,
     /// The last hint comment read.
     hint: hint::Memo,
+    /// The configuration and rules of [`ResultCache`]'s generation in the first field.
+    settings: Option<(u64, Arc<CacheConfig>, Rules)>,
 }
+
+/// A rule's counters per rule of the configuration, then the hints'.
+type Rules = Arc<Vec<Arc<RuleStats>>>;
 
 impl ClientCache {
     /// Whatever was lexed (or keyed for the first tier) before is not the reading of the
