@@ -1158,7 +1158,7 @@ pub struct ClientCache {
     settings: Option<(u64, Arc<CacheConfig>, Rules)>,
 }
 
-/// A rule's counters per rule of the configuration, then the hints'.
+/// The counters of each rule of the configuration, then the hints'.
 type Rules = Arc<Vec<Arc<RuleStats>>>;
 
 impl ClientCache {
