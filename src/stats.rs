@@ -60,11 +60,16 @@ struct Stripe(AtomicU64);
 /// Workers beyond this many share stripes (of a [`StripedCounter`] or [`PoolStats`]).
 const STRIPES: usize = 4;
 
+/// The stripe the current worker adds to.
+#[inline]
+fn this_stripe() -> usize {
+    crate::workers::current() as usize % STRIPES
+}
+
 impl StripedCounter {
     #[inline]
     pub fn add(&self, n: u64) {
-        let stripe = crate::workers::current() as usize % STRIPES;
-        self.0[stripe].0.fetch_add(n, Ordering::Relaxed);
+        self.0[this_stripe()].0.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn get(&self) -> u64 {
@@ -145,7 +150,7 @@ impl PoolStats {
     /// The current worker's counters, to add to.
     #[inline]
     pub fn here(&self) -> &PoolStripe {
-        &self.stripes[crate::workers::current() as usize % STRIPES]
+        &self.stripes[this_stripe()]
     }
 
     /// Adds what a session counted, and zeroes it.

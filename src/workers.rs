@@ -13,8 +13,8 @@
 //! own worker, and a server checked in goes to a queued client of the same worker first
 //! (`pool::PoolState::next_waiter`), so a transaction rarely wakes another thread. What the
 //! workers share (pools, statement registry, result cache, statistics) was already safe to
-//! share: locks held for a few instructions, or lock-free; its counters are still written by
-//! every worker (cache lines that travel between cores: the next thing to split by worker).
+//! share: locks held for a few instructions, or lock-free; the counters every transaction or
+//! hit writes have a part per worker (`stats::PoolStats`, `stats::StripedCounter`).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -234,8 +234,8 @@ pub struct ResultCache {
     /// One per rule of the configuration, then one for hints.
     rules: ArcSwap<Vec<Arc<RuleStats>>>,
     /// Bumped by every [`ResultCache::reconfigure`], after `config` and `rules`: a client
-    /// keeps both (`ClientCache::settings`) while it is unchanged, one atomic load per lookup
-    /// instead of two `ArcSwap` loads (~70 instructions each).
+    /// keeps both (`ClientCache::settings`) while it is unchanged: one atomic load per lookup
+    /// instead of two `ArcSwap` loads (~90 instructions fewer per lookup, callgrind).
     generation: AtomicU64,
     pub bypasses: [AtomicU64; BYPASS_REASONS.len()],
     /// Database flushes and whole-cache flushes, by writes, DDL and CACHE FLUSH.
