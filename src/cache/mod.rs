@@ -210,6 +210,10 @@ struct Plan {
     /// Database slot first, then the tables'.
     slots: Result<Box<[u32]>, Bypass>,
     tables: Arc<[Box<str>]>,
+    /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
+    /// two texts whose hashes collide must not share their tables), and shown in `SHOW
+    /// CACHE ENTRIES`.
+    text: Arc<str>,
 }
 
 /// The result cache of the whole process.
@@ -294,6 +298,7 @@ pub struct Resolve {
     pub sql: String,
     database: Box<str>,
     plan_key: (u64, u64),
+    text: Arc<str>,
     analysis: Arc<Analysis>,
     catalog: u64,
 }
@@ -487,10 +492,12 @@ impl ResultCache {
             return None;
         }
         raw_key(&mut client.raw_key, &client.context, sql);
-        client.raw_key_valid = true;
         let entry = self.raw.get(&client.raw_key[..]);
         if client.raw_key.capacity() > MAX_KEPT_BUFFER {
+            // Not kept, so not remembered either.
             client.raw_key = Vec::new();
+        } else {
+            client.raw_key_valid = true;
         }
         let entry = entry?.upgrade()?;
         if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
@@ -687,9 +694,9 @@ impl ResultCache {
         };
         let plan_key = (query.hash, client.path_hash);
         let catalog = self.versions.get(catalog_slot(at.database));
-        let plan = match self.plans.get(&plan_key) {
-            Some(plan) if plan.catalog == catalog => plan,
-            _ => {
+        let plan = match self.current_plan(plan_key, catalog, query.text) {
+            Some(plan) => plan,
+            None => {
                 if hits_only {
                     return Lookup::Pass;
                 }
@@ -703,6 +710,7 @@ impl ResultCache {
                     sql: catalog::resolve_sql(reads, client.search_path.as_deref()),
                     database: at.database.into(),
                     plan_key,
+                    text: query.display.cloned().unwrap_or_else(|| text().into()),
                     analysis: query.analysis.clone(),
                     catalog,
                 }));
@@ -747,15 +755,21 @@ impl ResultCache {
             key,
             key_hash,
             admitted,
-            flight: Some(flight),
-            flights: self.flights.clone(),
-            seen: self.versions.capture(slots),
+            flight: Some((
+                flight,
+                client
+                    .spare_flights
+                    .take()
+                    .unwrap_or_else(|| self.flights.clone()),
+            )),
+            seen: self
+                .versions
+                .capture(slots, std::mem::take(&mut client.spare_seen)),
             chosen: rule,
             // A reference taken for a fill only: on a hit, taking one would write a count
             // that every worker's hits write.
             stats: stats.clone(),
-            text: query.display.cloned().unwrap_or_else(|| text().into()),
-            tables: plan.tables.clone(),
+            plan,
             database: client.database.clone(),
             reply: std::mem::take(&mut client.spare),
             rows: false,
@@ -763,6 +777,14 @@ impl ResultCache {
             extended: query.extended,
         });
         Lookup::Miss
+    }
+
+    /// The plan resolved for `text` (its hash and search_path in `plan_key`) at the
+    /// database's catalog version `catalog`.
+    fn current_plan(&self, plan_key: (u64, u64), catalog: u64, text: &[u8]) -> Option<Arc<Plan>> {
+        self.plans
+            .get(&plan_key)
+            .filter(|plan| plan.catalog == catalog && plan.text.as_bytes() == text)
     }
 
     /// Takes in what a [`Resolve`] read (`Err`: it could not be read, counted and not
@@ -808,6 +830,7 @@ impl ResultCache {
                 catalog: job.catalog,
                 slots,
                 tables: tables.unwrap_or_default().into(),
+                text: job.text,
             }),
         );
         true
@@ -820,7 +843,7 @@ impl ResultCache {
             || fill
                 .flight
                 .as_ref()
-                .is_some_and(|f| f.waiters.load(Relaxed) > 0);
+                .is_some_and(|(f, _)| f.waiters.load(Relaxed) > 0);
         let why = if let Some(why) = fill.spoiled {
             Some(why)
         } else if status != b'I' {
@@ -846,8 +869,8 @@ impl ResultCache {
                     expires: Instant::now() + fill.chosen.ttl,
                     seen: std::mem::take(&mut fill.seen),
                     rule: fill.stats.clone(),
-                    text: fill.text.clone(),
-                    tables: fill.tables.clone(),
+                    text: fill.plan.text.clone(),
+                    tables: fill.plan.tables.clone(),
                     database: fill.database.clone(),
                     hits: AtomicU64::new(0),
                 };
@@ -866,10 +889,13 @@ impl ResultCache {
         if key.capacity() > MAX_KEPT_BUFFER {
             key = Vec::new();
         }
+        let (flight, flights) = fill.end_flight();
         Spares {
             reply: spare,
             key,
-            flight: fill.end_flight(),
+            seen: std::mem::take(&mut fill.seen),
+            flight,
+            flights,
         }
     }
 
@@ -1023,7 +1049,10 @@ fn raw_key(key: &mut Vec<u8>, context: &[u8], sql: &[u8]) {
 struct Spares {
     reply: BytesMut,
     key: Vec<u8>,
+    /// Empty when the fill was stored (its versions went to the entry).
+    seen: Seen,
     flight: Option<Arc<Flight>>,
+    flights: Option<Arc<Flights>>,
 }
 
 /// A normalized query text without the `;` that may end it (and the blanks around): `SELECT
@@ -1080,14 +1109,14 @@ pub struct Fill {
     key_hash: u64,
     /// Stored when it completes (else only if another client waited for it).
     admitted: bool,
-    /// Taken only by [`Fill::end_flight`] (or the drop, which ends it too).
-    flight: Option<Arc<Flight>>,
-    flights: Arc<Flights>,
+    /// Its flight and the cache's flights (to end it even when the fill is dropped); taken
+    /// only by [`Fill::end_flight`] (or the drop, which ends it too).
+    flight: Option<(Arc<Flight>, Arc<Flights>)>,
     seen: Seen,
     chosen: Chosen,
     stats: Arc<RuleStats>,
-    text: Arc<str>,
-    tables: Arc<[Box<str>]>,
+    /// Its text and tables, for the entry.
+    plan: Arc<Plan>,
     database: Arc<str>,
     reply: BytesMut,
     rows: bool,
@@ -1098,14 +1127,16 @@ pub struct Fill {
 
 impl Fill {
     /// Ends the fill's flight (waiters look up again); returns it, reset, when nobody else
-    /// holds it, for the client's next fill (no allocation per miss).
-    fn end_flight(&mut self) -> Option<Arc<Flight>> {
-        let mut flight = self.flight.take()?;
-        self.flights.end(self.key_hash, &flight);
+    /// holds it, and the flights, for the client's next fill (no allocation per miss, and no
+    /// reference count written that every worker's misses write).
+    fn end_flight(&mut self) -> (Option<Arc<Flight>>, Option<Arc<Flights>>) {
+        let Some((mut flight, flights)) = self.flight.take() else {
+            return (None, None);
+        };
+        flights.end(self.key_hash, &flight);
         flight.finish();
-        let reset = Arc::get_mut(&mut flight)?;
-        *reset = Flight::default();
-        Some(flight)
+        let reset = Arc::get_mut(&mut flight).map(|f| *f = Flight::default());
+        (reset.map(|()| flight), Some(flights))
     }
 }
 
@@ -1147,7 +1178,11 @@ pub struct ClientCache {
     /// The buffers and the flight of the last fill, for the next.
     spare: BytesMut,
     spare_key: Vec<u8>,
+    spare_seen: Seen,
     spare_flight: Option<Arc<Flight>>,
+    /// The cache's flights, held by a fill to end its flight when it is dropped: passed from
+    /// fill to fill, not cloned for each (a count written by every worker's misses).
+    spare_flights: Option<Arc<Flights>>,
     /// The first tier's key of the last lookup, and whether it is the Query's at hand
     /// (see [`ResultCache::remember_raw`]).
     raw_key: Vec<u8>,
@@ -1277,7 +1312,9 @@ impl ClientCache {
                         let spares = cache.store_fill(fill, status);
                         self.spare = spares.reply;
                         self.spare_key = spares.key;
+                        self.spare_seen = spares.seen;
                         self.spare_flight = spares.flight;
+                        self.spare_flights = spares.flights;
                     }
                     return;
                 }
@@ -1358,7 +1395,8 @@ impl ClientCache {
 #[cfg(test)]
 mod tests {
     use super::{
-        statement_text, CacheConfig, ClientCache, Entry, Flight, Flights, ResultCache, RuleStats,
+        statement_text, CacheConfig, ClientCache, Entry, Flight, Flights, Plan, ResultCache,
+        RuleStats,
     };
     use bytes::Bytes;
     use std::sync::atomic::Ordering::Relaxed;
@@ -1428,6 +1466,47 @@ mod tests {
             flights.end(key, &second);
         }
         assert_eq!(flights.len(), 0);
+    }
+
+    /// Plans are keyed by hashes: a plan serves only the text it was resolved for, so two
+    /// texts whose hashes collide never share the tables that invalidate their results.
+    #[test]
+    fn a_plan_serves_only_its_own_text() {
+        let cache = ResultCache::new(&CacheConfig::default());
+        let key = (7, 9);
+        cache.plans.insert(
+            key,
+            Arc::new(Plan {
+                catalog: 3,
+                slots: Ok(Box::new([1, 2])),
+                tables: Arc::new(["a".into()]),
+                text: "SELECT x FROM a WHERE id = $1".into(),
+            }),
+        );
+        let plan = cache.current_plan(key, 3, b"SELECT x FROM a WHERE id = $1");
+        assert_eq!(plan.expect("its text").tables[0].as_ref(), "a");
+        assert!(cache
+            .current_plan(key, 3, b"SELECT x FROM b WHERE id = $1")
+            .is_none());
+        // Resolved before the last DDL: stale.
+        assert!(cache
+            .current_plan(key, 4, b"SELECT x FROM a WHERE id = $1")
+            .is_none());
+    }
+
+    /// A text too long for the client to keep its first-tier key is looked up, not learnt.
+    #[test]
+    fn the_first_tier_does_not_learn_a_key_it_did_not_keep() {
+        let cache = ResultCache::new(&CacheConfig {
+            enabled: true,
+            ..Default::default()
+        });
+        let mut client = ClientCache::new(false);
+        client.set_context(1, 0, "db", None, &["role"]);
+        let long = vec![b'x'; super::MAX_KEPT_BUFFER + 1];
+        assert!(cache.raw_hit(&mut client, &long).is_none());
+        cache.remember_raw(&mut client, &entry());
+        assert_eq!(cache.raw.len(), 0);
     }
 
     #[test]

@@ -71,12 +71,19 @@ impl Versions {
         self.all.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The current versions of `slots`.
-    pub fn capture(&self, slots: &[u32]) -> Seen {
-        Seen {
-            all: self.all.load(Ordering::Acquire),
-            slots: slots.iter().map(|&s| (s, self.get(s))).collect(),
+    /// The current versions of `slots`, in `spare`'s memory when it has their number (a
+    /// client's last capture that was not stored: no allocation per miss).
+    pub fn capture(&self, slots: &[u32], spare: Seen) -> Seen {
+        let all = self.all.load(Ordering::Acquire);
+        let mut seen = spare.slots;
+        if seen.len() == slots.len() {
+            for (to, &s) in seen.iter_mut().zip(slots) {
+                *to = (s, self.get(s));
+            }
+        } else {
+            seen = slots.iter().map(|&s| (s, self.get(s))).collect();
         }
+        Seen { all, slots: seen }
     }
 
     /// Whether nothing `seen` depended on changed since.
@@ -95,15 +102,35 @@ mod tests {
         let v = Versions::default();
         let t = Versions::table_slot("db", "t");
         let d = Versions::database_slot("db");
-        let seen = v.capture(&[d, t]);
+        let seen = v.capture(&[d, t], Seen::default());
         assert!(v.unchanged(&seen));
         v.bump_table("db", "t");
         assert!(!v.unchanged(&seen));
-        let seen = v.capture(&[d, t]);
+        let seen = v.capture(&[d, t], Seen::default());
         v.bump_database("db");
         assert!(!v.unchanged(&seen));
-        let seen = v.capture(&[d, t]);
+        let seen = v.capture(&[d, t], Seen::default());
         v.bump_all();
         assert!(!v.unchanged(&seen));
+    }
+
+    #[test]
+    fn a_capture_into_a_spare_reads_the_versions_now() {
+        let v = Versions::default();
+        let (d, t, u) = (
+            Versions::database_slot("db"),
+            Versions::table_slot("db", "t"),
+            Versions::table_slot("db", "u"),
+        );
+        let old = v.capture(&[d, t], Seen::default());
+        v.bump_table("db", "t");
+        v.bump_all();
+        // Same length: the spare's memory, today's versions; another length: new memory.
+        let reused = v.capture(&[d, u], old.clone());
+        assert_eq!(reused, v.capture(&[d, u], Seen::default()));
+        assert!(v.unchanged(&reused));
+        let longer = v.capture(&[d, t, u], old);
+        assert_eq!(longer.slots.len(), 3);
+        assert!(v.unchanged(&longer));
     }
 }
