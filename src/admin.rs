@@ -645,7 +645,7 @@ pub fn show_cache(app: &App) -> Table {
         .map(|r| {
             let (entries, bytes) = usage.get(&r.name).copied().unwrap_or_default();
             let hits = r.hits.get();
-            let misses = r.misses.load(Relaxed);
+            let misses = r.misses.get();
             let ratio = if hits + misses == 0 {
                 0.0
             } else {
@@ -661,7 +661,7 @@ pub fn show_cache(app: &App) -> Table {
                 text(r.stores.load(Relaxed)),
                 text(r.evictions.load(Relaxed)),
                 text(r.invalidations.load(Relaxed)),
-                text(r.bypasses.load(Relaxed)),
+                text(r.bypasses.get()),
                 text(memory),
                 text(limit),
             ]
@@ -727,7 +727,7 @@ pub fn show_cache_bypasses(app: &App) -> Table {
     let rows = crate::cache::analysis::BYPASS_REASONS
         .iter()
         .zip(&app.cache.bypasses)
-        .map(|(reason, n)| vec![text(reason.as_str()), text(n.load(Relaxed))])
+        .map(|(reason, n)| vec![text(reason.as_str()), text(n.get())])
         .collect();
     Table {
         columns: vec!["reason", "queries"],

@@ -320,7 +320,7 @@ fn cache_metrics(app: &App, out: &mut String) {
         (
             "pgmemo_cache_misses_total",
             "Cacheable queries sent to a server to fill the cache.",
-            |r| r.misses.load(Relaxed),
+            |r| r.misses.get(),
         ),
         ("pgmemo_cache_stores_total", "Results stored.", |r| {
             r.stores.load(Relaxed)
@@ -338,7 +338,7 @@ fn cache_metrics(app: &App, out: &mut String) {
         (
             "pgmemo_cache_bypasses_total",
             "Queries a rule or hint chose that were not cached.",
-            |r| r.bypasses.load(Relaxed),
+            |r| r.bypasses.get(),
         ),
     ];
     for (name, help, get) in counters {
@@ -359,7 +359,7 @@ fn cache_metrics(app: &App, out: &mut String) {
             out,
             "pgmemo_cache_bypasses_by_reason_total{{reason=\"{}\"}} {}",
             reason.as_str(),
-            n.load(Relaxed)
+            n.get()
         );
     }
     let (bytes, limit) = app.cache.memory();

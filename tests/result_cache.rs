@@ -93,7 +93,7 @@ fn rule_stats(proxy: &Pgmemo, rule: &str) -> std::sync::Arc<pgmemo::cache::RuleS
 
 fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
     let r = rule_stats(proxy, rule);
-    (r.hits.get(), r.misses.load(Relaxed), r.stores.load(Relaxed))
+    (r.hits.get(), r.misses.get(), r.stores.load(Relaxed))
 }
 
 fn bypassed(proxy: &Pgmemo, reason: &str) -> u64 {
@@ -102,7 +102,7 @@ fn bypassed(proxy: &Pgmemo, reason: &str) -> u64 {
         .iter()
         .zip(&cache.bypasses)
         .find(|(r, _)| r.as_str() == reason)
-        .map(|(_, n)| n.load(Relaxed))
+        .map(|(_, n)| n.get())
         .expect("reason")
 }
 

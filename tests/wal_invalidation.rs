@@ -722,7 +722,7 @@ fn bypassed_behind(proxy: &Pgmemo) -> u64 {
         .iter()
         .zip(&cache.bypasses)
         .find(|(r, _)| r.as_str() == "WAL stream not caught up")
-        .map(|(_, n)| n.load(Relaxed))
+        .map(|(_, n)| n.get())
         .unwrap()
 }
 
