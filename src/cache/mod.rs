@@ -1419,16 +1419,22 @@ mod tests {
         })
     }
 
-    /// The first tier learns a text at its first hit in the second tier, and only the text
-    /// that its last lookup keyed.
-    #[test]
-    fn the_first_tier_learns_the_text_it_was_asked_for() {
+    /// An enabled cache and a client with its context.
+    fn cache_and_client() -> (ResultCache, Box<ClientCache>) {
         let cache = ResultCache::new(&CacheConfig {
             enabled: true,
             ..Default::default()
         });
         let mut client = ClientCache::new(false);
         client.set_context(1, 0, "db", None, &["role"]);
+        (cache, client)
+    }
+
+    /// The first tier learns a text at its first hit in the second tier, and only the text
+    /// that its last lookup keyed.
+    #[test]
+    fn the_first_tier_learns_the_text_it_was_asked_for() {
+        let (cache, mut client) = cache_and_client();
         let (one, two) = (entry(), entry());
         assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
         cache.remember_raw(&mut client, &one);
@@ -1498,12 +1504,7 @@ mod tests {
     /// A text too long for the client to keep its first-tier key is looked up, not learnt.
     #[test]
     fn the_first_tier_does_not_learn_a_key_it_did_not_keep() {
-        let cache = ResultCache::new(&CacheConfig {
-            enabled: true,
-            ..Default::default()
-        });
-        let mut client = ClientCache::new(false);
-        client.set_context(1, 0, "db", None, &["role"]);
+        let (cache, mut client) = cache_and_client();
         let long = vec![b'x'; super::MAX_KEPT_BUFFER + 1];
         assert!(cache.raw_hit(&mut client, &long).is_none());
         cache.remember_raw(&mut client, &entry());
