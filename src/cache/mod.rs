@@ -736,9 +736,9 @@ impl ResultCache {
             return Lookup::Pass;
         }
         let key_hash = key.hash;
-        let flight = client.spare_flight.take().unwrap_or_default();
+        let flight = client.spares.flight.take().unwrap_or_default();
         if let Err(running) = self.flights.start(key_hash, &flight) {
-            client.spare_flight = Some(flight);
+            client.spares.flight = Some(flight);
             return if may_wait {
                 Lookup::Wait(running)
             } else {
@@ -749,7 +749,7 @@ impl ResultCache {
         stats.misses.add(1);
         let admitted = cfg.admit_after <= 1 || self.admission.admits(key_hash, &self.store);
         // The key goes into the buffer of the client's last fill: copied out only if stored.
-        let mut key = std::mem::take(&mut client.spare_key);
+        let mut key = std::mem::take(&mut client.spares.key);
         key.clear();
         key.extend_from_slice(&client.key);
         client.fill = Some(Fill {
@@ -759,20 +759,21 @@ impl ResultCache {
             flight: Some((
                 flight,
                 client
-                    .spare_flights
+                    .spares
+                    .flights
                     .take()
                     .unwrap_or_else(|| self.flights.clone()),
             )),
             seen: self
                 .versions
-                .capture(slots, std::mem::take(&mut client.spare_seen)),
+                .capture(slots, std::mem::take(&mut client.spares.seen)),
             chosen: rule,
             // A reference taken for a fill only: on a hit, taking one would write a count
             // that every worker's hits write.
             stats: stats.clone(),
             plan,
             database: client.database.clone(),
-            reply: std::mem::take(&mut client.spare),
+            reply: std::mem::take(&mut client.spares.reply),
             rows: false,
             spoiled: None,
             extended: query.extended,
@@ -1045,14 +1046,17 @@ fn raw_key(key: &mut Vec<u8>, context: &[u8], sql: &[u8]) {
     key.extend_from_slice(sql);
 }
 
-/// What a finished fill leaves for the client's next: its buffers, and its flight when
-/// nobody else holds it any more.
+/// What a finished fill leaves for the client's next (no allocation per miss): its
+/// buffers, and its flight when nobody else holds it any more.
+#[derive(Default)]
 struct Spares {
     reply: BytesMut,
     key: Vec<u8>,
     /// Empty when the fill was stored (its versions went to the entry).
     seen: Seen,
     flight: Option<Arc<Flight>>,
+    /// The cache's flights, held by a fill to end its flight when it is dropped: passed from
+    /// fill to fill, not cloned for each (a count written by every worker's misses).
     flights: Option<Arc<Flights>>,
 }
 
@@ -1176,14 +1180,8 @@ pub struct ClientCache {
     committed: bool,
     ended: u32,
     pub fill: Option<Fill>,
-    /// The buffers and the flight of the last fill, for the next.
-    spare: BytesMut,
-    spare_key: Vec<u8>,
-    spare_seen: Seen,
-    spare_flight: Option<Arc<Flight>>,
-    /// The cache's flights, held by a fill to end its flight when it is dropped: passed from
-    /// fill to fill, not cloned for each (a count written by every worker's misses).
-    spare_flights: Option<Arc<Flights>>,
+    /// What the last fill left for the next.
+    spares: Spares,
     /// The first tier's key of the last lookup, and whether it is the Query's at hand
     /// (see [`ResultCache::remember_raw`]).
     raw_key: Vec<u8>,
@@ -1310,12 +1308,7 @@ impl ClientCache {
                 be::READY_FOR_QUERY => {
                     let status = message.get(5).copied().unwrap_or(b'I');
                     if let Some(fill) = self.fill.take() {
-                        let spares = cache.store_fill(fill, status);
-                        self.spare = spares.reply;
-                        self.spare_key = spares.key;
-                        self.spare_seen = spares.seen;
-                        self.spare_flight = spares.flight;
-                        self.spare_flights = spares.flights;
+                        self.spares = cache.store_fill(fill, status);
                     }
                     return;
                 }
