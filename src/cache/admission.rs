@@ -108,6 +108,7 @@ mod tests {
     use crate::cache::{CacheConfig, Entry, KeyRef, ResultCache};
     use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     /// Stores entries under keys `*n..` until the store evicts one.
     fn fill(cache: &ResultCache, n: &mut u64) {
@@ -120,9 +121,13 @@ mod tests {
     }
 
     fn entry(reply_bytes: usize) -> Arc<Entry> {
+        expiring_entry(reply_bytes, Duration::from_secs(60))
+    }
+
+    fn expiring_entry(reply_bytes: usize, ttl: Duration) -> Arc<Entry> {
         Arc::new(Entry {
             reply: vec![0u8; reply_bytes].into(),
-            expires: std::time::Instant::now(),
+            expires: Instant::now() + ttl,
             seen: Default::default(),
             rule: Default::default(),
             text: "".into(),
@@ -174,6 +179,41 @@ mod tests {
         store.clear();
         admission.shrunk();
         assert!(admission.admits(key + 1, store), "room again");
+    }
+
+    /// Entries evicted after their TTL leave room: a store of expired entries is not full,
+    /// and stores every miss until it evicts one still good.
+    #[test]
+    fn evicting_expired_entries_is_not_being_full() {
+        let cache = ResultCache::new(&CacheConfig {
+            enabled: true,
+            max_memory: 8 << 20,
+            ..Default::default()
+        });
+        let (admission, store) = (&cache.admission, &cache.store);
+        let mut n = 0u64;
+        let mut insert = |ttl| {
+            n += 1;
+            store.insert(
+                KeyRef::new(&n.to_le_bytes()).to_key(),
+                expiring_entry(1000, ttl),
+            );
+        };
+        // Twice what the store holds (its entries weigh ~1.4 KB each), all expired.
+        let holds = (8 << 20) / 1400;
+        for _ in 0..2 * holds {
+            insert(Duration::ZERO);
+        }
+        assert!(
+            !admission.full.load(Relaxed),
+            "only expired entries were evicted"
+        );
+        assert!(admission.admits(1, store), "room: a first miss");
+        for _ in 0..2 * holds {
+            insert(Duration::from_secs(60));
+        }
+        assert!(admission.full.load(Relaxed), "evicted good entries");
+        assert!(!admission.admits(2, store), "full: a first miss");
     }
 
     /// A uniform read of eight times the keys the store holds: once the store is full, a

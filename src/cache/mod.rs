@@ -90,7 +90,9 @@ impl quick_cache::Weighter<Key, Arc<Entry>> for EntryWeight {
     }
 }
 
-/// Counts evictions per rule, and tells admission that the store is full.
+/// Counts evictions per rule, and tells admission that the store is full: that it evicted an
+/// entry still good for its TTL to make room. (The store removes expired entries only as it
+/// evicts them: a store of expired entries has room, and fills again from every miss.)
 #[derive(Clone)]
 struct Evictions {
     full: Arc<AtomicBool>,
@@ -101,7 +103,7 @@ impl quick_cache::Lifecycle<Key, Arc<Entry>> for Evictions {
 
     fn on_evict(&self, _: &mut (), _: Key, value: Arc<Entry>) {
         value.rule.evictions.fetch_add(1, Relaxed);
-        if !self.full.load(Relaxed) {
+        if !self.full.load(Relaxed) && value.expires > Instant::now() {
             self.full.store(true, Relaxed);
         }
     }
