@@ -110,6 +110,14 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    fn cache_of_8_mib() -> ResultCache {
+        ResultCache::new(&CacheConfig {
+            enabled: true,
+            max_memory: 8 << 20,
+            ..Default::default()
+        })
+    }
+
     /// Stores entries under keys `*n..` until the store evicts one.
     fn fill(cache: &ResultCache, n: &mut u64) {
         while !cache.admission.full.load(Relaxed) {
@@ -141,11 +149,7 @@ mod tests {
     /// miss within about as many first misses as the store holds entries.
     #[test]
     fn a_full_store_admits_second_misses_within_its_length() {
-        let cache = ResultCache::new(&CacheConfig {
-            enabled: true,
-            max_memory: 8 << 20,
-            ..Default::default()
-        });
+        let cache = cache_of_8_mib();
         let (admission, store, mut n) = (&cache.admission, &cache.store, 0);
         assert!(admission.admits(1, store), "room: a first miss");
         assert_eq!(admission.window.load(Relaxed), LONGEST_WINDOW, "room");
@@ -185,11 +189,7 @@ mod tests {
     /// and stores every miss until it evicts one still good.
     #[test]
     fn evicting_expired_entries_is_not_being_full() {
-        let cache = ResultCache::new(&CacheConfig {
-            enabled: true,
-            max_memory: 8 << 20,
-            ..Default::default()
-        });
+        let cache = cache_of_8_mib();
         let (admission, store) = (&cache.admission, &cache.store);
         let mut n = 0u64;
         let mut insert = |ttl| {
@@ -217,15 +217,11 @@ mod tests {
     }
 
     /// A uniform read of eight times the keys the store holds: once the store is full, a
-    /// key read once in a window is not stored, so few misses are (about one in ten here;
+    /// key read once in a window is not stored, so few misses are (one in thirteen here;
     /// before the window was sized at the first eviction, most of them for a long while).
     #[test]
     fn a_uniform_read_of_more_keys_than_fit_stores_few_misses() {
-        let cache = ResultCache::new(&CacheConfig {
-            enabled: true,
-            max_memory: 8 << 20,
-            ..Default::default()
-        });
+        let cache = cache_of_8_mib();
         let (admission, store) = (&cache.admission, &cache.store);
         let mut keys = 0x9e37_79b9_7f4a_7c15_u64; // xorshift64: the same stream every run
         let mut next_key = || {
