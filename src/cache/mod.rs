@@ -91,8 +91,8 @@ impl quick_cache::Weighter<Key, Arc<Entry>> for EntryWeight {
 }
 
 /// Counts evictions per rule, and tells admission that the store is full: that it evicted an
-/// entry still good for its TTL to make room. (The store removes expired entries only as it
-/// evicts them: a store of expired entries has room, and fills again from every miss.)
+/// entry still good for its TTL to make room. (An expired entry stays in the store until a
+/// lookup finds it or the store evicts it: evicting it is making room, not being full.)
 #[derive(Clone)]
 struct Evictions {
     full: Arc<AtomicBool>,
