@@ -61,8 +61,7 @@ impl Admission {
         if full && !self.sized.load(Relaxed) && !self.sized.swap(true, Relaxed) {
             // The store just filled: an entry now survives about as many stores as it holds
             // entries, and the window shrinks to that at once.
-            let window = (store.len() as u64).clamp(SHORTEST_WINDOW, LONGEST_WINDOW);
-            self.window.store(window, Relaxed);
+            self.window.store(full_window(store), Relaxed);
         }
         seen || !full
     }
@@ -91,7 +90,7 @@ impl Admission {
             // (the longest window then, until the next eviction sizes it again).
             let was_full = self.full.swap(false, Relaxed);
             let window = if was_full {
-                (store.len() as u64).clamp(SHORTEST_WINDOW, LONGEST_WINDOW)
+                full_window(store)
             } else {
                 LONGEST_WINDOW
             };
@@ -100,6 +99,12 @@ impl Admission {
         }
         false
     }
+}
+
+/// The window once the store is full: an entry survives about as many stores as the store
+/// holds entries.
+fn full_window(store: &Store) -> u64 {
+    (store.len() as u64).clamp(SHORTEST_WINDOW, LONGEST_WINDOW)
 }
 
 #[cfg(test)]
