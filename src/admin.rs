@@ -142,6 +142,9 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "servers"] => Ok(Reply::Table(show_servers(app))),
         ["show", "stats"] => Ok(Reply::Table(show_stats(app))),
         ["show", "config"] => Ok(Reply::Table(show_config(app))),
+        ["show", "databases"] => Ok(Reply::Table(show_databases(app))),
+        ["show", "users"] => Ok(Reply::Table(show_users(app))),
+        ["show", "lists"] => Ok(Reply::Table(show_lists(app))),
         ["show", "prepared_statements"] => Ok(Reply::Table(show_prepared_statements(app))),
         ["show", "autoprepare"] => Ok(Reply::Table(show_autoprepare(app))),
         ["show", "autoprepare_reasons"] => Ok(Reply::Table(show_autoprepare_reasons(app))),
@@ -186,6 +189,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             columns: vec!["command"],
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
+                "SHOW DATABASES|USERS|LISTS",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS",
                 "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
@@ -781,6 +785,206 @@ pub fn show_autoprepare_reasons(app: &App) -> Table {
     Table {
         columns: vec!["reason", "queries"],
         rows,
+    }
+}
+
+/// Server connections (open, in use or idle) and clients of the pools `mine` picks.
+fn connections(
+    pools: &[Arc<crate::pool::Pool>],
+    clients: &[Arc<crate::app::ClientInfo>],
+    pool_is_mine: impl Fn(&crate::pool::PoolKey) -> bool,
+    client_is_mine: impl Fn(&crate::app::ClientInfo) -> bool,
+) -> (usize, usize) {
+    let servers = pools
+        .iter()
+        .filter(|p| pool_is_mine(&p.key))
+        .map(|p| {
+            let (idle, used, _) = p.counts();
+            idle + used
+        })
+        .sum();
+    let clients = clients.iter().filter(|c| client_is_mine(c)).count();
+    (servers, clients)
+}
+
+/// The database names SHOW DATABASES and SHOW LISTS count: the configured ones and those
+/// served through `"*"` or `[upstream]` that have a pool (as PgBouncer lists the databases it
+/// created on demand). The console's own database is not among them.
+fn database_names(config: &crate::config::Config, pools: &[Arc<crate::pool::Pool>]) -> Vec<String> {
+    let mut names: Vec<String> = config
+        .databases
+        .keys()
+        .filter(|n| n.as_str() != crate::config::WILDCARD_DATABASE)
+        .cloned()
+        .chain(pools.iter().map(|p| p.key.database.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The client users SHOW USERS and SHOW LISTS count: the configured ones and those with a
+/// pool or a connection (with no `[users]`, the upstream role).
+fn user_names(app: &App, pools: &[Arc<crate::pool::Pool>]) -> Vec<String> {
+    let config = app.config.load();
+    let mut names: Vec<String> = config
+        .users
+        .keys()
+        .cloned()
+        .chain(pools.iter().map(|p| p.key.user.clone()))
+        .chain(app.clients().iter().map(|c| c.user.to_string()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// PgBouncer's SHOW DATABASES, a row per database name, its settings as `resolve` gives
+/// them for a user without settings of its own. pgmemo has no reserve pool and no
+/// per-database connection limits (0: none, as in PgBouncer) and never disables a database.
+pub fn show_databases(app: &App) -> Table {
+    let config = app.config.load();
+    let pools = app.pools();
+    let clients = app.clients();
+    let star = config.databases.get(crate::config::WILDCARD_DATABASE);
+    let rows = database_names(&config, &pools)
+        .into_iter()
+        .filter_map(|name| {
+            let db = config.resolve(&name, "")?;
+            let entry = config.databases.get(&name);
+            // NULL when inherited from [general], as PgBouncer shows an inherited mode.
+            let pool_mode = entry
+                .and_then(|e| e.pool_mode)
+                .or(star.and_then(|s| s.pool_mode));
+            let (servers, clients) = connections(
+                &pools,
+                &clients,
+                |k| k.database == name,
+                |c| *c.database == *name,
+            );
+            let paused = pools
+                .iter()
+                .any(|p| p.key.database == name && p.is_paused());
+            Some(vec![
+                text(&name),
+                text(&db.host),
+                text(db.port),
+                text(&db.dbname),
+                db.server_user.as_ref().map(text).unwrap_or(None),
+                text(db.pool_size),
+                text(db.min_pool_size),
+                text(0),
+                text(config.general.server_lifetime.as_secs()),
+                pool_mode.map(|m| m.as_str().to_string()),
+                None,
+                text(0),
+                text(servers),
+                text(0),
+                text(clients),
+                text(u8::from(paused)),
+                text(0),
+            ])
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "name",
+            "host",
+            "port",
+            "database",
+            "force_user",
+            "pool_size",
+            "min_pool_size",
+            "reserve_pool_size",
+            "server_lifetime",
+            "pool_mode",
+            "load_balance_hosts",
+            "max_connections",
+            "current_connections",
+            "max_client_connections",
+            "current_client_connections",
+            "paused",
+            "disabled",
+        ],
+        rows,
+    }
+}
+
+/// PgBouncer's SHOW USERS: a row per client user, its own pool size and mode (empty and
+/// NULL when it has none, as in PgBouncer) and its connections; no per-user limits (0).
+pub fn show_users(app: &App) -> Table {
+    let config = app.config.load();
+    let pools = app.pools();
+    let clients = app.clients();
+    let rows = user_names(app, &pools)
+        .into_iter()
+        .map(|name| {
+            let user = config.users.get(&name);
+            let (servers, clients) =
+                connections(&pools, &clients, |k| k.user == name, |c| *c.user == *name);
+            vec![
+                text(&name),
+                text(
+                    user.and_then(|u| u.pool_size)
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                ),
+                text(""),
+                user.and_then(|u| u.pool_mode)
+                    .map(|m| m.as_str().to_string()),
+                text(0),
+                text(servers),
+                text(0),
+                text(clients),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "name",
+            "pool_size",
+            "reserve_pool_size",
+            "pool_mode",
+            "max_user_connections",
+            "current_connections",
+            "max_user_client_connections",
+            "current_client_connections",
+        ],
+        rows,
+    }
+}
+
+/// PgBouncer's SHOW LISTS. pgmemo keeps no free lists of client or server objects (its
+/// allocator does), has no peers and resolves host names once per connection, so those
+/// rows are 0.
+pub fn show_lists(app: &App) -> Table {
+    let config = app.config.load();
+    let pools = app.pools();
+    let clients = app.clients();
+    let logging_in = clients
+        .iter()
+        .filter(|c| c.state() == ClientState::Login)
+        .count();
+    let (servers, _) = connections(&pools, &[], |_| true, |_| false);
+    let items = [
+        ("databases", database_names(&config, &pools).len()),
+        ("users", user_names(app, &pools).len()),
+        ("peers", 0),
+        ("pools", pools.len()),
+        ("peer_pools", 0),
+        ("free_clients", 0),
+        ("used_clients", clients.len()),
+        ("login_clients", logging_in),
+        ("free_servers", 0),
+        ("used_servers", servers),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+    ];
+    Table {
+        columns: vec!["list", "items"],
+        rows: items.iter().map(|(k, v)| vec![text(k), text(v)]).collect(),
     }
 }
 

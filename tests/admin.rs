@@ -395,6 +395,123 @@ async fn pause_waits_for_transactions_and_blocks_until_resume() {
     proxy.shutdown().await;
 }
 
+/// SHOW DATABASES / USERS / LISTS: PgBouncer's columns, counts that agree with SHOW CLIENTS,
+/// SERVERS and POOLS, and a paused database shown as paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn databases_users_and_lists_agree_with_clients_and_servers() {
+    const DB: &str = "admin_lists";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 3).await;
+    let addr = proxy.local_addr();
+    let a = connect(&url(addr, DB)).await;
+    let b = connect(&url(addr, DB)).await;
+    // Two servers held at once.
+    a.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    b.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let admin = admin_client(&proxy).await;
+    let (_, clients) = show(&admin, "SHOW CLIENTS").await;
+    let (_, servers) = show(&admin, "SHOW SERVERS").await;
+    let (_, pools) = show(&admin, "SHOW POOLS").await;
+    let db_servers: Vec<_> = servers
+        .iter()
+        .filter(|r| val(r, "database") == DB)
+        .collect();
+    assert_eq!(db_servers.len(), 2, "{servers:?}");
+
+    let (cols, databases) = show(&admin, "SHOW DATABASES").await;
+    assert_eq!(
+        cols,
+        [
+            "name",
+            "host",
+            "port",
+            "database",
+            "force_user",
+            "pool_size",
+            "min_pool_size",
+            "reserve_pool_size",
+            "server_lifetime",
+            "pool_mode",
+            "load_balance_hosts",
+            "max_connections",
+            "current_connections",
+            "max_client_connections",
+            "current_client_connections",
+            "paused",
+            "disabled",
+        ]
+    );
+    let db = databases
+        .iter()
+        .find(|r| val(r, "name") == DB)
+        .unwrap_or_else(|| panic!("no {DB} in {databases:?}"));
+    assert_eq!(val(db, "database"), DB);
+    assert_eq!(val(db, "port"), val(db_servers[0], "port"));
+    assert_eq!(num(db, "pool_size"), 3);
+    assert_eq!(num(db, "current_connections"), 2);
+    assert_eq!(num(db, "current_client_connections"), 2);
+    assert_eq!(
+        num(db, "current_client_connections") as usize,
+        clients.iter().filter(|r| val(r, "database") == DB).count()
+    );
+    assert_eq!(val(db, "paused"), "0");
+
+    let (cols, users) = show(&admin, "SHOW USERS").await;
+    assert_eq!(
+        cols,
+        [
+            "name",
+            "pool_size",
+            "reserve_pool_size",
+            "pool_mode",
+            "max_user_connections",
+            "current_connections",
+            "max_user_client_connections",
+            "current_client_connections",
+        ]
+    );
+    let user = users
+        .iter()
+        .find(|r| val(r, "name") == PGMEMO_USER)
+        .unwrap_or_else(|| panic!("no {PGMEMO_USER} in {users:?}"));
+    assert_eq!(num(user, "current_connections"), 2);
+    assert_eq!(
+        num(user, "current_client_connections") as usize,
+        clients
+            .iter()
+            .filter(|r| val(r, "user") == PGMEMO_USER)
+            .count()
+    );
+
+    let (cols, lists) = show(&admin, "SHOW LISTS").await;
+    assert_eq!(cols, ["list", "items"]);
+    let item = |name: &str| {
+        lists
+            .iter()
+            .find(|r| val(r, "list") == name)
+            .map(|r| num(r, "items") as usize)
+            .unwrap_or_else(|| panic!("no {name} in {lists:?}"))
+    };
+    assert_eq!(item("databases"), databases.len());
+    assert_eq!(item("users"), users.len());
+    assert_eq!(item("pools"), pools.len());
+    assert_eq!(item("used_clients"), clients.len());
+    assert_eq!(item("used_servers"), servers.len());
+    assert_eq!(item("login_clients"), 0);
+
+    a.batch_execute("COMMIT").await.unwrap();
+    b.batch_execute("COMMIT").await.unwrap();
+    admin.simple_query(&format!("PAUSE {DB}")).await.unwrap();
+    let (_, databases) = show(&admin, "SHOW DATABASES").await;
+    let db = databases.iter().find(|r| val(r, "name") == DB).unwrap();
+    assert_eq!(val(db, "paused"), "1");
+    admin.simple_query(&format!("RESUME {DB}")).await.unwrap();
+    let (_, databases) = show(&admin, "SHOW DATABASES").await;
+    let db = databases.iter().find(|r| val(r, "name") == DB).unwrap();
+    assert_eq!(val(db, "paused"), "0");
+    proxy.shutdown().await;
+}
+
 /// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
 /// and nothing listens any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
