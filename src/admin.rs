@@ -196,6 +196,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "RELOAD",
                 "PAUSE [db]",
                 "RESUME [db]",
+                "RECONNECT [db]",
                 "SHUTDOWN",
             ]
             .iter()
@@ -222,6 +223,17 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 }
             }
             Ok(Reply::Done("RESUME".into()))
+        }
+        ["reconnect"] | ["reconnect", _] => {
+            for pool in app.pools() {
+                if words
+                    .get(1)
+                    .is_none_or(|db| pool.key.database.eq_ignore_ascii_case(db))
+                {
+                    pool.reconnect().await;
+                }
+            }
+            Ok(Reply::Done("RECONNECT".into()))
         }
         ["shutdown"] => {
             app.begin_shutdown();

@@ -65,6 +65,7 @@ impl PoolSettings {
             } else {
                 self.server_check_delay
             },
+            retire_before: None,
         }
     }
 }
@@ -78,6 +79,9 @@ struct Limits {
     server_lifetime: Duration,
     /// `Duration::MAX` when there is no server_check_query.
     server_check_delay: Duration,
+    /// Connections opened at or before this are closed when next released or found idle
+    /// (the console's RECONNECT); kept across reloads.
+    retire_before: Option<Instant>,
 }
 
 impl Default for Limits {
@@ -86,14 +90,17 @@ impl Default for Limits {
             pool_size: 0,
             server_lifetime: Duration::MAX,
             server_check_delay: Duration::MAX,
+            retire_before: None,
         }
     }
 }
 
 impl Limits {
-    /// Whether `conn` has lived past server_lifetime at `now` and must be closed.
+    /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
+    /// and must be closed.
     fn outlived(&self, conn: &ServerConn, now: Instant) -> bool {
         now.saturating_duration_since(conn.created) >= self.server_lifetime
+            || self.retire_before.is_some_and(|t| conn.created <= t)
     }
 
     /// Whether `conn` has been idle long enough at `now` to be checked before it is handed out.
@@ -296,10 +303,13 @@ impl Pool {
 
     /// Applies reloaded settings; a larger pool_size hands freed capacity to waiters at once.
     pub fn reconfigure(&self, settings: PoolSettings) {
-        let limits = settings.limits();
+        let mut limits = settings.limits();
         self.query_settings.store(&settings);
         self.settings.store(Arc::new(settings));
-        self.state.lock().limits = limits;
+        let mut st = self.state.lock();
+        limits.retire_before = st.limits.retire_before;
+        st.limits = limits;
+        drop(st);
         self.dispatch();
     }
 
@@ -657,6 +667,14 @@ impl Pool {
 
     fn forget(&self, conn: &ServerConn) {
         self.servers.lock().remove(&conn.info.id);
+    }
+
+    /// PgBouncer's RECONNECT: every server connection open now is closed when it is next
+    /// released, the idle ones at once; new ones are opened as clients need them (and up to
+    /// min_pool_size). For a server that moved (failover, a changed DNS name).
+    pub async fn reconnect(self: &Arc<Self>) {
+        self.state.lock().limits.retire_before = Some(Instant::now());
+        self.maintain().await;
     }
 
     /// Closes idle connections past server_idle_timeout (keeping min_pool_size) or

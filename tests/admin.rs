@@ -512,6 +512,73 @@ async fn databases_users_and_lists_agree_with_clients_and_servers() {
     proxy.shutdown().await;
 }
 
+/// RECONNECT db: the idle server is closed at once, the one inside a transaction finishes the
+/// transaction and is closed when released, and the next queries get new servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_closes_servers_once_released() {
+    const DB: &str = "admin_reconnect";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 3).await;
+    let addr = proxy.local_addr();
+    let busy = connect(&url(addr, DB)).await;
+    let other = connect(&url(addr, DB)).await;
+    async fn backend_pid(c: &Client) -> String {
+        let msgs = c.simple_query("SELECT pg_backend_pid()").await.unwrap();
+        msgs.iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap()
+    }
+    busy.batch_execute("BEGIN").await.unwrap();
+    let busy_pid = backend_pid(&busy).await;
+    // `other` runs on the second server, idle again once its query is done.
+    let idle_pid = backend_pid(&other).await;
+    assert_ne!(busy_pid, idle_pid);
+    assert_eq!(server_pids(DB).await, sorted([&busy_pid, &idle_pid]));
+
+    let admin = admin_client(&proxy).await;
+    admin
+        .simple_query(&format!("RECONNECT {DB}"))
+        .await
+        .unwrap();
+    // The idle server was told to terminate before RECONNECT answered; its backend exits
+    // on reading that.
+    wait_until(
+        "the idle server closed by RECONNECT, the busy one kept",
+        Duration::from_secs(5),
+        || async { server_pids(DB).await == [busy_pid.clone()] },
+    )
+    .await;
+    assert_eq!(
+        backend_pid(&busy).await,
+        busy_pid,
+        "the transaction goes on on its server"
+    );
+    busy.batch_execute("COMMIT").await.unwrap();
+    wait_until(
+        "the released server closed",
+        Duration::from_secs(5),
+        || async { !server_pids(DB).await.contains(&busy_pid) },
+    )
+    .await;
+    for c in [&busy, &other] {
+        let now = backend_pid(c).await;
+        assert!(
+            now != busy_pid && now != idle_pid,
+            "a server open at RECONNECT was used again"
+        );
+    }
+    proxy.shutdown().await;
+}
+
+fn sorted<'a>(pids: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    let mut v: Vec<String> = pids.into_iter().cloned().collect();
+    v.sort_by_key(|p| p.parse::<u32>().unwrap());
+    v
+}
+
 /// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
 /// and nothing listens any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
