@@ -197,6 +197,8 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "PAUSE [db]",
                 "RESUME [db]",
                 "RECONNECT [db]",
+                "KILL [db]",
+                "KILL_CLIENT id",
                 "SHUTDOWN",
             ]
             .iter()
@@ -234,6 +236,38 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 }
             }
             Ok(Reply::Done("RECONNECT".into()))
+        }
+        ["kill"] | ["kill", _] => {
+            let db = words.get(1).copied();
+            let mine = |name: &str| db.is_none_or(|db| name.eq_ignore_ascii_case(db));
+            let pools: Vec<_> = app
+                .pools()
+                .into_iter()
+                .filter(|p| mine(&p.key.database))
+                .collect();
+            for pool in &pools {
+                pool.pause();
+            }
+            for client in app.clients() {
+                if mine(&client.database) {
+                    client.kill();
+                }
+            }
+            for pool in &pools {
+                pool.reconnect().await;
+            }
+            Ok(Reply::Done("KILL".into()))
+        }
+        ["kill_client", id] => {
+            let client = id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| app.clients().into_iter().find(|c| c.id == id));
+            let Some(client) = client else {
+                return Err((sqlstate::PROTOCOL_VIOLATION, "client not found".into()));
+            };
+            client.kill();
+            Ok(Reply::Done("KILL_CLIENT".into()))
         }
         ["shutdown"] => {
             app.begin_shutdown();

@@ -104,6 +104,8 @@ pub struct ClientInfo {
     pub server_id: AtomicU64,
     /// Why the client keeps its server (`session::state::Pins`), 0 when it does not.
     pub pins: AtomicU8,
+    /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
+    killed: std::sync::atomic::AtomicBool,
     /// Its session's task, woken when a shutdown begins or reaches its cutoff: the session
     /// reads the flags whenever it is polled. One waker set once per session costs less memory
     /// than a future waiting on a shared signal in every session's task. Cleared when the
@@ -136,6 +138,19 @@ impl ClientInfo {
 
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// Ends the client's session as soon as its task runs (the console's KILL_CLIENT): the
+    /// client is told, and a transaction it was in is rolled back.
+    pub fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+        if let Some(waker) = self.stop_waker.lock().as_ref() {
+            waker.wake_by_ref();
+        }
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.killed.load(Ordering::Relaxed)
     }
 }
 
@@ -351,6 +366,7 @@ impl App {
             server: Mutex::new(None),
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
+            killed: std::sync::atomic::AtomicBool::new(false),
             stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());

@@ -579,6 +579,146 @@ fn sorted<'a>(pids: impl IntoIterator<Item = &'a String>) -> Vec<String> {
     v
 }
 
+/// The `ptr` (pgmemo's client id) of the one client with this application_name.
+async fn client_ptr(admin: &Client, application_name: &str) -> String {
+    let (_, clients) = show(admin, "SHOW CLIENTS").await;
+    let mine: Vec<_> = clients
+        .iter()
+        .filter(|r| val(r, "application_name") == application_name)
+        .collect();
+    assert_eq!(mine.len(), 1, "{clients:?}");
+    val(mine[0], "ptr").to_owned()
+}
+
+/// KILL_CLIENT id: the client is told and disconnected, its open transaction rolled back, a
+/// client waiting for a server runs nothing of what it sent, the others go on; an unknown id
+/// is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_client_ends_one_client_and_rolls_back_its_work() {
+    const DB: &str = "admin_kill_client";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let addr = proxy.local_addr();
+    let named = |name: &str| format!("{}?application_name={name}", url(addr, DB));
+    let victim = connect(&named("victim")).await;
+    let waiter = connect(&named("waiter")).await;
+    let bystander = connect(&named("bystander")).await;
+    let admin = admin_client(&proxy).await;
+    bystander
+        .batch_execute("CREATE TABLE k (who text)")
+        .await
+        .unwrap();
+
+    // The victim holds the only server inside a transaction; the waiter queues behind it.
+    victim
+        .batch_execute("BEGIN; INSERT INTO k VALUES ('victim')")
+        .await
+        .unwrap();
+    let waiter_ptr = client_ptr(&admin, "waiter").await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .batch_execute("INSERT INTO k VALUES ('waiter')")
+            .await
+    });
+    wait_until("the waiter queued", Duration::from_secs(5), || async {
+        num(
+            row_for(&show(&admin, "SHOW POOLS").await.1, DB),
+            "cl_waiting",
+        ) == 1
+    })
+    .await;
+    admin
+        .simple_query(&format!("KILL_CLIENT {waiter_ptr}"))
+        .await
+        .unwrap();
+    let victim_ptr = client_ptr(&admin, "victim").await;
+    admin
+        .simple_query(&format!("KILL_CLIENT {victim_ptr}"))
+        .await
+        .unwrap();
+
+    let err = victim
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("a killed client's query");
+    assert!(
+        err.as_db_error()
+            .is_some_and(|e| e.code().code() == "57P01")
+            || victim.is_closed(),
+        "{err:?}"
+    );
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the killed waiter returns")
+        .unwrap();
+    let err = waited.expect_err("a killed waiter's query");
+    assert!(
+        err.as_db_error()
+            .is_some_and(|e| e.code().code() == "57P01"),
+        "{err:?}"
+    );
+    let rows = bystander
+        .simple_query("SELECT count(*) FROM k")
+        .await
+        .unwrap();
+    assert!(
+        matches!(&rows[1], SimpleQueryMessage::Row(r) if r.get(0) == Some("0")),
+        "the victim's transaction rolled back and the waiter's insert never ran"
+    );
+    let (_, clients) = show(&admin, "SHOW CLIENTS").await;
+    assert!(clients
+        .iter()
+        .all(|r| !matches!(val(r, "application_name"), "victim" | "waiter")));
+
+    let err = admin
+        .simple_query("KILL_CLIENT 999999999")
+        .await
+        .expect_err("an unknown client");
+    assert_eq!(err.as_db_error().unwrap().message(), "client not found");
+    proxy.shutdown().await;
+}
+
+/// KILL db: every client of the database is disconnected and its servers closed; a new
+/// client waits (the database is paused) until RESUME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_disconnects_a_database_until_resume() {
+    const DB: &str = "admin_kill";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let addr = proxy.local_addr();
+    let a = connect(&url(addr, DB)).await;
+    let b = connect(&url(addr, DB)).await;
+    a.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    b.batch_execute("SELECT 1").await.unwrap();
+    let admin = admin_client(&proxy).await;
+    admin.simple_query(&format!("KILL {DB}")).await.unwrap();
+    for c in [&a, &b] {
+        assert!(c.simple_query("SELECT 1").await.is_err());
+    }
+    wait_until("the servers closed", Duration::from_secs(5), || async {
+        server_pids(DB).await.is_empty()
+    })
+    .await;
+
+    let later = connect(&url(addr, DB)).await;
+    let query = tokio::spawn(async move { later.simple_query("SELECT 1").await.map(|_| ()) });
+    wait_until("the new client waiting", Duration::from_secs(5), || async {
+        num(
+            row_for(&show(&admin, "SHOW POOLS").await.1, DB),
+            "cl_waiting",
+        ) == 1
+    })
+    .await;
+    assert!(!query.is_finished(), "a query ran while killed");
+    admin.simple_query(&format!("RESUME {DB}")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), query)
+        .await
+        .expect("served after RESUME")
+        .unwrap()
+        .expect("the query after RESUME");
+    proxy.shutdown().await;
+}
+
 /// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
 /// and nothing listens any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -785,12 +785,14 @@ impl Session {
         true
     }
 
-    /// A shutdown closes the client only between transactions, never mid-work, unless
-    /// shutdown_timeout has passed: then mid-transaction too (finish() rolls back or closes
-    /// the server).
+    /// A kill from the console (KILL_CLIENT, KILL) closes the client at once. A shutdown
+    /// closes it only between transactions, never mid-work, unless shutdown_timeout has
+    /// passed: then mid-transaction too (finish() rolls back or closes the server, as for a
+    /// kill).
     #[inline]
     fn must_stop(&self) -> bool {
-        self.app.is_cut_off()
+        self.info.is_killed()
+            || self.app.is_cut_off()
             || (self.app.is_shutting_down()
                 && self.replies.is_idle()
                 && self.server.as_ref().is_none_or(|s| s.status == b'I'))
@@ -1125,6 +1127,11 @@ impl Session {
         // The error's future is made inside the match and awaited after it: awaited inside,
         // the match's checkout result would take room in the session's task.
         let failed = match self.pool.checkout().await {
+            // Killed while it waited: nothing of what it asked for runs.
+            Ok(server) if self.info.is_killed() => {
+                self.pool.checkin(server);
+                self.shutdown_client()
+            }
             Ok(server) => {
                 self.hold(server);
                 return Ok(());
