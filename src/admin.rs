@@ -198,6 +198,8 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "RESUME [db]",
                 "RECONNECT [db]",
                 "KILL [db]",
+                "DISABLE db",
+                "ENABLE db",
                 "KILL_CLIENT id",
                 "SHUTDOWN",
             ]
@@ -236,6 +238,26 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 }
             }
             Ok(Reply::Done("RECONNECT".into()))
+        }
+        ["disable"] | ["enable"] => Err((
+            sqlstate::PROTOCOL_VIOLATION,
+            "a database is required".into(),
+        )),
+        [verb @ ("disable" | "enable"), db] => {
+            if *db == crate::config::ADMIN_DATABASE {
+                return Err((
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!("cannot disable admin db: {db}"),
+                ));
+            }
+            if app.config.load().resolve(db, "").is_none() {
+                return Err((
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!("no such database: {db}"),
+                ));
+            }
+            app.set_disabled(db, *verb == "disable");
+            Ok(Reply::Done(verb.to_ascii_uppercase()))
         }
         ["kill"] | ["kill", _] => {
             let db = words.get(1).copied();
@@ -887,7 +909,7 @@ fn user_names(app: &App, pools: &[Arc<crate::pool::Pool>]) -> Vec<String> {
 
 /// PgBouncer's SHOW DATABASES, a row per database name, its settings as `resolve` gives
 /// them for a user without settings of its own. pgmemo has no reserve pool and no
-/// per-database connection limits (0: none, as in PgBouncer) and never disables a database.
+/// per-database connection limits (0: none, as in PgBouncer).
 pub fn show_databases(app: &App) -> Table {
     let config = app.config.load();
     let pools = app.pools();
@@ -928,7 +950,7 @@ pub fn show_databases(app: &App) -> Table {
                 text(0),
                 text(clients),
                 text(u8::from(paused)),
-                text(0),
+                text(u8::from(app.is_disabled(&name))),
             ])
         })
         .collect();

@@ -165,6 +165,9 @@ pub struct App {
     next_client_id: AtomicU64,
     /// User and database names of clients, shared (see [`App::intern`]).
     names: Mutex<std::collections::HashSet<Arc<str>>>,
+    /// Databases the console's DISABLE closed to new clients (lower case, as the console
+    /// reads its words), until ENABLE.
+    disabled: Mutex<std::collections::HashSet<String>>,
     pub shutdown_tx: watch::Sender<bool>,
     /// Set when shutdown_timeout has passed: sessions still in a transaction are closed too.
     cutoff_tx: watch::Sender<bool>,
@@ -203,6 +206,7 @@ impl App {
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
             names: Mutex::new(std::collections::HashSet::new()),
+            disabled: Mutex::new(std::collections::HashSet::new()),
             shutdown_tx,
             cutoff_tx,
             shutting_down: AtomicBool::new(false),
@@ -472,6 +476,23 @@ impl App {
                 waker.wake_by_ref();
             }
         }
+    }
+
+    /// DISABLE (`true`) or ENABLE (`false`) new client connections to `database`.
+    pub fn set_disabled(&self, database: &str, disabled: bool) {
+        let name = database.to_ascii_lowercase();
+        let mut set = self.disabled.lock();
+        if disabled {
+            set.insert(name);
+        } else {
+            set.remove(&name);
+        }
+    }
+
+    /// Whether new clients of `database` are refused (DISABLE).
+    pub fn is_disabled(&self, database: &str) -> bool {
+        let set = self.disabled.lock();
+        !set.is_empty() && set.contains(&database.to_ascii_lowercase())
     }
 
     pub fn is_cut_off(&self) -> bool {

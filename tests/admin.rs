@@ -719,6 +719,82 @@ async fn kill_disconnects_a_database_until_resume() {
     proxy.shutdown().await;
 }
 
+/// DISABLE db refuses new clients with PostgreSQL's own error for a database that does not
+/// allow connections (compared with PostgreSQL's, for a database altered so), keeps the
+/// connected ones, shows in SHOW DATABASES; ENABLE lets clients in again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_refuses_new_clients_as_postgresql_does() {
+    const DB: &str = "admin_disable";
+    const CLOSED: &str = "admin_disable_pg";
+    fresh_db(DB).await;
+    fresh_db(CLOSED).await;
+    let superuser = connect(&cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres")).await;
+    superuser
+        .batch_execute(&format!("ALTER DATABASE {CLOSED} ALLOW_CONNECTIONS false"))
+        .await
+        .unwrap();
+    let refusal = |e: tokio_postgres::Error, db: &str| {
+        let e = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("{db}: {e:?}"))
+            .clone();
+        (
+            e.severity().to_owned(),
+            e.code().code().to_owned(),
+            e.message().replace(db, "DB"),
+        )
+    };
+    let direct = tokio_postgres::connect(
+        &cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), CLOSED),
+        NoTls,
+    )
+    .await
+    .map(|_| ())
+    .expect_err("PostgreSQL refuses a database that does not allow connections");
+    let expected = refusal(direct, CLOSED);
+
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let addr = proxy.local_addr();
+    let connected = connect(&url(addr, DB)).await;
+    let admin = admin_client(&proxy).await;
+    admin.simple_query(&format!("DISABLE {DB}")).await.unwrap();
+    let refused = tokio_postgres::connect(&url(addr, DB), NoTls)
+        .await
+        .map(|_| ())
+        .expect_err("a new client of a disabled database");
+    assert_eq!(refusal(refused, DB), expected);
+    connected
+        .simple_query("SELECT 1")
+        .await
+        .expect("a connected client goes on");
+    let (_, databases) = show(&admin, "SHOW DATABASES").await;
+    let row = databases.iter().find(|r| val(r, "name") == DB).unwrap();
+    assert_eq!(val(row, "disabled"), "1");
+    let err = admin
+        .simple_query("DISABLE pgmemo")
+        .await
+        .expect_err("the console's own database");
+    assert_eq!(
+        err.as_db_error().unwrap().message(),
+        "cannot disable admin db: pgmemo"
+    );
+
+    admin.simple_query(&format!("ENABLE {DB}")).await.unwrap();
+    connect(&url(addr, DB))
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .expect("a new client after ENABLE");
+    let (_, databases) = show(&admin, "SHOW DATABASES").await;
+    let row = databases.iter().find(|r| val(r, "name") == DB).unwrap();
+    assert_eq!(val(row, "disabled"), "0");
+    superuser
+        .batch_execute(&format!("ALTER DATABASE {CLOSED} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+    proxy.shutdown().await;
+}
+
 /// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
 /// and nothing listens any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

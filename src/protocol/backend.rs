@@ -45,6 +45,7 @@ pub mod sqlstate {
     pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const RESERVED_NAME: &str = "42939";
+    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 }
 
 /// A FATAL error in protocol 2.0's format (`E`, then the text, NUL-terminated), which is what

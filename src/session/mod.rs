@@ -389,6 +389,16 @@ impl Session {
             database,
             params: startup_params,
         } = admitted.startup;
+        if app.is_disabled(&database) {
+            // PostgreSQL's answer for a database that does not allow connections.
+            conn.send_error(
+                Severity::Fatal,
+                sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                &format!("database \"{database}\" is not currently accepting connections"),
+            )
+            .await;
+            return None;
+        }
         let Some(pool) = app.pool(&database, &user) else {
             conn.send_error(
                 Severity::Fatal,
