@@ -197,6 +197,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "PAUSE [db]",
                 "RESUME [db]",
                 "RECONNECT [db]",
+                "WAIT_CLOSE [db]",
                 "KILL [db]",
                 "DISABLE db",
                 "ENABLE db",
@@ -213,29 +214,23 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             Ok(Reply::Done("RELOAD".into()))
         }
         ["pause"] | ["pause", _] => {
-            let db = words.get(1).map(|s| s.to_string());
-            pause(app, db.as_deref()).await;
+            let pools = pools_of(app, words.get(1).copied());
+            for p in &pools {
+                p.pause();
+            }
+            // As PgBouncer's PAUSE: the caller knows no query is running when it returns.
+            until_none(&pools, |p| p.counts().1 > 0).await;
             Ok(Reply::Done("PAUSE".into()))
         }
         ["resume"] | ["resume", _] => {
-            for pool in app.pools() {
-                if words
-                    .get(1)
-                    .is_none_or(|db| pool.key.database.eq_ignore_ascii_case(db))
-                {
-                    pool.resume();
-                }
+            for pool in pools_of(app, words.get(1).copied()) {
+                pool.resume();
             }
             Ok(Reply::Done("RESUME".into()))
         }
         ["reconnect"] | ["reconnect", _] => {
-            for pool in app.pools() {
-                if words
-                    .get(1)
-                    .is_none_or(|db| pool.key.database.eq_ignore_ascii_case(db))
-                {
-                    pool.reconnect().await;
-                }
+            for pool in pools_of(app, words.get(1).copied()) {
+                pool.reconnect().await;
             }
             Ok(Reply::Done("RECONNECT".into()))
         }
@@ -259,19 +254,18 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             app.set_disabled(db, *verb == "disable");
             Ok(Reply::Done(verb.to_ascii_uppercase()))
         }
+        ["wait_close"] | ["wait_close", _] => {
+            until_none(&pools_of(app, words.get(1).copied()), |p| p.retiring() > 0).await;
+            Ok(Reply::Done("WAIT_CLOSE".into()))
+        }
         ["kill"] | ["kill", _] => {
             let db = words.get(1).copied();
-            let mine = |name: &str| db.is_none_or(|db| name.eq_ignore_ascii_case(db));
-            let pools: Vec<_> = app
-                .pools()
-                .into_iter()
-                .filter(|p| mine(&p.key.database))
-                .collect();
+            let pools = pools_of(app, db);
             for pool in &pools {
                 pool.pause();
             }
             for client in app.clients() {
-                if mine(&client.database) {
+                if db.is_none_or(|db| client.database.eq_ignore_ascii_case(db)) {
                     client.kill();
                 }
             }
@@ -302,23 +296,19 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
     }
 }
 
-/// Stops handing out servers and waits until every server of the paused pools is idle, as
-/// PgBouncer's PAUSE does, so the caller knows no query is running when it returns.
-async fn pause(app: &Arc<App>, db: Option<&str>) {
-    let pools: Vec<_> = app
-        .pools()
+/// The pools of database `db` (any case, as the console reads its words), or all.
+fn pools_of(app: &App, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
+    app.pools()
         .into_iter()
         .filter(|p| db.is_none_or(|d| p.key.database.eq_ignore_ascii_case(d)))
-        .collect();
-    for p in &pools {
-        p.pause();
-    }
+        .collect()
+}
+
+/// Returns once `busy` holds for none of `pools`, looking every 20 ms (PAUSE, WAIT_CLOSE).
+async fn until_none(pools: &[Arc<crate::pool::Pool>], busy: impl Fn(&crate::pool::Pool) -> bool) {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
-    loop {
+    while pools.iter().any(|p| busy(p)) {
         tick.tick().await;
-        if pools.iter().all(|p| p.counts().1 == 0) {
-            return;
-        }
     }
 }
 

@@ -677,6 +677,19 @@ impl Pool {
         self.maintain().await;
     }
 
+    /// How many server connections open at the last RECONNECT are still open (the console's
+    /// WAIT_CLOSE waits for none).
+    pub fn retiring(&self) -> usize {
+        let Some(before) = self.state.lock().limits.retire_before else {
+            return 0;
+        };
+        self.servers
+            .lock()
+            .values()
+            .filter(|s| s.created <= before)
+            .count()
+    }
+
     /// Closes idle connections past server_idle_timeout (keeping min_pool_size) or
     /// server_lifetime, and opens connections up to min_pool_size. Called by the janitor.
     pub async fn maintain(self: &Arc<Self>) {

@@ -94,6 +94,8 @@ pub struct ServerInfo {
     pub local_addr: SocketAddr,
     pub backend_pid: i32,
     pub connect_time: std::time::SystemTime,
+    /// The same moment as [`ServerConn::created`], for the console's WAIT_CLOSE.
+    pub created: Instant,
     pub tls: bool,
     state: AtomicU8,
     /// Id of the client using it, 0 when none.
@@ -162,6 +164,7 @@ impl ServerConn {
                 local_addr: stream.local_addr()?,
                 backend_pid: 0,
                 connect_time: std::time::SystemTime::now(),
+                created: now,
                 tls: stream.is_tls(),
                 state: AtomicU8::new(ServerState::Login as u8),
                 client_id: AtomicU64::new(0),

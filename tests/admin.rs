@@ -513,7 +513,8 @@ async fn databases_users_and_lists_agree_with_clients_and_servers() {
 }
 
 /// RECONNECT db: the idle server is closed at once, the one inside a transaction finishes the
-/// transaction and is closed when released, and the next queries get new servers.
+/// transaction and is closed when released (WAIT_CLOSE returns then), and the next queries
+/// get new servers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnect_closes_servers_once_released() {
     const DB: &str = "admin_reconnect";
@@ -556,7 +557,25 @@ async fn reconnect_closes_servers_once_released() {
         busy_pid,
         "the transaction goes on on its server"
     );
+    // WAIT_CLOSE waits for the server still inside the transaction.
+    let waiter = admin_client(&proxy).await;
+    let wait_close = tokio::spawn(async move {
+        waiter
+            .simple_query(&format!("WAIT_CLOSE {DB}"))
+            .await
+            .map(|_| ())
+    });
+    busy.simple_query("SELECT pg_sleep(0.1)").await.unwrap();
+    assert!(
+        !wait_close.is_finished(),
+        "WAIT_CLOSE returned while a server open at RECONNECT was in use"
+    );
     busy.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wait_close)
+        .await
+        .expect("WAIT_CLOSE returns once the server is released and closed")
+        .unwrap()
+        .unwrap();
     wait_until(
         "the released server closed",
         Duration::from_secs(5),
