@@ -470,12 +470,14 @@ pub fn show_clients(app: &App) -> Table {
                 text(if c.tls { "TLS" } else { "" }),
                 text(c.application_name.lock().to_string()),
                 text(crate::session::state::Pins::describe(c.pins.load(Relaxed))),
+                text(c.id),
             ]
         })
         .collect();
     let mut columns = CONN_COLUMNS.to_vec();
-    // pgmemo's: why the client keeps its server (temp, listen, advisory_lock, cursor, load).
-    columns.push("pinned");
+    // pgmemo's: why the client keeps its server (temp, listen, advisory_lock, cursor, load);
+    // then PgBouncer's id (the same as ptr), which KILL_CLIENT takes.
+    columns.extend(["pinned", "id"]);
     Table { columns, rows }
 }
 
@@ -499,7 +501,7 @@ pub fn show_servers(app: &App) -> Table {
                 timestamp(s.connect_time),
                 text(0),
                 text(0),
-                text(0),
+                text(u8::from(pool.is_retired(&s))),
                 text(s.id),
                 (client != 0).then(|| client.to_string()),
                 text(s.backend_pid),
@@ -509,6 +511,7 @@ pub fn show_servers(app: &App) -> Table {
                 text(s.prepare_cache_hit.load(Relaxed)),
                 text(s.prepare_cache_miss.load(Relaxed)),
                 text(s.prepare_evictions.load(Relaxed)),
+                text(s.id),
             ]);
         }
     }
@@ -518,6 +521,7 @@ pub fn show_servers(app: &App) -> Table {
         "prepare_cache_hit",
         "prepare_cache_miss",
         "prepare_evictions",
+        "id",
     ]);
     Table { columns, rows }
 }

@@ -677,6 +677,13 @@ impl Pool {
         self.maintain().await;
     }
 
+    /// Whether `server` was open at the last RECONNECT and is closed when next released
+    /// (SHOW SERVERS' close_needed).
+    pub fn is_retired(&self, server: &ServerInfo) -> bool {
+        let before = self.state.lock().limits.retire_before;
+        before.is_some_and(|t| server.created <= t)
+    }
+
     /// How many server connections open at the last RECONNECT are still open (the console's
     /// WAIT_CLOSE waits for none).
     pub fn retiring(&self) -> usize {

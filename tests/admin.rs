@@ -544,6 +544,12 @@ async fn reconnect_closes_servers_once_released() {
         .simple_query(&format!("RECONNECT {DB}"))
         .await
         .unwrap();
+    let (_, servers) = show(&admin, "SHOW SERVERS").await;
+    let busy_row = servers
+        .iter()
+        .find(|r| val(r, "remote_pid") == busy_pid)
+        .unwrap_or_else(|| panic!("no server {busy_pid} in {servers:?}"));
+    assert_eq!(val(busy_row, "close_needed"), "1");
     // The idle server was told to terminate before RECONNECT answered; its backend exits
     // on reading that.
     wait_until(
@@ -598,15 +604,16 @@ fn sorted<'a>(pids: impl IntoIterator<Item = &'a String>) -> Vec<String> {
     v
 }
 
-/// The `ptr` (pgmemo's client id) of the one client with this application_name.
-async fn client_ptr(admin: &Client, application_name: &str) -> String {
+/// The `id` (also `ptr`) of the one client with this application_name.
+async fn client_id(admin: &Client, application_name: &str) -> String {
     let (_, clients) = show(admin, "SHOW CLIENTS").await;
     let mine: Vec<_> = clients
         .iter()
         .filter(|r| val(r, "application_name") == application_name)
         .collect();
     assert_eq!(mine.len(), 1, "{clients:?}");
-    val(mine[0], "ptr").to_owned()
+    assert_eq!(val(mine[0], "id"), val(mine[0], "ptr"));
+    val(mine[0], "id").to_owned()
 }
 
 /// KILL_CLIENT id: the client is told and disconnected, its open transaction rolled back, a
@@ -633,7 +640,7 @@ async fn kill_client_ends_one_client_and_rolls_back_its_work() {
         .batch_execute("BEGIN; INSERT INTO k VALUES ('victim')")
         .await
         .unwrap();
-    let waiter_ptr = client_ptr(&admin, "waiter").await;
+    let waiter_id = client_id(&admin, "waiter").await;
     let waiting = tokio::spawn(async move {
         waiter
             .batch_execute("INSERT INTO k VALUES ('waiter')")
@@ -647,12 +654,12 @@ async fn kill_client_ends_one_client_and_rolls_back_its_work() {
     })
     .await;
     admin
-        .simple_query(&format!("KILL_CLIENT {waiter_ptr}"))
+        .simple_query(&format!("KILL_CLIENT {waiter_id}"))
         .await
         .unwrap();
-    let victim_ptr = client_ptr(&admin, "victim").await;
+    let victim_id = client_id(&admin, "victim").await;
     admin
-        .simple_query(&format!("KILL_CLIENT {victim_ptr}"))
+        .simple_query(&format!("KILL_CLIENT {victim_id}"))
         .await
         .unwrap();
 
