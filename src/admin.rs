@@ -214,18 +214,14 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             Ok(Reply::Done("RELOAD".into()))
         }
         ["pause"] | ["pause", _] => {
-            let pools = pools_of(app, words.get(1).copied());
-            for p in &pools {
-                p.pause();
-            }
+            let pools = app.pause_databases(words.get(1).copied());
             // As PgBouncer's PAUSE: the caller knows no query is running when it returns.
             until_none(&pools, |p| p.counts().1 > 0).await;
             Ok(Reply::Done("PAUSE".into()))
         }
         ["resume"] | ["resume", _] => {
-            for pool in pools_of(app, words.get(1).copied()) {
-                pool.resume();
-            }
+            app.resume_databases(words.get(1).copied())
+                .map_err(|e| (sqlstate::PROTOCOL_VIOLATION, e.to_string()))?;
             Ok(Reply::Done("RESUME".into()))
         }
         ["reconnect"] | ["reconnect", _] => {
@@ -260,10 +256,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         }
         ["kill"] | ["kill", _] => {
             let db = words.get(1).copied();
-            let pools = pools_of(app, db);
-            for pool in &pools {
-                pool.pause();
-            }
+            let pools = app.pause_databases(db);
             for client in app.clients() {
                 if db.is_none_or(|db| client.database.eq_ignore_ascii_case(db)) {
                     client.kill();

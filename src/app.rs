@@ -113,6 +113,21 @@ pub struct ClientInfo {
     pub stop_waker: Mutex<Option<std::task::Waker>>,
 }
 
+/// Databases the console paused (lower case, as it reads its words), or all of them.
+#[derive(Default)]
+struct Paused {
+    all: bool,
+    databases: std::collections::HashSet<String>,
+}
+
+impl Paused {
+    fn covers(&self, database: &str) -> bool {
+        self.all
+            || (!self.databases.is_empty()
+                && self.databases.contains(&database.to_ascii_lowercase()))
+    }
+}
+
 /// At most this many distinct client user and database names are shared.
 const MAX_INTERNED_NAMES: usize = 1024;
 
@@ -168,6 +183,9 @@ pub struct App {
     /// Databases the console's DISABLE closed to new clients (lower case, as the console
     /// reads its words), until ENABLE.
     disabled: Mutex<std::collections::HashSet<String>>,
+    /// What the console's PAUSE and KILL paused: PgBouncer pauses the database, so a pool
+    /// made for it later (another user's) starts paused too.
+    paused: Mutex<Paused>,
     pub shutdown_tx: watch::Sender<bool>,
     /// Set when shutdown_timeout has passed: sessions still in a transaction are closed too.
     cutoff_tx: watch::Sender<bool>,
@@ -207,6 +225,7 @@ impl App {
             next_client_id: AtomicU64::new(1),
             names: Mutex::new(std::collections::HashSet::new()),
             disabled: Mutex::new(std::collections::HashSet::new()),
+            paused: Mutex::new(Paused::default()),
             shutdown_tx,
             cutoff_tx,
             shutting_down: AtomicBool::new(false),
@@ -276,9 +295,59 @@ impl App {
         Some(
             pools
                 .entry(key.clone())
-                .or_insert_with(|| Pool::new(key, settings))
+                .or_insert_with(|| {
+                    let paused = self.paused.lock().covers(&key.database);
+                    let pool = Pool::new(key, settings);
+                    if paused {
+                        pool.pause();
+                    }
+                    pool
+                })
                 .clone(),
         )
+    }
+
+    /// PAUSE [db] (and KILL): the database's pools, or every pool, hand out no server until
+    /// RESUME, including pools made meanwhile. Returns the pools paused now.
+    pub fn pause_databases(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
+        {
+            let mut paused = self.paused.lock();
+            match database {
+                Some(db) => {
+                    paused.databases.insert(db.to_ascii_lowercase());
+                }
+                None => paused.all = true,
+            }
+        }
+        let pools: Vec<Arc<Pool>> = self
+            .pools()
+            .into_iter()
+            .filter(|p| database.is_none_or(|db| p.key.database.eq_ignore_ascii_case(db)))
+            .collect();
+        for p in &pools {
+            p.pause();
+        }
+        pools
+    }
+
+    /// RESUME [db]; `Err` for RESUME db while every database is paused (as PgBouncer).
+    pub fn resume_databases(&self, database: Option<&str>) -> Result<(), &'static str> {
+        {
+            let mut paused = self.paused.lock();
+            match database {
+                Some(_) if paused.all => return Err("pooler is paused, issue RESUME"),
+                Some(db) => {
+                    paused.databases.remove(&db.to_ascii_lowercase());
+                }
+                None => *paused = Paused::default(),
+            }
+        }
+        for p in self.pools() {
+            if database.is_none_or(|db| p.key.database.eq_ignore_ascii_case(db)) {
+                p.resume();
+            }
+        }
+        Ok(())
     }
 
     fn pool_settings(&self, cfg: &Config, key: &PoolKey) -> Option<PoolSettings> {

@@ -821,6 +821,73 @@ async fn disable_refuses_new_clients_as_postgresql_does() {
     proxy.shutdown().await;
 }
 
+/// PAUSE pauses databases, not only the pools of the moment: a pool made while paused (the
+/// first client of another database, or of the paused one) hands out no server until RESUME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_pools_made_while_paused() {
+    const EVERY: &str = "admin_pause_all";
+    const ONE: &str = "admin_pause_one";
+    fresh_db(EVERY).await;
+    fresh_db(ONE).await;
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let addr = proxy.local_addr();
+    let admin = admin_client(&proxy).await;
+    let bystander = connect(&url(addr, "postgres")).await;
+
+    // Connects and runs one query while paused: done only after RESUME.
+    let held = |pause: String, db: &'static str, resume: String| {
+        let admin = &admin;
+        let bystander = &bystander;
+        async move {
+            admin.simple_query(&pause).await.unwrap();
+            let task = tokio::spawn(async move {
+                let c = connect(&url(addr, db)).await;
+                c.simple_query("SELECT 1").await.map(|_| ())
+            });
+            wait_until("its pool made", Duration::from_secs(5), || async {
+                show(admin, "SHOW POOLS")
+                    .await
+                    .1
+                    .iter()
+                    .any(|r| val(r, "database") == db)
+            })
+            .await;
+            // Time for a query that was not held to finish.
+            if db == ONE {
+                bystander
+                    .simple_query("SELECT pg_sleep(0.2)")
+                    .await
+                    .unwrap();
+            } else {
+                let direct =
+                    connect(&cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), "postgres")).await;
+                direct.simple_query("SELECT pg_sleep(0.2)").await.unwrap();
+            }
+            assert!(!task.is_finished(), "{db}: a query ran while paused");
+            admin.simple_query(&resume).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("served after RESUME")
+                .unwrap()
+                .expect("the query after RESUME");
+        }
+    };
+    held("PAUSE".into(), EVERY, "RESUME".into()).await;
+    held(format!("PAUSE {ONE}"), ONE, format!("RESUME {ONE}")).await;
+
+    admin.simple_query("PAUSE").await.unwrap();
+    let err = admin
+        .simple_query(&format!("RESUME {ONE}"))
+        .await
+        .expect_err("RESUME db while everything is paused");
+    assert_eq!(
+        err.as_db_error().unwrap().message(),
+        "pooler is paused, issue RESUME"
+    );
+    admin.simple_query("RESUME").await.unwrap();
+    proxy.shutdown().await;
+}
+
 /// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
 /// and nothing listens any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
