@@ -917,9 +917,10 @@ pub fn show_databases(app: &App) -> Table {
                 |k| k.database == name,
                 |c| *c.database == *name,
             );
-            let paused = pools
-                .iter()
-                .any(|p| p.key.database == name && p.is_paused());
+            let paused = app.is_paused_database(&name)
+                || pools
+                    .iter()
+                    .any(|p| p.key.database == name && p.is_paused());
             Some(vec![
                 text(&name),
                 text(&db.host),

@@ -330,6 +330,11 @@ impl App {
         pools
     }
 
+    /// Whether the console paused `database` (PAUSE, KILL), pools or not.
+    pub fn is_paused_database(&self, database: &str) -> bool {
+        self.paused.lock().covers(database)
+    }
+
     /// RESUME [db]; `Err` for RESUME db while every database is paused (as PgBouncer).
     pub fn resume_databases(&self, database: Option<&str>) -> Result<(), &'static str> {
         {
