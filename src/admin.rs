@@ -145,6 +145,19 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "databases"] => Ok(Reply::Table(show_databases(app))),
         ["show", "users"] => Ok(Reply::Table(show_users(app))),
         ["show", "lists"] => Ok(Reply::Table(show_lists(app))),
+        ["show", "state"] => {
+            // PgBouncer's: whether PAUSE (of everything) is in force; pgmemo has no SUSPEND.
+            let paused = app.is_paused_all();
+            let yes = |b: bool| text(if b { "yes" } else { "no" });
+            Ok(Reply::Table(Table {
+                columns: vec!["key", "value"],
+                rows: vec![
+                    vec![text("active"), yes(!paused)],
+                    vec![text("paused"), yes(paused)],
+                    vec![text("suspended"), yes(false)],
+                ],
+            }))
+        }
         ["show", "prepared_statements"] => Ok(Reply::Table(show_prepared_statements(app))),
         ["show", "autoprepare"] => Ok(Reply::Table(show_autoprepare(app))),
         ["show", "autoprepare_reasons"] => Ok(Reply::Table(show_autoprepare_reasons(app))),
@@ -189,7 +202,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             columns: vec!["command"],
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
-                "SHOW DATABASES|USERS|LISTS",
+                "SHOW DATABASES|USERS|LISTS|STATE",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS",
                 "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",

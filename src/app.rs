@@ -330,6 +330,11 @@ impl App {
         pools
     }
 
+    /// Whether the console's PAUSE (or KILL) without a database is in force.
+    pub fn is_paused_all(&self) -> bool {
+        self.paused.lock().all
+    }
+
     /// Whether the console paused `database` (PAUSE, KILL), pools or not.
     pub fn is_paused_database(&self, database: &str) -> bool {
         self.paused.lock().covers(database)

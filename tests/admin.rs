@@ -875,7 +875,20 @@ async fn pause_holds_pools_made_while_paused() {
     held("PAUSE".into(), EVERY, "RESUME".into()).await;
     held(format!("PAUSE {ONE}"), ONE, format!("RESUME {ONE}")).await;
 
+    let state = |rows: Rows| {
+        rows.iter()
+            .map(|r| format!("{}={}", val(r, "key"), val(r, "value")))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        state(show(&admin, "SHOW STATE").await.1),
+        ["active=yes", "paused=no", "suspended=no"]
+    );
     admin.simple_query("PAUSE").await.unwrap();
+    assert_eq!(
+        state(show(&admin, "SHOW STATE").await.1),
+        ["active=no", "paused=yes", "suspended=no"]
+    );
     let err = admin
         .simple_query(&format!("RESUME {ONE}"))
         .await
