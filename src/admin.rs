@@ -582,8 +582,17 @@ pub fn show_prepared_statements(app: &App) -> Table {
 pub fn show_stats(app: &App) -> Table {
     use std::collections::BTreeMap;
     let mut per_db: BTreeMap<String, crate::stats::StatsSnapshot> = BTreeMap::new();
+    // Per database: per-second rates summed over its pools, and the period's deltas.
+    let mut averages: BTreeMap<String, Averages> = BTreeMap::new();
+    let now = std::time::Instant::now();
     for pool in app.pools() {
         let s = pool.stats.snapshot();
+        let (since, then) = pool.stats_periods.since();
+        averages.entry(pool.key.database.clone()).or_default().add(
+            &s,
+            &then,
+            now.saturating_duration_since(since),
+        );
         let e = per_db.entry(pool.key.database.clone()).or_default();
         e.xact_count += s.xact_count;
         e.query_count += s.query_count;
@@ -605,10 +614,10 @@ pub fn show_stats(app: &App) -> Table {
             *total += n;
         }
     }
-    let uptime = app.started.elapsed().as_secs().max(1);
     let rows = per_db
         .into_iter()
         .map(|(db, s)| {
+            let a = averages.remove(&db).unwrap_or_default();
             let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
             vec![
                 text(db),
@@ -619,13 +628,13 @@ pub fn show_stats(app: &App) -> Table {
                 text(s.xact_time_us),
                 text(s.query_time_us),
                 text(s.wait_time_us),
-                text(s.xact_count / uptime),
-                text(s.query_count / uptime),
-                text(s.bytes_received / uptime),
-                text(s.bytes_sent / uptime),
-                text(per(s.xact_time_us, s.xact_count)),
-                text(per(s.query_time_us, s.query_count)),
-                text(per(s.wait_time_us, s.xact_count)),
+                text(a.xact_rate as u64),
+                text(a.query_rate as u64),
+                text(a.received_rate as u64),
+                text(a.sent_rate as u64),
+                text(per(a.xact_time_us, a.xacts)),
+                text(per(a.query_time_us, a.queries)),
+                text(per(a.wait_time_us, a.xacts)),
                 text(s.prepare_cache_hit),
                 text(s.prepare_cache_miss),
                 text(s.prepare_evictions),
@@ -668,6 +677,44 @@ pub fn show_stats(app: &App) -> Table {
             "client_moves",
         ],
         rows,
+    }
+}
+
+/// SHOW STATS' averages of one database, as PgBouncer's: counts and bytes per second and
+/// times per transaction or query, over its pools' current stats periods.
+#[derive(Default)]
+struct Averages {
+    xact_rate: f64,
+    query_rate: f64,
+    received_rate: f64,
+    sent_rate: f64,
+    xacts: u64,
+    queries: u64,
+    xact_time_us: u64,
+    query_time_us: u64,
+    wait_time_us: u64,
+}
+
+impl Averages {
+    /// Adds a pool whose totals are `now` and were `then`, `elapsed` ago.
+    fn add(
+        &mut self,
+        now: &crate::stats::StatsSnapshot,
+        then: &crate::stats::StatsSnapshot,
+        elapsed: Duration,
+    ) {
+        let secs = elapsed.as_secs_f64().max(0.001);
+        let delta = |a: u64, b: u64| a.saturating_sub(b);
+        let rate = |a: u64, b: u64| delta(a, b) as f64 / secs;
+        self.xact_rate += rate(now.xact_count, then.xact_count);
+        self.query_rate += rate(now.query_count, then.query_count);
+        self.received_rate += rate(now.bytes_received, then.bytes_received);
+        self.sent_rate += rate(now.bytes_sent, then.bytes_sent);
+        self.xacts += delta(now.xact_count, then.xact_count);
+        self.queries += delta(now.query_count, then.query_count);
+        self.xact_time_us += delta(now.xact_time_us, then.xact_time_us);
+        self.query_time_us += delta(now.query_time_us, then.query_time_us);
+        self.wait_time_us += delta(now.wait_time_us, then.wait_time_us);
     }
 }
 

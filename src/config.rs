@@ -442,6 +442,9 @@ pub struct General {
     pub server_check_delay: Duration,
     /// The query of that health check. Default `;` (an empty query: one round trip).
     pub server_check_query: String,
+    /// SHOW STATS' `avg_*` columns are averages since the last period boundary, as
+    /// PgBouncer's `stats_period`. Default 60 s.
+    pub stats_period: Duration,
     /// A client must finish startup and authentication within this. Default 60 s.
     pub client_login_timeout: Duration,
     /// On SIGTERM / SHUTDOWN, how long running transactions may finish before their
@@ -522,6 +525,7 @@ impl Default for General {
             server_lifetime: Duration::from_secs(3600),
             server_check_delay: Duration::from_secs(30),
             server_check_query: ";".into(),
+            stats_period: Duration::from_secs(60),
             client_login_timeout: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(30),
             server_reset_query: "DISCARD ALL".into(),
@@ -825,6 +829,7 @@ impl Config {
                 false,
             ),
             ("general.shutdown_timeout", g.shutdown_timeout, true),
+            ("general.stats_period", g.stats_period, false),
         ] {
             if value.is_zero() && !zero_ok {
                 return Err(ConfigError::invalid(key, "must be more than 0 seconds"));
@@ -1236,6 +1241,12 @@ impl Config {
                 true,
             ),
             (
+                "stats_period",
+                secs(g.stats_period),
+                secs(d.stats_period),
+                true,
+            ),
+            (
                 "server_check_query",
                 g.server_check_query.clone(),
                 d.server_check_query.clone(),
@@ -1589,6 +1600,7 @@ struct RawGeneral {
     server_lifetime: Option<Seconds>,
     server_check_delay: Option<Seconds>,
     server_check_query: Option<String>,
+    stats_period: Option<Seconds>,
     client_login_timeout: Option<Seconds>,
     shutdown_timeout: Option<Seconds>,
     server_reset_query: Option<String>,
@@ -1803,6 +1815,7 @@ impl RawConfig {
                 g.shutdown_timeout,
                 d.shutdown_timeout,
             )?,
+            stats_period: seconds("general.stats_period", g.stats_period, d.stats_period)?,
             server_reset_query: g.server_reset_query.unwrap_or(d.server_reset_query),
             server_reset_query_always: g
                 .server_reset_query_always
@@ -2678,7 +2691,7 @@ password = "b"
         assert!(!row("listen").3);
         assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
         assert!(rows.iter().all(|r| !r.1.contains("pw")));
-        assert_eq!(rows.len(), 35);
+        assert_eq!(rows.len(), 36);
     }
 
     #[test]

@@ -188,8 +188,11 @@ async fn janitor(app: Arc<App>) {
             _ = tick.tick() => {}
             _ = shutdown.wait_for(|s| *s) => return,
         }
+        let period = app.config.load().general.stats_period;
         for pool in app.pools() {
             pool.maintain().await;
+            pool.stats_periods
+                .roll(std::time::Instant::now(), period, || pool.stats.snapshot());
         }
         // Cheap unless many clients left since the last purge (two-phase purge).
         app.registry.purge(64);

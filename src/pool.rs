@@ -197,6 +197,8 @@ pub struct Pool {
     /// Every live server connection, for SHOW SERVERS.
     servers: Mutex<HashMap<u64, Arc<ServerInfo>>>,
     pub stats: PoolStats,
+    /// Where SHOW STATS' averages start (`stats_period`).
+    pub stats_periods: crate::stats::StatsPeriods,
     /// The reported parameters a fresh server connection starts with; what a client is told at
     /// login before its own startup parameters are applied.
     defaults: Mutex<Option<Vars>>,
@@ -269,6 +271,7 @@ impl Pool {
             resumed: Notify::new(),
             servers: Mutex::new(HashMap::new()),
             stats: PoolStats::default(),
+            stats_periods: crate::stats::StatsPeriods::new(Instant::now()),
             defaults: Mutex::new(None),
             normalized: Mutex::new(HashMap::new()),
             reported_sets: Mutex::new(Vec::new()),

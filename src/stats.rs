@@ -276,9 +276,64 @@ pub struct StatsSnapshot {
     pub pins: [u64; 5],
 }
 
+/// The totals at the last two boundaries of PgBouncer's `stats_period`: SHOW STATS' averages
+/// are taken from the older one to now, over one to two periods, so they describe the last
+/// minute or two rather than the whole uptime. Rolled by the janitor.
+#[derive(Debug)]
+pub struct StatsPeriods {
+    /// (older boundary, newer boundary), each with the totals then.
+    boundaries: parking_lot::Mutex<[(std::time::Instant, StatsSnapshot); 2]>,
+}
+
+impl StatsPeriods {
+    pub fn new(now: std::time::Instant) -> Self {
+        StatsPeriods {
+            boundaries: parking_lot::Mutex::new([(now, StatsSnapshot::default()); 2]),
+        }
+    }
+
+    /// Starts a new period when the current one has lasted `period`, with the totals
+    /// `totals` gives (read only then).
+    pub fn roll(
+        &self,
+        now: std::time::Instant,
+        period: std::time::Duration,
+        totals: impl FnOnce() -> StatsSnapshot,
+    ) {
+        let mut b = self.boundaries.lock();
+        if now.saturating_duration_since(b[1].0) >= period {
+            b[0] = b[1];
+            b[1] = (now, totals());
+        }
+    }
+
+    /// The older boundary: when, and the totals then.
+    pub fn since(&self) -> (std::time::Instant, StatsSnapshot) {
+        self.boundaries.lock()[0]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn averages_start_at_the_boundary_before_the_last() {
+        let t0 = std::time::Instant::now();
+        let periods = StatsPeriods::new(t0);
+        let period = std::time::Duration::from_secs(60);
+        let at = |n: u64| StatsSnapshot {
+            xact_count: n,
+            ..StatsSnapshot::default()
+        };
+        periods.roll(t0 + std::time::Duration::from_secs(30), period, || at(1));
+        assert_eq!(periods.since().1.xact_count, 0, "not a period yet");
+        periods.roll(t0 + period, period, || at(10));
+        assert_eq!(periods.since().0, t0);
+        periods.roll(t0 + 2 * period, period, || at(25));
+        let (since, totals) = periods.since();
+        assert_eq!((since, totals.xact_count), (t0 + period, 10));
+    }
 
     #[test]
     fn pool_stats_sum_the_workers_stripes() {

@@ -901,6 +901,41 @@ async fn pause_holds_pools_made_while_paused() {
     proxy.shutdown().await;
 }
 
+/// SHOW STATS' averages cover the last one or two stats periods, as PgBouncer's, not the
+/// uptime: after a burst of transactions they fall back to 0 once periods pass without any,
+/// while the totals stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_averages_follow_the_stats_period() {
+    const DB: &str = "admin_stats_period";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.stats_period = Duration::from_millis(200);
+    let proxy = start_pgmemo(cfg).await;
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    for i in 0..20 {
+        client.simple_query(&format!("SELECT {i}")).await.unwrap();
+    }
+    let admin = admin_client(&proxy).await;
+    let stats = show(&admin, "SHOW STATS").await.1;
+    let row = row_for(&stats, DB);
+    assert!(num(row, "total_xact_count") >= 20, "{row:?}");
+    assert!(num(row, "avg_xact_count") > 0, "{row:?}");
+    assert!(num(row, "avg_xact_time") > 0, "{row:?}");
+    wait_until(
+        "the averages back to 0 after idle periods",
+        Duration::from_secs(10),
+        || async {
+            let stats = show(&admin, "SHOW STATS").await.1;
+            let row = row_for(&stats, DB);
+            num(row, "avg_xact_count") == 0 && num(row, "avg_query_count") == 0
+        },
+    )
+    .await;
+    let stats = show(&admin, "SHOW STATS").await.1;
+    assert!(num(row_for(&stats, DB), "total_xact_count") >= 20);
+    proxy.shutdown().await;
+}
+
 /// SHUTDOWN from the console stops pgmemo: `Pgmemo::wait` returns, idle clients are told,
 /// and nothing listens any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
