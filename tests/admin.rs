@@ -502,14 +502,20 @@ async fn databases_users_and_lists_agree_with_clients_and_servers() {
     a.batch_execute("COMMIT").await.unwrap();
     b.batch_execute("COMMIT").await.unwrap();
     admin.simple_query(&format!("PAUSE {DB}")).await.unwrap();
-    let (_, databases) = show(&admin, "SHOW DATABASES").await;
-    let db = databases.iter().find(|r| val(r, "name") == DB).unwrap();
-    assert_eq!(val(db, "paused"), "1");
+    assert_eq!(database_column(&admin, DB, "paused").await, "1");
     admin.simple_query(&format!("RESUME {DB}")).await.unwrap();
-    let (_, databases) = show(&admin, "SHOW DATABASES").await;
-    let db = databases.iter().find(|r| val(r, "name") == DB).unwrap();
-    assert_eq!(val(db, "paused"), "0");
+    assert_eq!(database_column(&admin, DB, "paused").await, "0");
     proxy.shutdown().await;
+}
+
+/// One column of SHOW DATABASES' row for `db`.
+async fn database_column(admin: &Client, db: &str, column: &str) -> String {
+    let (_, databases) = show(admin, "SHOW DATABASES").await;
+    let row = databases
+        .iter()
+        .find(|r| val(r, "name") == db)
+        .unwrap_or_else(|| panic!("no {db} in {databases:?}"));
+    val(row, column).to_owned()
 }
 
 /// RECONNECT db: the idle server is closed at once, the one inside a transaction finishes the
@@ -793,9 +799,7 @@ async fn disable_refuses_new_clients_as_postgresql_does() {
         .simple_query("SELECT 1")
         .await
         .expect("a connected client goes on");
-    let (_, databases) = show(&admin, "SHOW DATABASES").await;
-    let row = databases.iter().find(|r| val(r, "name") == DB).unwrap();
-    assert_eq!(val(row, "disabled"), "1");
+    assert_eq!(database_column(&admin, DB, "disabled").await, "1");
     let err = admin
         .simple_query("DISABLE pgmemo")
         .await
@@ -811,9 +815,7 @@ async fn disable_refuses_new_clients_as_postgresql_does() {
         .simple_query("SELECT 1")
         .await
         .expect("a new client after ENABLE");
-    let (_, databases) = show(&admin, "SHOW DATABASES").await;
-    let row = databases.iter().find(|r| val(r, "name") == DB).unwrap();
-    assert_eq!(val(row, "disabled"), "0");
+    assert_eq!(database_column(&admin, DB, "disabled").await, "0");
     superuser
         .batch_execute(&format!("ALTER DATABASE {CLOSED} ALLOW_CONNECTIONS true"))
         .await
