@@ -105,7 +105,7 @@ pub struct ClientInfo {
     /// Why the client keeps its server (`session::state::Pins`), 0 when it does not.
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
-    killed: std::sync::atomic::AtomicBool,
+    killed: AtomicBool,
     /// Its session's task, woken when a shutdown begins or reaches its cutoff: the session
     /// reads the flags whenever it is polled. One waker set once per session costs less memory
     /// than a future waiting on a shared signal in every session's task. Cleared when the
@@ -166,6 +166,11 @@ impl ClientInfo {
 
     pub fn is_killed(&self) -> bool {
         self.killed.load(Ordering::Relaxed)
+    }
+
+    /// The flag [`ClientInfo::kill`] sets, for a wait to end on (`Pool::checkout`).
+    pub fn killed_flag(&self) -> &AtomicBool {
+        &self.killed
     }
 }
 
@@ -449,7 +454,7 @@ impl App {
             server: Mutex::new(None),
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
-            killed: std::sync::atomic::AtomicBool::new(false),
+            killed: AtomicBool::new(false),
             stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());

@@ -13,7 +13,7 @@ use crate::stats::PoolStats;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
@@ -141,6 +141,8 @@ pub enum CheckoutError {
     Connect(ServerError),
     #[error("pgmemo is shutting down")]
     Closed,
+    #[error("the client was killed from the admin console while it waited")]
+    Stopped,
 }
 
 /// What a waiting client is handed: a connection, or the right to open one (a slot freed by a
@@ -351,21 +353,38 @@ impl Pool {
     /// clock reading. Everything else (waiting, connecting, discarding, checking) is a future
     /// of its own, boxed: a session's task, which lives as long as its client, then need not
     /// have room for a whole connect-and-login.
-    pub async fn checkout(&self) -> Result<Box<ServerConn>, CheckoutError> {
-        let mut conn = match self.take_idle_now() {
-            Some(conn) => {
-                self.stats.here().wait_duration.observe_us(0);
-                conn
-            }
-            None => Box::pin(self.checkout_slowly()).await?,
-        };
+    ///
+    /// A wait ends with [`CheckoutError::Stopped`] once `stop` is set (the console's KILL,
+    /// KILL_CLIENT); whoever sets it wakes the waiting task.
+    pub async fn checkout(
+        &self,
+        stop: Option<&AtomicBool>,
+    ) -> Result<Box<ServerConn>, CheckoutError> {
+        if let Some(conn) = self.checkout_at_once() {
+            return Ok(conn);
+        }
+        let mut conn = Box::pin(self.checkout_slowly(stop)).await?;
+        self.serve_here(&mut conn);
+        Ok(conn)
+    }
+
+    /// [`Pool::checkout`]'s common case alone: an idle connection ready to hand out, or None.
+    /// A session calls it first so that its task keeps no room for the waiting future.
+    pub fn checkout_at_once(&self) -> Option<Box<ServerConn>> {
+        let mut conn = self.take_idle_now()?;
+        self.stats.here().wait_duration.observe_us(0);
+        self.serve_here(&mut conn);
+        Some(conn)
+    }
+
+    /// Moves `conn` to the calling worker's event loop if it served another one.
+    fn serve_here(&self, conn: &mut ServerConn) {
         if conn.move_here() {
             self.stats
                 .here()
                 .server_moves
                 .fetch_add(1, Ordering::Relaxed);
         }
-        Ok(conn)
     }
 
     /// An idle connection ready to hand out, or None (then [`Pool::checkout_slowly`]).
@@ -397,7 +416,17 @@ impl Pool {
     }
 
     /// [`Pool::checkout`] when no idle connection could be handed out at once.
-    async fn checkout_slowly(&self) -> Result<Box<ServerConn>, CheckoutError> {
+    async fn checkout_slowly(
+        &self,
+        stop: Option<&AtomicBool>,
+    ) -> Result<Box<ServerConn>, CheckoutError> {
+        // Ready once `stop` is set (polled again when its setter wakes the task).
+        let stopped = || {
+            std::future::poll_fn(move |_| match stop {
+                Some(s) if s.load(Ordering::Relaxed) => std::task::Poll::Ready(()),
+                _ => std::task::Poll::Pending,
+            })
+        };
         let started = Instant::now();
         let settings = self.settings.load_full();
         let deadline = started + settings.query_wait_timeout;
@@ -450,18 +479,41 @@ impl Pool {
                     if !self.state.lock().paused {
                         continue;
                     }
-                    if tokio::time::timeout_at(deadline.into(), notified)
-                        .await
-                        .is_err()
-                    {
-                        return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
+                    tokio::select! {
+                        biased;
+                        () = stopped() => return Err(CheckoutError::Stopped),
+                        waited = tokio::time::timeout_at(deadline.into(), notified) => {
+                            if waited.is_err() {
+                                return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
+                            }
+                        }
                     }
                     now = Instant::now();
                     continue;
                 }
                 Some(Ok(g)) => g,
                 Some(Err(mut rx)) => {
-                    let grant = match tokio::time::timeout_at(deadline.into(), &mut rx).await {
+                    let waited = tokio::select! {
+                        biased;
+                        waited = tokio::time::timeout_at(deadline.into(), &mut rx) => Some(waited),
+                        () = stopped() => None,
+                    };
+                    let Some(waited) = waited else {
+                        // Killed while queued: as for a timeout below, a grant sent just before
+                        // is taken, and given back, never dropped with the receiver.
+                        rx.close();
+                        match rx.try_recv() {
+                            Ok(g) => {
+                                self.give_back_grant(g);
+                                return Err(CheckoutError::Stopped);
+                            }
+                            Err(_) => {
+                                self.state.lock().waiters.retain(|w| !w.grant.is_closed());
+                                return Err(CheckoutError::Stopped);
+                            }
+                        }
+                    };
+                    let grant = match waited {
                         Ok(Ok(g)) => g,
                         Ok(Err(_)) => return Err(CheckoutError::Closed),
                         Err(_) => {
@@ -666,6 +718,15 @@ impl Pool {
             }
         }
         st.total -= 1;
+    }
+
+    /// A grant its waiter no longer wants (killed as it came): the connection goes back to
+    /// the pool, the slot to the next waiter.
+    fn give_back_grant(&self, grant: Grant) {
+        match grant {
+            Grant::Conn(conn) => self.checkin(conn),
+            Grant::Slot => self.give_slot_back(),
+        }
     }
 
     fn forget(&self, conn: &ServerConn) {

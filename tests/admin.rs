@@ -623,8 +623,8 @@ async fn client_id(admin: &Client, application_name: &str) -> String {
 }
 
 /// KILL_CLIENT id: the client is told and disconnected, its open transaction rolled back, a
-/// client waiting for a server runs nothing of what it sent, the others go on; an unknown id
-/// is an error.
+/// client waiting for a server stops waiting at once and runs nothing of what it sent, the
+/// others go on; an unknown id is an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_client_ends_one_client_and_rolls_back_its_work() {
     const DB: &str = "admin_kill_client";
@@ -663,6 +663,17 @@ async fn kill_client_ends_one_client_and_rolls_back_its_work() {
         .simple_query(&format!("KILL_CLIENT {waiter_id}"))
         .await
         .unwrap();
+    // The waiter is gone at once, while the victim still holds the only server.
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("a killed waiter stops waiting")
+        .unwrap();
+    let err = waited.expect_err("a killed waiter's query");
+    assert!(
+        err.as_db_error()
+            .is_some_and(|e| e.code().code() == "57P01"),
+        "{err:?}"
+    );
     let victim_id = client_id(&admin, "victim").await;
     admin
         .simple_query(&format!("KILL_CLIENT {victim_id}"))
@@ -677,16 +688,6 @@ async fn kill_client_ends_one_client_and_rolls_back_its_work() {
         err.as_db_error()
             .is_some_and(|e| e.code().code() == "57P01")
             || victim.is_closed(),
-        "{err:?}"
-    );
-    let waited = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the killed waiter returns")
-        .unwrap();
-    let err = waited.expect_err("a killed waiter's query");
-    assert!(
-        err.as_db_error()
-            .is_some_and(|e| e.code().code() == "57P01"),
         "{err:?}"
     );
     let rows = bystander
@@ -710,8 +711,9 @@ async fn kill_client_ends_one_client_and_rolls_back_its_work() {
     proxy.shutdown().await;
 }
 
-/// KILL db: every client of the database is disconnected and its servers closed; a new
-/// client waits (the database is paused) until RESUME.
+/// KILL db: every client of the database is disconnected and its servers closed, a client
+/// waiting in the paused database too; a new client waits (the database is paused) until
+/// RESUME.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_disconnects_a_database_until_resume() {
     const DB: &str = "admin_kill";
@@ -742,6 +744,31 @@ async fn kill_disconnects_a_database_until_resume() {
     })
     .await;
     assert!(!query.is_finished(), "a query ran while killed");
+    // KILL again: the client waiting in the paused database is disconnected at once.
+    admin.simple_query(&format!("KILL {DB}")).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), query)
+        .await
+        .expect("a killed client stops waiting")
+        .unwrap()
+        .expect_err("a killed client's query");
+    assert!(
+        err.as_db_error()
+            .is_some_and(|e| e.code().code() == "57P01"),
+        "{err:?}"
+    );
+    let later = connect(&url(addr, DB)).await;
+    let query = tokio::spawn(async move { later.simple_query("SELECT 1").await.map(|_| ()) });
+    wait_until(
+        "another new client waiting",
+        Duration::from_secs(5),
+        || async {
+            num(
+                row_for(&show(&admin, "SHOW POOLS").await.1, DB),
+                "cl_waiting",
+            ) == 1
+        },
+    )
+    .await;
     admin.simple_query(&format!("RESUME {DB}")).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), query)
         .await

@@ -513,7 +513,7 @@ impl Session {
         let held = own.is_some();
         let mut server: Box<ServerConn> = match own {
             Some(s) => s,
-            None => match self.pool.checkout().await {
+            None => match self.pool.checkout(Some(self.info.killed_flag())).await {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(error = %e, "no server to read the catalog for the result cache");

@@ -627,7 +627,7 @@ impl Session {
     }
 
     async fn login_checkout(&mut self) -> Result<Box<ServerConn>, String> {
-        match self.pool.checkout().await {
+        match self.pool.checkout(Some(self.info.killed_flag())).await {
             Ok(s) => Ok(s),
             Err(e) => {
                 let msg = e.to_string();
@@ -661,7 +661,7 @@ impl Session {
                     .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &msg)
                     .await;
             }
-            CheckoutError::Closed => {
+            CheckoutError::Closed | CheckoutError::Stopped => {
                 self.shutdown_client().await;
             }
         }
@@ -1135,20 +1135,33 @@ impl Session {
             return Err(End::ClientGone);
         }
         // The error's future is made inside the match and awaited after it: awaited inside,
-        // the match's checkout result would take room in the session's task.
-        let failed = match self.pool.checkout().await {
-            // Killed while it waited: nothing of what it asked for runs.
-            Ok(server) if self.info.is_killed() => {
-                self.pool.checkin(server);
-                self.shutdown_client()
-            }
-            Ok(server) => {
-                self.hold(server);
-                return Ok(());
-            }
-            Err(e) => self.checkout_failed(e),
+        // the match's checkout result would take room in the session's task. The wait is
+        // boxed (the task keeps no room for it either), and a kill ends it.
+        let failed = match self.pool.checkout_at_once() {
+            Some(server) => self.use_server(server),
+            None => match Box::pin(self.pool.checkout(Some(self.info.killed_flag()))).await {
+                Ok(server) => self.use_server(server),
+                Err(e) => Some(self.checkout_failed(e)),
+            },
         };
-        Err(failed.await)
+        match failed {
+            None => Ok(()),
+            Some(failed) => Err(failed.await),
+        }
+    }
+
+    /// Holds the server the pool gave, unless the client was killed meanwhile: then it goes
+    /// back, and nothing of what the client asked for runs.
+    fn use_server(
+        &mut self,
+        server: Box<ServerConn>,
+    ) -> Option<Pin<Box<dyn std::future::Future<Output = End> + Send + '_>>> {
+        if self.info.is_killed() {
+            self.pool.checkin(server);
+            return Some(self.shutdown_client());
+        }
+        self.hold(server);
+        None
     }
 
     /// Tells the client why it got no server. Boxed: rare, and the session's task need not
