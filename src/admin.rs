@@ -238,7 +238,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             Ok(Reply::Done("RESUME".into()))
         }
         ["reconnect"] | ["reconnect", _] => {
-            for pool in pools_of(app, words.get(1).copied()) {
+            for pool in app.pools_of(words.get(1).copied()) {
                 pool.reconnect().await;
             }
             Ok(Reply::Done("RECONNECT".into()))
@@ -264,7 +264,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             Ok(Reply::Done(verb.to_ascii_uppercase()))
         }
         ["wait_close"] | ["wait_close", _] => {
-            until_none(&pools_of(app, words.get(1).copied()), |p| p.retiring() > 0).await;
+            until_none(&app.pools_of(words.get(1).copied()), |p| p.retiring() > 0).await;
             Ok(Reply::Done("WAIT_CLOSE".into()))
         }
         ["kill"] | ["kill", _] => {
@@ -300,14 +300,6 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             format!("invalid command '{}', use SHOW HELP;", sql.trim()),
         )),
     }
-}
-
-/// The pools of database `db` (any case, as the console reads its words), or all.
-fn pools_of(app: &App, db: Option<&str>) -> Vec<Arc<crate::pool::Pool>> {
-    app.pools()
-        .into_iter()
-        .filter(|p| db.is_none_or(|d| p.key.database.eq_ignore_ascii_case(d)))
-        .collect()
 }
 
 /// Returns once `busy` holds for none of `pools`, looking every 20 ms (PAUSE, WAIT_CLOSE).
@@ -940,14 +932,17 @@ fn database_names(config: &crate::config::Config, pools: &[Arc<crate::pool::Pool
 
 /// The client users SHOW USERS and SHOW LISTS count: the configured ones and those with a
 /// pool or a connection (with no `[users]`, the upstream role).
-fn user_names(app: &App, pools: &[Arc<crate::pool::Pool>]) -> Vec<String> {
-    let config = app.config.load();
+fn user_names(
+    config: &crate::config::Config,
+    pools: &[Arc<crate::pool::Pool>],
+    clients: &[Arc<crate::app::ClientInfo>],
+) -> Vec<String> {
     let mut names: Vec<String> = config
         .users
         .keys()
         .cloned()
         .chain(pools.iter().map(|p| p.key.user.clone()))
-        .chain(app.clients().iter().map(|c| c.user.to_string()))
+        .chain(clients.iter().map(|c| c.user.to_string()))
         .collect();
     names.sort();
     names.dedup();
@@ -977,16 +972,14 @@ pub fn show_databases(app: &App) -> Table {
                 |k| k.database == name,
                 |c| *c.database == *name,
             );
-            let paused = app.is_paused_database(&name)
-                || pools
-                    .iter()
-                    .any(|p| p.key.database == name && p.is_paused());
+            // Pools are paused only through the app's record of paused databases.
+            let paused = app.is_paused_database(&name);
             Some(vec![
                 text(&name),
                 text(&db.host),
                 text(db.port),
                 text(&db.dbname),
-                db.server_user.as_ref().map(text).unwrap_or(None),
+                db.server_user.as_ref().and_then(text),
                 text(db.pool_size),
                 text(db.min_pool_size),
                 text(0),
@@ -1032,7 +1025,7 @@ pub fn show_users(app: &App) -> Table {
     let config = app.config.load();
     let pools = app.pools();
     let clients = app.clients();
-    let rows = user_names(app, &pools)
+    let rows = user_names(&config, &pools, &clients)
         .into_iter()
         .map(|name| {
             let user = config.users.get(&name);
@@ -1084,7 +1077,7 @@ pub fn show_lists(app: &App) -> Table {
     let (servers, _) = connections(&pools, &[], |_| true, |_| false);
     let items = [
         ("databases", database_names(&config, &pools).len()),
-        ("users", user_names(app, &pools).len()),
+        ("users", user_names(&config, &pools, &clients).len()),
         ("peers", 0),
         ("pools", pools.len()),
         ("peer_pools", 0),

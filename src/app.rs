@@ -324,15 +324,19 @@ impl App {
                 None => paused.all = true,
             }
         }
-        let pools: Vec<Arc<Pool>> = self
-            .pools()
-            .into_iter()
-            .filter(|p| database.is_none_or(|db| p.key.database.eq_ignore_ascii_case(db)))
-            .collect();
+        let pools = self.pools_of(database);
         for p in &pools {
             p.pause();
         }
         pools
+    }
+
+    /// The pools of `database` (any case, as the console reads its words), or all of them.
+    pub fn pools_of(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
+        self.pools()
+            .into_iter()
+            .filter(|p| database.is_none_or(|db| p.key.database.eq_ignore_ascii_case(db)))
+            .collect()
     }
 
     /// Whether the console's PAUSE (or KILL) without a database is in force.
@@ -357,10 +361,8 @@ impl App {
                 None => *paused = Paused::default(),
             }
         }
-        for p in self.pools() {
-            if database.is_none_or(|db| p.key.database.eq_ignore_ascii_case(db)) {
-                p.resume();
-            }
+        for p in self.pools_of(database) {
+            p.resume();
         }
         Ok(())
     }

@@ -442,8 +442,8 @@ pub struct General {
     pub server_check_delay: Duration,
     /// The query of that health check. Default `;` (an empty query: one round trip).
     pub server_check_query: String,
-    /// SHOW STATS' `avg_*` columns are averages since the last period boundary, as
-    /// PgBouncer's `stats_period`. Default 60 s.
+    /// SHOW STATS' `avg_*` columns are averages from the period boundary before the last to
+    /// now (one to two periods), as PgBouncer's `stats_period`. Default 60 s.
     pub stats_period: Duration,
     /// A client must finish startup and authentication within this. Default 60 s.
     pub client_login_timeout: Duration,

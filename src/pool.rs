@@ -99,8 +99,13 @@ impl Limits {
     /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
     /// and must be closed.
     fn outlived(&self, conn: &ServerConn, now: Instant) -> bool {
-        now.saturating_duration_since(conn.created) >= self.server_lifetime
-            || self.retire_before.is_some_and(|t| conn.created <= t)
+        now.saturating_duration_since(conn.info.created) >= self.server_lifetime
+            || self.retired(&conn.info)
+    }
+
+    /// Whether `server` was open at the last RECONNECT.
+    fn retired(&self, server: &ServerInfo) -> bool {
+        self.retire_before.is_some_and(|t| server.created <= t)
     }
 
     /// Whether `conn` has been idle long enough at `now` to be checked before it is handed out.
@@ -360,21 +365,31 @@ impl Pool {
         &self,
         stop: Option<&AtomicBool>,
     ) -> Result<Box<ServerConn>, CheckoutError> {
-        if let Some(conn) = self.checkout_at_once() {
-            return Ok(conn);
+        match self.checkout_at_once() {
+            Some(conn) => Ok(conn),
+            None => Box::pin(self.checkout_waiting(stop)).await,
         }
-        let mut conn = Box::pin(self.checkout_slowly(stop)).await?;
-        self.serve_here(&mut conn);
-        Ok(conn)
     }
 
-    /// [`Pool::checkout`]'s common case alone: an idle connection ready to hand out, or None.
-    /// A session calls it first so that its task keeps no room for the waiting future.
+    /// [`Pool::checkout`]'s common case alone: an idle connection ready to hand out, or None
+    /// (then [`Pool::checkout_waiting`]). A session calls the two itself so that its task
+    /// keeps no room for the waiting future.
     pub fn checkout_at_once(&self) -> Option<Box<ServerConn>> {
         let mut conn = self.take_idle_now()?;
         self.stats.here().wait_duration.observe_us(0);
         self.serve_here(&mut conn);
         Some(conn)
+    }
+
+    /// [`Pool::checkout`] when [`Pool::checkout_at_once`] found nothing: waits, connects,
+    /// discards or checks as needed.
+    pub async fn checkout_waiting(
+        &self,
+        stop: Option<&AtomicBool>,
+    ) -> Result<Box<ServerConn>, CheckoutError> {
+        let mut conn = self.checkout_slowly(stop).await?;
+        self.serve_here(&mut conn);
+        Ok(conn)
     }
 
     /// Moves `conn` to the calling worker's event loop if it served another one.
@@ -744,20 +759,20 @@ impl Pool {
     /// Whether `server` was open at the last RECONNECT and is closed when next released
     /// (SHOW SERVERS' close_needed).
     pub fn is_retired(&self, server: &ServerInfo) -> bool {
-        let before = self.state.lock().limits.retire_before;
-        before.is_some_and(|t| server.created <= t)
+        self.state.lock().limits.retired(server)
     }
 
     /// How many server connections open at the last RECONNECT are still open (the console's
     /// WAIT_CLOSE waits for none).
     pub fn retiring(&self) -> usize {
-        let Some(before) = self.state.lock().limits.retire_before else {
+        let limits = self.state.lock().limits;
+        if limits.retire_before.is_none() {
             return 0;
-        };
+        }
         self.servers
             .lock()
             .values()
-            .filter(|s| s.created <= before)
+            .filter(|s| limits.retired(s))
             .count()
     }
 

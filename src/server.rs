@@ -94,7 +94,7 @@ pub struct ServerInfo {
     pub local_addr: SocketAddr,
     pub backend_pid: i32,
     pub connect_time: std::time::SystemTime,
-    /// The same moment as [`ServerConn::created`], for the console's WAIT_CLOSE.
+    /// When the connection was opened (server_lifetime, RECONNECT).
     pub created: Instant,
     pub tls: bool,
     state: AtomicU8,
@@ -129,7 +129,6 @@ pub struct ServerConn {
     pub settings: Vars,
     /// Transaction status from the last ReadyForQuery.
     pub status: u8,
-    pub created: Instant,
     pub last_used: Instant,
     /// When the pool last handed it out (the start of the holder's transaction time).
     pub checked_out: Instant,
@@ -180,7 +179,6 @@ impl ServerConn {
             status: b'I',
             prepared: crate::statements::ServerSet::new(500),
             describing: BytesMut::new(),
-            created: now,
             last_used: now,
             checked_out: now,
             params_synced_for: None,

@@ -1139,7 +1139,8 @@ impl Session {
         // boxed (the task keeps no room for it either), and a kill ends it.
         let failed = match self.pool.checkout_at_once() {
             Some(server) => self.use_server(server),
-            None => match Box::pin(self.pool.checkout(Some(self.info.killed_flag()))).await {
+            None => match Box::pin(self.pool.checkout_waiting(Some(self.info.killed_flag()))).await
+            {
                 Ok(server) => self.use_server(server),
                 Err(e) => Some(self.checkout_failed(e)),
             },
