@@ -92,11 +92,10 @@ mod tests {
         assert_eq!(small.capacity(), 0);
         assert!(FREE.with(|free| free.borrow().is_empty()));
         let mut big = BytesMut::with_capacity(MAX_KEPT_CAPACITY * 2);
-        let address = big.as_ptr();
         take_back(&mut big);
         assert_eq!(big.capacity(), 0);
-        let mut next = BytesMut::new();
-        lend(&mut next);
-        assert_ne!(next.as_ptr(), address);
+        // Not kept for the next lend. (Comparing the next lent buffer's address with the big
+        // one's failed now and then: the allocator may hand the freed memory out again.)
+        assert!(FREE.with(|free| free.borrow().is_empty()));
     }
 }
