@@ -172,24 +172,13 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             Ok(Reply::Done("CACHE FLUSH".into()))
         }
         ["cache", "flush", "database", db] => {
-            app.cache.flush(crate::cache::FlushTarget::Database(db));
+            for id in server_databases(app, Some(db)) {
+                app.cache.flush(crate::cache::FlushTarget::Database(&id));
+            }
             Ok(Reply::Done("CACHE FLUSH".into()))
         }
         ["cache", "flush", "table", table] | ["cache", "flush", "table", table, _] => {
-            let databases: Vec<String> = match words.get(4) {
-                Some(db) => vec![db.to_string()],
-                None => {
-                    let mut dbs: Vec<String> = app
-                        .pools()
-                        .iter()
-                        .map(|p| p.settings().target.dbname.clone())
-                        .collect();
-                    dbs.sort();
-                    dbs.dedup();
-                    dbs
-                }
-            };
-            for db in &databases {
+            for db in &server_databases(app, words.get(4).copied()) {
                 app.cache.flush(crate::cache::FlushTarget::Table(db, table));
             }
             Ok(Reply::Done("CACHE FLUSH".into()))
@@ -1116,6 +1105,26 @@ pub fn show_config(app: &App) -> Table {
         columns: vec!["key", "value", "default", "changeable"],
         rows,
     }
+}
+
+/// The server databases ([`crate::server::ServerTarget::database_id`]) of the pools whose
+/// database is named `name` on its server (or is that id), or of every pool: what the
+/// cache's flushes name.
+fn server_databases(app: &App, name: Option<&str>) -> Vec<std::sync::Arc<str>> {
+    let mut ids: Vec<std::sync::Arc<str>> = app
+        .pools()
+        .iter()
+        .map(|p| p.settings().target.clone())
+        .filter(|t| name.is_none_or(|n| t.dbname == n || &*t.database_id == n))
+        .map(|t| t.database_id)
+        .collect();
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        // No pool has that name now: entries may still be kept under it as an id.
+        ids.extend(name.map(Into::into));
+    }
+    ids
 }
 
 #[cfg(test)]

@@ -386,6 +386,7 @@ impl App {
         };
         Some(PoolSettings {
             target: ServerTarget {
+                database_id: ServerTarget::database_id(&db.host, db.port, &db.dbname),
                 host: db.host,
                 port: db.port,
                 dbname: db.dbname,

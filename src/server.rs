@@ -23,10 +23,21 @@ pub struct ServerTarget {
     pub host: String,
     pub port: u16,
     pub dbname: String,
+    /// The server database as the caches and registries key it: `host:port/dbname`. Two
+    /// database entries may name databases of the same name on different servers, and what
+    /// is known of one (cached results, statements, table versions) is not the other's.
+    pub database_id: std::sync::Arc<str>,
     pub user: String,
     pub password: Option<String>,
     pub tls_mode: ServerTlsMode,
     pub tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl ServerTarget {
+    /// [`ServerTarget::database_id`] for a server at `host:port` and its database `dbname`.
+    pub fn database_id(host: &str, port: u16, dbname: &str) -> std::sync::Arc<str> {
+        format!("{host}:{port}/{dbname}").into()
+    }
 }
 
 impl std::fmt::Debug for ServerTarget {

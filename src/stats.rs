@@ -127,7 +127,7 @@ pub struct PoolStripe {
     pub client_moves: AtomicU64,
     /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
     /// counted when the reason appears.
-    pub pins: [AtomicU64; 5],
+    pub pins: [AtomicU64; crate::session::state::Pins::ALL.len()],
 }
 
 /// What one session counted since it last reported.
@@ -273,7 +273,7 @@ pub struct StatsSnapshot {
     pub serverless_batches: u64,
     pub server_moves: u64,
     pub client_moves: u64,
-    pub pins: [u64; 5],
+    pub pins: [u64; crate::session::state::Pins::ALL.len()],
 }
 
 /// The totals at the last two boundaries of PgBouncer's `stats_period`: SHOW STATS' averages
@@ -361,7 +361,7 @@ mod tests {
             (s.xact_count, s.bytes_sent, s.autoprepared, s.client_moves),
             (4, 200, 2, 3)
         );
-        assert_eq!(s.pins, [0, 0, 0, 0, 1]);
+        assert_eq!(s.pins, [0, 0, 0, 0, 1, 0]);
         let (counts, sum_us) = stats.xact_durations();
         assert_eq!((counts[1], counts[2], counts[14]), (0, 1, 2));
         assert_eq!(sum_us, 20_000_300);

@@ -137,7 +137,9 @@ fn quote_ident(s: &str) -> String {
 }
 
 /// The query that resolves the relations `reads` names under `search_path` (None: the
-/// server's own), with everything they reach through views and partitions.
+/// server's own), with everything they reach through views, partitions and row-level
+/// security policies (the tables a policy's expressions read: a write to one of them changes
+/// which rows the policy lets through).
 pub fn resolve_sql(reads: &Reads, search_path: Option<&str>) -> String {
     let names: Vec<String> = reads
         .relations
@@ -163,7 +165,11 @@ pub fn resolve_sql(reads: &Reads, search_path: Option<&str>) -> String {
              ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid \
              AND d.refclassid = 'pg_class'::regclass \
            WHERE r.rulename = '_RETURN' AND d.refobjid <> r.ev_class \
-           UNION ALL SELECT inhparent, inhrelid FROM pg_inherits), \
+           UNION ALL SELECT inhparent, inhrelid FROM pg_inherits \
+           UNION ALL SELECT p.polrelid, d.refobjid FROM pg_policy p JOIN pg_depend d \
+             ON d.classid = 'pg_policy'::regclass AND d.objid = p.oid \
+             AND d.refclassid = 'pg_class'::regclass AND d.refobjsubid = 0 \
+           WHERE d.refobjid <> p.polrelid), \
          named(name, oid) AS (SELECT n, to_regclass(n) FROM unnest(ARRAY[{}]::text[]) n), \
          closure(oid) AS (SELECT oid FROM named WHERE oid IS NOT NULL \
            UNION SELECT e.child FROM closure c JOIN edges e ON e.parent = c.oid) \

@@ -255,7 +255,11 @@ pub struct ResultCache {
 
 /// Where a lookup happens: the client's context.
 pub struct Where<'a> {
+    /// The server database ([`crate::server::ServerTarget::database_id`]): what keys,
+    /// versions and plans are per.
     pub database: &'a str,
+    /// Its name on the server, which rules name.
+    pub name: &'a str,
     pub user: &'a str,
     /// The search_path the client's queries run with; None: the server's default.
     /// Whether a transaction block is open or other work is in flight.
@@ -657,7 +661,7 @@ impl ResultCache {
                 let Some(i) = cfg
                     .rules
                     .iter()
-                    .position(|r| r.matches(at.database, at.user, text, query.hash))
+                    .position(|r| r.matches(at.name, at.user, text, query.hash))
                 else {
                     return Lookup::Pass;
                 };
@@ -1195,7 +1199,8 @@ pub struct ClientCache {
     /// What `context` was built from.
     context_of: Option<(u64, u32)>,
     /// The search_path the context was built with (None: the server's default), its hash
-    /// with the database (plans are per search_path), and the database.
+    /// with the database and the roles (plans are per search_path and role), and the
+    /// database.
     search_path: Option<Box<str>>,
     path_hash: u64,
     database: Arc<str>,
@@ -1286,13 +1291,17 @@ impl ClientCache {
         statement_context: u32,
         database: &str,
         search_path: Option<&str>,
+        roles: [Option<&str>; 3],
         parts: &[&str],
     ) {
         if &*self.database != database {
             self.database = database.into();
         }
         self.search_path = search_path.map(Into::into);
-        self.path_hash = lexer::hasher().hash_one((database, search_path));
+        // A name resolves by the search_path as the server expands it: `$user` is the current
+        // role, and an unset search_path is the role's default (ALTER ROLE ... SET): plans
+        // are per role as well.
+        self.path_hash = lexer::hasher().hash_one((database, search_path, roles));
         self.context.clear();
         self.context.extend_from_slice(database.as_bytes());
         self.context.push(0);
@@ -1453,7 +1462,7 @@ mod tests {
             ..Default::default()
         });
         let mut client = ClientCache::new(false);
-        client.set_context(1, 0, "db", None, &["role"]);
+        client.set_context(1, 0, "db", None, [Some("role"), None, None], &["role"]);
         (cache, client)
     }
 
@@ -1475,7 +1484,7 @@ mod tests {
             .expect("still known");
         assert!(Arc::ptr_eq(&hit, &one));
         // Another context does not see it.
-        client.set_context(2, 0, "db", None, &["other role"]);
+        client.set_context(2, 0, "db", None, [Some("other role"), None, None], &["other role"]);
         assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
     }
 

@@ -140,7 +140,7 @@ impl Session {
             return false;
         }
         let settings = self.pool.settings_now();
-        let database = &settings.target.dbname;
+        let database = &settings.target.database_id;
         let max_lag = self.app.config.load().cache.max_lag;
         !self.app.wal.ready(
             &self.app.cache,
@@ -289,11 +289,17 @@ impl Session {
                     .join("\u{2}");
                 parts.push(&all_settings);
             }
+            let roles = [
+                Some(settings.target.user.as_str()),
+                self.settings.get("role"),
+                self.settings.get("session_authorization"),
+            ];
             client.set_context(
                 self.params_version,
                 statement_context,
-                &settings.target.dbname,
+                &settings.target.database_id,
                 search_path,
+                roles,
                 &parts,
             );
         }
@@ -330,7 +336,8 @@ impl Session {
         }
         let settings = self.pool.settings_now();
         let at = Where {
-            database: &settings.target.dbname,
+            database: &settings.target.database_id,
+            name: &settings.target.dbname,
             user: &self.info.user,
             transaction: Transaction::Idle,
             wal_behind,
@@ -397,7 +404,8 @@ impl Session {
     ) -> Lookup {
         let settings = self.pool.settings_now();
         let at = Where {
-            database: &settings.target.dbname,
+            database: &settings.target.database_id,
+            name: &settings.target.dbname,
             user: &self.info.user,
             transaction,
             // Asked again each round: a wait or a catalog read may outlast the stream.
@@ -550,7 +558,7 @@ impl Session {
     /// The client is gone: what it sent may still commit.
     pub(super) fn cache_abandon(&mut self) {
         if let Some(client) = self.cache.as_mut() {
-            client.abandon(&self.app.cache, &self.pool.settings().target.dbname);
+            client.abandon(&self.app.cache, &self.pool.settings().target.database_id);
         }
     }
 }

@@ -331,6 +331,9 @@ struct Session {
     autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
     /// Whether the client's settings allow autoprepare, as of a `params_version`.
     autoprepare_allowed: AllowedAt,
+    /// Whether the client reads strings as the SQL standard does (standard_conforming_strings
+    /// on), as of a `params_version`: pgmemo's lexers read them so.
+    standard_strings: AllowedAt,
     /// An autoprepared query's RowDescription waits in `autoprepare.held`.
     held_description: bool,
     /// The result cache's state for this client, made at its first Query or Bind while the
@@ -493,6 +496,7 @@ impl Session {
             retry: planner::Retry::default(),
             autoprepare: None,
             autoprepare_allowed: AllowedAt::default(),
+            standard_strings: AllowedAt::default(),
             held_description: false,
             cache: None,
             copy_garbage: false,
@@ -510,12 +514,12 @@ impl Session {
             // Statements are shared only between clients for whom the same text means the same
             // thing: same database, same server role, same search_path.
             let context = self.app.registry.context(
-                &pool_settings.target.dbname,
+                &pool_settings.target.database_id,
                 &pool_settings.target.user,
                 self.settings.get("search_path").unwrap_or(""),
             );
             let schema = crate::statements::schema::SchemaWatch::new(
-                self.app.registry.schema_epoch(&pool_settings.target.dbname),
+                self.app.registry.schema_epoch(&pool_settings.target.database_id),
             );
             self.stmts = Some(ClientStatements::new(context, schema));
         }
@@ -1453,7 +1457,7 @@ impl Session {
                 caching::after_server_message(
                     client,
                     &self.app.cache,
-                    &pool_settings.target.dbname,
+                    &pool_settings.target.database_id,
                     &self.client.wbuf[out_at..],
                     tag,
                     body,
@@ -1537,23 +1541,51 @@ impl Session {
     /// `query_words`) or, without the statement planner, a Parse may do to the session's
     /// state (see [`state`]).
     fn note_state(&mut self, tag: u8, len: usize, query_text_len: Option<usize>, query_words: u32) {
+        let standard = self.standard_strings();
         let body = &self.client.rbuf[5..len];
         let text = match tag {
             fe::QUERY => query_text_len.map(|n| &body[..n]),
             fe::PARSE if self.stmts.is_none() => fe::Parse::parse(body).map(|p| p.query),
+            // Its statement was read with standard strings: probed after, whatever it does.
+            fe::BIND if !standard => {
+                self.state.touched = true;
+                None
+            }
             _ => None,
         };
         if let Some(text) = text {
-            let touch = if tag == fe::QUERY {
+            let mut touch = if tag == fe::QUERY {
                 state::touch_found(query_words, text)
             } else {
                 state::touch(text)
             };
+            if !standard {
+                // Backslashes in plain strings: where a statement starts is read by PostgreSQL's
+                // parser alone, so every text is probed after and read for settings.
+                touch.probe = true;
+                touch.custom = true;
+            }
             self.state.note(touch);
             if touch.custom {
-                self.state.note_custom(&state::custom_settings(text));
+                self.state
+                    .note_custom(&state::custom_settings(text, standard));
             }
         }
+    }
+
+    /// Whether the client's standard_conforming_strings is on (worked out once per
+    /// `params_version`): off, backslashes escape in plain strings, which pgmemo's lexers do
+    /// not read so (its queries are then neither cached nor autoprepared).
+    fn standard_strings(&mut self) -> bool {
+        if let Some(standard) = self.standard_strings.at(self.params_version) {
+            return standard;
+        }
+        let standard = self
+            .reported
+            .get("standard_conforming_strings")
+            .is_some_and(|v| v.eq_ignore_ascii_case("on"));
+        self.standard_strings = AllowedAt::new(self.params_version, standard);
+        standard
     }
 
     /// After a transaction that may have changed the session's state: asks the server what it

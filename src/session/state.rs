@@ -55,6 +55,20 @@ pub struct Touch {
     pub custom: bool,
 }
 
+/// What [`custom_settings`] makes of a text.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Custom {
+    /// The custom settings it sets by name, as PostgreSQL resolves the name (lower case:
+    /// setting names are case-insensitive).
+    pub names: Vec<Box<str>>,
+    /// It may set settings pgmemo cannot name (`set_config` with a computed name, or a text
+    /// that names `set_config` where pgmemo cannot read the call: dynamic SQL, a `DO` block):
+    /// the client keeps its server ([`Pins::SETTINGS`]).
+    pub unnamed: bool,
+    /// It ends with every setting reset (`RESET ALL`, `DISCARD ALL`), unnamed ones included.
+    pub reset_all: bool,
+}
+
 /// Reads `text` (a prepared statement's).
 pub fn touch(text: &[u8]) -> Touch {
     touch_found(crate::words::in_query(text), text)
@@ -66,8 +80,9 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
     if found == 0 {
         return Touch::default();
     }
-    let mut probe = found & !LEADING != 0;
+    let probe = found & !LEADING != 0;
     let mut load = false;
+    let mut set = false;
     if found & LEADING != 0 {
         let text = match std::str::from_utf8(text) {
             Ok(text) => std::borrow::Cow::Borrowed(text),
@@ -79,7 +94,7 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
             .is_none_or(|at| text[at + 1..].trim_ascii().is_empty());
         let mut leading = |statement: &str| {
             if let Some(word) = sql::leading_words(statement, 1).first() {
-                probe |= sql::is_keyword(word, "set");
+                set |= sql::is_keyword(word, "set");
                 load |= sql::is_keyword(word, "load");
             }
         };
@@ -90,60 +105,143 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
         }
     }
     Touch {
-        probe: probe || load,
+        probe: probe || load || set,
         load,
-        custom: found & (query::SET | query::SET_CONFIG) != 0 && text.contains(&b'.'),
+        // Any name may be a custom setting's however it is spelt (`"app.tenant"`,
+        // `E'app\x2etenant'`): every SET and every text naming set_config is read.
+        custom: set || found & (query::SET_CONFIG | query::RESET | query::DISCARD) != 0,
     }
 }
 
 /// The custom settings (dotted names: `app.tenant`, `my.flag`) that `text` sets with
-/// `SET [SESSION | LOCAL] name ...` or `set_config('name', ...)`, lower-cased. PostgreSQL
-/// keeps those as placeholders that `pg_settings` does not show, so the probe asks for each
-/// by name. A name computed at run time (`set_config($1, ...)`, dynamic SQL) is not seen.
-pub fn custom_settings(text: &[u8]) -> Vec<Box<str>> {
-    let text = String::from_utf8_lossy(text);
-    let mut names: Vec<Box<str>> = Vec::new();
-    let mut add = |name: &str| {
-        let name = name.to_ascii_lowercase();
-        if name.contains('.') && !names.iter().any(|n| **n == *name) {
-            names.push(name.into());
-        }
+/// `SET [SESSION] name ...` or `set_config(name, value, false)`, read with PostgreSQL's own
+/// parser (`standard_strings`: the client's standard_conforming_strings), so a name is found
+/// however it is spelt: quoted, in an escape string, a Unicode escape or a dollar quote.
+/// PostgreSQL keeps those as placeholders that `pg_settings` does not show, so the probe asks
+/// for each by name. What pgmemo cannot name is [`Custom::unnamed`].
+pub fn custom_settings(text: &[u8], standard_strings: bool) -> Custom {
+    let mut custom = Custom::default();
+    let Ok(text) = std::str::from_utf8(text) else {
+        // Not UTF-8: the server refuses it in a UTF-8 database; elsewhere it is not read.
+        custom.unnamed = true;
+        return custom;
     };
-    let dotted = |s: &str| -> usize {
-        s.bytes()
-            .take_while(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'$')
-            .count()
+    let options = if standard_strings {
+        pg_query::ParserOptions::default()
+    } else {
+        pg_query::ParserOptions::DISABLE_STANDARD_CONFORMING_STRINGS
     };
-    for statement in sql::split(&text) {
-        let words = sql::leading_words(statement, 3);
-        if words.first().is_some_and(|w| sql::is_keyword(w, "set")) {
-            let at = match words.get(1) {
-                Some(w) if sql::is_keyword(w, "session") || sql::is_keyword(w, "local") => 2,
-                _ => 1,
-            };
-            if let Some(word) = words.get(at) {
-                // A subslice of `statement`: the dotted name continues past the word.
-                let start = word.as_ptr() as usize - statement.as_ptr() as usize;
-                let rest = &statement[start..];
-                add(&rest[..dotted(rest)]);
+    let tree = match pg_query::parse(text, options) {
+        Ok(parsed) => serde_json::to_value(&parsed.protobuf).ok(),
+        // The server refuses it too: nothing runs.
+        Err(_) => return custom,
+    };
+    let Some(tree) = tree else {
+        custom.unnamed = true;
+        return custom;
+    };
+    let mut calls = 0;
+    let mut read = 0;
+    walk_settings(&tree, &mut custom, &mut calls, &mut read);
+    // `set_config` named where no call of it could be read (in a string run as SQL, a DO
+    // block's body, a function's): it may set anything.
+    let named = text.to_ascii_lowercase().matches("set_config").count();
+    if named > calls || read < calls {
+        custom.unnamed = true;
+    }
+    custom
+}
+
+/// Finds, in a parse tree as JSON, the settings set by name ([`custom_settings`]); counts
+/// the calls of `set_config` (`calls`) and those whose name and scope were constants (`read`).
+fn walk_settings(value: &serde_json::Value, custom: &mut Custom, calls: &mut usize, read: &mut usize) {
+    use serde_json::Value;
+    let Value::Object(fields) = value else {
+        if let Value::Array(items) = value {
+            for item in items {
+                walk_settings(item, custom, calls, read);
             }
         }
-        let lower = statement.to_ascii_lowercase();
-        let mut from = 0;
-        while let Some(at) = lower[from..].find("set_config") {
-            from += at + "set_config".len();
-            let rest = lower[from..].trim_start();
-            let Some(rest) = rest.strip_prefix('(') else {
-                continue;
-            };
-            if let Some(rest) = rest.trim_start().strip_prefix('\'') {
-                if let Some(end) = rest.find('\'') {
-                    add(&rest[..end]);
+        return;
+    };
+    for (key, inner) in fields {
+        match key.as_str() {
+            "VariableSetStmt" => {
+                // pg_query's enums come as numbers: VAR_RESET_ALL is 6.
+                let reset_all = inner["kind"].as_i64() == Some(6)
+                    || inner["kind"].as_str() == Some("VAR_RESET_ALL");
+                let local = inner["is_local"].as_bool() == Some(true);
+                match () {
+                    _ if reset_all => {
+                        custom.reset_all = true;
+                        custom.unnamed = false;
+                    }
+                    _ if local => {}
+                    _ => {
+                        if let Some(name) = inner["name"].as_str() {
+                            add_custom(custom, name);
+                        }
+                    }
                 }
             }
+            // DISCARD_ALL is 1.
+            "DiscardStmt"
+                if inner["target"].as_i64() == Some(1)
+                    || inner["target"].as_str() == Some("DISCARD_ALL") =>
+            {
+                custom.reset_all = true;
+                custom.unnamed = false;
+            }
+            "FuncCall" => {
+                let name = inner["funcname"]
+                    .as_array()
+                    .and_then(|parts| parts.last())
+                    .and_then(|p| p["node"]["String"]["sval"].as_str());
+                if name == Some("set_config") {
+                    *calls += 1;
+                    let args = inner["args"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                    let constant = |i: usize| args.get(i).and_then(constant_text);
+                    match (constant(0), constant(2)) {
+                        (Some(name), Some(local)) => {
+                            *read += 1;
+                            // set_config(..., true) lasts until the transaction ends.
+                            if !matches!(local.as_str(), "t" | "true" | "on" | "yes" | "1") {
+                                add_custom(custom, &name);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
         }
+        walk_settings(inner, custom, calls, read);
     }
-    names
+}
+
+/// A constant argument's text: a string or a boolean (`'app.tenant'`, `false`).
+fn constant_text(arg: &serde_json::Value) -> Option<String> {
+    let c = &arg["node"]["AConst"];
+    if c.is_null() || c["isnull"].as_bool() == Some(true) {
+        return None;
+    }
+    let val = &c["val"];
+    if let Some(s) = val["Sval"]["sval"].as_str() {
+        return Some(s.trim().to_ascii_lowercase());
+    }
+    if let Some(b) = val.get("Boolval") {
+        let yes = b["boolval"].as_bool() == Some(true);
+        return Some(if yes { "true" } else { "false" }.into());
+    }
+    None
+}
+
+fn add_custom(custom: &mut Custom, name: &str) {
+    // PostgreSQL compares setting names without regard to case.
+    let name = name.to_ascii_lowercase();
+    if name.contains('.') && !custom.names.iter().any(|n| **n == *name) {
+        custom.names.push(name.into());
+    }
 }
 
 /// Why a client keeps its server (a set of bits).
@@ -155,13 +253,18 @@ impl Pins {
     pub const ADVISORY_LOCK: u8 = 4;
     pub const CURSOR: u8 = 8;
     pub const LOAD: u8 = 16;
+    /// Settings pgmemo cannot name may have been set ([`Custom::unnamed`]): they cannot be
+    /// carried to another server, nor reset for the next client. Until `RESET ALL` or
+    /// `DISCARD ALL`.
+    pub const SETTINGS: u8 = 32;
 
-    pub const ALL: [(u8, &'static str); 5] = [
+    pub const ALL: [(u8, &'static str); 6] = [
         (Self::TEMP, "temp"),
         (Self::LISTEN, "listen"),
         (Self::ADVISORY_LOCK, "advisory_lock"),
         (Self::CURSOR, "cursor"),
         (Self::LOAD, "load"),
+        (Self::SETTINGS, "settings"),
     ];
 
     /// The reasons in `pins`, comma-separated (`""` for none), as SHOW CLIENTS prints them.
@@ -276,6 +379,9 @@ pub struct StateWatch {
     /// Custom settings its SQL set (see [`custom_settings`]), which the probe asks for.
     /// A boxed slice (16 bytes in every session, not a Vec's 24): rarely any, and only added to.
     pub custom: Box<[Box<str>]>,
+    /// What the client's statements since the last probe did to settings pgmemo cannot name:
+    /// Some(true) may have set some, Some(false) reset them all ([`Custom`]).
+    pub unnamed_settings: Option<bool>,
 }
 
 impl StateWatch {
@@ -291,9 +397,19 @@ impl StateWatch {
         }
     }
 
-    /// The client's SQL `text` may set custom settings: the probe follows them from now on.
-    pub fn note_custom(&mut self, names: &[Box<str>]) {
+    /// The client's SQL may set custom settings: the probe follows those it names from now
+    /// on; unnamed ones pin the client at the probe.
+    pub fn note_custom(&mut self, custom: &Custom) {
         if !self.enabled {
+            return;
+        }
+        if custom.unnamed {
+            self.unnamed_settings = Some(true);
+        } else if custom.reset_all {
+            self.unnamed_settings = Some(false);
+        }
+        let names = &custom.names;
+        if names.is_empty() {
             return;
         }
         // No allocation unless a name is new: a boxed slice turns into a Vec of the same
@@ -317,7 +433,12 @@ impl StateWatch {
     /// new.
     pub fn set_pins(&mut self, found: u8) -> u8 {
         let before = self.pins;
-        self.pins = found | (self.pins & Pins::LOAD);
+        let settings = match self.unnamed_settings.take() {
+            Some(true) => Pins::SETTINGS,
+            Some(false) => 0,
+            None => self.pins & Pins::SETTINGS,
+        };
+        self.pins = found | (self.pins & Pins::LOAD) | settings;
         self.pins & !before
     }
 }
@@ -370,29 +491,61 @@ mod tests {
         assert!(!probe("SELECT load FROM machines"));
         assert!(touch(b"LOAD 'auto_explain'").load);
         assert!(touch(b"SELECT set_config('app.tenant', $1, false)").custom);
-        assert!(!touch(b"SET work_mem = '1MB'").custom);
+        assert!(touch(b"SET work_mem = '1MB'").custom);
+        assert!(!touch(b"UPDATE t SET a = 1.5").custom);
         assert!(!touch(b"select load from t").load);
     }
 
     #[test]
     fn custom_setting_names() {
+        let read = |t: &str| custom_settings(t.as_bytes(), true);
         let names = |t: &str| -> Vec<String> {
-            custom_settings(t.as_bytes())
-                .iter()
-                .map(|n| n.to_string())
-                .collect()
+            let custom = read(t);
+            assert!(!custom.unnamed, "{t}: {custom:?}");
+            custom.names.iter().map(|n| n.to_string()).collect()
         };
         assert_eq!(names("SET app.tenant = 'a'"), ["app.tenant"]);
         assert_eq!(
             names("set session My.Flag to on; SET LOCAL x.y = 1"),
-            ["my.flag", "x.y"]
+            ["my.flag"]
         );
         assert_eq!(
             names("SELECT set_config('app.user', $1, false), pg_catalog.set_config ( 'work_mem', '1MB', false)"),
             ["app.user"]
         );
         assert!(names("SET work_mem = '1MB'; UPDATE t SET a.b = 1").is_empty());
-        assert!(names("SELECT set_config($1, $2, false)").is_empty());
+        // However the name is spelt, it is the name PostgreSQL resolves.
+        assert_eq!(names(r#"SET "app.tenant" = 'b'"#), ["app.tenant"]);
+        assert_eq!(names(r#"SET "App"."Tenant" TO 'b'"#), ["app.tenant"]);
+        assert_eq!(
+            names(r"SELECT set_config(E'app\x2etenant', 'b', false)"),
+            ["app.tenant"]
+        );
+        assert_eq!(
+            names(r"SELECT set_config(U&'app\002etenant', 'b', false)"),
+            ["app.tenant"]
+        );
+        assert_eq!(
+            names("SELECT set_config($q$app.tenant$q$, 'b', false)"),
+            ["app.tenant"]
+        );
+        assert_eq!(
+            names("SELECT \"set_config\"('app.tenant', 'b', 'false')"),
+            ["app.tenant"]
+        );
+        assert!(names("SELECT set_config('app.tenant', 'b', true)").is_empty());
+        // Names pgmemo cannot read.
+        assert!(read("SELECT set_config($1, $2, false)").unnamed);
+        assert!(read("SELECT set_config('app.' || 'tenant', 'b', false)").unnamed);
+        assert!(read("SELECT set_config('app.tenant', 'b', $1)").unnamed);
+        assert!(read("DO $$ BEGIN PERFORM set_config('app.tenant', 'b', false); END $$").unnamed);
+        assert!(read("RESET ALL").reset_all);
+        assert!(read("DISCARD ALL").reset_all);
+        // With standard_conforming_strings off, a backslash escapes the quote.
+        let text = br"SELECT '\' /* '; SET app.tenant = 'b'; -- */";
+        assert!(custom_settings(text, true).names.is_empty());
+        let off = custom_settings(text, false);
+        assert_eq!(off.names, vec!["app.tenant".into()] as Vec<Box<str>>);
         let sql = probe_sql(&["app.o'x".into()]);
         assert!(sql.ends_with("SELECT E'app.o''x', pg_catalog.current_setting(E'app.o''x', true)"));
     }

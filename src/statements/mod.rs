@@ -75,7 +75,7 @@ pub struct Statement {
     /// What executing it may do to the session's state (see `session::state`).
     pub session_touch: crate::session::state::Touch,
     /// The custom settings it may set (see `session::state::custom_settings`).
-    pub custom_settings: Box<[Box<str>]>,
+    pub custom_settings: crate::session::state::Custom,
     /// The schema changes it may make (see [`schema`]).
     pub ddl: schema::Ddl,
     /// Its text names a reserved statement name (`pgmemo_s<n>`, see
@@ -134,9 +134,9 @@ impl Statement {
         });
         let session_touch = crate::session::state::touch(&key.query);
         let custom_settings = if session_touch.custom {
-            crate::session::state::custom_settings(&key.query).into()
+            crate::session::state::custom_settings(&key.query, true)
         } else {
-            Box::default()
+            Default::default()
         };
         let declared = u16::from_be_bytes([
             key.param_types.first().copied().unwrap_or(0),

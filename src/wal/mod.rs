@@ -99,8 +99,11 @@ impl Lags {
 
 /// The stream of one server database.
 pub struct Follower {
-    /// The server database's name (the cache's `database`).
+    /// The server database ([`crate::server::ServerTarget::database_id`], the cache's
+    /// `database`).
     pub database: Box<str>,
+    /// Its name on the server, as SHOW CACHE WAL prints it.
+    pub name: Box<str>,
     /// The database's cached results may be served.
     ready: AtomicBool,
     /// Everything up to here is applied (versions bumped).
@@ -145,7 +148,7 @@ impl Follower {
             Phase::Failed(why) => format!("failed: {why}"),
         };
         FollowerStatus {
-            database: self.database.to_string(),
+            database: self.name.to_string(),
             phase,
             applied: self.applied(),
             commits: self.commits.load(Relaxed),
@@ -217,8 +220,10 @@ impl Wal {
                         <= max.as_millis() as u64
                 });
         }
+        let setup = setup();
         let follower = Arc::new(Follower {
             database: database.into(),
+            name: setup.target.dbname.as_str().into(),
             ready: AtomicBool::new(false),
             applied: AtomicU64::new(0),
             confirmed_ms: AtomicU64::new(0),
@@ -231,14 +236,14 @@ impl Wal {
             .try_insert(database.into(), follower.clone())
             .is_ok()
         {
-            tokio::spawn(follow(follower, cache.clone(), setup()));
+            tokio::spawn(follow(follower, cache.clone(), setup));
         }
         false
     }
 
     pub fn followers(&self) -> Vec<Arc<Follower>> {
         let mut v: Vec<_> = self.followers.pin().values().cloned().collect();
-        v.sort_by(|a, b| a.database.cmp(&b.database));
+        v.sort_by(|a, b| (&a.name, &a.database).cmp(&(&b.name, &b.database)));
         v
     }
 }
