@@ -61,9 +61,15 @@ pub enum Bypass {
     /// `cache.invalidation = "wal"` and the database's replication stream is not (yet) up
     /// and caught up: writes by others could be missed.
     WalBehind,
+    /// Runs SQL given as text (`query_to_xml`, `table_to_xml`, `ts_stat`, ...): what it reads
+    /// and writes cannot be known.
+    RunsSql,
+    /// The client's standard_conforming_strings is off: backslashes escape in its plain
+    /// strings, and pgmemo's lexer reads them as the standard does.
+    NonstandardStrings,
 }
 
-pub const BYPASS_REASONS: [Bypass; 24] = [
+pub const BYPASS_REASONS: [Bypass; 26] = [
     Bypass::ParseError,
     Bypass::NotSelect,
     Bypass::SelectInto,
@@ -88,6 +94,8 @@ pub const BYPASS_REASONS: [Bypass; 24] = [
     Bypass::WrittenMeanwhile,
     Bypass::FirstMiss,
     Bypass::WalBehind,
+    Bypass::RunsSql,
+    Bypass::NonstandardStrings,
 ];
 
 impl Bypass {
@@ -121,6 +129,8 @@ impl Bypass {
             Bypass::WrittenMeanwhile => "written while it ran",
             Bypass::FirstMiss => "first miss (admitted on the next)",
             Bypass::WalBehind => "WAL stream not caught up",
+            Bypass::RunsSql => "runs SQL given as text",
+            Bypass::NonstandardStrings => "standard_conforming_strings off",
         }
     }
 }
@@ -166,6 +176,16 @@ pub struct Effects {
     /// It changes the client's role or a setting not in the key, or creates a temporary
     /// table: caching stays off for that client.
     pub session_state: bool,
+    /// It may create temporary objects (its text names `temp`, `temporary` or `pg_temp`
+    /// anywhere, however it does it: `SELECT INTO TEMP`, `CREATE TEMP VIEW`, a `DO` block),
+    /// which shadow permanent ones for that client alone: the client is not answered from
+    /// the cache while it may hold them.
+    pub temp: bool,
+    /// It removes the client's temporary objects (`DISCARD TEMP`, `DISCARD ALL`).
+    pub drops_temp: bool,
+    /// The relations it names: reading one may write (a view or a policy that calls a
+    /// volatile function of the database), which only the catalog tells.
+    pub reads: Vec<Box<str>>,
 }
 
 impl Effects {
@@ -238,6 +258,54 @@ const TIME_OR_SESSION_FUNCTIONS: &[&str] = &[
     "localtime",
 ];
 
+/// Builtin functions that run SQL given as text, or read a relation named by text: what
+/// they read and write is not in the query. Never cached; running one is a write to the
+/// whole database.
+const RUNS_SQL_FUNCTIONS: &[&str] = &[
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "table_to_xml",
+    "table_to_xmlschema",
+    "table_to_xml_and_xmlschema",
+    "schema_to_xml",
+    "schema_to_xmlschema",
+    "schema_to_xml_and_xmlschema",
+    "database_to_xml",
+    "database_to_xmlschema",
+    "database_to_xml_and_xmlschema",
+    "ts_stat",
+];
+
+/// Whether `sql` names a temporary object's keyword or schema anywhere (strings, comments and
+/// dollar quotes included: a `DO` block's body creates as surely): `temp`, `temporary`, or
+/// a word starting with `pg_temp`, in any case, as whole words.
+fn mentions_temp(sql: &str) -> bool {
+    let bytes = sql.as_bytes();
+    let word_byte = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    let mut at = 0;
+    while at < bytes.len() {
+        if !word_byte(bytes[at]) {
+            at += 1;
+            continue;
+        }
+        let start = at;
+        while at < bytes.len() && word_byte(bytes[at]) {
+            at += 1;
+        }
+        let word = &bytes[start..at];
+        if word.eq_ignore_ascii_case(b"temp")
+            || word.eq_ignore_ascii_case(b"temporary")
+            || (word.len() >= 7 && word[..7].eq_ignore_ascii_case(b"pg_temp"))
+        {
+            return true;
+        }
+    }
+    false
+}
+
 /// Analyzes `sql` (one Query message's text or one Parse's).
 pub fn analyze(sql: &str) -> Analysis {
     let Ok(parsed) = pg_query::parse(sql, 0) else {
@@ -265,9 +333,21 @@ pub fn analyze(sql: &str) -> Analysis {
     }
     effects.writes.append(&mut walker.writes);
     effects.calls = walker.functions.clone();
+    effects.calls.extend(walker.operators.iter().cloned());
     if walker.functions.iter().any(|f| &**f == "set_config") {
         effects.session_state = true;
     }
+    if walker
+        .functions
+        .iter()
+        .any(|f| RUNS_SQL_FUNCTIONS.contains(&&**f))
+    {
+        effects.flush = effects.flush.max(Flush::Data);
+    }
+    effects.temp = mentions_temp(sql);
+    effects.reads = walker.relations.iter().map(|r| r.name.clone()).collect();
+    effects.reads.sort();
+    effects.reads.dedup();
     effects.writes.sort();
     effects.writes.dedup();
     effects.calls.sort();
@@ -287,6 +367,14 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
             if !inner["into_clause"].is_null() {
                 effects.flush = effects.flush.max(Flush::Database);
             }
+        }
+        // COMMIT PREPARED (9, from any session) makes a prepared transaction's writes
+        // visible: which tables it wrote is not known here.
+        "TransactionStmt"
+            if inner["kind"].as_i64() == Some(9)
+                || inner["kind"].as_str() == Some("TRANS_STMT_COMMIT_PREPARED") =>
+        {
+            effects.flush = effects.flush.max(Flush::Data);
         }
         "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" | "TruncateStmt" | "CopyStmt"
         | "TransactionStmt" | "VariableShowStmt" | "PrepareStmt" | "DeallocateStmt"
@@ -308,7 +396,11 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
                 effects.session_state = true;
             }
         }
-        "DiscardStmt" => effects.session_state = true,
+        "DiscardStmt" => {
+            effects.session_state = true;
+            // DISCARD ALL is 1, DISCARD TEMP 4.
+            effects.drops_temp = matches!(inner["target"].as_i64(), Some(1 | 4));
+        }
         "ExecuteStmt" => effects.flush = effects.flush.max(Flush::Data),
         "CreateStmt" | "CreateTableAsStmt" => {
             let relation = if kind == "CreateStmt" {
@@ -357,6 +449,13 @@ fn reads(stmts: &[Value], walker: Walker) -> Result<Reads, Bypass> {
     if walker.locking {
         return Err(Bypass::Locking);
     }
+    if walker
+        .functions
+        .iter()
+        .any(|f| RUNS_SQL_FUNCTIONS.contains(&&**f))
+    {
+        return Err(Bypass::RunsSql);
+    }
     if walker.time_or_session
         || walker
             .functions
@@ -370,9 +469,11 @@ fn reads(stmts: &[Value], walker: Walker) -> Result<Reads, Bypass> {
         .into_iter()
         .filter(|r| r.schema.is_some() || !walker.ctes.contains(&r.name))
         .collect();
+    let mut functions = walker.functions;
+    functions.extend(walker.operators);
     Ok(Reads {
         relations,
-        functions: walker.functions,
+        functions,
     })
 }
 
@@ -382,6 +483,9 @@ struct Walker {
     relations: Vec<RelName>,
     writes: Vec<Box<str>>,
     functions: Vec<Box<str>>,
+    /// Operators used, as `operator NAME` (the catalog knows them by that name too: an
+    /// operator runs a function, which may be one of the database's).
+    operators: Vec<Box<str>>,
     ctes: Vec<Box<str>>,
     modifies: bool,
     locking: bool,
@@ -441,6 +545,18 @@ impl Walker {
                     }
                 }
             }
+            "AExpr" => {
+                // AEXPR_BETWEEN .. AEXPR_NOT_BETWEEN_SYM (11..=14) name the construct; the
+                // comparisons they run are `>=` and `<=`. The others name an operator.
+                let kind = inner["kind"].as_i64().unwrap_or(1);
+                if (11..=14).contains(&kind) {
+                    self.operator(">=");
+                    self.operator("<=");
+                } else {
+                    self.operator_named(&inner["name"]);
+                }
+            }
+            "SubLink" => self.operator_named(&inner["oper_name"]),
             "SqlvalueFunction" => {
                 // CURRENT_DATE .. LOCALTIMESTAMP(n) are ops 1..=9 (the role and schema ones are
                 // in the key).
@@ -465,6 +581,23 @@ impl Walker {
             _ => {}
         }
         self.walk(inner);
+    }
+
+    fn operator_named(&mut self, name: &Value) {
+        let last = name
+            .as_array()
+            .and_then(|parts| parts.last())
+            .and_then(|p| p["node"]["String"]["sval"].as_str());
+        if let Some(op) = last {
+            self.operator(op);
+        }
+    }
+
+    fn operator(&mut self, op: &str) {
+        let name: Box<str> = format!("operator {op}").into();
+        if !self.operators.contains(&name) {
+            self.operators.push(name);
+        }
     }
 
     fn write(&mut self, relation: &Value) {
@@ -524,6 +657,8 @@ mod tests {
         assert_eq!(read("UPDATE t SET a = 1"), Err(Bypass::NotSelect));
         assert_eq!(read("SELECT 1; SELECT 2"), Err(Bypass::NotSelect));
         assert_eq!(read("SELEC 1"), Err(Bypass::ParseError));
+        assert_eq!(read("SELECT table_to_xml('t', true, false, '')"), Err(Bypass::RunsSql));
+        assert_eq!(read("SELECT * FROM ts_stat('SELECT v FROM t')"), Err(Bypass::RunsSql));
     }
 
     #[test]
@@ -557,5 +692,48 @@ mod tests {
         );
         assert!(analyze("BEGIN").effects.is_none());
         assert!(analyze("SELECT 1").effects.is_none());
+        // A prepared transaction's writes show at COMMIT PREPARED, whoever sends it.
+        assert_eq!(analyze("COMMIT PREPARED 'x'").effects.flush, Flush::Data);
+        assert_eq!(analyze("ROLLBACK PREPARED 'x'").effects.flush, Flush::None);
+        assert_eq!(analyze("PREPARE TRANSACTION 'x'").effects.flush, Flush::None);
+        assert_eq!(analyze("COMMIT").effects.flush, Flush::None);
+        // SQL given as text may write anything.
+        assert_eq!(
+            analyze("SELECT query_to_xml('UPDATE t SET a = 1 RETURNING a', true, false, '')")
+                .effects
+                .flush,
+            Flush::Data
+        );
+        // Operators run functions: the catalog says which may write.
+        let e = analyze("UPDATE t SET a = a ### 1 WHERE b BETWEEN 1 AND 2").effects;
+        assert!(e.calls.contains(&"operator ###".into()), "{:?}", e.calls);
+        assert!(e.calls.contains(&"operator >=".into()), "{:?}", e.calls);
+        assert_eq!(
+            analyze("SELECT * FROM v JOIN s.w ON true").effects.reads,
+            vec!["v".into(), "w".into()] as Vec<Box<str>>
+        );
+    }
+
+    #[test]
+    fn temporary_objects_however_made() {
+        for sql in [
+            "SELECT 1 AS a INTO TEMP TABLE p8",
+            "select 1 into temporary p8",
+            "CREATE TEMP VIEW v AS SELECT 1",
+            "CREATE TEMPORARY SEQUENCE s",
+            "CREATE TABLE pg_temp.p8 AS SELECT 1",
+            "CREATE TABLE \"pg_temp\".p8 (a int)",
+            "CREATE TABLE pg_temp_3.p8 (a int)",
+            "CREATE LOCAL TEMP TABLE p8 (a int)",
+            "DO $$ BEGIN EXECUTE 'CREATE TEMP TABLE p8 (a int)'; END $$",
+        ] {
+            assert!(analyze(sql).effects.temp, "{sql}");
+        }
+        for sql in ["SELECT temperature FROM t", "CREATE TABLE p8 (a int)"] {
+            assert!(!analyze(sql).effects.temp, "{sql}");
+        }
+        assert!(analyze("DISCARD TEMP").effects.drops_temp);
+        assert!(analyze("DISCARD ALL").effects.drops_temp);
+        assert!(!analyze("DISCARD PLANS").effects.drops_temp);
     }
 }

@@ -23,6 +23,8 @@ pub struct Snapshot {
     anything: HashSet<Box<str>>,
     /// A write to the key also changes these tables.
     reaches: HashMap<Box<str>, Vec<Box<str>>>,
+    /// Relations whose reading may write (see [`SNAPSHOT_SQL`]'s `r` rows).
+    reading_writes: HashSet<Box<str>>,
 }
 
 /// Every function of one name, merged: the strictest wins.
@@ -33,11 +35,44 @@ struct Function {
     user_volatile: bool,
 }
 
-/// One query returning the whole snapshot, a row kind in the first column.
+/// One query returning the whole snapshot, a row kind in the first column: `f` a function
+/// (or, as `operator NAME`, an operator: the function it runs), `w` a table whose writes may
+/// write anything (user triggers, rules; column defaults, check constraints and domains that
+/// call a volatile function of the database), `e` a write to the first table reaching the
+/// second, `r` a relation whose reading may write (a view's query or a row-level security
+/// policy that calls a volatile function or operator of the database).
 pub const SNAPSHOT_SQL: &str = "\
+WITH vol(classid, oid) AS (SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p \
+   WHERE p.oid >= 16384 AND p.provolatile = 'v' \
+ UNION ALL SELECT 'pg_operator'::regclass, o.oid FROM pg_operator o JOIN pg_proc p ON p.oid = o.oprcode \
+   WHERE p.oid >= 16384 AND p.provolatile = 'v'), \
+ voldep AS (SELECT d.classid, d.objid FROM pg_depend d JOIN vol ON d.refclassid = vol.classid \
+   AND d.refobjid = vol.oid), \
+ voltypes AS (SELECT k.contypid AS oid FROM voldep JOIN pg_constraint k \
+   ON voldep.classid = 'pg_constraint'::regclass AND voldep.objid = k.oid WHERE k.contypid <> 0 \
+   UNION SELECT voldep.objid FROM voldep WHERE voldep.classid = 'pg_type'::regclass) \
 SELECT 'f', p.proname::text, bool_or(p.provolatile = 'v')::text, \
  bool_or(p.oid >= 16384 AND p.provolatile <> 'i')::text, \
  bool_or(p.oid >= 16384 AND p.provolatile = 'v')::text FROM pg_proc p GROUP BY p.proname \
+UNION ALL SELECT 'f', 'operator ' || o.oprname::text, bool_or(p.provolatile = 'v')::text, \
+ bool_or(p.oid >= 16384 AND p.provolatile <> 'i')::text, \
+ bool_or(p.oid >= 16384 AND p.provolatile = 'v')::text FROM pg_operator o \
+ JOIN pg_proc p ON p.oid = o.oprcode GROUP BY o.oprname \
+UNION ALL SELECT DISTINCT 'w', c.relname::text, '', '', '' FROM voldep \
+ JOIN pg_attrdef a ON voldep.classid = 'pg_attrdef'::regclass AND voldep.objid = a.oid \
+ JOIN pg_class c ON c.oid = a.adrelid \
+UNION ALL SELECT DISTINCT 'w', c.relname::text, '', '', '' FROM voldep \
+ JOIN pg_constraint k ON voldep.classid = 'pg_constraint'::regclass AND voldep.objid = k.oid \
+ JOIN pg_class c ON c.oid = k.conrelid \
+UNION ALL SELECT DISTINCT 'w', c.relname::text, '', '', '' FROM voltypes \
+ JOIN pg_attribute at ON at.atttypid = voltypes.oid AND NOT at.attisdropped \
+ JOIN pg_class c ON c.oid = at.attrelid \
+UNION ALL SELECT DISTINCT 'r', c.relname::text, '', '', '' FROM voldep \
+ JOIN pg_rewrite r ON voldep.classid = 'pg_rewrite'::regclass AND voldep.objid = r.oid \
+ JOIN pg_class c ON c.oid = r.ev_class \
+UNION ALL SELECT DISTINCT 'r', c.relname::text, '', '', '' FROM voldep \
+ JOIN pg_policy pol ON voldep.classid = 'pg_policy'::regclass AND voldep.objid = pol.oid \
+ JOIN pg_class c ON c.oid = pol.polrelid \
 UNION ALL SELECT 'w', c.relname::text, '', '', '' FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
  WHERE NOT t.tgisinternal \
 UNION ALL SELECT 'w', c.relname::text, '', '', '' FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class \
@@ -74,6 +109,9 @@ impl Snapshot {
                 "w" => {
                     s.anything.insert(col(row, 1).into());
                 }
+                "r" => {
+                    s.reading_writes.insert(col(row, 1).into());
+                }
                 "e" => {
                     let to: Box<str> = col(row, 2).into();
                     let list = s.reaches.entry(col(row, 1).into()).or_default();
@@ -109,6 +147,32 @@ impl Snapshot {
             }
         }
         Some(seen)
+    }
+
+    /// Whether reading any of `relations` may write to the database: one of them, or a
+    /// relation it reads through (a view's tables, a partitioned table's partitions), calls
+    /// a volatile function or operator of the database in a view's query or a policy.
+    pub fn reading_may_write(&self, relations: &[Box<str>]) -> bool {
+        if self.reading_writes.is_empty() {
+            return false;
+        }
+        let mut seen: Vec<&str> = relations.iter().map(|r| &**r).collect();
+        let mut i = 0;
+        while i < seen.len() {
+            if self.reading_writes.contains(seen[i]) {
+                return true;
+            }
+            for next in self.reaches.get(seen[i]).into_iter().flatten() {
+                if !seen.contains(&&**next) {
+                    seen.push(next);
+                }
+            }
+            i += 1;
+            if seen.len() > 10_000 {
+                return true;
+            }
+        }
+        false
     }
 
     /// Whether calling `name` may write to the database (a volatile function defined in it,

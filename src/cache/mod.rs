@@ -495,7 +495,8 @@ impl ResultCache {
     /// not off, the WAL caught up).
     pub fn raw_hit(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Entry>> {
         client.raw_key_valid = false;
-        if client.off || client.context_of.is_none() {
+        if client.off || client.temp || client.nonstandard_strings || client.context_of.is_none()
+        {
             return None;
         }
         raw_key(&mut client.raw_key, &client.context, sql);
@@ -535,9 +536,17 @@ impl ResultCache {
     /// Notes what a Query the client sent may change (see [`ClientCache::settle`]); returns
     /// what was decided for its text, for [`ResultCache::lookup`].
     pub fn note_query(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Shape>> {
+        if client.nonstandard_strings {
+            // Read by the lexers as the server would not: what it writes is not known, and
+            // it is not cached.
+            client.lexed_valid = false;
+            client.note(&FLUSH_DATABASE);
+            self.count(Bypass::NonstandardStrings);
+            return None;
+        }
         let shape = self.shape(client, sql);
         match &shape {
-            Some(shape) => client.note(&shape.analysis),
+            Some(shape) => self.note(client, &shape.analysis),
             None => client.note(&FLUSH_DATABASE),
         }
         shape
@@ -549,7 +558,27 @@ impl ResultCache {
         client: &mut ClientCache,
         statement: &crate::statements::Statement,
     ) {
-        client.note(statement_analysis(statement));
+        self.note(client, statement_analysis(statement));
+    }
+
+    /// Notes `analysis`, and a write to all of the database's results when reading what it
+    /// names may write (the catalog's [`Snapshot::reading_may_write`]). A snapshot older than
+    /// the database's catalog has nothing to say: the DDL since flushed the database, and no
+    /// result of it is stored before the snapshot is read again.
+    fn note(&self, client: &mut ClientCache, analysis: &Arc<Analysis>) {
+        client.note(analysis);
+        let reads = &analysis.effects.reads;
+        if reads.is_empty() {
+            return;
+        }
+        let snapshots = self.snapshots.pin();
+        let writes = snapshots.get(&*client.database).is_some_and(|s| {
+            s.generation == self.versions.get(catalog_slot(&client.database))
+                && s.reading_may_write(reads)
+        });
+        if writes {
+            client.note(&FLUSH_DATA);
+        }
     }
 
     /// Looks up a simple query whose text `sql` was just noted (`shape`, its lexer reading
@@ -687,6 +716,12 @@ impl ResultCache {
         };
         if client.off {
             return bypass(Bypass::SessionState);
+        }
+        if client.temp {
+            return bypass(Bypass::Temporary);
+        }
+        if client.nonstandard_strings {
+            return bypass(Bypass::NonstandardStrings);
         }
         let hits_only = match at.transaction {
             Transaction::Idle => false,
@@ -1134,6 +1169,18 @@ static FLUSH_DATABASE: std::sync::LazyLock<Arc<Analysis>> = std::sync::LazyLock:
     })
 });
 
+/// What a statement that may write through something the catalog shows (a view or policy
+/// calling a volatile function) may change: every result of its database, not its catalog.
+static FLUSH_DATA: std::sync::LazyLock<Arc<Analysis>> = std::sync::LazyLock::new(|| {
+    Arc::new(Analysis {
+        effects: analysis::Effects {
+            flush: Flush::Data,
+            ..Default::default()
+        },
+        read: Err(Bypass::NotSelect),
+    })
+});
+
 /// How the chosen rule or hint caches.
 #[derive(Debug, Clone, Copy)]
 struct Chosen {
@@ -1206,6 +1253,12 @@ pub struct ClientCache {
     database: Arc<str>,
     /// The client changed its role or a setting outside the key: no caching for it.
     pub off: bool,
+    /// The client may hold temporary objects (see `analysis::Effects::temp`): not answered
+    /// from the cache until the session's state probe finds none, or a `DISCARD` drops them.
+    pub temp: bool,
+    /// The client's standard_conforming_strings is off (kept up to date by the session):
+    /// its texts are neither cached nor trusted for what they write.
+    pub nonstandard_strings: bool,
     /// The session records every setting the client holds (transaction mode's session-state
     /// watch) and keys its results by all of them: a SET or SET ROLE changes the key instead
     /// of turning caching off.
@@ -1265,6 +1318,12 @@ impl ClientCache {
         let e = &analysis.effects;
         if e.session_state && !self.keys_all_settings {
             self.off = true;
+        }
+        if e.drops_temp {
+            self.temp = false;
+        }
+        if e.temp {
+            self.temp = true;
         }
         if e.changes_data() && !self.pending.iter().any(|p| Arc::ptr_eq(p, analysis)) {
             if self.pending.len() >= 256 {

@@ -50,6 +50,10 @@ impl Session {
         len: usize,
         query_text_len: Option<usize>,
     ) -> Result<bool, SlowLookup<'_>> {
+        let nonstandard = !self.standard_strings();
+        self.cache
+            .get_or_insert_with(|| ClientCache::new(self.state.enabled))
+            .nonstandard_strings = nonstandard;
         if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() {
             self.cache_context();
             match self.batch_lookup(true) {

@@ -1530,6 +1530,10 @@ impl Session {
         if let Some(stmts) = self.stmts.as_mut() {
             stmts.schema.temp_found(found & state::Pins::TEMP != 0);
         }
+        if let Some(cache) = self.cache.as_deref_mut() {
+            // What the server holds, whatever the texts suggested.
+            cache.temp = found & state::Pins::TEMP != 0;
+        }
         // Counted before it shows in SHOW CLIENTS: whoever sees the pin sees it counted.
         self.pool.stats.count_pins(new);
         self.info
@@ -1576,7 +1580,7 @@ impl Session {
     /// Whether the client's standard_conforming_strings is on (worked out once per
     /// `params_version`): off, backslashes escape in plain strings, which pgmemo's lexers do
     /// not read so (its queries are then neither cached nor autoprepared).
-    fn standard_strings(&mut self) -> bool {
+    pub(super) fn standard_strings(&mut self) -> bool {
         if let Some(standard) = self.standard_strings.at(self.params_version) {
             return standard;
         }
