@@ -77,7 +77,7 @@ fn follower(proxy: &Pgmemo, db: &str) -> Option<std::sync::Arc<pgmemo::wal::Foll
         .wal
         .followers()
         .into_iter()
-        .find(|f| &*f.database == db)
+        .find(|f| f.status().database == db)
 }
 
 /// Waits until the follower of `db` serves cached results.

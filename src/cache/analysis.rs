@@ -657,8 +657,14 @@ mod tests {
         assert_eq!(read("UPDATE t SET a = 1"), Err(Bypass::NotSelect));
         assert_eq!(read("SELECT 1; SELECT 2"), Err(Bypass::NotSelect));
         assert_eq!(read("SELEC 1"), Err(Bypass::ParseError));
-        assert_eq!(read("SELECT table_to_xml('t', true, false, '')"), Err(Bypass::RunsSql));
-        assert_eq!(read("SELECT * FROM ts_stat('SELECT v FROM t')"), Err(Bypass::RunsSql));
+        assert_eq!(
+            read("SELECT table_to_xml('t', true, false, '')"),
+            Err(Bypass::RunsSql)
+        );
+        assert_eq!(
+            read("SELECT * FROM ts_stat('SELECT v FROM t')"),
+            Err(Bypass::RunsSql)
+        );
     }
 
     #[test]
@@ -695,7 +701,10 @@ mod tests {
         // A prepared transaction's writes show at COMMIT PREPARED, whoever sends it.
         assert_eq!(analyze("COMMIT PREPARED 'x'").effects.flush, Flush::Data);
         assert_eq!(analyze("ROLLBACK PREPARED 'x'").effects.flush, Flush::None);
-        assert_eq!(analyze("PREPARE TRANSACTION 'x'").effects.flush, Flush::None);
+        assert_eq!(
+            analyze("PREPARE TRANSACTION 'x'").effects.flush,
+            Flush::None
+        );
         assert_eq!(analyze("COMMIT").effects.flush, Flush::None);
         // SQL given as text may write anything.
         assert_eq!(

@@ -232,7 +232,7 @@ pub fn resolve_sql(reads: &Reads, search_path: Option<&str>) -> String {
            UNION ALL SELECT inhparent, inhrelid FROM pg_inherits \
            UNION ALL SELECT p.polrelid, d.refobjid FROM pg_policy p JOIN pg_depend d \
              ON d.classid = 'pg_policy'::regclass AND d.objid = p.oid \
-             AND d.refclassid = 'pg_class'::regclass AND d.refobjsubid = 0 \
+             AND d.refclassid = 'pg_class'::regclass \
            WHERE d.refobjid <> p.polrelid), \
          named(name, oid) AS (SELECT n, to_regclass(n) FROM unnest(ARRAY[{}]::text[]) n), \
          closure(oid) AS (SELECT oid FROM named WHERE oid IS NOT NULL \

@@ -495,8 +495,7 @@ impl ResultCache {
     /// not off, the WAL caught up).
     pub fn raw_hit(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Entry>> {
         client.raw_key_valid = false;
-        if client.off || client.temp || client.nonstandard_strings || client.context_of.is_none()
-        {
+        if client.off || client.temp || client.nonstandard_strings || client.context_of.is_none() {
             return None;
         }
         raw_key(&mut client.raw_key, &client.context, sql);
@@ -1543,7 +1542,14 @@ mod tests {
             .expect("still known");
         assert!(Arc::ptr_eq(&hit, &one));
         // Another context does not see it.
-        client.set_context(2, 0, "db", None, [Some("other role"), None, None], &["other role"]);
+        client.set_context(
+            2,
+            0,
+            "db",
+            None,
+            [Some("other role"), None, None],
+            &["other role"],
+        );
         assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
     }
 

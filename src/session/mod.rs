@@ -519,7 +519,9 @@ impl Session {
                 self.settings.get("search_path").unwrap_or(""),
             );
             let schema = crate::statements::schema::SchemaWatch::new(
-                self.app.registry.schema_epoch(&pool_settings.target.database_id),
+                self.app
+                    .registry
+                    .schema_epoch(&pool_settings.target.database_id),
             );
             self.stmts = Some(ClientStatements::new(context, schema));
         }

@@ -154,7 +154,12 @@ pub fn custom_settings(text: &[u8], standard_strings: bool) -> Custom {
 
 /// Finds, in a parse tree as JSON, the settings set by name ([`custom_settings`]); counts
 /// the calls of `set_config` (`calls`) and those whose name and scope were constants (`read`).
-fn walk_settings(value: &serde_json::Value, custom: &mut Custom, calls: &mut usize, read: &mut usize) {
+fn walk_settings(
+    value: &serde_json::Value,
+    custom: &mut Custom,
+    calls: &mut usize,
+    read: &mut usize,
+) {
     use serde_json::Value;
     let Value::Object(fields) = value else {
         if let Value::Array(items) = value {
@@ -201,15 +206,12 @@ fn walk_settings(value: &serde_json::Value, custom: &mut Custom, calls: &mut usi
                     *calls += 1;
                     let args = inner["args"].as_array().map(Vec::as_slice).unwrap_or(&[]);
                     let constant = |i: usize| args.get(i).and_then(constant_text);
-                    match (constant(0), constant(2)) {
-                        (Some(name), Some(local)) => {
-                            *read += 1;
-                            // set_config(..., true) lasts until the transaction ends.
-                            if !matches!(local.as_str(), "t" | "true" | "on" | "yes" | "1") {
-                                add_custom(custom, &name);
-                            }
+                    if let (Some(name), Some(local)) = (constant(0), constant(2)) {
+                        *read += 1;
+                        // set_config(..., true) lasts until the transaction ends.
+                        if !matches!(local.as_str(), "t" | "true" | "on" | "yes" | "1") {
+                            add_custom(custom, &name);
                         }
-                        _ => {}
                     }
                 }
             }

@@ -94,6 +94,8 @@ impl Cluster {
                 ("wal_level", "logical"),
                 ("max_replication_slots", "20"),
                 ("max_wal_senders", "20"),
+                // PREPARE TRANSACTION (the result cache's isolation tests).
+                ("max_prepared_transactions", "10"),
             ]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
