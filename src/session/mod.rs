@@ -940,6 +940,11 @@ impl Session {
                 }
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
+            } else if is_copy_message(tag) && !self.replies.takes_copy_message(tag) {
+                // Ignored by PostgreSQL (no COPY IN, or one an error ended while the client was
+                // still sending it): not sent, so the error's ReadyForQuery is the end of it.
+                self.client.rbuf.advance(len);
+                continue;
             } else if self.state.pins != 0 && self.work_done() {
                 // A pinned client's next transaction starts on the server it kept: its time
                 // counts from here (see `pinned_transaction_done`).
@@ -992,8 +997,9 @@ impl Session {
             self.stats.bytes_received += len as u64;
             // Statement messages are planned (renamed, injected, answered locally), unless
             // PostgreSQL is discarding everything until the next Sync anyway. The Sync itself
-            // always is: the planner may have cleanup to send after it.
-            let skipping = self.replies.is_skipping() && tag != fe::SYNC;
+            // always is: the planner may have cleanup to send after it. COPY data is no
+            // statement (and nothing may be injected into it: see `Planner::prepare_guard`).
+            let skipping = (self.replies.is_skipping() && tag != fe::SYNC) || is_copy_message(tag);
             if let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) {
                 let planned = planner::Planner {
                     msg: &self.client.rbuf[..len],
@@ -2005,6 +2011,12 @@ fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
         info.prepare_evictions
             .fetch_add(stats.prepare_evictions, Relaxed);
     }
+}
+
+/// CopyData, CopyDone and CopyFail: the client's side of a COPY FROM STDIN, never planned.
+#[inline]
+fn is_copy_message(tag: u8) -> bool {
+    matches!(tag, fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL)
 }
 
 /// Makes room for the next read: small for a quiet client, larger once traffic is flowing
