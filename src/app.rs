@@ -1,6 +1,7 @@
 //! What every connection shares: the current configuration, the pools, the registry of clients
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
+use crate::cancel::Cancels;
 use crate::config::{Config, PoolMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
 use crate::server::ServerTarget;
@@ -101,15 +102,19 @@ pub struct ClientInfo {
     pub application_name: Mutex<Arc<str>>,
     /// The server running this client's work right now, if any.
     pub server: Mutex<Option<ServerCancel>>,
+    /// Whether the client's work runs on that server, and the cancel requests being passed on
+    /// to it (see [`crate::cancel`]).
+    pub cancels: Cancels,
     pub server_id: AtomicU64,
     /// Why the client keeps its server (`session::state::Pins`), 0 when it does not.
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
     killed: AtomicBool,
-    /// Its session's task, woken when a shutdown begins or reaches its cutoff: the session
-    /// reads the flags whenever it is polled. One waker set once per session costs less memory
-    /// than a future waiting on a shared signal in every session's task. Cleared when the
-    /// client is unregistered (the waker holds the task).
+    /// Its session's task, woken when a shutdown begins or reaches its cutoff, or when the
+    /// cancel requests it waited for have been delivered: the session reads the flags whenever
+    /// it is polled. One waker set once per session costs less memory than a future waiting on
+    /// a shared signal in every session's task. Cleared when the client is unregistered (the
+    /// waker holds the task).
     pub stop_waker: Mutex<Option<std::task::Waker>>,
 }
 
@@ -159,9 +164,32 @@ impl ClientInfo {
     /// client is told, and a transaction it was in is rolled back.
     pub fn kill(&self) {
         self.killed.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    /// Wakes the session's task, to read its flags again.
+    fn wake(&self) {
         if let Some(waker) = self.stop_waker.lock().as_ref() {
             waker.wake_by_ref();
         }
+    }
+
+    /// Ready once no cancel request is being passed on to the client's server (see
+    /// [`Cancels::pending`]); until then the task polling is woken when the last is delivered.
+    pub fn poll_cancels_delivered(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.cancels.pending() {
+            {
+                let mut waker = self.stop_waker.lock();
+                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *waker = Some(cx.waker().clone());
+                }
+            }
+            // Delivered meanwhile, before the waker was there to be woken?
+            if self.cancels.pending() {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::task::Poll::Ready(())
     }
 
     pub fn is_killed(&self) -> bool {
@@ -455,6 +483,7 @@ impl App {
             state: AtomicU8::new(ClientState::Login as u8),
             application_name: Mutex::new(no_name),
             server: Mutex::new(None),
+            cancels: Cancels::default(),
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
             killed: AtomicBool::new(false),
@@ -503,15 +532,32 @@ impl App {
         client.pid.store(pid, Ordering::Relaxed);
     }
 
-    /// Passes a client's CancelRequest to the server running its query, if any. Unknown keys
+    /// Passes a client's CancelRequest to the server running its work, if its work runs
+    /// there (see [`crate::cancel`]), and returns once the server has handled it. Unknown keys
     /// are ignored silently, as PostgreSQL does.
     pub async fn cancel(&self, pid: i32, secret: i32) {
-        let target = {
+        let client = {
             let keys = self.cancel_keys.lock();
-            keys.get(&secret)
-                .filter(|c| c.pid() == pid)
-                .and_then(|c| *c.server.lock())
+            keys.get(&secret).filter(|c| c.pid() == pid).cloned()
         };
+        let Some(client) = client else {
+            return;
+        };
+        if !client.cancels.begin() {
+            return; // nothing runs
+        }
+        // Counted out however this ends, even if dropped midway: the session waits for it.
+        struct Passing(Arc<ClientInfo>);
+        impl Drop for Passing {
+            fn drop(&mut self) {
+                if self.0.cancels.end() {
+                    self.0.wake();
+                }
+            }
+        }
+        let passing = Passing(client);
+        // The server the work runs on: the session keeps it while the request is counted in.
+        let target = *passing.0.server.lock();
         if let Some(t) = target {
             if let Err(e) = crate::server::send_cancel(t.addr, t.pid, t.secret).await {
                 tracing::warn!(error = %e, "could not forward cancel request");

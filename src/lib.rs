@@ -9,6 +9,7 @@ pub mod auth;
 pub mod autoprepare;
 pub mod buffers;
 pub mod cache;
+pub mod cancel;
 pub mod cli;
 pub mod config;
 pub mod demo;

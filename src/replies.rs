@@ -247,6 +247,9 @@ pub struct ReplyQueue {
     /// The server is in COPY IN (a CopyInResponse arrived) and the client has not ended it
     /// yet: PostgreSQL ignores the Syncs the client sends meanwhile.
     copy_in: bool,
+    /// An error ended a COPY IN while the client was still sending it: its data up to its
+    /// CopyDone or CopyFail are ignored by PostgreSQL (see [`ReplyQueue::takes_copy_message`]).
+    copy_failed: bool,
 }
 
 impl ReplyQueue {
@@ -269,6 +272,10 @@ impl ReplyQueue {
     #[inline]
     pub fn push_entry(&mut self, entry: Entry) {
         let e = entry.expected;
+        if e != Expected::Internal && e != Expected::CopyEnd {
+            // The client went on without ending the COPY that failed.
+            self.copy_failed = false;
+        }
         match e {
             // Ignored by PostgreSQL in COPY IN (libpq sends one right after the Execute of a
             // COPY, not knowing it is one): it neither ends the batch nor gets an answer.
@@ -277,6 +284,9 @@ impl ReplyQueue {
                 self.open_batch = false;
                 self.skipping = false;
             }
+            // A COPY that an error ended, or that never began: PostgreSQL ignores the client's
+            // end of it, and no reply would ever take the marker off the queue.
+            Expected::CopyEnd if !self.copy_in && !self.may_start_copy() => return,
             Expected::CopyEnd => self.copy_in = false,
             Expected::Parse
             | Expected::Bind
@@ -409,6 +419,27 @@ impl ReplyQueue {
         self.copy_in
     }
 
+    /// Whether a CopyData, CopyDone or CopyFail (`tag`) the client sends now is read by
+    /// PostgreSQL: while its server is in COPY IN, or a COPY may yet begin (a query or an
+    /// Execute is unanswered; a client may send data before the CopyInResponse arrives). Not
+    /// after an error ended the COPY the client is still sending: PostgreSQL answers at once
+    /// (ErrorResponse, ReadyForQuery after a simple query) and ignores the rest of the data,
+    /// and so does pgmemo, which drops them. The CopyDone or CopyFail dropped ends that COPY
+    /// on the client's side too.
+    pub fn takes_copy_message(&mut self, tag: u8) -> bool {
+        use crate::protocol::frontend as fe;
+        if self.copy_failed {
+            self.copy_failed = tag == fe::COPY_DATA;
+            return false;
+        }
+        self.copy_in || self.may_start_copy()
+    }
+
+    /// An unanswered query or Execute may yet start a COPY.
+    fn may_start_copy(&self) -> bool {
+        self.queued_queries + self.queued_executes > 0
+    }
+
     /// The client has an extended-protocol batch open (no Sync since its last message).
     pub fn in_batch(&self) -> bool {
         self.open_batch
@@ -449,6 +480,7 @@ impl ReplyQueue {
         self.open_batch = false;
         self.skipping = false;
         self.copy_in = false;
+        self.copy_failed = false;
     }
 
     /// Whether entries with effects ended since the last [`ReplyQueue::drain_outcomes`].
@@ -543,7 +575,9 @@ impl ReplyQueue {
                 }
             }
             be::ERROR_RESPONSE => {
-                // An error ends a COPY IN on the server's side; later Syncs count again.
+                // An error ends a COPY IN on the server's side; later Syncs count again, and
+                // what the client still sends of it is ignored.
+                self.copy_failed |= self.copy_in;
                 self.copy_in = false;
                 match &head.action {
                     Action::ReplaceError(rewrite) => self.replacement = Some(rewrite.clone()),
@@ -744,6 +778,42 @@ mod tests {
         assert!(!q.is_empty());
         q.on_server_message(be::READY_FOR_QUERY);
         assert!(q.is_idle());
+    }
+
+    #[test]
+    fn the_rest_of_a_copy_an_error_ended_expects_nothing() {
+        use crate::protocol::frontend as fe;
+        let mut q = ReplyQueue::new();
+        q.push(Expected::Query);
+        // Data sent before the CopyInResponse arrives is the server's.
+        assert!(q.takes_copy_message(fe::COPY_DATA));
+        q.on_server_message(be::COPY_IN_RESPONSE);
+        assert!(q.takes_copy_message(fe::COPY_DATA));
+        q.on_server_message(be::ERROR_RESPONSE);
+        assert!(
+            !q.takes_copy_message(fe::COPY_DATA),
+            "ignored by PostgreSQL"
+        );
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_idle());
+        assert!(!q.takes_copy_message(fe::COPY_DATA));
+        assert!(!q.takes_copy_message(fe::COPY_DONE));
+        // No marker that no reply would ever take off the queue.
+        q.push(Expected::CopyEnd);
+        assert!(q.is_idle(), "{q:?}");
+        // The next COPY, ended before its CopyInResponse arrives.
+        q.push(Expected::Query);
+        assert!(q.takes_copy_message(fe::COPY_DATA));
+        assert!(q.takes_copy_message(fe::COPY_DONE));
+        q.push(Expected::CopyEnd);
+        for tag in [
+            be::COPY_IN_RESPONSE,
+            be::COMMAND_COMPLETE,
+            be::READY_FOR_QUERY,
+        ] {
+            q.on_server_message(tag);
+        }
+        assert!(q.is_idle(), "{q:?}");
     }
 
     #[test]

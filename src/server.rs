@@ -509,9 +509,14 @@ fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
 }
 
 /// Sends a CancelRequest for (pid, secret) to a server at `addr`, as PostgreSQL expects it: on
-/// a new connection, unencrypted, with no reply.
+/// a new connection, unencrypted, with no reply. Returns once the server has closed that
+/// connection (or after five seconds at each step): its postmaster has then sent both of its
+/// signals (to the backend, then to its process group), so nothing sent to the backend from
+/// then on can be cancelled by this request (see [`crate::cancel`]).
 pub async fn send_cancel(addr: SocketAddr, pid: i32, secret: i32) -> io::Result<()> {
-    let mut tcp = TcpStream::connect(addr).await?;
+    let mut tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     let mut msg = [0u8; 16];
     msg[0..4].copy_from_slice(&16u32.to_be_bytes());
     msg[4..8].copy_from_slice(&crate::protocol::startup::CANCEL_REQUEST.to_be_bytes());

@@ -780,3 +780,197 @@ async fn a_client_leaving_mid_batch_leaves_nothing_behind() {
     );
     proxy.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// COPY that ends early while the other side is still streaming
+// ---------------------------------------------------------------------------------------------
+
+/// Where a COPY test writes: a temp table (which pins a client in transaction mode to its
+/// server) or a regular one.
+#[derive(Debug, Clone, Copy)]
+enum CopyTable {
+    Temp,
+    Regular,
+}
+
+/// One line of COPY text: `n`, a tab, and 100 kB of `x`.
+fn big_copy_row(n: usize) -> Frontend {
+    let mut line = format!("{n}\t").into_bytes();
+    line.resize(line.len() + 100_000, b'x');
+    line.push(b'\n');
+    Frontend::copy_data(&line)
+}
+
+/// COPY FROM STDIN whose third row breaks a NOT NULL constraint, from a client that streams
+/// 100 kB rows and reads on the side, as pgx's CopyFrom does. PostgreSQL answers at once
+/// (ErrorResponse, ReadyForQuery) and ignores the rest of the COPY's data; the client must see
+/// that error while it is still sending, within a second. It sends 4 MB more, then CopyDone
+/// (which PostgreSQL does not answer), then extended and simple queries that show the
+/// connection is in step (a ParseComplete first: pgx's next query hung there). Returns the
+/// transcript (the rows sent are not in it).
+async fn copy_in_failing_while_sending(addr: SocketAddr, table: CopyTable) -> Vec<String> {
+    let (name, create) = match table {
+        CopyTable::Temp => ("copy_flood_temp", "CREATE TEMP TABLE"),
+        CopyTable::Regular => ("copy_flood_t", "CREATE TABLE"),
+    };
+    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap();
+    if let CopyTable::Regular = table {
+        // Left by the last run, or not: outside the transcript.
+        query(&mut client, &format!("DROP TABLE IF EXISTS {name}")).await;
+    }
+    let mut transcript = query(
+        &mut client,
+        &format!("{create} {name} (a int, b text NOT NULL)"),
+    )
+    .await;
+    let (mut reader, mut writer) = client.split();
+    let (seen, mut error_seen) = tokio::sync::watch::channel(false);
+    let reading = tokio::spawn(async move {
+        let mut replies = Vec::new();
+        loop {
+            let msg = reader.recv().await.expect("the COPY's replies");
+            let ready = msg.tag == b'Z';
+            if msg.is_error() {
+                seen.send_replace(true);
+            }
+            replies.push(msg);
+            if ready {
+                return (reader, replies);
+            }
+        }
+    });
+    let copy = format!("COPY {name} FROM STDIN");
+    writer.send(&[Frontend::query(&copy)]).await.unwrap();
+    for n in 1..=2 {
+        writer.send(&[big_copy_row(n)]).await.unwrap();
+    }
+    writer
+        .send(&[Frontend::copy_data(b"3\t\\N\n")])
+        .await
+        .unwrap();
+    let bad_row_sent = std::time::Instant::now();
+    // Rows go on until the error is there: 20 MB are far more than the sockets and pgmemo's
+    // buffers hold, so PostgreSQL has read the bad row long before.
+    let mut n = 4;
+    while !*error_seen.borrow_and_update() {
+        assert!(
+            n < 200,
+            "{addr} ({table:?}): no error while 20 MB were sent"
+        );
+        writer.send(&[big_copy_row(n)]).await.unwrap();
+        n += 1;
+    }
+    let waited = bad_row_sent.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "{addr} ({table:?}): the error came {waited:?} after the bad row"
+    );
+    for _ in 0..40 {
+        writer.send(&[big_copy_row(n)]).await.unwrap();
+        n += 1;
+    }
+    writer.send(&[Frontend::CopyDone]).await.unwrap();
+    let (reader, replies) = reading.await.expect("the reader");
+    let mut client = reader.join(writer);
+    transcript.push(format!(">> {copy}, 100 kB rows, CopyDone after the error"));
+    transcript.extend(normalize(&replies));
+    let counted = format!("SELECT count(*) FROM {name} WHERE a > $1");
+    transcript.extend(
+        exchange(
+            &mut client,
+            &[
+                Frontend::parse("after_copy", &counted, &[]),
+                Frontend::describe_statement("after_copy"),
+                Frontend::Sync,
+                Frontend::bind("", "after_copy", &[Some("0")]),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+            ],
+            2,
+        )
+        .await,
+    );
+    transcript.extend(query(&mut client, &format!("SELECT count(*) FROM {name}")).await);
+    transcript
+}
+
+/// An error during COPY FROM STDIN reaches a client that is still sending (pgx's
+/// TestConnCopyFromFailServerSideMidwayAbortsWithoutWaiting, which hung through pgmemo), and
+/// the rest of its data and its CopyDone get what PostgreSQL gives them: nothing. In
+/// transaction mode pinned (a temp table) and not, and in session mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_error_reaches_a_client_still_sending_as_from_postgres() {
+    let tables = [CopyTable::Temp, CopyTable::Regular];
+    let mut direct = Vec::new();
+    for table in tables {
+        direct.push(copy_in_failing_while_sending(cluster().addr(), table).await);
+    }
+    assert!(
+        direct[0].iter().any(|l| l.contains("C=\"23502\"")),
+        "{:#?}",
+        direct[0]
+    );
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let proxy = pgmemo(mode, 2).await;
+        for (table, direct) in tables.into_iter().zip(&direct) {
+            let proxied = copy_in_failing_while_sending(proxy.local_addr(), table).await;
+            if let Some(report) = diff(direct, &proxied) {
+                panic!("{mode:?} mode, {table:?} table: {report}");
+            }
+        }
+        proxy.shutdown().await;
+    }
+}
+
+/// COPY TO STDOUT of endless rows, cancelled once a megabyte has arrived: PostgreSQL's 57014
+/// comes while rows are still streaming, and the connection goes on. Returns the transcript
+/// (the rows received are not in it).
+async fn copy_out_cancelled(addr: SocketAddr) -> Vec<String> {
+    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap();
+    let key = client.backend_key().expect("BackendKeyData");
+    // (A set-returning function in FROM is materialized before its first row: in the select
+    // list it streams.)
+    let copy = "COPY (SELECT generate_series(1, 1000000000), repeat('x', 1000)) TO STDOUT";
+    client.send(&[Frontend::query(copy)]).await.unwrap();
+    let mut transcript = vec![format!(">> {copy}, cancelled after 1 MB")];
+    let (mut received, mut cancelled) = (0, false);
+    loop {
+        let msg = client.recv().await.unwrap();
+        if msg.tag != b'd' {
+            transcript.extend(normalize(std::slice::from_ref(&msg)));
+        }
+        if msg.tag == b'Z' {
+            break;
+        }
+        received += msg.body.len();
+        if received > 1 << 20 && !cancelled {
+            cancelled = true;
+            cancel_request(addr, key).await.unwrap();
+        }
+    }
+    transcript.extend(query(&mut client, "SELECT 'still in step'").await);
+    transcript
+}
+
+/// A COPY TO STDOUT cancelled midway ends for the client as it does with PostgreSQL, in
+/// transaction and in session mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_copy_out_ends_as_from_postgres() {
+    let direct = copy_out_cancelled(cluster().addr()).await;
+    assert!(
+        direct.iter().any(|l| l.contains("C=\"57014\"")),
+        "{direct:#?}"
+    );
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let proxy = pgmemo(mode, 2).await;
+        let proxied = copy_out_cancelled(proxy.local_addr()).await;
+        if let Some(report) = diff(&direct, &proxied) {
+            panic!("{mode:?} mode: {report}");
+        }
+        proxy.shutdown().await;
+    }
+}

@@ -282,6 +282,9 @@ enum Event {
     ServerGone(Option<io::Error>),
     /// pgmemo is shutting down: see [`Session::must_stop`].
     Stop,
+    /// The cancel requests that kept the server from going back have been delivered (see
+    /// [`Session::release_server`]).
+    CancelsDelivered,
 }
 
 struct Session {
@@ -355,6 +358,9 @@ struct Session {
     /// Counts the reads of the client's socket (with several workers), to ask now and then
     /// which worker its client sends from (see [`Session::worker_to_move_to`]).
     idle_reads: u8,
+    /// The server would have gone back, but a cancel request aimed at the client's work on it
+    /// is still being passed on: it goes back once that is delivered.
+    kept_for_cancels: bool,
 }
 
 /// Whether something holds for the client's settings, worked out for one `params_version`:
@@ -503,6 +509,7 @@ impl Session {
             read_only_transaction: None,
             server_fatal: false,
             idle_reads: 0,
+            kept_for_cancels: false,
         }
     }
 
@@ -681,6 +688,7 @@ impl Session {
             if let Err(end) = self.handle_client_messages().await {
                 return end;
             }
+            self.note_running();
             // A message planned again after a wait may have been answered by pgmemo alone,
             // leaving the server idle with nothing more to come from it.
             if std::mem::take(&mut self.replanned) {
@@ -705,6 +713,7 @@ impl Session {
                     if let Err(end) = self.handle_server_messages() {
                         return end;
                     }
+                    self.note_running();
                     if let Err(end) = self.checkpoint_state().await {
                         return end;
                     }
@@ -738,6 +747,7 @@ impl Session {
                 }
                 Event::ServerGone(e) => return self.server_gone(e).await,
                 Event::Stop => return self.shutdown_client().await,
+                Event::CancelsDelivered => self.release_if_done(),
             }
         }
     }
@@ -874,6 +884,12 @@ impl Session {
             {
                 return Ok(()); // backpressure: let the server drain first
             }
+            if self.info.cancels.pending() {
+                // A cancel request aimed at the client's work is being passed on: nothing new
+                // goes to its server (it could cancel that instead), pgmemo's own queries
+                // neither, until it is delivered.
+                return Ok(());
+            }
             // Like PostgreSQL, judge the type byte first (as soon as it is there), then the
             // length against the limit for that type.
             let Some(&tag) = self.client.rbuf.first() else {
@@ -946,6 +962,11 @@ impl Session {
                 }
             } else if tag == fe::TERMINATE {
                 return Err(End::Terminate);
+            } else if is_copy_message(tag) && !self.replies.takes_copy_message(tag) {
+                // Ignored by PostgreSQL (no COPY IN, or one an error ended while the client was
+                // still sending it): not sent, so the error's ReadyForQuery is the end of it.
+                self.client.rbuf.advance(len);
+                continue;
             } else if self.state.pins != 0 && self.work_done() {
                 // A pinned client's next transaction starts on the server it kept: its time
                 // counts from here (see `pinned_transaction_done`).
@@ -998,8 +1019,9 @@ impl Session {
             self.stats.bytes_received += len as u64;
             // Statement messages are planned (renamed, injected, answered locally), unless
             // PostgreSQL is discarding everything until the next Sync anyway. The Sync itself
-            // always is: the planner may have cleanup to send after it.
-            let skipping = self.replies.is_skipping() && tag != fe::SYNC;
+            // always is: the planner may have cleanup to send after it. COPY data is no
+            // statement (and nothing may be injected into it: see `Planner::prepare_guard`).
+            let skipping = (self.replies.is_skipping() && tag != fe::SYNC) || is_copy_message(tag);
             if let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) {
                 let planned = planner::Planner {
                     msg: &self.client.rbuf[..len],
@@ -1502,6 +1524,17 @@ impl Session {
         Ok(())
     }
 
+    /// Tells cancel requests whether the client's work runs on its server (see
+    /// [`crate::cancel`]): from when it is sent until its last reply is in.
+    #[inline]
+    fn note_running(&self) {
+        if self.replies.is_empty() {
+            self.info.cancels.done();
+        } else {
+            self.info.cancels.running();
+        }
+    }
+
     /// Gives the server back in transaction mode when the client's work on it is done. Not
     /// before the Sync of an extended batch: until then PostgreSQL keeps the batch's implicit
     /// transaction open (or skips everything after an error), whatever ReadyForQuery said
@@ -1621,6 +1654,8 @@ impl Session {
         if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
             return Err(End::ClientGone);
         }
+        // A cancel aimed at the client's last statement must not reach the probe instead.
+        poll_fn(|cx| self.info.poll_cancels_delivered(cx)).await;
         let mut server = self.server.take().expect("work_done: a server is held");
         let pins = self.probe_state(&mut server).await;
         self.note_pins(if server.broken { 0 } else { pins });
@@ -1823,6 +1858,15 @@ impl Session {
     }
 
     fn release_server(&mut self) {
+        if self.server.is_none() {
+            return;
+        }
+        if self.info.cancels.done() {
+            // A cancel aimed at the work just done may still reach the server: nobody else
+            // gets it before the request is delivered (`Event::CancelsDelivered`).
+            self.kept_for_cancels = true;
+            return;
+        }
         let Some(server) = self.server.take() else {
             return;
         };
@@ -1848,6 +1892,10 @@ impl Session {
     /// One poll over both connections: writes pending output, then reads whichever side may be
     /// read. Returns as soon as there is something to process.
     fn poll_io(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        if self.kept_for_cancels && !self.info.cancels.pending() {
+            self.kept_for_cancels = false;
+            return Poll::Ready(Event::CancelsDelivered);
+        }
         if let Some(server) = self.server.as_mut() {
             if let Err(e) = poll_write_buf(&mut server.stream, &mut server.wbuf, cx) {
                 return Poll::Ready(Event::ServerGone(Some(e)));
@@ -1890,10 +1938,14 @@ impl Session {
 
     /// Whether the client's messages may be read and planned now: not while the server has a
     /// backlog to drain, after a protocol violation (only the replies still owed are
-    /// relayed), or while a message waits to be planned again.
+    /// relayed), while a message waits to be planned again, or while a cancel request aimed
+    /// at the client's work is being passed on (the task is woken when it is delivered).
     fn may_read_client(&self) -> bool {
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
-        server_backlog < HIGH_WATER && self.violation.is_none() && !self.waiting
+        server_backlog < HIGH_WATER
+            && self.violation.is_none()
+            && !self.waiting
+            && !self.info.cancels.pending()
     }
 
     /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
@@ -1955,6 +2007,10 @@ impl Session {
         let Some(mut server) = self.server.take() else {
             return;
         };
+        // A cancel request aimed at the client's last statement may still be on its way: the
+        // server gets nothing more (a reset), and goes to nobody else, before it is delivered.
+        self.info.cancels.done();
+        poll_fn(|cx| self.info.poll_cancels_delivered(cx)).await;
         *self.info.server.lock() = None;
         record_statement_stats(&server, &self.stats);
         self.pool.stats.add(&mut self.stats);
@@ -2043,6 +2099,12 @@ fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
         info.prepare_evictions
             .fetch_add(stats.prepare_evictions, Relaxed);
     }
+}
+
+/// CopyData, CopyDone and CopyFail: the client's side of a COPY FROM STDIN, never planned.
+#[inline]
+fn is_copy_message(tag: u8) -> bool {
+    matches!(tag, fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL)
 }
 
 /// Makes room for the next read: small for a quiet client, larger once traffic is flowing

@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::{Buf, BytesMut};
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// How long any single read (or the whole start-up) may take before the test fails.
@@ -618,6 +618,40 @@ fn fnv64(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Reads one whole backend message from `stream` (bytes already read wait in `buf`), failing on
+/// end of stream or after [`RECV_TIMEOUT`].
+async fn read_message<R: AsyncRead + Unpin>(stream: &mut R, buf: &mut BytesMut) -> Result<Backend> {
+    loop {
+        // Check first, parse second: only take a message once all of it is buffered.
+        if buf.len() >= 5 {
+            let len = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+            if len < 4 || len as usize > MAX_MESSAGE_LEN {
+                bail!(
+                    "corrupt stream: message {:?} with length {len}",
+                    buf[0] as char
+                );
+            }
+            let total = 1 + len as usize;
+            if buf.len() >= total {
+                let tag = buf[0];
+                buf.advance(5);
+                let body = buf.split_to(total - 5).to_vec();
+                return Ok(Backend { tag, body });
+            }
+            buf.reserve(total - buf.len());
+        }
+        let read = tokio::time::timeout(RECV_TIMEOUT, stream.read_buf(buf))
+            .await
+            .map_err(|_| anyhow!("timeout: no message within {RECV_TIMEOUT:?}"))??;
+        if read == 0 {
+            if buf.is_empty() {
+                bail!("connection closed");
+            }
+            bail!("connection closed inside a message");
+        }
+    }
+}
+
 /// A connection that speaks the wire protocol message by message.
 ///
 /// It owns the socket and a read buffer; [`RawClient::recv`] hands out one whole backend
@@ -800,35 +834,7 @@ impl RawClient {
 
     /// Reads one backend message, failing on end of stream or after [`RECV_TIMEOUT`].
     pub async fn recv(&mut self) -> Result<Backend> {
-        loop {
-            // Check first, parse second: only take a message once all of it is buffered.
-            if self.buf.len() >= 5 {
-                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
-                if len < 4 || len as usize > MAX_MESSAGE_LEN {
-                    bail!(
-                        "corrupt stream: message {:?} with length {len}",
-                        self.buf[0] as char
-                    );
-                }
-                let total = 1 + len as usize;
-                if self.buf.len() >= total {
-                    let tag = self.buf[0];
-                    self.buf.advance(5);
-                    let body = self.buf.split_to(total - 5).to_vec();
-                    return Ok(Backend { tag, body });
-                }
-                self.buf.reserve(total - self.buf.len());
-            }
-            let read = tokio::time::timeout(RECV_TIMEOUT, self.stream.read_buf(&mut self.buf))
-                .await
-                .map_err(|_| anyhow!("timeout: no message within {RECV_TIMEOUT:?}"))??;
-            if read == 0 {
-                if self.buf.is_empty() {
-                    bail!("connection closed");
-                }
-                bail!("connection closed inside a message");
-            }
-        }
+        read_message(&mut self.stream, &mut self.buf).await
     }
 
     /// Reads exactly `n` messages.
@@ -1141,4 +1147,82 @@ impl RawClient {
             }
         }
     }
+}
+
+/// The receiving half of a [`RawClient`] split in two ([`RawClient::split`]): it reads on one
+/// task while [`RawWriter`] sends on another, as drivers do that stream COPY data and watch
+/// for an error meanwhile (pgx).
+pub struct RawReader {
+    read: tokio::net::tcp::OwnedReadHalf,
+    buf: BytesMut,
+    startup: Vec<Backend>,
+}
+
+/// The sending half of a [`RawClient`] split in two.
+pub struct RawWriter {
+    write: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl RawClient {
+    /// Splits the connection into a half that reads and a half that sends.
+    pub fn split(self) -> (RawReader, RawWriter) {
+        let (read, write) = self.stream.into_split();
+        let reader = RawReader {
+            read,
+            buf: self.buf,
+            startup: self.startup,
+        };
+        (reader, RawWriter { write })
+    }
+}
+
+impl RawReader {
+    /// See [`RawClient::recv`].
+    pub async fn recv(&mut self) -> Result<Backend> {
+        read_message(&mut self.read, &mut self.buf).await
+    }
+
+    /// The connection whole again.
+    pub fn join(self, writer: RawWriter) -> RawClient {
+        let stream = self
+            .read
+            .reunite(writer.write)
+            .expect("the two halves of one connection");
+        RawClient {
+            stream,
+            buf: self.buf,
+            startup: self.startup,
+        }
+    }
+}
+
+impl RawWriter {
+    /// See [`RawClient::send`].
+    pub async fn send(&mut self, msgs: &[Frontend]) -> Result<()> {
+        let mut out = Vec::new();
+        for msg in msgs {
+            msg.encode(&mut out);
+        }
+        tokio::time::timeout(RECV_TIMEOUT, self.write.write_all(&out))
+            .await
+            .map_err(|_| anyhow!("timeout: could not send within {RECV_TIMEOUT:?}"))??;
+        Ok(())
+    }
+}
+
+/// Sends a CancelRequest for the BackendKeyData `key` (pid, secret) to `addr` on a connection
+/// of its own, and waits until the server closes it, as libpq's PQcancel does: by then the
+/// request has been handled.
+pub async fn cancel_request(addr: SocketAddr, key: (i32, i32)) -> Result<()> {
+    let mut payload = key.0.to_be_bytes().to_vec();
+    payload.extend(key.1.to_be_bytes());
+    let mut client = RawClient::open(addr).await?;
+    client
+        .send_raw(&startup_request(80_877_102, &payload))
+        .await?;
+    let answer = client.recv_raw_until_closed().await?;
+    if !answer.is_empty() {
+        bail!("a CancelRequest got an answer: {answer:?}");
+    }
+    Ok(())
 }
