@@ -215,7 +215,16 @@ pub struct Pool {
     /// Clients' reported parameter sets, shared: clients of one application log in with the
     /// same values, and each would otherwise hold its own copy (memory per idle client).
     reported_sets: Mutex<Vec<Arc<Vars>>>,
+    /// The database's functions that may set custom settings (session-state watch), and when
+    /// they were last read (`Instant` of the pool's creation + milliseconds; 0: never).
+    setting_functions: arc_swap::ArcSwapOption<crate::session::state::SettingFunctions>,
+    setting_functions_read: std::sync::atomic::AtomicU64,
+    created: Instant,
 }
+
+/// How long the database's setting functions are trusted before they are read again: a
+/// function created without pgmemo seeing the DDL is followed after at most this.
+const SETTING_FUNCTIONS_TTL_MS: u64 = 5_000;
 
 /// At most this many distinct reported sets are kept for sharing; more are not shared.
 const MAX_SHARED_REPORTED_SETS: usize = 64;
@@ -280,6 +289,9 @@ impl Pool {
             stats: PoolStats::default(),
             stats_periods: crate::stats::StatsPeriods::new(Instant::now()),
             defaults: Mutex::new(None),
+            setting_functions: arc_swap::ArcSwapOption::empty(),
+            setting_functions_read: std::sync::atomic::AtomicU64::new(0),
+            created: Instant::now(),
             normalized: Mutex::new(HashMap::new()),
             reported_sets: Mutex::new(Vec::new()),
         })
@@ -883,6 +895,39 @@ impl Pool {
 
     pub fn servers(&self) -> Vec<Arc<ServerInfo>> {
         self.servers.lock().values().cloned().collect()
+    }
+
+    /// The database's functions that may set custom settings, as last read.
+    #[inline]
+    pub fn setting_functions(
+        &self,
+    ) -> arc_swap::Guard<Option<Arc<crate::session::state::SettingFunctions>>> {
+        self.setting_functions.load()
+    }
+
+    /// Whether the setting functions are due to be read (never read, or read over
+    /// [`SETTING_FUNCTIONS_TTL_MS`] ago, or a DDL made them stale): the caller reads them
+    /// and [`Pool::set_setting_functions`]. Claims the read, so one session does it.
+    pub fn setting_functions_due(&self) -> bool {
+        let read = self.setting_functions_read.load(Ordering::Relaxed);
+        let now = self.created.elapsed().as_millis() as u64 + 1;
+        (read == 0 || now.saturating_sub(read) > SETTING_FUNCTIONS_TTL_MS)
+            && self
+                .setting_functions_read
+                .compare_exchange(read, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    pub fn set_setting_functions(&self, names: Box<[Box<str>]>) {
+        self.setting_functions
+            .store(Some(Arc::new(crate::session::state::SettingFunctions {
+                names,
+            })));
+    }
+
+    /// The setting functions are read again at the next chance (DDL ran).
+    pub fn forget_setting_functions(&self) {
+        self.setting_functions_read.store(0, Ordering::Relaxed);
     }
 
     pub fn defaults(&self) -> Option<Vars> {

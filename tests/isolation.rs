@@ -270,7 +270,11 @@ async fn custom_settings_under_any_spelling_follow_their_client() {
          INSERT INTO secrets VALUES ('a', 'a-secret'), ('b', 'b-secret');
          ALTER TABLE secrets ENABLE ROW LEVEL SECURITY;
          CREATE POLICY p ON secrets USING (tenant = current_setting('app.tenant', true));
-         GRANT SELECT ON secrets TO PUBLIC;",
+         GRANT SELECT ON secrets TO PUBLIC;
+         CREATE FUNCTION use_tenant(text) RETURNS text LANGUAGE sql
+           AS $$ SELECT set_config('app.tenant', $1, false) $$;
+         CREATE FUNCTION enter(t text) RETURNS void LANGUAGE plpgsql
+           AS $$ BEGIN SET app.tenant = 'b'; END $$;",
     )
     .await;
     let read = "SELECT v FROM secrets";
@@ -283,6 +287,9 @@ async fn custom_settings_under_any_spelling_follow_their_client() {
         "SELECT set_config('app.' || 'tenant', 'b', false)",
         "SELECT pg_catalog.set_config((SELECT 'app.tenant'), 'b', false)",
         "DO $$ BEGIN PERFORM set_config('app.tenant', 'b', false); END $$",
+        // Functions of the database that set it: the text does not name it.
+        "SELECT use_tenant('b')",
+        "SELECT public.ENTER('x')",
     ] {
         // One server: the next client lands where the setter ran, unless the setter keeps
         // it (pinned); two: the readers alternate between whatever servers are free.
@@ -645,5 +652,126 @@ async fn writes_through_functions_views_operators_and_defaults_invalidate() {
             .await
             .unwrap();
         same(&c, &c_direct, read, "after COMMIT PREPARED").await;
+    }
+}
+
+// Property: random tenants × roles × search_paths × settings × (read, write, DDL).
+
+#[tokio::test]
+async fn random_sessions_read_what_postgresql_gives_them() {
+    for mode in MODES {
+        let db = database(
+            "iso_prop",
+            mode,
+            "CREATE SCHEMA s1; CREATE SCHEMA s2; CREATE SCHEMA iso_b;
+             CREATE TABLE public.t (k int PRIMARY KEY, v int);
+             CREATE TABLE s1.t (k int PRIMARY KEY, v int);
+             CREATE TABLE s2.base (k int PRIMARY KEY, v int);
+             CREATE VIEW s2.t AS SELECT k, v * 10 AS v FROM s2.base;
+             CREATE TABLE iso_b.t (k int PRIMARY KEY, v int);
+             INSERT INTO public.t SELECT g, g FROM generate_series(1, 5) g;
+             INSERT INTO s1.t SELECT g, 100 + g FROM generate_series(1, 5) g;
+             INSERT INTO s2.base SELECT g, g FROM generate_series(1, 5) g;
+             INSERT INTO iso_b.t SELECT g, 200 + g FROM generate_series(1, 5) g;
+             CREATE TABLE items (tenant text, v int);
+             INSERT INTO items SELECT t, g FROM generate_series(1, 4) g, unnest(ARRAY['a', 'b', 'c']) t;
+             ALTER TABLE items ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY p ON items USING (tenant = current_setting('app.tenant', true));
+             GRANT USAGE ON SCHEMA s1, s2, iso_b TO PUBLIC;
+             GRANT SELECT ON ALL TABLES IN SCHEMA public, s1, s2, iso_b TO PUBLIC;",
+        )
+        .await;
+        let proxy = start_pgmemo(own_roles_config(mode, 2)).await;
+        // PGMEMO_TEST_SEED=N replays another sequence.
+        let seed = std::env::var("PGMEMO_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0x5eed_0031u64);
+        let mut rng = Rng(seed ^ mode as u64);
+        // Actors: a role and startup options; each has a client through pgmemo and one direct.
+        let mut actors = Vec::new();
+        for (role, options) in [
+            ("iso_a", ""),
+            ("iso_a", "-c search_path=s1"),
+            ("iso_b", ""),
+            ("iso_b", "-c search_path=s2,public"),
+            ("iso_c", "-c app.tenant=c"),
+            ("iso_c", ""),
+        ] {
+            actors.push(pair(&proxy, role, db, options).await);
+        }
+        let (writer, writer_direct) = pair(&proxy, PGMEMO_USER, db, "").await;
+        let reads = [
+            "SELECT k, v FROM t ORDER BY k",
+            "SELECT v FROM t WHERE k = 2",
+            "SELECT sum(v) FROM t",
+            "SELECT tenant, v FROM items ORDER BY tenant, v",
+            "SELECT count(*) FROM items",
+            "SELECT v FROM s1.t WHERE k = 3",
+        ];
+        let settings = [
+            "SET search_path = s1",
+            "SET search_path = s2, public",
+            "SET search_path = \"$user\", public",
+            "RESET search_path",
+            "SET app.tenant = 'a'",
+            "SET \"app.tenant\" = 'b'",
+            "SELECT set_config(E'app\\x2etenant', 'c', false)",
+            "RESET app.tenant",
+            "SET ROLE NONE",
+        ];
+        let writes = [
+            "UPDATE t SET v = v + 1 WHERE k = 2",
+            "UPDATE s1.t SET v = v + 1",
+            "UPDATE s2.base SET v = v + 1 WHERE k = 3",
+            "UPDATE iso_b.t SET v = v + 1 WHERE k = 2",
+            "INSERT INTO items VALUES ('a', 9), ('b', 9)",
+            "DELETE FROM items WHERE v = 9",
+        ];
+        let ddl = [
+            "CREATE OR REPLACE VIEW s2.t AS SELECT k, v * 10 AS v FROM s2.base",
+            "CREATE OR REPLACE VIEW s2.t AS SELECT k, v * 20 AS v FROM s2.base",
+        ];
+        let mut log = Vec::new();
+        for step in 0..300 {
+            let actor = rng.below(actors.len());
+            let (through, direct) = &actors[actor];
+            match rng.below(10) {
+                0..=5 => {
+                    let sql = *rng.pick(&reads);
+                    log.push(format!("{actor}: {sql}"));
+                    same(through, direct, sql, &format!("step {step}: {log:#?}")).await;
+                }
+                6 => {
+                    let sql = *rng.pick(&settings);
+                    log.push(format!("{actor}: {sql}"));
+                    assert_eq!(
+                        rows(through, sql).await.is_ok(),
+                        rows(direct, sql).await.is_ok(),
+                        "{sql}"
+                    );
+                }
+                7 | 8 => {
+                    let sql = *rng.pick(&writes);
+                    log.push(format!("writer: {sql}"));
+                    if mode == Invalidation::Wal && rng.chance(50) {
+                        writer_direct.batch_execute(sql).await.unwrap();
+                        wait_applied(&proxy, &writer_direct, db).await;
+                    } else {
+                        writer.batch_execute(sql).await.unwrap();
+                    }
+                }
+                _ => {
+                    let sql = *rng.pick(&ddl);
+                    log.push(format!("writer: {sql}"));
+                    writer.batch_execute(sql).await.unwrap();
+                    writer
+                        .batch_execute("GRANT SELECT ON s2.t TO PUBLIC")
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        assert!(hits(&proxy) > 0, "the cache answered some of the reads");
     }
 }

@@ -425,6 +425,14 @@ impl Session {
         session.reported = session.pool.share_reported(session.reported.clone());
         session.track_statements();
         session.state.startup = session.settings.clone();
+        if session.state.enabled && session.pool.setting_functions_due() {
+            // Boxed: once per pool now and then, and the task need not keep room for it.
+            if let Err(e) = Box::pin(session.read_setting_functions_at_login()).await {
+                tracing::info!(error = %e, "no server for the login");
+                return None;
+            }
+        }
+        session.state.setting_functions = session.pool.setting_functions().clone();
         for (k, v) in session.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
         }
@@ -1239,6 +1247,16 @@ impl Session {
             }
             server.params_synced_for = params_key;
         }
+        if self.state.enabled {
+            let known = self.pool.setting_functions();
+            let same = match (known.as_ref(), self.state.setting_functions.as_ref()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            if !same {
+                self.state.setting_functions = known.clone();
+            }
+        }
         if let Some(stmts) = self.stmts.as_ref() {
             server
                 .prepared
@@ -1605,6 +1623,7 @@ impl Session {
                 touch.custom = true;
             }
             self.state.note(touch);
+            self.state.note_calls(text);
             if touch.custom {
                 self.state
                     .note_custom(&state::custom_settings(text, standard));
@@ -1641,10 +1660,24 @@ impl Session {
             Box::pin(self.probe_touched_state()).await?;
         }
         if self.state.pins == 0 {
+            if self.pool.setting_functions_due() {
+                if let Some(mut server) = self.server.take() {
+                    Box::pin(read_setting_functions(&self.pool, &mut server)).await;
+                    self.server = Some(server);
+                }
+            }
             self.release_server();
         } else {
             self.pinned_transaction_done();
         }
+        Ok(())
+    }
+
+    /// Reads the pool's [`state::SettingFunctions`] on a server taken for it at login.
+    async fn read_setting_functions_at_login(&mut self) -> Result<(), String> {
+        let mut server = self.login_checkout().await?;
+        read_setting_functions(&self.pool, &mut server).await;
+        self.pool.checkin(server);
         Ok(())
     }
 
@@ -1698,11 +1731,18 @@ impl Session {
             .state_probes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut notifications = BytesMut::new();
+        // Custom settings pg_settings does not list: those the client's SQL named, and those
+        // the server holds as far as pgmemo knows (a startup `-c app.tenant=...` of this
+        // client or of one before it): what the probe answers becomes the server's record,
+        // and a placeholder missing from it would never be reset for the next client.
+        let mut custom = self.state.custom.to_vec();
+        for (name, _) in server.settings.iter().chain(self.state.startup.iter()) {
+            if name.contains('.') && !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
+                custom.push(name.to_ascii_lowercase().into());
+            }
+        }
         let probed = server
-            .internal_query_relaying(
-                &state::probe_sql(&self.state.custom),
-                Some(&mut notifications),
-            )
+            .internal_query_relaying(&state::probe_sql(&custom), Some(&mut notifications))
             .await;
         while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
             let msg = notifications.split_to(len);
@@ -2084,6 +2124,21 @@ const RESET_KEEPING_STATEMENTS: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEF
     UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES; \
     DO $pgmemo$ DECLARE s text; BEGIN FOR s IN SELECT name FROM pg_prepared_statements \
     WHERE name !~ '^pgmemo_s[0-9]+$' LOOP EXECUTE format('DEALLOCATE %I', s); END LOOP; END $pgmemo$";
+
+/// Reads the database's functions that may set custom settings ([`state::SETTING_FUNCTIONS_SQL`])
+/// on `server` (idle, nobody's notifications to lose) into `pool`. A failure leaves what was
+/// known; it is read again after its time.
+async fn read_setting_functions(pool: &Pool, server: &mut ServerConn) {
+    match server.internal_query(state::SETTING_FUNCTIONS_SQL).await {
+        Ok(rows) => pool.set_setting_functions(
+            rows.into_iter()
+                .filter_map(|row| row.into_iter().next().flatten())
+                .map(String::into_boxed_str)
+                .collect(),
+        ),
+        Err(e) => tracing::debug!(error = %e, "could not read the setting functions"),
+    }
+}
 
 /// Adds a session's statement counters to the server it used (for SHOW SERVERS).
 fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {

@@ -454,6 +454,7 @@ impl Planner<'_> {
             Some(false) => {}
         }
         self.state.note(statement.session_touch);
+        self.state.note_calls(&statement.key.query);
         if statement.session_touch.custom {
             self.state.note_custom(&statement.custom_settings);
         }

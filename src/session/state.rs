@@ -246,6 +246,38 @@ fn add_custom(custom: &mut Custom, name: &str) {
     }
 }
 
+/// The database's own functions whose source may set a custom setting (`set_config`, or
+/// `SET [SESSION] a.b` in a procedural body): a call of one sets something the client's text
+/// does not name, so the client is treated as having set unnamed settings ([`Pins::SETTINGS`]).
+/// A function that calls such a function is not followed (nor `EXECUTE` of a built string).
+pub const SETTING_FUNCTIONS_SQL: &str = "SELECT DISTINCT pg_catalog.lower(p.proname::text) \
+    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
+    WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c') \
+    AND (p.prosrc ~* 'set_config' \
+      OR p.prosrc ~* '\\mset\\s+(session\\s+)?(\"[^\"]*\\.|[a-z_][a-z0-9_$]*\\s*\\.)')";
+
+/// The names of [`SETTING_FUNCTIONS_SQL`]'s answer, lower case.
+#[derive(Debug, Default)]
+pub struct SettingFunctions {
+    pub names: Box<[Box<str>]>,
+}
+
+impl SettingFunctions {
+    /// Whether `text` names one of the functions as a word, in any case (quoted too: a
+    /// generous test, as for [`crate::words`]).
+    pub fn named_in(&self, text: &[u8]) -> bool {
+        let word_byte = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+        self.names.iter().any(|name| {
+            let name = name.as_bytes();
+            text.windows(name.len()).enumerate().any(|(at, window)| {
+                window.eq_ignore_ascii_case(name)
+                    && (at == 0 || !word_byte(text[at - 1]))
+                    && text.get(at + name.len()).is_none_or(|&b| !word_byte(b))
+            })
+        })
+    }
+}
+
 /// Why a client keeps its server (a set of bits).
 pub struct Pins;
 
@@ -384,6 +416,8 @@ pub struct StateWatch {
     /// What the client's statements since the last probe did to settings pgmemo cannot name:
     /// Some(true) may have set some, Some(false) reset them all ([`Custom`]).
     pub unnamed_settings: Option<bool>,
+    /// Its pool's [`SettingFunctions`], as last seen (None: none known).
+    pub setting_functions: Option<std::sync::Arc<SettingFunctions>>,
 }
 
 impl StateWatch {
@@ -423,6 +457,19 @@ impl StateWatch {
             }
         }
         self.custom = custom.into_boxed_slice();
+    }
+
+    /// The client's SQL `text` may call a function that sets settings it does not name.
+    #[inline]
+    pub fn note_calls(&mut self, text: &[u8]) {
+        if self
+            .setting_functions
+            .as_ref()
+            .is_some_and(|f| !f.names.is_empty() && f.named_in(text))
+        {
+            self.touched = true;
+            self.unnamed_settings = Some(true);
+        }
     }
 
     /// The server must not go back to the pool as things are.
