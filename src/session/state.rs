@@ -107,9 +107,12 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
     Touch {
         probe: probe || load || set,
         load,
-        // Any name may be a custom setting's however it is spelt (`"app.tenant"`,
-        // `E'app\x2etenant'`): every SET and every text naming set_config is read.
-        custom: set || found & (query::SET_CONFIG | query::RESET | query::DISCARD) != 0,
+        // A custom setting's name has a dot, written as one or through a backslash escape
+        // (`"app.tenant"`, `E'app\x2etenant'`): a SET whose text has neither (`SET LOCAL
+        // statement_timeout = '5s'`, sent by some applications in every transaction) needs no
+        // parse. Every text naming set_config, RESET or DISCARD is read.
+        custom: (set && text.iter().any(|&b| b == b'.' || b == b'\\'))
+            || found & (query::SET_CONFIG | query::RESET | query::DISCARD) != 0,
     }
 }
 
@@ -540,7 +543,8 @@ mod tests {
         assert!(!probe("SELECT load FROM machines"));
         assert!(touch(b"LOAD 'auto_explain'").load);
         assert!(touch(b"SELECT set_config('app.tenant', $1, false)").custom);
-        assert!(touch(b"SET work_mem = '1MB'").custom);
+        assert!(!touch(b"SET work_mem = '1MB'").custom);
+        assert!(touch(b"SET \"app.tenant\" = 'b'").custom);
         assert!(!touch(b"UPDATE t SET a = 1.5").custom);
         assert!(!touch(b"select load from t").load);
     }
