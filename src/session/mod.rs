@@ -432,6 +432,7 @@ impl Session {
                 return None;
             }
         }
+        session.state.setting_functions_generation = session.pool.setting_functions_generation();
         session.state.setting_functions = session.pool.setting_functions().clone();
         for (k, v) in session.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
@@ -1248,13 +1249,10 @@ impl Session {
             server.params_synced_for = params_key;
         }
         if self.state.enabled {
-            let known = self.pool.setting_functions();
-            let same = match (known.as_ref(), self.state.setting_functions.as_ref()) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (a, b) => a.is_none() && b.is_none(),
-            };
-            if !same {
-                self.state.setting_functions = known.clone();
+            let generation = self.pool.setting_functions_generation();
+            if generation != self.state.setting_functions_generation {
+                self.state.setting_functions = self.pool.setting_functions().clone();
+                self.state.setting_functions_generation = generation;
             }
         }
         if let Some(stmts) = self.stmts.as_ref() {

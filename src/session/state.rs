@@ -421,6 +421,8 @@ pub struct StateWatch {
     pub unnamed_settings: Option<bool>,
     /// Its pool's [`SettingFunctions`], as last seen (None: none known).
     pub setting_functions: Option<std::sync::Arc<SettingFunctions>>,
+    /// The pool's generation of them (`Pool::setting_functions_generation`).
+    pub setting_functions_generation: u32,
 }
 
 impl StateWatch {
