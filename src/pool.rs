@@ -910,7 +910,7 @@ impl Pool {
     }
 
     /// Whether the setting functions are due to be read (never read, or read over
-    /// [`SETTING_FUNCTIONS_TTL_MS`] ago, or a DDL made them stale): the caller reads them
+    /// [`SETTING_FUNCTIONS_TTL_MS`] ago): the caller reads them
     /// and [`Pool::set_setting_functions`]. Claims the read, so one session does it.
     pub fn setting_functions_due(&self) -> bool {
         let read = self.setting_functions_read.load(Ordering::Relaxed);
@@ -920,6 +920,16 @@ impl Pool {
                 .setting_functions_read
                 .compare_exchange(read, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
+    }
+
+    /// Whether the setting functions were never read; claims the first read (logins read
+    /// them only then: later they are read again at the session-state probes, see
+    /// [`Pool::setting_functions_due`]).
+    pub fn setting_functions_unread(&self) -> bool {
+        let now = self.created.elapsed().as_millis() as u64 + 1;
+        self.setting_functions_read
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     pub fn set_setting_functions(&self, names: Box<[Box<str>]>) {
@@ -935,11 +945,6 @@ impl Pool {
     #[inline]
     pub fn setting_functions_generation(&self) -> u32 {
         self.setting_functions_generation.load(Ordering::Acquire)
-    }
-
-    /// The setting functions are read again at the next chance (DDL ran).
-    pub fn forget_setting_functions(&self) {
-        self.setting_functions_read.store(0, Ordering::Relaxed);
     }
 
     pub fn defaults(&self) -> Option<Vars> {

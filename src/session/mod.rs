@@ -425,7 +425,7 @@ impl Session {
         session.reported = session.pool.share_reported(session.reported.clone());
         session.track_statements();
         session.state.startup = session.settings.clone();
-        if session.state.enabled && session.pool.setting_functions_due() {
+        if session.state.enabled && session.pool.setting_functions_unread() {
             // Boxed: once per pool now and then, and the task need not keep room for it.
             if let Err(e) = Box::pin(session.read_setting_functions_at_login()).await {
                 tracing::info!(error = %e, "no server for the login");
@@ -550,8 +550,12 @@ impl Session {
         let defaults = match self.pool.defaults() {
             Some(d) => d,
             None => {
-                let server = self.login_checkout().await?;
+                let mut server = self.login_checkout().await?;
                 let d = server.reported.clone();
+                // The pool's first login: the setting functions are read on the same server.
+                if self.state.enabled && self.pool.setting_functions_unread() {
+                    read_setting_functions(&self.pool, &mut server).await;
+                }
                 self.pool.checkin(server);
                 d
             }
