@@ -372,6 +372,7 @@ pub fn show_pools(app: &App) -> Table {
                 text(0),
                 text(pool.settings().mode.as_str()),
                 text(pinned),
+                text(pool.pinned_servers()),
             ]
         })
         .collect();
@@ -395,6 +396,8 @@ pub fn show_pools(app: &App) -> Table {
             "pool_mode",
             // pgmemo's: clients that keep their server for session state.
             "cl_pinned",
+            // pgmemo's: servers those clients hold, at most max_pinned_fraction of pool_size.
+            "sv_pinned",
         ],
         rows,
     }

@@ -440,6 +440,8 @@ impl App {
             autoprepare: db.autoprepare,
             autoprepare_threshold: u64::from(g.autoprepare_threshold),
             pin_session_state: db.pin_session_state,
+            pinned_idle_timeout: g.pinned_idle_timeout,
+            max_pinned_fraction: g.max_pinned_fraction,
         })
     }
 

@@ -486,6 +486,17 @@ pub struct General {
     /// README, "How pooling behaves". `false` is PgBouncer's behaviour: what a client sets
     /// stays on the server. Default true; per database and user too.
     pub pin_session_state: bool,
+    /// A client pinned to its server (see `pin_session_state`) that sends nothing for this
+    /// long, outside a transaction, is closed with FATAL 08P01 `pinned_idle_timeout` and its
+    /// server cleaned and given back; 0 never closes it. Default 0: a LISTEN client is pinned
+    /// and may rightly wait hours for a notification; `max_pinned_fraction` bounds what
+    /// pinned clients can hold.
+    pub pinned_idle_timeout: Duration,
+    /// At most this fraction of a pool's `pool_size` (rounded up) may be held by pinned
+    /// clients; a client whose transaction would pin one more is closed with FATAL 53400
+    /// (its session state goes with its server's reset). 0 refuses every pin, 1 bounds
+    /// nothing. Default 0.5: the other half always serves unpinned clients.
+    pub max_pinned_fraction: f64,
     /// Session mode: clients share prepared statements through the registry (pgmemo's own
     /// `pgmemo_s<n>` names on servers, autoprepare and the result cache for them), as in
     /// transaction mode. Default false: a session-mode client's statements go to its server
@@ -540,6 +551,8 @@ impl Default for General {
             max_prepared_statements: 500,
             autoprepare: true,
             pin_session_state: true,
+            pinned_idle_timeout: Duration::ZERO,
+            max_pinned_fraction: 0.5,
             session_shared_statements: false,
             autoprepare_threshold: 2,
             autoprepare_max_shapes: 10_000,
@@ -830,6 +843,7 @@ impl Config {
             ),
             ("general.shutdown_timeout", g.shutdown_timeout, true),
             ("general.stats_period", g.stats_period, false),
+            ("general.pinned_idle_timeout", g.pinned_idle_timeout, true),
         ] {
             if value.is_zero() && !zero_ok {
                 return Err(ConfigError::invalid(key, "must be more than 0 seconds"));
@@ -840,6 +854,12 @@ impl Config {
                     "must be at most 31536000 seconds (one year)",
                 ));
             }
+        }
+        if !(0.0..=1.0).contains(&g.max_pinned_fraction) {
+            return Err(ConfigError::invalid(
+                "general.max_pinned_fraction",
+                "must be 0..=1",
+            ));
         }
         if g.server_check_query.trim().is_empty() {
             return Err(ConfigError::invalid(
@@ -1327,6 +1347,18 @@ impl Config {
                 true,
             ),
             (
+                "pinned_idle_timeout",
+                secs(g.pinned_idle_timeout),
+                secs(d.pinned_idle_timeout),
+                true,
+            ),
+            (
+                "max_pinned_fraction",
+                g.max_pinned_fraction.to_string(),
+                d.max_pinned_fraction.to_string(),
+                true,
+            ),
+            (
                 "session_shared_statements",
                 g.session_shared_statements.to_string(),
                 d.session_shared_statements.to_string(),
@@ -1615,6 +1647,8 @@ struct RawGeneral {
     max_prepared_statements: Option<i64>,
     autoprepare: Option<bool>,
     pin_session_state: Option<bool>,
+    pinned_idle_timeout: Option<Seconds>,
+    max_pinned_fraction: Option<f64>,
     session_shared_statements: Option<bool>,
     autoprepare_threshold: Option<i64>,
     autoprepare_max_shapes: Option<i64>,
@@ -1840,6 +1874,12 @@ impl RawConfig {
             )?,
             autoprepare: g.autoprepare.unwrap_or(d.autoprepare),
             pin_session_state: g.pin_session_state.unwrap_or(d.pin_session_state),
+            pinned_idle_timeout: seconds(
+                "general.pinned_idle_timeout",
+                g.pinned_idle_timeout,
+                d.pinned_idle_timeout,
+            )?,
+            max_pinned_fraction: g.max_pinned_fraction.unwrap_or(d.max_pinned_fraction),
             session_shared_statements: g
                 .session_shared_statements
                 .unwrap_or(d.session_shared_statements),
@@ -2154,6 +2194,25 @@ mod tests {
         assert_eq!(g.log_level, "info");
         assert!(c.databases.is_empty() && c.users.is_empty());
         assert_eq!(c.source, None);
+    }
+
+    #[test]
+    fn pinned_limits_are_checked() {
+        let g = General::default();
+        assert_eq!(g.pinned_idle_timeout, Duration::ZERO);
+        assert_eq!(g.max_pinned_fraction, 0.5);
+        let c = Config::from_toml_str(&with_upstream(
+            "[general]\npinned_idle_timeout = 1.5\nmax_pinned_fraction = 1",
+        ))
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.general.pinned_idle_timeout, Duration::from_millis(1500));
+        assert_eq!(c.general.max_pinned_fraction, 1.0);
+        let e = refused(&with_upstream("[general]\nmax_pinned_fraction = 1.5"));
+        assert!(
+            e.contains("general.max_pinned_fraction: must be 0..=1"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -2691,7 +2750,7 @@ password = "b"
         assert!(!row("listen").3);
         assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
         assert!(rows.iter().all(|r| !r.1.contains("pw")));
-        assert_eq!(rows.len(), 36);
+        assert_eq!(rows.len(), 38);
     }
 
     #[test]

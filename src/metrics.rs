@@ -297,6 +297,18 @@ pub fn render(app: &App) -> String {
         out,
         "# HELP pgmemo_pinned_clients Clients keeping their server for session state.\n# TYPE pgmemo_pinned_clients gauge\npgmemo_pinned_clients {pinned}"
     );
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_pinned_servers Servers held by pinned clients, by pool (at most max_pinned_fraction of pool_size).\n# TYPE pgmemo_pinned_servers gauge"
+    );
+    for pool in &pools {
+        let _ = writeln!(
+            out,
+            "pgmemo_pinned_servers{{{}}} {}",
+            labels(&pool.key.database, &pool.key.user),
+            pool.pinned_servers()
+        );
+    }
     cache_metrics(app, &mut out);
     let _ = writeln!(
         out,

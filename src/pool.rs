@@ -53,6 +53,10 @@ pub struct PoolSettings {
     /// Session settings carried per client and pinning (transaction mode; see
     /// `session::state`).
     pub pin_session_state: bool,
+    /// A pinned client idle this long is closed; zero: never.
+    pub pinned_idle_timeout: Duration,
+    /// Fraction of `pool_size` that pinned clients may hold (see [`Pool::pin`]).
+    pub max_pinned_fraction: f64,
 }
 
 impl PoolSettings {
@@ -223,6 +227,8 @@ pub struct Pool {
     /// loading them (an `ArcSwap` load, ~70 instructions) at a checkout.
     setting_functions_generation: std::sync::atomic::AtomicU32,
     created: Instant,
+    /// Servers held by clients pinned to them (see [`Pool::pin`]).
+    pinned: AtomicUsize,
 }
 
 /// How long the database's setting functions are trusted before they are read again: a
@@ -296,6 +302,7 @@ impl Pool {
             setting_functions_read: std::sync::atomic::AtomicU64::new(0),
             setting_functions_generation: std::sync::atomic::AtomicU32::new(0),
             created: Instant::now(),
+            pinned: AtomicUsize::new(0),
             normalized: Mutex::new(HashMap::new()),
             reported_sets: Mutex::new(Vec::new()),
         })
@@ -895,6 +902,30 @@ impl Pool {
             self.defaults.lock(),
             self.normalized.lock(),
         )
+    }
+
+    /// A client's server becomes pinned: counted, unless `max_pinned_fraction` of pool_size
+    /// (rounded up) is pinned already: then that bound, and nothing is counted. One atomic
+    /// per pin, none per transaction.
+    pub fn pin(&self) -> Result<(), usize> {
+        let settings = self.settings.load();
+        let bound = (settings.pool_size as f64 * settings.max_pinned_fraction).ceil() as usize;
+        self.pinned
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| bound)
+    }
+
+    /// A server counted by [`Pool::pin`] is no longer pinned (its client unpinned, or left).
+    pub fn unpin(&self) {
+        self.pinned.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Servers held by pinned clients, for SHOW POOLS and the metrics.
+    pub fn pinned_servers(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
     }
 
     pub fn servers(&self) -> Vec<Arc<ServerInfo>> {

@@ -39,6 +39,7 @@ pub mod sqlstate {
     pub const INVALID_AUTHORIZATION: &str = "28000";
     pub const INVALID_CATALOG_NAME: &str = "3D000";
     pub const TOO_MANY_CONNECTIONS: &str = "53300";
+    pub const CONFIGURATION_LIMIT_EXCEEDED: &str = "53400";
     pub const QUERY_CANCELED: &str = "57014";
     pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
     pub const SYNTAX_ERROR: &str = "42601";

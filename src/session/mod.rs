@@ -149,7 +149,7 @@ async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Se
                 tracing::debug!(client = %info.addr, "client closed for shutdown");
                 break;
             }
-            End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) => {
+            End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) | End::Closed(why) => {
                 tracing::info!(client = %info.addr, "client session ended: {why}");
                 break;
             }
@@ -269,6 +269,9 @@ enum End {
     ServerGone(String),
     /// No server could be had; the client has been told.
     NoServer(String),
+    /// pgmemo closed a pinned client (`pinned_idle_timeout`, `max_pinned_fraction`); it has
+    /// been told.
+    Closed(String),
     Shutdown,
     /// Not an end: the session goes on on another worker (see
     /// [`Session::worker_to_move_to`]).
@@ -285,6 +288,8 @@ enum Event {
     /// The cancel requests that kept the server from going back have been delivered (see
     /// [`Session::release_server`]).
     CancelsDelivered,
+    /// A pinned client stayed idle past `pinned_idle_timeout` (see [`Session::pinned_idle`]).
+    PinnedIdle,
 }
 
 struct Session {
@@ -361,6 +366,10 @@ struct Session {
     /// The server would have gone back, but a cancel request aimed at the client's work on it
     /// is still being passed on: it goes back once that is delivered.
     kept_for_cancels: bool,
+    /// Fires when a pinned client has been idle for `pinned_idle_timeout`: made at its first
+    /// pin with a timeout, reset at the end of each of its transactions, polled only while it
+    /// is pinned and idle.
+    pinned_idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// Whether something holds for the client's settings, worked out for one `params_version`:
@@ -519,6 +528,7 @@ impl Session {
             server_fatal: false,
             idle_reads: 0,
             kept_for_cancels: false,
+            pinned_idle: None,
         }
     }
 
@@ -713,6 +723,7 @@ impl Session {
             // The sockets first: what is already there is handled before a shutdown.
             let event = poll_fn(|cx| match self.poll_io(cx) {
                 Poll::Pending if self.must_stop() => Poll::Ready(Event::Stop),
+                Poll::Pending if self.idle_too_long(cx) => Poll::Ready(Event::PinnedIdle),
                 polled => polled,
             })
             .await;
@@ -761,6 +772,7 @@ impl Session {
                 Event::ServerGone(e) => return self.server_gone(e).await,
                 Event::Stop => return self.shutdown_client().await,
                 Event::CancelsDelivered => self.release_if_done(),
+                Event::PinnedIdle => return self.close_pinned(pinned_idle_message()).await,
             }
         }
     }
@@ -835,6 +847,61 @@ impl Session {
             || (self.app.is_shutting_down()
                 && self.replies.is_idle()
                 && self.server.as_ref().is_none_or(|s| s.status == b'I'))
+    }
+
+    /// Whether a pinned client has sent nothing, outside a transaction, for
+    /// `pinned_idle_timeout` (polls the timer only then: the task is woken when it fires).
+    fn idle_too_long(&mut self, cx: &mut Context<'_>) -> bool {
+        let idle = self.state.pins != 0 && self.work_done() && self.client.rbuf.is_empty();
+        match self.pinned_idle.as_mut() {
+            Some(timer) if idle => std::future::Future::poll(timer.as_mut(), cx).is_ready(),
+            _ => false,
+        }
+    }
+
+    /// (Re)starts a pinned client's idle time at the end of one of its transactions.
+    fn start_pinned_idle(&mut self) {
+        let timeout = self.pool.settings().pinned_idle_timeout;
+        let deadline =
+            tokio::time::Instant::now() + if timeout.is_zero() { NEVER } else { timeout };
+        match self.pinned_idle.as_mut() {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None if !timeout.is_zero() => {
+                self.pinned_idle = Some(Box::pin(tokio::time::sleep_until(deadline)));
+            }
+            None => {}
+        }
+    }
+
+    /// Counts the client's server among its pool's pinned ones as the client becomes pinned,
+    /// or stops counting it; the pool's bound when it has that many pinned already
+    /// (`max_pinned_fraction`).
+    fn count_pinned(&mut self) -> Result<(), usize> {
+        let pinned = self.state.pins != 0;
+        if pinned == self.state.counted {
+            return Ok(());
+        }
+        if pinned {
+            self.pool.pin()?;
+        } else {
+            self.pool.unpin();
+        }
+        self.state.counted = pinned;
+        Ok(())
+    }
+
+    /// Closes a pinned client with FATAL `message` (its server is cleaned by
+    /// [`Session::finish`], which discards the state that pinned it). Boxed: once per client.
+    fn close_pinned(
+        &mut self,
+        (code, message, why): (&'static str, String, &'static str),
+    ) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        Box::pin(async move {
+            self.client
+                .send_error(Severity::Fatal, code, &message)
+                .await;
+            End::Closed(why.into())
+        })
     }
 
     /// The server connection failed. Boxed, like the other ends of a session: the session's
@@ -1579,8 +1646,9 @@ impl Session {
                 .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
     }
 
-    /// Takes the pins a probe found, for SHOW CLIENTS and the pool's counters too.
-    fn note_pins(&mut self, found: u8) {
+    /// Takes the pins a probe found, for SHOW CLIENTS and the pool's counters too; a pin
+    /// beyond the pool's `max_pinned_fraction` is an error (the bound).
+    fn note_pins(&mut self, found: u8) -> Result<(), usize> {
         let new = self.state.set_pins(found);
         if let Some(stmts) = self.stmts.as_mut() {
             stmts.schema.temp_found(found & state::Pins::TEMP != 0);
@@ -1594,6 +1662,7 @@ impl Session {
         self.info
             .pins
             .store(self.state.pins, std::sync::atomic::Ordering::Relaxed);
+        self.count_pinned()
     }
 
     /// Reads what a simple query (its text `query_text_len` bytes long, its words
@@ -1693,8 +1762,21 @@ impl Session {
         poll_fn(|cx| self.info.poll_cancels_delivered(cx)).await;
         let mut server = self.server.take().expect("work_done: a server is held");
         let pins = self.probe_state(&mut server).await;
-        self.note_pins(if server.broken { 0 } else { pins });
+        let counted = self.note_pins(if server.broken { 0 } else { pins });
         self.server = Some(server);
+        if let Err(bound) = counted {
+            // The statement that pinned has succeeded and the client has been told: its
+            // session ends, as a backend's would, and the state goes with the server's reset.
+            let message = format!(
+                "max_pinned_fraction: {bound} of this pool's servers are pinned already and \
+                 this session's {} would pin another; closing the connection",
+                state::Pins::describe(self.state.pins)
+            );
+            let why = "max_pinned_fraction";
+            return Err(self
+                .close_pinned((sqlstate::CONFIGURATION_LIMIT_EXCEEDED, message, why))
+                .await);
+        }
         Ok(())
     }
 
@@ -1721,6 +1803,7 @@ impl Session {
             record_statement_stats(server, &self.stats);
         }
         self.pool.stats.add(&mut self.stats);
+        self.start_pinned_idle();
     }
 
     /// Asks `server` (held by this client, idle) what its session holds ([`state::PROBE`]):
@@ -1737,7 +1820,7 @@ impl Session {
         // the server holds as far as pgmemo knows (a startup `-c app.tenant=...` of this
         // client or of one before it): what the probe answers becomes the server's record,
         // and a placeholder missing from it would never be reset for the next client.
-        let mut custom = self.state.custom.to_vec();
+        let mut custom = self.state.custom.as_deref().cloned().unwrap_or_default();
         for (name, _) in server.settings.iter().chain(self.state.startup.iter()) {
             if name.contains('.') && !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
                 custom.push(name.to_ascii_lowercase().into());
@@ -2046,6 +2129,10 @@ impl Session {
         if pending_output {
             let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
         }
+        if self.state.counted {
+            self.state.counted = false;
+            self.pool.unpin();
+        }
         let Some(mut server) = self.server.take() else {
             return;
         };
@@ -2117,6 +2204,16 @@ impl Session {
             }
         }
     }
+}
+
+/// No deadline: a timer for a pinned client while `pinned_idle_timeout` is 0.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// What a client pinned and idle past `pinned_idle_timeout` is told, in PgBouncer's words for
+/// its `client_idle_timeout` (FATAL 08P01, the setting's name).
+fn pinned_idle_message() -> (&'static str, String, &'static str) {
+    let why = "pinned_idle_timeout";
+    (sqlstate::PROTOCOL_VIOLATION, why.into(), why)
 }
 
 /// `DISCARD ALL` minus what would drop pgmemo's shared statements: everything a client can

@@ -410,12 +410,14 @@ pub struct StateWatch {
     pub touched: bool,
     /// Why the client keeps its server ([`Pins`]).
     pub pins: u8,
+    /// Its server is counted among its pool's pinned ones (`Pool::pin`).
+    pub counted: bool,
     /// The client's settings from its startup packet (unreported ones), which `RESET` returns
     /// to.
     pub startup: Vars,
     /// Custom settings its SQL set (see [`custom_settings`]), which the probe asks for.
-    /// A boxed slice (16 bytes in every session, not a Vec's 24): rarely any, and only added to.
-    pub custom: Box<[Box<str>]>,
+    /// Boxed (8 bytes in every session, not a Vec's 24): rarely any, and only added to.
+    pub custom: Option<Box<Vec<Box<str>>>>,
     /// What the client's statements since the last probe did to settings pgmemo cannot name:
     /// Some(true) may have set some, Some(false) reset them all ([`Custom`]).
     pub unnamed_settings: Option<bool>,
@@ -453,15 +455,13 @@ impl StateWatch {
         if names.is_empty() {
             return;
         }
-        // No allocation unless a name is new: a boxed slice turns into a Vec of the same
-        // length and capacity, and back.
-        let mut custom = std::mem::take(&mut self.custom).into_vec();
+        // No allocation unless a name is new.
         for name in names {
+            let custom = self.custom.get_or_insert_default();
             if custom.len() < MAX_CUSTOM_SETTINGS && !custom.contains(name) {
                 custom.push(name.clone());
             }
         }
-        self.custom = custom.into_boxed_slice();
     }
 
     /// The client's SQL `text` may call a function that sets settings it does not name.

@@ -21,6 +21,9 @@ pub fn test_config(mode: PoolMode, pool_size: u32) -> Config {
     config.general.default_pool_size = pool_size;
     config.general.auth_type = AuthType::ScramSha256;
     config.general.admin_users = vec![PGMEMO_USER.into()];
+    // Tests compare pinned clients with dedicated sessions on pools of one or two: every
+    // server may be pinned. The bound (default 0.5) has its own tests (tests/pinning.rs).
+    config.general.max_pinned_fraction = 1.0;
     // PGMEMO_TEST_WORKERS=N runs every test's pgmemo with N workers (see README, Tests).
     if let Some(n) = std::env::var("PGMEMO_TEST_WORKERS")
         .ok()

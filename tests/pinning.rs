@@ -1,0 +1,224 @@
+//! Pinned clients cannot starve a pool silently (transaction mode): a pinned client idle past
+//! `pinned_idle_timeout` is closed and its server goes to the next client; a transaction that
+//! would pin more than `max_pinned_fraction` of the pool closes its client, whose state goes
+//! with its server's reset; a client whose state is gone (`DISCARD TEMP`, `DROP TABLE`,
+//! `UNLISTEN *`, `CLOSE`) gives its server back at once. Every wait is bounded: a client that
+//! waits for a server a pinned client keeps shows up as a timeout.
+
+mod common;
+
+use common::*;
+use pgmemo::config::PoolMode;
+use std::time::Duration;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+const DB: &str = "pinning";
+
+static SETUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+async fn setup() {
+    SETUP.get_or_init(|| fresh_db(DB)).await;
+}
+
+/// The first value of the first row `sql` returns, failing the test after `limit`: a client
+/// that cannot get a server fails rather than waits.
+async fn value_within(client: &Client, sql: &str, limit: Duration) -> String {
+    let rows = tokio::time::timeout(limit, client.simple_query(sql))
+        .await
+        .unwrap_or_else(|_| panic!("{sql}: no answer within {limit:?}"))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_owned()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// SHOW POOLS' `column` for the test database.
+async fn pool_column(admin: &Client, column: &str) -> String {
+    admin_rows(admin, "SHOW POOLS")
+        .await
+        .into_iter()
+        .find(|r| r["database"] == DB)
+        .map(|r| r[column].clone())
+        .unwrap_or_default()
+}
+
+/// Waits until SHOW POOLS shows `n` pinned servers (the pin is recorded by pgmemo's probe,
+/// after the client has its ReadyForQuery).
+async fn wait_pinned(admin: &Client, n: usize) {
+    wait_until(
+        &format!("sv_pinned = {n}"),
+        Duration::from_secs(10),
+        || async { pool_column(admin, "sv_pinned").await == n.to_string() },
+    )
+    .await;
+}
+
+async fn raw_client(addr: std::net::SocketAddr) -> RawClient {
+    RawClient::connect(addr, PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap()
+}
+
+/// Reads `client`'s messages up to an ErrorResponse: its (severity, code, message).
+async fn next_error(client: &mut RawClient) -> (String, String, String) {
+    loop {
+        let msg = client
+            .recv()
+            .await
+            .expect("an error before the connection ends");
+        if msg.is_error() {
+            let field = |c| msg.field(c).unwrap_or_default();
+            return (field(b'V'), field(b'C'), field(b'M'));
+        }
+    }
+}
+
+/// A client pinned by a temporary table that then stays idle is closed after
+/// pinned_idle_timeout with PgBouncer's kind of FATAL, and the only server of the pool goes,
+/// cleaned, to the client waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pinned_client_is_closed_and_its_server_reused() {
+    setup().await;
+    let mut config = test_config(PoolMode::Transaction, 1);
+    config.general.pinned_idle_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(config).await;
+    let addr = proxy.local_addr();
+    let mut pinned = raw_client(addr).await;
+    pinned
+        .send(&[Frontend::query("CREATE TEMP TABLE idle_pin (a int)")])
+        .await
+        .unwrap();
+    pinned.recv_until_ready(1).await.unwrap();
+    let admin = admin_console(addr).await;
+    wait_pinned(&admin, 1).await;
+    // The only server is pinned: this client waits until the pinned one is closed (1 s),
+    // not for query_wait_timeout (120 s).
+    let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let waiting = connect(&url).await;
+    let seen = value_within(
+        &waiting,
+        "SELECT count(*) FROM pg_class WHERE relname = 'idle_pin'",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        seen, "0",
+        "the closed client's temporary table was left behind"
+    );
+    let (severity, code, message) = next_error(&mut pinned).await;
+    assert_eq!(
+        (severity.as_str(), code.as_str(), message.as_str()),
+        ("FATAL", "08P01", "pinned_idle_timeout")
+    );
+    wait_pinned(&admin, 0).await;
+}
+
+/// With max_pinned_fraction 0.5 of a pool of two, one client may pin; the next transaction
+/// that would pin another server closes its client with 53400, and what it made is gone
+/// before anyone else gets the server: nothing leaks, and the pool still serves others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinning_beyond_the_bound_is_refused_and_leaks_nothing() {
+    setup().await;
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.max_pinned_fraction = 0.5;
+    let proxy = start_pgmemo(config).await;
+    let addr = proxy.local_addr();
+    let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let admin = admin_console(addr).await;
+    let first = connect(&url).await;
+    first
+        .simple_query("CREATE TEMP TABLE first_pin (a int)")
+        .await
+        .unwrap();
+    wait_pinned(&admin, 1).await;
+
+    let mut second = raw_client(addr).await;
+    second
+        .send(&[Frontend::query(
+            "CREATE TEMP TABLE refused_pin (a int); INSERT INTO refused_pin VALUES (1)",
+        )])
+        .await
+        .unwrap();
+    let (severity, code, message) = next_error(&mut second).await;
+    assert_eq!(
+        (severity.as_str(), code.as_str()),
+        ("FATAL", "53400"),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("max_pinned_fraction: 1 of this pool's servers are pinned"),
+        "{message}"
+    );
+    assert!(message.contains("temp"), "{message}");
+
+    // The refused client's server, reset, serves the next client; the pinned one keeps its.
+    let third = connect(&url).await;
+    let seen = value_within(
+        &third,
+        "SELECT count(*) FROM pg_class WHERE relname IN ('refused_pin', 'first_pin') \
+         AND relnamespace = pg_my_temp_schema()",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(seen, "0");
+    let anywhere = value_within(
+        &third,
+        "SELECT count(*) FROM pg_class WHERE relname = 'refused_pin'",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        anywhere, "0",
+        "the refused client's temporary table outlived it"
+    );
+    assert_eq!(pool_column(&admin, "sv_pinned").await, "1");
+    let still = value_within(
+        &first,
+        "SELECT count(*) FROM first_pin",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(still, "0");
+}
+
+/// A client whose pinning state is gone gives its server back at once: on a pool of one,
+/// another client runs right after each of DISCARD TEMP, DROP TABLE, UNLISTEN * and CLOSE,
+/// while the first stays connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_gone_unpins_at_once() {
+    setup().await;
+    let mut config = test_config(PoolMode::Transaction, 1);
+    // A client left waiting fails this test within seconds rather than minutes.
+    config.general.query_wait_timeout = Duration::from_secs(5);
+    let proxy = start_pgmemo(config).await;
+    let addr = proxy.local_addr();
+    let url = proxy_url(addr, PGMEMO_USER, Some(PGMEMO_PASS), DB);
+    let admin = admin_console(addr).await;
+    let pinned = connect(&url).await;
+    let other = connect(&url).await;
+    for (pin, unpin) in [
+        ("CREATE TEMP TABLE gone (a int)", "DISCARD TEMP"),
+        ("CREATE TEMP TABLE gone (a int)", "DROP TABLE gone"),
+        ("LISTEN gone", "UNLISTEN *"),
+        ("DECLARE gone CURSOR WITH HOLD FOR SELECT 1", "CLOSE gone"),
+    ] {
+        pinned.simple_query(pin).await.unwrap();
+        wait_pinned(&admin, 1).await;
+        assert_eq!(pool_column(&admin, "cl_pinned").await, "1", "{pin}");
+        pinned.simple_query(unpin).await.unwrap();
+        wait_pinned(&admin, 0).await;
+        assert_eq!(pool_column(&admin, "cl_pinned").await, "0", "{unpin}");
+        assert!(
+            admin_rows(&admin, "SHOW CLIENTS")
+                .await
+                .iter()
+                .all(|r| r["pinned"].is_empty()),
+            "{unpin}"
+        );
+        let seen = value_within(&other, "SELECT 1", Duration::from_secs(10)).await;
+        assert_eq!(seen, "1", "after {unpin}");
+    }
+}
