@@ -964,12 +964,14 @@ impl Pool {
     }
 
     pub fn set_setting_functions(&self, names: Box<[Box<str>]>) {
+        let generation = self.setting_functions_generation.load(Ordering::Relaxed) + 1;
         self.setting_functions
             .store(Some(Arc::new(crate::session::state::SettingFunctions {
+                generation,
                 names,
             })));
         self.setting_functions_generation
-            .fetch_add(1, Ordering::Release);
+            .store(generation, Ordering::Release);
     }
 
     /// Changes whenever [`Pool::setting_functions`] does.

@@ -441,7 +441,6 @@ impl Session {
                 return None;
             }
         }
-        session.state.setting_functions_generation = session.pool.setting_functions_generation();
         session.state.setting_functions = session.pool.setting_functions().clone();
         for (k, v) in session.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
@@ -1320,10 +1319,13 @@ impl Session {
             server.params_synced_for = params_key;
         }
         if self.state.enabled {
-            let generation = self.pool.setting_functions_generation();
-            if generation != self.state.setting_functions_generation {
+            let known = self
+                .state
+                .setting_functions
+                .as_ref()
+                .map_or(0, |f| f.generation);
+            if self.pool.setting_functions_generation() != known {
                 self.state.setting_functions = self.pool.setting_functions().clone();
-                self.state.setting_functions_generation = generation;
             }
         }
         if let Some(stmts) = self.stmts.as_ref() {

@@ -262,6 +262,8 @@ pub const SETTING_FUNCTIONS_SQL: &str = "SELECT DISTINCT pg_catalog.lower(p.pron
 /// The names of [`SETTING_FUNCTIONS_SQL`]'s answer, lower case.
 #[derive(Debug, Default)]
 pub struct SettingFunctions {
+    /// The pool's generation of them (`Pool::setting_functions_generation`), from 1.
+    pub generation: u32,
     pub names: Box<[Box<str>]>,
 }
 
@@ -423,8 +425,6 @@ pub struct StateWatch {
     pub unnamed_settings: Option<bool>,
     /// Its pool's [`SettingFunctions`], as last seen (None: none known).
     pub setting_functions: Option<std::sync::Arc<SettingFunctions>>,
-    /// The pool's generation of them (`Pool::setting_functions_generation`).
-    pub setting_functions_generation: u32,
 }
 
 impl StateWatch {
