@@ -149,6 +149,11 @@ impl Snapshot {
         Some(seen)
     }
 
+    /// Whether some relation's reading may write (see [`Snapshot::reading_may_write`]).
+    pub fn has_reading_writes(&self) -> bool {
+        !self.reading_writes.is_empty()
+    }
+
     /// Whether reading any of `relations` may write to the database: one of them, or a
     /// relation it reads through (a view's tables, a partitioned table's partitions), calls
     /// a volatile function or operator of the database in a view's query or a policy.

@@ -251,6 +251,9 @@ pub struct ResultCache {
     pub flight_timeouts: AtomicU64,
     /// Which misses are stored (`admit_after = 2`).
     admission: Admission,
+    /// Some database's snapshot has relations whose reading writes
+    /// ([`Snapshot::reading_may_write`]); until then no statement is checked for it.
+    reading_writes: AtomicBool,
 }
 
 /// Where a lookup happens: the client's context.
@@ -343,6 +346,7 @@ impl ResultCache {
             flushes: AtomicU64::new(0),
             flight_timeouts: AtomicU64::new(0),
             admission,
+            reading_writes: AtomicBool::new(false),
         };
         cache.reconfigure(config);
         cache
@@ -567,7 +571,8 @@ impl ResultCache {
     fn note(&self, client: &mut ClientCache, analysis: &Arc<Analysis>) {
         client.note(analysis);
         let reads = &analysis.effects.reads;
-        if reads.is_empty() {
+        // One load on the common path: no database read yet has a view or policy that writes.
+        if reads.is_empty() || !self.reading_writes.load(Relaxed) {
             return;
         }
         let snapshots = self.snapshots.pin();
@@ -845,10 +850,13 @@ impl ResultCache {
             return false;
         }
         if let Some(rows) = snapshot_rows {
-            self.snapshots.pin().insert(
-                job.database.clone(),
-                Arc::new(Snapshot::from_rows(job.catalog, rows)),
-            );
+            let snapshot = Snapshot::from_rows(job.catalog, rows);
+            if snapshot.has_reading_writes() {
+                self.reading_writes.store(true, Relaxed);
+            }
+            self.snapshots
+                .pin()
+                .insert(job.database.clone(), Arc::new(snapshot));
         }
         let snapshots = self.snapshots.pin();
         let snapshot = snapshots.get(&job.database);
