@@ -169,7 +169,7 @@ fn startup_packet() {
             }
             Ok(Some(len)) => len,
         };
-        assert!(len >= 8 && len <= startup::MAX_STARTUP_PACKET && len <= buf.len());
+        assert!((8..=startup::MAX_STARTUP_PACKET).contains(&len) && len <= buf.len());
         assert_eq!(
             len,
             u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize
