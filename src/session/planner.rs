@@ -1248,11 +1248,19 @@ impl Planner<'_> {
             // statement of the client is on the server under the client's name.
             return Plan::Forward;
         }
-        encode(&mut self.server.wbuf, MISSING_NAME);
+        // A name that is not UTF-8 fails PostgreSQL's encoding check before the lookup
+        // (22021, quoting the bad bytes): sent after the reserved name, the server checks the
+        // same bytes (and a database that takes any byte still names the client's statement).
+        let missing = if std::str::from_utf8(name).is_ok() {
+            Bytes::from_static(MISSING_NAME)
+        } else {
+            Bytes::from([MISSING_NAME, name].concat())
+        };
+        encode(&mut self.server.wbuf, &missing);
         self.replies.push_entry(Entry {
             expected,
             action: Action::replace_error(ErrorRewrite::Rename {
-                from: Bytes::from_static(MISSING_NAME),
+                from: missing,
                 to: Bytes::copy_from_slice(name),
             }),
             effect: None,
