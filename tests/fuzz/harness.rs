@@ -36,7 +36,7 @@ impl Outcome {
 }
 
 /// xorshift64*: small and deterministic, so a seed replays a run.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -51,7 +51,7 @@ impl Rng {
     }
 }
 
-fn env(name: &str) -> Option<u64> {
+pub fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
         v.replace('_', "")
             .parse()
@@ -60,7 +60,7 @@ fn env(name: &str) -> Option<u64> {
 }
 
 /// The seed corpus of `corpus`, in name order.
-fn seeds(corpus: &str) -> Vec<Vec<u8>> {
+pub fn seeds(corpus: &str) -> Vec<Vec<u8>> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fuzz/corpus")
         .join(corpus);
@@ -164,7 +164,7 @@ pub fn fuzz(
 }
 
 /// Writes a failing input under `target/fuzz-crashes/<target>/`.
-fn save(target: &str, what: &str, input: &[u8]) -> PathBuf {
+pub fn save(target: &str, what: &str, input: &[u8]) -> PathBuf {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     input.hash(&mut h);
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -176,7 +176,7 @@ fn save(target: &str, what: &str, input: &[u8]) -> PathBuf {
     path
 }
 
-fn show(input: &[u8]) -> String {
+pub fn show(input: &[u8]) -> String {
     let shown: String = input.escape_ascii().to_string();
     if shown.len() > 2000 {
         format!("{}... ({} bytes)", &shown[..2000], input.len())
@@ -228,7 +228,7 @@ const LENGTHS: &[u32] = &[
 ];
 
 /// Replaces `input` by a mutation of an input from `pool`: one to four stacked changes.
-fn mutate(rng: &mut Rng, pool: &[Vec<u8>], dictionary: &[&[u8]], input: &mut Vec<u8>) {
+pub fn mutate(rng: &mut Rng, pool: &[Vec<u8>], dictionary: &[&[u8]], input: &mut Vec<u8>) {
     input.clone_from(&pool[rng.below(pool.len())]);
     for _ in 0..1 + rng.below(4) {
         let len = input.len();
