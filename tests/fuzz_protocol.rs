@@ -5,10 +5,6 @@
 //! Each stream (its whole messages) is followed by Sync and a query that marks its end: valid
 //! messages are answered, a malformed one ends the session with PostgreSQL's error.
 //! `PGMEMO_FUZZ_STREAMS=N` sets the count, `PGMEMO_FUZZ_SEED=S` replays a run.
-//!
-//! Differences found and not fixed yet are kept in `tests/fuzz/open/` (they join the corpus
-//! once fixed): a Parse whose statement name is not UTF-8 (PostgreSQL: 22021; pgmemo renames
-//! the statement, so the server never sees the name).
 
 mod common;
 #[allow(dead_code)]

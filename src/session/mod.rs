@@ -1120,6 +1120,7 @@ impl Session {
                         client: self.autoprepare.get_or_insert_with(Default::default),
                         threshold,
                     }),
+                    reported: &self.reported,
                 }
                 .plan(tag);
                 if planned != planner::Plan::Wait {

@@ -88,6 +88,8 @@ pub struct Planner<'a> {
     pub state: &'a mut super::state::StateWatch,
     /// For a simple query of a client with autoprepare on.
     pub autoprepare: Option<crate::autoprepare::Use<'a>>,
+    /// The client's reported parameters (its client_encoding, for a name that is not UTF-8).
+    pub reported: &'a Vars,
 }
 
 /// The client's batch from its first statement to its Sync, kept while it runs, so that it can
@@ -310,6 +312,16 @@ impl Planner<'_> {
         let Some(p) = Parse::parse(&msg[5..]) else {
             return false;
         };
+        if std::str::from_utf8(p.name).is_err()
+            && self
+                .reported
+                .get("client_encoding")
+                .is_some_and(|e| e.eq_ignore_ascii_case("UTF8"))
+        {
+            // PostgreSQL refuses the name before it reads the rest (22021, quoting the bad
+            // bytes) and creates nothing: the Parse goes as it is, for that error.
+            return false;
+        }
         if self.stmts.is_sql(p.name) {
             // The name of one of the client's SQL-level statements, which the server has
             // under that name: PostgreSQL's own 42P05 (after its checks of the query).
