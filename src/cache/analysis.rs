@@ -534,11 +534,7 @@ impl Walker {
                 self.locking = true;
             }
             "FuncCall" => {
-                let name = inner["funcname"]
-                    .as_array()
-                    .and_then(|parts| parts.last())
-                    .and_then(|p| p["node"]["String"]["sval"].as_str());
-                if let Some(name) = name {
+                if let Some(name) = last_name(&inner["funcname"]) {
                     let name: Box<str> = name.into();
                     if !self.functions.contains(&name) {
                         self.functions.push(name);
@@ -584,11 +580,7 @@ impl Walker {
     }
 
     fn operator_named(&mut self, name: &Value) {
-        let last = name
-            .as_array()
-            .and_then(|parts| parts.last())
-            .and_then(|p| p["node"]["String"]["sval"].as_str());
-        if let Some(op) = last {
+        if let Some(op) = last_name(name) {
             self.operator(op);
         }
     }
@@ -605,6 +597,15 @@ impl Walker {
             self.writes.push(name.into());
         }
     }
+}
+
+/// The last part of a qualified name in a parse tree (`pg_catalog.set_config` → `set_config`,
+/// `OPERATOR(pg_catalog.=)` → `=`): a list of String nodes.
+pub(crate) fn last_name(parts: &Value) -> Option<&str> {
+    parts
+        .as_array()
+        .and_then(|parts| parts.last())
+        .and_then(|p| p["node"]["String"]["sval"].as_str())
 }
 
 fn rel_name(v: &Value) -> RelName {

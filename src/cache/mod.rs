@@ -576,10 +576,9 @@ impl ResultCache {
             return;
         }
         let snapshots = self.snapshots.pin();
-        let writes = snapshots.get(&*client.database).is_some_and(|s| {
-            s.generation == self.versions.get(catalog_slot(&client.database))
-                && s.reading_may_write(reads)
-        });
+        let writes = snapshots
+            .get(&*client.database)
+            .is_some_and(|s| self.is_current(s, &client.database) && s.reading_may_write(reads));
         if writes {
             client.note(&FLUSH_DATA);
         }
@@ -952,11 +951,17 @@ impl ResultCache {
         }
     }
 
+    /// Whether `snapshot` of `database` was read at the database's current catalog version
+    /// (one older than the last DDL is not trusted).
+    fn is_current(&self, snapshot: &Snapshot, database: &str) -> bool {
+        snapshot.generation == self.versions.get(catalog_slot(database))
+    }
+
     /// Bumps what `effects` may have changed in `database`.
     fn apply(&self, database: &str, effects: &[Arc<Analysis>]) {
         let snapshots = self.snapshots.pin();
         let known = snapshots.get(database);
-        let snapshot = known.filter(|s| s.generation == self.versions.get(catalog_slot(database)));
+        let snapshot = known.filter(|s| self.is_current(s, database));
         // A snapshot older than the last DDL: triggers, cascades and functions may have
         // changed, so a write may reach anything. (No snapshot at all: nothing is cached for
         // the database yet beyond what its tables' own versions guard.)

@@ -179,16 +179,11 @@ fn walk_settings(
                 let reset_all = inner["kind"].as_i64() == Some(6)
                     || inner["kind"].as_str() == Some("VAR_RESET_ALL");
                 let local = inner["is_local"].as_bool() == Some(true);
-                match () {
-                    _ if reset_all => {
-                        custom.reset_all = true;
-                        custom.unnamed = false;
-                    }
-                    _ if local => {}
-                    _ => {
-                        if let Some(name) = inner["name"].as_str() {
-                            add_custom(custom, name);
-                        }
+                if reset_all {
+                    custom.reset_all = true;
+                } else if !local {
+                    if let Some(name) = inner["name"].as_str() {
+                        add_custom(custom, name);
                     }
                 }
             }
@@ -198,23 +193,18 @@ fn walk_settings(
                     || inner["target"].as_str() == Some("DISCARD_ALL") =>
             {
                 custom.reset_all = true;
-                custom.unnamed = false;
             }
-            "FuncCall" => {
-                let name = inner["funcname"]
-                    .as_array()
-                    .and_then(|parts| parts.last())
-                    .and_then(|p| p["node"]["String"]["sval"].as_str());
-                if name == Some("set_config") {
-                    *calls += 1;
-                    let args = inner["args"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-                    let constant = |i: usize| args.get(i).and_then(constant_text);
-                    if let (Some(name), Some(local)) = (constant(0), constant(2)) {
-                        *read += 1;
-                        // set_config(..., true) lasts until the transaction ends.
-                        if !matches!(local.as_str(), "t" | "true" | "on" | "yes" | "1") {
-                            add_custom(custom, &name);
-                        }
+            "FuncCall"
+                if crate::cache::analysis::last_name(&inner["funcname"]) == Some("set_config") =>
+            {
+                *calls += 1;
+                let args = inner["args"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                let constant = |i: usize| args.get(i).and_then(constant_text);
+                if let (Some(name), Some(local)) = (constant(0), constant(2)) {
+                    *read += 1;
+                    // set_config(..., true) lasts until the transaction ends.
+                    if !matches!(local.as_str(), "t" | "true" | "on" | "yes" | "1") {
+                        add_custom(custom, &name);
                     }
                 }
             }
