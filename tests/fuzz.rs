@@ -19,7 +19,7 @@ mod harness;
 use bytes::BytesMut;
 use harness::{fuzz, Outcome};
 use pgmemo::auth::{ScramServer, ScramVerifier, Secret};
-use pgmemo::autoprepare::lexer::{generalize, Kind, Lexed};
+use pgmemo::autoprepare::lexer::{generalize, rebuild, Kind, Lexed};
 use pgmemo::autoprepare::shape::{decide, Decision};
 use pgmemo::cache::hint::{self, Hint, Memo};
 use pgmemo::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
@@ -375,46 +375,6 @@ fn lexer() {
             out.literals.len().min(8) + 8 * out.comments.len().min(4),
         )
     });
-}
-
-/// The generalized text with each literal's original token back in place of its `$n`, and
-/// an empty comment where each comment was (dropped, two strings around one could read as
-/// one continued string).
-fn rebuild(sql: &[u8], out: &Lexed) -> Vec<u8> {
-    let mut commented = Vec::new();
-    let mut shift = Vec::new();
-    let mut from = 0;
-    for &(at, _) in &out.comments {
-        commented.extend_from_slice(&out.text[from..at as usize]);
-        commented.extend_from_slice(b"/**/");
-        from = at as usize;
-        shift.push((at as usize, commented.len() - from));
-    }
-    commented.extend_from_slice(&out.text[from..]);
-    let moved = |offset: u32| {
-        let offset = offset as usize;
-        offset
-            + shift
-                .iter()
-                .rev()
-                .find(|&&(at, _)| at <= offset)
-                .map_or(0, |&(_, by)| by)
-    };
-    let mut rebuilt = Vec::new();
-    let mut at = 0;
-    for l in &out.literals {
-        rebuilt.extend_from_slice(&commented[at..moved(l.gen_start)]);
-        if rebuilt
-            .last()
-            .is_some_and(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80)
-        {
-            rebuilt.push(b' ');
-        }
-        rebuilt.extend_from_slice(&sql[l.start as usize..l.end as usize]);
-        at = moved(l.gen_end);
-    }
-    rebuilt.extend_from_slice(&commented[at..]);
-    rebuilt
 }
 
 /// Shape analysis (PostgreSQL's parser) of what the lexer generalized: one form per literal.

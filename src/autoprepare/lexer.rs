@@ -863,6 +863,45 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// For tests of the lexer (its unit tests, tests/fuzz.rs): `out`'s generalized text of `sql`
+/// with each parameter literal's original token back in place of its `$n`, and an empty
+/// comment where each comment was (dropped, two strings around one could read as one
+/// continued string: `'a' /* */\n'b'`). It must read as the same shape with the same values.
+#[doc(hidden)]
+pub fn rebuild(sql: &[u8], out: &Lexed) -> Vec<u8> {
+    let mut commented = Vec::new();
+    let mut shift = Vec::new(); // (offset in text, bytes inserted before it)
+    let mut from = 0;
+    for &(at, _) in &out.comments {
+        commented.extend_from_slice(&out.text[from..at as usize]);
+        commented.extend_from_slice(b"/**/");
+        from = at as usize;
+        shift.push((at as usize, commented.len() - from));
+    }
+    commented.extend_from_slice(&out.text[from..]);
+    let moved = |offset: u32| {
+        let offset = offset as usize;
+        offset
+            + shift
+                .iter()
+                .rev()
+                .find(|&&(at, _)| at <= offset)
+                .map_or(0, |&(_, by)| by)
+    };
+    let mut rebuilt = Vec::new();
+    let mut at = 0;
+    for l in &out.literals {
+        rebuilt.extend_from_slice(&commented[at..moved(l.gen_start)]);
+        if rebuilt.last().is_some_and(|&b| is_ident_cont(b)) {
+            rebuilt.push(b' ');
+        }
+        rebuilt.extend_from_slice(&sql[l.start as usize..l.end as usize]);
+        at = moved(l.gen_end);
+    }
+    rebuilt.extend_from_slice(&commented[at..]);
+    rebuilt
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1073,38 +1112,7 @@ mod tests {
             end = l.end as usize;
         }
         check_against_postgresql(sql, &out);
-        // The generalized text with an empty comment where each comment was: dropped, two
-        // strings around one could read as one continued string (`'a' /* */\n'b'`).
-        let mut commented = Vec::new();
-        let mut shift = Vec::new(); // (offset in text, bytes inserted before it)
-        let mut from = 0;
-        for &(at, _) in &out.comments {
-            commented.extend_from_slice(&out.text[from..at as usize]);
-            commented.extend_from_slice(b"/**/");
-            from = at as usize;
-            shift.push((at as usize, commented.len() - from));
-        }
-        commented.extend_from_slice(&out.text[from..]);
-        let moved = |offset: u32| {
-            let offset = offset as usize;
-            offset
-                + shift
-                    .iter()
-                    .rev()
-                    .find(|&&(at, _)| at <= offset)
-                    .map_or(0, |&(_, by)| by)
-        };
-        let mut rebuilt = Vec::new();
-        let mut at = 0;
-        for l in &out.literals {
-            rebuilt.extend_from_slice(&commented[at..moved(l.gen_start)]);
-            if rebuilt.last().is_some_and(|&b| is_ident_cont(b)) {
-                rebuilt.push(b' ');
-            }
-            rebuilt.extend_from_slice(&sql[l.start as usize..l.end as usize]);
-            at = moved(l.gen_end);
-        }
-        rebuilt.extend_from_slice(&commented[at..]);
+        let rebuilt = rebuild(sql, &out);
         let mut again = Lexed::default();
         generalize(&rebuilt, &mut again).unwrap_or_else(|e| {
             panic!(
