@@ -9,7 +9,7 @@ use tokio_postgres::{Client, NoTls};
 pub async fn connect(url: &str) -> Client {
     let (client, conn) = tokio_postgres::connect(url, NoTls)
         .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        .unwrap_or_else(|e| panic!("connect {url}: {e:?}"));
     tokio::spawn(async move {
         let _ = conn.await;
     });
