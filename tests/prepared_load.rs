@@ -65,51 +65,6 @@ fn statement_name(c: usize, k: usize) -> String {
     format!("q{}", (k * 7 + c) % STATEMENTS)
 }
 
-/// This process's resident set size (`VmRSS`) or peak (`VmHWM`) in KiB.
-fn proc_status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
-}
-
-/// Bytes of heap in use (glibc's `mallinfo2().uordblks`), in KiB. Unlike VmRSS it does not
-/// grow when already allocated memory is first touched, such as the 64 KiB read buffer of
-/// every [`RawClient`] filling up over the rounds.
-fn heap_in_use_kib() -> u64 {
-    // SAFETY: mallinfo2 only reads the allocator's statistics.
-    let info = unsafe { libc::mallinfo2() };
-    info.uordblks as u64 / 1024
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-/// Raises the soft RLIMIT_NOFILE so that both ends of every client connection fit.
-fn raise_nofile(needed: u64) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        if lim.rlim_cur < needed {
-            lim.rlim_cur = needed.min(lim.rlim_max);
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-        }
-    }
-    assert!(
-        lim.rlim_cur >= needed,
-        "RLIMIT_NOFILE is {} (hard {}); this test needs {needed} file descriptors",
-        lim.rlim_cur,
-        lim.rlim_max
-    );
-}
-
 // ---------------------------------------------------------------------------------------------
 // Replies, rendered so that expected and actual compare as strings
 // ---------------------------------------------------------------------------------------------

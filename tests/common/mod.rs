@@ -16,6 +16,7 @@
 pub mod client;
 pub mod cluster;
 pub mod differential;
+pub mod memory;
 pub mod proxy;
 pub mod raw;
 pub mod scenarios;
@@ -23,6 +24,7 @@ pub mod scenarios;
 pub use client::*;
 pub use cluster::*;
 pub use differential::*;
+pub use memory::*;
 pub use proxy::*;
 pub use raw::*;
 pub use scenarios::scenarios;
