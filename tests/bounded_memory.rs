@@ -30,6 +30,10 @@ const DB: &str = "bounded_memory";
 
 static SETUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
+/// The heap is the process's: the tests of this file run one at a time, each holding this,
+/// so that one test's clients do not count in another's measure.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn setup() {
     SETUP
         .get_or_init(|| async {
@@ -133,6 +137,7 @@ fn kib_over(now: u64, base: u64) -> u64 {
 /// once the reader goes its server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_costs_its_buffers_only() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     setup().await;
     let proxy = pgmemo(2).await;
     let direct = connect(&direct_url()).await;
@@ -175,6 +180,7 @@ async fn a_client_that_never_reads_costs_its_buffers_only() {
 /// 08P01, its connection closes while it is still sending, and nothing of it was buffered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_of_a_gigabyte_is_refused_unbuffered() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     setup().await;
     let proxy = pgmemo(2).await;
     let direct = connect(&direct_url()).await;
@@ -219,6 +225,7 @@ async fn a_message_of_a_gigabyte_is_refused_unbuffered() {
 /// bounded by the sockets' buffers), and after the client goes its server is back in the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_of_100000_unread_queries_is_held_back() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     setup().await;
     let proxy = pgmemo(2).await;
     let direct = connect(&direct_url()).await;
@@ -274,6 +281,7 @@ async fn abandoned_transactions_leave_nothing_behind() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     const AT_ONCE: usize = 50;
+    let _alone = ONE_AT_A_TIME.lock().await;
     setup().await;
     raise_nofile(4 * AT_ONCE as u64 + 512);
     let proxy = pgmemo(4).await;
