@@ -736,6 +736,12 @@ impl Session {
                     if let Err(end) = self.handle_server_messages() {
                         return end;
                     }
+                    if self.server_fatal {
+                        // PostgreSQL ends a session after a FATAL: so does pgmemo once it has
+                        // passed one on, rather than go on with another server (the client's
+                        // COPY, transaction and statements were that server's).
+                        return self.server_gone(None).await;
+                    }
                     self.note_running();
                     if let Err(end) = self.checkpoint_state().await {
                         return end;
