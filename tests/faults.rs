@@ -17,7 +17,9 @@
 //! client shows as a foreign tag or a foreign error) and never a value older than its floor:
 //! for rows written through pgmemo, the last value whose write was acknowledged before the
 //! read started (read-your-writes, for every client); for rows written directly, the last value
-//! whose commit the WAL follower had applied before the read started. After each fault the
+//! whose commit the WAL follower had applied before the read started. Right after each fault
+//! the direct writer writes every row of the rarely written table, whose cached reads would
+//! outlive a write the follower missed. After each fault the
 //! load must make progress again (reads checked, writes acknowledged) before the next; at the
 //! end every pool is back to normal (no server active, nobody waiting, no backend left in a
 //! transaction), every row read through pgmemo equals PostgreSQL's, and the heap is back to its
@@ -148,6 +150,8 @@ struct Load {
     writes: AtomicU64,
     copies: AtomicU64,
     errors: AtomicU64,
+    /// Writes the direct writer is to make to `ref` next (set after each fault).
+    burst: AtomicI64,
 }
 
 /// What the test is doing (the fault), for the checker's messages.
@@ -317,7 +321,10 @@ async fn direct_writer(direct_url: String, load: Arc<Load>) {
         while !load.stop.load(Relaxed) && !c.is_closed() {
             n += 1;
             let k = PROXY_ROWS + n % (ROWS - PROXY_ROWS);
-            let t = usize::from(n % 500 == 0);
+            // After a fault (`burst`), the next writes go to `ref`, whose cached reads a
+            // follower that missed them would keep serving.
+            let burst = load.burst.load(Relaxed) > 0;
+            let t = usize::from(n % 500 == 0 || burst);
             let done = async {
                 c.batch_execute(&format!("UPDATE {} SET v = {n} WHERE id = {k}", TABLES[t]))
                     .await?;
@@ -328,6 +335,9 @@ async fn direct_writer(direct_url: String, load: Arc<Load>) {
             if let Ok(lsn) = done {
                 load.direct.lock().unwrap()[t][(k - PROXY_ROWS) as usize].push((n, lsn));
                 load.writes.fetch_add(1, Relaxed);
+                if burst {
+                    load.burst.fetch_sub(1, Relaxed);
+                }
             }
         }
     }
@@ -415,6 +425,7 @@ impl Running {
     /// acknowledged than now (a fault is over when its clients work again).
     async fn progress(&self, what: &str, reads: u64, writes: u64) {
         set_phase(&format!("after {what}"));
+        self.load.burst.store(ROWS - PROXY_ROWS, Relaxed);
         let (r0, w0) = (
             self.load.reads.load(Relaxed),
             self.load.writes.load(Relaxed),
