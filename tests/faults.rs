@@ -702,3 +702,148 @@ async fn a_fatal_mid_copy_ends_the_session_as_postgresql_does() {
         proxy.shutdown().await;
     }
 }
+
+/// pgmemo in its own process (`SIGSTOP` would stop the test with it), in front of the test
+/// cluster, with the result cache on; killed when dropped.
+struct Child {
+    process: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl Child {
+    fn start() -> Child {
+        let c = cluster();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let process = std::process::Command::new(env!("CARGO_BIN_EXE_pgmemo"))
+            .args([
+                "--upstream",
+                &format!(
+                    "postgresql://{PGMEMO_USER}:{PGMEMO_PASS}@127.0.0.1:{}",
+                    c.port()
+                ),
+                "--listen",
+                &addr.to_string(),
+                "--pool-size",
+                "4",
+                "--auth",
+                "trust",
+                "--admin-user",
+                PGMEMO_USER,
+                "--cache",
+                "--log-level",
+                "warn",
+            ])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("start target/debug/pgmemo");
+        Child { process, addr }
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill only sends a signal to our own child.
+        assert_eq!(unsafe { libc::kill(self.process.id() as i32, signal) }, 0);
+    }
+
+    fn rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.process.id()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap()
+    }
+}
+
+/// pgmemo stopped (SIGSTOP) for 5 s under load and continued: every client goes on where it
+/// was, with its own replies and no error, cached and uncached, and the pool is back to normal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgmemo_stopped_and_continued() {
+    let child = Child::start();
+    let url = format!(
+        "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
+        child.addr.ip(),
+        child.addr.port()
+    );
+    wait_until("pgmemo to listen", Duration::from_secs(30), || async {
+        try_connect(&url).await.is_some()
+    })
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let done: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 0..4usize {
+        let (url, stop, done) = (url.clone(), stop.clone(), done.clone());
+        tasks.spawn(async move {
+            let c = connect(&url).await;
+            let mut i = 0u64;
+            while !stop.load(Relaxed) {
+                i += 1;
+                let tag = format!("c{id}");
+                let (hinted, extended) = (i % 2 == 0, i % 3 == 0);
+                let got: String = if extended {
+                    c.query_one("SELECT $1::text || ':' || $2::bigint", &[&tag, &(i as i64)])
+                        .await
+                        .unwrap()
+                        .get(0)
+                } else {
+                    let hint = if hinted { "/* pgmemo cache */ " } else { "" };
+                    let rows = c
+                        .simple_query(&format!("{hint}SELECT '{tag}:' || {}", i % 10))
+                        .await
+                        .unwrap();
+                    first_row(&rows).unwrap().remove(0)
+                };
+                let want = format!("{tag}:{}", if extended { i } else { i % 10 });
+                assert_eq!(got, want, "client {id}, query {i}");
+                done[id].fetch_add(1, Relaxed);
+            }
+        });
+    }
+    let all_moved_on = |from: Vec<u64>| {
+        let done = done.clone();
+        async move {
+            wait_until("every client to go on", Duration::from_secs(30), || async {
+                done.iter().zip(&from).all(|(d, f)| d.load(Relaxed) >= f + 50)
+            })
+            .await;
+        }
+    };
+    let now = |done: &Arc<Vec<AtomicU64>>| done.iter().map(|d| d.load(Relaxed)).collect();
+    all_moved_on(now(&done)).await;
+    let rss_before = child.rss_kib();
+    child.signal(libc::SIGSTOP);
+    // The fault's length, not a wait for anything.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let stopped_at = now(&done);
+    child.signal(libc::SIGCONT);
+    all_moved_on(stopped_at).await;
+    stop.store(true, Relaxed);
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    let admin = connect(&format!(
+        "postgresql://{PGMEMO_USER}@{}:{}/pgmemo",
+        child.addr.ip(),
+        child.addr.port()
+    ))
+    .await;
+    wait_until("the pool to be normal", Duration::from_secs(30), || async {
+        admin_rows(&admin, "SHOW POOLS")
+            .await
+            .iter()
+            .filter(|r| r["database"] == TEST_DB)
+            .all(|r| r["cl_waiting"] == "0" && r["sv_active"] == "0")
+    })
+    .await;
+    eprintln!(
+        "SIGSTOP for 5 s: VmRSS {rss_before} KiB before, {} KiB after",
+        child.rss_kib()
+    );
+}
