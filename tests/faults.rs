@@ -786,7 +786,7 @@ async fn pgmemo_stopped_and_continued() {
             while !stop.load(Relaxed) {
                 i += 1;
                 let tag = format!("c{id}");
-                let (hinted, extended) = (i % 2 == 0, i % 3 == 0);
+                let (hinted, extended) = (i.is_multiple_of(2), i.is_multiple_of(3));
                 let got: String = if extended {
                     c.query_one("SELECT $1::text || ':' || $2::bigint", &[&tag, &(i as i64)])
                         .await
@@ -810,7 +810,9 @@ async fn pgmemo_stopped_and_continued() {
         let done = done.clone();
         async move {
             wait_until("every client to go on", Duration::from_secs(30), || async {
-                done.iter().zip(&from).all(|(d, f)| d.load(Relaxed) >= f + 50)
+                done.iter()
+                    .zip(&from)
+                    .all(|(d, f)| d.load(Relaxed) >= f + 50)
             })
             .await;
         }
