@@ -974,3 +974,64 @@ async fn a_cancelled_copy_out_ends_as_from_postgres() {
         proxy.shutdown().await;
     }
 }
+
+/// What comes back for messages sent in one write with a Terminate after them: PostgreSQL
+/// answers them, then reads the Terminate and closes (pgmemo closed at once: found by
+/// tests/fuzz_protocol.rs). A batch left without its Sync gets what PostgreSQL flushed, which
+/// is nothing.
+async fn until_closed(addr: SocketAddr, msgs: &[Frontend]) -> Vec<String> {
+    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+        .await
+        .unwrap();
+    client.send(msgs).await.unwrap();
+    let mut seen = vec![];
+    while let Ok(msg) = client.recv().await {
+        seen.push(msg.name().to_owned());
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_before_a_terminate_are_answered_as_by_postgres() {
+    let scripts: Vec<Vec<Frontend>> = vec![
+        vec![Frontend::query("SELECT 1"), Frontend::Terminate],
+        vec![
+            Frontend::query("SELECT 1; SELECT 2"),
+            Frontend::query("SELECT 1/0"),
+            Frontend::Terminate,
+        ],
+        vec![
+            Frontend::parse("", "SELECT $1::int", &[]),
+            Frontend::bind("", "", &[Some("7")]),
+            Frontend::execute("", 0),
+            Frontend::Sync,
+            Frontend::Terminate,
+        ],
+        vec![
+            Frontend::parse("", "SELECT 1", &[]),
+            Frontend::bind("", "", &[]),
+            Frontend::Terminate,
+        ],
+        vec![
+            Frontend::query("BEGIN"),
+            Frontend::query("SELECT 1"),
+            Frontend::Terminate,
+        ],
+    ];
+    let direct = cluster().addr();
+    for (mode, size) in [
+        (PoolMode::Transaction, 1),
+        (PoolMode::Transaction, 2),
+        (PoolMode::Session, 1),
+    ] {
+        let proxy = pgmemo(mode, size).await;
+        for script in &scripts {
+            assert_eq!(
+                until_closed(proxy.local_addr(), script).await,
+                until_closed(direct, script).await,
+                "{mode:?}, pool {size}: {script:?}"
+            );
+        }
+        proxy.shutdown().await;
+    }
+}

@@ -24,8 +24,9 @@ fn stream(input: &[u8]) -> Vec<u8> {
         pgmemo::protocol::frontend::max_message_len(tag_at(input, at), 1 << 20),
     ) {
         if tag == b'X' {
-            // pgmemo ends the session at Terminate without the replies still on their way,
-            // which PostgreSQL sends first: a difference no client that hangs up sees.
+            // Replies before a Terminate: tests/differential.rs
+            // (`messages_before_a_terminate_are_answered_as_by_postgres`). After a batch left
+            // open, what PostgreSQL sends depends on what it had flushed.
             break;
         }
         at += len;

@@ -1046,6 +1046,11 @@ impl Session {
                     _ => self.acquire_server().await?,
                 }
             } else if tag == fe::TERMINATE {
+                if self.terminate_waits() {
+                    // PostgreSQL answers what came before a Terminate before it reads it: the
+                    // Terminate waits (unread: see `may_read_client`) until that is relayed.
+                    return Ok(());
+                }
                 return Err(End::Terminate);
             } else if is_copy_message(tag) && !self.replies.takes_copy_message(tag) {
                 // Ignored by PostgreSQL (no COPY IN, or one an error ended while the client was
@@ -2072,14 +2077,24 @@ impl Session {
 
     /// Whether the client's messages may be read and planned now: not while the server has a
     /// backlog to drain, after a protocol violation (only the replies still owed are
-    /// relayed), while a message waits to be planned again, or while a cancel request aimed
-    /// at the client's work is being passed on (the task is woken when it is delivered).
+    /// relayed), while a message waits to be planned again, while a cancel request aimed
+    /// at the client's work is being passed on (the task is woken when it is delivered), or
+    /// while a Terminate waits for the replies to what the client sent before it.
     fn may_read_client(&self) -> bool {
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
         server_backlog < HIGH_WATER
             && self.violation.is_none()
             && !self.waiting
             && !self.info.cancels.pending()
+            && !(self.client.rbuf.first() == Some(&fe::TERMINATE) && self.terminate_waits())
+    }
+
+    /// Whether a Terminate waits for replies still owed: those of queries or of batches the
+    /// client ended with a Sync, which PostgreSQL sends before it reads the Terminate. Not in
+    /// a batch left open (PostgreSQL may hold its replies until a Sync that never comes) nor
+    /// in a COPY IN.
+    fn terminate_waits(&self) -> bool {
+        !self.replies.is_empty() && !self.replies.in_batch() && !self.replies.in_copy_in()
     }
 
     /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
