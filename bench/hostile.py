@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -181,18 +181,8 @@ def main() -> int:
     args = p.parse_args()
     kinds = set(args.kinds.split(","))
     args.scale = 1
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=b.REPO, check=True)
-    ctx = b.Ctx(args)
-    ctx.tmp = Path(tempfile.mkdtemp(prefix="pgmemo-hostile-"))
-    ctx.outdir = ctx.tmp
-    ctx.logdir = ctx.tmp / "logs"
-    ctx.logdir.mkdir(parents=True, exist_ok=True)
-    ctx.pg_bindir = b.find_pg_bindir()
-    ctx.pg_version = b.version_of([b.tool(ctx.pg_bindir, "postgres"), "--version"])
-    ctx.pgbench = b.tool(ctx.pg_bindir, "pgbench")
-    ctx.run_as = b.ensure_run_as()
-    b.chown_tree(ctx.tmp, ctx.run_as)
+    ctx = b.script_ctx(args, "pgmemo-hostile-")
+    b.log(f"logs in {ctx.logdir}")
     b.raise_nofile(4096)
     try:
         pg = b.Postgres(ctx, b.free_port())
@@ -238,6 +228,8 @@ def main() -> int:
     finally:
         ctx.procs.stop_all()
         ctx.close_logs()
+        # The cluster's files go; the logs stay (their path is in the output).
+        shutil.rmtree(ctx.tmp / "pgdata", ignore_errors=True)
 
 
 if __name__ == "__main__":

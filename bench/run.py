@@ -624,6 +624,25 @@ def machine_info() -> dict:
     return info
 
 
+def script_ctx(args, prefix: str, outdir: Optional[Path] = None) -> "Ctx":
+    """The context of a script built on this harness (bench/wal.py, hostile.py, soak.py):
+    the release build unless --no-build, PostgreSQL's tools, the user to run it as, a temp
+    dir (also the output dir unless `outdir`) with a logs/ dir."""
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
+    ctx = Ctx(args)
+    ctx.tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    ctx.outdir = outdir or ctx.tmp
+    ctx.logdir = ctx.outdir / "logs"
+    ctx.logdir.mkdir(parents=True, exist_ok=True)
+    ctx.pg_bindir = find_pg_bindir()
+    ctx.pg_version = version_of([tool(ctx.pg_bindir, "postgres"), "--version"])
+    ctx.pgbench = tool(ctx.pg_bindir, "pgbench")
+    ctx.run_as = ensure_run_as()
+    chown_tree(ctx.tmp, ctx.run_as)
+    return ctx
+
+
 def git_rev() -> str:
     try:
         rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],

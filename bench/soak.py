@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import json
-import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -186,18 +185,8 @@ def main() -> int:
     p.add_argument("--out", default=None, help="write the samples as JSON lines here")
     args = p.parse_args()
     args.scale = 1
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=b.REPO, check=True)
-    ctx = b.Ctx(args)
-    ctx.tmp = Path(tempfile.mkdtemp(prefix="pgmemo-soak-"))
-    ctx.outdir = ctx.tmp
-    ctx.logdir = ctx.tmp / "logs"
-    ctx.logdir.mkdir(parents=True, exist_ok=True)
-    ctx.pg_bindir = b.find_pg_bindir()
-    ctx.pg_version = b.version_of([b.tool(ctx.pg_bindir, "postgres"), "--version"])
-    ctx.pgbench = b.tool(ctx.pg_bindir, "pgbench")
-    ctx.run_as = b.ensure_run_as()
-    b.chown_tree(ctx.tmp, ctx.run_as)
+    ctx = b.script_ctx(args, "pgmemo-soak-")
+    b.log(f"logs in {ctx.logdir}")
     b.raise_nofile(2 * args.idle + 4 * args.active + 1000)
     samples = []
     try:
@@ -274,6 +263,8 @@ def main() -> int:
     finally:
         ctx.procs.stop_all()
         ctx.close_logs()
+        # The cluster's files go; the logs stay (their path is in the output).
+        shutil.rmtree(ctx.tmp / "pgdata", ignore_errors=True)
 
 
 if __name__ == "__main__":

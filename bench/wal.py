@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -67,19 +65,9 @@ def main() -> int:
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=b.REPO, check=True)
-    ctx = b.Ctx(args)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    ctx.outdir = Path(args.out) if args.out else BENCH_DIR / "results" / f"wal-{stamp}"
-    ctx.logdir = ctx.outdir / "logs"
-    ctx.logdir.mkdir(parents=True, exist_ok=True)
-    ctx.pg_bindir = b.find_pg_bindir()
-    ctx.pg_version = b.version_of([b.tool(ctx.pg_bindir, "postgres"), "--version"])
-    ctx.pgbench = b.tool(ctx.pg_bindir, "pgbench")
-    ctx.run_as = b.ensure_run_as()
-    ctx.tmp = Path(tempfile.mkdtemp(prefix="pgmemo-wal-bench-"))
-    b.chown_tree(ctx.tmp, ctx.run_as)
+    outdir = Path(args.out) if args.out else BENCH_DIR / "results" / f"wal-{stamp}"
+    ctx = b.script_ctx(args, "pgmemo-wal-bench-", outdir)
     try:
         return bench(ctx, args)
     finally:
