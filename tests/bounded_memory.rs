@@ -220,9 +220,9 @@ async fn a_message_of_a_gigabyte_is_refused_unbuffered() {
 }
 
 /// A client writes 100,000 queries in one stream and reads no reply (50 MB of replies, more
-/// than the sockets' buffers hold): pgmemo stops reading it
-/// once its server is behind, the heap grows by a bounded amount (the queries in flight are
-/// bounded by the sockets' buffers), and after the client goes its server is back in the pool.
+/// than the sockets' buffers hold): pgmemo stops reading it once its server is behind, the
+/// heap grows by a bounded amount (the queries in flight are bounded by the sockets'
+/// buffers), and after the client goes its server is back in the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_of_100000_unread_queries_is_held_back() {
     let _alone = ONE_AT_A_TIME.lock().await;
