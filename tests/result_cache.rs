@@ -1055,3 +1055,98 @@ async fn a_final_semicolon_shares_the_entry() {
         "two hits on the first one's entry"
     );
 }
+
+/// An Execute with a row limit, as asyncpg's `fetchrow` and `fetchval` send (a limit of 1):
+/// cached under its limit, and answered byte for byte as PostgreSQL answers it, PortalSuspended
+/// included when rows are left; inside a transaction block, where the portal outlives the
+/// Sync and the client may go on fetching, it is not answered from the cache.
+#[tokio::test]
+async fn an_execute_with_a_row_limit_hits_byte_identical() {
+    const DB: &str = "cache_row_limit";
+    setup(
+        DB,
+        "CREATE TABLE l (id int PRIMARY KEY, name text);
+         INSERT INTO l SELECT i, 'l' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("limit", "FROM l")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let sql = "SELECT id, name FROM l WHERE id <= $1 ORDER BY id";
+    for c in [&mut direct, &mut through] {
+        c.send(&[Frontend::parse("limited", sql, &[23]), Frontend::Sync])
+            .await
+            .unwrap();
+        c.recv_until_ready(1).await.unwrap();
+    }
+    let same = |a: &[Backend], b: &[Backend]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.tag == y.tag && x.body == y.body)
+    };
+    let before = stats(&proxy, "limit").0;
+    for round in 0..3 {
+        // Results of 0, 1, 2 and 5 rows under limits 1, 2 and none.
+        for (rows, limit) in [(0, 1), (1, 1), (2, 1), (5, 2), (1, 0), (5, 0)] {
+            let batch = [
+                Frontend::bind("", "limited", &[Some(&rows.to_string())]),
+                Frontend::describe_portal(""),
+                Frontend::execute("", limit),
+                Frontend::Sync,
+            ];
+            let mut replies = vec![];
+            for c in [&mut direct, &mut through] {
+                c.send(&batch).await.unwrap();
+                replies.push(c.recv_until_ready(1).await.unwrap());
+            }
+            assert!(
+                same(&replies[0], &replies[1]),
+                "{rows} rows, limit {limit}, round {round}: {:?} vs {:?}",
+                replies[1],
+                replies[0]
+            );
+        }
+    }
+    assert_eq!(
+        stats(&proxy, "limit").0 - before,
+        2 * 6,
+        "every batch answered from the cache in rounds 1 and 2"
+    );
+    // In a transaction block the portal stays open after the Sync: the client fetches on.
+    let hits = stats(&proxy, "limit").0;
+    let mut replies = vec![];
+    for c in [&mut direct, &mut through] {
+        let mut got = vec![];
+        for msgs in [
+            vec![Frontend::query("BEGIN")],
+            vec![
+                Frontend::bind("", "limited", &[Some("5")]),
+                Frontend::execute("", 2),
+                Frontend::Sync,
+            ],
+            vec![Frontend::execute("", 2), Frontend::Sync],
+            vec![Frontend::query("COMMIT")],
+        ] {
+            c.send(&msgs).await.unwrap();
+            got.extend(c.recv_until_ready(1).await.unwrap());
+        }
+        replies.push(got);
+    }
+    assert!(
+        same(&replies[0], &replies[1]),
+        "{:?} vs {:?}",
+        replies[1],
+        replies[0]
+    );
+    assert_eq!(
+        stats(&proxy, "limit").0,
+        hits,
+        "no hit inside a transaction block"
+    );
+}

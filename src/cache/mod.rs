@@ -625,6 +625,7 @@ impl ResultCache {
         at: &Where<'_>,
         statement: &crate::statements::Statement,
         describe: bool,
+        max_rows: i32,
         bind_rest: &[u8],
         may_wait: bool,
     ) -> Lookup {
@@ -634,6 +635,7 @@ impl ResultCache {
         client.key.push(b'E');
         client.key.extend_from_slice(&statement.id.to_le_bytes());
         client.key.push(u8::from(describe));
+        client.key.extend_from_slice(&max_rows.to_le_bytes());
         client.key.extend_from_slice(bind_rest);
         let hash = lexer::hasher().hash_one(&statement.key.query[..]) ^ 1;
         self.decide(
@@ -1027,11 +1029,16 @@ struct Candidate<'a> {
 }
 
 /// An extended-protocol batch the cache may answer without a server: `[Parse ""] Bind
-/// [Describe portal] Execute(all rows) Sync`, all of it already read.
+/// [Describe portal] Execute Sync`, all of it already read. The Execute's row limit is part
+/// of the key (asyncpg's `fetchrow` and `fetchval` ask for one row): its reply ends in
+/// PortalSuspended when rows are left, which the Sync makes final, as it closes the portal
+/// outside a transaction block (the only place the cache answers a batch).
 pub struct Batch<'a> {
     pub parse: Option<crate::protocol::frontend::Parse<'a>>,
     pub bind: crate::protocol::frontend::Bind<'a>,
     pub describe: bool,
+    /// The Execute's row limit, 0 for all rows (PostgreSQL reads a negative one as 0).
+    pub max_rows: i32,
     /// Bytes of the whole batch.
     pub len: usize,
 }
@@ -1079,9 +1086,10 @@ pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
         return None;
     }
     let e = Execute::parse(body)?;
-    if e.portal != bind.portal || e.max_rows != 0 {
+    if e.portal != bind.portal {
         return None;
     }
+    let max_rows = e.max_rows.max(0);
     let (tag, body) = next()?;
     if tag != fe::SYNC || !body.is_empty() {
         return None;
@@ -1090,6 +1098,7 @@ pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
         parse,
         bind,
         describe,
+        max_rows,
         len: at,
     })
 }
@@ -1418,6 +1427,11 @@ impl ClientCache {
                 break;
             };
             let message = &out[at..at + len];
+            // PortalSuspended ends a batch's Execute with a row limit (see `Batch`).
+            let result = matches!(
+                tag,
+                be::ROW_DESCRIPTION | be::DATA_ROW | be::COMMAND_COMPLETE
+            ) || (tag == be::PORTAL_SUSPENDED && fill.extended);
             match tag {
                 be::READY_FOR_QUERY => {
                     let status = message.get(5).copied().unwrap_or(b'I');
@@ -1426,9 +1440,7 @@ impl ClientCache {
                     }
                     return;
                 }
-                be::ROW_DESCRIPTION | be::DATA_ROW | be::COMMAND_COMPLETE
-                    if fill.spoiled.is_none() =>
-                {
+                _ if result && fill.spoiled.is_none() => {
                     fill.rows |= tag == be::DATA_ROW;
                     if fill.reply.len() + len > fill.chosen.max_result_bytes {
                         fill.spoiled = Some(Bypass::TooLarge);
@@ -1437,7 +1449,7 @@ impl ClientCache {
                         fill.reply.extend_from_slice(message);
                     }
                 }
-                be::ROW_DESCRIPTION | be::DATA_ROW | be::COMMAND_COMPLETE => {}
+                _ if result => {}
                 be::PARSE_COMPLETE | be::BIND_COMPLETE if fill.extended => {}
                 _ => {
                     fill.spoiled = Some(Bypass::NotPlainResult);

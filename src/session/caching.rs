@@ -355,6 +355,7 @@ impl Session {
             &at,
             &statement,
             batch.describe,
+            batch.max_rows,
             batch.bind.rest,
             may_wait,
         );
