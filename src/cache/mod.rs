@@ -617,16 +617,15 @@ impl ResultCache {
         found
     }
 
-    /// Looks up an extended-protocol batch that runs `statement` with the Bind whose
-    /// formats, values and result formats are `bind_rest` (see [`Batch`]).
+    /// Looks up an extended-protocol `batch` that runs `statement`: keyed by the statement,
+    /// whether the portal is described, the Execute's row limit and the Bind's formats,
+    /// values and result formats.
     pub fn lookup_statement(
         &self,
         client: &mut ClientCache,
         at: &Where<'_>,
         statement: &crate::statements::Statement,
-        describe: bool,
-        max_rows: i32,
-        bind_rest: &[u8],
+        batch: &Batch<'_>,
         may_wait: bool,
     ) -> Lookup {
         let analysis = statement_analysis(statement);
@@ -634,9 +633,9 @@ impl ResultCache {
         client.key.extend_from_slice(&client.context);
         client.key.push(b'E');
         client.key.extend_from_slice(&statement.id.to_le_bytes());
-        client.key.push(u8::from(describe));
-        client.key.extend_from_slice(&max_rows.to_le_bytes());
-        client.key.extend_from_slice(bind_rest);
+        client.key.push(u8::from(batch.describe));
+        client.key.extend_from_slice(&batch.max_rows.to_le_bytes());
+        client.key.extend_from_slice(batch.bind.rest);
         let hash = lexer::hasher().hash_one(&statement.key.query[..]) ^ 1;
         self.decide(
             client,

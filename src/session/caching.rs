@@ -350,15 +350,7 @@ impl Session {
             .cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         let (parsed, len) = (batch.parse.is_some(), batch.len);
-        let found = cache.lookup_statement(
-            client,
-            &at,
-            &statement,
-            batch.describe,
-            batch.max_rows,
-            batch.bind.rest,
-            may_wait,
-        );
+        let found = cache.lookup_statement(client, &at, &statement, &batch, may_wait);
         match found {
             Lookup::Pass | Lookup::Miss => Ok(false),
             Lookup::Hit(entry) => {
