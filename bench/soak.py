@@ -112,11 +112,9 @@ class Soak:
             v = await conn.fetchval("SELECT $1::text || ':' || $2::int", f"c{n}", i)
             self.check(v == f"c{n}:{i}", f"extended c{n}: {v}")
         elif kind == "cached":
-            # fetch, not fetchval: asyncpg's fetchval and fetchrow Execute with a row limit of 1,
-            # which the result cache does not answer (yet: issue 33).
-            rows = await conn.fetch(
-                "/* pgmemo cache ttl=60s */ SELECT bbalance FROM pgbench_branches WHERE bid = 1")
-            v = rows[0][0]
+            # fetch (Execute of all rows) and fetchval (a row limit of 1) are cached apart.
+            sql = "/* pgmemo cache ttl=60s */ SELECT bbalance FROM pgbench_branches WHERE bid = 1"
+            v = (await conn.fetch(sql))[0][0] if i % 2 else await conn.fetchval(sql)
             self.check(v == 0, f"cached c{n}: bbalance {v}")
         elif kind in ("writer", "direct"):
             aid = 1000 + n
@@ -129,7 +127,7 @@ class Soak:
             sql = f"/* pgmemo cache ttl=60s */ SELECT abalance FROM pgbench_accounts WHERE aid = {aid}"
 
             async def read():
-                return (await conn.fetch(sql))[0][0]
+                return (await conn.fetch(sql))[0][0] if i % 2 else await conn.fetchval(sql)
             v = await read()
             if kind == "direct":
                 # The follower applies the write within its lag: read until seen, at most 5 s.
