@@ -2691,3 +2691,70 @@ async fn known_statements_are_prepared_and_closed_without_a_server() {
     );
     proxy.shutdown().await;
 }
+
+/// A statement's text is read under the settings of the client that parsed it: a date under
+/// DateStyle, a timestamptz under TimeZone, an interval under IntervalStyle, backslashes under
+/// standard_conforming_strings. Clients that read literals otherwise never share a statement,
+/// whether they set the setting at login or later, and one that sets it back shares again:
+/// each gets what PostgreSQL gives the same client directly (a shared statement gave the
+/// second client the first one's date: 2024-01-02 for '01/02/2024' under DMY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_are_not_shared_across_literal_settings() {
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let through = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let direct = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let queries = [
+        "SELECT '01/02/2024'::date::text",
+        "SELECT '2024-01-02 03:04:05'::timestamptz::text",
+        "SELECT '-1 2:00'::interval::text",
+        "SELECT 'a\\\\b'::text",
+    ];
+    let settings = [
+        "",
+        "SET DateStyle = 'ISO, DMY'",
+        "SET TimeZone = 'Asia/Kolkata'",
+        "SET IntervalStyle = 'sql_standard'",
+        "SET standard_conforming_strings = off",
+        "SET DateStyle = 'SQL, DMY'; SET TimeZone = 'America/New_York'",
+    ];
+    // Each setting through a client of its own, the first (defaults) first, all on one server.
+    let mut clients = vec![];
+    for set in settings {
+        let (a, b) = (
+            common::client::connect(&through).await,
+            common::client::connect(&direct).await,
+        );
+        if !set.is_empty() {
+            a.batch_execute(set).await.unwrap();
+            b.batch_execute(set).await.unwrap();
+        }
+        clients.push((set, a, b));
+    }
+    for round in 0..2 {
+        for (set, a, b) in &clients {
+            for sql in queries {
+                // Extended protocol: tokio-postgres prepares each text under its own name.
+                let got: String = a.query_one(sql, &[]).await.unwrap().get(0);
+                let want: String = b.query_one(sql, &[]).await.unwrap().get(0);
+                assert_eq!(got, want, "{sql} after {set:?}, round {round}");
+            }
+        }
+    }
+    // A client that changes a setting back reads as the defaults do again.
+    let (a, b, _) = (&clients[1].1, &clients[1].2, ());
+    for c in [a, b] {
+        c.batch_execute("RESET DateStyle").await.unwrap();
+    }
+    let got: String = a.query_one(queries[0], &[]).await.unwrap().get(0);
+    let want: String = b.query_one(queries[0], &[]).await.unwrap().get(0);
+    assert_eq!(got, want, "after RESET DateStyle");
+    // Set at login (options), not by SET.
+    let (a, b) = (
+        common::client::connect(&format!("{through}?options=-c%20DateStyle%3DISO%2CDMY")).await,
+        common::client::connect(&format!("{direct}?options=-c%20DateStyle%3DISO%2CDMY")).await,
+    );
+    let got: String = a.query_one(queries[0], &[]).await.unwrap().get(0);
+    let want: String = b.query_one(queries[0], &[]).await.unwrap().get(0);
+    assert_eq!(got, want, "DateStyle from the startup packet");
+    proxy.shutdown().await;
+}

@@ -537,11 +537,12 @@ impl Session {
         let pool_settings = self.pool.settings();
         if pool_settings.prepared_statements {
             // Statements are shared only between clients for whom the same text means the same
-            // thing: same database, same server role, same search_path.
+            // thing: same database, same server role, same search_path, literals read alike.
             let context = self.app.registry.context(
                 &pool_settings.target.database_id,
                 &pool_settings.target.user,
                 self.settings.get("search_path").unwrap_or(""),
+                &crate::statements::registry::literal_settings(&self.reported),
             );
             let schema = crate::statements::schema::SchemaWatch::new(
                 self.app
@@ -1463,6 +1464,14 @@ impl Session {
                             self.params_version += 1;
                             if name == "application_name" {
                                 *self.info.application_name.lock() = self.app.intern(value);
+                            }
+                            if let Some(stmts) = self.stmts.as_mut().filter(|_| {
+                                crate::statements::registry::LITERAL_SETTINGS.contains(&name)
+                            }) {
+                                stmts.literals_changed(
+                                    &self.app.registry,
+                                    &crate::statements::registry::literal_settings(&self.reported),
+                                );
                             }
                         }
                     }

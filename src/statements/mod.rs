@@ -725,6 +725,13 @@ impl ClientStatements {
         }
     }
 
+    /// The client now reads literals under other settings (`literals`, see
+    /// [`registry::literal_settings`]): its next Parses are in the context of those.
+    pub fn literals_changed(&mut self, registry: &Registry, literals: &str) {
+        self.startup_context = registry.literal_context(self.startup_context, literals);
+        self.search_path.dirty = true;
+    }
+
     /// Makes [`ClientStatements::context`] follow the search_path in effect and whether the
     /// client may hold temporary objects (cheap when neither has changed).
     #[inline]

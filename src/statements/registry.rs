@@ -14,8 +14,9 @@ static NEXT_STATEMENT_ID: AtomicU64 = AtomicU64::new(1);
 
 pub struct Registry {
     statements: papaya::HashMap<StatementKey, Arc<Statement>>,
-    /// (database, server role, search_path) → context number. Touched once per client login.
-    contexts: Mutex<HashMap<(String, String, String), u32>>,
+    /// (database, server role, search_path, literal settings) → context number. Touched once
+    /// per client login, and when a client changes its search_path or how literals read.
+    contexts: Mutex<HashMap<ContextKey, u32>>,
     /// Statements that lost their last user since the last purge: a cheap hint that a purge
     /// has work to do (the first phase of the two-phase purge).
     released: AtomicUsize,
@@ -27,6 +28,31 @@ pub struct Registry {
 
 /// Private contexts are numbered from here; shared ones count up from 1.
 const FIRST_PRIVATE_CONTEXT: u32 = 1 << 31;
+
+/// (database, server role, search_path, literal settings: see [`literal_settings`]).
+type ContextKey = (String, String, String, String);
+
+/// The settings that change what a literal in a statement's text means when PostgreSQL parses
+/// it (a date under DateStyle, a timestamptz under TimeZone, an interval under IntervalStyle,
+/// backslashes under standard_conforming_strings), as the client holds them: part of its
+/// statements' context, so that a statement parsed under one client's settings never serves a
+/// client reading literals otherwise.
+pub const LITERAL_SETTINGS: [&str; 4] = [
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+];
+
+/// The client's [`LITERAL_SETTINGS`], as one key.
+pub fn literal_settings(reported: &crate::params::Vars) -> String {
+    let mut key = String::new();
+    for name in LITERAL_SETTINGS {
+        key.push_str(reported.get(name).unwrap_or(""));
+        key.push('\0');
+    }
+    key
+}
 
 impl Default for Registry {
     fn default() -> Self {
@@ -45,13 +71,35 @@ impl Registry {
         }
     }
 
-    /// The context number for statements parsed by a client of this database, role and
-    /// search_path: statements are shared only within one context.
-    pub fn context(&self, database: &str, role: &str, search_path: &str) -> u32 {
+    /// The context number for statements parsed by a client of this database, role,
+    /// search_path and literal settings: statements are shared only within one context.
+    pub fn context(&self, database: &str, role: &str, search_path: &str, literals: &str) -> u32 {
         let mut contexts = self.contexts.lock();
         let next = contexts.len() as u32 + 1;
         *contexts
-            .entry((database.to_owned(), role.to_owned(), search_path.to_owned()))
+            .entry((
+                database.to_owned(),
+                role.to_owned(),
+                search_path.to_owned(),
+                literals.to_owned(),
+            ))
+            .or_insert(next)
+    }
+
+    /// The context of the same database, role and search_path as `context`, with other
+    /// literal settings (a client changed its DateStyle, TimeZone, ...).
+    pub fn literal_context(&self, context: u32, literals: &str) -> u32 {
+        let mut contexts = self.contexts.lock();
+        let Some((database, role, search_path)) = contexts
+            .iter()
+            .find(|(_, &c)| c == context)
+            .map(|((d, r, p, _), _)| (d.clone(), r.clone(), p.clone()))
+        else {
+            return context;
+        };
+        let next = contexts.len() as u32 + 1;
+        *contexts
+            .entry((database, role, search_path, literals.to_owned()))
             .or_insert(next)
     }
 
@@ -59,16 +107,16 @@ impl Registry {
     /// client changed its own with SET).
     pub fn derived_context(&self, context: u32, search_path: &str) -> u32 {
         let mut contexts = self.contexts.lock();
-        let Some((database, role)) = contexts
+        let Some((database, role, literals)) = contexts
             .iter()
             .find(|(_, &c)| c == context)
-            .map(|((d, r, _), _)| (d.clone(), r.clone()))
+            .map(|((d, r, _, l), _)| (d.clone(), r.clone(), l.clone()))
         else {
             return context;
         };
         let next = contexts.len() as u32 + 1;
         *contexts
-            .entry((database, role, search_path.to_owned()))
+            .entry((database, role, search_path.to_owned(), literals))
             .or_insert(next)
     }
 
@@ -173,13 +221,21 @@ mod tests {
     #[test]
     fn same_key_same_statement_other_context_other_statement() {
         let r = Registry::new();
-        let a = r.context("db", "app", "public");
-        let b = r.context("db", "app", "other");
+        let a = r.context("db", "app", "public", "ISO, MDY");
+        let b = r.context("db", "app", "other", "ISO, MDY");
         assert_ne!(a, b);
-        assert_eq!(a, r.context("db", "app", "public"));
+        assert_eq!(a, r.context("db", "app", "public", "ISO, MDY"));
         assert_eq!(r.derived_context(a, "other"), b);
         assert_eq!(r.derived_context(b, "public"), a);
         assert_ne!(r.derived_context(a, "third"), a);
+        // Literals read otherwise: another context, which keeps its search_path.
+        let dmy = r.literal_context(a, "ISO, DMY");
+        assert_ne!(dmy, a);
+        assert_eq!(r.literal_context(dmy, "ISO, MDY"), a);
+        assert_eq!(
+            r.derived_context(dmy, "other"),
+            r.literal_context(b, "ISO, DMY")
+        );
         let (s1, found1) = r.get_or_insert(key(a, "SELECT 1"));
         let (s2, found2) = r.get_or_insert(key(a, "SELECT 1"));
         let (s3, _) = r.get_or_insert(key(b, "SELECT 1"));
