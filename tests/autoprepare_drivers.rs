@@ -291,3 +291,79 @@ async fn a_cancelled_autoprepared_query_stays_cancelled() {
         .await
         .unwrap();
 }
+
+/// Rails' and Django's connection setup (`SET intervalstyle = iso_8601`, `SET TIME ZONE`) and
+/// a DMY DateStyle no longer turn autoprepare off: literals kept in a statement's text are
+/// read under the settings of its context, which every client sharing it has. Clients with
+/// the defaults and clients with each framework's settings interleave the same texts on one
+/// server; every reply equals PostgreSQL's to the same client, and the framework clients'
+/// queries run autoprepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framework_settings_keep_autoprepare_on() {
+    let mut config = test_config(PoolMode::Transaction, 1);
+    config.general.autoprepare_threshold = 1;
+    let proxy = start_pgmemo(config).await;
+    let through = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let direct = cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+    let setups = [
+        "",
+        "SET intervalstyle = iso_8601; SET TIME ZONE 'UTC'", // Rails
+        "SET TIME ZONE 'America/Chicago'",                   // Django with USE_TZ
+        "SET DateStyle = 'ISO, DMY'",
+        "SET IntervalStyle = 'sql_standard'; SET TimeZone = 'Asia/Kolkata'",
+    ];
+    let mut clients = vec![];
+    for setup in setups {
+        let (a, b) = (connect(&through).await, connect(&direct).await);
+        if !setup.is_empty() {
+            a.batch_execute(setup).await.unwrap();
+            b.batch_execute(setup).await.unwrap();
+        }
+        clients.push((setup, a, b));
+    }
+    let rows = |messages: Vec<tokio_postgres::SimpleQueryMessage>| -> Vec<Vec<Option<String>>> {
+        messages
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let before = autoprepared_at_least(&proxy, 0).await;
+    for i in 0..4 {
+        for (setup, a, b) in &clients {
+            for sql in [
+                format!(
+                    "SELECT '0{}/02/2024'::date, '2024-01-02 03:04:0{i}'::timestamptz",
+                    i + 1
+                ),
+                format!("SELECT '-1 2:0{i}'::interval, interval '1 day 0{i}:00'"),
+                format!(
+                    "SELECT '2024-01-0{}'::date + {i}, now() > '2000-01-01'",
+                    i + 1
+                ),
+                "SELECT '31/12/2024'::date".to_string(),
+            ] {
+                let got = a
+                    .simple_query(&sql)
+                    .await
+                    .map(rows)
+                    .map_err(|e| e.to_string());
+                let want = b
+                    .simple_query(&sql)
+                    .await
+                    .map(rows)
+                    .map_err(|e| e.to_string());
+                assert_eq!(got, want, "{sql} after {setup:?}");
+            }
+        }
+    }
+    // 5 clients × 4 rounds × 3 queries that succeed everywhere, the first round of each text
+    // being new: most ran autoprepared.
+    let ran = autoprepared_at_least(&proxy, before + 30).await - before;
+    println!("framework settings: {ran} queries autoprepared");
+    proxy.shutdown().await;
+}

@@ -34,8 +34,8 @@ pub enum Pass {
     /// PostgreSQL refused to prepare the generalized text (a literal whose type it cannot
     /// infer as a parameter, say): remembered, never tried again.
     Rejected,
-    /// The client's settings differ from its pool's in a way that changes how literals read
-    /// (standard_conforming_strings off, another client_encoding or DateStyle, ...).
+    /// The client's settings keep autoprepare from reading its text as the server does
+    /// (standard_conforming_strings off, a client_encoding other than UTF8).
     Settings,
     /// Other work is in flight (a pipeline, an open extended batch, an aborted transaction).
     Busy,
@@ -93,7 +93,7 @@ impl Pass {
             Pass::Lexer(r) => r.as_str(),
             Pass::Never(n) => n.as_str(),
             Pass::Rejected => "refused by the server as a prepared statement",
-            Pass::Settings => "client settings differ from the pool's",
+            Pass::Settings => "client settings keep its text from reading as the server reads it",
             Pass::Busy => "other work in flight",
             Pass::Threshold => "below autoprepare_threshold",
             Pass::Probing => "first use, prepared on the side",
@@ -617,12 +617,13 @@ pub fn write_run(out: &mut BytesMut) {
     fe::sync(out);
 }
 
-/// Whether the client's settings read literals as its pool's defaults do, and the text can
-/// be counted in characters as the server counts them: UTF8 on both sides,
-/// standard_conforming_strings on, and DateStyle, IntervalStyle and TimeZone as the pool's
-/// (literals kept in the text are read when a statement is prepared, for every client that
-/// shares it).
-pub fn settings_allow(client: &crate::params::Vars, pool: &crate::params::Vars) -> bool {
+/// Whether the client's settings let autoprepare count the text in characters as the server
+/// counts them and read its literals as the lexer does: UTF8 on both sides and
+/// standard_conforming_strings on. Settings that change what a literal means (DateStyle,
+/// IntervalStyle, TimeZone) need not match the pool's: they are part of the statement's
+/// context (see `statements::registry::literal_settings`), so a literal kept in the text is
+/// read under the same settings by every client that shares the statement.
+pub fn settings_allow(client: &crate::params::Vars) -> bool {
     let is = |name: &str, value: &str| {
         client
             .get(name)
@@ -631,9 +632,6 @@ pub fn settings_allow(client: &crate::params::Vars, pool: &crate::params::Vars) 
     is("client_encoding", "UTF8")
         && is("server_encoding", "UTF8")
         && is("standard_conforming_strings", "on")
-        && ["DateStyle", "IntervalStyle", "TimeZone"]
-            .iter()
-            .all(|name| client.get(name) == pool.get(name))
 }
 
 /// Writes the server's ErrorResponse `body` (to an autoprepared query's Parse or Bind) as

@@ -1221,17 +1221,14 @@ impl Session {
     }
 
     /// `autoprepare_threshold` if this client's simple queries may be autoprepared: its pool
-    /// has autoprepare on and its settings read literals as the pool's defaults do.
+    /// has autoprepare on and its settings let autoprepare read its text as the server does.
     fn autoprepare_threshold(&mut self) -> Option<u64> {
         let threshold = self.pool.autoprepare_threshold()?;
         self.stmts.as_ref()?; // autoprepare runs through the statement planner
         let allowed = match self.autoprepare_allowed.at(self.params_version) {
             Some(allowed) => allowed,
             None => {
-                let allowed = self
-                    .pool
-                    .defaults()
-                    .is_some_and(|d| crate::autoprepare::settings_allow(&self.reported, &d));
+                let allowed = crate::autoprepare::settings_allow(&self.reported);
                 self.autoprepare_allowed = AllowedAt::new(self.params_version, allowed);
                 allowed
             }
