@@ -332,7 +332,8 @@ const CORPUS: &[Item] = &[
     Once("START TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
     Once("SELECT count(*) FROM items WHERE qty = 5"),
     Once("END"),
-    // Settings that change how literals read: autoprepare steps aside for the client.
+    // Settings that change how literals read: statements of their own (DateStyle, TimeZone,
+    // IntervalStyle), or autoprepare steps aside (standard_conforming_strings off).
     Once("SET DateStyle = 'German, DMY'"),
     Q("SELECT '05.06.2024'::date, created FROM items WHERE id = 1"),
     Q("SELECT id FROM items WHERE created = '05.01.2024'"),
