@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import struct
 import subprocess
@@ -226,10 +225,7 @@ def main() -> int:
               f"(pgmemo {b.version_of([args.pgmemo_bin, '--version'])}, git {b.git_rev()})")
         return 0
     finally:
-        ctx.procs.stop_all()
-        ctx.close_logs()
-        # The cluster's files go; the logs stay (their path is in the output).
-        shutil.rmtree(ctx.tmp / "pgdata", ignore_errors=True)
+        b.script_done(ctx)
 
 
 if __name__ == "__main__":

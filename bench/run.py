@@ -643,6 +643,14 @@ def script_ctx(args, prefix: str, outdir: Optional[Path] = None) -> "Ctx":
     return ctx
 
 
+def script_done(ctx: "Ctx") -> None:
+    """The end of a script_ctx script: its processes stopped, its logs closed, its cluster's
+    files removed (the logs stay: the script printed their path)."""
+    ctx.procs.stop_all()
+    ctx.close_logs()
+    shutil.rmtree(ctx.tmp / "pgdata", ignore_errors=True)
+
+
 def git_rev() -> str:
     try:
         rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import json
 import random
 import subprocess
@@ -259,10 +258,7 @@ def main() -> int:
             Path(args.out).write_text("".join(json.dumps(x) + "\n" for x in samples))
         return 1 if soak.wrong else 0
     finally:
-        ctx.procs.stop_all()
-        ctx.close_logs()
-        # The cluster's files go; the logs stay (their path is in the output).
-        shutil.rmtree(ctx.tmp / "pgdata", ignore_errors=True)
+        b.script_done(ctx)
 
 
 if __name__ == "__main__":

@@ -89,35 +89,29 @@ impl Registry {
     /// The context of the same database, role and search_path as `context`, with other
     /// literal settings (a client changed its DateStyle, TimeZone, ...).
     pub fn literal_context(&self, context: u32, literals: &str) -> u32 {
-        let mut contexts = self.contexts.lock();
-        let Some((database, role, search_path)) = contexts
-            .iter()
-            .find(|(_, &c)| c == context)
-            .map(|((d, r, p, _), _)| (d.clone(), r.clone(), p.clone()))
-        else {
-            return context;
-        };
-        let next = contexts.len() as u32 + 1;
-        *contexts
-            .entry((database, role, search_path, literals.to_owned()))
-            .or_insert(next)
+        self.changed_context(context, |key| key.3 = literals.to_owned())
     }
 
-    /// The context of the same database and role as `context`, with another search_path (a
-    /// client changed its own with SET).
+    /// The context of the same database, role and literal settings as `context`, with another
+    /// search_path (a client changed its own with SET).
     pub fn derived_context(&self, context: u32, search_path: &str) -> u32 {
+        self.changed_context(context, |key| key.2 = search_path.to_owned())
+    }
+
+    /// The context whose key is `context`'s with `change` made (`context` itself when it is
+    /// unknown, as a private context is).
+    fn changed_context(&self, context: u32, change: impl FnOnce(&mut ContextKey)) -> u32 {
         let mut contexts = self.contexts.lock();
-        let Some((database, role, literals)) = contexts
+        let Some(mut key) = contexts
             .iter()
             .find(|(_, &c)| c == context)
-            .map(|((d, r, _, l), _)| (d.clone(), r.clone(), l.clone()))
+            .map(|(key, _)| key.clone())
         else {
             return context;
         };
+        change(&mut key);
         let next = contexts.len() as u32 + 1;
-        *contexts
-            .entry((database, role, search_path.to_owned(), literals))
-            .or_insert(next)
+        *contexts.entry(key).or_insert(next)
     }
 
     /// A context nobody else has: for a client whose temporary objects may give a text a
