@@ -459,7 +459,7 @@ pub fn show_clients(app: &App) -> Table {
                 text(c.pid()),
                 text(if c.tls { "TLS" } else { "" }),
                 text(c.application_name.lock().to_string()),
-                text(crate::session::state::Pins::describe(c.pins.load(Relaxed))),
+                text(crate::pins::Pins::describe(c.pins.load(Relaxed))),
                 text(c.id),
             ]
         })

@@ -106,7 +106,7 @@ pub struct ClientInfo {
     /// to it (see [`crate::cancel`]).
     pub cancels: Cancels,
     pub server_id: AtomicU64,
-    /// Why the client keeps its server (`session::state::Pins`), 0 when it does not.
+    /// Why the client keeps its server (`pins::Pins`), 0 when it does not.
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
     killed: AtomicBool,

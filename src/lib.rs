@@ -15,6 +15,7 @@ pub mod config;
 pub mod demo;
 pub mod metrics;
 pub mod params;
+pub mod pins;
 pub mod pool;
 pub mod protocol;
 pub mod replies;

@@ -280,7 +280,7 @@ pub fn render(app: &App) -> String {
     );
     for pool in &pools {
         let s = pool.stats.snapshot();
-        for ((_, reason), n) in crate::session::state::Pins::ALL.iter().zip(s.pins) {
+        for ((_, reason), n) in crate::pins::Pins::ALL.iter().zip(s.pins) {
             let _ = writeln!(
                 out,
                 "pgmemo_pins_total{{{},reason=\"{reason}\"}} {n}",

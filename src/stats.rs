@@ -125,9 +125,9 @@ pub struct PoolStripe {
     /// Client sessions moved between transactions to the worker of the CPU their client
     /// sends from (see workers.rs).
     pub client_moves: AtomicU64,
-    /// Clients pinned to their server, by reason (in `session::state::Pins::ALL`'s order),
+    /// Clients pinned to their server, by reason (in `pins::Pins::ALL`'s order),
     /// counted when the reason appears.
-    pub pins: [AtomicU64; crate::session::state::Pins::ALL.len()],
+    pub pins: [AtomicU64; crate::pins::Pins::ALL.len()],
 }
 
 /// What one session counted since it last reported.
@@ -159,10 +159,10 @@ impl PoolStats {
         self.here().add(local)
     }
 
-    /// Counts the pin reasons in `new` (a set of `session::state::Pins` bits).
+    /// Counts the pin reasons in `new` (a set of `pins::Pins` bits).
     pub fn count_pins(&self, new: u8) {
         let here = self.here();
-        for (i, (bit, _)) in crate::session::state::Pins::ALL.iter().enumerate() {
+        for (i, (bit, _)) in crate::pins::Pins::ALL.iter().enumerate() {
             if new & bit != 0 {
                 here.pins[i].fetch_add(1, Ordering::Relaxed);
             }
@@ -273,7 +273,7 @@ pub struct StatsSnapshot {
     pub serverless_batches: u64,
     pub server_moves: u64,
     pub client_moves: u64,
-    pub pins: [u64; crate::session::state::Pins::ALL.len()],
+    pub pins: [u64; crate::pins::Pins::ALL.len()],
 }
 
 /// The totals at the last two boundaries of PgBouncer's `stats_period`: SHOW STATS' averages

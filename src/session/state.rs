@@ -18,6 +18,7 @@
 //! costs the probe's round trip. State made inside functions or dynamic SQL is not seen.
 
 use crate::params::Vars;
+pub use crate::pins::Pins;
 use crate::protocol::backend as be;
 use crate::statements::sql;
 use crate::words::query;
@@ -270,40 +271,6 @@ impl SettingFunctions {
                     && text.get(at + name.len()).is_none_or(|&b| !word_byte(b))
             })
         })
-    }
-}
-
-/// Why a client keeps its server (a set of bits).
-pub struct Pins;
-
-impl Pins {
-    pub const TEMP: u8 = 1;
-    pub const LISTEN: u8 = 2;
-    pub const ADVISORY_LOCK: u8 = 4;
-    pub const CURSOR: u8 = 8;
-    pub const LOAD: u8 = 16;
-    /// Settings pgmemo cannot name may have been set ([`Custom::unnamed`]): they cannot be
-    /// carried to another server, nor reset for the next client. Until `RESET ALL` or
-    /// `DISCARD ALL`.
-    pub const SETTINGS: u8 = 32;
-
-    pub const ALL: [(u8, &'static str); 6] = [
-        (Self::TEMP, "temp"),
-        (Self::LISTEN, "listen"),
-        (Self::ADVISORY_LOCK, "advisory_lock"),
-        (Self::CURSOR, "cursor"),
-        (Self::LOAD, "load"),
-        (Self::SETTINGS, "settings"),
-    ];
-
-    /// The reasons in `pins`, comma-separated (`""` for none), as SHOW CLIENTS prints them.
-    pub fn describe(pins: u8) -> String {
-        Self::ALL
-            .iter()
-            .filter(|(bit, _)| pins & bit != 0)
-            .map(|(_, name)| *name)
-            .collect::<Vec<_>>()
-            .join(",")
     }
 }
 
