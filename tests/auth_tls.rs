@@ -301,15 +301,9 @@ async fn pgmemo_logs_into_the_server_with_each_method() {
         );
         assert_eq!(hba.trim(), method.split(' ').next().unwrap(), "{method}");
         let proxy = start_pgmemo(server_login_config(server_user, password)).await;
-        let mut client = RawClient::connect(
-            proxy.local_addr(),
-            PGMEMO_USER,
-            TEST_DB,
-            Some(PGMEMO_PASS),
-            &[],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{method}: {e:#}"));
+        let mut client = RawClient::through(proxy.local_addr(), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e:#}"));
         assert_eq!(
             scalar(&mut client, "SELECT current_user").await,
             server_user,
@@ -504,15 +498,9 @@ async fn tls_clients_with_require_and_verify_full() {
     );
 
     // client_tls = allow: plain text is fine too.
-    let mut plain = RawClient::connect(
-        proxy.local_addr(),
-        PGMEMO_USER,
-        TEST_DB,
-        Some(PGMEMO_PASS),
-        &[],
-    )
-    .await
-    .expect("plain-text client");
+    let mut plain = RawClient::through(proxy.local_addr(), &[])
+        .await
+        .expect("plain-text client");
     assert_eq!(scalar(&mut plain, "SELECT 'plain'").await, "plain");
     proxy.shutdown().await;
 }

@@ -91,7 +91,7 @@ impl Witness {
 }
 
 async fn login(addr: SocketAddr) -> RawClient {
-    RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+    RawClient::through(addr, &[])
         .await
         .unwrap_or_else(|e| panic!("login to {addr}: {e:#}"))
 }

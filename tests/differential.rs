@@ -35,7 +35,7 @@ const SESSION_MODE_ONLY: &[&str] = &["listen_notify"];
 /// Runs `script` on a fresh connection as `pgmemo` in the test database with these startup
 /// parameters and returns the transcript.
 async fn transcript(addr: SocketAddr, params: &[(&str, &str)], script: &[Step]) -> Vec<String> {
-    let client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), params)
+    let client = RawClient::through(addr, params)
         .await
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e:#}"));
     run_script(client, script).await
@@ -89,9 +89,7 @@ fn assert_no_failures(failures: Vec<String>) {
 
 /// The backend pid of the server a new client's first query runs on.
 async fn server_pid(addr: SocketAddr) -> i32 {
-    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .expect("login");
+    let mut client = RawClient::through(addr, &[]).await.expect("login");
     backend_pid(&mut client).await
 }
 
@@ -223,7 +221,7 @@ async fn check_startup_cases(proxy: SocketAddr, label: &str) -> Vec<String> {
     let mut failures = Vec::new();
     for params in startup_cases() {
         let direct = RawClient::direct(&params).await.expect("direct login");
-        let proxied = RawClient::connect(proxy, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &params)
+        let proxied = RawClient::through(proxy, &params)
             .await
             .unwrap_or_else(|e| panic!("login through pgmemo ({label}) with {params:?}: {e:#}"));
         if params.contains(&("DateStyle", "ISO")) && params.len() == 1 {
@@ -310,15 +308,9 @@ async fn invalid_startup_parameters_are_refused_like_postgres() {
         );
     }
     // The failed attempts left the pool's only server usable.
-    let mut client = RawClient::connect(
-        proxy.local_addr(),
-        PGMEMO_USER,
-        TEST_DB,
-        Some(PGMEMO_PASS),
-        &[],
-    )
-    .await
-    .expect("login after the refused ones");
+    let mut client = RawClient::through(proxy.local_addr(), &[])
+        .await
+        .expect("login after the refused ones");
     let replies = query(&mut client, "SHOW DateStyle").await;
     assert!(
         replies.contains(&"DataRow [\"ISO, MDY\"]".to_string()),
@@ -366,7 +358,7 @@ struct Twin {
 impl Twin {
     async fn connect(name: &'static str, proxy: SocketAddr, params: &[(&str, &str)]) -> Twin {
         let direct = RawClient::direct(params).await.expect("direct login");
-        let proxied = RawClient::connect(proxy, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), params)
+        let proxied = RawClient::through(proxy, params)
             .await
             .expect("login through pgmemo");
         let twin = Twin {
@@ -658,12 +650,8 @@ async fn an_unsynced_batch_keeps_its_server_until_sync() {
     let proxy = pgmemo(PoolMode::Transaction, 1).await;
     let addr = proxy.local_addr();
     fresh_table("unsynced_commit_t").await;
-    let mut a = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
-    let mut b = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut a = RawClient::through(addr, &[]).await.unwrap();
+    let mut b = RawClient::through(addr, &[]).await.unwrap();
 
     a.send(&insert_and_flush("unsynced_commit_t"))
         .await
@@ -705,12 +693,8 @@ async fn an_unsynced_batch_keeps_its_server_until_sync() {
 async fn an_error_before_sync_keeps_the_server_until_sync() {
     let proxy = pgmemo(PoolMode::Transaction, 1).await;
     let addr = proxy.local_addr();
-    let mut a = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
-    let mut b = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut a = RawClient::through(addr, &[]).await.unwrap();
+    let mut b = RawClient::through(addr, &[]).await.unwrap();
 
     a.send(&[Frontend::parse("", "SELEC 1", &[]), Frontend::Flush])
         .await
@@ -751,23 +735,17 @@ async fn a_client_leaving_mid_batch_leaves_nothing_behind() {
     fresh_table("unsynced_leave_t").await;
 
     // Leaving with an insert done but not synced: PostgreSQL would roll it back.
-    let mut a = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut a = RawClient::through(addr, &[]).await.unwrap();
     a.send(&insert_and_flush("unsynced_leave_t")).await.unwrap();
     a.recv_n(3).await.unwrap();
     drop(a);
-    let mut b = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut b = RawClient::through(addr, &[]).await.unwrap();
     let seen = query(&mut b, "SELECT count(*) FROM unsynced_leave_t").await;
     assert!(seen.contains(&"DataRow [\"0\"]".to_string()), "{seen:?}");
     assert_eq!(committed_rows("unsynced_leave_t").await, "0");
 
     // Leaving after an error, while PostgreSQL skips to the next Sync.
-    let mut c = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut c = RawClient::through(addr, &[]).await.unwrap();
     c.send(&[Frontend::parse("", "SELEC 1", &[]), Frontend::Flush])
         .await
         .unwrap();
@@ -813,9 +791,7 @@ async fn copy_in_failing_while_sending(addr: SocketAddr, table: CopyTable) -> Ve
         CopyTable::Temp => ("copy_flood_temp", "CREATE TEMP TABLE"),
         CopyTable::Regular => ("copy_flood_t", "CREATE TABLE"),
     };
-    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut client = RawClient::through(addr, &[]).await.unwrap();
     if let CopyTable::Regular = table {
         // Left by the last run, or not: outside the transcript.
         query(&mut client, &format!("DROP TABLE IF EXISTS {name}")).await;
@@ -928,9 +904,7 @@ async fn a_copy_error_reaches_a_client_still_sending_as_from_postgres() {
 /// comes while rows are still streaming, and the connection goes on. Returns the transcript
 /// (the rows received are not in it).
 async fn copy_out_cancelled(addr: SocketAddr) -> Vec<String> {
-    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut client = RawClient::through(addr, &[]).await.unwrap();
     let key = client.backend_key().expect("BackendKeyData");
     // (A set-returning function in FROM is materialized before its first row: in the select
     // list it streams.)
@@ -980,9 +954,7 @@ async fn a_cancelled_copy_out_ends_as_from_postgres() {
 /// tests/fuzz_protocol.rs). A batch left without its Sync gets what PostgreSQL flushed, which
 /// is nothing.
 async fn until_closed(addr: SocketAddr, msgs: &[Frontend]) -> Vec<String> {
-    let mut client = RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-        .await
-        .unwrap();
+    let mut client = RawClient::through(addr, &[]).await.unwrap();
     client.send(msgs).await.unwrap();
     let mut seen = vec![];
     while let Ok(msg) = client.recv().await {

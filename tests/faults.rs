@@ -622,9 +622,7 @@ async fn faults_while_caching_serve_no_stale_read_and_no_wrong_reply() {
 async fn fatal_mid_copy(addr: Option<std::net::SocketAddr>) -> Vec<String> {
     let mut client = match addr {
         None => RawClient::direct(&[]).await.unwrap(),
-        Some(addr) => RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
-            .await
-            .unwrap(),
+        Some(addr) => RawClient::through(addr, &[]).await.unwrap(),
     };
     client
         .send(&[

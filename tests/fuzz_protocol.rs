@@ -104,15 +104,7 @@ async fn mutated_message_streams_match_postgres() {
             );
         }
         let direct = replies(RawClient::direct(&[]).await.unwrap(), &input).await;
-        let proxied = RawClient::connect(
-            proxy.local_addr(),
-            PGMEMO_USER,
-            TEST_DB,
-            Some(PGMEMO_PASS),
-            &[],
-        )
-        .await
-        .unwrap();
+        let proxied = RawClient::through(proxy.local_addr(), &[]).await.unwrap();
         let proxied = replies(proxied, &input).await;
         if let Some(diff) = diff(&direct, &proxied) {
             let path = harness::save("protocol", "diff", &input);

@@ -208,15 +208,9 @@ async fn startup_messages_are_equal_after_normalization() {
     let addr = cluster().addr();
     let mut startups = Vec::new();
     for _ in 0..2 {
-        let client = RawClient::connect(
-            addr,
-            PGMEMO_USER,
-            TEST_DB,
-            Some(PGMEMO_PASS),
-            &[("application_name", "selftest")],
-        )
-        .await
-        .unwrap();
+        let client = RawClient::through(addr, &[("application_name", "selftest")])
+            .await
+            .unwrap();
         startups.push(normalize(client.startup_messages()));
         client.terminate().await.unwrap();
     }

@@ -191,7 +191,7 @@ enum Target {
 }
 
 async fn connect(addr: SocketAddr) -> RawClient {
-    RawClient::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), &[])
+    RawClient::through(addr, &[])
         .await
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e:#}"))
 }

@@ -8,15 +8,9 @@ use pgmemo::config::PoolMode;
 async fn a_query_runs_through_pgmemo_in_both_modes() {
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         let proxy = pgmemo(mode, 2).await;
-        let mut client = RawClient::connect(
-            proxy.local_addr(),
-            PGMEMO_USER,
-            TEST_DB,
-            Some(PGMEMO_PASS),
-            &[],
-        )
-        .await
-        .expect("login through pgmemo");
+        let mut client = RawClient::through(proxy.local_addr(), &[])
+            .await
+            .expect("login through pgmemo");
         client
             .send(&[Frontend::query("SELECT 40 + 2")])
             .await

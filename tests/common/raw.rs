@@ -677,6 +677,13 @@ impl RawClient {
         .await
     }
 
+    /// [`RawClient::connect`] through pgmemo at `addr`, as the test user in the test
+    /// database: the twin of [`RawClient::direct`].
+    pub async fn through(addr: SocketAddr, params: &[(&str, &str)]) -> Result<RawClient> {
+        use super::cluster::{PGMEMO_PASS, PGMEMO_USER, TEST_DB};
+        Self::connect(addr, PGMEMO_USER, TEST_DB, Some(PGMEMO_PASS), params).await
+    }
+
     /// Connects, sends a StartupMessage (`user`, `database` and `params`), answers the
     /// authentication request (trust, cleartext, MD5 or SCRAM-SHA-256; `password` is needed
     /// for all but trust) and reads up to the first ReadyForQuery. The messages read after
