@@ -100,32 +100,10 @@ async fn wait_event_of(direct: &Client, marker: &str) -> Option<String> {
         })
 }
 
-/// Waits until the pool of the test database is back to normal: no client waiting, no server
-/// active (linked to a client), and no backend of the database left in a transaction.
+/// Waits until the test database's pool is back to normal (see the common helper).
 async fn wait_pool_normal(proxy: &Pgmemo, direct: &Client) {
     let admin = admin_console(proxy.local_addr()).await;
-    wait_until(
-        "the pool to be back to normal",
-        Duration::from_secs(60),
-        || async {
-            let pools = admin_rows(&admin, "SHOW POOLS").await;
-            let Some(pool) = pools.iter().find(|r| r["database"] == DB) else {
-                return false;
-            };
-            let quiet = ["cl_waiting", "sv_active"].iter().all(|c| pool[*c] == "0");
-            let in_transaction = first_value(
-                direct,
-                &format!(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = '{DB}' \
-                     AND state IN ('active', 'idle in transaction', \
-                     'idle in transaction (aborted)') AND pid <> pg_backend_pid()"
-                ),
-            )
-            .await;
-            quiet && in_transaction == "0"
-        },
-    )
-    .await;
+    common::wait_pool_normal(&admin, direct, DB).await;
 }
 
 fn kib_over(now: u64, base: u64) -> u64 {

@@ -30,7 +30,7 @@ mod common;
 use common::*;
 use pgmemo::cache::config::Invalidation;
 use pgmemo::config::{AuthType, Config, PoolMode, Upstream};
-use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
+use pgmemo::demo::LocalPostgres;
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
@@ -50,19 +50,12 @@ const READERS: usize = 6;
 /// A private cluster (the test restarts it): logical WAL for the follower, and commits that
 /// survive an immediate shutdown (`synchronous_commit = on`; `fsync = off` is enough while the
 /// machine itself stays up).
-fn private_cluster() -> LocalPostgres {
-    LocalPostgres::start(LocalPostgresOptions {
-        settings: [
-            ("wal_level", "logical"),
-            ("synchronous_commit", "on"),
-            ("max_connections", "100"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-        ..Default::default()
-    })
-    .expect("a private cluster")
+fn faults_cluster() -> LocalPostgres {
+    private_cluster(&[
+        ("wal_level", "logical"),
+        ("synchronous_commit", "on"),
+        ("max_connections", "100"),
+    ])
 }
 
 fn config(pg: &LocalPostgres) -> Config {
@@ -452,32 +445,10 @@ impl Running {
     }
 }
 
-/// Waits until pgmemo's pool is back to normal: nobody waiting, no server linked to a client,
-/// and no backend of pgmemo's left in a transaction or running.
+/// Waits until the pool of `postgres` is back to normal (see the common helper).
 async fn wait_pool_normal(proxy: &Pgmemo, direct: &Client) {
     let admin = connect(&url(proxy.local_addr(), "pgmemo")).await;
-    wait_until(
-        "the pool to be back to normal",
-        Duration::from_secs(60),
-        || async {
-            let pools = admin_rows(&admin, "SHOW POOLS").await;
-            let quiet = pools
-                .iter()
-                .filter(|r| r["database"] == "postgres")
-                .all(|r| r["cl_waiting"] == "0" && r["sv_active"] == "0");
-            let busy = direct
-                .simple_query(
-                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
-                     AND state <> 'idle' AND pid <> pg_backend_pid()",
-                )
-                .await
-                .ok()
-                .and_then(|m| first_row(&m))
-                .map(|r| r[0].clone());
-            quiet && busy.as_deref() == Some("0")
-        },
-    )
-    .await;
+    common::wait_pool_normal(&admin, direct, "postgres").await;
 }
 
 async fn wait_follower_caught_up(proxy: &Pgmemo, direct: &Client) {
@@ -506,7 +477,7 @@ async fn terminate_backends(direct: &Client, which: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_while_caching_serve_no_stale_read_and_no_wrong_reply() {
-    let pg = tokio::task::spawn_blocking(private_cluster).await.unwrap();
+    let pg = tokio::task::spawn_blocking(faults_cluster).await.unwrap();
     pg.psql(
         "postgres",
         &format!(

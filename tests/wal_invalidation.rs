@@ -506,19 +506,6 @@ async fn two_instances_stay_consistent() {
     b.shutdown().await;
 }
 
-/// A private cluster (its server is restarted, or misconfigured, by the test), with
-/// `settings`, and pgmemo's config in front of it: clients log in as `postgres`, trusted.
-fn private_cluster(settings: &[(&str, &str)]) -> pgmemo::demo::LocalPostgres {
-    pgmemo::demo::LocalPostgres::start(pgmemo::demo::LocalPostgresOptions {
-        settings: settings
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Default::default()
-    })
-    .expect("a private cluster")
-}
-
 fn private_config(pg: &pgmemo::demo::LocalPostgres, rules: Vec<Rule>) -> Config {
     let mut config = wal_config(rules);
     config.upstream = Some(pgmemo::config::Upstream {

@@ -133,3 +133,34 @@ pub async fn serverless_batches(addr: std::net::SocketAddr) -> u64 {
         .map(|r| r["serverless_batches"].parse::<u64>().unwrap())
         .sum()
 }
+
+/// Waits until pgmemo's pool of `database` is back to normal: nobody waiting and no server
+/// linked to a client (SHOW POOLS, through the admin console `admin`), and no backend of
+/// `database` but `direct`'s own running or in a transaction (pg_stat_activity, through
+/// `direct`, a client of PostgreSQL itself).
+pub async fn wait_pool_normal(admin: &Client, direct: &Client, database: &str) {
+    let busy_sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}' \
+         AND backend_type = 'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()"
+    );
+    wait_until(
+        "the pool to be back to normal",
+        Duration::from_secs(60),
+        || async {
+            let pools = admin_rows(admin, "SHOW POOLS").await;
+            let mut ours = pools
+                .iter()
+                .filter(|r| r["database"] == database)
+                .peekable();
+            let quiet = ours.peek().is_some()
+                && ours.all(|r| r["cl_waiting"] == "0" && r["sv_active"] == "0");
+            let busy = direct.simple_query(&busy_sql).await.unwrap();
+            let busy = busy.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            });
+            quiet && busy.as_deref() == Some("0")
+        },
+    )
+    .await;
+}

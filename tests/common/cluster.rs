@@ -144,3 +144,17 @@ impl Cluster {
         self.pg.read().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// A cluster of a test's own, with `settings` in postgresql.conf, for tests that restart or
+/// misconfigure their server (the shared [`cluster`] serves every other test); stopped when
+/// dropped. Its superuser `postgres` is trusted.
+pub fn private_cluster(settings: &[(&str, &str)]) -> LocalPostgres {
+    LocalPostgres::start(LocalPostgresOptions {
+        settings: settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..LocalPostgresOptions::default()
+    })
+    .expect("a private cluster")
+}
