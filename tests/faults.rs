@@ -721,12 +721,7 @@ impl Child {
     }
 
     fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.process.id()))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-            .unwrap()
+        process_status_kib(&self.process.id().to_string(), "VmRSS")
     }
 }
 

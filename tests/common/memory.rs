@@ -3,12 +3,18 @@
 
 /// This process's resident set size (`VmRSS`) or peak (`VmHWM`) in KiB.
 pub fn proc_status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    process_status_kib("self", field)
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`pid` a number, or `self`).
+pub fn process_status_kib(pid: &str, field: &str) -> u64 {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
     status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+        .unwrap_or_else(|| panic!("no {field} in {path}"))
 }
 
 /// Bytes of heap in use, in KiB: glibc's `mallinfo2()`, small chunks in use (`uordblks`) plus
