@@ -70,6 +70,13 @@ impl Vars {
         self.find(name).map(|slot| &self.packed[slot.value])
     }
 
+    /// Whether `name` is set to `value` (compared as PostgreSQL compares these words, without
+    /// regard to case: `UTF8`, `on`).
+    pub fn is(&self, name: &str, value: &str) -> bool {
+        self.get(name)
+            .is_some_and(|v| v.eq_ignore_ascii_case(value))
+    }
+
     /// Sets `name`; returns true when the value changed.
     pub fn set(&mut self, name: &str, value: &str) -> bool {
         debug_assert!(!name.contains('\0') && !value.contains('\0'));

@@ -624,14 +624,9 @@ pub fn write_run(out: &mut BytesMut) {
 /// context (see `statements::registry::literal_settings`), so a literal kept in the text is
 /// read under the same settings by every client that shares the statement.
 pub fn settings_allow(client: &crate::params::Vars) -> bool {
-    let is = |name: &str, value: &str| {
-        client
-            .get(name)
-            .is_some_and(|v| v.eq_ignore_ascii_case(value))
-    };
-    is("client_encoding", "UTF8")
-        && is("server_encoding", "UTF8")
-        && is("standard_conforming_strings", "on")
+    client.is("client_encoding", "UTF8")
+        && client.is("server_encoding", "UTF8")
+        && client.is("standard_conforming_strings", "on")
 }
 
 /// Writes the server's ErrorResponse `body` (to an autoprepared query's Parse or Bind) as

@@ -1729,10 +1729,7 @@ impl Session {
         if let Some(standard) = self.standard_strings.at(self.params_version) {
             return standard;
         }
-        let standard = self
-            .reported
-            .get("standard_conforming_strings")
-            .is_some_and(|v| v.eq_ignore_ascii_case("on"));
+        let standard = self.reported.is("standard_conforming_strings", "on");
         self.standard_strings = AllowedAt::new(self.params_version, standard);
         standard
     }

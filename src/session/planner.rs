@@ -312,12 +312,7 @@ impl Planner<'_> {
         let Some(p) = Parse::parse(&msg[5..]) else {
             return false;
         };
-        if std::str::from_utf8(p.name).is_err()
-            && self
-                .reported
-                .get("client_encoding")
-                .is_some_and(|e| e.eq_ignore_ascii_case("UTF8"))
-        {
+        if std::str::from_utf8(p.name).is_err() && self.reported.is("client_encoding", "UTF8") {
             // PostgreSQL refuses the name before it reads the rest (22021, quoting the bad
             // bytes) and creates nothing: the Parse goes as it is, for that error.
             return false;
