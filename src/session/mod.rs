@@ -542,7 +542,7 @@ impl Session {
                 &pool_settings.target.database_id,
                 &pool_settings.target.user,
                 self.settings.get("search_path").unwrap_or(""),
-                &crate::statements::registry::literal_settings(&self.reported),
+                crate::statements::registry::literal_settings(&self.reported),
             );
             let schema = crate::statements::schema::SchemaWatch::new(
                 self.app
@@ -1467,7 +1467,7 @@ impl Session {
                             }) {
                                 stmts.literals_changed(
                                     &self.app.registry,
-                                    &crate::statements::registry::literal_settings(&self.reported),
+                                    crate::statements::registry::literal_settings(&self.reported),
                                 );
                             }
                         }

@@ -727,7 +727,7 @@ impl ClientStatements {
 
     /// The client now reads literals under other settings (`literals`, see
     /// [`registry::literal_settings`]): its next Parses are in the context of those.
-    pub fn literals_changed(&mut self, registry: &Registry, literals: &str) {
+    pub fn literals_changed(&mut self, registry: &Registry, literals: String) {
         self.startup_context = registry.literal_context(self.startup_context, literals);
         self.search_path.dirty = true;
     }

@@ -73,7 +73,7 @@ impl Registry {
 
     /// The context number for statements parsed by a client of this database, role,
     /// search_path and literal settings: statements are shared only within one context.
-    pub fn context(&self, database: &str, role: &str, search_path: &str, literals: &str) -> u32 {
+    pub fn context(&self, database: &str, role: &str, search_path: &str, literals: String) -> u32 {
         let mut contexts = self.contexts.lock();
         let next = contexts.len() as u32 + 1;
         *contexts
@@ -81,15 +81,15 @@ impl Registry {
                 database.to_owned(),
                 role.to_owned(),
                 search_path.to_owned(),
-                literals.to_owned(),
+                literals,
             ))
             .or_insert(next)
     }
 
     /// The context of the same database, role and search_path as `context`, with other
     /// literal settings (a client changed its DateStyle, TimeZone, ...).
-    pub fn literal_context(&self, context: u32, literals: &str) -> u32 {
-        self.changed_context(context, |key| key.3 = literals.to_owned())
+    pub fn literal_context(&self, context: u32, literals: String) -> u32 {
+        self.changed_context(context, |key| key.3 = literals)
     }
 
     /// The context of the same database, role and literal settings as `context`, with another
@@ -215,20 +215,20 @@ mod tests {
     #[test]
     fn same_key_same_statement_other_context_other_statement() {
         let r = Registry::new();
-        let a = r.context("db", "app", "public", "ISO, MDY");
-        let b = r.context("db", "app", "other", "ISO, MDY");
+        let a = r.context("db", "app", "public", "ISO, MDY".into());
+        let b = r.context("db", "app", "other", "ISO, MDY".into());
         assert_ne!(a, b);
-        assert_eq!(a, r.context("db", "app", "public", "ISO, MDY"));
+        assert_eq!(a, r.context("db", "app", "public", "ISO, MDY".into()));
         assert_eq!(r.derived_context(a, "other"), b);
         assert_eq!(r.derived_context(b, "public"), a);
         assert_ne!(r.derived_context(a, "third"), a);
         // Literals read otherwise: another context, which keeps its search_path.
-        let dmy = r.literal_context(a, "ISO, DMY");
+        let dmy = r.literal_context(a, "ISO, DMY".into());
         assert_ne!(dmy, a);
-        assert_eq!(r.literal_context(dmy, "ISO, MDY"), a);
+        assert_eq!(r.literal_context(dmy, "ISO, MDY".into()), a);
         assert_eq!(
             r.derived_context(dmy, "other"),
-            r.literal_context(b, "ISO, DMY")
+            r.literal_context(b, "ISO, DMY".into())
         );
         let (s1, found1) = r.get_or_insert(key(a, "SELECT 1"));
         let (s2, found2) = r.get_or_insert(key(a, "SELECT 1"));
