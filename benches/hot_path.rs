@@ -456,7 +456,8 @@ const SIMPLE_QUERIES: [(&str, &str); 3] = [
 ];
 
 fn bench_autoprepare(c: &mut Criterion) {
-    use pgmemo::autoprepare::{lexer, Autoprepare, ClientAutoprepare};
+    use pgmemo::autoprepare::{Autoprepare, ClientAutoprepare};
+    use pgmemo::query::lexer;
     let mut group = c.benchmark_group("autoprepare: lexer pass");
     let mut lexed = lexer::Lexed::default();
     for (name, sql) in SIMPLE_QUERIES {

@@ -827,7 +827,7 @@ pub fn show_cache_wal(app: &App) -> Table {
 
 /// Queries a rule or hint chose but the cache did not take, by reason, since start.
 pub fn show_cache_bypasses(app: &App) -> Table {
-    let rows = crate::cache::analysis::BYPASS_REASONS
+    let rows = crate::query::analysis::BYPASS_REASONS
         .iter()
         .zip(&app.cache.bypasses)
         .map(|(reason, n)| vec![text(reason.as_str()), text(n.get())])

@@ -18,6 +18,7 @@ pub mod params;
 pub mod pins;
 pub mod pool;
 pub mod protocol;
+pub mod query;
 pub mod replies;
 pub mod server;
 pub mod session;
@@ -27,7 +28,6 @@ pub mod stream;
 pub mod tls;
 pub mod tour;
 pub mod wal;
-pub mod words;
 pub mod workers;
 
 use anyhow::Context as _;

@@ -363,7 +363,7 @@ fn cache_metrics(app: &App, out: &mut String) {
         out,
         "# HELP pgmemo_cache_bypasses_by_reason_total Queries not cached, by reason.\n# TYPE pgmemo_cache_bypasses_by_reason_total counter"
     );
-    for (reason, n) in crate::cache::analysis::BYPASS_REASONS
+    for (reason, n) in crate::query::analysis::BYPASS_REASONS
         .iter()
         .zip(&app.cache.bypasses)
     {

@@ -221,7 +221,7 @@ pub struct Pool {
     reported_sets: Mutex<Vec<Arc<Vars>>>,
     /// The database's functions that may set custom settings (session-state watch), and when
     /// they were last read (`Instant` of the pool's creation + milliseconds; 0: never).
-    setting_functions: arc_swap::ArcSwapOption<crate::session::state::SettingFunctions>,
+    setting_functions: arc_swap::ArcSwapOption<crate::query::facts::SettingFunctions>,
     setting_functions_read: std::sync::atomic::AtomicU64,
     /// Bumped at each store of `setting_functions`: a session compares it (one load) before
     /// loading them (an `ArcSwap` load, ~70 instructions) at a checkout.
@@ -936,7 +936,7 @@ impl Pool {
     #[inline]
     pub fn setting_functions(
         &self,
-    ) -> arc_swap::Guard<Option<Arc<crate::session::state::SettingFunctions>>> {
+    ) -> arc_swap::Guard<Option<Arc<crate::query::facts::SettingFunctions>>> {
         self.setting_functions.load()
     }
 
@@ -966,7 +966,7 @@ impl Pool {
     pub fn set_setting_functions(&self, names: Box<[Box<str>]>) {
         let generation = self.setting_functions_generation.load(Ordering::Relaxed) + 1;
         self.setting_functions
-            .store(Some(Arc::new(crate::session::state::SettingFunctions {
+            .store(Some(Arc::new(crate::query::facts::SettingFunctions {
                 generation,
                 names,
             })));

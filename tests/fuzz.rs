@@ -19,12 +19,12 @@ mod harness;
 use bytes::BytesMut;
 use harness::{fuzz, Outcome};
 use pgmemo::auth::{ScramServer, ScramVerifier, Secret};
-use pgmemo::autoprepare::lexer::{generalize, rebuild, Kind, Lexed};
 use pgmemo::autoprepare::shape::{decide, Decision};
-use pgmemo::cache::hint::{self, Hint, Memo};
 use pgmemo::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
 use pgmemo::protocol::startup::{self, StartupPacket};
 use pgmemo::protocol::{frame, DEFAULT_MAX_MESSAGE_SIZE};
+use pgmemo::query::hint::{self, Hint, Memo};
+use pgmemo::query::lexer::{generalize, rebuild, Kind, Lexed};
 
 const PROTOCOL: &[&[u8]] = &[
     b"\0",
@@ -277,8 +277,8 @@ fn message(tag: u8, body: &[u8]) -> usize {
         fe::QUERY => match fe::query_text(body) {
             Some(text) => {
                 assert!(!text.contains(&0));
-                let found = pgmemo::words::in_query(text);
-                let _ = pgmemo::session::state::touch_found(found, text);
+                let found = pgmemo::query::words::in_query(text);
+                let _ = pgmemo::query::facts::touch_found(found, text);
                 1 + (found.count_ones() as usize)
             }
             None => 0,
@@ -332,9 +332,7 @@ fn lexer() {
     let mut again = Lexed::default();
     fuzz("lexer", "sql", SQL, 200_000, |sql| {
         if let Err(refusal) = generalize(sql, &mut out) {
-            assert!(
-                out.text.is_empty() || refusal != pgmemo::autoprepare::lexer::Refusal::TooLarge
-            );
+            assert!(out.text.is_empty() || refusal != pgmemo::query::lexer::Refusal::TooLarge);
             return Outcome::of(0, refusal as usize);
         }
         let params = out.parameters().count();
@@ -425,7 +423,7 @@ fn hints() {
 fn analysis() {
     fuzz("analysis", "sql", SQL, 20_000, |sql| {
         let text = String::from_utf8_lossy(sql);
-        let analysis = pgmemo::cache::analysis::analyze(&text);
+        let analysis = pgmemo::query::analysis::analyze(&text);
         let e = &analysis.effects;
         let mut outcome = Outcome::of(
             e.writes.len().min(4) + 4 * e.calls.len().min(4) + 16 * e.reads.len().min(4),
@@ -442,11 +440,11 @@ fn analysis() {
 #[test]
 fn session_state() {
     fuzz("state", "sql", SQL, 20_000, |sql| {
-        let found = pgmemo::words::in_query(sql);
-        let touch = pgmemo::session::state::touch(sql);
+        let found = pgmemo::query::words::in_query(sql);
+        let touch = pgmemo::query::facts::touch(sql);
         let mut outcome = Outcome::of(found.count_ones() as usize, format!("{touch:?}").len());
         for standard in [true, false] {
-            let custom = pgmemo::session::state::custom_settings(sql, standard);
+            let custom = pgmemo::query::facts::custom_settings(sql, standard);
             for name in &custom.names {
                 assert_eq!(
                     name.to_ascii_lowercase(),

@@ -153,7 +153,7 @@ async fn cached(proxy: &Pgmemo, client: &Client, sql: &str) -> Result<Rows, Stri
             return answer;
         }
         if std::time::Instant::now() > deadline {
-            let bypasses: Vec<_> = pgmemo::cache::analysis::BYPASS_REASONS
+            let bypasses: Vec<_> = pgmemo::query::analysis::BYPASS_REASONS
                 .iter()
                 .zip(&proxy.app().cache.bypasses)
                 .map(|(why, n)| (why.as_str(), n.get()))

@@ -98,7 +98,7 @@ fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
 
 fn bypassed(proxy: &Pgmemo, reason: &str) -> u64 {
     let cache = &proxy.app().cache;
-    pgmemo::cache::analysis::BYPASS_REASONS
+    pgmemo::query::analysis::BYPASS_REASONS
         .iter()
         .zip(&cache.bypasses)
         .find(|(r, _)| r.as_str() == reason)

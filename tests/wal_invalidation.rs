@@ -705,7 +705,7 @@ async fn a_server_restart_under_load() {
 
 fn bypassed_behind(proxy: &Pgmemo) -> u64 {
     let cache = &proxy.app().cache;
-    pgmemo::cache::analysis::BYPASS_REASONS
+    pgmemo::query::analysis::BYPASS_REASONS
         .iter()
         .zip(&cache.bypasses)
         .find(|(r, _)| r.as_str() == "WAL stream not caught up")

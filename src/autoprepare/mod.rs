@@ -13,13 +13,12 @@
 //! Everything here that is not a plain yes happens before anything reaches a server: a query
 //! that is not generalized goes to the server untouched ([`Pass`] says why, counted).
 
-pub mod lexer;
 pub mod shape;
 
 use crate::protocol::{frontend as fe, put_cstr, write_message};
+use crate::query::lexer::{self, Kind, Lexed};
 use crate::statements::{Registry, Statement, StatementKey};
 use bytes::{BufMut, Bytes, BytesMut};
-use lexer::{Kind, Lexed};
 use shape::{Decision, Form, Never};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -239,7 +238,7 @@ impl Autoprepare {
             hash: lexed.shape,
             key: key.into(),
             text_len: lexed.text.len() as u32,
-            words: crate::words::in_query(&lexed.text),
+            words: crate::query::words::in_query(&lexed.text),
             decision: OnceLock::new(),
             rejected: AtomicBool::new(false),
             seen: AtomicU64::new(0),
@@ -365,7 +364,7 @@ impl ClientAutoprepare {
             .iter()
             .filter(|l| l.kind == Kind::Text)
             .fold(shape.words, |words, l| {
-                words | crate::words::in_query(&sql[l.start as usize..l.end as usize])
+                words | crate::query::words::in_query(&sql[l.start as usize..l.end as usize])
             });
         self.read_shape = Some(shape);
         Some(words)
@@ -764,7 +763,7 @@ mod tests {
     /// uses that reading instead of lexing again, and a refused text is left to the full scan.
     #[test]
     fn read_ahead_finds_the_words_of_the_whole_text_but_comments() {
-        use crate::words::query as w;
+        use crate::query::words::query as w;
         let global = Autoprepare::new(100);
         let mut c = ClientAutoprepare::default();
         for sql in [
@@ -776,12 +775,16 @@ mod tests {
             "WITH q AS (SELECT 'deallocate' AS reset) SELECT * FROM q",
         ] {
             let words = c.read_ahead(&global, sql.as_bytes());
-            assert_eq!(words, Some(crate::words::in_query(sql.as_bytes())), "{sql}");
+            assert_eq!(
+                words,
+                Some(crate::query::words::in_query(sql.as_bytes())),
+                "{sql}"
+            );
             c.forget_reading();
         }
         let sql = "SELECT 1 /* begin */ -- set search_path\n, 'x'";
         assert_eq!(c.read_ahead(&global, sql.as_bytes()), Some(0));
-        assert_ne!(crate::words::in_query(sql.as_bytes()), 0);
+        assert_ne!(crate::query::words::in_query(sql.as_bytes()), 0);
         // The planner takes the reading (no second lexing, the same shape).
         let shape = c.read_shape.clone().unwrap();
         assert!(matches!(c.reading, Reading::Lexed));
@@ -803,7 +806,10 @@ mod tests {
                 .err(),
             Some(Pass::Lexer(lexer::Refusal::NotDml))
         );
-        assert_ne!(crate::words::in_query(sql.as_bytes()) & w::SEARCH_PATH, 0);
+        assert_ne!(
+            crate::query::words::in_query(sql.as_bytes()) & w::SEARCH_PATH,
+            0
+        );
     }
 
     fn client_for(sql: &str) -> ClientAutoprepare {

@@ -17,7 +17,7 @@
 //! Only a single SELECT (not `SELECT ... INTO`), VALUES, TABLE, INSERT, UPDATE, DELETE or MERGE
 //! (with or without WITH) is generalized at all.
 
-use super::lexer::{Kind, Literal};
+use crate::query::lexer::{Kind, Literal};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -235,7 +235,7 @@ fn select(inner: &Value, excluded: bool, out: &mut Found) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::autoprepare::lexer::{generalize, Lexed};
+    use crate::query::lexer::{generalize, Lexed};
 
     /// The text the server would get: kept literals verbatim, the others `$?`.
     fn shape(sql: &str) -> String {

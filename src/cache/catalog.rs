@@ -9,8 +9,8 @@
 //! - per cacheable query and search_path, [`resolve`]: which relations its names are
 //!   (through views and partitions down to the tables), and whether all of them may be cached.
 
-use super::analysis::{analyze, Bypass, Reads};
 use crate::params::quote_literal;
+use crate::query::analysis::{analyze, Bypass, Reads};
 use std::collections::{HashMap, HashSet};
 
 /// What a database's functions and tables do, as of one moment.

@@ -18,17 +18,16 @@
 //!   it meanwhile wait for its result (at most `flight_wait`).
 
 mod admission;
-pub mod analysis;
 pub mod catalog;
 pub mod config;
-pub mod hint;
 mod key;
 pub mod versions;
 
-use crate::autoprepare::lexer::{self, Lexed};
 use crate::protocol::backend as be;
+use crate::query::analysis::{self, Analysis, Bypass, Flush, BYPASS_REASONS};
+use crate::query::hint;
+use crate::query::lexer::{self, Lexed};
 use admission::Admission;
-use analysis::{Analysis, Bypass, Flush, BYPASS_REASONS};
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use catalog::Snapshot;
@@ -1318,7 +1317,7 @@ impl ClientCache {
     /// Hands the lexer's reading of the last Query looked at (valid only for that text) to
     /// autoprepare, which would lex the same text again: swapped with `into`, so both keep
     /// their buffers. Whether there was a valid reading.
-    pub fn lend_lexed(&mut self, into: &mut crate::autoprepare::lexer::Lexed) -> bool {
+    pub fn lend_lexed(&mut self, into: &mut crate::query::lexer::Lexed) -> bool {
         if !std::mem::take(&mut self.lexed_valid) {
             return false;
         }

@@ -36,7 +36,7 @@ impl Default for Versions {
 }
 
 fn slot_of(database: &str, table: &str) -> u32 {
-    let hash = crate::autoprepare::lexer::hasher().hash_one((database, table));
+    let hash = crate::query::lexer::hasher().hash_one((database, table));
     (hash as usize % SLOTS) as u32
 }
 

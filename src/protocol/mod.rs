@@ -46,6 +46,16 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
+/// PostgreSQL keeps the first 63 bytes (NAMEDATALEN - 1) of a statement name: a longer name in
+/// Parse, Bind, Describe or Close means the statement named by its first 63 bytes.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// The statement name as PostgreSQL stores it.
+#[inline]
+pub fn pg_name(name: &[u8]) -> &[u8] {
+    &name[..name.len().min(MAX_NAME_LEN)]
+}
+
 /// Where the next complete message in `buf` ends, if it is all there.
 ///
 /// Returns `Ok(Some((tag, len)))` where `len` is the whole message including the tag byte and

@@ -24,9 +24,9 @@ use crate::params::{self, Vars};
 use crate::pool::{CheckoutError, Pool, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
+use crate::query::{command, facts};
 use crate::replies::{self, ErrorRewrite, Expected, ReplyQueue, Route, Synth};
 use crate::server::{ServerConn, ServerError};
-use crate::statements::sql;
 use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
@@ -1091,7 +1091,7 @@ impl Session {
                         .read_ahead(&self.app.autoprepare, text),
                     _ => None,
                 };
-                read.or_else(|| text.map(crate::words::in_query))
+                read.or_else(|| text.map(crate::query::words::in_query))
                     .unwrap_or(0)
             } else {
                 0
@@ -1103,7 +1103,7 @@ impl Session {
                 if let Some(text) = text_of(&self.client.rbuf, query_text_len) {
                     stmts
                         .schema
-                        .note(crate::statements::schema::ddl_found(query_words, text));
+                        .note(crate::query::facts::ddl_found(query_words, text));
                 }
             }
             let server = self.server.as_mut().expect("server acquired above");
@@ -1547,7 +1547,7 @@ impl Session {
                         }
                         Some(ErrorRewrite::Hidden { name, refusal }) => {
                             let hidden = ErrorFields::parse(body).is_some_and(|f| {
-                                f.code == "26000" && f.message == sql::NOWHERE_MISSING
+                                f.code == "26000" && f.message == command::NOWHERE_MISSING
                             });
                             match refusal {
                                 _ if !hidden => {
@@ -1557,7 +1557,7 @@ impl Session {
                                 None => be::error_with_renamed(
                                     &mut self.client.wbuf,
                                     body,
-                                    sql::NOWHERE.as_bytes(),
+                                    command::NOWHERE.as_bytes(),
                                     &name,
                                 ),
                             }
@@ -1703,9 +1703,9 @@ impl Session {
         };
         if let Some(text) = text {
             let mut touch = if tag == fe::QUERY {
-                state::touch_found(query_words, text)
+                facts::touch_found(query_words, text)
             } else {
-                state::touch(text)
+                facts::touch(text)
             };
             if !standard {
                 // Backslashes in plain strings: where a statement starts is read by PostgreSQL's
@@ -1717,7 +1717,7 @@ impl Session {
             self.state.note_calls(text);
             if touch.custom {
                 self.state
-                    .note_custom(&state::custom_settings(text, standard));
+                    .note_custom(&facts::custom_settings(text, standard));
             }
         }
     }
@@ -2251,11 +2251,11 @@ const RESET_KEEPING_STATEMENTS: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEF
     DO $pgmemo$ DECLARE s text; BEGIN FOR s IN SELECT name FROM pg_prepared_statements \
     WHERE name !~ '^pgmemo_s[0-9]+$' LOOP EXECUTE format('DEALLOCATE %I', s); END LOOP; END $pgmemo$";
 
-/// Reads the database's functions that may set custom settings ([`state::SETTING_FUNCTIONS_SQL`])
+/// Reads the database's functions that may set custom settings ([`facts::SETTING_FUNCTIONS_SQL`])
 /// on `server` (idle, nobody's notifications to lose) into `pool`. A failure leaves what was
 /// known; it is read again after its time.
 async fn read_setting_functions(pool: &Pool, server: &mut ServerConn) {
-    match server.internal_query(state::SETTING_FUNCTIONS_SQL).await {
+    match server.internal_query(facts::SETTING_FUNCTIONS_SQL).await {
         Ok(rows) => pool.set_setting_functions(
             rows.into_iter()
                 .filter_map(|row| row.into_iter().next().flatten())

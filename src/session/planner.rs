@@ -25,7 +25,7 @@
 //! - Statement names `pgmemo_s<digits>` are pgmemo's on servers: SQL that names one (simple
 //!   query, or the text of a Parse) reaches the server with the name hidden, an `EXECUTE` /
 //!   `DEALLOCATE` of it failing with PostgreSQL's own 26000, a `PREPARE` of it refused
-//!   (42939), where the statement runs ([`sql::hide_reserved`]).
+//!   (42939), where the statement runs ([`command::hide_reserved`]).
 //! - Where PostgreSQL's answer depends on what is still in flight (an aborted block, a Parse
 //!   that may fail), planning waits for those replies ([`Plan::Wait`]).
 //!
@@ -38,22 +38,22 @@
 use crate::params::Vars;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
-use crate::protocol::{put_cstr, write_message};
+use crate::protocol::{pg_name, put_cstr, write_message};
+use crate::query::command::{self, Command};
+use crate::query::words::query;
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, Outcome, ReplyQueue, Synth};
 use crate::server::ServerConn;
-use crate::statements::sql::{self, Command};
 use crate::statements::{
-    pg_name, ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, SqlSnapshot,
-    Statement, GUARD_NAME, GUARD_QUERY,
+    ClientStatements, Effect, Registry, ResetSnapshot, SqlCommands, SqlSnapshot, Statement,
+    GUARD_NAME, GUARD_QUERY,
 };
 use crate::stats::LocalStats;
-use crate::words::query;
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
-/// A server-side name no statement ever has (a reserved name, see [`sql::NOWHERE`]): a
+/// A server-side name no statement ever has (a reserved name, see [`command::NOWHERE`]): a
 /// message using it fails with 26000 exactly where pgmemo needs an error.
-pub const MISSING_NAME: &[u8] = sql::NOWHERE.as_bytes();
+pub const MISSING_NAME: &[u8] = command::NOWHERE.as_bytes();
 
 /// The per-client statement count limit is never below this, whatever the per-server limit.
 pub const MIN_CLIENT_STATEMENTS: usize = 1000;
@@ -1075,7 +1075,7 @@ impl Planner<'_> {
         let Ok(text) = std::str::from_utf8(text) else {
             return false;
         };
-        matches!(sql::classify(text).as_slice(),
+        matches!(command::classify(text).as_slice(),
             [Command::Deallocate { name }] if self.stmts.get(name.as_bytes()).is_some())
     }
 
@@ -1096,7 +1096,7 @@ impl Planner<'_> {
         let Ok(text) = std::str::from_utf8(text) else {
             // Another client_encoding: its reserved names are hidden all the same.
             let hidden = (words & Words::PGMEMO_S != 0)
-                .then(|| sql::hide_reserved(text))
+                .then(|| command::hide_reserved(text))
                 .flatten()
                 .map(|h| {
                     let action = reserved_action(&h.uses[0].1);
@@ -1104,7 +1104,7 @@ impl Planner<'_> {
                 });
             return QueryPlan::Forward(None, Vec::new(), hidden);
         };
-        let commands = sql::classify(text);
+        let commands = command::classify(text);
         if let [Command::Deallocate { name }] = commands.as_slice() {
             // In an aborted transaction block the server refuses it (25P02) whatever the name,
             // exactly as PostgreSQL would.
@@ -1165,11 +1165,11 @@ impl Planner<'_> {
             effect = Some(Effect::Reset(Box::new(snapshot)));
         }
         // Reserved names (`pgmemo_s<n>`) are pgmemo's on the server: hidden from it (see
-        // `sql::hide_reserved`). PostgreSQL stops at the first statement that fails, and each
+        // `command::hide_reserved`). PostgreSQL stops at the first statement that fails, and each
         // hidden one fails: the error, if about `pgmemo_s`, is about the first of them (or of
         // the client's statements whose hidden text an EXECUTE runs, see `placeholders`).
         let hidden = if words & Words::PGMEMO_S != 0 {
-            sql::hide_reserved(text.as_bytes())
+            command::hide_reserved(text.as_bytes())
         } else {
             None
         };
@@ -1181,7 +1181,7 @@ impl Planner<'_> {
                 return Some(used.clone());
             }
             match c {
-                Command::Execute { name } if !sql::is_reserved_name(name.as_bytes()) => {
+                Command::Execute { name } if !command::is_reserved_name(name.as_bytes()) => {
                     self.stmts.get(name.as_bytes())?.hidden.clone()
                 }
                 _ => None,
@@ -1308,7 +1308,7 @@ impl Planner<'_> {
                     .is_some_and(|name_end| Words::may_start_transaction(&body[name_end + 1..]))
                     && Parse::parse(body)
                         .and_then(|p| std::str::from_utf8(p.query).ok())
-                        .is_some_and(sql::is_transaction_start)
+                        .is_some_and(command::is_transaction_start)
             }
             // A Bind of BEGIN: see bind().
             _ => false,
@@ -1783,11 +1783,11 @@ pub fn sync_sql_statements(
     }
 }
 
-/// The replies to a statement that names the reserved `name` (see `sql::ReservedUse`).
-fn reserved_action(used: &sql::ReservedUse) -> Action {
+/// The replies to a statement that names the reserved `name` (see `command::ReservedUse`).
+fn reserved_action(used: &command::ReservedUse) -> Action {
     match used {
-        sql::ReservedUse::Missing(name) => missing_as(name),
-        sql::ReservedUse::Refused(name) => refusing(name),
+        command::ReservedUse::Missing(name) => missing_as(name),
+        command::ReservedUse::Refused(name) => refusing(name),
     }
 }
 
@@ -1827,7 +1827,7 @@ fn renaming_errors(statement: &Statement, client_name: Bytes) -> Action {
 }
 
 /// Which of the words that matter to the planner a simple query contains, in any case: a
-/// cheap and generous test run on every simple query (`sql::classify` decides what the query
+/// cheap and generous test run on every simple query (`command::classify` decides what the query
 /// really does). Bits of `words::in_query`'s answer.
 struct Words;
 
@@ -1839,7 +1839,7 @@ impl Words {
     const DISCARD: u32 = query::DISCARD;
     const EXECUTE: u32 = query::EXECUTE;
     const SEARCH_PATH: u32 = query::SEARCH_PATH;
-    /// A reserved statement name may follow (see `sql::hide_reserved`).
+    /// A reserved statement name may follow (see `command::hide_reserved`).
     const PGMEMO_S: u32 = query::PGMEMO_S;
 
     /// Which of the `wanted` words `text` contains (a set of the bits above).

@@ -11,12 +11,12 @@ pub mod idle_batch;
 pub mod registry;
 pub mod schema;
 pub mod server_set;
-pub mod sql;
 
 pub use registry::Registry;
 pub use server_set::ServerSet;
 
-use crate::protocol::{put_cstr, write_message};
+use crate::protocol::{pg_name, put_cstr, write_message};
+use crate::query::command;
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -71,18 +71,18 @@ pub struct Statement {
     /// `DISCARD ALL`, `DEALLOCATE ALL`, `DEALLOCATE name` or `SET search_path`: executing a
     /// portal of it changes the client's statements (and the server's) or their context, see
     /// `planner::Planner::execute`.
-    pub tracked: Option<sql::Command>,
+    pub tracked: Option<command::Command>,
     /// What executing it may do to the session's state (see `session::state`).
-    pub session_touch: crate::session::state::Touch,
+    pub session_touch: crate::query::facts::Touch,
     /// The custom settings it may set (see `session::state::custom_settings`).
-    pub custom_settings: crate::session::state::Custom,
+    pub custom_settings: crate::query::facts::Custom,
     /// The schema changes it may make (see [`schema`]).
-    pub ddl: schema::Ddl,
+    pub ddl: crate::query::facts::Ddl,
     /// Its text names a reserved statement name (`pgmemo_s<n>`, see
-    /// [`sql::hide_reserved`]): what its first such statement does instead. An `EXECUTE` or
+    /// [`command::hide_reserved`]): what its first such statement does instead. An `EXECUTE` or
     /// `PREPARE` of one is then also [`Statement::tracked`], so that its error is shown as
     /// PostgreSQL's about the client's name, or as pgmemo's refusal.
-    pub hidden: Option<sql::ReservedUse>,
+    pub hidden: Option<command::ReservedUse>,
     /// The text servers get: the client's, or (with [`Statement::hidden`]) the one with the
     /// reserved names hidden. A `DEALLOCATE` keeps the client's text in its Parse (its
     /// Execute is planned, see `planner::Planner::execute`), not in placeholders.
@@ -99,15 +99,15 @@ pub struct Statement {
     pub evictions: AtomicU64,
     /// What executing it may change and whether its result may be cached (result cache),
     /// worked out at its first use there.
-    pub cache_analysis: std::sync::OnceLock<Arc<crate::cache::analysis::Analysis>>,
+    pub cache_analysis: std::sync::OnceLock<Arc<crate::query::analysis::Analysis>>,
 }
 
 impl Statement {
     fn new(id: u64, key: StatementKey) -> Statement {
         let server_name = format!("pgmemo_s{id}").into_boxed_str();
         let text = std::str::from_utf8(&key.query).unwrap_or_default();
-        let mut tracked = sql::tracked_command(text);
-        let hidden = sql::hide_reserved(&key.query);
+        let mut tracked = command::tracked_command(text);
+        let hidden = command::hide_reserved(&key.query);
         let server_query = hidden
             .as_ref()
             .map_or_else(|| key.query.clone(), |h| Bytes::from(h.text.clone()));
@@ -118,8 +118,10 @@ impl Statement {
                 // `EXECUTE` / `PREPARE` of a reserved name: hidden from servers.
                 parsed_query = &server_query;
                 tracked = Some(match used {
-                    sql::ReservedUse::Missing(name) => sql::Command::Execute { name: name.clone() },
-                    sql::ReservedUse::Refused(name) => sql::Command::Prepare {
+                    command::ReservedUse::Missing(name) => {
+                        command::Command::Execute { name: name.clone() }
+                    }
+                    command::ReservedUse::Refused(name) => command::Command::Prepare {
                         name: name.clone(),
                         text: String::new(),
                     },
@@ -132,9 +134,9 @@ impl Statement {
             put_cstr(b, parsed_query);
             b.extend_from_slice(&key.param_types);
         });
-        let session_touch = crate::session::state::touch(&key.query);
+        let session_touch = crate::query::facts::touch(&key.query);
         let custom_settings = if session_touch.custom {
-            crate::session::state::custom_settings(&key.query, true)
+            crate::query::facts::custom_settings(&key.query, true)
         } else {
             Default::default()
         };
@@ -144,15 +146,15 @@ impl Statement {
         ]) as usize;
         Statement {
             id,
-            ends_transaction: sql::is_transaction_exit(text),
-            starts_transaction: sql::is_transaction_start(text),
+            ends_transaction: command::is_transaction_exit(text),
+            starts_transaction: command::is_transaction_start(text),
             tracked,
             session_touch,
             custom_settings,
-            ddl: schema::ddl(&key.query),
+            ddl: crate::query::facts::ddl(&key.query),
             hidden,
             server_query,
-            param_count: declared.max(sql::highest_parameter(text)),
+            param_count: declared.max(command::highest_parameter(text)),
             key,
             server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),
             server_name,
@@ -621,7 +623,7 @@ impl SearchPath {
 /// have completed.
 #[derive(Debug)]
 pub struct SqlCommands {
-    pub commands: Vec<sql::Command>,
+    pub commands: Vec<command::Command>,
     pub completed: usize,
 }
 
@@ -662,16 +664,6 @@ pub const GUARD_NAME: &[u8] = b"pgmemo_s0";
 /// The guard's text: no parameters, and a (zero-column) result, so that Describe in an
 /// aborted block refuses it as it refuses any statement that returns rows.
 pub const GUARD_QUERY: &[u8] = b"SELECT";
-
-/// PostgreSQL keeps the first 63 bytes (NAMEDATALEN - 1) of a statement name: a longer name in
-/// Parse, Bind, Describe or Close means the statement named by its first 63 bytes.
-pub const MAX_NAME_LEN: usize = 63;
-
-/// The statement name as PostgreSQL stores it.
-#[inline]
-pub fn pg_name(name: &[u8]) -> &[u8] {
-    &name[..name.len().min(MAX_NAME_LEN)]
-}
 
 /// A portal bound from a tracked statement: its name and the statement.
 type TrackedPortal = (Bytes, Arc<Statement>);

@@ -17,53 +17,9 @@
 //! that fails for it retires the statement (`Registry::retire`), so later Parses get a fresh
 //! one.
 
-use crate::statements::sql;
-use crate::words::{self, query};
+use crate::query::facts::Ddl;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-
-/// Words that may start DDL.
-const DDL_WORDS: u32 = query::CREATE | query::ALTER | query::DROP;
-
-/// What a text's DDL may change.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ddl {
-    /// The schema every session sees.
-    pub shared: bool,
-    /// Only the session's own temporary objects (the statement names `temp` or `pg_temp`).
-    pub temp: bool,
-}
-
-/// Reads `text` (a prepared statement's).
-pub fn ddl(text: &[u8]) -> Ddl {
-    ddl_found(words::in_query(text), text)
-}
-
-/// Reads `text` (a simple query's), whose words (`words::in_query`) are `found`.
-pub fn ddl_found(found: u32, text: &[u8]) -> Ddl {
-    let mut ddl = Ddl::default();
-    if found & DDL_WORDS == 0 {
-        return ddl;
-    }
-    let text = String::from_utf8_lossy(text);
-    for statement in sql::split(&text) {
-        let Some(first) = sql::leading_words(statement, 1).into_iter().next() else {
-            continue;
-        };
-        if ["create", "alter", "drop"]
-            .iter()
-            .any(|kw| sql::is_keyword(first, kw))
-        {
-            let temp = query::WORDS.found_in(statement.as_bytes(), query::TEMP | query::PG_TEMP);
-            if temp != 0 {
-                ddl.temp = true;
-            } else {
-                ddl.shared = true;
-            }
-        }
-    }
-    ddl
-}
 
 /// One client's view of its database's schema changes.
 #[derive(Debug, Default)]
@@ -134,40 +90,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ddl_is_read_per_statement() {
-        let shared = Ddl {
-            shared: true,
-            temp: false,
-        };
-        let temp = Ddl {
-            shared: false,
-            temp: true,
-        };
-        assert_eq!(ddl(b"ALTER TABLE t ADD COLUMN c int"), shared);
-        assert_eq!(
-            ddl(b"/* x */ drop type mood; create type mood AS ENUM ('a')"),
-            shared
-        );
-        assert_eq!(ddl(b"CREATE TEMP TABLE t (a int)"), temp);
-        assert_eq!(ddl(b"create table pg_temp.t (a int)"), temp);
-        assert_eq!(
-            ddl(b"CREATE TEMPORARY TABLE t (a int); ALTER TABLE u DROP COLUMN b"),
-            Ddl {
-                shared: true,
-                temp: true
-            }
-        );
-        assert_eq!(ddl(b"SELECT created_at FROM t"), Ddl::default());
-        assert_eq!(ddl(b"SELECT 'x' AS alter_ego, dropped"), Ddl::default());
-        assert_eq!(ddl(b"SELECT 1 AS drop"), Ddl::default());
-    }
-
-    #[test]
     fn the_epoch_moves_when_sent_and_when_committed() {
         let epoch = Arc::new(AtomicU32::new(0));
         let mut a = SchemaWatch::new(epoch.clone());
         let b = SchemaWatch::new(epoch.clone());
-        a.note(ddl(b"ALTER TABLE t ADD COLUMN c int"));
+        a.note(crate::query::facts::ddl(b"ALTER TABLE t ADD COLUMN c int"));
         assert_eq!(b.epoch(), 1);
         a.ready(false);
         assert_eq!(b.epoch(), 1, "still in its transaction");
@@ -175,7 +102,7 @@ mod tests {
         assert_eq!(b.epoch(), 2, "committed");
         a.ready(true);
         assert_eq!(b.epoch(), 2);
-        a.note(ddl(b"CREATE TEMP TABLE t (a int)"));
+        a.note(crate::query::facts::ddl(b"CREATE TEMP TABLE t (a int)"));
         assert_eq!(b.epoch(), 2, "temporary objects concern the client alone");
         assert!(a.is_private() && a.context_dirty);
         a.context_dirty = false;

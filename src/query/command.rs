@@ -78,7 +78,7 @@ pub const NOWHERE_MISSING: &str = "prepared statement \"pgmemo_s\" does not exis
 /// Whether a statement name (as PostgreSQL stores it) is reserved: `pgmemo_s` followed by
 /// digits or nothing.
 pub fn is_reserved_name(name: &[u8]) -> bool {
-    let name = super::pg_name(name);
+    let name = crate::protocol::pg_name(name);
     name.len() >= NOWHERE.len()
         && name[..NOWHERE.len()] == *NOWHERE.as_bytes()
         && name[NOWHERE.len()..].iter().all(u8::is_ascii_digit)
