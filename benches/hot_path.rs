@@ -471,12 +471,15 @@ fn bench_autoprepare(c: &mut Criterion) {
     let global = Autoprepare::new(1000);
     let registry = pgmemo::statements::Registry::new();
     let mut client = ClientAutoprepare::default();
+    let mut reader = pgmemo::query::Reader::default();
     let mut out = BytesMut::with_capacity(4096);
     let mut run = |sql: &str| {
+        reader.forget();
         let statement = client
-            .statement(&global, &registry, sql.as_bytes(), (1, 0), 1)
+            .statement(&global, &registry, sql.as_bytes(), &mut reader, (1, 0), 1)
             .expect("generalized");
-        client.write_bind(statement.server_name.as_bytes(), &mut out);
+        let lexed = reader.lexed().expect("read");
+        client.write_bind(lexed, statement.server_name.as_bytes(), &mut out);
         pgmemo::autoprepare::write_run(&mut out);
         out.clear();
     };

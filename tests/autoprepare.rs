@@ -807,3 +807,52 @@ async fn random_values_match_postgresql() {
     )
     .await;
 }
+
+/// An error of an autoprepared query carries the position of its literal in the client's
+/// text even when the client has already sent its next query (pipelined in one write): the
+/// position is the erring query's, not one read from the next query's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_queries_keep_their_own_error_positions() {
+    async fn run_pipelined(addr: SocketAddr, db: &'static str) -> Vec<String> {
+        let mut client = RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+            .await
+            .expect("login");
+        let mut normalizer = Normalizer::default();
+        let mut out = Vec::new();
+        let failing = "SELECT id FROM items WHERE id = 'abc'";
+        let next = "SELECT name FROM items WHERE name = 'a much longer literal' AND qty = 3";
+        for round in 0..4 {
+            out.push(format!(">> round {round}: {failing}; {next}"));
+            client
+                .send(&[Frontend::query(failing), Frontend::query(next)])
+                .await
+                .unwrap();
+            for r in client.recv_until_ready(2).await.unwrap() {
+                out.push(format!("<< {}", normalizer.line(&r)));
+            }
+        }
+        client.terminate().await.unwrap();
+        out
+    }
+    setup("ap_pipelined_direct").await;
+    let direct = run_pipelined(cluster().addr(), "ap_pipelined_direct").await;
+    assert!(
+        direct.iter().any(|l| l.contains("22P02")),
+        "the first query fails directly: {direct:?}"
+    );
+    setup("ap_pipelined_proxy").await;
+    let mut config = test_config(PoolMode::Transaction, 1);
+    config.general.autoprepare_threshold = 1;
+    let proxy = start_pgmemo(config).await;
+    let proxied = run_pipelined(proxy.local_addr(), "ap_pipelined_proxy").await;
+    if let Some(report) = diff(&direct, &proxied) {
+        panic!("{report}");
+    }
+    let autoprepared: u64 = proxy
+        .app()
+        .pools()
+        .iter()
+        .map(|p| p.stats.snapshot().autoprepared)
+        .sum();
+    println!("autoprepared: {autoprepared}");
+}

@@ -17,6 +17,7 @@ pub mod shape;
 
 use crate::protocol::{frontend as fe, put_cstr, write_message};
 use crate::query::lexer::{self, Kind, Lexed};
+use crate::query::Reader;
 use crate::statements::{Registry, Statement, StatementKey};
 use bytes::{BufMut, Bytes, BytesMut};
 use shape::{Decision, Form, Never};
@@ -257,6 +258,8 @@ impl Autoprepare {
 pub struct Use<'a> {
     pub global: &'a Autoprepare,
     pub client: &'a mut ClientAutoprepare,
+    /// The session's reading of the query (made once, shared with the result cache).
+    pub reader: &'a mut Reader,
     /// `autoprepare_threshold` of the client's pool.
     pub threshold: u64,
 }
@@ -265,11 +268,7 @@ pub struct Use<'a> {
 /// queries ran as (so a repeated query costs no registry lookup).
 #[derive(Default)]
 pub struct ClientAutoprepare {
-    lexed: Lexed,
-    /// What is known of the query about to be planned before it is: read by the result cache
-    /// or by [`ClientAutoprepare::read_ahead`], it is not lexed again.
-    reading: Reading,
-    /// Its shape, when `read_ahead` looked it up.
+    /// The shape of the query about to be planned, when `read_ahead` looked it up.
     read_shape: Option<Arc<Shape>>,
     /// The text of the statement the last query runs as.
     text: Vec<u8>,
@@ -303,6 +302,9 @@ pub struct ClientAutoprepare {
 struct Param {
     /// Its literal, in `lexed.literals`.
     literal: u32,
+    /// Where the literal is in the client's query (characters, 1-based): kept here, because
+    /// an error reporting it may come back after the session has read the next query.
+    position: u32,
     kind: Kind,
     /// The value is the literal's with a minus in front (see [`Form::Negated`]).
     negated: bool,
@@ -317,62 +319,38 @@ struct Anchor {
     literal_end: u32,
 }
 
-/// The lexer's reading of the query about to be planned, made before the planner asks.
-#[derive(Debug, Default, Clone, Copy)]
-enum Reading {
-    /// None yet: the planner lexes the text.
-    #[default]
-    None,
-    /// `lexed` holds it.
-    Lexed,
-    /// The lexer refused the text.
-    Refused(lexer::Refusal),
-}
-
 /// A client's statements are remembered up to this many; beyond it the map starts afresh.
 const MAX_CLIENT_STATEMENTS: usize = 256;
 
 impl ClientAutoprepare {
-    /// Takes the result cache's reading of the query about to be planned, when it has a
-    /// valid one, instead of lexing the same text again (see `ClientCache::lend_lexed`).
-    pub fn adopt_lexed(&mut self, cache: &mut crate::cache::ClientCache) {
-        if cache.lend_lexed(&mut self.lexed) {
-            self.reading = Reading::Lexed;
-        }
-    }
-
-    /// Reads the simple query `sql` ahead of planning (lexed, unless adopted, and its shape
-    /// looked up) and answers which of the session's words (`words::query`) it contains: its
+    /// Reads the simple query `sql` ahead of planning (the session's reading of it, and its
+    /// shape looked up) and answers which of the session's words (`words::query`) it contains: its
     /// shape's, found once, and those in its string literals (`set_config('search_path',
     /// ...)` names a setting in one; numbers and bit strings hold no word). Comments are not
     /// read: a word there does nothing. None when the lexer refuses the text: the caller scans
     /// it whole.
-    pub fn read_ahead(&mut self, global: &Autoprepare, sql: &[u8]) -> Option<u32> {
-        if let Reading::None = self.reading {
-            self.reading = match lexer::generalize(sql, &mut self.lexed) {
-                Ok(()) => Reading::Lexed,
-                Err(refusal) => Reading::Refused(refusal),
-            };
-        }
-        let Reading::Lexed = self.reading else {
-            return None;
-        };
-        let shape = global.shape(&self.lexed);
-        let words = self
-            .lexed
-            .literals
-            .iter()
-            .filter(|l| l.kind == Kind::Text)
-            .fold(shape.words, |words, l| {
-                words | crate::query::words::in_query(&sql[l.start as usize..l.end as usize])
-            });
+    pub fn read_ahead(
+        &mut self,
+        global: &Autoprepare,
+        sql: &[u8],
+        reader: &mut Reader,
+    ) -> Option<u32> {
+        let lexed = reader.read(sql).ok()?;
+        let shape = global.shape(lexed);
+        let words =
+            lexed
+                .literals
+                .iter()
+                .filter(|l| l.kind == Kind::Text)
+                .fold(shape.words, |words, l| {
+                    words | crate::query::words::in_query(&sql[l.start as usize..l.end as usize])
+                });
         self.read_shape = Some(shape);
         Some(words)
     }
 
-    /// Forgets the reading of the last query: the next one is read afresh.
+    /// Forgets the shape looked up for the last query: the next one is looked up afresh.
     pub fn forget_reading(&mut self) {
-        self.reading = Reading::None;
         self.read_shape = None;
     }
 
@@ -384,6 +362,7 @@ impl ClientAutoprepare {
         global: &Autoprepare,
         registry: &Registry,
         sql: &[u8],
+        reader: &mut Reader,
         context: (u32, u32),
         threshold: u64,
     ) -> Result<Arc<Statement>, Pass> {
@@ -392,15 +371,11 @@ impl ClientAutoprepare {
         if std::mem::take(&mut self.bypass) {
             return Err(Pass::Rerun);
         }
-        match std::mem::take(&mut self.reading) {
-            Reading::Lexed => {}
-            Reading::Refused(refusal) => return Err(Pass::Lexer(refusal)),
-            Reading::None => lexer::generalize(sql, &mut self.lexed).map_err(Pass::Lexer)?,
-        }
+        let lexed = reader.read(sql).map_err(Pass::Lexer)?;
         let shape = self
             .read_shape
             .take()
-            .unwrap_or_else(|| global.shape(&self.lexed));
+            .unwrap_or_else(|| global.shape(lexed));
         if shape.is_rejected() {
             return Err(Pass::Rejected);
         }
@@ -411,7 +386,7 @@ impl ClientAutoprepare {
         let decision = shape
             .decision
             .get_or_init(|| match std::str::from_utf8(sql) {
-                Ok(sql) => shape::decide(sql, &self.lexed.literals),
+                Ok(sql) => shape::decide(sql, &lexed.literals),
                 Err(_) => Decision::Never(Never::ParseError),
             });
         let forms = match decision {
@@ -421,7 +396,7 @@ impl ClientAutoprepare {
                 forms
             }
         };
-        self.build(sql, forms);
+        self.build(sql, lexed, forms);
         let (context, epoch) = context;
         let hash = lexer::hasher().hash_one((&self.text, &self.types, context, epoch));
         let statement = match self.statements.get(&hash) {
@@ -465,7 +440,7 @@ impl ClientAutoprepare {
 
     /// Builds the statement's text and types: the lexer's text, with the literals the shape
     /// keeps put back and the others numbered `$1..$n`.
-    fn build(&mut self, sql: &[u8], forms: &[Form]) {
+    fn build(&mut self, sql: &[u8], lexed: &Lexed, forms: &[Form]) {
         self.text.clear();
         self.types.clear();
         self.params.clear();
@@ -475,7 +450,6 @@ impl ClientAutoprepare {
             position: 1,
             literal_end: 0,
         });
-        let lexed = &self.lexed;
         let mut comments = lexed.comments.iter().peekable();
         let mut at = 0usize; // in lexed.text
         let mut n = 0usize;
@@ -531,6 +505,7 @@ impl ClientAutoprepare {
             };
             self.params.push(Param {
                 literal: i as u32,
+                position: literal.position,
                 kind,
                 negated,
             });
@@ -554,14 +529,15 @@ impl ClientAutoprepare {
 
     /// Writes the Bind of the last query's statement (named `server_name`) to the unnamed
     /// portal: its literals' values in text format, text results.
-    pub fn write_bind(&self, server_name: &[u8], out: &mut BytesMut) {
+    /// `lexed`: the reading [`ClientAutoprepare::statement`] was given.
+    pub fn write_bind(&self, lexed: &Lexed, server_name: &[u8], out: &mut BytesMut) {
         write_message(out, fe::BIND, |m| {
             put_cstr(m, b"");
             put_cstr(m, server_name);
             m.put_u16(0); // every parameter in text format
             m.put_u16(self.params.len() as u16);
             for p in &self.params {
-                let value = self.lexed.value(&self.lexed.literals[p.literal as usize]);
+                let value = lexed.value(&lexed.literals[p.literal as usize]);
                 m.put_i32((value.len() + usize::from(p.negated)) as i32);
                 if p.negated {
                     m.put_u8(b'-');
@@ -575,7 +551,7 @@ impl ClientAutoprepare {
     /// The position PostgreSQL gives the literal of parameter `n` (1-based) in a simple query.
     fn literal_position(&self, n: usize) -> Option<u32> {
         let p = self.params.get(n.checked_sub(1)?)?;
-        Some(self.lexed.literals[p.literal as usize].position)
+        Some(p.position)
     }
 
     /// A position (characters, 1-based) in the statement's text, as a position in the
@@ -766,6 +742,7 @@ mod tests {
         use crate::query::words::query as w;
         let global = Autoprepare::new(100);
         let mut c = ClientAutoprepare::default();
+        let mut r = Reader::default();
         for sql in [
             "SELECT abalance FROM pgbench_accounts WHERE aid = 12345",
             "SELECT set_config('search_path', 'pg_temp', false)",
@@ -774,36 +751,47 @@ mod tests {
             "UPDATE t SET x = 'create' WHERE y = 'pgmemo_s1' RETURNING 'alter'",
             "WITH q AS (SELECT 'deallocate' AS reset) SELECT * FROM q",
         ] {
-            let words = c.read_ahead(&global, sql.as_bytes());
+            let words = c.read_ahead(&global, sql.as_bytes(), &mut r);
             assert_eq!(
                 words,
                 Some(crate::query::words::in_query(sql.as_bytes())),
                 "{sql}"
             );
             c.forget_reading();
+            r.forget();
         }
         let sql = "SELECT 1 /* begin */ -- set search_path\n, 'x'";
-        assert_eq!(c.read_ahead(&global, sql.as_bytes()), Some(0));
+        assert_eq!(c.read_ahead(&global, sql.as_bytes(), &mut r), Some(0));
         assert_ne!(crate::query::words::in_query(sql.as_bytes()), 0);
         // The planner takes the reading (no second lexing, the same shape).
         let shape = c.read_shape.clone().unwrap();
-        assert!(matches!(c.reading, Reading::Lexed));
+        assert!(r.lexed().is_some());
         let _ = c.statement(
             &global,
             &Registry::default(),
             sql.as_bytes(),
+            &mut r,
             (0, 0),
             u64::MAX,
         );
-        assert!(matches!(c.reading, Reading::None) && c.read_shape.is_none());
+        assert!(c.read_shape.is_none());
         assert_eq!(shape.seen.load(Relaxed), 1);
         // Refused: no words from the reading, the refusal kept for the planner.
+        c.forget_reading();
+        r.forget();
         let sql = "SET search_path = a";
-        assert_eq!(c.read_ahead(&global, sql.as_bytes()), None);
-        assert!(matches!(c.reading, Reading::Refused(_)));
+        assert_eq!(c.read_ahead(&global, sql.as_bytes(), &mut r), None);
+        assert!(r.lexed().is_none());
         assert_eq!(
-            c.statement(&global, &Registry::default(), sql.as_bytes(), (0, 0), 1)
-                .err(),
+            c.statement(
+                &global,
+                &Registry::default(),
+                sql.as_bytes(),
+                &mut r,
+                (0, 0),
+                1
+            )
+            .err(),
             Some(Pass::Lexer(lexer::Refusal::NotDml))
         );
         assert_ne!(
@@ -812,11 +800,11 @@ mod tests {
         );
     }
 
-    fn client_for(sql: &str) -> ClientAutoprepare {
+    fn client_for(sql: &str) -> (ClientAutoprepare, Lexed) {
         let mut c = ClientAutoprepare::default();
-        lexer::generalize(sql.as_bytes(), &mut c.lexed).unwrap();
-        let forms: Vec<Form> = c
-            .lexed
+        let mut lexed = Lexed::default();
+        lexer::generalize(sql.as_bytes(), &mut lexed).unwrap();
+        let forms: Vec<Form> = lexed
             .literals
             .iter()
             .map(|l| {
@@ -827,21 +815,21 @@ mod tests {
                 }
             })
             .collect();
-        c.build(sql.as_bytes(), &forms);
-        c
+        c.build(sql.as_bytes(), &lexed, &forms);
+        (c, lexed)
     }
 
     #[test]
     fn build_numbers_parameters_and_types() {
         let sql = "SELECT * FROM t WHERE a = 1 AND b = 'x' AND c = U&'y' AND d = 3000000000";
-        let c = client_for(sql);
+        let (c, lexed) = client_for(sql);
         assert_eq!(
             String::from_utf8_lossy(&c.text),
             "SELECT * FROM t WHERE a = $1 AND b = $2 AND c = U&'y' AND d = $3"
         );
         assert_eq!(c.types, [0, 3, 0, 0, 0, 23, 0, 0, 0, 0, 0, 0, 0, 20]);
         let mut out = BytesMut::new();
-        c.write_bind(b"pgmemo_s9", &mut out);
+        c.write_bind(&lexed, b"pgmemo_s9", &mut out);
         let bind = fe::Bind::parse(&out[5..]).unwrap();
         assert_eq!(bind.statement, b"pgmemo_s9");
     }
@@ -849,7 +837,7 @@ mod tests {
     #[test]
     fn positions_map_back_to_the_clients_text() {
         let sql = "SELECT 'abcdef' /* x */, nosuch";
-        let c = client_for(sql);
+        let (c, _) = client_for(sql);
         assert_eq!(String::from_utf8_lossy(&c.text), "SELECT $1 , nosuch");
         let gen = 13; // `nosuch` in the statement's text
         assert_eq!(c.original_position(gen), 26);
@@ -864,7 +852,7 @@ mod tests {
     #[test]
     fn bind_errors_become_simple_query_errors() {
         let sql = "SELECT * FROM t WHERE a = 1 AND b = 'zz'";
-        let c = client_for(sql);
+        let (c, _) = client_for(sql);
         let mut body = Vec::new();
         for (code, value) in [
             (b'S', "ERROR"),

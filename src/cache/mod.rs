@@ -27,6 +27,7 @@ use crate::protocol::backend as be;
 use crate::query::analysis::{self, Analysis, Bypass, Flush, BYPASS_REASONS};
 use crate::query::hint;
 use crate::query::lexer::{self, Lexed};
+use crate::query::Reader;
 use admission::Admission;
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
@@ -469,11 +470,9 @@ impl ResultCache {
 
     /// The decision for a text, made once: by the lexer's shape when it read the text, else
     /// by the text itself.
-    fn shape(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Shape>> {
-        let lexed = lexer::generalize(sql, &mut client.lexed).is_ok();
-        client.lexed_valid = lexed;
-        let (hash, text): (u64, &[u8]) = if lexed {
-            (client.lexed.shape, &client.lexed.text)
+    fn shape(&self, sql: &[u8], reader: &mut Reader) -> Option<Arc<Shape>> {
+        let (hash, text): (u64, &[u8]) = if let Ok(lexed) = reader.read(sql) {
+            (lexed.shape, &lexed.text)
         } else if sql.len() <= MAX_ANALYZED_TEXT {
             (lexer::hasher().hash_one(sql), sql)
         } else {
@@ -537,16 +536,20 @@ impl ResultCache {
 
     /// Notes what a Query the client sent may change (see [`ClientCache::settle`]); returns
     /// what was decided for its text, for [`ResultCache::lookup`].
-    pub fn note_query(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Shape>> {
+    pub fn note_query(
+        &self,
+        client: &mut ClientCache,
+        sql: &[u8],
+        reader: &mut Reader,
+    ) -> Option<Arc<Shape>> {
         if client.nonstandard_strings {
             // Read by the lexers as the server would not: what it writes is not known, and
             // it is not cached.
-            client.lexed_valid = false;
             client.note(&FLUSH_DATABASE);
             self.count(Bypass::NonstandardStrings);
             return None;
         }
-        let shape = self.shape(client, sql);
+        let shape = self.shape(sql, reader);
         match &shape {
             Some(shape) => self.note(client, &shape.analysis),
             None => client.note(&FLUSH_DATABASE),
@@ -583,37 +586,35 @@ impl ResultCache {
         }
     }
 
-    /// Looks up a simple query whose text `sql` was just noted (`shape`, its lexer reading
-    /// in `client`). `may_wait`: whether waiting for another client's fetch is still allowed
-    /// (once per query).
+    /// Looks up a simple query whose text `sql` was just noted (`shape`; `reader`, the
+    /// session's reading of it). `may_wait`: whether waiting for another client's fetch is
+    /// still allowed (once per query).
     pub fn lookup(
         &self,
         client: &mut ClientCache,
         at: &Where<'_>,
         sql: &[u8],
+        reader: &Reader,
         shape: &Arc<Shape>,
         may_wait: bool,
     ) -> Lookup {
-        if !client.lexed_valid {
+        let Some(lexed) = reader.lexed() else {
             return Lookup::Pass;
-        }
-        client.build_key();
-        let text = std::mem::take(&mut client.lexed.text);
-        let found = self.decide(
+        };
+        client.build_key(lexed);
+        self.decide(
             client,
             at,
             Candidate {
                 hint_source: sql,
-                text: &text,
+                text: &lexed.text,
                 display: Some(&shape.text),
-                hash: client.lexed.shape,
+                hash: lexed.shape,
                 analysis: &shape.analysis,
                 extended: false,
             },
             may_wait,
-        );
-        client.lexed.text = text;
-        found
+        )
     }
 
     /// Looks up an extended-protocol `batch` that runs `statement`: keyed by the statement,
@@ -1257,9 +1258,6 @@ impl Drop for Fill {
 /// One client's part: buffers, its notes of writes, its fill.
 #[derive(Default)]
 pub struct ClientCache {
-    lexed: Lexed,
-    /// `lexed` holds the lexer's reading of the last text looked at.
-    lexed_valid: bool,
     key: Vec<u8>,
     context: Vec<u8>,
     /// What `context` was built from.
@@ -1307,22 +1305,9 @@ pub struct ClientCache {
 type Rules = Arc<Vec<Arc<RuleStats>>>;
 
 impl ClientCache {
-    /// Whatever was lexed (or keyed for the first tier) before is not the reading of the
-    /// message at hand.
-    pub fn forget_lexed(&mut self) {
-        self.lexed_valid = false;
+    /// Whatever was keyed for the first tier before is not the key of the message at hand.
+    pub fn forget_message(&mut self) {
         self.raw_key_valid = false;
-    }
-
-    /// Hands the lexer's reading of the last Query looked at (valid only for that text) to
-    /// autoprepare, which would lex the same text again: swapped with `into`, so both keep
-    /// their buffers. Whether there was a valid reading.
-    pub fn lend_lexed(&mut self, into: &mut crate::query::lexer::Lexed) -> bool {
-        if !std::mem::take(&mut self.lexed_valid) {
-            return false;
-        }
-        std::mem::swap(&mut self.lexed, into);
-        true
     }
 
     /// A client's part; `keys_all_settings`: see [`ClientCache::keys_all_settings`].
@@ -1392,13 +1377,13 @@ impl ClientCache {
         self.context_of = Some((params_version, statement_context));
     }
 
-    fn build_key(&mut self) {
+    fn build_key(&mut self, lexed: &Lexed) {
         self.key.clear();
         self.key.extend_from_slice(&self.context);
-        self.key.extend_from_slice(statement_text(&self.lexed.text));
+        self.key.extend_from_slice(statement_text(&lexed.text));
         self.key.push(0);
-        for literal in self.lexed.parameters() {
-            let value = self.lexed.value(literal);
+        for literal in lexed.parameters() {
+            let value = lexed.value(literal);
             self.key.push(literal.kind.code());
             self.key
                 .extend_from_slice(&(value.len() as u32).to_le_bytes());
@@ -1558,7 +1543,7 @@ mod tests {
         let hit = cache.raw_hit(&mut client, b"SELECT 1").expect("learnt");
         assert!(Arc::ptr_eq(&hit, &one));
         // A later message that did not ask the first tier teaches it nothing.
-        client.forget_lexed();
+        client.forget_message();
         cache.remember_raw(&mut client, &two);
         let hit = cache
             .raw_hit(&mut client, b"SELECT 1")

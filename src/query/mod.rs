@@ -24,3 +24,57 @@ pub mod facts;
 pub mod hint;
 pub mod lexer;
 pub mod words;
+
+use lexer::{Lexed, Refusal};
+
+/// One client's reading of the simple query at hand, made once: the first feature that needs
+/// the lexer's reading of the text (the result cache, or autoprepare) makes it, and every
+/// other one borrows it. The session forgets it when the next message comes
+/// ([`Reader::forget`]); the buffers stay, so reading allocates only when a query is longer
+/// than any before it.
+#[derive(Debug, Default)]
+pub struct Reader {
+    lexed: Lexed,
+    state: Read,
+}
+
+/// How far the reading of the message at hand went.
+#[derive(Debug, Default, Clone, Copy)]
+enum Read {
+    /// Not read yet.
+    #[default]
+    None,
+    /// [`Reader::lexed`] holds it.
+    Lexed,
+    /// The lexer refused the text (the query then goes to the server as it is).
+    Refused(Refusal),
+}
+
+impl Reader {
+    /// The next message is not the one read.
+    #[inline]
+    pub fn forget(&mut self) {
+        self.state = Read::None;
+    }
+
+    /// The lexer's reading of `sql`, the text of the message at hand: lexed at the first call
+    /// for that message, the same answer at every later one.
+    pub fn read(&mut self, sql: &[u8]) -> Result<&Lexed, Refusal> {
+        if let Read::None = self.state {
+            self.state = match lexer::generalize(sql, &mut self.lexed) {
+                Ok(()) => Read::Lexed,
+                Err(refusal) => Read::Refused(refusal),
+            };
+        }
+        match self.state {
+            Read::Refused(refusal) => Err(refusal),
+            _ => Ok(&self.lexed),
+        }
+    }
+
+    /// The reading made for the message at hand, if one was made and the lexer accepted it.
+    #[inline]
+    pub fn lexed(&self) -> Option<&Lexed> {
+        matches!(self.state, Read::Lexed).then_some(&self.lexed)
+    }
+}

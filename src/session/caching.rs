@@ -111,7 +111,8 @@ impl Session {
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
                 let sql = &self.client.rbuf[5..text_end];
-                let Some(shape) = self.app.cache.note_query(client, sql) else {
+                let reader = self.reader.get_or_insert_with(Default::default);
+                let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
                     return Ok(false);
                 };
                 if self.cache_busy() {
@@ -412,7 +413,10 @@ impl Session {
             .cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         let sql = &self.client.rbuf[5..text_end];
-        self.app.cache.lookup(client, &at, sql, shape, may_wait)
+        let reader = self.reader.get_or_insert_with(Default::default);
+        self.app
+            .cache
+            .lookup(client, &at, sql, reader, shape, may_wait)
     }
 
     /// Answers a Query from the cache when it holds its result; otherwise leaves the query to

@@ -335,13 +335,13 @@ struct Session {
     local_replies_only: bool,
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
+    /// The reading of the simple query at hand (lexed once, for the result cache and
+    /// autoprepare), made at the first simple query one of them reads.
+    reader: Option<Box<crate::query::Reader>>,
     /// Autoprepare's buffers and statements for this client, made at its first simple query.
     autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
-    /// Whether the client's settings allow autoprepare, as of a `params_version`.
-    autoprepare_allowed: AllowedAt,
-    /// Whether the client reads strings as the SQL standard does (standard_conforming_strings
-    /// on), as of a `params_version`: pgmemo's lexers read them so.
-    standard_strings: AllowedAt,
+    /// How pgmemo may read the client's text under its settings, as of a `params_version`.
+    readable: ReadableAt,
     /// An autoprepared query's RowDescription waits in `autoprepare.held`.
     held_description: bool,
     /// The result cache's state for this client, made at its first Query or Bind while the
@@ -372,21 +372,38 @@ struct Session {
     pinned_idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-/// Whether something holds for the client's settings, worked out for one `params_version`:
-/// `(version + 1) << 1 | answer` in one word (0: never worked out), 8 bytes in every session
-/// where a `(u64, bool)` takes 16.
-#[derive(Clone, Copy, Default)]
-struct AllowedAt(u64);
+/// How pgmemo's readers of SQL text may read the client's text under its settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Readable {
+    /// standard_conforming_strings is on: off, backslashes escape in plain strings, which
+    /// pgmemo's lexers do not read so (its queries are then neither cached nor autoprepared).
+    standard_strings: bool,
+    /// Autoprepare may read the text as the server does (`autoprepare::settings_allow`).
+    autoprepare: bool,
+}
 
-impl AllowedAt {
-    fn new(params_version: u64, allowed: bool) -> AllowedAt {
-        AllowedAt(params_version.wrapping_add(1) << 1 | allowed as u64)
+/// [`Readable`], worked out for one `params_version`: `(version + 1) << 2 | autoprepare << 1
+/// | standard_strings` in one word (0: never worked out), 8 bytes in every session where a
+/// `(u64, bool, bool)` takes 16.
+#[derive(Clone, Copy, Default)]
+struct ReadableAt(u64);
+
+impl ReadableAt {
+    fn new(params_version: u64, r: Readable) -> ReadableAt {
+        ReadableAt(
+            params_version.wrapping_add(1) << 2
+                | (r.autoprepare as u64) << 1
+                | r.standard_strings as u64,
+        )
     }
 
     /// The answer, if it was worked out for `params_version` (a count of settings changes,
-    /// far below the 2^63 where two versions would share a word).
-    fn at(self, params_version: u64) -> Option<bool> {
-        (self.0 >> 1 == params_version.wrapping_add(1) & (u64::MAX >> 1)).then_some(self.0 & 1 == 1)
+    /// far below the 2^62 where two versions would share a word).
+    fn at(self, params_version: u64) -> Option<Readable> {
+        (self.0 >> 2 == params_version.wrapping_add(1) & (u64::MAX >> 2)).then_some(Readable {
+            standard_strings: self.0 & 1 == 1,
+            autoprepare: self.0 & 2 == 2,
+        })
     }
 }
 
@@ -517,9 +534,9 @@ impl Session {
             wait_flushed: false,
             local_replies_only: false,
             retry: planner::Retry::default(),
+            reader: None,
             autoprepare: None,
-            autoprepare_allowed: AllowedAt::default(),
-            standard_strings: AllowedAt::default(),
+            readable: ReadableAt::default(),
             held_description: false,
             cache: None,
             copy_garbage: false,
@@ -1007,11 +1024,12 @@ impl Session {
             fn text_of(rbuf: &[u8], len: Option<usize>) -> Option<&[u8]> {
                 len.map(|n| &rbuf[5..5 + n])
             }
-            // Whether the cache lexed this Query (its reading then serves autoprepare too).
-            let mut cache_lexed = false;
+            if let Some(reader) = self.reader.as_deref_mut() {
+                reader.forget(); // a reading is of one message only
+            }
             if matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) && self.caching() {
                 if let Some(c) = self.cache.as_deref_mut() {
-                    c.forget_lexed();
+                    c.forget_message();
                 }
                 let answered = match self.cache_client_message(tag, len, query_text_len) {
                     Ok(answered) => answered,
@@ -1020,7 +1038,6 @@ impl Session {
                 if answered {
                     continue; // answered from the result cache
                 }
-                cache_lexed = tag == fe::QUERY;
             }
             if self.server.is_none() {
                 match tag {
@@ -1073,12 +1090,6 @@ impl Session {
             if let Some(ap) = self.autoprepare.as_deref_mut() {
                 ap.forget_reading(); // a reading is of one message only
             }
-            if let (Some(_), true, Some(c)) = (autoprepare, cache_lexed, self.cache.as_deref_mut())
-            {
-                self.autoprepare
-                    .get_or_insert_with(Default::default)
-                    .adopt_lexed(c);
-            }
             // The words of a simple query that the planner and the session-state watch look
             // for: those of its autoprepare shape (found once per shape) and its string
             // literals, or else those of one pass over its text.
@@ -1088,7 +1099,11 @@ impl Session {
                     (Some(_), Some(text)) => self
                         .autoprepare
                         .get_or_insert_with(Default::default)
-                        .read_ahead(&self.app.autoprepare, text),
+                        .read_ahead(
+                            &self.app.autoprepare,
+                            text,
+                            self.reader.get_or_insert_with(Default::default),
+                        ),
                     _ => None,
                 };
                 read.or_else(|| text.map(crate::query::words::in_query))
@@ -1130,6 +1145,7 @@ impl Session {
                     autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
                         global: &self.app.autoprepare,
                         client: self.autoprepare.get_or_insert_with(Default::default),
+                        reader: self.reader.get_or_insert_with(Default::default),
                         threshold,
                     }),
                     reported: &self.reported,
@@ -1225,15 +1241,7 @@ impl Session {
     fn autoprepare_threshold(&mut self) -> Option<u64> {
         let threshold = self.pool.autoprepare_threshold()?;
         self.stmts.as_ref()?; // autoprepare runs through the statement planner
-        let allowed = match self.autoprepare_allowed.at(self.params_version) {
-            Some(allowed) => allowed,
-            None => {
-                let allowed = crate::autoprepare::settings_allow(&self.reported);
-                self.autoprepare_allowed = AllowedAt::new(self.params_version, allowed);
-                allowed
-            }
-        };
-        if !allowed {
+        if !self.readable().autoprepare {
             self.stats.autoprepare_passed += 1;
             self.app
                 .autoprepare
@@ -1722,16 +1730,22 @@ impl Session {
         }
     }
 
-    /// Whether the client's standard_conforming_strings is on (worked out once per
-    /// `params_version`): off, backslashes escape in plain strings, which pgmemo's lexers do
-    /// not read so (its queries are then neither cached nor autoprepared).
+    /// Whether the client's standard_conforming_strings is on (see [`Readable`]).
     pub(super) fn standard_strings(&mut self) -> bool {
-        if let Some(standard) = self.standard_strings.at(self.params_version) {
-            return standard;
+        self.readable().standard_strings
+    }
+
+    /// How pgmemo may read the client's text, worked out once per `params_version`.
+    fn readable(&mut self) -> Readable {
+        if let Some(readable) = self.readable.at(self.params_version) {
+            return readable;
         }
-        let standard = self.reported.is("standard_conforming_strings", "on");
-        self.standard_strings = AllowedAt::new(self.params_version, standard);
-        standard
+        let readable = Readable {
+            standard_strings: self.reported.is("standard_conforming_strings", "on"),
+            autoprepare: crate::autoprepare::settings_allow(&self.reported),
+        };
+        self.readable = ReadableAt::new(self.params_version, readable);
+        readable
     }
 
     /// After a transaction that may have changed the session's state: asks the server what it
@@ -2401,15 +2415,21 @@ impl BenchSession {
 }
 
 #[cfg(test)]
-mod allowed_at {
-    use super::AllowedAt;
+mod readable_at {
+    use super::{Readable, ReadableAt};
 
     #[test]
     fn an_answer_holds_for_its_settings_version_only() {
-        assert_eq!(AllowedAt::default().at(0), None, "never worked out");
-        for version in [0, 1, 41, u64::MAX >> 2] {
-            for answer in [false, true] {
-                let known = AllowedAt::new(version, answer);
+        assert_eq!(ReadableAt::default().at(0), None, "never worked out");
+        for version in [0, 1, 41, u64::MAX >> 3] {
+            for (standard_strings, autoprepare) in
+                [(false, false), (false, true), (true, false), (true, true)]
+            {
+                let answer = Readable {
+                    standard_strings,
+                    autoprepare,
+                };
+                let known = ReadableAt::new(version, answer);
                 assert_eq!(known.at(version), Some(answer));
                 assert_eq!(known.at(version + 1), None);
                 assert_eq!(known.at(version.wrapping_sub(1)), None);

@@ -917,6 +917,7 @@ impl Planner<'_> {
             ap.global,
             self.registry,
             text,
+            ap.reader,
             (self.stmts.context, self.stmts.schema.epoch()),
             ap.threshold,
         ) {
@@ -958,8 +959,12 @@ impl Planner<'_> {
             self.retry.start_query();
         }
         let generation = statement.generation();
-        ap.client
-            .write_bind(statement.server_name.as_bytes(), &mut self.server.wbuf);
+        let lexed = ap.reader.lexed().expect("statement() read the text");
+        ap.client.write_bind(
+            lexed,
+            statement.server_name.as_bytes(),
+            &mut self.server.wbuf,
+        );
         crate::autoprepare::write_run(&mut self.server.wbuf);
         ap.client.executed();
         self.stats.autoprepared += 1;
