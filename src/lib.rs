@@ -12,6 +12,7 @@ pub mod cache;
 pub mod cancel;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod demo;
 pub mod metrics;
 pub mod params;
@@ -171,7 +172,10 @@ async fn accept_loop(app: Arc<App>, listener: TcpListener, workers: Arc<workers:
             _ = shutdown.wait_for(|s| *s) => return,
         };
         match accepted {
-            Ok((tcp, _)) => workers.serve(app.clone(), tcp),
+            Ok((tcp, _)) => {
+                let app = app.clone();
+                workers.serve(tcp, move |tcp| connection::serve_client(app, tcp));
+            }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");

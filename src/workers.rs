@@ -23,8 +23,6 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use crate::app::App;
-
 thread_local! {
     /// The worker this thread runs: 0 for the thread pgmemo started on (and for any thread
     /// that is not a worker), 1..N for the others.
@@ -120,7 +118,14 @@ impl Workers {
     /// the pair on one core: dealt in turn instead, each client thread talks to every worker
     /// and the wake-ups cross cores (measured: 105-125k instead of 170-205k cache hits per
     /// second, pgbench -c 8 -j 2 against 2 workers on 2 cores).
-    pub fn serve(&self, app: Arc<App>, tcp: tokio::net::TcpStream) {
+    ///
+    /// `handle` serves the connection (`connection::serve_client`, given by the caller:
+    /// the workers are a floor below the rooms that serve clients).
+    pub fn serve<H, F>(&self, tcp: tokio::net::TcpStream, handle: H)
+    where
+        H: FnOnce(tokio::net::TcpStream) -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
         let turn = match self.count() {
             1 => 0,
             count => match self.loops.worker_of(&tcp) {
@@ -131,7 +136,7 @@ impl Workers {
         if turn == current() {
             // Boxed: tokio aligns a task to 128 bytes, rounding a future of a few hundred
             // bytes up by as much again; in a box it is allocated at its own size.
-            tokio::spawn(Box::pin(crate::session::serve_client(app, tcp)));
+            tokio::spawn(Box::pin(handle(tcp)));
             return;
         }
         // The socket leaves this thread's event loop and joins the worker's.
@@ -146,7 +151,7 @@ impl Workers {
             turn,
             Box::pin(async move {
                 match tokio::net::TcpStream::from_std(std) {
-                    Ok(tcp) => crate::session::serve_client(app, tcp).await,
+                    Ok(tcp) => handle(tcp).await,
                     Err(e) => tracing::warn!(error = %e, "cannot hand a client to a worker"),
                 }
             }),

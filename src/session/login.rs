@@ -13,6 +13,69 @@ use bytes::{Buf, Bytes, BytesMut};
 use std::io;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// A client that logged in and may stay, with its addresses.
+pub struct Admitted {
+    pub startup: Startup,
+    pub peer: std::net::SocketAddr,
+    pub local: std::net::SocketAddr,
+}
+
+/// Logs a client in within client_login_timeout and checks it may stay (not shutting down,
+/// under max_client_conn): its startup and addresses, or None when it was turned away.
+pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted>> {
+    let (Ok(peer), Ok(local)) = (tcp.peer_addr(), tcp.local_addr()) else {
+        return None;
+    };
+    let _ = tcp.set_nodelay(true);
+    let login_timeout = app.config.load().general.client_login_timeout;
+    let login = read_startup(app, tcp);
+    let mut startup = match tokio::time::timeout(login_timeout, login).await {
+        Err(_) => {
+            tracing::info!(%peer, "client did not finish its login within client_login_timeout");
+            return None;
+        }
+        Ok(Err(LoginError::Io(e))) => {
+            tracing::debug!(%peer, error = %e, "client went away during login");
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "client login refused");
+            return None;
+        }
+        Ok(Ok(Outcome::Done)) => return None,
+        Ok(Ok(Outcome::Session(s))) => *s,
+    };
+    let max_clients = app.config.load().general.max_client_conn as usize;
+    if app.is_shutting_down() {
+        startup
+            .conn
+            .send_error(
+                Severity::Fatal,
+                sqlstate::CANNOT_CONNECT_NOW,
+                "the database system is shutting down",
+            )
+            .await;
+        return None;
+    }
+    if app.client_count() >= max_clients {
+        tracing::warn!(%peer, "max_client_conn reached, refusing client");
+        startup
+            .conn
+            .send_error(
+                Severity::Fatal,
+                sqlstate::TOO_MANY_CONNECTIONS,
+                "no more connections allowed (max_client_conn)",
+            )
+            .await;
+        return None;
+    }
+    Some(Box::new(Admitted {
+        startup,
+        peer,
+        local,
+    }))
+}
+
 /// A client that sent a valid StartupMessage.
 pub struct Startup {
     pub conn: ClientConn,

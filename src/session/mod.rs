@@ -31,7 +31,7 @@ use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
 use bytes::{Buf, Bytes, BytesMut};
-use login::{LoginError, Outcome, Startup};
+use login::{Admitted, Startup};
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
@@ -77,46 +77,16 @@ impl ClientConn {
     }
 }
 
-/// Entry point for an accepted TCP connection.
-pub fn serve_client(
-    app: Arc<App>,
-    tcp: tokio::net::TcpStream,
-) -> impl std::future::Future<Output = ()> + Send {
-    // The login's future is boxed before the task's future is made: an async fn keeps its
-    // arguments in its future for good, and the socket is 32 bytes the relay loop never needs
-    // there (it reaches the session through the login's result).
-    let login = {
-        let app = app.clone();
-        Box::pin(async move { admit(&app, tcp).await })
-    };
-    serve_admitted(app, login)
+/// A session that started: its client logged in to a database (not the admin console) and
+/// was told its parameters; [`serve`] relays it to its end.
+pub struct Started {
+    info: Arc<ClientInfo>,
+    session: Box<Session>,
 }
 
-async fn serve_admitted(
-    app: Arc<App>,
-    login: std::pin::Pin<Box<impl std::future::Future<Output = Option<Box<Admitted>>>>>,
-) {
-    // The futures that run once per client (login, the session's start and finish, the admin
-    // console) are boxed: the task's own future lives as long as the client, and stays small
-    // by holding only the relay loop's state (memory per idle client; Pool::checkout boxes
-    // its slow path for the same reason).
-    // Kept in its box until moved into a boxed future: a value moved out of a local still
-    // takes room in the task's future.
-    let Some(admitted) = login.await else {
-        return;
-    };
-    if admitted.startup.database == crate::admin::ADMIN_DATABASE {
-        Box::pin(async move {
-            let Admitted {
-                startup,
-                peer,
-                local,
-            } = *admitted;
-            crate::admin::serve(app, startup, peer, local).await
-        })
-        .await;
-        return;
-    }
+/// Starts the session of a client that logged in to a database: registers the client, takes
+/// a server for its parameters, tells it them. None when that failed (the client was told).
+pub async fn start(app: Arc<App>, admitted: Box<Admitted>) -> Option<Started> {
     let info = app.register_client(
         admitted.peer,
         admitted.local,
@@ -124,13 +94,20 @@ async fn serve_admitted(
         &admitted.startup.user,
         &admitted.startup.database,
     );
-    match Box::pin(Session::start(app.clone(), info.clone(), admitted)).await {
-        Some(session) => serve_session(app, info, session).await,
+    match Session::start(app.clone(), info.clone(), admitted).await {
+        Some(session) => Some(Started { info, session }),
         None => {
             tracing::info!(client = %info.addr, "client login failed");
             app.unregister_client(&info);
+            None
         }
     }
+}
+
+/// Relays a started session until its client goes. Not itself async: its future is the
+/// relay's own, with no room kept for the arguments (see `footprint`).
+pub fn serve(app: Arc<App>, started: Started) -> impl std::future::Future<Output = ()> + Send {
+    serve_session(app, started.info, started.session)
 }
 
 /// Relays a logged-in client's session until it ends, or until it moves to another worker
@@ -191,69 +168,6 @@ fn move_session(
         }),
     );
     None
-}
-
-/// A client that logged in and may stay, with its addresses.
-struct Admitted {
-    startup: Startup,
-    peer: std::net::SocketAddr,
-    local: std::net::SocketAddr,
-}
-
-/// Logs a client in within client_login_timeout and checks it may stay (not shutting down,
-/// under max_client_conn): its startup and addresses, or None when it was turned away.
-async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted>> {
-    let (Ok(peer), Ok(local)) = (tcp.peer_addr(), tcp.local_addr()) else {
-        return None;
-    };
-    let _ = tcp.set_nodelay(true);
-    let login_timeout = app.config.load().general.client_login_timeout;
-    let login = login::read_startup(app, tcp);
-    let mut startup = match tokio::time::timeout(login_timeout, login).await {
-        Err(_) => {
-            tracing::info!(%peer, "client did not finish its login within client_login_timeout");
-            return None;
-        }
-        Ok(Err(LoginError::Io(e))) => {
-            tracing::debug!(%peer, error = %e, "client went away during login");
-            return None;
-        }
-        Ok(Err(e)) => {
-            tracing::info!(%peer, error = %e, "client login refused");
-            return None;
-        }
-        Ok(Ok(Outcome::Done)) => return None,
-        Ok(Ok(Outcome::Session(s))) => *s,
-    };
-    let max_clients = app.config.load().general.max_client_conn as usize;
-    if app.is_shutting_down() {
-        startup
-            .conn
-            .send_error(
-                Severity::Fatal,
-                sqlstate::CANNOT_CONNECT_NOW,
-                "the database system is shutting down",
-            )
-            .await;
-        return None;
-    }
-    if app.client_count() >= max_clients {
-        tracing::warn!(%peer, "max_client_conn reached, refusing client");
-        startup
-            .conn
-            .send_error(
-                Severity::Fatal,
-                sqlstate::TOO_MANY_CONNECTIONS,
-                "no more connections allowed (max_client_conn)",
-            )
-            .await;
-        return None;
-    }
-    Some(Box::new(Admitted {
-        startup,
-        peer,
-        local,
-    }))
 }
 
 /// Why a session's relay loop ended.
@@ -2459,7 +2373,7 @@ mod footprint {
             "Session is {} bytes",
             size_of::<Session>()
         );
-        let task = returned(serve_client);
+        let task = returned(crate::connection::serve_client);
         assert!(task <= 256, "the session's task future is {task} bytes");
         // An Arc's allocation: two counts and the value.
         let info = 16 + size_of::<crate::app::ClientInfo>();
