@@ -1,0 +1,322 @@
+//! Holding a server and giving it back: a server taken for the client's work, pins that keep it
+//! (temporary objects, LISTEN, advisory locks, held cursors, unnamed settings) and the
+//! pinned-idle timeout, the session-state probe after a transaction that may have changed the
+//! server session, and the release to the pool.
+
+use super::{planner, read_setting_functions, record_statement_stats, state, End, Session, NEVER};
+use crate::app::{ClientState, ServerCancel};
+use crate::params;
+use crate::protocol::backend::{sqlstate, Severity};
+use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
+use crate::replies::Expected;
+use crate::server::ServerConn;
+use bytes::BytesMut;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::time::Instant;
+
+impl Session {
+    /// (Re)starts a pinned client's idle time at the end of one of its transactions.
+    pub(super) fn start_pinned_idle(&mut self) {
+        let timeout = self.pool.settings().pinned_idle_timeout;
+        let deadline =
+            tokio::time::Instant::now() + if timeout.is_zero() { NEVER } else { timeout };
+        match self.pinned_idle.as_mut() {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None if !timeout.is_zero() => {
+                self.pinned_idle = Some(Box::pin(tokio::time::sleep_until(deadline)));
+            }
+            None => {}
+        }
+    }
+
+    /// Counts the client's server among its pool's pinned ones as the client becomes pinned,
+    /// or stops counting it; the pool's bound when it has that many pinned already
+    /// (`max_pinned_fraction`).
+    pub(super) fn count_pinned(&mut self) -> Result<(), usize> {
+        let pinned = self.state.pins != 0;
+        if pinned == self.state.counted {
+            return Ok(());
+        }
+        if pinned {
+            self.pool.pin()?;
+        } else {
+            self.pool.unpin();
+        }
+        self.state.counted = pinned;
+        Ok(())
+    }
+
+    /// Closes a pinned client with FATAL `message` (its server is cleaned by
+    /// [`Session::finish`], which discards the state that pinned it). Boxed: once per client.
+    pub(super) fn close_pinned(
+        &mut self,
+        (code, message, why): (&'static str, String, &'static str),
+    ) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        Box::pin(async move {
+            self.client
+                .send_error(Severity::Fatal, code, &message)
+                .await;
+            End::Closed(why.into())
+        })
+    }
+
+    /// Makes `server` the one this session's work runs on, after queueing what brings it in
+    /// line with the client: its parameters and its SQL-level prepared statements.
+    pub(super) fn hold(&mut self, mut server: Box<ServerConn>) {
+        server
+            .info
+            .client_id
+            .store(self.info.id, std::sync::atomic::Ordering::Relaxed);
+        *self.info.server.lock() = Some(ServerCancel {
+            addr: server.info.addr,
+            pid: server.info.backend_pid,
+            secret: server.backend_secret,
+        });
+        self.info
+            .server_id
+            .store(server.info.id, std::sync::atomic::Ordering::Relaxed);
+        self.info.set_state(ClientState::Active);
+        let params_key = Some((self.info.id, self.params_version));
+        if server.params_synced_for != params_key {
+            if let Some(sql) = params::sync_sql(
+                &self.reported,
+                &server.reported,
+                &self.settings,
+                &server.settings,
+            ) {
+                fe::query(&mut server.wbuf, &sql);
+                self.replies.push(Expected::Internal);
+                // Reported values are updated from the server's ParameterStatus replies;
+                // unreported ones are only known by what was set.
+                server.settings = self.settings.clone();
+            }
+            server.params_synced_for = params_key;
+        }
+        if self.state.enabled {
+            let known = self
+                .state
+                .setting_functions
+                .as_ref()
+                .map_or(0, |f| f.generation);
+            if self.pool.setting_functions_generation() != known {
+                self.state.setting_functions = self.pool.setting_functions().clone();
+            }
+        }
+        if let Some(stmts) = self.stmts.as_ref() {
+            server
+                .prepared
+                .set_limit(self.pool.max_prepared_statements());
+            planner::sync_sql_statements(stmts, &mut server, &mut self.replies);
+        }
+        self.server = Some(server);
+    }
+
+    /// Takes the pins a probe found, for SHOW CLIENTS and the pool's counters too; a pin
+    /// beyond the pool's `max_pinned_fraction` is an error (the bound).
+    pub(super) fn note_pins(&mut self, found: u8) -> Result<(), usize> {
+        let new = self.state.set_pins(found);
+        if let Some(stmts) = self.stmts.as_mut() {
+            stmts.schema.temp_found(found & state::Pins::TEMP != 0);
+        }
+        if let Some(cache) = self.cache.as_deref_mut() {
+            // What the server holds, whatever the texts suggested.
+            cache.temp = found & state::Pins::TEMP != 0;
+        }
+        // Counted before it shows in SHOW CLIENTS: whoever sees the pin sees it counted.
+        self.pool.stats.count_pins(new);
+        self.info
+            .pins
+            .store(self.state.pins, std::sync::atomic::Ordering::Relaxed);
+        self.count_pinned()
+    }
+
+    /// After a transaction that may have changed the session's state: asks the server what it
+    /// now holds, records the client's settings and pins, and gives the server back unless
+    /// the client is pinned to it. A pinned client whose server holds other settings than it
+    /// wants (a RESET of a startup setting) gets them at once.
+    pub(super) async fn checkpoint_state(&mut self) -> Result<(), End> {
+        if !self.state.keeps_server() || !self.work_done() {
+            return Ok(());
+        }
+        if self.state.touched {
+            self.state.touched = false;
+            // Boxed: rare, and the session's task need not keep room for a round trip.
+            Box::pin(self.probe_touched_state()).await?;
+        }
+        if self.state.pins == 0 {
+            if self.pool.setting_functions_due() {
+                if let Some(mut server) = self.server.take() {
+                    Box::pin(read_setting_functions(&self.pool, &mut server)).await;
+                    self.server = Some(server);
+                }
+            }
+            self.release_server();
+        } else {
+            self.pinned_transaction_done();
+        }
+        Ok(())
+    }
+
+    /// Asks the held server what the client's last statements left in its session.
+    pub(super) async fn probe_touched_state(&mut self) -> Result<(), End> {
+        // The client's replies first: the probe is pgmemo's own round trip.
+        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+            return Err(End::ClientGone);
+        }
+        // A cancel aimed at the client's last statement must not reach the probe instead.
+        poll_fn(|cx| self.info.poll_cancels_delivered(cx)).await;
+        let mut server = self.server.take().expect("work_done: a server is held");
+        let pins = self.probe_state(&mut server).await;
+        let counted = self.note_pins(if server.broken { 0 } else { pins });
+        self.server = Some(server);
+        if let Err(bound) = counted {
+            // The statement that pinned has succeeded and the client has been told: its
+            // session ends, as a backend's would, and the state goes with the server's reset.
+            let message = format!(
+                "max_pinned_fraction: {bound} of this pool's servers are pinned already and \
+                 this session's {} would pin another; closing the connection",
+                state::Pins::describe(self.state.pins)
+            );
+            let why = "max_pinned_fraction";
+            return Err(self
+                .close_pinned((sqlstate::CONFIGURATION_LIMIT_EXCEEDED, message, why))
+                .await);
+        }
+        Ok(())
+    }
+
+    /// A pinned client's transaction ended on the server it keeps: counted (SHOW STATS, the
+    /// server's statement counters) as [`Session::release_server`] counts one that gives its
+    /// server back.
+    pub(super) fn pinned_transaction_done(&mut self) {
+        // Nothing ran since the last count: a notification woke the session.
+        if self.stats.query_count == 0 {
+            return;
+        }
+        let Some(server) = self.server.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let held_us = now
+            .saturating_duration_since(server.checked_out)
+            .as_micros() as u64;
+        self.stats.xact_count += 1;
+        self.stats.xact_time_us += held_us;
+        self.pool.stats.here().xact_duration.observe_us(held_us);
+        server.checked_out = now;
+        if self.stmts.is_some() {
+            record_statement_stats(server, &self.stats);
+        }
+        self.pool.stats.add(&mut self.stats);
+        self.start_pinned_idle();
+    }
+
+    /// Asks `server` (held by this client, idle) what its session holds ([`state::PROBE`]):
+    /// records the client's settings and returns the pins found. Notifications that arrive
+    /// meanwhile go to the client. A server whose state cannot be known is marked broken.
+    pub(super) async fn probe_state(&mut self, server: &mut ServerConn) -> u8 {
+        self.pool
+            .stats
+            .here()
+            .state_probes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut notifications = BytesMut::new();
+        // Custom settings pg_settings does not list: those the client's SQL named, and those
+        // the server holds as far as pgmemo knows (a startup `-c app.tenant=...` of this
+        // client or of one before it): what the probe answers becomes the server's record,
+        // and a placeholder missing from it would never be reset for the next client.
+        let mut custom = self.state.custom.as_deref().cloned().unwrap_or_default();
+        for (name, _) in server.settings.iter().chain(self.state.startup.iter()) {
+            if name.contains('.') && !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
+                custom.push(name.to_ascii_lowercase().into());
+            }
+        }
+        let probed = server
+            .internal_query_relaying(&state::probe_sql(&custom), Some(&mut notifications))
+            .await;
+        while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
+            let msg = notifications.split_to(len);
+            state::write_notification(
+                &mut self.client.wbuf,
+                &msg,
+                server.info.backend_pid,
+                self.info.pid(),
+            );
+        }
+        let rows = match probed {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Nobody else may have this server, and the client's per-backend state goes
+                // with it.
+                tracing::warn!(client = %self.info.addr, error = %e, "session state probe failed; closing the server");
+                server.broken = true;
+                return 0;
+            }
+        };
+        let login_user = &self.pool.settings().target.user;
+        let (now, pins) = state::read_probe(&rows, &server.reported, login_user);
+        let wanted = state::wanted(&now, &self.state.startup);
+        server.settings = now;
+        if wanted != self.settings {
+            self.settings = wanted;
+            self.params_version += 1;
+        }
+        // A client that keeps its server gets its settings there at once (a RESET of a
+        // startup setting); others get them wherever they land next.
+        if pins | (self.state.pins & state::Pins::LOAD) != 0 {
+            if let Some(sql) = params::sync_sql(
+                &self.reported,
+                &server.reported,
+                &self.settings,
+                &server.settings,
+            ) {
+                if server.internal_query(&sql).await.is_err() {
+                    server.broken = true;
+                }
+                server.settings = self.settings.clone();
+            }
+            server.params_synced_for = Some((self.info.id, self.params_version));
+        }
+        pins
+    }
+
+    pub(super) fn release_server(&mut self) {
+        if self.server.is_none() {
+            return;
+        }
+        if self.info.cancels.done() {
+            // A cancel aimed at the work just done may still reach the server: nobody else
+            // gets it before the request is delivered (`Event::CancelsDelivered`).
+            self.kept_for_cancels = true;
+            return;
+        }
+        let Some(server) = self.server.take() else {
+            return;
+        };
+        *self.info.server.lock() = None;
+        self.info
+            .server_id
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.info.set_state(ClientState::Idle);
+        let now = Instant::now();
+        let held_us = now
+            .saturating_duration_since(server.checked_out)
+            .as_micros() as u64;
+        self.stats.xact_count += 1;
+        self.stats.xact_time_us += held_us;
+        self.pool.stats.here().xact_duration.observe_us(held_us);
+        if self.stmts.is_some() {
+            record_statement_stats(&server, &self.stats);
+        }
+        self.pool.stats.add(&mut self.stats);
+        self.pool.checkin_at(server, now);
+    }
+}
+
+/// What a client pinned and idle past `pinned_idle_timeout` is told, in PgBouncer's words for
+/// its `client_idle_timeout` (FATAL 08P01, the setting's name).
+pub(super) fn pinned_idle_message() -> (&'static str, String, &'static str) {
+    let why = "pinned_idle_timeout";
+    (sqlstate::PROTOCOL_VIOLATION, why.into(), why)
+}
