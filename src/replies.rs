@@ -15,6 +15,7 @@
 //! the same: replies leave in the order the requests went in.
 
 use crate::protocol::backend as be;
+use crate::query::command;
 use crate::statements::Effect;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -128,6 +129,43 @@ pub enum ErrorRewrite {
     /// The error of an autoprepared query's Parse or Bind, as PostgreSQL reports it for the
     /// client's simple query (see `autoprepare::simple_error`).
     AsSimpleQuery,
+}
+
+impl ErrorRewrite {
+    /// Writes the server's ErrorResponse `msg` (whole message) as the client is shown it:
+    /// rewritten as `rewrite` says (None: as it is). `as_simple_query` writes an autoprepared
+    /// query's error as PostgreSQL reports it for the simple query, if it can (false: it
+    /// cannot, and the error goes as it is).
+    pub fn write(
+        rewrite: Option<ErrorRewrite>,
+        out: &mut bytes::BytesMut,
+        msg: &[u8],
+        as_simple_query: impl FnOnce(&mut bytes::BytesMut, &[u8]) -> bool,
+    ) {
+        let body = &msg[5..];
+        match rewrite {
+            Some(ErrorRewrite::Rename { from, to }) => {
+                be::error_with_renamed(out, body, &from, &to)
+            }
+            Some(ErrorRewrite::Whole(bytes)) => out.extend_from_slice(&bytes),
+            Some(ErrorRewrite::Hidden { name, refusal }) => {
+                let hidden = be::ErrorFields::parse(body)
+                    .is_some_and(|f| f.code == "26000" && f.message == command::NOWHERE_MISSING);
+                match refusal {
+                    _ if !hidden => out.extend_from_slice(msg),
+                    Some(refusal) => out.extend_from_slice(&refusal),
+                    None => be::error_with_renamed(out, body, command::NOWHERE.as_bytes(), &name),
+                }
+            }
+            Some(ErrorRewrite::Message(message)) => error_with_message(out, body, &message),
+            Some(ErrorRewrite::AsSimpleQuery) => {
+                if !as_simple_query(out, body) {
+                    out.extend_from_slice(msg)
+                }
+            }
+            None => out.extend_from_slice(msg),
+        }
+    }
 }
 
 /// Writes the ErrorResponse `body` with its `M` field replaced by `message`.

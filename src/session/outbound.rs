@@ -8,7 +8,6 @@ use crate::buffers;
 use crate::pool::PoolMode;
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields};
 use crate::protocol::{frame, MAX_BACKEND_MESSAGE_SIZE};
-use crate::query::command;
 use crate::replies::{self, ErrorRewrite, Route};
 use bytes::{Buf, Bytes};
 use std::sync::Arc;
@@ -16,157 +15,223 @@ use std::sync::Arc;
 impl Session {
     /// Routes every complete server message, then gives the server back if the client's work
     /// on it is done (transaction mode).
+    ///
+    /// Each message goes through the same stages, one call per feature: framed; judged for a
+    /// retry; its description noted for idle batches; routed by the reply queue (and by the
+    /// retry); noted for the session (ReadyForQuery, ParameterStatus, a FATAL); autoprepare's
+    /// held description let out; relayed as routed; shown to the result cache and the
+    /// search_path watch; and the transaction settled.
     pub(super) fn handle_server_messages(&mut self) -> Result<(), End> {
-        let Some(mut server) = self.server.as_mut() else {
+        if self.server.is_none() {
             return Ok(());
-        };
+        }
         // Usually lent when the client sent its query; not when the server speaks first (a
         // notification to an idle session-mode client).
         buffers::lend(&mut self.client.wbuf);
         self.local_replies_only = false;
         // Read once for the messages of this wake, when the result cache needs it.
         let mut pool_settings = None;
-        loop {
-            if self.client.wbuf.len() >= HIGH_WATER {
-                break; // backpressure: let the client read first
-            }
-            let (tag, len) = match frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE) {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => {
-                    server.broken = true;
-                    return Err(End::ServerGone(format!(
-                        "server sent an invalid message: {e}"
-                    )));
-                }
+        while self.client.wbuf.len() < HIGH_WATER {
+            // (Otherwise backpressure: let the client read first.)
+            let Some((tag, len)) = self.frame_server_message()? else {
+                break;
             };
             self.waiting = false;
             let out_at = self.client.wbuf.len();
-            // 0A000 on the first statement of an implicit transaction whose batch is kept,
-            // with nothing queued after the batch: sent again instead (see planner::Retry).
-            let retry = tag == be::ERROR_RESPONSE
-                && self.retry.is_armed()
-                && self.replies.head_is_retry_point()
-                && ErrorFields::parse(&server.rbuf[5..len]).is_some_and(|f| f.code == "0A000");
-            // An autoprepared SELECT that failed before its first row (see
-            // `ClientAutoprepare::rerun`), or an autoprepared query whose literal the Bind
-            // refused (with two bad literals PostgreSQL's analysis may name another first),
-            // as the first statement of an implicit transaction: nothing of it ran, so it runs
-            // again as it is, for PostgreSQL's own reply. Only for data exceptions (class 22:
-            // what folding constants and reading literals raise), never for a cancel, a
-            // timeout, a deadlock or a serialization failure, which must reach the client.
-            let rerun = tag == be::ERROR_RESPONSE
-                && self.retry.is_armed()
-                && crate::autoprepare::is_data_exception(&server.rbuf[5..len])
-                && ((self.held_description && self.autoprepare.as_ref().is_some_and(|a| a.rerun))
-                    || (self.replies.head_is_autoprepared_bind()
-                        && crate::autoprepare::is_parameter_error(&server.rbuf[5..len])));
-            if matches!(
-                tag,
-                be::PARAMETER_DESCRIPTION | be::ROW_DESCRIPTION | be::NO_DATA
-            ) {
-                if let Some((statement, generation)) = self.replies.head_describes() {
-                    crate::statements::idle_batch::observe_description(
-                        &mut server.describing,
-                        statement,
-                        generation,
-                        &server.rbuf[..len],
-                    );
+            let again = self.again(tag, len);
+            self.observe_description(tag, len);
+            let mut route = self.replies.on_server_message(tag);
+            let turn = self.route_again(again, tag, &mut route);
+            self.note_server_message(tag, len, route, again);
+            route = self.release_held_description(tag, route);
+            self.relay_reply(tag, len, route);
+            self.cache_observe(tag, len, out_at, &mut pool_settings);
+            self.consume_server_message(tag, len, turn);
+            if self.server.is_none() {
+                return Ok(());
+            }
+        }
+        self.release_if_done();
+        Ok(())
+    }
+
+    /// The next complete message in the server's input: its type and length.
+    #[inline]
+    fn frame_server_message(&mut self) -> Result<Option<(u8, usize)>, End> {
+        let server = self.server.as_mut().expect("a server is held");
+        frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE).map_err(|e| {
+            server.broken = true;
+            End::ServerGone(format!("server sent an invalid message: {e}"))
+        })
+    }
+
+    /// Whether this server message makes pgmemo run the client's work again instead of
+    /// relaying it.
+    #[inline]
+    fn again(&self, tag: u8, len: usize) -> Again {
+        if tag != be::ERROR_RESPONSE || !self.retry.is_armed() {
+            return Again::No;
+        }
+        let body = &self.server.as_ref().expect("a server is held").rbuf[5..len];
+        // An autoprepared SELECT that failed before its first row (see
+        // `ClientAutoprepare::rerun`), or an autoprepared query whose literal the Bind refused
+        // (with two bad literals PostgreSQL's analysis may name another first), as the first
+        // statement of an implicit transaction: nothing of it ran, so it runs again as it is,
+        // for PostgreSQL's own reply. Only for data exceptions (class 22: what folding
+        // constants and reading literals raise), never for a cancel, a timeout, a deadlock or
+        // a serialization failure, which must reach the client.
+        if crate::autoprepare::is_data_exception(body)
+            && ((self.held_description && self.autoprepare.as_ref().is_some_and(|a| a.rerun))
+                || (self.replies.head_is_autoprepared_bind()
+                    && crate::autoprepare::is_parameter_error(body)))
+        {
+            return Again::Rerun;
+        }
+        // 0A000 on the first statement of an implicit transaction whose batch is kept, with
+        // nothing queued after the batch: sent again instead (see planner::Retry).
+        if self.replies.head_is_retry_point()
+            && ErrorFields::parse(body).is_some_and(|f| f.code == "0A000")
+        {
+            return Again::Retry;
+        }
+        Again::No
+    }
+
+    /// A description of a statement an idle batch may describe later without a server.
+    #[inline]
+    fn observe_description(&mut self, tag: u8, len: usize) {
+        if !matches!(
+            tag,
+            be::PARAMETER_DESCRIPTION | be::ROW_DESCRIPTION | be::NO_DATA
+        ) {
+            return;
+        }
+        if let Some((statement, generation)) = self.replies.head_describes() {
+            let server = self.server.as_mut().expect("a server is held");
+            crate::statements::idle_batch::observe_description(
+                &mut server.describing,
+                statement,
+                generation,
+                &server.rbuf[..len],
+            );
+        }
+    }
+
+    /// The retry's part in routing: an error run again is swallowed, and so is the
+    /// ReadyForQuery before a kept batch is sent again.
+    #[inline]
+    fn route_again(&mut self, again: Again, tag: u8, route: &mut Route) -> Turn {
+        let mut turn = Turn::default();
+        match again {
+            Again::Rerun | Again::Retry if self.replies.len() != 1 => self.retry.forget(),
+            Again::Rerun => {
+                *route = Route::Swallow;
+                self.retry.swallow_ready();
+                if let Some(ap) = self.autoprepare.as_mut() {
+                    ap.bypass = true;
                 }
             }
-            let mut route = self.replies.on_server_message(tag);
-            let mut replay = false;
-            let mut retried = false;
-            if rerun {
-                if self.replies.len() == 1 {
-                    route = Route::Swallow;
-                    self.retry.swallow_ready();
-                    if let Some(ap) = self.autoprepare.as_mut() {
-                        ap.bypass = true;
-                    }
-                } else {
-                    self.retry.forget();
-                }
-            } else if retry {
-                if self.replies.len() == 1 {
-                    route = Route::Swallow;
-                    retried = true;
-                    self.retry.swallow_ready();
-                } else {
-                    self.retry.forget();
-                }
-            } else if tag == be::READY_FOR_QUERY && self.retry.is_pending() {
-                route = Route::Swallow;
-                replay = true;
-            } else if tag == be::READY_FOR_QUERY && route == Route::Forward {
+            Again::Retry => {
+                *route = Route::Swallow;
+                turn.retried = true;
+                self.retry.swallow_ready();
+            }
+            Again::No if tag == be::READY_FOR_QUERY && self.retry.is_pending() => {
+                *route = Route::Swallow;
+                turn.replay = true;
+            }
+            Again::No if tag == be::READY_FOR_QUERY && *route == Route::Forward => {
                 // The kept batch ended.
                 self.retry.forget();
             }
-            let body = &server.rbuf[5..len];
-            match tag {
-                be::READY_FOR_QUERY => {
-                    server.status = body.first().copied().unwrap_or(b'I');
-                    if server.status != b'T' {
-                        self.read_only_transaction = None;
-                    }
-                    if route == Route::Forward {
-                        self.stats.query_count += 1;
-                    }
-                    if let Some(stmts) = self.stmts.as_mut() {
-                        stmts
-                            .schema
-                            .ready(server.status == b'I' && self.replies.is_idle());
-                    }
+            Again::No => {}
+        }
+        turn
+    }
+
+    /// What a ReadyForQuery, ParameterStatus or ErrorResponse tells the session.
+    #[inline]
+    fn note_server_message(&mut self, tag: u8, len: usize, route: Route, again: Again) {
+        match tag {
+            be::READY_FOR_QUERY => self.note_ready(len, route),
+            be::PARAMETER_STATUS => self.note_parameter_status(len, route),
+            be::ERROR_RESPONSE => {
+                let server = self.server.as_mut().expect("a server is held");
+                let fields = ErrorFields::parse(&server.rbuf[5..len]).unwrap_or_default();
+                if fields.is_fatal() {
+                    server.broken = true;
+                    self.server_fatal |= route == Route::Forward;
                 }
-                be::PARAMETER_STATUS => {
-                    if let Some((name, value)) = be::parse_parameter_status(body) {
-                        server.reported.set(name, value);
-                        if route == Route::Forward
-                            && self.reported.get(name) != Some(value)
-                            && Arc::make_mut(&mut self.reported).set(name, value)
-                        {
-                            self.params_version += 1;
-                            if name == "application_name" {
-                                *self.info.application_name.lock() = self.app.intern(value);
-                            }
-                            if let Some(stmts) = self.stmts.as_mut().filter(|_| {
-                                crate::statements::registry::LITERAL_SETTINGS.contains(&name)
-                            }) {
-                                stmts.literals_changed(
-                                    &self.app.registry,
-                                    crate::statements::registry::literal_settings(&self.reported),
-                                );
-                            }
-                        }
-                    }
+                if route == Route::Swallow && again != Again::Retry {
+                    tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
+                    // It may have been the parameter sync: check it again next time.
+                    server.params_synced_for = None;
                 }
-                be::ERROR_RESPONSE => {
-                    let fields = ErrorFields::parse(body).unwrap_or_default();
-                    if fields.is_fatal() {
-                        server.broken = true;
-                        self.server_fatal |= route == Route::Forward;
-                    }
-                    if route == Route::Swallow && !retry {
-                        tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
-                        // It may have been the parameter sync: check it again next time.
-                        server.params_synced_for = None;
-                    }
-                }
-                _ => {}
             }
-            let mut error_code = None;
-            // A 0A000 ErrorResponse, whole: the answer to a statement it made stale.
-            let mut stale_error = None;
-            if self.held_description
-                && matches!(
-                    tag,
-                    be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY
-                )
-            {
-                // The RowDescription held back for an autoprepared query (see
-                // `Action::AsSimpleQueryHeld`): out before its first row or its
-                // CommandComplete; with an error, dropped for a query that writes, and for a
-                // SELECT dropped if it runs again, out before the error if it cannot.
+            _ => {}
+        }
+    }
+
+    /// A ReadyForQuery: the server's transaction status.
+    #[inline]
+    fn note_ready(&mut self, len: usize, route: Route) {
+        let server = self.server.as_mut().expect("a server is held");
+        server.status = server.rbuf[5..len].first().copied().unwrap_or(b'I');
+        if server.status != b'T' {
+            self.read_only_transaction = None;
+        }
+        if route == Route::Forward {
+            self.stats.query_count += 1;
+        }
+        if let Some(stmts) = self.stmts.as_mut() {
+            stmts
+                .schema
+                .ready(server.status == b'I' && self.replies.is_idle());
+        }
+    }
+
+    /// A ParameterStatus: the server's setting, and the client's when it is told it.
+    fn note_parameter_status(&mut self, len: usize, route: Route) {
+        let server = self.server.as_mut().expect("a server is held");
+        let Some((name, value)) = be::parse_parameter_status(&server.rbuf[5..len]) else {
+            return;
+        };
+        server.reported.set(name, value);
+        if route != Route::Forward
+            || self.reported.get(name) == Some(value)
+            || !Arc::make_mut(&mut self.reported).set(name, value)
+        {
+            return;
+        }
+        self.params_version += 1;
+        if name == "application_name" {
+            *self.info.application_name.lock() = self.app.intern(value);
+        }
+        if let Some(stmts) = self
+            .stmts
+            .as_mut()
+            .filter(|_| crate::statements::registry::LITERAL_SETTINGS.contains(&name))
+        {
+            stmts.literals_changed(
+                &self.app.registry,
+                crate::statements::registry::literal_settings(&self.reported),
+            );
+        }
+    }
+
+    /// The RowDescription held back for an autoprepared query (see
+    /// `Action::AsSimpleQueryHeld`): out before its first row or its CommandComplete; with an
+    /// error, dropped for a query that writes, and for a SELECT dropped if it runs again, out
+    /// before the error if it cannot. Notices of a SELECT come after its RowDescription, and
+    /// are held with it. The message's route.
+    #[inline]
+    fn release_held_description(&mut self, tag: u8, route: Route) -> Route {
+        if !self.held_description {
+            return route;
+        }
+        let rerun = self.autoprepare.as_ref().is_some_and(|a| a.rerun);
+        match tag {
+            be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY => {
                 self.held_description = false;
                 if let Some(ap) = self.autoprepare.as_mut() {
                     let out = matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE)
@@ -176,126 +241,123 @@ impl Session {
                     }
                     ap.held.clear();
                 }
-            } else if self.held_description
-                && tag == be::NOTICE_RESPONSE
-                && self.autoprepare.as_ref().is_some_and(|a| a.rerun)
-            {
-                // Notices of a SELECT come after its RowDescription, and go with it.
-                route = Route::Hold;
+                route
             }
-            match route {
-                Route::Forward if tag == be::NOTIFICATION_RESPONSE => {
-                    state::write_notification(
-                        &mut self.client.wbuf,
-                        &server.rbuf[..len],
-                        server.info.backend_pid,
-                        self.info.pid(),
-                    );
-                    self.stats.bytes_sent += len as u64;
-                }
-                Route::Forward => {
-                    self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
-                    self.stats.bytes_sent += len as u64;
-                }
-                Route::Hold => {
-                    if let Some(ap) = self.autoprepare.as_mut() {
-                        ap.held.extend_from_slice(&server.rbuf[..len]);
-                        self.held_description = true;
-                    }
-                }
-                Route::Replace => {
-                    let at = self.client.wbuf.len();
-                    match self.replies.take_replacement() {
-                        Some(ErrorRewrite::Rename { from, to }) => {
-                            be::error_with_renamed(&mut self.client.wbuf, body, &from, &to)
-                        }
-                        Some(ErrorRewrite::Whole(bytes)) => {
-                            self.client.wbuf.extend_from_slice(&bytes)
-                        }
-                        Some(ErrorRewrite::Hidden { name, refusal }) => {
-                            let hidden = ErrorFields::parse(body).is_some_and(|f| {
-                                f.code == "26000" && f.message == command::NOWHERE_MISSING
-                            });
-                            match refusal {
-                                _ if !hidden => {
-                                    self.client.wbuf.extend_from_slice(&server.rbuf[..len])
-                                }
-                                Some(refusal) => self.client.wbuf.extend_from_slice(&refusal),
-                                None => be::error_with_renamed(
-                                    &mut self.client.wbuf,
-                                    body,
-                                    command::NOWHERE.as_bytes(),
-                                    &name,
-                                ),
-                            }
-                        }
-                        Some(ErrorRewrite::Message(message)) => {
-                            replies::error_with_message(&mut self.client.wbuf, body, &message)
-                        }
-                        Some(ErrorRewrite::AsSimpleQuery) => match self.autoprepare.as_deref() {
-                            Some(client) => crate::autoprepare::simple_error(
-                                &mut self.client.wbuf,
-                                body,
-                                client,
-                            ),
-                            None => self.client.wbuf.extend_from_slice(&server.rbuf[..len]),
-                        },
-                        None => self.client.wbuf.extend_from_slice(&server.rbuf[..len]),
-                    }
-                    self.stats.bytes_sent += (self.client.wbuf.len() - at) as u64;
-                }
-                Route::Swallow => {}
-            }
-            if let Some(client) = self.cache.as_deref_mut().filter(|c| c.watching()) {
-                // Nothing in flight and no transaction open: whatever was sent has ended.
-                let idle = tag == be::READY_FOR_QUERY
-                    && body.first() == Some(&b'I')
-                    && self.replies.is_idle();
-                let pool_settings = pool_settings.get_or_insert_with(|| self.pool.settings_now());
-                caching::after_server_message(
-                    client,
-                    &self.app.cache,
-                    &pool_settings.target.database_id,
-                    &self.client.wbuf[out_at..],
-                    tag,
-                    body,
-                    idle,
-                );
-            }
-            if tag == be::ERROR_RESPONSE {
-                error_code = ErrorFields::parse(body).map(|f| f.code);
-                if error_code.as_deref() == Some("0A000") {
-                    stale_error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
-                }
-            }
-            if let Some(stmts) = self.stmts.as_mut().filter(|s| s.search_path.is_open()) {
-                // A SET of search_path in a transaction that may now end.
-                stmts
-                    .search_path
-                    .observe(tag, &server.rbuf[5..len], server.status);
-            }
-            server.rbuf.advance(len);
-            if self.stmts.is_some() {
-                self.settle(error_code.as_deref(), stale_error, retried);
-                // Settled just now: only a local reply due next leaves anything to do.
-                if self.replies.head_is_synthesized() {
-                    self.answer_locally();
-                }
-            }
-            if replay {
-                // Planned again before whatever the client sent since.
-                let mut input = self.retry.replay();
-                input.extend_from_slice(&self.client.rbuf);
-                self.client.rbuf = input;
-                tracing::debug!(client = %self.info.addr, "batch sent again after 0A000");
-            }
-            let Some(s) = self.server.as_mut() else {
-                return Ok(());
-            };
-            server = s;
+            be::NOTICE_RESPONSE if rerun => Route::Hold,
+            _ => route,
         }
-        self.release_if_done();
-        Ok(())
+    }
+
+    /// Relays the message as routed: to the client (as it is, or rewritten), held, or not.
+    #[inline]
+    fn relay_reply(&mut self, tag: u8, len: usize, route: Route) {
+        let server = self.server.as_mut().expect("a server is held");
+        let msg = &server.rbuf[..len];
+        match route {
+            Route::Forward if tag == be::NOTIFICATION_RESPONSE => {
+                state::write_notification(
+                    &mut self.client.wbuf,
+                    msg,
+                    server.info.backend_pid,
+                    self.info.pid(),
+                );
+                self.stats.bytes_sent += len as u64;
+            }
+            Route::Forward => {
+                self.client.wbuf.extend_from_slice(msg);
+                self.stats.bytes_sent += len as u64;
+            }
+            Route::Hold => {
+                if let Some(ap) = self.autoprepare.as_mut() {
+                    ap.held.extend_from_slice(msg);
+                    self.held_description = true;
+                }
+            }
+            Route::Replace => {
+                let at = self.client.wbuf.len();
+                let autoprepare = self.autoprepare.as_deref();
+                ErrorRewrite::write(
+                    self.replies.take_replacement(),
+                    &mut self.client.wbuf,
+                    msg,
+                    |out, body| match autoprepare {
+                        Some(client) => {
+                            crate::autoprepare::simple_error(out, body, client);
+                            true
+                        }
+                        None => false,
+                    },
+                );
+                self.stats.bytes_sent += (self.client.wbuf.len() - at) as u64;
+            }
+            Route::Swallow => {}
+        }
+    }
+
+    /// Shows the result cache the message and what the client was sent for it (from
+    /// `out_at` in its output).
+    #[inline]
+    fn cache_observe(
+        &mut self,
+        tag: u8,
+        len: usize,
+        out_at: usize,
+        pool_settings: &mut Option<arc_swap::Guard<Arc<crate::pool::PoolSettings>>>,
+    ) {
+        let Some(client) = self.cache.as_deref_mut().filter(|c| c.watching()) else {
+            return;
+        };
+        let body = &self.server.as_ref().expect("a server is held").rbuf[5..len];
+        // Nothing in flight and no transaction open: whatever was sent has ended.
+        let idle =
+            tag == be::READY_FOR_QUERY && body.first() == Some(&b'I') && self.replies.is_idle();
+        let pool_settings = pool_settings.get_or_insert_with(|| self.pool.settings_now());
+        caching::after_server_message(
+            client,
+            &self.app.cache,
+            &pool_settings.target.database_id,
+            &self.client.wbuf[out_at..],
+            tag,
+            body,
+            idle,
+        );
+    }
+
+    /// The message is done with: the search_path watch sees it, it leaves the input, the
+    /// transaction is settled, and a kept batch is planned again when `turn` says so.
+    #[inline]
+    fn consume_server_message(&mut self, tag: u8, len: usize, turn: Turn) {
+        let server = self.server.as_mut().expect("a server is held");
+        let mut error_code = None;
+        // A 0A000 ErrorResponse, whole: the answer to a statement it made stale.
+        let mut stale_error = None;
+        if tag == be::ERROR_RESPONSE {
+            error_code = ErrorFields::parse(&server.rbuf[5..len]).map(|f| f.code);
+            if error_code.as_deref() == Some("0A000") {
+                stale_error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
+            }
+        }
+        if let Some(stmts) = self.stmts.as_mut().filter(|s| s.search_path.is_open()) {
+            // A SET of search_path in a transaction that may now end.
+            stmts
+                .search_path
+                .observe(tag, &server.rbuf[5..len], server.status);
+        }
+        server.rbuf.advance(len);
+        if self.stmts.is_some() {
+            self.settle(error_code.as_deref(), stale_error, turn.retried);
+            // Settled just now: only a local reply due next leaves anything to do.
+            if self.replies.head_is_synthesized() {
+                self.answer_locally();
+            }
+        }
+        if turn.replay {
+            // Planned again before whatever the client sent since.
+            let mut input = self.retry.replay();
+            input.extend_from_slice(&self.client.rbuf);
+            self.client.rbuf = input;
+            tracing::debug!(client = %self.info.addr, "batch sent again after 0A000");
+        }
     }
 
     /// Tells cancel requests whether the client's work runs on its server (see
@@ -417,4 +479,22 @@ impl Session {
             );
         }
     }
+}
+
+/// Whether a server's error makes pgmemo run the client's work again (see `Session::again`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Again {
+    No,
+    /// An autoprepared query runs again as the client sent it.
+    Rerun,
+    /// The kept batch is sent again after 0A000 (see `planner::Retry`).
+    Retry,
+}
+
+/// What the retry decided for after the message: the error was retried; the kept batch is
+/// planned again now.
+#[derive(Debug, Clone, Copy, Default)]
+struct Turn {
+    retried: bool,
+    replay: bool,
 }
