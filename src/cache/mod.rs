@@ -20,7 +20,9 @@
 mod admission;
 pub mod analysis;
 pub mod catalog;
-pub mod config;
+/// `[cache]` settings live with the rest of the configuration (`config/cache.rs`); the name
+/// stays here for the cache's own code and its callers.
+pub use crate::config::cache as config;
 pub mod hint;
 mod key;
 pub mod versions;

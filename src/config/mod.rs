@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod cache;
+
 /// The database name clients use to reach the admin console instead of a server.
 pub const ADMIN_DATABASE: &str = "pgmemo";
 
@@ -400,7 +402,7 @@ pub struct Config {
     /// `[users.NAME]`: who may log in to pgmemo, and per-user pool settings.
     pub users: BTreeMap<String, UserConfig>,
     /// `[cache]`: the result cache and its rules.
-    pub cache: crate::cache::config::CacheConfig,
+    pub cache: cache::CacheConfig,
     /// The file this configuration came from, read again on RELOAD / SIGHUP.
     pub source: Option<PathBuf>,
 }
@@ -1612,7 +1614,7 @@ struct RawConfig {
     #[serde(default)]
     users: BTreeMap<String, RawUser>,
     #[serde(default)]
-    cache: crate::cache::config::RawCache,
+    cache: cache::RawCache,
 }
 
 #[derive(Deserialize, Default)]
@@ -2217,7 +2219,7 @@ mod tests {
 
     #[test]
     fn the_scale_out_sample_loads() {
-        let c = Config::from_toml_str(include_str!("../docs/scale-out/pgmemo.toml")).unwrap();
+        let c = Config::from_toml_str(include_str!("../../docs/scale-out/pgmemo.toml")).unwrap();
         c.validate().unwrap();
         assert_eq!(
             c.cache.invalidation,
@@ -2228,7 +2230,7 @@ mod tests {
 
     #[test]
     fn the_example_file_loads_and_documents_the_defaults() {
-        let c = Config::from_toml_str(include_str!("../pgmemo.example.toml")).unwrap();
+        let c = Config::from_toml_str(include_str!("../../pgmemo.example.toml")).unwrap();
         // The example writes every [general] setting at its default value.
         assert_eq!(c.general, General::default());
         assert!(c.upstream.is_some());
