@@ -29,9 +29,12 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub mod cache;
+mod locate;
 mod settings;
 mod table;
 
+pub use locate::key_path;
+use locate::{find_key_line, toml_error};
 use settings::RawGeneral;
 pub use settings::{parse_host_port, General};
 use table::U32_RANGE;
@@ -606,10 +609,10 @@ impl Config {
 
     fn parse(text: &str, file: Option<&Path>) -> Result<Config, ConfigError> {
         // Syntax first: a syntax error is about a line, not about a setting.
-        if let Err(e) = text.parse::<toml::Table>() {
-            return Err(toml_error(text, &e, file, false));
-        }
-        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, &e, file, true))?;
+        let doc = toml_edit::ImDocument::parse(text)
+            .map_err(|e| toml_error(text, e.message(), e.span(), file, false))?;
+        let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc))
+            .map_err(|e| toml_error(text, e.message(), e.span(), file, true))?;
         let base_dir = file.and_then(Path::parent);
         let mut config = raw
             .into_config(base_dir)
@@ -1214,168 +1217,11 @@ impl RawUpstream {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Error locations: TOML's errors carry a byte span; turn it into a line and a dotted key.
-// ---------------------------------------------------------------------------------------------
-
-/// A dotted key in TOML syntax, quoting the parts that are not bare keys
-/// (`databases."*".port`).
-pub fn key_path(parts: &[&str]) -> String {
-    parts
-        .iter()
-        .map(|p| {
-            let bare = !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            if bare {
-                p.to_string()
-            } else {
-                format!("{p:?}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
 fn read_file(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// One line from one of toml's errors; `with_key` names the setting at the error's place
-/// (not for syntax errors, which are about the text, not a setting).
-fn toml_error(text: &str, e: &toml::de::Error, file: Option<&Path>, with_key: bool) -> ConfigError {
-    let message =
-        e.message()
-            .trim()
-            .replace('\n', "; ")
-            .replacen("unknown field", "unknown key", 1);
-    let (line, key) = match e.span() {
-        Some(span) => {
-            let (line, key) = locate(text, span.start);
-            (Some(line), key.filter(|_| with_key))
-        }
-        None => (None, None),
-    };
-    ConfigError::Invalid {
-        file: file.map(Path::to_path_buf),
-        line,
-        key,
-        message,
-    }
-}
-
-/// The 1-based line of byte `offset` in `text`, and the dotted key of the setting written
-/// there: the nearest table header above, plus the key of the `key = value` line (or of the
-/// line where a multi-line value started).
-fn locate(text: &str, offset: usize) -> (usize, Option<String>) {
-    let mut offset = offset.min(text.len());
-    while !text.is_char_boundary(offset) {
-        offset -= 1;
-    }
-    let line_no = text[..offset].matches('\n').count();
-    let mut table: Vec<String> = Vec::new();
-    let mut last_key: Option<Vec<String>> = None;
-    let mut on_header = false;
-    for line in text.split('\n').take(line_no + 1) {
-        on_header = false;
-        if let Some(header) = parse_header(line) {
-            table = header;
-            last_key = None;
-            on_header = true;
-        } else if let Some(key) = parse_assignment(line) {
-            last_key = Some(key);
-        }
-    }
-    let mut parts = table;
-    if !on_header {
-        parts.extend(last_key.unwrap_or_default());
-    }
-    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-    let key = (!refs.is_empty()).then(|| key_path(&refs));
-    (line_no + 1, key)
-}
-
-/// The 1-based line where dotted key `key` (as [`key_path`] writes it) is set in `text`.
-fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    let mut table: Vec<String> = Vec::new();
-    for (i, line) in text.split('\n').enumerate() {
-        if let Some(header) = parse_header(line) {
-            table = header;
-            let refs: Vec<&str> = table.iter().map(String::as_str).collect();
-            if key_path(&refs) == key {
-                return Some(i + 1);
-            }
-        } else if let Some(k) = parse_assignment(line) {
-            let full: Vec<&str> = table.iter().chain(&k).map(String::as_str).collect();
-            if key_path(&full) == key {
-                return Some(i + 1);
-            }
-        }
-    }
-    None
-}
-
-/// `[a.b]` or `[[a.b]]` → the key parts.
-fn parse_header(line: &str) -> Option<Vec<String>> {
-    let t = line.trim_start();
-    let double = t.starts_with("[[");
-    let rest = t.strip_prefix(if double { "[[" } else { "[" })?;
-    let (parts, rest) = parse_dotted_key(rest)?;
-    let rest = rest
-        .strip_prefix(if double { "]]" } else { "]" })?
-        .trim_start();
-    (rest.is_empty() || rest.starts_with('#')).then_some(parts)
-}
-
-/// `a.b = value` → the key parts.
-fn parse_assignment(line: &str) -> Option<Vec<String>> {
-    let (parts, rest) = parse_dotted_key(line)?;
-    rest.starts_with('=').then_some(parts)
-}
-
-/// Parses `part(.part)*` at the start of `s` (after whitespace); returns the parts and the
-/// text after the key, with leading whitespace removed.
-fn parse_dotted_key(s: &str) -> Option<(Vec<String>, &str)> {
-    let mut parts = Vec::new();
-    let mut rest = s.trim_start();
-    loop {
-        let (part, after) = if let Some(q) = rest.strip_prefix('"') {
-            let mut out = String::new();
-            let mut chars = q.char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '"' => {
-                        end = Some(i + 1);
-                        break;
-                    }
-                    '\\' => out.extend(chars.next().map(|(_, c)| c)),
-                    c => out.push(c),
-                }
-            }
-            (out, &q[end?..])
-        } else if let Some(q) = rest.strip_prefix('\'') {
-            let end = q.find('\'')?;
-            (q[..end].to_string(), &q[end + 1..])
-        } else {
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-                .unwrap_or(rest.len());
-            if end == 0 {
-                return None;
-            }
-            (rest[..end].to_string(), &rest[end..])
-        };
-        parts.push(part);
-        rest = after.trim_start();
-        match rest.strip_prefix('.') {
-            Some(r) => rest = r.trim_start(),
-            None => return Some((parts, rest)),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Configuration tests: what the file may say, what is refused and how the refusal reads.
 
+use super::locate::locate;
 use super::*;
 use std::time::Duration;
 
@@ -617,4 +618,32 @@ fn locate_finds_keys_in_tables_dotted_keys_and_multiline_values() {
     assert_eq!(find_key_line(text, "databases.\"*\".port"), Some(8));
     assert_eq!(find_key_line(text, "general.listen"), Some(3));
     assert_eq!(find_key_line(text, "general.nothing"), None);
+}
+
+#[test]
+fn errors_in_arrays_of_tables_and_inline_tables_name_their_element_and_line() {
+    let e = refused(&with_upstream("[[cache.rules]]\nquery = \"x\"\nbogus = 1"));
+    assert!(
+        e.starts_with("line 3: cache.rules[0].bogus: unknown key `bogus`"),
+        "{e}"
+    );
+    let e = refused(&with_upstream(
+        "[[cache.rules]]\nquery = \"x\"\n[[cache.rules]]\nquery = \"y\"\nttl = \"soon\"",
+    ));
+    assert!(
+        e.starts_with("line 5: cache.rules[1].ttl: must be a duration"),
+        "{e}"
+    );
+    let e = refused(&with_upstream("[databases]\napp = { host = \"\" }"));
+    assert!(
+        e.starts_with("line 2: databases.app.host: must not be empty"),
+        "{e}"
+    );
+    let e = refused(&with_upstream(
+        "[general]\nadmin_users = [\n  \"a\",\n  1,\n]",
+    ));
+    assert!(
+        e.starts_with("line 4: general.admin_users: invalid type"),
+        "{e}"
+    );
 }
