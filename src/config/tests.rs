@@ -647,3 +647,43 @@ fn errors_in_arrays_of_tables_and_inline_tables_name_their_element_and_line() {
         "{e}"
     );
 }
+
+/// The reference cannot drift from the table: every `[general]` setting has its paragraph in
+/// `pgmemo.example.toml` (its line commented out when it has no value to write), marked
+/// "(restart)" exactly when a RELOAD does not change it.
+#[test]
+fn the_example_file_documents_every_setting_and_its_reload_class() {
+    let example = include_str!("../../pgmemo.example.toml");
+    let general = &example[..example.find("\n[upstream]").unwrap()];
+    let lines: Vec<&str> = general.lines().collect();
+    for setting in General::reference() {
+        let assignment = format!("{} = ", setting.name);
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start_matches("# ").starts_with(&assignment))
+            .unwrap_or_else(|| {
+                panic!(
+                    "pgmemo.example.toml does not document general.{}",
+                    setting.name
+                )
+            });
+        let paragraph: Vec<&str> = lines[..at]
+            .iter()
+            .rev()
+            .take_while(|l| l.starts_with('#'))
+            .copied()
+            .collect();
+        assert_eq!(
+            paragraph.iter().any(|l| l.contains("(restart)")),
+            setting.reload == Reload::Restart,
+            "general.{} is {:?} but its paragraph says otherwise: {paragraph:?}",
+            setting.name,
+            setting.reload
+        );
+        assert!(
+            !setting.doc.is_empty(),
+            "general.{} has no doc",
+            setting.name
+        );
+    }
+}
