@@ -206,7 +206,7 @@ impl<'de> Deserialize<'de> for Seconds {
     }
 }
 
-/// The settings table: one entry per `[general]` setting,
+/// The settings table: one entry per `[general]` setting:
 ///
 /// ```text
 /// /// Doc comment: the reference line, and the field's documentation.
