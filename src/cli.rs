@@ -220,7 +220,7 @@ pub struct Cli {
                      a role with the REPLICATION attribute; see README, \"Invalidation from \
                      the WAL\"). Overrides cache.invalidation. Default: proxy."
     )]
-    pub cache_invalidation: Option<crate::cache::config::Invalidation>,
+    pub cache_invalidation: Option<crate::config::cache::Invalidation>,
 
     /// Log filter: error, warn, info, debug, trace [default: info].
     #[arg(

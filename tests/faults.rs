@@ -28,7 +28,7 @@
 mod common;
 
 use common::*;
-use pgmemo::cache::config::Invalidation;
+use pgmemo::config::cache::Invalidation;
 use pgmemo::config::{AuthType, Config, PoolMode, Upstream};
 use pgmemo::demo::LocalPostgres;
 use pgmemo::Pgmemo;

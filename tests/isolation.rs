@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use pgmemo::cache::config::Invalidation;
+use pgmemo::config::cache::Invalidation;
 use pgmemo::config::{Config, DatabaseConfig, PoolMode, UserConfig};
 use pgmemo::Pgmemo;
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use pgmemo::cache::config::Rule;
+use pgmemo::config::cache::Rule;
 use pgmemo::config::{Config, PoolMode};
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;

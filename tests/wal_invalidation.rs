@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use pgmemo::cache::config::{Invalidation, Rule};
+use pgmemo::config::cache::{Invalidation, Rule};
 use pgmemo::config::{Config, PoolMode};
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;
@@ -350,7 +350,7 @@ async fn pgoutput_follows_writes_too() {
     )
     .await;
     let mut config = wal_config(vec![rule("p", "FROM p"), rule("readings", "FROM readings")]);
-    config.cache.wal_plugin = pgmemo::cache::config::WalPlugin::Pgoutput;
+    config.cache.wal_plugin = pgmemo::config::cache::WalPlugin::Pgoutput;
     let proxy = start_pgmemo(config).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
     let direct = connect(&direct_url(DB)).await;

@@ -19,10 +19,10 @@
 
 mod admission;
 pub mod catalog;
-pub mod config;
 mod key;
 pub mod versions;
 
+use crate::config::cache::CacheConfig;
 use crate::protocol::backend as be;
 use crate::query::analysis::{self, Analysis, Bypass, Flush, BYPASS_REASONS};
 use crate::query::hint;
@@ -32,7 +32,6 @@ use admission::Admission;
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use catalog::Snapshot;
-use config::CacheConfig;
 use key::{Key, KeyIsHash, KeyRef};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -388,8 +387,10 @@ impl ResultCache {
         }
         self.admission.shrunk();
         self.enabled.store(config.enabled, Relaxed);
-        self.follows_wal
-            .store(config.invalidation == config::Invalidation::Wal, Relaxed);
+        self.follows_wal.store(
+            config.invalidation == crate::config::cache::Invalidation::Wal,
+            Relaxed,
+        );
         self.config.store(Arc::new(config.clone()));
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::Release);

@@ -95,8 +95,8 @@ fn ttl_value(value: &str) -> Option<Duration> {
         .filter(|n| !n.is_empty() && n.len() <= 8 && n.bytes().all(|b| b.is_ascii_digit()));
     match seconds {
         Some(n) => Some(Duration::from_secs(n.parse().ok()?))
-            .filter(|d| d.as_secs() <= crate::cache::config::MAX_DURATION_SECS),
-        None => crate::cache::config::parse_duration(value),
+            .filter(|d| d.as_secs() <= crate::config::cache::MAX_DURATION_SECS),
+        None => crate::config::cache::parse_duration(value),
     }
 }
 
@@ -167,7 +167,7 @@ mod tests {
         );
         // The integer path agrees with the configuration's reading of durations.
         for n in ["0s", "1s", "60s", "31536000s", "31536001s", "007s", "s"] {
-            assert_eq!(ttl_value(n), crate::cache::config::parse_duration(n), "{n}");
+            assert_eq!(ttl_value(n), crate::config::cache::parse_duration(n), "{n}");
         }
     }
 }

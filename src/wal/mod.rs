@@ -18,8 +18,8 @@ pub mod pgoutput;
 pub mod replication;
 pub mod test_decoding;
 
-use crate::cache::config::WalPlugin;
 use crate::cache::{FlushTarget, ResultCache};
+use crate::config::cache::WalPlugin;
 use crate::protocol::backend;
 use crate::server::{ServerConn, ServerError, ServerTarget};
 use parking_lot::Mutex;

@@ -55,8 +55,8 @@ pub fn proxy_url(addr: SocketAddr, user: &str, password: Option<&str>, db: &str)
 
 /// A `[[cache.rules]]` entry named `name` for queries whose normalized text contains
 /// `contains`, with a TTL far beyond any test.
-pub fn cache_rule(name: &str, contains: &str) -> pgmemo::cache::config::Rule {
-    pgmemo::cache::config::Rule {
+pub fn cache_rule(name: &str, contains: &str) -> pgmemo::config::cache::Rule {
+    pgmemo::config::cache::Rule {
         name: name.into(),
         database: None,
         user: None,

@@ -1,7 +1,10 @@
 //! `[cache]` and `[[cache.rules]]`: what the operator chose to cache. Nothing is cached unless
 //! `enabled` is set and a rule or a query hint asks for it.
+//!
+//! It lives with the rest of the configuration so that `config` imports nothing from the
+//! cache.
 
-use crate::config::ConfigError;
+use super::ConfigError;
 use serde::Deserialize;
 use std::time::Duration;
 

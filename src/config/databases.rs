@@ -1,0 +1,394 @@
+//! `[databases.NAME]` and `[users.NAME]`: which databases clients may ask for and where each
+//! is served from, who may log in, and the question the pools ask of them: where and how does
+//! (database, user) reach its server ([`Config::resolve`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+use super::{
+    key_path, named, opt_int, AuthType, Config, ConfigError, Hidden, PoolMode, SecretKind,
+    ADMIN_DATABASE, PORT_RANGE, U32_RANGE, WILDCARD_DATABASE,
+};
+
+/// `[databases.NAME]`: one database clients may ask for, and where it is served from.
+/// Unset fields fall back to the `"*"` entry, then to `[upstream]` / `[general]`.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct DatabaseConfig {
+    /// Server host (name, IP address, or a directory for a Unix socket).
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    /// The database's name on the server; default: the name clients use.
+    pub dbname: Option<String>,
+    /// The role pgmemo logs into the server as. When no entry nor `[upstream]` gives one,
+    /// pgmemo logs in as the client's user with the client's password.
+    pub user: Option<String>,
+    /// That role's password.
+    pub password: Option<String>,
+    /// Server connections per (this database, user) pool.
+    pub pool_size: Option<u32>,
+    /// Server connections kept open per pool even when idle.
+    pub min_pool_size: Option<u32>,
+    pub pool_mode: Option<PoolMode>,
+    /// Autoprepare for this database's pools, over the general setting.
+    pub autoprepare: Option<bool>,
+    /// Session state handling for this database's pools, over the general setting.
+    pub pin_session_state: Option<bool>,
+}
+
+/// `[users.NAME]`: a user who may log in to pgmemo.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct UserConfig {
+    /// The secret clients are checked against: a plain password, an md5 hash
+    /// (`md5` + md5(password || user) in hex) or a SCRAM verifier (`SCRAM-SHA-256$...`,
+    /// as `pg_authid` stores it). See [`SecretKind`].
+    pub password: Option<String>,
+    /// Pool mode of this user's pools, over the database's and the general one.
+    pub pool_mode: Option<PoolMode>,
+    /// Size of this user's pools, over the database's and the general one.
+    pub pool_size: Option<u32>,
+    /// Autoprepare for this user's pools, over the database's and the general setting.
+    pub autoprepare: Option<bool>,
+    /// Session state handling for this user's pools, over the database's and the general
+    /// setting.
+    pub pin_session_state: Option<bool>,
+}
+
+/// Where and how one client's (database, user) pool reaches its server: the answer of
+/// [`Config::resolve`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResolvedDatabase {
+    pub host: String,
+    pub port: u16,
+    /// The database's name on the server.
+    pub dbname: String,
+    /// The role to log into the server as; None means the client's own user, with the
+    /// password the client gave (PgBouncer's model).
+    pub server_user: Option<String>,
+    pub server_password: Option<String>,
+    pub pool_size: u32,
+    /// Never more than `pool_size`.
+    pub min_pool_size: u32,
+    pub pool_mode: PoolMode,
+    pub autoprepare: bool,
+    pub pin_session_state: bool,
+}
+
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("dbname", &self.dbname)
+            .field("user", &self.user)
+            .field("password", &Hidden(&self.password))
+            .field("pool_size", &self.pool_size)
+            .field("min_pool_size", &self.min_pool_size)
+            .field("pool_mode", &self.pool_mode)
+            .finish()
+    }
+}
+
+impl fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserConfig")
+            .field("password", &Hidden(&self.password))
+            .field("pool_mode", &self.pool_mode)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ResolvedDatabase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResolvedDatabase")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("dbname", &self.dbname)
+            .field("server_user", &self.server_user)
+            .field("server_password", &Hidden(&self.server_password))
+            .field("pool_size", &self.pool_size)
+            .field("min_pool_size", &self.min_pool_size)
+            .field("pool_mode", &self.pool_mode)
+            .finish()
+    }
+}
+
+impl Config {
+    /// `[databases.NAME]`'s rules, which depend on the `"*"` entry and `[upstream]`.
+    pub(super) fn check_database(
+        &self,
+        name: &str,
+        db: &DatabaseConfig,
+    ) -> Result<(), ConfigError> {
+        let key = |field: &str| key_path(&["databases", name, field]);
+        if name.is_empty() {
+            return Err(ConfigError::invalid(
+                "databases",
+                "a database name must not be empty",
+            ));
+        }
+        if name == ADMIN_DATABASE {
+            return Err(ConfigError::invalid(
+                key_path(&["databases", name]),
+                "the name \"pgmemo\" is reserved for the admin console",
+            ));
+        }
+        let star = self.wildcard().filter(|_| name != WILDCARD_DATABASE);
+        if db.host.is_none()
+            && star.and_then(|s| s.host.as_ref()).is_none()
+            && self.upstream.is_none()
+        {
+            return Err(ConfigError::invalid(
+                key("host"),
+                "missing, and neither databases.\"*\" nor [upstream] gives one",
+            ));
+        }
+        if db.host.as_deref() == Some("") {
+            return Err(ConfigError::invalid(key("host"), "must not be empty"));
+        }
+        if db.port == Some(0) {
+            return Err(ConfigError::invalid(key("port"), "must be 1..=65535"));
+        }
+        if db.dbname.as_deref() == Some("") {
+            return Err(ConfigError::invalid(key("dbname"), "must not be empty"));
+        }
+        if db.password.is_some() && db.user.is_none() {
+            return Err(ConfigError::invalid(
+                key("password"),
+                "set user too (the password is that user's)",
+            ));
+        }
+        if db.pool_size == Some(0) {
+            return Err(ConfigError::invalid(key("pool_size"), "must be at least 1"));
+        }
+        if let Some(min) = db.min_pool_size {
+            let size = db
+                .pool_size
+                .or(star.and_then(|s| s.pool_size))
+                .unwrap_or(self.general.default_pool_size);
+            if min > size {
+                return Err(ConfigError::invalid(
+                    key("min_pool_size"),
+                    format!("must not exceed the pool size ({size})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn wildcard(&self) -> Option<&DatabaseConfig> {
+        self.databases.get(WILDCARD_DATABASE)
+    }
+
+    /// `[users.NAME]`'s rules, which depend on `general.auth_type`.
+    pub(super) fn check_user(&self, name: &str, user: &UserConfig) -> Result<(), ConfigError> {
+        let g = &self.general;
+        let key = key_path(&["users", name, "password"]);
+        if name.is_empty() {
+            return Err(ConfigError::invalid(
+                "users",
+                "a user name must not be empty",
+            ));
+        }
+        if let Some(size) = user.pool_size {
+            if size == 0 {
+                return Err(ConfigError::invalid(
+                    key_path(&["users", name, "pool_size"]),
+                    "must be at least 1",
+                ));
+            }
+        }
+        match &user.password {
+            None if g.auth_type != AuthType::Trust => {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!(
+                        "missing; with auth_type {:?} every user needs a password or verifier",
+                        g.auth_type.as_str()
+                    ),
+                ));
+            }
+            None => {}
+            Some(p) if p.is_empty() => return Err(ConfigError::invalid(key, "must not be empty")),
+            Some(p) => {
+                match SecretKind::of(p).map_err(|m| ConfigError::invalid(key.clone(), m))? {
+                    SecretKind::Md5 if g.auth_type == AuthType::ScramSha256 => {
+                        return Err(ConfigError::invalid(
+                        key,
+                        "an md5 hash cannot answer auth_type \"scram-sha-256\"; give the plain \
+                         password or a SCRAM-SHA-256 verifier, or use auth_type \"md5\"",
+                    ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where database `dbname` asked for by client user `user` is served from, and with
+    /// which pool settings; None when no such database is configured (answer 3D000), and
+    /// always for the admin database `pgmemo`.
+    ///
+    /// Each field comes from the first of these that sets it:
+    /// - host, port, server credentials: `[databases.NAME]` → `[databases."*"]` →
+    ///   `[upstream]` (port 5432 at the end). The server user and its password travel
+    ///   together: they come from the first of these that names a user;
+    /// - dbname: `[databases.NAME].dbname` → `"*"`'s dbname → the name the client asked for;
+    /// - pool_size and pool_mode: `[users.USER]` → `[databases.NAME]` → `[databases."*"]` →
+    ///   `[general]` (`default_pool_size`, `pool_mode`);
+    /// - min_pool_size: `[databases.NAME]` → `"*"` → `[general]`, capped at pool_size.
+    ///
+    /// Any database name is served when there is no `[databases]` (from `[upstream]`) or a
+    /// `"*"` entry; otherwise only the listed names.
+    pub fn resolve(&self, dbname: &str, user: &str) -> Option<ResolvedDatabase> {
+        if dbname == ADMIN_DATABASE {
+            return None;
+        }
+        let empty = DatabaseConfig::default();
+        let star = self.wildcard();
+        let entry = match self.databases.get(dbname) {
+            Some(entry) if dbname != WILDCARD_DATABASE => entry,
+            _ if self.databases.is_empty() => &empty,
+            _ => star?,
+        };
+        let star = star.unwrap_or(&empty);
+        let up = self.upstream.as_ref();
+        let user_cfg = self.users.get(user);
+        let g = &self.general;
+
+        let host = entry
+            .host
+            .clone()
+            .or_else(|| star.host.clone())
+            .or_else(|| up.map(|u| u.host.clone()))?;
+        let port = entry
+            .port
+            .or(star.port)
+            .or(up.map(|u| u.port))
+            .unwrap_or(5432);
+        let server_dbname = entry
+            .dbname
+            .clone()
+            .or_else(|| star.dbname.clone())
+            .unwrap_or_else(|| dbname.to_string());
+        let (server_user, server_password) = if entry.user.is_some() {
+            (entry.user.clone(), entry.password.clone())
+        } else if star.user.is_some() {
+            (star.user.clone(), star.password.clone())
+        } else if let Some(up) = up {
+            (Some(up.user.clone()), up.password.clone())
+        } else {
+            (None, None)
+        };
+        let pool_size = user_cfg
+            .and_then(|u| u.pool_size)
+            .or(entry.pool_size)
+            .or(star.pool_size)
+            .unwrap_or(g.default_pool_size);
+        let pool_mode = user_cfg
+            .and_then(|u| u.pool_mode)
+            .or(entry.pool_mode)
+            .or(star.pool_mode)
+            .unwrap_or(g.pool_mode);
+        let min_pool_size = entry
+            .min_pool_size
+            .or(star.min_pool_size)
+            .unwrap_or(g.min_pool_size)
+            .min(pool_size);
+        let autoprepare = user_cfg
+            .and_then(|u| u.autoprepare)
+            .or(entry.autoprepare)
+            .or(star.autoprepare)
+            .unwrap_or(g.autoprepare);
+        let pin_session_state = user_cfg
+            .and_then(|u| u.pin_session_state)
+            .or(entry.pin_session_state)
+            .or(star.pin_session_state)
+            .unwrap_or(g.pin_session_state);
+        Some(ResolvedDatabase {
+            host,
+            port,
+            dbname: server_dbname,
+            server_user,
+            server_password,
+            pool_size,
+            min_pool_size,
+            pool_mode,
+            autoprepare,
+            pin_session_state,
+        })
+    }
+}
+
+/// `[databases.NAME]` as written: every key optional, numbers wide.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDatabase {
+    host: Option<String>,
+    port: Option<i64>,
+    dbname: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    pool_size: Option<i64>,
+    min_pool_size: Option<i64>,
+    pool_mode: Option<String>,
+    autoprepare: Option<bool>,
+    pin_session_state: Option<bool>,
+}
+
+/// `[users.NAME]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUser {
+    password: Option<String>,
+    pool_mode: Option<String>,
+    pool_size: Option<i64>,
+    autoprepare: Option<bool>,
+    pin_session_state: Option<bool>,
+}
+
+/// `[databases]` as written, each value judged with its key in hand.
+pub(super) fn read_databases(
+    raw: BTreeMap<String, RawDatabase>,
+) -> Result<BTreeMap<String, DatabaseConfig>, ConfigError> {
+    let mut databases = BTreeMap::new();
+    for (name, db) in raw {
+        let key = |field: &str| key_path(&["databases", &name, field]);
+        let entry = DatabaseConfig {
+            port: opt_int::<u16>(&key("port"), db.port, PORT_RANGE)?,
+            pool_size: opt_int(&key("pool_size"), db.pool_size, U32_RANGE)?,
+            min_pool_size: opt_int(&key("min_pool_size"), db.min_pool_size, U32_RANGE)?,
+            pool_mode: named(&key("pool_mode"), db.pool_mode)?,
+            autoprepare: db.autoprepare,
+            pin_session_state: db.pin_session_state,
+            host: db.host,
+            dbname: db.dbname,
+            user: db.user,
+            password: db.password,
+        };
+        databases.insert(name, entry);
+    }
+    Ok(databases)
+}
+
+/// `[users]` as written, each value judged with its key in hand.
+pub(super) fn read_users(
+    raw: BTreeMap<String, RawUser>,
+) -> Result<BTreeMap<String, UserConfig>, ConfigError> {
+    let mut users = BTreeMap::new();
+    for (name, user) in raw {
+        let key = |field: &str| key_path(&["users", &name, field]);
+        let entry = UserConfig {
+            pool_mode: named(&key("pool_mode"), user.pool_mode)?,
+            pool_size: opt_int(&key("pool_size"), user.pool_size, U32_RANGE)?,
+            autoprepare: user.autoprepare,
+            pin_session_state: user.pin_session_state,
+            password: user.password,
+        };
+        users.insert(name, entry);
+    }
+    Ok(users)
+}

@@ -1,0 +1,464 @@
+//! pgmemo's configuration: the TOML file, its validation, and the questions the rest of the
+//! proxy asks of it ("where does database `app` live?", "what is alice's password?").
+//!
+//! Loading happens in two steps so that command-line flags can override the file before
+//! anything is judged: the file is *parsed* into typed values (each key is checked on its own,
+//! and a bad one is reported with the file name, the line and the key), then the whole
+//! configuration is *validated* ([`Config::validate`]) for rules that involve several keys,
+//! such as "trust authentication only on a loopback address". [`Config::load`] and
+//! [`Config::from_toml_str`] do both; `cli::Cli` applies its flags in between.
+//!
+//! Every error names the key it is about in TOML's dotted form (`general.pool_mode`,
+//! `databases.app.port`, `databases."*".host`), so a message can be acted upon without
+//! reading code.
+//!
+//! The layout of the file is documented setting by setting in `pgmemo.example.toml`.
+//!
+//! One file per part, as PgBouncer keeps one table of settings:
+//! - `settings.rs`: the `[general]` settings, one entry each (PgBouncer's `bouncer_params[]`);
+//!   `table.rs` is the macro and the value kinds that turn the entries into the struct, its
+//!   reading, checks, SHOW CONFIG rows and reference; `choices.rs` the settings that are one
+//!   of a few words;
+//! - `upstream.rs`, `databases.rs` (with `[users]`), `cache.rs`: the other sections;
+//! - `secrets.rs`: what a user's password string holds;
+//! - `locate.rs`: an error's line and key, from the parser's spans;
+//! - here: the errors, the `Config` as a whole, loading, and the rules that involve several
+//!   sections.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+
+pub mod cache;
+mod choices;
+mod databases;
+mod locate;
+mod secrets;
+mod settings;
+mod table;
+mod upstream;
+
+pub use choices::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
+pub use databases::{DatabaseConfig, ResolvedDatabase, UserConfig};
+use databases::{RawDatabase, RawUser};
+pub use secrets::SecretKind;
+use upstream::{check_upstream, RawUpstream};
+pub use upstream::{parse_upstream_url, Upstream};
+
+pub use locate::key_path;
+use locate::{find_key_line, toml_error};
+use settings::RawGeneral;
+pub use settings::{parse_host_port, General};
+use table::U32_RANGE;
+pub use table::{Reload, SettingDoc};
+
+/// The database name clients use to reach the admin console instead of a server.
+pub const ADMIN_DATABASE: &str = "pgmemo";
+
+/// The key under `[databases]` that serves any database name not listed on its own.
+pub const WILDCARD_DATABASE: &str = "*";
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+/// A configuration that cannot be used, with enough context to fix it.
+///
+/// Displayed as one line: `pgmemo.toml, line 3: general.pool_mode: expected "session" or
+/// "transaction", got "foo"`. Parts that are unknown (no file for a config built from flags,
+/// no line for a rule involving several keys) are left out.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file was read, but a key is wrong, missing, misspelled or in conflict with another.
+    #[error("{}", invalid_message(file.as_deref(), *line, key.as_deref(), message))]
+    Invalid {
+        /// The config file, when the configuration came from one.
+        file: Option<PathBuf>,
+        /// 1-based line in the file, when the problem is at one place in it.
+        line: Option<usize>,
+        /// The dotted key (`databases.app.port`), or a flag (`--upstream`).
+        key: Option<String>,
+        /// What is wrong, phrased to be read after the key.
+        message: String,
+    },
+}
+
+fn invalid_message(
+    file: Option<&Path>,
+    line: Option<usize>,
+    key: Option<&str>,
+    msg: &str,
+) -> String {
+    let mut location = Vec::new();
+    if let Some(file) = file {
+        location.push(file.display().to_string());
+    }
+    if let Some(line) = line {
+        location.push(format!("line {line}"));
+    }
+    let mut parts = Vec::new();
+    if !location.is_empty() {
+        parts.push(location.join(", "));
+    }
+    if let Some(key) = key {
+        parts.push(key.to_string());
+    }
+    parts.push(msg.to_string());
+    parts.join(": ")
+}
+
+impl ConfigError {
+    /// An error about one key (`general.listen`) or flag (`--upstream`).
+    pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            file: None,
+            line: None,
+            key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+
+    /// The key (or flag) the error is about, if it is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Read { .. } => None,
+            ConfigError::Invalid { key, .. } => key.as_deref(),
+        }
+    }
+
+    /// The same error, reported against another key (used when a value came from a flag).
+    pub fn with_key(self, new_key: impl Into<String>) -> Self {
+        match self {
+            ConfigError::Invalid {
+                file,
+                line,
+                message,
+                ..
+            } => ConfigError::Invalid {
+                file,
+                line,
+                key: Some(new_key.into()),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    /// The same error, located at the line where its key is set in `text`, if it is.
+    fn at_line_of_key(self, text: &str) -> Self {
+        match self {
+            ConfigError::Invalid {
+                file,
+                line: None,
+                key: Some(key),
+                message,
+            } => ConfigError::Invalid {
+                file,
+                line: find_key_line(text, &key),
+                key: Some(key),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    /// The same error, said to come from `file` (unless it already names a file).
+    fn in_file(self, path: Option<&Path>) -> Self {
+        match self {
+            ConfigError::Invalid {
+                file: None,
+                line,
+                key,
+                message,
+            } => ConfigError::Invalid {
+                file: path.map(Path::to_path_buf),
+                line,
+                key,
+                message,
+            },
+            other => other,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The configuration
+// ---------------------------------------------------------------------------------------------
+
+/// Everything pgmemo is told: process-wide settings, where the servers are, which databases
+/// and users exist. Built by [`Config::load`], [`Config::from_toml_str`] or
+/// [`Config::for_upstream`]; replaced as a whole on RELOAD.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Config {
+    /// `[general]`: process-wide settings and the defaults of every pool.
+    pub general: General,
+    /// `[upstream]`: the server used for every database that does not name its own host.
+    pub upstream: Option<Upstream>,
+    /// `[databases.NAME]`: the databases clients may ask for. Empty means "any name, served
+    /// by the database of the same name on `upstream`". The key `"*"` serves any name that is
+    /// not listed and supplies defaults for the listed ones.
+    pub databases: BTreeMap<String, DatabaseConfig>,
+    /// `[users.NAME]`: who may log in to pgmemo, and per-user pool settings.
+    pub users: BTreeMap<String, UserConfig>,
+    /// `[cache]`: the result cache and its rules.
+    pub cache: cache::CacheConfig,
+    /// The file this configuration came from, read again on RELOAD / SIGHUP.
+    pub source: Option<PathBuf>,
+}
+
+/// Passwords never reach a log line: these types print `password: Some(<hidden>)`.
+struct Hidden<'a>(&'a Option<String>);
+
+impl fmt::Debug for Hidden<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(_) => f.write_str("Some(<hidden>)"),
+            None => f.write_str("None"),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file. `source` is set to `path` for RELOAD.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::parse_and_validate(&read_file(path)?, Some(path))
+    }
+
+    /// Parses and validates a configuration given as TOML text (no file involved).
+    pub fn from_toml_str(s: &str) -> Result<Config, ConfigError> {
+        Config::parse_and_validate(s, None)
+    }
+
+    fn parse_and_validate(text: &str, file: Option<&Path>) -> Result<Config, ConfigError> {
+        let config = Config::parse(text, file)?;
+        // No flag changed anything, so the key's line in the file is where the problem is.
+        config.validate().map_err(|e| e.at_line_of_key(text))?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file, checking each key on its own but not yet the rules that
+    /// involve several keys: command-line flags are applied in between, then
+    /// [`Config::validate`].
+    pub fn parse_file(path: &Path) -> Result<Config, ConfigError> {
+        Config::parse(&read_file(path)?, Some(path))
+    }
+
+    /// A configuration with default settings that serves every database from `upstream`:
+    /// what `--upstream URL` and the demo mode start from. Not yet validated.
+    pub fn for_upstream(upstream: Upstream) -> Config {
+        Config {
+            upstream: Some(upstream),
+            ..Config::default()
+        }
+    }
+
+    fn parse(text: &str, file: Option<&Path>) -> Result<Config, ConfigError> {
+        // Syntax first: a syntax error is about a line, not about a setting.
+        let doc = toml_edit::ImDocument::parse(text)
+            .map_err(|e| toml_error(text, e.message(), e.span(), file, false))?;
+        let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc))
+            .map_err(|e| toml_error(text, e.message(), e.span(), file, true))?;
+        let base_dir = file.and_then(Path::parent);
+        let mut config = raw
+            .into_config(base_dir)
+            .map_err(|e| e.at_line_of_key(text).in_file(file))?;
+        config.source = file.map(Path::to_path_buf);
+        Ok(config)
+    }
+
+    /// Checks the rules that involve several settings, and every value a flag may have
+    /// changed. Run after command-line overrides, and before a configuration is used.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check().map_err(|e| e.in_file(self.source.as_deref()))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let g = &self.general;
+        g.check()?;
+
+        if let Some(up) = &self.upstream {
+            check_upstream(up)?;
+        }
+        if self.upstream.is_none() && self.databases.is_empty() {
+            return Err(ConfigError::invalid(
+                "upstream",
+                "missing: give an [upstream] (or --upstream URL) or at least one [databases.NAME]",
+            ));
+        }
+        for (name, db) in &self.databases {
+            self.check_database(name, db)?;
+        }
+        for (name, user) in &self.users {
+            self.check_user(name, user)?;
+        }
+
+        if g.auth_type != AuthType::Trust {
+            if self.users.is_empty() && self.implicit_user().is_none() {
+                return Err(ConfigError::invalid(
+                    "users",
+                    format!(
+                        "no client could log in: auth_type is {:?} but there are no [users] and \
+                         the upstream has no password; add [users.NAME] entries, put a password \
+                         in the upstream URL, or use auth_type \"trust\" on a loopback address",
+                        g.auth_type.as_str()
+                    ),
+                ));
+            }
+            for admin in &g.admin_users {
+                if self.user_secret(admin).is_none() {
+                    return Err(ConfigError::invalid(
+                        "general.admin_users",
+                        format!(
+                            "{admin:?} has no password among the users, so it could never log in"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The one client user known without `[users]`: the upstream role, with its password.
+    fn implicit_user(&self) -> Option<(&str, &str)> {
+        let up = self.upstream.as_ref()?;
+        Some((up.user.as_str(), up.password.as_deref()?))
+    }
+
+    /// The secret client user `user` must prove (see [`SecretKind`]), or None for an
+    /// unknown user or one without a password. With no `[users]`, the upstream role is the
+    /// one known user, with the upstream password: `pgmemo --upstream
+    /// postgresql://app:pw@host:5432` lets clients log in as app / pw.
+    pub fn user_secret(&self, user: &str) -> Option<&str> {
+        if self.users.is_empty() {
+            return self
+                .implicit_user()
+                .filter(|(name, _)| *name == user)
+                .map(|(_, secret)| secret);
+        }
+        self.users.get(user)?.password.as_deref()
+    }
+
+    /// Whether `user` may log in at all, before any password is checked: a `[users]` entry,
+    /// or without `[users]` the upstream role, and the admin users. With neither `[users]`
+    /// nor `[upstream]` anyone may (pgmemo then logs into servers as the client, and the
+    /// server decides).
+    pub fn is_known_user(&self, user: &str) -> bool {
+        if self.is_admin(user) {
+            return true;
+        }
+        if !self.users.is_empty() {
+            return self.users.contains_key(user);
+        }
+        self.upstream.as_ref().is_none_or(|up| up.user == user)
+    }
+
+    /// Whether `user` may use the admin console.
+    pub fn is_admin(&self, user: &str) -> bool {
+        self.general.admin_users.iter().any(|a| a == user)
+    }
+
+    /// The rows of the admin console's SHOW CONFIG: (key, value, default, changeable by
+    /// RELOAD): the `[general]` table (`settings.rs`, where each entry says whether it is
+    /// `Live` or needs a `Restart`), then the upstream. Passwords are never shown.
+    pub fn settings_table(&self) -> Vec<(String, String, String, bool)> {
+        let upstream = self.upstream.as_ref().map(Upstream::display_url);
+        self.general
+            .rows()
+            .into_iter()
+            .chain([(
+                "upstream",
+                upstream.unwrap_or_default(),
+                String::new(),
+                true,
+            )])
+            .map(|(k, v, def, reload)| (k.to_string(), v, def, reload))
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file as written: every key optional, numbers wide, so that each value is judged with
+// its key name in hand.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    general: RawGeneral,
+    upstream: Option<RawUpstream>,
+    #[serde(default)]
+    databases: BTreeMap<String, RawDatabase>,
+    #[serde(default)]
+    users: BTreeMap<String, RawUser>,
+    #[serde(default)]
+    cache: cache::RawCache,
+}
+
+fn int<T: TryFrom<i64>>(
+    key: &str,
+    v: Option<i64>,
+    default: T,
+    range: &str,
+) -> Result<T, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(n) => {
+            T::try_from(n).map_err(|_| ConfigError::invalid(key, format!("must be {range}")))
+        }
+    }
+}
+
+fn opt_int<T: TryFrom<i64>>(
+    key: &str,
+    v: Option<i64>,
+    range: &str,
+) -> Result<Option<T>, ConfigError> {
+    v.map(|n| T::try_from(n).map_err(|_| ConfigError::invalid(key, format!("must be {range}"))))
+        .transpose()
+}
+
+fn named<T: FromStr<Err = String>>(key: &str, v: Option<String>) -> Result<Option<T>, ConfigError> {
+    v.map(|s| s.parse::<T>().map_err(|m| ConfigError::invalid(key, m)))
+        .transpose()
+}
+
+const PORT_RANGE: &str = "1..=65535";
+
+impl RawConfig {
+    fn into_config(self, base_dir: Option<&Path>) -> Result<Config, ConfigError> {
+        let general = self.general.into_general(&table::Context { base_dir })?;
+        let upstream = self.upstream.map(RawUpstream::into_upstream).transpose()?;
+        let databases = databases::read_databases(self.databases)?;
+        let users = databases::read_users(self.users)?;
+
+        Ok(Config {
+            general,
+            upstream,
+            databases,
+            users,
+            cache: self.cache.into_config()?,
+            source: None,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests;

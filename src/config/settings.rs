@@ -1,0 +1,270 @@
+//! The `[general]` settings, one entry each: PgBouncer's `bouncer_params[]` for pgmemo.
+//!
+//! Each entry gives the key, its type, its default, whether a RELOAD changes it (`Live`) or
+//! only a restart does (`Restart`), what its value must satisfy, and its documentation (the
+//! doc comment). `table.rs`'s `settings!` generates from this the `General` struct and its
+//! `Default`, the reading of the file with an error per key, the checks, SHOW CONFIG's rows
+//! and the reference (`General::reference`, which a test holds `pgmemo.example.toml` to).
+//!
+//! A new setting is one entry here, plus its paragraph in `pgmemo.example.toml`.
+//!
+//! The checks below the table are the ones more than one entry uses, or too long for a line.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::table::settings;
+use super::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
+
+settings! {
+    /// Address clients connect to, `HOST:PORT` (IPv6 as `[::1]:6432`; port 0 picks a free
+    /// port).
+    listen: String = "127.0.0.1:6432".into(), Restart,
+        check = |v, _| parse_host_port(v).map(drop);
+    /// Default pool mode of every pool.
+    pool_mode: PoolMode = PoolMode::Transaction, Live;
+    /// Server connections per (database, user) pool, unless the database or user says
+    /// otherwise.
+    default_pool_size: u32 = 20, Live, check = at_least_one;
+    /// Server connections each pool keeps open even when idle.
+    min_pool_size: u32 = 0, Live,
+        check = |v, g| ensure(*v <= g.default_pool_size, || {
+            format!("must not exceed general.default_pool_size ({})", g.default_pool_size)
+        });
+    /// Client connections accepted at once; more are refused with 53300.
+    max_client_conn: u32 = 1000, Live, check = at_least_one;
+    /// How clients authenticate to pgmemo; `trust` is refused unless `listen` is a loopback
+    /// address.
+    auth_type: AuthType = AuthType::ScramSha256, Live, check = trust_only_on_loopback;
+    /// Users allowed to connect to the admin console, the database `pgmemo`.
+    admin_users: Vec<String> = Vec::new(), Live;
+    /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.
+    metrics_listen: Option<String> = None, Restart,
+        check = |v, _| v.as_deref().map_or(Ok(()), |v| parse_host_port(v).map(drop));
+    /// A client waiting longer than this for a server gets an error (57014).
+    query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
+    /// Total time for connecting to a server, retries included, before the waiting client
+    /// gets an error.
+    server_connect_timeout: Duration = Duration::from_secs(15), Live, check = positive;
+    /// A server idle in its pool longer than this is closed (down to `min_pool_size`).
+    server_idle_timeout: Duration = Duration::from_secs(600), Live, check = positive;
+    /// A server older than this is closed when it is next released.
+    server_lifetime: Duration = Duration::from_secs(3600), Live, check = positive;
+    /// A server idle longer than this is checked with `server_check_query` before it is
+    /// lent out again; 0 checks every time.
+    server_check_delay: Duration = Duration::from_secs(30), Live;
+    /// SHOW STATS' `avg_*` columns are averages from the period boundary before the last to
+    /// now (one to two periods), as PgBouncer's `stats_period`.
+    stats_period: Duration = Duration::from_secs(60), Live, check = positive;
+    /// The query of that health check; `;` (an empty query) is one round trip.
+    server_check_query: String = ";".into(), Live,
+        check = |v, _| ensure(!v.trim().is_empty(), || {
+            "must not be empty (\";\" is the cheapest check)".into()
+        });
+    /// A client must finish startup and authentication within this.
+    client_login_timeout: Duration = Duration::from_secs(60), Live, check = positive;
+    /// On SIGTERM / SHUTDOWN, how long running transactions may finish before their
+    /// connections are closed; 0 closes at once.
+    shutdown_timeout: Duration = Duration::from_secs(30), Live;
+    /// Run on a server after a session-mode client leaves, before the next client gets it;
+    /// empty means no reset.
+    server_reset_query: String = "DISCARD ALL".into(), Live;
+    /// Also run `server_reset_query` in transaction mode after every transaction.
+    server_reset_query_always: bool = false, Live;
+    /// Largest message accepted from a client or server, in bytes (1 KiB to 1 GiB); a
+    /// longer one ends that connection with 08P01.
+    max_message_size: usize = 64 << 20, Live, range = MESSAGE_SIZE_RANGE,
+        check = |v, _| ensure(MESSAGE_SIZE.contains(v), || {
+            format!("must be {MESSAGE_SIZE_RANGE}")
+        });
+    /// PEM certificate chain for client-facing TLS (set together with `tls_key_file`).
+    /// Relative paths are relative to the config file.
+    tls_cert_file: Option<PathBuf> = None, Live,
+        check = |v, g| ensure(v.is_none() || g.tls_key_file.is_some(), || {
+            "set tls_key_file too".into()
+        });
+    /// PEM private key for client-facing TLS (set together with `tls_cert_file`).
+    tls_key_file: Option<PathBuf> = None, Live,
+        check = |v, g| ensure(v.is_none() || g.tls_cert_file.is_some(), || {
+            "set tls_cert_file too".into()
+        });
+    /// Client-facing TLS: `disable`, `allow` or `require`. Default `allow` when a
+    /// certificate and key are set, else `disable`.
+    client_tls: ClientTlsMode = ClientTlsMode::Disable, Live,
+        unset = |g| match (&g.tls_cert_file, &g.tls_key_file) {
+            (Some(_), Some(_)) => ClientTlsMode::Allow,
+            _ => ClientTlsMode::Disable,
+        },
+        check = |v, g| ensure(*v == ClientTlsMode::Disable || g.tls_cert_file.is_some(), || {
+            format!("{:?} needs tls_cert_file and tls_key_file", v.as_str())
+        });
+    /// TLS towards the servers.
+    server_tls: ServerTlsMode = ServerTlsMode::Disable, Live;
+    /// PEM CA certificates that server certificates are checked against (`verify-full`).
+    /// Default: the well-known web roots.
+    server_tls_ca_file: Option<PathBuf> = None, Live;
+    /// Keep prepared statements working in transaction mode by preparing them on whichever
+    /// server runs them.
+    prepared_statements: bool = true, Restart;
+    /// Prepared statements kept per server connection; the least recently used beyond this
+    /// are closed on the server.
+    max_prepared_statements: u32 = 500, Restart, check = at_least_one;
+    /// Run simple-protocol queries as shared prepared statements, their literals made
+    /// parameters (see README, "Autoprepare"); per database and user too.
+    autoprepare: bool = true, Live;
+    /// Transaction mode: carry each client's session settings (SET, SET ROLE, ...) from
+    /// server to server and pin a client to its server while it holds state that cannot be
+    /// carried (temporary tables, LISTEN, advisory locks, WITH HOLD cursors, LOAD); see
+    /// README, "How pooling behaves". `false` is PgBouncer's behaviour: what a client sets
+    /// stays on the server. Per database and user too.
+    pin_session_state: bool = true, Live;
+    /// A client pinned to its server (see `pin_session_state`) that sends nothing for this
+    /// long, outside a transaction, is closed with FATAL 08P01 `pinned_idle_timeout` and its
+    /// server cleaned and given back; 0 never closes it, and is the default: a LISTEN client
+    /// is pinned and may rightly wait hours for a notification; `max_pinned_fraction` bounds
+    /// what pinned clients can hold.
+    pinned_idle_timeout: Duration = Duration::ZERO, Live;
+    /// At most this fraction of a pool's `pool_size` (rounded up) may be held by pinned
+    /// clients; a client whose transaction would pin one more is closed with FATAL 53400
+    /// (its session state goes with its server's reset). 0 refuses every pin, 1 bounds
+    /// nothing; with 0.5 the other half always serves unpinned clients.
+    max_pinned_fraction: f64 = 0.5, Live,
+        check = |v, _| ensure((0.0..=1.0).contains(v), || "must be 0..=1".into());
+    /// Session mode: clients share prepared statements through the registry (pgmemo's own
+    /// `pgmemo_s<n>` names on servers, autoprepare and the result cache for them), as in
+    /// transaction mode. `false`: a session-mode client's statements go to its server under
+    /// its own names, as on a direct connection.
+    session_shared_statements: bool = false, Live;
+    /// Uses of a query shape before it is prepared.
+    autoprepare_threshold: u32 = 2, Live;
+    /// Query shapes remembered (with what was decided for each), least useful dropped
+    /// first.
+    autoprepare_max_shapes: u32 = 10_000, Live;
+    /// Log filter: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or
+    /// tracing-style directives such as `pgmemo=debug,info`.
+    log_level: String = "info".into(), Restart, check = |v, _| check_log_level(v);
+    /// `text` (ANSI colours only on a terminal) or `json` (one object per line).
+    log_format: LogFormat = LogFormat::Text, Restart;
+    /// Threads serving clients, each with an event loop of its own; a client goes to the one
+    /// of the CPU its packets arrive on, and follows them between transactions (see
+    /// `workers.rs`). 1 is PgBouncer's; more serve more result-cache hits at once.
+    workers: u32 = 1, Restart,
+        check = |v, _| ensure((1..=MAX_WORKERS).contains(v), || {
+            format!("must be between 1 and {MAX_WORKERS}")
+        });
+}
+
+/// The most worker threads `general.workers` may ask for.
+const MAX_WORKERS: u32 = 64;
+
+/// `max_message_size`: PostgreSQL itself never sends or accepts a message over 1 GiB.
+const MESSAGE_SIZE: std::ops::RangeInclusive<usize> = 1024..=1 << 30;
+/// Those bounds, as the messages say them.
+const MESSAGE_SIZE_RANGE: &str = "1024..=1073741824 bytes";
+
+/// `Ok` when `ok`, else the message.
+fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+fn at_least_one(v: &u32, _: &General) -> Result<(), String> {
+    ensure(*v > 0, || "must be at least 1".into())
+}
+
+/// For timeouts, where 0 would mean "fail at once".
+fn positive(v: &Duration, _: &General) -> Result<(), String> {
+    ensure(!v.is_zero(), || "must be more than 0 seconds".into())
+}
+
+fn trust_only_on_loopback(v: &AuthType, g: &General) -> Result<(), String> {
+    // A listen address that does not parse is `listen`'s error, reported before this one.
+    let Ok((host, _)) = parse_host_port(&g.listen) else {
+        return Ok(());
+    };
+    if *v != AuthType::Trust || is_loopback(&host) {
+        return Ok(());
+    }
+    Err(format!(
+        "\"trust\" lets anyone in without a password, so it is only allowed when \
+         general.listen is a loopback address (127.0.0.1, ::1 or localhost), not \
+         {:?}; use md5 or scram-sha-256 (--auth), or listen on 127.0.0.1 (--listen)",
+        g.listen
+    ))
+}
+
+/// Accepts the common forms of a tracing `EnvFilter`: comma-separated `LEVEL` or
+/// `TARGET=LEVEL`.
+fn check_log_level(s: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let is_level = |l: &str| LEVELS.iter().any(|x| x.eq_ignore_ascii_case(l));
+    let bad = || {
+        format!(
+            "expected a level (off, error, warn, info, debug, trace) or directives like \
+             \"pgmemo=debug,info\", got {s:?}"
+        )
+    };
+    if s.trim().is_empty() {
+        return Err(bad());
+    }
+    for part in s.split(',') {
+        let part = part.trim();
+        let ok = match part.split_once('=') {
+            Some((target, level)) => {
+                !target.is_empty()
+                    && target
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                    && is_level(level)
+            }
+            // A bare word must be a level: a misspelt level would otherwise be read as a
+            // target name and silently log nothing.
+            None => is_level(part),
+        };
+        if !ok {
+            return Err(bad());
+        }
+    }
+    Ok(())
+}
+
+/// Splits `HOST:PORT` (IPv6 as `[::1]:PORT`) into host (without brackets) and port.
+/// Port 0 is allowed: the system then picks a free port.
+pub fn parse_host_port(s: &str) -> Result<(String, u16), String> {
+    let bad = || format!("expected HOST:PORT, like 127.0.0.1:6432 or [::1]:6432, got {s:?}");
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (host, rest) = rest.split_once(']').ok_or_else(bad)?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{host:?} in brackets is not an IPv6 address"));
+        }
+        (host, rest.strip_prefix(':').ok_or_else(bad)?)
+    } else {
+        let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+        if host.contains(':') {
+            return Err(format!(
+                "put an IPv6 address in brackets, like [::1]:6432, got {s:?}"
+            ));
+        }
+        (host, port)
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(bad());
+    }
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("the port in {s:?} must be a number 0..=65535"))?;
+    Ok((host.to_string(), port))
+}
+
+/// Whether a listen host only accepts connections from this machine.
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}

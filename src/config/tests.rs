@@ -1,0 +1,689 @@
+//! Configuration tests: what the file may say, what is refused and how the refusal reads.
+
+use super::locate::locate;
+use super::*;
+use std::time::Duration;
+
+/// The message of a configuration that must be refused.
+fn refused(toml: &str) -> String {
+    match Config::from_toml_str(toml) {
+        Ok(c) => panic!("accepted: {c:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const UPSTREAM: &str = "[upstream]\nurl = \"postgresql://app:pw@db.example:5433\"\n";
+
+fn with_upstream(extra: &str) -> String {
+    format!("{extra}\n{UPSTREAM}")
+}
+
+#[test]
+fn an_upstream_alone_gets_every_default() {
+    let c = Config::from_toml_str(UPSTREAM).unwrap();
+    assert_eq!(c.general, General::default());
+    let g = &c.general;
+    assert_eq!(g.listen, "127.0.0.1:6432");
+    assert_eq!(g.pool_mode, PoolMode::Transaction);
+    assert_eq!(g.default_pool_size, 20);
+    assert_eq!(g.min_pool_size, 0);
+    assert_eq!(g.max_client_conn, 1000);
+    assert_eq!(g.auth_type, AuthType::ScramSha256);
+    assert_eq!(g.query_wait_timeout, Duration::from_secs(120));
+    assert_eq!(g.server_connect_timeout, Duration::from_secs(15));
+    assert_eq!(g.server_idle_timeout, Duration::from_secs(600));
+    assert_eq!(g.server_lifetime, Duration::from_secs(3600));
+    assert_eq!(g.server_check_delay, Duration::from_secs(30));
+    assert_eq!(g.server_check_query, ";");
+    assert_eq!(g.client_login_timeout, Duration::from_secs(60));
+    assert_eq!(g.shutdown_timeout, Duration::from_secs(30));
+    assert_eq!(g.server_reset_query, "DISCARD ALL");
+    assert!(!g.server_reset_query_always);
+    assert_eq!(g.max_message_size, 64 * 1024 * 1024);
+    assert_eq!(g.client_tls, ClientTlsMode::Disable);
+    assert_eq!(g.server_tls, ServerTlsMode::Disable);
+    assert!(g.prepared_statements);
+    assert_eq!(g.max_prepared_statements, 500);
+    assert_eq!(g.log_level, "info");
+    assert!(c.databases.is_empty() && c.users.is_empty());
+    assert_eq!(c.source, None);
+}
+
+#[test]
+fn pinned_limits_are_checked() {
+    let g = General::default();
+    assert_eq!(g.pinned_idle_timeout, Duration::ZERO);
+    assert_eq!(g.max_pinned_fraction, 0.5);
+    let c = Config::from_toml_str(&with_upstream(
+        "[general]\npinned_idle_timeout = 1.5\nmax_pinned_fraction = 1",
+    ))
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.general.pinned_idle_timeout, Duration::from_millis(1500));
+    assert_eq!(c.general.max_pinned_fraction, 1.0);
+    let e = refused(&with_upstream("[general]\nmax_pinned_fraction = 1.5"));
+    assert!(
+        e.contains("general.max_pinned_fraction: must be 0..=1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_scale_out_sample_loads() {
+    let c = Config::from_toml_str(include_str!("../../docs/scale-out/pgmemo.toml")).unwrap();
+    c.validate().unwrap();
+    assert_eq!(
+        c.cache.invalidation,
+        crate::config::cache::Invalidation::Wal
+    );
+    assert_eq!(c.cache.max_lag, Some(std::time::Duration::from_secs(2)));
+}
+
+#[test]
+fn the_example_file_loads_and_documents_the_defaults() {
+    let c = Config::from_toml_str(include_str!("../../pgmemo.example.toml")).unwrap();
+    // The example writes every [general] setting at its default value.
+    assert_eq!(c.general, General::default());
+    assert!(c.upstream.is_some());
+    assert!(c.databases.contains_key("app"));
+    assert!(c.databases.contains_key("*"));
+    assert_eq!(
+        SecretKind::of(c.user_secret("alice").unwrap()),
+        Ok(SecretKind::ScramSha256)
+    );
+    assert_eq!(
+        SecretKind::of(c.user_secret("bob").unwrap()),
+        Ok(SecretKind::Plain)
+    );
+}
+
+#[test]
+fn durations_are_seconds_as_integer_or_float() {
+    let c = Config::from_toml_str(&with_upstream(
+        "[general]\nquery_wait_timeout = 5\nserver_connect_timeout = 0.5\nserver_check_delay = 0",
+    ))
+    .unwrap();
+    assert_eq!(c.general.query_wait_timeout, Duration::from_secs(5));
+    assert_eq!(c.general.server_connect_timeout, Duration::from_millis(500));
+    assert_eq!(c.general.server_check_delay, Duration::ZERO);
+
+    let e = refused(&with_upstream("[general]\nquery_wait_timeout = \"2m\""));
+    assert!(e.contains("line 2: general.query_wait_timeout:"), "{e}");
+    assert!(e.contains("a number of seconds"), "{e}");
+    let e = refused(&with_upstream("[general]\nserver_lifetime = -1"));
+    assert!(
+        e.contains("general.server_lifetime: must be a number of seconds, 0 or more"),
+        "{e}"
+    );
+    let e = refused(&with_upstream("[general]\nquery_wait_timeout = 0"));
+    assert!(
+        e.contains("general.query_wait_timeout: must be more than 0 seconds"),
+        "{e}"
+    );
+}
+
+#[test]
+fn each_error_names_its_key() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[general]\npool_mode = \"foo\"",
+            r#"general.pool_mode: expected "session" or "transaction", got "foo""#,
+        ),
+        (
+            "[general]\nauth_type = \"password\"",
+            "general.auth_type: expected \"trust\"",
+        ),
+        (
+            "[general]\nlisten = \"6432\"",
+            "general.listen: expected HOST:PORT",
+        ),
+        (
+            "[general]\nlisten = \"::1:6432\"",
+            "general.listen: put an IPv6 address in brackets",
+        ),
+        (
+            "[general]\nmetrics_listen = \"x\"",
+            "general.metrics_listen: expected HOST:PORT",
+        ),
+        (
+            "[general]\ndefault_pool_size = 0",
+            "general.default_pool_size: must be at least 1",
+        ),
+        (
+            "[general]\ndefault_pool_size = -3",
+            "general.default_pool_size: must be a whole number",
+        ),
+        (
+            "[general]\nmin_pool_size = 30",
+            "general.min_pool_size: must not exceed general.default_pool_size (20)",
+        ),
+        (
+            "[general]\nmax_client_conn = 0",
+            "general.max_client_conn: must be at least 1",
+        ),
+        (
+            "[general]\nmax_message_size = 10",
+            "general.max_message_size: must be 1024..=",
+        ),
+        (
+            "[general]\nserver_check_query = \"\"",
+            "general.server_check_query: must not be empty",
+        ),
+        (
+            "[general]\nlog_level = \"loud\"",
+            "general.log_level: expected a level",
+        ),
+        (
+            "[general]\ntls_key_file = \"k.pem\"",
+            "general.tls_key_file: set tls_cert_file too",
+        ),
+        (
+            "[general]\ntls_cert_file = \"c.pem\"",
+            "general.tls_cert_file: set tls_key_file too",
+        ),
+        (
+            "[general]\nclient_tls = \"require\"",
+            "general.client_tls: \"require\" needs tls_cert_file and tls_key_file",
+        ),
+        (
+            "[general]\nserver_tls = \"verify-ca\"",
+            "general.server_tls: expected \"disable\"",
+        ),
+        (
+            "[general]\nserver_reset_query_always = \"yes\"",
+            "general.server_reset_query_always: invalid type",
+        ),
+        (
+            "[databases.app]\nport = 0",
+            "databases.app.port: must be 1..=65535",
+        ),
+        (
+            "[databases.app]\nport = 70000",
+            "databases.app.port: must be 1..=65535",
+        ),
+        (
+            "[databases.app]\npool_mode = \"statement\"",
+            "databases.app.pool_mode: expected",
+        ),
+        (
+            "[databases.app]\npassword = \"x\"",
+            "databases.app.password: set user too",
+        ),
+        (
+            "[databases.app]\npool_size = 0",
+            "databases.app.pool_size: must be at least 1",
+        ),
+        (
+            "[databases.app]\nmin_pool_size = 21",
+            "databases.app.min_pool_size: must not exceed the pool size (20)",
+        ),
+        (
+            "[databases.pgmemo]\n",
+            "databases.pgmemo: the name \"pgmemo\" is reserved",
+        ),
+        (
+            "[databases.\"*\"]\nport = 0",
+            "databases.\"*\".port: must be 1..=65535",
+        ),
+        (
+            "[users.alice]\npool_size = 1",
+            "users.alice.password: missing",
+        ),
+        (
+            "[users.alice]\npassword = \"\"",
+            "users.alice.password: must not be empty",
+        ),
+        (
+            "[users.alice]\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$bad\"",
+            "users.alice.password: malformed SCRAM verifier",
+        ),
+        (
+            "[users.alice]\npassword = \"md5zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz\"",
+            "users.alice.password: looks like an md5 hash",
+        ),
+        (
+            "[users.alice]\npassword = \"md5a3556571e93b0d20722ba62be61e8c2d\"",
+            "users.alice.password: an md5 hash cannot answer auth_type \"scram-sha-256\"",
+        ),
+        (
+            "[users.alice]\npool_mode = \"x\"\npassword = \"p\"",
+            "users.alice.pool_mode: expected",
+        ),
+        (
+            "[general]\nadmin_users = [\"root\"]",
+            "general.admin_users: \"root\" has no password among the users",
+        ),
+    ];
+    for (toml, expected) in cases {
+        let e = refused(&with_upstream(toml));
+        assert!(
+            e.contains(expected),
+            "for {toml:?}:\n got {e}\n want {expected}"
+        );
+    }
+}
+
+#[test]
+fn upstream_section_errors_name_their_key() {
+    let e = refused("[upstream]\nurl = \"mysql://a@b\"");
+    assert!(
+        e.contains("line 2: upstream.url: not a postgresql:// URL"),
+        "{e}"
+    );
+    let e = refused("[upstream]\nurl = \"postgresql://a@b\"\nhost = \"c\"");
+    assert!(e.contains("upstream.host: give either upstream.url"), "{e}");
+    let e = refused("[upstream]\nhost = \"c\"");
+    assert!(e.contains("upstream.user: missing"), "{e}");
+    let e = refused("[upstream]\nuser = \"u\"\npassword = \"p\"\nport = 0");
+    assert!(e.contains("upstream.port: must be 1..=65535"), "{e}");
+    let e = refused("[general]\nlisten = \"127.0.0.1:6432\"");
+    assert!(e.contains("upstream: missing"), "{e}");
+    let e = refused("[upstream]\nuser = \"u\"");
+    assert!(e.contains("users: no client could log in"), "{e}");
+    // A password may sit beside a URL without one.
+    let c =
+        Config::from_toml_str("[upstream]\nurl = \"postgresql://u@h\"\npassword = \"p\"").unwrap();
+    assert_eq!(c.user_secret("u"), Some("p"));
+    // A database with no host anywhere.
+    let e = refused("[general]\nauth_type = \"trust\"\n[databases.app]\nport = 5432");
+    assert!(e.contains("databases.app.host: missing"), "{e}");
+}
+
+#[test]
+fn unknown_keys_are_refused_by_name_and_line() {
+    let e = refused(&with_upstream(
+        "[general]\nlisten = \"127.0.0.1:6432\"\npool_sise = 3",
+    ));
+    assert!(
+        e.contains("line 3: general.pool_sise: unknown key `pool_sise`"),
+        "{e}"
+    );
+    let e = refused(&with_upstream("[databases.app]\nhots = \"x\""));
+    assert!(e.contains("databases.app.hots: unknown key"), "{e}");
+    let e = refused(&with_upstream("[genral]\nlisten = \"x:1\""));
+    assert!(e.contains("line 1: genral: unknown key"), "{e}");
+    let e = refused(&format!("{UPSTREAM}bogus = 1"));
+    assert!(e.contains("upstream.bogus: unknown key"), "{e}");
+}
+
+#[test]
+fn errors_from_a_file_name_the_file_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("pgmemo-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, with_upstream("[general]\npool_mode = \"foo\"")).unwrap();
+    let e = Config::load(&path).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}, line 2: general.pool_mode: expected \"session\" or \"transaction\", got \"foo\"",
+            path.display()
+        )
+    );
+    // A rule over several keys points at the line of the key it names.
+    std::fs::write(
+        &path,
+        with_upstream("[general]\nlisten = \"0.0.0.0:6432\"\nauth_type = \"trust\""),
+    )
+    .unwrap();
+    let e = Config::load(&path).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!("{}, line 3: general.auth_type: ", path.display())),
+        "{e}"
+    );
+    // A syntax error names the line, and no setting.
+    std::fs::write(&path, "[general]\n[general\nlisten = 1").unwrap();
+    let e = Config::load(&path).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!("{}, line 2: invalid table header", path.display())),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+    // Relative TLS paths are relative to the file; `source` remembers the file.
+    std::fs::write(
+        &path,
+        with_upstream("[general]\ntls_cert_file = \"c.pem\"\ntls_key_file = \"/k.pem\""),
+    )
+    .unwrap();
+    let c = Config::load(&path).unwrap();
+    assert_eq!(c.general.tls_cert_file, Some(dir.join("c.pem")));
+    assert_eq!(c.general.tls_key_file, Some(PathBuf::from("/k.pem")));
+    assert_eq!(c.general.client_tls, ClientTlsMode::Allow);
+    assert_eq!(c.source, Some(path.clone()));
+    let e = Config::load(&dir.join("missing.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("cannot read config file "), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn trust_is_refused_on_a_non_loopback_address() {
+    for listen in [
+        "0.0.0.0:6432",
+        "10.0.0.5:6432",
+        "[::]:6432",
+        "db.example:6432",
+    ] {
+        let e = refused(&with_upstream(&format!(
+            "[general]\nauth_type = \"trust\"\nlisten = \"{listen}\""
+        )));
+        assert!(e.contains("general.auth_type: \"trust\""), "{e}");
+        assert!(e.contains("loopback"), "{e}");
+    }
+    for listen in [
+        "127.0.0.1:6432",
+        "127.0.0.2:1",
+        "[::1]:6432",
+        "localhost:6432",
+    ] {
+        Config::from_toml_str(&with_upstream(&format!(
+            "[general]\nauth_type = \"trust\"\nlisten = \"{listen}\""
+        )))
+        .unwrap();
+    }
+}
+
+#[test]
+fn upstream_urls() {
+    let u = parse_upstream_url("postgresql://app:s3cret@db.example:5433/ignored").unwrap();
+    assert_eq!(
+        (
+            u.host.as_str(),
+            u.port,
+            u.user.as_str(),
+            u.password.as_deref()
+        ),
+        ("db.example", 5433, "app", Some("s3cret"))
+    );
+    let u = parse_upstream_url("postgres://app@").unwrap();
+    assert_eq!(
+        (u.host.as_str(), u.port, u.password),
+        ("127.0.0.1", 5432, None)
+    );
+    let u = parse_upstream_url("postgresql://app@localhost").unwrap();
+    assert_eq!((u.host.as_str(), u.port), ("localhost", 5432));
+    let u = parse_upstream_url("POSTGRESQL://a%40b:p%3Aw%2F@[::1]:6000/").unwrap();
+    assert_eq!(
+        (
+            u.host.as_str(),
+            u.port,
+            u.user.as_str(),
+            u.password.as_deref()
+        ),
+        ("::1", 6000, "a@b", Some("p:w/"))
+    );
+    let u = parse_upstream_url("postgresql://app:@[::1]").unwrap();
+    assert_eq!(
+        (u.host.as_str(), u.port, u.password.as_deref()),
+        ("::1", 5432, Some(""))
+    );
+    // A password may contain '@' unescaped: the last '@' ends the user info.
+    let u = parse_upstream_url("postgresql://app:p@ss@h:1").unwrap();
+    assert_eq!(u.password.as_deref(), Some("p@ss"));
+    assert_eq!(u.display_url(), "postgresql://app@h:1");
+    assert!(!format!("{u:?}").contains("p@ss"));
+
+    for (url, expected) in [
+        ("mysql://a@b", "not a postgresql:// URL"),
+        ("db.example:5432", "not a postgresql:// URL"),
+        ("postgresql://db.example:5432", "a user is required"),
+        ("postgresql://:pw@db", "a user is required"),
+        ("postgresql://a@b:0", "must be 1..=65535"),
+        ("postgresql://a@b:99999", "must be 1..=65535"),
+        ("postgresql://a@b:x", "must be 1..=65535"),
+        ("postgresql://a@[::1", "unclosed '['"),
+        ("postgresql://a@[nope]:1", "not an IPv6 address"),
+        (
+            "postgresql://a@b/db?sslmode=require",
+            "query parameters are not supported",
+        ),
+        ("postgresql://a@h1,h2", "several hosts"),
+        ("postgresql://a%zz@b", "two hex digits"),
+    ] {
+        let e = parse_upstream_url(url).unwrap_err();
+        assert_eq!(e.key(), Some("upstream.url"));
+        let e = e.to_string();
+        assert!(
+            e.starts_with("upstream.url: ") && e.contains(expected),
+            "{url}: {e}"
+        );
+    }
+}
+
+#[test]
+fn resolve_without_databases_serves_every_name_from_the_upstream() {
+    let c = Config::from_toml_str(UPSTREAM).unwrap();
+    let r = c.resolve("shop", "anyone").unwrap();
+    assert_eq!(
+        (r.host.as_str(), r.port, r.dbname.as_str()),
+        ("db.example", 5433, "shop")
+    );
+    assert_eq!(r.server_user.as_deref(), Some("app"));
+    assert_eq!(r.server_password.as_deref(), Some("pw"));
+    assert_eq!(
+        (r.pool_size, r.min_pool_size, r.pool_mode),
+        (20, 0, PoolMode::Transaction)
+    );
+    assert_eq!(
+        c.resolve("pgmemo", "app"),
+        None,
+        "the admin console is not a pool"
+    );
+    assert_eq!(c.user_secret("app"), Some("pw"));
+    assert_eq!(c.user_secret("other"), None);
+}
+
+#[test]
+fn resolve_precedence_user_over_database_over_wildcard_over_general() {
+    let c = Config::from_toml_str(&with_upstream(
+        r#"
+[general]
+default_pool_size = 10
+min_pool_size = 2
+pool_mode = "transaction"
+
+[databases.app]
+dbname = "app_production"
+host = "app-db"
+pool_size = 5
+
+[databases.reports]
+user = "reporter"
+password = "rpw"
+pool_mode = "session"
+
+[databases."*"]
+port = 6000
+pool_size = 7
+min_pool_size = 1
+
+[users.alice]
+password = "a"
+pool_size = 3
+pool_mode = "session"
+
+[users.bob]
+password = "b"
+"#,
+    ))
+    .unwrap();
+
+    let r = c.resolve("app", "alice").unwrap();
+    assert_eq!(
+        (r.host.as_str(), r.port, r.dbname.as_str()),
+        ("app-db", 6000, "app_production")
+    );
+    assert_eq!(
+        (r.pool_size, r.pool_mode, r.min_pool_size),
+        (3, PoolMode::Session, 1)
+    );
+    assert_eq!(r.server_user.as_deref(), Some("app"), "from [upstream]");
+
+    let r = c.resolve("app", "bob").unwrap();
+    assert_eq!((r.pool_size, r.pool_mode), (5, PoolMode::Transaction));
+
+    let r = c.resolve("reports", "bob").unwrap();
+    assert_eq!(
+        (r.host.as_str(), r.port, r.dbname.as_str()),
+        ("db.example", 6000, "reports")
+    );
+    assert_eq!(r.server_user.as_deref(), Some("reporter"));
+    assert_eq!(r.server_password.as_deref(), Some("rpw"));
+    assert_eq!((r.pool_size, r.pool_mode), (7, PoolMode::Session));
+
+    let r = c.resolve("other", "bob").unwrap();
+    assert_eq!((r.dbname.as_str(), r.port, r.pool_size), ("other", 6000, 7));
+
+    // With [users], the upstream role is not a client user by itself.
+    assert_eq!(c.user_secret("app"), None);
+    assert_eq!(c.user_secret("alice"), Some("a"));
+    assert_eq!(c.user_secret("nobody"), None);
+}
+
+#[test]
+fn resolve_without_wildcard_knows_only_listed_databases() {
+    let c = Config::from_toml_str(
+        "[general]\nauth_type = \"trust\"\n[databases.app]\nhost = \"h\"\nmin_pool_size = 5",
+    )
+    .unwrap();
+    let r = c.resolve("app", "anyone").unwrap();
+    assert_eq!((r.host.as_str(), r.port, r.server_user), ("h", 5432, None));
+    assert_eq!(r.min_pool_size, 5);
+    assert_eq!(c.resolve("other", "anyone"), None);
+    assert_eq!(c.resolve("*", "anyone"), None);
+}
+
+#[test]
+fn min_pool_size_is_capped_at_the_pool_size() {
+    let c = Config::from_toml_str(&with_upstream(
+        "[general]\nmin_pool_size = 4\n[users.alice]\npassword = \"a\"\npool_size = 2",
+    ))
+    .unwrap();
+    let r = c.resolve("x", "alice").unwrap();
+    assert_eq!((r.pool_size, r.min_pool_size), (2, 2));
+}
+
+#[test]
+fn secrets() {
+    let verifier = "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:HKZbgHu9Rw8b6/W+fFI6bGyg8wJWrAf6ZHh9i/t2sC4=";
+    assert_eq!(SecretKind::of(verifier), Ok(SecretKind::ScramSha256));
+    assert_eq!(
+        SecretKind::of("md5a3556571e93b0d20722ba62be61e8c2d"),
+        Ok(SecretKind::Md5)
+    );
+    assert_eq!(SecretKind::of("md5short"), Ok(SecretKind::Plain));
+    assert_eq!(SecretKind::of("hunter2"), Ok(SecretKind::Plain));
+    assert!(SecretKind::of("SCRAM-SHA-256$0:c2FsdA==$a:b").is_err());
+    let c = Config::from_toml_str(&with_upstream(
+        "[general]\nauth_type = \"md5\"\n[users.alice]\npassword = \"md5a3556571e93b0d20722ba62be61e8c2d\"",
+    ))
+    .unwrap();
+    assert!(
+        !format!("{c:?}").contains("a3556571"),
+        "Debug hides passwords"
+    );
+}
+
+#[test]
+fn settings_table_lists_every_setting_and_no_password() {
+    let c = Config::from_toml_str(&with_upstream("[general]\nquery_wait_timeout = 0.5")).unwrap();
+    let rows = c.settings_table();
+    let row = |k: &str| rows.iter().find(|r| r.0 == k).unwrap().clone();
+    assert_eq!(
+        row("query_wait_timeout"),
+        (
+            "query_wait_timeout".into(),
+            "0.5".into(),
+            "120".into(),
+            true
+        )
+    );
+    assert!(!row("listen").3);
+    assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
+    assert!(rows.iter().all(|r| !r.1.contains("pw")));
+    assert_eq!(rows.len(), 38);
+}
+
+#[test]
+fn locate_finds_keys_in_tables_dotted_keys_and_multiline_values() {
+    let text =
+        "a = 1\n[general]\nlisten = \"x\"\nadmin_users = [\n  1,\n]\n[databases.\"*\"]\nport = 0\n";
+    let at = |needle: &str| locate(text, text.find(needle).unwrap());
+    assert_eq!(at("a ="), (1, Some("a".into())));
+    assert_eq!(at("\"x\""), (3, Some("general.listen".into())));
+    assert_eq!(at("1,"), (5, Some("general.admin_users".into())));
+    assert_eq!(at("[databases"), (7, Some("databases.\"*\"".into())));
+    assert_eq!(at("0\n"), (8, Some("databases.\"*\".port".into())));
+    assert_eq!(find_key_line(text, "databases.\"*\".port"), Some(8));
+    assert_eq!(find_key_line(text, "general.listen"), Some(3));
+    assert_eq!(find_key_line(text, "general.nothing"), None);
+}
+
+#[test]
+fn errors_in_arrays_of_tables_and_inline_tables_name_their_element_and_line() {
+    let e = refused(&with_upstream("[[cache.rules]]\nquery = \"x\"\nbogus = 1"));
+    assert!(
+        e.starts_with("line 3: cache.rules[0].bogus: unknown key `bogus`"),
+        "{e}"
+    );
+    let e = refused(&with_upstream(
+        "[[cache.rules]]\nquery = \"x\"\n[[cache.rules]]\nquery = \"y\"\nttl = \"soon\"",
+    ));
+    assert!(
+        e.starts_with("line 5: cache.rules[1].ttl: must be a duration"),
+        "{e}"
+    );
+    let e = refused(&with_upstream("[databases]\napp = { host = \"\" }"));
+    assert!(
+        e.starts_with("line 2: databases.app.host: must not be empty"),
+        "{e}"
+    );
+    let e = refused(&with_upstream(
+        "[general]\nadmin_users = [\n  \"a\",\n  1,\n]",
+    ));
+    assert!(
+        e.starts_with("line 4: general.admin_users: invalid type"),
+        "{e}"
+    );
+}
+
+/// The reference cannot drift from the table: every `[general]` setting has its paragraph in
+/// `pgmemo.example.toml` (its line commented out when it has no value to write), marked
+/// "(restart)" exactly when a RELOAD does not change it.
+#[test]
+fn the_example_file_documents_every_setting_and_its_reload_class() {
+    let example = include_str!("../../pgmemo.example.toml");
+    let general = &example[..example.find("\n[upstream]").unwrap()];
+    let lines: Vec<&str> = general.lines().collect();
+    for setting in General::reference() {
+        let assignment = format!("{} = ", setting.name);
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start_matches("# ").starts_with(&assignment))
+            .unwrap_or_else(|| {
+                panic!(
+                    "pgmemo.example.toml does not document general.{}",
+                    setting.name
+                )
+            });
+        let paragraph: Vec<&str> = lines[..at]
+            .iter()
+            .rev()
+            .take_while(|l| l.starts_with('#'))
+            .copied()
+            .collect();
+        assert_eq!(
+            paragraph.iter().any(|l| l.contains("(restart)")),
+            setting.reload == Reload::Restart,
+            "general.{} is {:?} but its paragraph says otherwise: {paragraph:?}",
+            setting.name,
+            setting.reload
+        );
+        assert!(
+            !setting.doc.is_empty(),
+            "general.{} has no doc",
+            setting.name
+        );
+    }
+}
