@@ -50,62 +50,22 @@ impl Session {
 
     /// Plans every complete client message in the read buffer: answered locally, or queued
     /// for the server (taking one first when the session holds none).
+    ///
+    /// Each message goes through the same stages, one call per feature: framed (or judged a
+    /// protocol violation); its text found and read once; the result cache may answer it; a
+    /// server taken if it needs one; its effects noted (session state, DDL); planned
+    /// (statements renamed, injected, autoprepared, answered locally); forwarded. The awaits
+    /// stay here: the stages are plain functions, so that the session's task keeps no room
+    /// for their states.
     pub(super) async fn handle_client_messages(&mut self) -> Result<(), End> {
         loop {
-            if self.violation.is_some() {
-                return Ok(()); // nothing after a violation is read
-            }
-            if self
-                .server
-                .as_ref()
-                .is_some_and(|s| s.wbuf.len() >= HIGH_WATER)
-            {
-                return Ok(()); // backpressure: let the server drain first
-            }
-            if self.info.cancels.pending() {
-                // A cancel request aimed at the client's work is being passed on: nothing new
-                // goes to its server (it could cancel that instead), pgmemo's own queries
-                // neither, until it is delivered.
-                return Ok(());
-            }
-            // Like PostgreSQL, judge the type byte first (as soon as it is there), then the
-            // length against the limit for that type.
-            let Some(&tag) = self.client.rbuf.first() else {
-                return Ok(());
-            };
-            if (self.copy_garbage || (!fe::is_known(tag) && self.replies.in_copy_in()))
-                && self.hand_copy_garbage_over()
-            {
-                return Ok(());
-            }
-            if !fe::is_known(tag) {
-                return self
-                    .violated(format!("invalid frontend message type {tag}"))
-                    .await;
-            }
-            let max = fe::max_message_len(tag, self.max_message);
-            let (tag, len) = match frame(&self.client.rbuf, max) {
-                Ok(Some(f)) => f,
+            let (tag, len) = match self.frame_client_message() {
+                Ok(Some(framed)) => framed,
                 Ok(None) => return Ok(()),
-                Err(e) => return self.violated(e.to_string()).await,
+                Err(violation) => return self.violated(violation).await,
             };
-            // A simple query's text, found once (its end is a search for the terminator) for
-            // the result cache, the word scan, the session-state watch and the planner.
-            let query_text_len = if tag == fe::QUERY {
-                fe::query_text(&self.client.rbuf[5..len]).map(<[u8]>::len)
-            } else {
-                None
-            };
-            fn text_of(rbuf: &[u8], len: Option<usize>) -> Option<&[u8]> {
-                len.map(|n| &rbuf[5..5 + n])
-            }
-            if let Some(reader) = self.reader.as_deref_mut() {
-                reader.forget(); // a reading is of one message only
-            }
-            if matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) && self.caching() {
-                if let Some(c) = self.cache.as_deref_mut() {
-                    c.forget_message();
-                }
+            let query_text_len = self.find_query_text(tag, len);
+            if self.cache_may_answer(tag) {
                 let answered = match self.cache_client_message(tag, len, query_text_len) {
                     Ok(answered) => answered,
                     Err(slow) => slow.await?,
@@ -114,155 +74,291 @@ impl Session {
                     continue; // answered from the result cache
                 }
             }
-            if self.server.is_none() {
-                match tag {
-                    fe::TERMINATE => return Err(End::Terminate),
-                    // With no server held the session is idle: a lone Sync is answered as
-                    // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
-                    // are ignored as PostgreSQL ignores them outside COPY.
-                    // A Sync or Flush with a body is malformed: PostgreSQL has to say so.
-                    fe::SYNC if len == 5 => {
-                        be::ready_for_query(&mut self.client.wbuf, b'I');
-                        self.client.rbuf.advance(len);
-                        continue;
-                    }
-                    fe::FLUSH if len == 5 => {
-                        self.client.rbuf.advance(len);
-                        continue;
-                    }
-                    fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {
-                        self.client.rbuf.advance(len);
-                        continue;
-                    }
-                    // Preparing, describing or closing known statements needs no server.
-                    fe::PARSE | fe::CLOSE | fe::DESCRIBE if self.answer_idle_batch() => continue,
-                    _ => self.acquire_server().await?,
-                }
-            } else if tag == fe::TERMINATE {
-                if self.terminate_waits() {
-                    // PostgreSQL answers what came before a Terminate before it reads it: the
-                    // Terminate waits (unread: see `may_read_client`) until that is relayed.
-                    return Ok(());
-                }
-                return Err(End::Terminate);
-            } else if is_copy_message(tag) && !self.replies.takes_copy_message(tag) {
-                // Ignored by PostgreSQL (no COPY IN, or one an error ended while the client was
-                // still sending it): not sent, so the error's ReadyForQuery is the end of it.
-                self.client.rbuf.advance(len);
-                continue;
-            } else if self.state.pins != 0 && self.work_done() {
-                // A pinned client's next transaction starts on the server it kept: its time
-                // counts from here (see `pinned_transaction_done`).
-                if let Some(server) = self.server.as_mut() {
-                    server.checked_out = Instant::now();
-                }
-            }
-            let autoprepare = if tag == fe::QUERY {
-                self.autoprepare_threshold()
-            } else {
-                None
+            // Decided before the await: a match's value would be kept across it (in the
+            // session's task, for good).
+            let acquire = match self.server_for(tag, len) {
+                Next::Go => false,
+                Next::Acquire => true,
+                Next::Done => continue,
+                Next::Stop => return Ok(()),
+                Next::End(end) => return Err(end),
             };
-            if let Some(ap) = self.autoprepare.as_deref_mut() {
-                ap.forget_reading(); // a reading is of one message only
+            if acquire {
+                self.acquire_server().await?;
             }
-            // The words of a simple query that the planner and the session-state watch look
-            // for: those of its autoprepare shape (found once per shape) and its string
-            // literals, or else those of one pass over its text.
-            let query_words = if self.state.enabled || self.stmts.is_some() {
-                let text = text_of(&self.client.rbuf, query_text_len);
-                let read = match (autoprepare, text) {
-                    (Some(_), Some(text)) => self
-                        .autoprepare
-                        .get_or_insert_with(Default::default)
-                        .read_ahead(
-                            &self.app.autoprepare,
-                            text,
-                            self.reader.get_or_insert_with(Default::default),
-                        ),
-                    _ => None,
-                };
-                read.or_else(|| text.map(crate::query::words::in_query))
-                    .unwrap_or(0)
-            } else {
-                0
-            };
-            if self.state.enabled {
-                self.note_state(tag, len, query_text_len, query_words);
+            let autoprepare = self.autoprepare_for(tag);
+            let query_words = self.query_words(query_text_len, autoprepare);
+            self.note_effects(tag, len, query_text_len, query_words);
+            match self.plan_client_message(tag, len, query_text_len, query_words, autoprepare) {
+                Next::Go => self.forward_client_message(tag, len),
+                Next::Done => continue,
+                Next::Stop | Next::Acquire => return Ok(()),
+                Next::End(end) => return Err(end),
             }
-            if let Some(stmts) = self.stmts.as_mut().filter(|_| query_words != 0) {
-                if let Some(text) = text_of(&self.client.rbuf, query_text_len) {
-                    stmts
-                        .schema
-                        .note(crate::query::facts::ddl_found(query_words, text));
-                }
-            }
-            let server = self.server.as_mut().expect("server acquired above");
-            self.stats.bytes_received += len as u64;
-            // Statement messages are planned (renamed, injected, answered locally), unless
-            // PostgreSQL is discarding everything until the next Sync anyway. The Sync itself
-            // always is: the planner may have cleanup to send after it. COPY data is no
-            // statement (and nothing may be injected into it: see `Planner::prepare_guard`).
-            let skipping = (self.replies.is_skipping() && tag != fe::SYNC) || is_copy_message(tag);
-            if let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) {
-                let planned = planner::Planner {
-                    msg: &self.client.rbuf[..len],
-                    query_text: text_of(&self.client.rbuf, query_text_len),
-                    server,
-                    stmts,
-                    replies: &mut self.replies,
-                    registry: &self.app.registry,
-                    stats: &mut self.stats,
-                    limits: self.statement_limits,
-                    cleanup: &mut self.cleanup,
-                    retry: &mut self.retry,
-                    query_words,
-                    state: &mut self.state,
-                    autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
-                        global: &self.app.autoprepare,
-                        client: self.autoprepare.get_or_insert_with(Default::default),
-                        reader: self.reader.get_or_insert_with(Default::default),
-                        threshold,
-                    }),
-                    reported: &self.reported,
-                }
-                .plan(tag);
-                if planned != planner::Plan::Wait {
-                    self.wait_flushed = false;
-                    self.replanned |= std::mem::take(&mut self.replan);
-                }
-                match planned {
-                    planner::Plan::Done => {
-                        self.retry.consumed(&self.client.rbuf[..len]);
-                        self.client.rbuf.advance(len);
-                        let pending_output = self.client.wbuf.len();
-                        self.answer_locally();
-                        if pending_output == 0 && !self.client.wbuf.is_empty() {
-                            self.local_replies_only = true;
-                        }
-                        continue;
-                    }
-                    planner::Plan::Wait => {
-                        // Planned again when the server has answered what is in flight,
-                        // which a Flush makes it send.
-                        self.stats.bytes_received -= len as u64;
-                        if !self.wait_flushed {
-                            crate::protocol::write_message(&mut server.wbuf, fe::FLUSH, |_| {});
-                            self.wait_flushed = true;
-                        }
-                        self.waiting = true;
-                        self.replan = true;
-                        return Ok(());
-                    }
-                    planner::Plan::Forward => {}
-                }
-            }
-            if let Some(expected) = Expected::for_client_message(tag) {
-                self.replies.push(expected);
-            }
-            server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
-            self.retry.consumed(&self.client.rbuf[..len]);
-            self.client.rbuf.advance(len);
         }
+    }
+
+    /// The next complete message in the client's input, if the session reads one now: its
+    /// type and length. `Err`: the client broke the protocol (the message says how).
+    #[inline]
+    fn frame_client_message(&mut self) -> Result<Option<(u8, usize)>, String> {
+        if self.violation.is_some() {
+            return Ok(None); // nothing after a violation is read
+        }
+        if self
+            .server
+            .as_ref()
+            .is_some_and(|s| s.wbuf.len() >= HIGH_WATER)
+        {
+            return Ok(None); // backpressure: let the server drain first
+        }
+        if self.info.cancels.pending() {
+            // A cancel request aimed at the client's work is being passed on: nothing new
+            // goes to its server (it could cancel that instead), pgmemo's own queries
+            // neither, until it is delivered.
+            return Ok(None);
+        }
+        // Like PostgreSQL, judge the type byte first (as soon as it is there), then the
+        // length against the limit for that type.
+        let Some(&tag) = self.client.rbuf.first() else {
+            return Ok(None);
+        };
+        if (self.copy_garbage || (!fe::is_known(tag) && self.replies.in_copy_in()))
+            && self.hand_copy_garbage_over()
+        {
+            return Ok(None);
+        }
+        if !fe::is_known(tag) {
+            return Err(format!("invalid frontend message type {tag}"));
+        }
+        let max = fe::max_message_len(tag, self.max_message);
+        frame(&self.client.rbuf, max).map_err(|e| e.to_string())
+    }
+
+    /// A simple query's text, found once (its end is a search for the terminator) for the
+    /// result cache, the word scan, the session-state watch and the planner: its length, or
+    /// None (another message, or a malformed Query). The reading of the message before is
+    /// forgotten.
+    #[inline]
+    fn find_query_text(&mut self, tag: u8, len: usize) -> Option<usize> {
+        if let Some(reader) = self.reader.as_deref_mut() {
+            reader.forget(); // a reading is of one message only
+        }
+        if tag != fe::QUERY {
+            return None;
+        }
+        fe::query_text(&self.client.rbuf[5..len]).map(<[u8]>::len)
+    }
+
+    /// Whether the result cache is shown this message (and may answer it).
+    #[inline]
+    fn cache_may_answer(&mut self, tag: u8) -> bool {
+        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) || !self.caching() {
+            return false;
+        }
+        if let Some(c) = self.cache.as_deref_mut() {
+            c.forget_message();
+        }
+        true
+    }
+
+    /// Whether the message needs a server, and what to do when the session holds none.
+    #[inline]
+    fn server_for(&mut self, tag: u8, len: usize) -> Next {
+        if self.server.is_none() {
+            return match tag {
+                fe::TERMINATE => Next::End(End::Terminate),
+                // With no server held the session is idle: a lone Sync is answered as
+                // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
+                // are ignored as PostgreSQL ignores them outside COPY.
+                // A Sync or Flush with a body is malformed: PostgreSQL has to say so.
+                fe::SYNC if len == 5 => {
+                    be::ready_for_query(&mut self.client.wbuf, b'I');
+                    self.client.rbuf.advance(len);
+                    Next::Done
+                }
+                fe::FLUSH if len == 5 => {
+                    self.client.rbuf.advance(len);
+                    Next::Done
+                }
+                fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {
+                    self.client.rbuf.advance(len);
+                    Next::Done
+                }
+                // Preparing, describing or closing known statements needs no server.
+                fe::PARSE | fe::CLOSE | fe::DESCRIBE if self.answer_idle_batch() => Next::Done,
+                _ => Next::Acquire,
+            };
+        }
+        if tag == fe::TERMINATE {
+            if self.terminate_waits() {
+                // PostgreSQL answers what came before a Terminate before it reads it: the
+                // Terminate waits (unread: see `may_read_client`) until that is relayed.
+                return Next::Stop;
+            }
+            return Next::End(End::Terminate);
+        }
+        if is_copy_message(tag) && !self.replies.takes_copy_message(tag) {
+            // Ignored by PostgreSQL (no COPY IN, or one an error ended while the client was
+            // still sending it): not sent, so the error's ReadyForQuery is the end of it.
+            self.client.rbuf.advance(len);
+            return Next::Done;
+        }
+        if self.state.pins != 0 && self.work_done() {
+            // A pinned client's next transaction starts on the server it kept: its time
+            // counts from here (see `pinned_transaction_done`).
+            if let Some(server) = self.server.as_mut() {
+                server.checked_out = Instant::now();
+            }
+        }
+        Next::Go
+    }
+
+    /// `autoprepare_threshold` for a simple query that may be autoprepared.
+    #[inline]
+    fn autoprepare_for(&mut self, tag: u8) -> Option<u64> {
+        if let Some(ap) = self.autoprepare.as_deref_mut() {
+            ap.forget_reading(); // a reading is of one message only
+        }
+        if tag == fe::QUERY {
+            self.autoprepare_threshold()
+        } else {
+            None
+        }
+    }
+
+    /// The words of a simple query that the planner and the session-state watch look for:
+    /// those of its autoprepare shape (found once per shape) and its string literals, or else
+    /// those of one pass over its text.
+    #[inline]
+    fn query_words(&mut self, query_text_len: Option<usize>, autoprepare: Option<u64>) -> u32 {
+        if !self.state.enabled && self.stmts.is_none() {
+            return 0;
+        }
+        let Some(text_len) = query_text_len else {
+            return 0;
+        };
+        let text = &self.client.rbuf[5..5 + text_len];
+        let read = match autoprepare {
+            Some(_) => self
+                .autoprepare
+                .get_or_insert_with(Default::default)
+                .read_ahead(
+                    &self.app.autoprepare,
+                    text,
+                    self.reader.get_or_insert_with(Default::default),
+                ),
+            None => None,
+        };
+        read.unwrap_or_else(|| crate::query::words::in_query(text))
+    }
+
+    /// What the message may change that the session follows: its session state (transaction
+    /// mode) and the schema its statements are prepared against.
+    #[inline]
+    fn note_effects(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+        query_words: u32,
+    ) {
+        if self.state.enabled {
+            self.note_state(tag, len, query_text_len, query_words);
+        }
+        if let (Some(stmts), Some(text_len)) = (
+            self.stmts.as_mut().filter(|_| query_words != 0),
+            query_text_len,
+        ) {
+            let text = &self.client.rbuf[5..5 + text_len];
+            stmts.schema.note(facts::ddl_found(query_words, text));
+        }
+    }
+
+    /// Statement messages are planned (renamed, injected, answered locally), unless
+    /// PostgreSQL is discarding everything until the next Sync anyway. The Sync itself always
+    /// is: the planner may have cleanup to send after it. COPY data is no statement (and
+    /// nothing may be injected into it: see `Planner::prepare_guard`). `Go`: the message goes
+    /// to the server as it is.
+    #[inline]
+    fn plan_client_message(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+        query_words: u32,
+        autoprepare: Option<u64>,
+    ) -> Next {
+        let server = self.server.as_mut().expect("server acquired above");
+        self.stats.bytes_received += len as u64;
+        let skipping = (self.replies.is_skipping() && tag != fe::SYNC) || is_copy_message(tag);
+        let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) else {
+            return Next::Go;
+        };
+        let planned = planner::Planner {
+            msg: &self.client.rbuf[..len],
+            query_text: query_text_len.map(|n| &self.client.rbuf[5..5 + n]),
+            server,
+            stmts,
+            replies: &mut self.replies,
+            registry: &self.app.registry,
+            stats: &mut self.stats,
+            limits: self.statement_limits,
+            cleanup: &mut self.cleanup,
+            retry: &mut self.retry,
+            query_words,
+            state: &mut self.state,
+            autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
+                global: &self.app.autoprepare,
+                client: self.autoprepare.get_or_insert_with(Default::default),
+                reader: self.reader.get_or_insert_with(Default::default),
+                threshold,
+            }),
+            reported: &self.reported,
+        }
+        .plan(tag);
+        if planned != planner::Plan::Wait {
+            self.wait_flushed = false;
+            self.replanned |= std::mem::take(&mut self.replan);
+        }
+        match planned {
+            planner::Plan::Forward => Next::Go,
+            planner::Plan::Done => {
+                self.retry.consumed(&self.client.rbuf[..len]);
+                self.client.rbuf.advance(len);
+                let pending_output = self.client.wbuf.len();
+                self.answer_locally();
+                if pending_output == 0 && !self.client.wbuf.is_empty() {
+                    self.local_replies_only = true;
+                }
+                Next::Done
+            }
+            planner::Plan::Wait => {
+                // Planned again when the server has answered what is in flight, which a
+                // Flush makes it send.
+                self.stats.bytes_received -= len as u64;
+                if !self.wait_flushed {
+                    let server = self.server.as_mut().expect("server acquired above");
+                    crate::protocol::write_message(&mut server.wbuf, fe::FLUSH, |_| {});
+                    self.wait_flushed = true;
+                }
+                self.waiting = true;
+                self.replan = true;
+                Next::Stop
+            }
+        }
+    }
+
+    /// The message goes to the server as the client sent it, its reply expected.
+    #[inline]
+    fn forward_client_message(&mut self, tag: u8, len: usize) {
+        if let Some(expected) = Expected::for_client_message(tag) {
+            self.replies.push(expected);
+        }
+        let server = self.server.as_mut().expect("server acquired above");
+        server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
+        self.retry.consumed(&self.client.rbuf[..len]);
+        self.client.rbuf.advance(len);
     }
 
     /// A message of an unknown type while the server waits for COPY data: PostgreSQL reads
@@ -472,4 +568,19 @@ impl Session {
 #[inline]
 pub(super) fn is_copy_message(tag: u8) -> bool {
     matches!(tag, fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL)
+}
+
+/// What the session does next with the message at the head of the client's input.
+#[derive(Debug)]
+enum Next {
+    /// Go on with it (to the next stage, or to the server).
+    Go,
+    /// It is dealt with: on to the next message.
+    Done,
+    /// Read no further for now (it waits for the server).
+    Stop,
+    /// Take a server first.
+    Acquire,
+    /// The session ends.
+    End(End),
 }
