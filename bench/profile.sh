@@ -13,6 +13,8 @@
 # nothing about its port, find it with `ss -ltnp | grep postgres`). `-f` runs a pgbench script
 # instead of `-S` (e.g. bench/orm.sql, or bench/cache_hot.sql with `-x --cache`), with `-s` the
 # scale of the data. Needs valgrind and perf (apt-get install valgrind linux-perf).
+# PROFILE_KEEP=DIR keeps each binary's callgrind profile there (BIN-MODE.callgrind), to see
+# per function where instructions went: callgrind_annotate DIR/pgmemo-MODE.callgrind.
 set -eu
 
 mode=prepared clients=8 tx=500 pgport= database=postgres script= scale=1
@@ -62,6 +64,10 @@ for bin in "$@"; do
   callgrind_control -i off "$pid" >/dev/null 2>&1
   stop
   instructions=$(callgrind_annotate "$work"/cg.out* 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+  if [[ -n ${PROFILE_KEEP:-} ]]; then # keep the profile, for callgrind_annotate per function
+    mkdir -p "$PROFILE_KEEP"
+    cat "$work"/cg.out* >"$PROFILE_KEEP/$(basename "$bin")-$mode.callgrind"
+  fi
   rm -f "$work"/cg.out*
 
   start "$bin"
