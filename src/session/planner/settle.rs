@@ -1,0 +1,308 @@
+//! After the replies: a statement's effects settled once PostgreSQL has answered (kept, or
+//! undone when it never ran), the batch kept to be sent again after 0A000 ([`Retry`]), and the
+//! statements to close after the next Sync ([`Cleanup`]).
+
+use super::sql::{apply_sql_command, restore_sql_statement};
+use crate::protocol::frontend as fe;
+use crate::protocol::pg_name;
+use crate::replies::Outcome;
+use crate::server::ServerConn;
+use crate::statements::{ClientStatements, Effect};
+use bytes::BytesMut;
+
+/// The client's batch from its first statement to its Sync, kept while it runs, so that it can
+/// be sent again once, transparently, when that first statement of an implicit transaction
+/// fails with 0A000 ("cached plan must not change result type": a table's columns changed
+/// since the statement was prepared). Nothing of the batch has run then: pgmemo swallows the
+/// error and the batch's ReadyForQuery, and plans the kept messages again, which prepares
+/// the statement afresh.
+///
+/// Only when the batch describes its portal before executing it (as libpq does): the client
+/// then reads the new rows by the new RowDescription. A client that decodes rows by a
+/// description it cached earlier must see the 0A000, as PostgreSQL gives it, or it would
+/// read the new columns by the old description. Elsewhere too (in a transaction block,
+/// after a statement already ran, behind further pipelined work) the client gets the error.
+#[derive(Debug, Default)]
+pub struct Retry {
+    /// Keeping the client's messages (from a retry point on).
+    capturing: bool,
+    /// They reach the batch's Sync: the batch can be sent again.
+    complete: bool,
+    bytes: BytesMut,
+    /// The first bytes of the client's input are a batch sent again: not again.
+    replaying: usize,
+    /// The 0A000 was swallowed: so is the batch's ReadyForQuery, then the batch goes again.
+    pending: bool,
+    /// The kept messages describe a portal before any Execute.
+    describes: bool,
+    /// The kept messages have an Execute.
+    executes: bool,
+    /// What is kept is one simple query, run as an autoprepared statement: complete once
+    /// it is kept.
+    query: bool,
+}
+
+/// A larger batch is not kept (its first statement's 0A000 reaches the client).
+const MAX_RETRY_BYTES: usize = 1 << 20;
+
+/// Statement names a duplicate Parse left on the server, closed after the client's next Sync
+/// (see `Planner::duplicate_parse`). Boxed once there are any: rare, and every session holds
+/// one (8 bytes, where a Vec takes 24).
+#[derive(Default)]
+#[allow(clippy::box_collection)]
+pub struct Cleanup(Option<Box<Vec<Box<[u8]>>>>);
+
+impl Cleanup {
+    pub(super) fn push(&mut self, name: Box<[u8]>) {
+        self.0.get_or_insert_with(Default::default).push(name);
+    }
+
+    /// Whether one of the names is `name` as PostgreSQL reads it (truncated).
+    pub(super) fn holds(&self, name: &[u8]) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|names| names.iter().any(|n| pg_name(n) == name))
+    }
+
+    /// The names, leaving none.
+    pub(super) fn take(&mut self) -> Option<Vec<Box<[u8]>>> {
+        self.0.take().map(|names| *names)
+    }
+}
+
+impl Retry {
+    pub(super) fn can_start(&self) -> bool {
+        !self.capturing && self.replaying == 0 && !self.pending
+    }
+
+    pub(super) fn start(&mut self) {
+        self.capturing = true;
+    }
+
+    /// Keeps the simple query being planned, which runs as an autoprepared statement (its
+    /// portal described before it executes).
+    pub(super) fn start_query(&mut self) {
+        self.capturing = true;
+        self.query = true;
+        self.describes = true;
+    }
+
+    /// The session consumed this client message (planned or forwarded).
+    pub fn consumed(&mut self, msg: &[u8]) {
+        self.replaying = self.replaying.saturating_sub(msg.len());
+        if !self.capturing || self.complete {
+            return;
+        }
+        if self.bytes.len() + msg.len() > MAX_RETRY_BYTES {
+            self.forget();
+            return;
+        }
+        self.bytes.extend_from_slice(msg);
+        match msg.first() {
+            Some(&fe::SYNC) => self.complete = true,
+            Some(&fe::QUERY) if self.query => self.complete = true,
+            Some(&fe::EXECUTE) => self.executes = true,
+            Some(&fe::DESCRIBE) if msg.get(5) == Some(&b'P') && !self.executes => {
+                self.describes = true
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether an error now may be the retry point's 0A000 with the whole batch kept.
+    pub fn is_armed(&self) -> bool {
+        self.complete && self.describes && !self.pending
+    }
+
+    /// The batch ended (or cannot be sent again): forget it.
+    pub fn forget(&mut self) {
+        self.capturing = false;
+        self.complete = false;
+        self.describes = false;
+        self.executes = false;
+        self.query = false;
+        self.bytes.clear();
+    }
+
+    /// The 0A000 was swallowed; the batch's ReadyForQuery must be too.
+    pub fn swallow_ready(&mut self) {
+        self.pending = true;
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// The batch's ReadyForQuery arrived: the batch to plan again, before anything else the
+    /// client sent.
+    pub fn replay(&mut self) -> BytesMut {
+        self.pending = false;
+        let bytes = std::mem::take(&mut self.bytes);
+        self.forget();
+        self.replaying = bytes.len();
+        bytes
+    }
+}
+
+/// Applies the bookkeeping of one ended entry: kept when its message ran, undone when
+/// PostgreSQL discarded it (or it failed). `error_code` is the SQLSTATE of the error that
+/// ended it, if any.
+pub fn settle(
+    stmts: &mut ClientStatements,
+    mut server: Option<&mut ServerConn>,
+    effect: Effect,
+    outcome: Outcome,
+    error_code: Option<&str>,
+    retried: bool,
+) {
+    let done = outcome == Outcome::Done;
+    match effect {
+        Effect::Prepared(s)
+        | Effect::Bound {
+            statement: s,
+            prepared_here: true,
+            ..
+        } if done => {
+            s.mark_validated();
+            s.server_prepares
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Effect::Prepared(s) => {
+            if let Some(server) = server {
+                server.prepared.remove(&s);
+            }
+        }
+        Effect::Probe(s) if done => {
+            s.mark_validated();
+            s.server_prepares
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Effect::Probe(s) => {
+            if outcome == Outcome::Failed {
+                s.mark_rejected();
+            }
+            if let Some(server) = server {
+                server.prepared.remove(&s);
+            }
+        }
+        Effect::Bound { .. } if done => {}
+        Effect::Bound {
+            name,
+            previous,
+            statement,
+            prepared_here,
+        } => {
+            if name.is_empty() && outcome == Outcome::Failed {
+                // PostgreSQL drops the unnamed statement before it parses the new one, so
+                // an unnamed Parse that fails leaves none.
+                stmts.set(b"", None);
+            } else {
+                stmts.set(&name, previous);
+            }
+            if prepared_here {
+                if let Some(server) = server {
+                    server.prepared.remove(&statement);
+                }
+            }
+        }
+        Effect::Unbound { name, statement } if outcome == Outcome::Discarded => {
+            stmts.set(&name, Some(statement));
+        }
+        Effect::Deallocated { name, statement } if !done => {
+            stmts.set(&name, Some(statement));
+        }
+        Effect::SearchPathSet(before) if !done => stmts.search_path.restore(*before),
+        Effect::SqlDeallocated(named) if !done => restore_sql_statement(stmts, server, *named),
+        Effect::Closed {
+            statement,
+            generation,
+        } if !done => {
+            if let Some(server) = server {
+                server
+                    .prepared
+                    .insert_with_generation(statement, generation);
+            }
+        }
+        Effect::Uses {
+            statement,
+            generation,
+            retry,
+        } if outcome == Outcome::Failed && error_code == Some("0A000") => {
+            // "cached plan must not change result type": every server's copy is now stale
+            // and is re-parsed on its next use.
+            statement.invalidate(generation);
+            if retry && retried {
+                // Its batch is being sent again and re-describes the portal: this client gets
+                // the new shape, so its name is current again. Other clients stay stale.
+                stmts.refresh(&statement);
+            }
+        }
+        Effect::Reset(snapshot) if done && snapshot.discard_all => {
+            stmts.search_path.discarded();
+            if let Some(server) = server {
+                // RESET ALL: the settings pgmemo made on the server are gone.
+                server.settings.clear();
+                server.params_synced_for = None;
+            }
+        }
+        Effect::Reset(snapshot) if !done => {
+            stmts.restore_all(snapshot.names);
+            if let Some(sql) = snapshot.sql {
+                stmts.sql = sql.client;
+                if let Some(server) = server.as_deref_mut() {
+                    server.prepared.sql = sql.server;
+                }
+            }
+            if let Some(server) = server {
+                server.prepared.clear();
+                for (s, generation) in snapshot.prepared {
+                    server.prepared.insert_with_generation(s, generation);
+                }
+                server.prepared.set_guard(snapshot.guard);
+                if !snapshot.sole_command {
+                    // It may have run before the error: what the server holds is unknown,
+                    // so this connection is not reused.
+                    server.broken = true;
+                }
+            }
+        }
+        Effect::Sql(sql) if outcome != Outcome::Discarded => {
+            let failed = outcome == Outcome::Failed;
+            for command in sql.commands.into_iter().take(sql.completed) {
+                apply_sql_command(stmts, server.as_deref_mut(), command, failed);
+            }
+        }
+        Effect::SqlSync { name } if !done => {
+            if let Some(server) = server {
+                server.prepared.sql.remove(&name);
+            }
+        }
+        Effect::SqlClosed(named) if outcome == Outcome::Discarded => {
+            restore_sql_statement(stmts, server, *named)
+        }
+        Effect::Guard if !done => {
+            if let Some(server) = server {
+                server.prepared.set_guard(false);
+            }
+        }
+        Effect::Both(both) => {
+            let (first, second) = *both;
+            // Undone newest first.
+            let (a, b) = if done {
+                (first, second)
+            } else {
+                (second, first)
+            };
+            settle(
+                stmts,
+                server.as_deref_mut(),
+                a,
+                outcome,
+                error_code,
+                retried,
+            );
+            settle(stmts, server, b, outcome, error_code, retried);
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,616 @@
+//! The planner's SQL-level statements: `PREPARE`, `EXECUTE`, `DEALLOCATE`, `DISCARD ALL` and
+//! `SET search_path` in simple queries (and in the Execute of a portal bound from one), what
+//! each does to the client's statement names, and the SQL-level statements carried to the
+//! client's next server.
+
+use super::{Plan, Planner, Words, MISSING_NAME};
+use crate::params::Vars;
+use crate::protocol::backend::{self as be, sqlstate, Severity};
+use crate::protocol::frontend as fe;
+use crate::protocol::{pg_name, put_cstr, write_message};
+use crate::query::command::{self, Command};
+use crate::replies::{Action, Entry, ErrorRewrite, Expected, ReplyQueue, Synth};
+use crate::server::ServerConn;
+use crate::statements::{
+    ClientStatements, Effect, ResetSnapshot, SqlCommands, SqlSnapshot, Statement, GUARD_NAME,
+};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+
+impl Planner<'_> {
+    /// The tracked statement ([`Statement::tracked`]) the portal of the Execute being
+    /// planned was bound from, if any.
+    pub(super) fn tracked_execute(&self) -> Option<Arc<Statement>> {
+        let x = fe::Execute::parse(self.body())?;
+        self.stmts.tracked_portal(x.portal).cloned()
+    }
+
+    /// An Execute of a portal bound from `DISCARD ALL`, `DEALLOCATE ALL` or `DEALLOCATE name`
+    /// (psycopg sends them so). The server runs it; the client's statements (and the server's
+    /// set) change as PostgreSQL's would, at once for whatever is planned after it, and are
+    /// restored if it fails or is discarded. Whether it fails is PostgreSQL's decision (DISCARD
+    /// ALL in a transaction block or a pipeline, an aborted block, a portal that is gone).
+    pub(super) fn execute(&mut self) -> Plan {
+        let Some(command) = self.tracked_execute().and_then(|s| s.tracked.clone()) else {
+            return Plan::Forward;
+        };
+        let plan = match command {
+            Command::DiscardAll | Command::DeallocateAll => {
+                // Every named statement, pgmemo's on the server too (the guard included); the
+                // unnamed one stays.
+                let snapshot = ResetSnapshot {
+                    names: self.stmts.take_named(),
+                    prepared: self.server.prepared.snapshot(),
+                    guard: self.server.prepared.has_guard(),
+                    sole_command: true,
+                    discard_all: command == Command::DiscardAll,
+                    sql: Some(Box::new(SqlSnapshot {
+                        client: std::mem::take(&mut self.stmts.sql),
+                        server: std::mem::take(&mut self.server.prepared.sql),
+                    })),
+                };
+                self.server.prepared.clear();
+                self.forward_execute(Some(Effect::Reset(Box::new(snapshot))));
+                Plan::Done
+            }
+            Command::Deallocate { name } => self.execute_deallocate(name.as_bytes()),
+            // Of a reserved name (see `Statement::hidden`): the server runs it naming
+            // `pgmemo_s`, which it does not have.
+            Command::Execute { name } => {
+                self.forward_execute_with(None, missing_as(&name));
+                Plan::Done
+            }
+            Command::Prepare { name, .. } => {
+                self.forward_execute_with(None, refusing(&name));
+                Plan::Done
+            }
+            Command::SetSearchPath { value, local } => {
+                // Statements parsed after it are keyed by the new search_path.
+                let before = crate::statements::SearchPath::clone(&self.stmts.search_path);
+                self.stmts.search_path.set(value.as_deref(), local);
+                self.forward_execute(Some(Effect::SearchPathSet(Box::new(before))));
+                Plan::Done
+            }
+            _ => Plan::Forward,
+        };
+        // Its command runs to completion at once: an Execute of it again fails on the server
+        // (55000, "portal cannot be run"), as it would on PostgreSQL. (If this Execute does not
+        // run, the portal is gone or failed with its transaction anyway.)
+        if plan != Plan::Wait {
+            let msg = self.msg;
+            if let Some(x) = fe::Execute::parse(&msg[5..]) {
+                self.stmts.forget_portal(x.portal);
+            }
+        }
+        plan
+    }
+
+    /// The Execute of `DEALLOCATE name`: the server runs it, and must find a statement under
+    /// that name exactly when PostgreSQL would (the client has one).
+    pub(super) fn execute_deallocate(&mut self, name: &[u8]) -> Plan {
+        if !self.state_known() {
+            return Plan::Wait;
+        }
+        if self.server.status == b'E' {
+            // In an aborted block the server refuses it (25P02), as PostgreSQL would.
+            return Plan::Forward;
+        }
+        let name = pg_name(name);
+        if self.stmts.is_sql(name) {
+            // A SQL-level statement: on the server under the client's name.
+            let name = String::from_utf8_lossy(name).into_owned();
+            let text = self.stmts.sql.remove(&name).unwrap_or_default();
+            self.server.prepared.sql.remove(&name);
+            self.forward_execute(Some(Effect::SqlDeallocated(Box::new((name, text)))));
+            return Plan::Done;
+        }
+        // Something of pgmemo's has this name on the server: its own statement (a client may
+        // name one `pgmemo_s<n>`), or what a duplicate Parse left until the next Sync.
+        let own = self.server.prepared.by_server_name(name);
+        let taken = own.is_some()
+            || (name == GUARD_NAME && self.server.prepared.has_guard())
+            || self.cleanup.holds(name);
+        match self.stmts.set(name, None) {
+            Some(statement) => {
+                let mut effect = Effect::Deallocated {
+                    name: name.into(),
+                    statement,
+                };
+                if let Some((own, generation)) = own {
+                    // The DEALLOCATE drops pgmemo's copy: it is not there for what follows.
+                    self.server.prepared.remove(&own);
+                    let closed = Effect::Closed {
+                        statement: own,
+                        generation,
+                    };
+                    effect = Effect::Both(Box::new((closed, effect)));
+                } else if name == GUARD_NAME {
+                    self.server.prepared.set_guard(false);
+                } else if !taken {
+                    // The client's statement is on the server under pgmemo's name: a
+                    // placeholder under the client's name is what the DEALLOCATE drops. Closed
+                    // after the client's next Sync in case the Execute does not run.
+                    self.parse_guard_query(name, Action::Skip, None);
+                    self.cleanup.push(name.into());
+                }
+                self.forward_execute(Some(effect));
+            }
+            None if taken => {
+                // PostgreSQL: 26000, which the server would not say. It says it, from the same
+                // lookup, to a Describe of a name no server has.
+                write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, MISSING_NAME);
+                });
+                self.replies.push_entry(Entry {
+                    expected: Expected::Describe,
+                    action: Action::replace_error(ErrorRewrite::Rename {
+                        from: Bytes::from_static(MISSING_NAME),
+                        to: Bytes::copy_from_slice(name),
+                    }),
+                    effect: None,
+                });
+            }
+            // The server fails it with PostgreSQL's 26000 (or finds the portal gone).
+            None => return Plan::Forward,
+        }
+        Plan::Done
+    }
+
+    /// Sends the client's Execute as it is, with bookkeeping.
+    pub(super) fn forward_execute(&mut self, effect: Option<Effect>) {
+        self.forward_execute_with(effect, Action::Forward);
+    }
+
+    pub(super) fn forward_execute_with(&mut self, effect: Option<Effect>, action: Action) {
+        self.server.wbuf.extend_from_slice(self.msg);
+        self.replies.push_entry(Entry {
+            expected: Expected::Execute,
+            action,
+            effect,
+        });
+    }
+
+    /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
+    /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
+    /// server knows it under another name). Everything else passes through.
+    pub(super) fn query(&mut self, words: u32) -> Plan {
+        let statement_words = Words::PREPARE
+            | Words::DEALLOCATE
+            | Words::DISCARD
+            | Words::EXECUTE
+            | Words::SEARCH_PATH
+            | Words::PGMEMO_S;
+        if words & statement_words == 0 {
+            if let Some(plan) = self.autoprepared() {
+                return plan;
+            }
+        }
+        if self.deallocates_protocol_name(words) && !self.state_known() {
+            // Answered locally, unless the session is in an aborted block: not known yet.
+            return Plan::Wait;
+        }
+        // PostgreSQL drops the unnamed statement at the start of every simple query (even one
+        // that then fails).
+        let unnamed = self
+            .stmts
+            .get(b"")
+            .is_some()
+            .then(|| self.stmts.set(b"", None))
+            .flatten()
+            .map(|statement| Effect::Unbound {
+                name: Box::default(),
+                statement,
+            });
+        let effect = self.query_effect(words);
+        match effect {
+            QueryPlan::Synthesize(effect) => self.replies.push_entry(Entry {
+                expected: Expected::Query,
+                action: Action::Synthesize(Synth::Deallocate),
+                effect: Effect::combine(unnamed, Some(effect)),
+            }),
+            QueryPlan::Forward(effect, placeholders, hidden) => {
+                if unnamed.is_none()
+                    && effect.is_none()
+                    && placeholders.is_empty()
+                    && hidden.is_none()
+                {
+                    return Plan::Forward;
+                }
+                let bracket = !placeholders.is_empty() && !self.replies.in_batch();
+                if bracket {
+                    self.placeholders(&placeholders, fe::PARSE);
+                }
+                let action = match hidden {
+                    Some((text, action)) => {
+                        write_message(&mut self.server.wbuf, fe::QUERY, |m| put_cstr(m, &text));
+                        action
+                    }
+                    None => {
+                        self.server.wbuf.extend_from_slice(self.msg);
+                        Action::Forward
+                    }
+                };
+                self.replies.push_entry(Entry {
+                    expected: Expected::Query,
+                    action,
+                    effect: Effect::combine(unnamed, effect),
+                });
+                if bracket {
+                    self.placeholders(&placeholders, fe::CLOSE);
+                }
+            }
+        }
+        Plan::Done
+    }
+
+    /// A query that PREPAREs, EXECUTEs or DEALLOCATEs a name that is one of the client's
+    /// protocol-level statements, which the server knows under pgmemo's name only: for
+    /// PostgreSQL's own answer (42P05, the statement's rows, a DEALLOCATE that works), the
+    /// statements are prepared on the server under the client's names before the query
+    /// (`tag` PARSE) and closed after it (`tag` CLOSE; closing a name that is not there is
+    /// not an error). Each group is a unit of its own, between the client's, and silent.
+    pub(super) fn placeholders(&mut self, names: &[(String, Arc<Statement>)], tag: u8) {
+        for (name, statement) in names {
+            if tag == fe::PARSE {
+                write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+                    put_cstr(m, name.as_bytes());
+                    put_cstr(m, &statement.server_query);
+                    m.extend_from_slice(&statement.key.param_types);
+                });
+            } else {
+                write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
+                    m.extend_from_slice(b"S");
+                    put_cstr(m, name.as_bytes());
+                });
+            }
+            self.replies.push_entry(Entry {
+                expected: if tag == fe::PARSE {
+                    Expected::Parse
+                } else {
+                    Expected::Close
+                },
+                action: Action::Silent,
+                effect: None,
+            });
+        }
+        fe::sync(&mut self.server.wbuf);
+        self.replies.push_entry(Entry {
+            expected: Expected::Sync,
+            action: Action::Silent,
+            effect: None,
+        });
+    }
+
+    /// Whether the message is a simple query that is only `DEALLOCATE` of one of the client's
+    /// protocol-level statements.
+    pub(super) fn deallocates_protocol_name(&self, words: u32) -> bool {
+        if self.stmts.is_empty() || words & Words::DEALLOCATE == 0 {
+            return false;
+        }
+        let Some(text) = self.query_text else {
+            return false;
+        };
+        let Ok(text) = std::str::from_utf8(text) else {
+            return false;
+        };
+        matches!(command::classify(text).as_slice(),
+            [Command::Deallocate { name }] if self.stmts.get(name.as_bytes()).is_some())
+    }
+
+    /// What a simple query does to the client's statements.
+    pub(super) fn query_effect(&mut self, words: u32) -> QueryPlan {
+        let Some(text) = self.query_text else {
+            return QueryPlan::Forward(None, Vec::new(), None);
+        };
+        let commands = Words::PREPARE
+            | Words::DEALLOCATE
+            | Words::DISCARD
+            | Words::EXECUTE
+            | Words::SEARCH_PATH
+            | Words::PGMEMO_S;
+        if words & commands == 0 {
+            return QueryPlan::Forward(None, Vec::new(), None);
+        }
+        let Ok(text) = std::str::from_utf8(text) else {
+            // Another client_encoding: its reserved names are hidden all the same.
+            let hidden = (words & Words::PGMEMO_S != 0)
+                .then(|| command::hide_reserved(text))
+                .flatten()
+                .map(|h| {
+                    let action = reserved_action(&h.uses[0].1);
+                    (h.text, action)
+                });
+            return QueryPlan::Forward(None, Vec::new(), hidden);
+        };
+        let commands = command::classify(text);
+        if let [Command::Deallocate { name }] = commands.as_slice() {
+            // In an aborted transaction block the server refuses it (25P02) whatever the name,
+            // exactly as PostgreSQL would.
+            if !self.certainly_aborted() {
+                if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
+                    return QueryPlan::Synthesize(Effect::Unbound {
+                        name: name.as_bytes().into(),
+                        statement,
+                    });
+                }
+            }
+        }
+        // An EXECUTE of a protocol-level statement whose text is DEALLOCATE runs that
+        // DEALLOCATE (placeholders below prepare both names on the server).
+        let executed: Vec<Command> = commands
+            .iter()
+            .map(|c| match c {
+                Command::Execute { name } => match self
+                    .stmts
+                    .get(name.as_bytes())
+                    .and_then(|s| s.tracked.clone())
+                {
+                    Some(t @ (Command::Deallocate { .. } | Command::DeallocateAll)) => t,
+                    _ => c.clone(),
+                },
+                _ => c.clone(),
+            })
+            .collect();
+        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
+        let mut placeholders: Vec<(String, Arc<Statement>)> = Vec::new();
+        for command in commands.iter().chain(&executed) {
+            if let Command::Prepare { name, .. }
+            | Command::Execute { name }
+            | Command::Deallocate { name } = command
+            {
+                if let Some(statement) = self.stmts.get(name.as_bytes()) {
+                    if !name.starts_with("pgmemo_s") && !placeholders.iter().any(|(n, _)| n == name)
+                    {
+                        placeholders.push((name.clone(), statement.clone()));
+                    }
+                }
+            }
+        }
+        let mut effect = None;
+        if executed
+            .iter()
+            .any(|c| matches!(c, Command::DiscardAll | Command::DeallocateAll))
+        {
+            let snapshot = ResetSnapshot {
+                names: self.stmts.take_all(),
+                prepared: self.server.prepared.snapshot(),
+                guard: self.server.prepared.has_guard(),
+                sole_command: commands.len() == 1,
+                discard_all: commands.contains(&Command::DiscardAll),
+                sql: None,
+            };
+            self.server.prepared.clear();
+            effect = Some(Effect::Reset(Box::new(snapshot)));
+        }
+        // Reserved names (`pgmemo_s<n>`) are pgmemo's on the server: hidden from it (see
+        // `command::hide_reserved`). PostgreSQL stops at the first statement that fails, and each
+        // hidden one fails: the error, if about `pgmemo_s`, is about the first of them (or of
+        // the client's statements whose hidden text an EXECUTE runs, see `placeholders`).
+        let hidden = if words & Words::PGMEMO_S != 0 {
+            command::hide_reserved(text.as_bytes())
+        } else {
+            None
+        };
+        let first_hidden = commands.iter().enumerate().find_map(|(i, c)| {
+            if let Some((_, used)) = hidden
+                .as_ref()
+                .and_then(|h| h.uses.iter().find(|(j, _)| *j == i))
+            {
+                return Some(used.clone());
+            }
+            match c {
+                Command::Execute { name } if !command::is_reserved_name(name.as_bytes()) => {
+                    self.stmts.get(name.as_bytes())?.hidden.clone()
+                }
+                _ => None,
+            }
+        });
+        let hidden = match (hidden, first_hidden) {
+            (Some(h), Some(used)) => Some((h.text, reserved_action(&used))),
+            (None, Some(used)) => Some((text.as_bytes().to_vec(), reserved_action(&used))),
+            (Some(h), None) => Some((h.text, Action::Forward)),
+            (None, None) => None,
+        };
+        let commands = executed;
+        if commands.iter().any(|c| {
+            matches!(
+                c,
+                Command::Prepare { .. }
+                    | Command::SetSearchPath { .. }
+                    | Command::Deallocate { .. }
+                    | Command::DeallocateAll
+                    | Command::DiscardAll
+            )
+        }) {
+            let sql = Effect::Sql(Box::new(SqlCommands {
+                commands,
+                completed: 0,
+            }));
+            effect = Effect::combine(effect, Some(sql));
+        }
+        QueryPlan::Forward(effect, placeholders, hidden)
+    }
+}
+
+/// How a simple query is sent, and what it does to the client's statements.
+pub(super) enum QueryPlan {
+    /// To the server, between placeholders for these names (see [`Planner::placeholders`]);
+    /// with reserved statement names hidden, this text, its errors shown so.
+    Forward(
+        Option<Effect>,
+        Vec<(String, Arc<Statement>)>,
+        Option<(Vec<u8>, Action)>,
+    ),
+    /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
+    Synthesize(Effect),
+}
+
+/// A client's SQL-level statement (name, text) whose drop did not happen: the client has it
+/// again, and so does the server it was dropped on.
+pub(super) fn restore_sql_statement(
+    stmts: &mut ClientStatements,
+    server: Option<&mut ServerConn>,
+    (name, text): (String, String),
+) {
+    if let Some(server) = server {
+        server.prepared.sql.insert(name.clone(), text.clone());
+    }
+    stmts.sql.insert(name, text);
+}
+
+/// One SQL-level statement command that ran, in a query that `failed` or not.
+pub(super) fn apply_sql_command(
+    stmts: &mut ClientStatements,
+    server: Option<&mut ServerConn>,
+    command: Command,
+    failed: bool,
+) {
+    let status = server.as_ref().map_or(b'I', |s| s.status);
+    let server_sql = server.map(|s| &mut s.prepared.sql);
+    match command {
+        Command::SetSearchPath { value, local } => {
+            if status == b'I' {
+                // The query's transaction has ended: committed, unless the query failed.
+                if !failed {
+                    stmts.search_path.set(value.as_deref(), local);
+                    stmts.search_path.end(true);
+                }
+            } else {
+                // In a transaction block, until it ends (see `SearchPath::observe`).
+                stmts.search_path.set(value.as_deref(), local);
+            }
+        }
+        Command::Prepare { name, text } => {
+            if let Some(server_sql) = server_sql {
+                server_sql.insert(name.clone(), text.clone());
+            }
+            stmts.sql.insert(name, text);
+        }
+        Command::Deallocate { name } => {
+            if stmts.sql.remove(&name).is_none() {
+                // A protocol-level statement (the server had a placeholder).
+                stmts.set(name.as_bytes(), None);
+            }
+            if let Some(server_sql) = server_sql {
+                server_sql.remove(&name);
+            }
+        }
+        Command::DeallocateAll | Command::DiscardAll => {
+            stmts.sql.clear();
+            if let Some(server_sql) = server_sql {
+                server_sql.clear();
+            }
+        }
+        Command::Execute { .. } | Command::Other => {}
+    }
+}
+
+/// A session-level search_path the client SET and committed (or, after DISCARD ALL, the startup
+/// packet's again): from now on the client's setting (carried to every server its transactions
+/// run on, like a startup packet's), and what this server has. `""` is the server's default; a value pgmemo could not read is not carried, but
+/// the server is marked as unlike anyone's, so the next client sets its own.
+pub fn carry_search_path(
+    path: &str,
+    state: &mut crate::statements::SearchPath,
+    client: &mut Vars,
+    server: Option<&mut ServerConn>,
+) {
+    const NAME: &str = "search_path";
+    state.remember_startup(client.get(NAME));
+    let client_only = std::mem::take(&mut state.carry_to_client_only);
+    let mut server = server.filter(|_| !client_only);
+    if let Some(server) = server.as_deref_mut() {
+        // Its recorded settings change here, outside the parameter sync.
+        server.params_synced_for = None;
+    }
+    if crate::statements::is_unknown_search_path(path) {
+        if let Some(server) = server {
+            server.settings.set(NAME, path);
+        }
+        return;
+    }
+    for settings in std::iter::once(client).chain(server.map(|s| &mut s.settings)) {
+        if path.is_empty() {
+            settings.remove(NAME);
+        } else {
+            settings.set(NAME, path);
+        }
+    }
+}
+
+/// Makes the server's SQL-level statements the client's (a transaction runs wherever the pool
+/// puts it): DEALLOCATE what another client left there, PREPARE what this client prepared
+/// elsewhere — also so that a client never runs another client's statement. Called when the
+/// session takes a server, before any of the client's messages; each is a query of its own,
+/// whose replies are swallowed.
+pub fn sync_sql_statements(
+    stmts: &ClientStatements,
+    server: &mut ServerConn,
+    replies: &mut ReplyQueue,
+) {
+    if stmts.sql.is_empty() && server.prepared.sql.is_empty() {
+        return;
+    }
+    let stale: Vec<String> = server
+        .prepared
+        .sql
+        .iter()
+        .filter(|(name, text)| stmts.sql.get(name) != Some(*text))
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in stale {
+        server.prepared.sql.remove(&name);
+        fe::query(
+            &mut server.wbuf,
+            &format!("DEALLOCATE \"{}\"", name.replace('"', "\"\"")),
+        );
+        replies.push(Expected::Internal);
+    }
+    for (name, text) in stmts.sql.iter() {
+        if server.prepared.sql.contains_key(name) {
+            continue;
+        }
+        server.prepared.sql.insert(name.clone(), text.clone());
+        fe::query(&mut server.wbuf, text);
+        replies.push_entry(Entry {
+            expected: Expected::Internal,
+            action: Action::Forward,
+            effect: Some(Effect::SqlSync { name: name.clone() }),
+        });
+    }
+}
+
+/// The replies to a statement that names the reserved `name` (see `command::ReservedUse`).
+pub(super) fn reserved_action(used: &command::ReservedUse) -> Action {
+    match used {
+        command::ReservedUse::Missing(name) => missing_as(name),
+        command::ReservedUse::Refused(name) => refusing(name),
+    }
+}
+
+/// PostgreSQL's 26000 about [`MISSING_NAME`] is about the client's `name`.
+pub(super) fn missing_as(name: &str) -> Action {
+    Action::replace_error(ErrorRewrite::Hidden {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        refusal: None,
+    })
+}
+
+/// PostgreSQL's 26000 about [`MISSING_NAME`] is pgmemo's refusal to prepare the reserved
+/// `name`.
+pub(super) fn refusing(name: &str) -> Action {
+    let mut error = BytesMut::new();
+    be::error_response(
+        &mut error,
+        Severity::Error,
+        sqlstate::RESERVED_NAME,
+        &format!(
+            "pgmemo: prepared statement name \"{name}\" is reserved (names pgmemo_s followed by digits are pgmemo's own on the server)"
+        ),
+    );
+    Action::replace_error(ErrorRewrite::Hidden {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        refusal: Some(error.freeze()),
+    })
+}
