@@ -295,21 +295,16 @@ fn describe(e: &ServerError) -> String {
 
 /// One replication session: set up, catch up, stream until it fails.
 async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Result<(), String> {
-    let target = &setup.target;
-    let mut conn = ServerConn::connect_with(target, &[("replication", "database")])
-        .await
-        .map_err(|e| match &e {
-            ServerError::Server { fields, .. } if fields.code == "42501" => format!(
-                "role \"{}\" may not start a replication connection: give it the REPLICATION \
-                 attribute (ALTER ROLE {} REPLICATION) or set cache.replication_user",
-                target.user, target.user
-            ),
-            ServerError::Server { fields, .. } if fields.code == "53300" => format!(
-                "{}: raise max_wal_senders (and max_connections) in postgresql.conf",
-                fields.message
-            ),
-            other => format!("replication connection: {}", describe(other)),
-        })?;
+    let (conn, start) = start_streaming(follower, setup).await?;
+    follower.set_phase(Phase::CatchingUp);
+    apply_stream(conn, start, follower, cache, setup).await
+}
+
+/// Sets a replication session up: a replication connection, its checks (wal_level, the
+/// publication), a temporary slot, START_REPLICATION. The connection, streaming, and the end
+/// of WAL to catch up with before anything is served.
+async fn start_streaming(follower: &Follower, setup: &Setup) -> Result<(ServerConn, Lsn), String> {
+    let mut conn = connect_replication(&setup.target).await?;
     let wal_level = command(&mut conn, "SHOW wal_level").await?;
     let level = wal_level
         .first()
@@ -335,34 +330,7 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
         std::process::id(),
         follower.connects.load(Relaxed)
     );
-    let (plugin, options) = match setup.plugin {
-        WalPlugin::TestDecoding => ("test_decoding", test_decoding::OPTIONS.to_string()),
-        WalPlugin::Pgoutput => (
-            "pgoutput",
-            format!(
-                "(proto_version '1', publication_names '{}')",
-                // The replication grammar takes plain '...' strings only (no E'...').
-                crate::params::quote_name(&setup.publication).replace('\'', "''")
-            ),
-        ),
-    };
-    command(
-        &mut conn,
-        &format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL {plugin} NOEXPORT_SNAPSHOT"),
-    )
-    .await
-    .map_err(|e| {
-        if e.contains("53400") {
-            format!("{e}: raise max_replication_slots in postgresql.conf")
-        } else if e.contains("58P01") {
-            format!(
-                "{e}: the {plugin} decoder is not installed (test_decoding comes with \
-                 PostgreSQL's contrib modules), or set cache.wal_plugin = \"pgoutput\""
-            )
-        } else {
-            format!("creating the replication slot: {e}")
-        }
-    })?;
+    let options = create_slot(&mut conn, &slot, setup).await?;
     crate::protocol::frontend::query(
         &mut conn.wbuf,
         &format!("START_REPLICATION SLOT {slot} LOGICAL 0/0 {options}"),
@@ -381,8 +349,72 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
             _ => {}
         }
     }
-    follower.set_phase(Phase::CatchingUp);
     tracing::info!(database = %follower.database, slot, %start, "WAL invalidation: streaming");
+    Ok((conn, start))
+}
+
+/// A replication connection to `target`, or what the operator must change to get one.
+async fn connect_replication(target: &ServerTarget) -> Result<ServerConn, String> {
+    ServerConn::connect_with(target, &[("replication", "database")])
+        .await
+        .map_err(|e| match &e {
+            ServerError::Server { fields, .. } if fields.code == "42501" => format!(
+                "role \"{}\" may not start a replication connection: give it the REPLICATION \
+                 attribute (ALTER ROLE {} REPLICATION) or set cache.replication_user",
+                target.user, target.user
+            ),
+            ServerError::Server { fields, .. } if fields.code == "53300" => format!(
+                "{}: raise max_wal_senders (and max_connections) in postgresql.conf",
+                fields.message
+            ),
+            other => format!("replication connection: {}", describe(other)),
+        })
+}
+
+/// Creates the session's temporary replication slot `slot` for the configured decoder; the
+/// decoder's options for START_REPLICATION.
+async fn create_slot(conn: &mut ServerConn, slot: &str, setup: &Setup) -> Result<String, String> {
+    let (plugin, options) = match setup.plugin {
+        WalPlugin::TestDecoding => ("test_decoding", test_decoding::OPTIONS.to_string()),
+        WalPlugin::Pgoutput => (
+            "pgoutput",
+            format!(
+                "(proto_version '1', publication_names '{}')",
+                // The replication grammar takes plain '...' strings only (no E'...').
+                crate::params::quote_name(&setup.publication).replace('\'', "''")
+            ),
+        ),
+    };
+    command(
+        conn,
+        &format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL {plugin} NOEXPORT_SNAPSHOT"),
+    )
+    .await
+    .map_err(|e| {
+        if e.contains("53400") {
+            format!("{e}: raise max_replication_slots in postgresql.conf")
+        } else if e.contains("58P01") {
+            format!(
+                "{e}: the {plugin} decoder is not installed (test_decoding comes with \
+                 PostgreSQL's contrib modules), or set cache.wal_plugin = \"pgoutput\""
+            )
+        } else {
+            format!("creating the replication slot: {e}")
+        }
+    })?;
+    Ok(options)
+}
+
+/// Follows the stream: each transaction's writes invalidate what they touched; positions are
+/// confirmed to the server; once applied up to `start` the database is caught up and its
+/// results may be cached. Returns when the server ends the stream, fails with its error.
+async fn apply_stream(
+    mut conn: ServerConn,
+    start: Lsn,
+    follower: &Follower,
+    cache: &ResultCache,
+    setup: &Setup,
+) -> Result<(), String> {
     let mut catalog: Option<ServerConn> = None;
     let mut state = Decoder::default();
     const STATUS_INTERVAL: Duration = Duration::from_millis(500);
