@@ -164,8 +164,15 @@ pub fn hasher() -> foldhash::fast::FixedState {
     foldhash::fast::FixedState::with_seed(0x7067_6d65_6d6f)
 }
 
+/// How many texts [`generalize`] has read, in debug builds (tests hold the session to one
+/// reading per query: `tests/one_reading.rs`); nothing is counted in release builds.
+#[cfg(debug_assertions)]
+pub static PASSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Reads `sql` (a simple query's text, without its terminating NUL) into `out`.
 pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
+    #[cfg(debug_assertions)]
+    PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     out.clear();
     if sql.len() > MAX_TEXT {
         return Err(Refusal::TooLarge);
