@@ -32,7 +32,7 @@ impl Session {
     /// are tracked (the cache needs their texts).
     #[inline]
     pub(super) fn caching(&self) -> bool {
-        self.stmts.is_some() && self.app.cache.enabled()
+        self.plan.stmts.is_some() && self.app.cache.enabled()
     }
 
     /// Before a client message is planned: the cache notes what a Query or a Bind may
@@ -91,7 +91,7 @@ impl Session {
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
                 let bind = fe::Bind::parse(&self.client.rbuf[5..len]);
-                let statement = bind.and_then(|b| self.stmts.as_ref()?.get(b.statement));
+                let statement = bind.and_then(|b| self.plan.stmts.as_ref()?.get(b.statement));
                 if let Some(statement) = statement {
                     self.app.cache.note_statement(client, statement);
                 }
@@ -111,7 +111,7 @@ impl Session {
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
                 let sql = &self.client.rbuf[5..text_end];
-                let reader = self.reader.get_or_insert_with(Default::default);
+                let reader = self.reading.reader.get_or_insert_with(Default::default);
                 let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
                     return Ok(false);
                 };
@@ -257,15 +257,16 @@ impl Session {
     /// only when one of them changed.
     fn cache_context(&mut self) {
         let search_path = self
+            .plan
             .stmts
             .as_ref()
             .and_then(|s| s.search_path.effective())
-            .or_else(|| self.settings.get("search_path"));
-        let statement_context = self.stmts.as_ref().map_or(0, |s| s.context);
+            .or_else(|| self.params.settings.get("search_path"));
+        let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
         let client = self
             .cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-        if client.needs_context(self.params_version, statement_context)
+        if client.needs_context(self.params.version, statement_context)
             || !client.has_search_path(search_path)
         {
             let settings = self.pool.settings();
@@ -273,19 +274,19 @@ impl Session {
             parts.extend(
                 KEYED_REPORTED
                     .iter()
-                    .map(|n| self.reported.get(n).unwrap_or("")),
+                    .map(|n| self.params.reported.get(n).unwrap_or("")),
             );
             parts.extend(
                 KEYED_UNREPORTED
                     .iter()
-                    .map(|n| self.settings.get(n).unwrap_or("")),
+                    .map(|n| self.params.settings.get(n).unwrap_or("")),
             );
             parts.push(search_path.unwrap_or(""));
             // With the session-state watch every setting the client holds (its role too) is
             // known after each transaction that could change one: all are in the key.
             let all_settings;
             if client.keys_all_settings {
-                let mut pairs: Vec<_> = self.settings.iter().collect();
+                let mut pairs: Vec<_> = self.params.settings.iter().collect();
                 pairs.sort();
                 all_settings = pairs
                     .iter()
@@ -296,11 +297,11 @@ impl Session {
             }
             let roles = [
                 Some(settings.target.user.as_str()),
-                self.settings.get("role"),
-                self.settings.get("session_authorization"),
+                self.params.settings.get("role"),
+                self.params.settings.get("session_authorization"),
             ];
             client.set_context(
-                self.params_version,
+                self.params.version,
                 statement_context,
                 &settings.target.database_id,
                 search_path,
@@ -325,7 +326,7 @@ impl Session {
         let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
             return Ok(false);
         };
-        let Some(stmts) = self.stmts.as_mut() else {
+        let Some(stmts) = self.plan.stmts.as_mut() else {
             return Ok(false);
         };
         let statement = match &batch.parse {
@@ -413,7 +414,7 @@ impl Session {
             .cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled));
         let sql = &self.client.rbuf[5..text_end];
-        let reader = self.reader.get_or_insert_with(Default::default);
+        let reader = self.reading.reader.get_or_insert_with(Default::default);
         self.app
             .cache
             .lookup(client, &at, sql, reader, shape, may_wait)

@@ -77,19 +77,19 @@ impl Session {
             .server_id
             .store(server.info.id, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Active);
-        let params_key = Some((self.info.id, self.params_version));
+        let params_key = Some((self.info.id, self.params.version));
         if server.params_synced_for != params_key {
             if let Some(sql) = params::sync_sql(
-                &self.reported,
+                &self.params.reported,
                 &server.reported,
-                &self.settings,
+                &self.params.settings,
                 &server.settings,
             ) {
                 fe::query(&mut server.wbuf, &sql);
                 self.replies.push(Expected::Internal);
                 // Reported values are updated from the server's ParameterStatus replies;
                 // unreported ones are only known by what was set.
-                server.settings = self.settings.clone();
+                server.settings = self.params.settings.clone();
             }
             server.params_synced_for = params_key;
         }
@@ -103,7 +103,7 @@ impl Session {
                 self.state.setting_functions = self.pool.setting_functions().clone();
             }
         }
-        if let Some(stmts) = self.stmts.as_ref() {
+        if let Some(stmts) = self.plan.stmts.as_ref() {
             server
                 .prepared
                 .set_limit(self.pool.max_prepared_statements());
@@ -116,7 +116,7 @@ impl Session {
     /// beyond the pool's `max_pinned_fraction` is an error (the bound).
     pub(super) fn note_pins(&mut self, found: u8) -> Result<(), usize> {
         let new = self.state.set_pins(found);
-        if let Some(stmts) = self.stmts.as_mut() {
+        if let Some(stmts) = self.plan.stmts.as_mut() {
             stmts.schema.temp_found(found & state::Pins::TEMP != 0);
         }
         if let Some(cache) = self.cache.as_deref_mut() {
@@ -205,7 +205,7 @@ impl Session {
         self.stats.xact_time_us += held_us;
         self.pool.stats.here().xact_duration.observe_us(held_us);
         server.checked_out = now;
-        if self.stmts.is_some() {
+        if self.plan.stmts.is_some() {
             record_statement_stats(server, &self.stats);
         }
         self.pool.stats.add(&mut self.stats);
@@ -258,25 +258,25 @@ impl Session {
         let (now, pins) = state::read_probe(&rows, &server.reported, login_user);
         let wanted = state::wanted(&now, &self.state.startup);
         server.settings = now;
-        if wanted != self.settings {
-            self.settings = wanted;
-            self.params_version += 1;
+        if wanted != self.params.settings {
+            self.params.settings = wanted;
+            self.params.version += 1;
         }
         // A client that keeps its server gets its settings there at once (a RESET of a
         // startup setting); others get them wherever they land next.
         if pins | (self.state.pins & state::Pins::LOAD) != 0 {
             if let Some(sql) = params::sync_sql(
-                &self.reported,
+                &self.params.reported,
                 &server.reported,
-                &self.settings,
+                &self.params.settings,
                 &server.settings,
             ) {
                 if server.internal_query(&sql).await.is_err() {
                     server.broken = true;
                 }
-                server.settings = self.settings.clone();
+                server.settings = self.params.settings.clone();
             }
-            server.params_synced_for = Some((self.info.id, self.params_version));
+            server.params_synced_for = Some((self.info.id, self.params.version));
         }
         pins
     }
@@ -306,7 +306,7 @@ impl Session {
         self.stats.xact_count += 1;
         self.stats.xact_time_us += held_us;
         self.pool.stats.here().xact_duration.observe_us(held_us);
-        if self.stmts.is_some() {
+        if self.plan.stmts.is_some() {
             record_statement_stats(&server, &self.stats);
         }
         self.pool.stats.add(&mut self.stats);

@@ -20,13 +20,13 @@ impl Session {
     /// Answers a batch of Parse / Describe / Close, ended by a Sync or Flush, that needs no
     /// server, if the client's input starts with one (see [`crate::statements::idle_batch`]).
     pub(super) fn answer_idle_batch(&mut self) -> bool {
-        let Some(stmts) = self.stmts.as_mut() else {
+        let Some(stmts) = self.plan.stmts.as_mut() else {
             return false;
         };
         buffers::lend(&mut self.client.wbuf);
         let limits = (
-            self.statement_limits.max_count,
-            self.statement_limits.max_bytes,
+            self.plan.limits.max_count,
+            self.plan.limits.max_bytes,
             self.max_message,
         );
         let Some(taken) = crate::statements::idle_batch::answer(
@@ -141,7 +141,7 @@ impl Session {
     /// forgotten.
     #[inline]
     fn find_query_text(&mut self, tag: u8, len: usize) -> Option<usize> {
-        if let Some(reader) = self.reader.as_deref_mut() {
+        if let Some(reader) = self.reading.reader.as_deref_mut() {
             reader.forget(); // a reading is of one message only
         }
         if tag != fe::QUERY {
@@ -217,7 +217,7 @@ impl Session {
     /// `autoprepare_threshold` for a simple query that may be autoprepared.
     #[inline]
     fn autoprepare_for(&mut self, tag: u8) -> Option<u64> {
-        if let Some(ap) = self.autoprepare.as_deref_mut() {
+        if let Some(ap) = self.reading.autoprepare.as_deref_mut() {
             ap.forget_reading(); // a reading is of one message only
         }
         if tag == fe::QUERY {
@@ -232,7 +232,7 @@ impl Session {
     /// those of one pass over its text.
     #[inline]
     fn query_words(&mut self, query_text_len: Option<usize>, autoprepare: Option<u64>) -> u32 {
-        if !self.state.enabled && self.stmts.is_none() {
+        if !self.state.enabled && self.plan.stmts.is_none() {
             return 0;
         }
         let Some(text_len) = query_text_len else {
@@ -241,12 +241,13 @@ impl Session {
         let text = &self.client.rbuf[5..5 + text_len];
         let read = match autoprepare {
             Some(_) => self
+                .reading
                 .autoprepare
                 .get_or_insert_with(Default::default)
                 .read_ahead(
                     &self.app.autoprepare,
                     text,
-                    self.reader.get_or_insert_with(Default::default),
+                    self.reading.reader.get_or_insert_with(Default::default),
                 ),
             None => None,
         };
@@ -267,7 +268,7 @@ impl Session {
             self.note_state(tag, len, query_text_len, query_words);
         }
         if let (Some(stmts), Some(text_len)) = (
-            self.stmts.as_mut().filter(|_| query_words != 0),
+            self.plan.stmts.as_mut().filter(|_| query_words != 0),
             query_text_len,
         ) {
             let text = &self.client.rbuf[5..5 + text_len];
@@ -292,7 +293,7 @@ impl Session {
         let server = self.server.as_mut().expect("server acquired above");
         self.stats.bytes_received += len as u64;
         let skipping = (self.replies.is_skipping() && tag != fe::SYNC) || is_copy_message(tag);
-        let Some(stmts) = self.stmts.as_mut().filter(|_| !skipping) else {
+        let Some(stmts) = self.plan.stmts.as_mut().filter(|_| !skipping) else {
             return Next::Go;
         };
         let planned = planner::Planner {
@@ -303,28 +304,31 @@ impl Session {
             replies: &mut self.replies,
             registry: &self.app.registry,
             stats: &mut self.stats,
-            limits: self.statement_limits,
-            cleanup: &mut self.cleanup,
-            retry: &mut self.retry,
+            limits: self.plan.limits,
+            cleanup: &mut self.plan.cleanup,
+            retry: &mut self.plan.retry,
             query_words,
             state: &mut self.state,
             autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
                 global: &self.app.autoprepare,
-                client: self.autoprepare.get_or_insert_with(Default::default),
-                reader: self.reader.get_or_insert_with(Default::default),
+                client: self
+                    .reading
+                    .autoprepare
+                    .get_or_insert_with(Default::default),
+                reader: self.reading.reader.get_or_insert_with(Default::default),
                 threshold,
             }),
-            reported: &self.reported,
+            reported: &self.params.reported,
         }
         .plan(tag);
         if planned != planner::Plan::Wait {
-            self.wait_flushed = false;
-            self.replanned |= std::mem::take(&mut self.replan);
+            self.plan.wait_flushed = false;
+            self.plan.replanned |= std::mem::take(&mut self.plan.replan);
         }
         match planned {
             planner::Plan::Forward => Next::Go,
             planner::Plan::Done => {
-                self.retry.consumed(&self.client.rbuf[..len]);
+                self.plan.retry.consumed(&self.client.rbuf[..len]);
                 self.client.rbuf.advance(len);
                 let pending_output = self.client.wbuf.len();
                 self.answer_locally();
@@ -337,13 +341,13 @@ impl Session {
                 // Planned again when the server has answered what is in flight, which a
                 // Flush makes it send.
                 self.stats.bytes_received -= len as u64;
-                if !self.wait_flushed {
+                if !self.plan.wait_flushed {
                     let server = self.server.as_mut().expect("server acquired above");
                     crate::protocol::write_message(&mut server.wbuf, fe::FLUSH, |_| {});
-                    self.wait_flushed = true;
+                    self.plan.wait_flushed = true;
                 }
-                self.waiting = true;
-                self.replan = true;
+                self.plan.waiting = true;
+                self.plan.replan = true;
                 Next::Stop
             }
         }
@@ -357,7 +361,7 @@ impl Session {
         }
         let server = self.server.as_mut().expect("server acquired above");
         server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
-        self.retry.consumed(&self.client.rbuf[..len]);
+        self.plan.retry.consumed(&self.client.rbuf[..len]);
         self.client.rbuf.advance(len);
     }
 
@@ -411,7 +415,7 @@ impl Session {
     /// has autoprepare on and its settings let autoprepare read its text as the server does.
     pub(super) fn autoprepare_threshold(&mut self) -> Option<u64> {
         let threshold = self.pool.autoprepare_threshold()?;
-        self.stmts.as_ref()?; // autoprepare runs through the statement planner
+        self.plan.stmts.as_ref()?; // autoprepare runs through the statement planner
         if !self.readable().autoprepare {
             self.stats.autoprepare_passed += 1;
             self.app
@@ -489,7 +493,7 @@ impl Session {
         let body = &self.client.rbuf[5..len];
         let text = match tag {
             fe::QUERY => query_text_len.map(|n| &body[..n]),
-            fe::PARSE if self.stmts.is_none() => fe::Parse::parse(body).map(|p| p.query),
+            fe::PARSE if self.plan.stmts.is_none() => fe::Parse::parse(body).map(|p| p.query),
             // Its statement was read with standard strings: probed after, whatever it does.
             fe::BIND if !standard => {
                 self.state.touched = true;
@@ -525,14 +529,14 @@ impl Session {
 
     /// How pgmemo may read the client's text, worked out once per `params_version`.
     pub(super) fn readable(&mut self) -> Readable {
-        if let Some(readable) = self.readable.at(self.params_version) {
+        if let Some(readable) = self.params.readable.at(self.params.version) {
             return readable;
         }
         let readable = Readable {
-            standard_strings: self.reported.is("standard_conforming_strings", "on"),
-            autoprepare: crate::autoprepare::settings_allow(&self.reported),
+            standard_strings: self.params.reported.is("standard_conforming_strings", "on"),
+            autoprepare: crate::autoprepare::settings_allow(&self.params.reported),
         };
-        self.readable = ReadableAt::new(self.params_version, readable);
+        self.params.readable = ReadableAt::new(self.params.version, readable);
         readable
     }
 

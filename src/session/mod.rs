@@ -230,48 +230,22 @@ struct Session {
     client: ClientConn,
     server: Option<Box<ServerConn>>,
     replies: ReplyQueue,
-    /// The reported parameters as this client believes them to be (shared with other
-    /// clients that have the same: see [`Pool::share_reported`]).
-    reported: Arc<Vars>,
-    /// Unreported settings from the client's startup packet.
-    settings: Vars,
+    /// The client's session parameters, as it believes them to be, and what follows from them.
+    params: ClientParams,
     max_message: usize,
     stats: LocalStats,
-    /// Bumped whenever `reported` or `settings` change, so a server last made to match this
-    /// version for this client needs no comparison at the next checkout.
-    params_version: u64,
     /// A protocol violation found in the client's input while earlier messages were still
     /// being answered: like PostgreSQL, those get their replies first, then the FATAL.
     violation: Option<Box<str>>,
-    /// The client's prepared statements, when the planner is on.
-    stmts: Option<ClientStatements>,
-    statement_limits: planner::Limits,
-    /// Names a duplicate Parse left on the server, closed after the next Sync.
-    cleanup: planner::Cleanup,
-    /// The next client message waits for the server's replies to what is in flight (see
-    /// [`planner::Plan::Wait`]): client input is not planned until a server message arrives.
-    waiting: bool,
-    /// A client message waits to be planned again (see `waiting`): the server stays held
-    /// for it even if it becomes idle meanwhile.
-    replan: bool,
-    /// The message that waited has now been planned.
-    replanned: bool,
-    /// A Flush has been sent for the current wait.
-    wait_flushed: bool,
+    /// What the statement planner keeps for the client between its messages.
+    plan: Planning,
     /// The client's write buffer holds only replies pgmemo gave itself (a ParseComplete).
     /// While the server still owes replies they wait for those: PostgreSQL sends a batch's
     /// replies together, at its Sync or Flush, and a separate early write would cost a system
     /// call and a wake-up of the client.
     local_replies_only: bool,
-    /// The batch kept to be sent again after 0A000 on its first statement.
-    retry: planner::Retry,
-    /// The reading of the simple query at hand (lexed once, for the result cache and
-    /// autoprepare), made at the first simple query one of them reads.
-    reader: Option<Box<crate::query::Reader>>,
-    /// Autoprepare's buffers and statements for this client, made at its first simple query.
-    autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
-    /// How pgmemo may read the client's text under its settings, as of a `params_version`.
-    readable: ReadableAt,
+    /// pgmemo's reading of the client's simple queries, and autoprepare's part.
+    reading: Reading,
     /// An autoprepared query's RowDescription waits in `autoprepare.held`.
     held_description: bool,
     /// The result cache's state for this client, made at its first Query or Bind while the
@@ -300,6 +274,50 @@ struct Session {
     /// pin with a timeout, reset at the end of each of its transactions, polled only while it
     /// is pinned and idle.
     pinned_idle: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// The client's session parameters, as it believes them to be, and what follows from them.
+struct ClientParams {
+    /// The reported parameters as this client believes them to be (shared with other
+    /// clients that have the same: see [`Pool::share_reported`]).
+    reported: Arc<Vars>,
+    /// Unreported settings from the client's startup packet.
+    settings: Vars,
+    /// Bumped whenever `reported` or `settings` change, so a server last made to match this
+    /// version for this client needs no comparison at the next checkout.
+    version: u64,
+    /// How pgmemo may read the client's text under its settings, as of a `version`.
+    readable: ReadableAt,
+}
+
+/// What the statement planner keeps for the client between its messages.
+struct Planning {
+    /// The client's prepared statements, when the planner is on.
+    stmts: Option<ClientStatements>,
+    limits: planner::Limits,
+    /// Names a duplicate Parse left on the server, closed after the next Sync.
+    cleanup: planner::Cleanup,
+    /// The next client message waits for the server's replies to what is in flight (see
+    /// [`planner::Plan::Wait`]): client input is not planned until a server message arrives.
+    waiting: bool,
+    /// A client message waits to be planned again (see `waiting`): the server stays held
+    /// for it even if it becomes idle meanwhile.
+    replan: bool,
+    /// The message that waited has now been planned.
+    replanned: bool,
+    /// A Flush has been sent for the current wait.
+    wait_flushed: bool,
+    /// The batch kept to be sent again after 0A000 on its first statement.
+    retry: planner::Retry,
+}
+
+/// pgmemo's reading of the client's simple queries, and autoprepare's part.
+struct Reading {
+    /// The reading of the simple query at hand (lexed once, for the result cache and
+    /// autoprepare), made at the first simple query one of them reads.
+    reader: Option<Box<crate::query::Reader>>,
+    /// Autoprepare's buffers and statements for this client, made at its first simple query.
+    autoprepare: Option<Box<crate::autoprepare::ClientAutoprepare>>,
 }
 
 /// How pgmemo's readers of SQL text may read the client's text under its settings.
@@ -349,7 +367,7 @@ impl Session {
             self.note_running();
             // A message planned again after a wait may have been answered by pgmemo alone,
             // leaving the server idle with nothing more to come from it.
-            if std::mem::take(&mut self.replanned) {
+            if std::mem::take(&mut self.plan.replanned) {
                 self.release_if_done();
                 if let Err(end) = self.checkpoint_state().await {
                     return end;
@@ -436,8 +454,8 @@ impl Session {
             || self.server.is_some()
             || !self.replies.is_empty()
             || !self.client.wbuf.is_empty()
-            || self.waiting
-            || self.replanned
+            || self.plan.waiting
+            || self.plan.replanned
             || self.violation.is_some()
         {
             return None;
@@ -571,7 +589,7 @@ impl Session {
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
         server_backlog < HIGH_WATER
             && self.violation.is_none()
-            && !self.waiting
+            && !self.plan.waiting
             && !self.info.cancels.pending()
             && !(self.client.rbuf.first() == Some(&fe::TERMINATE) && self.terminate_waits())
     }
@@ -633,7 +651,7 @@ impl Session {
     /// (rolled back and reset), or closes it when that cannot be done safely.
     async fn finish(&mut self) {
         self.cache_abandon();
-        if self.stmts.take().is_some() {
+        if self.plan.stmts.take().is_some() {
             self.app.registry.note_released();
         }
         let pending_output = !self.client.wbuf.is_empty();
@@ -804,7 +822,7 @@ impl BenchSession {
         server: ServerConn,
     ) -> BenchSession {
         let mut session = Session::new(app, info, pool, client);
-        session.reported = session.pool.share_reported(session.reported.clone());
+        session.params.reported = session.pool.share_reported(session.params.reported.clone());
         session.track_statements();
         session.hold(Box::new(server));
         BenchSession(session)
@@ -830,7 +848,7 @@ impl BenchSession {
 
     /// The client's prepared statements, if the planner is on.
     pub fn statements(&self) -> Option<&ClientStatements> {
-        self.0.stmts.as_ref()
+        self.0.plan.stmts.as_ref()
     }
 
     /// Plans every complete message of the client's input, as the relay loop does when the
@@ -843,7 +861,7 @@ impl BenchSession {
             std::future::Future::poll(planning, &mut cx)
         };
         match planned {
-            Poll::Ready(Ok(())) => assert!(!self.0.waiting, "planning waits for replies"),
+            Poll::Ready(Ok(())) => assert!(!self.0.plan.waiting, "planning waits for replies"),
             Poll::Ready(Err(end)) => panic!("the session ended: {end:?}"),
             Poll::Pending => panic!("planning waits for a server"),
         }
@@ -864,7 +882,7 @@ impl BenchSession {
         let session = &mut self.0;
         session.replies.clear();
         session.replies.drain_outcomes();
-        session.retry.forget();
+        session.plan.retry.forget();
         if let Some(server) = session.server.as_mut() {
             server.wbuf.clear();
         }

@@ -3,7 +3,7 @@
 //! held descriptions and retries, the result cache's capture, ParameterStatus, pins) are told;
 //! and once the server owes nothing, the transaction is settled and the server given back.
 
-use super::{caching, planner, state, End, Session, HIGH_WATER};
+use super::{caching, planner, state, ClientParams, End, Planning, Session, HIGH_WATER};
 use crate::buffers;
 use crate::pool::PoolMode;
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields};
@@ -36,7 +36,7 @@ impl Session {
             let Some((tag, len)) = self.frame_server_message()? else {
                 break;
             };
-            self.waiting = false;
+            self.plan.waiting = false;
             let out_at = self.client.wbuf.len();
             let again = self.again(tag, len);
             self.observe_description(tag, len);
@@ -69,7 +69,7 @@ impl Session {
     /// relaying it.
     #[inline]
     fn again(&self, tag: u8, len: usize) -> Again {
-        if tag != be::ERROR_RESPONSE || !self.retry.is_armed() {
+        if tag != be::ERROR_RESPONSE || !self.plan.retry.is_armed() {
             return Again::No;
         }
         let body = &self.server.as_ref().expect("a server is held").rbuf[5..len];
@@ -81,7 +81,8 @@ impl Session {
         // constants and reading literals raise), never for a cancel, a timeout, a deadlock or
         // a serialization failure, which must reach the client.
         if crate::autoprepare::is_data_exception(body)
-            && ((self.held_description && self.autoprepare.as_ref().is_some_and(|a| a.rerun))
+            && ((self.held_description
+                && self.reading.autoprepare.as_ref().is_some_and(|a| a.rerun))
                 || (self.replies.head_is_autoprepared_bind()
                     && crate::autoprepare::is_parameter_error(body)))
         {
@@ -123,26 +124,26 @@ impl Session {
     fn route_again(&mut self, again: Again, tag: u8, route: &mut Route) -> Turn {
         let mut turn = Turn::default();
         match again {
-            Again::Rerun | Again::Retry if self.replies.len() != 1 => self.retry.forget(),
+            Again::Rerun | Again::Retry if self.replies.len() != 1 => self.plan.retry.forget(),
             Again::Rerun => {
                 *route = Route::Swallow;
-                self.retry.swallow_ready();
-                if let Some(ap) = self.autoprepare.as_mut() {
+                self.plan.retry.swallow_ready();
+                if let Some(ap) = self.reading.autoprepare.as_mut() {
                     ap.bypass = true;
                 }
             }
             Again::Retry => {
                 *route = Route::Swallow;
                 turn.retried = true;
-                self.retry.swallow_ready();
+                self.plan.retry.swallow_ready();
             }
-            Again::No if tag == be::READY_FOR_QUERY && self.retry.is_pending() => {
+            Again::No if tag == be::READY_FOR_QUERY && self.plan.retry.is_pending() => {
                 *route = Route::Swallow;
                 turn.replay = true;
             }
             Again::No if tag == be::READY_FOR_QUERY && *route == Route::Forward => {
                 // The kept batch ended.
-                self.retry.forget();
+                self.plan.retry.forget();
             }
             Again::No => {}
         }
@@ -183,7 +184,7 @@ impl Session {
         if route == Route::Forward {
             self.stats.query_count += 1;
         }
-        if let Some(stmts) = self.stmts.as_mut() {
+        if let Some(stmts) = self.plan.stmts.as_mut() {
             stmts
                 .schema
                 .ready(server.status == b'I' && self.replies.is_idle());
@@ -198,23 +199,24 @@ impl Session {
         };
         server.reported.set(name, value);
         if route != Route::Forward
-            || self.reported.get(name) == Some(value)
-            || !Arc::make_mut(&mut self.reported).set(name, value)
+            || self.params.reported.get(name) == Some(value)
+            || !Arc::make_mut(&mut self.params.reported).set(name, value)
         {
             return;
         }
-        self.params_version += 1;
+        self.params.version += 1;
         if name == "application_name" {
             *self.info.application_name.lock() = self.app.intern(value);
         }
         if let Some(stmts) = self
+            .plan
             .stmts
             .as_mut()
             .filter(|_| crate::statements::registry::LITERAL_SETTINGS.contains(&name))
         {
             stmts.literals_changed(
                 &self.app.registry,
-                crate::statements::registry::literal_settings(&self.reported),
+                crate::statements::registry::literal_settings(&self.params.reported),
             );
         }
     }
@@ -229,11 +231,11 @@ impl Session {
         if !self.held_description {
             return route;
         }
-        let rerun = self.autoprepare.as_ref().is_some_and(|a| a.rerun);
+        let rerun = self.reading.autoprepare.as_ref().is_some_and(|a| a.rerun);
         match tag {
             be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY => {
                 self.held_description = false;
-                if let Some(ap) = self.autoprepare.as_mut() {
+                if let Some(ap) = self.reading.autoprepare.as_mut() {
                     let out = matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE)
                         || (tag == be::ERROR_RESPONSE && ap.rerun && route != Route::Swallow);
                     if out {
@@ -268,14 +270,14 @@ impl Session {
                 self.stats.bytes_sent += len as u64;
             }
             Route::Hold => {
-                if let Some(ap) = self.autoprepare.as_mut() {
+                if let Some(ap) = self.reading.autoprepare.as_mut() {
                     ap.held.extend_from_slice(msg);
                     self.held_description = true;
                 }
             }
             Route::Replace => {
                 let at = self.client.wbuf.len();
-                let autoprepare = self.autoprepare.as_deref();
+                let autoprepare = self.reading.autoprepare.as_deref();
                 ErrorRewrite::write(
                     self.replies.take_replacement(),
                     &mut self.client.wbuf,
@@ -337,14 +339,14 @@ impl Session {
                 stale_error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
             }
         }
-        if let Some(stmts) = self.stmts.as_mut().filter(|s| s.search_path.is_open()) {
+        if let Some(stmts) = self.plan.stmts.as_mut().filter(|s| s.search_path.is_open()) {
             // A SET of search_path in a transaction that may now end.
             stmts
                 .search_path
                 .observe(tag, &server.rbuf[5..len], server.status);
         }
         server.rbuf.advance(len);
-        if self.stmts.is_some() {
+        if self.plan.stmts.is_some() {
             self.settle(error_code.as_deref(), stale_error, turn.retried);
             // Settled just now: only a local reply due next leaves anything to do.
             if self.replies.head_is_synthesized() {
@@ -353,7 +355,7 @@ impl Session {
         }
         if turn.replay {
             // Planned again before whatever the client sent since.
-            let mut input = self.retry.replay();
+            let mut input = self.plan.retry.replay();
             input.extend_from_slice(&self.client.rbuf);
             self.client.rbuf = input;
             tracing::debug!(client = %self.info.addr, "batch sent again after 0A000");
@@ -387,7 +389,7 @@ impl Session {
     #[inline]
     pub(super) fn work_done(&self) -> bool {
         self.mode == PoolMode::Transaction
-            && !self.replan
+            && !self.plan.replan
             && self.replies.is_idle()
             && self
                 .server
@@ -409,6 +411,7 @@ impl Session {
         // transaction for nothing, measured).
         if self.replies.has_outcomes()
             || self
+                .plan
                 .stmts
                 .as_ref()
                 .is_some_and(|s| s.search_path.has_carry())
@@ -427,10 +430,11 @@ impl Session {
         let Session {
             app,
             replies,
-            stmts,
+            plan: Planning { stmts, .. },
             server,
-            settings,
-            params_version,
+            params: ClientParams {
+                settings, version, ..
+            },
             ..
         } = self;
         let outcomes = replies.drain_outcomes();
@@ -470,7 +474,7 @@ impl Session {
             );
         }
         if let Some(path) = stmts.search_path.take_carry() {
-            *params_version += 1;
+            *version += 1;
             planner::carry_search_path(
                 &path,
                 &mut stmts.search_path,

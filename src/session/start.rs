@@ -2,7 +2,10 @@
 //! state it will track, the setting functions read once per pool, and the client told what
 //! PostgreSQL tells a client after its login.
 
-use super::{login, planner, read_setting_functions, state, ClientConn, ReadableAt, Session};
+use super::{
+    login, planner, read_setting_functions, state, ClientConn, ClientParams, Planning, ReadableAt,
+    Reading, Session,
+};
 use crate::app::{App, ClientInfo, ClientState};
 use crate::params::{self, Vars};
 use crate::pool::{CheckoutError, Pool, PoolMode};
@@ -55,9 +58,9 @@ impl Session {
             tracing::info!(error = %e, "client startup parameters refused");
             return None;
         }
-        session.reported = session.pool.share_reported(session.reported.clone());
+        session.params.reported = session.pool.share_reported(session.params.reported.clone());
         session.track_statements();
-        session.state.startup = session.settings.clone();
+        session.state.startup = session.params.settings.clone();
         if session.state.enabled && session.pool.setting_functions_unread() {
             // Boxed: once per pool now and then, and the task need not keep room for it.
             if let Err(e) = Box::pin(session.read_setting_functions_at_login()).await {
@@ -66,10 +69,10 @@ impl Session {
             }
         }
         session.state.setting_functions = session.pool.setting_functions().clone();
-        for (k, v) in session.reported.iter() {
+        for (k, v) in session.params.reported.iter() {
             be::parameter_status(&mut session.client.wbuf, k, v);
         }
-        if let Some(name) = session.reported.get("application_name") {
+        if let Some(name) = session.params.reported.get("application_name") {
             *session.info.application_name.lock() = session.app.intern(name);
         }
         if session.mode == PoolMode::Session {
@@ -125,30 +128,36 @@ impl Session {
             client,
             server: None,
             replies: ReplyQueue::new(),
-            reported: Arc::default(),
-            settings: Vars::new(),
-            stats: LocalStats::default(),
-            params_version: 0,
-            violation: None,
-            stmts: None,
-            statement_limits: planner::Limits {
-                // A client may well hold more statements than one server keeps (that is what
-                // the per-server LRU is for); this bound only protects pgmemo's memory, so a
-                // small server limit must not make it tiny.
-                max_count: (cfg.general.max_prepared_statements as usize * 4)
-                    .max(planner::MIN_CLIENT_STATEMENTS),
-                max_bytes: 64 * 1024 * 1024,
+            params: ClientParams {
+                reported: Arc::default(),
+                settings: Vars::new(),
+                version: 0,
+                readable: ReadableAt::default(),
             },
-            cleanup: planner::Cleanup::default(),
-            waiting: false,
-            replan: false,
-            replanned: false,
-            wait_flushed: false,
+            stats: LocalStats::default(),
+            violation: None,
+            plan: Planning {
+                stmts: None,
+                limits: planner::Limits {
+                    // A client may well hold more statements than one server keeps (that is
+                    // what the per-server LRU is for); this bound only protects pgmemo's
+                    // memory, so a small server limit must not make it tiny.
+                    max_count: (cfg.general.max_prepared_statements as usize * 4)
+                        .max(planner::MIN_CLIENT_STATEMENTS),
+                    max_bytes: 64 * 1024 * 1024,
+                },
+                cleanup: planner::Cleanup::default(),
+                waiting: false,
+                replan: false,
+                replanned: false,
+                wait_flushed: false,
+                retry: planner::Retry::default(),
+            },
             local_replies_only: false,
-            retry: planner::Retry::default(),
-            reader: None,
-            autoprepare: None,
-            readable: ReadableAt::default(),
+            reading: Reading {
+                reader: None,
+                autoprepare: None,
+            },
             held_description: false,
             cache: None,
             copy_garbage: false,
@@ -170,15 +179,15 @@ impl Session {
             let context = self.app.registry.context(
                 &pool_settings.target.database_id,
                 &pool_settings.target.user,
-                self.settings.get("search_path").unwrap_or(""),
-                crate::statements::registry::literal_settings(&self.reported),
+                self.params.settings.get("search_path").unwrap_or(""),
+                crate::statements::registry::literal_settings(&self.params.reported),
             );
             let schema = crate::statements::schema::SchemaWatch::new(
                 self.app
                     .registry
                     .schema_epoch(&pool_settings.target.database_id),
             );
-            self.stmts = Some(ClientStatements::new(context, schema));
+            self.plan.stmts = Some(ClientStatements::new(context, schema));
         }
     }
 
@@ -202,7 +211,7 @@ impl Session {
                 d
             }
         };
-        self.reported = Arc::new(defaults.clone());
+        self.params.reported = Arc::new(defaults.clone());
         // A setting given twice (in `options` and as a parameter) ends as the server makes of
         // the sequence, which for DateStyle combines both values: such settings are always
         // tried on a server, and their values are not remembered one by one.
@@ -228,10 +237,10 @@ impl Session {
             }
             match self.pool.normalized(name, value) {
                 Some(n) if reported => {
-                    Arc::make_mut(&mut self.reported).set(name, &n);
+                    Arc::make_mut(&mut self.params.reported).set(name, &n);
                 }
                 Some(_) => {
-                    self.settings.set(name, value);
+                    self.params.settings.set(name, value);
                 }
                 None => unknown.push((name, value)),
             }
@@ -272,9 +281,9 @@ impl Session {
                         self.pool.remember_normalized(name, value, &normalized);
                     }
                     if defaults.get(name).is_some() {
-                        Arc::make_mut(&mut self.reported).set(name, &normalized);
+                        Arc::make_mut(&mut self.params.reported).set(name, &normalized);
                     } else {
-                        self.settings.set(name, value);
+                        self.params.settings.set(name, value);
                     }
                 }
                 Ok(())
