@@ -142,7 +142,7 @@ impl ErrorRewrite {
         msg: &[u8],
         as_simple_query: impl FnOnce(&mut bytes::BytesMut, &[u8]) -> bool,
     ) {
-        let body = &msg[5..];
+        let body = crate::protocol::body(msg);
         match rewrite {
             Some(ErrorRewrite::Rename { from, to }) => {
                 be::error_with_renamed(out, body, &from, &to)

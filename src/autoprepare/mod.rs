@@ -830,7 +830,7 @@ mod tests {
         assert_eq!(c.types, [0, 3, 0, 0, 0, 23, 0, 0, 0, 0, 0, 0, 0, 20]);
         let mut out = BytesMut::new();
         c.write_bind(&lexed, b"pgmemo_s9", &mut out);
-        let bind = fe::Bind::parse(&out[5..]).unwrap();
+        let bind = fe::Bind::parse(crate::protocol::body(&out)).unwrap();
         assert_eq!(bind.statement, b"pgmemo_s9");
     }
 
@@ -869,9 +869,10 @@ mod tests {
         body.push(0);
         let mut out = BytesMut::new();
         simple_error(&mut out, &body, &c);
-        let fields = crate::protocol::backend::ErrorFields::parse(&out[5..]).unwrap();
+        let fields =
+            crate::protocol::backend::ErrorFields::parse(crate::protocol::body(&out)).unwrap();
         assert_eq!(fields.code, "22P02");
-        let text = String::from_utf8_lossy(&out[5..]).into_owned();
+        let text = String::from_utf8_lossy(crate::protocol::body(&out)).into_owned();
         assert!(text.contains("\0P37\0Fnumutils.c"), "{text:?}");
         assert!(!text.contains("portal"), "{text:?}");
         assert_eq!(portal_parameter(b"unnamed portal parameter $12"), Some(12));

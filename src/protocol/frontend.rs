@@ -155,6 +155,13 @@ pub fn query_text(body: &[u8]) -> Option<&[u8]> {
     Reader::new(body).cstr()
 }
 
+/// The SQL text of the whole Query message `msg` whose text is `text_len` bytes long (as
+/// [`query_text`] found it).
+#[inline]
+pub fn query_text_of(msg: &[u8], text_len: usize) -> &[u8] {
+    &super::body(msg)[..text_len]
+}
+
 pub fn query(out: &mut BytesMut, sql: &str) {
     write_message(out, QUERY, |b| put_cstr(b, sql.as_bytes()));
 }

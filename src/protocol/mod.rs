@@ -56,6 +56,16 @@ pub fn pg_name(name: &[u8]) -> &[u8] {
     &name[..name.len().min(MAX_NAME_LEN)]
 }
 
+/// A message's header: its type byte and its four-byte length.
+pub const HEADER_LEN: usize = 5;
+
+/// The body of the whole message `msg` (header included, as [`frame`] finds it): what follows
+/// the type and length. The one place outside the message views that knows the header's size.
+#[inline]
+pub fn body(msg: &[u8]) -> &[u8] {
+    &msg[HEADER_LEN..]
+}
+
 /// Where the next complete message in `buf` ends, if it is all there.
 ///
 /// Returns `Ok(Some((tag, len)))` where `len` is the whole message including the tag byte and

@@ -90,7 +90,7 @@ impl Session {
                 let client = self
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-                let bind = fe::Bind::parse(&self.client.rbuf[5..len]);
+                let bind = fe::Bind::parse(crate::protocol::body(&self.client.rbuf[..len]));
                 let statement = bind.and_then(|b| self.plan.stmts.as_ref()?.get(b.statement));
                 if let Some(statement) = statement {
                     self.app.cache.note_statement(client, statement);
@@ -102,26 +102,25 @@ impl Session {
                 let Some(text_len) = query_text_len else {
                     return Ok(false);
                 };
-                let text_end = 5 + text_len;
-                if let Some(entry) = self.raw_hit(text_end) {
+                if let Some(entry) = self.raw_hit(text_len) {
                     self.answer_hit(len, &[], &entry, b'I');
                     return Ok(true);
                 }
                 let client = self
                     .cache
                     .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-                let sql = &self.client.rbuf[5..text_end];
+                let sql = fe::query_text_of(&self.client.rbuf, text_len);
                 let reader = self.reading.reader.get_or_insert_with(Default::default);
                 let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
                     return Ok(false);
                 };
                 if self.cache_busy() {
                     return Err(Box::pin(async move {
-                        self.cached_query(len, text_end, &shape, None).await
+                        self.cached_query(len, text_len, &shape, None).await
                     }));
                 }
                 // Idle: the first-tier lookup just brought the context up to date.
-                match self.lookup_query(text_end, &shape, Transaction::Idle, true) {
+                match self.lookup_query(text_len, &shape, Transaction::Idle, true) {
                     Lookup::Pass | Lookup::Miss => Ok(false),
                     Lookup::Hit(entry) => {
                         self.remember_raw(&entry);
@@ -129,7 +128,7 @@ impl Session {
                         Ok(true)
                     }
                     step => Err(Box::pin(async move {
-                        self.cached_query(len, text_end, &shape, Some(step)).await
+                        self.cached_query(len, text_len, &shape, Some(step)).await
                     })),
                 }
             }
@@ -216,10 +215,10 @@ impl Session {
         Ok(known)
     }
 
-    /// The Query at the head of the client's input (its text ends at `text_end`), answered by
+    /// The Query at the head of the client's input (its text is `text_len` bytes), answered by
     /// the cache's first tier (its exact text seen before, see `ResultCache::raw_hit`), when
     /// the client may be answered from the cache at all now.
-    fn raw_hit(&mut self, text_end: usize) -> Option<std::sync::Arc<crate::cache::Entry>> {
+    fn raw_hit(&mut self, text_len: usize) -> Option<std::sync::Arc<crate::cache::Entry>> {
         if self.cache_busy() {
             return None;
         }
@@ -230,7 +229,7 @@ impl Session {
         let client = self.cache.as_deref_mut()?;
         self.app
             .cache
-            .raw_hit(client, &self.client.rbuf[5..text_end])
+            .raw_hit(client, fe::query_text_of(&self.client.rbuf, text_len))
     }
 
     /// After a second-tier hit on the Query at hand: its exact text answers from the first
@@ -392,11 +391,11 @@ impl Session {
         }
     }
 
-    /// One lookup of the Query at the head of the client's input (its text ends at
-    /// `text_end`, the cache decided `shape` for it).
+    /// One lookup of the Query at the head of the client's input (its text is `text_len`
+    /// bytes, the cache decided `shape` for it).
     fn lookup_query(
         &mut self,
-        text_end: usize,
+        text_len: usize,
         shape: &std::sync::Arc<crate::cache::Shape>,
         transaction: Transaction,
         may_wait: bool,
@@ -413,7 +412,7 @@ impl Session {
         let client = self
             .cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled));
-        let sql = &self.client.rbuf[5..text_end];
+        let sql = fe::query_text_of(&self.client.rbuf, text_len);
         let reader = self.reading.reader.get_or_insert_with(Default::default);
         self.app
             .cache
@@ -427,7 +426,7 @@ impl Session {
     async fn cached_query(
         &mut self,
         len: usize,
-        text_end: usize,
+        text_len: usize,
         shape: &std::sync::Arc<crate::cache::Shape>,
         first: Option<Lookup>,
     ) -> Result<bool, End> {
@@ -451,7 +450,7 @@ impl Session {
                     return Ok(false);
                 }
             }
-            match self.lookup_query(text_end, shape, transaction, may_wait) {
+            match self.lookup_query(text_len, shape, transaction, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
                     self.remember_raw(&entry);

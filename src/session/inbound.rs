@@ -8,7 +8,7 @@ use crate::app::ClientState;
 use crate::buffers;
 use crate::pool::CheckoutError;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
-use crate::protocol::{frame, frontend as fe};
+use crate::protocol::{body, frame, frontend as fe};
 use crate::query::facts;
 use crate::replies::{Expected, Synth};
 use crate::server::ServerConn;
@@ -147,7 +147,7 @@ impl Session {
         if tag != fe::QUERY {
             return None;
         }
-        fe::query_text(&self.client.rbuf[5..len]).map(<[u8]>::len)
+        fe::query_text(body(&self.client.rbuf[..len])).map(<[u8]>::len)
     }
 
     /// Whether the result cache is shown this message (and may answer it).
@@ -238,7 +238,7 @@ impl Session {
         let Some(text_len) = query_text_len else {
             return 0;
         };
-        let text = &self.client.rbuf[5..5 + text_len];
+        let text = fe::query_text_of(&self.client.rbuf, text_len);
         let read = match autoprepare {
             Some(_) => self
                 .reading
@@ -271,7 +271,7 @@ impl Session {
             self.plan.stmts.as_mut().filter(|_| query_words != 0),
             query_text_len,
         ) {
-            let text = &self.client.rbuf[5..5 + text_len];
+            let text = fe::query_text_of(&self.client.rbuf, text_len);
             stmts.schema.note(facts::ddl_found(query_words, text));
         }
     }
@@ -298,7 +298,7 @@ impl Session {
         };
         let planned = planner::Planner {
             msg: &self.client.rbuf[..len],
-            query_text: query_text_len.map(|n| &self.client.rbuf[5..5 + n]),
+            query_text: query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
             server,
             stmts,
             replies: &mut self.replies,
@@ -490,7 +490,7 @@ impl Session {
         query_words: u32,
     ) {
         let standard = self.standard_strings();
-        let body = &self.client.rbuf[5..len];
+        let body = body(&self.client.rbuf[..len]);
         let text = match tag {
             fe::QUERY => query_text_len.map(|n| &body[..n]),
             fe::PARSE if self.plan.stmts.is_none() => fe::Parse::parse(body).map(|p| p.query),

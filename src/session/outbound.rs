@@ -7,7 +7,7 @@ use super::{caching, planner, state, ClientParams, End, Planning, Session, HIGH_
 use crate::buffers;
 use crate::pool::PoolMode;
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields};
-use crate::protocol::{frame, MAX_BACKEND_MESSAGE_SIZE};
+use crate::protocol::{body, frame, MAX_BACKEND_MESSAGE_SIZE};
 use crate::replies::{self, ErrorRewrite, Route};
 use bytes::{Buf, Bytes};
 use std::sync::Arc;
@@ -72,7 +72,7 @@ impl Session {
         if tag != be::ERROR_RESPONSE || !self.plan.retry.is_armed() {
             return Again::No;
         }
-        let body = &self.server.as_ref().expect("a server is held").rbuf[5..len];
+        let body = body(&self.server.as_ref().expect("a server is held").rbuf[..len]);
         // An autoprepared SELECT that failed before its first row (see
         // `ClientAutoprepare::rerun`), or an autoprepared query whose literal the Bind refused
         // (with two bad literals PostgreSQL's analysis may name another first), as the first
@@ -158,7 +158,7 @@ impl Session {
             be::PARAMETER_STATUS => self.note_parameter_status(len, route),
             be::ERROR_RESPONSE => {
                 let server = self.server.as_mut().expect("a server is held");
-                let fields = ErrorFields::parse(&server.rbuf[5..len]).unwrap_or_default();
+                let fields = ErrorFields::parse(body(&server.rbuf[..len])).unwrap_or_default();
                 if fields.is_fatal() {
                     server.broken = true;
                     self.server_fatal |= route == Route::Forward;
@@ -177,7 +177,7 @@ impl Session {
     #[inline]
     fn note_ready(&mut self, len: usize, route: Route) {
         let server = self.server.as_mut().expect("a server is held");
-        server.status = server.rbuf[5..len].first().copied().unwrap_or(b'I');
+        server.status = body(&server.rbuf[..len]).first().copied().unwrap_or(b'I');
         if server.status != b'T' {
             self.read_only_transaction = None;
         }
@@ -194,7 +194,7 @@ impl Session {
     /// A ParameterStatus: the server's setting, and the client's when it is told it.
     fn note_parameter_status(&mut self, len: usize, route: Route) {
         let server = self.server.as_mut().expect("a server is held");
-        let Some((name, value)) = be::parse_parameter_status(&server.rbuf[5..len]) else {
+        let Some((name, value)) = be::parse_parameter_status(body(&server.rbuf[..len])) else {
             return;
         };
         server.reported.set(name, value);
@@ -309,7 +309,7 @@ impl Session {
         let Some(client) = self.cache.as_deref_mut().filter(|c| c.watching()) else {
             return;
         };
-        let body = &self.server.as_ref().expect("a server is held").rbuf[5..len];
+        let body = body(&self.server.as_ref().expect("a server is held").rbuf[..len]);
         // Nothing in flight and no transaction open: whatever was sent has ended.
         let idle =
             tag == be::READY_FOR_QUERY && body.first() == Some(&b'I') && self.replies.is_idle();
@@ -334,7 +334,7 @@ impl Session {
         // A 0A000 ErrorResponse, whole: the answer to a statement it made stale.
         let mut stale_error = None;
         if tag == be::ERROR_RESPONSE {
-            error_code = ErrorFields::parse(&server.rbuf[5..len]).map(|f| f.code);
+            error_code = ErrorFields::parse(body(&server.rbuf[..len])).map(|f| f.code);
             if error_code.as_deref() == Some("0A000") {
                 stale_error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
             }
@@ -343,7 +343,7 @@ impl Session {
             // A SET of search_path in a transaction that may now end.
             stmts
                 .search_path
-                .observe(tag, &server.rbuf[5..len], server.status);
+                .observe(tag, body(&server.rbuf[..len]), server.status);
         }
         server.rbuf.advance(len);
         if self.plan.stmts.is_some() {

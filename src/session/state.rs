@@ -269,7 +269,7 @@ mod tests {
         });
         let mut out = BytesMut::new();
         write_notification(&mut out, &msg, 77, 5);
-        assert_eq!(&out[5..9], &5i32.to_be_bytes());
+        assert_eq!(&crate::protocol::body(&out)[..4], &5i32.to_be_bytes());
         assert_eq!(&out[9..], &msg[9..]);
         out.clear();
         write_notification(&mut out, &msg, 78, 5);

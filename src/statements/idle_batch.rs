@@ -133,7 +133,7 @@ pub fn answer<'a>(
         if len < 5 || len - 1 > fe::max_message_len(tag, max_message) || rest.len() < len {
             return None; // malformed (the usual path reports it) or not all here yet
         }
-        let body = &rest[5..len];
+        let body = crate::protocol::body(&rest[..len]);
         at += len;
         match tag {
             fe::SYNC if body.is_empty() => break false,

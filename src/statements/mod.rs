@@ -971,7 +971,8 @@ mod tests {
         };
         let s = Statement::new(7, key);
         assert_eq!(&*s.server_name, "pgmemo_s7");
-        let p = crate::protocol::frontend::Parse::parse(&s.parse_message()[5..]).unwrap();
+        let p = crate::protocol::frontend::Parse::parse(crate::protocol::body(s.parse_message()))
+            .unwrap();
         assert_eq!(p.name, b"pgmemo_s7");
         assert_eq!(p.query, b"SELECT $1");
         assert_eq!(s.param_oids(), vec![23]);

@@ -181,7 +181,7 @@ impl Planner<'_> {
     }
 
     fn body(&self) -> &[u8] {
-        &self.msg[5..]
+        crate::protocol::body(self.msg)
     }
 
     /// Whether the session may be in an aborted transaction block when the message being

@@ -6,7 +6,7 @@
 use super::{Plan, Planner};
 use crate::protocol::backend::{self as be, sqlstate};
 use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
-use crate::protocol::{pg_name, put_cstr, write_message};
+use crate::protocol::{body, pg_name, put_cstr, write_message};
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, Synth};
 use crate::statements::{Effect, Statement, GUARD_NAME, GUARD_QUERY};
 use bytes::{Bytes, BytesMut};
@@ -16,7 +16,7 @@ impl Planner<'_> {
     pub(super) fn parse(&mut self) -> bool {
         let msg = self.msg;
         // A malformed Parse goes to the server as is, for PostgreSQL's own error.
-        let Some(p) = Parse::parse(&msg[5..]) else {
+        let Some(p) = Parse::parse(body(msg)) else {
             return false;
         };
         if std::str::from_utf8(p.name).is_err() && self.reported.is("client_encoding", "UTF8") {
@@ -85,7 +85,7 @@ impl Planner<'_> {
     /// never keeps an unnamed statement on a server, so nothing is lost), followed by a Close
     /// of it; the client's name is bound only if the Parse succeeds.
     pub(super) fn probe_parse(&mut self, name: &[u8], statement: Arc<Statement>) -> bool {
-        let p = Parse::parse(&self.msg[5..]).expect("parsed by the caller");
+        let p = Parse::parse(body(self.msg)).expect("parsed by the caller");
         p.encode(b"", &mut self.server.wbuf);
         let previous = self.stmts.set(name, Some(statement.clone()));
         self.replies.push_entry(Entry {
@@ -133,7 +133,7 @@ impl Planner<'_> {
 
     pub(super) fn bind(&mut self) -> Plan {
         let msg = self.msg;
-        let Some(b) = Bind::parse(&msg[5..]) else {
+        let Some(b) = Bind::parse(body(msg)) else {
             return Plan::Forward;
         };
         if self.stmts.has_tracked_portals() {
@@ -264,7 +264,7 @@ impl Planner<'_> {
 
     pub(super) fn describe(&mut self) -> Plan {
         let msg = self.msg;
-        let Some(t) = Target::parse(&msg[5..]) else {
+        let Some(t) = Target::parse(body(msg)) else {
             return Plan::Forward;
         };
         if t.kind != b'S' {
@@ -331,7 +331,7 @@ impl Planner<'_> {
 
     pub(super) fn close(&mut self) -> bool {
         let msg = self.msg;
-        let Some(t) = Target::parse(&msg[5..]) else {
+        let Some(t) = Target::parse(body(msg)) else {
             return false;
         };
         if t.kind != b'S' {

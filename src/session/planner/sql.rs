@@ -78,7 +78,7 @@ impl Planner<'_> {
         // run, the portal is gone or failed with its transaction anyway.)
         if plan != Plan::Wait {
             let msg = self.msg;
-            if let Some(x) = fe::Execute::parse(&msg[5..]) {
+            if let Some(x) = fe::Execute::parse(crate::protocol::body(msg)) {
                 self.stmts.forget_portal(x.portal);
             }
         }
