@@ -468,7 +468,9 @@ fn bench_autoprepare(c: &mut Criterion) {
     }
     group.finish();
 
-    let global = Autoprepare::new(1000);
+    let global = Autoprepare::new(std::sync::Arc::new(pgmemo::query::shapes::Shapes::new(
+        1000,
+    )));
     let registry = pgmemo::statements::Registry::new();
     let mut client = ClientAutoprepare::default();
     let mut reader = pgmemo::query::Reader::default();

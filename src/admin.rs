@@ -719,7 +719,7 @@ pub fn show_autoprepare(app: &App) -> Table {
                 text(seen),
                 text(executions),
                 text(seen.saturating_sub(executions)),
-                text(s.never().map_or("", |p| p.as_str())),
+                text(crate::autoprepare::never(s).map_or("", |p| p.as_str())),
             ]
         })
         .collect();

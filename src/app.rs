@@ -233,6 +233,8 @@ pub struct App {
     pub registry: crate::statements::Registry,
     /// Query shapes seen in simple queries, and what autoprepare decided for each.
     pub autoprepare: crate::autoprepare::Autoprepare,
+    /// The simple queries' shapes, shared by autoprepare and the result cache.
+    pub shapes: Arc<crate::query::shapes::Shapes>,
     /// Cached results, table versions and the analyses behind them.
     pub cache: Arc<crate::cache::ResultCache>,
     /// The replication streams that invalidate cached results (`cache.invalidation = "wal"`).
@@ -246,7 +248,9 @@ impl App {
     pub fn new(config: Config) -> anyhow::Result<Arc<App>> {
         let (shutdown_tx, _) = watch::channel(false);
         let (cutoff_tx, _) = watch::channel(false);
-        let max_shapes = config.general.autoprepare_max_shapes as usize;
+        let shapes = Arc::new(crate::query::shapes::Shapes::new(
+            config.general.autoprepare_max_shapes as usize,
+        ));
         let config_cache = config.cache.clone();
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
@@ -267,8 +271,12 @@ impl App {
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
             registry: crate::statements::Registry::new(),
-            autoprepare: crate::autoprepare::Autoprepare::new(max_shapes),
-            cache: Arc::new(crate::cache::ResultCache::new(&config_cache)),
+            autoprepare: crate::autoprepare::Autoprepare::new(shapes.clone()),
+            cache: Arc::new(crate::cache::ResultCache::new(
+                &config_cache,
+                shapes.clone(),
+            )),
+            shapes,
             wal: crate::wal::Wal::default(),
             workers: std::sync::OnceLock::new(),
         });
@@ -300,8 +308,8 @@ impl App {
             return Err(e);
         }
         let cfg = self.config.load();
-        self.autoprepare
-            .set_max_shapes(cfg.general.autoprepare_max_shapes as usize);
+        self.shapes
+            .set_max(cfg.general.autoprepare_max_shapes as usize);
         self.cache.reconfigure(&cfg.cache);
         for pool in self.pools.read().values() {
             if let Some(settings) = self.pool_settings(&cfg, &pool.key) {

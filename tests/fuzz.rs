@@ -19,12 +19,12 @@ mod harness;
 use bytes::BytesMut;
 use harness::{fuzz, Outcome};
 use pgmemo::auth::{ScramServer, ScramVerifier, Secret};
-use pgmemo::autoprepare::shape::{decide, Decision};
 use pgmemo::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
 use pgmemo::protocol::startup::{self, StartupPacket};
 use pgmemo::protocol::{frame, DEFAULT_MAX_MESSAGE_SIZE};
 use pgmemo::query::hint::{self, Hint, Memo};
 use pgmemo::query::lexer::{generalize, rebuild, Kind, Lexed};
+use pgmemo::query::parameters::{decide, Decision};
 
 const PROTOCOL: &[&[u8]] = &[
     b"\0",

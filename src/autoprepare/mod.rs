@@ -3,7 +3,7 @@
 //! A `Query` whose text is one SELECT / VALUES / TABLE / WITH / INSERT / UPDATE / DELETE /
 //! MERGE is read once by the [`lexer`]: its literals become `$1..$n` and the rest is its
 //! *shape*. The first time a shape reaches `autoprepare_threshold` uses, PostgreSQL's own
-//! parser decides which literals may be parameters ([`shape`]); the decision is remembered per
+//! parser decides which literals may be parameters ([`crate::query::parameters`]); the decision is remembered per
 //! shape in a bounded table, so the hot path is the lexer and one lookup. The generalized text
 //! with the literals' types then is an ordinary registry statement, the same one a driver's
 //! `Parse` of that text and types would get, and the query runs as Bind / Describe / Execute /
@@ -13,18 +13,18 @@
 //! Everything here that is not a plain yes happens before anything reaches a server: a query
 //! that is not generalized goes to the server untouched ([`Pass`] says why, counted).
 
-pub mod shape;
-
 use crate::protocol::{frontend as fe, put_cstr, write_message};
 use crate::query::lexer::{self, Kind, Lexed};
+pub use crate::query::parameters::Never;
+use crate::query::parameters::{Decision, Form};
+use crate::query::shapes::{Shape, Shapes};
 use crate::query::Reader;
 use crate::statements::{Registry, Statement, StatementKey};
 use bytes::{BufMut, Bytes, BytesMut};
-use shape::{Decision, Form, Never};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Why a query went to the server as it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,155 +102,78 @@ impl Pass {
     }
 }
 
-/// One query shape: a generalized text with its literals' types.
-#[derive(Debug)]
-pub struct Shape {
-    pub hash: u64,
-    /// The lexer's generalized text as it was (bytes), every literal a parameter, then its
-    /// literals' kinds: what the hash was taken of, compared on every lookup. The hash has a
-    /// fixed seed (SHOW AUTOPREPARE and cache rules name shapes by it), so a client could
-    /// craft a text that collides with another's shape; without the comparison that text
-    /// would be run with the other shape's decision (which literals stay in the text).
-    key: Box<[u8]>,
-    /// Where the text ends in `key`.
-    text_len: u32,
-    /// Which of the words the session looks for in every simple query (`words::query`) the
-    /// generalized text holds: the scan of a query of this shape then reads only its string
-    /// literals (see [`ClientAutoprepare::read_ahead`]).
-    words: u32,
-    /// Decided when the shape first reaches the threshold.
-    decision: OnceLock<Decision>,
-    rejected: AtomicBool,
-    pub seen: AtomicU64,
-    /// Queries of this shape run through a prepared statement.
-    pub executions: AtomicU64,
-}
-
-impl Shape {
-    /// The generalized text (as SHOW AUTOPREPARE shows it).
-    pub fn text(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.key[..self.text_len as usize])
+/// Why a shape is not generalized, if it is not.
+pub fn never(shape: &Shape) -> Option<Pass> {
+    if shape.is_rejected() {
+        return Some(Pass::Rejected);
     }
-
-    /// Whether this is the shape of `lexed` (not only one with the same hash).
-    fn is_of(&self, lexed: &Lexed) -> bool {
-        let (text, kinds) = self.key.split_at(self.text_len as usize);
-        text == &lexed.text[..]
-            && kinds.len() == lexed.literals.len()
-            && kinds
-                .iter()
-                .zip(&lexed.literals)
-                .all(|(&k, l)| k == l.kind.code())
-    }
-
-    pub fn decision(&self) -> Option<&Decision> {
-        self.decision.get()
-    }
-
-    pub fn is_rejected(&self) -> bool {
-        self.rejected.load(Relaxed)
-    }
-
-    /// Parameters of the statement it runs as, once decided.
-    pub fn parameters(&self) -> Option<usize> {
-        match self.decision.get()? {
-            Decision::Generalize { forms, .. } => {
-                Some(forms.iter().filter(|f| **f != Form::Verbatim).count())
-            }
-            Decision::Never(_) => None,
-        }
-    }
-
-    /// Why it is not generalized, if it is not.
-    pub fn never(&self) -> Option<Pass> {
-        if self.is_rejected() {
-            return Some(Pass::Rejected);
-        }
-        match self.decision.get()? {
-            Decision::Never(n) => Some(Pass::Never(*n)),
-            Decision::Generalize { .. } => None,
-        }
+    match shape.decision()? {
+        Decision::Never(n) => Some(Pass::Never(*n)),
+        Decision::Generalize { .. } => None,
     }
 }
 
-type ShapeTable = quick_cache::sync::Cache<u64, Arc<Shape>>;
-
-/// The shapes seen by every session, bounded (`autoprepare_max_shapes`), and the counters.
+/// Autoprepare's view of the shapes every session shares (`query::shapes`), and its counters.
 pub struct Autoprepare {
-    /// Resized in place by a reload (not swapped): every query looks a shape up here.
-    shapes: ShapeTable,
-    max_shapes: AtomicU64,
+    shapes: Arc<Shapes>,
     /// Queries passed through, by [`Pass::index`].
     pub passed: [AtomicU64; PASS_REASONS.len()],
 }
 
 impl Autoprepare {
-    pub fn new(max_shapes: usize) -> Autoprepare {
+    pub fn new(shapes: Arc<Shapes>) -> Autoprepare {
         Autoprepare {
-            shapes: ShapeTable::new(max_shapes.max(1)),
-            max_shapes: AtomicU64::new(max_shapes as u64),
+            shapes,
             passed: Default::default(),
         }
     }
 
-    /// Applies a new `autoprepare_max_shapes` (RELOAD): the table starts afresh.
-    pub fn set_max_shapes(&self, max_shapes: usize) {
-        if self.max_shapes.swap(max_shapes as u64, Relaxed) != max_shapes as u64 {
-            self.shapes.clear();
-            self.shapes.set_capacity(max_shapes.max(1) as u64);
-        }
+    /// Reads the simple query `sql` ahead of planning (the session's reading of it, and its
+    /// shape looked up) and answers which of the session's words (`words::query`) it contains: its
+    /// shape's, found once, and those in its string literals (`set_config('search_path',
+    /// ...)` names a setting in one; numbers and bit strings hold no word). Comments are not
+    /// read: a word there does nothing. None when the lexer refuses the text: the caller scans
+    /// it whole.
+    pub fn read_ahead(&self, sql: &[u8], reader: &mut Reader) -> Option<u32> {
+        let (lexed, shape) = reader.shape(sql, &self.shapes).ok()?;
+        let words =
+            lexed
+                .literals
+                .iter()
+                .filter(|l| l.kind == Kind::Text)
+                .fold(shape.words, |words, l| {
+                    words | crate::query::words::in_query(&sql[l.start as usize..l.end as usize])
+                });
+        Some(words)
     }
 
     pub fn count_pass(&self, pass: Pass) {
         self.passed[pass.index()].fetch_add(1, Relaxed);
     }
 
-    /// Every remembered shape, most used first (SHOW AUTOPREPARE).
+    /// Every remembered shape of a simple query, most used first (SHOW AUTOPREPARE).
     pub fn shapes(&self) -> Vec<Arc<Shape>> {
-        let mut v: Vec<Arc<Shape>> = self.shapes.iter().map(|(_, s)| s).collect();
+        let mut v: Vec<Arc<Shape>> = self
+            .shapes
+            .all()
+            .into_iter()
+            .filter(|s| !s.is_raw())
+            .collect();
         v.sort_by_key(|s| std::cmp::Reverse(s.seen.load(Relaxed)));
         v
     }
 
     pub fn shape_count(&self) -> usize {
-        self.shapes.len()
+        self.shapes.all().iter().filter(|s| !s.is_raw()).count()
     }
 
     /// Shapes remembered as never generalized (the negative cache).
     pub fn never_count(&self) -> usize {
         self.shapes
+            .all()
             .iter()
-            .filter(|(_, s)| s.never().is_some())
+            .filter(|s| never(s).is_some())
             .count()
-    }
-
-    fn shape(&self, lexed: &Lexed) -> Arc<Shape> {
-        let table = &self.shapes;
-        let known = table.get(&lexed.shape);
-        let collides = match known {
-            Some(shape) if shape.is_of(lexed) => return shape,
-            Some(_) => true,
-            None => false,
-        };
-        let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
-        key.extend_from_slice(&lexed.text);
-        key.extend(lexed.literals.iter().map(|l| l.kind.code()));
-        let shape = Arc::new(Shape {
-            hash: lexed.shape,
-            key: key.into(),
-            text_len: lexed.text.len() as u32,
-            words: crate::query::words::in_query(&lexed.text),
-            decision: OnceLock::new(),
-            rejected: AtomicBool::new(false),
-            seen: AtomicU64::new(0),
-            executions: AtomicU64::new(0),
-        });
-        // A different text with the same hash keeps the place it took first; this one is
-        // counted and decided on its own, unshared.
-        if !collides {
-            table.insert(lexed.shape, shape.clone());
-        }
-        shape
     }
 }
 
@@ -268,8 +191,6 @@ pub struct Use<'a> {
 /// queries ran as (so a repeated query costs no registry lookup).
 #[derive(Default)]
 pub struct ClientAutoprepare {
-    /// The shape of the query about to be planned, when `read_ahead` looked it up.
-    read_shape: Option<Arc<Shape>>,
     /// The text of the statement the last query runs as.
     text: Vec<u8>,
     /// Its Parse's parameter types (count, then OIDs).
@@ -323,37 +244,6 @@ struct Anchor {
 const MAX_CLIENT_STATEMENTS: usize = 256;
 
 impl ClientAutoprepare {
-    /// Reads the simple query `sql` ahead of planning (the session's reading of it, and its
-    /// shape looked up) and answers which of the session's words (`words::query`) it contains: its
-    /// shape's, found once, and those in its string literals (`set_config('search_path',
-    /// ...)` names a setting in one; numbers and bit strings hold no word). Comments are not
-    /// read: a word there does nothing. None when the lexer refuses the text: the caller scans
-    /// it whole.
-    pub fn read_ahead(
-        &mut self,
-        global: &Autoprepare,
-        sql: &[u8],
-        reader: &mut Reader,
-    ) -> Option<u32> {
-        let lexed = reader.read(sql).ok()?;
-        let shape = global.shape(lexed);
-        let words =
-            lexed
-                .literals
-                .iter()
-                .filter(|l| l.kind == Kind::Text)
-                .fold(shape.words, |words, l| {
-                    words | crate::query::words::in_query(&sql[l.start as usize..l.end as usize])
-                });
-        self.read_shape = Some(shape);
-        Some(words)
-    }
-
-    /// Forgets the shape looked up for the last query: the next one is looked up afresh.
-    pub fn forget_reading(&mut self) {
-        self.read_shape = None;
-    }
-
     /// The statement the simple query `sql` runs as, or why it goes to the server as it is.
     /// `context` is the client's registry context (database, role, search_path) and its
     /// database's schema epoch.
@@ -371,11 +261,8 @@ impl ClientAutoprepare {
         if std::mem::take(&mut self.bypass) {
             return Err(Pass::Rerun);
         }
-        let lexed = reader.read(sql).map_err(Pass::Lexer)?;
-        let shape = self
-            .read_shape
-            .take()
-            .unwrap_or_else(|| global.shape(lexed));
+        let (lexed, shape) = reader.shape(sql, &global.shapes).map_err(Pass::Lexer)?;
+        let shape = shape.clone();
         if shape.is_rejected() {
             return Err(Pass::Rejected);
         }
@@ -383,12 +270,7 @@ impl ClientAutoprepare {
         if seen < threshold {
             return Err(Pass::Threshold);
         }
-        let decision = shape
-            .decision
-            .get_or_init(|| match std::str::from_utf8(sql) {
-                Ok(sql) => shape::decide(sql, &lexed.literals),
-                Err(_) => Decision::Never(Never::ParseError),
-            });
+        let decision = &shape.derived(sql, &lexed.literals).decision;
         let forms = match decision {
             Decision::Never(n) => return Err(Pass::Never(*n)),
             Decision::Generalize { forms, modifies } => {
@@ -708,39 +590,10 @@ fn chars(text: &[u8]) -> u32 {
 mod tests {
     use super::*;
 
-    /// A text whose hash equals another shape's (the seed is fixed: a client can search for
-    /// one) is not run with that shape's decision: same text and literal kinds, or its own.
-    #[test]
-    fn a_colliding_hash_does_not_share_a_shape() {
-        let global = Autoprepare::new(100);
-        let lexed = |sql: &str| {
-            let mut l = Lexed::default();
-            lexer::generalize(sql.as_bytes(), &mut l).unwrap();
-            l
-        };
-        let a = lexed("SELECT 1, 2");
-        let first = global.shape(&a);
-        assert!(Arc::ptr_eq(&global.shape(&lexed("SELECT 3, 4")), &first));
-        // Another text, and the same text with other kinds, given a's hash.
-        for sql in ["SELECT x FROM t ORDER BY 1, 2", "SELECT 1, '2'"] {
-            let mut b = lexed(sql);
-            assert_ne!(b.shape, a.shape);
-            b.shape = a.shape;
-            let second = global.shape(&b);
-            assert!(!Arc::ptr_eq(&first, &second), "{sql}");
-            assert!(second.is_of(&b) && !first.is_of(&b));
-        }
-        // The first keeps its place.
-        assert!(Arc::ptr_eq(&global.shape(&a), &first));
-    }
-
-    /// Reading a query ahead finds the words a scan of its whole text finds (its shape's and
-    /// those in its string literals, in every form), except in comments; the planner then
-    /// uses that reading instead of lexing again, and a refused text is left to the full scan.
     #[test]
     fn read_ahead_finds_the_words_of_the_whole_text_but_comments() {
         use crate::query::words::query as w;
-        let global = Autoprepare::new(100);
+        let global = Autoprepare::new(Arc::new(Shapes::new(100)));
         let mut c = ClientAutoprepare::default();
         let mut r = Reader::default();
         for sql in [
@@ -751,20 +604,19 @@ mod tests {
             "UPDATE t SET x = 'create' WHERE y = 'pgmemo_s1' RETURNING 'alter'",
             "WITH q AS (SELECT 'deallocate' AS reset) SELECT * FROM q",
         ] {
-            let words = c.read_ahead(&global, sql.as_bytes(), &mut r);
+            let words = global.read_ahead(sql.as_bytes(), &mut r);
             assert_eq!(
                 words,
                 Some(crate::query::words::in_query(sql.as_bytes())),
                 "{sql}"
             );
-            c.forget_reading();
             r.forget();
         }
         let sql = "SELECT 1 /* begin */ -- set search_path\n, 'x'";
-        assert_eq!(c.read_ahead(&global, sql.as_bytes(), &mut r), Some(0));
+        assert_eq!(global.read_ahead(sql.as_bytes(), &mut r), Some(0));
         assert_ne!(crate::query::words::in_query(sql.as_bytes()), 0);
         // The planner takes the reading (no second lexing, the same shape).
-        let shape = c.read_shape.clone().unwrap();
+        let shape = r.shape(sql.as_bytes(), &global.shapes).unwrap().1.clone();
         assert!(r.lexed().is_some());
         let _ = c.statement(
             &global,
@@ -774,13 +626,11 @@ mod tests {
             (0, 0),
             u64::MAX,
         );
-        assert!(c.read_shape.is_none());
         assert_eq!(shape.seen.load(Relaxed), 1);
         // Refused: no words from the reading, the refusal kept for the planner.
-        c.forget_reading();
         r.forget();
         let sql = "SET search_path = a";
-        assert_eq!(c.read_ahead(&global, sql.as_bytes(), &mut r), None);
+        assert_eq!(global.read_ahead(sql.as_bytes(), &mut r), None);
         assert!(r.lexed().is_none());
         assert_eq!(
             c.statement(

@@ -116,11 +116,14 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn cache_of_8_mib() -> ResultCache {
-        ResultCache::new(&CacheConfig {
-            enabled: true,
-            max_memory: 8 << 20,
-            ..Default::default()
-        })
+        ResultCache::new(
+            &CacheConfig {
+                enabled: true,
+                max_memory: 8 << 20,
+                ..Default::default()
+            },
+            Arc::new(crate::query::shapes::Shapes::new(100)),
+        )
     }
 
     /// Stores entries under keys `*n..` until the store evicts one.

@@ -27,6 +27,7 @@ use crate::protocol::backend as be;
 use crate::query::analysis::{self, Analysis, Bypass, Flush, BYPASS_REASONS};
 use crate::query::hint;
 use crate::query::lexer::{self, Lexed};
+use crate::query::shapes::Shapes;
 use crate::query::Reader;
 use admission::Admission;
 use arc_swap::ArcSwap;
@@ -197,12 +198,9 @@ impl Flights {
     }
 }
 
-/// What was decided about one normalized text (or one raw text the lexer refused).
-pub struct Shape {
-    /// The text it was decided for, compared on lookup (the map is keyed by its hash).
-    text: Arc<str>,
-    analysis: Arc<Analysis>,
-}
+/// A simple query's shape (see [`crate::query::shapes`]): what the cache decides for a
+/// query is derived once per shape and kept there.
+pub use crate::query::shapes::Shape;
 
 /// Which tables a cacheable shape reads under one search_path, or why it is not cacheable.
 struct Plan {
@@ -233,7 +231,7 @@ pub struct ResultCache {
     /// memory).
     raw: quick_cache::sync::Cache<Box<[u8]>, std::sync::Weak<Entry>>,
     flights: Arc<Flights>,
-    shapes: quick_cache::sync::Cache<u64, Arc<Shape>>,
+    shapes: Arc<Shapes>,
     plans: quick_cache::sync::Cache<(u64, u64), Arc<Plan>>,
     snapshots: papaya::HashMap<Box<str>, Arc<Snapshot>>,
     /// One per rule of the configuration, then one for hints.
@@ -317,7 +315,8 @@ impl Resolve {
 }
 
 impl ResultCache {
-    pub fn new(config: &CacheConfig) -> ResultCache {
+    /// `shapes`: the table of simple queries' shapes every session shares (with autoprepare).
+    pub fn new(config: &CacheConfig, shapes: Arc<Shapes>) -> ResultCache {
         let admission = Admission::new();
         let evictions = Evictions {
             full: admission.full_flag(),
@@ -336,7 +335,7 @@ impl ResultCache {
             versions: Versions::default(),
             raw: quick_cache::sync::Cache::new(RAW_ENTRIES),
             flights: Arc::new(Flights::new()),
-            shapes: quick_cache::sync::Cache::new(10_000),
+            shapes,
             plans: quick_cache::sync::Cache::new(10_000),
             snapshots: papaya::HashMap::new(),
             rules: ArcSwap::from_pointee(Vec::new()),
@@ -469,26 +468,23 @@ impl ResultCache {
         self.admission.shrunk();
     }
 
-    /// The decision for a text, made once: by the lexer's shape when it read the text, else
-    /// by the text itself.
+    /// The shape of a text, with what was derived for it (once per shape): the lexer's shape
+    /// when it read the text, else the text itself. None when it is too long to analyze or
+    /// not UTF-8.
     fn shape(&self, sql: &[u8], reader: &mut Reader) -> Option<Arc<Shape>> {
-        let (hash, text): (u64, &[u8]) = if let Ok(lexed) = reader.read(sql) {
-            (lexed.shape, &lexed.text)
-        } else if sql.len() <= MAX_ANALYZED_TEXT {
-            (lexer::hasher().hash_one(sql), sql)
-        } else {
-            return None;
+        let shape = match reader.shape(sql, &self.shapes) {
+            Ok((lexed, shape)) => {
+                shape.derived(sql, &lexed.literals);
+                shape.clone()
+            }
+            Err(_) if sql.len() <= MAX_ANALYZED_TEXT => {
+                let shape = self.shapes.raw(sql);
+                shape.derived(sql, &[]);
+                shape
+            }
+            Err(_) => return None,
         };
-        if let Some(shape) = self.shapes.get(&hash).filter(|s| s.text.as_bytes() == text) {
-            return Some(shape);
-        }
-        // The lexer's text comes from the client's, so both are UTF-8 or neither.
-        let original = std::str::from_utf8(sql).ok()?;
-        let shape = Arc::new(Shape {
-            text: std::str::from_utf8(text).ok()?.into(),
-            analysis: Arc::new(analysis::analyze(original)),
-        });
-        self.shapes.insert(hash, shape.clone());
+        shape.analysis()?;
         Some(shape)
     }
 
@@ -551,8 +547,8 @@ impl ResultCache {
             return None;
         }
         let shape = self.shape(sql, reader);
-        match &shape {
-            Some(shape) => self.note(client, &shape.analysis),
+        match shape.as_ref().and_then(|s| s.analysis()) {
+            Some(analysis) => self.note(client, analysis),
             None => client.note(&FLUSH_DATABASE),
         }
         shape
@@ -599,7 +595,7 @@ impl ResultCache {
         shape: &Arc<Shape>,
         may_wait: bool,
     ) -> Lookup {
-        let Some(lexed) = reader.lexed() else {
+        let (Some(lexed), Some(analysis)) = (reader.lexed(), shape.analysis()) else {
             return Lookup::Pass;
         };
         client.build_key(lexed);
@@ -609,9 +605,9 @@ impl ResultCache {
             Candidate {
                 hint_source: sql,
                 text: &lexed.text,
-                display: Some(&shape.text),
+                display: shape.display(),
                 hash: lexed.shape,
-                analysis: &shape.analysis,
+                analysis,
                 extended: false,
             },
             may_wait,
@@ -1524,10 +1520,13 @@ mod tests {
 
     /// An enabled cache and a client with its context.
     fn cache_and_client() -> (ResultCache, Box<ClientCache>) {
-        let cache = ResultCache::new(&CacheConfig {
-            enabled: true,
-            ..Default::default()
-        });
+        let cache = ResultCache::new(
+            &CacheConfig {
+                enabled: true,
+                ..Default::default()
+            },
+            Arc::new(crate::query::shapes::Shapes::new(100)),
+        );
         let mut client = ClientCache::new(false);
         client.set_context(1, 0, "db", None, [Some("role"), None, None], &["role"]);
         (cache, client)
@@ -1615,7 +1614,10 @@ mod tests {
     /// texts whose hashes collide never share the tables that invalidate their results.
     #[test]
     fn a_plan_serves_only_its_own_text() {
-        let cache = ResultCache::new(&CacheConfig::default());
+        let cache = ResultCache::new(
+            &CacheConfig::default(),
+            Arc::new(crate::query::shapes::Shapes::new(100)),
+        );
         let key = (7, 9);
         cache.plans.insert(
             key,

@@ -308,21 +308,29 @@ fn mentions_temp(sql: &str) -> bool {
 
 /// Analyzes `sql` (one Query message's text or one Parse's).
 pub fn analyze(sql: &str) -> Analysis {
-    let Ok(parsed) = pg_query::parse(sql, 0) else {
+    analyze_parsed(sql, &super::parse(sql))
+}
+
+/// [`analyze`], from PostgreSQL's parse of `sql` (see [`super::parse`]).
+pub fn analyze_parsed(sql: &str, parsed: &super::Parsed) -> Analysis {
+    let tree = match parsed {
+        super::Parsed::Tree(tree) => tree,
         // The server refuses it too; nothing runs.
-        return Analysis {
-            effects: Effects::default(),
-            read: Err(Bypass::ParseError),
-        };
-    };
-    let Ok(tree) = serde_json::to_value(&parsed.protobuf) else {
-        return Analysis {
-            effects: Effects {
-                flush: Flush::Database,
-                ..Effects::default()
-            },
-            read: Err(Bypass::ParseError),
-        };
+        super::Parsed::Refused => {
+            return Analysis {
+                effects: Effects::default(),
+                read: Err(Bypass::ParseError),
+            }
+        }
+        super::Parsed::Unreadable => {
+            return Analysis {
+                effects: Effects {
+                    flush: Flush::Database,
+                    ..Effects::default()
+                },
+                read: Err(Bypass::ParseError),
+            }
+        }
     };
     let stmts = tree["stmts"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     let mut effects = Effects::default();

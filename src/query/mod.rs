@@ -12,8 +12,11 @@
 //! - [`facts`]: what a statement does to its session (settings, temporary objects, `LISTEN`,
 //!   advisory locks, held cursors) and to the schema (DDL).
 //! - [`hint`]: the `/* pgmemo cache */` comments.
-//! - [`analysis`]: what a statement reads and writes, from PostgreSQL's own parser
-//!   (pg_query), once per shape on the cold path.
+//! - [`analysis`]: what a statement reads and writes, and [`parameters`]: which of a simple
+//!   query's literals may become parameters, both from PostgreSQL's own parser (pg_query),
+//!   from one parse per shape, on the cold path.
+//! - [`shapes`]: the one table of shapes every session shares, whose entry holds what was
+//!   derived once per shape (its words, its analysis, the autoprepare decision).
 //!
 //! This room uses only the ground floor (protocol names, settings' values): the features
 //! above it (statements, autoprepare, the cache, the session) all read queries through it.
@@ -23,7 +26,30 @@ pub mod command;
 pub mod facts;
 pub mod hint;
 pub mod lexer;
+pub mod parameters;
+pub mod shapes;
 pub mod words;
+
+/// PostgreSQL's parse of a text (pg_query), as the derivations of a shape read it.
+pub enum Parsed {
+    /// The parse tree, as JSON (every node an object named by its type).
+    Tree(serde_json::Value),
+    /// PostgreSQL's parser refuses the text: the server will too, and say why.
+    Refused,
+    /// Parsed, but the tree could not be read (never seen; treated as unknown).
+    Unreadable,
+}
+
+/// Parses `sql` once, for every derivation that needs PostgreSQL's reading of it.
+pub fn parse(sql: &str) -> Parsed {
+    let Ok(parsed) = pg_query::parse(sql, 0) else {
+        return Parsed::Refused;
+    };
+    match serde_json::to_value(&parsed.protobuf) {
+        Ok(tree) => Parsed::Tree(tree),
+        Err(_) => Parsed::Unreadable,
+    }
+}
 
 use lexer::{Lexed, Refusal};
 
@@ -36,6 +62,8 @@ use lexer::{Lexed, Refusal};
 pub struct Reader {
     lexed: Lexed,
     state: Read,
+    /// The shape of the reading, once looked up.
+    shape: Option<std::sync::Arc<shapes::Shape>>,
 }
 
 /// How far the reading of the message at hand went.
@@ -55,6 +83,7 @@ impl Reader {
     #[inline]
     pub fn forget(&mut self) {
         self.state = Read::None;
+        self.shape = None;
     }
 
     /// The lexer's reading of `sql`, the text of the message at hand: lexed at the first call
@@ -70,6 +99,19 @@ impl Reader {
             Read::Refused(refusal) => Err(refusal),
             _ => Ok(&self.lexed),
         }
+    }
+
+    /// The reading of `sql`, the text of the message at hand, and its shape in `shapes`:
+    /// looked up at the first call for that message (after [`Reader::read`]), the same at
+    /// every later one.
+    pub fn shape(
+        &mut self,
+        sql: &[u8],
+        shapes: &shapes::Shapes,
+    ) -> Result<(&Lexed, &std::sync::Arc<shapes::Shape>), Refusal> {
+        self.read(sql)?;
+        let lexed = &self.lexed;
+        Ok((lexed, self.shape.get_or_insert_with(|| shapes.get(lexed))))
     }
 
     /// The reading made for the message at hand, if one was made and the lexer accepted it.

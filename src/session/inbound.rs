@@ -217,9 +217,6 @@ impl Session {
     /// `autoprepare_threshold` for a simple query that may be autoprepared.
     #[inline]
     fn autoprepare_for(&mut self, tag: u8) -> Option<u64> {
-        if let Some(ap) = self.reading.autoprepare.as_deref_mut() {
-            ap.forget_reading(); // a reading is of one message only
-        }
         if tag == fe::QUERY {
             self.autoprepare_threshold()
         } else {
@@ -240,15 +237,10 @@ impl Session {
         };
         let text = fe::query_text_of(&self.client.rbuf, text_len);
         let read = match autoprepare {
-            Some(_) => self
-                .reading
-                .autoprepare
-                .get_or_insert_with(Default::default)
-                .read_ahead(
-                    &self.app.autoprepare,
-                    text,
-                    self.reading.reader.get_or_insert_with(Default::default),
-                ),
+            Some(_) => self.app.autoprepare.read_ahead(
+                text,
+                self.reading.reader.get_or_insert_with(Default::default),
+            ),
             None => None,
         };
         read.unwrap_or_else(|| crate::query::words::in_query(text))

@@ -68,10 +68,12 @@ impl Never {
 
 /// Decides for the shape of `sql`, whose literals the lexer found.
 pub fn decide(sql: &str, literals: &[Literal]) -> Decision {
-    let Ok(parsed) = pg_query::parse(sql, 0) else {
-        return Decision::Never(Never::ParseError);
-    };
-    let Ok(tree) = serde_json::to_value(&parsed.protobuf) else {
+    decide_parsed(sql, &super::parse(sql), literals)
+}
+
+/// [`decide`], from PostgreSQL's parse of `sql` (see [`super::parse`]).
+pub fn decide_parsed(sql: &str, parsed: &super::Parsed, literals: &[Literal]) -> Decision {
+    let super::Parsed::Tree(tree) = parsed else {
         return Decision::Never(Never::ParseError);
     };
     let stmts = tree["stmts"].as_array().map(Vec::as_slice).unwrap_or(&[]);

@@ -1,0 +1,289 @@
+//! The shapes of the simple queries every session sends, in one table shared by all of them.
+//!
+//! A shape is a query's text with its literals as `$n` (the lexer's reading, see
+//! [`super::lexer`]) and its literals' kinds. What pgmemo derives from a shape is derived once,
+//! kept in its entry and shared by every feature that reads queries: the words the session
+//! looks for in its text ([`Shape::words`]), and, from one parse by PostgreSQL's own parser,
+//! both what it reads and writes (the result cache's [`Analysis`]) and which of its literals
+//! may become parameters (autoprepare's [`Decision`]). Autoprepare's counters of the shape
+//! live in the entry too.
+//!
+//! A text the lexer refuses is its own shape, keyed by its raw text ([`Shapes::raw`]): the
+//! result cache still analyzes it; autoprepare never runs it.
+
+use super::analysis::{self, Analysis};
+use super::lexer::{self, Lexed, Literal};
+use super::parameters::{self, Decision, Form, Never};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+/// One query shape and what was derived from it.
+#[derive(Debug)]
+pub struct Shape {
+    pub hash: u64,
+    /// The lexer's generalized text as it was (bytes), every literal a parameter, then its
+    /// literals' kinds (a raw text's: its bytes): what the hash was taken of, compared on every lookup. The
+    /// hash has a fixed seed (SHOW AUTOPREPARE and cache rules name shapes by it), so a client
+    /// could craft a text that collides with another's shape; without the comparison that
+    /// text would be run with the other shape's decision (which literals stay in the text).
+    key: Box<[u8]>,
+    /// Where the text ends in `key`.
+    text_len: u32,
+    /// A text the lexer refused, keyed as it is ([`Shapes::raw`]).
+    raw: bool,
+    /// Which of the words the session looks for in every simple query (`words::query`) the
+    /// generalized text holds: the scan of a query of this shape then reads only its string
+    /// literals.
+    pub words: u32,
+    /// Derived at the first use that needs PostgreSQL's parser.
+    derived: OnceLock<Derived>,
+    /// Autoprepare: the server refused its statement (it runs as sent from then on).
+    pub rejected: AtomicBool,
+    /// Autoprepare: queries of this shape seen, and run through a prepared statement.
+    pub seen: AtomicU64,
+    pub executions: AtomicU64,
+}
+
+/// What one parse of a shape's text says.
+#[derive(Debug)]
+pub struct Derived {
+    /// The generalized text, when it is UTF-8: shown, and kept with cache entries.
+    pub text: Option<Arc<str>>,
+    /// What it reads and writes (None: the text is not UTF-8, and nothing of it is cached).
+    pub analysis: Option<Arc<Analysis>>,
+    /// Which literals become parameters when autoprepare runs it.
+    pub decision: Decision,
+}
+
+impl Shape {
+    /// The generalized text (as SHOW AUTOPREPARE shows it).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.key[..self.text_len as usize])
+    }
+
+    /// Whether this is the shape of `lexed` (not only one with the same hash).
+    fn is_of(&self, lexed: &Lexed) -> bool {
+        let (text, kinds) = self.key.split_at(self.text_len as usize);
+        !self.raw
+            && text == &lexed.text[..]
+            && kinds.len() == lexed.literals.len()
+            && kinds
+                .iter()
+                .zip(&lexed.literals)
+                .all(|(&k, l)| k == l.kind.code())
+    }
+
+    /// What one parse of `sql` (a query of this shape, whose literals the lexer found) says:
+    /// parsed at the first call, the same answer at every later one.
+    pub fn derived(&self, sql: &[u8], literals: &[Literal]) -> &Derived {
+        self.derived.get_or_init(|| {
+            let text = std::str::from_utf8(&self.key[..self.text_len as usize])
+                .ok()
+                .map(Arc::from);
+            match std::str::from_utf8(sql) {
+                Ok(sql) => {
+                    let parsed = super::parse(sql);
+                    let raw = self.is_raw();
+                    Derived {
+                        text,
+                        analysis: Some(Arc::new(analysis::analyze_parsed(sql, &parsed))),
+                        decision: if raw {
+                            Decision::Never(Never::NotDml)
+                        } else {
+                            parameters::decide_parsed(sql, &parsed, literals)
+                        },
+                    }
+                }
+                Err(_) => Derived {
+                    text,
+                    analysis: None,
+                    decision: Decision::Never(Never::ParseError),
+                },
+            }
+        })
+    }
+
+    /// What it reads and writes, once derived (None: not yet, or the text is not UTF-8).
+    pub fn analysis(&self) -> Option<&Arc<Analysis>> {
+        self.derived.get()?.analysis.as_ref()
+    }
+
+    /// The generalized text, shareable, once derived (None: not yet, or not UTF-8).
+    pub fn display(&self) -> Option<&Arc<str>> {
+        self.derived.get()?.text.as_ref()
+    }
+
+    /// The autoprepare decision, once derived.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.derived.get().map(|d| &d.decision)
+    }
+
+    /// Whether this is a raw text's shape (one the lexer refused).
+    pub fn is_raw(&self) -> bool {
+        self.raw
+    }
+
+    pub fn is_rejected(&self) -> bool {
+        self.rejected.load(Relaxed)
+    }
+
+    /// Parameters of the statement it runs as, once decided.
+    pub fn parameters(&self) -> Option<usize> {
+        match self.decision()? {
+            Decision::Generalize { forms, .. } => {
+                Some(forms.iter().filter(|f| **f != Form::Verbatim).count())
+            }
+            Decision::Never(_) => None,
+        }
+    }
+}
+
+type ShapeTable = quick_cache::sync::Cache<u64, Arc<Shape>>;
+
+/// The shapes seen by every session, bounded (`autoprepare_max_shapes`).
+pub struct Shapes {
+    /// Resized in place by a reload (not swapped): every query looks a shape up here.
+    table: ShapeTable,
+    max: AtomicU64,
+}
+
+impl Shapes {
+    pub fn new(max: usize) -> Shapes {
+        Shapes {
+            table: ShapeTable::new(max.max(1)),
+            max: AtomicU64::new(max as u64),
+        }
+    }
+
+    /// Applies a new bound (RELOAD): the table starts afresh when it changed.
+    pub fn set_max(&self, max: usize) {
+        if self.max.swap(max as u64, Relaxed) != max as u64 {
+            self.table.clear();
+            self.table.set_capacity(max.max(1) as u64);
+        }
+    }
+
+    /// Every remembered shape.
+    pub fn all(&self) -> Vec<Arc<Shape>> {
+        self.table.iter().map(|(_, s)| s).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// The shape of `lexed`, remembered at its first sight.
+    pub fn get(&self, lexed: &Lexed) -> Arc<Shape> {
+        let known = self.table.get(&lexed.shape);
+        let collides = match known {
+            Some(shape) if shape.is_of(lexed) => return shape,
+            Some(_) => true,
+            None => false,
+        };
+        let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
+        key.extend_from_slice(&lexed.text);
+        key.extend(lexed.literals.iter().map(|l| l.kind.code()));
+        let shape = new_shape(lexed.shape, key, lexed.text.len(), false);
+        // A different text with the same hash keeps the place it took first; this one is
+        // counted and decided on its own, unshared.
+        if !collides {
+            self.table.insert(lexed.shape, shape.clone());
+        }
+        shape
+    }
+
+    /// The shape of a text the lexer refused: the text itself.
+    pub fn raw(&self, sql: &[u8]) -> Arc<Shape> {
+        let hash = lexer::hasher().hash_one(sql);
+        let known = self.table.get(&hash);
+        let collides = match known {
+            Some(shape) if shape.raw && *shape.key == *sql => return shape,
+            Some(_) => true,
+            None => false,
+        };
+        let shape = new_shape(hash, sql.to_vec(), sql.len(), true);
+        if !collides {
+            self.table.insert(hash, shape.clone());
+        }
+        shape
+    }
+}
+
+fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, raw: bool) -> Arc<Shape> {
+    let words = super::words::in_query(&key[..text_len]);
+    Arc::new(Shape {
+        hash,
+        key: key.into(),
+        text_len: text_len as u32,
+        raw,
+        words,
+        derived: OnceLock::new(),
+        rejected: AtomicBool::new(false),
+        seen: AtomicU64::new(0),
+        executions: AtomicU64::new(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lexed(sql: &str) -> Lexed {
+        let mut l = Lexed::default();
+        lexer::generalize(sql.as_bytes(), &mut l).unwrap();
+        l
+    }
+
+    /// A text whose hash equals another shape's (the seed is fixed: a client can search for
+    /// one) is not run with that shape's decision: same text and literal kinds, or its own.
+    #[test]
+    fn a_colliding_hash_does_not_share_a_shape() {
+        let shapes = Shapes::new(100);
+        let a = lexed("SELECT 1, 2");
+        let first = shapes.get(&a);
+        assert!(Arc::ptr_eq(&shapes.get(&lexed("SELECT 3, 4")), &first));
+        // Another text, and the same text with other kinds, given a's hash.
+        for sql in ["SELECT x FROM t ORDER BY 1, 2", "SELECT 1, '2'"] {
+            let mut b = lexed(sql);
+            assert_ne!(b.shape, a.shape);
+            b.shape = a.shape;
+            let second = shapes.get(&b);
+            assert!(!Arc::ptr_eq(&first, &second), "{sql}");
+            assert!(second.is_of(&b) && !first.is_of(&b));
+        }
+        // A raw text given a's hash neither.
+        let raw = shapes.raw(b"SELECT 1, 2");
+        assert!(!Arc::ptr_eq(&first, &raw) && raw.is_raw());
+        // The first keeps its place.
+        assert!(Arc::ptr_eq(&shapes.get(&a), &first));
+    }
+
+    /// One parse gives both the result cache's analysis and autoprepare's decision.
+    #[test]
+    fn one_parse_derives_the_analysis_and_the_decision() {
+        let shapes = Shapes::new(100);
+        let sql = "SELECT abalance FROM pgbench_accounts WHERE aid = 5";
+        let l = lexed(sql);
+        let shape = shapes.get(&l);
+        assert!(shape.decision().is_none(), "derived only when asked");
+        let derived = shape.derived(sql.as_bytes(), &l.literals);
+        assert!(matches!(derived.decision, Decision::Generalize { .. }));
+        let analysis = derived.analysis.as_ref().expect("UTF-8 text");
+        assert!(analysis.read.is_ok(), "a plain read may be cached");
+        assert_eq!(
+            derived.text.as_deref(),
+            Some("SELECT abalance FROM pgbench_accounts WHERE aid = $1")
+        );
+        // A later query of the shape gets the same, not parsed again.
+        let again = shape.derived(
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = 6",
+            &l.literals,
+        );
+        assert!(std::ptr::eq(derived, again));
+    }
+}
