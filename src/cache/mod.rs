@@ -649,6 +649,51 @@ impl ResultCache {
         )
     }
 
+    /// What chooses `query` for caching, with whose counters: its hint (`nocache` counted
+    /// as a bypass), else the first rule that matches it. None: nothing does.
+    fn choose<'r>(
+        &self,
+        cfg: &CacheConfig,
+        rules: &'r [Arc<RuleStats>],
+        hint: Option<hint::Hint>,
+        at: &Where<'_>,
+        query: &Candidate<'_>,
+    ) -> Option<(Chosen, &'r Arc<RuleStats>)> {
+        match hint {
+            Some(hint::Hint::NoCache) => {
+                self.count(Bypass::Hint);
+                None
+            }
+            Some(hint::Hint::Cache { ttl }) => Some((
+                Chosen {
+                    ttl: ttl.unwrap_or(cfg.default_ttl),
+                    cache_empty: true,
+                    max_result_bytes: cfg.max_result_bytes,
+                    read_only_transactions: false,
+                },
+                rules.last()?,
+            )),
+            None => {
+                // Rules match the text as a string; a hint needs none of it.
+                let text = std::str::from_utf8(query.text).unwrap_or_default();
+                let i = cfg
+                    .rules
+                    .iter()
+                    .position(|r| r.matches(at.name, at.user, text, query.hash))?;
+                let r = &cfg.rules[i];
+                Some((
+                    Chosen {
+                        ttl: r.ttl,
+                        cache_empty: r.cache_empty,
+                        max_result_bytes: r.max_result_bytes,
+                        read_only_transactions: r.read_only_transactions,
+                    },
+                    rules.get(i)?,
+                ))
+            }
+        }
+    }
+
     /// Whether a rule or hint wants `query`, whether it may be cached, and whether its key
     /// (in `client.key`) is stored.
     fn decide(
@@ -670,46 +715,11 @@ impl ResultCache {
         } else {
             None
         };
-        // Rules match the text as a string; a hint needs none of it.
-        let text = || std::str::from_utf8(query.text).unwrap_or_default();
-        let (rule, stats) = match hint {
-            Some(hint::Hint::NoCache) => {
-                self.count(Bypass::Hint);
-                return Lookup::Pass;
-            }
-            Some(hint::Hint::Cache { ttl }) => (
-                Chosen {
-                    ttl: ttl.unwrap_or(cfg.default_ttl),
-                    cache_empty: true,
-                    max_result_bytes: cfg.max_result_bytes,
-                    read_only_transactions: false,
-                },
-                rules.last(),
-            ),
-            None => {
-                let text = text();
-                let Some(i) = cfg
-                    .rules
-                    .iter()
-                    .position(|r| r.matches(at.name, at.user, text, query.hash))
-                else {
-                    return Lookup::Pass;
-                };
-                let r = &cfg.rules[i];
-                (
-                    Chosen {
-                        ttl: r.ttl,
-                        cache_empty: r.cache_empty,
-                        max_result_bytes: r.max_result_bytes,
-                        read_only_transactions: r.read_only_transactions,
-                    },
-                    rules.get(i),
-                )
-            }
-        };
-        let Some(stats) = stats else {
+        let Some((rule, stats)) = self.choose(cfg, rules, hint, at, &query) else {
             return Lookup::Pass;
         };
+        // Rules match the text as a string; a hint needs none of it.
+        let text = || std::str::from_utf8(query.text).unwrap_or_default();
         let bypass = |why: Bypass| {
             self.count(why);
             stats.bypasses.add(1);

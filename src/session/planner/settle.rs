@@ -245,27 +245,7 @@ pub fn settle(
                 server.params_synced_for = None;
             }
         }
-        Effect::Reset(snapshot) if !done => {
-            stmts.restore_all(snapshot.names);
-            if let Some(sql) = snapshot.sql {
-                stmts.sql = sql.client;
-                if let Some(server) = server.as_deref_mut() {
-                    server.prepared.sql = sql.server;
-                }
-            }
-            if let Some(server) = server {
-                server.prepared.clear();
-                for (s, generation) in snapshot.prepared {
-                    server.prepared.insert_with_generation(s, generation);
-                }
-                server.prepared.set_guard(snapshot.guard);
-                if !snapshot.sole_command {
-                    // It may have run before the error: what the server holds is unknown,
-                    // so this connection is not reused.
-                    server.broken = true;
-                }
-            }
-        }
+        Effect::Reset(snapshot) if !done => undo_reset(stmts, server, *snapshot),
         Effect::Sql(sql) if outcome != Outcome::Discarded => {
             let failed = outcome == Outcome::Failed;
             for command in sql.commands.into_iter().take(sql.completed) {
@@ -304,5 +284,33 @@ pub fn settle(
             settle(stmts, server, b, outcome, error_code, retried);
         }
         _ => {}
+    }
+}
+
+/// A `DISCARD ALL` / `DEALLOCATE ALL` that did not run: the client's names, its SQL-level
+/// statements and the server's set are as they were before it.
+fn undo_reset(
+    stmts: &mut ClientStatements,
+    mut server: Option<&mut ServerConn>,
+    snapshot: crate::statements::ResetSnapshot,
+) {
+    stmts.restore_all(snapshot.names);
+    if let Some(sql) = snapshot.sql {
+        stmts.sql = sql.client;
+        if let Some(server) = server.as_deref_mut() {
+            server.prepared.sql = sql.server;
+        }
+    }
+    if let Some(server) = server {
+        server.prepared.clear();
+        for (s, generation) in snapshot.prepared {
+            server.prepared.insert_with_generation(s, generation);
+        }
+        server.prepared.set_guard(snapshot.guard);
+        if !snapshot.sole_command {
+            // It may have run before the error: what the server holds is unknown, so this
+            // connection is not reused.
+            server.broken = true;
+        }
     }
 }
