@@ -289,28 +289,32 @@ impl Session {
             return Next::Go;
         };
         let planned = planner::Planner {
-            msg: &self.client.rbuf[..len],
-            query_text: query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
+            message: planner::Message {
+                whole: &self.client.rbuf[..len],
+                text: query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
+                words: query_words,
+            },
             server,
             stmts,
             replies: &mut self.replies,
             registry: &self.app.registry,
             stats: &mut self.stats,
-            limits: self.plan.limits,
-            cleanup: &mut self.plan.cleanup,
-            retry: &mut self.plan.retry,
-            query_words,
-            state: &mut self.state,
-            autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
-                global: &self.app.autoprepare,
-                client: self
-                    .reading
-                    .autoprepare
-                    .get_or_insert_with(Default::default),
-                reader: self.reading.reader.get_or_insert_with(Default::default),
-                threshold,
-            }),
-            reported: &self.params.reported,
+            client: planner::ClientContext {
+                limits: self.plan.limits,
+                cleanup: &mut self.plan.cleanup,
+                retry: &mut self.plan.retry,
+                state: &mut self.state,
+                autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
+                    global: &self.app.autoprepare,
+                    client: self
+                        .reading
+                        .autoprepare
+                        .get_or_insert_with(Default::default),
+                    reader: self.reading.reader.get_or_insert_with(Default::default),
+                    threshold,
+                }),
+                reported: &self.params.reported,
+            },
         }
         .plan(tag);
         if planned != planner::Plan::Wait {

@@ -19,13 +19,13 @@ impl Planner<'_> {
     /// block. A statement no server has accepted yet is prepared on the side first
     /// ([`Planner::probe`]) while this query goes to the server as it is.
     pub(super) fn autoprepared(&mut self) -> Option<Plan> {
-        let ap = self.autoprepare.take()?;
+        let ap = self.client.autoprepare.take()?;
         if self.replies.has_pending_work() || self.replies.in_batch() || self.may_be_aborted() {
             self.stats.autoprepare_passed += 1;
             ap.global.count_pass(crate::autoprepare::Pass::Busy);
             return None;
         }
-        let text = self.query_text?;
+        let text = self.message.text?;
         self.stmts.refresh_context(self.registry);
         let statement = match ap.client.statement(
             ap.global,
@@ -67,10 +67,10 @@ impl Planner<'_> {
         // The first statement of an implicit transaction: after 0A000 the query is planned
         // again (the statement re-prepared), invisibly.
         let retry = self.server.status == b'I'
-            && self.retry.can_start()
+            && self.client.retry.can_start()
             && !self.replies.has_pending_work();
         if retry {
-            self.retry.start_query();
+            self.client.retry.start_query();
         }
         let generation = statement.generation();
         let lexed = ap.reader.lexed().expect("statement() read the text");

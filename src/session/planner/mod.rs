@@ -79,23 +79,35 @@ pub struct Limits {
 
 /// One planning step: the message and everything it may touch.
 pub struct Planner<'a> {
-    /// The whole message, tag and length included.
-    pub msg: &'a [u8],
-    /// For a simple query: its text (None: malformed, or another message).
-    pub query_text: Option<&'a [u8]>,
+    /// The client message being planned.
+    pub message: Message<'a>,
     pub server: &'a mut ServerConn,
     pub stmts: &'a mut ClientStatements,
     pub replies: &'a mut ReplyQueue,
     pub registry: &'a Registry,
     pub stats: &'a mut LocalStats,
+    /// The rest of the client's side that planning reads or changes.
+    pub client: ClientContext<'a>,
+}
+
+/// The client message a [`Planner`] plans.
+pub struct Message<'a> {
+    /// The whole message, tag and length included.
+    pub whole: &'a [u8],
+    /// For a simple query: its text (None: malformed, or another message).
+    pub text: Option<&'a [u8]>,
+    /// For a simple query: the words its text contains (`words::in_query`, found once by
+    /// the session).
+    pub words: u32,
+}
+
+/// What a [`Planner`] borrows of the client's side besides its statements.
+pub struct ClientContext<'a> {
     pub limits: Limits,
     /// Statement names to close on the server after the client's next Sync (see
     /// `Planner::duplicate_parse`).
     pub cleanup: &'a mut Cleanup,
     pub retry: &'a mut Retry,
-    /// For a simple query: the words its text contains (`words::in_query`, found once by
-    /// the session).
-    pub query_words: u32,
     /// What the client's statements may do to its session (see `session::state`).
     pub state: &'a mut super::state::StateWatch,
     /// For a simple query of a client with autoprepare on.
@@ -123,7 +135,7 @@ impl Planner<'_> {
         // Planning reads the client's statements and the server's: wait until no reply still
         // to come can undo changes made to them by earlier units of work (pipelined past a
         // Sync, say, behind a Parse that may fail). Portals are not planned.
-        let statement_target = || self.msg.get(5) == Some(&b'S');
+        let statement_target = || self.message.whole.get(5) == Some(&b'S');
         let reads_statements = match tag {
             fe::PARSE | fe::BIND | fe::QUERY => true,
             fe::DESCRIBE | fe::CLOSE => statement_target(),
@@ -154,7 +166,7 @@ impl Planner<'_> {
             if !self.server.prepared.has_guard() && self.server.status != b'T' {
                 wanted |= Words::BEGIN | Words::START;
             }
-            self.query_words & wanted
+            self.message.words & wanted
         } else {
             0
         };
@@ -181,7 +193,7 @@ impl Planner<'_> {
     }
 
     fn body(&self) -> &[u8] {
-        crate::protocol::body(self.msg)
+        crate::protocol::body(self.message.whole)
     }
 
     /// Whether the session may be in an aborted transaction block when the message being
@@ -320,10 +332,10 @@ impl Planner<'_> {
     /// keeps the client's messages from here to the batch's Sync ([`Retry`]).
     fn retry_point(&mut self) -> bool {
         let first = self.server.status == b'I'
-            && self.retry.can_start()
+            && self.client.retry.can_start()
             && !self.replies.has_pending_work();
         if first {
-            self.retry.start();
+            self.client.retry.start();
         }
         first
     }

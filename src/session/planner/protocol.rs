@@ -14,12 +14,14 @@ use std::sync::Arc;
 
 impl Planner<'_> {
     pub(super) fn parse(&mut self) -> bool {
-        let msg = self.msg;
+        let msg = self.message.whole;
         // A malformed Parse goes to the server as is, for PostgreSQL's own error.
         let Some(p) = Parse::parse(body(msg)) else {
             return false;
         };
-        if std::str::from_utf8(p.name).is_err() && self.reported.is("client_encoding", "UTF8") {
+        if std::str::from_utf8(p.name).is_err()
+            && self.client.reported.is("client_encoding", "UTF8")
+        {
             // PostgreSQL refuses the name before it reads the rest (22021, quoting the bad
             // bytes) and creates nothing: the Parse goes as it is, for that error.
             return false;
@@ -33,12 +35,12 @@ impl Planner<'_> {
             return self.duplicate_parse(p.name);
         }
         if !p.name.is_empty()
-            && (self.stmts.len() >= self.limits.max_count
-                || self.stmts.bytes() + p.query.len() > self.limits.max_bytes)
+            && (self.stmts.len() >= self.client.limits.max_count
+                || self.stmts.bytes() + p.query.len() > self.client.limits.max_bytes)
         {
             let message = format!(
                 "pgmemo: too many prepared statements for this client (limits: {} statements, {} bytes of query text)",
-                self.limits.max_count, self.limits.max_bytes
+                self.client.limits.max_count, self.client.limits.max_bytes
             );
             self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
             return true;
@@ -85,7 +87,7 @@ impl Planner<'_> {
     /// never keeps an unnamed statement on a server, so nothing is lost), followed by a Close
     /// of it; the client's name is bound only if the Parse succeeds.
     pub(super) fn probe_parse(&mut self, name: &[u8], statement: Arc<Statement>) -> bool {
-        let p = Parse::parse(body(self.msg)).expect("parsed by the caller");
+        let p = Parse::parse(body(self.message.whole)).expect("parsed by the caller");
         p.encode(b"", &mut self.server.wbuf);
         let previous = self.stmts.set(name, Some(statement.clone()));
         self.replies.push_entry(Entry {
@@ -119,20 +121,20 @@ impl Planner<'_> {
             // The name is one of pgmemo's own on this server: PostgreSQL already answers 42P05.
             return false;
         }
-        self.server.wbuf.extend_from_slice(self.msg);
+        self.server.wbuf.extend_from_slice(self.message.whole);
         self.replies.push_entry(Entry {
             expected: Expected::Parse,
             action: Action::Skip,
             effect: None,
         });
-        self.server.wbuf.extend_from_slice(self.msg);
+        self.server.wbuf.extend_from_slice(self.message.whole);
         self.replies.push(Expected::Parse);
-        self.cleanup.push(name.into());
+        self.client.cleanup.push(name.into());
         true
     }
 
     pub(super) fn bind(&mut self) -> Plan {
-        let msg = self.msg;
+        let msg = self.message.whole;
         let Some(b) = Bind::parse(body(msg)) else {
             return Plan::Forward;
         };
@@ -160,10 +162,10 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
-        self.state.note(statement.session_touch);
-        self.state.note_calls(&statement.key.query);
+        self.client.state.note(statement.session_touch);
+        self.client.state.note_calls(&statement.key.query);
         if statement.session_touch.custom {
-            self.state.note_custom(&statement.custom_settings);
+            self.client.state.note_custom(&statement.custom_settings);
         }
         self.stmts.schema.note(statement.ddl);
         if self.stmts.is_stale(b.statement) {
@@ -263,7 +265,7 @@ impl Planner<'_> {
     }
 
     pub(super) fn describe(&mut self) -> Plan {
-        let msg = self.msg;
+        let msg = self.message.whole;
         let Some(t) = Target::parse(body(msg)) else {
             return Plan::Forward;
         };
@@ -330,7 +332,7 @@ impl Planner<'_> {
     }
 
     pub(super) fn close(&mut self) -> bool {
-        let msg = self.msg;
+        let msg = self.message.whole;
         let Some(t) = Target::parse(body(msg)) else {
             return false;
         };
@@ -371,9 +373,9 @@ impl Planner<'_> {
 
     /// Forwards the Sync, then closes the names a duplicate Parse left on the server.
     pub(super) fn sync(&mut self) -> bool {
-        self.server.wbuf.extend_from_slice(self.msg);
+        self.server.wbuf.extend_from_slice(self.message.whole);
         self.replies.push(Expected::Sync);
-        if let Some(names) = self.cleanup.take() {
+        if let Some(names) = self.client.cleanup.take() {
             for name in names {
                 write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
                     m.extend_from_slice(b"S");

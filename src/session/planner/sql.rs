@@ -77,7 +77,7 @@ impl Planner<'_> {
         // (55000, "portal cannot be run"), as it would on PostgreSQL. (If this Execute does not
         // run, the portal is gone or failed with its transaction anyway.)
         if plan != Plan::Wait {
-            let msg = self.msg;
+            let msg = self.message.whole;
             if let Some(x) = fe::Execute::parse(crate::protocol::body(msg)) {
                 self.stmts.forget_portal(x.portal);
             }
@@ -109,7 +109,7 @@ impl Planner<'_> {
         let own = self.server.prepared.by_server_name(name);
         let taken = own.is_some()
             || (name == GUARD_NAME && self.server.prepared.has_guard())
-            || self.cleanup.holds(name);
+            || self.client.cleanup.holds(name);
         match self.stmts.set(name, None) {
             Some(statement) => {
                 let mut effect = Effect::Deallocated {
@@ -131,7 +131,7 @@ impl Planner<'_> {
                     // placeholder under the client's name is what the DEALLOCATE drops. Closed
                     // after the client's next Sync in case the Execute does not run.
                     self.parse_guard_query(name, Action::Skip, None);
-                    self.cleanup.push(name.into());
+                    self.client.cleanup.push(name.into());
                 }
                 self.forward_execute(Some(effect));
             }
@@ -163,7 +163,7 @@ impl Planner<'_> {
     }
 
     pub(super) fn forward_execute_with(&mut self, effect: Option<Effect>, action: Action) {
-        self.server.wbuf.extend_from_slice(self.msg);
+        self.server.wbuf.extend_from_slice(self.message.whole);
         self.replies.push_entry(Entry {
             expected: Expected::Execute,
             action,
@@ -227,7 +227,7 @@ impl Planner<'_> {
                         action
                     }
                     None => {
-                        self.server.wbuf.extend_from_slice(self.msg);
+                        self.server.wbuf.extend_from_slice(self.message.whole);
                         Action::Forward
                     }
                 };
@@ -288,7 +288,7 @@ impl Planner<'_> {
         if self.stmts.is_empty() || words & Words::DEALLOCATE == 0 {
             return false;
         }
-        let Some(text) = self.query_text else {
+        let Some(text) = self.message.text else {
             return false;
         };
         let Ok(text) = std::str::from_utf8(text) else {
@@ -300,7 +300,7 @@ impl Planner<'_> {
 
     /// What a simple query does to the client's statements.
     pub(super) fn query_effect(&mut self, words: u32) -> QueryPlan {
-        let Some(text) = self.query_text else {
+        let Some(text) = self.message.text else {
             return QueryPlan::Forward(None, Vec::new(), None);
         };
         let commands = Words::PREPARE
