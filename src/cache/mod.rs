@@ -1265,6 +1265,10 @@ impl Drop for Fill {
 /// One client's part: buffers, its notes of writes, its fill.
 #[derive(Default)]
 pub struct ClientCache {
+    /// Whether the client's open transaction block is READ ONLY and READ COMMITTED (the
+    /// cache may answer inside it), once asked; forgotten when the block ends (the session
+    /// keeps it).
+    pub read_only_transaction: Option<bool>,
     key: Vec<u8>,
     context: Vec<u8>,
     /// What `context` was built from.

@@ -183,7 +183,7 @@ impl Session {
         else {
             return Ok(false);
         };
-        if let Some(known) = self.read_only_transaction {
+        if let Some(known) = self.cache.as_ref().and_then(|c| c.read_only_transaction) {
             return Ok(known);
         }
         if !self
@@ -211,7 +211,9 @@ impl Session {
             Err(_) if server.broken => return Err(End::ServerGone("transaction probe".into())),
             Err(_) => false,
         };
-        self.read_only_transaction = Some(known);
+        if let Some(c) = self.cache.as_deref_mut() {
+            c.read_only_transaction = Some(known);
+        }
         Ok(known)
     }
 

@@ -246,8 +246,6 @@ struct Session {
     local_replies_only: bool,
     /// pgmemo's reading of the client's simple queries, and autoprepare's part.
     reading: Reading,
-    /// An autoprepared query's RowDescription waits in `autoprepare.held`.
-    held_description: bool,
     /// The result cache's state for this client, made at its first Query or Bind while the
     /// cache is on.
     cache: Option<Box<crate::cache::ClientCache>>,
@@ -258,9 +256,6 @@ struct Session {
     /// from there on its bytes go to the server as they are, which fails the COPY and ends
     /// the connection with PostgreSQL's own messages.
     copy_garbage: bool,
-    /// Whether the client's open transaction block is READ ONLY and READ COMMITTED (the
-    /// result cache may answer inside it), once asked; forgotten when the block ends.
-    read_only_transaction: Option<bool>,
     /// The server sent a FATAL error (relayed): when it then closes, the client has been told
     /// why, as a direct connection would have been, and gets nothing more from pgmemo.
     server_fatal: bool,
@@ -309,6 +304,9 @@ struct Planning {
     wait_flushed: bool,
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
+    /// An autoprepared query's RowDescription waits in `autoprepare.held` (see
+    /// `Action::AsSimpleQueryHeld`).
+    held_description: bool,
 }
 
 /// pgmemo's reading of the client's simple queries, and autoprepare's part.

@@ -81,7 +81,7 @@ impl Session {
         // constants and reading literals raise), never for a cancel, a timeout, a deadlock or
         // a serialization failure, which must reach the client.
         if crate::autoprepare::is_data_exception(body)
-            && ((self.held_description
+            && ((self.plan.held_description
                 && self.reading.autoprepare.as_ref().is_some_and(|a| a.rerun))
                 || (self.replies.head_is_autoprepared_bind()
                     && crate::autoprepare::is_parameter_error(body)))
@@ -179,7 +179,9 @@ impl Session {
         let server = self.server.as_mut().expect("a server is held");
         server.status = body(&server.rbuf[..len]).first().copied().unwrap_or(b'I');
         if server.status != b'T' {
-            self.read_only_transaction = None;
+            if let Some(c) = self.cache.as_deref_mut() {
+                c.read_only_transaction = None;
+            }
         }
         if route == Route::Forward {
             self.stats.query_count += 1;
@@ -228,13 +230,13 @@ impl Session {
     /// are held with it. The message's route.
     #[inline]
     fn release_held_description(&mut self, tag: u8, route: Route) -> Route {
-        if !self.held_description {
+        if !self.plan.held_description {
             return route;
         }
         let rerun = self.reading.autoprepare.as_ref().is_some_and(|a| a.rerun);
         match tag {
             be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY => {
-                self.held_description = false;
+                self.plan.held_description = false;
                 if let Some(ap) = self.reading.autoprepare.as_mut() {
                     let out = matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE)
                         || (tag == be::ERROR_RESPONSE && ap.rerun && route != Route::Swallow);
@@ -272,7 +274,7 @@ impl Session {
             Route::Hold => {
                 if let Some(ap) = self.reading.autoprepare.as_mut() {
                     ap.held.extend_from_slice(msg);
-                    self.held_description = true;
+                    self.plan.held_description = true;
                 }
             }
             Route::Replace => {
