@@ -298,6 +298,68 @@ impl Planner<'_> {
             [Command::Deallocate { name }] if self.stmts.get(name.as_bytes()).is_some())
     }
 
+    /// Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs (`commands`, and
+    /// what its EXECUTEs run: `executed`), with their statements.
+    fn named_statements(
+        &self,
+        commands: &[Command],
+        executed: &[Command],
+    ) -> Vec<(String, Arc<Statement>)> {
+        let mut placeholders: Vec<(String, Arc<Statement>)> = Vec::new();
+        for command in commands.iter().chain(executed) {
+            if let Command::Prepare { name, .. }
+            | Command::Execute { name }
+            | Command::Deallocate { name } = command
+            {
+                if let Some(statement) = self.stmts.get(name.as_bytes()) {
+                    if !name.starts_with("pgmemo_s") && !placeholders.iter().any(|(n, _)| n == name)
+                    {
+                        placeholders.push((name.clone(), statement.clone()));
+                    }
+                }
+            }
+        }
+        placeholders
+    }
+
+    /// Reserved names (`pgmemo_s<n>`) are pgmemo's on the server: hidden from it (see
+    /// `command::hide_reserved`). PostgreSQL stops at the first statement that fails, and each
+    /// hidden one fails: the error, if about `pgmemo_s`, is about the first of them (or of the
+    /// client's statements whose hidden text an EXECUTE runs, see `placeholders`). The text to
+    /// send instead and how its error is shown, if any name is hidden.
+    fn hidden_names(
+        &self,
+        text: &str,
+        words: u32,
+        commands: &[Command],
+    ) -> Option<(Vec<u8>, Action)> {
+        let hidden = if words & Words::PGMEMO_S != 0 {
+            command::hide_reserved(text.as_bytes())
+        } else {
+            None
+        };
+        let first_hidden = commands.iter().enumerate().find_map(|(i, c)| {
+            if let Some((_, used)) = hidden
+                .as_ref()
+                .and_then(|h| h.uses.iter().find(|(j, _)| *j == i))
+            {
+                return Some(used.clone());
+            }
+            match c {
+                Command::Execute { name } if !command::is_reserved_name(name.as_bytes()) => {
+                    self.stmts.get(name.as_bytes())?.hidden.clone()
+                }
+                _ => None,
+            }
+        });
+        match (hidden, first_hidden) {
+            (Some(h), Some(used)) => Some((h.text, reserved_action(&used))),
+            (None, Some(used)) => Some((text.as_bytes().to_vec(), reserved_action(&used))),
+            (Some(h), None) => Some((h.text, Action::Forward)),
+            (None, None) => None,
+        }
+    }
+
     /// What a simple query does to the client's statements.
     pub(super) fn query_effect(&mut self, words: u32) -> QueryPlan {
         let Some(text) = self.message.text else {
@@ -352,21 +414,7 @@ impl Planner<'_> {
                 _ => c.clone(),
             })
             .collect();
-        // Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs.
-        let mut placeholders: Vec<(String, Arc<Statement>)> = Vec::new();
-        for command in commands.iter().chain(&executed) {
-            if let Command::Prepare { name, .. }
-            | Command::Execute { name }
-            | Command::Deallocate { name } = command
-            {
-                if let Some(statement) = self.stmts.get(name.as_bytes()) {
-                    if !name.starts_with("pgmemo_s") && !placeholders.iter().any(|(n, _)| n == name)
-                    {
-                        placeholders.push((name.clone(), statement.clone()));
-                    }
-                }
-            }
-        }
+        let placeholders = self.named_statements(&commands, &executed);
         let mut effect = None;
         if executed
             .iter()
@@ -383,35 +431,7 @@ impl Planner<'_> {
             self.server.prepared.clear();
             effect = Some(Effect::Reset(Box::new(snapshot)));
         }
-        // Reserved names (`pgmemo_s<n>`) are pgmemo's on the server: hidden from it (see
-        // `command::hide_reserved`). PostgreSQL stops at the first statement that fails, and each
-        // hidden one fails: the error, if about `pgmemo_s`, is about the first of them (or of
-        // the client's statements whose hidden text an EXECUTE runs, see `placeholders`).
-        let hidden = if words & Words::PGMEMO_S != 0 {
-            command::hide_reserved(text.as_bytes())
-        } else {
-            None
-        };
-        let first_hidden = commands.iter().enumerate().find_map(|(i, c)| {
-            if let Some((_, used)) = hidden
-                .as_ref()
-                .and_then(|h| h.uses.iter().find(|(j, _)| *j == i))
-            {
-                return Some(used.clone());
-            }
-            match c {
-                Command::Execute { name } if !command::is_reserved_name(name.as_bytes()) => {
-                    self.stmts.get(name.as_bytes())?.hidden.clone()
-                }
-                _ => None,
-            }
-        });
-        let hidden = match (hidden, first_hidden) {
-            (Some(h), Some(used)) => Some((h.text, reserved_action(&used))),
-            (None, Some(used)) => Some((text.as_bytes().to_vec(), reserved_action(&used))),
-            (Some(h), None) => Some((h.text, Action::Forward)),
-            (None, None) => None,
-        };
+        let hidden = self.hidden_names(text, words, &commands);
         let commands = executed;
         if commands.iter().any(|c| {
             matches!(
