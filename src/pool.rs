@@ -154,6 +154,14 @@ pub enum CheckoutError {
     Stopped,
 }
 
+/// What a look at the pool found (see `Pool::grant_or_queue`).
+enum Look {
+    Granted(Grant),
+    /// Queued: the grant comes through the receiver.
+    Queued(oneshot::Receiver<Grant>),
+    Paused,
+}
+
 /// What a waiting client is handed: a connection, or the right to open one (a slot freed by a
 /// connection that was closed).
 enum Grant {
@@ -453,6 +461,52 @@ impl Pool {
         Some(conn)
     }
 
+    /// One look at the pool for a client that could not be served at once: a live idle
+    /// connection, a free slot to connect in, a place in the queue, or a paused pool. Dead or
+    /// outlived idle connections met on the way are closed.
+    fn grant_or_queue(&self, now: Instant) -> Result<Look, CheckoutError> {
+        let mut discard = Vec::new();
+        let next = {
+            let mut st = self.state.lock();
+            if st.closed {
+                return Err(CheckoutError::Closed);
+            }
+            if st.paused {
+                Look::Paused
+            } else {
+                let mut got = None;
+                while let Some(conn) = st.idle.pop() {
+                    if conn.looks_alive() && !st.limits.outlived(&conn, now) {
+                        got = Some(Grant::Conn(conn));
+                        break;
+                    }
+                    st.total -= 1;
+                    discard.push(conn);
+                }
+                match got {
+                    Some(g) => Look::Granted(g),
+                    None if st.total < st.limits.pool_size => {
+                        st.total += 1;
+                        Look::Granted(Grant::Slot)
+                    }
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        st.waiters.push_back(Waiter {
+                            grant: tx,
+                            worker: crate::workers::current(),
+                            passed: 0,
+                        });
+                        Look::Queued(rx)
+                    }
+                }
+            }
+        };
+        for conn in discard {
+            self.forget(&conn);
+        }
+        Ok(next)
+    }
+
     /// [`Pool::checkout`] when no idle connection could be handed out at once.
     async fn checkout_slowly(
         &self,
@@ -471,47 +525,8 @@ impl Pool {
         // `now` is the last clock reading; wait time up to `counted` is already in the stats.
         let (mut now, mut counted) = (started, started);
         loop {
-            let mut discard = Vec::new();
-            let next = {
-                let mut st = self.state.lock();
-                if st.closed {
-                    return Err(CheckoutError::Closed);
-                }
-                if st.paused {
-                    None
-                } else {
-                    let mut got = None;
-                    while let Some(conn) = st.idle.pop() {
-                        if conn.looks_alive() && !st.limits.outlived(&conn, now) {
-                            got = Some(Grant::Conn(conn));
-                            break;
-                        }
-                        st.total -= 1;
-                        discard.push(conn);
-                    }
-                    match got {
-                        Some(g) => Some(Ok(g)),
-                        None if st.total < st.limits.pool_size => {
-                            st.total += 1;
-                            Some(Ok(Grant::Slot))
-                        }
-                        None => {
-                            let (tx, rx) = oneshot::channel();
-                            st.waiters.push_back(Waiter {
-                                grant: tx,
-                                worker: crate::workers::current(),
-                                passed: 0,
-                            });
-                            Some(Err(rx))
-                        }
-                    }
-                }
-            };
-            for conn in discard {
-                self.forget(&conn);
-            }
-            let grant = match next {
-                None => {
+            let grant = match self.grant_or_queue(now)? {
+                Look::Paused => {
                     // Paused: wait for RESUME (or the deadline).
                     let notified = self.resumed.notified();
                     if !self.state.lock().paused {
@@ -529,8 +544,8 @@ impl Pool {
                     now = Instant::now();
                     continue;
                 }
-                Some(Ok(g)) => g,
-                Some(Err(mut rx)) => {
+                Look::Granted(g) => g,
+                Look::Queued(mut rx) => {
                     let waited = tokio::select! {
                         biased;
                         waited = tokio::time::timeout_at(deadline.into(), &mut rx) => Some(waited),
