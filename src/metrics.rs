@@ -81,10 +81,28 @@ type Counter = (
 pub fn render(app: &App) -> String {
     let mut out = String::new();
     let pools = app.pools();
+    pool_gauges(app, &pools, &mut out);
+    pool_counters(&pools, &mut out);
+    pool_histograms(&pools, &mut out);
+    autoprepare_metrics(app, &mut out);
+    pin_metrics(app, &pools, &mut out);
+    cache_metrics(app, &mut out);
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_uptime_seconds Seconds since start.\n# TYPE pgmemo_uptime_seconds gauge\npgmemo_uptime_seconds {}",
+        app.started.elapsed().as_secs()
+    );
+    out
+}
+
+type Pools = [Arc<crate::pool::Pool>];
+
+/// Clients and servers by pool and state, and the clients queued.
+fn pool_gauges(app: &App, pools: &Pools, out: &mut String) {
     let clients = app.clients();
 
     out.push_str("# HELP pgmemo_clients Client connections by pool and state.\n# TYPE pgmemo_clients gauge\n");
-    for pool in &pools {
+    for pool in pools {
         for state in [ClientState::Idle, ClientState::Waiting, ClientState::Active] {
             let n = clients
                 .iter()
@@ -103,7 +121,7 @@ pub fn render(app: &App) -> String {
         }
     }
     out.push_str("# HELP pgmemo_servers Server connections by pool and state.\n# TYPE pgmemo_servers gauge\n");
-    for pool in &pools {
+    for pool in pools {
         let servers = pool.servers();
         for state in [
             ServerState::Login,
@@ -122,7 +140,7 @@ pub fn render(app: &App) -> String {
         }
     }
     out.push_str("# HELP pgmemo_clients_waiting Clients queued for a server.\n# TYPE pgmemo_clients_waiting gauge\n");
-    for pool in &pools {
+    for pool in pools {
         let (_, _, waiting) = pool.counts();
         let _ = writeln!(
             out,
@@ -130,6 +148,10 @@ pub fn render(app: &App) -> String {
             labels(&pool.key.database, &pool.key.user)
         );
     }
+}
+
+/// The pools' counters (SHOW STATS' totals).
+fn pool_counters(pools: &Pools, out: &mut String) {
     let counters: [Counter; 17] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
@@ -215,7 +237,7 @@ pub fn render(app: &App) -> String {
     ];
     for (name, help, get) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for pool in &pools {
+        for pool in pools {
             let s = pool.stats.snapshot();
             let _ = writeln!(
                 out,
@@ -225,6 +247,10 @@ pub fn render(app: &App) -> String {
             );
         }
     }
+}
+
+/// The pools' histograms (transaction and wait times).
+fn pool_histograms(pools: &Pools, out: &mut String) {
     type Histogram =
         fn(&crate::stats::PoolStats) -> ([u64; crate::stats::DURATION_BUCKETS_US.len() + 1], u64);
     let histograms: [(&str, &str, Histogram); 2] = [
@@ -241,7 +267,7 @@ pub fn render(app: &App) -> String {
     ];
     for (name, help, get) in histograms {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for pool in &pools {
+        for pool in pools {
             let labels = labels(&pool.key.database, &pool.key.user);
             let (counts, sum_us) = get(&pool.stats);
             for (bound, n) in crate::stats::DURATION_BUCKETS_US.iter().zip(counts) {
@@ -254,6 +280,10 @@ pub fn render(app: &App) -> String {
             let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
         }
     }
+}
+
+/// Autoprepare: queries passed through by reason, shapes remembered.
+fn autoprepare_metrics(app: &App, out: &mut String) {
     let _ = writeln!(
         out,
         "# HELP pgmemo_autoprepare_passed_by_reason_total Simple queries passed through, by reason.\n# TYPE pgmemo_autoprepare_passed_by_reason_total counter"
@@ -274,11 +304,15 @@ pub fn render(app: &App) -> String {
         app.autoprepare.shape_count(),
         app.autoprepare.never_count()
     );
+}
+
+/// Session-state pins: by reason, pinned clients, pinned servers.
+fn pin_metrics(app: &App, pools: &Pools, out: &mut String) {
     let _ = writeln!(
         out,
         "# HELP pgmemo_pins_total Clients pinned to their server for session state, by reason.\n# TYPE pgmemo_pins_total counter"
     );
-    for pool in &pools {
+    for pool in pools {
         let s = pool.stats.snapshot();
         for ((_, reason), n) in crate::pins::Pins::ALL.iter().zip(s.pins) {
             let _ = writeln!(
@@ -301,7 +335,7 @@ pub fn render(app: &App) -> String {
         out,
         "# HELP pgmemo_pinned_servers Servers held by pinned clients, by pool (at most max_pinned_fraction of pool_size).\n# TYPE pgmemo_pinned_servers gauge"
     );
-    for pool in &pools {
+    for pool in pools {
         let _ = writeln!(
             out,
             "pgmemo_pinned_servers{{{}}} {}",
@@ -309,13 +343,6 @@ pub fn render(app: &App) -> String {
             pool.pinned_servers()
         );
     }
-    cache_metrics(app, &mut out);
-    let _ = writeln!(
-        out,
-        "# HELP pgmemo_uptime_seconds Seconds since start.\n# TYPE pgmemo_uptime_seconds gauge\npgmemo_uptime_seconds {}",
-        app.started.elapsed().as_secs()
-    );
-    out
 }
 
 /// The result cache's counters, per rule (`(hint)`: queries chosen by a hint).
