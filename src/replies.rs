@@ -615,55 +615,7 @@ impl ReplyQueue {
                     self.pop_done();
                 }
             }
-            be::ERROR_RESPONSE => {
-                // An error ends a COPY IN on the server's side; later Syncs count again, and
-                // what the client still sends of it is ignored.
-                self.copy_failed |= self.copy_in;
-                self.copy_in = false;
-                match &head.action {
-                    Action::ReplaceError(rewrite) => self.replacement = Some(rewrite.clone()),
-                    Action::AsSimpleQuery => {
-                        self.replacement = Some(Box::new(ErrorRewrite::AsSimpleQuery))
-                    }
-                    _ => {}
-                }
-                if kind.skipped_after_error() {
-                    // PostgreSQL discards every message up to the next Sync, simple queries
-                    // and function calls included; if none is queued yet, what the client
-                    // sends until its Sync is discarded too. Their bookkeeping is undone,
-                    // newest first.
-                    let mut ended = Vec::new();
-                    let mut first = true;
-                    while self
-                        .entries
-                        .front()
-                        .is_some_and(|e| e.expected != Expected::Sync)
-                    {
-                        let entry = self.take_front().expect("checked");
-                        if let Some(effect) = entry.effect {
-                            let outcome = if first {
-                                Outcome::Failed
-                            } else {
-                                Outcome::Discarded
-                            };
-                            ended.push((effect, outcome));
-                        }
-                        first = false;
-                    }
-                    self.outcomes.extend(ended.into_iter().rev());
-                    if self.entries.is_empty() {
-                        self.skipping = true;
-                        // The open batch's bookkeeping has been undone.
-                        self.open_fallible = false;
-                        self.open_uncertain = false;
-                    }
-                } else if let Some(entry) = self.entries.front_mut() {
-                    // A simple query (or Sync) goes on to its ReadyForQuery; its effect failed.
-                    if let Some(effect) = entry.effect.take() {
-                        self.outcomes.push((effect, Outcome::Failed));
-                    }
-                }
-            }
+            be::ERROR_RESPONSE => self.on_error(kind),
             be::COMMAND_COMPLETE if kind == Expected::Query => {
                 // One more statement of the query ran.
                 if let Some(effect) = self.entries.front_mut().and_then(|e| e.effect.as_mut()) {
@@ -679,28 +631,7 @@ impl ReplyQueue {
             {
                 self.pop_done()
             }
-            be::COPY_IN_RESPONSE => {
-                // Syncs sent before the client ended this COPY are ignored by PostgreSQL.
-                let copy_end = self
-                    .entries
-                    .iter()
-                    .position(|e| e.expected == Expected::CopyEnd);
-                // Not ended yet: so are the Syncs the client sends from now on.
-                self.copy_in = copy_end.is_none();
-                let mut end = copy_end.unwrap_or(self.entries.len());
-                let mut i = 1;
-                while i < end {
-                    if self.entries[i].expected == Expected::Sync {
-                        if let Some(sync) = self.entries.remove(i) {
-                            self.uncertain_units -= u32::from(sync.closes_uncertain);
-                            self.count(Expected::Sync, -1);
-                        }
-                        end -= 1;
-                    } else {
-                        i += 1;
-                    }
-                }
-            }
+            be::COPY_IN_RESPONSE => self.on_copy_in(),
             _ => {}
         }
         // Markers carry no reply: drop them once they reach the head.
@@ -712,6 +643,83 @@ impl ReplyQueue {
             self.pop_done();
         }
         route
+    }
+
+    /// An ErrorResponse to the head entry (of kind `kind`): a COPY IN ends, the error's
+    /// rewrite is kept for the session, and what PostgreSQL now skips is undone.
+    fn on_error(&mut self, kind: Expected) {
+        // An error ends a COPY IN on the server's side; later Syncs count again, and
+        // what the client still sends of it is ignored.
+        self.copy_failed |= self.copy_in;
+        self.copy_in = false;
+        match self.entries.front().map(|e| &e.action) {
+            Some(Action::ReplaceError(rewrite)) => self.replacement = Some(rewrite.clone()),
+            Some(Action::AsSimpleQuery) => {
+                self.replacement = Some(Box::new(ErrorRewrite::AsSimpleQuery))
+            }
+            _ => {}
+        }
+        if kind.skipped_after_error() {
+            // PostgreSQL discards every message up to the next Sync, simple queries
+            // and function calls included; if none is queued yet, what the client
+            // sends until its Sync is discarded too. Their bookkeeping is undone,
+            // newest first.
+            let mut ended = Vec::new();
+            let mut first = true;
+            while self
+                .entries
+                .front()
+                .is_some_and(|e| e.expected != Expected::Sync)
+            {
+                let entry = self.take_front().expect("checked");
+                if let Some(effect) = entry.effect {
+                    let outcome = if first {
+                        Outcome::Failed
+                    } else {
+                        Outcome::Discarded
+                    };
+                    ended.push((effect, outcome));
+                }
+                first = false;
+            }
+            self.outcomes.extend(ended.into_iter().rev());
+            if self.entries.is_empty() {
+                self.skipping = true;
+                // The open batch's bookkeeping has been undone.
+                self.open_fallible = false;
+                self.open_uncertain = false;
+            }
+        } else if let Some(entry) = self.entries.front_mut() {
+            // A simple query (or Sync) goes on to its ReadyForQuery; its effect failed.
+            if let Some(effect) = entry.effect.take() {
+                self.outcomes.push((effect, Outcome::Failed));
+            }
+        }
+    }
+
+    /// CopyInResponse: the Syncs the client sent inside the COPY are ignored by PostgreSQL.
+    #[cold]
+    fn on_copy_in(&mut self) {
+        // Syncs sent before the client ended this COPY are ignored by PostgreSQL.
+        let copy_end = self
+            .entries
+            .iter()
+            .position(|e| e.expected == Expected::CopyEnd);
+        // Not ended yet: so are the Syncs the client sends from now on.
+        self.copy_in = copy_end.is_none();
+        let mut end = copy_end.unwrap_or(self.entries.len());
+        let mut i = 1;
+        while i < end {
+            if self.entries[i].expected == Expected::Sync {
+                if let Some(sync) = self.entries.remove(i) {
+                    self.uncertain_units -= u32::from(sync.closes_uncertain);
+                    self.count(Expected::Sync, -1);
+                }
+                end -= 1;
+            } else {
+                i += 1;
+            }
+        }
     }
 }
 
