@@ -848,11 +848,6 @@ async fn pipelined_queries_keep_their_own_error_positions() {
     if let Some(report) = diff(&direct, &proxied) {
         panic!("{report}");
     }
-    let autoprepared: u64 = proxy
-        .app()
-        .pools()
-        .iter()
-        .map(|p| p.stats.snapshot().autoprepared)
-        .sum();
+    let autoprepared = autoprepared(&proxy);
     println!("autoprepared: {autoprepared}");
 }

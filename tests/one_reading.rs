@@ -49,12 +49,7 @@ async fn each_simple_query_is_lexed_once() {
         .find(|r| r.name == "numbers")
         .expect("the rule's counters");
     let (hits, misses) = (rule.hits.get(), rule.misses.get());
-    let autoprepared: u64 = proxy
-        .app()
-        .pools()
-        .iter()
-        .map(|p| p.stats.snapshot().autoprepared)
-        .sum();
+    let autoprepared = autoprepared(&proxy);
     println!(
         "{} queries: {passes} lexer passes, cache hits {hits} misses {misses}, autoprepared {autoprepared}",
         queries.len()

@@ -6,10 +6,12 @@
 use super::{planner, read_setting_functions, record_statement_stats, state, End, Session, NEVER};
 use crate::app::{ClientState, ServerCancel};
 use crate::params;
+use crate::pool::Pool;
 use crate::protocol::backend::{sqlstate, Severity};
 use crate::protocol::{frame, frontend as fe, MAX_BACKEND_MESSAGE_SIZE};
 use crate::replies::Expected;
 use crate::server::ServerConn;
+use crate::stats::LocalStats;
 use bytes::BytesMut;
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -197,14 +199,7 @@ impl Session {
         let Some(server) = self.server.as_mut() else {
             return;
         };
-        let now = Instant::now();
-        let held_us = now
-            .saturating_duration_since(server.checked_out)
-            .as_micros() as u64;
-        self.stats.xact_count += 1;
-        self.stats.xact_time_us += held_us;
-        self.pool.stats.here().xact_duration.observe_us(held_us);
-        server.checked_out = now;
+        server.checked_out = count_transaction(&mut self.stats, &self.pool, server);
         if self.plan.stmts.is_some() {
             record_statement_stats(server, &self.stats);
         }
@@ -299,13 +294,7 @@ impl Session {
             .server_id
             .store(0, std::sync::atomic::Ordering::Relaxed);
         self.info.set_state(ClientState::Idle);
-        let now = Instant::now();
-        let held_us = now
-            .saturating_duration_since(server.checked_out)
-            .as_micros() as u64;
-        self.stats.xact_count += 1;
-        self.stats.xact_time_us += held_us;
-        self.pool.stats.here().xact_duration.observe_us(held_us);
+        let now = count_transaction(&mut self.stats, &self.pool, &server);
         if self.plan.stmts.is_some() {
             record_statement_stats(&server, &self.stats);
         }
@@ -319,4 +308,17 @@ impl Session {
 pub(super) fn pinned_idle_message() -> (&'static str, String, &'static str) {
     let why = "pinned_idle_timeout";
     (sqlstate::PROTOCOL_VIOLATION, why.into(), why)
+}
+
+/// Counts a transaction that ends now on `server` (SHOW STATS' xact counters and the
+/// transaction-time histogram); returns now.
+fn count_transaction(stats: &mut LocalStats, pool: &Pool, server: &ServerConn) -> Instant {
+    let now = Instant::now();
+    let held_us = now
+        .saturating_duration_since(server.checked_out)
+        .as_micros() as u64;
+    stats.xact_count += 1;
+    stats.xact_time_us += held_us;
+    pool.stats.here().xact_duration.observe_us(held_us);
+    now
 }

@@ -69,3 +69,14 @@ pub fn cache_rule(name: &str, contains: &str) -> pgmemo::config::cache::Rule {
         read_only_transactions: false,
     }
 }
+
+/// Simple queries pgmemo ran as autoprepared statements, over every pool (sessions add theirs
+/// between transactions, or when they end in session mode).
+pub fn autoprepared(proxy: &Pgmemo) -> u64 {
+    proxy
+        .app()
+        .pools()
+        .iter()
+        .map(|p| p.stats.snapshot().autoprepared)
+        .sum()
+}
