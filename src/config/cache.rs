@@ -183,8 +183,7 @@ enum RawDuration {
     Text(String),
 }
 
-/// The longest duration a setting or hint may give: a year.
-pub const MAX_DURATION_SECS: u64 = 31_536_000;
+pub use super::table::MAX_DURATION_SECS;
 
 impl RawDuration {
     fn resolve(self, key: &str) -> Result<Duration, ConfigError> {

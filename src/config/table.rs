@@ -18,9 +18,9 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-/// The longest duration any setting accepts (one year), so that deadlines computed from a
-/// setting can never overflow a clock.
-pub(super) const MAX_DURATION_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// The longest duration any setting or hint accepts (one year), so that deadlines computed
+/// from a setting can never overflow a clock.
+pub const MAX_DURATION_SECS: u64 = 31_536_000;
 
 /// What a RELOAD (or SIGHUP) does to a setting: PgBouncer's reload class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,8 +165,10 @@ impl Value for Duration {
         if !s.is_finite() || s < 0.0 {
             return Err("must be a number of seconds, 0 or more".into());
         }
-        if s > MAX_DURATION_SECS {
-            return Err("must be at most 31536000 seconds (one year)".into());
+        if s > MAX_DURATION_SECS as f64 {
+            return Err(format!(
+                "must be at most {MAX_DURATION_SECS} seconds (one year)"
+            ));
         }
         Ok(Duration::from_secs_f64(s))
     }
@@ -174,8 +176,10 @@ impl Value for Duration {
         self.as_secs_f64().to_string()
     }
     fn check(&self) -> Result<(), String> {
-        if self.as_secs_f64() > MAX_DURATION_SECS {
-            return Err("must be at most 31536000 seconds (one year)".into());
+        if self.as_secs_f64() > MAX_DURATION_SECS as f64 {
+            return Err(format!(
+                "must be at most {MAX_DURATION_SECS} seconds (one year)"
+            ));
         }
         Ok(())
     }
