@@ -658,6 +658,18 @@ fn the_example_file_documents_every_setting_and_its_reload_class() {
     documents("general", general, General::reference());
 }
 
+/// The same for every `[cache]` setting, in the file's `[cache]` section (up to its rules).
+#[test]
+fn the_example_file_documents_every_cache_setting_and_its_reload_class() {
+    let example = include_str!("../../pgmemo.example.toml");
+    let cache = &example[example.find("\n[cache]").unwrap()..];
+    let cache = &cache[..cache.find("[[cache.rules]]").unwrap()];
+    documents("cache", cache, cache::CacheConfig::reference());
+    // And writes each at its default.
+    let c = Config::from_toml_str(example).unwrap();
+    assert_eq!(c.cache, cache::CacheConfig::default());
+}
+
 /// Each setting of `reference` is written in `section` (the text of `[name]`), its
 /// paragraph saying "(restart)" exactly when it is `Restart`.
 fn documents(name: &str, section: &str, reference: Vec<SettingDoc>) {
