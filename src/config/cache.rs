@@ -3,51 +3,72 @@
 //!
 //! It lives with the rest of the configuration so that `config` imports nothing from the
 //! cache.
+//!
+//! `[cache]`'s settings are one table, as `[general]`'s (`settings.rs`, macro in `table.rs`):
+//! a new setting is one entry below, plus its paragraph in `pgmemo.example.toml`. Their
+//! values are checked as they are read. `[[cache.rules]]` is a list of tables, read by hand
+//! (`read_rules`) through the same per-key reading.
 
-use super::ConfigError;
-use serde::Deserialize;
 use std::time::Duration;
 
-/// The result cache's settings, part of [`crate::config::Config`]; reloadable.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CacheConfig {
-    /// Result caching and the write tracking it needs. Default false.
-    pub enabled: bool,
-    /// Memory the stored results may take, in bytes. Default 64 MiB.
-    pub max_memory: usize,
-    /// Leading-comment hints (`/* pgmemo cache ttl=5s */`) are obeyed. Default true.
-    pub hints: bool,
+use serde::Deserialize;
+
+use super::table::{
+    ensure, read_key, settings, Bytes, Context, Form, Mebibytes, TextOrSeconds, Value,
+};
+pub use super::table::{parse_duration, MAX_DURATION_SECS};
+use super::ConfigError;
+
+settings! {
+    /// The result cache's settings, part of [`crate::config::Config`]. Generated from the
+    /// table below; a RELOAD applies them, but the WAL streams' (`replication_user` to
+    /// `create_publication`), which a database's stream keeps from its start.
+    [cache] CacheConfig from RawCache, checked on reading, lists {
+        /// `[[cache.rules]]`, in the file's order.
+        rules: Vec<Rule> = read_rules(Vec<RawRule>),
+    };
+
+    /// Result caching and the write tracking it needs.
+    enabled: bool = false, Live;
+    /// Memory the stored results may take, in bytes; the file gives MiB (`max_memory_mb`).
+    max_memory: usize = 64 << 20, Live, key = "max_memory_mb", as Mebibytes;
+    /// Leading-comment hints (`/* pgmemo cache ttl=5s */`) are obeyed.
+    hints: bool = true, Live;
     /// A client that misses on a key another client is already fetching waits at most this
-    /// long for that result before running its own query. Default 2 s.
-    pub flight_wait: Duration,
+    /// long for that result before running its own query.
+    flight_wait: Duration = Duration::from_secs(2), Live, as TextOrSeconds;
     /// Used by a hint that gives no value, and by rules that give none.
-    pub default_ttl: Duration,
-    /// Results larger than this are not stored (unless a rule says otherwise). Default 1 MiB.
-    pub max_result_bytes: usize,
+    default_ttl: Duration = Duration::from_secs(60), Live, as TextOrSeconds;
+    /// Results larger than this are not stored (unless a rule says otherwise).
+    max_result_bytes: usize = 1 << 20, Live, as Bytes;
     /// Once the store is full, a result is stored when its key misses for this many times
     /// lately (1 or 2; see `cache::admission`). With 2 (the default) keys read once cost no
     /// store and evict nothing useful; a key other clients waited for is stored at once. While
     /// the store has room every miss is stored.
-    pub admit_after: u32,
-    pub rules: Vec<Rule>,
+    admit_after: u32 = 2, Live, range = "1 or 2",
+        check = |v, _| ensure((1..=2).contains(v), || "must be 1 or 2".into());
     /// What invalidates cached results: writes through this pgmemo (`proxy`, the default),
     /// or also every write the database's WAL shows (`wal`, see `wal`).
-    pub invalidation: Invalidation,
+    invalidation: Invalidation = Invalidation::Proxy, Live;
     /// The role WAL invalidation's replication connections log in as (it needs the
-    /// REPLICATION attribute); default: each pool's server user.
-    pub replication_user: Option<String>,
-    pub replication_password: Option<String>,
+    /// REPLICATION attribute); default: each pool's server user. A database's stream keeps
+    /// the value it started with.
+    replication_user: Option<String> = None, Restart;
+    /// That role's password. A database's stream keeps the value it started with.
+    replication_password: Option<String> = None, Restart;
     /// The logical decoding plugin WAL invalidation streams with: `test_decoding` (default:
-    /// no publication needed, see `wal::test_decoding`) or `pgoutput`.
-    pub wal_plugin: WalPlugin,
+    /// no publication needed, see `wal::test_decoding`) or `pgoutput`. A database's stream
+    /// keeps the value it started with.
+    wal_plugin: WalPlugin = WalPlugin::TestDecoding, Restart;
     /// With WAL invalidation: a database's results are not served while its follower last
     /// knew itself caught up longer ago than this. Default: no bound beyond being connected
     /// and caught up.
-    pub max_lag: Option<Duration>,
-    /// pgoutput's publication. Default `pgmemo`.
-    pub publication: String,
-    /// Create the publication (`FOR ALL TABLES`) when it is missing. Default true.
-    pub create_publication: bool,
+    max_lag: Option<Duration> = None, Live, as TextOrSeconds;
+    /// pgoutput's publication. A database's stream keeps the value it started with.
+    publication: String = "pgmemo".into(), Restart;
+    /// Create the publication (`FOR ALL TABLES`) when it is missing. A database's stream
+    /// keeps the value it started with.
+    create_publication: bool = true, Restart;
 }
 
 /// The logical decoding plugin of WAL invalidation.
@@ -74,28 +95,6 @@ impl std::str::FromStr for Invalidation {
             "proxy" => Ok(Invalidation::Proxy),
             "wal" => Ok(Invalidation::Wal),
             other => Err(format!("expected \"proxy\" or \"wal\", got \"{other}\"")),
-        }
-    }
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig {
-            enabled: false,
-            max_memory: 64 * 1024 * 1024,
-            hints: true,
-            flight_wait: Duration::from_secs(2),
-            default_ttl: Duration::from_secs(60),
-            max_result_bytes: 1024 * 1024,
-            admit_after: 2,
-            rules: Vec::new(),
-            invalidation: Invalidation::Proxy,
-            replication_user: None,
-            replication_password: None,
-            wal_plugin: WalPlugin::TestDecoding,
-            max_lag: None,
-            publication: "pgmemo".into(),
-            create_publication: true,
         }
     }
 }
@@ -138,205 +137,113 @@ impl Rule {
     }
 }
 
-/// `[cache]` as written in the file.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawCache {
-    enabled: Option<bool>,
-    max_memory_mb: Option<f64>,
-    hints: Option<bool>,
-    flight_wait: Option<RawDuration>,
-    default_ttl: Option<RawDuration>,
-    max_result_bytes: Option<i64>,
-    admit_after: Option<i64>,
-    invalidation: Option<String>,
-    replication_user: Option<String>,
-    replication_password: Option<String>,
-    wal_plugin: Option<String>,
-    max_lag: Option<RawDuration>,
-    publication: Option<String>,
-    create_publication: Option<bool>,
-    #[serde(default)]
-    rules: Vec<RawRule>,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawRule {
+pub(super) struct RawRule {
     name: Option<String>,
     database: Option<String>,
     user: Option<String>,
     query: Option<String>,
     query_hash: Option<String>,
     query_contains: Option<String>,
-    ttl: Option<RawDuration>,
+    ttl: Option<<TextOrSeconds as Form<Duration>>::Raw>,
     cache_empty: Option<bool>,
     max_result_bytes: Option<i64>,
     read_only_transactions: Option<bool>,
 }
 
-/// A duration as a number of seconds or a string with a unit (`"500ms"`, `"5s"`, `"2m"`).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawDuration {
-    Seconds(f64),
-    Text(String),
+/// `[[cache.rules]]`, read through the table's [`read_key`] (each value judged with its key,
+/// `cache.rules[0].ttl`, in hand); a rule's `ttl` and `max_result_bytes` default to the
+/// section's.
+fn read_rules(
+    raw: Vec<RawRule>,
+    cache: &CacheConfig,
+    cx: &Context<'_>,
+) -> Result<Vec<Rule>, ConfigError> {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, r)| r.into_rule(i, cache, cx))
+        .collect()
 }
 
-/// The longest duration a setting or hint may give: a year.
-pub const MAX_DURATION_SECS: u64 = 31_536_000;
-
-impl RawDuration {
-    fn resolve(self, key: &str) -> Result<Duration, ConfigError> {
-        let d = match self {
-            RawDuration::Seconds(s) if (0.0..=MAX_DURATION_SECS as f64).contains(&s) => {
-                Some(Duration::from_secs_f64(s))
-            }
-            RawDuration::Seconds(_) => None,
-            RawDuration::Text(t) => parse_duration(&t),
-        };
-        d.ok_or_else(|| {
-            ConfigError::invalid(
-                key,
-                "must be a duration: seconds, or a number with ms, s, m or h (\"5s\")",
-            )
+impl RawRule {
+    fn into_rule(
+        self,
+        i: usize,
+        cache: &CacheConfig,
+        cx: &Context<'_>,
+    ) -> Result<Rule, ConfigError> {
+        let key = |field: &str| format!("cache.rules[{i}].{field}");
+        let query_hash = read_key::<u64, Hex>(&key("query_hash"), self.query_hash, None, cx)?;
+        if self.query.is_none() && query_hash.is_none() && self.query_contains.is_none() {
+            return Err(ConfigError::invalid(
+                key("query"),
+                "a rule needs query, query_hash or query_contains",
+            ));
+        }
+        let ttl = read_key::<Duration, TextOrSeconds>(&key("ttl"), self.ttl, None, cx)?;
+        let max_result_bytes =
+            read_key::<usize, Bytes>(&key("max_result_bytes"), self.max_result_bytes, None, cx)?;
+        Ok(Rule {
+            name: self.name.unwrap_or_else(|| format!("rule{}", i + 1)),
+            database: self.database,
+            user: self.user,
+            query: self.query,
+            query_hash,
+            query_contains: self.query_contains,
+            ttl: ttl.unwrap_or(cache.default_ttl),
+            cache_empty: self.cache_empty.unwrap_or(true),
+            read_only_transactions: self.read_only_transactions.unwrap_or(false),
+            max_result_bytes: max_result_bytes.unwrap_or(cache.max_result_bytes),
         })
     }
 }
 
-/// `500ms`, `5s`, `5`, `2m`, `1h` (as hints and the config write them); at most a year.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: f64 = number.parse().ok()?;
-    let scale = match unit.trim() {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => return None,
-    };
-    let secs = n * scale;
-    (secs.is_finite() && (0.0..=MAX_DURATION_SECS as f64).contains(&secs))
-        .then(|| Duration::from_secs_f64(secs))
+/// A query hash as SHOW AUTOPREPARE prints it: hexadecimal, with or without `0x`.
+struct Hex;
+
+impl Form<u64> for Hex {
+    type Raw = String;
+    fn read(h: String, _: &Context<'_>) -> Result<u64, String> {
+        u64::from_str_radix(h.trim_start_matches("0x"), 16)
+            .map_err(|_| "must be a hexadecimal hash".into())
+    }
+    fn show(value: &u64) -> String {
+        format!("{value:x}")
+    }
 }
 
-impl RawCache {
-    pub(crate) fn into_config(self) -> Result<CacheConfig, ConfigError> {
-        let d = CacheConfig::default();
-        let max_memory = match self.max_memory_mb {
-            None => d.max_memory,
-            Some(mb) if mb.is_finite() && mb > 0.0 && mb <= 1024.0 * 1024.0 => {
-                (mb * 1024.0 * 1024.0) as usize
-            }
-            Some(_) => {
-                return Err(ConfigError::invalid(
-                    "cache.max_memory_mb",
-                    "must be a number of MiB above 0",
-                ))
-            }
-        };
-        let bytes = |key: &str, v: Option<i64>, default: usize| match v {
-            None => Ok(default),
-            Some(n) if n > 0 => Ok(n as usize),
-            Some(_) => Err(ConfigError::invalid(
-                key,
-                "must be a number of bytes above 0",
-            )),
-        };
-        let default_ttl = match self.default_ttl {
-            Some(t) => t.resolve("cache.default_ttl")?,
-            None => d.default_ttl,
-        };
-        let max_result_bytes = bytes(
-            "cache.max_result_bytes",
-            self.max_result_bytes,
-            d.max_result_bytes,
-        )?;
-        let mut rules = Vec::new();
-        for (i, r) in self.rules.into_iter().enumerate() {
-            let key = |field: &str| format!("cache.rules[{i}].{field}");
-            let query_hash = match r.query_hash {
-                None => None,
-                Some(h) => Some(u64::from_str_radix(h.trim_start_matches("0x"), 16).map_err(
-                    |_| ConfigError::invalid(key("query_hash"), "must be a hexadecimal hash"),
-                )?),
-            };
-            if r.query.is_none() && query_hash.is_none() && r.query_contains.is_none() {
-                return Err(ConfigError::invalid(
-                    key("query"),
-                    "a rule needs query, query_hash or query_contains",
-                ));
-            }
-            rules.push(Rule {
-                name: r.name.unwrap_or_else(|| format!("rule{}", i + 1)),
-                database: r.database,
-                user: r.user,
-                query: r.query,
-                query_hash,
-                query_contains: r.query_contains,
-                ttl: match r.ttl {
-                    Some(t) => t.resolve(&key("ttl"))?,
-                    None => default_ttl,
-                },
-                cache_empty: r.cache_empty.unwrap_or(true),
-                read_only_transactions: r.read_only_transactions.unwrap_or(false),
-                max_result_bytes: bytes(
-                    &key("max_result_bytes"),
-                    r.max_result_bytes,
-                    max_result_bytes,
-                )?,
-            });
+impl Value for Invalidation {
+    type Raw = String;
+    fn read(raw: String, _: &Context<'_>) -> Result<Invalidation, String> {
+        raw.parse()
+    }
+    fn show(&self) -> String {
+        match self {
+            Invalidation::Proxy => "proxy",
+            Invalidation::Wal => "wal",
         }
-        let admit_after = match self.admit_after {
-            None => d.admit_after,
-            Some(n @ 1..=2) => n as u32,
-            Some(_) => return Err(ConfigError::invalid("cache.admit_after", "must be 1 or 2")),
-        };
-        let invalidation = match self.invalidation {
-            None => d.invalidation,
-            Some(text) => text
-                .parse()
-                .map_err(|e: String| ConfigError::invalid("cache.invalidation", e))?,
-        };
-        let wal_plugin = match self.wal_plugin.as_deref() {
-            None => d.wal_plugin,
-            Some("test_decoding") => WalPlugin::TestDecoding,
-            Some("pgoutput") => WalPlugin::Pgoutput,
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    "cache.wal_plugin",
-                    format!("expected \"test_decoding\" or \"pgoutput\", got \"{other}\""),
-                ))
-            }
-        };
-        let max_lag = self
-            .max_lag
-            .map(|d| d.resolve("cache.max_lag"))
-            .transpose()?;
-        Ok(CacheConfig {
-            invalidation,
-            wal_plugin,
-            max_lag,
-            replication_user: self.replication_user,
-            replication_password: self.replication_password,
-            publication: self.publication.unwrap_or(d.publication),
-            create_publication: self.create_publication.unwrap_or(d.create_publication),
-            admit_after,
-            enabled: self.enabled.unwrap_or(d.enabled),
-            max_memory,
-            hints: self.hints.unwrap_or(d.hints),
-            flight_wait: match self.flight_wait {
-                Some(t) => t.resolve("cache.flight_wait")?,
-                None => d.flight_wait,
-            },
-            default_ttl,
-            max_result_bytes,
-            rules,
-        })
+        .into()
+    }
+}
+
+impl Value for WalPlugin {
+    type Raw = String;
+    fn read(raw: String, _: &Context<'_>) -> Result<WalPlugin, String> {
+        match raw.as_str() {
+            "test_decoding" => Ok(WalPlugin::TestDecoding),
+            "pgoutput" => Ok(WalPlugin::Pgoutput),
+            other => Err(format!(
+                "expected \"test_decoding\" or \"pgoutput\", got \"{other}\""
+            )),
+        }
+    }
+    fn show(&self) -> String {
+        match self {
+            WalPlugin::TestDecoding => "test_decoding",
+            WalPlugin::Pgoutput => "pgoutput",
+        }
+        .into()
     }
 }
 

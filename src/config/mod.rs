@@ -19,7 +19,8 @@
 //!   `table.rs` is the macro and the value kinds that turn the entries into the struct, its
 //!   reading, checks, SHOW CONFIG rows and reference; `choices.rs` the settings that are one
 //!   of a few words;
-//! - `upstream.rs`, `databases.rs` (with `[users]`), `cache.rs`: the other sections;
+//! - `cache.rs`: `[cache]`, a table of the same kind, and its `[[cache.rules]]`;
+//! - `upstream.rs`, `databases.rs` (with `[users]`): the other sections;
 //! - `secrets.rs`: what a user's password string holds;
 //! - `locate.rs`: an error's line and key, from the parser's spans;
 //! - here: the errors, the `Config` as a whole, loading, and the rules that involve several
@@ -437,7 +438,8 @@ const PORT_RANGE: &str = "1..=65535";
 
 impl RawConfig {
     fn into_config(self, base_dir: Option<&Path>) -> Result<Config, ConfigError> {
-        let general = self.general.into_general(&table::Context { base_dir })?;
+        let cx = table::Context { base_dir };
+        let general = self.general.into_settings(&cx)?;
         let upstream = self.upstream.map(RawUpstream::into_upstream).transpose()?;
         let databases = databases::read_databases(self.databases)?;
         let users = databases::read_users(self.users)?;
@@ -447,7 +449,7 @@ impl RawConfig {
             upstream,
             databases,
             users,
-            cache: self.cache.into_config()?,
+            cache: self.cache.into_settings(&cx)?,
             source: None,
         })
     }

@@ -14,10 +14,14 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::table::settings;
+use super::table::{ensure, settings};
 use super::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
 
 settings! {
+    /// `[general]`: settings of the whole process, and the defaults of every pool.
+    /// Generated from the table in `config/settings.rs`.
+    [general] General from RawGeneral;
+
     /// Address clients connect to, `HOST:PORT` (IPv6 as `[::1]:6432`; port 0 picks a free
     /// port).
     listen: String = "127.0.0.1:6432".into(), Restart,
@@ -162,15 +166,6 @@ const MAX_WORKERS: u32 = 64;
 const MESSAGE_SIZE: std::ops::RangeInclusive<usize> = 1024..=1 << 30;
 /// Those bounds, as the messages say them.
 const MESSAGE_SIZE_RANGE: &str = "1024..=1073741824 bytes";
-
-/// `Ok` when `ok`, else the message.
-fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
-    if ok {
-        Ok(())
-    } else {
-        Err(message())
-    }
-}
 
 fn at_least_one(v: &u32, _: &General) -> Result<(), String> {
     ensure(*v > 0, || "must be at least 1".into())

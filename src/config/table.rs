@@ -1,16 +1,18 @@
-//! The machinery behind the settings table (`settings.rs`): what kinds of value a setting may
-//! hold, and the `settings!` macro that turns one line per setting into everything else.
+//! The machinery behind the settings tables (`settings.rs` for `[general]`, `cache.rs` for
+//! `[cache]`): what kinds of value a setting may hold, how the file may write them, and the
+//! `settings!` macro that turns one line per setting into everything else.
 //!
 //! PgBouncer keeps its settings in one array, `bouncer_params[]` in `main.c`: one row per
 //! setting with its name, type, variable, reload class and default, and SHOW CONFIG prints
 //! that array. `settings!` is the same idea with Rust's types: one entry gives the name, the
 //! type, the default, the bounds, whether RELOAD changes it, and its documentation; the macro
-//! writes the `General` struct, its `Default`, the serde struct the file is read into, the
-//! reading of each value with its key in hand, the bounds checks, the SHOW CONFIG rows and
-//! the reference. A new setting is one entry.
+//! writes the section's struct (`General`, `CacheConfig`), its `Default`, the serde struct the
+//! file is read into, the reading of each value with its key in hand, the bounds checks, the
+//! SHOW CONFIG rows and the reference. A new setting is one entry.
 //!
-//! How a value is written in the file, read and shown depends only on its Rust type
-//! ([`Value`]); what is allowed beyond that is the entry's `check`.
+//! How a value is written in the file, read and shown depends on its Rust type ([`Value`]),
+//! unless the entry names another [`Form`] (a unit, or more spellings); what is allowed
+//! beyond that is the entry's `check`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,9 +20,9 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-/// The longest duration any setting accepts (one year), so that deadlines computed from a
-/// setting can never overflow a clock.
-pub(super) const MAX_DURATION_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// The longest duration any setting or hint accepts (one year), so that deadlines computed
+/// from a setting can never overflow a clock.
+pub const MAX_DURATION_SECS: u64 = 31_536_000;
 
 /// What a RELOAD (or SIGHUP) does to a setting: PgBouncer's reload class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +36,7 @@ pub enum Reload {
 /// One setting as the reference documents it: generated from the table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SettingDoc {
-    /// The key under `[general]`.
+    /// The key under its section, as the file writes it.
     pub name: &'static str,
     /// The default as SHOW CONFIG prints it ("" for none).
     pub default: String,
@@ -165,8 +167,10 @@ impl Value for Duration {
         if !s.is_finite() || s < 0.0 {
             return Err("must be a number of seconds, 0 or more".into());
         }
-        if s > MAX_DURATION_SECS {
-            return Err("must be at most 31536000 seconds (one year)".into());
+        if s > MAX_DURATION_SECS as f64 {
+            return Err(format!(
+                "must be at most {MAX_DURATION_SECS} seconds (one year)"
+            ));
         }
         Ok(Duration::from_secs_f64(s))
     }
@@ -174,8 +178,10 @@ impl Value for Duration {
         self.as_secs_f64().to_string()
     }
     fn check(&self) -> Result<(), String> {
-        if self.as_secs_f64() > MAX_DURATION_SECS {
-            return Err("must be at most 31536000 seconds (one year)".into());
+        if self.as_secs_f64() > MAX_DURATION_SECS as f64 {
+            return Err(format!(
+                "must be at most {MAX_DURATION_SECS} seconds (one year)"
+            ));
         }
         Ok(())
     }
@@ -206,124 +212,360 @@ impl<'de> Deserialize<'de> for Seconds {
     }
 }
 
-/// The settings table: one entry per `[general]` setting:
+/// An optional duration (`cache.max_lag`): unset is none, shown as "".
+impl Value for Option<Duration> {
+    type Raw = Seconds;
+    fn read(raw: Seconds, cx: &Context<'_>) -> Result<Option<Duration>, String> {
+        Duration::read(raw, cx).map(Some)
+    }
+    fn show(&self) -> String {
+        self.as_ref().map(Value::show).unwrap_or_default()
+    }
+    fn check(&self) -> Result<(), String> {
+        self.as_ref().map_or(Ok(()), Value::check)
+    }
+}
+
+/// How the file writes a setting of type `T`. By default a type's own way ([`Own`]: its
+/// [`Value`]); an entry's `as FORM` names another, for a key that holds the value in another
+/// unit (`cache.max_memory_mb` for a size in bytes) or accepts more spellings (`[cache]`'s
+/// durations also take text, `"5s"`).
+pub trait Form<T> {
+    /// The value as TOML gives it.
+    type Raw: DeserializeOwned;
+    /// The setting from what the file says, or what is wrong with it.
+    fn read(raw: Self::Raw, cx: &Context<'_>) -> Result<T, String>;
+    /// The value as the file would write it.
+    fn show(value: &T) -> String;
+}
+
+/// A type's own form: its [`Value`].
+pub struct Own;
+
+impl<T: Value> Form<T> for Own {
+    type Raw = T::Raw;
+    fn read(raw: T::Raw, cx: &Context<'_>) -> Result<T, String> {
+        T::read(raw, cx)
+    }
+    fn show(value: &T) -> String {
+        value.show()
+    }
+}
+
+/// A duration as a number of seconds or as text with a unit (`"500ms"`, `"5s"`, `"2m"`,
+/// `"1h"`, see [`parse_duration`]), at most a year: `[cache]`'s durations and its rules'
+/// `ttl`, which hints write the same way.
+pub struct TextOrSeconds;
+
+/// What [`TextOrSeconds`] reads.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum RawDuration {
+    Seconds(f64),
+    Text(String),
+}
+
+impl Form<Duration> for TextOrSeconds {
+    type Raw = RawDuration;
+    fn read(raw: RawDuration, _: &Context<'_>) -> Result<Duration, String> {
+        let d = match raw {
+            RawDuration::Seconds(s) if (0.0..=MAX_DURATION_SECS as f64).contains(&s) => {
+                Some(Duration::from_secs_f64(s))
+            }
+            RawDuration::Seconds(_) => None,
+            RawDuration::Text(t) => parse_duration(&t),
+        };
+        d.ok_or_else(|| {
+            "must be a duration: seconds, or a number with ms, s, m or h (\"5s\")".into()
+        })
+    }
+    fn show(value: &Duration) -> String {
+        value.show()
+    }
+}
+
+/// An optional duration written as [`TextOrSeconds`]: unset is none.
+impl Form<Option<Duration>> for TextOrSeconds {
+    type Raw = RawDuration;
+    fn read(raw: RawDuration, cx: &Context<'_>) -> Result<Option<Duration>, String> {
+        <TextOrSeconds as Form<Duration>>::read(raw, cx).map(Some)
+    }
+    fn show(value: &Option<Duration>) -> String {
+        value.show()
+    }
+}
+
+/// `500ms`, `5s`, `5`, `2m`, `1h` (as hints and the config write them); at most a year.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: f64 = number.parse().ok()?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return None,
+    };
+    let secs = n * scale;
+    (secs.is_finite() && (0.0..=MAX_DURATION_SECS as f64).contains(&secs))
+        .then(|| Duration::from_secs_f64(secs))
+}
+
+/// A size in bytes written in MiB, integer or fractional, above 0 and at most 1 TiB
+/// (`cache.max_memory_mb`).
+pub struct Mebibytes;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+impl Form<usize> for Mebibytes {
+    type Raw = f64;
+    fn read(mb: f64, _: &Context<'_>) -> Result<usize, String> {
+        if mb.is_finite() && mb > 0.0 && mb <= MIB {
+            Ok((mb * MIB) as usize)
+        } else {
+            Err("must be a number of MiB above 0".into())
+        }
+    }
+    fn show(value: &usize) -> String {
+        (*value as f64 / MIB).to_string()
+    }
+}
+
+/// A size in bytes, above 0 (`cache.max_result_bytes`, a rule's `max_result_bytes`).
+pub struct Bytes;
+
+impl Form<usize> for Bytes {
+    type Raw = i64;
+    fn read(n: i64, _: &Context<'_>) -> Result<usize, String> {
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err("must be a number of bytes above 0".into()),
+        }
+    }
+    fn show(value: &usize) -> String {
+        value.to_string()
+    }
+}
+
+/// Reads one value the file gives under `key` (a dotted key, `cache.rules[0].ttl`) in form
+/// `F`; None when the file gives none. What is wrong is said against the key, with `range`
+/// (the message's bounds) in place of the form's own message when given; the key's line is
+/// found afterwards from the key (`ConfigError::at_line_of_key`). Every table entry and
+/// `[[cache.rules]]` are read through here.
+pub(super) fn read_key<T, F: Form<T>>(
+    key: &str,
+    raw: Option<F::Raw>,
+    range: Option<&str>,
+    cx: &Context<'_>,
+) -> Result<Option<T>, super::ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    F::read(raw, cx)
+        .map(Some)
+        .map_err(|m| match range {
+            Some(range) => format!("must be {range}"),
+            None => m,
+        })
+        .map_err(|m| super::ConfigError::invalid(key, m))
+}
+
+/// `Ok` when `ok`, else the message: the shape of most `check`s.
+pub(super) fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+/// A settings table: one entry per scalar setting of a section, after a header that names the
+/// section, the struct and its raw form, and the lists of tables in it:
 ///
 /// ```text
+/// /// Doc comment of the struct.
+/// [SECTION] Struct from RawStruct [, checked on reading]
+///     [, lists { /// doc
+///                NAME: Vec<T> = read_fn(Vec<RawT>), ... }];
 /// /// Doc comment: the reference line, and the field's documentation.
-/// name: Type = default, Live | Restart [, range = "..."] [, unset = fn(&General) -> Type]
-///     [, check = fn(&Type, &General) -> Result<(), String>];
+/// name: Type = default, Live | Restart [, key = "file_key"] [, as Form]
+///     [, range = "..."] [, unset = fn(&Struct) -> Type]
+///     [, check = fn(&Type, &Struct) -> Result<(), String>];
 /// ```
 ///
+/// - `key`: the key in the file when it is not the field's name (`max_memory_mb`);
+/// - `as`: how the file writes the value ([`Form`]) when not as the type's own [`Value`];
 /// - `range`: the message's bounds when the file's number does not fit the type at all (a
 ///   negative size), in place of the type's own;
 /// - `unset`: the default when the file does not set the key, computed from the other
 ///   settings (`client_tls` is `allow` once a certificate and key are given). The plain
-///   default is still what `General::default()` holds;
-/// - `check`: what the value must satisfy, run after command-line flags, with the other
-///   settings at hand. The message is read after the key (`general.NAME: must be ...`).
+///   default is still what `Struct::default()` holds;
+/// - `check`: what the value must satisfy, with the other settings at hand. The message is
+///   read after the key (`general.NAME: must be ...`). `Struct::check` runs every check
+///   (`[general]`'s, after the command-line flags); with `checked on reading` each value
+///   the file gives is also checked as soon as it is read (`[cache]`, as it always was);
+/// - `lists`: fields that are lists of tables (`[[cache.rules]]`), read by hand-written
+///   `read_fn(raw, &struct_so_far, cx) -> Result<Vec<T>, ConfigError>` once every scalar is
+///   read.
 ///
-/// The order of the entries is the order of SHOW CONFIG and of the checks.
+/// The order of the entries is the order of SHOW CONFIG, of the checks and of the keys an
+/// unknown-key error lists.
 macro_rules! settings {
     // An entry's `unset`, as an Option (internal).
-    (@unset $ty:ty) => { None::<fn(&General) -> $ty> };
-    (@unset $ty:ty, $unset:expr) => { Some::<fn(&General) -> $ty>($unset) };
+    (@unset $s:ident $ty:ty) => { None::<fn(&$s) -> $ty> };
+    (@unset $s:ident $ty:ty, $unset:expr) => { Some::<fn(&$s) -> $ty>($unset) };
+    // An entry's form, key in the file, range, and whether its section checks on reading.
+    (@form) => { $crate::config::table::Own };
+    (@form $form:ty) => { $form };
+    (@key $name:ident) => { stringify!($name) };
+    (@key $name:ident $key:literal) => { $key };
+    (@range) => { None::<&str> };
+    (@range $range:expr) => { Some::<&str>($range) };
+    (@on_read) => { false };
+    (@on_read $reading:ident) => { true };
 
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident: $ty:ty = $default:expr, $reload:ident
-            $(, range = $range:expr)?
-            $(, unset = $unset:expr)?
-            $(, check = $check:expr)?
+    (
+        $(#[doc = $sdoc:literal])*
+        [$section:ident] $Struct:ident from $Raw:ident
+            $(, checked on $reading:ident)?
+            $(, lists { $(
+                $(#[doc = $ldoc:literal])*
+                $list:ident: $lty:ty = $lread:ident($lraw:ty)
+            ),* $(,)? })?
         ;
-    )*) => {
-        /// `[general]`: settings of the whole process, and the defaults of every pool.
-        /// Generated from the table in `config/settings.rs`.
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident: $ty:ty = $default:expr, $reload:ident
+                $(, key = $key:literal)?
+                $(, as $form:ty)?
+                $(, range = $range:expr)?
+                $(, unset = $unset:expr)?
+                $(, check = $check:expr)?
+            ;
+        )*
+    ) => {
+        $(#[doc = $sdoc])*
         #[derive(Debug, Clone, PartialEq)]
-        pub struct General {
+        pub struct $Struct {
             $(
                 $(#[doc = $doc])*
                 pub $name: $ty,
             )*
+            $($(
+                $(#[doc = $ldoc])*
+                pub $list: $lty,
+            )*)?
         }
 
-        impl Default for General {
+        impl Default for $Struct {
             fn default() -> Self {
-                General { $($name: $default,)* }
+                $Struct {
+                    $($name: $default,)*
+                    $($($list: Default::default(),)*)?
+                }
             }
         }
 
-        /// `[general]` as written in the file: every key optional and wide, so that each
+        /// The section as written in the file: every key optional and wide, so that each
         /// value is judged with its key name in hand.
         #[derive(serde::Deserialize, Default)]
         #[serde(deny_unknown_fields)]
-        pub(super) struct RawGeneral {
-            $($name: Option<<$ty as $crate::config::table::Value>::Raw>,)*
+        pub(super) struct $Raw {
+            $(
+                $(#[serde(rename = $key)])?
+                $name: Option<
+                    <settings!(@form $($form)?) as $crate::config::table::Form<$ty>>::Raw
+                >,
+            )*
+            $($(
+                #[serde(default)]
+                $list: $lraw,
+            )*)?
         }
 
-        impl RawGeneral {
+        impl $Raw {
             /// The settings the file gives, each read and judged on its own; the rest at
             /// their defaults.
-            pub(super) fn into_general(
+            pub(super) fn into_settings(
                 self,
                 cx: &$crate::config::table::Context<'_>,
-            ) -> Result<General, $crate::config::ConfigError> {
-                use $crate::config::table::Value;
-                let mut g = General::default();
+            ) -> Result<$Struct, $crate::config::ConfigError> {
+                use $crate::config::table::{read_key, Value};
+                let on_read = settings!(@on_read $($reading)?);
+                let mut s = $Struct::default();
                 $(
-                    let $name = match self.$name {
+                    let key = concat!(stringify!($section), ".", settings!(@key $name $($key)?));
+                    let $name = match read_key::<$ty, settings!(@form $($form)?)>(
+                        key,
+                        self.$name,
+                        settings!(@range $($range)?),
+                        cx,
+                    )? {
                         None => true,
-                        Some(raw) => {
-                            let value = <$ty as Value>::read(raw, cx);
-                            $(let value = value.map_err(|_| format!("must be {}", $range));)?
-                            g.$name = value.map_err(|m| {
-                                $crate::config::ConfigError::invalid(
-                                    concat!("general.", stringify!($name)),
-                                    m,
-                                )
-                            })?;
+                        Some(value) => {
+                            s.$name = value;
+                            if on_read {
+                                let invalid = |m| $crate::config::ConfigError::invalid(key, m);
+                                s.$name.check().map_err(invalid)?;
+                                $(
+                                    let check: fn(&$ty, &$Struct) -> Result<(), String> =
+                                        $check;
+                                    check(&s.$name, &s).map_err(invalid)?;
+                                )?
+                            }
                             false
                         }
                     };
                 )*
                 $(
-                    if let (true, Some(unset)) = ($name, settings!(@unset $ty $(, $unset)?)) {
-                        g.$name = unset(&g);
+                    if let (true, Some(unset)) =
+                        ($name, settings!(@unset $Struct $ty $(, $unset)?))
+                    {
+                        s.$name = unset(&s);
                     }
                 )*
-                Ok(g)
+                $($(
+                    s.$list = $lread(self.$list, &s, cx)?;
+                )*)?
+                Ok(s)
             }
         }
 
-        impl General {
+        impl $Struct {
             /// Every setting's bounds, in table order: run on the final values, after the
             /// command-line flags.
-            pub(super) fn check(&self) -> Result<(), $crate::config::ConfigError> {
+            pub fn check(&self) -> Result<(), $crate::config::ConfigError> {
                 use $crate::config::table::Value;
                 $(
-                    let key = concat!("general.", stringify!($name));
+                    let key = concat!(stringify!($section), ".", settings!(@key $name $($key)?));
                     let invalid = |m| $crate::config::ConfigError::invalid(key, m);
                     self.$name.check().map_err(invalid)?;
                     $(
-                        let check: fn(&$ty, &General) -> Result<(), String> = $check;
+                        let check: fn(&$ty, &$Struct) -> Result<(), String> = $check;
                         check(&self.$name, self).map_err(invalid)?;
                     )?
                 )*
                 Ok(())
             }
 
-            /// SHOW CONFIG's rows for `[general]`: (key, value, default, changeable by
+            /// SHOW CONFIG's rows for the section: (key, value, default, changeable by
             /// RELOAD).
             pub fn rows(&self) -> Vec<(&'static str, String, String, bool)> {
-                use $crate::config::table::{Reload, Value};
-                let d = General::default();
+                use $crate::config::table::{Form, Reload};
+                let d = $Struct::default();
                 vec![$({
-                    let default = match settings!(@unset $ty $(, $unset)?) {
-                        Some(unset) => unset(self).show(),
-                        None => d.$name.show(),
+                    type F = settings!(@form $($form)?);
+                    let default = match settings!(@unset $Struct $ty $(, $unset)?) {
+                        Some(unset) => <F as Form<$ty>>::show(&unset(self)),
+                        None => <F as Form<$ty>>::show(&d.$name),
                     };
                     (
-                        stringify!($name),
-                        self.$name.show(),
+                        settings!(@key $name $($key)?),
+                        <F as Form<$ty>>::show(&self.$name),
                         default,
                         Reload::$reload == Reload::Live,
                     )
@@ -332,11 +574,11 @@ macro_rules! settings {
 
             /// The reference of every setting, in table order.
             pub fn reference() -> Vec<$crate::config::table::SettingDoc> {
-                use $crate::config::table::{Reload, SettingDoc, Value};
-                let d = General::default();
+                use $crate::config::table::{Form, Reload, SettingDoc};
+                let d = $Struct::default();
                 vec![$(SettingDoc {
-                    name: stringify!($name),
-                    default: d.$name.show(),
+                    name: settings!(@key $name $($key)?),
+                    default: <settings!(@form $($form)?) as Form<$ty>>::show(&d.$name),
                     reload: Reload::$reload,
                     doc: [$($doc),*].map(str::trim).join(" "),
                 },)*]

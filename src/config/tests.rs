@@ -655,15 +655,33 @@ fn errors_in_arrays_of_tables_and_inline_tables_name_their_element_and_line() {
 fn the_example_file_documents_every_setting_and_its_reload_class() {
     let example = include_str!("../../pgmemo.example.toml");
     let general = &example[..example.find("\n[upstream]").unwrap()];
-    let lines: Vec<&str> = general.lines().collect();
-    for setting in General::reference() {
+    documents("general", general, General::reference());
+}
+
+/// The same for every `[cache]` setting, in the file's `[cache]` section (up to its rules).
+#[test]
+fn the_example_file_documents_every_cache_setting_and_its_reload_class() {
+    let example = include_str!("../../pgmemo.example.toml");
+    let cache = &example[example.find("\n[cache]").unwrap()..];
+    let cache = &cache[..cache.find("[[cache.rules]]").unwrap()];
+    documents("cache", cache, cache::CacheConfig::reference());
+    // And writes each at its default.
+    let c = Config::from_toml_str(example).unwrap();
+    assert_eq!(c.cache, cache::CacheConfig::default());
+}
+
+/// Each setting of `reference` is written in `section` (the text of `[name]`), its
+/// paragraph saying "(restart)" exactly when it is `Restart`.
+fn documents(name: &str, section: &str, reference: Vec<SettingDoc>) {
+    let lines: Vec<&str> = section.lines().collect();
+    for setting in reference {
         let assignment = format!("{} = ", setting.name);
         let at = lines
             .iter()
             .position(|l| l.trim_start_matches("# ").starts_with(&assignment))
             .unwrap_or_else(|| {
                 panic!(
-                    "pgmemo.example.toml does not document general.{}",
+                    "pgmemo.example.toml does not document {name}.{}",
                     setting.name
                 )
             });
@@ -676,14 +694,77 @@ fn the_example_file_documents_every_setting_and_its_reload_class() {
         assert_eq!(
             paragraph.iter().any(|l| l.contains("(restart)")),
             setting.reload == Reload::Restart,
-            "general.{} is {:?} but its paragraph says otherwise: {paragraph:?}",
+            "{name}.{} is {:?} but its paragraph says otherwise: {paragraph:?}",
             setting.name,
             setting.reload
         );
         assert!(
             !setting.doc.is_empty(),
-            "general.{} has no doc",
+            "{name}.{} has no doc",
             setting.name
         );
     }
+}
+
+/// Every `[cache]` key refused with its message, as the hand-written reading said them.
+#[test]
+fn cache_errors_name_their_key() {
+    let cases = [
+        ("max_memory_mb = 0", "cache.max_memory_mb: must be a number of MiB above 0"),
+        ("max_memory_mb = 2000000", "cache.max_memory_mb: must be a number of MiB above 0"),
+        (
+            "flight_wait = \"soon\"",
+            "cache.flight_wait: must be a duration: seconds, or a number with ms, s, m or h (\"5s\")",
+        ),
+        (
+            "default_ttl = -1",
+            "cache.default_ttl: must be a duration: seconds, or a number with ms, s, m or h (\"5s\")",
+        ),
+        (
+            "max_lag = 31536001",
+            "cache.max_lag: must be a duration: seconds, or a number with ms, s, m or h (\"5s\")",
+        ),
+        ("max_result_bytes = 0", "cache.max_result_bytes: must be a number of bytes above 0"),
+        ("max_result_bytes = -5", "cache.max_result_bytes: must be a number of bytes above 0"),
+        ("admit_after = 0", "cache.admit_after: must be 1 or 2"),
+        ("admit_after = 3", "cache.admit_after: must be 1 or 2"),
+        ("admit_after = -1", "cache.admit_after: must be 1 or 2"),
+        ("admit_after = 5000000000", "cache.admit_after: must be 1 or 2"),
+        ("invalidation = \"x\"", "cache.invalidation: expected \"proxy\" or \"wal\", got \"x\""),
+        (
+            "wal_plugin = \"x\"",
+            "cache.wal_plugin: expected \"test_decoding\" or \"pgoutput\", got \"x\"",
+        ),
+        (
+            "bogus = 1",
+            "cache.bogus: unknown key `bogus`, expected one of `enabled`, `max_memory_mb`, \
+             `hints`, `flight_wait`, `default_ttl`, `max_result_bytes`, `admit_after`, \
+             `invalidation`, `replication_user`, `replication_password`, `wal_plugin`, \
+             `max_lag`, `publication`, `create_publication`, `rules`",
+        ),
+        (
+            "[[cache.rules]]\nquery_hash = \"xyz\"",
+            "cache.rules[0].query_hash: must be a hexadecimal hash",
+        ),
+        (
+            "[[cache.rules]]\nquery = \"x\"\nmax_result_bytes = 0",
+            "cache.rules[0].max_result_bytes: must be a number of bytes above 0",
+        ),
+    ];
+    for (toml, expected) in cases {
+        let e = refused(&format!("[cache]\n{toml}\n{UPSTREAM}"));
+        let line = 1 + toml.lines().count();
+        assert_eq!(e, format!("line {line}: {expected}"), "{toml}");
+    }
+    let c = Config::from_toml_str(&with_upstream(
+        "[cache]\nmax_memory_mb = 0.5\nflight_wait = \"500ms\"\nmax_lag = 2\nadmit_after = 1\n\
+         [[cache.rules]]\nquery = \"x\"",
+    ))
+    .unwrap();
+    assert_eq!(c.cache.max_memory, 512 * 1024);
+    assert_eq!(c.cache.flight_wait, Duration::from_millis(500));
+    assert_eq!(c.cache.max_lag, Some(Duration::from_secs(2)));
+    assert_eq!(c.cache.admit_after, 1);
+    assert_eq!(c.cache.rules[0].ttl, c.cache.default_ttl);
+    assert_eq!(c.cache.rules[0].max_result_bytes, c.cache.max_result_bytes);
 }
