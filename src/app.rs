@@ -348,7 +348,7 @@ impl App {
         )
     }
 
-    /// PAUSE [db] (and KILL): the database's pools, or every pool, hand out no server until
+    /// `PAUSE [db]` (and KILL): the database's pools, or every pool, hand out no server until
     /// RESUME, including pools made meanwhile. Returns the pools paused now.
     pub fn pause_databases(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
         {
@@ -385,7 +385,7 @@ impl App {
         self.paused.lock().covers(database)
     }
 
-    /// RESUME [db]; `Err` for RESUME db while every database is paused (as PgBouncer).
+    /// `RESUME [db]`; `Err` for RESUME db while every database is paused (as PgBouncer).
     pub fn resume_databases(&self, database: Option<&str>) -> Result<(), &'static str> {
         {
             let mut paused = self.paused.lock();

@@ -6,7 +6,7 @@
 //!   tables). Loaded when the first cacheable query of the database is analyzed, and again
 //!   after DDL (a snapshot older than the database's last flush is not trusted: writes then
 //!   invalidate the whole database).
-//! - per cacheable query and search_path, [`resolve`]: which relations its names are
+//! - per cacheable query and search_path, [`resolve_sql`]: which relations its names are
 //!   (through views and partitions down to the tables), and whether all of them may be cached.
 
 use crate::params::quote_literal;

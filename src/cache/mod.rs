@@ -1,7 +1,7 @@
 //! The result cache: chosen reads answered from memory, without a server, with the exact bytes
 //! PostgreSQL sent for them; invalidated by the writes pgmemo sees (read-your-writes).
 //!
-//! - What: `[[cache.rules]]` and `/* pgmemo cache */` hints ([`config`], [`hint`]) pick simple
+//! - What: `[[cache.rules]]` and `/* pgmemo cache */` hints ([`crate::config::cache`], [`crate::query::hint`]) pick simple
 //!   queries by their normalized text (autoprepare's lexer: literals as `$n`, comments
 //!   dropped). PostgreSQL's parser then says, once per shape, whether the query can be cached
 //!   at all and what it reads ([`analysis`]); the catalog, once per shape and search_path,
@@ -12,7 +12,7 @@
 //!   [`Bytes`]; a hit appends them and a ReadyForQuery to the client's output: one write.
 //! - Invalidation: table versions ([`versions`]); a result is stored with the versions it was
 //!   sent under and never if one changed before it came back; every statement a client sends
-//!   is looked at for what it writes ([`ClientCache::note_query`]), bumped once its
+//!   is looked at for what it writes ([`ResultCache::note_query`]), bumped once its
 //!   transaction is over (`ClientCache::settle`), before the client hears so.
 //! - Single flight: the first client that misses on a key runs the query; others missing on
 //!   it meanwhile wait for its result (at most `flight_wait`).

@@ -3,7 +3,7 @@
 //!
 //! Two questions: may its result be cached at all (a single read-only query that calls nothing
 //! time- or session-dependent: the catalog then settles functions and relations, see
-//! [`super::catalog`]), and what must be invalidated when it runs (the tables it writes, the
+//! [`crate::cache::catalog`]), and what must be invalidated when it runs (the tables it writes, the
 //! functions it calls, DDL, session state). The tree is walked as JSON, every object of it, so
 //! no node type is skipped: an expression nested anywhere is seen.
 

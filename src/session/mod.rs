@@ -2,7 +2,7 @@
 //!
 //! After login a session relays messages between its client and, while it holds one, a server
 //! connection. Client messages are framed in place and, one by one, appended to the server's
-//! write buffer with an [`Expected`] entry in the reply queue; server messages are matched
+//! write buffer with an [`crate::replies::Expected`] entry in the reply queue; server messages are matched
 //! against that queue and either forwarded to the client or swallowed (replies to queries pgmemo
 //! sent itself). In transaction mode the server goes back to the pool the moment the queue is
 //! empty and ReadyForQuery says the server is idle, so explicit transactions and pipelines stay

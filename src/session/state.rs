@@ -13,7 +13,7 @@
 //!   ([`Pins`]) until the same probe shows the state gone, and a pinned client's server is
 //!   cleaned before anyone else gets it.
 //!
-//! Detection reads the SQL the client sends: a cheap word scan ([`WORDS`]) on every simple
+//! Detection reads the SQL the client sends: a cheap word scan ([`crate::query::words`]) on every simple
 //! query and once per prepared statement; only a transaction that contained one of the words
 //! costs the probe's round trip. State made inside functions or dynamic SQL is not seen.
 
@@ -123,7 +123,7 @@ pub struct StateWatch {
     /// The client's settings from its startup packet (unreported ones), which `RESET` returns
     /// to.
     pub startup: Vars,
-    /// Custom settings its SQL set (see [`custom_settings`]), which the probe asks for.
+    /// Custom settings its SQL set (see [`crate::query::facts::custom_settings`]), which the probe asks for.
     /// Boxed (8 bytes in every session, not a Vec's 24): rarely any, and only added to.
     pub custom: Option<Box<Vec<Box<str>>>>,
     /// What the client's statements since the last probe did to settings pgmemo cannot name:
