@@ -3,9 +3,10 @@
 //! A `Query` whose text is one SELECT / VALUES / TABLE / WITH / INSERT / UPDATE / DELETE /
 //! MERGE is read once by the [`lexer`]: its literals become `$1..$n` and the rest is its
 //! *shape*. The first time a shape reaches `autoprepare_threshold` uses, PostgreSQL's own
-//! parser decides which literals may be parameters ([`crate::query::parameters`]); the decision is remembered per
-//! shape in a bounded table, so the hot path is the lexer and one lookup. The generalized text
-//! with the literals' types then is an ordinary registry statement, the same one a driver's
+//! parser decides which literals may be parameters ([`crate::query::parameters`]); the
+//! decision is remembered per shape in a bounded table (`query::shapes`, shared with the
+//! result cache), so the hot path is the lexer and one lookup. The generalized text with the
+//! literals' types then is an ordinary registry statement, the same one a driver's
 //! `Parse` of that text and types would get, and the query runs as Bind / Describe / Execute /
 //! Sync of it, its replies shown as PostgreSQL answers a simple query (the planner's
 //! `autoprepared` and [`simple_error`]).
@@ -151,29 +152,26 @@ impl Autoprepare {
         self.passed[pass.index()].fetch_add(1, Relaxed);
     }
 
+    /// The remembered shapes autoprepare may run: those the lexer read (a text it refused
+    /// is remembered for the result cache only).
+    fn lexed_shapes(&self) -> impl Iterator<Item = Arc<Shape>> + '_ {
+        self.shapes.iter().filter(|s| !s.is_raw())
+    }
+
     /// Every remembered shape of a simple query, most used first (SHOW AUTOPREPARE).
     pub fn shapes(&self) -> Vec<Arc<Shape>> {
-        let mut v: Vec<Arc<Shape>> = self
-            .shapes
-            .all()
-            .into_iter()
-            .filter(|s| !s.is_raw())
-            .collect();
+        let mut v: Vec<Arc<Shape>> = self.lexed_shapes().collect();
         v.sort_by_key(|s| std::cmp::Reverse(s.seen.load(Relaxed)));
         v
     }
 
     pub fn shape_count(&self) -> usize {
-        self.shapes.all().iter().filter(|s| !s.is_raw()).count()
+        self.lexed_shapes().count()
     }
 
     /// Shapes remembered as never generalized (the negative cache).
     pub fn never_count(&self) -> usize {
-        self.shapes
-            .all()
-            .iter()
-            .filter(|s| never(s).is_some())
-            .count()
+        self.lexed_shapes().filter(|s| never(s).is_some()).count()
     }
 }
 
@@ -589,6 +587,18 @@ fn chars(text: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A text the lexer refused is remembered in the shared table for the result cache only:
+    /// SHOW AUTOPREPARE and its counts (the negative cache too) leave it out.
+    #[test]
+    fn raw_texts_are_not_autoprepare_shapes() {
+        let shapes = Arc::new(Shapes::new(100));
+        let global = Autoprepare::new(shapes.clone());
+        let raw = shapes.raw(b"SET x = 1");
+        raw.derived(b"SET x = 1", &[]);
+        assert!(global.shapes().is_empty());
+        assert_eq!((global.shape_count(), global.never_count()), (0, 0));
+    }
 
     #[test]
     fn read_ahead_finds_the_words_of_the_whole_text_but_comments() {

@@ -165,16 +165,8 @@ impl Shapes {
     }
 
     /// Every remembered shape.
-    pub fn all(&self) -> Vec<Arc<Shape>> {
-        self.table.iter().map(|(_, s)| s).collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+    pub fn iter(&self) -> impl Iterator<Item = Arc<Shape>> + '_ {
+        self.table.iter().map(|(_, s)| s)
     }
 
     /// The shape of `lexed`, remembered at its first sight.
