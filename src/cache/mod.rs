@@ -1,9 +1,9 @@
 //! The result cache: chosen reads answered from memory, without a server, with the exact bytes
 //! PostgreSQL sent for them; invalidated by the writes pgmemo sees (read-your-writes).
 //!
-//! - What: `[[cache.rules]]` and `/* pgmemo cache */` hints ([`crate::config::cache`], [`crate::query::hint`]) pick simple
-//!   queries by their normalized text (autoprepare's lexer: literals as `$n`, comments
-//!   dropped). PostgreSQL's parser then says, once per shape, whether the query can be cached
+//! - What: `[[cache.rules]]` and `/* pgmemo cache */` hints ([`crate::config::cache`],
+//!   [`crate::query::hint`]) pick simple queries by their normalized text (the lexer's:
+//!   literals as `$n`, comments dropped). PostgreSQL's parser then says, once per shape, whether the query can be cached
 //!   at all and what it reads ([`analysis`]); the catalog, once per shape and search_path,
 //!   which tables those are and whether their functions are safe ([`catalog`]).
 //! - Key: the client's context (database, server role, search_path, the settings that change
@@ -718,7 +718,8 @@ impl ResultCache {
         let Some((rule, stats)) = self.choose(cfg, rules, hint, at, &query) else {
             return Lookup::Pass;
         };
-        // Rules match the text as a string; a hint needs none of it.
+        // The text, as a string, when the catalog must resolve a shape that has no display
+        // text of its own.
         let text = || std::str::from_utf8(query.text).unwrap_or_default();
         let bypass = |why: Bypass| {
             self.count(why);

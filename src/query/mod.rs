@@ -30,6 +30,8 @@ pub mod parameters;
 pub mod shapes;
 pub mod words;
 
+use lexer::{Lexed, Refusal};
+
 /// PostgreSQL's parse of a text (pg_query), as the derivations of a shape read it.
 pub enum Parsed {
     /// The parse tree, as JSON (every node an object named by its type).
@@ -50,8 +52,6 @@ pub fn parse(sql: &str) -> Parsed {
         Err(_) => Parsed::Unreadable,
     }
 }
-
-use lexer::{Lexed, Refusal};
 
 /// One client's reading of the simple query at hand, made once: the first feature that needs
 /// the lexer's reading of the text (the result cache, or autoprepare) makes it, and every

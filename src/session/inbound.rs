@@ -90,10 +90,9 @@ impl Session {
             let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);
             match self.plan_client_message(tag, len, query_text_len, query_words, autoprepare) {
-                Next::Go => self.forward_client_message(tag, len),
-                Next::Done => continue,
-                Next::Stop | Next::Acquire => return Ok(()),
-                Next::End(end) => return Err(end),
+                planner::Plan::Forward => self.forward_client_message(tag, len),
+                planner::Plan::Done => continue,
+                planner::Plan::Wait => return Ok(()),
             }
         }
     }
@@ -271,8 +270,9 @@ impl Session {
     /// Statement messages are planned (renamed, injected, answered locally), unless
     /// PostgreSQL is discarding everything until the next Sync anyway. The Sync itself always
     /// is: the planner may have cleanup to send after it. COPY data is no statement (and
-    /// nothing may be injected into it: see `Planner::prepare_guard`). `Go`: the message goes
-    /// to the server as it is.
+    /// nothing may be injected into it: see `Planner::prepare_guard`). `Forward`: the message
+    /// goes to the server as it is; `Done`: it was answered locally; `Wait`: it waits for the
+    /// server's replies to what is in flight.
     #[inline]
     fn plan_client_message(
         &mut self,
@@ -281,12 +281,12 @@ impl Session {
         query_text_len: Option<usize>,
         query_words: u32,
         autoprepare: Option<u64>,
-    ) -> Next {
+    ) -> planner::Plan {
         let server = self.server.as_mut().expect("server acquired above");
         self.stats.bytes_received += len as u64;
         let skipping = (self.replies.is_skipping() && tag != fe::SYNC) || is_copy_message(tag);
         let Some(stmts) = self.plan.stmts.as_mut().filter(|_| !skipping) else {
-            return Next::Go;
+            return planner::Plan::Forward;
         };
         let planned = planner::Planner {
             message: planner::Message {
@@ -322,7 +322,7 @@ impl Session {
             self.plan.replanned |= std::mem::take(&mut self.plan.replan);
         }
         match planned {
-            planner::Plan::Forward => Next::Go,
+            planner::Plan::Forward => {}
             planner::Plan::Done => {
                 self.plan.retry.consumed(&self.client.rbuf[..len]);
                 self.client.rbuf.advance(len);
@@ -331,7 +331,6 @@ impl Session {
                 if pending_output == 0 && !self.client.wbuf.is_empty() {
                     self.local_replies_only = true;
                 }
-                Next::Done
             }
             planner::Plan::Wait => {
                 // Planned again when the server has answered what is in flight, which a
@@ -344,9 +343,9 @@ impl Session {
                 }
                 self.plan.waiting = true;
                 self.plan.replan = true;
-                Next::Stop
             }
         }
+        planned
     }
 
     /// The message goes to the server as the client sent it, its reply expected.
