@@ -416,13 +416,13 @@ async fn what_must_not_be_cached_is_not() {
         "the temporary table is read, empty"
     );
     assert!(bypassed(&proxy, "role or setting changed") > before);
-    // Inside a transaction block.
-    let before = bypassed(&proxy, "in a transaction block");
+    // Inside a REPEATABLE READ block (READ COMMITTED ones have their own test).
+    let before = bypassed(&proxy, "repeatable read or serializable");
     let mut d = raw_proxy(&proxy, DB).await;
-    run(&mut d, "BEGIN").await;
+    run(&mut d, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
     run(&mut d, "/* pgmemo cache */ SELECT * FROM t").await;
     run(&mut d, "COMMIT").await;
-    assert!(bypassed(&proxy, "in a transaction block") > before);
+    assert!(bypassed(&proxy, "repeatable read or serializable") > before);
     // The immutable function is cached.
     let (h0, _, s0) = stats(&proxy, "(hint)");
     run(&mut d, "/* pgmemo cache */ SELECT immutable_user()").await;
@@ -960,68 +960,191 @@ async fn transaction_mode_keys_by_the_settings_a_client_holds() {
     assert_eq!(bypassed(&proxy, "role or setting changed"), 0);
 }
 
-/// A rule with `read_only_transactions` answers hits inside READ ONLY, READ COMMITTED
-/// transaction blocks (byte-identical to PostgreSQL's replies, ReadyForQuery 'T' included,
-/// and a write committed meanwhile by another client is read at once, as READ COMMITTED
-/// does); not in a read-write block, not in REPEATABLE READ, and not for other rules.
+/// Inside READ COMMITTED transaction blocks (read-only or read-write) the cache answers and
+/// fills reads of tables the block has not written, with replies byte-identical to
+/// PostgreSQL's (ReadyForQuery `T` included): every step runs through pgmemo on one database
+/// and directly on its twin, the same clients on each side. A table the block wrote is read
+/// from the server until the block ends; a write rolled back leaves the entry good; another
+/// client's uncommitted write is not seen, its commit is at the next read; REPEATABLE READ /
+/// SERIALIZABLE blocks, failed blocks, and rules with `transactions = false` are never
+/// answered.
 #[tokio::test]
-async fn read_only_transactions_where_a_rule_allows_them() {
-    const DB: &str = "cache_read_only";
-    setup(
-        DB,
-        "CREATE TABLE ro (id int PRIMARY KEY, v int); INSERT INTO ro VALUES (1, 1);
-         CREATE TABLE rw (v int); INSERT INTO rw VALUES (7);",
-    )
-    .await;
-    let mut allowed = rule("ro", "FROM ro");
-    allowed.read_only_transactions = true;
+async fn reads_inside_read_committed_blocks() {
+    const DBS: [&str; 2] = ["cache_blocks", "cache_blocks_twin"];
+    for db in DBS {
+        setup(
+            db,
+            "CREATE TABLE kv (id int PRIMARY KEY, v int); INSERT INTO kv VALUES (1, 1), (2, 2);
+             CREATE TABLE other (v int); INSERT INTO other VALUES (7);
+             CREATE TABLE strict (v int); INSERT INTO strict VALUES (3);",
+        )
+        .await;
+    }
+    let mut strict = rule("strict", "FROM strict");
+    strict.transactions = false;
     let proxy = start_pgmemo(cache_config(
         PoolMode::Transaction,
-        2,
-        vec![allowed, rule("rw", "FROM rw")],
+        3,
+        vec![rule("kv", "FROM kv"), rule("other", "FROM other"), strict],
     ))
     .await;
-    let mut a = raw_proxy(&proxy, DB).await;
-    let mut direct = raw_direct(DB).await;
-    let mut writer = raw_proxy(&proxy, DB).await;
-    let ro = "SELECT v FROM ro WHERE id = 1";
-    let rw = "SELECT v FROM rw";
-    // Stored outside any transaction.
-    for sql in [ro, ro, rw, rw] {
-        run(&mut a, sql).await;
-    }
-    let hits = |proxy: &Pgmemo| stats(proxy, "ro").0 + stats(proxy, "rw").0;
-    let steps: &[(&str, bool)] = &[
-        ("BEGIN READ ONLY", false),
-        (ro, true),
-        (rw, false),
-        ("COMMIT", false),
-        ("BEGIN", false),
-        (ro, false),
-        ("COMMIT", false),
-        ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", false),
-        (ro, false),
-        ("COMMIT", false),
-        ("START TRANSACTION READ ONLY", false),
-        (ro, true),
+    let mut through = [
+        raw_proxy(&proxy, DBS[0]).await,
+        raw_proxy(&proxy, DBS[0]).await,
     ];
-    for (sql, hit) in steps {
+    let mut direct = [raw_direct(DBS[1]).await, raw_direct(DBS[1]).await];
+    let hits = |proxy: &Pgmemo| {
+        ["kv", "other", "strict"]
+            .iter()
+            .map(|r| stats(proxy, r).0)
+            .sum::<u64>()
+    };
+    let kv = "SELECT v FROM kv WHERE id = 1";
+    let other = "SELECT v FROM other";
+    // (client, statement, answered by the cache)
+    let steps: &[(usize, &str, bool)] = &[
+        (0, kv, false),
+        (0, kv, true),
+        (0, "BEGIN", false),
+        (0, kv, true),
+        // Filled inside the block, answered at the next read.
+        (0, other, false),
+        (0, other, true),
+        (0, "SELECT v FROM strict", false),
+        (0, "SELECT v FROM strict", false),
+        // The block writes kv: its reads of kv go to the server, other's are still answered.
+        (0, "UPDATE kv SET v = 10 WHERE id = 1", false),
+        (0, kv, false),
+        (0, "SELECT v FROM kv WHERE id = 2", false),
+        (0, other, true),
+        // The other client does not see the uncommitted write: its read is answered.
+        (1, kv, true),
+        (0, "ROLLBACK", false),
+        // Rolled back: the entry is still good.
+        (0, kv, true),
+        // A block that commits a write: the entry is gone for everyone.
+        (0, "START TRANSACTION", false),
+        (0, "UPDATE kv SET v = 11 WHERE id = 1", false),
+        (0, "COMMIT", false),
+        (1, kv, false),
+        (1, kv, true),
+        // Another client's commit is read at once inside an open READ COMMITTED block.
+        (0, "BEGIN READ ONLY", false),
+        (0, kv, true),
+        (1, "UPDATE kv SET v = 12 WHERE id = 1", false),
+        (0, kv, false),
+        (0, kv, true),
+        (0, "COMMIT", false),
+        // One snapshot for the block: never.
+        (0, "BEGIN ISOLATION LEVEL REPEATABLE READ", false),
+        (0, kv, false),
+        (0, "COMMIT", false),
+        (0, "BEGIN", false),
+        (0, "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", false),
+        (0, kv, false),
+        (0, "COMMIT", false),
+        (
+            0,
+            "SET default_transaction_isolation = 'repeatable read'",
+            false,
+        ),
+        (0, "BEGIN", false),
+        (0, kv, false),
+        (0, "COMMIT", false),
+        (0, "RESET default_transaction_isolation", false),
+        // A failed block: PostgreSQL's error, not the entry.
+        (0, "BEGIN", false),
+        (0, "SELECT 1/0", false),
+        (0, kv, false),
+        (0, "ROLLBACK", false),
+        (0, kv, true),
+    ];
+    for (i, (who, sql, hit)) in steps.iter().enumerate() {
         let before = hits(&proxy);
-        let through = run(&mut a, sql).await;
-        assert_eq!(through, run(&mut direct, sql).await, "{sql}");
-        assert_eq!(hits(&proxy) > before, *hit, "{sql}: hit");
+        let got = without_table_oids(run(&mut through[*who], sql).await);
+        let want = without_table_oids(run(&mut direct[*who], sql).await);
+        assert_eq!(got, want, "step {i}: {sql}");
+        assert_eq!(
+            hits(&proxy) > before,
+            *hit,
+            "step {i}: {sql}: answered by the cache"
+        );
     }
-    // Another client commits a change: the open READ COMMITTED block reads it at once.
-    run(&mut writer, "UPDATE ro SET v = 2 WHERE id = 1").await;
-    let through = run(&mut a, ro).await;
-    assert_eq!(first_value(&through).as_deref(), Some("2"));
-    assert_eq!(through, run(&mut direct, ro).await);
+    assert!(bypassed(&proxy, "written in this transaction") > 0);
+    assert!(bypassed(&proxy, "repeatable read or serializable") > 0);
+    // The extended protocol (psycopg 3, pgx, JDBC) in a block: answered too, BindComplete and
+    // ReadyForQuery `T` as PostgreSQL sends them; a row limit leaves a portal open in a
+    // block, so that batch runs on the server.
+    let batch = |max_rows: i32| {
+        vec![
+            Frontend::parse("", "SELECT v FROM other WHERE v > $1", &[23]),
+            Frontend::bind("", "", &[Some("0")]),
+            Frontend::describe_portal(""),
+            Frontend::execute("", max_rows),
+            Frontend::Sync,
+        ]
+    };
+    for (sql, hit) in [
+        ("BEGIN", false),
+        ("", false),
+        ("", false),
+        ("", true),
+        ("", true),
+    ] {
+        let before = hits(&proxy);
+        let (got, want) = if sql.is_empty() {
+            through[0].send(&batch(0)).await.unwrap();
+            direct[0].send(&batch(0)).await.unwrap();
+            (
+                through[0].recv_until_ready(1).await.unwrap(),
+                direct[0].recv_until_ready(1).await.unwrap(),
+            )
+        } else {
+            run(&mut through[0], sql).await;
+            run(&mut direct[0], sql).await;
+            continue;
+        };
+        let got: Vec<_> = got.into_iter().map(|m| (m.tag, m.body)).collect();
+        let want: Vec<_> = want.into_iter().map(|m| (m.tag, m.body)).collect();
+        assert_eq!(without_table_oids(got), without_table_oids(want));
+        assert_eq!(
+            hits(&proxy) > before,
+            hit,
+            "extended batch: answered by the cache"
+        );
+    }
+    let before = hits(&proxy);
+    through[0].send(&batch(1)).await.unwrap();
+    direct[0].send(&batch(1)).await.unwrap();
+    let pairs = |m: Vec<Backend>| m.into_iter().map(|m| (m.tag, m.body)).collect();
+    let got = pairs(through[0].recv_until_ready(1).await.unwrap());
+    let want = pairs(direct[0].recv_until_ready(1).await.unwrap());
+    assert_eq!(without_table_oids(got), without_table_oids(want));
     assert_eq!(
-        through.last().map(|(t, b)| (*t, b.clone())),
-        Some((b'Z', b"T".to_vec()))
+        hits(&proxy),
+        before,
+        "a batch with a row limit in a block runs"
     );
-    run(&mut a, "COMMIT").await;
-    run(&mut direct, "COMMIT").await;
+    run(&mut through[0], "COMMIT").await;
+    run(&mut direct[0], "COMMIT").await;
+}
+
+/// Replies with the table OIDs of RowDescriptions zeroed: twin databases' tables differ only
+/// there.
+fn without_table_oids(mut replies: Vec<(u8, Vec<u8>)>) -> Vec<(u8, Vec<u8>)> {
+    for (tag, body) in &mut replies {
+        if *tag != b'T' {
+            continue;
+        }
+        let fields = u16::from_be_bytes([body[0], body[1]]);
+        let mut at = 2;
+        for _ in 0..fields {
+            at += body[at..].iter().position(|&b| b == 0).unwrap() + 1;
+            body[at..at + 4].fill(0);
+            at += 18;
+        }
+    }
+    replies
 }
 
 /// `SELECT ...;` (as pgbench and psql scripts send it) and `SELECT ...` share an entry: their

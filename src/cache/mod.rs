@@ -273,12 +273,13 @@ pub struct Where<'a> {
 pub enum Transaction {
     /// No transaction block, nothing in flight.
     Idle,
-    /// In a READ ONLY, READ COMMITTED transaction block with nothing in flight: every
-    /// statement takes a new snapshot and the block writes nothing, so a current cached
-    /// result is what the statement would read. Hits only (a miss is not filled, no catalog
-    /// is read inside the client's transaction), for rules that allow it.
-    ReadOnly,
-    /// Any other transaction block, or work in flight.
+    /// In a transaction block that has not failed, with nothing in flight; whether it is READ
+    /// COMMITTED, once asked (see [`Lookup::Isolation`]). In READ COMMITTED every statement
+    /// takes a new snapshot, so a current entry of tables the block has not written is what
+    /// the statement would read: it is answered, and a miss is filled (no statement of the
+    /// block runs meanwhile). REPEATABLE READ and SERIALIZABLE read one snapshot: never.
+    Block { read_committed: Option<bool> },
+    /// A block that failed, or work in flight.
     Busy,
 }
 
@@ -295,6 +296,9 @@ pub enum Lookup {
     /// The catalog must be read first (on a server, see [`Resolve`]), then look up again.
     /// Boxed: rare, and a lookup's outcome is held across the session's awaits.
     Resolve(Box<Resolve>),
+    /// The query may be answered in the client's transaction block if it is READ COMMITTED:
+    /// ask the server, then look up again with [`Transaction::Block`] knowing it.
+    Isolation,
 }
 
 /// A catalog read the cache needs before it can decide.
@@ -669,7 +673,7 @@ impl ResultCache {
                     ttl: ttl.unwrap_or(cfg.default_ttl),
                     cache_empty: true,
                     max_result_bytes: cfg.max_result_bytes,
-                    read_only_transactions: false,
+                    transactions: true,
                 },
                 rules.last()?,
             )),
@@ -686,7 +690,7 @@ impl ResultCache {
                         ttl: r.ttl,
                         cache_empty: r.cache_empty,
                         max_result_bytes: r.max_result_bytes,
-                        read_only_transactions: r.read_only_transactions,
+                        transactions: r.transactions,
                     },
                     rules.get(i)?,
                 ))
@@ -735,12 +739,18 @@ impl ResultCache {
         if client.nonstandard_strings {
             return bypass(Bypass::NonstandardStrings);
         }
-        let hits_only = match at.transaction {
+        let in_block = match at.transaction {
             Transaction::Idle => false,
-            Transaction::ReadOnly if rule.read_only_transactions => true,
-            Transaction::ReadOnly | Transaction::Busy => {
-                return bypass(Bypass::InTransaction);
+            Transaction::Block { .. } if !rule.transactions => {
+                return bypass(Bypass::InTransaction)
             }
+            Transaction::Block { read_committed } => match read_committed {
+                Some(true) => true,
+                Some(false) => return bypass(Bypass::Isolation),
+                None if at.wal_behind => return bypass(Bypass::WalBehind),
+                None => return Lookup::Isolation,
+            },
+            Transaction::Busy => return bypass(Bypass::InTransaction),
         };
         if at.wal_behind {
             return bypass(Bypass::WalBehind);
@@ -754,9 +764,6 @@ impl ResultCache {
         let plan = match self.current_plan(plan_key, catalog, query.text) {
             Some(plan) => plan,
             None => {
-                if hits_only {
-                    return Lookup::Pass;
-                }
                 let snapshot = self
                     .snapshots
                     .pin()
@@ -777,9 +784,20 @@ impl ResultCache {
             Ok(slots) => slots,
             Err(why) => return bypass(*why),
         };
+        if in_block && self.block_wrote(at.database, &client.pending, slots) {
+            return bypass(Bypass::WrittenInTransaction);
+        }
         let key = KeyRef::new(&client.key);
         if let Some(entry) = self.store.get(&key) {
             if entry.expires > Instant::now() && self.versions.unchanged(&entry.seen) {
+                // Not run: the read (whose functions the plan found harmless) writes nothing.
+                if client
+                    .pending
+                    .last()
+                    .is_some_and(|p| Arc::ptr_eq(p, query.analysis))
+                {
+                    client.pending.pop();
+                }
                 entry.hits.fetch_add(1, Relaxed);
                 stats.hits.add(1);
                 return Lookup::Hit(entry);
@@ -787,9 +805,6 @@ impl ResultCache {
             if self.store.remove(&key).is_some() {
                 stats.invalidations.fetch_add(1, Relaxed);
             }
-        }
-        if hits_only {
-            return Lookup::Pass;
         }
         let key_hash = key.hash;
         let flight = client.spares.flight.take().unwrap_or_default();
@@ -833,6 +848,7 @@ impl ResultCache {
             rows: false,
             spoiled: None,
             extended: query.extended,
+            in_block,
         });
         Lookup::Miss
     }
@@ -907,7 +923,7 @@ impl ResultCache {
                 .is_some_and(|(f, _)| f.waiters.load(Relaxed) > 0);
         let why = if let Some(why) = fill.spoiled {
             Some(why)
-        } else if status != b'I' {
+        } else if status != b'I' && !(status == b'T' && fill.in_block) {
             Some(Bypass::InTransaction)
         } else if !fill.rows && !fill.chosen.cache_empty {
             Some(Bypass::Empty)
@@ -968,6 +984,46 @@ impl ResultCache {
 
     /// Bumps what `effects` may have changed in `database`.
     fn apply(&self, database: &str, effects: &[Arc<Analysis>]) {
+        let reach = self.reach(database, effects, |table| {
+            self.versions.bump_table(database, table);
+            false
+        });
+        match reach {
+            Reach::Tables => {}
+            // Data only: the catalog knowledge stays good.
+            Reach::Data => {
+                self.flushes.fetch_add(1, Relaxed);
+                self.versions.bump_database(database);
+            }
+            Reach::Database => self.invalidate_database(database),
+            Reach::All => self.invalidate_all(),
+        }
+    }
+
+    /// Whether the statements of the client's open block (`pending`) may have written
+    /// anything a result read through `slots` depends on: then the block reads its own
+    /// writes there, which are nobody else's.
+    fn block_wrote(&self, database: &str, pending: &[Arc<Analysis>], slots: &[u32]) -> bool {
+        if pending.is_empty() {
+            return false;
+        }
+        let mut wrote = false;
+        let reach = self.reach(database, pending, |table| {
+            wrote = slots.contains(&Versions::table_slot(database, table));
+            wrote
+        });
+        wrote || reach != Reach::Tables
+    }
+
+    /// What `effects` may have changed in `database`: each table a write reaches is passed to
+    /// `table` (which returns true to stop early: the answer is then [`Reach::Tables`]), and
+    /// the answer says whether more than those tables may have changed.
+    fn reach(
+        &self,
+        database: &str,
+        effects: &[Arc<Analysis>],
+        mut table: impl FnMut(&str) -> bool,
+    ) -> Reach {
         let snapshots = self.snapshots.pin();
         let known = snapshots.get(database);
         let snapshot = known.filter(|s| self.is_current(s, database));
@@ -979,22 +1035,24 @@ impl ResultCache {
         for a in effects {
             let e = &a.effects;
             match e.flush {
-                Flush::All => return self.invalidate_all(),
-                Flush::Database => return self.invalidate_database(database),
+                Flush::All => return Reach::All,
+                Flush::Database => return Reach::Database,
                 Flush::Data => whole = true,
                 Flush::None => {}
             }
-            for table in &e.writes {
-                match snapshot.map(|s| s.reached_by_write(table)) {
+            for written in &e.writes {
+                match snapshot.map(|s| s.reached_by_write(written)) {
                     Some(Some(reached)) => {
-                        for t in reached {
-                            self.versions.bump_table(database, &t);
+                        if reached.iter().any(|t| table(t)) {
+                            return Reach::Tables;
                         }
                     }
                     // A table with triggers or rules.
                     Some(None) => whole = true,
                     None => {
-                        self.versions.bump_table(database, table);
+                        if table(written) {
+                            return Reach::Tables;
+                        }
                         whole |= stale;
                     }
                 }
@@ -1005,11 +1063,24 @@ impl ResultCache {
             }
         }
         if whole {
-            // Data only: the catalog knowledge stays good.
-            self.flushes.fetch_add(1, Relaxed);
-            self.versions.bump_database(database);
+            Reach::Data
+        } else {
+            Reach::Tables
         }
     }
+}
+
+/// How far a set of writes reaches (see [`ResultCache::reach`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// The tables passed on, no more.
+    Tables,
+    /// Any data of the database (its catalog knowledge stays good).
+    Data,
+    /// Anything of the database.
+    Database,
+    /// Anything at all.
+    All,
 }
 
 /// What was decided for a registry statement, made at its first use by the cache.
@@ -1215,8 +1286,8 @@ struct Chosen {
     ttl: Duration,
     cache_empty: bool,
     max_result_bytes: usize,
-    /// Hits inside read-only READ COMMITTED transaction blocks (see [`Transaction`]).
-    read_only_transactions: bool,
+    /// Answered and filled inside READ COMMITTED transaction blocks (see [`Transaction`]).
+    transactions: bool,
 }
 
 /// A result being captured for the store.
@@ -1240,6 +1311,8 @@ pub struct Fill {
     spoiled: Option<Bypass>,
     /// Its replies start with ParseComplete / BindComplete, not stored.
     extended: bool,
+    /// Sent inside a READ COMMITTED transaction block: stored at a ReadyForQuery `T`.
+    in_block: bool,
 }
 
 impl Fill {
@@ -1266,10 +1339,9 @@ impl Drop for Fill {
 /// One client's part: buffers, its notes of writes, its fill.
 #[derive(Default)]
 pub struct ClientCache {
-    /// Whether the client's open transaction block is READ ONLY and READ COMMITTED (the
-    /// cache may answer inside it), once asked; forgotten when the block ends (the session
-    /// keeps it).
-    pub read_only_transaction: Option<bool>,
+    /// Whether the client's open transaction block is READ COMMITTED (the cache may answer
+    /// inside it), once asked; forgotten when the block ends (the session keeps it).
+    pub read_committed: Option<bool>,
     key: Vec<u8>,
     context: Vec<u8>,
     /// What `context` was built from.
@@ -1459,21 +1531,27 @@ impl ClientCache {
     /// and no transaction is open (`idle`), what the statements sent meanwhile may have
     /// changed is bumped, unless all of it was one transaction that failed or rolled back.
     /// A COMMIT bumps at once too. Bumps come before the client reads the reply, so its
-    /// next query sees its writes (and so does everyone else's).
+    /// next query sees its writes (and so does everyone else's). `forwarded`: the message
+    /// reached the client; an error or a `ROLLBACK` of pgmemo's own (a savepoint it rolled
+    /// back, a statement it prepares again and retries) is not the client's transaction
+    /// failing.
     pub fn settle(
         &mut self,
         cache: &ResultCache,
         database: &str,
         tag: u8,
         body: &[u8],
+        forwarded: bool,
         idle: bool,
     ) {
         if self.pending.is_empty() {
             return;
         }
         match tag {
-            be::ERROR_RESPONSE => self.failed = true,
-            be::COMMAND_COMPLETE if body.starts_with(b"ROLLBACK") => self.failed = true,
+            be::ERROR_RESPONSE if forwarded => self.failed = true,
+            be::COMMAND_COMPLETE if forwarded && body.starts_with(b"ROLLBACK") => {
+                self.failed = true
+            }
             be::COMMAND_COMPLETE if body.starts_with(b"COMMIT") => {
                 self.committed = true;
                 cache.apply(database, &self.pending);

@@ -117,9 +117,9 @@ pub struct Rule {
     /// Store results without rows too. Default true.
     pub cache_empty: bool,
     pub max_result_bytes: usize,
-    /// Also answer from the cache inside READ ONLY, READ COMMITTED transaction blocks
-    /// (hits only). Default false: nothing is cached inside transaction blocks.
-    pub read_only_transactions: bool,
+    /// Answer and fill inside READ COMMITTED transaction blocks, for tables the block has not
+    /// written (see `cache::Transaction`). Default true.
+    pub transactions: bool,
 }
 
 impl Rule {
@@ -149,6 +149,10 @@ pub(super) struct RawRule {
     ttl: Option<<TextOrSeconds as Form<Duration>>::Raw>,
     cache_empty: Option<bool>,
     max_result_bytes: Option<i64>,
+    transactions: Option<bool>,
+    /// Before `transactions`: hits inside READ ONLY blocks only. Accepted and ignored (every
+    /// READ COMMITTED block is answered now), so older files still load.
+    #[allow(dead_code)]
     read_only_transactions: Option<bool>,
 }
 
@@ -193,7 +197,7 @@ impl RawRule {
             query_contains: self.query_contains,
             ttl: ttl.unwrap_or(cache.default_ttl),
             cache_empty: self.cache_empty.unwrap_or(true),
-            read_only_transactions: self.read_only_transactions.unwrap_or(false),
+            transactions: self.transactions.unwrap_or(true),
             max_result_bytes: max_result_bytes.unwrap_or(cache.max_result_bytes),
         })
     }
@@ -302,7 +306,7 @@ mod tests {
             ttl: Duration::from_secs(1),
             cache_empty: true,
             max_result_bytes: 10,
-            read_only_transactions: false,
+            transactions: true,
         };
         assert!(rule.matches("app", "u", "SELECT * FROM accounts WHERE id = $1", 1));
         assert!(!rule.matches("other", "u", "SELECT * FROM accounts WHERE id = $1", 1));

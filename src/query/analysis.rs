@@ -44,8 +44,13 @@ pub enum Bypass {
     CatalogUnavailable,
     /// The client changed its role or a setting that is not part of the key.
     SessionState,
-    /// A transaction block is open.
+    /// A transaction block that failed, or work in flight, or a rule with
+    /// `transactions = false`.
     InTransaction,
+    /// A REPEATABLE READ or SERIALIZABLE transaction block (one snapshot for the block).
+    Isolation,
+    /// The transaction block wrote a table it reads (or something pgmemo cannot bound).
+    WrittenInTransaction,
     /// `/* pgmemo nocache */`.
     Hint,
     /// Larger than max_result_bytes.
@@ -69,7 +74,7 @@ pub enum Bypass {
     NonstandardStrings,
 }
 
-pub const BYPASS_REASONS: [Bypass; 26] = [
+pub const BYPASS_REASONS: [Bypass; 28] = [
     Bypass::ParseError,
     Bypass::NotSelect,
     Bypass::SelectInto,
@@ -87,6 +92,8 @@ pub const BYPASS_REASONS: [Bypass; 26] = [
     Bypass::CatalogUnavailable,
     Bypass::SessionState,
     Bypass::InTransaction,
+    Bypass::Isolation,
+    Bypass::WrittenInTransaction,
     Bypass::Hint,
     Bypass::TooLarge,
     Bypass::NotPlainResult,
@@ -122,6 +129,8 @@ impl Bypass {
             Bypass::CatalogUnavailable => "catalog unavailable",
             Bypass::SessionState => "role or setting changed",
             Bypass::InTransaction => "in a transaction block",
+            Bypass::Isolation => "repeatable read or serializable",
+            Bypass::WrittenInTransaction => "written in this transaction",
             Bypass::Hint => "nocache hint",
             Bypass::TooLarge => "larger than max_result_bytes",
             Bypass::NotPlainResult => "error or notice",

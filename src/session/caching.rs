@@ -54,7 +54,7 @@ impl Session {
         self.cache
             .get_or_insert_with(|| ClientCache::new(self.state.enabled))
             .nonstandard_strings = nonstandard;
-        if matches!(tag, fe::PARSE | fe::BIND) && !self.cache_busy() {
+        if matches!(tag, fe::PARSE | fe::BIND) && self.batch_transaction().is_some() {
             self.cache_context();
             match self.batch_lookup(true) {
                 Ok(true) => return Ok(true),
@@ -169,52 +169,47 @@ impl Session {
         )
     }
 
-    /// Whether the client is in a READ ONLY, READ COMMITTED transaction block with nothing in
-    /// flight (see [`Transaction::ReadOnly`]). Asked of the server once per transaction, and
-    /// only when a rule allows hits there.
-    async fn in_read_only_transaction(&mut self) -> Result<bool, End> {
+    /// The client's transaction as the cache sees it (see [`Transaction`]), when it is not
+    /// idle: a block is one the cache may answer in only with nothing in flight, and not
+    /// once it failed.
+    fn transaction(&self) -> Transaction {
         let quiet = self.replies.is_empty()
             && !self.replies.in_batch()
             && self.cache.as_ref().is_none_or(|c| c.fill.is_none());
-        let Some(server) = self
-            .server
-            .as_mut()
-            .filter(|s| quiet && s.status == b'T' && s.wbuf.is_empty() && s.rbuf.is_empty())
-        else {
-            return Ok(false);
+        match self.server.as_ref() {
+            Some(s) if quiet && s.status == b'T' && s.wbuf.is_empty() && s.rbuf.is_empty() => {
+                Transaction::Block {
+                    read_committed: self.cache.as_ref().and_then(|c| c.read_committed),
+                }
+            }
+            _ => Transaction::Busy,
+        }
+    }
+
+    /// Asks the server whether the client's open block is READ COMMITTED (see
+    /// [`Lookup::Isolation`]): once per block, only when a query the cache would answer
+    /// comes in one. Whatever set the isolation (`BEGIN ISOLATION LEVEL`, `SET TRANSACTION`,
+    /// `default_transaction_isolation` of the client, its role or its database), the server
+    /// knows it.
+    async fn ask_isolation(&mut self) -> Result<(), End> {
+        let Some(server) = self.server.as_mut().filter(|s| s.status == b'T') else {
+            return Ok(());
         };
-        if let Some(known) = self.cache.as_ref().and_then(|c| c.read_only_transaction) {
-            return Ok(known);
-        }
-        if !self
-            .app
-            .config
-            .load()
-            .cache
-            .rules
-            .iter()
-            .any(|r| r.read_only_transactions)
-        {
-            return Ok(false);
-        }
         let rows = server
-            .internal_query(
-                "SELECT pg_catalog.current_setting('transaction_read_only'), \
-                 pg_catalog.current_setting('transaction_isolation')",
-            )
+            .internal_query("SELECT pg_catalog.current_setting('transaction_isolation')")
             .await;
-        let known = match rows {
-            Ok(rows) => rows.first().is_some_and(|r| {
-                r.first().and_then(|v| v.as_deref()) == Some("on")
-                    && r.get(1).and_then(|v| v.as_deref()) == Some("read committed")
-            }),
+        let read_committed = match rows {
+            Ok(rows) => rows
+                .first()
+                .and_then(|r| r.first())
+                .is_some_and(|v| v.as_deref() == Some("read committed")),
             Err(_) if server.broken => return Err(End::ServerGone("transaction probe".into())),
             Err(_) => false,
         };
         if let Some(c) = self.cache.as_deref_mut() {
-            c.read_only_transaction = Some(known);
+            c.read_committed = Some(read_committed);
         }
-        Ok(known)
+        Ok(())
     }
 
     /// The Query at the head of the client's input (its text is `text_len` bytes), answered by
@@ -319,6 +314,9 @@ impl Session {
     /// `Err`: a wait or a catalog read must come first (see [`Session::cached_batch`]). The
     /// caller brought the key context up to date.
     fn batch_lookup(&mut self, may_wait: bool) -> Result<bool, Lookup> {
+        let Some(transaction) = self.batch_transaction() else {
+            return Ok(false);
+        };
         // Asked again each round: a wait or a catalog read may outlast the stream.
         let wal_behind = self.wal_behind();
         // Borrowed, not cloned: the App's reference count is written by every worker.
@@ -327,6 +325,13 @@ impl Session {
         let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
             return Ok(false);
         };
+        // In a block the Sync does not close the portal: one left open with rows to fetch, or
+        // a named one, must exist on the server.
+        if transaction != Transaction::Idle
+            && (batch.max_rows != 0 || !batch.bind.portal.is_empty())
+        {
+            return Ok(false);
+        }
         let Some(stmts) = self.plan.stmts.as_mut() else {
             return Ok(false);
         };
@@ -346,7 +351,7 @@ impl Session {
             database: &settings.target.database_id,
             name: &settings.target.dbname,
             user: &self.info.user,
-            transaction: Transaction::Idle,
+            transaction,
             wal_behind,
         };
         let client = self
@@ -371,10 +376,23 @@ impl Session {
                 } else {
                     &[be::BIND_COMPLETE]
                 };
-                self.answer_hit(len, opened, &entry, b'I');
+                let status = self.server.as_ref().map_or(b'I', |s| s.status);
+                self.answer_hit(len, opened, &entry, status);
                 Ok(true)
             }
             step => Err(step),
+        }
+    }
+
+    /// The client's transaction, when an extended batch may be answered in it: idle, or a
+    /// block (see [`Session::transaction`]).
+    fn batch_transaction(&self) -> Option<Transaction> {
+        if !self.cache_busy() {
+            return Some(Transaction::Idle);
+        }
+        match self.transaction() {
+            Transaction::Busy => None,
+            block => Some(block),
         }
     }
 
@@ -383,7 +401,7 @@ impl Session {
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
-            if !self.cache_step(step, &mut may_wait, &mut resolves).await {
+            if !self.cache_step(step, &mut may_wait, &mut resolves).await? {
                 return Ok(false);
             }
             match self.batch_lookup(may_wait) {
@@ -432,30 +450,30 @@ impl Session {
         shape: &std::sync::Arc<crate::cache::Shape>,
         first: Option<Lookup>,
     ) -> Result<bool, End> {
-        let (transaction, mut step) = match first {
-            Some(step) => (Transaction::Idle, Some(step)),
-            None => {
-                let transaction = if self.in_read_only_transaction().await? {
-                    Transaction::ReadOnly
-                } else {
-                    Transaction::Busy
-                };
-                self.cache_context();
-                (transaction, None)
-            }
-        };
+        let idle = first.is_some();
+        if !idle {
+            self.cache_context();
+        }
+        let mut step = first;
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
             if let Some(step) = step.take() {
-                if !self.cache_step(step, &mut may_wait, &mut resolves).await {
+                if !self.cache_step(step, &mut may_wait, &mut resolves).await? {
                     return Ok(false);
                 }
             }
+            let transaction = if idle {
+                Transaction::Idle
+            } else {
+                self.transaction()
+            };
             match self.lookup_query(text_len, shape, transaction, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
-                    self.remember_raw(&entry);
+                    if idle {
+                        self.remember_raw(&entry);
+                    }
                     let status = self.server.as_ref().map_or(b'I', |s| s.status);
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
@@ -488,10 +506,15 @@ impl Session {
         self.stats.bytes_received += consumed as u64;
     }
 
-    /// A lookup that must wait for another client's fetch or read the catalog first: does
-    /// that, and says whether to look up again (a wait happens once per query, catalog reads
-    /// at most twice).
-    async fn cache_step(&mut self, step: Lookup, may_wait: &mut bool, resolves: &mut u32) -> bool {
+    /// A lookup that must wait for another client's fetch, read the catalog or ask the
+    /// block's isolation first: does that, and says whether to look up again (a wait happens
+    /// once per query, catalog reads at most twice).
+    async fn cache_step(
+        &mut self,
+        step: Lookup,
+        may_wait: &mut bool,
+        resolves: &mut u32,
+    ) -> Result<bool, End> {
         let app = self.app.clone();
         let cache = &app.cache;
         match step {
@@ -503,23 +526,38 @@ impl Session {
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 *may_wait = false;
-                true
+                Ok(true)
             }
             Lookup::Resolve(job) => {
                 *resolves += 1;
                 if *resolves > 2 {
-                    return false;
+                    return Ok(false);
                 }
-                let (snapshot, rows) = self.read_catalog(&job).await;
-                cache.resolved(*job, snapshot.as_deref(), rows.as_deref().map_err(|_| ()))
+                let (snapshot, rows) = self.read_catalog(&job).await?;
+                Ok(cache.resolved(*job, snapshot.as_deref(), rows.as_deref().map_err(|_| ())))
             }
-            Lookup::Pass | Lookup::Miss | Lookup::Hit(_) => false, // answered by the callers
+            Lookup::Isolation => {
+                self.ask_isolation().await?;
+                Ok(self
+                    .cache
+                    .as_ref()
+                    .is_some_and(|c| c.read_committed.is_some()))
+            }
+            Lookup::Pass | Lookup::Miss | Lookup::Hit(_) => Ok(false), // answered by the callers
         }
     }
 
     /// Runs a catalog read for the cache on the session's own server (session mode, nothing
-    /// in flight) or on one lent by the pool for the purpose.
-    async fn read_catalog(&mut self, job: &Resolve) -> (Option<Rows>, Result<Rows, ()>) {
+    /// in flight, or the client's open block) or on one lent by the pool for the purpose.
+    /// Inside the client's block the read runs in a savepoint that is rolled back: an error
+    /// does not fail the block, and the search_path the read sets (`set_config(..., true)`)
+    /// does not outlive it.
+    async fn read_catalog(
+        &mut self,
+        job: &Resolve,
+    ) -> Result<(Option<Rows>, Result<Rows, ()>), End> {
+        const SAVEPOINT: &str = "SAVEPOINT pgmemo_catalog";
+        const UNDO: &str = "ROLLBACK TO SAVEPOINT pgmemo_catalog; RELEASE SAVEPOINT pgmemo_catalog";
         let own = self.server.take();
         let held = own.is_some();
         let mut server: Box<ServerConn> = match own {
@@ -528,11 +566,13 @@ impl Session {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(error = %e, "no server to read the catalog for the result cache");
-                    return (None, Err(()));
+                    return Ok((None, Err(())));
                 }
             },
         };
-        let snapshot = if job.snapshot {
+        let in_block = held && server.status == b'T';
+        let guarded = !in_block || server.internal_query(SAVEPOINT).await.is_ok();
+        let snapshot = if job.snapshot && guarded {
             match server.internal_query(Resolve::SNAPSHOT_SQL).await {
                 Ok(rows) => Some(rows),
                 Err(e) => {
@@ -543,19 +583,24 @@ impl Session {
         } else {
             None
         };
-        let rows = match server.internal_query(&job.sql).await {
-            Ok(rows) => Ok(rows),
-            Err(e) => {
+        let rows = match guarded {
+            true => server.internal_query(&job.sql).await.map_err(|e| {
                 tracing::warn!(error = %e, "result cache: resolving relations failed");
-                Err(())
-            }
+            }),
+            false => Err(()),
         };
+        let undone = !in_block || !guarded || server.internal_query(UNDO).await.is_ok();
+        // A block the reads failed (which the savepoint is for) cannot be given back as it was.
+        let gone = held && (server.broken || (in_block && !guarded) || !undone);
         if held {
             self.server = Some(server);
         } else {
             self.pool.checkin(server);
         }
-        (snapshot, rows)
+        if gone {
+            return Err(End::ServerGone("catalog read".into()));
+        }
+        Ok((snapshot, rows))
     }
 
     /// The client is gone: what it sent may still commit.
@@ -581,5 +626,5 @@ pub(super) fn after_server_message(
     if client.fill.is_some() {
         client.capture(cache, out);
     }
-    client.settle(cache, database, tag, body, idle);
+    client.settle(cache, database, tag, body, !out.is_empty(), idle);
 }

@@ -180,7 +180,7 @@ impl Session {
         server.status = body(&server.rbuf[..len]).first().copied().unwrap_or(b'I');
         if server.status != b'T' {
             if let Some(c) = self.cache.as_deref_mut() {
-                c.read_only_transaction = None;
+                c.read_committed = None;
             }
         }
         if route == Route::Forward {

@@ -41,6 +41,14 @@ pub const PROBE: &str =
         WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())::text \
     UNION ALL SELECT '$cursor', EXISTS (SELECT FROM pg_catalog.pg_cursors)::text";
 
+/// Settings that hold one transaction's characteristics (set by `SET TRANSACTION`, `BEGIN
+/// ISOLATION LEVEL ...`); the session's defaults are the `default_` ones.
+const TRANSACTION_SETTINGS: [&str; 3] = [
+    "transaction_isolation",
+    "transaction_read_only",
+    "transaction_deferrable",
+];
+
 /// At most this many custom setting names are followed per client.
 const MAX_CUSTOM_SETTINGS: usize = 64;
 
@@ -86,6 +94,9 @@ pub fn read_probe(rows: &[Vec<Option<String>>], reported: &Vars, login_user: &st
             "$cursor" if yes => pins |= Pins::CURSOR,
             name if name.starts_with('$') => {}
             name if reported.get(name).is_some() => {}
+            // A transaction's own characteristics (`SET TRANSACTION`), which PostgreSQL lists
+            // at session level once one ended: nothing of the session, and nothing to carry.
+            name if TRANSACTION_SETTINGS.contains(&name) => {}
             name => {
                 settings.set(name, value);
             }
@@ -238,9 +249,16 @@ mod tests {
             row("$temp", "true"),
             row("$listen", "false"),
             row("$cursor", "true"),
+            row("transaction_isolation", "read committed"),
+            row("default_transaction_isolation", "serializable"),
         ];
         let (settings, pins) = read_probe(&rows, &reported, "app");
         assert_eq!(settings.get("work_mem"), Some("8MB"));
+        assert_eq!(settings.get("transaction_isolation"), None);
+        assert_eq!(
+            settings.get("default_transaction_isolation"),
+            Some("serializable")
+        );
         assert_eq!(settings.get("role"), Some("r1"));
         assert_eq!(settings.get("timezone"), None);
         assert_eq!(settings.get("session_authorization"), None);

@@ -66,7 +66,7 @@ pub fn cache_rule(name: &str, contains: &str) -> pgmemo::config::cache::Rule {
         ttl: std::time::Duration::from_secs(600),
         cache_empty: true,
         max_result_bytes: 1024 * 1024,
-        read_only_transactions: false,
+        transactions: true,
     }
 }
 
