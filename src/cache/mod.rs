@@ -722,9 +722,6 @@ impl ResultCache {
         let Some((rule, stats)) = self.choose(cfg, rules, hint, at, &query) else {
             return Lookup::Pass;
         };
-        // The text, as a string, when the catalog must resolve a shape that has no display
-        // text of its own.
-        let text = || std::str::from_utf8(query.text).unwrap_or_default();
         let bypass = |why: Bypass| {
             self.count(why);
             stats.bypasses.add(1);
@@ -739,18 +736,10 @@ impl ResultCache {
         if client.nonstandard_strings {
             return bypass(Bypass::NonstandardStrings);
         }
-        let in_block = match at.transaction {
-            Transaction::Idle => false,
-            Transaction::Block { .. } if !rule.transactions => {
-                return bypass(Bypass::InTransaction)
-            }
-            Transaction::Block { read_committed } => match read_committed {
-                Some(true) => true,
-                Some(false) => return bypass(Bypass::Isolation),
-                None if at.wal_behind => return bypass(Bypass::WalBehind),
-                None => return Lookup::Isolation,
-            },
-            Transaction::Busy => return bypass(Bypass::InTransaction),
+        let in_block = match in_block(at, &rule) {
+            Ok(in_block) => in_block,
+            Err(Some(why)) => return bypass(why),
+            Err(None) => return Lookup::Isolation,
         };
         if at.wal_behind {
             return bypass(Bypass::WalBehind);
@@ -759,26 +748,9 @@ impl ResultCache {
             Ok(reads) => reads,
             Err(why) => return bypass(*why),
         };
-        let plan_key = (query.hash, client.path_hash);
-        let catalog = self.versions.get(catalog_slot(at.database));
-        let plan = match self.current_plan(plan_key, catalog, query.text) {
-            Some(plan) => plan,
-            None => {
-                let snapshot = self
-                    .snapshots
-                    .pin()
-                    .get(at.database)
-                    .is_none_or(|s| s.generation != catalog);
-                return Lookup::Resolve(Box::new(Resolve {
-                    snapshot,
-                    sql: catalog::resolve_sql(reads, client.search_path.as_deref()),
-                    database: at.database.into(),
-                    plan_key,
-                    text: query.display.cloned().unwrap_or_else(|| text().into()),
-                    analysis: query.analysis.clone(),
-                    catalog,
-                }));
-            }
+        let plan = match self.plan_or_resolve(client, at, &query, reads) {
+            Ok(plan) => plan,
+            Err(resolve) => return Lookup::Resolve(resolve),
         };
         let slots = match &plan.slots {
             Ok(slots) => slots,
@@ -818,11 +790,78 @@ impl ResultCache {
             };
         }
         stats.misses.add(1);
-        let admitted = cfg.admit_after <= 1 || self.admission.admits(key_hash, &self.store);
+        let admit_after = cfg.admit_after;
+        self.start_fill(
+            client,
+            admit_after,
+            Miss {
+                key_hash,
+                flight,
+                chosen: rule,
+                // A reference taken for a fill only: on a hit, taking one would write a count
+                // that every worker's hits write.
+                stats: stats.clone(),
+                plan,
+                extended: query.extended,
+                in_block,
+            },
+        );
+        Lookup::Miss
+    }
+
+    /// The plan of `query` (its relations resolved for the client's search_path) at the
+    /// database's current catalog version, or the catalog read that makes it.
+    fn plan_or_resolve(
+        &self,
+        client: &ClientCache,
+        at: &Where<'_>,
+        query: &Candidate<'_>,
+        reads: &analysis::Reads,
+    ) -> Result<Arc<Plan>, Box<Resolve>> {
+        let plan_key = (query.hash, client.path_hash);
+        let catalog = self.versions.get(catalog_slot(at.database));
+        if let Some(plan) = self.current_plan(plan_key, catalog, query.text) {
+            return Ok(plan);
+        }
+        let snapshot = self
+            .snapshots
+            .pin()
+            .get(at.database)
+            .is_none_or(|s| s.generation != catalog);
+        // The text, as a string, when the shape has no display text of its own.
+        let text = || std::str::from_utf8(query.text).unwrap_or_default().into();
+        Err(Box::new(Resolve {
+            snapshot,
+            sql: catalog::resolve_sql(reads, client.search_path.as_deref()),
+            database: at.database.into(),
+            plan_key,
+            text: query.display.cloned().unwrap_or_else(text),
+            analysis: query.analysis.clone(),
+            catalog,
+        }))
+    }
+
+    /// Opens the client's fill for a miss (its key in `client.key`), whose flight started:
+    /// the result is captured from the replies and stored at their ReadyForQuery.
+    fn start_fill(&self, client: &mut ClientCache, admit_after: u32, miss: Miss) {
+        let Miss {
+            key_hash,
+            flight,
+            chosen,
+            stats,
+            plan,
+            extended,
+            in_block,
+        } = miss;
+        let admitted = admit_after <= 1 || self.admission.admits(key_hash, &self.store);
         // The key goes into the buffer of the client's last fill: copied out only if stored.
         let mut key = std::mem::take(&mut client.spares.key);
         key.clear();
         key.extend_from_slice(&client.key);
+        let slots = plan.slots.as_deref().unwrap_or_default();
+        let seen = self
+            .versions
+            .capture(slots, std::mem::take(&mut client.spares.seen));
         client.fill = Some(Fill {
             key,
             key_hash,
@@ -835,22 +874,17 @@ impl ResultCache {
                     .take()
                     .unwrap_or_else(|| self.flights.clone()),
             )),
-            seen: self
-                .versions
-                .capture(slots, std::mem::take(&mut client.spares.seen)),
-            chosen: rule,
-            // A reference taken for a fill only: on a hit, taking one would write a count
-            // that every worker's hits write.
-            stats: stats.clone(),
+            seen,
+            chosen,
+            stats,
             plan,
             database: client.database.clone(),
             reply: std::mem::take(&mut client.spares.reply),
             rows: false,
             spoiled: None,
-            extended: query.extended,
+            extended,
             in_block,
         });
-        Lookup::Miss
     }
 
     /// The plan resolved for `text` (its hash and search_path in `plan_key`) at the
@@ -1068,6 +1102,34 @@ impl ResultCache {
             Reach::Tables
         }
     }
+}
+
+/// Whether a query chosen by `rule` is looked up in a transaction block (`Ok(true)`), outside
+/// one (`Ok(false)`), or not: `Err(Some(why))`, counted; `Err(None)`: the block's isolation
+/// must be asked first ([`Lookup::Isolation`]).
+fn in_block(at: &Where<'_>, rule: &Chosen) -> Result<bool, Option<Bypass>> {
+    match at.transaction {
+        Transaction::Idle => Ok(false),
+        Transaction::Block { .. } if !rule.transactions => Err(Some(Bypass::InTransaction)),
+        Transaction::Block { read_committed } => match read_committed {
+            Some(true) => Ok(true),
+            Some(false) => Err(Some(Bypass::Isolation)),
+            None if at.wal_behind => Err(Some(Bypass::WalBehind)),
+            None => Err(None),
+        },
+        Transaction::Busy => Err(Some(Bypass::InTransaction)),
+    }
+}
+
+/// A miss whose fill starts (see [`ResultCache::start_fill`]).
+struct Miss {
+    key_hash: u64,
+    flight: Arc<Flight>,
+    chosen: Chosen,
+    stats: Arc<RuleStats>,
+    plan: Arc<Plan>,
+    extended: bool,
+    in_block: bool,
 }
 
 /// How far a set of writes reaches (see [`ResultCache::reach`]).
