@@ -135,6 +135,7 @@ impl Autoprepare {
     /// ...)` names a setting in one; numbers and bit strings hold no word). Comments are not
     /// read: a word there does nothing. None when the lexer refuses the text: the caller scans
     /// it whole.
+    #[inline]
     pub fn read_ahead(&self, sql: &[u8], reader: &mut Reader) -> Option<u32> {
         let (lexed, shape) = reader.shape(sql, &self.shapes).ok()?;
         let words =

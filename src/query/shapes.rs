@@ -170,13 +170,19 @@ impl Shapes {
     }
 
     /// The shape of `lexed`, remembered at its first sight.
+    #[inline]
     pub fn get(&self, lexed: &Lexed) -> Arc<Shape> {
-        let known = self.table.get(&lexed.shape);
-        let collides = match known {
-            Some(shape) if shape.is_of(lexed) => return shape,
-            Some(_) => true,
-            None => false,
-        };
+        match self.table.get(&lexed.shape) {
+            Some(shape) if shape.is_of(lexed) => shape,
+            known => self.remember(lexed, known.is_some()),
+        }
+    }
+
+    /// [`Shapes::get`] at a shape's first sight (or for a text whose hash `collides` with
+    /// another's shape): made, and kept unless it collides.
+    #[cold]
+    #[inline(never)]
+    fn remember(&self, lexed: &Lexed, collides: bool) -> Arc<Shape> {
         let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
         key.extend_from_slice(&lexed.text);
         key.extend(lexed.literals.iter().map(|l| l.kind.code()));

@@ -408,6 +408,7 @@ impl Session {
 
     /// `autoprepare_threshold` if this client's simple queries may be autoprepared: its pool
     /// has autoprepare on and its settings let autoprepare read its text as the server does.
+    #[inline]
     pub(super) fn autoprepare_threshold(&mut self) -> Option<u64> {
         let threshold = self.pool.autoprepare_threshold()?;
         self.plan.stmts.as_ref()?; // autoprepare runs through the statement planner
@@ -477,6 +478,7 @@ impl Session {
     /// Reads what a simple query (its text `query_text_len` bytes long, its words
     /// `query_words`) or, without the statement planner, a Parse may do to the session's
     /// state (see [`state`]).
+    #[inline]
     pub(super) fn note_state(
         &mut self,
         tag: u8,
@@ -523,10 +525,19 @@ impl Session {
     }
 
     /// How pgmemo may read the client's text, worked out once per `params_version`.
+    #[inline]
     pub(super) fn readable(&mut self) -> Readable {
-        if let Some(readable) = self.params.readable.at(self.params.version) {
-            return readable;
+        match self.params.readable.at(self.params.version) {
+            Some(readable) => readable,
+            None => self.work_out_readable(),
         }
+    }
+
+    /// [`Session::readable`] after a change of the client's settings (kept out of the
+    /// per-message path).
+    #[cold]
+    #[inline(never)]
+    fn work_out_readable(&mut self) -> Readable {
         let readable = Readable {
             standard_strings: self.params.reported.is("standard_conforming_strings", "on"),
             autoprepare: crate::autoprepare::settings_allow(&self.params.reported),

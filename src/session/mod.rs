@@ -533,6 +533,7 @@ impl Session {
 
     /// One poll over both connections: writes pending output, then reads whichever side may be
     /// read. Returns as soon as there is something to process.
+    #[inline]
     fn poll_io(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
         if self.kept_for_cancels && !self.info.cancels.pending() {
             self.kept_for_cancels = false;
@@ -583,6 +584,7 @@ impl Session {
     /// relayed), while a message waits to be planned again, while a cancel request aimed
     /// at the client's work is being passed on (the task is woken when it is delivered), or
     /// while a Terminate waits for the replies to what the client sent before it.
+    #[inline]
     fn may_read_client(&self) -> bool {
         let server_backlog = self.server.as_ref().map_or(0, |s| s.wbuf.len());
         server_backlog < HIGH_WATER
@@ -628,6 +630,7 @@ impl Session {
     }
 
     /// Reads the server's socket, if a server is held and the client's output has room.
+    #[inline]
     fn poll_server_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         let server = self.server.as_mut()?;
         if self.client.wbuf.len() >= HIGH_WATER {
