@@ -234,6 +234,11 @@ pub struct Pool {
     /// Bumped at each store of `setting_functions`: a session compares it (one load) before
     /// loading them (an `ArcSwap` load, ~70 instructions) at a checkout.
     setting_functions_generation: std::sync::atomic::AtomicU32,
+    /// Whether a transaction of this pool's servers is READ COMMITTED unless a client says
+    /// otherwise (`default_transaction_isolation` as its role, database and server give it):
+    /// [`ISOLATION_UNKNOWN`] until read with the setting functions, then
+    /// [`ISOLATION_READ_COMMITTED`] or [`ISOLATION_OTHER`].
+    isolation_default: std::sync::atomic::AtomicU8,
     created: Instant,
     /// Servers held by clients pinned to them (see [`Pool::pin`]).
     pinned: AtomicUsize,
@@ -242,6 +247,11 @@ pub struct Pool {
 /// How long the database's setting functions are trusted before they are read again: a
 /// function created without pgmemo seeing the DDL is followed after at most this.
 const SETTING_FUNCTIONS_TTL_MS: u64 = 5_000;
+
+/// [`Pool::read_committed_default`]'s states.
+const ISOLATION_UNKNOWN: u8 = 0;
+const ISOLATION_READ_COMMITTED: u8 = 1;
+const ISOLATION_OTHER: u8 = 2;
 
 /// At most this many distinct reported sets are kept for sharing; more are not shared.
 const MAX_SHARED_REPORTED_SETS: usize = 64;
@@ -309,6 +319,7 @@ impl Pool {
             setting_functions: arc_swap::ArcSwapOption::empty(),
             setting_functions_read: std::sync::atomic::AtomicU64::new(0),
             setting_functions_generation: std::sync::atomic::AtomicU32::new(0),
+            isolation_default: std::sync::atomic::AtomicU8::new(ISOLATION_UNKNOWN),
             created: Instant::now(),
             pinned: AtomicUsize::new(0),
             normalized: Mutex::new(HashMap::new()),
@@ -976,6 +987,28 @@ impl Pool {
         self.setting_functions_read
             .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// Whether the pool's servers begin READ COMMITTED transactions by default (None: not
+    /// read yet).
+    #[inline]
+    pub fn read_committed_default(&self) -> Option<bool> {
+        match self.isolation_default.load(Ordering::Relaxed) {
+            ISOLATION_READ_COMMITTED => Some(true),
+            ISOLATION_OTHER => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Records the servers' `default_transaction_isolation` (its reset value), read with the
+    /// setting functions; None: it could not be read.
+    pub fn set_isolation_default(&self, value: Option<&str>) {
+        let known = match value {
+            Some("read committed") => ISOLATION_READ_COMMITTED,
+            Some(_) => ISOLATION_OTHER,
+            None => ISOLATION_UNKNOWN,
+        };
+        self.isolation_default.store(known, Ordering::Relaxed);
     }
 
     pub fn set_setting_functions(&self, names: Box<[Box<str>]>) {

@@ -1129,6 +1129,155 @@ async fn reads_inside_read_committed_blocks() {
     run(&mut direct[0], "COMMIT").await;
 }
 
+/// A block of hits takes no server: `BEGIN` is answered by pgmemo and sent with the block's
+/// first statement that needs a server; `COMMIT`/`ROLLBACK` of a block that never needed one
+/// are answered by pgmemo. Every reply is PostgreSQL's (tags, warnings, errors, the status
+/// of ReadyForQuery), and while a block of hits is open no backend of the database is in a
+/// transaction.
+#[tokio::test]
+async fn a_block_of_hits_takes_no_server() {
+    const DBS: [&str; 2] = ["cache_kept", "cache_kept_twin"];
+    for db in DBS {
+        setup(
+            db,
+            "CREATE TABLE kv (id int PRIMARY KEY, v int); INSERT INTO kv VALUES (1, 1), (2, 2);",
+        )
+        .await;
+    }
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("kv", "FROM kv")],
+    ))
+    .await;
+    let mut through = [
+        raw_proxy(&proxy, DBS[0]).await,
+        raw_proxy(&proxy, DBS[0]).await,
+    ];
+    let mut direct = [raw_direct(DBS[1]).await, raw_direct(DBS[1]).await];
+    let mut watch = raw_direct("postgres").await;
+    let watch_sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND state LIKE 'idle in transaction%'",
+        DBS[0]
+    );
+    let kv = "SELECT v FROM kv WHERE id = 1";
+    // (client, statement, answered by the cache, no backend of the database in a transaction
+    // after it)
+    let steps: &[(usize, &str, bool, bool)] = &[
+        (0, kv, false, true),
+        (0, kv, true, true),
+        (0, "BEGIN", false, true),
+        (0, kv, true, true),
+        (0, "COMMIT", false, true),
+        (0, "begin work;", false, true),
+        (0, kv, true, true),
+        (0, "ROLLBACK", false, true),
+        (0, "START TRANSACTION READ ONLY", false, true),
+        (0, kv, true, true),
+        (0, "END", false, true),
+        (
+            0,
+            "BEGIN ISOLATION LEVEL READ COMMITTED, NOT DEFERRABLE",
+            false,
+            true,
+        ),
+        (0, "ABORT TRANSACTION", false, true),
+        // Outside a block: PostgreSQL's warnings.
+        (0, "COMMIT", false, true),
+        (0, "ROLLBACK", false, true),
+        // What pgmemo does not keep takes the server at once.
+        (0, "BEGIN", false, true),
+        (0, "COMMIT AND CHAIN", false, false),
+        (0, kv, true, false),
+        (0, "COMMIT", false, true),
+        (0, "BEGIN ISOLATION LEVEL REPEATABLE READ", false, false),
+        (0, kv, false, false),
+        (0, "COMMIT", false, true),
+        (0, "BEGIN", false, true),
+        (0, "BEGIN", false, false),
+        (0, kv, true, false),
+        (0, "COMMIT", false, true),
+        // Hits, then a write: the write takes a server, the block's reads of kv run there.
+        (0, "BEGIN", false, true),
+        (0, kv, true, true),
+        (0, "UPDATE kv SET v = v + 1 WHERE id = 2", false, false),
+        (0, kv, false, false),
+        (0, "SELECT v FROM kv WHERE id = 2", false, false),
+        (0, "COMMIT", false, true),
+        (0, "SELECT v FROM kv WHERE id = 2", false, true),
+        (0, kv, false, true),
+        // After a hit the block has run a query: SET TRANSACTION fails as PostgreSQL fails it,
+        // and COMMIT of the failed block is a ROLLBACK.
+        (0, "BEGIN", false, true),
+        (0, "SELECT v FROM kv WHERE id = 2", true, true),
+        (
+            0,
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            false,
+            false,
+        ),
+        (0, kv, false, false),
+        (0, "COMMIT", false, true),
+        // Before any query it sets the block's isolation: no hit after it.
+        (0, "BEGIN", false, true),
+        (
+            0,
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            false,
+            false,
+        ),
+        (0, kv, false, false),
+        (0, "COMMIT", false, true),
+        // Savepoints and SET LOCAL run on the server, in the block.
+        (0, "BEGIN", false, true),
+        (0, kv, true, true),
+        (0, "SAVEPOINT a", false, false),
+        (0, "SET LOCAL statement_timeout = '7s'", false, false),
+        (0, "SHOW statement_timeout", false, false),
+        (0, "ROLLBACK TO SAVEPOINT a", false, false),
+        (0, "SHOW statement_timeout", false, false),
+        (0, "RELEASE SAVEPOINT b", false, false),
+        (0, "ROLLBACK", false, true),
+        (0, "BEGIN", false, true),
+        (0, "SELECT 1/0", false, false),
+        (0, "ROLLBACK", false, true),
+        // Another client's commit is seen at the next read of a kept block.
+        (0, "BEGIN", false, true),
+        (0, kv, true, true),
+        (1, "UPDATE kv SET v = 20 WHERE id = 1", false, true),
+        (0, kv, false, false),
+        (0, kv, true, false),
+        (0, "COMMIT", false, true),
+        // A block's uncommitted write is not seen by another client's kept block.
+        (1, "BEGIN", false, true),
+        (1, kv, true, true),
+        (0, "BEGIN", false, true),
+        (0, "UPDATE kv SET v = 21 WHERE id = 1", false, false),
+        (1, kv, true, false),
+        (0, "COMMIT", false, true),
+        (1, kv, false, false),
+        (1, "COMMIT", false, true),
+        (1, kv, true, true),
+    ];
+    for (i, (who, sql, hit, serverless)) in steps.iter().enumerate() {
+        let before = stats(&proxy, "kv").0;
+        let got = without_table_oids(run(&mut through[*who], sql).await);
+        let want = without_table_oids(run(&mut direct[*who], sql).await);
+        assert_eq!(got, want, "step {i}: {sql}");
+        assert_eq!(
+            stats(&proxy, "kv").0 > before,
+            *hit,
+            "step {i}: {sql}: answered by the cache"
+        );
+        let in_transaction = first_value(&run(&mut watch, &watch_sql).await);
+        assert_eq!(
+            in_transaction.as_deref() == Some("0"),
+            *serverless,
+            "step {i}: {sql}: no backend in a transaction"
+        );
+    }
+}
+
 /// Replies with the table OIDs of RowDescriptions zeroed: twin databases' tables differ only
 /// there.
 fn without_table_oids(mut replies: Vec<(u8, Vec<u8>)>) -> Vec<(u8, Vec<u8>)> {

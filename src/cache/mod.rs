@@ -1404,6 +1404,13 @@ pub struct ClientCache {
     /// Whether the client's open transaction block is READ COMMITTED (the cache may answer
     /// inside it), once asked; forgotten when the block ends (the session keeps it).
     pub read_committed: Option<bool>,
+    /// The client's `BEGIN`, answered by the session and not sent yet (see
+    /// `session::deferred`): what goes to the server ahead of the block's first statement
+    /// that needs one. The block is READ COMMITTED (`read_committed` says so).
+    pub deferred_begin: Option<Box<str>>,
+    /// A statement of the deferred block was answered from the cache: the block has run a
+    /// query, as far as the client can tell.
+    pub deferred_answered: bool,
     key: Vec<u8>,
     context: Vec<u8>,
     /// What `context` was built from.

@@ -22,6 +22,7 @@
 //! above it (statements, autoprepare, the cache, the session) all read queries through it.
 
 pub mod analysis;
+pub mod block;
 pub mod command;
 pub mod facts;
 pub mod hint;

@@ -182,6 +182,10 @@ impl Session {
                     read_committed: self.cache.as_ref().and_then(|c| c.read_committed),
                 }
             }
+            // A block kept without a server (see `deferred`): READ COMMITTED.
+            None if quiet && self.keeps_block() => Transaction::Block {
+                read_committed: Some(true),
+            },
             _ => Transaction::Busy,
         }
     }
@@ -237,11 +241,22 @@ impl Session {
         }
     }
 
+    /// The transaction status PostgreSQL would report to the client now.
+    fn client_status(&self) -> u8 {
+        match self.server.as_ref() {
+            Some(s) => s.status,
+            None => self.status_without_server(),
+        }
+    }
+
     /// Something is in flight or a transaction is open: the cache cannot answer.
     fn cache_busy(&self) -> bool {
         // An extended batch whose first messages pgmemo answered itself is still open.
         self.replies.in_batch()
-            || self.cache.as_ref().is_some_and(|c| c.fill.is_some())
+            || self
+                .cache
+                .as_ref()
+                .is_some_and(|c| c.fill.is_some() || c.deferred_begin.is_some())
             || !self.replies.is_empty()
             || self
                 .server
@@ -376,7 +391,7 @@ impl Session {
                 } else {
                     &[be::BIND_COMPLETE]
                 };
-                let status = self.server.as_ref().map_or(b'I', |s| s.status);
+                let status = self.client_status();
                 self.answer_hit(len, opened, &entry, status);
                 Ok(true)
             }
@@ -474,7 +489,7 @@ impl Session {
                     if idle {
                         self.remember_raw(&entry);
                     }
-                    let status = self.server.as_ref().map_or(b'I', |s| s.status);
+                    let status = self.client_status();
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
@@ -500,6 +515,10 @@ impl Session {
         }
         out.extend_from_slice(&entry.reply);
         be::ready_for_query(out, status);
+        if let Some(cache) = self.cache.as_deref_mut() {
+            // A block kept without a server has run a query now (see `deferred`).
+            cache.deferred_answered |= cache.deferred_begin.is_some();
+        }
         self.stats.bytes_sent += (out.len() - before) as u64;
         self.client.rbuf.advance(consumed);
         self.stats.query_count += 1;

@@ -111,6 +111,7 @@ impl Session {
                 .set_limit(self.pool.max_prepared_statements());
             planner::sync_sql_statements(stmts, &mut server, &mut self.replies);
         }
+        self.begin_kept_block(&mut server);
         self.server = Some(server);
     }
 

@@ -65,6 +65,9 @@ impl Session {
                 Err(violation) => return self.violated(violation).await,
             };
             let query_text_len = self.find_query_text(tag, len);
+            if self.transaction_control(tag, len, query_text_len) {
+                continue; // a block kept without a server opened or ended
+            }
             if self.cache_may_answer(tag) {
                 let answered = match self.cache_client_message(tag, len, query_text_len) {
                     Ok(answered) => answered,
@@ -167,6 +170,8 @@ impl Session {
         if self.server.is_none() {
             return match tag {
                 fe::TERMINATE => Next::End(End::Terminate),
+                // In a block kept without a server, everything else is the block's.
+                _ if self.keeps_block() => Next::Acquire,
                 // With no server held the session is idle: a lone Sync is answered as
                 // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
                 // are ignored as PostgreSQL ignores them outside COPY.

@@ -25,6 +25,7 @@
 //!   (the session's side of the result cache), [`state`] (the session state it carries).
 
 mod caching;
+mod deferred;
 mod hold;
 mod inbound;
 pub mod login;
@@ -748,8 +749,10 @@ const RESET_KEEPING_STATEMENTS: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEF
     WHERE name !~ '^pgmemo_s[0-9]+$' LOOP EXECUTE format('DEALLOCATE %I', s); END LOOP; END $pgmemo$";
 
 /// Reads the database's functions that may set custom settings ([`facts::SETTING_FUNCTIONS_SQL`])
-/// on `server` (idle, nobody's notifications to lose) into `pool`. A failure leaves what was
-/// known; it is read again after its time.
+/// and the servers' default isolation ([`DEFAULT_ISOLATION_SQL`]) on `server` (idle, nobody's
+/// notifications to lose) into `pool`. A failure leaves what was known of the functions and
+/// the isolation unknown (no block is kept without a server); both are read again after
+/// their time.
 async fn read_setting_functions(pool: &Pool, server: &mut ServerConn) {
     match server.internal_query(facts::SETTING_FUNCTIONS_SQL).await {
         Ok(rows) => pool.set_setting_functions(
@@ -760,7 +763,23 @@ async fn read_setting_functions(pool: &Pool, server: &mut ServerConn) {
         ),
         Err(e) => tracing::debug!(error = %e, "could not read the setting functions"),
     }
+    let isolation = match server.internal_query(DEFAULT_ISOLATION_SQL).await {
+        Ok(rows) => rows
+            .into_iter()
+            .next()
+            .and_then(|r| r.into_iter().next().flatten()),
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read the default isolation");
+            None
+        }
+    };
+    pool.set_isolation_default(isolation.as_deref());
 }
+
+/// The isolation a transaction of the pool's servers has when the client names none: the
+/// reset value (server, database, role), not a setting some client left.
+const DEFAULT_ISOLATION_SQL: &str = "SELECT reset_val FROM pg_catalog.pg_settings \
+    WHERE name = 'default_transaction_isolation'";
 
 /// Adds a session's statement counters to the server it used (for SHOW SERVERS).
 fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {

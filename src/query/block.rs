@@ -1,0 +1,235 @@
+//! Reads the transaction-control statements a session may answer without a server (see
+//! `session::deferred`): a `BEGIN` / `START TRANSACTION` whose options it understands, and
+//! a plain `COMMIT` / `END` / `ROLLBACK` / `ABORT`. The grammar is PostgreSQL's
+//! (`TransactionStmt` and `TransactionStmtLegacy` in gram.y), read strictly: one statement,
+//! keywords separated by whitespace (and commas between modes), an optional `;` at the end,
+//! no comments, nothing quoted. Anything else is None: the statement goes to a server, which
+//! gives its own answer.
+
+/// An isolation level named in a `BEGIN`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    ReadUncommitted,
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+/// What a transaction-control statement does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// `BEGIN [WORK | TRANSACTION] [modes]` or `START TRANSACTION [modes]`.
+    Begin {
+        /// The command tag PostgreSQL answers with: `BEGIN` or `START TRANSACTION`.
+        tag: &'static str,
+        isolation: Option<Isolation>,
+        /// `READ WRITE` was named (`READ ONLY`: false; neither: false).
+        read_write: bool,
+    },
+    /// `COMMIT` or `END` (tag `COMMIT`), without `AND CHAIN`.
+    Commit,
+    /// `ROLLBACK` or `ABORT` (tag `ROLLBACK`), without `AND CHAIN`.
+    Rollback,
+}
+
+impl Control {
+    /// The command tag PostgreSQL answers the statement with in an open block.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Control::Begin { tag, .. } => tag,
+            Control::Commit => "COMMIT",
+            Control::Rollback => "ROLLBACK",
+        }
+    }
+}
+
+/// The transaction-control statement `sql` is, when it is one of [`Control`]'s, written so
+/// that it can be read without PostgreSQL's parser.
+pub fn read(sql: &[u8]) -> Option<Control> {
+    let text = std::str::from_utf8(sql).ok()?.trim_ascii();
+    let text = text.strip_suffix(';').unwrap_or(text);
+    if text
+        .bytes()
+        .any(|b| !(b.is_ascii_alphabetic() || b.is_ascii_whitespace() || b == b','))
+    {
+        return None; // comments, quotes, a second statement, parameters
+    }
+    // Commas separate modes only: `BEGIN, READ ONLY` is a syntax error.
+    let mut words = text
+        .split(|c: char| c.is_ascii_whitespace() || c == ',')
+        .filter(|w| !w.is_empty());
+    let first = words.next()?;
+    let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
+    let rest: Vec<&str> = words.collect();
+    match first {
+        w if is(w, "begin") => {
+            let modes = match rest.first() {
+                Some(w) if is(w, "work") || is(w, "transaction") => &rest[1..],
+                _ => &rest[..],
+            };
+            begin("BEGIN", modes, text)
+        }
+        w if is(w, "start") => match rest.first() {
+            Some(w) if is(w, "transaction") => begin("START TRANSACTION", &rest[1..], text),
+            _ => None,
+        },
+        w if is(w, "commit") || is(w, "end") => plain_end(&rest).then_some(Control::Commit),
+        w if is(w, "rollback") || is(w, "abort") => plain_end(&rest).then_some(Control::Rollback),
+        _ => None,
+    }
+}
+
+/// `[WORK | TRANSACTION]` and nothing else (no `AND [NO] CHAIN`, no `TO SAVEPOINT`,
+/// no `PREPARED`).
+fn plain_end(rest: &[&str]) -> bool {
+    match rest {
+        [] => true,
+        [w] => w.eq_ignore_ascii_case("work") || w.eq_ignore_ascii_case("transaction"),
+        _ => false,
+    }
+}
+
+/// A `BEGIN`'s transaction modes, each kind at most once; commas only between modes.
+fn begin(tag: &'static str, modes: &[&str], text: &str) -> Option<Control> {
+    if !commas_between_modes(text) {
+        return None;
+    }
+    let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
+    let (mut isolation, mut access, mut deferrable) = (None, None, None);
+    let mut i = 0;
+    while i < modes.len() {
+        let w = |k: usize| modes.get(i + k).copied().unwrap_or("");
+        let taken = if is(w(0), "isolation") && is(w(1), "level") {
+            let (level, n) = match (w(2), w(3)) {
+                (a, b) if is(a, "read") && is(b, "uncommitted") => (Isolation::ReadUncommitted, 4),
+                (a, b) if is(a, "read") && is(b, "committed") => (Isolation::ReadCommitted, 4),
+                (a, b) if is(a, "repeatable") && is(b, "read") => (Isolation::RepeatableRead, 4),
+                (a, _) if is(a, "serializable") => (Isolation::Serializable, 3),
+                _ => return None,
+            };
+            isolation.replace(level).is_none().then_some(n)
+        } else if is(w(0), "read") && (is(w(1), "only") || is(w(1), "write")) {
+            access.replace(is(w(1), "write")).is_none().then_some(2)
+        } else if is(w(0), "deferrable") {
+            deferrable.replace(true).is_none().then_some(1)
+        } else if is(w(0), "not") && is(w(1), "deferrable") {
+            deferrable.replace(false).is_none().then_some(2)
+        } else {
+            None
+        };
+        i += taken?;
+    }
+    Some(Control::Begin {
+        tag,
+        isolation,
+        read_write: access == Some(true),
+    })
+}
+
+/// Whether every comma in a `BEGIN` stands between two modes: after a mode's last word and
+/// before the next mode's first (not after the command's words, not twice in a row, not
+/// last).
+fn commas_between_modes(text: &str) -> bool {
+    let mut parts = text.split(',');
+    let head = parts.next().unwrap_or("");
+    let mut parts: Vec<&str> = parts.collect();
+    if parts.is_empty() {
+        return true;
+    }
+    // The part before the first comma must hold a mode after the command's words.
+    let head_words: Vec<&str> = head.split_ascii_whitespace().collect();
+    let command_words = match head_words.first() {
+        Some(w) if w.eq_ignore_ascii_case("start") => 2,
+        Some(_) => match head_words.get(1) {
+            Some(w) if w.eq_ignore_ascii_case("work") || w.eq_ignore_ascii_case("transaction") => 2,
+            _ => 1,
+        },
+        None => return false,
+    };
+    if head_words.len() <= command_words {
+        return false;
+    }
+    parts.retain(|p| p.trim_ascii().is_empty());
+    parts.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn begin(tag: &'static str, isolation: Option<Isolation>, read_write: bool) -> Option<Control> {
+        Some(Control::Begin {
+            tag,
+            isolation,
+            read_write,
+        })
+    }
+
+    #[test]
+    fn reads_begin_and_its_modes() {
+        assert_eq!(read(b"BEGIN"), begin("BEGIN", None, false));
+        assert_eq!(read(b"  begin work ;  "), begin("BEGIN", None, false));
+        assert_eq!(read(b"Begin Transaction"), begin("BEGIN", None, false));
+        assert_eq!(
+            read(b"START TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY"),
+            begin("START TRANSACTION", Some(Isolation::ReadCommitted), false)
+        );
+        assert_eq!(
+            read(b"begin isolation level serializable read write not deferrable"),
+            begin("BEGIN", Some(Isolation::Serializable), true)
+        );
+        assert_eq!(
+            read(b"BEGIN ISOLATION LEVEL REPEATABLE READ"),
+            begin("BEGIN", Some(Isolation::RepeatableRead), false)
+        );
+    }
+
+    #[test]
+    fn leaves_what_it_cannot_read_to_the_server() {
+        for sql in [
+            "START",
+            "BEGIN; SELECT 1",
+            "BEGIN /* x */",
+            "BEGIN -- x",
+            "BEGIN, READ ONLY",
+            "BEGIN READ ONLY,",
+            "BEGIN READ ONLY,, DEFERRABLE",
+            "BEGIN READ ONLY READ WRITE",
+            "BEGIN ISOLATION LEVEL READ",
+            "BEGIN ISOLATION LEVEL SERIALIZABLE ISOLATION LEVEL READ COMMITTED",
+            "BEGIN WORK WORK",
+            "BEGIN TRANSACTION WORK",
+            "BEGINX",
+            "COMMIT AND CHAIN",
+            "COMMIT AND NO CHAIN",
+            "COMMIT PREPARED 'x'",
+            "ROLLBACK TO SAVEPOINT a",
+            "ROLLBACK PREPARED 'x'",
+            "END WORK TRANSACTION",
+            "SELECT 1",
+            "",
+            ";",
+        ] {
+            assert_eq!(read(sql.as_bytes()), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn reads_the_ends_of_a_block() {
+        for (sql, control) in [
+            ("COMMIT", Control::Commit),
+            ("end transaction;", Control::Commit),
+            ("Commit Work", Control::Commit),
+            ("ROLLBACK", Control::Rollback),
+            ("abort", Control::Rollback),
+            ("rollback transaction ;", Control::Rollback),
+        ] {
+            assert_eq!(read(sql.as_bytes()), Some(control), "{sql}");
+        }
+        assert_eq!(Control::Commit.tag(), "COMMIT");
+        assert_eq!(
+            read(b"START TRANSACTION").unwrap().tag(),
+            "START TRANSACTION"
+        );
+    }
+}
