@@ -64,7 +64,11 @@ three cache workloads with --cache-workloads):
       cache-rw       bench/cache_rw.sql: 90 % the hot select; 10 % an UPDATE of the
                      client's own row and a cached read of it, which runs
                      `SELECT 1/0` (aborting the client: a FAIL) if the value read
-                     is not the one just written, i.e. on a stale read.
+                     is not the one just written, i.e. on a stale read;
+      cache-tx       bench/cache_tx.sql: a web request in a transaction block: BEGIN,
+                     three hot selects, in 10 % of requests an UPDATE of a teller
+                     and a cached read of it in the block (a stale read aborts the
+                     client), COMMIT.
     Before a cache workload's first cell, every target runs it once for
     --cache-warmup seconds, not measured: the cache is measured warm.
 
@@ -147,7 +151,8 @@ ORM_SCRIPT = BENCH_DIR / "orm.sql"
 # extended (the statement's hint is in its text, so both protocols are cached).
 _CACHE_BASE = {"cache-hot": BENCH_DIR / "cache_hot.sql",
                "cache-uniform": BENCH_DIR / "cache_uniform.sql",
-               "cache-rw": BENCH_DIR / "cache_rw.sql"}
+               "cache-rw": BENCH_DIR / "cache_rw.sql",
+               "cache-tx": BENCH_DIR / "cache_tx.sql"}
 CACHE_SCRIPTS = {**_CACHE_BASE, **{f"{k}-extended": v for k, v in _CACHE_BASE.items()}}
 # The default cache workloads (--cache-workloads): simple and extended hot, the others simple.
 CACHE_WORKLOADS = ("cache-hot", "cache-hot-extended", "cache-uniform", "cache-rw")
@@ -1274,8 +1279,8 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
         problems.append(f"pgbench exit {run.exit_status}")
     if run.aborted_clients:
         problems.append(f"{run.aborted_clients} client(s) aborted")
-        if wl.name == "cache-rw" and "division by zero" in err:
-            problems.append("STALE READ (cache-rw read back a value other than the one it wrote)")
+        if wl.name in ("cache-rw", "cache-tx") and "division by zero" in err:
+            problems.append(f"STALE READ ({wl.name} read back a value other than the one it wrote)")
     if run.failed_tx:
         problems.append(f"{run.failed_tx} failed transactions")
     if run.tps is None or not run.transactions:

@@ -61,6 +61,8 @@ pub struct RuleStats {
     /// The rule is in the configuration (the hints' counters: hints are obeyed), so entries
     /// it stored are answered: one load on a first-tier hit instead of the configuration's.
     chooses: AtomicBool,
+    /// Its entries may answer inside a transaction block (the rule's `transactions`).
+    in_blocks: AtomicBool,
 }
 
 /// One stored result.
@@ -382,6 +384,8 @@ impl ResultCache {
         for (i, r) in rules.iter().enumerate() {
             let hints = i + 1 == rules.len();
             r.chooses.store(!hints || config.hints, Relaxed);
+            let in_blocks = config.rules.get(i).is_none_or(|rule| rule.transactions);
+            r.in_blocks.store(in_blocks, Relaxed);
         }
         self.rules.store(Arc::new(rules));
         self.store.set_capacity(config.max_memory as u64);
@@ -494,9 +498,15 @@ impl ResultCache {
 
     /// The first tier: the entry stored for exactly this text in the client's context, if
     /// it is still valid and its rule (or hints) still chooses it. The caller has checked
-    /// that the client may be answered from the cache now (idle, context current, caching
-    /// not off, the WAL caught up).
-    pub fn raw_hit(&self, client: &mut ClientCache, sql: &[u8]) -> Option<Arc<Entry>> {
+    /// that the client may be answered from the cache now (idle, or `in_block`: in a READ
+    /// COMMITTED block that has run nothing on a server; context current, caching not off,
+    /// the WAL caught up).
+    pub fn raw_hit(
+        &self,
+        client: &mut ClientCache,
+        sql: &[u8],
+        in_block: bool,
+    ) -> Option<Arc<Entry>> {
         client.raw_key_valid = false;
         if client.off || client.temp || client.nonstandard_strings || client.context_of.is_none() {
             return None;
@@ -515,7 +525,7 @@ impl ResultCache {
         if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
             return None;
         }
-        if !entry.rule.chooses.load(Relaxed) {
+        if !entry.rule.chooses.load(Relaxed) || (in_block && !entry.rule.in_blocks.load(Relaxed)) {
             return None;
         }
         client.first_tier_misses = FirstTierMisses::default();
@@ -756,7 +766,7 @@ impl ResultCache {
             Ok(slots) => slots,
             Err(why) => return bypass(*why),
         };
-        if in_block && self.block_wrote(at.database, &client.pending, slots) {
+        if in_block && self.block_wrote(at.database, &client.pending, query.analysis, slots) {
             return bypass(Bypass::WrittenInTransaction);
         }
         let key = KeyRef::new(&client.key);
@@ -1036,9 +1046,16 @@ impl ResultCache {
 
     /// Whether the statements of the client's open block (`pending`) may have written
     /// anything a result read through `slots` depends on: then the block reads its own
-    /// writes there, which are nobody else's.
-    fn block_wrote(&self, database: &str, pending: &[Arc<Analysis>], slots: &[u32]) -> bool {
-        if pending.is_empty() {
+    /// writes there, which are nobody else's. `own`: the analysis of the read looked up,
+    /// whose functions its plan found harmless (it writes nothing, wherever it ran before).
+    fn block_wrote(
+        &self,
+        database: &str,
+        pending: &[Arc<Analysis>],
+        own: &Arc<Analysis>,
+        slots: &[u32],
+    ) -> bool {
+        if pending.iter().all(|p| Arc::ptr_eq(p, own)) {
             return false;
         }
         let mut wrote = false;
@@ -1700,15 +1717,17 @@ mod tests {
     fn the_first_tier_learns_the_text_it_was_asked_for() {
         let (cache, mut client) = cache_and_client();
         let (one, two) = (entry(), entry());
-        assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
+        assert!(cache.raw_hit(&mut client, b"SELECT 1", false).is_none());
         cache.remember_raw(&mut client, &one);
-        let hit = cache.raw_hit(&mut client, b"SELECT 1").expect("learnt");
+        let hit = cache
+            .raw_hit(&mut client, b"SELECT 1", false)
+            .expect("learnt");
         assert!(Arc::ptr_eq(&hit, &one));
         // A later message that did not ask the first tier teaches it nothing.
         client.forget_message();
         cache.remember_raw(&mut client, &two);
         let hit = cache
-            .raw_hit(&mut client, b"SELECT 1")
+            .raw_hit(&mut client, b"SELECT 1", false)
             .expect("still known");
         assert!(Arc::ptr_eq(&hit, &one));
         // Another context does not see it.
@@ -1720,7 +1739,7 @@ mod tests {
             [Some("other role"), None, None],
             &["other role"],
         );
-        assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
+        assert!(cache.raw_hit(&mut client, b"SELECT 1", false).is_none());
     }
 
     /// After a streak of first-tier misses a client probes one text in `EVERY`, and still
@@ -1731,19 +1750,19 @@ mod tests {
         let (streak, every) = (FirstTierMisses::STREAK, FirstTierMisses::EVERY);
         for i in 0..streak {
             assert!(cache
-                .raw_hit(&mut client, format!("SELECT {i}").as_bytes())
+                .raw_hit(&mut client, format!("SELECT {i}").as_bytes(), false)
                 .is_none());
         }
         let one = entry();
-        assert!(cache.raw_hit(&mut client, b"SELECT 1").is_none());
+        assert!(cache.raw_hit(&mut client, b"SELECT 1", false).is_none());
         cache.remember_raw(&mut client, &one);
         let unprobed = (0..every)
-            .take_while(|_| cache.raw_hit(&mut client, b"SELECT 1").is_none())
+            .take_while(|_| cache.raw_hit(&mut client, b"SELECT 1", false).is_none())
             .count();
         assert_eq!(unprobed, usize::from(every) - 2, "learnt while not probed");
         for _ in 0..2 * streak {
             let hit = cache
-                .raw_hit(&mut client, b"SELECT 1")
+                .raw_hit(&mut client, b"SELECT 1", false)
                 .expect("probed again");
             assert!(Arc::ptr_eq(&hit, &one));
         }
@@ -1806,7 +1825,7 @@ mod tests {
     fn the_first_tier_does_not_learn_a_key_it_did_not_keep() {
         let (cache, mut client) = cache_and_client();
         let long = vec![b'x'; super::MAX_KEPT_BUFFER + 1];
-        assert!(cache.raw_hit(&mut client, &long).is_none());
+        assert!(cache.raw_hit(&mut client, &long, false).is_none());
         cache.remember_raw(&mut client, &entry());
         assert_eq!(cache.raw.len(), 0);
     }

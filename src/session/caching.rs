@@ -103,7 +103,8 @@ impl Session {
                     return Ok(false);
                 };
                 if let Some(entry) = self.raw_hit(text_len) {
-                    self.answer_hit(len, &[], &entry, b'I');
+                    let status = self.status_without_server();
+                    self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
                 let client = self
@@ -114,21 +115,31 @@ impl Session {
                 let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
                     return Ok(false);
                 };
-                if self.cache_busy() {
-                    return Err(Box::pin(async move {
-                        self.cached_query(len, text_len, &shape, None).await
-                    }));
-                }
-                // Idle: the first-tier lookup just brought the context up to date.
-                match self.lookup_query(text_len, &shape, Transaction::Idle, true) {
+                // With no server held (idle, or a block kept without one), the first-tier
+                // lookup just brought the context up to date. Else the transaction says
+                // whether the cache may answer (a block) or not (busy).
+                let first_tier = !self.cache_busy();
+                let idle = first_tier && !self.keeps_block();
+                let transaction = if idle {
+                    Transaction::Idle
+                } else {
+                    if !first_tier {
+                        self.cache_context();
+                    }
+                    self.transaction()
+                };
+                match self.lookup_query(text_len, &shape, transaction, true) {
                     Lookup::Pass | Lookup::Miss => Ok(false),
                     Lookup::Hit(entry) => {
-                        self.remember_raw(&entry);
-                        self.answer_hit(len, &[], &entry, b'I');
+                        if first_tier {
+                            self.remember_raw(&entry);
+                        }
+                        let status = self.client_status();
+                        self.answer_hit(len, &[], &entry, status);
                         Ok(true)
                     }
                     step => Err(Box::pin(async move {
-                        self.cached_query(len, text_len, &shape, Some(step)).await
+                        self.cached_query(len, text_len, &shape, step, idle).await
                     })),
                 }
             }
@@ -227,10 +238,13 @@ impl Session {
         if self.wal_behind() {
             return None;
         }
+        let in_block = self.keeps_block();
         let client = self.cache.as_deref_mut()?;
-        self.app
-            .cache
-            .raw_hit(client, fe::query_text_of(&self.client.rbuf, text_len))
+        self.app.cache.raw_hit(
+            client,
+            fe::query_text_of(&self.client.rbuf, text_len),
+            in_block,
+        )
     }
 
     /// After a second-tier hit on the Query at hand: its exact text answers from the first
@@ -253,10 +267,7 @@ impl Session {
     fn cache_busy(&self) -> bool {
         // An extended batch whose first messages pgmemo answered itself is still open.
         self.replies.in_batch()
-            || self
-                .cache
-                .as_ref()
-                .is_some_and(|c| c.fill.is_some() || c.deferred_begin.is_some())
+            || self.cache.as_ref().is_some_and(|c| c.fill.is_some())
             || !self.replies.is_empty()
             || self
                 .server
@@ -402,7 +413,7 @@ impl Session {
     /// The client's transaction, when an extended batch may be answered in it: idle, or a
     /// block (see [`Session::transaction`]).
     fn batch_transaction(&self) -> Option<Transaction> {
-        if !self.cache_busy() {
+        if !self.cache_busy() && !self.keeps_block() {
             return Some(Transaction::Idle);
         }
         match self.transaction() {
@@ -455,21 +466,18 @@ impl Session {
     }
 
     /// Answers a Query from the cache when it holds its result; otherwise leaves the query to
-    /// run (filling the cache if it is a miss the cache wants). `first`: an idle lookup's
-    /// wait or catalog read, to do before looking up again; None: the client is in a
-    /// transaction block or has work in flight.
+    /// run (filling the cache if it is a miss the cache wants). `first`: a first lookup's
+    /// wait or catalog read, to do before looking up again; `idle`: the client is idle (else
+    /// in a transaction block or with work in flight).
     async fn cached_query(
         &mut self,
         len: usize,
         text_len: usize,
         shape: &std::sync::Arc<crate::cache::Shape>,
-        first: Option<Lookup>,
+        first: Lookup,
+        idle: bool,
     ) -> Result<bool, End> {
-        let idle = first.is_some();
-        if !idle {
-            self.cache_context();
-        }
-        let mut step = first;
+        let mut step = Some(first);
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
@@ -486,7 +494,7 @@ impl Session {
             match self.lookup_query(text_len, shape, transaction, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
-                    if idle {
+                    if idle || self.keeps_block() {
                         self.remember_raw(&entry);
                     }
                     let status = self.client_status();
