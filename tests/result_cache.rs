@@ -1291,6 +1291,35 @@ async fn a_block_of_hits_takes_no_server() {
     }
 }
 
+/// A rule's `query` written as an operator writes it, with literals and its own spacing,
+/// chooses the queries it spells out: normalized as client text is when the rules are taken.
+#[tokio::test]
+async fn a_rule_written_with_literals_matches_its_queries() {
+    const DB: &str = "cache_rule_text";
+    setup(
+        DB,
+        "CREATE TABLE lit (id int, v int); INSERT INTO lit VALUES (1, 10), (2, 20);",
+    )
+    .await;
+    let mut spelled = rule("spelled", "");
+    spelled.query_contains = None;
+    spelled.query = Some("SELECT v  FROM lit\n WHERE id=7 /* the report */".into());
+    let proxy = start_pgmemo(cache_config(PoolMode::Transaction, 2, vec![spelled])).await;
+    let mut c = raw_proxy(&proxy, DB).await;
+    for (sql, hits) in [
+        ("SELECT v FROM lit WHERE id = 1", 0),
+        ("SELECT v FROM lit WHERE id = 1", 1),
+        ("SELECT v FROM lit WHERE id = 2", 1),
+        ("SELECT v FROM lit WHERE id = 2", 2),
+        // Another query is not chosen.
+        ("SELECT v FROM lit WHERE id = 1 AND v = 10", 2),
+        ("SELECT v FROM lit WHERE id = 1 AND v = 10", 2),
+    ] {
+        run(&mut c, sql).await;
+        assert_eq!(stats(&proxy, "spelled").0, hits, "{sql}");
+    }
+}
+
 /// Replies with the table OIDs of RowDescriptions zeroed: twin databases' tables differ only
 /// there.
 fn without_table_oids(mut replies: Vec<(u8, Vec<u8>)>) -> Vec<(u8, Vec<u8>)> {

@@ -398,7 +398,13 @@ impl ResultCache {
             config.invalidation == crate::config::cache::Invalidation::Wal,
             Relaxed,
         );
-        self.config.store(Arc::new(config.clone()));
+        let mut config = config.clone();
+        for rule in &mut config.rules {
+            if let Some(text) = rule.query.as_deref().and_then(normalized_rule_text) {
+                rule.query = Some(text);
+            }
+        }
+        self.config.store(Arc::new(config));
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::Release);
     }
@@ -1119,6 +1125,15 @@ impl ResultCache {
             Reach::Tables
         }
     }
+}
+
+/// A rule's `query` written with literals, normalized as the lexer normalizes client text
+/// (literals as `$n`, comments dropped), so that it matches the queries it spells out. None:
+/// the lexer does not read it (a text already normalized, with `$n`, is kept as written).
+fn normalized_rule_text(query: &str) -> Option<String> {
+    let mut lexed = crate::query::lexer::Lexed::default();
+    crate::query::lexer::generalize(query.as_bytes(), &mut lexed).ok()?;
+    String::from_utf8(lexed.text).ok()
 }
 
 /// Whether a query chosen by `rule` is looked up in a transaction block (`Ok(true)`), outside

@@ -107,7 +107,9 @@ pub struct Rule {
     pub database: Option<String>,
     pub user: Option<String>,
     /// The normalized text (literals as `$n`, comments dropped, as SHOW AUTOPREPARE and
-    /// SHOW CACHE SHAPES print it), exactly.
+    /// SHOW CACHE SHAPES print it). Written with literals, it is normalized as client text is
+    /// when the cache takes the rules (`ResultCache::reconfigure`); spacing does not count
+    /// ([`same_text`]).
     pub query: Option<String>,
     /// The normalized text's hash, as SHOW AUTOPREPARE / SHOW CACHE SHAPES print it (hex).
     pub query_hash: Option<u64>,
@@ -128,7 +130,7 @@ impl Rule {
     pub fn matches(&self, database: &str, user: &str, text: &str, hash: u64) -> bool {
         self.database.as_deref().is_none_or(|d| d == database)
             && self.user.as_deref().is_none_or(|u| u == user)
-            && self.query.as_deref().is_none_or(|q| q == text)
+            && self.query.as_deref().is_none_or(|q| same_text(q, text))
             && self.query_hash.is_none_or(|h| h == hash)
             && self
                 .query_contains
@@ -203,17 +205,49 @@ impl RawRule {
     }
 }
 
-/// A query hash as SHOW AUTOPREPARE prints it: hexadecimal, with or without `0x`.
+/// Whether two query texts are the same but for their spacing: whitespace counts only as
+/// one space between two word characters (`id = $1` is `id=$1`, `SELECT  a` is `SELECT a`,
+/// `SELECT ab` is not `SELECT a b`). Quotes are not followed: spacing inside a string literal
+/// a rule spells out does not count either (a rule chooses what is cached; the key is exact).
+pub fn same_text(a: &str, b: &str) -> bool {
+    canonical(a.as_bytes()).eq(canonical(b.as_bytes()))
+}
+
+/// The bytes of `text` as [`same_text`] compares them.
+fn canonical(text: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    let (mut prev, mut gap) = (None::<u8>, false);
+    text.iter()
+        .flat_map(move |&b| {
+            if b.is_ascii_whitespace() {
+                gap = true;
+                return [None, None];
+            }
+            let space = gap && prev.is_some_and(word) && word(b);
+            (prev, gap) = (Some(b), false);
+            [space.then_some(b' '), Some(b)]
+        })
+        .flatten()
+}
+
+/// A query hash as SHOW AUTOPREPARE prints it: 16 hexadecimal digits, with or without `0x`
+/// (a hash of another length names no query: an error, not a rule that never matches).
 struct Hex;
 
 impl Form<u64> for Hex {
     type Raw = String;
     fn read(h: String, _: &Context<'_>) -> Result<u64, String> {
-        u64::from_str_radix(h.trim_start_matches("0x"), 16)
-            .map_err(|_| "must be a hexadecimal hash".into())
+        let digits = h.trim_start_matches("0x");
+        if digits.len() != 16 {
+            return Err(format!(
+                "must be the 16 hexadecimal digits SHOW AUTOPREPARE prints (got {})",
+                digits.len()
+            ));
+        }
+        u64::from_str_radix(digits, 16).map_err(|_| "must be a hexadecimal hash".into())
     }
     fn show(value: &u64) -> String {
-        format!("{value:x}")
+        format!("{value:016x}")
     }
 }
 
@@ -270,7 +304,7 @@ mod tests {
         let c = crate::config::Config::from_toml_str(
             "[upstream]\nurl = \"postgresql://u:p@h\"\n[cache]\nenabled = true\nmax_memory_mb = 2\n\
              [[cache.rules]]\nquery_contains = \"FROM t\"\nttl = \"5s\"\n\
-             [[cache.rules]]\nname = \"h\"\nquery_hash = \"00ff\"\nttl = 2.5\ncache_empty = false\n",
+             [[cache.rules]]\nname = \"h\"\nquery_hash = \"00000000000000ff\"\nttl = 2.5\ncache_empty = false\n",
         )
         .unwrap();
         assert!(c.cache.enabled);

@@ -744,6 +744,16 @@ fn cache_errors_name_their_key() {
         ),
         (
             "[[cache.rules]]\nquery_hash = \"xyz\"",
+            "cache.rules[0].query_hash: must be the 16 hexadecimal digits SHOW AUTOPREPARE \
+             prints (got 3)",
+        ),
+        (
+            "[[cache.rules]]\nquery_hash = \"0x6f1c0a1e2b3d4c5\"",
+            "cache.rules[0].query_hash: must be the 16 hexadecimal digits SHOW AUTOPREPARE \
+             prints (got 15)",
+        ),
+        (
+            "[[cache.rules]]\nquery_hash = \"6f1c0a1e2b3d4c5g\"",
             "cache.rules[0].query_hash: must be a hexadecimal hash",
         ),
         (
@@ -767,4 +777,33 @@ fn cache_errors_name_their_key() {
     assert_eq!(c.cache.admit_after, 1);
     assert_eq!(c.cache.rules[0].ttl, c.cache.default_ttl);
     assert_eq!(c.cache.rules[0].max_result_bytes, c.cache.max_result_bytes);
+}
+
+/// A rule's `query` matches whatever the spacing: whitespace counts as one space between word
+/// characters only.
+#[test]
+fn rule_texts_match_whatever_their_spacing() {
+    use super::cache::same_text;
+    for (a, b) in [
+        (
+            "SELECT v FROM kv WHERE id = $1",
+            "SELECT v FROM kv WHERE id=$1",
+        ),
+        ("select  v\n\tfrom kv", " select v from kv "),
+        ("SELECT a, b FROM t", "SELECT a ,b FROM t"),
+    ] {
+        assert!(same_text(a, b), "{a} / {b}");
+    }
+    for (a, b) in [
+        ("SELECT ab FROM t", "SELECT a b FROM t"),
+        ("SELECT v FROM kv", "SELECT v FROM kv2"),
+        ("SELECT $1", "SELECT $ 1"),
+    ] {
+        assert!(!same_text(a, b), "{a} / {b}");
+    }
+    let c = Config::from_toml_str(&with_upstream(
+        "[[cache.rules]]\nquery = \"SELECT 1\"\nquery_hash = \"0x00000000000000ff\"",
+    ))
+    .unwrap();
+    assert_eq!(c.cache.rules[0].query_hash, Some(255));
 }
