@@ -160,6 +160,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         }
         ["show", "prepared_statements"] => Ok(Reply::Table(show_prepared_statements(app))),
         ["show", "autoprepare"] => Ok(Reply::Table(show_autoprepare(app))),
+        ["show", "queries"] => Ok(Reply::Table(show_queries(app))),
         ["show", "autoprepare_reasons"] => Ok(Reply::Table(show_autoprepare_reasons(app))),
         ["show", "cache"] => Ok(Reply::Table(show_cache(app))),
         ["show", "cache", "entries"] | ["show", "cache_entries"] => {
@@ -192,7 +193,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "SHOW DATABASES|USERS|LISTS|STATE",
-                "SHOW AUTOPREPARE|AUTOPREPARE_REASONS",
+                "SHOW AUTOPREPARE|AUTOPREPARE_REASONS|QUERIES",
                 "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
                 "RELOAD",
@@ -732,6 +733,126 @@ pub fn show_autoprepare(app: &App) -> Table {
             "prepared_executions",
             "passed_through",
             "never_because",
+        ],
+        rows,
+    }
+}
+
+/// One row of SHOW QUERIES: a shape and its figures.
+pub struct QueryFigures {
+    pub shape: Arc<crate::query::shapes::Shape>,
+    pub calls: u64,
+    /// Estimated time on the server (the mean measured times the calls that ran there).
+    pub total_us: f64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// The simple queries' shapes by their estimated total time on the server, most first (then
+/// by calls): what is worth caching.
+pub fn query_figures(app: &App) -> Vec<QueryFigures> {
+    let mut rows: Vec<QueryFigures> = app
+        .shapes
+        .iter()
+        .map(|shape| {
+            let s = &shape.stats;
+            let (hits, misses) = s.cache.get().map_or((0, 0), |c| {
+                (c.hits.get() + c.raw_hits.get(), c.misses.get())
+            });
+            QueryFigures {
+                calls: s.all_calls(),
+                total_us: s.total_us(),
+                hits,
+                misses,
+                shape,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.total_us
+            .total_cmp(&a.total_us)
+            .then(b.calls.cmp(&a.calls))
+    });
+    rows
+}
+
+/// Per query shape: how often it runs and how long the server takes (SHOW STATS' figures for
+/// one query), the tables it reads, whether the result cache may keep it and why not, what
+/// chose it, the cache's hits and misses, and autoprepare's use of it. `query_hash` is what
+/// SHOW AUTOPREPARE prints and a rule's `query_hash` matches.
+pub fn show_queries(app: &App) -> Table {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rules = app.cache.rule_stats();
+    let reasons = crate::query::analysis::BYPASS_REASONS;
+    let rows = query_figures(app)
+        .into_iter()
+        .map(|q| {
+            let s = &q.shape;
+            let analysis = s.analysis();
+            let tables = analysis.and_then(|a| a.read.as_ref().ok()).map(|r| {
+                let names: Vec<String> = r
+                    .relations
+                    .iter()
+                    .map(|t| match &t.schema {
+                        Some(schema) => format!("{schema}.{}", t.name),
+                        None => t.name.to_string(),
+                    })
+                    .collect();
+                names.join(",")
+            });
+            let cacheable = analysis.map(|a| match &a.read {
+                Ok(_) => "yes".to_string(),
+                Err(why) => why.as_str().to_string(),
+            });
+            let chosen = match s.stats.chosen.load(Relaxed) {
+                0 => None,
+                n => rules.get(n as usize - 1).map(|r| r.name.clone()),
+            };
+            let bypass = match s.stats.bypass.load(Relaxed) {
+                0 => None,
+                n => reasons.get(n as usize - 1).map(|r| r.as_str().to_string()),
+            };
+            let ratio = if q.hits + q.misses == 0 {
+                None
+            } else {
+                Some(format!("{:.3}", q.hits as f64 / (q.hits + q.misses) as f64))
+            };
+            vec![
+                text(format!("{:016x}", s.hash)),
+                text(s.text()),
+                text(q.calls),
+                text(format!("{:.3}", q.total_us / 1000.0)),
+                s.stats.mean_us().map(|m| format!("{m:.1}")),
+                text(s.stats.timed.load(Relaxed)),
+                tables,
+                cacheable,
+                chosen,
+                bypass,
+                text(q.hits),
+                text(q.misses),
+                ratio,
+                text(s.executions.load(Relaxed)),
+                crate::autoprepare::never(s).map(|p| p.as_str().to_string()),
+            ]
+        })
+        .collect();
+    Table {
+        columns: vec![
+            "query_hash",
+            "query",
+            "calls",
+            "total_server_ms",
+            "mean_server_us",
+            "timed",
+            "tables",
+            "cacheable",
+            "chosen_by",
+            "last_bypass",
+            "cache_hits",
+            "cache_misses",
+            "hit_ratio",
+            "autoprepared",
+            "autoprepare_never",
         ],
         rows,
     }

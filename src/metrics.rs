@@ -87,6 +87,7 @@ pub fn render(app: &App) -> String {
     autoprepare_metrics(app, &mut out);
     pin_metrics(app, &pools, &mut out);
     cache_metrics(app, &mut out);
+    query_metrics(app, &mut out);
     let _ = writeln!(
         out,
         "# HELP pgmemo_uptime_seconds Seconds since start.\n# TYPE pgmemo_uptime_seconds gauge\npgmemo_uptime_seconds {}",
@@ -305,6 +306,56 @@ fn autoprepare_metrics(app: &App, out: &mut String) {
         app.autoprepare.never_count()
     );
 }
+
+/// SHOW QUERIES' first [`TOP_QUERIES`] rows (by estimated server time), labelled by
+/// `query_hash` (the text stays in SHOW QUERIES: a label must stay short).
+fn query_metrics(app: &App, out: &mut String) {
+    let top: Vec<_> = crate::admin::query_figures(app)
+        .into_iter()
+        .take(TOP_QUERIES)
+        .collect();
+    type Get = fn(&crate::admin::QueryFigures) -> String;
+    let series: [(&str, &str, &str, Get); 4] = [
+        (
+            "pgmemo_query_calls_total",
+            "counter",
+            "Simple queries of the shape (SHOW QUERIES, top by server time).",
+            |q| q.calls.to_string(),
+        ),
+        (
+            "pgmemo_query_server_seconds_total",
+            "counter",
+            "Estimated time on the server of the shape's queries (measured mean x calls).",
+            |q| format!("{:.6}", q.total_us / 1e6),
+        ),
+        (
+            "pgmemo_query_cache_hits_total",
+            "counter",
+            "The shape's queries answered from the result cache.",
+            |q| q.hits.to_string(),
+        ),
+        (
+            "pgmemo_query_cache_misses_total",
+            "counter",
+            "The shape's queries run to fill the result cache.",
+            |q| q.misses.to_string(),
+        ),
+    ];
+    for (name, kind, help, get) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for q in &top {
+            let _ = writeln!(
+                out,
+                "{name}{{query_hash=\"{:016x}\"}} {}",
+                q.shape.hash,
+                get(q)
+            );
+        }
+    }
+}
+
+/// Queries exported by [`query_metrics`].
+const TOP_QUERIES: usize = 20;
 
 /// Session-state pins: by reason, pinned clients, pinned servers.
 fn pin_metrics(app: &App, pools: &Pools, out: &mut String) {

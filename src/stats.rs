@@ -45,37 +45,8 @@ impl DurationHistogram {
     }
 }
 
-/// A counter that several workers add to at once, each into a cache line of its own (a line
-/// written by two cores travels between them on every write: see workers.rs); summed when
-/// read.
-#[derive(Default, Debug)]
-pub struct StripedCounter([Stripe; STRIPES]);
-
-/// One worker's part of a [`StripedCounter`], alone in its cache line (and the next one,
-/// which x86's adjacent-line prefetch pairs with it).
-#[derive(Default, Debug)]
-#[repr(align(128))]
-struct Stripe(AtomicU64);
-
-/// Workers beyond this many share stripes (of a [`StripedCounter`] or [`PoolStats`]).
-const STRIPES: usize = 4;
-
-/// The stripe the current worker adds to.
-#[inline]
-fn this_stripe() -> usize {
-    crate::workers::current() as usize % STRIPES
-}
-
-impl StripedCounter {
-    #[inline]
-    pub fn add(&self, n: u64) {
-        self.0[this_stripe()].0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
-    }
-}
+pub use crate::workers::StripedCounter;
+use crate::workers::{this_stripe, STRIPES};
 
 /// A pool's counters, one [`PoolStripe`] per worker (see workers.rs): every transaction adds
 /// to them, and a cache line that two cores write travels between them on every write.
@@ -379,7 +350,7 @@ mod tests {
         c.add(5);
         assert_eq!(c.get(), 3005);
         assert_eq!(
-            std::mem::align_of::<Stripe>(),
+            std::mem::align_of::<StripedCounter>(),
             128,
             "a stripe per cache-line pair"
         );

@@ -14,7 +14,7 @@
 //! (`pool::PoolState::next_waiter`), so a transaction rarely wakes another thread. What the
 //! workers share (pools, statement registry, result cache, statistics) was already safe to
 //! share: locks held for a few instructions, or lock-free; the counters every transaction or
-//! hit writes have a part per worker (`stats::PoolStats`, `stats::StripedCounter`).
+//! hit writes have a part per worker (`stats::PoolStats`, [`StripedCounter`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -176,4 +176,41 @@ fn incoming_cpu(tcp: &tokio::net::TcpStream) -> Option<usize> {
         )
     };
     (r == 0 && cpu >= 0).then_some(cpu as usize)
+}
+
+/// A counter that several workers add to at once, each into a cache line of its own (a line
+/// written by two cores travels between them on every write: see workers.rs); summed when
+/// read.
+#[derive(Default, Debug)]
+pub struct StripedCounter([Stripe; STRIPES]);
+
+/// One worker's part of a [`StripedCounter`], alone in its cache line (and the next one,
+/// which x86's adjacent-line prefetch pairs with it).
+#[derive(Default, Debug)]
+#[repr(align(128))]
+struct Stripe(std::sync::atomic::AtomicU64);
+
+/// Workers beyond this many share stripes (of a [`StripedCounter`] or [`PoolStats`]).
+pub const STRIPES: usize = 4;
+
+/// The stripe the current worker adds to.
+#[inline]
+pub fn this_stripe() -> usize {
+    current() as usize % STRIPES
+}
+
+impl StripedCounter {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0[this_stripe()]
+            .0
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
 }

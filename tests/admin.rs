@@ -1594,3 +1594,98 @@ async fn log_lines_are_plain_off_a_terminal_or_json() {
         child.kill().await.unwrap();
     }
 }
+
+/// SHOW QUERIES says which queries are worth caching: per shape, its calls and time on the
+/// server (the slowest first), the tables it reads, whether the cache may keep it and why
+/// not, what chose it, the cache's hits and misses; the Prometheus endpoint exports the same
+/// figures by `query_hash`, the hash SHOW AUTOPREPARE prints.
+#[tokio::test]
+async fn show_queries_says_what_is_worth_caching() {
+    const DB: &str = "admin_queries";
+    fresh_db(DB).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB,
+            "CREATE TABLE q_kv (id int PRIMARY KEY, v int); INSERT INTO q_kv VALUES (1, 1), (2, 2);",
+        )
+    })
+    .await
+    .unwrap();
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.metrics_listen = Some("127.0.0.1:0".into());
+    cfg.cache.enabled = true;
+    cfg.cache.admit_after = 1;
+    cfg.cache.rules = vec![cache_rule("kv", "FROM q_kv")];
+    let proxy = start_pgmemo(cfg).await;
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    let slow = "SELECT pg_sleep(0.02), v FROM q_kv WHERE id = 1";
+    for sql in [slow, slow] {
+        client.simple_query(sql).await.unwrap();
+    }
+    for i in 0..10 {
+        let sql = format!("SELECT v FROM q_kv WHERE id = {}", 1 + i % 2);
+        client.simple_query(&sql).await.unwrap();
+    }
+    client
+        .simple_query("UPDATE q_kv SET v = v WHERE id = 3")
+        .await
+        .unwrap();
+    let admin = admin_client(&proxy).await;
+    let (columns, rows) = show(&admin, "SHOW QUERIES").await;
+    assert_columns(
+        &columns,
+        &[
+            "query_hash",
+            "query",
+            "calls",
+            "total_server_ms",
+            "mean_server_us",
+            "tables",
+            "cacheable",
+            "chosen_by",
+            "last_bypass",
+            "cache_hits",
+            "cache_misses",
+            "hit_ratio",
+            "autoprepared",
+            "autoprepare_never",
+        ],
+        "SHOW QUERIES",
+    );
+    let find = |text: &str| {
+        rows.iter()
+            .find(|r| val(r, "query") == text)
+            .unwrap_or_else(|| panic!("no row for {text} in {rows:?}"))
+            .clone()
+    };
+    // The slow one first: measured on the server (the client's first query is timed).
+    let first = &rows[0];
+    assert_eq!(
+        val(first, "query"),
+        "SELECT pg_sleep($1), v FROM q_kv WHERE id = $2"
+    );
+    assert_eq!(num(first, "calls"), 2);
+    let mean: f64 = val(first, "mean_server_us").parse().unwrap();
+    assert!(mean >= 20_000.0, "mean {mean}");
+    assert_eq!(val(first, "chosen_by"), "kv");
+    assert_eq!(val(first, "last_bypass"), "time or session function");
+    let kv = find("SELECT v FROM q_kv WHERE id = $1");
+    assert_eq!(num(&kv, "calls"), 10);
+    assert_eq!(val(&kv, "tables"), "q_kv");
+    assert_eq!(val(&kv, "cacheable"), "yes");
+    assert_eq!(val(&kv, "chosen_by"), "kv");
+    assert_eq!((num(&kv, "cache_hits"), num(&kv, "cache_misses")), (8, 2));
+    assert_eq!(val(&kv, "hit_ratio"), "0.800");
+    let update = find("UPDATE q_kv SET v = v WHERE id = $1");
+    assert_ne!(val(&update, "cacheable"), "yes");
+    // The hash is SHOW AUTOPREPARE's, and the endpoint's label.
+    let (_, shapes) = show(&admin, "SHOW AUTOPREPARE").await;
+    let hash = val(&kv, "query_hash").to_owned();
+    assert!(shapes
+        .iter()
+        .any(|s| val(s, "hash") == hash && val(s, "query") == val(&kv, "query")));
+    let (_, body) = http_get(proxy.metrics_addr().unwrap(), "/metrics").await;
+    let labels = format!("query_hash=\"{hash}\"");
+    assert_eq!(sample(&body, "pgmemo_query_calls_total", &labels), 10.0);
+    assert_eq!(sample(&body, "pgmemo_query_cache_hits_total", &labels), 8.0);
+}

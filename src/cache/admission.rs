@@ -150,6 +150,7 @@ mod tests {
             tables: Arc::new([]),
             database: "db".into(),
             hits: Default::default(),
+            shape: None,
         })
     }
 

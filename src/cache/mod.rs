@@ -27,7 +27,7 @@ use crate::protocol::backend as be;
 use crate::query::analysis::{self, Analysis, Bypass, Flush, BYPASS_REASONS};
 use crate::query::hint;
 use crate::query::lexer::{self, Lexed};
-use crate::query::shapes::Shapes;
+use crate::query::shapes::{ShapeStats, Shapes};
 use crate::query::Reader;
 use admission::Admission;
 use arc_swap::ArcSwap;
@@ -78,6 +78,9 @@ pub struct Entry {
     pub tables: Arc<[Box<str>]>,
     pub database: Arc<str>,
     pub hits: AtomicU64,
+    /// The simple query's shape (None: a statement's), whose figures a first-tier hit adds
+    /// to.
+    pub shape: Option<Arc<Shape>>,
 }
 
 #[derive(Clone)]
@@ -493,6 +496,7 @@ impl ResultCache {
             }
             Err(_) if sql.len() <= MAX_ANALYZED_TEXT => {
                 let shape = self.shapes.raw(sql);
+                shape.stats.calls.fetch_add(1, Relaxed);
                 shape.derived(sql, &[]);
                 shape
             }
@@ -537,6 +541,9 @@ impl ResultCache {
         client.first_tier_misses = FirstTierMisses::default();
         entry.hits.fetch_add(1, Relaxed);
         entry.rule.hits.add(1);
+        if let Some(shape) = &entry.shape {
+            shape.stats.cache_figures().raw_hits.add(1);
+        }
         Some(entry)
     }
 
@@ -629,6 +636,7 @@ impl ResultCache {
                 hash: lexed.shape,
                 analysis,
                 extended: false,
+                shape: Some(shape),
             },
             may_wait,
         )
@@ -664,6 +672,7 @@ impl ResultCache {
                 hash,
                 analysis,
                 extended: true,
+                shape: None,
             },
             may_wait,
         )
@@ -678,7 +687,7 @@ impl ResultCache {
         hint: Option<hint::Hint>,
         at: &Where<'_>,
         query: &Candidate<'_>,
-    ) -> Option<(Chosen, &'r Arc<RuleStats>)> {
+    ) -> Option<(Chosen, usize, &'r Arc<RuleStats>)> {
         match hint {
             Some(hint::Hint::NoCache) => {
                 self.count(Bypass::Hint);
@@ -691,6 +700,7 @@ impl ResultCache {
                     max_result_bytes: cfg.max_result_bytes,
                     transactions: true,
                 },
+                rules.len().checked_sub(1)?,
                 rules.last()?,
             )),
             None => {
@@ -708,6 +718,7 @@ impl ResultCache {
                         max_result_bytes: r.max_result_bytes,
                         transactions: r.transactions,
                     },
+                    i,
                     rules.get(i)?,
                 ))
             }
@@ -735,12 +746,19 @@ impl ResultCache {
         } else {
             None
         };
-        let Some((rule, stats)) = self.choose(cfg, rules, hint, at, &query) else {
+        let Some((rule, place, stats)) = self.choose(cfg, rules, hint, at, &query) else {
             return Lookup::Pass;
         };
+        let figures = query.shape.map(|s| &s.stats);
+        if let Some(f) = figures {
+            ShapeStats::note(&f.chosen, (place + 1).min(u16::MAX as usize) as u16);
+        }
         let bypass = |why: Bypass| {
             self.count(why);
             stats.bypasses.add(1);
+            if let Some(f) = figures {
+                ShapeStats::note(&f.bypass, (why.index() + 1) as u8);
+            }
             Lookup::Pass
         };
         if client.off {
@@ -788,6 +806,10 @@ impl ResultCache {
                 }
                 entry.hits.fetch_add(1, Relaxed);
                 stats.hits.add(1);
+                if let Some(f) = figures {
+                    ShapeStats::note(&f.bypass, 0);
+                    f.cache_figures().hits.add(1);
+                }
                 return Lookup::Hit(entry);
             }
             if self.store.remove(&key).is_some() {
@@ -806,6 +828,10 @@ impl ResultCache {
             };
         }
         stats.misses.add(1);
+        if let Some(f) = figures {
+            ShapeStats::note(&f.bypass, 0);
+            f.cache_figures().misses.add(1);
+        }
         let admit_after = cfg.admit_after;
         self.start_fill(
             client,
@@ -820,6 +846,7 @@ impl ResultCache {
                 plan,
                 extended: query.extended,
                 in_block,
+                shape: query.shape.cloned(),
             },
         );
         Lookup::Miss
@@ -868,6 +895,7 @@ impl ResultCache {
             plan,
             extended,
             in_block,
+            shape,
         } = miss;
         let admitted = admit_after <= 1 || self.admission.admits(key_hash, &self.store);
         // The key goes into the buffer of the client's last fill: copied out only if stored.
@@ -900,6 +928,7 @@ impl ResultCache {
             spoiled: None,
             extended,
             in_block,
+            shape,
         });
     }
 
@@ -1000,6 +1029,7 @@ impl ResultCache {
                     tables: fill.plan.tables.clone(),
                     database: fill.database.clone(),
                     hits: AtomicU64::new(0),
+                    shape: fill.shape.clone(),
                 };
                 fill.stats.stores.fetch_add(1, Relaxed);
                 let entry = Arc::new(entry);
@@ -1162,6 +1192,7 @@ struct Miss {
     plan: Arc<Plan>,
     extended: bool,
     in_block: bool,
+    shape: Option<Arc<Shape>>,
 }
 
 /// How far a set of writes reaches (see [`ResultCache::reach`]).
@@ -1198,6 +1229,8 @@ struct Candidate<'a> {
     hash: u64,
     analysis: &'a Arc<Analysis>,
     extended: bool,
+    /// A simple query's shape, whose figures (SHOW QUERIES) the decision adds to.
+    shape: Option<&'a Arc<Shape>>,
 }
 
 /// An extended-protocol batch the cache may answer without a server: `[Parse ""] Bind
@@ -1407,6 +1440,8 @@ pub struct Fill {
     extended: bool,
     /// Sent inside a READ COMMITTED transaction block: stored at a ReadyForQuery `T`.
     in_block: bool,
+    /// The simple query's shape, for its entry.
+    shape: Option<Arc<Shape>>,
 }
 
 impl Fill {
@@ -1709,6 +1744,7 @@ mod tests {
             tables: Arc::new([]),
             database: "db".into(),
             hits: Default::default(),
+            shape: None,
         })
     }
 

@@ -65,6 +65,12 @@ pub struct Reader {
     state: Read,
     /// The shape of the reading, once looked up.
     shape: Option<std::sync::Arc<shapes::Shape>>,
+    /// A simple query of the client's being timed on the server for SHOW QUERIES: when it was
+    /// sent, and its shape (see `shapes::ShapeStats::timed`). Kept across messages (the
+    /// session ends it at the query's ReadyForQuery).
+    pub timed: Option<(std::time::Instant, std::sync::Arc<shapes::Shape>)>,
+    /// The client's simple queries until the next one timed.
+    pub until_timed: u32,
 }
 
 /// How far the reading of the message at hand went.
@@ -112,7 +118,23 @@ impl Reader {
     ) -> Result<(&Lexed, &std::sync::Arc<shapes::Shape>), Refusal> {
         self.read(sql)?;
         let lexed = &self.lexed;
-        Ok((lexed, self.shape.get_or_insert_with(|| shapes.get(lexed))))
+        Ok((
+            lexed,
+            self.shape.get_or_insert_with(|| {
+                let shape = shapes.get(lexed);
+                shape
+                    .stats
+                    .calls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                shape
+            }),
+        ))
+    }
+
+    /// The shape of the message at hand, if it was looked up.
+    #[inline]
+    pub fn current_shape(&self) -> Option<&std::sync::Arc<shapes::Shape>> {
+        self.shape.as_ref()
     }
 
     /// The reading made for the message at hand, if one was made and the lexer accepted it.

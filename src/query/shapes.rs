@@ -15,7 +15,7 @@ use super::analysis::{self, Analysis};
 use super::lexer::{self, Lexed, Literal};
 use super::parameters::{self, Decision, Form, Never};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 /// One query shape and what was derived from it.
@@ -43,6 +43,103 @@ pub struct Shape {
     /// Autoprepare: queries of this shape seen, and run through a prepared statement.
     pub seen: AtomicU64,
     pub executions: AtomicU64,
+    /// What SHOW QUERIES shows of it.
+    pub stats: ShapeStats,
+}
+
+/// A shape's figures for SHOW QUERIES: how often it runs, how long the server takes, what the
+/// result cache made of it.
+#[derive(Debug, Default)]
+pub struct ShapeStats {
+    /// Simple queries of the shape the sessions read (each once).
+    pub calls: AtomicU64,
+    /// Of those, the ones whose time on the server was measured (a client's first simple query
+    /// and every [`TIMED_EVERY`]th after it), and that time in microseconds.
+    pub timed: AtomicU64,
+    pub timed_us: AtomicU64,
+    /// Result cache: what it did with the shape's queries, once it looked one up.
+    pub cache: OnceLock<Box<CacheFigures>>,
+    /// Why the cache last passed it by: the reason's index in `analysis::BYPASS_REASONS` + 1
+    /// (0: it did not).
+    pub bypass: AtomicU8,
+    /// What last chose it for the cache: the rule's place among the cache's rule counters
+    /// + 1 (0: nothing did yet).
+    pub chosen: AtomicU16,
+}
+
+/// What the result cache did with one shape's queries. Striped: every hit of a hot shape
+/// writes them, on every worker.
+#[derive(Debug, Default)]
+pub struct CacheFigures {
+    /// Answered after the lexer read the text (the second tier), and by its exact text (the
+    /// first tier, which reads nothing: these are calls too).
+    pub hits: crate::workers::StripedCounter,
+    pub raw_hits: crate::workers::StripedCounter,
+    /// Run to fill it.
+    pub misses: crate::workers::StripedCounter,
+}
+
+/// One simple query in this many of a client's is timed on the server (see
+/// [`ShapeStats::timed`]): the mean is measured, the total estimated from it and the calls.
+pub const TIMED_EVERY: u32 = 8;
+
+impl ShapeStats {
+    /// The mean time on the server, in microseconds (None: never measured).
+    pub fn mean_us(&self) -> Option<f64> {
+        let timed = self.timed.load(Relaxed);
+        (timed > 0).then(|| self.timed_us.load(Relaxed) as f64 / timed as f64)
+    }
+
+    /// The estimated total time on the server, in microseconds: the mean times the calls
+    /// that ran on a server (not those the cache answered).
+    pub fn total_us(&self) -> f64 {
+        let answered = self.cache.get().map_or(0, |c| c.hits.get());
+        let ran = self.calls.load(Relaxed).saturating_sub(answered);
+        self.mean_us().unwrap_or(0.0) * ran as f64
+    }
+
+    /// Every query of the shape: those read, and those the cache's first tier answered
+    /// unread.
+    pub fn all_calls(&self) -> u64 {
+        self.calls.load(Relaxed) + self.cache.get().map_or(0, |c| c.raw_hits.get())
+    }
+
+    /// The result cache's figures, made at its first lookup of the shape.
+    pub fn cache_figures(&self) -> &CacheFigures {
+        self.cache.get_or_init(Default::default)
+    }
+
+    /// Notes `value` in `cell` unless it holds it already (a read, not a write, when it does:
+    /// the shape's cache line stays shared between workers).
+    pub fn note<T: Copy + PartialEq>(cell: &impl NoteCell<T>, value: T) {
+        if cell.get() != value {
+            cell.set(value);
+        }
+    }
+}
+
+/// A small atomic cell [`ShapeStats::note`] writes.
+pub trait NoteCell<T> {
+    fn get(&self) -> T;
+    fn set(&self, value: T);
+}
+
+impl NoteCell<u8> for AtomicU8 {
+    fn get(&self) -> u8 {
+        self.load(Relaxed)
+    }
+    fn set(&self, value: u8) {
+        self.store(value, Relaxed)
+    }
+}
+
+impl NoteCell<u16> for AtomicU16 {
+    fn get(&self) -> u16 {
+        self.load(Relaxed)
+    }
+    fn set(&self, value: u16) {
+        self.store(value, Relaxed)
+    }
 }
 
 /// What one parse of a shape's text says.
@@ -224,6 +321,7 @@ fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, raw: bool) -> Arc<Shape> 
         rejected: AtomicBool::new(false),
         seen: AtomicU64::new(0),
         executions: AtomicU64::new(0),
+        stats: ShapeStats::default(),
     })
 }
 

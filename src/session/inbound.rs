@@ -92,10 +92,14 @@ impl Session {
             let autoprepare = self.autoprepare_for(tag);
             let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);
+            let timing = self.start_timing(tag);
             match self.plan_client_message(tag, len, query_text_len, query_words, autoprepare) {
                 planner::Plan::Forward => self.forward_client_message(tag, len),
-                planner::Plan::Done => continue,
-                planner::Plan::Wait => return Ok(()),
+                planner::Plan::Done => self.keep_timing(timing),
+                planner::Plan::Wait => {
+                    self.keep_timing(timing);
+                    return Ok(());
+                }
             }
         }
     }
@@ -216,6 +220,41 @@ impl Session {
             }
         }
         Next::Go
+    }
+
+    /// Starts timing a simple query on the server for SHOW QUERIES (one in
+    /// `TIMED_EVERY` of the client's, when nothing else is in flight: its ReadyForQuery is
+    /// then the next one the client is sent). True: started.
+    #[inline]
+    fn start_timing(&mut self, tag: u8) -> bool {
+        if tag != fe::QUERY || !self.replies.is_empty() {
+            return false;
+        }
+        let Some(reader) = self.reading.reader.as_deref_mut() else {
+            return false;
+        };
+        let Some(shape) = reader.current_shape() else {
+            return false;
+        };
+        if reader.until_timed > 0 {
+            reader.until_timed -= 1;
+            return false;
+        }
+        let shape = shape.clone();
+        reader.until_timed = crate::query::shapes::TIMED_EVERY - 1;
+        reader.timed = Some((Instant::now(), shape));
+        true
+    }
+
+    /// After a message planned `Done` or `Wait`: a timing started for it goes on only if it
+    /// went to the server (autoprepared), not if it was answered here or waits.
+    #[inline]
+    fn keep_timing(&mut self, started: bool) {
+        if started && (self.replies.is_empty() || self.plan.waiting) {
+            if let Some(reader) = self.reading.reader.as_deref_mut() {
+                reader.timed = None;
+            }
+        }
     }
 
     /// `autoprepare_threshold` for a simple query that may be autoprepared.

@@ -185,6 +185,22 @@ impl Session {
         }
         if route == Route::Forward {
             self.stats.query_count += 1;
+            let timed = self
+                .reading
+                .reader
+                .as_deref_mut()
+                .and_then(|r| r.timed.take());
+            if let Some((sent, shape)) = timed {
+                let us = sent.elapsed().as_micros() as u64;
+                shape
+                    .stats
+                    .timed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                shape
+                    .stats
+                    .timed_us
+                    .fetch_add(us, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         if let Some(stmts) = self.plan.stmts.as_mut() {
             stmts
