@@ -833,6 +833,7 @@ pub fn show_queries(app: &App) -> Table {
                 ratio,
                 text(s.executions.load(Relaxed)),
                 crate::autoprepare::never(s).map(|p| p.as_str().to_string()),
+                crate::cache::auto::state(s).map(str::to_string),
             ]
         })
         .collect();
@@ -853,6 +854,7 @@ pub fn show_queries(app: &App) -> Table {
             "hit_ratio",
             "autoprepared",
             "autoprepare_never",
+            "auto",
         ],
         rows,
     }

@@ -202,5 +202,6 @@ async fn janitor(app: Arc<App>) {
         }
         // Cheap unless many clients left since the last purge (two-phase purge).
         app.registry.purge(64);
+        app.cache.choose_automatically();
     }
 }

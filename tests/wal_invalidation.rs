@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use pgmemo::config::cache::{Invalidation, Rule};
+use pgmemo::config::cache::{CacheMode, Invalidation, Rule};
 use pgmemo::config::{Config, PoolMode};
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;
@@ -153,6 +153,80 @@ async fn cached(proxy: &Pgmemo, client: &Client, rule: &str, sql: &str) -> Strin
         "{sql} was not answered from the cache"
     );
     second
+}
+
+/// Auto mode's state of the shape whose text is `text` (None: no such shape, or neither chosen
+/// nor retired).
+fn auto_state(proxy: &Pgmemo, text: &str) -> Option<&'static str> {
+    proxy
+        .app()
+        .shapes
+        .iter()
+        .find(|s| s.text() == text)
+        .and_then(|s| pgmemo::cache::auto::state(&s))
+}
+
+/// `cache.mode = "auto"`: with no rule, pgmemo caches the read it saw called and measured,
+/// follows writes made directly (the WAL), keeps a `nocache` query out, and retires a read
+/// whose table is written between its reads (its lookups never hit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_mode_caches_the_costly_reads_that_pay() {
+    const DB: &str = "wal_auto";
+    setup(
+        DB,
+        "CREATE TABLE a_kv (id int PRIMARY KEY, v int);
+         INSERT INTO a_kv SELECT g, g FROM generate_series(1, 10) g;
+         CREATE TABLE a_hot (v int); INSERT INTO a_hot VALUES (1);",
+    )
+    .await;
+    let mut config = wal_config(vec![]);
+    config.cache.mode = CacheMode::Auto;
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    let read = "SELECT v FROM a_kv WHERE id = 3";
+    assert_eq!(value(&client, read).await, "3");
+    wait_ready(&proxy, DB).await;
+    wait_until(
+        "auto mode to choose the read",
+        Duration::from_secs(30),
+        || async {
+            value(&client, read).await;
+            hits(&proxy, "(auto)") > 0
+        },
+    )
+    .await;
+    assert!(auto_state(&proxy, "SELECT v FROM a_kv WHERE id = $1")
+        .is_some_and(|s| s.starts_with("chosen")));
+    // A write made directly: the next read has it.
+    direct
+        .batch_execute("UPDATE a_kv SET v = 30 WHERE id = 3")
+        .await
+        .unwrap();
+    wait_applied(&proxy, &direct, DB).await;
+    assert_eq!(value(&client, read).await, "30");
+    assert_eq!(value(&client, read).await, "30");
+    // nocache keeps it out.
+    let before = hits(&proxy, "(auto)");
+    value(&client, &format!("/* pgmemo nocache */ {read}")).await;
+    assert_eq!(hits(&proxy, "(auto)"), before);
+    // Written between every read: chosen, then retired.
+    let hot = "SELECT v FROM a_hot";
+    wait_until(
+        "auto mode to retire a read of a table written between its reads",
+        Duration::from_secs(60),
+        || async {
+            value(&client, hot).await;
+            client
+                .batch_execute("UPDATE a_hot SET v = v + 1")
+                .await
+                .unwrap();
+            auto_state(&proxy, hot).is_some_and(|s| s.starts_with("retired"))
+        },
+    )
+    .await;
+    let v = value(&direct, hot).await;
+    assert_eq!(value(&client, hot).await, v);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

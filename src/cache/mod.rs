@@ -18,6 +18,7 @@
 //!   it meanwhile wait for its result (at most `flight_wait`).
 
 mod admission;
+pub mod auto;
 pub mod catalog;
 mod key;
 pub mod versions;
@@ -377,16 +378,22 @@ impl ResultCache {
                 })
         };
         let mut rules: Vec<_> = config.rules.iter().map(|r| stats_for(&r.name)).collect();
-        rules.push(stats_for("(hint)"));
+        rules.push(stats_for(auto::HINT));
+        rules.push(stats_for(auto::AUTO));
         for r in old
             .iter()
             .filter(|r| !rules.iter().any(|n| Arc::ptr_eq(r, n)))
         {
             r.chooses.store(false, Relaxed);
         }
+        let auto_mode = config.mode == crate::config::cache::CacheMode::Auto;
         for (i, r) in rules.iter().enumerate() {
-            let hints = i + 1 == rules.len();
-            r.chooses.store(!hints || config.hints, Relaxed);
+            let chooses = match i.checked_sub(config.rules.len()) {
+                None => true,
+                Some(0) => config.hints,
+                Some(_) => auto_mode,
+            };
+            r.chooses.store(chooses, Relaxed);
             let in_blocks = config.rules.get(i).is_none_or(|rule| rule.transactions);
             r.in_blocks.store(in_blocks, Relaxed);
         }
@@ -700,16 +707,35 @@ impl ResultCache {
                     max_result_bytes: cfg.max_result_bytes,
                     transactions: true,
                 },
-                rules.len().checked_sub(1)?,
-                rules.last()?,
+                cfg.rules.len(),
+                rules.get(cfg.rules.len())?,
             )),
             None => {
                 // Rules match the text as a string; a hint needs none of it.
                 let text = std::str::from_utf8(query.text).unwrap_or_default();
-                let i = cfg
+                let found = cfg
                     .rules
                     .iter()
-                    .position(|r| r.matches(at.name, at.user, text, query.hash))?;
+                    .position(|r| r.matches(at.name, at.user, text, query.hash));
+                let Some(i) = found else {
+                    // Else auto mode's choice (see `auto`), after the rules.
+                    let chosen = cfg.mode == crate::config::cache::CacheMode::Auto
+                        && query.shape.is_some_and(|s| auto::chosen(s));
+                    if !chosen {
+                        return None;
+                    }
+                    let place = cfg.rules.len() + 1;
+                    return Some((
+                        Chosen {
+                            ttl: cfg.default_ttl,
+                            cache_empty: true,
+                            max_result_bytes: cfg.max_result_bytes,
+                            transactions: true,
+                        },
+                        place,
+                        rules.get(place)?,
+                    ));
+                };
                 let r = &cfg.rules[i];
                 Some((
                     Chosen {

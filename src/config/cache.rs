@@ -47,6 +47,10 @@ settings! {
     /// the store has room every miss is stored.
     admit_after: u32 = 2, Live, range = "1 or 2",
         check = |v, _| ensure((1..=2).contains(v), || "must be 1 or 2".into());
+    /// What chooses the queries cached: rules and hints (`rules`, the default), or also pgmemo
+    /// itself (`auto`: the read shapes that cost the server most, see `cache::auto`), which
+    /// needs `invalidation = "wal"` (a write made around pgmemo would be served stale).
+    mode: CacheMode = CacheMode::Rules, Live;
     /// What invalidates cached results: writes through this pgmemo (`proxy`, the default),
     /// or also every write the database's WAL shows (`wal`, see `wal`).
     invalidation: Invalidation = Invalidation::Proxy, Live;
@@ -69,6 +73,34 @@ settings! {
     /// Create the publication (`FOR ALL TABLES`) when it is missing. A database's stream
     /// keeps the value it started with.
     create_publication: bool = true, Restart;
+}
+
+/// What chooses the queries cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Rules and hints only.
+    #[default]
+    Rules,
+    /// Rules and hints, and pgmemo's own choice of the costliest read shapes.
+    Auto,
+}
+
+impl Value for CacheMode {
+    type Raw = String;
+    fn read(raw: String, _: &Context<'_>) -> Result<CacheMode, String> {
+        match raw.as_str() {
+            "rules" => Ok(CacheMode::Rules),
+            "auto" => Ok(CacheMode::Auto),
+            other => Err(format!("expected \"rules\" or \"auto\", got \"{other}\"")),
+        }
+    }
+    fn show(&self) -> String {
+        match self {
+            CacheMode::Rules => "rules",
+            CacheMode::Auto => "auto",
+        }
+        .into()
+    }
 }
 
 /// The logical decoding plugin of WAL invalidation.

@@ -290,6 +290,17 @@ impl Config {
         if let Some(up) = &self.upstream {
             check_upstream(up)?;
         }
+        if self.cache.enabled
+            && self.cache.mode == cache::CacheMode::Auto
+            && self.cache.invalidation != cache::Invalidation::Wal
+        {
+            return Err(ConfigError::invalid(
+                "cache.mode",
+                "\"auto\" needs cache.invalidation = \"wal\": pgmemo chooses queries nobody \
+                 wrote a rule for, and only the WAL shows it every write to their tables (one \
+                 made around this pgmemo would be served stale)",
+            ));
+        }
         if self.upstream.is_none() && self.databases.is_empty() {
             return Err(ConfigError::invalid(
                 "upstream",

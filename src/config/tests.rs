@@ -738,7 +738,7 @@ fn cache_errors_name_their_key() {
         (
             "bogus = 1",
             "cache.bogus: unknown key `bogus`, expected one of `enabled`, `max_memory_mb`, \
-             `hints`, `flight_wait`, `default_ttl`, `max_result_bytes`, `admit_after`, \
+             `hints`, `flight_wait`, `default_ttl`, `max_result_bytes`, `admit_after`, `mode`, \
              `invalidation`, `replication_user`, `replication_password`, `wal_plugin`, \
              `max_lag`, `publication`, `create_publication`, `rules`",
         ),
@@ -806,4 +806,22 @@ fn rule_texts_match_whatever_their_spacing() {
     ))
     .unwrap();
     assert_eq!(c.cache.rules[0].query_hash, Some(255));
+}
+
+/// Auto mode chooses queries nobody wrote a rule for: only WAL invalidation sees every write
+/// to their tables, so without it the configuration is refused.
+#[test]
+fn auto_mode_needs_wal_invalidation() {
+    let e = refused(&with_upstream("[cache]\nenabled = true\nmode = \"auto\""));
+    assert!(
+        e.contains("cache.mode: \"auto\" needs cache.invalidation = \"wal\""),
+        "{e}"
+    );
+    let c = Config::from_toml_str(&with_upstream(
+        "[cache]\nenabled = true\nmode = \"auto\"\ninvalidation = \"wal\"",
+    ))
+    .unwrap();
+    assert_eq!(c.cache.mode, cache::CacheMode::Auto);
+    let e = refused(&with_upstream("[cache]\nmode = \"sometimes\""));
+    assert!(e.contains("expected \"rules\" or \"auto\""), "{e}");
 }

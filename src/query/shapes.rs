@@ -65,6 +65,8 @@ pub struct ShapeStats {
     /// What last chose it for the cache: the rule's place among the cache's rule counters
     /// + 1 (0: nothing did yet).
     pub chosen: AtomicU16,
+    /// Auto mode's choice of it (`cache::auto`): unchosen, chosen or retired.
+    pub auto: AtomicU8,
 }
 
 /// What the result cache did with one shape's queries. Striped: every hit of a hot shape
