@@ -74,6 +74,17 @@ impl Expected {
     }
 }
 
+/// What an entry counts as among the queued work: its kind, but a query pgmemo sent for the
+/// client whose outcome it knows (a kept block's `BEGIN`: [`Action::Skip`] on an
+/// [`Expected::Internal`], see `session::deferred`) counts as nothing: it neither is the
+/// client's work in flight nor leaves the transaction's state unknown.
+fn counted_as(entry: &Entry) -> Option<Expected> {
+    match (entry.expected, &entry.action) {
+        (Expected::Internal, Action::Skip) => None,
+        (e, _) => Some(e),
+    }
+}
+
 /// What pgmemo does with the replies to one entry.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -367,7 +378,9 @@ impl ReplyQueue {
             }
         }
         self.uncertain_units += u32::from(closes_uncertain);
-        self.count(e, 1);
+        if let Some(e) = counted_as(&entry) {
+            self.count(e, 1);
+        }
         self.entries.push_back(Queued {
             entry,
             closes_uncertain,
@@ -385,7 +398,9 @@ impl ReplyQueue {
     fn take_front(&mut self) -> Option<Entry> {
         let queued = self.entries.pop_front()?;
         self.uncertain_units -= u32::from(queued.closes_uncertain);
-        self.count(queued.expected, -1);
+        if let Some(e) = counted_as(&queued.entry) {
+            self.count(e, -1);
+        }
         Some(queued.entry)
     }
 
@@ -595,6 +610,8 @@ impl ReplyQueue {
             // server sends it when it goes idle, which may be at the end of pgmemo's own work.
             (_, be::NOTIFICATION_RESPONSE) => Route::Forward,
             (Action::Silent, _) => Route::Swallow,
+            // A query pgmemo sent for the client (a kept block's BEGIN): its error is shown.
+            (Action::Skip, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Forward,
             (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,
             (Action::ReplaceError(_) | Action::AsSimpleQuery, be::ERROR_RESPONSE) => Route::Replace,
             (

@@ -1658,7 +1658,7 @@ async fn show_queries_says_what_is_worth_caching() {
             .unwrap_or_else(|| panic!("no row for {text} in {rows:?}"))
             .clone()
     };
-    // The slow one first: measured on the server (the client's first query is timed).
+    // The slow one first: measured on the server (a shape's first query is timed).
     let first = &rows[0];
     assert_eq!(
         val(first, "query"),

@@ -1289,6 +1289,24 @@ async fn a_block_of_hits_takes_no_server() {
             "step {i}: {sql}: no backend in a transaction"
         );
     }
+    // The statement that takes a kept block's server is autoprepared as any other: the BEGIN
+    // sent ahead of it is pgmemo's own query, not the client's work in flight.
+    let before = autoprepared(&proxy);
+    for i in 0..6 {
+        let write = format!("UPDATE kv SET v = {i} WHERE id = 2");
+        for sql in ["BEGIN", write.as_str(), "COMMIT"] {
+            let got = without_table_oids(run(&mut through[0], sql).await);
+            let want = without_table_oids(run(&mut direct[0], sql).await);
+            assert_eq!(got, want, "{sql}");
+        }
+    }
+    // Sessions add their counts to the pool's at the end of a transaction.
+    assert!(
+        autoprepared(&proxy) >= before + 4,
+        "autoprepared {} -> {}",
+        before,
+        autoprepared(&proxy)
+    );
 }
 
 /// A rule's `query` written as an operator writes it, with literals and its own spacing,

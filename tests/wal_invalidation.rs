@@ -221,6 +221,9 @@ async fn auto_mode_caches_the_costly_reads_that_pay() {
                 .batch_execute("UPDATE a_hot SET v = v + 1")
                 .await
                 .unwrap();
+            // Caught up, so that the next read is looked up (not passed by while the WAL
+            // is behind).
+            wait_applied(&proxy, &direct, DB).await;
             auto_state(&proxy, hot).is_some_and(|s| s.starts_with("retired"))
         },
     )
@@ -323,14 +326,14 @@ async fn writes_made_directly_invalidate_cached_reads() {
         "{row:?}"
     );
     proxy.shutdown().await;
-    // The temporary slot went with pgmemo's connection.
+    // The temporary slot went with pgmemo's connection (other tests' slots, of other
+    // databases, may be there meanwhile).
+    let slots = format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgmemo%' \
+         AND database = '{DB}'"
+    );
     wait_until("the slot to go", Duration::from_secs(10), || async {
-        value(
-            &direct,
-            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgmemo%'",
-        )
-        .await
-            == "0"
+        value(&direct, &slots).await == "0"
     })
     .await;
 }

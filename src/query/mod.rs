@@ -69,8 +69,6 @@ pub struct Reader {
     /// sent, and its shape (see `shapes::ShapeStats::timed`). Kept across messages (the
     /// session ends it at the query's ReadyForQuery).
     pub timed: Option<(std::time::Instant, std::sync::Arc<shapes::Shape>)>,
-    /// The client's simple queries until the next one timed.
-    pub until_timed: u32,
 }
 
 /// How far the reading of the message at hand went.

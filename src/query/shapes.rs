@@ -53,8 +53,8 @@ pub struct Shape {
 pub struct ShapeStats {
     /// Simple queries of the shape the sessions read (each once).
     pub calls: AtomicU64,
-    /// Of those, the ones whose time on the server was measured (a client's first simple query
-    /// and every [`TIMED_EVERY`]th after it), and that time in microseconds.
+    /// Of those, the ones whose time on the server was measured (about one in
+    /// [`TIMED_EVERY`], see [`ShapeStats::time_this_call`]), and that time in microseconds.
     pub timed: AtomicU64,
     pub timed_us: AtomicU64,
     /// Result cache: what it did with the shape's queries, once it looked one up.
@@ -81,11 +81,21 @@ pub struct CacheFigures {
     pub misses: crate::workers::StripedCounter,
 }
 
-/// One simple query in this many of a client's is timed on the server (see
+/// About one simple query of a shape in this many is timed on the server (see
 /// [`ShapeStats::timed`]): the mean is measured, the total estimated from it and the calls.
-pub const TIMED_EVERY: u32 = 8;
+pub const TIMED_EVERY: u64 = 8;
 
 impl ShapeStats {
+    /// Whether the call of the shape at hand (counted already) is to be timed: its first, and
+    /// then whenever fewer than one in [`TIMED_EVERY`] of its calls were. Per shape, not per
+    /// client: a client's queries repeat in periods (BEGIN, a read, COMMIT) that a fixed
+    /// stride of its own would alias with, never timing some shapes.
+    #[inline]
+    pub fn time_this_call(&self) -> bool {
+        let calls = self.calls.load(Relaxed);
+        self.timed.load(Relaxed) * TIMED_EVERY < calls
+    }
+
     /// The mean time on the server, in microseconds (None: never measured).
     pub fn mean_us(&self) -> Option<f64> {
         let timed = self.timed.load(Relaxed);

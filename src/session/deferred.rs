@@ -142,11 +142,17 @@ impl Session {
                 cache.read_committed = None;
             }
         }
+        // pgmemo's own query, not the client's work in flight (autoprepare runs the block's
+        // statement behind it); an error of it, which PostgreSQL never gives to a BEGIN it
+        // can read, would still reach the client.
         self.replies.push_entry(Entry {
-            expected: Expected::Query,
+            expected: Expected::Internal,
             action: Action::Skip,
             effect: None,
         });
+        // What the statement behind it is planned for: a block (its ReadyForQuery says so
+        // again).
+        server.status = b'T';
     }
 }
 

@@ -222,9 +222,9 @@ impl Session {
         Next::Go
     }
 
-    /// Starts timing a simple query on the server for SHOW QUERIES (one in
-    /// `TIMED_EVERY` of the client's, when nothing else is in flight: its ReadyForQuery is
-    /// then the next one the client is sent). True: started.
+    /// Starts timing a simple query on the server for SHOW QUERIES (see
+    /// `ShapeStats::time_this_call`), when nothing else is in flight: its ReadyForQuery is
+    /// then the next one the client is sent. True: started.
     #[inline]
     fn start_timing(&mut self, tag: u8) -> bool {
         if tag != fe::QUERY || !self.replies.is_empty() {
@@ -233,15 +233,10 @@ impl Session {
         let Some(reader) = self.reading.reader.as_deref_mut() else {
             return false;
         };
-        let Some(shape) = reader.current_shape() else {
+        let Some(shape) = reader.current_shape().filter(|s| s.stats.time_this_call()) else {
             return false;
         };
-        if reader.until_timed > 0 {
-            reader.until_timed -= 1;
-            return false;
-        }
         let shape = shape.clone();
-        reader.until_timed = crate::query::shapes::TIMED_EVERY - 1;
         reader.timed = Some((Instant::now(), shape));
         true
     }
