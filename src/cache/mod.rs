@@ -633,11 +633,12 @@ impl ResultCache {
             return Lookup::Pass;
         };
         client.build_key(lexed);
+        let hints = client.hint.read(sql, &lexed.comment_spans);
         self.decide(
             client,
             at,
             Candidate {
-                hints: hint::read(sql, &lexed.comment_spans),
+                hints,
                 hint_warned: &shape.hint_warned,
                 text: &lexed.text,
                 display: shape.display(),
@@ -1553,6 +1554,8 @@ pub struct ClientCache {
     raw_key: Vec<u8>,
     raw_key_valid: bool,
     first_tier_misses: FirstTierMisses,
+    /// The last hint comment read.
+    hint: hint::Memo,
     /// The configuration and rules of [`ResultCache`]'s generation in the first field.
     settings: Option<(u64, Arc<CacheConfig>, Rules)>,
 }

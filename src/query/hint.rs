@@ -64,30 +64,74 @@ pub struct Hints {
 /// one comparison; a comment that does not name pgmemo, one search of its bytes.
 #[inline]
 pub fn read(sql: &[u8], spans: &[(u32, u32)]) -> Hints {
-    if spans.is_empty() {
-        return Hints::default();
+    let mut hints = Hints::default();
+    for comment in comments(sql, spans) {
+        hints.add(comment_hint(comment));
     }
-    read_comments(sql, spans)
+    hints
 }
 
-fn read_comments(sql: &[u8], spans: &[(u32, u32)]) -> Hints {
-    let mut hints = Hints::default();
-    for &(start, end) in spans {
-        let Some(comment) = sql.get(start as usize..end as usize) else {
-            continue;
-        };
-        match comment_hint(comment) {
+/// The comments of `sql` at `spans`.
+fn comments<'a>(sql: &'a [u8], spans: &'a [(u32, u32)]) -> impl Iterator<Item = &'a [u8]> {
+    spans
+        .iter()
+        .filter_map(|&(start, end)| sql.get(start as usize..end as usize))
+}
+
+impl Hints {
+    /// Adds what one more comment says, in text order: `nocache` wins, else the first
+    /// `cache`; the first malformed hint is kept to be said.
+    fn add(&mut self, said: Option<Result<Hint, Malformed>>) {
+        match said {
             None => {}
             Some(Err(why)) => {
-                hints.malformed.get_or_insert(why);
+                self.malformed.get_or_insert(why);
             }
-            Some(Ok(Hint::NoCache)) => hints.hint = Some(Hint::NoCache),
+            Some(Ok(Hint::NoCache)) => self.hint = Some(Hint::NoCache),
             Some(Ok(hint)) => {
-                hints.hint.get_or_insert(hint);
+                self.hint.get_or_insert(hint);
             }
         }
     }
-    hints
+}
+
+/// One client's last hint comment and what it said: a client's queries mostly carry the same
+/// hint (a framework's, a script's), which is then recognized by one comparison instead of
+/// being read again (reading `/* pgmemo cache ttl=60s */` costs ~150 instructions, callgrind).
+/// Only hints are kept: a comment that changes with every request (a trace id) is not one.
+#[derive(Debug, Default)]
+pub struct Memo {
+    /// The comment, as the lexer delimits it (empty: none remembered).
+    comment: Vec<u8>,
+    said: Option<Result<Hint, Malformed>>,
+}
+
+/// Longer comments are read each time rather than kept for every client.
+const MAX_MEMO: usize = 256;
+
+impl Memo {
+    /// [`read`], remembering the last hint comment read.
+    #[inline]
+    pub fn read(&mut self, sql: &[u8], spans: &[(u32, u32)]) -> Hints {
+        let mut hints = Hints::default();
+        for comment in comments(sql, spans) {
+            hints.add(self.comment_hint(comment));
+        }
+        hints
+    }
+
+    fn comment_hint(&mut self, comment: &[u8]) -> Option<Result<Hint, Malformed>> {
+        if !self.comment.is_empty() && comment == &self.comment[..] {
+            return self.said;
+        }
+        let said = comment_hint(comment);
+        if said.is_some() && comment.len() <= MAX_MEMO {
+            self.comment.clear();
+            self.comment.extend_from_slice(comment);
+            self.said = said;
+        }
+        said
+    }
 }
 
 /// The hints in the text of a statement of the extended protocol (it may use `$n`): read
@@ -125,7 +169,9 @@ pub fn comment_hint(comment: &[u8]) -> Option<Result<Hint, Malformed>> {
     } else {
         comment.strip_prefix(b"--").unwrap_or(comment)
     };
-    memchr::memmem::find(body, b"pgmemo")?;
+    if !names_pgmemo(body) {
+        return None;
+    }
     let body = body.trim_ascii();
     if let Some(words) = body.strip_prefix(b"pgmemo") {
         if words.is_empty() || words[0].is_ascii_whitespace() {
@@ -133,6 +179,14 @@ pub fn comment_hint(comment: &[u8]) -> Option<Result<Hint, Malformed>> {
         }
     }
     sqlcommenter_hint(body)
+}
+
+/// Whether `text` has `pgmemo` in it: a `p` found by memchr, then compared (~5x cheaper
+/// than `memmem::find` on a comment's few bytes, whose searcher is built at every call:
+/// ~175 instructions a query with a request id comment, callgrind).
+#[inline]
+fn names_pgmemo(text: &[u8]) -> bool {
+    memchr::memchr_iter(b'p', text).any(|at| text[at..].starts_with(b"pgmemo"))
 }
 
 /// The words after `pgmemo`: `cache [ttl=<duration>]` or `nocache`.
@@ -260,6 +314,36 @@ mod tests {
         Some(Hint::Cache {
             ttl: Some(Duration::from_secs(secs)),
         })
+    }
+
+    /// The memo answers as `read` does, for the same comment again, another comment, no
+    /// comment, a malformed one, and a trace id that changes.
+    #[test]
+    fn the_memo_agrees_with_read() {
+        let mut memo = Memo::default();
+        for sql in [
+            "/* pgmemo cache ttl=60s */ SELECT 1",
+            "/* pgmemo cache ttl=60s */ SELECT 2",
+            "SELECT 3 /* pgmemo cache ttl=60s */",
+            "/* pgmemo cache ttl=61s */ SELECT 1",
+            "/* pgmemo nocache */ SELECT 1",
+            "SELECT 1",
+            "/* pgmemo nocache */ SELECT 1 /* pgmemo cache */",
+            "/* other */ SELECT 1",
+            "/* pgmemo cache ttl=abc */ SELECT 1",
+            "/* pgmemo cache ttl=abc */ SELECT 1",
+            "SELECT 1 /*pgmemo='cache',traceparent='00-1-1-01'*/",
+            "SELECT 1 /*pgmemo='cache',traceparent='00-2-1-01'*/",
+            "/* pgmemo cache ttl=60s */ SELECT 1 -- pgmemo nocache",
+        ] {
+            let mut lexed = Lexed::default();
+            generalize(sql.as_bytes(), &mut lexed).unwrap();
+            assert_eq!(
+                memo.read(sql.as_bytes(), &lexed.comment_spans),
+                read(sql.as_bytes(), &lexed.comment_spans),
+                "{sql}"
+            );
+        }
     }
 
     #[test]
