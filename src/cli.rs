@@ -198,7 +198,7 @@ pub struct Cli {
         long,
         env = "PGMEMO_CACHE",
         long_help = "Turn the result cache on: simple queries chosen by a [[cache.rules]] entry \
-                     of the config file or by a leading /* pgmemo cache ttl=5s */ hint are \
+                     of the config file or by a /* pgmemo cache ttl=5s */ hint (in any comment) are \
                      answered from memory until a write through pgmemo or their TTL invalidates \
                      them. Overrides cache.enabled. Default: off."
     )]

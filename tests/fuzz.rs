@@ -22,7 +22,7 @@ use pgmemo::auth::{ScramServer, ScramVerifier, Secret};
 use pgmemo::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
 use pgmemo::protocol::startup::{self, StartupPacket};
 use pgmemo::protocol::{frame, DEFAULT_MAX_MESSAGE_SIZE};
-use pgmemo::query::hint::{self, Hint, Memo};
+use pgmemo::query::hint::{self, Hint};
 use pgmemo::query::lexer::{generalize, rebuild, Kind, Lexed};
 use pgmemo::query::parameters::{decide, Decision};
 
@@ -100,6 +100,9 @@ const SQL: &[&[u8]] = &[
     b"DISCARD ALL",
     b"LOAD ",
     b"/* pgmemo cache ttl=5s */",
+    b"/*pgmemo='cache%20ttl%3D5s',traceparent='00-1-2-01'*/",
+    b"-- pgmemo nocache\n",
+    b"pgmemo=",
     b" pgmemo ",
     b"nocache",
     b"ttl=",
@@ -396,24 +399,37 @@ fn shape() {
     });
 }
 
-/// Cache hints in a leading comment: the per-client memo answers as a fresh read does.
+/// Cache hints in any comment: the lexer's comments are in the text and are comments, and
+/// what they say is read without panicking, as a statement's text too.
 #[test]
 fn hints() {
-    let mut memo = Memo::default();
+    let mut out = Lexed::default();
     fuzz("hint", "hint", SQL, 200_000, |sql| {
-        let hint = hint::parse(sql);
-        assert_eq!(memo.parse(sql), hint, "{:?}", String::from_utf8_lossy(sql));
-        if let Some(Hint::Cache { ttl: Some(ttl) }) = hint {
+        let hints = match generalize(sql, &mut out) {
+            Ok(()) => {
+                for &(start, end) in &out.comment_spans {
+                    let comment = &sql[start as usize..end as usize];
+                    assert!(
+                        comment.starts_with(b"/*") || comment.starts_with(b"--"),
+                        "{:?}",
+                        String::from_utf8_lossy(sql)
+                    );
+                }
+                hint::read(sql, &out.comment_spans)
+            }
+            Err(_) => hint::read_statement(sql),
+        };
+        if let Some(Hint::Cache { ttl: Some(ttl) }) = hints.hint {
             assert!(ttl.as_secs() <= 366 * 24 * 3600);
         }
         Outcome::of(
-            match hint {
+            match hints.hint {
                 None => 0,
                 Some(Hint::NoCache) => 1,
                 Some(Hint::Cache { ttl: None }) => 2,
                 Some(Hint::Cache { ttl: Some(_) }) => 3,
             },
-            0,
+            hints.malformed.map_or(0, |m| m as usize + 1),
         )
     });
 }

@@ -1482,3 +1482,310 @@ async fn an_execute_with_a_row_limit_hits_byte_identical() {
         "no hit inside a transaction block"
     );
 }
+
+/// A traceparent as sqlcommenter writes it, different for every `n`.
+fn traceparent(n: u32) -> String {
+    format!("traceparent='00-{n:032x}-{:016x}-01'", n * 7 + 1)
+}
+
+/// The hint's hits and stores.
+fn hint_counts(proxy: &Pgmemo) -> (u64, u64) {
+    let (hits, _, stores) = stats(proxy, "(hint)");
+    (hits, stores)
+}
+
+/// A hint counts in any comment of the statement, where frameworks put theirs: trailing,
+/// in the middle, a `--` comment, and sqlcommenter's `pgmemo` key, plain or URL-encoded.
+/// Each is answered as PostgreSQL answers it, then from the cache.
+#[tokio::test]
+async fn hints_count_in_any_comment() {
+    const DB: &str = "cache_hints_anywhere";
+    setup(
+        DB,
+        "CREATE TABLE h (id int PRIMARY KEY, v text);
+         INSERT INTO h SELECT i, 'v' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(PoolMode::Transaction, 2, vec![])).await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let queries = [
+        "SELECT v FROM h WHERE id = 1 /* pgmemo cache */".to_owned(),
+        "SELECT v /* pgmemo cache ttl=30s */ FROM h WHERE id = 2".to_owned(),
+        "SELECT v FROM h WHERE id = 3 -- pgmemo cache ttl=30s".to_owned(),
+        format!(
+            "SELECT v FROM h WHERE id = 4 /*pgmemo='cache ttl=30s',{}*/",
+            traceparent(1)
+        ),
+        format!(
+            "SELECT v FROM h WHERE id = 5 /*{},pgmemo='cache%20ttl%3D30s'*/",
+            traceparent(2)
+        ),
+        "SELECT v FROM h WHERE id = 6 /*controller='h',pgmemo='cache'*/;".to_owned(),
+    ];
+    for (i, sql) in queries.iter().enumerate() {
+        let expected = run(&mut direct, sql).await;
+        for round in 0..2 {
+            assert_eq!(run(&mut through, sql).await, expected, "{sql} ({round})");
+        }
+        let n = i as u64 + 1;
+        assert_eq!(hint_counts(&proxy), (n, n), "{sql}: stored, then hit");
+    }
+}
+
+/// Comments that change with every request (sqlcommenter's traceparent) are neither in the
+/// cache's key nor in the shape: the requests share one entry and one shape.
+#[tokio::test]
+async fn a_trace_id_in_a_trailing_comment_shares_the_entry() {
+    const DB: &str = "cache_hints_trace";
+    setup(
+        DB,
+        "CREATE TABLE tr (id int PRIMARY KEY, v text);
+         INSERT INTO tr SELECT i, 'v' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(PoolMode::Transaction, 2, vec![])).await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let request = |n: u32| {
+        format!(
+            "SELECT v FROM tr WHERE id = 7 /*pgmemo='cache',route='%2Ftr',{}*/",
+            traceparent(n)
+        )
+    };
+    let expected = run(&mut direct, &request(0)).await;
+    for n in 1..=5 {
+        assert_eq!(
+            run(&mut through, &request(n)).await,
+            expected,
+            "request {n}"
+        );
+    }
+    assert_eq!(
+        hint_counts(&proxy),
+        (4, 1),
+        "one entry, hit by every later request"
+    );
+    assert_eq!(proxy.app().cache.entries().len(), 1);
+    let shapes: Vec<_> = proxy
+        .app()
+        .shapes
+        .iter()
+        .filter(|s| s.text().contains("FROM tr"))
+        .collect();
+    assert_eq!(shapes.len(), 1, "one shape for every trace id");
+    assert!(!shapes[0].text().contains("traceparent"));
+}
+
+/// A hint's words in a string, a dollar-quoted body or a quoted name are no comment: a
+/// `nocache` there does not stop a real hint, and a `cache` there caches nothing.
+#[tokio::test]
+async fn hint_words_in_strings_are_not_hints() {
+    const DB: &str = "cache_hints_strings";
+    setup(
+        DB,
+        "CREATE TABLE s (id int PRIMARY KEY, v text);
+         INSERT INTO s SELECT i, 'v' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(PoolMode::Transaction, 2, vec![])).await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let not_hints = [
+        "SELECT '/* pgmemo cache */' AS c, v FROM s WHERE id = 1",
+        "SELECT $$-- pgmemo cache$$ AS c, v FROM s WHERE id = 1",
+        "SELECT $q$ /*pgmemo='cache'*/ $q$ AS c, v FROM s WHERE id = 1",
+        "SELECT v AS \"/* pgmemo cache */\" FROM s WHERE id = 1",
+        "SELECT E'\\' /* pgmemo cache */' AS c, v FROM s WHERE id = 1",
+    ];
+    for sql in not_hints {
+        let expected = run(&mut direct, sql).await;
+        for _ in 0..2 {
+            assert_eq!(run(&mut through, sql).await, expected, "{sql}");
+        }
+    }
+    assert_eq!(hint_counts(&proxy), (0, 0), "nothing cached by a string");
+    // A nocache in a string does not count; the trailing hint does.
+    let sql = "SELECT '/* pgmemo nocache */' AS c, v FROM s WHERE id = 2 /* pgmemo cache */";
+    let expected = run(&mut direct, sql).await;
+    for _ in 0..2 {
+        assert_eq!(run(&mut through, sql).await, expected, "{sql}");
+    }
+    assert_eq!(hint_counts(&proxy), (1, 1));
+    assert_eq!(bypassed(&proxy, "nocache hint"), 0);
+}
+
+/// Several comments: a `nocache` anywhere wins over a `cache` (the safe choice), else the
+/// first hint counts, whatever other comments there are.
+#[tokio::test]
+async fn several_comments_nocache_wins() {
+    const DB: &str = "cache_hints_several";
+    setup(
+        DB,
+        "CREATE TABLE sc (id int PRIMARY KEY, v text);
+         INSERT INTO sc SELECT i, 'v' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("sc", "FROM sc")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let nocache = [
+        "/* app='x' */ SELECT v FROM sc WHERE id = 1 /* pgmemo cache ttl=30s */ -- pgmemo nocache",
+        "/* pgmemo cache */ SELECT v FROM sc /*pgmemo='nocache'*/ WHERE id = 1",
+    ];
+    for sql in nocache {
+        let expected = run(&mut direct, sql).await;
+        for _ in 0..2 {
+            assert_eq!(run(&mut through, sql).await, expected, "{sql}");
+        }
+    }
+    assert_eq!(
+        bypassed(&proxy, "nocache hint"),
+        4,
+        "nocache, over the rule too"
+    );
+    assert_eq!(stats(&proxy, "sc"), (0, 0, 0));
+    assert_eq!(hint_counts(&proxy), (0, 0));
+    let sql = format!(
+        "/* app='x' */ SELECT v FROM sc WHERE id = 2 /* pgmemo cache ttl=1h */ /* pgmemo cache ttl=bad */ /*{}*/",
+        traceparent(3)
+    );
+    let expected = run(&mut direct, &sql).await;
+    for _ in 0..2 {
+        assert_eq!(run(&mut through, &sql).await, expected);
+    }
+    assert_eq!(
+        hint_counts(&proxy),
+        (1, 1),
+        "the first good hint, not the rule"
+    );
+    let entry = proxy.app().cache.entries();
+    assert!(
+        entry.iter().any(|e| e.rule.name == "(hint)"),
+        "stored under the hint"
+    );
+}
+
+/// A malformed hint (an unknown word, a bad ttl) never changes what the query returns: it is
+/// ignored, as if it were not there (a rule still caches the query), and counted.
+#[tokio::test]
+async fn malformed_hints_are_ignored_and_counted() {
+    const DB: &str = "cache_hints_malformed";
+    setup(
+        DB,
+        "CREATE TABLE m (id int PRIMARY KEY, v text);
+         INSERT INTO m SELECT i, 'v' || i FROM generate_series(1, 10) i;
+         CREATE TABLE ruled (id int PRIMARY KEY, v text);
+         INSERT INTO ruled SELECT i, 'r' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("ruled", "FROM ruled")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let malformed = [
+        "/* pgmemo cahce */ SELECT v FROM m WHERE id = 1",
+        "SELECT v FROM m WHERE id = 1 /* pgmemo cache ttl=abc */",
+        "SELECT v FROM m WHERE id = 1 /* pgmemo cache ttl=-1 */",
+        "SELECT v FROM m WHERE id = 1 -- pgmemo nocache please",
+        "SELECT v FROM m WHERE id = 1 /*pgmemo='cache%20ttl%3Dforever'*/",
+        "SELECT v FROM m WHERE id = 1 /* pgmemo */",
+    ];
+    for sql in malformed {
+        let expected = run(&mut direct, sql).await;
+        for _ in 0..2 {
+            assert_eq!(run(&mut through, sql).await, expected, "{sql}");
+        }
+    }
+    assert_eq!(
+        hint_counts(&proxy),
+        (0, 0),
+        "nothing cached by a malformed hint"
+    );
+    assert_eq!(bypassed(&proxy, "malformed hint"), 12);
+    // Ignored: the rule caches the query as it would with no hint.
+    let sql = "SELECT v FROM ruled WHERE id = 1 /* pgmemo nocahce */";
+    let expected = run(&mut direct, sql).await;
+    for _ in 0..3 {
+        assert_eq!(run(&mut through, sql).await, expected);
+    }
+    assert_eq!(
+        stats(&proxy, "ruled"),
+        (2, 1, 1),
+        "the rule's, as with no hint"
+    );
+    assert_eq!(bypassed(&proxy, "nocache hint"), 0);
+}
+
+/// The replies to an unnamed statement's Parse, Bind (one text parameter), Describe, Execute
+/// and Sync.
+async fn unnamed(c: &mut RawClient, sql: &str, value: &str) -> Vec<(u8, Vec<u8>)> {
+    c.send(&[
+        Frontend::parse("", sql, &[]),
+        Frontend::bind("", "", &[Some(value)]),
+        Frontend::describe_portal(""),
+        Frontend::execute("", 0),
+        Frontend::Sync,
+    ])
+    .await
+    .unwrap();
+    c.recv_until_ready(1)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.tag, m.body))
+        .collect()
+}
+
+/// A statement of the extended protocol reads its hints in any comment too, once per
+/// statement: a trailing hint caches it, a trailing `nocache` keeps the rule's hands off.
+#[tokio::test]
+async fn extended_statements_read_hints_in_any_comment() {
+    const DB: &str = "cache_hints_extended";
+    setup(
+        DB,
+        "CREATE TABLE x (id int PRIMARY KEY, v text);
+         INSERT INTO x SELECT i, 'x' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("x", "FROM x WHERE v")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let cached = format!(
+        "SELECT v FROM x WHERE id = $1 /*pgmemo='cache%20ttl%3D30s',{}*/",
+        traceparent(4)
+    );
+    let ruled_but_nocache = "SELECT id FROM x WHERE v = $1 -- pgmemo nocache";
+    for (sql, value) in [(cached.as_str(), "3"), (ruled_but_nocache, "x4")] {
+        let expected = unnamed(&mut direct, sql, value).await;
+        // A statement no server has accepted yet goes to a server first: stored in round 1.
+        for round in 0..4 {
+            assert_eq!(
+                unnamed(&mut through, sql, value).await,
+                expected,
+                "{sql} ({round})"
+            );
+        }
+    }
+    assert_eq!(hint_counts(&proxy), (2, 1));
+    assert_eq!(
+        stats(&proxy, "x"),
+        (0, 0, 0),
+        "the nocache wins over the rule"
+    );
+    assert_eq!(bypassed(&proxy, "nocache hint"), 3);
+}

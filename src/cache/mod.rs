@@ -633,11 +633,13 @@ impl ResultCache {
             return Lookup::Pass;
         };
         client.build_key(lexed);
+        let hints = client.hint.read(sql, &lexed.comment_spans);
         self.decide(
             client,
             at,
             Candidate {
-                hint_source: sql,
+                hints,
+                hint_warned: &shape.hint_warned,
                 text: &lexed.text,
                 display: shape.display(),
                 hash: lexed.shape,
@@ -673,7 +675,10 @@ impl ResultCache {
             client,
             at,
             Candidate {
-                hint_source: &statement.key.query,
+                hints: *statement
+                    .cache_hints
+                    .get_or_init(|| hint::read_statement(&statement.key.query)),
+                hint_warned: &statement.hint_warned,
                 text: &statement.key.query,
                 display: None,
                 hash,
@@ -683,6 +688,16 @@ impl ResultCache {
             },
             may_wait,
         )
+    }
+
+    /// What `query`'s comments ask, once a malformed hint among them is counted and logged
+    /// (it is ignored).
+    fn hint(&self, query: &Candidate<'_>) -> Option<hint::Hint> {
+        if let Some(why) = query.hints.malformed {
+            self.count(Bypass::MalformedHint);
+            hint::warn_once(query.hint_warned, why, query.text);
+        }
+        query.hints.hint
     }
 
     /// What chooses `query` for caching, with whose counters: its hint (`nocache` counted
@@ -767,11 +782,7 @@ impl ResultCache {
         let Some((_, cfg, rules)) = &client.settings else {
             return Lookup::Pass;
         };
-        let hint = if cfg.hints {
-            client.hint.parse(query.hint_source)
-        } else {
-            None
-        };
+        let hint = if cfg.hints { self.hint(&query) } else { None };
         let Some((rule, place, stats)) = self.choose(cfg, rules, hint, at, &query) else {
             return Lookup::Pass;
         };
@@ -1246,8 +1257,10 @@ fn statement_analysis(statement: &crate::statements::Statement) -> &Arc<Analysis
 
 /// A query the cache is asked about.
 struct Candidate<'a> {
-    /// Where a hint would be: the query's text as the client sent it.
-    hint_source: &'a [u8],
+    /// What its comments ask (read from the client's text: the lexer's comments).
+    hints: hint::Hints,
+    /// Whether a malformed hint of its shape or statement was logged.
+    hint_warned: &'a std::sync::atomic::AtomicBool,
     /// What rules match: the normalized text (simple queries) or the statement's text.
     text: &'a [u8],
     /// The same, shareable (for the entry), when it is at hand.

@@ -32,7 +32,7 @@ settings! {
     enabled: bool = false, Live;
     /// Memory the stored results may take, in bytes; the file gives MiB (`max_memory_mb`).
     max_memory: usize = 64 << 20, Live, key = "max_memory_mb", as Mebibytes;
-    /// Leading-comment hints (`/* pgmemo cache ttl=5s */`) are obeyed.
+    /// Hints in a query's comments (`/* pgmemo cache ttl=5s */`, anywhere) are obeyed.
     hints: bool = true, Live;
     /// A client that misses on a key another client is already fetching waits at most this
     /// long for that result before running its own query.

@@ -53,6 +53,10 @@ pub enum Bypass {
     WrittenInTransaction,
     /// `/* pgmemo nocache */`.
     Hint,
+    /// A comment that names pgmemo as a hint does but says nothing readable (`/* pgmemo
+    /// cahce */`, `ttl=abc`): ignored, the query runs as with no hint (counted even when a
+    /// rule then caches it).
+    MalformedHint,
     /// Larger than max_result_bytes.
     TooLarge,
     /// Something else than rows and their completion came back (an error, a notice, ...).
@@ -74,7 +78,7 @@ pub enum Bypass {
     NonstandardStrings,
 }
 
-pub const BYPASS_REASONS: [Bypass; 28] = [
+pub const BYPASS_REASONS: [Bypass; 29] = [
     Bypass::ParseError,
     Bypass::NotSelect,
     Bypass::SelectInto,
@@ -95,6 +99,7 @@ pub const BYPASS_REASONS: [Bypass; 28] = [
     Bypass::Isolation,
     Bypass::WrittenInTransaction,
     Bypass::Hint,
+    Bypass::MalformedHint,
     Bypass::TooLarge,
     Bypass::NotPlainResult,
     Bypass::Empty,
@@ -132,6 +137,7 @@ impl Bypass {
             Bypass::Isolation => "repeatable read or serializable",
             Bypass::WrittenInTransaction => "written in this transaction",
             Bypass::Hint => "nocache hint",
+            Bypass::MalformedHint => "malformed hint",
             Bypass::TooLarge => "larger than max_result_bytes",
             Bypass::NotPlainResult => "error or notice",
             Bypass::Empty => "empty result",

@@ -45,6 +45,8 @@ pub struct Shape {
     pub executions: AtomicU64,
     /// What SHOW QUERIES shows of it.
     pub stats: ShapeStats,
+    /// Result cache: a malformed hint in a query of this shape was logged (once per shape).
+    pub hint_warned: AtomicBool,
 }
 
 /// A shape's figures for SHOW QUERIES: how often it runs, how long the server takes, what the
@@ -334,6 +336,7 @@ fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, raw: bool) -> Arc<Shape> 
         seen: AtomicU64::new(0),
         executions: AtomicU64::new(0),
         stats: ShapeStats::default(),
+        hint_warned: AtomicBool::new(false),
     })
 }
 

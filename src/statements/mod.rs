@@ -100,6 +100,10 @@ pub struct Statement {
     /// What executing it may change and whether its result may be cached (result cache),
     /// worked out at its first use there.
     pub cache_analysis: std::sync::OnceLock<Arc<crate::query::analysis::Analysis>>,
+    /// The cache hints in its comments, read at its first use there, and whether a
+    /// malformed one was logged.
+    pub cache_hints: std::sync::OnceLock<crate::query::hint::Hints>,
+    pub hint_warned: AtomicBool,
 }
 
 impl Statement {
@@ -170,6 +174,8 @@ impl Statement {
             server_prepares: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             cache_analysis: std::sync::OnceLock::new(),
+            cache_hints: std::sync::OnceLock::new(),
+            hint_warned: AtomicBool::new(false),
         }
     }
 
