@@ -38,7 +38,10 @@ impl Session {
             return false;
         }
         match query_text_len {
-            Some(n) if n <= MAX_CONTROL_LEN && may_be_control(&self.client.rbuf[5..5 + n]) => {
+            Some(n)
+                if n <= MAX_CONTROL_LEN
+                    && may_be_control(fe::query_text_of(&self.client.rbuf, n)) =>
+            {
                 self.answer_control(len, n)
             }
             _ => false,
