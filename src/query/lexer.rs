@@ -177,19 +177,7 @@ pub static PASSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
     #[cfg(debug_assertions)]
     PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    out.clear();
-    if sql.len() > MAX_TEXT {
-        return Err(Refusal::TooLarge);
-    }
-    let mut lexer = Lexer::<false> {
-        sql,
-        at: 0,
-        chars: 0,
-        chars_at: 0,
-        ascii: if sql.is_ascii() { sql.len() } else { 0 },
-        copied: 0,
-        out,
-    };
+    let mut lexer = Lexer::<false>::new(sql, out)?;
     lexer.run()?;
     let out = lexer.out;
     let mut h = hasher().build_hasher();
@@ -205,20 +193,7 @@ pub fn generalize(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
 /// comments are ([`Lexed::comment_spans`]): the same pass as [`generalize`], whose other
 /// results (the text, the literals, the shape) mean nothing here. Run once per statement.
 pub fn comments(sql: &[u8], out: &mut Lexed) -> Result<(), Refusal> {
-    out.clear();
-    if sql.len() > MAX_TEXT {
-        return Err(Refusal::TooLarge);
-    }
-    Lexer::<true> {
-        sql,
-        at: 0,
-        chars: 0,
-        chars_at: 0,
-        ascii: if sql.is_ascii() { sql.len() } else { 0 },
-        copied: 0,
-        out,
-    }
-    .run()
+    Lexer::<true>::new(sql, out)?.run()
 }
 
 /// `PARAMETERS`: `$n` is read as a token (a statement's text, see [`comments`]), not refused;
@@ -341,7 +316,25 @@ fn next_interesting(sql: &[u8], mut at: usize) -> usize {
     at
 }
 
-impl<const PARAMETERS: bool> Lexer<'_, PARAMETERS> {
+impl<'a, const PARAMETERS: bool> Lexer<'a, PARAMETERS> {
+    /// A pass over `sql` into `out` (cleared), unless the text is too long to read.
+    #[inline]
+    fn new(sql: &'a [u8], out: &'a mut Lexed) -> Result<Self, Refusal> {
+        out.clear();
+        if sql.len() > MAX_TEXT {
+            return Err(Refusal::TooLarge);
+        }
+        Ok(Lexer {
+            sql,
+            at: 0,
+            chars: 0,
+            chars_at: 0,
+            ascii: if sql.is_ascii() { sql.len() } else { 0 },
+            copied: 0,
+            out,
+        })
+    }
+
     fn peek(&self, ahead: usize) -> u8 {
         self.sql.get(self.at + ahead).copied().unwrap_or(0)
     }
