@@ -794,7 +794,7 @@ impl ResultCache {
             self.count(why);
             stats.bypasses.add(1);
             if let Some(f) = figures {
-                ShapeStats::note(&f.bypass, (why.index() + 1) as u8);
+                ShapeStats::note(&f.bypass, (why.index() + 1) as u16);
             }
             Lookup::Pass
         };

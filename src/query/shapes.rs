@@ -63,7 +63,7 @@ pub struct ShapeStats {
     pub cache: OnceLock<Box<CacheFigures>>,
     /// Why the cache last passed it by: the reason's index in `analysis::BYPASS_REASONS` + 1
     /// (0: it did not).
-    pub bypass: AtomicU8,
+    pub bypass: AtomicU16,
     /// What last chose it for the cache: the rule's place among the cache's rule counters
     /// + 1 (0: nothing did yet).
     pub chosen: AtomicU16,
@@ -123,36 +123,18 @@ impl ShapeStats {
         self.cache.get_or_init(Default::default)
     }
 
-    /// Notes `value` in `cell` unless it holds it already (a read, not a write, when it does:
-    /// the shape's cache line stays shared between workers).
-    pub fn note<T: Copy + PartialEq>(cell: &impl NoteCell<T>, value: T) {
-        if cell.get() != value {
-            cell.set(value);
+    /// Notes `value` in `cell` (`bypass` or `chosen`) unless it holds it already (a read, not
+    /// a write, when it does: the shape's cache line stays shared between workers).
+    pub fn note(cell: &AtomicU16, value: u16) {
+        if cell.load(Relaxed) != value {
+            cell.store(value, Relaxed);
         }
     }
-}
 
-/// A small atomic cell [`ShapeStats::note`] writes.
-pub trait NoteCell<T> {
-    fn get(&self) -> T;
-    fn set(&self, value: T);
-}
-
-impl NoteCell<u8> for AtomicU8 {
-    fn get(&self) -> u8 {
-        self.load(Relaxed)
-    }
-    fn set(&self, value: u8) {
-        self.store(value, Relaxed)
-    }
-}
-
-impl NoteCell<u16> for AtomicU16 {
-    fn get(&self) -> u16 {
-        self.load(Relaxed)
-    }
-    fn set(&self, value: u16) {
-        self.store(value, Relaxed)
+    /// One call timed on the server: `us` microseconds.
+    pub fn note_timed(&self, us: u64) {
+        self.timed.fetch_add(1, Relaxed);
+        self.timed_us.fetch_add(us, Relaxed);
     }
 }
 

@@ -139,7 +139,8 @@ impl Session {
                         Ok(true)
                     }
                     step => Err(Box::pin(async move {
-                        self.cached_query(len, text_len, &shape, step, idle).await
+                        self.cached_query(len, text_len, &shape, step, first_tier)
+                            .await
                     })),
                 }
             }
@@ -467,16 +468,17 @@ impl Session {
 
     /// Answers a Query from the cache when it holds its result; otherwise leaves the query to
     /// run (filling the cache if it is a miss the cache wants). `first`: a first lookup's
-    /// wait or catalog read, to do before looking up again; `idle`: the client is idle (else
-    /// in a transaction block or with work in flight).
+    /// wait or catalog read, to do before looking up again; `first_tier`: no server is held
+    /// (the client is idle, or in a block kept without one) and the first tier was asked.
     async fn cached_query(
         &mut self,
         len: usize,
         text_len: usize,
         shape: &std::sync::Arc<crate::cache::Shape>,
         first: Lookup,
-        idle: bool,
+        first_tier: bool,
     ) -> Result<bool, End> {
+        let idle = first_tier && !self.keeps_block();
         let mut step = Some(first);
         let mut may_wait = true;
         let mut resolves = 0;
@@ -494,7 +496,7 @@ impl Session {
             match self.lookup_query(text_len, shape, transaction, may_wait) {
                 Lookup::Pass | Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
-                    if idle || self.keeps_block() {
+                    if first_tier {
                         self.remember_raw(&entry);
                     }
                     let status = self.client_status();

@@ -223,11 +223,13 @@ impl Session {
     }
 
     /// Starts timing a simple query on the server for SHOW QUERIES (see
-    /// `ShapeStats::time_this_call`), when nothing else is in flight: its ReadyForQuery is
-    /// then the next one the client is sent. True: started.
+    /// `ShapeStats::time_this_call`), when nothing else of the client's is in flight: its
+    /// ReadyForQuery is then the next one the client is sent (pgmemo's own queries queued
+    /// ahead of it, a parameter sync or a kept block's BEGIN, are answered to pgmemo).
+    /// True: started.
     #[inline]
     fn start_timing(&mut self, tag: u8) -> bool {
-        if tag != fe::QUERY || !self.replies.is_empty() {
+        if tag != fe::QUERY || self.replies.has_pending_work() || self.replies.in_batch() {
             return false;
         }
         let Some(reader) = self.reading.reader.as_deref_mut() else {
@@ -245,7 +247,7 @@ impl Session {
     /// went to the server (autoprepared), not if it was answered here or waits.
     #[inline]
     fn keep_timing(&mut self, started: bool) {
-        if started && (self.replies.is_empty() || self.plan.waiting) {
+        if started && (!self.replies.has_pending_work() || self.plan.waiting) {
             if let Some(reader) = self.reading.reader.as_deref_mut() {
                 reader.timed = None;
             }

@@ -191,15 +191,7 @@ impl Session {
                 .as_deref_mut()
                 .and_then(|r| r.timed.take());
             if let Some((sent, shape)) = timed {
-                let us = sent.elapsed().as_micros() as u64;
-                shape
-                    .stats
-                    .timed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                shape
-                    .stats
-                    .timed_us
-                    .fetch_add(us, std::sync::atomic::Ordering::Relaxed);
+                shape.stats.note_timed(sent.elapsed().as_micros() as u64);
             }
         }
         if let Some(stmts) = self.plan.stmts.as_mut() {
