@@ -124,15 +124,8 @@ impl App {
                 "Go >= 1.25 (then: cd tests/apps/go && go mod download)",
             ),
         };
-        let ok = Command::new(cmd)
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map(|o| o.status.success())
-            .unwrap_or(false);
         assert!(
-            ok,
+            succeeds(cmd, &args).await,
             "{}: `{cmd}` cannot run the app ({args:?} failed): run scripts/setup-tests, or: {install}",
             self.name()
         );
@@ -182,21 +175,17 @@ async fn build_go_app() -> PathBuf {
     BUILT
         .get_or_init(|| async {
             let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("framework-apps/go-app");
-            let out = Command::new("go")
-                .args(["build", "-o"])
+            let mut go = Command::new("go");
+            go.args(["build", "-o"])
                 .arg(&bin)
                 .arg(".")
-                .current_dir(apps_dir("go"))
-                .stdin(Stdio::null())
-                .output()
-                .await
-                .unwrap_or_else(|e| panic!("go build (run scripts/setup-tests): {e}"));
-            assert!(
-                out.status.success(),
+                .current_dir(apps_dir("go"));
+            prepare_step(
+                go,
                 "building tests/apps/go (go and the Go module proxy are needed; \
-                 scripts/setup-tests downloads the modules):\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                 scripts/setup-tests downloads the modules)",
+            )
+            .await;
             bin
         })
         .await

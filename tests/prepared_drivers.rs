@@ -302,23 +302,6 @@ async fn run_program(mut cmd: Command) -> Outcome {
     )
 }
 
-/// Runs `cmd` to prepare a driver (a build, a package install); panics with `hint` and the
-/// output when it fails.
-async fn prepare_step(mut cmd: Command, hint: &str) {
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
-    let out = cmd
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{hint}: could not run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{hint}: {cmd:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn tool_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
 }
@@ -375,14 +358,8 @@ async fn pgx_v5_statement_cache() {
 
 /// Fails with the install command when `python3` cannot import `module`.
 async fn require_python_module(module: &str, package: &str) {
-    let ok = Command::new("python3")
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .await
-        .map(|o| o.status.success())
-        .unwrap_or(false);
     assert!(
-        ok,
+        succeeds("python3", &["-c", &format!("import {module}")]).await,
         "python3 cannot import {module}: run scripts/setup, or: python3 -m pip install '{package}'"
     );
 }

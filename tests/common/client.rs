@@ -164,3 +164,30 @@ pub async fn wait_pool_normal(admin: &Client, direct: &Client, database: &str) {
     )
     .await;
 }
+
+/// Whether `program` with `args` runs and exits successfully (a tool or a module is there).
+pub async fn succeeds(program: &str, args: &[&str]) -> bool {
+    tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `cmd` to prepare a driver or an app (a build, a package install); panics with `hint`
+/// and the output when it fails.
+pub async fn prepare_step(mut cmd: tokio::process::Command, hint: &str) {
+    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
+    let out = cmd
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{hint}: could not run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{hint}: {cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
