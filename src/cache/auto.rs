@@ -19,9 +19,7 @@ use super::ResultCache;
 use crate::query::shapes::Shape;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// The rule counters of hinted queries and of auto mode's choices (after the configured
-/// rules, in this order).
-pub const HINT: &str = "(hint)";
+/// The rule counters of auto mode's choices (after the configured rules and the hints').
 pub const AUTO: &str = "(auto)";
 
 /// A shape's state in auto mode (`ShapeStats::auto`).

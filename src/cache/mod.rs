@@ -66,6 +66,9 @@ pub struct RuleStats {
     in_blocks: AtomicBool,
 }
 
+/// The rule counters of hinted queries (after the configured rules, before auto mode's).
+pub const HINT_RULE: &str = "(hint)";
+
 /// One stored result.
 #[derive(Debug)]
 pub struct Entry {
@@ -378,7 +381,7 @@ impl ResultCache {
                 })
         };
         let mut rules: Vec<_> = config.rules.iter().map(|r| stats_for(&r.name)).collect();
-        rules.push(stats_for(auto::HINT));
+        rules.push(stats_for(HINT_RULE));
         rules.push(stats_for(auto::AUTO));
         for r in old
             .iter()
