@@ -54,29 +54,43 @@ pub fn read(sql: &[u8]) -> Option<Control> {
     {
         return None; // comments, quotes, a second statement, parameters
     }
-    // Commas separate modes only: `BEGIN, READ ONLY` is a syntax error.
-    let mut words = text
-        .split(|c: char| c.is_ascii_whitespace() || c == ',')
-        .filter(|w| !w.is_empty());
-    let first = words.next()?;
+    let tokens = tokens(text);
+    let (&first, rest) = tokens.split_first()?;
     let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
-    let rest: Vec<&str> = words.collect();
     match first {
         w if is(w, "begin") => {
             let modes = match rest.first() {
                 Some(w) if is(w, "work") || is(w, "transaction") => &rest[1..],
-                _ => &rest[..],
+                _ => rest,
             };
-            begin("BEGIN", modes, text)
+            begin("BEGIN", modes)
         }
         w if is(w, "start") => match rest.first() {
-            Some(w) if is(w, "transaction") => begin("START TRANSACTION", &rest[1..], text),
+            Some(w) if is(w, "transaction") => begin("START TRANSACTION", &rest[1..]),
             _ => None,
         },
-        w if is(w, "commit") || is(w, "end") => plain_end(&rest).then_some(Control::Commit),
-        w if is(w, "rollback") || is(w, "abort") => plain_end(&rest).then_some(Control::Rollback),
+        w if is(w, "commit") || is(w, "end") => plain_end(rest).then_some(Control::Commit),
+        w if is(w, "rollback") || is(w, "abort") => plain_end(rest).then_some(Control::Rollback),
         _ => None,
     }
+}
+
+/// The words of `text`, each comma a token of its own.
+fn tokens(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for mut part in text.split_ascii_whitespace() {
+        while let Some(i) = part.find(',') {
+            if i > 0 {
+                out.push(&part[..i]);
+            }
+            out.push(",");
+            part = &part[i + 1..];
+        }
+        if !part.is_empty() {
+            out.push(part);
+        }
+    }
+    out
 }
 
 /// `[WORK | TRANSACTION]` and nothing else (no `AND [NO] CHAIN`, no `TO SAVEPOINT`,
@@ -90,10 +104,7 @@ fn plain_end(rest: &[&str]) -> bool {
 }
 
 /// A `BEGIN`'s transaction modes, each kind at most once; commas only between modes.
-fn begin(tag: &'static str, modes: &[&str], text: &str) -> Option<Control> {
-    if !commas_between_modes(text) {
-        return None;
-    }
+fn begin(tag: &'static str, modes: &[&str]) -> Option<Control> {
     let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
     let (mut isolation, mut access, mut deferrable) = (None, None, None);
     let mut i = 0;
@@ -118,39 +129,20 @@ fn begin(tag: &'static str, modes: &[&str], text: &str) -> Option<Control> {
             None
         };
         i += taken?;
+        if modes.get(i) == Some(&",") {
+            // A comma only between two modes (not first, last or doubled: the next word is
+            // read as a mode).
+            i += 1;
+            if i == modes.len() {
+                return None;
+            }
+        }
     }
     Some(Control::Begin {
         tag,
         isolation,
         read_write: access == Some(true),
     })
-}
-
-/// Whether every comma in a `BEGIN` stands between two modes: after a mode's last word and
-/// before the next mode's first (not after the command's words, not twice in a row, not
-/// last).
-fn commas_between_modes(text: &str) -> bool {
-    let mut parts = text.split(',');
-    let head = parts.next().unwrap_or("");
-    let mut parts: Vec<&str> = parts.collect();
-    if parts.is_empty() {
-        return true;
-    }
-    // The part before the first comma must hold a mode after the command's words.
-    let head_words: Vec<&str> = head.split_ascii_whitespace().collect();
-    let command_words = match head_words.first() {
-        Some(w) if w.eq_ignore_ascii_case("start") => 2,
-        Some(_) => match head_words.get(1) {
-            Some(w) if w.eq_ignore_ascii_case("work") || w.eq_ignore_ascii_case("transaction") => 2,
-            _ => 1,
-        },
-        None => return false,
-    };
-    if head_words.len() <= command_words {
-        return false;
-    }
-    parts.retain(|p| p.trim_ascii().is_empty());
-    parts.is_empty()
 }
 
 #[cfg(test)]
