@@ -164,6 +164,9 @@ pub struct Reads {
     /// Functions called (the name without schema: checked against every function of that
     /// name, the strictest wins).
     pub functions: Vec<Box<str>>,
+    /// A single-table read: the columns its `WHERE` binds (a point read when they are a key
+    /// of the table, which the catalog tells).
+    pub filter: Option<super::point::ReadFilter>,
 }
 
 /// How far a statement's effects reach, for invalidation.
@@ -201,6 +204,9 @@ pub struct Effects {
     /// The relations it names: reading one may write (a view or a policy that calls a
     /// volatile function of the database), which only the catalog tells.
     pub reads: Vec<Box<str>>,
+    /// A single INSERT, UPDATE or DELETE: the rows of its table its text names (which of
+    /// them are a key, and their values, the cache tells at run time).
+    pub rows: Option<super::point::RowWrite>,
 }
 
 impl Effects {
@@ -375,8 +381,28 @@ pub fn analyze_parsed(sql: &str, parsed: &super::Parsed) -> Analysis {
     effects.writes.dedup();
     effects.calls.sort();
     effects.calls.dedup();
+    if let [stmt] = stmts {
+        effects.rows = super::point::row_write(&stmt["stmt"]["node"]);
+    }
     let read = reads(stmts, walker);
     Analysis { effects, read }
+}
+
+impl Analysis {
+    /// In a simple query's shape: its constants that the lexer made parameters become `$n`
+    /// (see [`super::point::Source`]); `literals`: each literal's start, and its `$n` when
+    /// it is a parameter.
+    pub fn bind_literals(&mut self, literals: &[(u32, Option<u16>)]) {
+        if let Ok(Reads {
+            filter: Some(f), ..
+        }) = &mut self.read
+        {
+            super::point::bind_columns(&mut f.columns, literals);
+        }
+        if let Some(w) = &mut self.effects.rows {
+            w.bind_literals(literals);
+        }
+    }
 }
 
 /// The part of a statement's effects its kind decides (the walk adds DML targets and calls).
@@ -497,6 +523,7 @@ fn reads(stmts: &[Value], walker: Walker) -> Result<Reads, Bypass> {
     Ok(Reads {
         relations,
         functions,
+        filter: super::point::read_filter(select),
     })
 }
 

@@ -28,6 +28,7 @@ pub mod facts;
 pub mod hint;
 pub mod lexer;
 pub mod parameters;
+pub mod point;
 pub mod shapes;
 pub mod words;
 

@@ -12,7 +12,7 @@
 //! result cache still analyzes it; autoprepare never runs it.
 
 use super::analysis::{self, Analysis};
-use super::lexer::{self, Lexed, Literal};
+use super::lexer::{self, Kind, Lexed, Literal};
 use super::parameters::{self, Decision, Form, Never};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -178,9 +178,13 @@ impl Shape {
                 Ok(sql) => {
                     let parsed = super::parse(sql);
                     let raw = self.is_raw();
+                    let mut analysis = analysis::analyze_parsed(sql, &parsed);
+                    if !raw {
+                        analysis.bind_literals(&literal_places(literals));
+                    }
                     Derived {
                         text,
-                        analysis: Some(Arc::new(analysis::analyze_parsed(sql, &parsed))),
+                        analysis: Some(Arc::new(analysis)),
                         decision: if raw {
                             Decision::Never(Never::NotDml)
                         } else {
@@ -320,6 +324,22 @@ fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, raw: bool) -> Arc<Shape> 
         stats: ShapeStats::default(),
         hint_warned: AtomicBool::new(false),
     })
+}
+
+/// Each literal's start in the text, and its `$n` when it is a parameter (see
+/// [`analysis::Analysis::bind_literals`]).
+fn literal_places(literals: &[Literal]) -> Vec<(u32, Option<u16>)> {
+    let mut n = 0u16;
+    literals
+        .iter()
+        .map(|l| {
+            let param = (l.kind != Kind::Verbatim).then(|| {
+                n = n.saturating_add(1);
+                n
+            });
+            (l.start, param)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,556 @@
+//! Which rows a statement reads or writes, when its text fixes them: the equalities of a
+//! `WHERE` (`id = $1`, `id IN (1, 2)`, `a = 1 AND b = $2`) and the rows of an `INSERT ...
+//! VALUES`, from PostgreSQL's own parse (pg_query), once per statement shape on the cold path.
+//!
+//! This module only reads the tree: which columns are bound to which constants or parameters.
+//! Whether those columns are a key of the table, and what the values are at run time, is the
+//! cache's business (`cache::rows`), with the catalog in hand. Everything here errs on one
+//! side: a column whose binding is not certain is left out (a read then depends on its whole
+//! table, a write then writes rows pgmemo cannot name).
+
+use super::analysis::RelName;
+use serde_json::Value;
+
+/// The most values an `IN` list or a `VALUES` list may give before the statement is taken
+/// as touching rows that are not named (a write) or the whole table (a read).
+pub const MAX_VALUES: usize = 256;
+
+/// The type family a cast gives a value (`'7'::int8`): only casts that keep the value as
+/// written are followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// An integer type of this many bytes.
+    Integer(u8),
+    Text,
+    Uuid,
+}
+
+/// Where a bound value comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The statement's `$n` (1-based): a Bind's value, or a simple query's n-th parameter
+    /// literal.
+    Param(u16),
+    /// A constant of the text: its place (bytes) and its value as PostgreSQL read it (None:
+    /// NULL). In a simple query's shape, the lexer then says whether it is one of the
+    /// parameters (see [`Bound::bind_literals`]).
+    Const {
+        location: u32,
+        value: Option<Box<str>>,
+    },
+}
+
+/// One value a column is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub origin: Origin,
+    /// The family of the type it is cast to, if it is.
+    pub cast: Option<Family>,
+}
+
+/// A column and the values it equals (one for `=`, several for `IN`: any of them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    /// The column's name, as PostgreSQL folds it.
+    pub column: Box<str>,
+    pub values: Vec<Source>,
+}
+
+/// A single-table read whose `WHERE` binds columns by equality.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadFilter {
+    pub relation: RelName,
+    pub columns: Vec<Bound>,
+}
+
+/// A write to one table whose rows its text names, as far as it names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowWrite {
+    /// The table written (its name, without schema, as the versions name tables).
+    pub table: Box<str>,
+    pub rows: Rows,
+    /// The columns an `UPDATE` (or `ON CONFLICT DO UPDATE`) assigns.
+    pub sets: Vec<Box<str>>,
+}
+
+/// How a write names its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rows {
+    /// `UPDATE` / `DELETE ... WHERE` these columns equal these values.
+    Filter(Vec<Bound>),
+    /// `INSERT (columns) VALUES` these rows; a value that is not a constant or a parameter
+    /// (an expression, `DEFAULT`) is None. `conflict`: `ON CONFLICT DO UPDATE`'s arbiter
+    /// columns (empty: named by constraint, or no column list), else None.
+    Values {
+        columns: Vec<Box<str>>,
+        rows: Vec<Vec<Option<Source>>>,
+        conflict: Option<Vec<Box<str>>>,
+    },
+}
+
+// pg_query's enum values, as its protobuf numbers them.
+const AEXPR_OP: i64 = 1;
+const AEXPR_IN: i64 = 7;
+const AND_EXPR: i64 = 1;
+const SETOP_NONE: i64 = 1;
+const ONCONFLICT_NONE: i64 = 1;
+const ONCONFLICT_NOTHING: i64 = 2;
+const ONCONFLICT_UPDATE: i64 = 3;
+
+fn empty(v: &Value) -> bool {
+    v.is_null() || v.as_array().is_some_and(Vec::is_empty)
+}
+
+/// Whether a `SubLink` (a subquery) is anywhere in `v`.
+fn has_sublink(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.contains_key("SubLink") || o.values().any(has_sublink),
+        Value::Array(a) => a.iter().any(has_sublink),
+        _ => false,
+    }
+}
+
+fn string_of(node: &Value) -> Option<&str> {
+    node["node"]["String"]["sval"].as_str()
+}
+
+/// The relation a `RangeVar` names.
+fn relation(range_var: &Value) -> Option<RelName> {
+    let name = range_var["relname"].as_str().filter(|n| !n.is_empty())?;
+    let schema = range_var["schemaname"].as_str().filter(|s| !s.is_empty());
+    Some(RelName {
+        schema: schema.map(Into::into),
+        name: name.into(),
+    })
+}
+
+/// The alias a `RangeVar` has, if any.
+fn alias(range_var: &Value) -> Option<&str> {
+    range_var["alias"]["aliasname"].as_str()
+}
+
+/// A single SELECT of one table (`SELECT ... FROM t [alias] WHERE ...`, no subquery, no
+/// WITH, no set operation): the columns its WHERE binds.
+pub fn read_filter(select: &Value) -> Option<ReadFilter> {
+    if select["op"].as_i64() != Some(SETOP_NONE)
+        || !empty(&select["with_clause"])
+        || has_sublink(select)
+    {
+        return None;
+    }
+    let [from] = select["from_clause"].as_array()?.as_slice() else {
+        return None;
+    };
+    let range_var = from["node"].get("RangeVar")?;
+    let relation = relation(range_var)?;
+    let columns = conjuncts(&select["where_clause"], &relation.name, alias(range_var));
+    (!columns.is_empty()).then_some(ReadFilter { relation, columns })
+}
+
+/// What an INSERT, UPDATE or DELETE statement (`node`, the statement's node) names of the
+/// rows it writes; None: not one of those, or more than its text says may be written
+/// (WITH, a subquery, `UPDATE ... FROM`, `DELETE ... USING`, `INSERT ... SELECT`).
+pub fn row_write(node: &Value) -> Option<RowWrite> {
+    let (kind, inner) = node.as_object()?.iter().next()?;
+    if !empty(&inner["with_clause"]) {
+        return None;
+    }
+    let range_var = &inner["relation"];
+    let table = relation(range_var)?.name;
+    let table_alias = alias(range_var);
+    let sets = |list: &Value| -> Vec<Box<str>> {
+        list.as_array()
+            .map(|l| {
+                l.iter()
+                    .filter_map(|t| t["node"]["ResTarget"]["name"].as_str())
+                    .map(Into::into)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    match kind.as_str() {
+        "UpdateStmt" | "DeleteStmt" => {
+            if !empty(&inner["from_clause"])
+                || !empty(&inner["using_clause"])
+                || has_sublink(&inner["where_clause"])
+            {
+                return None;
+            }
+            let columns = conjuncts(&inner["where_clause"], &table, table_alias);
+            Some(RowWrite {
+                rows: Rows::Filter(columns),
+                sets: sets(&inner["target_list"]),
+                table,
+            })
+        }
+        "InsertStmt" => {
+            let select = inner["select_stmt"]["node"].get("SelectStmt")?;
+            let values = select["values_lists"].as_array()?;
+            if values.is_empty() || values.len() > MAX_VALUES || has_sublink(select) {
+                return None;
+            }
+            let columns: Vec<Box<str>> = inner["cols"]
+                .as_array()?
+                .iter()
+                .map(|c| {
+                    let target = &c["node"]["ResTarget"];
+                    // `INSERT (a.b)`, `INSERT (a[1])`: not a plain column.
+                    empty(&target["indirection"])
+                        .then(|| target["name"].as_str().map(Into::into))
+                        .flatten()
+                })
+                .collect::<Option<_>>()?;
+            let rows = values
+                .iter()
+                .map(|row| {
+                    row["node"]["List"]["items"]
+                        .as_array()
+                        .map(|items| items.iter().map(source).collect())
+                })
+                .collect::<Option<Vec<Vec<_>>>>()?;
+            let on_conflict = &inner["on_conflict_clause"];
+            let (conflict, sets) = match on_conflict["action"].as_i64() {
+                None | Some(ONCONFLICT_NONE) | Some(ONCONFLICT_NOTHING) => (None, Vec::new()),
+                Some(ONCONFLICT_UPDATE) => {
+                    let elems = on_conflict["infer"]["index_elems"].as_array();
+                    let arbiters = elems
+                        .map(|e| {
+                            e.iter()
+                                .map(|e| e["node"]["IndexElem"]["name"].as_str())
+                                .collect::<Option<Vec<&str>>>()
+                                .map(|names| names.into_iter().map(Into::into).collect())
+                                .unwrap_or_default()
+                        })
+                        .unwrap_or_default();
+                    (Some(arbiters), sets(&on_conflict["target_list"]))
+                }
+                Some(_) => return None,
+            };
+            Some(RowWrite {
+                table,
+                rows: Rows::Values {
+                    columns,
+                    rows,
+                    conflict,
+                },
+                sets,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The columns of `table` (or its `alias`) that the AND-ed equalities of `clause` bind:
+/// `col = value`, `value = col`, `col IN (values)`. Anything else in the clause only narrows
+/// the rows further and is not read.
+fn conjuncts(clause: &Value, table: &str, alias: Option<&str>) -> Vec<Bound> {
+    let mut out: Vec<Bound> = Vec::new();
+    let mut stack = vec![clause];
+    while let Some(node) = stack.pop() {
+        let node = &node["node"];
+        if let Some(b) = node.get("BoolExpr") {
+            if b["boolop"].as_i64() == Some(AND_EXPR) {
+                stack.extend(b["args"].as_array().into_iter().flatten());
+            }
+            continue;
+        }
+        let Some(e) = node.get("AExpr") else {
+            continue;
+        };
+        let [op] = e["name"].as_array().map(Vec::as_slice).unwrap_or_default() else {
+            continue;
+        };
+        if string_of(op) != Some("=") {
+            continue;
+        }
+        let found = match e["kind"].as_i64() {
+            Some(AEXPR_OP) => column(&e["lexpr"], table, alias)
+                .zip(source(&e["rexpr"]).map(|s| vec![s]))
+                .or_else(|| {
+                    column(&e["rexpr"], table, alias).zip(source(&e["lexpr"]).map(|s| vec![s]))
+                }),
+            Some(AEXPR_IN) => column(&e["lexpr"], table, alias).zip(
+                e["rexpr"]["node"]["List"]["items"]
+                    .as_array()
+                    .filter(|items| items.len() <= MAX_VALUES)
+                    .and_then(|items| items.iter().map(source).collect::<Option<Vec<_>>>()),
+            ),
+            _ => None,
+        };
+        let Some((column, values)) = found else {
+            continue;
+        };
+        // `a = 1 AND a = 2`: bound to either (more rows than match, never fewer).
+        match out.iter_mut().find(|b| b.column == column) {
+            Some(b) => b.values.extend(values),
+            None => out.push(Bound { column, values }),
+        }
+    }
+    out
+}
+
+/// The column of `table` a `ColumnRef` names (`col`, `table.col` or `alias.col`).
+fn column(node: &Value, table: &str, alias: Option<&str>) -> Option<Box<str>> {
+    let fields = node["node"]["ColumnRef"]["fields"].as_array()?;
+    match fields.as_slice() {
+        [col] => string_of(col).map(Into::into),
+        [qualifier, col] => {
+            let q = string_of(qualifier)?;
+            let ok = match alias {
+                Some(a) => q == a,
+                None => q == table,
+            };
+            ok.then(|| string_of(col).map(Into::into)).flatten()
+        }
+        _ => None,
+    }
+}
+
+/// A constant or a parameter, possibly cast to a type that keeps its value as written.
+fn source(node: &Value) -> Option<Source> {
+    let n = &node["node"];
+    if let Some(cast) = n.get("TypeCast") {
+        let ty = &cast["type_name"];
+        if !empty(&ty["typmods"]) || !empty(&ty["array_bounds"]) {
+            return None;
+        }
+        let names = ty["names"].as_array()?;
+        let family = match names.last().and_then(string_of)? {
+            "int2" | "smallint" => Family::Integer(2),
+            "int4" | "integer" | "int" => Family::Integer(4),
+            "int8" | "bigint" => Family::Integer(8),
+            "text" | "varchar" => Family::Text,
+            "uuid" => Family::Uuid,
+            _ => return None,
+        };
+        let inner = source(&cast["arg"])?;
+        if inner.cast.is_some_and(|f| !same_family(f, family)) {
+            return None;
+        }
+        return Some(Source {
+            cast: Some(family),
+            ..inner
+        });
+    }
+    if let Some(p) = n.get("ParamRef") {
+        let number = u16::try_from(p["number"].as_i64()?).ok()?;
+        return (number > 0).then_some(Source {
+            origin: Origin::Param(number),
+            cast: None,
+        });
+    }
+    let c = n.get("AConst")?;
+    let location = u32::try_from(c["location"].as_i64()?).ok()?;
+    let value = if c["isnull"].as_bool() == Some(true) {
+        None
+    } else {
+        let v = &c["val"];
+        Some(if let Some(i) = v["Ival"].as_object() {
+            // Protobuf leaves a zero out.
+            i.get("ival")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+                .to_string()
+                .into()
+        } else if let Some(s) = v["Sval"]["sval"].as_str() {
+            s.into()
+        } else if let Some(f) = v["Fval"]["fval"].as_str() {
+            f.into()
+        } else {
+            return None;
+        })
+    };
+    Some(Source {
+        origin: Origin::Const { location, value },
+        cast: None,
+    })
+}
+
+/// Whether two casts keep a value in one family (`'7'::int2::int8`).
+pub fn same_family(a: Family, b: Family) -> bool {
+    matches!(
+        (a, b),
+        (Family::Integer(_), Family::Integer(_))
+            | (Family::Text, Family::Text)
+            | (Family::Uuid, Family::Uuid)
+    )
+}
+
+impl Source {
+    /// In a simple query's shape: a constant the lexer made its n-th parameter becomes
+    /// `$n` (its value differs from one query of the shape to the next); one it kept in the
+    /// text stays (every query of the shape has it). None: the lexer has no literal that
+    /// starts there (`-1` is `-` and `1` to it, not one constant): not followed.
+    fn bind(&mut self, literals: &[(u32, Option<u16>)]) -> Option<()> {
+        if let Origin::Const { location, .. } = self.origin {
+            let &(_, param) = literals.iter().find(|(start, _)| *start == location)?;
+            if let Some(n) = param {
+                self.origin = Origin::Param(n);
+            }
+        }
+        Some(())
+    }
+}
+
+/// Binds the constants of `columns` to a simple query's literals (see [`Source::bind`]):
+/// `literals` gives each literal's start and, for a parameter, its `$n`. A column with a
+/// value the lexer does not have is dropped.
+pub fn bind_columns(columns: &mut Vec<Bound>, literals: &[(u32, Option<u16>)]) {
+    columns.retain_mut(|b| b.values.iter_mut().all(|s| s.bind(literals).is_some()));
+}
+
+impl RowWrite {
+    /// [`bind_columns`] for a write: a VALUES entry the lexer does not have becomes None.
+    pub fn bind_literals(&mut self, literals: &[(u32, Option<u16>)]) {
+        match &mut self.rows {
+            Rows::Filter(columns) => bind_columns(columns, literals),
+            Rows::Values { rows, .. } => {
+                for value in rows.iter_mut().flatten() {
+                    if value.as_mut().is_some_and(|s| s.bind(literals).is_none()) {
+                        *value = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(sql: &str) -> Value {
+        let crate::query::Parsed::Tree(t) = crate::query::parse(sql) else {
+            panic!("{sql}");
+        };
+        t["stmts"][0]["stmt"]["node"].clone()
+    }
+
+    fn read(sql: &str) -> Option<ReadFilter> {
+        read_filter(&tree(sql)["SelectStmt"])
+    }
+
+    fn param(n: u16) -> Source {
+        Source {
+            origin: Origin::Param(n),
+            cast: None,
+        }
+    }
+
+    fn columns(f: &ReadFilter) -> Vec<(&str, usize)> {
+        f.columns
+            .iter()
+            .map(|b| (&*b.column, b.values.len()))
+            .collect()
+    }
+
+    #[test]
+    fn a_read_binds_the_columns_its_where_fixes() {
+        let f = read("SELECT a FROM t WHERE id = $1").unwrap();
+        assert_eq!(&*f.relation.name, "t");
+        assert_eq!(f.columns[0].values, vec![param(1)]);
+        let f = read("SELECT a FROM s.t x WHERE x.id IN (1, $2) AND 3 = k AND v > 2").unwrap();
+        assert_eq!(columns(&f), vec![("k", 1), ("id", 2)]);
+        let f = read("SELECT * FROM t WHERE id = '7'::int8 AND a = 1 AND a = 2").unwrap();
+        assert_eq!(columns(&f), vec![("a", 2), ("id", 1)]);
+        assert_eq!(f.columns[1].values[0].cast, Some(Family::Integer(8)));
+        // Not bound: another table's qualifier, OR, casts that change a value, a column's
+        // expression.
+        assert!(read("SELECT a FROM t x WHERE t.id = 1").is_none());
+        assert!(read("SELECT a FROM t WHERE id = 1 OR id = 2").is_none());
+        assert!(read("SELECT a FROM t WHERE k = 'abc'::varchar(2)").is_none());
+        assert!(read("SELECT a FROM t WHERE k = '7.5'::numeric").is_none());
+        assert!(read("SELECT a FROM t WHERE id + 0 = 1").is_none());
+        assert!(read("SELECT a FROM t WHERE id <> 1").is_none());
+        assert!(read("SELECT a FROM t WHERE id NOT IN (1)").is_none());
+    }
+
+    #[test]
+    fn a_read_of_more_than_one_table_is_not_a_filter() {
+        assert!(read("SELECT a FROM t, u WHERE t.id = 1").is_none());
+        assert!(read("SELECT a FROM t JOIN u USING (id) WHERE id = 1").is_none());
+        assert!(read("SELECT (SELECT count(*) FROM t) FROM t WHERE id = 1").is_none());
+        assert!(read("SELECT a FROM t WHERE id = 1 AND EXISTS (SELECT 1 FROM u)").is_none());
+        assert!(read("WITH w AS (SELECT 1) SELECT a FROM t WHERE id = 1").is_none());
+        assert!(read("SELECT a FROM t WHERE id = 1 UNION SELECT a FROM t WHERE id = 2").is_none());
+        assert!(read("SELECT a FROM f(1) WHERE id = 1").is_none());
+    }
+
+    #[test]
+    fn writes_name_their_rows_as_far_as_their_text_does() {
+        let w = row_write(&tree("UPDATE t SET v = 1, w = $2 WHERE id = $1")).unwrap();
+        assert_eq!(&*w.table, "t");
+        assert_eq!(w.sets, vec!["v".into(), "w".into()] as Vec<Box<str>>);
+        assert_eq!(
+            w.rows,
+            Rows::Filter(vec![Bound {
+                column: "id".into(),
+                values: vec![param(1)]
+            }])
+        );
+        let w = row_write(&tree("DELETE FROM s.t WHERE id IN ($1, $2)")).unwrap();
+        assert!(matches!(&w.rows, Rows::Filter(c) if c[0].values.len() == 2));
+        let w = row_write(&tree(
+            "INSERT INTO t (id, v) VALUES ($1, now()), (2, DEFAULT) ON CONFLICT (id) DO UPDATE SET v = 1",
+        ))
+        .unwrap();
+        let Rows::Values {
+            columns,
+            rows,
+            conflict,
+        } = &w.rows
+        else {
+            panic!()
+        };
+        assert_eq!(columns.len(), 2);
+        assert_eq!(rows[0][0], Some(param(1)));
+        assert_eq!(rows[0][1], None);
+        assert_eq!(conflict.as_deref(), Some(&["id".into()] as &[Box<str>]));
+        assert_eq!(w.sets, vec!["v".into()] as Vec<Box<str>>);
+        // More than the text says: not named.
+        assert!(row_write(&tree("UPDATE t SET v = 1 FROM u WHERE t.id = u.id")).is_none());
+        assert!(row_write(&tree("DELETE FROM t USING u WHERE t.id = 1")).is_none());
+        assert!(row_write(&tree("INSERT INTO t SELECT * FROM u")).is_none());
+        assert!(row_write(&tree(
+            "WITH x AS (SELECT 1) UPDATE t SET v = 1 WHERE id = 1"
+        ))
+        .is_none());
+        assert!(row_write(&tree("UPDATE t SET v = 1 WHERE id = (SELECT 1)")).is_none());
+        assert!(row_write(&tree("INSERT INTO t (id) VALUES ((SELECT 1))")).is_none());
+        // The rows of an UPDATE without a WHERE, or with an OR, are not named: no column.
+        let w = row_write(&tree("UPDATE t SET v = 1 WHERE id = 1 OR id = 2")).unwrap();
+        assert_eq!(w.rows, Rows::Filter(vec![]));
+    }
+
+    #[test]
+    fn a_simple_querys_constants_become_its_parameters() {
+        let sql = "SELECT a FROM t WHERE id = 7 AND k = 'x' AND z = -3";
+        let mut f = read(sql).unwrap();
+        // 7 is $1, 'x' is kept in the text, -3 is `-` and a literal `3` to the lexer.
+        let seven = sql.find('7').unwrap() as u32;
+        let x = sql.find('\'').unwrap() as u32;
+        let three = sql.find('3').unwrap() as u32;
+        bind_columns(
+            &mut f.columns,
+            &[(seven, Some(1)), (x, None), (three, Some(2))],
+        );
+        let bound: Vec<(&str, &Origin)> = f
+            .columns
+            .iter()
+            .map(|b| (&*b.column, &b.values[0].origin))
+            .collect();
+        assert_eq!(
+            bound,
+            vec![
+                (
+                    "k",
+                    &Origin::Const {
+                        location: x,
+                        value: Some("x".into())
+                    }
+                ),
+                ("id", &Origin::Param(1)),
+            ]
+        );
+    }
+}
