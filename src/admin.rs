@@ -168,6 +168,9 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         }
         ["show", "cache_bypasses"] => Ok(Reply::Table(show_cache_bypasses(app))),
         ["show", "cache", "wal"] | ["show", "cache_wal"] => Ok(Reply::Table(show_cache_wal(app))),
+        ["show", "cache", "rows"] | ["show", "cache_rows"] => {
+            Ok(Reply::Table(show_cache_rows(app)))
+        }
         ["cache", "flush"] | ["cache", "flush", "all"] => {
             app.cache.flush(crate::cache::FlushTarget::All);
             Ok(Reply::Done("CACHE FLUSH".into()))
@@ -194,7 +197,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "SHOW DATABASES|USERS|LISTS|STATE",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS|QUERIES",
-                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL",
+                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL|CACHE ROWS",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
                 "RELOAD",
                 "PAUSE [db]",
@@ -888,8 +891,11 @@ pub fn show_cache(app: &App) -> Table {
                 text(r.evictions.load(Relaxed)),
                 text(r.invalidations.load(Relaxed)),
                 text(r.bypasses.get()),
+                text(r.refreshes.load(Relaxed)),
                 text(memory),
                 text(limit),
+                text(app.cache.versions.row_versions()),
+                text(app.cache.versions.row_bytes()),
             ]
         })
         .collect();
@@ -905,10 +911,38 @@ pub fn show_cache(app: &App) -> Table {
             "evictions",
             "invalidations",
             "bypasses",
+            "refreshes",
             "store_bytes",
             "store_limit",
+            "row_versions",
+            "row_versions_bytes",
         ],
         rows,
+    }
+}
+
+/// Row-level invalidation (see `cache::rows`): how many counters, and how often reads and
+/// writes were known by row.
+pub fn show_cache_rows(app: &App) -> Table {
+    let f = &app.cache.row_figures;
+    let v = &app.cache.versions;
+    Table {
+        columns: vec![
+            "row_versions",
+            "row_versions_bytes",
+            "point_fills",
+            "point_fallbacks",
+            "rows_bumped",
+            "unknown_rows",
+        ],
+        rows: vec![vec![
+            text(v.row_versions()),
+            text(v.row_bytes()),
+            text(f.point_fills.load(Relaxed)),
+            text(f.point_fallbacks.load(Relaxed)),
+            text(f.rows_bumped.load(Relaxed)),
+            text(f.unknown_rows.load(Relaxed)),
+        ]],
     }
 }
 

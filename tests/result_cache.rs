@@ -1209,7 +1209,8 @@ async fn a_block_of_hits_takes_no_server() {
         (0, "SELECT v FROM kv WHERE id = 2", false, false),
         (0, "COMMIT", false, true),
         (0, "SELECT v FROM kv WHERE id = 2", false, true),
-        (0, kv, false, true),
+        // Row 1 was not written: still a hit (row-level invalidation).
+        (0, kv, true, true),
         // After a hit the block has run a query: SET TRANSACTION fails as PostgreSQL fails it,
         // and COMMIT of the failed block is a ROLLBACK.
         (0, "BEGIN", false, true),

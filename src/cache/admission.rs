@@ -151,6 +151,8 @@ mod tests {
             database: "db".into(),
             hits: Default::default(),
             shape: None,
+            refresh_at: Instant::now() + ttl,
+            refreshing: Default::default(),
         })
     }
 

@@ -9,9 +9,11 @@
 //! - per cacheable query and search_path, [`resolve_sql`]: which relations its names are
 //!   (through views and partitions down to the tables), and whether all of them may be cached.
 
+use super::rows::{KeyType, RowKey};
 use crate::params::quote_literal;
 use crate::query::analysis::{analyze, Bypass, Reads};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// What a database's functions and tables do, as of one moment.
 #[derive(Debug, Default)]
@@ -25,6 +27,9 @@ pub struct Snapshot {
     reaches: HashMap<Box<str>, Vec<Box<str>>>,
     /// Relations whose reading may write (see [`SNAPSHOT_SQL`]'s `r` rows).
     reading_writes: HashSet<Box<str>>,
+    /// Each table's row key (see [`super::rows`]); None when two tables of that name have
+    /// different ones, or one of its columns is of a type not followed by row.
+    row_keys: HashMap<Box<str>, Option<Arc<RowKey>>>,
 }
 
 /// Every function of one name, merged: the strictest wins.
@@ -40,7 +45,10 @@ struct Function {
 /// write anything (user triggers, rules; column defaults, check constraints and domains that
 /// call a volatile function of the database), `e` a write to the first table reaching the
 /// second, `r` a relation whose reading may write (a view's query or a row-level security
-/// policy that calls a volatile function or operator of the database).
+/// policy that calls a volatile function or operator of the database), `k` a column of a
+/// table's row key (see [`super::rows`]: its replica identity index, else its primary key):
+/// the table, the column, its type OID, whether its collation is deterministic, and its
+/// place in the key and the table's OID (two tables of one name in two schemas).
 pub const SNAPSHOT_SQL: &str = "\
 WITH vol(classid, oid) AS (SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p \
    WHERE p.oid >= 16384 AND p.provolatile = 'v' \
@@ -87,7 +95,16 @@ UNION ALL SELECT 'e', ch.relname::text, p.relname::text, '', '' FROM pg_inherits
 UNION ALL SELECT DISTINCT 'e', v.relname::text, b.relname::text, '', '' FROM pg_rewrite r \
  JOIN pg_class v ON v.oid = r.ev_class JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass \
  AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass JOIN pg_class b ON b.oid = d.refobjid \
- WHERE b.oid <> v.oid AND r.rulename = '_RETURN'";
+ WHERE b.oid <> v.oid AND r.rulename = '_RETURN' \
+UNION ALL SELECT 'k', c.relname::text, a.attname::text, \
+ a.atttypid::text || ' ' || coalesce(co.collisdeterministic, true)::text, \
+ k.ord::text || ' ' || c.oid::text FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid \
+ AND ((c.relreplident IN ('d', 'f') AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)) \
+ CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+ JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum \
+ LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+ WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
+ AND i.indisunique AND i.indimmediate AND i.indexprs IS NULL AND i.indpred IS NULL";
 
 impl Snapshot {
     /// Builds a snapshot from the rows of [`SNAPSHOT_SQL`].
@@ -98,6 +115,9 @@ impl Snapshot {
         };
         let col =
             |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        // table → (its OID, its key columns by place; None: a type not followed).
+        type Columns = Vec<(u32, Option<(Box<str>, KeyType)>)>;
+        let mut keys: HashMap<Box<str>, Vec<(String, Columns)>> = HashMap::new();
         for row in rows {
             match col(row, 0).as_str() {
                 "f" => {
@@ -112,6 +132,27 @@ impl Snapshot {
                 "r" => {
                     s.reading_writes.insert(col(row, 1).into());
                 }
+                "k" => {
+                    let (ty, place) = (col(row, 3), col(row, 4));
+                    let (oid, deterministic) = ty.split_once(' ').unwrap_or_default();
+                    let (place, table) = place.split_once(' ').unwrap_or_default();
+                    let key_type = oid
+                        .parse()
+                        .ok()
+                        .and_then(|oid| KeyType::of(oid, deterministic == "true"));
+                    let column = key_type.map(|t| (col(row, 2).into_boxed_str(), t));
+                    let tables = keys.entry(col(row, 1).into()).or_default();
+                    let at = match tables.iter().position(|(t, _)| t == table) {
+                        Some(at) => at,
+                        None => {
+                            tables.push((table.to_owned(), Vec::new()));
+                            tables.len() - 1
+                        }
+                    };
+                    tables[at]
+                        .1
+                        .push((place.parse().unwrap_or(u32::MAX), column));
+                }
                 "e" => {
                     let to: Box<str> = col(row, 2).into();
                     let list = s.reaches.entry(col(row, 1).into()).or_default();
@@ -122,7 +163,27 @@ impl Snapshot {
                 _ => {}
             }
         }
+        for (name, tables) in keys {
+            let key = |mut columns: Columns| {
+                columns.sort_by_key(|(place, _)| *place);
+                let columns = columns
+                    .into_iter()
+                    .map(|(_, c)| c)
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Arc::new(RowKey { columns }))
+            };
+            let mut found = tables.into_iter().map(|(_, columns)| key(columns));
+            let first = found.next().flatten();
+            // Two tables of one name: the same key, or none followed.
+            let same = found.all(|k| k.is_some() && k == first);
+            s.row_keys.insert(name, first.filter(|_| same));
+        }
         s
+    }
+
+    /// The row key of the tables named `table` (see [`super::rows`]), if followed.
+    pub fn row_key(&self, table: &str) -> Option<&Arc<RowKey>> {
+        self.row_keys.get(table)?.as_ref()
     }
 
     /// The tables a write to `table` changes (itself first, then what cascades, triggers,
@@ -349,6 +410,34 @@ mod tests {
         assert!(s.call_may_write("created_later"));
         assert_eq!(s.functions_bypass(&["lower".into()]), None);
         assert_eq!(s.functions_bypass(&["f".into()]), Some(Bypass::Volatile));
+    }
+
+    #[test]
+    fn row_keys_in_their_order_and_only_when_one_per_name() {
+        let s = Snapshot::from_rows(
+            0,
+            &[
+                row(&["k", "pair", "b", "25 true", "2 100"]),
+                row(&["k", "pair", "a", "23 true", "1 100"]),
+                row(&["k", "icu", "name", "25 false", "1 101"]),
+                row(&["k", "twice", "id", "23 true", "1 102"]),
+                row(&["k", "twice", "id", "20 true", "1 103"]),
+                row(&["k", "same", "id", "23 true", "1 104"]),
+                row(&["k", "same", "id", "23 true", "1 105"]),
+            ],
+        );
+        let pair = s.row_key("pair").unwrap();
+        assert_eq!(
+            pair.columns,
+            vec![
+                ("a".into(), KeyType::Integer(4)),
+                ("b".into(), KeyType::Text)
+            ]
+        );
+        assert!(s.row_key("icu").is_none(), "a nondeterministic collation");
+        assert!(s.row_key("twice").is_none(), "two tables, two keys");
+        assert!(s.row_key("same").is_some());
+        assert!(s.row_key("missing").is_none());
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod admission;
 pub mod auto;
 pub mod catalog;
 mod key;
+pub mod rows;
 pub mod versions;
 
 use crate::config::cache::CacheConfig;
@@ -59,6 +60,8 @@ pub struct RuleStats {
     pub evictions: AtomicU64,
     pub invalidations: AtomicU64,
     pub bypasses: crate::stats::StripedCounter,
+    /// Entries refreshed ahead of their expiry (see [`Entry::refresh_at`]).
+    pub refreshes: AtomicU64,
     /// The rule is in the configuration (the hints' counters: hints are obeyed), so entries
     /// it stored are answered: one load on a first-tier hit instead of the configuration's.
     chooses: AtomicBool,
@@ -85,6 +88,18 @@ pub struct Entry {
     /// The simple query's shape (None: a statement's), whose figures a first-tier hit adds
     /// to.
     pub shape: Option<Arc<Shape>>,
+    /// Read from then on, it is refreshed by the query of the one client that claims it
+    /// (`refreshing`) while the others keep getting hits (`cache.refresh_at`).
+    pub refresh_at: Instant,
+    pub refreshing: AtomicBool,
+}
+
+impl Entry {
+    /// Whether a read now should refresh it (nobody claimed it yet).
+    #[inline]
+    fn refresh_due(&self, now: Instant) -> bool {
+        now >= self.refresh_at && !self.refreshing.load(Relaxed)
+    }
 }
 
 #[derive(Clone)]
@@ -215,9 +230,12 @@ pub use crate::query::shapes::Shape;
 struct Plan {
     /// The database's catalog version it was resolved at.
     catalog: u64,
-    /// Database slot first, then the tables'.
+    /// Database slot first, then the tables' (a point read's: its table's unknown-rows
+    /// slot; its rows' are added per execution).
     slots: Result<Box<[u32]>, Bypass>,
     tables: Arc<[Box<str>]>,
+    /// A read of rows its key names (see [`rows`]).
+    point: Option<rows::PointPlan>,
     /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
     /// two texts whose hashes collide must not share their tables), and shown in `SHOW
     /// CACHE ENTRIES`.
@@ -260,6 +278,21 @@ pub struct ResultCache {
     /// Some database's snapshot has relations whose reading writes
     /// ([`Snapshot::reading_may_write`]); until then no statement is checked for it.
     reading_writes: AtomicBool,
+    /// Row-level invalidation's figures (SHOW CACHE).
+    pub row_figures: RowFigures,
+}
+
+/// How row-level invalidation went (SHOW CACHE).
+#[derive(Default)]
+pub struct RowFigures {
+    /// Results filled that depend on their rows, not on their tables.
+    pub point_fills: AtomicU64,
+    /// Results of point reads whose values named no row: they depend on their table.
+    pub point_fallbacks: AtomicU64,
+    /// Rows bumped by writes through pgmemo and by the WAL.
+    pub rows_bumped: AtomicU64,
+    /// Writes to a table whose rows were not named (through pgmemo and in the WAL).
+    pub unknown_rows: AtomicU64,
 }
 
 /// Where a lookup happens: the client's context.
@@ -340,12 +373,12 @@ impl ResultCache {
             follows_wal: AtomicBool::new(false),
             store: Store::with(
                 1024,
-                config.max_memory as u64,
+                (config.max_memory as u64).max(1),
                 EntryWeight,
                 KeyIsHash,
                 evictions,
             ),
-            versions: Versions::default(),
+            versions: Versions::new(row_versions(config)),
             raw: quick_cache::sync::Cache::new(RAW_ENTRIES),
             flights: Arc::new(Flights::new()),
             shapes,
@@ -358,6 +391,7 @@ impl ResultCache {
             flight_timeouts: AtomicU64::new(0),
             admission,
             reading_writes: AtomicBool::new(false),
+            row_figures: RowFigures::default(),
         };
         cache.reconfigure(config);
         cache
@@ -401,7 +435,7 @@ impl ResultCache {
             r.in_blocks.store(in_blocks, Relaxed);
         }
         self.rules.store(Arc::new(rules));
-        self.store.set_capacity(config.max_memory as u64);
+        self.store.set_capacity(self.store_capacity(config));
         if !config.enabled {
             self.store.clear();
         }
@@ -454,6 +488,25 @@ impl ResultCache {
     /// Bytes the store holds (keys, results and bookkeeping), and its limit.
     pub fn memory(&self) -> (u64, u64) {
         (self.store.weight(), self.store.capacity())
+    }
+
+    /// The row key of `table` in `database` (see [`rows`]), by its current catalog
+    /// snapshot; None: not followed by row, or not known yet.
+    pub fn row_key(&self, database: &str, table: &str) -> Option<Arc<rows::RowKey>> {
+        let snapshots = self.snapshots.pin();
+        let snapshot = snapshots
+            .get(database)
+            .filter(|s| self.is_current(s, database))?;
+        snapshot.row_key(table).cloned()
+    }
+
+    /// What `max_memory` leaves to the store once the rows' versions are counted (at least
+    /// half of it: a reload may lower `max_memory`, the row versions stay).
+    fn store_capacity(&self, config: &CacheConfig) -> u64 {
+        let max = config.max_memory as u64;
+        max.saturating_sub(self.versions.row_bytes() as u64)
+            .max(max / 2)
+            .max(1)
     }
 
     fn count(&self, why: Bypass) {
@@ -542,7 +595,9 @@ impl ResultCache {
             client.raw_key_valid = true;
         }
         let entry = entry?.upgrade()?;
-        if entry.expires <= Instant::now() || !self.versions.unchanged(&entry.seen) {
+        let now = Instant::now();
+        // A refresh due is claimed in the second tier (see `decide`).
+        if entry.expires <= now || entry.refresh_due(now) || !self.versions.unchanged(&entry.seen) {
             return None;
         }
         if !entry.rule.chooses.load(Relaxed) || (in_block && !entry.rule.in_blocks.load(Relaxed)) {
@@ -584,28 +639,42 @@ impl ResultCache {
             return None;
         }
         let shape = self.shape(sql, reader);
-        match shape.as_ref().and_then(|s| s.analysis()) {
-            Some(analysis) => self.note(client, analysis),
+        match shape.as_ref().and_then(|s| Some((s, s.analysis()?))) {
+            Some((shape, analysis)) => {
+                let values = match reader.lexed() {
+                    Some(lexed) if !shape.is_raw() => rows::Values::Lexed(lexed),
+                    _ => rows::Values::None,
+                };
+                self.note(client, analysis, &values)
+            }
             None => client.note(&FLUSH_DATABASE),
         }
         shape
     }
 
-    /// Notes what executing a statement may change.
+    /// Notes what executing a statement (bound by `bind`) may change.
     pub fn note_statement(
         &self,
         client: &mut ClientCache,
         statement: &crate::statements::Statement,
+        bind: &crate::protocol::frontend::Bind<'_>,
     ) {
-        self.note(client, statement_analysis(statement));
+        let values = rows::Values::Bind {
+            rest: bind.rest,
+            types: &statement.key.param_types,
+        };
+        self.note(client, statement_analysis(statement), &values);
     }
 
     /// Notes `analysis`, and a write to all of the database's results when reading what it
     /// names may write (the catalog's [`Snapshot::reading_may_write`]). A snapshot older than
     /// the database's catalog has nothing to say: the DDL since flushed the database, and no
     /// result of it is stored before the snapshot is read again.
-    fn note(&self, client: &mut ClientCache, analysis: &Arc<Analysis>) {
+    fn note(&self, client: &mut ClientCache, analysis: &Arc<Analysis>, values: &rows::Values<'_>) {
         client.note(analysis);
+        if let Some(write) = &analysis.effects.rows {
+            self.note_rows(client, write, values);
+        }
         let reads = &analysis.effects.reads;
         // One load on the common path: no database read yet has a view or policy that writes.
         if reads.is_empty() || !self.reading_writes.load(Relaxed) {
@@ -617,6 +686,46 @@ impl ResultCache {
             .is_some_and(|s| self.is_current(s, &client.database) && s.reading_may_write(reads));
         if writes {
             client.note(&FLUSH_DATA);
+        }
+    }
+
+    /// Notes the rows `write` writes in this execution (`values`), or, when its text does not
+    /// name them all by its table's row key, that its table's rows are not known (see
+    /// [`rows`]).
+    fn note_rows(
+        &self,
+        client: &mut ClientCache,
+        write: &crate::query::point::RowWrite,
+        values: &rows::Values<'_>,
+    ) {
+        if client.pending_rows.len() > MAX_PENDING_ROWS {
+            // A long transaction of row writes: all of the database's data instead.
+            client.pending_rows.clear();
+            client.note(&FLUSH_DATA);
+        }
+        let database = client.database.clone();
+        let database = &*database;
+        let key = self.row_key(database, &write.table);
+        let before = client.pending_rows.len();
+        let named = key.is_some_and(|key| {
+            rows::push_write_slots(
+                write,
+                &key,
+                &self.versions,
+                database,
+                values,
+                &mut client.pending_rows,
+            )
+        });
+        let figures = &self.row_figures;
+        if named {
+            let n = client.pending_rows.len() - before;
+            figures.rows_bumped.fetch_add(n as u64, Relaxed);
+        } else {
+            client
+                .pending_rows
+                .push(Versions::unknown_rows_slot(database, &write.table));
+            figures.unknown_rows.fetch_add(1, Relaxed);
         }
     }
 
@@ -649,6 +758,7 @@ impl ResultCache {
                 analysis,
                 extended: false,
                 shape: Some(shape),
+                values: rows::Values::Lexed(lexed),
             },
             may_wait,
         )
@@ -688,6 +798,10 @@ impl ResultCache {
                 analysis,
                 extended: true,
                 shape: None,
+                values: rows::Values::Bind {
+                    rest: batch.bind.rest,
+                    types: &statement.key.param_types,
+                },
             },
             may_wait,
         )
@@ -724,6 +838,7 @@ impl ResultCache {
                     cache_empty: true,
                     max_result_bytes: cfg.max_result_bytes,
                     transactions: true,
+                    refresh_at: cfg.refresh_at,
                 },
                 cfg.rules.len(),
                 rules.get(cfg.rules.len())?,
@@ -749,6 +864,7 @@ impl ResultCache {
                             cache_empty: true,
                             max_result_bytes: cfg.max_result_bytes,
                             transactions: true,
+                            refresh_at: cfg.refresh_at,
                         },
                         place,
                         rules.get(place)?,
@@ -761,6 +877,7 @@ impl ResultCache {
                         cache_empty: r.cache_empty,
                         max_result_bytes: r.max_result_bytes,
                         transactions: r.transactions,
+                        refresh_at: r.refresh_at,
                     },
                     i,
                     rules.get(i)?,
@@ -826,16 +943,16 @@ impl ResultCache {
             Ok(plan) => plan,
             Err(resolve) => return Lookup::Resolve(resolve),
         };
-        let slots = match &plan.slots {
-            Ok(slots) => slots,
-            Err(why) => return bypass(*why),
-        };
-        if in_block && self.block_wrote(at.database, &client.pending, query.analysis, slots) {
+        if let Err(why) = &plan.slots {
+            return bypass(*why);
+        }
+        if in_block && self.block_wrote(at.database, &client.pending, query.analysis, &plan.tables)
+        {
             return bypass(Bypass::WrittenInTransaction);
         }
         let key = KeyRef::new(&client.key);
-        if let Some(entry) = self.store.get(&key) {
-            if entry.expires > Instant::now() && self.versions.unchanged(&entry.seen) {
+        let refresh = match self.stored(&key, &mut client.spares, stats, may_wait) {
+            Stored::Valid(entry) => {
                 // Not run: the read (whose functions the plan found harmless) writes nothing.
                 if client
                     .pending
@@ -844,21 +961,17 @@ impl ResultCache {
                 {
                     client.pending.pop();
                 }
-                entry.hits.fetch_add(1, Relaxed);
-                stats.hits.add(1);
-                if let Some(f) = figures {
-                    ShapeStats::note(&f.bypass, 0);
-                    f.cache_figures().hits.add(1);
-                }
-                return Lookup::Hit(entry);
+                return hit(entry, stats, figures);
             }
-            if self.store.remove(&key).is_some() {
-                stats.invalidations.fetch_add(1, Relaxed);
-            }
-        }
+            Stored::Refresh => true,
+            Stored::Absent => false,
+        };
         let key_hash = key.hash;
         let flight = client.spares.flight.take().unwrap_or_default();
-        if let Err(running) = self.flights.start(key_hash, &flight) {
+        if refresh {
+            // Its flight started with the claim.
+            stats.refreshes.fetch_add(1, Relaxed);
+        } else if let Err(running) = self.flights.start(key_hash, &flight) {
             client.spares.flight = Some(flight);
             return if may_wait {
                 Lookup::Wait(running)
@@ -866,16 +979,19 @@ impl ResultCache {
                 // Waited once already: run it without filling.
                 Lookup::Pass
             };
+        } else {
+            stats.misses.add(1);
+            if let Some(f) = figures {
+                ShapeStats::note(&f.bypass, 0);
+                f.cache_figures().misses.add(1);
+            }
         }
-        stats.misses.add(1);
-        if let Some(f) = figures {
-            ShapeStats::note(&f.bypass, 0);
-            f.cache_figures().misses.add(1);
-        }
-        let admit_after = cfg.admit_after;
+        // A refresh is stored whatever the admission says: its key is read.
+        let admit_after = if refresh { 1 } else { cfg.admit_after };
         self.start_fill(
             client,
             admit_after,
+            (at.database, &query.values),
             Miss {
                 key_hash,
                 flight,
@@ -890,6 +1006,37 @@ impl ResultCache {
             },
         );
         Lookup::Miss
+    }
+
+    /// The entry stored for `key`: valid, valid but to be refreshed by this client (claimed,
+    /// its flight started with `spares`' flight), or none (an invalid one is removed).
+    fn stored(
+        &self,
+        key: &KeyRef<'_>,
+        spares: &mut Spares,
+        stats: &RuleStats,
+        may_wait: bool,
+    ) -> Stored {
+        let Some(entry) = self.store.get(key) else {
+            return Stored::Absent;
+        };
+        let now = Instant::now();
+        if entry.expires <= now || !self.versions.unchanged(&entry.seen) {
+            if self.store.remove(key).is_some() {
+                stats.invalidations.fetch_add(1, Relaxed);
+            }
+            return Stored::Absent;
+        }
+        // A read late in its life refreshes it: this client's query runs (once, on one
+        // client: it claims the entry) and the others keep getting hits meanwhile.
+        if may_wait && entry.refresh_due(now) && !entry.refreshing.swap(true, Relaxed) {
+            let flight = spares.flight.get_or_insert_default();
+            if self.flights.start(key.hash, flight).is_ok() {
+                return Stored::Refresh;
+            }
+            entry.refreshing.store(false, Relaxed);
+        }
+        Stored::Valid(entry)
     }
 
     /// The plan of `query` (its relations resolved for the client's search_path) at the
@@ -926,7 +1073,13 @@ impl ResultCache {
 
     /// Opens the client's fill for a miss (its key in `client.key`), whose flight started:
     /// the result is captured from the replies and stored at their ReadyForQuery.
-    fn start_fill(&self, client: &mut ClientCache, admit_after: u32, miss: Miss) {
+    fn start_fill(
+        &self,
+        client: &mut ClientCache,
+        admit_after: u32,
+        (database, values): (&str, &rows::Values<'_>),
+        miss: Miss,
+    ) {
         let Miss {
             key_hash,
             flight,
@@ -942,10 +1095,23 @@ impl ResultCache {
         let mut key = std::mem::take(&mut client.spares.key);
         key.clear();
         key.extend_from_slice(&client.key);
-        let slots = plan.slots.as_deref().unwrap_or_default();
+        let mut slots = std::mem::take(&mut client.slots);
+        slots.clear();
+        slots.extend_from_slice(plan.slots.as_deref().unwrap_or_default());
+        if let Some(point) = &plan.point {
+            let figures = &self.row_figures;
+            if point.push_slots(&self.versions, database, values, &mut slots) {
+                figures.point_fills.fetch_add(1, Relaxed);
+            } else if let Some(table) = slots.get_mut(1) {
+                // Its values name no row: it depends on every write to its table.
+                *table = Versions::table_slot(database, &point.table);
+                figures.point_fallbacks.fetch_add(1, Relaxed);
+            }
+        }
         let seen = self
             .versions
-            .capture(slots, std::mem::take(&mut client.spares.seen));
+            .capture(&slots, std::mem::take(&mut client.spares.seen));
+        client.slots = slots;
         client.fill = Some(Fill {
             key,
             key_hash,
@@ -1010,13 +1176,22 @@ impl ResultCache {
             }
             _ => Err(Bypass::CatalogUnavailable),
         };
+        let point = match (&tables, reads.and_then(|r| r.filter.as_ref()), snapshot) {
+            (Ok(tables), Some(filter), Some(snapshot)) => match tables.as_slice() {
+                [table] => snapshot
+                    .row_key(table)
+                    .and_then(|key| rows::PointPlan::new(filter, table, key)),
+                _ => None,
+            },
+            _ => None,
+        };
         let slots = tables.as_ref().map(|tables| {
+            let table_slot = |t: &str| match point {
+                Some(_) => Versions::unknown_rows_slot(&job.database, t),
+                None => Versions::table_slot(&job.database, t),
+            };
             std::iter::once(Versions::database_slot(&job.database))
-                .chain(
-                    tables
-                        .iter()
-                        .map(|t| Versions::table_slot(&job.database, t)),
-                )
+                .chain(tables.iter().map(|t| table_slot(t)))
                 .collect::<Box<[u32]>>()
         });
         let slots = slots.map_err(|e| *e);
@@ -1026,6 +1201,7 @@ impl ResultCache {
                 catalog: job.catalog,
                 slots,
                 tables: tables.unwrap_or_default().into(),
+                point,
                 text: job.text,
             }),
         );
@@ -1059,10 +1235,13 @@ impl ResultCache {
                 fill.stats.bypasses.add(1);
             }
             None => {
+                let now = Instant::now();
                 let entry = Entry {
                     // Exactly its size (the buffer is reused for the client's next fill).
                     reply: Bytes::copy_from_slice(&fill.reply),
-                    expires: Instant::now() + fill.chosen.ttl,
+                    expires: now + fill.chosen.ttl,
+                    refresh_at: now + fill.chosen.ttl.mul_f64(fill.chosen.refresh_at),
+                    refreshing: AtomicBool::new(false),
                     seen: std::mem::take(&mut fill.seen),
                     rule: fill.stats.clone(),
                     text: fill.plan.text.clone(),
@@ -1102,12 +1281,21 @@ impl ResultCache {
         snapshot.generation == self.versions.get(catalog_slot(database))
     }
 
-    /// Bumps what `effects` may have changed in `database`.
-    fn apply(&self, database: &str, effects: &[Arc<Analysis>]) {
-        let reach = self.reach(database, effects, |table| {
-            self.versions.bump_table(database, table);
+    /// Bumps what `effects` may have changed in `database`, and the slots of `rows` (see
+    /// [`ClientCache::pending_rows`]).
+    fn apply(&self, database: &str, effects: &[Arc<Analysis>], rows: &[u32]) {
+        let reach = self.reach(database, effects, |table, by_row| {
+            if by_row {
+                // Its rows' slots (or its unknown-rows slot) are among `rows`.
+                self.versions.bump_table_writes(database, table);
+            } else {
+                self.versions.bump_table(database, table);
+            }
             false
         });
+        for &slot in rows {
+            self.versions.bump(slot);
+        }
         match reach {
             Reach::Tables => {}
             // Data only: the catalog knowledge stays good.
@@ -1129,27 +1317,29 @@ impl ResultCache {
         database: &str,
         pending: &[Arc<Analysis>],
         own: &Arc<Analysis>,
-        slots: &[u32],
+        tables: &[Box<str>],
     ) -> bool {
         if pending.iter().all(|p| Arc::ptr_eq(p, own)) {
             return false;
         }
         let mut wrote = false;
-        let reach = self.reach(database, pending, |table| {
-            wrote = slots.contains(&Versions::table_slot(database, table));
+        let reach = self.reach(database, pending, |table, _| {
+            wrote = tables.iter().any(|t| **t == *table);
             wrote
         });
         wrote || reach != Reach::Tables
     }
 
     /// What `effects` may have changed in `database`: each table a write reaches is passed to
-    /// `table` (which returns true to stop early: the answer is then [`Reach::Tables`]), and
-    /// the answer says whether more than those tables may have changed.
+    /// `table` (which returns true to stop early: the answer is then [`Reach::Tables`]), with
+    /// whether the write is the one its rows were noted for (see [`ClientCache::pending_rows`]:
+    /// the statement's own table, not what a write to it reaches), and the answer says
+    /// whether more than those tables may have changed.
     fn reach(
         &self,
         database: &str,
         effects: &[Arc<Analysis>],
-        mut table: impl FnMut(&str) -> bool,
+        mut table: impl FnMut(&str, bool) -> bool,
     ) -> Reach {
         let snapshots = self.snapshots.pin();
         let known = snapshots.get(database);
@@ -1167,17 +1357,23 @@ impl ResultCache {
                 Flush::Data => whole = true,
                 Flush::None => {}
             }
+            let by_row = |t: &str| e.rows.as_ref().is_some_and(|r| *r.table == *t);
             for written in &e.writes {
                 match snapshot.map(|s| s.reached_by_write(written)) {
                     Some(Some(reached)) => {
-                        if reached.iter().any(|t| table(t)) {
+                        let own = by_row(written);
+                        if reached
+                            .iter()
+                            .enumerate()
+                            .any(|(i, t)| table(t, own && i == 0))
+                        {
                             return Reach::Tables;
                         }
                     }
                     // A table with triggers or rules.
                     Some(None) => whole = true,
                     None => {
-                        if table(written) {
+                        if table(written, false) {
                             return Reach::Tables;
                         }
                         whole |= stale;
@@ -1235,6 +1431,25 @@ struct Miss {
     shape: Option<Arc<Shape>>,
 }
 
+/// Counts a hit on `entry` (chosen by the rule of `stats`; of a shape with `figures`).
+#[inline]
+fn hit(entry: Arc<Entry>, stats: &RuleStats, figures: Option<&ShapeStats>) -> Lookup {
+    entry.hits.fetch_add(1, Relaxed);
+    stats.hits.add(1);
+    if let Some(f) = figures {
+        ShapeStats::note(&f.bypass, 0);
+        f.cache_figures().hits.add(1);
+    }
+    Lookup::Hit(entry)
+}
+
+/// What the store holds for a key (see [`ResultCache::stored`]).
+enum Stored {
+    Valid(Arc<Entry>),
+    Refresh,
+    Absent,
+}
+
 /// How far a set of writes reaches (see [`ResultCache::reach`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -1273,6 +1488,8 @@ struct Candidate<'a> {
     extended: bool,
     /// A simple query's shape, whose figures (SHOW QUERIES) the decision adds to.
     shape: Option<&'a Arc<Shape>>,
+    /// Its values (which rows a point read reads).
+    values: rows::Values<'a>,
 }
 
 /// An extended-protocol batch the cache may answer without a server: `[Parse ""] Bind
@@ -1426,6 +1643,18 @@ fn catalog_slot(database: &str) -> u32 {
     Versions::table_slot(database, "\0catalog")
 }
 
+/// The most row slots a client's open transaction keeps before its writes count as writes
+/// to all of its database's data.
+const MAX_PENDING_ROWS: usize = 4096;
+
+/// The row counters of `config`: its `row_versions`, or one per 128 bytes of its memory.
+fn row_versions(config: &CacheConfig) -> usize {
+    match config.row_versions {
+        0 => (config.max_memory / 128).max(64),
+        n => n as usize,
+    }
+}
+
 /// What a statement pgmemo cannot analyze may change: anything in its database.
 static FLUSH_DATABASE: std::sync::LazyLock<Arc<Analysis>> = std::sync::LazyLock::new(|| {
     Arc::new(Analysis {
@@ -1457,6 +1686,8 @@ struct Chosen {
     max_result_bytes: usize,
     /// Answered and filled inside READ COMMITTED transaction blocks (see [`Transaction`]).
     transactions: bool,
+    /// The part of the TTL after which a read refreshes the entry.
+    refresh_at: f64,
 }
 
 /// A result being captured for the store.
@@ -1552,6 +1783,11 @@ pub struct ClientCache {
     pub fill: Option<Fill>,
     /// What the last fill left for the next.
     spares: Spares,
+    /// The slots the last fill depended on (a buffer, kept).
+    slots: Vec<u32>,
+    /// The slots of rows the statements sent since the last settled transaction named
+    /// (see [`rows`]), and the unknown-rows slots of the tables whose rows they did not.
+    pending_rows: Vec<u32>,
     /// The first tier's key of the last lookup, and whether it is the Query's at hand
     /// (see [`ResultCache::remember_raw`]).
     raw_key: Vec<u8>,
@@ -1572,10 +1808,12 @@ impl ClientCache {
         self.raw_key_valid = false;
     }
 
-    /// A client's part; `keys_all_settings`: see [`ClientCache::keys_all_settings`].
-    pub fn new(keys_all_settings: bool) -> Box<ClientCache> {
+    /// A client's part; `keys_all_settings`: see [`ClientCache::keys_all_settings`];
+    /// `database`: the server database its queries run in (as keys name it).
+    pub fn new(keys_all_settings: bool, database: &Arc<str>) -> Box<ClientCache> {
         Box::new(ClientCache {
             keys_all_settings,
+            database: database.clone(),
             ..Default::default()
         })
     }
@@ -1732,7 +1970,7 @@ impl ClientCache {
             }
             be::COMMAND_COMPLETE if body.starts_with(b"COMMIT") => {
                 self.committed = true;
-                cache.apply(database, &self.pending);
+                cache.apply(database, &self.pending, &self.pending_rows);
             }
             be::READY_FOR_QUERY => {
                 if body.first() == Some(&b'I') {
@@ -1741,9 +1979,10 @@ impl ClientCache {
                 if idle {
                     let undone = self.failed && !self.committed && self.ended == 1;
                     if !undone {
-                        cache.apply(database, &self.pending);
+                        cache.apply(database, &self.pending, &self.pending_rows);
                     }
                     self.pending.clear();
+                    self.pending_rows.clear();
                     self.failed = false;
                     self.committed = false;
                     self.ended = 0;
@@ -1756,8 +1995,9 @@ impl ClientCache {
     /// The client left: what it sent may have run to the end without it.
     pub fn abandon(&mut self, cache: &ResultCache, database: &str) {
         if !self.pending.is_empty() {
-            cache.apply(database, &self.pending);
+            cache.apply(database, &self.pending, &self.pending_rows);
             self.pending.clear();
+            self.pending_rows.clear();
         }
         self.fill = None;
     }
@@ -1787,6 +2027,8 @@ mod tests {
             database: "db".into(),
             hits: Default::default(),
             shape: None,
+            refresh_at: Instant::now() + Duration::from_secs(48),
+            refreshing: Default::default(),
         })
     }
 
@@ -1799,7 +2041,7 @@ mod tests {
             },
             Arc::new(crate::query::shapes::Shapes::new(100)),
         );
-        let mut client = ClientCache::new(false);
+        let mut client = ClientCache::new(false, &Arc::from("db"));
         client.set_context(1, 0, "db", None, [Some("role"), None, None], &["role"]);
         (cache, client)
     }
@@ -1899,6 +2141,7 @@ mod tests {
                 catalog: 3,
                 slots: Ok(Box::new([1, 2])),
                 tables: Arc::new(["a".into()]),
+                point: None,
                 text: "SELECT x FROM a WHERE id = $1".into(),
             }),
         );

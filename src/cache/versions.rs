@@ -4,16 +4,30 @@
 //! A fixed array of counters, indexed by a hash of (database, table name): bumping and reading
 //! are single atomic operations, with no lock and no allocation; two tables that share a slot
 //! only invalidate each other more often than needed. Tables are named without schema, so a
-//! write to `a.t` also invalidates what read `b.t` (rarely costly, never stale). The WAL
-//! follower (a later issue) only has to call [`Versions::bump_table`].
+//! write to `a.t` also invalidates what read `b.t` (rarely costly, never stale).
+//!
+//! Each table has two counters there: its *any-write* version, bumped by every write to it
+//! (what reads of ranges, joins and aggregates depend on), and its *unknown-rows* version,
+//! bumped by a write whose rows pgmemo cannot name. A point read (see `cache::rows`) depends
+//! on the unknown-rows version and on its rows' versions: a second array, of a size the
+//! configuration sets (`cache.row_versions`), indexed by a hash of (database, table, key
+//! values). A row's slot is told from a table's by its top bit ([`ROW`]).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const SLOTS: usize = 1 << 14;
 
+/// The bit that marks a slot of the row array.
+pub const ROW: u32 = 1 << 31;
+
+/// The most row counters the array may have (the slot's bits below [`ROW`]).
+pub const MAX_ROW_VERSIONS: usize = (ROW - 1) as usize;
+
 pub struct Versions {
     slots: Box<[AtomicU64]>,
+    /// Rows' versions (see the module's documentation).
+    rows: Box<[AtomicU64]>,
     /// Bumped by a flush of everything.
     all: AtomicU64,
 }
@@ -28,10 +42,7 @@ pub struct Seen {
 
 impl Default for Versions {
     fn default() -> Self {
-        Versions {
-            slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            all: AtomicU64::new(0),
-        }
+        Versions::new(1024)
     }
 }
 
@@ -41,9 +52,46 @@ fn slot_of(database: &str, table: &str) -> u32 {
 }
 
 impl Versions {
-    /// The slot of a table of a database.
+    /// Versions with `rows` counters for rows (at least one, at most [`MAX_ROW_VERSIONS`]).
+    pub fn new(rows: usize) -> Versions {
+        Versions {
+            slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            rows: (0..rows.clamp(1, MAX_ROW_VERSIONS))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            all: AtomicU64::new(0),
+        }
+    }
+
+    /// How many row counters there are.
+    pub fn row_versions(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The bytes the counters take (tables' and rows').
+    pub fn bytes(&self) -> usize {
+        (self.slots.len() + self.rows.len()) * std::mem::size_of::<AtomicU64>()
+    }
+
+    /// The bytes the rows' counters take (counted in the cache's memory).
+    pub fn row_bytes(&self) -> usize {
+        self.rows.len() * std::mem::size_of::<AtomicU64>()
+    }
+
+    /// The slot of a table's any-write version.
     pub fn table_slot(database: &str, table: &str) -> u32 {
         slot_of(database, table)
+    }
+
+    /// The slot of a table's unknown-rows version.
+    pub fn unknown_rows_slot(database: &str, table: &str) -> u32 {
+        let hash = crate::query::lexer::hasher().hash_one((database, table, 1u8));
+        (hash as usize % SLOTS) as u32
+    }
+
+    /// The slot of the row whose key values hashed to `key_hash` (see `cache::rows`).
+    pub fn row_slot(&self, key_hash: u64) -> u32 {
+        ROW | (key_hash % self.rows.len() as u64) as u32
     }
 
     /// The slot of the database as a whole (a table name is never empty).
@@ -51,15 +99,33 @@ impl Versions {
         slot_of(database, "")
     }
 
+    #[inline]
+    fn counter(&self, slot: u32) -> &AtomicU64 {
+        if slot & ROW == 0 {
+            &self.slots[slot as usize]
+        } else {
+            &self.rows[(slot & !ROW) as usize]
+        }
+    }
+
+    #[inline]
     pub fn get(&self, slot: u32) -> u64 {
-        self.slots[slot as usize].load(Ordering::Acquire)
+        self.counter(slot).load(Ordering::Acquire)
     }
 
     pub fn bump(&self, slot: u32) {
-        self.slots[slot as usize].fetch_add(1, Ordering::AcqRel);
+        self.counter(slot).fetch_add(1, Ordering::AcqRel);
     }
 
+    /// A write to rows of `table` that pgmemo cannot name: everything that read it is stale.
     pub fn bump_table(&self, database: &str, table: &str) {
+        self.bump(Self::unknown_rows_slot(database, table));
+        self.bump(slot_of(database, table));
+    }
+
+    /// A write to rows of `table` whose own slots are bumped too (by the caller): what read
+    /// more than those rows is stale, a point read of other rows is not.
+    pub fn bump_table_writes(&self, database: &str, table: &str) {
         self.bump(slot_of(database, table));
     }
 
@@ -112,6 +178,32 @@ mod tests {
         let seen = v.capture(&[d, t], Seen::default());
         v.bump_all();
         assert!(!v.unchanged(&seen));
+    }
+
+    #[test]
+    fn rows_and_tables_have_their_own_counters() {
+        let v = Versions::new(4);
+        let (t, u) = (
+            Versions::table_slot("db", "t"),
+            Versions::unknown_rows_slot("db", "t"),
+        );
+        assert_ne!(t, u);
+        let (r7, r8) = (v.row_slot(7), v.row_slot(8));
+        assert!(r7 & ROW != 0 && r8 & ROW != 0 && r7 != r8);
+        // Four counters: 11 shares 7's (a collision only invalidates more).
+        assert_eq!(v.row_slot(11), r7);
+        let point = v.capture(&[u, r7], Seen::default());
+        let range = v.capture(&[t], Seen::default());
+        v.bump_table_writes("db", "t");
+        v.bump(r8);
+        assert!(v.unchanged(&point), "a write to another row");
+        assert!(!v.unchanged(&range));
+        v.bump(r7);
+        assert!(!v.unchanged(&point));
+        let point = v.capture(&[u, r7], Seen::default());
+        v.bump_table("db", "t");
+        assert!(!v.unchanged(&point), "rows not named");
+        assert_eq!(v.row_versions(), 4);
     }
 
     #[test]

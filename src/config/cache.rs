@@ -47,6 +47,16 @@ settings! {
     /// the store has room every miss is stored.
     admit_after: u32 = 2, Live, range = "1 or 2",
         check = |v, _| ensure((1..=2).contains(v), || "must be 1 or 2".into());
+    /// Counters of rows' versions, for row-level invalidation (see `cache::rows`): 8 bytes
+    /// each, taken from `max_memory`. 0 (the default): one per 128 bytes of `max_memory`.
+    /// More counters, fewer rows sharing one (a write to a row also invalidates the point
+    /// reads of the rows that share its counter).
+    row_versions: u32 = 0, Restart;
+    /// An entry read past this fraction of its TTL is refreshed by the query of one client,
+    /// while the others keep getting hits, so a hot key never expires into a burst of misses
+    /// (1: never refreshed early). A rule may set its own.
+    refresh_at: f64 = 0.8, Live, range = "0.5 to 1",
+        check = |v, _| ensure((0.5..=1.0).contains(v), || "must be between 0.5 and 1".into());
     /// What chooses the queries cached: rules and hints (`rules`, the default), or also pgmemo
     /// itself (`auto`: the read shapes that cost the server most, see `cache::auto`), which
     /// needs `invalidation = "wal"` (a write made around pgmemo would be served stale).
@@ -154,6 +164,8 @@ pub struct Rule {
     /// Answer and fill inside READ COMMITTED transaction blocks, for tables the block has not
     /// written (see `cache::Transaction`). Default true.
     pub transactions: bool,
+    /// See the section's `refresh_at`, its default.
+    pub refresh_at: f64,
 }
 
 impl Rule {
@@ -184,6 +196,7 @@ pub(super) struct RawRule {
     cache_empty: Option<bool>,
     max_result_bytes: Option<i64>,
     transactions: Option<bool>,
+    refresh_at: Option<f64>,
     /// Before `transactions`: hits inside READ ONLY blocks only. Accepted and ignored (every
     /// READ COMMITTED block is answered now), so older files still load.
     #[allow(dead_code)]
@@ -222,6 +235,13 @@ impl RawRule {
         let ttl = read_key::<Duration, TextOrSeconds>(&key("ttl"), self.ttl, None, cx)?;
         let max_result_bytes =
             read_key::<usize, Bytes>(&key("max_result_bytes"), self.max_result_bytes, None, cx)?;
+        let refresh_at = self.refresh_at.unwrap_or(cache.refresh_at);
+        if !(0.5..=1.0).contains(&refresh_at) {
+            return Err(ConfigError::invalid(
+                key("refresh_at"),
+                "must be between 0.5 and 1",
+            ));
+        }
         Ok(Rule {
             name: self.name.unwrap_or_else(|| format!("rule{}", i + 1)),
             database: self.database,
@@ -233,6 +253,7 @@ impl RawRule {
             cache_empty: self.cache_empty.unwrap_or(true),
             transactions: self.transactions.unwrap_or(true),
             max_result_bytes: max_result_bytes.unwrap_or(cache.max_result_bytes),
+            refresh_at,
         })
     }
 }
@@ -373,6 +394,7 @@ mod tests {
             cache_empty: true,
             max_result_bytes: 10,
             transactions: true,
+            refresh_at: 0.8,
         };
         assert!(rule.matches("app", "u", "SELECT * FROM accounts WHERE id = $1", 1));
         assert!(!rule.matches("other", "u", "SELECT * FROM accounts WHERE id = $1", 1));

@@ -301,6 +301,16 @@ impl Config {
                  made around this pgmemo would be served stale)",
             ));
         }
+        if u64::from(self.cache.row_versions) * 8 > self.cache.max_memory as u64 / 2 {
+            return Err(ConfigError::invalid(
+                "cache.row_versions",
+                format!(
+                    "{} counters take {} bytes, more than half of cache.max_memory_mb",
+                    self.cache.row_versions,
+                    u64::from(self.cache.row_versions) * 8
+                ),
+            ));
+        }
         if self.upstream.is_none() && self.databases.is_empty() {
             return Err(ConfigError::invalid(
                 "upstream",

@@ -738,7 +738,8 @@ fn cache_errors_name_their_key() {
         (
             "bogus = 1",
             "cache.bogus: unknown key `bogus`, expected one of `enabled`, `max_memory_mb`, \
-             `hints`, `flight_wait`, `default_ttl`, `max_result_bytes`, `admit_after`, `mode`, \
+             `hints`, `flight_wait`, `default_ttl`, `max_result_bytes`, `admit_after`, `row_versions`, \
+             `refresh_at`, `mode`, \
              `invalidation`, `replication_user`, `replication_password`, `wal_plugin`, \
              `max_lag`, `publication`, `create_publication`, `rules`",
         ),

@@ -52,7 +52,12 @@ impl Session {
     ) -> Result<bool, SlowLookup<'_>> {
         let nonstandard = !self.standard_strings();
         self.cache
-            .get_or_insert_with(|| ClientCache::new(self.state.enabled))
+            .get_or_insert_with(|| {
+                ClientCache::new(
+                    self.state.enabled,
+                    &self.pool.settings_now().target.database_id,
+                )
+            })
             .nonstandard_strings = nonstandard;
         if matches!(tag, fe::PARSE | fe::BIND) && self.batch_transaction().is_some() {
             self.cache_context();
@@ -87,13 +92,17 @@ impl Session {
         // count is written by every worker.
         match tag {
             fe::BIND => {
-                let client = self
-                    .cache
-                    .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+                let client = self.cache.get_or_insert_with(|| {
+                    ClientCache::new(
+                        self.state.enabled,
+                        &self.pool.settings_now().target.database_id,
+                    )
+                });
                 let bind = fe::Bind::parse(crate::protocol::body(&self.client.rbuf[..len]));
-                let statement = bind.and_then(|b| self.plan.stmts.as_ref()?.get(b.statement));
-                if let Some(statement) = statement {
-                    self.app.cache.note_statement(client, statement);
+                let found =
+                    bind.and_then(|b| Some((self.plan.stmts.as_ref()?.get(b.statement)?, b)));
+                if let Some((statement, bind)) = found {
+                    self.app.cache.note_statement(client, statement, &bind);
                 }
                 Ok(false)
             }
@@ -107,9 +116,12 @@ impl Session {
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
-                let client = self
-                    .cache
-                    .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+                let client = self.cache.get_or_insert_with(|| {
+                    ClientCache::new(
+                        self.state.enabled,
+                        &self.pool.settings_now().target.database_id,
+                    )
+                });
                 let sql = fe::query_text_of(&self.client.rbuf, text_len);
                 let reader = self.reading.reader.get_or_insert_with(Default::default);
                 let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
@@ -286,9 +298,12 @@ impl Session {
             .and_then(|s| s.search_path.effective())
             .or_else(|| self.params.settings.get("search_path"));
         let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
-        let client = self
-            .cache
-            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+        let client = self.cache.get_or_insert_with(|| {
+            ClientCache::new(
+                self.state.enabled,
+                &self.pool.settings_now().target.database_id,
+            )
+        });
         if client.needs_context(self.params.version, statement_context)
             || !client.has_search_path(search_path)
         {
@@ -381,9 +396,12 @@ impl Session {
             transaction,
             wal_behind,
         };
-        let client = self
-            .cache
-            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+        let client = self.cache.get_or_insert_with(|| {
+            ClientCache::new(
+                self.state.enabled,
+                &self.pool.settings_now().target.database_id,
+            )
+        });
         let (parsed, len) = (batch.parse.is_some(), batch.len);
         let found = cache.lookup_statement(client, &at, &statement, &batch, may_wait);
         match found {
@@ -456,9 +474,12 @@ impl Session {
             // Asked again each round: a wait or a catalog read may outlast the stream.
             wal_behind: self.wal_behind(),
         };
-        let client = self
-            .cache
-            .get_or_insert_with(|| ClientCache::new(self.state.enabled));
+        let client = self.cache.get_or_insert_with(|| {
+            ClientCache::new(
+                self.state.enabled,
+                &self.pool.settings_now().target.database_id,
+            )
+        });
         let sql = fe::query_text_of(&self.client.rbuf, text_len);
         let reader = self.reading.reader.get_or_insert_with(Default::default);
         self.app

@@ -7,7 +7,9 @@
 //! the first lookup: a replication connection (`replication=database`), the publication
 //! (`FOR ALL TABLES`, made by pgmemo when it may), a temporary slot (no WAL is kept once pgmemo
 //! is gone), `pgoutput`. At each Commit the versions of the tables the transaction wrote are
-//! bumped (a partition's ancestors too); a Relation whose columns changed bumps the catalog.
+//! bumped (a partition's ancestors too), and the versions of the rows its changes show by
+//! their keys (see `cache::rows`: a table whose rows are named keeps its point reads of other
+//! rows); a Relation whose columns changed bumps the catalog.
 //!
 //! Never stale without saying so: until the follower has caught up with the server's WAL
 //! position of its start, the database's results are not served; when the stream drops, the
@@ -549,7 +551,75 @@ struct Decoder {
     /// (schema, name) → the names a write to it invalidates.
     tables: HashMap<(String, String), Vec<Box<str>>>,
     written_tables: HashSet<(String, String)>,
+    /// The slots of the rows the open transaction's changes named (see `cache::rows`).
+    rows: Vec<u32>,
+    /// What it wrote without naming the rows (pgoutput's relations, test_decoding's tables).
+    unnamed: HashSet<u32>,
+    unnamed_tables: HashSet<(String, String)>,
     in_transaction: bool,
+}
+
+/// The most row slots one transaction keeps; beyond, its tables are bumped whole.
+const MAX_WAL_ROWS: usize = 1 << 16;
+
+/// Pushes to `out` the slots of a change's rows of `table` (its old row's key, when shown,
+/// and its new row's; an UPDATE that shows no old row kept its key), where `column` reads a
+/// column of a row by name. False: they name no row (no row key, a key column not shown).
+fn change_rows<'r, R>(
+    cache: &ResultCache,
+    database: &str,
+    table: &str,
+    rows: [Option<&'r R>; 2],
+    column: impl Fn(&'r R, &str) -> Option<Option<&'r [u8]>>,
+    out: &mut Vec<u32>,
+) -> bool {
+    let Some(key) = cache.row_key(database, table) else {
+        return false;
+    };
+    if rows.iter().all(Option::is_none) || out.len() >= MAX_WAL_ROWS {
+        return false;
+    }
+    let before = out.len();
+    for row in rows.into_iter().flatten() {
+        let slot = crate::cache::rows::wal_row_slot(&cache.versions, database, table, &key, |c| {
+            column(row, c)
+        });
+        match slot {
+            Some(slot) => out.push(slot),
+            None => {
+                out.truncate(before);
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Bumps what a committed transaction wrote to a table known by `names` (itself, then its
+/// ancestors): only its writes' version when its rows were named (their slots are bumped
+/// with the transaction's rows), else everything of it; its ancestors' everything (a read
+/// of a partitioned table is not a point read).
+fn bump_written(cache: &ResultCache, database: &str, names: &[Box<str>], named: bool) {
+    for (i, name) in names.iter().enumerate() {
+        if i == 0 && named {
+            cache.versions.bump_table_writes(database, name);
+        } else {
+            cache.versions.bump_table(database, name);
+            cache.row_figures.unknown_rows.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Bumps the rows a committed transaction named.
+fn bump_rows(cache: &ResultCache, rows: &mut Vec<u32>) {
+    for &slot in rows.iter() {
+        cache.versions.bump(slot);
+    }
+    cache
+        .row_figures
+        .rows_bumped
+        .fetch_add(rows.len() as u64, Relaxed);
+    rows.clear();
 }
 
 impl Decoder {
@@ -568,8 +638,32 @@ impl Decoder {
             Line::Begin => {
                 self.in_transaction = true;
                 self.written_tables.clear();
+                self.unnamed_tables.clear();
+                self.rows.clear();
             }
-            Line::Tables(tables) => self.written_tables.extend(tables),
+            Line::Tables(tables) => {
+                self.unnamed_tables.extend(tables.iter().cloned());
+                self.written_tables.extend(tables);
+            }
+            Line::Change {
+                table, old, new, ..
+            } => {
+                let named = change_rows(
+                    cache,
+                    &follower.database,
+                    &table.1,
+                    [old.as_ref(), new.as_ref()],
+                    |row: &test_decoding::Row, c| {
+                        let (_, v) = row.iter().find(|(n, _)| n == c)?;
+                        Some(v.as_deref())
+                    },
+                    &mut self.rows,
+                );
+                if !named {
+                    self.unnamed_tables.insert(table.clone());
+                }
+                self.written_tables.insert(table);
+            }
             Line::Commit { timestamp } => {
                 self.in_transaction = false;
                 let written: Vec<_> = self.written_tables.drain().collect();
@@ -585,10 +679,11 @@ impl Decoder {
                                 .await;
                         self.tables.insert(table.clone(), names);
                     }
-                    for name in &self.tables[&table] {
-                        cache.versions.bump_table(&follower.database, name);
-                    }
+                    let named = !self.unnamed_tables.contains(&table);
+                    bump_written(cache, &follower.database, &self.tables[&table], named);
                 }
+                bump_rows(cache, &mut self.rows);
+                self.unnamed_tables.clear();
                 follower.committed(timestamp);
                 return Some(at);
             }
@@ -612,6 +707,8 @@ impl Decoder {
             Message::Begin { .. } => {
                 self.in_transaction = true;
                 self.written.clear();
+                self.unnamed.clear();
+                self.rows.clear();
             }
             Message::Relation(rel) => {
                 let changed = self
@@ -629,10 +726,36 @@ impl Decoder {
                 }
                 self.relations.insert(rel.id, (names, rel.columns));
             }
-            Message::Change { relation } => {
+            Message::Change { relation, old, new } => {
+                let named = self
+                    .relations
+                    .get(&relation)
+                    .is_some_and(|(names, columns)| {
+                        change_rows(
+                            cache,
+                            database,
+                            &names[0],
+                            [old.as_ref(), new.as_ref()],
+                            |row: &Vec<pgoutput::Column>, c| {
+                                let at = columns.iter().position(|(n, _, _)| n == c)?;
+                                match row.get(at)? {
+                                    pgoutput::Column::Text(v) => Some(Some(v)),
+                                    pgoutput::Column::Null => Some(None),
+                                    _ => None,
+                                }
+                            },
+                            &mut self.rows,
+                        )
+                    });
+                if !named {
+                    self.unnamed.insert(relation);
+                }
                 self.written.insert(relation);
             }
-            Message::Truncate { relations } => self.written.extend(relations),
+            Message::Truncate { relations } => {
+                self.unnamed.extend(relations.iter().copied());
+                self.written.extend(relations);
+            }
             Message::Commit {
                 end_lsn, timestamp, ..
             } => {
@@ -640,14 +763,14 @@ impl Decoder {
                 for id in self.written.drain() {
                     match self.relations.get(&id) {
                         Some((names, _)) => {
-                            for name in names {
-                                cache.versions.bump_table(database, name);
-                            }
+                            bump_written(cache, database, names, !self.unnamed.contains(&id));
                         }
                         // pgoutput always describes a relation before its first change.
                         None => cache.flush(FlushTarget::Database(database)),
                     }
                 }
+                bump_rows(cache, &mut self.rows);
+                self.unnamed.clear();
                 follower.committed(Some(timestamp));
                 return Ok(Some(end_lsn));
             }

@@ -1,6 +1,6 @@
 //! The messages of PostgreSQL's `pgoutput` logical decoding plugin (protocol version 1), as
-//! far as invalidation needs them: which relations each transaction wrote, and when it
-//! committed. Row contents are never read.
+//! far as invalidation needs them: which relations each transaction wrote, which rows (the
+//! columns of each change, for their key: see `cache::rows`), and when it committed.
 //!
 //! Written by hand: the format is small and fixed (PostgreSQL's "Logical Replication Message
 //! Formats"), and the crates that decode it come with their own connection handling.
@@ -22,9 +22,13 @@ pub enum Message {
     /// A relation's identity and columns, sent before its first change in a session and again
     /// after it changed.
     Relation(Relation),
-    /// An INSERT, UPDATE or DELETE of a row of the relation.
+    /// An INSERT, UPDATE or DELETE of a row of the relation: the old row's columns (a
+    /// DELETE's, an UPDATE's when its key changed or the identity is FULL) and the new
+    /// row's (an INSERT's, an UPDATE's), by the relation's column order.
     Change {
         relation: u32,
+        old: Option<Vec<Column>>,
+        new: Option<Vec<Column>>,
     },
     Truncate {
         relations: Vec<u32>,
@@ -41,6 +45,17 @@ pub struct Relation {
     pub name: String,
     /// (name, type OID, type modifier) of each column, to notice a change of shape.
     pub columns: Vec<(String, u32, i32)>,
+}
+
+/// One column of a row in a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Column {
+    Null,
+    /// A TOASTed value the change did not carry (unchanged).
+    Unchanged,
+    /// Its value in text form (or binary, which pgmemo never asks for: not read).
+    Text(Vec<u8>),
+    Binary,
 }
 
 /// Why a message could not be read.
@@ -79,6 +94,29 @@ impl<'a> Reader<'a> {
     fn u64(&mut self, what: &'static str) -> Result<u64, Malformed> {
         let b = self.take(8, what)?;
         Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    /// A TupleData: its columns.
+    fn tuple(&mut self) -> Result<Vec<Column>, Malformed> {
+        let n = self.i16("tuple")?.max(0) as usize;
+        let mut columns = Vec::with_capacity(n.min(1600));
+        for _ in 0..n {
+            columns.push(match self.u8("tuple column")? {
+                b'n' => Column::Null,
+                b'u' => Column::Unchanged,
+                kind @ (b't' | b'b') => {
+                    let len = self.u32("tuple value")? as usize;
+                    let value = self.take(len, "tuple value")?;
+                    if kind == b't' {
+                        Column::Text(value.to_vec())
+                    } else {
+                        Column::Binary
+                    }
+                }
+                _ => return Err(Malformed("tuple column kind")),
+            });
+        }
+        Ok(columns)
     }
 
     fn string(&mut self, what: &'static str) -> Result<String, Malformed> {
@@ -130,9 +168,20 @@ pub fn decode(data: &[u8]) -> Result<Message, Malformed> {
                 columns,
             })
         }
-        b'I' | b'U' | b'D' => Message::Change {
-            relation: r.u32("change")?,
-        },
+        b'I' | b'U' | b'D' => {
+            let relation = r.u32("change")?;
+            let (mut old, mut new) = (None, None);
+            while !r.data.is_empty() {
+                match r.u8("change")? {
+                    b'K' | b'O' if tag != b'I' && old.is_none() && new.is_none() => {
+                        old = Some(r.tuple()?)
+                    }
+                    b'N' if tag != b'D' && new.is_none() => new = Some(r.tuple()?),
+                    _ => return Err(Malformed("change tuple")),
+                }
+            }
+            Message::Change { relation, old, new }
+        }
         b'T' => {
             let n = r.u32("Truncate")? as usize;
             let _options = r.u8("Truncate")?;
@@ -191,8 +240,31 @@ mod tests {
 
         let mut update = vec![b'U'];
         update.extend(16384u32.to_be_bytes());
-        update.extend(b"N\0\x01t\0\0\0\x011");
-        assert_eq!(decode(&update), Ok(Message::Change { relation: 16384 }));
+        update.extend(b"K\0\x02t\0\0\0\x017n");
+        update.extend(b"N\0\x02t\0\0\0\x018u");
+        assert_eq!(
+            decode(&update),
+            Ok(Message::Change {
+                relation: 16384,
+                old: Some(vec![Column::Text(b"7".to_vec()), Column::Null]),
+                new: Some(vec![Column::Text(b"8".to_vec()), Column::Unchanged]),
+            })
+        );
+        let mut insert = vec![b'I'];
+        insert.extend(16384u32.to_be_bytes());
+        insert.extend(b"N\0\x01t\0\0\0\x011");
+        assert!(matches!(
+            decode(&insert),
+            Ok(Message::Change {
+                old: None,
+                new: Some(_),
+                ..
+            })
+        ));
+        let mut delete = vec![b'D'];
+        delete.extend(16384u32.to_be_bytes());
+        delete.extend(b"N\0\x01t\0\0\0\x011");
+        assert!(decode(&delete).is_err(), "a DELETE has no new row");
 
         let mut truncate = vec![b'T'];
         truncate.extend(2u32.to_be_bytes());

@@ -16,10 +16,30 @@ pub enum Line {
     Commit {
         timestamp: Option<i64>,
     },
-    /// A change (INSERT, UPDATE, DELETE, TRUNCATE) of these tables, as (schema, name).
+    /// A change of these tables, as (schema, name), whose rows are not read (a TRUNCATE).
     Tables(Vec<(String, String)>),
+    /// An INSERT, UPDATE or DELETE of one row of a table: its old row's columns (a DELETE's,
+    /// an UPDATE's when its key changed or the identity is FULL) and its new row's, as far as
+    /// the line shows them (None: not shown, or not readable).
+    Change {
+        table: (String, String),
+        kind: ChangeKind,
+        old: Option<Row>,
+        new: Option<Row>,
+    },
     Other,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Insert,
+    Update,
+    Delete,
+}
+
+/// A row's columns: (name, value in text form; None: NULL). An unchanged TOAST value is
+/// left out.
+pub type Row = Vec<(String, Option<Vec<u8>>)>;
 
 /// The options pgmemo starts the stream with.
 pub const OPTIONS: &str =
@@ -54,12 +74,98 @@ pub fn decode(line: &[u8]) -> Line {
             // TRUNCATE names several tables, comma-separated; every other change one.
             match after.strip_prefix(", ") {
                 Some(more) => rest = more,
-                None if after.starts_with(": ") => return Line::Tables(tables),
-                None => return Line::Other,
+                None => match after.strip_prefix(": ") {
+                    Some(change) if tables.len() == 1 => {
+                        return change_line(change, tables.pop().expect("one"))
+                    }
+                    Some(_) => return Line::Tables(tables),
+                    None => return Line::Other,
+                },
             }
         }
     }
     Line::Other
+}
+
+/// The rest of a change's line after its table: `INSERT: <row>`, `UPDATE: [old-key: <row>
+/// new-tuple: ]<row>`, `DELETE: <row>` (a row being `(no-tuple-data)` when not shown).
+fn change_line(text: &str, table: (String, String)) -> Line {
+    let (kind, rest) = if let Some(r) = text.strip_prefix("INSERT: ") {
+        (ChangeKind::Insert, r)
+    } else if let Some(r) = text.strip_prefix("UPDATE: ") {
+        (ChangeKind::Update, r)
+    } else if let Some(r) = text.strip_prefix("DELETE: ") {
+        (ChangeKind::Delete, r)
+    } else {
+        return Line::Tables(vec![table]);
+    };
+    let (old, new) = match kind {
+        ChangeKind::Insert => (None, row(rest).map(|(r, _)| r)),
+        ChangeKind::Delete => (row(rest).map(|(r, _)| r), None),
+        ChangeKind::Update => match rest.strip_prefix("old-key: ") {
+            Some(old) => match row(old) {
+                Some((old, after)) => {
+                    let new = after.strip_prefix("new-tuple: ").and_then(row);
+                    (Some(old), new.map(|(r, _)| r))
+                }
+                None => (None, None),
+            },
+            None => (None, row(rest).map(|(r, _)| r)),
+        },
+    };
+    Line::Change {
+        table,
+        kind,
+        old,
+        new,
+    }
+}
+
+/// A row as test_decoding prints it (`name[type]:value ...`, a value being `null`,
+/// `unchanged-toast-datum`, a quoted literal, or a number), up to its end or to
+/// `new-tuple: `; and the text after it. None: `(no-tuple-data)`, or not readable.
+fn row(mut text: &str) -> Option<(Row, &str)> {
+    let mut row = Row::new();
+    loop {
+        text = text.trim_start_matches(' ');
+        if text.is_empty() || text.starts_with("new-tuple: ") {
+            return (!row.is_empty()).then_some((row, text));
+        }
+        let (name, after) = identifier(text)?;
+        let after = after.strip_prefix('[')?;
+        let (_, after) = after.split_once("]:")?;
+        let (value, after) = if let Some(quoted) = after.strip_prefix('\'') {
+            let mut value = Vec::new();
+            let bytes = quoted.as_bytes();
+            let mut i = 0;
+            loop {
+                match bytes.get(i)? {
+                    b'\'' if bytes.get(i + 1) == Some(&b'\'') => {
+                        value.push(b'\'');
+                        i += 2;
+                    }
+                    b'\'' => break,
+                    &b => {
+                        value.push(b);
+                        i += 1;
+                    }
+                }
+            }
+            (Some(Some(value)), &quoted[i + 1..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            let value = match &after[..end] {
+                "null" => Some(None),
+                "unchanged-toast-datum" => None,
+                v => Some(Some(v.as_bytes().to_vec())),
+            };
+            (value, &after[end..])
+        };
+        if let Some(value) = value {
+            row.push((name, value));
+        }
+        text = after;
+    }
 }
 
 /// An identifier as `quote_identifier` writes it (quoted with `""` inside, or plain), and the
@@ -151,13 +257,43 @@ mod tests {
                 timestamp: Some(1_500_000)
             }
         );
+        let t = |s: &str, n: &str| (s.to_string(), n.to_string());
+        let col = |n: &str, v: Option<&str>| (n.to_string(), v.map(|v| v.as_bytes().to_vec()));
         assert_eq!(
             decode(b"table public.t: UPDATE: id[integer]:1 v[integer]:2"),
-            tables(&[("public", "t")])
+            Line::Change {
+                table: t("public", "t"),
+                kind: ChangeKind::Update,
+                old: None,
+                new: Some(vec![col("id", Some("1")), col("v", Some("2"))])
+            }
         );
         assert_eq!(
-            decode(b"table \"My Schema\".\"a\"\"b\": INSERT: x[text]:'table x.y: '"),
-            tables(&[("My Schema", "a\"b")])
+            decode(b"table \"My Schema\".\"a\"\"b\": INSERT: x[text]:'table x.y: ''q''' n[integer[]]:null"),
+            Line::Change {
+                table: t("My Schema", "a\"b"),
+                kind: ChangeKind::Insert,
+                old: None,
+                new: Some(vec![col("x", Some("table x.y: 'q'")), col("n", None)])
+            }
+        );
+        assert_eq!(
+            decode(b"table public.t: UPDATE: old-key: id[uuid]:'a' new-tuple: id[uuid]:'b' big[text]:unchanged-toast-datum"),
+            Line::Change {
+                table: t("public", "t"),
+                kind: ChangeKind::Update,
+                old: Some(vec![col("id", Some("a"))]),
+                new: Some(vec![col("id", Some("b"))])
+            }
+        );
+        assert_eq!(
+            decode(b"table public.t: DELETE: (no-tuple-data)"),
+            Line::Change {
+                table: t("public", "t"),
+                kind: ChangeKind::Delete,
+                old: None,
+                new: None
+            }
         );
         assert_eq!(
             decode(b"table public.a, public.b: TRUNCATE: cascade"),

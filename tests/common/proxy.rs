@@ -67,6 +67,7 @@ pub fn cache_rule(name: &str, contains: &str) -> pgmemo::config::cache::Rule {
         cache_empty: true,
         max_result_bytes: 1024 * 1024,
         transactions: true,
+        refresh_at: 0.8,
     }
 }
 

@@ -1,0 +1,636 @@
+//! Row-level invalidation (`cache::rows`): a cached point read (a read of one table whose
+//! `WHERE` fixes its key) depends on its rows, so a write to another row leaves it a hit,
+//! while what a write may have changed is never served: every read here is compared with
+//! PostgreSQL's own answer at that moment. Writes through pgmemo (proxy invalidation) and
+//! writes made directly (WAL invalidation, both decoders), each kind of write that names its
+//! rows and each that does not (a key changed by `SET`, `INSERT` without the key, `ON
+//! CONFLICT` on another constraint, cascades, triggers, TRUNCATE, a table without a primary
+//! key), composite, text and uuid keys, partitions, collisions of the row counters, and
+//! concurrent writers checked by a consistency checker. Refresh ahead: a hot key read across
+//! its TTL never misses.
+
+mod common;
+
+use common::*;
+use pgmemo::config::cache::{Invalidation, Rule, WalPlugin};
+use pgmemo::config::{Config, PoolMode};
+use pgmemo::Pgmemo;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::Client;
+
+const SCHEMA: &str = "
+    CREATE TABLE accounts (id int PRIMARY KEY, v int);
+    INSERT INTO accounts SELECT g, g FROM generate_series(1, 10) g;
+    CREATE TABLE plain (id int, v int);
+    INSERT INTO plain VALUES (1, 1), (2, 2);
+    -- pgoutput's FOR ALL TABLES publication refuses updates of a table without an identity.
+    ALTER TABLE plain REPLICA IDENTITY FULL;
+    CREATE TABLE pair (a int, b text, v int, PRIMARY KEY (a, b));
+    INSERT INTO pair VALUES (1, 'x', 1), (1, 'y', 2);
+    CREATE TABLE tokens (id uuid PRIMARY KEY, v int);
+    INSERT INTO tokens VALUES ('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 1),
+                              ('b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 2);
+    CREATE TABLE parent (id int PRIMARY KEY);
+    CREATE TABLE child (id int PRIMARY KEY, pid int REFERENCES parent ON DELETE CASCADE, v int);
+    INSERT INTO parent VALUES (1), (2); INSERT INTO child VALUES (1, 1, 1), (2, 2, 2);
+    CREATE TABLE audited (id int PRIMARY KEY, v int);
+    INSERT INTO audited VALUES (1, 1);
+    CREATE TABLE audit (id int PRIMARY KEY, n int);
+    INSERT INTO audit VALUES (1, 0);
+    CREATE FUNCTION count_write() RETURNS trigger LANGUAGE plpgsql AS
+      $$ BEGIN UPDATE audit SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;
+    CREATE TRIGGER audited_count AFTER UPDATE ON audited FOR EACH ROW EXECUTE FUNCTION count_write();
+    CREATE TABLE parted (id int PRIMARY KEY, v int) PARTITION BY RANGE (id);
+    CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100);
+    INSERT INTO parted VALUES (1, 1), (2, 2);
+    CREATE TABLE named (name text PRIMARY KEY, v int);
+    INSERT INTO named VALUES ('ann', 1), ('bob', 2);";
+
+fn config(invalidation: Invalidation) -> Config {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.cache.enabled = true;
+    config.cache.admit_after = 1;
+    config.cache.invalidation = invalidation;
+    config.cache.rules = [
+        "accounts", "plain", "pair", "tokens", "child", "audit", "parted", "named",
+    ]
+    .iter()
+    .map(|t| cache_rule(t, &format!("FROM {t}")))
+    .collect::<Vec<Rule>>();
+    config
+}
+
+async fn setup(db: &'static str) {
+    fresh_db(db).await;
+    tokio::task::spawn_blocking(move || cluster().psql(db, SCHEMA))
+        .await
+        .unwrap();
+}
+
+fn direct_url(db: &str) -> String {
+    cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
+
+fn proxy_db_url(proxy: &Pgmemo, db: &str) -> String {
+    proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
+
+/// The first column of each row of `sql` (simple protocol), joined by `,`: "" for no row.
+async fn value(client: &Client, sql: &str) -> String {
+    let messages = client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get(0).unwrap_or("NULL").to_owned())
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Every rule's hits.
+fn hits(proxy: &Pgmemo) -> u64 {
+    proxy
+        .app()
+        .cache
+        .rule_stats()
+        .iter()
+        .map(|r| r.hits.get())
+        .sum()
+}
+
+/// Reads `sql` through pgmemo: its value, and whether the cache answered it.
+async fn read(proxy: &Pgmemo, client: &Client, sql: &str) -> (String, bool) {
+    let before = hits(proxy);
+    let v = value(client, sql).await;
+    (v, hits(proxy) > before)
+}
+
+/// Reads `sql` until the cache answers it; its value.
+async fn cached(proxy: &Pgmemo, client: &Client, sql: &str) -> String {
+    let first = value(client, sql).await;
+    let (second, hit) = read(proxy, client, sql).await;
+    assert_eq!(first, second, "{sql}");
+    assert!(hit, "{sql} was not answered from the cache");
+    second
+}
+
+/// The follower of `db` has applied the server's WAL as of now (no-op without one).
+async fn caught_up(proxy: &Pgmemo, direct: &Client, db: &str) {
+    if proxy.app().cache.follows_wal() {
+        let lsn: pgmemo::wal::Lsn = value(direct, "SELECT pg_current_wal_insert_lsn()")
+            .await
+            .parse()
+            .unwrap();
+        wait_until("the WAL follower", Duration::from_secs(30), || async {
+            proxy
+                .app()
+                .wal
+                .followers()
+                .iter()
+                .any(|f| f.status().database == db && f.is_ready() && f.applied() >= lsn)
+        })
+        .await;
+    }
+}
+
+/// A write and what it must invalidate: the point reads and other reads cached before it
+/// give PostgreSQL's answer after it; `kept`: reads of other rows still answered from the
+/// cache after it.
+struct Case {
+    write: &'static str,
+    changed: &'static [&'static str],
+    kept: &'static [&'static str],
+}
+
+const CASES: &[Case] = &[
+    Case {
+        write: "UPDATE accounts SET v = 100 WHERE id = 2",
+        changed: &[
+            "SELECT v FROM accounts WHERE id = 2",
+            "SELECT sum(v) FROM accounts",
+            "SELECT v FROM accounts WHERE id IN (2, 3) ORDER BY id",
+        ],
+        kept: &[
+            "SELECT v FROM accounts WHERE id = 1",
+            "SELECT v FROM accounts WHERE id = 3",
+        ],
+    },
+    Case {
+        write: "UPDATE accounts SET v = 5 WHERE id = 4 AND v = 4",
+        changed: &["SELECT v FROM accounts WHERE id = 4"],
+        kept: &["SELECT v FROM accounts WHERE id = 1"],
+    },
+    // A read that found no row follows the INSERT of its key.
+    Case {
+        write: "INSERT INTO accounts (id, v) VALUES (30, 30), (31, 31)",
+        changed: &[
+            "SELECT v FROM accounts WHERE id = 30",
+            "SELECT count(*) FROM accounts",
+        ],
+        kept: &["SELECT v FROM accounts WHERE id = 1"],
+    },
+    Case {
+        write: "DELETE FROM accounts WHERE id IN (5, 6)",
+        changed: &["SELECT v FROM accounts WHERE id = 6"],
+        kept: &["SELECT v FROM accounts WHERE id = 1"],
+    },
+    Case {
+        write: "INSERT INTO accounts (id, v) VALUES (7, 0) ON CONFLICT (id) DO UPDATE SET v = 70",
+        changed: &["SELECT v FROM accounts WHERE id = 7"],
+        kept: &["SELECT v FROM accounts WHERE id = 1"],
+    },
+    // Rows not named: every point read of the table.
+    Case {
+        write: "UPDATE accounts SET id = 40 WHERE id = 8",
+        changed: &[
+            "SELECT v FROM accounts WHERE id = 40",
+            "SELECT v FROM accounts WHERE id = 8",
+        ],
+        kept: &[],
+    },
+    Case {
+        write: "INSERT INTO accounts VALUES (41, 41)",
+        changed: &["SELECT v FROM accounts WHERE id = 41"],
+        kept: &[],
+    },
+    Case {
+        write: "UPDATE accounts SET v = v + 1 WHERE v = 1",
+        changed: &["SELECT v FROM accounts WHERE id = 1"],
+        kept: &[],
+    },
+    Case {
+        write: "INSERT INTO accounts (id, v) VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET id = 42",
+        changed: &[
+            "SELECT v FROM accounts WHERE id = 42",
+            "SELECT v FROM accounts WHERE id = 1",
+        ],
+        kept: &[],
+    },
+    // Composite, uuid and text keys: the neighbour stays.
+    Case {
+        write: "UPDATE pair SET v = 10 WHERE a = 1 AND b = 'x'",
+        changed: &[
+            "SELECT v FROM pair WHERE a = 1 AND b = 'x'",
+            "SELECT sum(v) FROM pair WHERE a = 1",
+        ],
+        kept: &["SELECT v FROM pair WHERE b = 'y' AND a = 1"],
+    },
+    Case {
+        write: "UPDATE tokens SET v = 10 WHERE id = 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'",
+        changed: &["SELECT v FROM tokens WHERE id = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"],
+        kept: &["SELECT v FROM tokens WHERE id = 'b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"],
+    },
+    Case {
+        write: "UPDATE named SET v = 10 WHERE name = 'ann'",
+        changed: &["SELECT v FROM named WHERE name = 'ann'"],
+        kept: &["SELECT v FROM named WHERE name = 'bob'"],
+    },
+    // A cascade reaches rows of another table.
+    Case {
+        write: "DELETE FROM parent WHERE id = 1",
+        changed: &["SELECT v FROM child WHERE id = 1"],
+        kept: &[],
+    },
+    // A trigger writes another table.
+    Case {
+        write: "UPDATE audited SET v = 2 WHERE id = 1",
+        changed: &["SELECT n FROM audit WHERE id = 1"],
+        kept: &[],
+    },
+    // No primary key: by table.
+    Case {
+        write: "UPDATE plain SET v = 10 WHERE id = 1",
+        changed: &["SELECT v FROM plain WHERE id = 1"],
+        kept: &[],
+    },
+    // A partition's rows, read through the leaf and through the root.
+    Case {
+        write: "UPDATE parted SET v = 10 WHERE id = 1",
+        changed: &[
+            "SELECT v FROM parted_1 WHERE id = 1",
+            "SELECT v FROM parted WHERE id = 1",
+        ],
+        kept: &[],
+    },
+    Case {
+        write: "UPDATE parted_1 SET v = 20 WHERE id = 2",
+        changed: &[
+            "SELECT v FROM parted_1 WHERE id = 2",
+            "SELECT v FROM parted WHERE id = 2",
+        ],
+        kept: &["SELECT v FROM parted_1 WHERE id = 1"],
+    },
+    Case {
+        write: "TRUNCATE accounts",
+        changed: &["SELECT v FROM accounts WHERE id = 3"],
+        kept: &[],
+    },
+];
+
+/// Runs [`CASES`], each write made by `writer` (through pgmemo, or directly): the reads it
+/// changed give PostgreSQL's answer, the ones it kept are still hits.
+async fn run_cases(proxy: &Pgmemo, client: &Client, direct: &Client, writer: &Client, db: &str) {
+    for case in CASES {
+        for sql in case.changed.iter().chain(case.kept) {
+            cached(proxy, client, sql).await;
+        }
+        writer.batch_execute(case.write).await.unwrap();
+        caught_up(proxy, direct, db).await;
+        for sql in case.changed {
+            let (through, hit) = read(proxy, client, sql).await;
+            assert_eq!(
+                through,
+                value(direct, sql).await,
+                "{sql} after {}",
+                case.write
+            );
+            assert!(!hit, "{sql} was served from the cache after {}", case.write);
+        }
+        for sql in case.kept {
+            let (through, hit) = read(proxy, client, sql).await;
+            assert_eq!(
+                through,
+                value(direct, sql).await,
+                "{sql} after {}",
+                case.write
+            );
+            assert!(
+                hit,
+                "{sql} is another row's: still a hit after {}",
+                case.write
+            );
+        }
+    }
+}
+
+/// The row figures of SHOW CACHE ROWS.
+async fn row_figures(proxy: &Pgmemo) -> std::collections::HashMap<String, String> {
+    let admin = admin_console(proxy.local_addr()).await;
+    admin_rows(&admin, "SHOW CACHE ROWS").await.remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_pgmemo_invalidate_their_rows() {
+    const DB: &str = "rows_proxy";
+    setup(DB).await;
+    let proxy = start_pgmemo(config(Invalidation::Proxy)).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let writer = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    run_cases(&proxy, &client, &direct, &writer, DB).await;
+    let figures = row_figures(&proxy).await;
+    for name in ["point_fills", "rows_bumped", "unknown_rows"] {
+        assert!(
+            figures[name].parse::<u64>().unwrap() > 0,
+            "{name}: {figures:?}"
+        );
+    }
+    proxy.shutdown().await;
+}
+
+/// The same writes made directly, followed in the WAL by each decoder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_in_the_wal_invalidate_their_rows() {
+    for (db, plugin) in [
+        ("rows_wal_text", WalPlugin::TestDecoding),
+        ("rows_wal_pgoutput", WalPlugin::Pgoutput),
+    ] {
+        setup(db).await;
+        let mut config = config(Invalidation::Wal);
+        config.cache.wal_plugin = plugin;
+        let proxy = start_pgmemo(config).await;
+        let client = connect(&proxy_db_url(&proxy, db)).await;
+        let direct = connect(&direct_url(db)).await;
+        value(&client, "SELECT v FROM accounts WHERE id = 1").await;
+        caught_up(&proxy, &direct, db).await;
+        run_cases(&proxy, &client, &direct, &direct, db).await;
+        let figures = row_figures(&proxy).await;
+        assert!(
+            figures["rows_bumped"].parse::<u64>().unwrap() > 0,
+            "{figures:?}"
+        );
+        proxy.shutdown().await;
+    }
+}
+
+/// Extended-protocol reads and writes (text and binary parameters) name the same rows as
+/// simple ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_name_rows_as_literals_do() {
+    const DB: &str = "rows_params";
+    setup(DB).await;
+    let proxy = start_pgmemo(config(Invalidation::Proxy)).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_url(DB)).await;
+    let (proxy_ref, client_ref) = (&proxy, &client);
+    let get = |id: i32| {
+        let (proxy, client) = (proxy_ref, client_ref);
+        async move {
+            let before = hits(proxy);
+            let row = client
+                .query_one("SELECT v FROM accounts WHERE id = $1", &[&id])
+                .await
+                .unwrap();
+            (row.get::<_, i32>(0), hits(proxy) > before)
+        }
+    };
+    get(1).await;
+    get(2).await;
+    assert!(get(1).await.1 && get(2).await.1, "both cached");
+    // A binary int8 parameter for an int4 key, and a simple write.
+    client
+        .execute("UPDATE accounts SET v = 20 WHERE id = $1::int8", &[&2i64])
+        .await
+        .unwrap();
+    assert_eq!(get(2).await, (20, false));
+    assert!(get(1).await.1, "row 1 was not written");
+    client
+        .batch_execute("UPDATE accounts SET v = 10 WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(get(1).await, (10, false));
+    assert!(get(2).await.1, "row 2 was not written");
+    let direct_v: i32 = direct
+        .query_one("SELECT v FROM accounts WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(direct_v, 10);
+    proxy.shutdown().await;
+}
+
+/// Rows, monotonic versions of each, and the check that a read through pgmemo is never older
+/// than what was committed before it was sent: through pgmemo, once committed; directly,
+/// once pgmemo's WAL follower applied the commit (its position at the read's sending).
+struct Checker {
+    /// Per row: the last value committed through pgmemo, and the last value a writer
+    /// started to write.
+    committed: Vec<AtomicI64>,
+    started: Vec<AtomicI64>,
+    /// Per row written directly: each value committed, with the WAL position after it.
+    direct: Vec<std::sync::Mutex<Vec<(i64, pgmemo::wal::Lsn)>>>,
+    stale: AtomicU64,
+    reads: AtomicU64,
+}
+
+/// Rows 1..=ROWS are updated (v grows); rows ROWS+1..=2*ROWS are inserted and deleted
+/// alternately (v is the sequence number of the insert, which is odd; a delete's is even,
+/// and 0 is the absence they start with).
+const ROWS: i64 = 8;
+
+impl Checker {
+    fn new() -> Checker {
+        Checker {
+            committed: (0..=2 * ROWS).map(|_| AtomicI64::new(0)).collect(),
+            started: (0..=2 * ROWS).map(|_| AtomicI64::new(0)).collect(),
+            direct: (0..=2 * ROWS).map(|_| Default::default()).collect(),
+            stale: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        }
+    }
+
+    /// Judges a read of row `id` sent after `before` was committed: its value (None: no
+    /// row) must be at least as new.
+    /// What of row `id` was committed (and, for a direct write, applied by the follower at
+    /// `applied`) before a read sent now.
+    fn before(&self, id: i64, applied: pgmemo::wal::Lsn) -> i64 {
+        let direct = self.direct[id as usize].lock().unwrap();
+        let seen = direct
+            .iter()
+            .filter(|(_, lsn)| *lsn <= applied)
+            .map(|(v, _)| *v)
+            .max();
+        seen.unwrap_or(0)
+            .max(self.committed[id as usize].load(SeqCst))
+    }
+
+    fn judge(&self, id: i64, before: i64, got: Option<i64>) {
+        self.reads.fetch_add(1, SeqCst);
+        let started = self.started[id as usize].load(SeqCst);
+        let ok = if id <= ROWS {
+            got.is_some_and(|v| v >= before && v <= started)
+        } else {
+            // Odd numbers are inserts (the row has v = n), even ones deletes.
+            match got {
+                Some(v) => v % 2 == 1 && v >= before && v <= started,
+                None => before % 2 == 0 || started > before,
+            }
+        };
+        if !ok {
+            eprintln!("stale: row {id} read {got:?} after {before} committed ({started} started)");
+            self.stale.fetch_add(1, SeqCst);
+        }
+    }
+}
+
+/// One writer: `n` writes over the rows of `ids`, through `client` (`direct`: to PostgreSQL,
+/// each commit noted with its WAL position).
+async fn write_rows(
+    checker: Arc<Checker>,
+    client: Client,
+    direct: bool,
+    ids: Vec<i64>,
+    n: usize,
+    seed: u64,
+) {
+    let mut rng = Rng(seed);
+    for _ in 0..n {
+        let id = *rng.pick(&ids);
+        let slot = id as usize;
+        let next = checker.started[slot].load(SeqCst) + 1;
+        checker.started[slot].store(next, SeqCst);
+        let sql = if id <= ROWS {
+            format!("UPDATE accounts SET v = {next} WHERE id = {id}")
+        } else if next % 2 == 1 {
+            format!("INSERT INTO accounts (id, v) VALUES ({id}, {next})")
+        } else {
+            format!("DELETE FROM accounts WHERE id = {id}")
+        };
+        client.batch_execute(&sql).await.unwrap();
+        if direct {
+            let lsn = value(&client, "SELECT pg_current_wal_insert_lsn()").await;
+            let lsn = lsn.parse().unwrap();
+            checker.direct[slot].lock().unwrap().push((next, lsn));
+        } else {
+            checker.committed[slot].store(next, SeqCst);
+        }
+    }
+}
+
+/// Readers read every row, cached, while writers write (each row has one writer): through
+/// pgmemo, and directly (followed in the WAL), with `row_versions` counters.
+async fn check_consistency(db: &'static str, row_versions: u32) -> Arc<Checker> {
+    fresh_db(db).await;
+    let schema = format!(
+        "CREATE TABLE accounts (id int PRIMARY KEY, v int);
+         INSERT INTO accounts SELECT g, 0 FROM generate_series(1, {ROWS}) g;"
+    );
+    tokio::task::spawn_blocking(move || cluster().psql(db, &schema))
+        .await
+        .unwrap();
+    let mut config = config(Invalidation::Wal);
+    config.cache.row_versions = row_versions;
+    let proxy = start_pgmemo(config).await;
+    let direct = connect(&direct_url(db)).await;
+    let first = connect(&proxy_db_url(&proxy, db)).await;
+    value(&first, "SELECT v FROM accounts WHERE id = 1").await;
+    caught_up(&proxy, &direct, db).await;
+    let checker = Arc::new(Checker::new());
+    let mut writers = Vec::new();
+    // Through pgmemo: odd rows; directly: even rows.
+    for (through_pgmemo, parity) in [(true, 1), (false, 0)] {
+        let client = if through_pgmemo {
+            connect(&proxy_db_url(&proxy, db)).await
+        } else {
+            connect(&direct_url(db)).await
+        };
+        let ids: Vec<i64> = (1..=2 * ROWS).filter(|i| i % 2 == parity).collect();
+        let seed = 7 + parity as u64;
+        let writer = write_rows(checker.clone(), client, !through_pgmemo, ids, 300, seed);
+        writers.push(tokio::spawn(writer));
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for r in 0..3u64 {
+        let client = connect(&proxy_db_url(&proxy, db)).await;
+        let (checker, done) = (checker.clone(), done.clone());
+        let follower = proxy
+            .app()
+            .wal
+            .followers()
+            .into_iter()
+            .find(|f| f.status().database == db)
+            .expect("the follower");
+        readers.push(tokio::spawn(async move {
+            let mut rng = Rng(100 + r);
+            while !done.load(SeqCst) {
+                let id = 1 + rng.below(2 * ROWS as usize) as i64;
+                let before = checker.before(id, follower.applied());
+                let got = value(&client, &format!("SELECT v FROM accounts WHERE id = {id}")).await;
+                checker.judge(id, before, (!got.is_empty()).then(|| got.parse().unwrap()));
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    done.store(true, SeqCst);
+    for r in readers {
+        r.await.unwrap();
+    }
+    proxy.shutdown().await;
+    checker
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_never_make_a_read_stale() {
+    let checker = check_consistency("rows_concurrent", 0).await;
+    assert!(checker.reads.load(SeqCst) > 100);
+    assert_eq!(checker.stale.load(SeqCst), 0, "stale reads");
+}
+
+/// With four row counters nearly every row shares one: only more misses, never a stale read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colliding_row_counters_stay_correct() {
+    let checker = check_consistency("rows_collisions", 4).await;
+    assert!(checker.reads.load(SeqCst) > 100);
+    assert_eq!(checker.stale.load(SeqCst), 0, "stale reads");
+}
+
+/// An entry read continuously across several TTLs is refreshed ahead of its expiry by one
+/// query each time, while every other read is a hit: the key never misses after its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_refreshed_before_it_expires() {
+    const DB: &str = "rows_refresh";
+    setup(DB).await;
+    let mut config = config(Invalidation::Proxy);
+    for rule in &mut config.cache.rules {
+        rule.ttl = Duration::from_millis(400);
+        rule.refresh_at = 0.5;
+    }
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let stats = || {
+        proxy
+            .app()
+            .cache
+            .rule_stats()
+            .into_iter()
+            .find(|r| r.name == "accounts")
+            .unwrap()
+    };
+    let sql = "SELECT v FROM accounts WHERE id = 1";
+    let start = Instant::now();
+    let mut reads = 0u64;
+    while start.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(value(&client, sql).await, "1");
+        reads += 1;
+    }
+    let s = stats();
+    let (misses, refreshes, stores) = (
+        s.misses.get(),
+        s.refreshes.load(SeqCst),
+        s.stores.load(SeqCst),
+    );
+    assert_eq!(misses, 1, "only the first read missed ({reads} reads)");
+    assert!(refreshes >= 2, "refreshed each TTL: {refreshes}");
+    // Each refresh ran one query, whose result was stored.
+    assert_eq!(stores, 1 + refreshes);
+    assert_eq!(s.hits.get() + misses + refreshes, reads);
+    let admin = admin_console(proxy.local_addr()).await;
+    let row = admin_rows(&admin, "SHOW CACHE")
+        .await
+        .into_iter()
+        .find(|r| r["rule"] == "accounts")
+        .unwrap();
+    assert_eq!(row["refreshes"], refreshes.to_string());
+    proxy.shutdown().await;
+}
