@@ -46,7 +46,8 @@ settings! {
     /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.
     metrics_listen: Option<String> = None, Restart,
         check = |v, _| v.as_deref().map_or(Ok(()), |v| parse_host_port(v).map(drop));
-    /// A client waiting longer than this for a server gets an error (57014).
+    /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
+    /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
     /// Total time for connecting to a server, retries included, before the waiting client
     /// gets an error.
