@@ -217,8 +217,8 @@ pub struct Cli {
         long_help = "What invalidates cached results. proxy: writes that pass through this \
                      pgmemo (and TTL). wal: also every write the database's logical \
                      replication stream shows, whoever made it (needs wal_level = logical and \
-                     a role with the REPLICATION attribute; see README, \"Invalidation from \
-                     the WAL\"). Overrides cache.invalidation. Default: proxy."
+                     a role with the REPLICATION attribute; see docs/result-cache.md, \"Setting \
+                     up the server\"). Overrides cache.invalidation. Default: proxy."
     )]
     pub cache_invalidation: Option<crate::config::cache::Invalidation>,
 

@@ -30,7 +30,8 @@ settings! {
 
     /// Result caching and the write tracking it needs.
     enabled: bool = false, Live;
-    /// Memory the stored results may take, in bytes; the file gives MiB (`max_memory_mb`).
+    /// Memory the store may take (keys, results and their bookkeeping); the file writes it
+    /// in MiB (`max_memory_mb`), the field holds bytes.
     max_memory: usize = 64 << 20, Live, key = "max_memory_mb", as Mebibytes;
     /// Hints in a query's comments (`/* pgmemo cache ttl=5s */`, anywhere) are obeyed.
     hints: bool = true, Live;
@@ -42,9 +43,9 @@ settings! {
     /// Results larger than this are not stored (unless a rule says otherwise).
     max_result_bytes: usize = 1 << 20, Live, as Bytes;
     /// Once the store is full, a result is stored when its key misses for this many times
-    /// lately (1 or 2; see `cache::admission`). With 2 (the default) keys read once cost no
-    /// store and evict nothing useful; a key other clients waited for is stored at once. While
-    /// the store has room every miss is stored.
+    /// lately (1 or 2; see docs/result-cache.md, "Store"). With 2 (the default) keys read
+    /// once cost no store and evict nothing useful; a key other clients waited for is stored
+    /// at once. While the store has room every miss is stored.
     admit_after: u32 = 2, Live, range = "1 or 2",
         check = |v, _| ensure((1..=2).contains(v), || "must be 1 or 2".into());
     /// Counters of rows' versions, for row-level invalidation (see `cache::rows`): 8 bytes
@@ -58,11 +59,11 @@ settings! {
     refresh_at: f64 = 0.8, Live, range = "0.5 to 1",
         check = |v, _| ensure((0.5..=1.0).contains(v), || "must be between 0.5 and 1".into());
     /// What chooses the queries cached: rules and hints (`rules`, the default), or also pgmemo
-    /// itself (`auto`: the read shapes that cost the server most, see `cache::auto`), which
-    /// needs `invalidation = "wal"` (a write made around pgmemo would be served stale).
+    /// itself (`auto`: the read shapes that cost the server most, see docs/result-cache.md),
+    /// which needs `invalidation = "wal"` (a write made around pgmemo would be served stale).
     mode: CacheMode = CacheMode::Rules, Live;
     /// What invalidates cached results: writes through this pgmemo (`proxy`, the default),
-    /// or also every write the database's WAL shows (`wal`, see `wal`).
+    /// or also every write the database's WAL shows (`wal`, see docs/result-cache.md).
     invalidation: Invalidation = Invalidation::Proxy, Live;
     /// The role WAL invalidation's replication connections log in as (it needs the
     /// REPLICATION attribute); default: each pool's server user. A database's stream keeps
@@ -71,7 +72,7 @@ settings! {
     /// That role's password. A database's stream keeps the value it started with.
     replication_password: Option<String> = None, Restart;
     /// The logical decoding plugin WAL invalidation streams with: `test_decoding` (default:
-    /// no publication needed, see `wal::test_decoding`) or `pgoutput`. A database's stream
+    /// no publication needed) or `pgoutput`. A database's stream
     /// keeps the value it started with.
     wal_plugin: WalPlugin = WalPlugin::TestDecoding, Restart;
     /// With WAL invalidation: a database's results are not served while its follower last
@@ -97,6 +98,7 @@ pub enum CacheMode {
 
 impl Value for CacheMode {
     type Raw = String;
+    const KIND: &'static str = r#""rules" or "auto""#;
     fn read(raw: String, _: &Context<'_>) -> Result<CacheMode, String> {
         match raw.as_str() {
             "rules" => Ok(CacheMode::Rules),
@@ -289,6 +291,7 @@ struct Hex;
 
 impl Form<u64> for Hex {
     type Raw = String;
+    const KIND: &'static str = "16 hexadecimal digits";
     fn read(h: String, _: &Context<'_>) -> Result<u64, String> {
         let digits = h.trim_start_matches("0x");
         if digits.len() != 16 {
@@ -306,6 +309,7 @@ impl Form<u64> for Hex {
 
 impl Value for Invalidation {
     type Raw = String;
+    const KIND: &'static str = r#""proxy" or "wal""#;
     fn read(raw: String, _: &Context<'_>) -> Result<Invalidation, String> {
         raw.parse()
     }
@@ -320,6 +324,7 @@ impl Value for Invalidation {
 
 impl Value for WalPlugin {
     type Raw = String;
+    const KIND: &'static str = r#""test_decoding" or "pgoutput""#;
     fn read(raw: String, _: &Context<'_>) -> Result<WalPlugin, String> {
         match raw.as_str() {
             "test_decoding" => Ok(WalPlugin::TestDecoding),

@@ -122,6 +122,7 @@ macro_rules! named_enum {
 
         impl table::Value for $ty {
             type Raw = String;
+            const KIND: &'static str = $expected;
             fn read(raw: String, _: &table::Context<'_>) -> Result<Self, String> {
                 raw.parse()
             }

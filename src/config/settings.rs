@@ -46,7 +46,8 @@ settings! {
     /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.
     metrics_listen: Option<String> = None, Restart,
         check = |v, _| v.as_deref().map_or(Ok(()), |v| parse_host_port(v).map(drop));
-    /// A client waiting longer than this for a server gets an error (57014).
+    /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
+    /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
     /// Total time for connecting to a server, retries included, before the waiting client
     /// gets an error.
@@ -115,12 +116,12 @@ settings! {
     /// are closed on the server.
     max_prepared_statements: u32 = 500, Restart, check = at_least_one;
     /// Run simple-protocol queries as shared prepared statements, their literals made
-    /// parameters (see README, "Autoprepare"); per database and user too.
+    /// parameters (see docs/autoprepare.md); per database and user too.
     autoprepare: bool = true, Live;
     /// Transaction mode: carry each client's session settings (SET, SET ROLE, ...) from
     /// server to server and pin a client to its server while it holds state that cannot be
     /// carried (temporary tables, LISTEN, advisory locks, WITH HOLD cursors, LOAD); see
-    /// README, "How pooling behaves". `false` is PgBouncer's behaviour: what a client sets
+    /// docs/session-state.md. `false` is PgBouncer's behaviour: what a client sets
     /// stays on the server. Per database and user too.
     pin_session_state: bool = true, Live;
     /// A client pinned to its server (see `pin_session_state`) that sends nothing for this
@@ -152,7 +153,7 @@ settings! {
     log_format: LogFormat = LogFormat::Text, Restart;
     /// Threads serving clients, each with an event loop of its own; a client goes to the one
     /// of the CPU its packets arrive on, and follows them between transactions (see
-    /// `workers.rs`). 1 is PgBouncer's; more serve more result-cache hits at once.
+    /// docs/pooling.md). 1 is PgBouncer's; more serve more result-cache hits at once.
     workers: u32 = 1, Restart,
         check = |v, _| ensure((1..=MAX_WORKERS).contains(v), || {
             format!("must be between 1 and {MAX_WORKERS}")

@@ -38,6 +38,8 @@ pub enum Reload {
 pub struct SettingDoc {
     /// The key under its section, as the file writes it.
     pub name: &'static str,
+    /// What the file writes, as the reference says it (`seconds`, `"text" or "json"`).
+    pub kind: &'static str,
     /// The default as SHOW CONFIG prints it ("" for none).
     pub default: String,
     pub reload: Reload,
@@ -57,6 +59,9 @@ pub trait Value: Sized {
     /// wrong value is judged with its key in hand rather than by serde.
     type Raw: DeserializeOwned;
 
+    /// What the file writes, as the reference (docs/configuration.md) says it.
+    const KIND: &'static str;
+
     /// The setting from what the file says, or what is wrong with it.
     fn read(raw: Self::Raw, cx: &Context<'_>) -> Result<Self, String>;
 
@@ -74,6 +79,7 @@ pub(super) const U32_RANGE: &str = "a whole number 0..=4294967295";
 
 impl Value for u32 {
     type Raw = i64;
+    const KIND: &'static str = "integer";
     fn read(raw: i64, _: &Context<'_>) -> Result<u32, String> {
         u32::try_from(raw).map_err(|_| format!("must be {U32_RANGE}"))
     }
@@ -84,6 +90,7 @@ impl Value for u32 {
 
 impl Value for usize {
     type Raw = i64;
+    const KIND: &'static str = "integer";
     fn read(raw: i64, _: &Context<'_>) -> Result<usize, String> {
         usize::try_from(raw).map_err(|_| format!("must be a whole number 0..={}", usize::MAX))
     }
@@ -94,6 +101,7 @@ impl Value for usize {
 
 impl Value for f64 {
     type Raw = f64;
+    const KIND: &'static str = "number";
     fn read(raw: f64, _: &Context<'_>) -> Result<f64, String> {
         Ok(raw)
     }
@@ -104,6 +112,7 @@ impl Value for f64 {
 
 impl Value for bool {
     type Raw = bool;
+    const KIND: &'static str = "boolean";
     fn read(raw: bool, _: &Context<'_>) -> Result<bool, String> {
         Ok(raw)
     }
@@ -114,6 +123,7 @@ impl Value for bool {
 
 impl Value for String {
     type Raw = String;
+    const KIND: &'static str = "string";
     fn read(raw: String, _: &Context<'_>) -> Result<String, String> {
         Ok(raw)
     }
@@ -125,6 +135,7 @@ impl Value for String {
 /// Optional text (`metrics_listen`): unset is none, shown as "".
 impl Value for Option<String> {
     type Raw = String;
+    const KIND: &'static str = "string, optional";
     fn read(raw: String, _: &Context<'_>) -> Result<Option<String>, String> {
         Ok(Some(raw))
     }
@@ -136,6 +147,7 @@ impl Value for Option<String> {
 /// A list of names (`admin_users`), shown comma-separated.
 impl Value for Vec<String> {
     type Raw = Vec<String>;
+    const KIND: &'static str = "list of strings";
     fn read(raw: Vec<String>, _: &Context<'_>) -> Result<Vec<String>, String> {
         Ok(raw)
     }
@@ -147,6 +159,7 @@ impl Value for Vec<String> {
 /// A file; a relative path is relative to the config file's directory.
 impl Value for Option<PathBuf> {
     type Raw = PathBuf;
+    const KIND: &'static str = "file path, optional";
     fn read(raw: PathBuf, cx: &Context<'_>) -> Result<Option<PathBuf>, String> {
         Ok(Some(match cx.base_dir {
             Some(dir) if raw.is_relative() && !dir.as_os_str().is_empty() => dir.join(raw),
@@ -163,6 +176,7 @@ impl Value for Option<PathBuf> {
 /// A duration, written as a number of seconds (`120`, `0.5`) and shown so.
 impl Value for Duration {
     type Raw = Seconds;
+    const KIND: &'static str = "seconds";
     fn read(Seconds(s): Seconds, _: &Context<'_>) -> Result<Duration, String> {
         if !s.is_finite() || s < 0.0 {
             return Err("must be a number of seconds, 0 or more".into());
@@ -215,6 +229,7 @@ impl<'de> Deserialize<'de> for Seconds {
 /// An optional duration (`cache.max_lag`): unset is none, shown as "".
 impl Value for Option<Duration> {
     type Raw = Seconds;
+    const KIND: &'static str = "seconds, optional";
     fn read(raw: Seconds, cx: &Context<'_>) -> Result<Option<Duration>, String> {
         Duration::read(raw, cx).map(Some)
     }
@@ -233,6 +248,8 @@ impl Value for Option<Duration> {
 pub trait Form<T> {
     /// The value as TOML gives it.
     type Raw: DeserializeOwned;
+    /// What the file writes, as the reference says it.
+    const KIND: &'static str;
     /// The setting from what the file says, or what is wrong with it.
     fn read(raw: Self::Raw, cx: &Context<'_>) -> Result<T, String>;
     /// The value as the file would write it.
@@ -244,6 +261,7 @@ pub struct Own;
 
 impl<T: Value> Form<T> for Own {
     type Raw = T::Raw;
+    const KIND: &'static str = T::KIND;
     fn read(raw: T::Raw, cx: &Context<'_>) -> Result<T, String> {
         T::read(raw, cx)
     }
@@ -267,6 +285,7 @@ pub enum RawDuration {
 
 impl Form<Duration> for TextOrSeconds {
     type Raw = RawDuration;
+    const KIND: &'static str = "duration (seconds, or \"500ms\", \"5s\", \"2m\", \"1h\")";
     fn read(raw: RawDuration, _: &Context<'_>) -> Result<Duration, String> {
         let d = match raw {
             RawDuration::Seconds(s) if (0.0..=MAX_DURATION_SECS as f64).contains(&s) => {
@@ -287,6 +306,7 @@ impl Form<Duration> for TextOrSeconds {
 /// An optional duration written as [`TextOrSeconds`]: unset is none.
 impl Form<Option<Duration>> for TextOrSeconds {
     type Raw = RawDuration;
+    const KIND: &'static str = "duration, optional";
     fn read(raw: RawDuration, cx: &Context<'_>) -> Result<Option<Duration>, String> {
         <TextOrSeconds as Form<Duration>>::read(raw, cx).map(Some)
     }
@@ -323,6 +343,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 impl Form<usize> for Mebibytes {
     type Raw = f64;
+    const KIND: &'static str = "MiB (fractions allowed)";
     fn read(mb: f64, _: &Context<'_>) -> Result<usize, String> {
         if mb.is_finite() && mb > 0.0 && mb <= MIB {
             Ok((mb * MIB) as usize)
@@ -340,6 +361,7 @@ pub struct Bytes;
 
 impl Form<usize> for Bytes {
     type Raw = i64;
+    const KIND: &'static str = "bytes";
     fn read(n: i64, _: &Context<'_>) -> Result<usize, String> {
         match usize::try_from(n) {
             Ok(n) if n > 0 => Ok(n),
@@ -578,6 +600,7 @@ macro_rules! settings {
                 let d = $Struct::default();
                 vec![$(SettingDoc {
                     name: settings!(@key $name $($key)?),
+                    kind: <settings!(@form $($form)?) as Form<$ty>>::KIND,
                     default: <settings!(@form $($form)?) as Form<$ty>>::show(&d.$name),
                     reload: Reload::$reload,
                     doc: [$($doc),*].map(str::trim).join(" "),

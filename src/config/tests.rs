@@ -706,6 +706,79 @@ fn documents(name: &str, section: &str, reference: Vec<SettingDoc>) {
     }
 }
 
+/// docs/configuration.md's tables of `[general]` and `[cache]` are the settings tables'
+/// reference written out, between `<!-- settings: NAME -->` and `<!-- end settings: NAME -->`:
+/// a setting missing there, or shown there with another type, default, reload class or doc,
+/// fails here. `PGMEMO_BLESS=1 cargo test --lib config` writes them anew.
+#[test]
+fn the_configuration_reference_documents_every_setting() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut expected = text.clone();
+    for (section, reference) in [
+        ("general", General::reference()),
+        ("cache", cache::CacheConfig::reference()),
+    ] {
+        expected = with_generated(&expected, section, &reference_table(section, &reference));
+    }
+    if expected == text {
+        return;
+    }
+    if std::env::var("PGMEMO_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(path, &expected).unwrap();
+        return;
+    }
+    let (want, got) = expected
+        .lines()
+        .zip(text.lines().chain(std::iter::repeat("(end of file)")))
+        .find(|(want, got)| want != got)
+        .unwrap_or(("(the same lines, more of them)", ""));
+    panic!(
+        "docs/configuration.md is not the settings tables' reference: \
+         expected\n  {want}\nfound\n  {got}\n\
+         (PGMEMO_BLESS=1 cargo test --lib config rewrites it)"
+    );
+}
+
+/// One section's settings as the reference's table: key, type, default, reload, meaning.
+fn reference_table(section: &str, reference: &[SettingDoc]) -> String {
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut out =
+        String::from("| key | type | default | RELOAD | meaning |\n|---|---|---|---|---|\n");
+    for s in reference {
+        let default = match s.default.as_str() {
+            "" => "none".to_string(),
+            d => format!("`{}`", cell(d)),
+        };
+        let reload = match s.reload {
+            Reload::Live => "yes",
+            Reload::Restart => "restart",
+        };
+        out += &format!(
+            "| <a id=\"{section}.{name}\"></a>`{name}` | {} | {default} | {reload} | {} |\n",
+            cell(s.kind),
+            cell(&s.doc),
+            name = s.name,
+        );
+    }
+    out
+}
+
+/// `text` with the part between `section`'s markers replaced by `table`.
+fn with_generated(text: &str, section: &str, table: &str) -> String {
+    let begin = format!("<!-- settings: {section} -->\n");
+    let end = format!("<!-- end settings: {section} -->");
+    let (Some(from), Some(to)) = (text.find(&begin), text.find(&end)) else {
+        panic!("docs/configuration.md lacks the markers {begin:?} and {end:?}");
+    };
+    let from = from + begin.len();
+    assert!(
+        from <= to,
+        "docs/configuration.md: {end:?} comes before {begin:?}"
+    );
+    format!("{}{table}{}", &text[..from], &text[to..])
+}
+
 /// Every `[cache]` key refused with its message, as the hand-written reading said them.
 #[test]
 fn cache_errors_name_their_key() {

@@ -24,7 +24,7 @@ pub fn test_config(mode: PoolMode, pool_size: u32) -> Config {
     // Tests compare pinned clients with dedicated sessions on pools of one or two: every
     // server may be pinned. The bound (default 0.5) has its own tests (tests/pinning.rs).
     config.general.max_pinned_fraction = 1.0;
-    // PGMEMO_TEST_WORKERS=N runs every test's pgmemo with N workers (see README, Tests).
+    // PGMEMO_TEST_WORKERS=N runs every test's pgmemo with N workers (see docs/development.md, "Tests").
     if let Some(n) = std::env::var("PGMEMO_TEST_WORKERS")
         .ok()
         .and_then(|v| v.parse().ok())
