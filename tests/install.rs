@@ -14,11 +14,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pgmemo");
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// A directory of its own under the system's temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -246,4 +247,97 @@ fn the_soft_file_limit_is_raised_to_the_hard_limit() {
     assert_eq!(fields[3], fields[4], "soft and hard differ: {line}");
     assert_eq!(fields[4], hard_text, "{line}");
     assert!(pgmemo.stop().success(), "{}", pgmemo.log());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Dockerfile
+// ---------------------------------------------------------------------------------------------
+
+/// No image can be pulled on the machines that run these tests, so the Dockerfile is not
+/// built here; what can be checked without Docker is: the builder builds the binary Cargo
+/// names, the runtime stage copies it from where that build puts it, every file copied from
+/// the build context exists, the runtime user is not root, and the exposed port is the
+/// one the image listens on.
+#[test]
+fn dockerfile_copies_what_cargo_builds() {
+    let dockerfile = std::fs::read_to_string(Path::new(REPO).join("Dockerfile")).unwrap();
+    let lines: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let stages: Vec<&&str> = lines.iter().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(stages.len(), 2, "a builder and a runtime stage: {stages:?}");
+    assert!(
+        stages[0].ends_with(" AS build"),
+        "the first stage is named build: {}",
+        stages[0]
+    );
+    let bin = env!("CARGO_PKG_NAME");
+    assert!(
+        Path::new(BIN).file_name().unwrap() == bin,
+        "the binary is {BIN}"
+    );
+    let workdir = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("WORKDIR "))
+        .expect("the builder's WORKDIR");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("RUN cargo build --release --locked")
+                && l.contains(&format!("--bin {bin}"))),
+        "the builder runs cargo build --release --locked --bin {bin}"
+    );
+    let copied_bin =
+        format!("COPY --from=build {workdir}/target/release/{bin} /usr/local/bin/{bin}");
+    assert!(
+        lines.contains(&copied_bin.as_str()),
+        "the runtime stage copies the binary: {copied_bin}"
+    );
+    assert!(
+        dockerfile.contains(&format!("ENTRYPOINT [\"/usr/local/bin/{bin}\"]")),
+        "ENTRYPOINT runs /usr/local/bin/{bin}"
+    );
+    // Files copied from the build context into the runtime image exist in the repository.
+    let runtime = &lines[lines.iter().position(|l| l == stages[1]).unwrap()..];
+    for line in runtime.iter().filter(|l| l.starts_with("COPY ")) {
+        if line.starts_with("COPY --from=") {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for source in &words[1..words.len() - 1] {
+            assert!(
+                Path::new(REPO).join(source).exists(),
+                "{line}: {source} is not in the repository"
+            );
+        }
+    }
+    // Runs as a user created in the runtime stage, not root.
+    let user = runtime
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("a USER in the runtime stage");
+    assert!(user != "root" && user != "0", "runs as {user}");
+    assert!(
+        runtime
+            .iter()
+            .any(|l| l.contains("useradd") && l.contains(user)),
+        "the runtime stage creates the user {user}"
+    );
+    // The image listens on every interface, on the port it exposes.
+    let listen = runtime
+        .iter()
+        .find_map(|l| l.strip_prefix("ENV PGMEMO_LISTEN="))
+        .expect("ENV PGMEMO_LISTEN=...");
+    let port = listen.rsplit(':').next().unwrap();
+    assert!(listen.starts_with("0.0.0.0:"), "{listen}");
+    assert!(
+        runtime.contains(&format!("EXPOSE {port}").as_str()),
+        "EXPOSE {port}"
+    );
+    // The build context leaves out what the build does not need.
+    let ignore = std::fs::read_to_string(Path::new(REPO).join(".dockerignore")).unwrap();
+    assert!(ignore.lines().any(|l| l.trim() == "target"), "{ignore}");
 }
