@@ -12,6 +12,9 @@
 //! release build (`cargo deb` runs it; `scripts/test` builds release before the tests, so it
 //! is not built twice).
 
+mod common;
+
+use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -340,4 +343,275 @@ fn dockerfile_copies_what_cargo_builds() {
     // The build context leaves out what the build does not need.
     let ignore = std::fs::read_to_string(Path::new(REPO).join(".dockerignore")).unwrap();
     assert!(ignore.lines().any(|l| l.trim() == "target"), "{ignore}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Debian package
+// ---------------------------------------------------------------------------------------------
+
+/// packaging/pgmemo.1, which the Debian package installs, is what clap_mangen renders from
+/// today's command line. After a change to the flags, regenerate it with
+/// `PGMEMO_BLESS=1 cargo test --test install man_page_is_current`.
+#[test]
+fn man_page_is_current() {
+    use clap::CommandFactory;
+    let mut page = Vec::new();
+    clap_mangen::Man::new(pgmemo::cli::Cli::command())
+        .render(&mut page)
+        .unwrap();
+    let path = Path::new(REPO).join("packaging/pgmemo.1");
+    if std::env::var_os("PGMEMO_BLESS").is_some() {
+        std::fs::write(&path, &page).unwrap();
+    }
+    let committed = std::fs::read(&path).unwrap_or_default();
+    assert!(
+        committed == page,
+        "{} is stale; regenerate it with \
+         PGMEMO_BLESS=1 cargo test --test install man_page_is_current",
+        path.display()
+    );
+    let page = text(&page);
+    assert!(page.starts_with(".ie \\n(.g .ds Aq"), "{page}");
+    for needle in [
+        ".TH pgmemo 1",
+        "\\-\\-config",
+        "\\-\\-upstream",
+        "\\-\\-check",
+    ] {
+        assert!(page.contains(needle), "the man page lacks {needle:?}");
+    }
+}
+
+const PACKAGE: &str = "pgmemo";
+
+/// Purges the installed package when dropped, whatever happened in between.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let out = run(Command::new("dpkg").args(["--purge", PACKAGE]));
+        if !out.status.success() {
+            eprintln!("dpkg --purge {PACKAGE}: {}", text(&out.stderr));
+        }
+    }
+}
+
+/// The processes whose program is `exe`.
+fn processes_of(exe: &Path) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe))
+        .collect()
+}
+
+/// Builds the .deb with `cargo deb` into `dir` and returns its path.
+///
+/// `cargo deb` builds release, which `scripts/test` has built before the tests: the variables
+/// cargo sets for this test binary (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...) are removed, or
+/// build scripts that watch them (ring's) would see a change and the fat-LTO release binary be
+/// linked again (2 minutes here, and again at the next plain `cargo build --release`).
+fn build_deb(dir: &Path) -> PathBuf {
+    let mut cargo = Command::new(env!("CARGO"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_by_cargo_for_a_crate = [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ]
+        .contains(&key.as_ref())
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_");
+        if set_by_cargo_for_a_crate {
+            cargo.env_remove(key.as_ref());
+        }
+    }
+    let out = run(cargo
+        .current_dir(REPO)
+        // --fast: lighter compression, the same files (7 s less CPU).
+        .args(["deb", "--locked", "--fast", "--output"])
+        .arg(dir));
+    assert!(
+        out.status.success(),
+        "cargo deb failed (is cargo-deb installed? scripts/setup-tests installs it):\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .unwrap_or_else(|| panic!("no .deb in {}", dir.display()))
+}
+
+/// The packaged example configuration, pointed at the test's PostgreSQL (for [upstream] and
+/// [databases.app]) and a free port; everything else as shipped (SCRAM, the users alice and
+/// bob, transaction pooling).
+fn adapt_example(example: &str, pg_port: u16, listen_port: u16) -> String {
+    let replacements = [
+        (
+            "listen = \"127.0.0.1:6432\"".to_string(),
+            format!("listen = \"127.0.0.1:{listen_port}\""),
+        ),
+        (
+            "url = \"postgresql://app:app-secret@127.0.0.1:5432\"".to_string(),
+            format!("url = \"postgresql://{PGMEMO_USER}:{PGMEMO_PASS}@127.0.0.1:{pg_port}\""),
+        ),
+        (
+            "\nport = 5432\n".to_string(),
+            format!("\nport = {pg_port}\n"),
+        ),
+    ];
+    let mut config = example.to_string();
+    for (from, to) in replacements {
+        assert_eq!(
+            config.matches(&from).count(),
+            1,
+            "the example config no longer has exactly one {from:?}"
+        );
+        config = config.replace(&from, &to);
+    }
+    config
+}
+
+/// The package as an operator gets it: `cargo deb`, `dpkg -i`, nothing started, the unit
+/// valid, the example configuration adapted to this machine, and the installed binary serving
+/// psql with it (alice's SCRAM login, as the example declares her).
+#[test]
+fn debian_package_installs_and_serves_a_query() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "dpkg -i needs root (CI runs as root)"
+    );
+    let dir = TempDir::new("deb");
+    let deb = build_deb(&dir.0);
+    let exe = Path::new("/usr/bin/pgmemo");
+    let before = processes_of(exe);
+
+    let out = run(Command::new("dpkg").arg("-i").arg(&deb));
+    let _installed = Installed;
+    assert!(
+        out.status.success(),
+        "dpkg -i {}:\n{}\n{}",
+        deb.display(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    // Installing starts nothing.
+    assert_eq!(
+        processes_of(exe),
+        before,
+        "dpkg -i started pgmemo:\n{}",
+        text(&out.stdout)
+    );
+
+    let out = run(Command::new(exe).arg("--version"));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("pgmemo {}", env!("CARGO_PKG_VERSION"))
+    );
+    let files = text(&run(Command::new("dpkg").args(["-L", PACKAGE])).stdout);
+    for file in [
+        "/usr/bin/pgmemo",
+        "/lib/systemd/system/pgmemo.service",
+        "/etc/pgmemo/pgmemo.toml",
+        "/usr/share/doc/pgmemo/examples/pgmemo.example.toml",
+        "/usr/share/doc/pgmemo/copyright",
+        "/usr/share/doc/pgmemo/LICENSE-MIT",
+        "/usr/share/doc/pgmemo/LICENSE-APACHE",
+    ] {
+        assert!(files.lines().any(|l| l == file), "{file} not in\n{files}");
+    }
+    assert!(
+        files
+            .lines()
+            .any(|l| l.starts_with("/usr/share/man/man1/pgmemo.1")),
+        "no man page in\n{files}"
+    );
+    // The user the unit runs as, and the configuration readable by it only.
+    let out = run(Command::new("getent").args(["passwd", "pgmemo"]));
+    assert!(out.status.success(), "no pgmemo user");
+    let out = run(Command::new("stat").args(["-c", "%U:%G %a", "/etc/pgmemo/pgmemo.toml"]));
+    assert_eq!(text(&out.stdout).trim(), "root:pgmemo 640");
+
+    // systemd reads the installed unit without a complaint (--man=no: whether man-db is on
+    // the machine is not the unit's business; the page is checked above).
+    let out = run(Command::new("systemd-analyze").args([
+        "verify",
+        "--man=no",
+        "/lib/systemd/system/pgmemo.service",
+    ]));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify:\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    // The packaged example, adapted, checked and run.
+    let c = cluster();
+    c.psql("postgres", "CREATE DATABASE app");
+    let port = free_port();
+    let example =
+        std::fs::read_to_string("/usr/share/doc/pgmemo/examples/pgmemo.example.toml").unwrap();
+    let config = dir.0.join("pgmemo.toml");
+    std::fs::write(&config, adapt_example(&example, c.port(), port)).unwrap();
+    let out = run(Command::new(exe)
+        .arg("--config")
+        .arg(&config)
+        .arg("--check"));
+    assert!(
+        out.status.success() && text(&out.stdout).contains("configuration OK"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut cmd = Command::new(exe);
+    cmd.arg("--config").arg(&config);
+    let mut pgmemo = Running::start(cmd, dir.0.join("pgmemo.log"));
+    let psql = c.bin_dir().join("psql");
+    let url = format!("postgresql://alice@127.0.0.1:{port}/app");
+    let query = || {
+        run(Command::new(&psql)
+            .args([
+                "-X",
+                "-At",
+                "-d",
+                &url,
+                "-c",
+                "SELECT 'served by ' || current_database()",
+            ])
+            .env("PGPASSWORD", "alice-secret")
+            .env("PGCONNECT_TIMEOUT", "5"))
+    };
+    let mut last = None;
+    wait_for(
+        "the packaged pgmemo to serve psql",
+        Duration::from_secs(20),
+        || {
+            pgmemo.assert_running();
+            let out = query();
+            let ok = out.status.success();
+            last = Some(out);
+            ok
+        },
+    );
+    let out = last.unwrap();
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "served by app",
+        "{}",
+        pgmemo.log()
+    );
+    assert!(
+        pgmemo.log().contains("open files limit"),
+        "{}",
+        pgmemo.log()
+    );
+    assert!(pgmemo.stop().success(), "{}", pgmemo.log());
 }
