@@ -3,6 +3,15 @@
 //!
 //! The binary is a thin shell over [`Pgmemo`], which tests and benchmarks embed directly.
 
+// Built and tested on Linux only: the workers ask the kernel which CPU a connection arrived on
+// (SO_INCOMING_CPU, workers.rs) and the binary turns transparent huge pages off with prctl
+// (main.rs). Say so at compile time rather than with a missing symbol.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "pgmemo builds and runs on Linux only (it uses SO_INCOMING_CPU and prctl); \
+     see docs/operations.md"
+);
+
 pub mod admin;
 pub mod app;
 pub mod auth;

@@ -56,6 +56,74 @@ fn runtime_builder() -> tokio::runtime::Builder {
     tokio::runtime::Builder::new_current_thread()
 }
 
+/// The open-files limit before and after [`raise_file_limit`].
+struct FileLimit {
+    soft_before: libc::rlim_t,
+    soft: libc::rlim_t,
+    hard: libc::rlim_t,
+    error: Option<std::io::Error>,
+}
+
+/// Raises the soft limit on open files (RLIMIT_NOFILE) to the hard limit: every client and
+/// every server connection is a file descriptor, and the soft limit many systems start a
+/// process with (1024) would refuse the 1025th client with EMFILE well below
+/// `max_client_conn`. The hard limit is the operator's to set (systemd's `LimitNOFILE`,
+/// `ulimit -Hn`, Docker's `--ulimit nofile`) and pgmemo takes all of it, so that the unit's
+/// `LimitNOFILE` is the only knob. PgBouncer logs both limits ("kernel file descriptor limit")
+/// but leaves raising the soft one to whoever starts it.
+fn raise_file_limit() -> FileLimit {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read or write only the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        let error = Some(std::io::Error::last_os_error());
+        return FileLimit {
+            soft_before: 0,
+            soft: 0,
+            hard: 0,
+            error,
+        };
+    }
+    let soft_before = limit.rlim_cur;
+    let mut error = None;
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = limit.rlim_max;
+        } else {
+            error = Some(std::io::Error::last_os_error());
+        }
+    }
+    FileLimit {
+        soft_before,
+        soft: limit.rlim_cur,
+        hard: limit.rlim_max,
+        error,
+    }
+}
+
+fn log_file_limit(limit: FileLimit) {
+    let show = |n: libc::rlim_t| match n {
+        libc::RLIM_INFINITY => "unlimited".to_string(),
+        n => n.to_string(),
+    };
+    let (before, soft, hard) = (show(limit.soft_before), show(limit.soft), show(limit.hard));
+    match limit.error {
+        None if limit.soft_before < limit.soft => {
+            tracing::info!("open files limit: soft {before} raised to {soft} (hard limit {hard})")
+        }
+        None => tracing::info!("open files limit: soft {soft}, hard {hard}"),
+        Some(e) => tracing::warn!(
+            "open files limit: soft {soft}, hard {hard}; raising the soft limit failed: {e}"
+        ),
+    }
+}
+
 fn init_logging(level: &str, format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("PGMEMO_LOG")
@@ -96,6 +164,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let check_only = cli.check;
     let (config, demo) = match cli.clone().into_config()? {
         Some(config) => (config, None),
+        // --check validates and starts nothing, least of all a private PostgreSQL.
+        None if check_only => anyhow::bail!(
+            "--check: there is no configuration to check; give --config FILE or --upstream URL \
+             (without either, pgmemo runs demo mode, which --check never starts)"
+        ),
         None => {
             // Demo mode: a private throwaway PostgreSQL, removed again when pgmemo exits.
             init_logging(
@@ -120,6 +193,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         println!("configuration OK");
         return Ok(());
     }
+    // Signals are caught from here on: one that arrives while pgmemo starts is acted on once
+    // it runs, instead of killing it half-started.
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    log_file_limit(raise_file_limit());
     let pgmemo = Pgmemo::start(config).await?;
     let reload_cli = cli.clone();
     let demo_upstream = demo.as_ref().map(|c| (c.host().to_owned(), c.port()));
@@ -166,9 +245,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         _ => None,
     };
     let app = pgmemo.app().clone();
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let signals = async {
         loop {
             tokio::select! {

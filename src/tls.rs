@@ -9,14 +9,14 @@
 //! Every config is built with the ring provider passed explicitly, so nothing depends on a
 //! process-wide default provider having been installed.
 
-use std::fs::File;
-use std::io::{self, BufReader};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -66,14 +66,20 @@ fn key_context(path: &Path) -> String {
     format!("tls_key_file {}", path.display())
 }
 
-fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
-    let mut reader = BufReader::new(File::open(path)?);
-    rustls_pemfile::certs(&mut reader).collect()
+/// Every certificate in a PEM file, in order (rustls-pki-types' PEM reader: other sections,
+/// such as a key kept in the same file, are skipped).
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, pem::Error> {
+    CertificateDer::pem_file_iter(path)?.collect()
 }
 
-fn read_key(path: &Path) -> io::Result<Option<PrivateKeyDer<'static>>> {
-    let mut reader = BufReader::new(File::open(path)?);
-    rustls_pemfile::private_key(&mut reader)
+/// The first private key in a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC); None when it holds
+/// none.
+fn read_key(path: &Path) -> Result<Option<PrivateKeyDer<'static>>, pem::Error> {
+    match PrivateKeyDer::from_pem_file(path) {
+        Ok(key) => Ok(Some(key)),
+        Err(pem::Error::NoItemsFound) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 pub use crate::config::ServerTlsMode;

@@ -17,6 +17,8 @@ use pgmemo::config::{
 use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -413,7 +415,7 @@ impl Certs {
 
     fn roots(&self) -> RootCertStore {
         let mut roots = RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut self.ca_pem.as_bytes()) {
+        for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
             roots.add(cert.unwrap()).unwrap();
         }
         roots
