@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The result cache under writes made directly on PostgreSQL (not through pgmemo), by
-invalidation mode: pgmemo without cache, with the cache invalidated by writes through pgmemo
-and TTL only (`--cache`), and following the WAL (`--cache --cache-invalidation wal`).
+invalidation mode: PostgreSQL directly, pgmemo without cache, with the cache invalidated by
+writes through pgmemo and TTL only (`--cache`), and following the WAL (`--cache
+--cache-invalidation wal`).
 
     python3 bench/wal.py                 # ~3 min
     python3 bench/wal.py --duration 20 --rounds 3 --write-rate 1000
@@ -87,14 +88,15 @@ def bench(ctx: b.Ctx, args) -> int:
     writer_sql.write_text("\\set aid random(1, 100000)\n"
                           "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n")
     b.chown_tree(ctx.tmp, ctx.run_as)
-    targets = {}
+    # PostgreSQL directly: the readers' baseline (no pgmemo, no metrics).
+    targets = {"PostgreSQL directly": (pg.port, None, None)}
     for name, extra in [("no cache", []), ("cache, TTL", ["--cache"]),
                         ("cache, WAL", ["--cache", "--cache-invalidation", "wal"])]:
         port, mport = b.free_port(), b.free_port()
         argv = [args.pgmemo_bin, "--upstream", f"postgresql://{b.DB_USER}@127.0.0.1:{pg.port}",
                 "--listen", f"127.0.0.1:{port}", "--pool-mode", "transaction", "--pool-size", "10",
                 "--auth", "trust", "--metrics-listen", f"127.0.0.1:{mport}"] + extra
-        logfile = ctx.logdir / f"pgmemo-{len(targets)}.log"
+        logfile = ctx.logdir / f"pgmemo-{len(targets) - 1}.log"
         proc = ctx.procs.spawn(name, argv, stdout=ctx.open_log(logfile), stderr=subprocess.STDOUT)
         b.wait_port(name, "127.0.0.1", port, proc, logfile)
         targets[name] = (port, mport, proc)
@@ -106,13 +108,13 @@ def bench(ctx: b.Ctx, args) -> int:
                     "-M", "simple", "-c", "2", "-T", "2", "-h", "127.0.0.1", "-p", str(port),
                     "-U", b.DB_USER, b.DB_NAME]
             subprocess.run(warm, capture_output=True)
-            m0 = metrics(mport)
+            m0 = metrics(mport) if mport else ""
             # The WAL target's walsender (it keeps decoding during the other targets' runs:
             # counted for its own only).
             walsenders = psql(pg, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender'")
             senders = [int(x) for x in walsenders.split()] if walsenders and name == "cache, WAL" else []
             ticks0 = sum(b.proc_cpu_ticks(pid) or 0 for pid in senders)
-            cpu0 = b.proc_cpu_ticks(proc.pid) or 0
+            cpu0 = (b.proc_cpu_ticks(proc.pid) or 0) if proc else 0
             reader = subprocess.Popen(
                 [ctx.pgbench, "-n", "-f", str(BENCH_DIR / "cache_hot.sql"), "-s", str(args.scale),
                  "-M", "simple", "-c", str(args.clients), "-j", "2", "-T", str(args.duration),
@@ -125,9 +127,9 @@ def bench(ctx: b.Ctx, args) -> int:
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             rout, rerr = reader.communicate()
             wout, werr = writer.communicate()
-            cpu = ((b.proc_cpu_ticks(proc.pid) or 0) - cpu0) / TICK
+            cpu = ((b.proc_cpu_ticks(proc.pid) or 0) - cpu0) / TICK if proc else None
             ticks = sum(b.proc_cpu_ticks(pid) or 0 for pid in senders) - ticks0
-            m1 = metrics(mport)
+            m1 = metrics(mport) if mport else ""
             tps = float(b.RE_TPS.search(rout).group(1)) if b.RE_TPS.search(rout) else None
             reads = int(b.RE_TX.search(rout).group(1)) if b.RE_TX.search(rout) else 0
             writes = int(b.RE_TX.search(wout).group(1)) if b.RE_TX.search(wout) else 0
@@ -148,7 +150,8 @@ def bench(ctx: b.Ctx, args) -> int:
                     env=dict(os.environ, PGCLIENTENCODING="UTF8")).stdout.strip()
                 stale += through != psql(pg, sql)
             row = dict(tps=tps, hit=hits / (hits + misses) if hits + misses else None, stale=stale,
-                       cpu_us=cpu / reads * 1e6 if reads else None, writes=writes,
+                       cpu_us=cpu / reads * 1e6 if reads and cpu is not None else None,
+                       writes=writes,
                        lag50=lag[0] * 1000 if name == "cache, WAL" else None,
                        lag99=lag[1] * 1000 if name == "cache, WAL" else None,
                        dec_us=ticks / TICK / writes * 1e6 if writes and senders else None,
@@ -162,11 +165,20 @@ def bench(ctx: b.Ctx, args) -> int:
         vals = [r[key] for r in rows[name] if r[key] is not None]
         return fmt.format(statistics.median(vals)) if vals else "—"
 
-    lines = ["| target | reader TPS | hit ratio | stale hot keys (of 100) | pgmemo µs CPU/read | "
+    direct = [r["tps"] for r in rows["PostgreSQL directly"] if r["tps"]]
+
+    def times_direct(name):
+        vals = [r["tps"] for r in rows[name] if r["tps"]]
+        if not vals or not direct:
+            return "—"
+        return "{:.2f}".format(statistics.median(vals) / statistics.median(direct))
+
+    lines = ["| target | reader TPS | × direct | hit ratio | stale hot keys (of 100) | pgmemo µs CPU/read | "
              "invalidation lag p50 / p99 (ms) | walsender µs CPU/write | walsender share of a core |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in targets:
-        lines.append(f"| {name} | {med(name, 'tps', '{:,.0f}')} | {med(name, 'hit', '{:.3f}')} | "
+        lines.append(f"| {name} | {med(name, 'tps', '{:,.0f}')} | {times_direct(name)} | "
+                     f"{med(name, 'hit', '{:.3f}')} | "
                      f"{med(name, 'stale', '{:.0f}')} | {med(name, 'cpu_us', '{:.1f}')} | "
                      f"{med(name, 'lag50', '{:.1f}')} / {med(name, 'lag99', '{:.1f}')} | "
                      f"{med(name, 'dec_us', '{:.1f}')} | {med(name, 'dec_core', '{:.3f}')} |")
