@@ -261,6 +261,37 @@ pub struct Cli {
                      otherwise. Nothing is started."
     )]
     pub check: bool,
+
+    /// A command other than running the proxy.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What `pgmemo COMMAND` does instead of running the proxy.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Convert a PgBouncer configuration (pgbouncer.ini and its auth file) to pgmemo's TOML.
+    #[command(
+        long_about = "Convert a PgBouncer configuration to pgmemo's TOML. Reads \
+        pgbouncer.ini as PgBouncer 1.25 does (with its %include files) and the auth file \
+        (userlist.txt: the second argument, or else the file auth_file names when it can be \
+        read), and writes the equivalent pgmemo configuration. Every PgBouncer key pgmemo \
+        has no equivalent for becomes a \"# not converted:\" comment saying why; an unknown \
+        key a \"# unknown:\" comment and a warning on stderr with its line. A line PgBouncer \
+        would refuse, or a malformed auth file line, is an error with its line (exit \
+        status 1). Check the result with pgmemo --check --config FILE."
+    )]
+    Convert {
+        /// PgBouncer's configuration file.
+        #[arg(value_name = "PGBOUNCER.INI")]
+        ini: PathBuf,
+        /// PgBouncer's auth file [default: the file auth_file names, when readable].
+        #[arg(value_name = "USERLIST.TXT")]
+        userlist: Option<PathBuf>,
+        /// Write the TOML to FILE instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
 }
 
 /// clap's value parser for `HOST:PORT` flags.
@@ -288,6 +319,7 @@ impl fmt::Debug for Cli {
             .field("cache_memory_mb", &self.cache_memory_mb)
             .field("cache_invalidation", &self.cache_invalidation)
             .field("check", &self.check)
+            .field("command", &self.command)
             .finish()
     }
 }

@@ -22,6 +22,7 @@ pub mod cancel;
 pub mod cli;
 pub mod config;
 pub mod connection;
+pub mod convert;
 pub mod demo;
 pub mod metrics;
 pub mod params;
