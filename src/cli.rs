@@ -346,7 +346,15 @@ impl Cli {
                 config
             }
         };
-        self.apply_overrides(&mut config)?;
+        if let Err(e) = self.apply_overrides(&mut config) {
+            // A rule between settings, judged after the flags: point at the line of its key
+            // in the file, when the file sets it.
+            let text = self.config.as_deref().map(std::fs::read_to_string);
+            return Err(match text {
+                Some(Ok(text)) => e.at_line_of_key(&text),
+                _ => e,
+            });
+        }
         Ok(Some(config))
     }
 

@@ -294,7 +294,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tokio::select! {
                 _ = hup.recv() => {
                     match pgmemo::reload(&app) {
-                        Ok(()) => tracing::info!("SIGHUP: configuration reloaded"),
+                        Ok(_) => tracing::info!("SIGHUP: configuration reloaded"),
                         Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
                     }
                 }
