@@ -17,7 +17,7 @@ pgmemo is a PostgreSQL proxy and connection pooler built for caching statements,
 results. Clients connect to pgmemo as if it were PostgreSQL; pgmemo keeps a pool of server \
 connections per (database, user) and lends one out per transaction or per session.
 
-There are three ways to run it:
+There are three ways to run it, and a converter:
 
   pgmemo
       Demo mode. With no --upstream and no --config, pgmemo starts a private, throwaway \
@@ -35,6 +35,10 @@ config file).
       The full configuration: several databases, users with passwords or SCRAM verifiers, \
 per-database and per-user pool settings, TLS, timeouts. Every setting is described in \
 pgmemo.example.toml. The file is read again on SIGHUP or the admin command RELOAD.
+
+  pgmemo convert pgbouncer.ini [userlist.txt] -o FILE.toml
+      Convert a PgBouncer configuration and its auth file to pgmemo's TOML: every key pgmemo \
+has no equivalent for is kept as a comment saying why (see docs/migrating-from-pgbouncer.md).
 
 Command-line flags override the matching settings of the file (and still apply after a \
 reload). Each flag can also be given as an environment variable, shown below.";

@@ -299,6 +299,14 @@ fn tls(
     cx: &mut Conversion,
 ) -> Result<(), ConvertError> {
     const MODES: &str = "disable, allow, prefer, require, verify-ca or verify-full";
+    if client.is_none() && cx.general.value_of("tls_cert_file").is_some() {
+        // pgmemo offers TLS once a certificate is set; PgBouncer only when asked to.
+        cx.general.set_noted(
+            "client_tls",
+            toml::string("disable"),
+            Some("PgBouncer's default client_tls_sslmode (pgmemo's is allow once a certificate is set)".into()),
+        );
+    }
     if let Some(line) = client {
         let (mode, why) = match line.value.as_str() {
             "disable" => ("disable", None),

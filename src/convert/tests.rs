@@ -167,7 +167,8 @@ fn pgbouncer_defaults_that_differ_from_pgmemo_are_written_out() {
     let d = dir("defaults");
     let converted = convert_text(
         &d,
-        "[databases]\ndb = host=127.0.0.1\n[pgbouncer]\nlisten_addr = 127.0.0.1\n",
+        "[databases]\ndb = host=127.0.0.1\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
+         client_tls_key_file = /k.pem\nclient_tls_cert_file = /c.pem\n",
         Some("\"u\" \"md5a3556571e93b0d20722ba62be61e8c2d\"\n"),
     )
     .unwrap();
@@ -178,6 +179,8 @@ fn pgbouncer_defaults_that_differ_from_pgmemo_are_written_out() {
     assert_eq!(c.general.server_tls, ServerTlsMode::Prefer);
     assert_eq!(c.general.max_prepared_statements, 200);
     assert_eq!(c.general.listen, "127.0.0.1:6432");
+    assert_eq!(c.general.client_tls, crate::config::ClientTlsMode::Disable);
+    assert_eq!(c.general.tls_key_file, Some(PathBuf::from("/k.pem")));
     assert_eq!(
         c.user_secret("u"),
         Some("md5a3556571e93b0d20722ba62be61e8c2d")
