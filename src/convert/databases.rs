@@ -81,6 +81,14 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
     if table.value_of("user").is_some() && table.value_of("password").is_none() {
         forced_user_password(line, &mut table, cx);
     }
+    if table.value_of("user").is_none() && table.remove("password").is_some() {
+        table.push(Entry::Comment(format!(
+            "not converted: password=... of {} ({}) — without user= PgBouncer logs in as each \
+             client, with the client's own password; so does pgmemo",
+            line.key,
+            line.place()
+        )));
+    }
     cap_min_pool_size(&mut table, settings.default_pool_size);
     Ok(table)
 }

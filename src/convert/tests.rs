@@ -34,7 +34,7 @@ const SETUP: &str = "\
 [databases]
 app = host=db1.internal port=5433 dbname=app_prod pool_size=10 min_pool_size=2 pool_mode=transaction reserve_pool=3 max_db_connections=50
 forced = host=/var/run/postgresql user=svc
-reports = host='db2.internal' pool_mode=statement connect_query='SELECT 1'
+reports = host='db2.internal' pool_mode=statement connect_query='SELECT 1' password=unused
 * = host=fallback.internal port=6000 pool_size=5
 
 [users]
@@ -134,6 +134,7 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
         "# not converted: reserve_pool = 3",
         "# not converted: max_db_connections = 50",
         "# not converted: connect_query = SELECT 1",
+        "# not converted: password=... of reports",
         "# not converted: max_user_connections = 4",
         "# not converted: auth_user = pgbouncer_auth",
         "# not converted: auth_query = SELECT usename",

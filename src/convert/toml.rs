@@ -52,6 +52,18 @@ impl Table {
         })
     }
 
+    /// Takes `key` out, returning its value.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        let at = self
+            .0
+            .iter()
+            .position(|e| matches!(e, Entry::Set { key: k, .. } if k == key))?;
+        match self.0.remove(at) {
+            Entry::Set { value, .. } => Some(value),
+            Entry::Comment(_) => None,
+        }
+    }
+
     /// Adds `other`'s entries; its keys replace this table's.
     pub fn extend(&mut self, other: Table) {
         for entry in other.0 {
