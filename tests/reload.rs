@@ -174,9 +174,26 @@ async fn reload_applies_live_settings_and_names_the_ones_that_need_a_restart() {
         notices.try_recv().is_err(),
         "more notices than changed restart settings"
     );
-    assert!(pgmemo
-        .log()
-        .contains("general.listen cannot be changed without restarting"));
+    let warned = |log: &str| {
+        log.matches("general.listen cannot be changed without restarting")
+            .count()
+    };
+    assert_eq!(warned(&pgmemo.log()), 1, "{}", pgmemo.log());
+
+    // SIGHUP does the same: the live change applied, the restart one logged and kept.
+    pgmemo.write(&config(&new_listen, 5, 200, ""));
+    pgmemo.sighup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while warned(&pgmemo.log()) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP logged nothing:\n{}",
+            pgmemo.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(setting(&admin, "default_pool_size").await, "5");
+    assert_eq!(setting(&admin, "listen").await, listen);
 
     // pgmemo still listens where it did, and serves.
     let client = connect(&pgmemo.url(TEST_DB)).await;
