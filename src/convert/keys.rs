@@ -72,7 +72,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ),
     (
         "autodb_idle_timeout",
-        Not("pgmemo keeps the pools of \"*\" databases until a restart or RECONNECT"),
+        Not("pgmemo keeps a pool for each database name it served; its idle servers close after server_idle_timeout"),
     ),
     (
         "cancel_wait_timeout",
@@ -103,7 +103,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("listen_port", Special("general.listen (port part)")),
     ("log_connections", Not(LOGS)),
     ("log_disconnections", Not(LOGS)),
-    ("log_pooler_errors", Not("pgmemo always logs the errors it sends")),
+    ("log_pooler_errors", Not("general.log_level decides what pgmemo logs")),
     ("log_stats", Not("pgmemo logs no periodic statistics; use SHOW STATS or /metrics")),
     ("logfile", Not(LOGS)),
     ("max_client_conn", To("general.max_client_conn", Count { min: 1 })),
@@ -129,7 +129,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("server_check_delay", To("general.server_check_delay", Seconds(Zero::Same))),
     ("server_check_query", Special("general.server_check_query (empty: not converted)")),
     ("server_connect_timeout", To("general.server_connect_timeout", Seconds(Zero::NoLimit))),
-    ("server_fast_close", Not("pgmemo closes servers made stale by RECONNECT or RELOAD when their client releases them")),
+    ("server_fast_close", Not("pgmemo closes a server made stale by RECONNECT when its client releases it")),
     ("server_idle_timeout", To("general.server_idle_timeout", Seconds(Zero::NoLimit))),
     (
         "server_lifetime",

@@ -287,8 +287,11 @@ fn every_pgbouncer_key_has_a_row_in_the_migration_guide() {
                 "the row of {key} does not name {to}: {row}"
             );
         }
-        if let keys::Rule::Not(_) = rule {
-            assert!(row.contains("not converted"), "{row}");
+        if let keys::Rule::Not(why) = rule {
+            assert!(
+                row.contains("not converted") && row.contains(why),
+                "{key}: {row}"
+            );
         }
     }
     for (key, _) in keys::DATABASE_NOT.iter().chain(keys::USER_NOT) {
