@@ -25,6 +25,8 @@ pub enum Reply {
     Table(Table),
     /// CommandComplete only.
     Done(String),
+    /// NoticeResponses (SQLSTATE, message), then CommandComplete.
+    Noticed(Vec<(&'static str, String)>, String),
 }
 
 pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: SocketAddr) {
@@ -97,6 +99,12 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
                         be::command_complete(&mut conn.wbuf, &format!("SHOW {n}"));
                     }
                     Ok(Reply::Done(tag)) => be::command_complete(&mut conn.wbuf, &tag),
+                    Ok(Reply::Noticed(notices, tag)) => {
+                        for (code, message) in &notices {
+                            be::notice_response(&mut conn.wbuf, code, message);
+                        }
+                        be::command_complete(&mut conn.wbuf, &tag);
+                    }
                     Err((code, msg)) => {
                         be::error_response(&mut conn.wbuf, Severity::Error, code, &msg)
                     }
@@ -214,11 +222,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             .map(|s| vec![Some(s.to_string())])
             .collect(),
         })),
-        ["reload"] => {
-            crate::reload(app)
-                .map_err(|e| (sqlstate::INTERNAL_ERROR, format!("RELOAD failed: {e:#}")))?;
-            Ok(Reply::Done("RELOAD".into()))
-        }
+        ["reload"] => reload(app),
         ["pause"] | ["pause", _] => {
             let pools = app.pause_databases(words.get(1).copied());
             // As PgBouncer's PAUSE: the caller knows no query is running when it returns.
@@ -293,6 +297,32 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             format!("invalid command '{}', use SHOW HELP;", sql.trim()),
         )),
     }
+}
+
+/// RELOAD: the new configuration applied, a NOTICE for each changed setting that waits for a
+/// restart; or, when the file cannot be used, an error saying where, the old configuration
+/// kept (SQLSTATE F0000, as PgBouncer's "RELOAD failed").
+fn reload(app: &Arc<App>) -> Result<Reply, CommandError> {
+    tracing::info!("RELOAD command issued");
+    let pending = crate::reload(app).map_err(|e| {
+        tracing::error!("RELOAD failed, keeping the old configuration: {e:#}");
+        (
+            sqlstate::CONFIG_FILE_ERROR,
+            format!("RELOAD failed, keeping the old configuration: {e:#}"),
+        )
+    })?;
+    let notices = pending
+        .into_iter()
+        .map(|p| {
+            let message = format!(
+                "parameter \"{}\" cannot be changed without restarting pgmemo: keeping {:?} \
+                 (the file says {:?})",
+                p.key, p.running, p.pending
+            );
+            (sqlstate::CANT_CHANGE_RUNTIME_PARAM, message)
+        })
+        .collect();
+    Ok(Reply::Noticed(notices, "RELOAD".into()))
 }
 
 /// Returns once `busy` holds for none of `pools`, looking every 20 ms (PAUSE, WAIT_CLOSE).

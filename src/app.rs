@@ -2,7 +2,7 @@
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
 use crate::cancel::Cancels;
-use crate::config::{Config, PoolMode};
+use crate::config::{Config, PendingRestart, PoolMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
 use crate::server::ServerTarget;
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -301,7 +301,17 @@ impl App {
 
     /// Applies a new configuration to everything that can change without a restart: pool
     /// sizes, timeouts, users and passwords, TLS files. Clients stay connected.
-    pub fn reload(&self, config: Config) -> anyhow::Result<()> {
+    ///
+    /// Settings that need a restart (`Reload::Restart` in the settings tables) keep their
+    /// running values, so that SHOW CONFIG shows what is in effect; each one the file changes
+    /// is logged and returned, for RELOAD's notices. A configuration that is invalid with
+    /// those running values, or whose TLS files do not load, is refused whole: the old one
+    /// stays.
+    pub fn reload(&self, mut config: Config) -> anyhow::Result<Vec<PendingRestart>> {
+        let pending = config.keep_restart_settings(&self.config.load());
+        config.validate().map_err(|e| {
+            anyhow::anyhow!("{e} (with the running values of the settings that need a restart)")
+        })?;
         let old = self.config.swap(Arc::new(config));
         if let Err(e) = self.load_tls() {
             self.config.store(old);
@@ -316,8 +326,17 @@ impl App {
                 pool.reconfigure(settings);
             }
         }
+        for p in &pending {
+            tracing::warn!(
+                key = %p.key,
+                running = %p.running,
+                new = %p.pending,
+                "{} cannot be changed without restarting pgmemo: keeping the running value",
+                p.key
+            );
+        }
         tracing::info!("configuration reloaded");
-        Ok(())
+        Ok(pending)
     }
 
     /// The pool for (database, user), created on first use; None when the configuration does

@@ -17,7 +17,7 @@ pgmemo is a PostgreSQL proxy and connection pooler built for caching statements,
 results. Clients connect to pgmemo as if it were PostgreSQL; pgmemo keeps a pool of server \
 connections per (database, user) and lends one out per transaction or per session.
 
-There are three ways to run it:
+There are three ways to run it, and a converter:
 
   pgmemo
       Demo mode. With no --upstream and no --config, pgmemo starts a private, throwaway \
@@ -35,6 +35,10 @@ config file).
       The full configuration: several databases, users with passwords or SCRAM verifiers, \
 per-database and per-user pool settings, TLS, timeouts. Every setting is described in \
 pgmemo.example.toml. The file is read again on SIGHUP or the admin command RELOAD.
+
+  pgmemo convert pgbouncer.ini [userlist.txt] -o FILE.toml
+      Convert a PgBouncer configuration and its auth file to pgmemo's TOML: every key pgmemo \
+has no equivalent for is kept as a comment saying why (see docs/migrating-from-pgbouncer.md).
 
 Command-line flags override the matching settings of the file (and still apply after a \
 reload). Each flag can also be given as an environment variable, shown below.";
@@ -261,6 +265,37 @@ pub struct Cli {
                      otherwise. Nothing is started."
     )]
     pub check: bool,
+
+    /// A command other than running the proxy.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What `pgmemo COMMAND` does instead of running the proxy.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Convert a PgBouncer configuration (pgbouncer.ini and its auth file) to pgmemo's TOML.
+    #[command(
+        long_about = "Convert a PgBouncer configuration to pgmemo's TOML. Reads \
+        pgbouncer.ini as PgBouncer 1.25 does (with its %include files) and the auth file \
+        (userlist.txt: the second argument, or else the file auth_file names when it can be \
+        read), and writes the equivalent pgmemo configuration. Every PgBouncer key pgmemo \
+        has no equivalent for becomes a \"# not converted:\" comment saying why; an unknown \
+        key a \"# unknown:\" comment and a warning on stderr with its line. A line PgBouncer \
+        would refuse, or a malformed auth file line, is an error with its line (exit \
+        status 1). Check the result with pgmemo --check --config FILE."
+    )]
+    Convert {
+        /// PgBouncer's configuration file.
+        #[arg(value_name = "PGBOUNCER.INI")]
+        ini: PathBuf,
+        /// PgBouncer's auth file [default: the file auth_file names, when readable].
+        #[arg(value_name = "USERLIST.TXT")]
+        userlist: Option<PathBuf>,
+        /// Write the TOML to FILE instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
 }
 
 /// clap's value parser for `HOST:PORT` flags.
@@ -288,6 +323,7 @@ impl fmt::Debug for Cli {
             .field("cache_memory_mb", &self.cache_memory_mb)
             .field("cache_invalidation", &self.cache_invalidation)
             .field("check", &self.check)
+            .field("command", &self.command)
             .finish()
     }
 }
@@ -314,7 +350,15 @@ impl Cli {
                 config
             }
         };
-        self.apply_overrides(&mut config)?;
+        if let Err(e) = self.apply_overrides(&mut config) {
+            // A rule between settings, judged after the flags: point at the line of its key
+            // in the file, when the file sets it.
+            let text = self.config.as_deref().map(std::fs::read_to_string);
+            return Err(match text {
+                Some(Ok(text)) => e.at_line_of_key(&text),
+                _ => e,
+            });
+        }
         Ok(Some(config))
     }
 

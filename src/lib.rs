@@ -22,6 +22,7 @@ pub mod cancel;
 pub mod cli;
 pub mod config;
 pub mod connection;
+pub mod convert;
 pub mod demo;
 pub mod metrics;
 pub mod params;
@@ -118,8 +119,9 @@ impl Pgmemo {
         *self.app.reloader.lock() = Some(reloader);
     }
 
-    /// Applies `config` now, as RELOAD would.
-    pub fn reload_with(&self, config: Config) -> anyhow::Result<()> {
+    /// Applies `config` now, as RELOAD would; returns the changed settings that wait for a
+    /// restart.
+    pub fn reload_with(&self, config: Config) -> anyhow::Result<Vec<config::PendingRestart>> {
         self.app.reload(config)
     }
 
@@ -163,8 +165,9 @@ impl Pgmemo {
     }
 }
 
-/// RELOAD: rebuilds the configuration with the registered reloader and applies it.
-pub fn reload(app: &App) -> anyhow::Result<()> {
+/// RELOAD: rebuilds the configuration with the registered reloader and applies it; returns
+/// the changed settings that wait for a restart (see [`App::reload`]).
+pub fn reload(app: &App) -> anyhow::Result<Vec<config::PendingRestart>> {
     let config = match app.reloader.lock().as_ref() {
         Some(reloader) => reloader()?,
         None => (**app.config.load()).clone(),

@@ -2,7 +2,7 @@
 //! demo mode), run until SIGTERM/SIGINT or the admin SHUTDOWN, reload on SIGHUP.
 
 use clap::Parser;
-use pgmemo::cli::Cli;
+use pgmemo::cli::{Cli, Command};
 use pgmemo::config::{AuthType, Config, LogFormat, Upstream};
 use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
@@ -31,6 +31,14 @@ fn main() -> ExitCode {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
     let cli = Cli::parse();
+    if let Some(Command::Convert {
+        ini,
+        userlist,
+        output,
+    }) = &cli.command
+    {
+        return convert(ini, userlist.as_deref(), output.as_deref());
+    }
     let runtime = match runtime_builder().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -42,6 +50,42 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pgmemo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `pgmemo convert`: PgBouncer's configuration as pgmemo's TOML, on stdout or in `output`;
+/// warnings on stderr; exit status 1 on an error.
+fn convert(
+    ini: &std::path::Path,
+    userlist: Option<&std::path::Path>,
+    output: Option<&std::path::Path>,
+) -> ExitCode {
+    let converted = match pgmemo::convert::convert(ini, userlist) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("pgmemo convert: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for warning in &converted.warnings {
+        eprintln!("pgmemo convert: warning: {warning}");
+    }
+    let written = match output {
+        Some(path) => std::fs::write(path, &converted.toml)
+            .map_err(|e| format!("cannot write {}: {e}", path.display())),
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(converted.toml.as_bytes())
+                .map_err(|e| format!("cannot write to stdout: {e}"))
+        }
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pgmemo convert: {e}");
             ExitCode::FAILURE
         }
     }
@@ -250,7 +294,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tokio::select! {
                 _ = hup.recv() => {
                     match pgmemo::reload(&app) {
-                        Ok(()) => tracing::info!("SIGHUP: configuration reloaded"),
+                        Ok(_) => tracing::info!("SIGHUP: configuration reloaded"),
                         Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
                     }
                 }

@@ -54,7 +54,7 @@ use locate::{find_key_line, toml_error};
 use settings::RawGeneral;
 pub use settings::{parse_host_port, General};
 use table::U32_RANGE;
-pub use table::{Reload, SettingDoc};
+pub use table::{PendingRestart, Reload, SettingDoc};
 
 /// The database name clients use to reach the admin console instead of a server.
 pub const ADMIN_DATABASE: &str = "pgmemo";
@@ -156,7 +156,7 @@ impl ConfigError {
     }
 
     /// The same error, located at the line where its key is set in `text`, if it is.
-    fn at_line_of_key(self, text: &str) -> Self {
+    pub(crate) fn at_line_of_key(self, text: &str) -> Self {
         match self {
             ConfigError::Invalid {
                 file,
@@ -387,6 +387,17 @@ impl Config {
     /// Whether `user` may use the admin console.
     pub fn is_admin(&self, user: &str) -> bool {
         self.general.admin_users.iter().any(|a| a == user)
+    }
+
+    /// Makes this configuration, read by a RELOAD, one that `running` can switch to: every
+    /// setting that needs a restart keeps its running value (PgBouncer ignores such keys on a
+    /// reload too), and is returned with the value the file gives. Run [`Config::validate`]
+    /// again afterwards: a rule between settings may not hold with the running values (trust
+    /// written for a new, loopback `listen`).
+    pub fn keep_restart_settings(&mut self, running: &Config) -> Vec<PendingRestart> {
+        let mut pending = self.general.keep_running(&running.general);
+        pending.extend(self.cache.keep_running(&running.cache));
+        pending
     }
 
     /// The rows of the admin console's SHOW CONFIG: (key, value, default, changeable by

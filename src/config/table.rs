@@ -33,6 +33,18 @@ pub enum Reload {
     Restart,
 }
 
+/// A setting that needs a restart, changed in the file that a RELOAD read: the running
+/// value is kept (and SHOW CONFIG goes on showing it) until pgmemo restarts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRestart {
+    /// The dotted key, `general.listen`.
+    pub key: String,
+    /// The value in effect, as SHOW CONFIG shows it.
+    pub running: String,
+    /// The value the file gives, waiting for a restart.
+    pub pending: String,
+}
+
 /// One setting as the reference documents it: generated from the table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SettingDoc {
@@ -572,6 +584,30 @@ macro_rules! settings {
                     )?
                 )*
                 Ok(())
+            }
+
+            /// What a RELOAD cannot change: every `Restart` setting whose value here differs
+            /// from `running`'s gets `running`'s back, and is returned with both values.
+            pub fn keep_running(
+                &mut self,
+                running: &$Struct,
+            ) -> Vec<$crate::config::table::PendingRestart> {
+                use $crate::config::table::{Form, PendingRestart, Reload};
+                let mut pending = Vec::new();
+                $(
+                    if Reload::$reload == Reload::Restart && self.$name != running.$name {
+                        type F = settings!(@form $($form)?);
+                        pending.push(PendingRestart {
+                            key: concat!(
+                                stringify!($section), ".", settings!(@key $name $($key)?)
+                            ).to_string(),
+                            running: <F as Form<$ty>>::show(&running.$name),
+                            pending: <F as Form<$ty>>::show(&self.$name),
+                        });
+                        self.$name = running.$name.clone();
+                    }
+                )*
+                pending
             }
 
             /// SHOW CONFIG's rows for the section: (key, value, default, changeable by

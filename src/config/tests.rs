@@ -899,3 +899,35 @@ fn auto_mode_needs_wal_invalidation() {
     let e = refused(&with_upstream("[cache]\nmode = \"sometimes\""));
     assert!(e.contains("expected \"rules\" or \"auto\""), "{e}");
 }
+
+#[test]
+fn a_reload_keeps_the_running_values_of_restart_settings() {
+    let running = Config::from_toml_str(&with_upstream(
+        "[general]\nlisten = \"127.0.0.1:6432\"\nworkers = 2\ndefault_pool_size = 3\n\
+         [cache]\npublication = \"old\"",
+    ))
+    .unwrap();
+    let mut new = Config::from_toml_str(&with_upstream(
+        "[general]\nlisten = \"127.0.0.1:7000\"\nworkers = 2\ndefault_pool_size = 9\n\
+         [cache]\npublication = \"new\"\nmax_memory_mb = 8",
+    ))
+    .unwrap();
+    let pending = new.keep_restart_settings(&running);
+    let keys: Vec<_> = pending
+        .iter()
+        .map(|p| (p.key.as_str(), p.running.as_str(), p.pending.as_str()))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("general.listen", "127.0.0.1:6432", "127.0.0.1:7000"),
+            ("cache.publication", "old", "new"),
+        ]
+    );
+    // The running values are back; the live ones are the file's.
+    assert_eq!(new.general.listen, "127.0.0.1:6432");
+    assert_eq!(new.cache.publication, "old");
+    assert_eq!(new.general.default_pool_size, 9);
+    assert_eq!(new.cache.max_memory, 8 << 20);
+    assert!(new.keep_restart_settings(&running).is_empty());
+}

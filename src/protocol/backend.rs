@@ -47,6 +47,10 @@ pub mod sqlstate {
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const RESERVED_NAME: &str = "42939";
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+    /// A setting RELOAD cannot change at run time (PostgreSQL's cant_change_runtime_param).
+    pub const CANT_CHANGE_RUNTIME_PARAM: &str = "55P02";
+    /// The configuration file cannot be used (config_file_error; PgBouncer's RELOAD failure).
+    pub const CONFIG_FILE_ERROR: &str = "F0000";
 }
 
 /// A FATAL error in protocol 2.0's format (`E`, then the text, NUL-terminated), which is what
@@ -79,6 +83,22 @@ pub fn error_response(out: &mut BytesMut, severity: Severity, code: &str, messag
         for (field, value) in [
             (b'S', severity.as_str()),
             (b'V', severity.as_str()),
+            (b'C', code),
+            (b'M', message),
+        ] {
+            b.put_u8(field);
+            put_cstr(b, value.as_bytes());
+        }
+        b.put_u8(0);
+    });
+}
+
+/// NoticeResponse of severity NOTICE, in the field order PostgreSQL uses.
+pub fn notice_response(out: &mut BytesMut, code: &str, message: &str) {
+    write_message(out, NOTICE_RESPONSE, |b| {
+        for (field, value) in [
+            (b'S', "NOTICE"),
+            (b'V', "NOTICE"),
             (b'C', code),
             (b'M', message),
         ] {
