@@ -185,6 +185,12 @@ impl Session {
         }
         if route == Route::Forward {
             self.stats.query_count += 1;
+            if !self.replies.has_pending_work() {
+                // The client's work is answered: its query time ends (SHOW STATS).
+                if let Some(took) = self.info.end_query(self.app.clock_us()) {
+                    self.stats.query_time_us += took;
+                }
+            }
             let timed = self
                 .reading
                 .reader
