@@ -101,9 +101,12 @@ impl Session {
             let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);
             let timing = self.start_timing(tag);
+            // Read before planning, which may consume the message; counted unless it waits
+            // to be planned again.
+            let named = matches!(tag, fe::PARSE | fe::BIND) && self.names_a_statement(tag, len);
             let plan = self.plan_client_message(tag, len, query_text_len, query_words, autoprepare);
-            if matches!(tag, fe::PARSE | fe::BIND) && plan != planner::Plan::Wait {
-                self.count_named_statement_message(tag, len);
+            if named && plan != planner::Plan::Wait {
+                self.count_named_statement_message(tag);
             }
             match plan {
                 planner::Plan::Forward => self.forward_client_message(tag, len),
@@ -240,13 +243,12 @@ impl Session {
         Next::Go
     }
 
-    /// Counts a Parse or Bind of a named statement (SHOW STATS' client_parse_count and
-    /// bind_count) when pgmemo tracks the client's statements, as PgBouncer counts them only
-    /// with `max_prepared_statements` on. Into the pool's counters of this worker at once:
-    /// the session's own counters are not widened for them (see `footprint`).
-    fn count_named_statement_message(&mut self, tag: u8, len: usize) {
+    /// Whether a Parse or Bind names a statement (not the unnamed one), when pgmemo tracks the
+    /// client's statements: PgBouncer counts those only, with `max_prepared_statements` on.
+    #[inline]
+    fn names_a_statement(&self, tag: u8, len: usize) -> bool {
         if self.plan.stmts.is_none() {
-            return;
+            return false;
         }
         let body = body(&self.client.rbuf[..len]);
         // A Parse names its statement first; a Bind names its portal, then its statement.
@@ -254,9 +256,13 @@ impl Session {
             fe::PARSE => Some(0),
             _ => body.iter().position(|&b| b == 0).map(|end| end + 1),
         };
-        if name.and_then(|at| body.get(at)).is_none_or(|&b| b == 0) {
-            return;
-        }
+        name.and_then(|at| body.get(at)).is_some_and(|&b| b != 0)
+    }
+
+    /// Counts a Parse or Bind of a named statement (SHOW STATS' client_parse_count and
+    /// bind_count) into the pool's counters of this worker at once: the session's own
+    /// counters are not widened for them (see `footprint`).
+    fn count_named_statement_message(&self, tag: u8) {
         let here = self.pool.stats.here();
         let counter = if tag == fe::PARSE {
             &here.client_parses
