@@ -659,3 +659,30 @@ async fn health_follows_the_upstream() {
         0.0
     );
 }
+
+/// In session mode, as in PgBouncer, each transaction counts in SHOW STATS when it ends, not
+/// when the client leaves: a long-lived session's traffic is seen while it lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_transactions_count_as_they_end() {
+    const DB: &str = "monitoring_session";
+    fresh_db(DB).await;
+    let proxy = pgmemo(PoolMode::Session, 2).await;
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    for i in 0..3 {
+        client.simple_query(&format!("SELECT {i}")).await.unwrap();
+    }
+    client
+        .batch_execute("BEGIN; SELECT pg_sleep(0.05); COMMIT")
+        .await
+        .unwrap();
+    let admin = connect(&url(proxy.local_addr(), "pgbouncer")).await;
+    let (_, stats) = show(&admin, "SHOW STATS").await;
+    let s = row_for(&stats, "database", DB);
+    assert_eq!(num(s, "total_xact_count"), 4, "{s:?}");
+    assert_eq!(num(s, "total_query_count"), 4, "{s:?}");
+    assert!(num(s, "total_xact_time") >= 50_000, "{s:?}");
+    assert!(num(s, "total_query_time") >= 50_000, "{s:?}");
+    // The time between transactions is no transaction's.
+    assert!(num(s, "total_xact_time") < 1_000_000, "{s:?}");
+    drop(client);
+}

@@ -6,7 +6,7 @@
 use super::{planner, End, Readable, ReadableAt, Session, HIGH_WATER};
 use crate::app::ClientState;
 use crate::buffers;
-use crate::pool::CheckoutError;
+use crate::pool::{CheckoutError, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::{body, frame, frontend as fe};
 use crate::query::facts;
@@ -233,14 +233,24 @@ impl Session {
             self.client.rbuf.advance(len);
             return Next::Done;
         }
-        if self.state.pins != 0 && self.work_done() {
-            // A pinned client's next transaction starts on the server it kept: its time
-            // counts from here (see `pinned_transaction_done`).
+        if (self.state.pins != 0 && self.work_done()) || self.session_idle() {
+            // A pinned client's (or a session-mode client's) next transaction starts on the
+            // server it kept: its time counts from here (see `pinned_transaction_done`,
+            // `session_transaction_counted`).
             if let Some(server) = self.server.as_mut() {
                 server.checked_out = Instant::now();
             }
         }
         Next::Go
+    }
+
+    /// Session mode, between transactions: the client's next message starts one, whose time
+    /// counts from it (see `session_transaction_counted`).
+    #[inline]
+    fn session_idle(&self) -> bool {
+        self.mode == PoolMode::Session
+            && self.replies.is_idle()
+            && self.server.as_ref().is_some_and(|s| s.status == b'I')
     }
 
     /// Whether a Parse or Bind names a statement (not the unnamed one), when pgmemo tracks the
