@@ -1,6 +1,8 @@
-//! The admin console: a pseudo-database named `pgmemo` that admin users connect to with any
-//! PostgreSQL client (`psql -d pgmemo`) to inspect and steer pgmemo. Commands and column names
-//! follow PgBouncer's console so existing tools and habits carry over.
+//! The admin console: a pseudo-database named `pgmemo` (or `pgbouncer`, PgBouncer's name for
+//! it) that admin users connect to with any PostgreSQL client (`psql -d pgmemo`) to inspect
+//! and steer pgmemo. Commands and column names follow PgBouncer 1.25's console so existing
+//! tools (pgbouncer_exporter) and habits carry over; a column pgmemo cannot fill is said so
+//! in the doc comment of its command.
 
 use crate::app::{App, ClientState};
 use crate::protocol::backend::{self as be, sqlstate, Severity};
