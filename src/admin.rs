@@ -507,7 +507,7 @@ pub fn show_clients(app: &App) -> Table {
                 text(c.local_addr.ip()),
                 text(c.local_addr.port()),
                 timestamp(c.connect_time()),
-                timestamp(app.wall_time(c.request_us())),
+                timestamp(c.request_time()),
                 text(wait / 1_000_000),
                 text(wait % 1_000_000),
                 text(0),

@@ -110,8 +110,9 @@ pub struct ClientInfo {
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
     killed: AtomicBool,
-    /// When the client last sent something, in seconds of [`App::clock_us`] (SHOW CLIENTS'
-    /// `request_time` shows seconds). Written once per wake of the session that reads a
+    /// When the client last sent something, in whole seconds since the Unix epoch as
+    /// [`App::unix_secs`] derives them from the monotonic clock (SHOW CLIENTS' request_time
+    /// shows seconds, as connect_time). Written once per wake of the session that reads a
     /// message, not per message.
     request_secs: AtomicU32,
     /// When the client's current query began, in [`QUERY_TICK_US`] ticks of
@@ -215,16 +216,16 @@ impl ClientInfo {
         self.killed.load(Ordering::Relaxed)
     }
 
-    /// Notes that the client sent something at `now_us` ([`App::clock_us`]).
+    /// Notes that the client sent something at `unix_secs` ([`App::unix_secs`]).
     #[inline]
-    pub fn note_request(&self, now_us: u64) {
-        self.request_secs
-            .store((now_us / 1_000_000) as u32, Ordering::Relaxed);
+    pub fn note_request(&self, unix_secs: u32) {
+        self.request_secs.store(unix_secs, Ordering::Relaxed);
     }
 
-    /// When the client last sent something ([`App::clock_us`], to the second).
-    pub fn request_us(&self) -> u64 {
-        u64::from(self.request_secs.load(Ordering::Relaxed)) * 1_000_000
+    /// When the client last sent something (to the second).
+    pub fn request_time(&self) -> SystemTime {
+        let secs = self.request_secs.load(Ordering::Relaxed);
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(u64::from(secs))
     }
 
     /// Starts timing the client's query at `now_us` ([`App::clock_us`]) unless one is in
@@ -291,6 +292,8 @@ pub struct App {
     /// Set with `cutoff_tx`.
     cut_off: AtomicBool,
     pub started: Instant,
+    /// The wall clock at `started`, in microseconds since the Unix epoch.
+    started_unix_us: u64,
     pub listen_addr: Mutex<Option<SocketAddr>>,
     /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
     pub reloader: Mutex<Option<crate::Reloader>>,
@@ -335,6 +338,9 @@ impl App {
             shutting_down: AtomicBool::new(false),
             cut_off: AtomicBool::new(false),
             started: Instant::now(),
+            started_unix_us: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
             registry: crate::statements::Registry::new(),
@@ -546,13 +552,14 @@ impl App {
                 break k;
             }
         };
+        let connect_secs = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as u32);
         let info = Arc::new(ClientInfo {
             id,
             addr: addr.into(),
             local_addr: local_addr.into(),
-            connect_secs: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as u32),
+            connect_secs,
             tls,
             user,
             database,
@@ -565,7 +572,7 @@ impl App {
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
             killed: AtomicBool::new(false),
-            request_secs: AtomicU32::new((self.clock_us() / 1_000_000) as u32),
+            request_secs: AtomicU32::new(connect_secs),
             query_start: AtomicU32::new(0),
             stop_waker: Mutex::new(None),
         });
@@ -582,10 +589,11 @@ impl App {
         self.started.elapsed().as_micros() as u64 + 1
     }
 
-    /// The wall-clock time of `us` ([`App::clock_us`]), for the console.
-    pub fn wall_time(&self, us: u64) -> SystemTime {
-        let ago = std::time::Duration::from_micros(self.clock_us().saturating_sub(us));
-        SystemTime::now() - ago
+    /// `clock_us` ([`App::clock_us`]) in whole seconds since the Unix epoch: the wall clock at
+    /// start plus the monotonic time since, without a second clock read.
+    #[inline]
+    pub fn unix_secs(&self, clock_us: u64) -> u32 {
+        ((self.started_unix_us + clock_us) / 1_000_000) as u32
     }
 
     /// One shared copy of a user, database or application name for every client that uses it

@@ -170,7 +170,22 @@ async fn a_waiting_client_shows_its_wait() {
     let served = row_for(&clients, "application_name", "waiter");
     assert_eq!(served["state"], "idle", "no server held: {served:?}");
     assert_eq!((num(served, "wait"), num(served, "wait_us")), (0, 0));
-    drop(waiter);
+    // request_time follows the client's requests: once a second has passed since it
+    // connected, its next query moves it past connect_time (shown to the second).
+    wait_until(
+        "request_time to pass connect_time",
+        Duration::from_secs(5),
+        || {
+            let (admin, waiter) = (&admin, &waiter);
+            async move {
+                waiter.simple_query("SELECT 3").await.unwrap();
+                let (_, clients) = show(admin, "SHOW CLIENTS").await;
+                let me = row_for(&clients, "application_name", "waiter");
+                me["request_time"] > me["connect_time"]
+            }
+        },
+    )
+    .await;
 }
 
 /// SHOW STATS_TOTALS, STATS_AVERAGES and TOTALS have PgBouncer 1.25's columns and the same

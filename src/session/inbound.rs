@@ -69,7 +69,7 @@ impl Session {
             };
             if now_us == 0 {
                 now_us = self.app.clock_us();
-                self.info.note_request(now_us);
+                self.info.note_request(self.app.unix_secs(now_us));
             }
             let query_text_len = self.find_query_text(tag, len);
             if self.transaction_control(tag, len, query_text_len) {
