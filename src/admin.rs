@@ -151,6 +151,9 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "totals"] => Ok(Reply::Table(show_totals(app))),
         ["show", "mem"] => Ok(Reply::Table(show_mem(app))),
         ["show", "fds"] => Ok(Reply::Table(show_fds())),
+        ["show", what @ ("peers" | "peer_pools" | "dns_hosts" | "dns_zones")] => {
+            Ok(Reply::Table(show_nothing_to_list(what)))
+        }
         ["show", "config"] => Ok(Reply::Table(show_config(app))),
         ["show", "databases"] => Ok(Reply::Table(show_databases(app))),
         ["show", "users"] => Ok(Reply::Table(show_users(app))),
@@ -204,6 +207,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "SHOW DATABASES|USERS|LISTS|STATE",
                 "SHOW STATS_TOTALS|STATS_AVERAGES|TOTALS|MEM|FDS",
+                "SHOW PEERS|PEER_POOLS|DNS_HOSTS|DNS_ZONES",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS|QUERIES",
                 "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
@@ -1486,6 +1490,28 @@ pub fn show_fds() -> Table {
             "scram_client_key",
             "scram_server_key",
         ],
+        rows: Vec::new(),
+    }
+}
+
+/// PgBouncer's SHOW PEERS, PEER_POOLS, DNS_HOSTS and DNS_ZONES: their columns, and no rows.
+/// pgmemo has no peers (PgBouncer's cancel forwarding between processes behind one port:
+/// pgmemo is one process) and no DNS cache (a host name is resolved at each connect).
+pub fn show_nothing_to_list(what: &str) -> Table {
+    let columns = match what {
+        "peers" => vec!["peer_id", "host", "port", "pool_size"],
+        "peer_pools" => vec![
+            "peer_id",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active_cancel",
+            "sv_login",
+        ],
+        "dns_hosts" => vec!["hostname", "ttl", "addrs"],
+        _ => vec!["zonename", "serial", "count"],
+    };
+    Table {
+        columns,
         rows: Vec::new(),
     }
 }

@@ -329,6 +329,16 @@ async fn stats_commands_have_pgbouncers_columns_and_agree() {
         ["fd", "task", "user", "database", "addr", "port", "cancel", "link"]
     );
     assert!(fds.is_empty(), "pgmemo has no online restart: {fds:?}");
+    for (command, first) in [
+        ("SHOW PEERS", "peer_id"),
+        ("SHOW PEER_POOLS", "peer_id"),
+        ("SHOW DNS_HOSTS", "hostname"),
+        ("SHOW DNS_ZONES", "zonename"),
+    ] {
+        let (cols, rows) = show(&admin, command).await;
+        assert_eq!(cols.first().map(String::as_str), Some(first), "{command}");
+        assert!(rows.is_empty(), "{command}: {rows:?}");
+    }
 }
 
 /// Each server connection pgmemo opens is counted once (SHOW SERVERS lists as many), and each
