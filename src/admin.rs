@@ -1,12 +1,15 @@
-//! The admin console: a pseudo-database named `pgmemo` that admin users connect to with any
-//! PostgreSQL client (`psql -d pgmemo`) to inspect and steer pgmemo. Commands and column names
-//! follow PgBouncer's console so existing tools and habits carry over.
+//! The admin console: a pseudo-database named `pgmemo` (or `pgbouncer`, PgBouncer's name for
+//! it) that admin users connect to with any PostgreSQL client (`psql -d pgmemo`) to inspect
+//! and steer pgmemo. Commands and column names follow PgBouncer 1.25's console so existing
+//! tools (pgbouncer_exporter) and habits carry over; a column pgmemo cannot fill is said so
+//! in the doc comment of its command.
 
 use crate::app::{App, ClientState};
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::frontend as fe;
 use crate::server::ServerState;
 use crate::session::login::Startup;
+use crate::stats::StatsSnapshot;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -32,6 +35,8 @@ pub enum Reply {
 pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: SocketAddr) {
     let Startup { mut conn, user, .. } = startup;
     if !app.config.load().is_admin(&user) {
+        app.errors
+            .login_failed(crate::stats::LoginFailure::Authorization);
         conn.send_error(
             Severity::Fatal,
             sqlstate::INVALID_AUTHORIZATION,
@@ -149,6 +154,14 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "clients"] => Ok(Reply::Table(show_clients(app))),
         ["show", "servers"] => Ok(Reply::Table(show_servers(app))),
         ["show", "stats"] => Ok(Reply::Table(show_stats(app))),
+        ["show", "stats_totals"] => Ok(Reply::Table(show_stats_totals(app))),
+        ["show", "stats_averages"] => Ok(Reply::Table(show_stats_averages(app))),
+        ["show", "totals"] => Ok(Reply::Table(show_totals(app))),
+        ["show", "mem"] => Ok(Reply::Table(show_mem(app))),
+        ["show", "fds"] => Ok(Reply::Table(show_fds())),
+        ["show", what @ ("peers" | "peer_pools" | "dns_hosts" | "dns_zones")] => {
+            Ok(Reply::Table(show_nothing_to_list(what)))
+        }
         ["show", "config"] => Ok(Reply::Table(show_config(app))),
         ["show", "databases"] => Ok(Reply::Table(show_databases(app))),
         ["show", "users"] => Ok(Reply::Table(show_users(app))),
@@ -204,6 +217,8 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
                 "SHOW DATABASES|USERS|LISTS|STATE",
+                "SHOW STATS_TOTALS|STATS_AVERAGES|TOTALS|MEM|FDS",
+                "SHOW PEERS|PEER_POOLS|DNS_HOSTS|DNS_ZONES",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS|QUERIES",
                 "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL|CACHE ROWS",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
@@ -245,7 +260,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             "a database is required".into(),
         )),
         [verb @ ("disable" | "enable"), db] => {
-            if *db == crate::config::ADMIN_DATABASE {
+            if crate::config::is_admin_database(db) {
                 return Err((
                     sqlstate::PROTOCOL_VIOLATION,
                     format!("cannot disable admin db: {db}"),
@@ -367,8 +382,18 @@ fn format_unix(secs: u64) -> String {
     )
 }
 
+/// PgBouncer's SHOW POOLS, a row per (database, user) pool, then pgmemo's pin counts.
+///
+/// - `cl_active_cancel_req`: clients whose cancel request is being passed on to their server.
+/// - `cl_waiting_cancel_req`, `sv_active_cancel`, `sv_being_canceled`: always 0. pgmemo
+///   passes a cancel request on at once on a connection of its own, which is no pool server
+///   and waits in no queue (see cancel.rs), and a cancelled server waits for nothing more
+///   before it is given back.
+/// - `load_balance_hosts`: NULL, as PgBouncer's for a database with one host (pgmemo's have
+///   one).
 pub fn show_pools(app: &App) -> Table {
     let clients = app.clients();
+    let now = app.clock_us();
     let rows = app
         .pools()
         .iter()
@@ -376,13 +401,23 @@ pub fn show_pools(app: &App) -> Table {
             let mine = clients
                 .iter()
                 .filter(|c| *c.database == *pool.key.database && *c.user == *pool.key.user);
-            let (mut active, mut waiting, mut pinned) = (0, 0, 0);
+            let (mut active, mut waiting, mut pinned, mut cancelling) = (0, 0, 0, 0);
+            // PgBouncer's maxwait: how long the oldest waiting client has waited, from its
+            // query's start (`ClientInfo::query_age_us`).
+            let mut max_wait = 0;
             for c in mine {
                 if c.pins.load(Relaxed) != 0 {
                     pinned += 1;
                 }
+                if c.cancels.pending() {
+                    cancelling += 1;
+                }
                 match c.state() {
-                    ClientState::Waiting => waiting += 1,
+                    ClientState::Waiting => {
+                        waiting += 1;
+                        // None: waiting at login, in session mode (PgBouncer's 0 too).
+                        max_wait = max_wait.max(c.query_age_us(now).unwrap_or(0));
+                    }
                     _ => active += 1,
                 }
             }
@@ -393,7 +428,7 @@ pub fn show_pools(app: &App) -> Table {
                 text(&pool.key.user),
                 text(active),
                 text(waiting),
-                text(0),
+                text(cancelling),
                 text(0),
                 text(count(ServerState::Active)),
                 text(0),
@@ -402,9 +437,10 @@ pub fn show_pools(app: &App) -> Table {
                 text(count(ServerState::Used)),
                 text(count(ServerState::Tested)),
                 text(count(ServerState::Login)),
-                text(0),
-                text(0),
+                text(max_wait / 1_000_000),
+                text(max_wait % 1_000_000),
                 text(pool.settings().mode.as_str()),
+                None,
                 text(pinned),
                 text(pool.pinned_servers()),
             ]
@@ -428,6 +464,7 @@ pub fn show_pools(app: &App) -> Table {
             "maxwait",
             "maxwait_us",
             "pool_mode",
+            "load_balance_hosts",
             // pgmemo's: clients that keep their server for session state.
             "cl_pinned",
             // pgmemo's: servers those clients hold, at most max_pinned_fraction of pool_size.
@@ -437,10 +474,13 @@ pub fn show_pools(app: &App) -> Table {
     }
 }
 
-const CONN_COLUMNS: [&str; 18] = [
+/// PgBouncer 1.25's columns of SHOW CLIENTS and SHOW SERVERS, in its order; pgmemo's own
+/// follow them.
+const CONN_COLUMNS: [&str; 21] = [
     "type",
     "user",
     "database",
+    "replication",
     "state",
     "addr",
     "port",
@@ -456,56 +496,88 @@ const CONN_COLUMNS: [&str; 18] = [
     "remote_pid",
     "tls",
     "application_name",
+    "prepared_statements",
+    "id",
 ];
 
-/// A client's state as PgBouncer's SHOW CLIENTS names it: a logged-in client that is not
-/// waiting for a server is "active" whether or not it holds one (`link` tells which).
+/// A client's state as PgBouncer 1.25's SHOW CLIENTS names it: a logged-in client that is
+/// not waiting for a server is "active" when it holds one (`link`), "idle" when it does not.
 fn client_state(state: ClientState) -> &'static str {
     match state {
         ClientState::Login => "login",
         ClientState::Waiting => "waiting",
-        ClientState::Idle | ClientState::Active => "active",
+        ClientState::Idle => "idle",
+        ClientState::Active => "active",
     }
 }
 
+/// PgBouncer's SHOW CLIENTS, then pgmemo's `pinned` (why the client keeps its server: temp,
+/// listen, advisory_lock, cursor, load).
+///
+/// - `request_time`: when the client last sent something (to the wake of its session that
+///   read it).
+/// - `wait`, `wait_us`: as PgBouncer computes them, the age of the client's query in flight
+///   (from its first message that needs a server until the ReadyForQuery that answers its
+///   work), waiting for a server included; 0 when none is in flight.
+/// - `replication`: always `none`: pgmemo serves no replication connections to clients.
+/// - `close_needed`: 0, unused for clients as in PgBouncer.
+/// - `ptr` and `id`: the client's id (pgmemo has no object addresses), which KILL_CLIENT
+///   takes; `link` is the id of the server it holds.
+/// - `prepared_statements`: 0. A client's statements live in its session, which the console
+///   does not reach; SHOW PREPARED_STATEMENTS counts the clients that hold each statement.
 pub fn show_clients(app: &App) -> Table {
+    let now = app.clock_us();
     let rows = app
         .clients()
         .iter()
         .map(|c| {
             let server = c.server_id.load(std::sync::atomic::Ordering::Relaxed);
+            let wait = c.query_age_us(now).unwrap_or(0);
             vec![
                 text("C"),
                 text(&c.user),
                 text(&c.database),
+                text("none"),
                 text(client_state(c.state())),
                 text(c.addr.ip()),
                 text(c.addr.port()),
                 text(c.local_addr.ip()),
                 text(c.local_addr.port()),
                 timestamp(c.connect_time()),
-                timestamp(c.connect_time()),
-                text(0),
-                text(0),
+                timestamp(c.request_time()),
+                text(wait / 1_000_000),
+                text(wait % 1_000_000),
                 text(0),
                 text(c.id),
                 (server != 0).then(|| server.to_string()),
                 text(c.pid()),
                 text(if c.tls { "TLS" } else { "" }),
                 text(c.application_name.lock().to_string()),
-                text(crate::pins::Pins::describe(c.pins.load(Relaxed))),
+                text(0),
                 text(c.id),
+                text(crate::pins::Pins::describe(c.pins.load(Relaxed))),
             ]
         })
         .collect();
     let mut columns = CONN_COLUMNS.to_vec();
-    // pgmemo's: why the client keeps its server (temp, listen, advisory_lock, cursor, load);
-    // then PgBouncer's id (the same as ptr), which KILL_CLIENT takes.
-    columns.extend(["pinned", "id"]);
+    columns.push("pinned");
     Table { columns, rows }
 }
 
+/// PgBouncer's SHOW SERVERS, then pgmemo's prepared-statement counters per server.
+///
+/// - `request_time`: when the server was last handed to a client or given back.
+/// - `wait`, `wait_us`: 0, unused for servers as in PgBouncer.
+/// - `replication`: always `none`: pool servers are never replication connections (the WAL
+///   follower's are pgmemo's own, see SHOW CACHE WAL).
+/// - `ptr` and `id`: the server's id; `link`: the id of the client holding it.
+/// - `application_name`: the linked client's, as in PgBouncer.
 pub fn show_servers(app: &App) -> Table {
+    let names: std::collections::HashMap<u64, String> = app
+        .clients()
+        .iter()
+        .map(|c| (c.id, c.application_name.lock().to_string()))
+        .collect();
     let mut rows = Vec::new();
     for pool in app.pools() {
         let mut servers = pool.servers();
@@ -516,13 +588,14 @@ pub fn show_servers(app: &App) -> Table {
                 text("S"),
                 text(&pool.key.user),
                 text(&pool.key.database),
+                text("none"),
                 text(s.state().name()),
                 text(s.addr.ip()),
                 text(s.addr.port()),
                 text(s.local_addr.ip()),
                 text(s.local_addr.port()),
                 timestamp(s.connect_time),
-                timestamp(s.connect_time),
+                timestamp(s.request_time()),
                 text(0),
                 text(0),
                 text(u8::from(pool.is_retired(&s))),
@@ -530,22 +603,20 @@ pub fn show_servers(app: &App) -> Table {
                 (client != 0).then(|| client.to_string()),
                 text(s.backend_pid),
                 text(if s.tls { "TLS" } else { "" }),
-                text(""),
+                text(names.get(&client).map_or("", String::as_str)),
                 text(s.prepared_statements.load(Relaxed)),
+                text(s.id),
                 text(s.prepare_cache_hit.load(Relaxed)),
                 text(s.prepare_cache_miss.load(Relaxed)),
                 text(s.prepare_evictions.load(Relaxed)),
-                text(s.id),
             ]);
         }
     }
     let mut columns = CONN_COLUMNS.to_vec();
     columns.extend([
-        "prepared_statements",
         "prepare_cache_hit",
         "prepare_cache_miss",
         "prepare_evictions",
-        "id",
     ]);
     Table { columns, rows }
 }
@@ -597,142 +668,268 @@ pub fn show_prepared_statements(app: &App) -> Table {
     }
 }
 
-pub fn show_stats(app: &App) -> Table {
+/// Per database: its pools' counters summed, and their averages over the current stats
+/// periods (PgBouncer's SHOW STATS groups its pools by database the same way).
+fn database_stats(app: &App) -> Vec<(String, StatsSnapshot, Averages)> {
     use std::collections::BTreeMap;
-    let mut per_db: BTreeMap<String, crate::stats::StatsSnapshot> = BTreeMap::new();
-    // Per database: per-second rates summed over its pools, and the period's deltas.
-    let mut averages: BTreeMap<String, Averages> = BTreeMap::new();
+    let mut per_db: BTreeMap<String, (StatsSnapshot, Averages)> = BTreeMap::new();
     let now = std::time::Instant::now();
     for pool in app.pools() {
         let s = pool.stats.snapshot();
         let (since, then) = pool.stats_periods.since();
-        averages.entry(pool.key.database.clone()).or_default().add(
-            &s,
-            &then,
-            now.saturating_duration_since(since),
-        );
         let e = per_db.entry(pool.key.database.clone()).or_default();
-        e.xact_count += s.xact_count;
-        e.query_count += s.query_count;
-        e.bytes_received += s.bytes_received;
-        e.bytes_sent += s.bytes_sent;
-        e.xact_time_us += s.xact_time_us;
-        e.query_time_us += s.query_time_us;
-        e.wait_time_us += s.wait_time_us;
-        e.prepare_cache_hit += s.prepare_cache_hit;
-        e.prepare_cache_miss += s.prepare_cache_miss;
-        e.prepare_evictions += s.prepare_evictions;
-        e.autoprepared += s.autoprepared;
-        e.autoprepare_passed += s.autoprepare_passed;
-        e.state_probes += s.state_probes;
-        e.serverless_batches += s.serverless_batches;
-        e.server_moves += s.server_moves;
-        e.client_moves += s.client_moves;
-        for (total, n) in e.pins.iter_mut().zip(s.pins) {
-            *total += n;
-        }
+        e.1.add(&s, &then, now.saturating_duration_since(since));
+        e.0.add(&s);
     }
-    let rows = per_db
+    per_db.into_iter().map(|(db, (s, a))| (db, s, a)).collect()
+}
+
+/// PgBouncer's eleven figures, totals (SHOW STATS_TOTALS' order): server assignments,
+/// transactions, queries, bytes received and sent, transaction, query and wait time (µs),
+/// client Parses, server Parses, Binds.
+fn totals_of(s: &StatsSnapshot) -> [u64; 11] {
+    [
+        s.server_assignments,
+        s.xact_count,
+        s.query_count,
+        s.bytes_received,
+        s.bytes_sent,
+        s.xact_time_us,
+        s.query_time_us,
+        s.wait_time_us,
+        s.client_parses,
+        s.prepare_cache_miss,
+        s.binds,
+    ]
+}
+
+/// The same figures as averages, as PgBouncer computes them: counts and bytes per second,
+/// transaction and query time per transaction and query, wait time per server assignment.
+fn averages_of(a: &Averages) -> [u64; 11] {
+    let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
+    let d = &a.delta;
+    let mut figures = a.rates.map(|r| r as u64);
+    figures[5] = per(d.xact_time_us, d.xact_count);
+    figures[6] = per(d.query_time_us, d.query_count);
+    figures[7] = per(d.wait_time_us, d.server_assignments);
+    figures
+}
+
+const TOTAL_NAMES: [&str; 11] = [
+    "server_assignment_count",
+    "xact_count",
+    "query_count",
+    "received",
+    "sent",
+    "xact_time",
+    "query_time",
+    "wait_time",
+    "client_parse_count",
+    "server_parse_count",
+    "bind_count",
+];
+
+/// PgBouncer's SHOW STATS (per database: `total_*` since start, `avg_*` over the last
+/// stats_period or two), then pgmemo's own counters.
+///
+/// - `total_query_time`: from a client's first message that needs a server to the
+///   ReadyForQuery that answers its work, waiting for a server included, summed (as
+///   PgBouncer's `query_start`); pipelined queries count once, as in PgBouncer. Queries the
+///   result cache answers take no server time.
+/// - `total_server_parse_count`: statements parsed on a server (`prepare_cache_miss`);
+///   `total_client_parse_count` and `total_bind_count`: Parse and Bind messages of named
+///   statements, counted when pgmemo tracks them (`max_prepared_statements` > 0).
+pub fn show_stats(app: &App) -> Table {
+    let rows = database_stats(app)
         .into_iter()
-        .map(|(db, s)| {
-            let a = averages.remove(&db).unwrap_or_default();
-            let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
-            vec![
-                text(db),
-                text(s.xact_count),
-                text(s.query_count),
-                text(s.bytes_received),
-                text(s.bytes_sent),
-                text(s.xact_time_us),
-                text(s.query_time_us),
-                text(s.wait_time_us),
-                text(a.xact_rate as u64),
-                text(a.query_rate as u64),
-                text(a.received_rate as u64),
-                text(a.sent_rate as u64),
-                text(per(a.xact_time_us, a.xacts)),
-                text(per(a.query_time_us, a.queries)),
-                text(per(a.wait_time_us, a.xacts)),
-                text(s.prepare_cache_hit),
-                text(s.prepare_cache_miss),
-                text(s.prepare_evictions),
-                text(s.autoprepared),
-                text(s.autoprepare_passed),
-                text(s.state_probes),
-                text(s.pins.iter().sum::<u64>()),
-                text(s.serverless_batches),
-                text(s.server_moves),
-                text(s.client_moves),
-            ]
+        .map(|(db, s, a)| {
+            let mut row = vec![text(db)];
+            row.extend(totals_of(&s).into_iter().map(text));
+            row.extend(averages_of(&a).into_iter().map(text));
+            row.extend(
+                [
+                    s.prepare_cache_hit,
+                    s.prepare_cache_miss,
+                    s.prepare_evictions,
+                    s.autoprepared,
+                    s.autoprepare_passed,
+                    s.state_probes,
+                    s.pins.iter().sum::<u64>(),
+                    s.serverless_batches,
+                    s.server_moves,
+                    s.client_moves,
+                ]
+                .into_iter()
+                .map(text),
+            );
+            row
         })
         .collect();
+    let mut columns = vec!["database"];
+    columns.extend([
+        "total_server_assignment_count",
+        "total_xact_count",
+        "total_query_count",
+        "total_received",
+        "total_sent",
+        "total_xact_time",
+        "total_query_time",
+        "total_wait_time",
+        "total_client_parse_count",
+        "total_server_parse_count",
+        "total_bind_count",
+        "avg_server_assignment_count",
+        "avg_xact_count",
+        "avg_query_count",
+        "avg_recv",
+        "avg_sent",
+        "avg_xact_time",
+        "avg_query_time",
+        "avg_wait_time",
+        "avg_client_parse_count",
+        "avg_server_parse_count",
+        "avg_bind_count",
+    ]);
+    columns.extend([
+        "prepare_cache_hit",
+        "prepare_cache_miss",
+        "prepare_evictions",
+        "autoprepared",
+        "autoprepare_passed",
+        "state_probes",
+        "pins",
+        "serverless_batches",
+        "server_moves",
+        "client_moves",
+    ]);
+    Table { columns, rows }
+}
+
+/// PgBouncer's SHOW STATS_TOTALS: SHOW STATS' totals, named without `total_` (and
+/// `bytes_received`, `bytes_sent`), as pgbouncer_exporter reads them.
+pub fn show_stats_totals(app: &App) -> Table {
+    stats_subset(
+        app,
+        |s, _| totals_of(s),
+        |i| match i {
+            3 => "bytes_received",
+            4 => "bytes_sent",
+            _ => TOTAL_NAMES[i],
+        },
+    )
+}
+
+/// PgBouncer's SHOW STATS_AVERAGES: SHOW STATS' averages, under PgBouncer's names for them
+/// (the prepared-statement ones keep their `avg_`).
+pub fn show_stats_averages(app: &App) -> Table {
+    stats_subset(
+        app,
+        |_, a| averages_of(a),
+        |i| match i {
+            3 => "bytes_received",
+            4 => "bytes_sent",
+            8 => "avg_client_parse_count",
+            9 => "avg_server_parse_count",
+            10 => "avg_bind_count",
+            _ => TOTAL_NAMES[i],
+        },
+    )
+}
+
+/// A row per database of the eleven `figures`, under the columns `name` gives.
+fn stats_subset(
+    app: &App,
+    figures: fn(&StatsSnapshot, &Averages) -> [u64; 11],
+    name: impl Fn(usize) -> &'static str,
+) -> Table {
+    let rows = database_stats(app)
+        .into_iter()
+        .map(|(db, s, a)| {
+            let mut row = vec![text(db)];
+            row.extend(figures(&s, &a).into_iter().map(text));
+            row
+        })
+        .collect();
+    let mut columns = vec!["database"];
+    columns.extend((0..11).map(name));
+    Table { columns, rows }
+}
+
+/// PgBouncer's SHOW TOTALS: SHOW STATS over every database, a row per figure. The names are
+/// PgBouncer's own (`total_client_bytes` for received, `total_ps_bind_count`, ...).
+pub fn show_totals(app: &App) -> Table {
+    let mut all = StatsSnapshot::default();
+    let mut avg = Averages::default();
+    for (_, s, a) in database_stats(app) {
+        all.add(&s);
+        avg.merge(&a);
+    }
+    const NAMES: [&str; 11] = [
+        "server_assignment_count",
+        "xact_count",
+        "query_count",
+        "client_bytes",
+        "server_bytes",
+        "xact_time",
+        "query_time",
+        "wait_time",
+        "ps_client_parse_count",
+        "ps_server_parse_count",
+        "ps_bind_count",
+    ];
+    let totals = NAMES
+        .iter()
+        .zip(totals_of(&all))
+        .map(|(n, v)| ("total", n, v));
+    let averages = NAMES
+        .iter()
+        .zip(averages_of(&avg))
+        .map(|(n, v)| ("avg", n, v));
+    let rows = totals
+        .chain(averages)
+        .map(|(kind, n, v)| vec![text(format!("{kind}_{n}")), text(v)])
+        .collect();
     Table {
-        columns: vec![
-            "database",
-            "total_xact_count",
-            "total_query_count",
-            "total_received",
-            "total_sent",
-            "total_xact_time",
-            "total_query_time",
-            "total_wait_time",
-            "avg_xact_count",
-            "avg_query_count",
-            "avg_recv",
-            "avg_sent",
-            "avg_xact_time",
-            "avg_query_time",
-            "avg_wait_time",
-            "prepare_cache_hit",
-            "prepare_cache_miss",
-            "prepare_evictions",
-            "autoprepared",
-            "autoprepare_passed",
-            "state_probes",
-            "pins",
-            "serverless_batches",
-            "server_moves",
-            "client_moves",
-        ],
+        columns: vec!["name", "value"],
         rows,
     }
 }
 
-/// SHOW STATS' averages of one database, as PgBouncer's: counts and bytes per second and
-/// times per transaction or query, over its pools' current stats periods.
+/// A database's counters over its pools' current stats periods: what changed, and the
+/// per-second rates of the eleven figures ([`totals_of`]'s order), summed over its pools
+/// (each over its own period: a pool made a moment ago is not diluted by a full one).
 #[derive(Default)]
 struct Averages {
-    xact_rate: f64,
-    query_rate: f64,
-    received_rate: f64,
-    sent_rate: f64,
-    xacts: u64,
-    queries: u64,
-    xact_time_us: u64,
-    query_time_us: u64,
-    wait_time_us: u64,
+    delta: StatsSnapshot,
+    rates: [f64; 11],
 }
 
 impl Averages {
     /// Adds a pool whose totals are `now` and were `then`, `elapsed` ago.
-    fn add(
-        &mut self,
-        now: &crate::stats::StatsSnapshot,
-        then: &crate::stats::StatsSnapshot,
-        elapsed: Duration,
-    ) {
+    fn add(&mut self, now: &StatsSnapshot, then: &StatsSnapshot, elapsed: Duration) {
         let secs = elapsed.as_secs_f64().max(0.001);
-        let delta = |a: u64, b: u64| a.saturating_sub(b);
-        let rate = |a: u64, b: u64| delta(a, b) as f64 / secs;
-        self.xact_rate += rate(now.xact_count, then.xact_count);
-        self.query_rate += rate(now.query_count, then.query_count);
-        self.received_rate += rate(now.bytes_received, then.bytes_received);
-        self.sent_rate += rate(now.bytes_sent, then.bytes_sent);
-        self.xacts += delta(now.xact_count, then.xact_count);
-        self.queries += delta(now.query_count, then.query_count);
-        self.xact_time_us += delta(now.xact_time_us, then.xact_time_us);
-        self.query_time_us += delta(now.query_time_us, then.query_time_us);
-        self.wait_time_us += delta(now.wait_time_us, then.wait_time_us);
+        let (now, then) = (totals_of(now), totals_of(then));
+        let mut delta = [0; 11];
+        for i in 0..11 {
+            delta[i] = now[i].saturating_sub(then[i]);
+            self.rates[i] += delta[i] as f64 / secs;
+        }
+        self.delta.add(&StatsSnapshot {
+            server_assignments: delta[0],
+            xact_count: delta[1],
+            query_count: delta[2],
+            xact_time_us: delta[5],
+            query_time_us: delta[6],
+            wait_time_us: delta[7],
+            ..StatsSnapshot::default()
+        });
+    }
+
+    fn merge(&mut self, o: &Averages) {
+        self.delta.add(&o.delta);
+        for (r, o) in self.rates.iter_mut().zip(o.rates) {
+            *r += o;
+        }
     }
 }
 
@@ -1273,6 +1470,113 @@ pub fn show_lists(app: &App) -> Table {
     Table {
         columns: vec!["list", "items"],
         rows: items.iter().map(|(k, v)| vec![text(k), text(v)]).collect(),
+    }
+}
+
+/// PgBouncer's SHOW MEM: a row per kind of object pgmemo keeps per client, server and pool,
+/// under PgBouncer's slab names, and the result cache's store.
+///
+/// - `size`: the object's own size in bytes (a client's ClientInfo; a server's connection
+///   state), without the buffers it borrows while busy.
+/// - `used`: how many there are now; `memtotal`: size × used (the result cache: its bytes).
+/// - `free`: 0. PgBouncer keeps freed objects in slab free lists for reuse; pgmemo gives
+///   them back to its allocator.
+pub fn show_mem(app: &App) -> Table {
+    let pools = app.pools();
+    let servers: usize = pools.iter().map(|p| p.servers().len()).sum();
+    let (store_bytes, _) = app.cache.memory();
+    let objects = [
+        (
+            "client_cache",
+            std::mem::size_of::<crate::app::ClientInfo>(),
+            app.client_count(),
+        ),
+        (
+            "server_cache",
+            std::mem::size_of::<crate::server::ServerConn>(),
+            servers,
+        ),
+        (
+            "pool_cache",
+            std::mem::size_of::<crate::pool::Pool>(),
+            pools.len(),
+        ),
+        (
+            "prepared_statement_cache",
+            std::mem::size_of::<crate::statements::Statement>(),
+            app.registry.all().len(),
+        ),
+    ];
+    let mut rows: Vec<Vec<Option<String>>> = objects
+        .iter()
+        .map(|(name, size, used)| {
+            vec![
+                text(name),
+                text(size),
+                text(used),
+                text(0),
+                text(size * used),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        text("result_cache"),
+        text(0),
+        text(app.cache.usage().values().map(|(n, _)| n).sum::<u64>()),
+        text(0),
+        text(store_bytes),
+    ]);
+    Table {
+        columns: vec!["name", "size", "used", "free", "memtotal"],
+        rows,
+    }
+}
+
+/// PgBouncer's SHOW FDS: its columns, and no rows. PgBouncer lists (and over its Unix
+/// socket, passes) its sockets for an online restart (`-R`, takeover); pgmemo has no online
+/// restart, so there is nothing to list or pass on.
+pub fn show_fds() -> Table {
+    Table {
+        columns: vec![
+            "fd",
+            "task",
+            "user",
+            "database",
+            "addr",
+            "port",
+            "cancel",
+            "link",
+            "client_encoding",
+            "std_strings",
+            "datestyle",
+            "timezone",
+            "password",
+            "scram_client_key",
+            "scram_server_key",
+        ],
+        rows: Vec::new(),
+    }
+}
+
+/// PgBouncer's SHOW PEERS, PEER_POOLS, DNS_HOSTS and DNS_ZONES: their columns, and no rows.
+/// pgmemo has no peers (PgBouncer's cancel forwarding between processes behind one port:
+/// pgmemo is one process) and no DNS cache (a host name is resolved at each connect).
+pub fn show_nothing_to_list(what: &str) -> Table {
+    let columns = match what {
+        "peers" => vec!["peer_id", "host", "port", "pool_size"],
+        "peer_pools" => vec![
+            "peer_id",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active_cancel",
+            "sv_login",
+        ],
+        "dns_hosts" => vec!["hostname", "ttl", "addrs"],
+        _ => vec!["zonename", "serial", "count"],
+    };
+    Table {
+        columns,
+        rows: Vec::new(),
     }
 }
 

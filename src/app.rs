@@ -9,7 +9,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::sync::watch;
@@ -86,8 +86,8 @@ pub struct ClientInfo {
     pub addr: Endpoint,
     pub local_addr: Endpoint,
     /// When the client connected, in whole seconds since the Unix epoch (all SHOW CLIENTS
-    /// shows): 8 bytes where a `SystemTime` takes 16.
-    connect_secs: u64,
+    /// shows; until 2106): 4 bytes where a `SystemTime` takes 16.
+    connect_secs: u32,
     pub tls: bool,
     /// Shared with the other clients of the same name (see [`App::intern`]).
     pub user: Arc<str>,
@@ -110,6 +110,18 @@ pub struct ClientInfo {
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
     killed: AtomicBool,
+    /// When the client last sent something, in whole seconds since the Unix epoch as
+    /// [`App::unix_secs`] derives them from the monotonic clock (SHOW CLIENTS' request_time
+    /// shows seconds, as connect_time). Written once per wake of the session that reads a
+    /// message, not per message.
+    request_secs: AtomicU32,
+    /// When the client's current query began, in [`QUERY_TICK_US`] ticks of
+    /// [`App::clock_us`], wrapping (0: none in flight): from its first message that needs a
+    /// server to the ReadyForQuery that ends its work, waiting for a server included, as
+    /// PgBouncer's `query_start`. SHOW CLIENTS' `wait`, SHOW POOLS' `maxwait` and SHOW
+    /// STATS' `total_query_time` are read from it. 4 bytes, not a u64 of microseconds: an
+    /// idle client's ClientInfo stays in its allocator size class (see `footprint`).
+    query_start: AtomicU32,
     /// Its session's task, woken when a shutdown begins or reaches its cutoff, or when the
     /// cancel requests it waited for have been delivered: the session reads the flags whenever
     /// it is polled. One waker set once per session costs less memory than a future waiting on
@@ -133,13 +145,21 @@ impl Paused {
     }
 }
 
+/// The unit of [`ClientInfo`]'s query start, in microseconds: a u32 of them spans 19 hours.
+pub const QUERY_TICK_US: u64 = 16;
+
+/// `us` ([`App::clock_us`]) in [`QUERY_TICK_US`] ticks, wrapping.
+fn query_tick(us: u64) -> u32 {
+    (us / QUERY_TICK_US) as u32
+}
+
 /// At most this many distinct client user and database names are shared.
 const MAX_INTERNED_NAMES: usize = 1024;
 
 impl ClientInfo {
     /// When the client connected (to the second).
     pub fn connect_time(&self) -> SystemTime {
-        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(self.connect_secs)
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(u64::from(self.connect_secs))
     }
 
     /// The process ID the client was given in BackendKeyData.
@@ -196,6 +216,52 @@ impl ClientInfo {
         self.killed.load(Ordering::Relaxed)
     }
 
+    /// Notes that the client sent something at `unix_secs` ([`App::unix_secs`]).
+    #[inline]
+    pub fn note_request(&self, unix_secs: u32) {
+        self.request_secs.store(unix_secs, Ordering::Relaxed);
+    }
+
+    /// When the client last sent something (to the second).
+    pub fn request_time(&self) -> SystemTime {
+        let secs = self.request_secs.load(Ordering::Relaxed);
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(u64::from(secs))
+    }
+
+    /// Starts timing the client's query at `now_us` ([`App::clock_us`]) unless one is in
+    /// flight already (a pipelined message belongs to the work in flight, as in PgBouncer).
+    #[inline]
+    pub fn start_query(&self, now_us: u64) {
+        if self.query_start.load(Ordering::Relaxed) == 0 {
+            self.query_start
+                .store(query_tick(now_us).max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Ends the query in flight, if one is: how long it took, in microseconds.
+    #[inline]
+    pub fn end_query(&self, now_us: u64) -> Option<u64> {
+        let age = self.query_age_us(now_us)?;
+        self.query_start.store(0, Ordering::Relaxed);
+        Some(age)
+    }
+
+    /// Forgets the query in flight, without timing it (answered by pgmemo itself).
+    #[inline]
+    pub fn forget_query(&self) {
+        self.query_start.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the query in flight has run at `now_us` ([`App::clock_us`]), in
+    /// microseconds (to [`QUERY_TICK_US`], and modulo the ticks' range of 19 hours); None
+    /// when none is in flight.
+    pub fn query_age_us(&self, now_us: u64) -> Option<u64> {
+        match self.query_start.load(Ordering::Relaxed) {
+            0 => None,
+            start => Some(u64::from(query_tick(now_us).wrapping_sub(start)) * QUERY_TICK_US),
+        }
+    }
+
     /// The flag [`ClientInfo::kill`] sets, for a wait to end on (`Pool::checkout`).
     pub fn killed_flag(&self) -> &AtomicBool {
         &self.killed
@@ -226,6 +292,8 @@ pub struct App {
     /// Set with `cutoff_tx`.
     cut_off: AtomicBool,
     pub started: Instant,
+    /// The wall clock at `started`, in microseconds since the Unix epoch.
+    started_unix_us: u64,
     pub listen_addr: Mutex<Option<SocketAddr>>,
     /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
     pub reloader: Mutex<Option<crate::Reloader>>,
@@ -242,6 +310,8 @@ pub struct App {
     /// The workers' event loops, set once they run (`general.workers`); unset (one loop) in
     /// an App that serves no clients.
     pub workers: std::sync::OnceLock<crate::workers::Loops>,
+    /// Errors that belong to no pool (login failures, max_client_conn refusals).
+    pub errors: crate::stats::ErrorCounters,
 }
 
 impl App {
@@ -268,6 +338,9 @@ impl App {
             shutting_down: AtomicBool::new(false),
             cut_off: AtomicBool::new(false),
             started: Instant::now(),
+            started_unix_us: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
             registry: crate::statements::Registry::new(),
@@ -279,6 +352,7 @@ impl App {
             shapes,
             wal: crate::wal::Wal::default(),
             workers: std::sync::OnceLock::new(),
+            errors: Default::default(),
         });
         app.load_tls()?;
         Ok(app)
@@ -497,13 +571,14 @@ impl App {
                 break k;
             }
         };
+        let connect_secs = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as u32);
         let info = Arc::new(ClientInfo {
             id,
             addr: addr.into(),
             local_addr: local_addr.into(),
-            connect_secs: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            connect_secs,
             tls,
             user,
             database,
@@ -516,12 +591,28 @@ impl App {
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
             killed: AtomicBool::new(false),
+            request_secs: AtomicU32::new(connect_secs),
+            query_start: AtomicU32::new(0),
             stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());
         drop(keys);
         self.clients.lock().insert(id, info.clone());
         info
+    }
+
+    /// pgmemo's clock for the console's times: microseconds since start, never 0 (0 means
+    /// "none" where a time is kept in an atomic). A monotonic read, a few nanoseconds.
+    #[inline]
+    pub fn clock_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64 + 1
+    }
+
+    /// `clock_us` ([`App::clock_us`]) in whole seconds since the Unix epoch: the wall clock at
+    /// start plus the monotonic time since, without a second clock read.
+    #[inline]
+    pub fn unix_secs(&self, clock_us: u64) -> u32 {
+        ((self.started_unix_us + clock_us) / 1_000_000) as u32
     }
 
     /// One shared copy of a user, database or application name for every client that uses it

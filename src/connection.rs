@@ -33,7 +33,7 @@ pub fn serve_client(
 /// Logs the client in, then serves the admin console to its end, or starts a session.
 async fn start(app: Arc<App>, tcp: tokio::net::TcpStream) -> Option<Started> {
     let admitted = session::login::admit(&app, tcp).await?;
-    if admitted.startup.database == crate::admin::ADMIN_DATABASE {
+    if crate::config::is_admin_database(&admitted.startup.database) {
         let Admitted {
             startup,
             peer,

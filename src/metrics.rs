@@ -1,4 +1,5 @@
-//! The Prometheus endpoint: `GET /metrics` on `metrics_listen`, in the text exposition format.
+//! The Prometheus endpoint: `GET /metrics` on `metrics_listen`, in the text exposition format,
+//! and `GET /health` for load balancers and orchestrators (see [`health`]).
 //!
 //! Scrapes are rare and tiny, so this is a minimal HTTP/1.1 responder on a plain TcpListener
 //! rather than a web framework: read the request head, answer, close.
@@ -43,8 +44,16 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 || request_line.starts_with(b"GET / ")
             {
                 ("200 OK", render(&app))
+            } else if request_line.starts_with(b"GET /health ") {
+                match health(&app).await {
+                    Ok(body) => ("200 OK", body),
+                    Err(body) => ("503 Service Unavailable", body),
+                }
             } else {
-                ("404 Not Found", "not found; try /metrics\n".to_owned())
+                (
+                    "404 Not Found",
+                    "not found; try /metrics or /health\n".to_owned(),
+                )
             };
             let response = format!(
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -81,6 +90,12 @@ type Counter = (
 pub fn render(app: &App) -> String {
     let mut out = String::new();
     let pools = app.pools();
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_build_info pgmemo's version (always 1).\n# TYPE pgmemo_build_info gauge\npgmemo_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    error_metrics(app, &mut out);
     pool_gauges(app, &pools, &mut out);
     pool_counters(&pools, &mut out);
     pool_histograms(&pools, &mut out);
@@ -97,6 +112,122 @@ pub fn render(app: &App) -> String {
 }
 
 type Pools = [Arc<crate::pool::Pool>];
+
+/// Errors that belong to no pool: failed client logins by reason, max_client_conn refusals.
+/// (Per pool: pgmemo_server_connect_failures_total, pgmemo_wait_timeouts_total.)
+fn error_metrics(app: &App, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_client_login_failures_total Client logins that failed, by reason.\n# TYPE pgmemo_client_login_failures_total counter"
+    );
+    for (why, n) in app.errors.login_failures() {
+        let _ = writeln!(
+            out,
+            "pgmemo_client_login_failures_total{{reason=\"{}\"}} {n}",
+            why.as_str()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pgmemo_max_client_conn_refusals_total Clients turned away at max_client_conn.\n# TYPE pgmemo_max_client_conn_refusals_total counter\npgmemo_max_client_conn_refusals_total {}",
+        app.errors
+            .max_client_conn
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+/// How long [`health`] waits for each upstream to answer.
+const HEALTH_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /health`: Ok (200) when pgmemo's listener runs and every configured upstream
+/// answered the check this request made, Err (503) with the reasons otherwise; the body
+/// says which, a line each.
+///
+/// The check of an upstream (each distinct host and port of the configured databases and
+/// the pools in use) is PostgreSQL's cheapest exchange: an SSLRequest, answered by one byte
+/// (`S` or `N`) by any PostgreSQL that accepts connections, without a login (and without a
+/// line in PostgreSQL's log). Each is made at most [`HEALTH_CHECK_TIMEOUT`] long, all at
+/// once.
+pub async fn health(app: &App) -> Result<String, String> {
+    let mut problems = Vec::new();
+    let mut fine = Vec::new();
+    match *app.listen_addr.lock() {
+        Some(addr) if !app.is_shutting_down() => fine.push(format!("listener {addr}: running")),
+        Some(addr) => problems.push(format!("listener {addr}: shutting down")),
+        None => problems.push("listener: not running".to_string()),
+    }
+    let mut checks = tokio::task::JoinSet::new();
+    for (host, port) in upstreams(app) {
+        checks.spawn(async move {
+            let answer = tokio::time::timeout(HEALTH_CHECK_TIMEOUT, ssl_request(&host, port)).await;
+            let verdict = match answer {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {HEALTH_CHECK_TIMEOUT:?}")),
+            };
+            (host, port, verdict)
+        });
+    }
+    let mut verdicts = checks.join_all().await;
+    verdicts.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    for (host, port, verdict) in verdicts {
+        match verdict {
+            Ok(()) => fine.push(format!("upstream {host}:{port}: answered")),
+            Err(e) => problems.push(format!("upstream {host}:{port}: {e}")),
+        }
+    }
+    let mut body = problems.join("\n");
+    if problems.is_empty() {
+        body = format!("ok\n{}\n", fine.join("\n"));
+        Ok(body)
+    } else {
+        body.push('\n');
+        body.push_str(&fine.join("\n"));
+        body.push('\n');
+        Err(body)
+    }
+}
+
+/// The distinct upstream servers: those of the configured databases (any name, when only
+/// `[upstream]` or a `"*"` entry is configured) and of the pools in use.
+fn upstreams(app: &App) -> Vec<(String, u16)> {
+    let config = app.config.load();
+    let mut names: Vec<&str> = config.databases.keys().map(String::as_str).collect();
+    if names.is_empty()
+        || config
+            .databases
+            .contains_key(crate::config::WILDCARD_DATABASE)
+    {
+        names.push("postgres"); // served from [upstream] or "*", as any other name
+    }
+    let mut targets: Vec<(String, u16)> = names
+        .into_iter()
+        .filter_map(|name| config.resolve(name, ""))
+        .map(|db| (db.host, db.port))
+        .chain(app.pools().iter().map(|p| {
+            let t = &p.settings().target;
+            (t.host.clone(), t.port)
+        }))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    targets
+}
+
+/// Sends PostgreSQL an SSLRequest and reads its one-byte answer.
+async fn ssl_request(host: &str, port: u16) -> std::io::Result<()> {
+    let mut sock = tokio::net::TcpStream::connect((host, port)).await?;
+    sock.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .await?;
+    let mut answer = [0u8; 1];
+    sock.read_exact(&mut answer).await?;
+    match answer[0] {
+        b'S' | b'N' => Ok(()),
+        other => Err(std::io::Error::other(format!(
+            "answered {other:#04x}, not as PostgreSQL does"
+        ))),
+    }
+}
 
 /// Clients and servers by pool and state, and the clients queued.
 fn pool_gauges(app: &App, pools: &Pools, out: &mut String) {
@@ -153,7 +284,7 @@ fn pool_gauges(app: &App, pools: &Pools, out: &mut String) {
 
 /// The pools' counters (SHOW STATS' totals).
 fn pool_counters(pools: &Pools, out: &mut String) {
-    let counters: [Counter; 17] = [
+    let counters: [Counter; 21] = [
         ("pgmemo_transactions_total", "Transactions pooled.", |s| {
             s.xact_count as f64
         }),
@@ -174,6 +305,26 @@ fn pool_counters(pools: &Pools, out: &mut String) {
             "pgmemo_transaction_seconds_total",
             "Time servers were held by clients.",
             |s| s.xact_time_us as f64 / 1e6,
+        ),
+        (
+            "pgmemo_query_seconds_total",
+            "Time from a client's query to the ReadyForQuery answering it (SHOW STATS total_query_time).",
+            |s| s.query_time_us as f64 / 1e6,
+        ),
+        (
+            "pgmemo_server_assignments_total",
+            "Times a server connection was handed to a client.",
+            |s| s.server_assignments as f64,
+        ),
+        (
+            "pgmemo_server_connects_total",
+            "Server connections opened.",
+            |s| s.server_connects as f64,
+        ),
+        (
+            "pgmemo_server_connect_failures_total",
+            "Attempts to open a server connection that failed (refused, timed out, login refused).",
+            |s| s.server_connect_failures as f64,
         ),
         (
             "pgmemo_wait_seconds_total",

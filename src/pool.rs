@@ -469,6 +469,7 @@ impl Pool {
         drop(st);
         conn.set_state(ServerState::Active);
         conn.checked_out = now;
+        conn.info.note_request(now);
         Some(conn)
     }
 
@@ -629,6 +630,7 @@ impl Pool {
                     }
                     conn.set_state(ServerState::Active);
                     conn.checked_out = now;
+                    conn.info.note_request(now);
                     self.stats
                         .here()
                         .wait_duration
@@ -639,6 +641,7 @@ impl Pool {
                     Ok(mut conn) => {
                         conn.set_state(ServerState::Active);
                         conn.checked_out = Instant::now();
+                        conn.info.note_request(conn.checked_out);
                         self.stats.here().wait_duration.observe_us(
                             conn.checked_out.duration_since(started).as_micros() as u64,
                         );
@@ -670,6 +673,10 @@ impl Pool {
             .await;
             let err = match attempt {
                 Ok(Ok(conn)) => {
+                    self.stats
+                        .here()
+                        .server_connects
+                        .fetch_add(1, Ordering::Relaxed);
                     let conn = Box::new(conn);
                     self.servers.lock().insert(conn.info.id, conn.info.clone());
                     let mut defaults = self.defaults.lock();
@@ -683,7 +690,8 @@ impl Pool {
                 Ok(Err(ServerError::Server { fields, raw }))
                     if !matches!(fields.code.as_str(), "57P03" | "57P01" | "53300") =>
                 {
-                    return Err(ServerError::Server { fields, raw })
+                    self.count_connect_failure();
+                    return Err(ServerError::Server { fields, raw });
                 }
                 Ok(Err(e)) => e,
                 Err(_) => ServerError::Io(std::io::Error::new(
@@ -694,6 +702,7 @@ impl Pool {
                     ),
                 )),
             };
+            self.count_connect_failure();
             if Instant::now() + delay >= connect_deadline {
                 tracing::warn!(pool = ?self.key, error = %err, "server connection failed");
                 return Err(err);
@@ -704,6 +713,14 @@ impl Pool {
         }
     }
 
+    /// Counts a failed attempt to open a server connection (pgmemo_server_connect_failures_total).
+    fn count_connect_failure(&self) {
+        self.stats
+            .here()
+            .server_connect_failures
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Returns a connection. Broken, dirty or expired ones are closed and their slot passes on.
     pub fn checkin(&self, conn: Box<ServerConn>) {
         self.checkin_at(conn, Instant::now());
@@ -712,6 +729,7 @@ impl Pool {
     /// [`Pool::checkin`] with the clock already read by the caller (`now`).
     pub fn checkin_at(&self, mut conn: Box<ServerConn>, now: Instant) {
         conn.info.client_id.store(0, Ordering::Relaxed);
+        conn.info.note_request(now);
         if conn.broken || conn.status != b'I' {
             if conn.status != b'I' && !conn.broken {
                 tracing::warn!(pool = ?self.key, "closing a server returned inside a transaction");

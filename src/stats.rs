@@ -74,7 +74,14 @@ pub struct PoolStripe {
     pub wait_time_us: AtomicU64,
     pub wait_timeouts: AtomicU64,
     pub client_logins: AtomicU64,
+    /// Server connections opened (logged in).
     pub server_connects: AtomicU64,
+    /// Attempts to open a server connection that failed (refused, timed out, login failed).
+    pub server_connect_failures: AtomicU64,
+    /// Parse messages of named statements from clients (PgBouncer's `client_parse_count`).
+    pub client_parses: AtomicU64,
+    /// Bind messages of named statements from clients (PgBouncer's `bind_count`).
+    pub binds: AtomicU64,
     /// Bind/Describe of a statement the server already had.
     pub prepare_cache_hit: AtomicU64,
     /// Statements that had to be parsed on the server (first Parse, or injected).
@@ -208,6 +215,11 @@ impl PoolStripe {
         t.wait_timeouts += self.wait_timeouts.load(r);
         t.client_logins += self.client_logins.load(r);
         t.server_connects += self.server_connects.load(r);
+        t.server_connect_failures += self.server_connect_failures.load(r);
+        // Every checkout observes its wait once: PgBouncer's server_assignment_count.
+        t.server_assignments += self.wait_duration.cumulative().0[DURATION_BUCKETS_US.len()];
+        t.client_parses += self.client_parses.load(r);
+        t.binds += self.binds.load(r);
         t.prepare_cache_hit += self.prepare_cache_hit.load(r);
         t.prepare_cache_miss += self.prepare_cache_miss.load(r);
         t.prepare_evictions += self.prepare_evictions.load(r);
@@ -235,6 +247,12 @@ pub struct StatsSnapshot {
     pub wait_timeouts: u64,
     pub client_logins: u64,
     pub server_connects: u64,
+    pub server_connect_failures: u64,
+    /// Times a server was handed to a client (PgBouncer's `server_assignment_count`): the
+    /// checkouts, as counted by the wait-time histogram.
+    pub server_assignments: u64,
+    pub client_parses: u64,
+    pub binds: u64,
     pub prepare_cache_hit: u64,
     pub prepare_cache_miss: u64,
     pub prepare_evictions: u64,
@@ -245,6 +263,159 @@ pub struct StatsSnapshot {
     pub server_moves: u64,
     pub client_moves: u64,
     pub pins: [u64; crate::pins::Pins::ALL.len()],
+}
+
+impl StatsSnapshot {
+    /// Adds `o`'s counts (a database's pools summed, SHOW STATS; every pool, SHOW TOTALS).
+    pub fn add(&mut self, o: &StatsSnapshot) {
+        let StatsSnapshot {
+            xact_count,
+            query_count,
+            bytes_received,
+            bytes_sent,
+            xact_time_us,
+            query_time_us,
+            wait_time_us,
+            wait_timeouts,
+            client_logins,
+            server_connects,
+            server_connect_failures,
+            server_assignments,
+            client_parses,
+            binds,
+            prepare_cache_hit,
+            prepare_cache_miss,
+            prepare_evictions,
+            autoprepared,
+            autoprepare_passed,
+            state_probes,
+            serverless_batches,
+            server_moves,
+            client_moves,
+            pins,
+        } = o;
+        self.xact_count += xact_count;
+        self.query_count += query_count;
+        self.bytes_received += bytes_received;
+        self.bytes_sent += bytes_sent;
+        self.xact_time_us += xact_time_us;
+        self.query_time_us += query_time_us;
+        self.wait_time_us += wait_time_us;
+        self.wait_timeouts += wait_timeouts;
+        self.client_logins += client_logins;
+        self.server_connects += server_connects;
+        self.server_connect_failures += server_connect_failures;
+        self.server_assignments += server_assignments;
+        self.client_parses += client_parses;
+        self.binds += binds;
+        self.prepare_cache_hit += prepare_cache_hit;
+        self.prepare_cache_miss += prepare_cache_miss;
+        self.prepare_evictions += prepare_evictions;
+        self.autoprepared += autoprepared;
+        self.autoprepare_passed += autoprepare_passed;
+        self.state_probes += state_probes;
+        self.serverless_batches += serverless_batches;
+        self.server_moves += server_moves;
+        self.client_moves += client_moves;
+        for (total, n) in self.pins.iter_mut().zip(pins) {
+            *total += n;
+        }
+    }
+}
+
+/// Why a client's login failed: the `reason` label of `pgmemo_client_login_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginFailure {
+    /// A wrong password (28P01).
+    Password,
+    /// Not allowed in: an unknown user, a TLS requirement, no admin user of the console
+    /// (28000).
+    Authorization,
+    /// A database pgmemo does not serve (3D000).
+    UnknownDatabase,
+    /// A database the console's DISABLE closed.
+    DatabaseDisabled,
+    /// A malformed or unsupported startup (08P01, 0A000).
+    Protocol,
+    /// No login within client_login_timeout.
+    Timeout,
+    /// Turned away while pgmemo shuts down.
+    ShuttingDown,
+    /// The server the login needed refused it (or the client's startup parameters) or could
+    /// not be reached.
+    Server,
+    /// Anything else.
+    Other,
+}
+
+impl LoginFailure {
+    pub const ALL: [LoginFailure; 9] = [
+        LoginFailure::Password,
+        LoginFailure::Authorization,
+        LoginFailure::UnknownDatabase,
+        LoginFailure::DatabaseDisabled,
+        LoginFailure::Protocol,
+        LoginFailure::Timeout,
+        LoginFailure::ShuttingDown,
+        LoginFailure::Server,
+        LoginFailure::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoginFailure::Password => "password",
+            LoginFailure::Authorization => "authorization",
+            LoginFailure::UnknownDatabase => "unknown_database",
+            LoginFailure::DatabaseDisabled => "database_disabled",
+            LoginFailure::Protocol => "protocol",
+            LoginFailure::Timeout => "timeout",
+            LoginFailure::ShuttingDown => "shutting_down",
+            LoginFailure::Server => "server",
+            LoginFailure::Other => "other",
+        }
+    }
+
+    /// The reason for a login refused with SQLSTATE `code`.
+    pub fn of_code(code: &str) -> LoginFailure {
+        use crate::protocol::backend::sqlstate;
+        match code {
+            sqlstate::INVALID_PASSWORD => LoginFailure::Password,
+            sqlstate::INVALID_AUTHORIZATION => LoginFailure::Authorization,
+            sqlstate::INVALID_CATALOG_NAME => LoginFailure::UnknownDatabase,
+            sqlstate::PROTOCOL_VIOLATION | sqlstate::FEATURE_NOT_SUPPORTED => {
+                LoginFailure::Protocol
+            }
+            _ => LoginFailure::Other,
+        }
+    }
+}
+
+/// Errors that belong to no pool, for `/metrics`: counted where they happen (rare paths,
+/// never the relay's).
+#[derive(Default, Debug)]
+pub struct ErrorCounters {
+    /// Failed client logins, by [`LoginFailure`] (in `LoginFailure::ALL`'s order).
+    login_failures: [AtomicU64; LoginFailure::ALL.len()],
+    /// Clients turned away because max_client_conn clients were connected.
+    pub max_client_conn: AtomicU64,
+}
+
+impl ErrorCounters {
+    pub fn login_failed(&self, why: LoginFailure) {
+        let i = LoginFailure::ALL
+            .iter()
+            .position(|&w| w == why)
+            .unwrap_or(0);
+        self.login_failures[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Each reason and its count.
+    pub fn login_failures(&self) -> impl Iterator<Item = (LoginFailure, u64)> + '_ {
+        LoginFailure::ALL
+            .iter()
+            .zip(&self.login_failures)
+            .map(|(&why, n)| (why, n.load(Ordering::Relaxed)))
+    }
 }
 
 /// The totals at the last two boundaries of PgBouncer's `stats_period`: SHOW STATS' averages

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::{
     key_path, named, opt_int, AuthType, Config, ConfigError, Hidden, PoolMode, SecretKind,
-    ADMIN_DATABASE, PORT_RANGE, U32_RANGE, WILDCARD_DATABASE,
+    PORT_RANGE, U32_RANGE, WILDCARD_DATABASE,
 };
 
 /// `[databases.NAME]`: one database clients may ask for, and where it is served from.
@@ -129,10 +129,10 @@ impl Config {
                 "a database name must not be empty",
             ));
         }
-        if name == ADMIN_DATABASE {
+        if super::is_admin_database(name) {
             return Err(ConfigError::invalid(
                 key_path(&["databases", name]),
-                "the name \"pgmemo\" is reserved for the admin console",
+                format!("the name \"{name}\" is reserved for the admin console"),
             ));
         }
         let star = self.wildcard().filter(|_| name != WILDCARD_DATABASE);
@@ -244,7 +244,7 @@ impl Config {
     /// Any database name is served when there is no `[databases]` (from `[upstream]`) or a
     /// `"*"` entry; otherwise only the listed names.
     pub fn resolve(&self, dbname: &str, user: &str) -> Option<ResolvedDatabase> {
-        if dbname == ADMIN_DATABASE {
+        if super::is_admin_database(dbname) {
             return None;
         }
         let empty = DatabaseConfig::default();

@@ -59,6 +59,16 @@ pub use table::{PendingRestart, Reload, SettingDoc};
 /// The database name clients use to reach the admin console instead of a server.
 pub const ADMIN_DATABASE: &str = "pgmemo";
 
+/// The console's other name, PgBouncer's: tools made for PgBouncer (pgbouncer_exporter,
+/// dashboards, scripts running `psql -d pgbouncer -c 'SHOW POOLS'`) reach it unchanged. As in
+/// PgBouncer, no database of this name can be served.
+pub const PGBOUNCER_ADMIN_DATABASE: &str = "pgbouncer";
+
+/// Whether `name` is the admin console's database ([`ADMIN_DATABASE`] or its PgBouncer alias).
+pub fn is_admin_database(name: &str) -> bool {
+    name == ADMIN_DATABASE || name == PGBOUNCER_ADMIN_DATABASE
+}
+
 /// The key under `[databases]` that serves any database name not listed on its own.
 pub const WILDCARD_DATABASE: &str = "*";
 

@@ -208,6 +208,20 @@ impl Session {
         self.start_pinned_idle();
     }
 
+    /// A session-mode client's transaction ended: counted (SHOW STATS, the server's statement
+    /// counters) as PgBouncer counts it, when it ends, not when the client leaves. The next
+    /// one's time starts with its first message (see `Session::server_for`).
+    pub(super) fn session_transaction_counted(&mut self) {
+        let Some(server) = self.server.as_mut() else {
+            return;
+        };
+        count_transaction(&mut self.stats, &self.pool, server);
+        if self.plan.stmts.is_some() {
+            record_statement_stats(server, &self.stats);
+        }
+        self.pool.stats.add(&mut self.stats);
+    }
+
     /// Asks `server` (held by this client, idle) what its session holds ([`state::PROBE`]):
     /// records the client's settings and returns the pins found. Notifications that arrive
     /// meanwhile go to the client. A server whose state cannot be known is marked broken.

@@ -6,7 +6,7 @@
 use super::{planner, End, Readable, ReadableAt, Session, HIGH_WATER};
 use crate::app::ClientState;
 use crate::buffers;
-use crate::pool::CheckoutError;
+use crate::pool::{CheckoutError, PoolMode};
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::{body, frame, frontend as fe};
 use crate::query::facts;
@@ -58,12 +58,19 @@ impl Session {
     /// stay here: the stages are plain functions, so that the session's task keeps no room
     /// for their states.
     pub(super) async fn handle_client_messages(&mut self) -> Result<(), End> {
+        // The clock, read once per wake that has a message (SHOW CLIENTS' request_time and
+        // the query's start): 0 until then.
+        let mut now_us = 0;
         loop {
             let (tag, len) = match self.frame_client_message() {
                 Ok(Some(framed)) => framed,
                 Ok(None) => return Ok(()),
                 Err(violation) => return self.violated(violation).await,
             };
+            if now_us == 0 {
+                now_us = self.app.clock_us();
+                self.info.note_request(self.app.unix_secs(now_us));
+            }
             let query_text_len = self.find_query_text(tag, len);
             if self.transaction_control(tag, len, query_text_len) {
                 continue; // a block kept without a server opened or ended
@@ -86,6 +93,7 @@ impl Session {
                 Next::Stop => return Ok(()),
                 Next::End(end) => return Err(end),
             };
+            self.info.start_query(now_us);
             if acquire {
                 self.acquire_server().await?;
             }
@@ -93,9 +101,22 @@ impl Session {
             let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);
             let timing = self.start_timing(tag);
-            match self.plan_client_message(tag, len, query_text_len, query_words, autoprepare) {
+            // Read before planning, which may consume the message; counted unless it waits
+            // to be planned again.
+            let named = matches!(tag, fe::PARSE | fe::BIND) && self.names_a_statement(tag, len);
+            let plan = self.plan_client_message(tag, len, query_text_len, query_words, autoprepare);
+            if named && plan != planner::Plan::Wait {
+                self.count_named_statement_message(tag);
+            }
+            match plan {
                 planner::Plan::Forward => self.forward_client_message(tag, len),
-                planner::Plan::Done => self.keep_timing(timing),
+                planner::Plan::Done => {
+                    self.keep_timing(timing);
+                    if !self.replies.has_pending_work() {
+                        // Answered here: no query of the client's runs on the server.
+                        self.info.forget_query();
+                    }
+                }
                 planner::Plan::Wait => {
                     self.keep_timing(timing);
                     return Ok(());
@@ -212,14 +233,53 @@ impl Session {
             self.client.rbuf.advance(len);
             return Next::Done;
         }
-        if self.state.pins != 0 && self.work_done() {
-            // A pinned client's next transaction starts on the server it kept: its time
-            // counts from here (see `pinned_transaction_done`).
+        if (self.state.pins != 0 && self.work_done()) || self.session_idle() {
+            // A pinned client's (or a session-mode client's) next transaction starts on the
+            // server it kept: its time counts from here (see `pinned_transaction_done`,
+            // `session_transaction_counted`).
             if let Some(server) = self.server.as_mut() {
                 server.checked_out = Instant::now();
             }
         }
         Next::Go
+    }
+
+    /// Session mode, between transactions: the client's next message starts one, whose time
+    /// counts from it (see `session_transaction_counted`).
+    #[inline]
+    fn session_idle(&self) -> bool {
+        self.mode == PoolMode::Session
+            && self.replies.is_idle()
+            && self.server.as_ref().is_some_and(|s| s.status == b'I')
+    }
+
+    /// Whether a Parse or Bind names a statement (not the unnamed one), when pgmemo tracks the
+    /// client's statements: PgBouncer counts those only, with `max_prepared_statements` on.
+    #[inline]
+    fn names_a_statement(&self, tag: u8, len: usize) -> bool {
+        if self.plan.stmts.is_none() {
+            return false;
+        }
+        let body = body(&self.client.rbuf[..len]);
+        // A Parse names its statement first; a Bind names its portal, then its statement.
+        let name = match tag {
+            fe::PARSE => Some(0),
+            _ => body.iter().position(|&b| b == 0).map(|end| end + 1),
+        };
+        name.and_then(|at| body.get(at)).is_some_and(|&b| b != 0)
+    }
+
+    /// Counts a Parse or Bind of a named statement (SHOW STATS' client_parse_count and
+    /// bind_count) into the pool's counters of this worker at once: the session's own
+    /// counters are not widened for them (see `footprint`).
+    fn count_named_statement_message(&self, tag: u8) {
+        let here = self.pool.stats.here();
+        let counter = if tag == fe::PARSE {
+            &here.client_parses
+        } else {
+            &here.binds
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Starts timing a simple query on the server for SHOW QUERIES (see

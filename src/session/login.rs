@@ -8,6 +8,7 @@ use crate::config::AuthType;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::startup::{self, StartupPacket};
 use crate::protocol::{frame, frontend as fe};
+use crate::stats::LoginFailure;
 use crate::stream::Stream;
 use bytes::{Buf, Bytes, BytesMut};
 use std::io;
@@ -32,6 +33,7 @@ pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted
     let mut startup = match tokio::time::timeout(login_timeout, login).await {
         Err(_) => {
             tracing::info!(%peer, "client did not finish its login within client_login_timeout");
+            app.errors.login_failed(LoginFailure::Timeout);
             return None;
         }
         Ok(Err(LoginError::Io(e))) => {
@@ -40,6 +42,9 @@ pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted
         }
         Ok(Err(e)) => {
             tracing::info!(%peer, error = %e, "client login refused");
+            if let LoginError::Refused { code, .. } = e {
+                app.errors.login_failed(LoginFailure::of_code(code));
+            }
             return None;
         }
         Ok(Ok(Outcome::Done)) => return None,
@@ -47,6 +52,7 @@ pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted
     };
     let max_clients = app.config.load().general.max_client_conn as usize;
     if app.is_shutting_down() {
+        app.errors.login_failed(LoginFailure::ShuttingDown);
         startup
             .conn
             .send_error(
@@ -59,6 +65,9 @@ pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted
     }
     if app.client_count() >= max_clients {
         tracing::warn!(%peer, "max_client_conn reached, refusing client");
+        app.errors
+            .max_client_conn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         startup
             .conn
             .send_error(

@@ -185,6 +185,12 @@ impl Session {
         }
         if route == Route::Forward {
             self.stats.query_count += 1;
+            if !self.replies.has_pending_work() {
+                // The client's work is answered: its query time ends (SHOW STATS).
+                if let Some(took) = self.info.end_query(self.app.clock_us()) {
+                    self.stats.query_time_us += took;
+                }
+            }
             let timed = self
                 .reading
                 .reader
@@ -391,7 +397,24 @@ impl Session {
     pub(super) fn release_if_done(&mut self) {
         if self.work_done() && !self.state.keeps_server() {
             self.release_server();
+        } else if self.session_transaction_done() {
+            self.session_transaction_counted();
         }
+    }
+
+    /// Session mode, and a transaction of the client ended on the server it keeps: nothing
+    /// in flight, the server idle outside a transaction, and something ran since the last
+    /// count (not a notification's wake).
+    #[inline]
+    fn session_transaction_done(&self) -> bool {
+        self.mode == PoolMode::Session
+            && self.stats.query_count != 0
+            && !self.plan.replan
+            && self.replies.is_idle()
+            && self
+                .server
+                .as_ref()
+                .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
     }
 
     /// Transaction mode, and the client's work on its server is done: nothing in flight,

@@ -13,7 +13,7 @@ use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::replies::ReplyQueue;
 use crate::server::{ServerConn, ServerError};
 use crate::statements::ClientStatements;
-use crate::stats::LocalStats;
+use crate::stats::{LocalStats, LoginFailure};
 use login::{Admitted, Startup};
 use std::sync::Arc;
 
@@ -35,6 +35,7 @@ impl Session {
             params: startup_params,
         } = admitted.startup;
         if app.is_disabled(&database) {
+            app.errors.login_failed(LoginFailure::DatabaseDisabled);
             // PostgreSQL's answer for a database that does not allow connections.
             conn.send_error(
                 Severity::Fatal,
@@ -45,6 +46,7 @@ impl Session {
             return None;
         }
         let Some(pool) = app.pool(&database, &user) else {
+            app.errors.login_failed(LoginFailure::UnknownDatabase);
             conn.send_error(
                 Severity::Fatal,
                 sqlstate::INVALID_CATALOG_NAME,
@@ -56,6 +58,7 @@ impl Session {
         let mut session = Box::new(Session::new(app, info, pool, conn));
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
+            session.app.errors.login_failed(LoginFailure::Server);
             return None;
         }
         session.params.reported = session.pool.share_reported(session.params.reported.clone());
@@ -65,6 +68,7 @@ impl Session {
             // Boxed: once per pool now and then, and the task need not keep room for it.
             if let Err(e) = Box::pin(session.read_setting_functions_at_login()).await {
                 tracing::info!(error = %e, "no server for the login");
+                session.app.errors.login_failed(LoginFailure::Server);
                 return None;
             }
         }
@@ -78,6 +82,7 @@ impl Session {
         if session.mode == PoolMode::Session {
             // The server it keeps for life, taken now: its process ID is the client's.
             if session.acquire_server().await.is_err() {
+                session.app.errors.login_failed(LoginFailure::Server);
                 session.finish().await;
                 return None;
             }
