@@ -46,7 +46,8 @@ const SCHEMA: &str = "
     CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100);
     INSERT INTO parted VALUES (1, 1), (2, 2);
     CREATE TABLE named (name text PRIMARY KEY, v int);
-    INSERT INTO named VALUES ('ann', 1), ('bob', 2);";
+    INSERT INTO named VALUES ('ann', 1), ('bob', 2);
+    CREATE VIEW account_view AS SELECT id AS key, v FROM accounts WHERE v >= 0;";
 
 fn config(invalidation: Invalidation) -> Config {
     let mut config = test_config(PoolMode::Transaction, 2);
@@ -54,7 +55,15 @@ fn config(invalidation: Invalidation) -> Config {
     config.cache.admit_after = 1;
     config.cache.invalidation = invalidation;
     config.cache.rules = [
-        "accounts", "plain", "pair", "tokens", "child", "audit", "parted", "named",
+        "accounts",
+        "plain",
+        "pair",
+        "tokens",
+        "child",
+        "audit",
+        "parted",
+        "named",
+        "account_view",
     ]
     .iter()
     .map(|t| cache_rule(t, &format!("FROM {t}")))
@@ -268,6 +277,12 @@ const CASES: &[Case] = &[
         ],
         kept: &["SELECT v FROM parted_1 WHERE id = 1"],
     },
+    // A view that projects one table: its key column is the table's.
+    Case {
+        write: "UPDATE accounts SET v = 90 WHERE id = 9",
+        changed: &["SELECT v FROM account_view WHERE key = 9"],
+        kept: &["SELECT v FROM account_view WHERE key = 10"],
+    },
     Case {
         write: "TRUNCATE accounts",
         changed: &["SELECT v FROM accounts WHERE id = 3"],
@@ -359,6 +374,30 @@ async fn writes_in_the_wal_invalidate_their_rows() {
         );
         proxy.shutdown().await;
     }
+}
+
+/// Two databases with the same table and keys: a write to a row of one leaves the other's
+/// cached read of that key a hit, with its own value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_per_database() {
+    const A: &str = "rows_db_a";
+    const B: &str = "rows_db_b";
+    setup(A).await;
+    setup(B).await;
+    let proxy = start_pgmemo(config(Invalidation::Proxy)).await;
+    let (a, b) = (
+        connect(&proxy_db_url(&proxy, A)).await,
+        connect(&proxy_db_url(&proxy, B)).await,
+    );
+    let sql = "SELECT v FROM accounts WHERE id = 1";
+    cached(&proxy, &a, sql).await;
+    cached(&proxy, &b, sql).await;
+    a.batch_execute("UPDATE accounts SET v = 100 WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(read(&proxy, &a, sql).await, ("100".into(), false));
+    assert_eq!(read(&proxy, &b, sql).await, ("1".into(), true));
+    proxy.shutdown().await;
 }
 
 /// Extended-protocol reads and writes (text and binary parameters) name the same rows as

@@ -9,9 +9,11 @@
 //! - per cacheable query and search_path, [`resolve_sql`]: which relations its names are
 //!   (through views and partitions down to the tables), and whether all of them may be cached.
 
-use super::rows::{KeyType, RowKey};
+use super::rows::{KeyType, PointPlan, RowKey};
 use crate::params::quote_literal;
+use crate::query::analysis::RelName;
 use crate::query::analysis::{analyze, Bypass, Reads};
+use crate::query::point::{Bound, ReadFilter};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -378,6 +380,59 @@ pub fn resolved(
         return Err(why);
     }
     Ok(tables)
+}
+
+/// The point plan (see [`super::rows`]) of a read by `filter` that resolved to `tables`
+/// (with the rows of [`resolve_sql`]): a read of one table by its row key, or of a view that
+/// is a plain projection of one table by the columns behind that table's row key.
+pub fn point_plan(
+    filter: &ReadFilter,
+    tables: &[Box<str>],
+    rows: &[Vec<Option<String>>],
+    snapshot: &Snapshot,
+) -> Option<PointPlan> {
+    let named = &filter.relation.name;
+    match tables {
+        [table] => PointPlan::new(filter, table, snapshot.row_key(table)?),
+        [_, _] if tables.contains(named) => {
+            let col = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten();
+            let definition = rows.iter().find_map(|row| {
+                let view = col(row, 0).as_deref() == Some("r")
+                    && col(row, 1).as_deref() == Some(&**named)
+                    && col(row, 2).as_deref() == Some("v");
+                view.then(|| col(row, 6)).flatten()
+            })?;
+            let crate::query::Parsed::Tree(tree) = crate::query::parse(&definition) else {
+                return None;
+            };
+            let crate::query::point::Projection {
+                table: base,
+                columns,
+            } = crate::query::point::view_projection(&tree)?;
+            if base == *named || !tables.contains(&base) {
+                return None;
+            }
+            let through = ReadFilter {
+                relation: RelName {
+                    schema: None,
+                    name: base.clone(),
+                },
+                columns: filter
+                    .columns
+                    .iter()
+                    .filter_map(|b| {
+                        let (_, column) = columns.iter().find(|(v, _)| *v == b.column)?;
+                        Some(Bound {
+                            column: column.clone(),
+                            values: b.values.clone(),
+                        })
+                    })
+                    .collect(),
+            };
+            PointPlan::new(&through, &base, snapshot.row_key(&base)?)
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]

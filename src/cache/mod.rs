@@ -1102,9 +1102,12 @@ impl ResultCache {
             let figures = &self.row_figures;
             if point.push_slots(&self.versions, database, values, &mut slots) {
                 figures.point_fills.fetch_add(1, Relaxed);
-            } else if let Some(table) = slots.get_mut(1) {
+            } else {
                 // Its values name no row: it depends on every write to its table.
-                *table = Versions::table_slot(database, &point.table);
+                let unknown = Versions::unknown_rows_slot(database, &point.table);
+                for slot in slots.iter_mut().filter(|s| **s == unknown) {
+                    *slot = Versions::table_slot(database, &point.table);
+                }
                 figures.point_fallbacks.fetch_add(1, Relaxed);
             }
         }
@@ -1176,13 +1179,15 @@ impl ResultCache {
             }
             _ => Err(Bypass::CatalogUnavailable),
         };
-        let point = match (&tables, reads.and_then(|r| r.filter.as_ref()), snapshot) {
-            (Ok(tables), Some(filter), Some(snapshot)) => match tables.as_slice() {
-                [table] => snapshot
-                    .row_key(table)
-                    .and_then(|key| rows::PointPlan::new(filter, table, key)),
-                _ => None,
-            },
+        let point = match (
+            &tables,
+            reads.and_then(|r| r.filter.as_ref()),
+            snapshot,
+            rows,
+        ) {
+            (Ok(tables), Some(filter), Some(snapshot), Ok(rows)) => {
+                catalog::point_plan(filter, tables, rows, snapshot)
+            }
             _ => None,
         };
         let slots = tables.as_ref().map(|tables| {

@@ -147,6 +147,52 @@ pub fn read_filter(select: &Value) -> Option<ReadFilter> {
     (!columns.is_empty()).then_some(ReadFilter { relation, columns })
 }
 
+/// What a view that is a plain projection of one table shows of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Projection {
+    pub table: Box<str>,
+    /// (view column, table column) for each of the view's columns that is a table column.
+    pub columns: Vec<(Box<str>, Box<str>)>,
+}
+
+/// A view that is a plain projection of one table (`SELECT t.a, t.b AS c FROM t [WHERE
+/// ...]`, as `pg_get_viewdef` writes it: no join, subquery, grouping, DISTINCT, LIMIT or set
+/// operation), from the parse of its definition. None: not such a view.
+pub fn view_projection(definition: &Value) -> Option<Projection> {
+    let select = definition["stmts"][0]["stmt"]["node"].get("SelectStmt")?;
+    let plain = select["op"].as_i64() == Some(SETOP_NONE)
+        && empty(&select["with_clause"])
+        && empty(&select["distinct_clause"])
+        && empty(&select["group_clause"])
+        && select["having_clause"].is_null()
+        && select["limit_count"].is_null()
+        && select["limit_offset"].is_null()
+        && empty(&select["window_clause"])
+        && !has_sublink(select);
+    if !plain || definition["stmts"].as_array().map(Vec::len) != Some(1) {
+        return None;
+    }
+    let [from] = select["from_clause"].as_array()?.as_slice() else {
+        return None;
+    };
+    let range_var = from["node"].get("RangeVar")?;
+    let table = relation(range_var)?.name;
+    let table_alias = alias(range_var);
+    let mut columns = Vec::new();
+    for target in select["target_list"].as_array()? {
+        let target = &target["node"]["ResTarget"];
+        let Some(base) = column(&target["val"], &table, table_alias) else {
+            continue;
+        };
+        let name = target["name"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .map_or_else(|| base.clone(), Into::into);
+        columns.push((name, base));
+    }
+    Some(Projection { table, columns })
+}
+
 /// What an INSERT, UPDATE or DELETE statement (`node`, the statement's node) names of the
 /// rows it writes; None: not one of those, or more than its text says may be written
 /// (WITH, a subquery, `UPDATE ... FROM`, `DELETE ... USING`, `INSERT ... SELECT`).
@@ -520,6 +566,26 @@ mod tests {
         // The rows of an UPDATE without a WHERE, or with an OR, are not named: no column.
         let w = row_write(&tree("UPDATE t SET v = 1 WHERE id = 1 OR id = 2")).unwrap();
         assert_eq!(w.rows, Rows::Filter(vec![]));
+    }
+
+    #[test]
+    fn a_view_that_projects_one_table_maps_its_columns() {
+        let def = |sql: &str| {
+            let crate::query::Parsed::Tree(t) = crate::query::parse(sql) else {
+                panic!("{sql}");
+            };
+            view_projection(&t)
+        };
+        let Projection { table, columns } =
+            def(" SELECT t.id AS key, t.v, (t.v * 2) AS w FROM t WHERE (t.v > 0);").unwrap();
+        assert_eq!(&*table, "t");
+        let names: Vec<(&str, &str)> = columns.iter().map(|(a, b)| (&**a, &**b)).collect();
+        assert_eq!(names, vec![("key", "id"), ("v", "v")]);
+        assert!(def("SELECT DISTINCT t.id FROM t").is_none());
+        assert!(def("SELECT t.id FROM t JOIN u ON true").is_none());
+        assert!(def("SELECT t.id FROM t LIMIT 1").is_none());
+        assert!(def("SELECT t.id FROM t GROUP BY t.id").is_none());
+        assert!(def("SELECT t.id FROM t UNION SELECT u.id FROM u").is_none());
     }
 
     #[test]
