@@ -38,14 +38,6 @@ async fn setup(db: &'static str, sql: &str) {
         .unwrap();
 }
 
-fn direct_url(db: &str) -> String {
-    cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), db)
-}
-
-fn proxy_db_url(proxy: &Pgmemo, db: &str) -> String {
-    proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), db)
-}
-
 async fn value(client: &Client, sql: &str) -> String {
     let messages = client.simple_query(sql).await.unwrap();
     messages
@@ -183,7 +175,7 @@ async fn auto_mode_caches_the_costly_reads_that_pay() {
     config.cache.mode = CacheMode::Auto;
     let proxy = start_pgmemo(config).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     let read = "SELECT v FROM a_kv WHERE id = 3";
     assert_eq!(value(&client, read).await, "3");
     wait_ready(&proxy, DB).await;
@@ -266,7 +258,7 @@ async fn writes_made_directly_invalidate_cached_reads() {
     ]))
     .await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     // The first lookup starts following the database; nothing is served until it caught up.
     assert_eq!(value(&client, "SELECT v FROM t WHERE id = 1").await, "1");
     wait_ready(&proxy, DB).await;
@@ -351,7 +343,7 @@ async fn a_dropped_stream_flushes_and_comes_back() {
     .await;
     let proxy = start_pgmemo(wal_config(vec![rule("k", "FROM k")])).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     value(&client, "SELECT v FROM k WHERE id = 1").await;
     wait_ready(&proxy, DB).await;
     assert_eq!(
@@ -398,7 +390,7 @@ async fn a_role_without_replication_serves_uncached() {
     config.cache.replication_password = Some(MD5_PASS.into());
     let proxy = start_pgmemo(config).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     follower_fails(&proxy, &client, "SELECT v FROM n", "REPLICATION").await;
     for i in 2..5 {
         direct
@@ -430,7 +422,7 @@ async fn pgoutput_follows_writes_too() {
     config.cache.wal_plugin = pgmemo::config::cache::WalPlugin::Pgoutput;
     let proxy = start_pgmemo(config).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     value(&client, "SELECT v FROM p WHERE id = 1").await;
     wait_ready(&proxy, DB).await;
     assert_eq!(
@@ -527,7 +519,9 @@ async fn two_instances_stay_consistent() {
             let c = connect(&url).await;
             let mut reads = 0u64;
             let mut row = r % WRITERS;
-            while !done.load(Relaxed) {
+            // At least a few rounds of the rows each, however fast the writers were (they may
+            // be done before a reader has logged in): B then has stable rows to answer.
+            while !done.load(Relaxed) || reads < 4 * WRITERS as u64 {
                 // The newest value of the row whose commit B had applied before this read.
                 let applied = app
                     .wal
@@ -565,7 +559,7 @@ async fn two_instances_stay_consistent() {
         reads += r.await.unwrap();
     }
     // Through B, the final values once it has applied them.
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     wait_applied(&b, &direct, DB).await;
     let c = connect(&proxy_db_url(&b, DB)).await;
     for w in 0..WRITERS {
@@ -805,7 +799,7 @@ async fn max_lag_stops_serving_a_silent_stream() {
     config.cache.max_lag = Some(Duration::from_secs(1));
     let proxy = start_pgmemo(config).await;
     let client = connect(&proxy_db_url(&proxy, DB)).await;
-    let direct = connect(&direct_url(DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
     value(&client, "SELECT v FROM l WHERE id = 1").await;
     wait_ready(&proxy, DB).await;
     assert_eq!(

@@ -428,23 +428,31 @@ pub fn push_write_slots(
             else {
                 return false;
             };
-            let before = out.len();
-            for row in rows {
-                let slot = slot_of_key(versions, database, &write.table, key, |i| {
+            let slots = rows.iter().map(|row| {
+                slot_of_key(versions, database, &write.table, key, |i| {
                     let s = row.get(places[i])?.as_ref()?;
                     Some((s.cast, given(s, values)?))
-                });
-                match slot {
-                    Some(slot) => out.push(slot),
-                    None => {
-                        out.truncate(before);
-                        return false;
-                    }
-                }
-            }
-            true
+                })
+            });
+            push_all(out, slots)
         }
     }
+}
+
+/// Pushes every slot of `slots` to `out`, or none (`out` as it was) and false when one is
+/// None.
+pub fn push_all(out: &mut Vec<u32>, slots: impl Iterator<Item = Option<u32>>) -> bool {
+    let before = out.len();
+    for slot in slots {
+        match slot {
+            Some(slot) => out.push(slot),
+            None => {
+                out.truncate(before);
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// The slot of the row of `table` (row key `key`) whose column values `column` gives in

@@ -579,20 +579,10 @@ fn change_rows<'r, R>(
     if rows.iter().all(Option::is_none) || out.len() >= MAX_WAL_ROWS {
         return false;
     }
-    let before = out.len();
-    for row in rows.into_iter().flatten() {
-        let slot = crate::cache::rows::wal_row_slot(&cache.versions, database, table, &key, |c| {
-            column(row, c)
-        });
-        match slot {
-            Some(slot) => out.push(slot),
-            None => {
-                out.truncate(before);
-                return false;
-            }
-        }
-    }
-    true
+    let slots = rows.into_iter().flatten().map(|row| {
+        crate::cache::rows::wal_row_slot(&cache.versions, database, table, &key, |c| column(row, c))
+    });
+    crate::cache::rows::push_all(out, slots)
 }
 
 /// Bumps what a committed transaction wrote to a table known by `names` (itself, then its

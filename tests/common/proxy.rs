@@ -81,3 +81,13 @@ pub fn autoprepared(proxy: &Pgmemo) -> u64 {
         .map(|p| p.stats.snapshot().autoprepared)
         .sum()
 }
+
+/// pgmemo's URL for database `db`, as the `pgmemo` role.
+pub fn proxy_db_url(proxy: &Pgmemo, db: &str) -> String {
+    proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
+
+/// PostgreSQL's own URL for database `db`, as the `pgmemo` role.
+pub fn direct_db_url(db: &str) -> String {
+    cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), db)
+}
