@@ -2,7 +2,9 @@
 //! cache (its key and its shape's decision) and autoprepare (its statement and Bind) share the
 //! session's one reading (`query::Reader`). The lexer counts its passes in debug builds
 //! (`query::lexer::PASSES`); this file holds one test, so no other test's pgmemo lexes in
-//! the same process while it counts.
+//! the same process while it counts. The count exists in debug builds only: `cargo test
+//! --release` builds this file empty.
+#![cfg(debug_assertions)]
 
 mod common;
 
