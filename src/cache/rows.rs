@@ -273,21 +273,29 @@ fn given<'v>(source: &'v Source, values: &Values<'v>) -> Option<Given<'v>> {
 /// Pushes to `out` the slot of every key whose columns take one of `bound[i]`'s values each
 /// (the product of the lists); false (and `out` as it was) when one has no canonical form
 /// or there are more than [`MAX_VALUES`].
-fn push_product(
+fn push_product<B: AsRef<[Source]>>(
     versions: &Versions,
     database: &str,
     table: &str,
     key: &RowKey,
-    bound: &[&[Source]],
+    bound: &[B],
     values: &Values<'_>,
     out: &mut Vec<u32>,
 ) -> bool {
     let total = bound
         .iter()
-        .try_fold(1usize, |n, b| n.checked_mul(b.len()))
+        .try_fold(1usize, |n, b| n.checked_mul(b.as_ref().len()))
         .unwrap_or(usize::MAX);
     if total == 0 || total > MAX_VALUES {
         return false;
+    }
+    if total == 1 {
+        // One value per column (`id = $1`): the common case, without the product's counters.
+        let slot = slot_of_key(versions, database, table, key, |i| {
+            let s = &bound[i].as_ref()[0];
+            Some((s.cast, given(s, values)?))
+        });
+        return slot.map(|slot| out.push(slot)).is_some();
     }
     let before = out.len();
     let mut at = [0usize; 32];
@@ -296,7 +304,7 @@ fn push_product(
     }
     for _ in 0..total {
         let slot = slot_of_key(versions, database, table, key, |i| {
-            let s = &bound[i][at[i]];
+            let s = &bound[i].as_ref()[at[i]];
             Some((s.cast, given(s, values)?))
         });
         let Some(slot) = slot else {
@@ -307,7 +315,7 @@ fn push_product(
         // The next combination, the last column fastest.
         for i in (0..bound.len()).rev() {
             at[i] += 1;
-            if at[i] < bound[i].len() {
+            if at[i] < bound[i].as_ref().len() {
                 break;
             }
             at[i] = 0;
@@ -359,20 +367,12 @@ impl PointPlan {
         values: &Values<'_>,
         out: &mut Vec<u32>,
     ) -> bool {
-        let mut lists: [&[Source]; 32] = [&[]; 32];
-        if self.bound.len() > lists.len() {
-            return false;
-        }
-        for (to, b) in lists.iter_mut().zip(&self.bound) {
-            *to = b;
-        }
-        let lists = &lists[..self.bound.len()];
         push_product(
             versions,
             database,
             &self.table,
             &self.key,
-            lists,
+            &self.bound,
             values,
             out,
         )
