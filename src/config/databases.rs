@@ -16,7 +16,7 @@ use super::{
 /// Unset fields fall back to the `"*"` entry, then to `[upstream]` / `[general]`.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct DatabaseConfig {
-    /// Server host (name, IP address, or a directory for a Unix socket).
+    /// Server host (name or IP address; Unix socket directories are refused: TCP only).
     pub host: Option<String>,
     pub port: Option<u16>,
     /// The database's name on the server; default: the name clients use.
@@ -147,6 +147,9 @@ impl Config {
         }
         if db.host.as_deref() == Some("") {
             return Err(ConfigError::invalid(key("host"), "must not be empty"));
+        }
+        if let Some(host) = &db.host {
+            super::upstream::check_host(&key("host"), host)?;
         }
         if db.port == Some(0) {
             return Err(ConfigError::invalid(key("port"), "must be 1..=65535"));

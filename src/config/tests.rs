@@ -931,3 +931,20 @@ fn a_reload_keeps_the_running_values_of_restart_settings() {
     assert_eq!(new.cache.max_memory, 8 << 20);
     assert!(new.keep_restart_settings(&running).is_empty());
 }
+
+/// A Unix socket directory as a server host is refused with its key, not left to fail at the
+/// first login (servers are reached over TCP only); a name or an address is taken.
+#[test]
+fn a_unix_socket_server_host_is_refused_with_its_key() {
+    let e = refused("[upstream]\nhost = \"/var/run/postgresql\"\nuser = \"u\"");
+    assert!(
+        e.contains("upstream.host: \"/var/run/postgresql\" is a Unix socket directory"),
+        "{e}"
+    );
+    let e = refused(&with_upstream("[databases.app]\nhost = \"/tmp\""));
+    assert!(
+        e.contains("databases.app.host: \"/tmp\" is a Unix socket directory"),
+        "{e}"
+    );
+    Config::from_toml_str(&with_upstream("[databases.app]\nhost = \"db.internal\"")).unwrap();
+}

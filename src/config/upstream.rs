@@ -46,11 +46,28 @@ pub(super) fn check_upstream(up: &Upstream) -> Result<(), ConfigError> {
     if up.host.is_empty() {
         return Err(ConfigError::invalid("upstream.host", "must not be empty"));
     }
+    check_host("upstream.host", &up.host)?;
     if up.port == 0 {
         return Err(ConfigError::invalid("upstream.port", "must be 1..=65535"));
     }
     if up.user.is_empty() {
         return Err(ConfigError::invalid("upstream.user", "must not be empty"));
+    }
+    Ok(())
+}
+
+/// A server host pgmemo can reach: a name or an address. A Unix socket directory (a path, as
+/// libpq takes it) is refused here rather than failing at the first login: pgmemo connects to
+/// servers over TCP only (issue 36 adds Unix sockets).
+pub(super) fn check_host(key: &str, host: &str) -> Result<(), ConfigError> {
+    if host.starts_with('/') || host.starts_with('@') {
+        return Err(ConfigError::invalid(
+            key,
+            format!(
+                "{host:?} is a Unix socket directory; pgmemo reaches servers over TCP only: give \
+                 a host name or address (e.g. 127.0.0.1 with the server's port)"
+            ),
+        ));
     }
     Ok(())
 }
