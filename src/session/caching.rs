@@ -51,14 +51,8 @@ impl Session {
         query_text_len: Option<usize>,
     ) -> Result<bool, SlowLookup<'_>> {
         let nonstandard = !self.standard_strings();
-        self.cache
-            .get_or_insert_with(|| {
-                ClientCache::new(
-                    self.state.enabled,
-                    &self.pool.settings_now().target.database_id,
-                )
-            })
-            .nonstandard_strings = nonstandard;
+        client_cache(&mut self.cache, self.state.enabled, &self.pool).nonstandard_strings =
+            nonstandard;
         if matches!(tag, fe::PARSE | fe::BIND) && self.batch_transaction().is_some() {
             self.cache_context();
             match self.batch_lookup(true) {
@@ -92,12 +86,7 @@ impl Session {
         // count is written by every worker.
         match tag {
             fe::BIND => {
-                let client = self.cache.get_or_insert_with(|| {
-                    ClientCache::new(
-                        self.state.enabled,
-                        &self.pool.settings_now().target.database_id,
-                    )
-                });
+                let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
                 let bind = fe::Bind::parse(crate::protocol::body(&self.client.rbuf[..len]));
                 let found =
                     bind.and_then(|b| Some((self.plan.stmts.as_ref()?.get(b.statement)?, b)));
@@ -116,12 +105,7 @@ impl Session {
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
-                let client = self.cache.get_or_insert_with(|| {
-                    ClientCache::new(
-                        self.state.enabled,
-                        &self.pool.settings_now().target.database_id,
-                    )
-                });
+                let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
                 let sql = fe::query_text_of(&self.client.rbuf, text_len);
                 let reader = self.reading.reader.get_or_insert_with(Default::default);
                 let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
@@ -298,12 +282,7 @@ impl Session {
             .and_then(|s| s.search_path.effective())
             .or_else(|| self.params.settings.get("search_path"));
         let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
-        let client = self.cache.get_or_insert_with(|| {
-            ClientCache::new(
-                self.state.enabled,
-                &self.pool.settings_now().target.database_id,
-            )
-        });
+        let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
         if client.needs_context(self.params.version, statement_context)
             || !client.has_search_path(search_path)
         {
@@ -396,12 +375,7 @@ impl Session {
             transaction,
             wal_behind,
         };
-        let client = self.cache.get_or_insert_with(|| {
-            ClientCache::new(
-                self.state.enabled,
-                &self.pool.settings_now().target.database_id,
-            )
-        });
+        let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
         let (parsed, len) = (batch.parse.is_some(), batch.len);
         let found = cache.lookup_statement(client, &at, &statement, &batch, may_wait);
         match found {
@@ -474,12 +448,7 @@ impl Session {
             // Asked again each round: a wait or a catalog read may outlast the stream.
             wal_behind: self.wal_behind(),
         };
-        let client = self.cache.get_or_insert_with(|| {
-            ClientCache::new(
-                self.state.enabled,
-                &self.pool.settings_now().target.database_id,
-            )
-        });
+        let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
         let sql = fe::query_text_of(&self.client.rbuf, text_len);
         let reader = self.reading.reader.get_or_insert_with(Default::default);
         self.app
@@ -659,6 +628,19 @@ impl Session {
             client.abandon(&self.app.cache, &self.pool.settings().target.database_id);
         }
     }
+}
+
+/// The client's part of the cache (`cache`), made at its first use for the pool's server
+/// database; `keys_all_settings`: see [`ClientCache::keys_all_settings`].
+#[inline]
+fn client_cache<'a>(
+    cache: &'a mut Option<Box<ClientCache>>,
+    keys_all_settings: bool,
+    pool: &crate::pool::Pool,
+) -> &'a mut ClientCache {
+    cache.get_or_insert_with(|| {
+        ClientCache::new(keys_all_settings, &pool.settings_now().target.database_id)
+    })
 }
 
 /// After one server message was routed (its output, if any, at `out[at..]`): the fill in
