@@ -21,6 +21,7 @@
 //! only invalidate each other's reads.
 
 use super::versions::Versions;
+use crate::protocol::Reader;
 use crate::query::point::{Family, Origin, ReadFilter, RowWrite, Rows, Source, MAX_VALUES};
 use std::hash::{BuildHasher, Hasher};
 
@@ -113,43 +114,38 @@ impl<'a> Values<'a> {
     }
 }
 
-fn be_i16(b: &[u8], at: usize) -> Option<i16> {
-    Some(i16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn be_u32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
 /// Parameter `i` of a Bind (`rest`: its format codes, then its values) and its declared type.
 fn bind_param<'a>(rest: &'a [u8], types: &[u8], i: usize) -> Option<Given<'a>> {
-    let formats = usize::try_from(be_i16(rest, 0)?).ok()?;
+    let mut r = Reader::new(rest);
+    let formats = usize::try_from(r.i16()?).ok()?;
+    let mut codes = Reader::new(r.bytes(2 * formats)?);
     let format = match formats {
         0 => 0,
-        1 => be_i16(rest, 2)?,
-        _ if i < formats => be_i16(rest, 2 + 2 * i)?,
+        1 => codes.i16()?,
+        _ if i < formats => codes.bytes(2 * i).and_then(|_| codes.i16())?,
         _ => return None,
     };
-    let mut at = 2 + 2 * formats;
-    let count = usize::try_from(be_i16(rest, at)?).ok()?;
-    if i >= count {
+    if i >= usize::try_from(r.i16()?).ok()? {
         return None;
     }
-    at += 2;
     for _ in 0..i {
-        let len = be_u32(rest, at)? as i32;
-        at += 4 + usize::try_from(len.max(0)).ok()?;
+        let len = r.i32()?;
+        r.bytes(usize::try_from(len.max(0)).ok()?)?;
     }
-    let len = be_u32(rest, at)? as i32;
-    if len < 0 {
+    let len = r.i32()?;
+    let Ok(len) = usize::try_from(len) else {
         return Some(Given::Null);
-    }
-    let value = rest.get(at + 4..at + 4 + len as usize)?;
+    };
+    let value = r.bytes(len)?;
     match format {
         0 => Some(Given::Text(value)),
         1 => {
-            let declared = if usize::try_from(be_i16(types, 0)?).ok()? > i {
-                be_u32(types, 2 + 4 * i)?
+            // The Parse's parameter types: their count, then each OID (fewer than the Bind's
+            // values: the server infers the rest).
+            let mut t = Reader::new(types);
+            let declared = if usize::try_from(t.i16()?).ok()? > i {
+                t.bytes(4 * i)?;
+                t.i32()? as u32
             } else {
                 0
             };

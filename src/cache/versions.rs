@@ -68,11 +68,6 @@ impl Versions {
         self.rows.len()
     }
 
-    /// The bytes the counters take (tables' and rows').
-    pub fn bytes(&self) -> usize {
-        (self.slots.len() + self.rows.len()) * std::mem::size_of::<AtomicU64>()
-    }
-
     /// The bytes the rows' counters take (counted in the cache's memory).
     pub fn row_bytes(&self) -> usize {
         self.rows.len() * std::mem::size_of::<AtomicU64>()
