@@ -115,13 +115,12 @@ impl Snapshot {
             generation,
             ..Snapshot::default()
         };
-        let col =
-            |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let col = |row, i| column(row, i).unwrap_or_default();
         // table → (its OID, its key columns by place; None: a type not followed).
         type Columns = Vec<(u32, Option<(Box<str>, KeyType)>)>;
         let mut keys: HashMap<Box<str>, Vec<(String, Columns)>> = HashMap::new();
         for row in rows {
-            match col(row, 0).as_str() {
+            match col(row, 0) {
                 "f" => {
                     let f = s.functions.entry(col(row, 1).into()).or_default();
                     f.volatile |= col(row, 2) == "true";
@@ -142,7 +141,7 @@ impl Snapshot {
                         .parse()
                         .ok()
                         .and_then(|oid| KeyType::of(oid, deterministic == "true"));
-                    let column = key_type.map(|t| (col(row, 2).into_boxed_str(), t));
+                    let key_column = key_type.map(|t| (col(row, 2).into(), t));
                     let tables = keys.entry(col(row, 1).into()).or_default();
                     let at = match tables.iter().position(|(t, _)| t == table) {
                         Some(at) => at,
@@ -153,7 +152,7 @@ impl Snapshot {
                     };
                     tables[at]
                         .1
-                        .push((place.parse().unwrap_or(u32::MAX), column));
+                        .push((place.parse().unwrap_or(u32::MAX), key_column));
                 }
                 "e" => {
                     let to: Box<str> = col(row, 2).into();
@@ -263,6 +262,11 @@ impl Snapshot {
     }
 }
 
+/// Column `i` of a catalog row (None: NULL, or no such column).
+fn column(row: &[Option<String>], i: usize) -> Option<&str> {
+    row.get(i)?.as_deref()
+}
+
 /// A double-quoted identifier (one name: unlike `params::quote_name`, a `.` in it is kept).
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -326,41 +330,41 @@ pub fn resolved(
     rows: &[Vec<Option<String>>],
     snapshot: &Snapshot,
 ) -> Result<Vec<Box<str>>, Bypass> {
-    let col = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten();
+    let col = column;
     let mut tables: Vec<Box<str>> = Vec::new();
     let mut functions: Vec<Box<str>> = reads.functions.clone();
     for row in rows {
-        match col(row, 0).as_deref() {
+        match col(row, 0) {
             Some("u") => return Err(Bypass::Unknown),
             Some("r") => {}
             _ => continue,
         }
         let relname = col(row, 1).unwrap_or_default();
-        match col(row, 2).as_deref() {
+        match col(row, 2) {
             Some("r" | "p" | "v" | "m") => {}
             _ => return Err(Bypass::NotATable),
         }
-        match col(row, 3).as_deref() {
+        match col(row, 3) {
             Some("t") => return Err(Bypass::Temporary),
             Some("u") => return Err(Bypass::Unlogged),
             _ => {}
         }
         if matches!(
-            col(row, 4).as_deref(),
+            col(row, 4),
             Some("pg_catalog" | "information_schema" | "pg_toast")
         ) {
             return Err(Bypass::SystemCatalog);
         }
         // A view's own functions count as the query's (pg_depend does not list builtins).
         if let Some(definition) = col(row, 6) {
-            match analyze(&definition).read {
+            match analyze(definition).read {
                 Ok(inner) => functions.extend(inner.functions),
                 Err(why) => return Err(why),
             }
         }
         // Row security: the role is in the key, so policies on the role are followed; one
         // that reads a setting (a tenant id in a custom GUC) is not.
-        if col(row, 5).as_deref() == Some("true") {
+        if col(row, 5) == Some("true") {
             if let Some(policy) = col(row, 7) {
                 match analyze(&format!("SELECT {policy}")).read {
                     Ok(inner) => functions.extend(inner.functions),
@@ -395,14 +399,13 @@ pub fn point_plan(
     match tables {
         [table] => PointPlan::new(filter, table, snapshot.row_key(table)?),
         [_, _] if tables.contains(named) => {
-            let col = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten();
             let definition = rows.iter().find_map(|row| {
-                let view = col(row, 0).as_deref() == Some("r")
-                    && col(row, 1).as_deref() == Some(&**named)
-                    && col(row, 2).as_deref() == Some("v");
-                view.then(|| col(row, 6)).flatten()
+                let view = column(row, 0) == Some("r")
+                    && column(row, 1) == Some(&**named)
+                    && column(row, 2) == Some("v");
+                view.then(|| column(row, 6)).flatten()
             })?;
-            let crate::query::Parsed::Tree(tree) = crate::query::parse(&definition) else {
+            let crate::query::Parsed::Tree(tree) = crate::query::parse(definition) else {
                 return None;
             };
             let crate::query::point::Projection {

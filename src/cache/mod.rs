@@ -703,28 +703,18 @@ impl ResultCache {
             client.pending_rows.clear();
             client.note(&FLUSH_DATA);
         }
-        let database = client.database.clone();
-        let database = &*database;
+        let (database, pending) = (&*client.database, &mut client.pending_rows);
         let key = self.row_key(database, &write.table);
-        let before = client.pending_rows.len();
+        let before = pending.len();
         let named = key.is_some_and(|key| {
-            rows::push_write_slots(
-                write,
-                &key,
-                &self.versions,
-                database,
-                values,
-                &mut client.pending_rows,
-            )
+            rows::push_write_slots(write, &key, &self.versions, database, values, pending)
         });
         let figures = &self.row_figures;
         if named {
-            let n = client.pending_rows.len() - before;
+            let n = pending.len() - before;
             figures.rows_bumped.fetch_add(n as u64, Relaxed);
         } else {
-            client
-                .pending_rows
-                .push(Versions::unknown_rows_slot(database, &write.table));
+            pending.push(Versions::unknown_rows_slot(database, &write.table));
             figures.unknown_rows.fetch_add(1, Relaxed);
         }
     }
@@ -833,13 +823,7 @@ impl ResultCache {
                 None
             }
             Some(hint::Hint::Cache { ttl }) => Some((
-                Chosen {
-                    ttl: ttl.unwrap_or(cfg.default_ttl),
-                    cache_empty: true,
-                    max_result_bytes: cfg.max_result_bytes,
-                    transactions: true,
-                    refresh_at: cfg.refresh_at,
-                },
+                Chosen::by_section(cfg, ttl.unwrap_or(cfg.default_ttl)),
                 cfg.rules.len(),
                 rules.get(cfg.rules.len())?,
             )),
@@ -859,13 +843,7 @@ impl ResultCache {
                     }
                     let place = cfg.rules.len() + 1;
                     return Some((
-                        Chosen {
-                            ttl: cfg.default_ttl,
-                            cache_empty: true,
-                            max_result_bytes: cfg.max_result_bytes,
-                            transactions: true,
-                            refresh_at: cfg.refresh_at,
-                        },
+                        Chosen::by_section(cfg, cfg.default_ttl),
                         place,
                         rules.get(place)?,
                     ));
@@ -1693,6 +1671,20 @@ struct Chosen {
     transactions: bool,
     /// The part of the TTL after which a read refreshes the entry.
     refresh_at: f64,
+}
+
+impl Chosen {
+    /// How a hint or auto mode caches, which no rule shapes: the `[cache]` section's
+    /// defaults, with `ttl`.
+    fn by_section(cfg: &CacheConfig, ttl: Duration) -> Chosen {
+        Chosen {
+            ttl,
+            cache_empty: true,
+            max_result_bytes: cfg.max_result_bytes,
+            transactions: true,
+            refresh_at: cfg.refresh_at,
+        }
+    }
 }
 
 /// A result being captured for the store.
