@@ -658,7 +658,8 @@ pub(crate) fn last_name(parts: &Value) -> Option<&str> {
         .and_then(|p| p["node"]["String"]["sval"].as_str())
 }
 
-fn rel_name(v: &Value) -> RelName {
+/// The relation a `RangeVar` names.
+pub(crate) fn rel_name(v: &Value) -> RelName {
     let schema = v["schemaname"].as_str().filter(|s| !s.is_empty());
     RelName {
         schema: schema.map(Into::into),

@@ -8,7 +8,7 @@
 //! side: a column whose binding is not certain is left out (a read then depends on its whole
 //! table, a write then writes rows pgmemo cannot name).
 
-use super::analysis::RelName;
+use super::analysis::{last_name, rel_name, RelName};
 use serde_json::Value;
 
 /// The most values an `IN` list or a `VALUES` list may give before the statement is taken
@@ -114,14 +114,10 @@ fn string_of(node: &Value) -> Option<&str> {
     node["node"]["String"]["sval"].as_str()
 }
 
-/// The relation a `RangeVar` names.
+/// The relation a `RangeVar` names, if it names one.
 fn relation(range_var: &Value) -> Option<RelName> {
-    let name = range_var["relname"].as_str().filter(|n| !n.is_empty())?;
-    let schema = range_var["schemaname"].as_str().filter(|s| !s.is_empty());
-    Some(RelName {
-        schema: schema.map(Into::into),
-        name: name.into(),
-    })
+    range_var["relname"].as_str().filter(|n| !n.is_empty())?;
+    Some(rel_name(range_var))
 }
 
 /// The alias a `RangeVar` has, if any.
@@ -360,8 +356,7 @@ fn source(node: &Value) -> Option<Source> {
         if !empty(&ty["typmods"]) || !empty(&ty["array_bounds"]) {
             return None;
         }
-        let names = ty["names"].as_array()?;
-        let family = match names.last().and_then(string_of)? {
+        let family = match last_name(&ty["names"])? {
             "int2" | "smallint" => Family::Integer(2),
             "int4" | "integer" | "int" => Family::Integer(4),
             "int8" | "bigint" => Family::Integer(8),
