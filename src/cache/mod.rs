@@ -260,6 +260,9 @@ pub struct ResultCache {
     flights: Arc<Flights>,
     shapes: Arc<Shapes>,
     plans: quick_cache::sync::Cache<(u64, u64), Arc<Plan>>,
+    /// One per database. A replaced snapshot (hundreds of KiB: every function of the
+    /// catalog) is freed at once rather than in papaya's default batches of 32 per thread,
+    /// which held a few old ones after every reconnect or DDL (the faults test's heap).
     snapshots: papaya::HashMap<Box<str>, Arc<Snapshot>>,
     /// One per rule of the configuration, then one for hints.
     rules: ArcSwap<Vec<Arc<RuleStats>>>,
@@ -383,7 +386,9 @@ impl ResultCache {
             flights: Arc::new(Flights::new()),
             shapes,
             plans: quick_cache::sync::Cache::new(10_000),
-            snapshots: papaya::HashMap::new(),
+            snapshots: papaya::HashMap::builder()
+                .collector(seize::Collector::new().batch_size(1))
+                .build(),
             rules: ArcSwap::from_pointee(Vec::new()),
             generation: AtomicU64::new(0),
             bypasses: Default::default(),
