@@ -296,6 +296,8 @@ impl Config {
     fn check(&self) -> Result<(), ConfigError> {
         let g = &self.general;
         g.check()?;
+        // Run again on the final values: command-line flags set some after the file was read.
+        self.cache.check()?;
 
         if let Some(up) = &self.upstream {
             check_upstream(up)?;

@@ -50,6 +50,17 @@ fn an_upstream_alone_gets_every_default() {
 }
 
 #[test]
+fn cache_settings_are_checked_after_the_flags_too() {
+    let mut c = Config::from_toml_str(UPSTREAM).unwrap();
+    c.cache.refresh_at = 0.2;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("cache.refresh_at: must be between 0.5 and 1"),
+        "{e}"
+    );
+}
+
+#[test]
 fn pinned_limits_are_checked() {
     let g = General::default();
     assert_eq!(g.pinned_idle_timeout, Duration::ZERO);
