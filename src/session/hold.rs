@@ -71,8 +71,7 @@ impl Session {
             .client_id
             .store(self.info.id, std::sync::atomic::Ordering::Relaxed);
         *self.info.server.lock() = Some(ServerCancel {
-            addr: server.info.addr,
-            pid: server.info.backend_pid,
+            server: server.info.clone(),
             secret: server.backend_secret,
         });
         self.info
