@@ -635,6 +635,15 @@ impl ServerConn {
     }
 }
 
+/// The port in a socket file's name (`.s.PGSQL.5432`), for SHOW SERVERS.
+pub fn socket_port(path: &std::path::Path) -> Option<u16> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix(".s.PGSQL.")?
+        .parse()
+        .ok()
+}
+
 /// A server host as libpq names it in its connection errors.
 fn describe_host(host: &str, port: u16) -> String {
     if is_socket_dir(host) {

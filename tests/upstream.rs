@@ -50,6 +50,14 @@ async fn a_unix_socket_directory_is_a_server_host() {
         text(&client, "SELECT coalesce(inet_client_addr()::text, 'unix')").await,
         "unix"
     );
+    // SHOW SERVERS shows such a server as PgBouncer does: addr "unix", the server's port.
+    let admin = admin_console(proxy.local_addr()).await;
+    let servers = admin_rows(&admin, "SHOW SERVERS").await;
+    assert!(!servers.is_empty());
+    for s in &servers {
+        assert_eq!(s["addr"], "unix", "{s:?}");
+        assert_eq!(s["port"], cluster().port().to_string(), "{s:?}");
+    }
     // A cancel reaches a server behind a Unix socket too.
     let cancel = client.cancel_token();
     let started = Instant::now();
