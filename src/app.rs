@@ -68,11 +68,13 @@ fn string_tls(
 }
 
 /// Where a client's current query runs, so a CancelRequest can be passed on.
-/// The server connection's shared record (address or socket file, backend pid) and its
-/// secret key: smaller than a copy of the address, which a Unix socket's path made larger.
-#[derive(Debug, Clone)]
+/// An unspecified `addr` is a server behind a Unix socket, whose socket file is looked up
+/// when a cancel comes ([`App::cancel_addr`]): a path here would make every client's record
+/// larger, for the rare cancel.
+#[derive(Debug, Clone, Copy)]
 pub struct ServerCancel {
-    pub server: Arc<crate::server::ServerInfo>,
+    pub addr: SocketAddr,
+    pub pid: i32,
     pub secret: i32,
 }
 
@@ -731,13 +733,28 @@ impl App {
         }
         let passing = Passing(client);
         // The server the work runs on: the session keeps it while the request is counted in.
-        let target = passing.0.server.lock().clone();
+        let target = *passing.0.server.lock();
         if let Some(t) = target {
-            let (addr, pid) = (t.server.cancel_addr(), t.server.backend_pid);
-            if let Err(e) = crate::server::send_cancel(&addr, pid, t.secret).await {
+            let addr = self.cancel_addr(&passing.0, t.addr);
+            if let Err(e) = crate::server::send_cancel(&addr, t.pid, t.secret).await {
                 tracing::warn!(error = %e, "could not forward cancel request");
             }
         }
+    }
+
+    /// Where a cancel for `client`'s server at `addr` goes: that address, or for a server
+    /// behind a Unix socket (an unspecified address) its socket file, found among the
+    /// pools' servers by the id of the client's server.
+    fn cancel_addr(&self, client: &ClientInfo, addr: SocketAddr) -> crate::server::CancelAddr {
+        if !addr.ip().is_unspecified() {
+            return crate::server::CancelAddr::Tcp(addr);
+        }
+        let id = client.server_id.load(Ordering::Relaxed);
+        self.pools()
+            .iter()
+            .flat_map(|p| p.servers())
+            .find(|s| s.id == id)
+            .map_or(crate::server::CancelAddr::Tcp(addr), |s| s.cancel_addr())
     }
 
     /// Takes every lock of the app (the pools' map exclusively) and of its statement registry,

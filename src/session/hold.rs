@@ -71,7 +71,8 @@ impl Session {
             .client_id
             .store(self.info.id, std::sync::atomic::Ordering::Relaxed);
         *self.info.server.lock() = Some(ServerCancel {
-            server: server.info.clone(),
+            addr: server.info.addr,
+            pid: server.info.backend_pid,
             secret: server.backend_secret,
         });
         self.info
