@@ -216,6 +216,7 @@ fn fixture() -> Fixture {
         port: 1,
         user: "bench".into(),
         password: None,
+        ..Default::default()
     });
     // Session mode keeps the server; its statements are shared as in transaction mode, so the
     // planner's hot path is what is measured.

@@ -590,9 +590,20 @@ pub fn show_servers(app: &App) -> Table {
                 text(&pool.key.database),
                 text("none"),
                 text(s.state().name()),
-                text(s.addr.ip()),
-                text(s.addr.port()),
-                text(s.local_addr.ip()),
+                // A server behind a Unix socket: addr "unix" and the server's port, as
+                // PgBouncer shows it.
+                match &s.unix_socket {
+                    Some(_) => text("unix"),
+                    None => text(s.addr.ip()),
+                },
+                match &s.unix_socket {
+                    Some(path) => text(crate::server::socket_port(path).unwrap_or(0)),
+                    None => text(s.addr.port()),
+                },
+                match &s.unix_socket {
+                    Some(_) => text("unix"),
+                    None => text(s.local_addr.ip()),
+                },
                 text(s.local_addr.port()),
                 timestamp(s.connect_time),
                 timestamp(s.request_time()),

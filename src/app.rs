@@ -2,7 +2,7 @@
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
 use crate::cancel::Cancels;
-use crate::config::{Config, PendingRestart, PoolMode};
+use crate::config::{Config, PendingRestart, PoolMode, ServerTlsMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
 use crate::server::ServerTarget;
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -47,7 +47,30 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
+/// Server TLS connectors by (mode, CA file), for the servers whose connection string chooses.
+type ServerConnectors =
+    HashMap<(ServerTlsMode, Option<std::path::PathBuf>), Option<tokio_rustls::TlsConnector>>;
+
+/// The (mode, CA file) a connection string's TLS options make with `[general]`'s, or None
+/// when it sets neither (the server then uses `general.server_tls` as is).
+fn string_tls(
+    g: &crate::config::General,
+    o: &crate::config::ServerOptions,
+) -> Option<(ServerTlsMode, Option<std::path::PathBuf>)> {
+    if o.tls.is_none() && o.tls_ca_file.is_none() {
+        return None;
+    }
+    let ca = o
+        .tls_ca_file
+        .clone()
+        .or_else(|| g.server_tls_ca_file.clone());
+    Some((o.tls.unwrap_or(g.server_tls), ca))
+}
+
 /// Where a client's current query runs, so a CancelRequest can be passed on.
+/// An unspecified `addr` is a server behind a Unix socket, whose socket file is looked up
+/// when a cancel comes ([`App::cancel_addr`]): a path here would make every client's record
+/// larger, for the rare cancel.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerCancel {
     pub addr: SocketAddr,
@@ -273,6 +296,10 @@ pub struct App {
     pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
     pub tls_acceptor: ArcSwapOption<tokio_rustls::TlsAcceptor>,
     server_tls: ArcSwapOption<tokio_rustls::TlsConnector>,
+    /// The connectors of the servers whose connection string sets its own TLS (`sslmode`,
+    /// `sslrootcert`), by (mode, CA file); made by [`App::load_tls`], so a CA file that
+    /// does not load fails the start or the RELOAD, not a login.
+    server_tls_by_string: ArcSwap<ServerConnectors>,
     clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
     /// Secret key → client: a CancelRequest must also carry the client's process ID.
     cancel_keys: Mutex<HashMap<i32, Arc<ClientInfo>>>,
@@ -327,6 +354,7 @@ impl App {
             pools: RwLock::new(HashMap::new()),
             tls_acceptor: ArcSwapOption::empty(),
             server_tls: ArcSwapOption::empty(),
+            server_tls_by_string: ArcSwap::from_pointee(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
@@ -368,8 +396,21 @@ impl App {
         };
         let connector =
             crate::tls::server_connector(g.server_tls, g.server_tls_ca_file.as_deref())?;
+        let mut by_string = HashMap::new();
+        let options = cfg.upstream.iter().map(|u| &u.options);
+        for o in options.chain(cfg.databases.values().map(|d| &d.options)) {
+            let Some(key) = string_tls(g, o) else {
+                continue;
+            };
+            if let std::collections::hash_map::Entry::Vacant(slot) = by_string.entry(key) {
+                let (mode, ca) = slot.key();
+                let made = crate::tls::server_connector(*mode, ca.as_deref())?;
+                slot.insert(made);
+            }
+        }
         self.tls_acceptor.store(acceptor);
         self.server_tls.store(connector.map(Arc::new));
+        self.server_tls_by_string.store(Arc::new(by_string));
         Ok(())
     }
 
@@ -513,6 +554,17 @@ impl App {
                     .map(str::to_owned),
             ),
         };
+        let o = db.server_options;
+        let (tls_mode, tls) = match string_tls(g, &o) {
+            Some(key) => {
+                let connector = self.server_tls_by_string.load().get(&key).cloned();
+                (key.0, connector.flatten())
+            }
+            None => (
+                g.server_tls,
+                self.server_tls.load_full().map(|c| (*c).clone()),
+            ),
+        };
         Some(PoolSettings {
             target: ServerTarget {
                 database_id: ServerTarget::database_id(&db.host, db.port, &db.dbname),
@@ -521,8 +573,12 @@ impl App {
                 dbname: db.dbname,
                 user,
                 password,
-                tls_mode: g.server_tls,
-                tls: self.server_tls.load_full().map(|c| (*c).clone()),
+                tls_mode,
+                tls,
+                fallbacks: db.fallbacks,
+                read_write: o.read_write,
+                connect_timeout: o.connect_timeout,
+                application_name: o.application_name,
             },
             mode: db.pool_mode,
             pool_size: db.pool_size as usize,
@@ -679,10 +735,26 @@ impl App {
         // The server the work runs on: the session keeps it while the request is counted in.
         let target = *passing.0.server.lock();
         if let Some(t) = target {
-            if let Err(e) = crate::server::send_cancel(t.addr, t.pid, t.secret).await {
+            let addr = self.cancel_addr(&passing.0, t.addr);
+            if let Err(e) = crate::server::send_cancel(&addr, t.pid, t.secret).await {
                 tracing::warn!(error = %e, "could not forward cancel request");
             }
         }
+    }
+
+    /// Where a cancel for `client`'s server at `addr` goes: that address, or for a server
+    /// behind a Unix socket (an unspecified address) its socket file, found among the
+    /// pools' servers by the id of the client's server.
+    fn cancel_addr(&self, client: &ClientInfo, addr: SocketAddr) -> crate::server::CancelAddr {
+        if !addr.ip().is_unspecified() {
+            return crate::server::CancelAddr::Tcp(addr);
+        }
+        let id = client.server_id.load(Ordering::Relaxed);
+        self.pools()
+            .iter()
+            .flat_map(|p| p.servers())
+            .find(|s| s.id == id)
+            .map_or(crate::server::CancelAddr::Tcp(addr), |s| s.cancel_addr())
     }
 
     /// Takes every lock of the app (the pools' map exclusively) and of its statement registry,

@@ -223,6 +223,11 @@ impl LocalPostgres {
         HOST
     }
 
+    /// The directory of the server's Unix socket (`.s.PGSQL.<port>`), a libpq `host`.
+    pub fn socket_dir(&self) -> &Path {
+        &self.root
+    }
+
     /// The directory of the server's tools, so callers can run `pgbench` or `psql` of the same
     /// version.
     pub fn bin_dir(&self) -> &Path {

@@ -191,6 +191,7 @@ fn demo_config(cli: &Cli, host: String, port: u16) -> anyhow::Result<Config> {
         port,
         user: "postgres".into(),
         password: None,
+        ..Default::default()
     });
     // The private cluster trusts loopback logins; so does pgmemo in front of it unless asked
     // otherwise.

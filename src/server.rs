@@ -31,6 +31,35 @@ pub struct ServerTarget {
     pub password: Option<String>,
     pub tls_mode: ServerTlsMode,
     pub tls: Option<tokio_rustls::TlsConnector>,
+    /// Further servers to try in order when `host:port` cannot be used: the other hosts of
+    /// a libpq connection string (`host=a,b port=5432,5433`). A host that starts with `/` is
+    /// a Unix socket directory, here as in `host`.
+    pub fallbacks: Vec<(String, u16)>,
+    /// libpq's `target_session_attrs=read-write`: a server that does not accept writes (a
+    /// standby, or `default_transaction_read_only` on) is passed over for the next host.
+    pub read_write: bool,
+    /// libpq's `connect_timeout`: how long each host may take, login included.
+    pub connect_timeout: Option<Duration>,
+    /// Sent in the startup packet, the server's default for sessions that set none.
+    pub application_name: Option<String>,
+}
+
+impl ServerTarget {
+    /// Every server to try, in order: `host:port`, then the fallbacks.
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, u16)> {
+        std::iter::once((self.host.as_str(), self.port))
+            .chain(self.fallbacks.iter().map(|(h, p)| (h.as_str(), *p)))
+    }
+}
+
+/// Whether a server host is a Unix socket directory (libpq: a host that starts with `/`).
+pub fn is_socket_dir(host: &str) -> bool {
+    host.starts_with('/')
+}
+
+/// The socket file of the server listening on `port` in directory `dir`, as libpq names it.
+pub fn socket_path(dir: &str, port: u16) -> std::path::PathBuf {
+    std::path::Path::new(dir).join(format!(".s.PGSQL.{port}"))
 }
 
 impl ServerTarget {
@@ -104,6 +133,8 @@ pub struct ServerInfo {
     pub addr: SocketAddr,
     pub local_addr: SocketAddr,
     pub backend_pid: i32,
+    /// The socket file of a server reached over a Unix socket (`addr` is then unspecified).
+    pub unix_socket: Option<Arc<std::path::PathBuf>>,
     pub connect_time: std::time::SystemTime,
     /// When the connection was opened (server_lifetime, RECONNECT).
     pub created: Instant,
@@ -139,6 +170,22 @@ impl ServerInfo {
     pub fn state(&self) -> ServerState {
         ServerState::from_u8(self.state.load(Ordering::Relaxed))
     }
+
+    /// Where a CancelRequest for this connection's backend goes.
+    pub fn cancel_addr(&self) -> CancelAddr {
+        match &self.unix_socket {
+            Some(path) => CancelAddr::Unix(path.clone()),
+            None => CancelAddr::Tcp(self.addr),
+        }
+    }
+}
+
+/// Where a server's CancelRequests go: its address, or its socket file. An enum, not a
+/// second field, so that every client's record of its server stays as small as it was.
+#[derive(Debug, Clone)]
+pub enum CancelAddr {
+    Tcp(SocketAddr),
+    Unix(Arc<std::path::PathBuf>),
 }
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
@@ -181,14 +228,20 @@ impl ServerConn {
     #[doc(hidden)]
     pub fn over(stream: Stream) -> io::Result<ServerConn> {
         let now = Instant::now();
+        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+        let (addr, local_addr) = match &stream {
+            Stream::Unix(_) => (unspecified, unspecified),
+            _ => (stream.peer_addr()?, stream.local_addr()?),
+        };
         Ok(ServerConn {
             rbuf: BytesMut::with_capacity(16 * 1024),
             wbuf: BytesMut::with_capacity(16 * 1024),
             info: Arc::new(ServerInfo {
                 id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
-                addr: stream.peer_addr()?,
-                local_addr: stream.local_addr()?,
+                addr,
+                local_addr,
                 backend_pid: 0,
+                unix_socket: None,
                 connect_time: std::time::SystemTime::now(),
                 created: now,
                 tls: stream.is_tls(),
@@ -249,19 +302,85 @@ impl ServerConn {
     }
 
     /// [`ServerConn::connect`] with more startup parameters (`replication=database`).
+    ///
+    /// The target's hosts are tried in order, as libpq does: the first that accepts a
+    /// connection and a login (and writes, with `read_write`) is used; when none does, the
+    /// last host's error is returned.
     pub async fn connect_with(
         target: &ServerTarget,
         extra: &[(&str, &str)],
     ) -> Result<ServerConn, ServerError> {
-        let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
+        let mut last = None;
+        for (host, port) in target.hosts() {
+            let attempt = Self::connect_host(target, host, port, extra);
+            let result = match target.connect_timeout {
+                None => attempt.await,
+                Some(limit) => tokio::time::timeout(limit, attempt)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(ServerError::Io(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("{}: timeout expired", describe_host(host, port)),
+                        )))
+                    }),
+            };
+            match result {
+                Ok(conn) if !target.read_write || !conn.is_read_only() => return Ok(conn),
+                Ok(conn) => {
+                    tracing::info!(host, port, "server is read-only; trying the next host");
+                    conn.terminate().await;
+                    last = Some(ServerError::Protocol(format!(
+                        "{}: session is read-only (target_session_attrs=read-write)",
+                        describe_host(host, port)
+                    )));
+                }
+                Err(e) => {
+                    if target.fallbacks.is_empty() {
+                        return Err(e);
+                    }
+                    tracing::info!(host, port, error = %e, "server unusable; trying the next host");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("a target has at least one host"))
+    }
+
+    /// Connects to one host of `target` (a Unix socket directory or a TCP host) and logs in.
+    async fn connect_host(
+        target: &ServerTarget,
+        host: &str,
+        port: u16,
+        extra: &[(&str, &str)],
+    ) -> Result<ServerConn, ServerError> {
+        let failed = |e: io::Error| {
+            ServerError::Io(io::Error::new(
+                e.kind(),
+                format!("{} failed: {e}", describe_host(host, port)),
+            ))
+        };
+        if is_socket_dir(host) {
+            // No TLS over a Unix socket, whatever the mode: libpq does not ask for it either.
+            let path = socket_path(host, port);
+            let unix = tokio::net::UnixStream::connect(&path)
+                .await
+                .map_err(failed)?;
+            let mut conn = ServerConn::over(Stream::Unix(Box::new(unix)))?;
+            Arc::get_mut(&mut conn.info)
+                .expect("a new connection's info is not shared yet")
+                .unix_socket = Some(Arc::new(path));
+            conn.login(target, extra).await?;
+            return Ok(conn);
+        }
+        let tcp = TcpStream::connect((host, port)).await.map_err(failed)?;
         tcp.set_nodelay(true)?;
         let stream = match (&target.tls, target.tls_mode) {
             (Some(connector), mode) if mode != ServerTlsMode::Disable => {
-                let s = crate::tls::connect_server_tls(tcp, connector, &target.host).await?;
+                let s = crate::tls::connect_server_tls(tcp, connector, host).await?;
                 if !s.is_tls() && mode != ServerTlsMode::Prefer {
                     return Err(ServerError::Protocol(format!(
-                        "server {}:{} does not support TLS but server_tls = {:?}",
-                        target.host, target.port, mode
+                        "server {}:{} does not support TLS but server_tls (or the sslmode of its connection string) is {:?}",
+                        host, port, mode
                     )));
                 }
                 s
@@ -273,6 +392,14 @@ impl ServerConn {
         Ok(conn)
     }
 
+    /// Whether the server refuses writes, from what it reported at login (PostgreSQL 14 and
+    /// later report `in_hot_standby` and `default_transaction_read_only`, which is what libpq
+    /// reads for `target_session_attrs=read-write`).
+    fn is_read_only(&self) -> bool {
+        self.reported.is("in_hot_standby", "on")
+            || self.reported.is("default_transaction_read_only", "on")
+    }
+
     async fn login(
         &mut self,
         target: &ServerTarget,
@@ -282,6 +409,9 @@ impl ServerConn {
             ("user", target.user.as_str()),
             ("database", target.dbname.as_str()),
         ];
+        if let Some(name) = &target.application_name {
+            params.push(("application_name", name.as_str()));
+        }
         params.extend_from_slice(extra);
         frontend::startup(&mut self.wbuf, &params);
         self.flush().await?;
@@ -489,7 +619,7 @@ impl ServerConn {
     /// nothing arrived it costs no system call.
     pub fn looks_alive(&self) -> bool {
         let mut byte = [0u8; 1];
-        match self.stream.tcp().try_read(&mut byte) {
+        match self.stream.try_read_socket(&mut byte) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
             // EOF, or an unsolicited message (a FATAL) on an idle connection: either way it is
             // not safe to hand out.
@@ -502,6 +632,27 @@ impl ServerConn {
         frontend::terminate(&mut self.wbuf);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.flush()).await;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.shutdown()).await;
+    }
+}
+
+/// The port in a socket file's name (`.s.PGSQL.5432`), for SHOW SERVERS.
+pub fn socket_port(path: &std::path::Path) -> Option<u16> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix(".s.PGSQL.")?
+        .parse()
+        .ok()
+}
+
+/// A server host as libpq names it in its connection errors.
+fn describe_host(host: &str, port: u16) -> String {
+    if is_socket_dir(host) {
+        format!(
+            "connection to server on socket \"{}\"",
+            socket_path(host, port).display()
+        )
+    } else {
+        format!("connection to server at \"{host}\", port {port}")
     }
 }
 
@@ -530,8 +681,17 @@ fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
 /// connection (or after five seconds at each step): its postmaster has then sent both of its
 /// signals (to the backend, then to its process group), so nothing sent to the backend from
 /// then on can be cancelled by this request (see [`crate::cancel`]).
-pub async fn send_cancel(addr: SocketAddr, pid: i32, secret: i32) -> io::Result<()> {
-    let mut tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+/// A server reached over a Unix socket is sent it there.
+pub async fn send_cancel(addr: &CancelAddr, pid: i32, secret: i32) -> io::Result<()> {
+    let connect = async {
+        Ok::<_, io::Error>(match addr {
+            CancelAddr::Unix(path) => {
+                Stream::Unix(Box::new(tokio::net::UnixStream::connect(&**path).await?))
+            }
+            CancelAddr::Tcp(addr) => Stream::Tcp(TcpStream::connect(addr).await?),
+        })
+    };
+    let mut tcp = tokio::time::timeout(Duration::from_secs(5), connect)
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     let mut msg = [0u8; 16];

@@ -337,7 +337,7 @@ mod tests {
         assert!(matches!(stream, Stream::ClientTls(_)));
         assert_eq!(
             stream.peer_addr().unwrap(),
-            stream.tcp().peer_addr().unwrap()
+            stream.tcp().unwrap().peer_addr().unwrap()
         );
         ping(&mut stream).await;
         server.await.unwrap();

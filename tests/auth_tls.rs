@@ -629,6 +629,7 @@ fn server_tls_config(host: &str, port: u16, mode: ServerTlsMode, ca: Option<Path
         port,
         user: SUPERUSER.to_string(),
         password: Some(SUPERUSER_PASS.to_string()),
+        ..Default::default()
     });
     config.general.admin_users = vec![];
     config.general.server_tls = mode;
@@ -717,6 +718,7 @@ async fn server_tls_require_refuses_a_server_without_tls() {
         port: cluster().port(),
         user: SUPERUSER.to_string(),
         password: Some(SUPERUSER_PASS.to_string()),
+        ..Default::default()
     });
     let proxy = start_pgmemo(config).await;
     let started = std::time::Instant::now();
@@ -731,5 +733,45 @@ async fn server_tls_require_refuses_a_server_without_tls() {
     let prefer = start_pgmemo(config).await;
     assert_eq!(server_side_ssl(&prefer).await.as_deref(), Ok("false"));
     prefer.shutdown().await;
+    proxy.shutdown().await;
+}
+
+/// The upstream's own `sslmode` (and `sslrootcert`) choose TLS for its server, whatever
+/// `general.server_tls` says, as libpq would read the same URL.
+#[tokio::test]
+async fn the_upstream_urls_sslmode_chooses_server_tls() {
+    let (port, ca_file) = tokio::task::spawn_blocking(tls_server).await.unwrap();
+    let user = format!("{SUPERUSER}:{SUPERUSER_PASS}");
+    for url in [
+        format!("postgresql://{user}@127.0.0.1:{port}/postgres?sslmode=require"),
+        format!(
+            "host=localhost port={port} user={SUPERUSER} password={SUPERUSER_PASS} \
+             sslmode=verify-full sslrootcert={}",
+            ca_file.display()
+        ),
+    ] {
+        let mut config = server_tls_config("127.0.0.1", port, ServerTlsMode::Disable, None);
+        config.upstream = Some(pgmemo::config::parse_upstream_url(&url).unwrap());
+        let proxy = start_pgmemo(config).await;
+        assert_eq!(
+            server_side_ssl(&proxy).await.as_deref(),
+            Ok("true"),
+            "{url}"
+        );
+        proxy.shutdown().await;
+    }
+    // sslmode=require towards the shared cluster (ssl = off) is refused, as with server_tls.
+    let mut config = server_tls_config("127.0.0.1", port, ServerTlsMode::Disable, None);
+    let url = format!(
+        "postgresql://{user}@127.0.0.1:{}/postgres?sslmode=require",
+        cluster().port()
+    );
+    config.upstream = Some(pgmemo::config::parse_upstream_url(&url).unwrap());
+    let proxy = start_pgmemo(config).await;
+    let error = server_side_ssl(&proxy).await.expect_err("must refuse");
+    assert!(
+        error.starts_with("FATAL 08006") && error.contains("TLS"),
+        "{error}"
+    );
     proxy.shutdown().await;
 }

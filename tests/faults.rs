@@ -65,6 +65,7 @@ fn config(pg: &LocalPostgres) -> Config {
         port: pg.port(),
         user: "postgres".into(),
         password: None,
+        ..Default::default()
     });
     config.general.auth_type = AuthType::Trust;
     config.general.admin_users = vec!["postgres".into()];

@@ -562,6 +562,7 @@ async fn with_metrics(port: u16, tune: impl FnOnce(&mut pgmemo::config::Config))
         port,
         user: PGMEMO_USER.into(),
         password: Some(PGMEMO_PASS.into()),
+        ..Default::default()
     });
     cfg.general.metrics_listen = Some("127.0.0.1:0".into());
     tune(&mut cfg);

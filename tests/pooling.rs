@@ -363,6 +363,7 @@ async fn recovers_from_server_restart_under_load() {
         port,
         user: "postgres".into(),
         password: None,
+        ..Default::default()
     });
     cfg.general.listen = "127.0.0.1:0".into();
     cfg.general.auth_type = AuthType::Trust;
@@ -842,6 +843,7 @@ async fn upstream_down_errors_in_time_and_recovers() {
         port,
         user: "postgres".into(),
         password: None,
+        ..Default::default()
     });
     cfg.general.listen = "127.0.0.1:0".into();
     cfg.general.auth_type = AuthType::Trust;

@@ -584,6 +584,7 @@ fn private_config(pg: &pgmemo::demo::LocalPostgres, rules: Vec<Rule>) -> Config 
         port: pg.port(),
         user: "postgres".into(),
         password: None,
+        ..Default::default()
     });
     config.general.auth_type = pgmemo::config::AuthType::Trust;
     config

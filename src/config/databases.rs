@@ -9,14 +9,14 @@ use serde::Deserialize;
 
 use super::{
     key_path, named, opt_int, AuthType, Config, ConfigError, Hidden, PoolMode, SecretKind,
-    PORT_RANGE, U32_RANGE, WILDCARD_DATABASE,
+    ServerOptions, PORT_RANGE, U32_RANGE, WILDCARD_DATABASE,
 };
 
 /// `[databases.NAME]`: one database clients may ask for, and where it is served from.
 /// Unset fields fall back to the `"*"` entry, then to `[upstream]` / `[general]`.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct DatabaseConfig {
-    /// Server host (name or IP address; Unix socket directories are refused: TCP only).
+    /// Server host: a name, an IP address or a Unix socket directory (starts with `/`).
     pub host: Option<String>,
     pub port: Option<u16>,
     /// The database's name on the server; default: the name clients use.
@@ -35,6 +35,10 @@ pub struct DatabaseConfig {
     pub autoprepare: Option<bool>,
     /// Session state handling for this database's pools, over the general setting.
     pub pin_session_state: Option<bool>,
+    /// Hosts to try after `host`, in order, and the connection's TLS and other options: from
+    /// `connstring` (which also sets host, port, dbname, user and password).
+    pub fallbacks: Vec<(String, u16)>,
+    pub options: ServerOptions,
 }
 
 /// `[users.NAME]`: a user who may log in to pgmemo.
@@ -67,6 +71,11 @@ pub struct ResolvedDatabase {
     /// password the client gave (PgBouncer's model).
     pub server_user: Option<String>,
     pub server_password: Option<String>,
+    /// Hosts to try after `host:port` (a connection string's others), in order.
+    pub fallbacks: Vec<(String, u16)>,
+    /// TLS and the rest of a connection string's parameters, for the entry the host came
+    /// from; unset TLS fields fall back to `[general]`.
+    pub server_options: ServerOptions,
     pub pool_size: u32,
     /// Never more than `pool_size`.
     pub min_pool_size: u32,
@@ -83,6 +92,8 @@ impl fmt::Debug for DatabaseConfig {
             .field("dbname", &self.dbname)
             .field("user", &self.user)
             .field("password", &Hidden(&self.password))
+            .field("fallbacks", &self.fallbacks)
+            .field("options", &self.options)
             .field("pool_size", &self.pool_size)
             .field("min_pool_size", &self.min_pool_size)
             .field("pool_mode", &self.pool_mode)
@@ -108,6 +119,8 @@ impl fmt::Debug for ResolvedDatabase {
             .field("dbname", &self.dbname)
             .field("server_user", &self.server_user)
             .field("server_password", &Hidden(&self.server_password))
+            .field("fallbacks", &self.fallbacks)
+            .field("server_options", &self.server_options)
             .field("pool_size", &self.pool_size)
             .field("min_pool_size", &self.min_pool_size)
             .field("pool_mode", &self.pool_mode)
@@ -147,9 +160,6 @@ impl Config {
         }
         if db.host.as_deref() == Some("") {
             return Err(ConfigError::invalid(key("host"), "must not be empty"));
-        }
-        if let Some(host) = &db.host {
-            super::upstream::check_host(&key("host"), host)?;
         }
         if db.port == Some(0) {
             return Err(ConfigError::invalid(key("port"), "must be 1..=65535"));
@@ -262,11 +272,16 @@ impl Config {
         let user_cfg = self.users.get(user);
         let g = &self.general;
 
-        let host = entry
-            .host
-            .clone()
-            .or_else(|| star.host.clone())
-            .or_else(|| up.map(|u| u.host.clone()))?;
+        // The other hosts and the connection options travel with the host they were given
+        // with.
+        let (host, fallbacks, server_options) = if let Some(h) = &entry.host {
+            (h.clone(), entry.fallbacks.clone(), entry.options.clone())
+        } else if let Some(h) = &star.host {
+            (h.clone(), star.fallbacks.clone(), star.options.clone())
+        } else {
+            let up = up?;
+            (up.host.clone(), up.fallbacks.clone(), up.options.clone())
+        };
         let port = entry
             .port
             .or(star.port)
@@ -317,6 +332,8 @@ impl Config {
             dbname: server_dbname,
             server_user,
             server_password,
+            fallbacks,
+            server_options,
             pool_size,
             min_pool_size,
             pool_mode,
@@ -330,6 +347,9 @@ impl Config {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDatabase {
+    /// A libpq connection string or URL: host(s), port(s), dbname, user, password and the
+    /// connection's options, instead of the separate keys.
+    connstring: Option<String>,
     host: Option<String>,
     port: Option<i64>,
     dbname: Option<String>,
@@ -360,7 +380,7 @@ pub(super) fn read_databases(
     let mut databases = BTreeMap::new();
     for (name, db) in raw {
         let key = |field: &str| key_path(&["databases", &name, field]);
-        let entry = DatabaseConfig {
+        let mut entry = DatabaseConfig {
             port: opt_int::<u16>(&key("port"), db.port, PORT_RANGE)?,
             pool_size: opt_int(&key("pool_size"), db.pool_size, U32_RANGE)?,
             min_pool_size: opt_int(&key("min_pool_size"), db.min_pool_size, U32_RANGE)?,
@@ -371,10 +391,45 @@ pub(super) fn read_databases(
             dbname: db.dbname,
             user: db.user,
             password: db.password,
+            fallbacks: Vec::new(),
+            options: ServerOptions::default(),
         };
+        if let Some(text) = &db.connstring {
+            apply_connstring(&mut entry, &key("connstring"), text)?;
+        }
         databases.insert(name, entry);
     }
     Ok(databases)
+}
+
+/// Fills a database entry from its `connstring`, which must be the only place that gives
+/// host, port, dbname, user and password.
+fn apply_connstring(entry: &mut DatabaseConfig, key: &str, text: &str) -> Result<(), ConfigError> {
+    let given = [
+        ("host", entry.host.is_some()),
+        ("port", entry.port.is_some()),
+        ("dbname", entry.dbname.is_some()),
+        ("user", entry.user.is_some()),
+        ("password", entry.password.is_some()),
+    ];
+    if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("give either connstring or {field}, not both (put {field} in connstring)"),
+        ));
+    }
+    let c = super::connstring::parse(key, text)?;
+    let mut hosts = c.hosts.into_iter();
+    if let Some((host, port)) = hosts.next() {
+        entry.host = Some(host);
+        entry.port = Some(port);
+    }
+    entry.fallbacks = hosts.collect();
+    entry.dbname = c.dbname;
+    entry.user = c.user;
+    entry.password = c.password;
+    entry.options = c.options;
+    Ok(())
 }
 
 /// `[users]` as written, each value judged with its key in hand.

@@ -35,6 +35,7 @@ use serde::Deserialize;
 
 pub mod cache;
 mod choices;
+mod connstring;
 mod databases;
 mod locate;
 mod secrets;
@@ -43,6 +44,7 @@ mod table;
 mod upstream;
 
 pub use choices::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
+pub use connstring::ServerOptions;
 pub use databases::{DatabaseConfig, ResolvedDatabase, UserConfig};
 use databases::{RawDatabase, RawUser};
 pub use secrets::SecretKind;

@@ -414,7 +414,7 @@ fn upstream_urls() {
     );
     let u = parse_upstream_url("postgresql://app@localhost").unwrap();
     assert_eq!((u.host.as_str(), u.port), ("localhost", 5432));
-    let u = parse_upstream_url("POSTGRESQL://a%40b:p%3Aw%2F@[::1]:6000/").unwrap();
+    let u = parse_upstream_url("postgresql://a%40b:p%3Aw%2F@[::1]:6000/").unwrap();
     assert_eq!(
         (
             u.host.as_str(),
@@ -429,28 +429,38 @@ fn upstream_urls() {
         (u.host.as_str(), u.port, u.password.as_deref()),
         ("::1", 5432, Some(""))
     );
-    // A password may contain '@' unescaped: the last '@' ends the user info.
-    let u = parse_upstream_url("postgresql://app:p@ss@h:1").unwrap();
+    // A password may contain '@' percent-encoded; SHOW CONFIG and logs never show it.
+    let u = parse_upstream_url("postgresql://app:p%40ss@h:1").unwrap();
     assert_eq!(u.password.as_deref(), Some("p@ss"));
     assert_eq!(u.display_url(), "postgresql://app@h:1");
     assert!(!format!("{u:?}").contains("p@ss"));
+    // A libpq connection string works as well as a URL, with several hosts and options.
+    let u = parse_upstream_url(
+        "host=/var/run/postgresql,db2 port=5433,5434 user=app password=pw \
+         sslmode=require target_session_attrs=read-write",
+    )
+    .unwrap();
+    assert_eq!((u.host.as_str(), u.port), ("/var/run/postgresql", 5433));
+    assert_eq!(u.fallbacks, vec![("db2".to_string(), 5434)]);
+    assert_eq!(u.options.tls, Some(ServerTlsMode::Require));
+    assert!(u.options.read_write);
+    assert_eq!(
+        u.display_url(),
+        "postgresql://app@%2Fvar%2Frun%2Fpostgresql:5433,db2:5434\
+         ?sslmode=require&target_session_attrs=read-write"
+    );
 
     for (url, expected) in [
         ("mysql://a@b", "not a postgresql:// URL"),
-        ("db.example:5432", "not a postgresql:// URL"),
+        ("db.example:5432", "invalid connection string"),
         ("postgresql://db.example:5432", "a user is required"),
         ("postgresql://:pw@db", "a user is required"),
         ("postgresql://a@b:0", "must be 1..=65535"),
-        ("postgresql://a@b:99999", "must be 1..=65535"),
-        ("postgresql://a@b:x", "must be 1..=65535"),
-        ("postgresql://a@[::1", "unclosed '['"),
-        ("postgresql://a@[nope]:1", "not an IPv6 address"),
-        (
-            "postgresql://a@b/db?sslmode=require",
-            "query parameters are not supported",
-        ),
-        ("postgresql://a@h1,h2", "several hosts"),
-        ("postgresql://a%zz@b", "two hex digits"),
+        ("postgresql://a@b:99999", "invalid value for option `port`"),
+        ("postgresql://a@b:x", "invalid value for option `port`"),
+        ("postgresql://a@b/db?sslmode=sometimes", "`sslmode`"),
+        ("postgresql://a@b/db?colour=blue", "unknown option `colour`"),
+        ("host=b user=a colour=blue", "unknown option `colour`"),
     ] {
         let e = parse_upstream_url(url).unwrap_err();
         assert_eq!(e.key(), Some("upstream.url"));
@@ -943,19 +953,51 @@ fn a_reload_keeps_the_running_values_of_restart_settings() {
     assert!(new.keep_restart_settings(&running).is_empty());
 }
 
-/// A Unix socket directory as a server host is refused with its key, not left to fail at the
-/// first login (servers are reached over TCP only); a name or an address is taken.
+/// A Unix socket directory is a server host like a name or an address.
 #[test]
-fn a_unix_socket_server_host_is_refused_with_its_key() {
-    let e = refused("[upstream]\nhost = \"/var/run/postgresql\"\nuser = \"u\"");
+fn a_unix_socket_directory_is_a_server_host() {
+    let c = Config::from_toml_str(
+        "[upstream]\nhost = \"/var/run/postgresql\"\nuser = \"u\"\npassword = \"p\"",
+    )
+    .unwrap();
+    assert_eq!(c.resolve("db", "u").unwrap().host, "/var/run/postgresql");
+    let c = Config::from_toml_str(&with_upstream("[databases.app]\nhost = \"/tmp\"")).unwrap();
+    assert_eq!(c.resolve("app", "u").unwrap().host, "/tmp");
+}
+
+/// `[databases.NAME] connstring` gives the server as libpq would, and is the only place for
+/// what it gives; its hosts and options reach the resolved database.
+#[test]
+fn a_database_connstring_gives_hosts_credentials_and_options() {
+    let c = Config::from_toml_str(&with_upstream(
+        "[databases.app]\nconnstring = \"host=p1,p2 port=6000 dbname=real user=srv \
+         password=pw sslmode=verify-full sslrootcert=/ca.pem target_session_attrs=read-write\"",
+    ))
+    .unwrap();
+    let db = c.resolve("app", "someone").unwrap();
+    assert_eq!(
+        (db.host.as_str(), db.port, db.dbname.as_str()),
+        ("p1", 6000, "real")
+    );
+    assert_eq!(db.fallbacks, vec![("p2".to_string(), 6000)]);
+    assert_eq!(db.server_user.as_deref(), Some("srv"));
+    assert_eq!(db.server_password.as_deref(), Some("pw"));
+    assert_eq!(db.server_options.tls, Some(ServerTlsMode::VerifyFull));
+    assert!(db.server_options.read_write);
+    assert!(!format!("{:?}", c.databases["app"]).contains("pw\""));
+
+    let e = refused(&with_upstream(
+        "[databases.app]\nconnstring = \"host=x\"\nport = 5433",
+    ));
     assert!(
-        e.contains("upstream.host: \"/var/run/postgresql\" is a Unix socket directory"),
+        e.contains("databases.app.connstring: give either connstring or port"),
         "{e}"
     );
-    let e = refused(&with_upstream("[databases.app]\nhost = \"/tmp\""));
+    let e = refused(&with_upstream(
+        "[databases.app]\nconnstring = \"host=x sslcert=/c.pem\"",
+    ));
     assert!(
-        e.contains("databases.app.host: \"/tmp\" is a Unix socket directory"),
+        e.contains("databases.app.connstring") && e.contains("unknown option `sslcert`"),
         "{e}"
     );
-    Config::from_toml_str(&with_upstream("[databases.app]\nhost = \"db.internal\"")).unwrap();
 }

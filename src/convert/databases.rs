@@ -13,7 +13,8 @@ use super::toml::{self, Entry, Table};
 use super::{Conversion, ConvertError, Settings};
 use crate::config::{AuthType, SecretKind, ADMIN_DATABASE, WILDCARD_DATABASE};
 
-/// A database entry with no `host`, or a Unix socket one: pgmemo connects over TCP only.
+/// A database entry with no `host` (PgBouncer's Unix socket in its `unix_socket_dir`) or an
+/// abstract-namespace socket (`@name`, which pgmemo cannot reach).
 const LOCAL_HOST: &str = "127.0.0.1";
 
 /// The keys a listed database would otherwise take from `"*"` in pgmemo.
@@ -93,8 +94,9 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
     Ok(table)
 }
 
-/// `host`: one TCP host. A Unix socket (a path, `@abstract`, or no host at all) becomes
-/// this machine's loopback address; a list, its first host.
+/// `host`: one host. A Unix socket directory (a path) is kept: pgmemo connects to it as
+/// libpq does. An abstract socket (`@name`) or no host at all becomes this machine's
+/// loopback address; a list, its first host.
 fn set_host(line: &Line, host: Option<&str>, table: &mut Table) {
     let note = |what: &str| Some(format!("{} ({}): {what}", line.key, line.place()));
     let (value, note) = match host {
@@ -102,10 +104,10 @@ fn set_host(line: &Line, host: Option<&str>, table: &mut Table) {
             LOCAL_HOST.to_string(),
             note("no host, which is PgBouncer's Unix socket; pgmemo connects over TCP only"),
         ),
-        Some(h) if h.starts_with('/') || h.starts_with('@') => (
+        Some(h) if h.starts_with('@') => (
             LOCAL_HOST.to_string(),
             note(&format!(
-                "host={h} is a Unix socket; pgmemo connects over TCP only"
+                "host={h} is an abstract Unix socket, which pgmemo does not reach"
             )),
         ),
         Some(h) if h.contains(',') => (

@@ -102,9 +102,12 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
         (Some(5433), Some("app_prod"))
     );
     assert_eq!((app.pool_size, app.min_pool_size), (Some(10), Some(2)));
-    // A Unix socket becomes loopback TCP; the fixed user's password comes from the auth file.
+    // A Unix socket directory is kept; the fixed user's password comes from the auth file.
     let forced = c.resolve("forced", "svc").unwrap();
-    assert_eq!((forced.host.as_str(), forced.port), ("127.0.0.1", 5432));
+    assert_eq!(
+        (forced.host.as_str(), forced.port),
+        ("/var/run/postgresql", 5432)
+    );
     assert_eq!(forced.server_user.as_deref(), Some("svc"));
     assert_eq!(forced.server_password.as_deref(), Some("svc_pw"));
     // A listed database takes nothing from "*" in PgBouncer: not its port, nor its size.

@@ -459,7 +459,7 @@ impl Session {
         {
             return None;
         }
-        let worker = loops.worker_of(self.client.stream.tcp())?;
+        let worker = loops.worker_of(self.client.stream.tcp()?)?;
         (worker != crate::workers::current()).then_some(worker)
     }
 
@@ -685,13 +685,13 @@ impl Session {
             // Work is still running on the server: cancel it and close the connection; a
             // half-read reply stream cannot be handed to anyone else.
             let (addr, pid, secret) = (
-                server.info.addr,
+                server.info.cancel_addr(),
                 server.info.backend_pid,
                 server.backend_secret,
             );
             self.pool.release_slot(&server);
             tokio::spawn(async move {
-                let _ = crate::server::send_cancel(addr, pid, secret).await;
+                let _ = crate::server::send_cancel(&addr, pid, secret).await;
                 server.terminate().await;
             });
             return;

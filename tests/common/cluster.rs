@@ -135,6 +135,11 @@ impl Cluster {
         self.pg().psql(db, sql)
     }
 
+    /// The directory of the server's Unix socket.
+    pub fn socket_dir(&self) -> std::path::PathBuf {
+        self.pg().socket_dir().to_path_buf()
+    }
+
     /// The server's bin dir, to run `pgbench` or `psql` of the same version.
     pub fn bin_dir(&self) -> std::path::PathBuf {
         self.pg().bin_dir().to_path_buf()

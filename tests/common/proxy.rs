@@ -15,6 +15,7 @@ pub fn test_config(mode: PoolMode, pool_size: u32) -> Config {
         port: c.port(),
         user: PGMEMO_USER.into(),
         password: Some(PGMEMO_PASS.into()),
+        ..Default::default()
     });
     config.general.listen = "127.0.0.1:0".into();
     config.general.pool_mode = mode;

@@ -1,0 +1,317 @@
+//! A server given as a libpq connection string (`host=db1,db2 port=5432 sslmode=require`)
+//! or URL (`postgresql://app:pw@db1:5432/app?sslmode=require`): `[upstream] url`, the
+//! `--upstream` flag and `[databases.NAME] connstring`.
+//!
+//! tokio-postgres' `Config` does the parsing (both forms, quoting, percent-decoding, several
+//! hosts and ports). What it does not know is handled here before it sees the string:
+//! `sslmode=verify-ca`/`verify-full` (it knows disable/prefer/require) and `sslrootcert`.
+//! Everything else it refuses (an unknown key, a bad value) is a configuration error naming
+//! that key, in tokio-postgres' words.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_postgres::config::{Host, TargetSessionAttrs};
+
+use super::{ConfigError, ServerTlsMode};
+
+/// What a connection string says beyond host, port, database and role: how pgmemo talks to
+/// that server. Unset fields fall back to `[general]` (`server_tls`, `server_tls_ca_file`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// `sslmode`: over `general.server_tls` for this server.
+    pub tls: Option<ServerTlsMode>,
+    /// `sslrootcert`: over `general.server_tls_ca_file` for this server.
+    pub tls_ca_file: Option<PathBuf>,
+    /// `target_session_attrs=read-write`: of several hosts, use the first that accepts writes.
+    pub read_write: bool,
+    /// `connect_timeout`, per host.
+    pub connect_timeout: Option<Duration>,
+    /// `application_name`: the server's default for sessions that set none.
+    pub application_name: Option<String>,
+}
+
+/// A connection string, read.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Connstring {
+    /// Hosts and their ports in the order given; a host starting with `/` is a Unix socket
+    /// directory. Empty when the string names no host.
+    pub hosts: Vec<(String, u16)>,
+    pub dbname: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub options: ServerOptions,
+}
+
+/// The keys tokio-postgres accepts that pgmemo does not act on: refused rather than
+/// silently ignored.
+const NOT_SUPPORTED: &[&str] = &[
+    "options",
+    "hostaddr",
+    "sslnegotiation",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
+impl std::fmt::Debug for Connstring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connstring")
+            .field("hosts", &self.hosts)
+            .field("dbname", &self.dbname)
+            .field("user", &self.user)
+            .field("password", &super::Hidden(&self.password))
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+/// Reads `text`, the value of configuration key `key`.
+pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
+    let err = |m: String| ConfigError::invalid(key, m);
+    if let Some((scheme, _)) = text.split_once("://") {
+        if scheme != "postgresql" && scheme != "postgres" {
+            return Err(err(format!(
+                "not a postgresql:// URL ({scheme}://); expected \
+                 postgresql://USER[:PASSWORD]@HOST[:PORT] or a connection string host=... user=..."
+            )));
+        }
+    }
+    let (rest, sslmode) = take_param(text, "sslmode");
+    let (rest, rootcert) = take_param(&rest, "sslrootcert");
+    let tls = sslmode
+        .map(|mode| match mode.as_str() {
+            "disable" | "allow" => Ok(ServerTlsMode::Disable),
+            "prefer" => Ok(ServerTlsMode::Prefer),
+            "require" => Ok(ServerTlsMode::Require),
+            // pgmemo's only verifying mode checks the host name too: verify-ca is stricter.
+            "verify-ca" | "verify-full" => Ok(ServerTlsMode::VerifyFull),
+            other => Err(err(format!(
+                "invalid value {other:?} for option `sslmode` (expected disable, allow, \
+                 prefer, require, verify-ca or verify-full)"
+            ))),
+        })
+        .transpose()?;
+    let config: tokio_postgres::Config =
+        rest.parse().map_err(
+            |e: tokio_postgres::Error| match std::error::Error::source(&e) {
+                Some(cause) => err(format!("{e}: {cause}")),
+                None => err(e.to_string()),
+            },
+        )?;
+    for name in NOT_SUPPORTED {
+        if has_param(&rest, name) {
+            return Err(err(format!("option `{name}` is not supported by pgmemo")));
+        }
+    }
+    let ports = config.get_ports();
+    let hosts = config.get_hosts();
+    if ports.len() > 1 && ports.len() != hosts.len().max(1) {
+        return Err(err(format!(
+            "{} ports for {} hosts: give one port, or one for each host",
+            ports.len(),
+            hosts.len()
+        )));
+    }
+    if ports.contains(&0) {
+        return Err(err("a port must be 1..=65535".into()));
+    }
+    let port_of = |i: usize| match ports {
+        [] => 5432,
+        [one] => *one,
+        many => many[i],
+    };
+    let mut host_list = Vec::with_capacity(hosts.len());
+    for (i, host) in hosts.iter().enumerate() {
+        let name = match host {
+            Host::Tcp(name) => name.clone(),
+            Host::Unix(dir) => dir.to_string_lossy().into_owned(),
+        };
+        if name.is_empty() {
+            return Err(err("a host must not be empty".into()));
+        }
+        host_list.push((name, port_of(i)));
+    }
+    if host_list.is_empty() && !ports.is_empty() {
+        host_list.push(("127.0.0.1".to_string(), port_of(0)));
+    }
+    let password = config
+        .get_password()
+        .map(|p| String::from_utf8(p.to_vec()).map_err(|_| err("the password is not UTF-8".into())))
+        .transpose()?;
+    Ok(Connstring {
+        hosts: host_list,
+        dbname: config.get_dbname().map(str::to_owned),
+        user: config.get_user().map(str::to_owned),
+        password,
+        options: ServerOptions {
+            tls,
+            tls_ca_file: rootcert.map(PathBuf::from),
+            read_write: match config.get_target_session_attrs() {
+                TargetSessionAttrs::Any => false,
+                TargetSessionAttrs::ReadWrite => true,
+                _ => {
+                    return Err(err(
+                        "target_session_attrs: pgmemo supports \"any\" and \"read-write\"".into(),
+                    ))
+                }
+            },
+            connect_timeout: config.get_connect_timeout().copied(),
+            application_name: config.get_application_name().map(str::to_owned),
+        },
+    })
+}
+
+/// Whether `text` gives parameter `name` (as `name=` in a key/value string or after `?`/`&`
+/// in a URL).
+fn has_param(text: &str, name: &str) -> bool {
+    find_param(text, name).is_some()
+}
+
+/// `text` without parameter `name`, and that parameter's value (unquoted): how the two
+/// parameters tokio-postgres does not know reach pgmemo. A value is read up to the next
+/// space (`&` in a URL) and may not be quoted.
+fn take_param(text: &str, name: &str) -> (String, Option<String>) {
+    let Some((start, value_start)) = find_param(text, name) else {
+        return (text.to_string(), None);
+    };
+    let url = text.contains("://");
+    let value_end = text[value_start..]
+        .find(|c: char| {
+            if url {
+                c == '&' || c == '#'
+            } else {
+                c.is_ascii_whitespace()
+            }
+        })
+        .map_or(text.len(), |i| value_start + i);
+    let value = text[value_start..value_end].to_string();
+    let mut rest = String::with_capacity(text.len());
+    rest.push_str(&text[..start]);
+    let mut after = &text[value_end..];
+    if url {
+        // Drop the separator too, keeping the `?` when the parameter was the first.
+        match (rest.chars().last(), after.strip_prefix('&')) {
+            (Some('?'), Some(a)) => after = a,
+            (Some('&'), _) => {
+                rest.pop();
+            }
+            (Some('?'), None) => {
+                rest.pop();
+            }
+            _ => {}
+        }
+    }
+    rest.push_str(after);
+    (rest, Some(value))
+}
+
+/// Where parameter `name` starts in `text` and where its value starts.
+fn find_param(text: &str, name: &str) -> Option<(usize, usize)> {
+    let url = text.contains("://");
+    let query_start = if url { text.find('?')? } else { 0 };
+    let mut from = query_start;
+    while let Some(i) = text[from..].find(name) {
+        let start = from + i;
+        let before = text[..start].chars().last();
+        let boundary = match before {
+            None => true,
+            Some(c) if url => c == '?' || c == '&',
+            Some(c) => c.is_ascii_whitespace(),
+        };
+        let after = text[start + name.len()..].trim_start_matches(' ');
+        if boundary && after.starts_with('=') {
+            let eq = text.len() - after.len();
+            let value =
+                eq + 1 + (text[eq + 1..].len() - text[eq + 1..].trim_start_matches(' ').len());
+            return Some((start, value));
+        }
+        from = start + name.len();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_value_strings_and_urls_read_the_same() {
+        let kv = parse(
+            "k",
+            "host=db1,db2 port=5433,5434 dbname=app user=u password='p w' \
+             sslmode=verify-full sslrootcert=/etc/ca.pem target_session_attrs=read-write \
+             connect_timeout=3 application_name=pgm",
+        )
+        .unwrap();
+        let url = parse(
+            "k",
+            "postgresql://u:p%20w@db1:5433,db2:5434/app?sslmode=verify-full&\
+             sslrootcert=/etc/ca.pem&target_session_attrs=read-write&connect_timeout=3&\
+             application_name=pgm",
+        )
+        .unwrap();
+        for c in [&kv, &url] {
+            assert_eq!(
+                c.hosts,
+                vec![("db1".to_string(), 5433), ("db2".to_string(), 5434)]
+            );
+            assert_eq!(c.dbname.as_deref(), Some("app"));
+            assert_eq!(c.user.as_deref(), Some("u"));
+            assert_eq!(c.password.as_deref(), Some("p w"));
+            assert_eq!(c.options.tls, Some(ServerTlsMode::VerifyFull));
+            assert_eq!(c.options.tls_ca_file, Some(PathBuf::from("/etc/ca.pem")));
+            assert!(c.options.read_write);
+            assert_eq!(c.options.connect_timeout, Some(Duration::from_secs(3)));
+            assert_eq!(c.options.application_name.as_deref(), Some("pgm"));
+        }
+    }
+
+    #[test]
+    fn modes_sockets_and_single_ports() {
+        let c = parse("k", "host=/tmp,db port=6000 sslmode=require").unwrap();
+        assert_eq!(
+            c.hosts,
+            vec![("/tmp".to_string(), 6000), ("db".to_string(), 6000)]
+        );
+        assert_eq!(c.options.tls, Some(ServerTlsMode::Require));
+        let c = parse("k", "postgresql://u@h?sslmode=prefer").unwrap();
+        assert_eq!(c.hosts, vec![("h".to_string(), 5432)]);
+        assert_eq!(c.options.tls, Some(ServerTlsMode::Prefer));
+        let c = parse("k", "postgres://u@h:7000").unwrap();
+        assert_eq!(c.options, ServerOptions::default());
+        let c = parse("k", "postgresql://u@%2Fvar%2Frun%2Fpostgresql:5433/db").unwrap();
+        assert_eq!(c.hosts, vec![("/var/run/postgresql".to_string(), 5433)]);
+    }
+
+    #[test]
+    fn bad_strings_name_the_key() {
+        let e = parse("upstream.url", "host=h bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("upstream.url") && e.contains("unknown option `bogus`"),
+            "{e}"
+        );
+        let e = parse("k", "postgresql://u@h?bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown option `bogus`"), "{e}");
+        let e = parse("k", "host=h sslmode=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslmode"), "{e}");
+        let e = parse("k", "host=h keepalives=1").unwrap_err().to_string();
+        assert!(e.contains("`keepalives` is not supported"), "{e}");
+        let e = parse("k", "host=a,b,c port=1,2").unwrap_err().to_string();
+        assert!(e.contains("2 ports for 3 hosts"), "{e}");
+        let e = parse("k", "host=a target_session_attrs=read-only")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("target_session_attrs"), "{e}");
+    }
+}
