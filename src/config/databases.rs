@@ -204,11 +204,12 @@ impl Config {
             }
         }
         match &user.password {
-            None if g.auth_type != AuthType::Trust => {
+            None if g.auth_type != AuthType::Trust && self.auth_file.secret(name).is_none() => {
                 return Err(ConfigError::invalid(
                     key,
                     format!(
-                        "missing; with auth_type {:?} every user needs a password or verifier",
+                        "missing; with auth_type {:?} every user needs a password or verifier \
+                         (here or in general.auth_file)",
                         g.auth_type.as_str()
                     ),
                 ));

@@ -41,6 +41,11 @@ settings! {
     /// How clients authenticate to pgmemo; `trust` is refused unless `listen` is a loopback
     /// address.
     auth_type: AuthType = AuthType::ScramSha256, Live, check = trust_only_on_loopback;
+    /// PgBouncer's auth file (`userlist.txt`): `"user" "secret"` per line, the secret a plain
+    /// password, an md5 hash or a SCRAM verifier; `;` starts a comment line. Its users may log
+    /// in besides `[users]` (whose `password` wins for a user in both). Read again on
+    /// RELOAD. Relative paths are relative to the config file.
+    auth_file: Option<PathBuf> = None, Live;
     /// Users allowed to connect to the admin console, the database `pgmemo`.
     admin_users: Vec<String> = Vec::new(), Live;
     /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.

@@ -1,0 +1,232 @@
+//! Where pgmemo finds the secrets clients are checked against, besides `[users]`:
+//! `general.auth_file`, PgBouncer's `userlist.txt` (plain, md5 and SCRAM secrets, read again
+//! on RELOAD, a broken line refused with its file and line).
+//!
+//! Clients are real: psql with a password, and tokio-postgres.
+
+mod common;
+
+use common::*;
+use pgmemo::config::{AuthType, Config, PoolMode};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// A directory of the test's own, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("pgmemo-auth-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn md5_secret(user: &str, password: &str) -> String {
+    postgres_protocol::password::md5(password.as_bytes(), user)
+}
+
+fn scram_secret(password: &str) -> String {
+    postgres_protocol::password::scram_sha_256(password.as_bytes())
+}
+
+/// pgmemo's test configuration with `userlist` as its auth file and no `[users]`; the
+/// console's user (`pgmemo`) must then be in the file, unless `admin` is false.
+fn auth_file_config(userlist: &Path, auth: AuthType, admin: bool) -> anyhow::Result<Config> {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.auth_type = auth;
+    if !admin {
+        config.general.admin_users.clear();
+    }
+    config.general.auth_file = Some(userlist.to_path_buf());
+    config.read_auth_file()?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Runs `SELECT current_user` with psql through pgmemo at `port` as `user` / `password`:
+/// stdout on success, stderr on failure.
+async fn psql(port: u16, user: &str, password: &str) -> Result<String, String> {
+    let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-U", user, "-d", TEST_DB, "-c", "SELECT current_user"])
+        .env("PGPASSWORD", password)
+        .env_remove("PGSERVICE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run psql");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+fn write_userlist(path: &Path, lines: &[(&str, String)]) {
+    let mut text = String::from("; written by the test\n");
+    for (user, secret) in lines {
+        text.push_str(&format!("\"{user}\" \"{secret}\"\n"));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_of_the_auth_file_log_in_and_reload_reads_it_again() {
+    let dir = TempDir::new("userlist");
+    let userlist = dir.0.join("userlist.txt");
+    // The console's user is in the file too: with an auth file, the upstream role is no
+    // longer a client user by itself (as with [users]).
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            ("alice", "alice_pw".to_owned()),
+            ("carol", scram_secret("carol_pw")),
+        ],
+    );
+    let proxy =
+        start_pgmemo(auth_file_config(&userlist, AuthType::ScramSha256, true).unwrap()).await;
+    let reload_path = userlist.clone();
+    proxy.set_reloader(Box::new(move || {
+        auth_file_config(&reload_path, AuthType::ScramSha256, true)
+    }));
+    let port = proxy.local_addr().port();
+
+    // Plain and SCRAM secrets answer SCRAM; the server login is the upstream role's.
+    assert_eq!(psql(port, "alice", "alice_pw").await.unwrap(), PGMEMO_USER);
+    assert_eq!(psql(port, "carol", "carol_pw").await.unwrap(), PGMEMO_USER);
+    let wrong = psql(port, "carol", "wrong").await.unwrap_err();
+    assert!(
+        wrong.contains("FATAL:  password authentication failed for user \"carol\""),
+        "{wrong}"
+    );
+    let nobody = psql(port, "nobody", "alice_pw").await.unwrap_err();
+    assert!(
+        nobody.contains("FATAL:  password authentication failed for user \"nobody\""),
+        "{nobody}"
+    );
+
+    // RELOAD reads the file again: alice is gone, dave is new.
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            ("carol", scram_secret("carol_pw")),
+            ("dave", "dave_pw".to_owned()),
+        ],
+    );
+    let admin = admin_console(proxy.local_addr()).await;
+    admin.simple_query("RELOAD").await.unwrap();
+    assert_eq!(psql(port, "dave", "dave_pw").await.unwrap(), PGMEMO_USER);
+    let gone = psql(port, "alice", "alice_pw").await.unwrap_err();
+    assert!(
+        gone.contains("password authentication failed for user \"alice\""),
+        "{gone}"
+    );
+
+    // A broken file is refused with its line, and the users read before stay.
+    std::fs::write(
+        &userlist,
+        format!(
+            "\"{PGMEMO_USER}\" \"{PGMEMO_PASS}\"\n\"dave\" \"SCRAM-SHA-256$4096:c2FsdA==$x\"\n"
+        ),
+    )
+    .unwrap();
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    let e = e
+        .as_db_error()
+        .expect("an ErrorResponse")
+        .message()
+        .to_owned();
+    assert!(
+        e.contains(&format!(
+            "{}, line 2: the secret of user \"dave\"",
+            userlist.display()
+        )),
+        "{e}"
+    );
+    assert!(e.contains("malformed SCRAM verifier"), "{e}");
+    assert_eq!(psql(port, "dave", "dave_pw").await.unwrap(), PGMEMO_USER);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_md5_secret_of_the_auth_file_answers_md5_and_a_users_password_wins() {
+    let dir = TempDir::new("md5");
+    let userlist = dir.0.join("userlist.txt");
+    write_userlist(
+        &userlist,
+        &[
+            ("bob", md5_secret("bob", "bob_pw")),
+            ("erin", "file_pw".to_owned()),
+        ],
+    );
+    let mut config = auth_file_config(&userlist, AuthType::Md5, false).unwrap();
+    config.users.insert(
+        "erin".into(),
+        pgmemo::config::UserConfig {
+            password: Some("toml_pw".into()),
+            ..Default::default()
+        },
+    );
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(psql(port, "bob", "bob_pw").await.unwrap(), PGMEMO_USER);
+    assert_eq!(psql(port, "erin", "toml_pw").await.unwrap(), PGMEMO_USER);
+    let e = psql(port, "erin", "file_pw").await.unwrap_err();
+    assert!(e.contains("password authentication failed"), "{e}");
+    proxy.shutdown().await;
+
+    // The same md5 hash cannot answer SCRAM: refused when the configuration is checked.
+    let e = auth_file_config(&userlist, AuthType::ScramSha256, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "{}, line 2: user \"bob\" has an md5 hash",
+            userlist.display()
+        )),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_auth_file_is_a_config_error_with_file_and_line() {
+    let dir = TempDir::new("broken");
+    let toml = dir.0.join("pgmemo.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[general]\nauth_file = \"users.txt\"\n[upstream]\nurl = \"postgresql://{PGMEMO_USER}:{PGMEMO_PASS}@127.0.0.1:{}\"\n",
+            cluster().port()
+        ),
+    )
+    .unwrap();
+    let e = Config::load(&toml).unwrap_err().to_string();
+    assert!(
+        e.contains("pgmemo.toml, line 2: general.auth_file: cannot read"),
+        "{e}"
+    );
+    let users = dir.0.join("users.txt");
+    std::fs::write(&users, "\"alice\" \"pw\"\nbob secret\n").unwrap();
+    let e = Config::load(&toml).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}, line 2: malformed auth file line: it does not start with '\"'",
+            users.display()
+        )),
+        "{e}"
+    );
+    std::fs::write(&users, "\"alice\" \"pw\"\n").unwrap();
+    let config = Config::load(&toml).unwrap();
+    assert_eq!(config.user_secret("alice"), Some("pw"));
+}
