@@ -297,6 +297,8 @@ pub struct App {
     pub listen_addr: Mutex<Option<SocketAddr>>,
     /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
     pub reloader: Mutex<Option<crate::Reloader>>,
+    /// The answers of `auth_query`, for a short while (see auth_query.rs).
+    auth_query: crate::auth_query::AuthQueryCache,
     /// Every prepared statement any client has parsed, shared across pools.
     pub registry: crate::statements::Registry,
     /// Query shapes seen in simple queries, and what autoprepare decided for each.
@@ -343,6 +345,7 @@ impl App {
                 .map_or(0, |d| d.as_micros() as u64),
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
+            auth_query: Default::default(),
             registry: crate::statements::Registry::new(),
             autoprepare: crate::autoprepare::Autoprepare::new(shapes.clone()),
             cache: Arc::new(crate::cache::ResultCache::new(
@@ -391,6 +394,7 @@ impl App {
             self.config.store(old);
             return Err(e);
         }
+        self.auth_query.clear();
         let cfg = self.config.load();
         self.shapes
             .set_max(cfg.general.autoprepare_max_shapes as usize);
@@ -494,6 +498,38 @@ impl App {
             p.resume();
         }
         Ok(())
+    }
+
+    /// `auth_query`: the secret of client `user` logging in to `database`, looked up as
+    /// `general.auth_user` (None: no auth_user, no such database or no such user).
+    pub async fn look_up_secret(
+        &self,
+        database: &str,
+        user: &str,
+    ) -> Result<Option<String>, crate::auth_query::LookupError> {
+        let cfg = self.config.load_full();
+        let g = &cfg.general;
+        let Some(auth_user) = g.auth_user.clone() else {
+            return Ok(None);
+        };
+        let dbname = g.auth_dbname.as_deref().unwrap_or(database);
+        let key = PoolKey {
+            database: dbname.to_owned(),
+            user: auth_user.clone(),
+        };
+        let Some(settings) = self.pool_settings(&cfg, &key) else {
+            return Ok(None);
+        };
+        let mut target = settings.target;
+        if target.user != auth_user {
+            // The database logs in as another role: auth_user's own password is needed.
+            target.password = cfg
+                .user_secret(&auth_user)
+                .filter(|s| matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_)))
+                .map(str::to_owned);
+            target.user = auth_user;
+        }
+        self.auth_query.secret(&target, &g.auth_query, user).await
     }
 
     fn pool_settings(&self, cfg: &Config, key: &PoolKey) -> Option<PoolSettings> {

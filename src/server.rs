@@ -510,7 +510,8 @@ pub fn server_error(body: Bytes) -> ServerError {
     ServerError::Server { fields, raw: body }
 }
 
-fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
+/// A DataRow's columns as text (None for NULL).
+pub fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
     let mut r = crate::protocol::Reader::new(body);
     let n = r.i16().unwrap_or(0).max(0);
     (0..n)

@@ -1,6 +1,9 @@
 //! Where pgmemo finds the secrets clients are checked against, besides `[users]`:
 //! `general.auth_file`, PgBouncer's `userlist.txt` (plain, md5 and SCRAM secrets, read again
-//! on RELOAD, a broken line refused with its file and line).
+//! on RELOAD, a broken line refused with its file and line), and `auth_query` run as
+//! `auth_user` in PostgreSQL (SCRAM and md5 secrets from `pg_authid`; no row, a wrong password:
+//! PostgreSQL's 28P01; two rows or an error: refused with a clear message; lookups of two
+//! users at once do not wait for each other).
 //!
 //! Clients are real: psql with a password, and tokio-postgres.
 
@@ -229,4 +232,113 @@ async fn a_broken_auth_file_is_a_config_error_with_file_and_line() {
     std::fs::write(&users, "\"alice\" \"pw\"\n").unwrap();
     let config = Config::load(&toml).unwrap();
     assert_eq!(config.user_secret("alice"), Some("pw"));
+}
+
+/// pgmemo with `auth_user = postgres` (its password in `[users]`) looking up everyone else
+/// with `query` (None: PgBouncer's default).
+fn auth_query_config(auth: AuthType, query: Option<&str>) -> Config {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.auth_type = auth;
+    config.general.admin_users.clear();
+    config.general.auth_user = Some(SUPERUSER.into());
+    if let Some(query) = query {
+        config.general.auth_query = query.into();
+    }
+    config.users.insert(
+        SUPERUSER.into(),
+        pgmemo::config::UserConfig {
+            password: Some(SUPERUSER_PASS.into()),
+            ..Default::default()
+        },
+    );
+    config
+}
+
+/// The `FATAL:  ...` part of psql's error output.
+fn fatal(stderr: &str) -> &str {
+    let at = stderr
+        .find("FATAL:")
+        .unwrap_or_else(|| panic!("no FATAL in {stderr:?}"));
+    stderr[at..].lines().next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_query_looks_up_scram_and_md5_secrets_and_refuses_as_postgresql_does() {
+    let direct = cluster().port();
+    let proxy = start_pgmemo(auth_query_config(AuthType::ScramSha256, None)).await;
+    let port = proxy.local_addr().port();
+    // scram_user's secret is a SCRAM verifier in pg_authid, never in pgmemo's configuration.
+    assert_eq!(
+        psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+        PGMEMO_USER
+    );
+    // A wrong password, and a user the query finds no row for: PostgreSQL's own answer.
+    let reference = psql(direct, SCRAM_USER, "wrong").await.unwrap_err();
+    let wrong = psql(port, SCRAM_USER, "wrong").await.unwrap_err();
+    assert_eq!(fatal(&wrong), fatal(&reference));
+    let nobody_direct = psql(direct, "nobody", "wrong").await.unwrap_err();
+    let nobody = psql(port, "nobody", "wrong").await.unwrap_err();
+    assert_eq!(fatal(&nobody), fatal(&nobody_direct));
+    assert_eq!(
+        fatal(&nobody),
+        "FATAL:  password authentication failed for user \"nobody\""
+    );
+    proxy.shutdown().await;
+
+    // md5_user's secret is an md5 hash: it answers auth_type md5.
+    let proxy = start_pgmemo(auth_query_config(AuthType::Md5, None)).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), PGMEMO_USER);
+    let wrong = psql(port, MD5_USER, "wrong").await.unwrap_err();
+    assert_eq!(
+        fatal(&wrong),
+        "FATAL:  password authentication failed for user \"md5_user\""
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_query_with_two_rows_or_an_error_refuses_the_login_clearly() {
+    for query in [
+        "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1 OR rolname = 'pgmemo'",
+        "SELECT rolname, no_such_column FROM pg_authid WHERE rolname = $1",
+    ] {
+        let proxy = start_pgmemo(auth_query_config(AuthType::ScramSha256, Some(query))).await;
+        let port = proxy.local_addr().port();
+        let e = psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap_err();
+        assert_eq!(
+            fatal(&e),
+            "FATAL:  pgmemo could not look up the password of user \"scram_user\" \
+             (auth_query failed; see pgmemo's log)",
+            "{query}"
+        );
+        // Users pgmemo knows itself are not disturbed.
+        assert_eq!(
+            psql(port, SUPERUSER, SUPERUSER_PASS).await.unwrap(),
+            PGMEMO_USER
+        );
+        proxy.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_of_two_users_run_at_once() {
+    // Each lookup takes 2 seconds; one after the other would take 4.
+    let query = "SELECT rolname, rolpassword FROM pg_authid, pg_sleep(2) WHERE rolname = $1";
+    let proxy = start_pgmemo(auth_query_config(AuthType::Md5, Some(query))).await;
+    let port = proxy.local_addr().port();
+    let started = std::time::Instant::now();
+    let (a, b) = tokio::join!(
+        psql(port, SCRAM_USER, SCRAM_PASS),
+        psql(port, MD5_USER, MD5_PASS)
+    );
+    let took = started.elapsed();
+    assert_eq!(a.unwrap(), PGMEMO_USER);
+    assert_eq!(b.unwrap(), PGMEMO_USER);
+    assert!(took < std::time::Duration::from_millis(3800), "{took:?}");
+    // The answers are cached: a second login does not wait for the query.
+    let started = std::time::Instant::now();
+    assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), PGMEMO_USER);
+    assert!(started.elapsed() < std::time::Duration::from_millis(1900));
+    proxy.shutdown().await;
 }

@@ -356,7 +356,7 @@ impl Config {
         self.check_auth_file()?;
 
         if g.auth_type != AuthType::Trust {
-            if !self.lists_users() && self.implicit_user().is_none() {
+            if !self.lists_users() && self.implicit_user().is_none() && g.auth_user.is_none() {
                 return Err(ConfigError::invalid(
                     "users",
                     format!(
