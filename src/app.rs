@@ -268,6 +268,16 @@ impl ClientInfo {
     }
 }
 
+/// How pgmemo logs into a server as a client whose password it never saw, learnt from the
+/// client's login against a stored secret.
+#[derive(Clone, Debug)]
+pub enum Passthrough {
+    /// The ClientKey recovered from its SCRAM proof and the verifier's ServerKey.
+    Scram(crate::auth::ScramKeys),
+    /// The md5 hash it was checked against, which answers a server's md5 challenge too.
+    Md5(String),
+}
+
 pub struct App {
     pub config: ArcSwap<Config>,
     pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
@@ -299,6 +309,9 @@ pub struct App {
     pub reloader: Mutex<Option<crate::Reloader>>,
     /// The answers of `auth_query`, for a short while (see auth_query.rs).
     auth_query: crate::auth_query::AuthQueryCache,
+    /// What logged-in clients left that lets pgmemo log into servers as them without their
+    /// password (pass-through), by user.
+    passthrough: Mutex<HashMap<String, Passthrough>>,
     /// Every prepared statement any client has parsed, shared across pools.
     pub registry: crate::statements::Registry,
     /// Query shapes seen in simple queries, and what autoprepare decided for each.
@@ -346,6 +359,7 @@ impl App {
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
             auth_query: Default::default(),
+            passthrough: Mutex::new(HashMap::new()),
             registry: crate::statements::Registry::new(),
             autoprepare: crate::autoprepare::Autoprepare::new(shapes.clone()),
             cache: Arc::new(crate::cache::ResultCache::new(
@@ -500,6 +514,12 @@ impl App {
         Ok(())
     }
 
+    /// Remembers how to log into servers as `user`, learnt from its login (see
+    /// [`Passthrough`]).
+    pub fn learn_passthrough(&self, user: &str, how: Passthrough) {
+        self.passthrough.lock().insert(user.to_owned(), how);
+    }
+
     /// `auth_query`: the secret of client `user` logging in to `database`, looked up as
     /// `general.auth_user` (None: no auth_user, no such database or no such user).
     pub async fn look_up_secret(
@@ -537,17 +557,24 @@ impl App {
         let g = &cfg.general;
         // No server credentials configured: log in as the client, with its configured password
         // when that is a plain one (PgBouncer's model).
-        let (user, password) = match db.server_user {
-            Some(u) => (u, db.server_password),
-            None => (
-                key.user.clone(),
-                cfg.user_secret(&key.user)
-                    // Only a plain password can log in; "md5_pass" is one, not an md5 hash.
-                    .filter(|s| {
-                        matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
-                    })
-                    .map(str::to_owned),
-            ),
+        let (user, password, scram_keys) = match db.server_user {
+            Some(u) => (u, db.server_password, None),
+            None => {
+                // A plain password logs in with any method ("md5_pass" is one, not an md5
+                // hash); else what the client's own login left: its SCRAM keys, or the md5
+                // hash it was checked against (pass-through, as PgBouncer).
+                let plain = cfg.user_secret(&key.user).filter(|s| {
+                    matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
+                });
+                let learnt = self.passthrough.lock().get(&key.user).cloned();
+                let (password, keys) = match (plain, learnt) {
+                    (Some(p), _) => (Some(p.to_owned()), None),
+                    (None, Some(Passthrough::Md5(hash))) => (Some(hash), None),
+                    (None, Some(Passthrough::Scram(keys))) => (None, Some(keys)),
+                    (None, None) => (None, None),
+                };
+                (key.user.clone(), password, keys)
+            }
         };
         Some(PoolSettings {
             target: ServerTarget {
@@ -557,6 +584,7 @@ impl App {
                 dbname: db.dbname,
                 user,
                 password,
+                scram_keys,
                 tls_mode: g.server_tls,
                 tls: self.server_tls.load_full().map(|c| (*c).clone()),
             },

@@ -3,7 +3,9 @@
 //! on RELOAD, a broken line refused with its file and line), and `auth_query` run as
 //! `auth_user` in PostgreSQL (SCRAM and md5 secrets from `pg_authid`; no row, a wrong password:
 //! PostgreSQL's 28P01; two rows or an error: refused with a clear message; lookups of two
-//! users at once do not wait for each other).
+//! users at once do not wait for each other); and pass-through: a client checked against a
+//! stored SCRAM verifier or md5 hash logs into PostgreSQL as itself with the keys of its own
+//! login, pgmemo holding no password of it.
 //!
 //! Clients are real: psql with a password, and tokio-postgres.
 
@@ -340,5 +342,95 @@ async fn lookups_of_two_users_run_at_once() {
     let started = std::time::Instant::now();
     assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), PGMEMO_USER);
     assert!(started.elapsed() < std::time::Duration::from_millis(1900));
+    proxy.shutdown().await;
+}
+
+/// pgmemo with no server user anywhere (each client logs into PostgreSQL as itself) and
+/// `users`' secrets.
+fn passthrough_config(auth: AuthType, users: &[(&str, String)]) -> Config {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.auth_type = auth;
+    config.general.admin_users.clear();
+    config.upstream = None;
+    config.databases.insert(
+        "*".into(),
+        pgmemo::config::DatabaseConfig {
+            host: Some("127.0.0.1".into()),
+            port: Some(cluster().port()),
+            ..Default::default()
+        },
+    );
+    for (name, secret) in users {
+        config.users.insert(
+            (*name).into(),
+            pgmemo::config::UserConfig {
+                password: Some(secret.clone()),
+                ..Default::default()
+            },
+        );
+    }
+    config
+}
+
+fn rolpassword(role: &str) -> String {
+    cluster()
+        .psql(
+            TEST_DB,
+            &format!("SELECT rolpassword FROM pg_authid WHERE rolname = '{role}'"),
+        )
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_log_into_postgresql_as_themselves_with_only_their_stored_secret() {
+    // pg_hba asks scram_user for scram-sha-256 and md5_user for md5; pgmemo holds only
+    // what pg_authid holds.
+    let verifier = rolpassword(SCRAM_USER);
+    let md5 = rolpassword(MD5_USER);
+    assert!(verifier.starts_with("SCRAM-SHA-256$"), "{verifier}");
+    assert!(md5.starts_with("md5"), "{md5}");
+    let config = passthrough_config(AuthType::Md5, &[(SCRAM_USER, verifier), (MD5_USER, md5)]);
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    for _ in 0..2 {
+        assert_eq!(
+            psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+            SCRAM_USER
+        );
+        assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), MD5_USER);
+    }
+    // tokio-postgres with SCRAM, on a pool psql's logins opened.
+    let (client, conn) = tokio_postgres::connect(
+        &proxy_url(proxy.local_addr(), SCRAM_USER, Some(SCRAM_PASS), TEST_DB),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let row = client.query_one("SELECT session_user", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), SCRAM_USER);
+    drop(client);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_found_by_auth_query_logs_into_postgresql_as_itself() {
+    let mut config = passthrough_config(
+        AuthType::ScramSha256,
+        &[(PGMEMO_USER, PGMEMO_PASS.to_owned())],
+    );
+    config.general.auth_user = Some(PGMEMO_USER.into());
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(
+        psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+        SCRAM_USER
+    );
+    let e = psql(port, SCRAM_USER, "wrong").await.unwrap_err();
+    assert_eq!(
+        fatal(&e),
+        "FATAL:  password authentication failed for user \"scram_user\""
+    );
     proxy.shutdown().await;
 }

@@ -22,7 +22,8 @@ pub struct DatabaseConfig {
     /// The database's name on the server; default: the name clients use.
     pub dbname: Option<String>,
     /// The role pgmemo logs into the server as. When no entry nor `[upstream]` gives one,
-    /// pgmemo logs in as the client's user with the client's password.
+    /// pgmemo logs in as the client's user, with its plain password or by pass-through (the
+    /// SCRAM keys or md5 hash of the client's own login).
     pub user: Option<String>,
     /// That role's password.
     pub password: Option<String>,

@@ -2,7 +2,7 @@
 //! replace it), authentication, and the parameters it is told about before its first query.
 
 use super::ClientConn;
-use crate::app::App;
+use crate::app::{App, Passthrough};
 use crate::auth::{md5_salt, md5_verify, AuthError, ScramServer, Secret};
 use crate::config::AuthType;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
@@ -333,6 +333,9 @@ async fn authenticate(
             if !md5_verify(user, secret.as_ref(), salt, &body) {
                 return Err(conn.refuse(sqlstate::INVALID_PASSWORD, failed()).await);
             }
+            if let Some(Secret::Md5(hash)) = &secret {
+                app.learn_passthrough(user, Passthrough::Md5(hash.clone()));
+            }
         }
         AuthType::ScramSha256 => {
             let mut scram = ScramServer::new(user, secret.as_ref());
@@ -361,6 +364,10 @@ async fn authenticate(
             match scram.handle_client_final(&body) {
                 Ok(server_final) => be::auth_sasl_final(&mut conn.wbuf, &server_final),
                 Err(e) => return Err(scram_failure(conn, e, failed()).await),
+            }
+            // Against a stored verifier, the client's keys log into the server as it.
+            if let (Some(Secret::Scram(_)), Some(keys)) = (&secret, scram.keys()) {
+                app.learn_passthrough(user, Passthrough::Scram(keys));
             }
         }
     }
