@@ -434,3 +434,57 @@ async fn a_user_found_by_auth_query_logs_into_postgresql_as_itself() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_users_may_only_show() {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.stats_users = vec!["watcher".into()];
+    config.users.insert(
+        "watcher".into(),
+        pgmemo::config::UserConfig {
+            password: Some("watcher_pw".into()),
+            ..Default::default()
+        },
+    );
+    config.users.insert(
+        PGMEMO_USER.into(),
+        pgmemo::config::UserConfig {
+            password: Some(PGMEMO_PASS.into()),
+            ..Default::default()
+        },
+    );
+    let proxy = start_pgmemo(config).await;
+    for console in ["pgmemo", "pgbouncer"] {
+        let url = proxy_url(proxy.local_addr(), "watcher", Some("watcher_pw"), console);
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        for show in ["SHOW POOLS", "show stats;", "SHOW CONFIG"] {
+            client.simple_query(show).await.unwrap();
+        }
+        for command in [
+            "RELOAD",
+            "PAUSE",
+            "SHOW FDS",
+            "SHUTDOWN",
+            "KILL pgmemo_test",
+        ] {
+            let e = client.simple_query(command).await.unwrap_err();
+            let db = e.as_db_error().expect("an ErrorResponse");
+            assert_eq!(
+                (db.code().code(), db.message()),
+                ("08P01", "admin access needed"),
+                "{command}"
+            );
+        }
+        // Nothing was paused or shut down: a client still gets through.
+        let user = connect(&proxy_db_url(&proxy, TEST_DB)).await;
+        let row = user.query_one("SELECT 1::int4", &[]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), 1, "{console}");
+    }
+    // An admin still may.
+    let admin = admin_console(proxy.local_addr()).await;
+    admin.simple_query("SHOW FDS").await.unwrap();
+    proxy.shutdown().await;
+}

@@ -367,10 +367,15 @@ impl Config {
                     ),
                 ));
             }
-            for admin in &g.admin_users {
+            for (key, admin) in g
+                .admin_users
+                .iter()
+                .map(|u| ("general.admin_users", u))
+                .chain(g.stats_users.iter().map(|u| ("general.stats_users", u)))
+            {
                 if self.user_secret(admin).is_none() {
                     return Err(ConfigError::invalid(
-                        "general.admin_users",
+                        key,
                         format!(
                             "{admin:?} has no password among the users, so it could never log in"
                         ),
@@ -443,7 +448,7 @@ impl Config {
     /// With no user list nor `[upstream]` anyone may (pgmemo then logs into servers as the
     /// client, and the server decides).
     pub fn is_known_user(&self, user: &str) -> bool {
-        if self.is_admin(user) {
+        if self.is_admin(user) || self.is_stats_user(user) {
             return true;
         }
         if self.lists_users() {
@@ -455,6 +460,11 @@ impl Config {
     /// Whether `user` may use the admin console.
     pub fn is_admin(&self, user: &str) -> bool {
         self.general.admin_users.iter().any(|a| a == user)
+    }
+
+    /// Whether `user` may use the console read-only (`general.stats_users`).
+    pub fn is_stats_user(&self, user: &str) -> bool {
+        self.general.stats_users.iter().any(|a| a == user)
     }
 
     /// Makes this configuration, read by a RELOAD, one that `running` can switch to: every

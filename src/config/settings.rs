@@ -59,6 +59,9 @@ settings! {
     auth_dbname: Option<String> = None, Live;
     /// Users allowed to connect to the admin console, the database `pgmemo`.
     admin_users: Vec<String> = Vec::new(), Live;
+    /// Users allowed a read-only console: SHOW commands (but SHOW FDS), as PgBouncer's
+    /// `stats_users`; any other command gets ERROR 08P01 `admin access needed`.
+    stats_users: Vec<String> = Vec::new(), Live;
     /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.
     metrics_listen: Option<String> = None, Restart,
         check = |v, _| v.as_deref().map_or(Ok(()), |v| parse_host_port(v).map(drop));

@@ -145,7 +145,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("service_name", Not("pgmemo has no service name (Windows only in PgBouncer)")),
     ("so_reuseport", Not("pgmemo runs as one process; general.workers adds threads")),
     ("stats_period", To("general.stats_period", Seconds(Zero::Refused("pgmemo's stats_period must be above 0")))),
-    ("stats_users", Not("pgmemo has no read-only console users; add them to admin_users for full console access")),
+    ("stats_users", Not("copy the list to general.stats_users by hand (users with a password)")),
     ("suspend_timeout", Not("pgmemo has no SUSPEND or online restart")),
     ("syslog", Not(LOGS)),
     ("syslog_facility", Not(LOGS)),
