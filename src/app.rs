@@ -558,7 +558,18 @@ impl App {
         // No server credentials configured: log in as the client, with its configured password
         // when that is a plain one (PgBouncer's model).
         let (user, password, scram_keys) = match db.server_user {
-            Some(u) => (u, db.server_password, None),
+            // A server user without a password: its password from [users] / auth_file, as
+            // PgBouncer takes it from the auth file (a plain one, or an md5 hash for md5).
+            Some(u) => {
+                let password = db.server_password.or_else(|| {
+                    cfg.user_secret(&u)
+                        .filter(|s| {
+                            !matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Scram(_))
+                        })
+                        .map(str::to_owned)
+                });
+                (u, password, None)
+            }
             None => {
                 // A plain password logs in with any method ("md5_pass" is one, not an md5
                 // hash); else what the client's own login left: its SCRAM keys, or the md5

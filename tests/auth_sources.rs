@@ -488,3 +488,30 @@ async fn stats_users_may_only_show() {
     admin.simple_query("SHOW FDS").await.unwrap();
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_user_without_a_password_takes_it_from_the_auth_file() {
+    // [databases."*"] user = md5_user, no password: as PgBouncer, the auth file's line for
+    // md5_user gives it (here its md5 hash, which answers the server's md5 challenge).
+    let dir = TempDir::new("server-user");
+    let userlist = dir.0.join("userlist.txt");
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            (MD5_USER, rolpassword(MD5_USER)),
+        ],
+    );
+    let mut config = passthrough_config(AuthType::Md5, &[]);
+    config.general.auth_file = Some(userlist);
+    config.read_auth_file().unwrap();
+    config.databases.get_mut("*").unwrap().user = Some(MD5_USER.into());
+    let proxy = start_pgmemo(config).await;
+    assert_eq!(
+        psql(proxy.local_addr().port(), PGMEMO_USER, PGMEMO_PASS)
+            .await
+            .unwrap(),
+        MD5_USER
+    );
+    proxy.shutdown().await;
+}
