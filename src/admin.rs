@@ -34,13 +34,17 @@ pub enum Reply {
 
 pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: SocketAddr) {
     let Startup { mut conn, user, .. } = startup;
-    if !app.config.load().is_admin(&user) {
+    let admin = app.config.load().is_admin(&user);
+    if !admin && !app.config.load().is_stats_user(&user) {
         app.errors
             .login_failed(crate::stats::LoginFailure::Authorization);
         conn.send_error(
             Severity::Fatal,
             sqlstate::INVALID_AUTHORIZATION,
-            &format!("user \"{user}\" is not an admin user of pgmemo (general.admin_users)"),
+            &format!(
+                "user \"{user}\" is not an admin user of pgmemo (general.admin_users, \
+                 stats_users)"
+            ),
         )
         .await;
         return;
@@ -94,7 +98,13 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
                 let sql = fe::query_text(&body)
                     .map(String::from_utf8_lossy)
                     .unwrap_or_default();
-                match run_command(&app, &sql).await {
+                let reply = if admin || is_read_only(&sql) {
+                    run_command(&app, &sql).await
+                } else {
+                    // PgBouncer's answer to a stats user, ERROR 08P01.
+                    Err((sqlstate::PROTOCOL_VIOLATION, "admin access needed".into()))
+                };
+                match reply {
                     Ok(Reply::Table(t)) => {
                         let n = t.rows.len();
                         be::row_description_text(&mut conn.wbuf, &t.columns);
@@ -136,6 +146,15 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: So
             return;
         }
     }
+}
+
+/// What a `stats_users` member may run: SHOW commands, but SHOW FDS (PgBouncer's rule: it
+/// shows cancel keys).
+fn is_read_only(sql: &str) -> bool {
+    let mut words = sql.trim().trim_end_matches(';').split_whitespace();
+    let first = words.next().unwrap_or_default();
+    let second = words.next().unwrap_or_default();
+    first.eq_ignore_ascii_case("show") && !second.eq_ignore_ascii_case("fds")
 }
 
 type CommandError = (&'static str, String);

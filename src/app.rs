@@ -291,6 +291,16 @@ impl ClientInfo {
     }
 }
 
+/// How pgmemo logs into a server as a client whose password it never saw, learnt from the
+/// client's login against a stored secret.
+#[derive(Clone, Debug)]
+pub enum Passthrough {
+    /// The ClientKey recovered from its SCRAM proof and the verifier's ServerKey.
+    Scram(crate::auth::ScramKeys),
+    /// The md5 hash it was checked against, which answers a server's md5 challenge too.
+    Md5(String),
+}
+
 pub struct App {
     pub config: ArcSwap<Config>,
     pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
@@ -324,6 +334,11 @@ pub struct App {
     pub listen_addr: Mutex<Option<SocketAddr>>,
     /// How RELOAD obtains a fresh configuration (set by the binary: re-read file + flags).
     pub reloader: Mutex<Option<crate::Reloader>>,
+    /// The answers of `auth_query`, for a short while (see auth_query.rs).
+    auth_query: crate::auth_query::AuthQueryCache,
+    /// What logged-in clients left that lets pgmemo log into servers as them without their
+    /// password (pass-through), by user.
+    passthrough: Mutex<HashMap<String, Passthrough>>,
     /// Every prepared statement any client has parsed, shared across pools.
     pub registry: crate::statements::Registry,
     /// Query shapes seen in simple queries, and what autoprepare decided for each.
@@ -371,6 +386,8 @@ impl App {
                 .map_or(0, |d| d.as_micros() as u64),
             listen_addr: Mutex::new(None),
             reloader: Mutex::new(None),
+            auth_query: Default::default(),
+            passthrough: Mutex::new(HashMap::new()),
             registry: crate::statements::Registry::new(),
             autoprepare: crate::autoprepare::Autoprepare::new(shapes.clone()),
             cache: Arc::new(crate::cache::ResultCache::new(
@@ -432,6 +449,7 @@ impl App {
             self.config.store(old);
             return Err(e);
         }
+        self.auth_query.clear();
         let cfg = self.config.load();
         self.shapes
             .set_max(cfg.general.autoprepare_max_shapes as usize);
@@ -537,22 +555,78 @@ impl App {
         Ok(())
     }
 
+    /// Remembers how to log into servers as `user`, learnt from its login (see
+    /// [`Passthrough`]).
+    pub fn learn_passthrough(&self, user: &str, how: Passthrough) {
+        self.passthrough.lock().insert(user.to_owned(), how);
+    }
+
+    /// `auth_query`: the secret of client `user` logging in to `database`, looked up as
+    /// `general.auth_user` (None: no auth_user, no such database or no such user).
+    pub async fn look_up_secret(
+        &self,
+        database: &str,
+        user: &str,
+    ) -> Result<Option<String>, crate::auth_query::LookupError> {
+        let cfg = self.config.load_full();
+        let g = &cfg.general;
+        let Some(auth_user) = g.auth_user.clone() else {
+            return Ok(None);
+        };
+        let dbname = g.auth_dbname.as_deref().unwrap_or(database);
+        let key = PoolKey {
+            database: dbname.to_owned(),
+            user: auth_user.clone(),
+        };
+        let Some(settings) = self.pool_settings(&cfg, &key) else {
+            return Ok(None);
+        };
+        let mut target = settings.target;
+        if target.user != auth_user {
+            // The database logs in as another role: auth_user's own password is needed.
+            target.password = cfg
+                .user_secret(&auth_user)
+                .filter(|s| matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_)))
+                .map(str::to_owned);
+            target.user = auth_user;
+        }
+        self.auth_query.secret(&target, &g.auth_query, user).await
+    }
+
     fn pool_settings(&self, cfg: &Config, key: &PoolKey) -> Option<PoolSettings> {
         let db = cfg.resolve(&key.database, &key.user)?;
         let g = &cfg.general;
         // No server credentials configured: log in as the client, with its configured password
         // when that is a plain one (PgBouncer's model).
-        let (user, password) = match db.server_user {
-            Some(u) => (u, db.server_password),
-            None => (
-                key.user.clone(),
-                cfg.user_secret(&key.user)
-                    // Only a plain password can log in; "md5_pass" is one, not an md5 hash.
-                    .filter(|s| {
-                        matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
-                    })
-                    .map(str::to_owned),
-            ),
+        let (user, password, scram_keys) = match db.server_user {
+            // A server user without a password: its password from [users] / auth_file, as
+            // PgBouncer takes it from the auth file (a plain one, or an md5 hash for md5).
+            Some(u) => {
+                let password = db.server_password.or_else(|| {
+                    cfg.user_secret(&u)
+                        .filter(|s| {
+                            !matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Scram(_))
+                        })
+                        .map(str::to_owned)
+                });
+                (u, password, None)
+            }
+            None => {
+                // A plain password logs in with any method ("md5_pass" is one, not an md5
+                // hash); else what the client's own login left: its SCRAM keys, or the md5
+                // hash it was checked against (pass-through, as PgBouncer).
+                let plain = cfg.user_secret(&key.user).filter(|s| {
+                    matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
+                });
+                let learnt = self.passthrough.lock().get(&key.user).cloned();
+                let (password, keys) = match (plain, learnt) {
+                    (Some(p), _) => (Some(p.to_owned()), None),
+                    (None, Some(Passthrough::Md5(hash))) => (Some(hash), None),
+                    (None, Some(Passthrough::Scram(keys))) => (None, Some(keys)),
+                    (None, None) => (None, None),
+                };
+                (key.user.clone(), password, keys)
+            }
         };
         let o = db.server_options;
         let (tls_mode, tls) = match string_tls(g, &o) {
@@ -579,6 +653,7 @@ impl App {
                 read_write: o.read_write,
                 connect_timeout: o.connect_timeout,
                 application_name: o.application_name,
+                scram_keys,
             },
             mode: db.pool_mode,
             pool_size: db.pool_size as usize,

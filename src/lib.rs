@@ -15,6 +15,7 @@ compile_error!(
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod auth_query;
 pub mod autoprepare;
 pub mod buffers;
 pub mod cache;

@@ -29,6 +29,9 @@ pub struct ServerTarget {
     pub database_id: std::sync::Arc<str>,
     pub user: String,
     pub password: Option<String>,
+    /// Without a password: the keys of the client's SCRAM login, to log in as it
+    /// (SCRAM pass-through).
+    pub scram_keys: Option<crate::auth::ScramKeys>,
     pub tls_mode: ServerTlsMode,
     pub tls: Option<tokio_rustls::TlsConnector>,
     /// Further servers to try in order when `host:port` cannot be used: the other hosts of
@@ -431,8 +434,9 @@ impl ServerConn {
                             frontend::password(&mut self.wbuf, password.as_bytes());
                         }
                         AuthRequest::Md5(salt) => {
-                            let hash =
-                                crate::auth::md5_client_response(&target.user, password, salt);
+                            // An md5 hash as the password is PostgreSQL's stored secret:
+                            // answer from it (md5 pass-through, as PgBouncer does).
+                            let hash = crate::auth::md5_response_for(&target.user, password, salt);
                             frontend::password(&mut self.wbuf, hash.as_bytes());
                         }
                         AuthRequest::Sasl(mechs) => {
@@ -441,7 +445,12 @@ impl ServerConn {
                                     "server offers no supported SASL mechanism: {mechs:?}"
                                 )));
                             }
-                            let client = crate::auth::ScramClient::new(password.as_bytes());
+                            let client = match (&target.password, &target.scram_keys) {
+                                (None, Some(keys)) => {
+                                    crate::auth::ScramClient::with_keys(keys.clone())
+                                }
+                                _ => crate::auth::ScramClient::new(password.as_bytes()),
+                            };
                             frontend::sasl_initial_response(
                                 &mut self.wbuf,
                                 "SCRAM-SHA-256",
@@ -661,7 +670,8 @@ pub fn server_error(body: Bytes) -> ServerError {
     ServerError::Server { fields, raw: body }
 }
 
-fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
+/// A DataRow's columns as text (None for NULL).
+pub fn parse_text_row(body: &[u8]) -> Vec<Option<String>> {
     let mut r = crate::protocol::Reader::new(body);
     let n = r.i16().unwrap_or(0).max(0);
     (0..n)

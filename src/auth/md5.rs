@@ -34,6 +34,16 @@ pub fn md5_client_response(user: &str, password: &str, salt: [u8; 4]) -> String 
     postgres_protocol::authentication::md5_hash(user.as_bytes(), password.as_bytes(), salt)
 }
 
+/// [`md5_client_response`], or when `password` is itself an md5 hash (`pg_authid`'s md5
+/// secret) the answer made from that hash: what lets pgmemo log into PostgreSQL as a user
+/// whose stored secret is all it knows.
+pub fn md5_response_for(user: &str, password: &str, salt: [u8; 4]) -> String {
+    match Secret::parse(password) {
+        Secret::Md5(stored) => salted_response(&stored.as_bytes()[3..], salt),
+        _ => md5_client_response(user, password, salt),
+    }
+}
+
 /// The outer step: `"md5" + hex(md5(inner_hex + salt))`.
 fn salted_response(inner_hex: &[u8], salt: [u8; 4]) -> String {
     let digest = Md5::new()

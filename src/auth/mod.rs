@@ -19,8 +19,8 @@ use sha2::{Digest, Sha256};
 mod md5;
 mod scram;
 
-pub use self::md5::{md5_client_response, md5_salt, md5_verify};
-pub use self::scram::{ScramClient, ScramServer, SCRAM_SHA_256};
+pub use self::md5::{md5_client_response, md5_response_for, md5_salt, md5_verify};
+pub use self::scram::{ScramClient, ScramKeys, ScramServer, SCRAM_SHA_256};
 
 /// Iteration count PostgreSQL uses by default (`scram_iterations`), also used for the mock
 /// exchange so that an unknown user looks like a default-configured one.

@@ -43,6 +43,8 @@ pub struct ScramServer {
     /// secret.
     doomed: bool,
     state: ServerState,
+    /// The client's ClientKey, recovered from its proof once the exchange succeeded.
+    client_key: Option<[u8; 32]>,
 }
 
 enum ServerState {
@@ -62,6 +64,16 @@ struct FirstExchange {
 }
 
 impl ScramServer {
+    /// After a successful exchange, the keys that let pgmemo log into PostgreSQL as this
+    /// user without its password (PgBouncer's SCRAM pass-through): the ClientKey recovered
+    /// from the client's proof (ClientProof XOR ClientSignature) and the verifier's ServerKey.
+    pub fn keys(&self) -> Option<ScramKeys> {
+        Some(ScramKeys {
+            client_key: self.client_key?,
+            server_key: self.verifier.server_key,
+        })
+    }
+
     /// Starts an exchange for `user` (the name from the startup packet).
     ///
     /// `secret` is the user's stored secret, `None` if the user does not exist. A clear-text
@@ -79,6 +91,7 @@ impl ScramServer {
             verifier: verifier.unwrap_or_else(|| mock_verifier(user)),
             doomed,
             state: ServerState::AwaitingClientFirst,
+            client_key: None,
         }
     }
 
@@ -280,6 +293,7 @@ impl ScramServer {
             return Err(AuthError::WrongPassword);
         }
 
+        self.client_key = Some(client_key);
         let server_signature = hmac_sha256(&self.verifier.server_key, &auth_message);
         Ok(format!("v={}", BASE64.encode(server_signature)).into_bytes())
     }
@@ -431,9 +445,36 @@ impl<'a> Cursor<'a> {
 /// [`handle_server_final`](ScramClient::handle_server_final): only when that succeeds has the
 /// server proven that it knows the password. Channel binding is not used.
 pub struct ScramClient {
-    inner: ScramSha256,
+    inner: ClientInner,
     /// Kept apart because the inner state machine only hands out its current message.
     client_first: Vec<u8>,
+}
+
+enum ClientInner {
+    /// With the clear-text password (postgres_protocol's state machine).
+    Password(ScramSha256),
+    /// With a client's keys (pass-through): the proof is made from the ClientKey, and the
+    /// server's signature checked with the ServerKey.
+    Keys {
+        keys: ScramKeys,
+        /// The AuthMessage, once the server-first-message came.
+        auth_message: Option<Vec<u8>>,
+    },
+}
+
+/// What logs into PostgreSQL as a user whose password pgmemo never saw: the ClientKey
+/// recovered from that user's proof and the ServerKey of its verifier (PgBouncer's
+/// `scram_client_key` / `scram_server_key`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScramKeys {
+    pub client_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+impl std::fmt::Debug for ScramKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScramKeys(<redacted>)")
+    }
 }
 
 impl ScramClient {
@@ -442,7 +483,20 @@ impl ScramClient {
         let inner = ScramSha256::new(password, ChannelBinding::unsupported());
         let client_first = inner.message().to_vec();
         ScramClient {
-            inner,
+            inner: ClientInner::Password(inner),
+            client_first,
+        }
+    }
+
+    /// Starts an exchange with a client's keys instead of a password (SCRAM pass-through).
+    pub fn with_keys(keys: ScramKeys) -> ScramClient {
+        let nonce: [u8; 18] = rand::random();
+        let client_first = format!("n,,n=,r={}", BASE64.encode(nonce)).into_bytes();
+        ScramClient {
+            inner: ClientInner::Keys {
+                keys,
+                auth_message: None,
+            },
             client_first,
         }
     }
@@ -454,10 +508,38 @@ impl ScramClient {
 
     /// Handles the server-first-message and returns the client-final-message with the proof.
     pub fn handle_server_first(&mut self, data: &[u8]) -> Result<Vec<u8>, AuthError> {
-        self.inner
-            .update(data)
-            .map_err(|e| AuthError::Protocol(format!("invalid SCRAM server-first-message: {e}")))?;
-        Ok(self.inner.message().to_vec())
+        let bad = |e: &dyn std::fmt::Display| {
+            AuthError::Protocol(format!("invalid SCRAM server-first-message: {e}"))
+        };
+        let first_bare = self.client_first[3..].to_vec();
+        match &mut self.inner {
+            ClientInner::Password(inner) => {
+                inner.update(data).map_err(|e| bad(&e))?;
+                Ok(inner.message().to_vec())
+            }
+            ClientInner::Keys { keys, auth_message } => {
+                let text = std::str::from_utf8(data).map_err(|e| bad(&e))?;
+                let nonce = text
+                    .split(',')
+                    .find_map(|a| a.strip_prefix("r="))
+                    .ok_or_else(|| bad(&"no nonce"))?;
+                let ours = &first_bare[first_bare.len().min(5)..]; // after "n=,r="
+                if !nonce.as_bytes().starts_with(ours) || nonce.len() <= ours.len() {
+                    return Err(bad(&"the nonce does not extend ours"));
+                }
+                let without_proof = format!("c=biws,r={nonce}");
+                let message =
+                    [&first_bare[..], b",", data, b",", without_proof.as_bytes()].concat();
+                let stored_key = Sha256::digest(keys.client_key);
+                let signature = hmac_sha256(&stored_key, &[&message]);
+                let mut proof = keys.client_key;
+                for (p, s) in proof.iter_mut().zip(signature) {
+                    *p ^= s;
+                }
+                *auth_message = Some(message);
+                Ok(format!("{without_proof},p={}", BASE64.encode(proof)).into_bytes())
+            }
+        }
     }
 
     /// Checks the server-final-message: the server's signature proves it knows the verifier.
@@ -465,9 +547,26 @@ impl ScramClient {
         if data == b"e=invalid-proof" {
             return Err(AuthError::WrongPassword);
         }
-        self.inner
-            .finish(data)
-            .map_err(|e| AuthError::Protocol(format!("invalid SCRAM server-final-message: {e}")))
+        let bad = |e: &dyn std::fmt::Display| {
+            AuthError::Protocol(format!("invalid SCRAM server-final-message: {e}"))
+        };
+        match &mut self.inner {
+            ClientInner::Password(inner) => inner.finish(data).map_err(|e| bad(&e)),
+            ClientInner::Keys { keys, auth_message } => {
+                let message = auth_message.as_ref().ok_or_else(|| bad(&"out of order"))?;
+                let expected = hmac_sha256(&keys.server_key, &[message]);
+                let got = std::str::from_utf8(data)
+                    .ok()
+                    .and_then(|t| t.strip_prefix("v="))
+                    .and_then(|v| BASE64.decode(v).ok())
+                    .ok_or_else(|| bad(&"no verifier"))?;
+                if constant_time_eq(&got, &expected) {
+                    Ok(())
+                } else {
+                    Err(bad(&"the server's signature does not match"))
+                }
+            }
+        }
     }
 }
 
@@ -484,6 +583,38 @@ mod tests {
         let client_final = client.handle_server_first(&server_first)?;
         let server_final = server.handle_client_final(&client_final)?;
         client.handle_server_final(&server_final)
+    }
+
+    /// Runs a whole exchange with `client`; the server's keys on success.
+    fn run(server: &mut ScramServer, client: &mut ScramClient) -> Result<(), AuthError> {
+        let server_first = server.handle_client_first(SCRAM_SHA_256, client.client_first())?;
+        let client_final = client.handle_server_first(&server_first)?;
+        let server_final = server.handle_client_final(&client_final)?;
+        client.handle_server_final(&server_final)
+    }
+
+    #[test]
+    fn keys_recovered_from_a_proof_log_in_again() {
+        let verifier = ScramVerifier::generate("pencil");
+        let secret = Secret::Scram(verifier.clone());
+        let mut server = ScramServer::new("alice", Some(&secret));
+        run(&mut server, &mut ScramClient::new(b"pencil")).unwrap();
+        let keys = server.keys().expect("keys after success");
+        // A second server holding the same verifier accepts the keys' proof, and the client
+        // accepts its signature.
+        let mut again = ScramServer::new("alice", Some(&secret));
+        run(&mut again, &mut ScramClient::with_keys(keys.clone())).unwrap();
+        // Keys of another password fail, as a wrong password does.
+        let mut other = ScramServer::new("alice", Some(&secret));
+        let mut wrong = keys;
+        wrong.client_key[0] ^= 1;
+        assert_eq!(
+            run(&mut other, &mut ScramClient::with_keys(wrong)),
+            Err(AuthError::WrongPassword)
+        );
+        let mut failed = ScramServer::new("alice", Some(&secret));
+        assert!(run(&mut failed, &mut ScramClient::new(b"nope")).is_err());
+        assert!(failed.keys().is_none());
     }
 
     #[test]

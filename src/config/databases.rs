@@ -22,7 +22,8 @@ pub struct DatabaseConfig {
     /// The database's name on the server; default: the name clients use.
     pub dbname: Option<String>,
     /// The role pgmemo logs into the server as. When no entry nor `[upstream]` gives one,
-    /// pgmemo logs in as the client's user with the client's password.
+    /// pgmemo logs in as the client's user, with its plain password or by pass-through (the
+    /// SCRAM keys or md5 hash of the client's own login).
     pub user: Option<String>,
     /// That role's password.
     pub password: Option<String>,
@@ -214,11 +215,12 @@ impl Config {
             }
         }
         match &user.password {
-            None if g.auth_type != AuthType::Trust => {
+            None if g.auth_type != AuthType::Trust && self.auth_file.secret(name).is_none() => {
                 return Err(ConfigError::invalid(
                     key,
                     format!(
-                        "missing; with auth_type {:?} every user needs a password or verifier",
+                        "missing; with auth_type {:?} every user needs a password or verifier \
+                         (here or in general.auth_file)",
                         g.auth_type.as_str()
                     ),
                 ));

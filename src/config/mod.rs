@@ -22,6 +22,7 @@
 //! - `cache.rs`: `[cache]`, a table of the same kind, and its `[[cache.rules]]`;
 //! - `upstream.rs`, `databases.rs` (with `[users]`): the other sections;
 //! - `secrets.rs`: what a user's password string holds;
+//! - `auth_file.rs`: `general.auth_file`, PgBouncer's `userlist.txt`;
 //! - `locate.rs`: an error's line and key, from the parser's spans;
 //! - here: the errors, the `Config` as a whole, loading, and the rules that involve several
 //!   sections.
@@ -33,6 +34,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
+mod auth_file;
 pub mod cache;
 mod choices;
 mod connstring;
@@ -43,6 +45,7 @@ mod settings;
 mod table;
 mod upstream;
 
+pub use auth_file::{parse_userlist, AuthFile, AuthLine, BrokenLine};
 pub use choices::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
 pub use connstring::ServerOptions;
 pub use databases::{DatabaseConfig, ResolvedDatabase, UserConfig};
@@ -223,6 +226,9 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     /// `[users.NAME]`: who may log in to pgmemo, and per-user pool settings.
     pub users: BTreeMap<String, UserConfig>,
+    /// The users of `general.auth_file`, read with the file (and again on RELOAD) by
+    /// [`Config::read_auth_file`]. A `[users.NAME] password` wins over the file's secret.
+    pub auth_file: AuthFile,
     /// `[cache]`: the result cache and its rules.
     pub cache: cache::CacheConfig,
     /// The file this configuration came from, read again on RELOAD / SIGHUP.
@@ -286,7 +292,21 @@ impl Config {
             .into_config(base_dir)
             .map_err(|e| e.at_line_of_key(text).in_file(file))?;
         config.source = file.map(Path::to_path_buf);
+        config
+            .read_auth_file()
+            .map_err(|e| e.at_line_of_key(text).in_file(file))?;
         Ok(config)
+    }
+
+    /// Reads `general.auth_file` into [`Config::auth_file`] (or empties it when the setting
+    /// is unset). Loading a file does this; a configuration built in code calls it after
+    /// setting `general.auth_file`.
+    pub fn read_auth_file(&mut self) -> Result<(), ConfigError> {
+        self.auth_file = match &self.general.auth_file {
+            Some(path) => AuthFile::load(path)?,
+            None => AuthFile::default(),
+        };
+        Ok(())
     }
 
     /// Checks the rules that involve several settings, and every value a flag may have
@@ -337,9 +357,10 @@ impl Config {
         for (name, user) in &self.users {
             self.check_user(name, user)?;
         }
+        self.check_auth_file()?;
 
         if g.auth_type != AuthType::Trust {
-            if self.users.is_empty() && self.implicit_user().is_none() {
+            if !self.lists_users() && self.implicit_user().is_none() && g.auth_user.is_none() {
                 return Err(ConfigError::invalid(
                     "users",
                     format!(
@@ -350,15 +371,48 @@ impl Config {
                     ),
                 ));
             }
-            for admin in &g.admin_users {
+            for (key, admin) in g
+                .admin_users
+                .iter()
+                .map(|u| ("general.admin_users", u))
+                .chain(g.stats_users.iter().map(|u| ("general.stats_users", u)))
+            {
                 if self.user_secret(admin).is_none() {
                     return Err(ConfigError::invalid(
-                        "general.admin_users",
+                        key,
                         format!(
                             "{admin:?} has no password among the users, so it could never log in"
                         ),
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// An md5 hash in the auth file cannot answer SCRAM, as in `[users]`; a user whose
+    /// `[users]` password wins is not judged by its line.
+    fn check_auth_file(&self) -> Result<(), ConfigError> {
+        if self.general.auth_type != AuthType::ScramSha256 {
+            return Ok(());
+        }
+        for line in self.auth_file.users() {
+            let overridden = self
+                .users
+                .get(&line.name)
+                .is_some_and(|u| u.password.is_some());
+            if !overridden && SecretKind::of(&line.secret) == Ok(SecretKind::Md5) {
+                return Err(ConfigError::Invalid {
+                    file: self.auth_file.path.clone(),
+                    line: Some(line.line),
+                    key: None,
+                    message: format!(
+                        "user {:?} has an md5 hash, which cannot answer auth_type \
+                         \"scram-sha-256\"; give its plain password or SCRAM-SHA-256 verifier, \
+                         or use auth_type \"md5\"",
+                        line.name
+                    ),
+                });
             }
         }
         Ok(())
@@ -371,29 +425,38 @@ impl Config {
     }
 
     /// The secret client user `user` must prove (see [`SecretKind`]), or None for an
-    /// unknown user or one without a password. With no `[users]`, the upstream role is the
+    /// unknown user or one without a password: its `[users]` password, else its line of
+    /// `general.auth_file`. With neither `[users]` nor an auth file, the upstream role is the
     /// one known user, with the upstream password: `pgmemo --upstream
     /// postgresql://app:pw@host:5432` lets clients log in as app / pw.
     pub fn user_secret(&self, user: &str) -> Option<&str> {
-        if self.users.is_empty() {
+        if !self.lists_users() {
             return self
                 .implicit_user()
                 .filter(|(name, _)| *name == user)
                 .map(|(_, secret)| secret);
         }
-        self.users.get(user)?.password.as_deref()
+        self.users
+            .get(user)
+            .and_then(|u| u.password.as_deref())
+            .or_else(|| self.auth_file.secret(user))
     }
 
-    /// Whether `user` may log in at all, before any password is checked: a `[users]` entry,
-    /// or without `[users]` the upstream role, and the admin users. With neither `[users]`
-    /// nor `[upstream]` anyone may (pgmemo then logs into servers as the client, and the
-    /// server decides).
+    /// Whether the users who may log in are listed: in `[users]` or an auth file.
+    fn lists_users(&self) -> bool {
+        !self.users.is_empty() || self.auth_file.is_set()
+    }
+
+    /// Whether `user` may log in at all, before any password is checked: a `[users]` entry
+    /// or a line of the auth file, or without either the upstream role, and the admin users.
+    /// With no user list nor `[upstream]` anyone may (pgmemo then logs into servers as the
+    /// client, and the server decides).
     pub fn is_known_user(&self, user: &str) -> bool {
-        if self.is_admin(user) {
+        if self.is_admin(user) || self.is_stats_user(user) {
             return true;
         }
-        if !self.users.is_empty() {
-            return self.users.contains_key(user);
+        if self.lists_users() {
+            return self.users.contains_key(user) || self.auth_file.secret(user).is_some();
         }
         self.upstream.as_ref().is_none_or(|up| up.user == user)
     }
@@ -401,6 +464,11 @@ impl Config {
     /// Whether `user` may use the admin console.
     pub fn is_admin(&self, user: &str) -> bool {
         self.general.admin_users.iter().any(|a| a == user)
+    }
+
+    /// Whether `user` may use the console read-only (`general.stats_users`).
+    pub fn is_stats_user(&self, user: &str) -> bool {
+        self.general.stats_users.iter().any(|a| a == user)
     }
 
     /// Makes this configuration, read by a RELOAD, one that `running` can switch to: every
@@ -495,6 +563,7 @@ impl RawConfig {
             upstream,
             databases,
             users,
+            auth_file: AuthFile::default(),
             cache: self.cache.into_settings(&cx)?,
             source: None,
         })

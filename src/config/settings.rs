@@ -41,8 +41,27 @@ settings! {
     /// How clients authenticate to pgmemo; `trust` is refused unless `listen` is a loopback
     /// address.
     auth_type: AuthType = AuthType::ScramSha256, Live, check = trust_only_on_loopback;
+    /// PgBouncer's auth file (`userlist.txt`): `"user" "secret"` per line, the secret a plain
+    /// password, an md5 hash or a SCRAM verifier; `;` starts a comment line. Its users may log
+    /// in besides `[users]` (whose `password` wins for a user in both). Read again on
+    /// RELOAD. Relative paths are relative to the config file.
+    auth_file: Option<PathBuf> = None, Live;
+    /// The role whose server connection looks up, with `auth_query`, the secret of a client
+    /// that neither `[users]` nor `auth_file` lists. Its password comes from `[users]` /
+    /// `auth_file` (a plain one), or is the server password when it is the database's server
+    /// user. Default: no lookup.
+    auth_user: Option<String> = None, Live;
+    /// The query that returns (user name, secret) for the client's user name, `$1`;
+    /// PgBouncer 1.25's default. Answers are cached for 30 seconds.
+    auth_query: String = DEFAULT_AUTH_QUERY.into(), Live,
+        check = |v, _| ensure(v.contains("$1"), || "must use $1, the user name".into());
+    /// The database `auth_query` runs in. Default: the one the client asks for.
+    auth_dbname: Option<String> = None, Live;
     /// Users allowed to connect to the admin console, the database `pgmemo`.
     admin_users: Vec<String> = Vec::new(), Live;
+    /// Users allowed a read-only console: SHOW commands (but SHOW FDS), as PgBouncer's
+    /// `stats_users`; any other command gets ERROR 08P01 `admin access needed`.
+    stats_users: Vec<String> = Vec::new(), Live;
     /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.
     metrics_listen: Option<String> = None, Restart,
         check = |v, _| v.as_deref().map_or(Ok(()), |v| parse_host_port(v).map(drop));
@@ -159,6 +178,10 @@ settings! {
             format!("must be between 1 and {MAX_WORKERS}")
         });
 }
+
+/// PgBouncer 1.25's `auth_query`.
+const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL \
+    ELSE rolpassword END FROM pg_authid WHERE rolname=$1 AND rolcanlogin";
 
 /// The most worker threads `general.workers` may ask for.
 const MAX_WORKERS: u32 = 64;

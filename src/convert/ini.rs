@@ -204,53 +204,13 @@ fn unquote_value(text: &str) -> Option<(String, &str)> {
     None
 }
 
-/// One user of the auth file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthUser {
-    pub name: String,
-    /// A plain password, `md5...` or `SCRAM-SHA-256$...`, as written.
-    pub secret: String,
-    pub line: usize,
-}
+/// One user of the auth file: the same reading pgmemo's `general.auth_file` uses.
+pub use crate::config::AuthLine as AuthUser;
 
-/// The auth file (`userlist.txt`): `"user" "secret"` per line, `""` for a quote inside,
-/// anything after the second field ignored, `;` lines are comments. PgBouncer stops at the
-/// first broken line ("broken auth file"); this says which one.
+/// The auth file (`userlist.txt`), read as `general.auth_file` is
+/// (`config::parse_userlist`); a broken line is an error naming the file and the line.
 pub fn parse_userlist(text: &str, file: &Path) -> Result<Vec<AuthUser>, ConvertError> {
-    let mut users = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with(';') {
-            continue;
-        }
-        let broken = |why: &str| {
-            ConvertError::at(
-                file,
-                i + 1,
-                format!("malformed auth file line: {why}; expected \"user\" \"secret\""),
-            )
-        };
-        let rest = line
-            .strip_prefix('"')
-            .ok_or_else(|| broken("it does not start with '\"'"))?;
-        let (name, rest) =
-            quoted_identifier(rest).map_err(|_| broken("the user's quote is not closed"))?;
-        let rest = rest
-            .trim_start()
-            .strip_prefix('"')
-            .ok_or_else(|| broken("no quoted secret after the user"))?;
-        let (secret, _) =
-            quoted_identifier(rest).map_err(|_| broken("the secret's quote is not closed"))?;
-        if name.is_empty() {
-            return Err(broken("the user name is empty"));
-        }
-        users.push(AuthUser {
-            name,
-            secret,
-            line: i + 1,
-        });
-    }
-    Ok(users)
+    crate::config::parse_userlist(text).map_err(|b| ConvertError::at(file, b.line, b.message))
 }
 
 #[cfg(test)]

@@ -55,21 +55,14 @@ const NO_TLS_TUNING: &str =
 pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("admin_users", Special("general.admin_users (users with a password only)")),
     ("application_name_add_host", Not("pgmemo does not rewrite application_name")),
-    ("auth_dbname", Not("pgmemo has no auth_query; users come from [users]")),
+    ("auth_dbname", To("general.auth_dbname", Text)),
     ("auth_file", Special("[users.NAME] password = the file's secret")),
     ("auth_hba_file", Not("pgmemo has no HBA file; one auth_type for everyone")),
     ("auth_ident_file", Not("pgmemo has no ident maps")),
     ("auth_ldap_options", Not("pgmemo has no LDAP authentication")),
-    (
-        "auth_query",
-        Not("pgmemo has no auth_query yet: list the users in [users] (their secrets from \
-             SELECT rolname, rolpassword FROM pg_authid work as they are)"),
-    ),
+    ("auth_query", To("general.auth_query", Text)),
     ("auth_type", Special("general.auth_type")),
-    (
-        "auth_user",
-        Not("pgmemo has no auth_query yet, so no user to run it as; users come from [users]"),
-    ),
+    ("auth_user", To("general.auth_user", Text)),
     (
         "autodb_idle_timeout",
         Not("pgmemo keeps a pool for each database name it served; its idle servers close after server_idle_timeout"),
@@ -152,7 +145,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("service_name", Not("pgmemo has no service name (Windows only in PgBouncer)")),
     ("so_reuseport", Not("pgmemo runs as one process; general.workers adds threads")),
     ("stats_period", To("general.stats_period", Seconds(Zero::Refused("pgmemo's stats_period must be above 0")))),
-    ("stats_users", Not("pgmemo has no read-only console users; add them to admin_users for full console access")),
+    ("stats_users", Not("copy the list to general.stats_users by hand (users with a password)")),
     ("suspend_timeout", Not("pgmemo has no SUSPEND or online restart")),
     ("syslog", Not(LOGS)),
     ("syslog_facility", Not(LOGS)),
@@ -183,9 +176,9 @@ pub fn rule(key: &str) -> Option<Rule> {
 
 /// Connection-string keys of `[databases]` entries that pgmemo does not have, and why.
 pub const DATABASE_NOT: &[(&str, &str)] = &[
-    ("auth_user", "pgmemo has no auth_query yet; users come from [users]"),
-    ("auth_dbname", "pgmemo has no auth_query yet"),
-    ("auth_query", "pgmemo has no auth_query yet"),
+    ("auth_user", "pgmemo has one general.auth_user for every database"),
+    ("auth_dbname", "pgmemo has one general.auth_dbname for every database"),
+    ("auth_query", "pgmemo has one general.auth_query for every database"),
     ("reserve_pool", "pgmemo has no reserve pool; raise pool_size instead"),
     ("reserve_pool_size", "pgmemo has no reserve pool; raise pool_size instead"),
     ("max_db_connections", "pgmemo has no per-database server limit, only each pool's pool_size"),

@@ -94,6 +94,11 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
     assert_eq!(g.server_tls_ca_file, Some(PathBuf::from("/etc/ssl/ca.pem")));
     assert!(!g.prepared_statements);
     assert_eq!(g.admin_users, ["alice"]);
+    assert_eq!(g.auth_user.as_deref(), Some("pgbouncer_auth"));
+    assert_eq!(
+        g.auth_query,
+        "SELECT usename, passwd FROM pg_shadow WHERE usename=$1"
+    );
 
     let app = &c.databases["app"];
     assert_eq!(app.host.as_deref(), Some("db1.internal"));
@@ -139,8 +144,6 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
         "# not converted: connect_query = SELECT 1",
         "# not converted: password=... of reports",
         "# not converted: max_user_connections = 4",
-        "# not converted: auth_user = pgbouncer_auth",
-        "# not converted: auth_query = SELECT usename",
         "# not converted: reserve_pool_size = 5",
         "# not converted: max_db_connections = 100",
         "# not converted: stats_users = stats",

@@ -2,7 +2,7 @@
 //! replace it), authentication, and the parameters it is told about before its first query.
 
 use super::ClientConn;
-use crate::app::App;
+use crate::app::{App, Passthrough};
 use crate::auth::{md5_salt, md5_verify, AuthError, ScramServer, Secret};
 use crate::config::AuthType;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
@@ -279,14 +279,33 @@ async fn accept_startup(
     let database = database
         .filter(|d| !d.is_empty())
         .unwrap_or_else(|| user.clone());
-    authenticate(app, conn, &user).await?;
+    authenticate(app, conn, &user, &database).await?;
     Ok((user, database, settings))
 }
 
 /// Runs the configured authentication exchange; on success AuthenticationOk is queued.
-async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<(), LoginError> {
+async fn authenticate(
+    app: &App,
+    conn: &mut ClientConn,
+    user: &str,
+    database: &str,
+) -> Result<(), LoginError> {
     let cfg = app.config.load();
-    let secret = cfg.user_secret(user).map(Secret::parse);
+    let secret = match secret_of(app, user, database).await {
+        Ok(secret) => secret.as_deref().map(Secret::parse),
+        Err(e) => {
+            tracing::warn!(user, database, error = %e, "auth_query lookup failed");
+            return Err(conn
+                .refuse(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!(
+                        "pgmemo could not look up the password of user \"{user}\" (auth_query \
+                         failed; see pgmemo's log)"
+                    ),
+                )
+                .await);
+        }
+    };
     let failed = || format!("password authentication failed for user \"{user}\"");
     // As in PostgreSQL, md5 means SCRAM for a user whose secret is a SCRAM verifier: the
     // verifier cannot check an md5 answer, and SCRAM is the stronger method anyway.
@@ -313,6 +332,9 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
             let body = conn.read_password_message("password").await?;
             if !md5_verify(user, secret.as_ref(), salt, &body) {
                 return Err(conn.refuse(sqlstate::INVALID_PASSWORD, failed()).await);
+            }
+            if let Some(Secret::Md5(hash)) = &secret {
+                app.learn_passthrough(user, Passthrough::Md5(hash.clone()));
             }
         }
         AuthType::ScramSha256 => {
@@ -343,10 +365,34 @@ async fn authenticate(app: &App, conn: &mut ClientConn, user: &str) -> Result<()
                 Ok(server_final) => be::auth_sasl_final(&mut conn.wbuf, &server_final),
                 Err(e) => return Err(scram_failure(conn, e, failed()).await),
             }
+            // Against a stored verifier, the client's keys log into the server as it.
+            if let (Some(Secret::Scram(_)), Some(keys)) = (&secret, scram.keys()) {
+                app.learn_passthrough(user, Passthrough::Scram(keys));
+            }
         }
     }
     be::auth_ok(&mut conn.wbuf);
     Ok(())
+}
+
+/// The secret client `user` must prove: from `[users]` or the auth file, else looked up
+/// with auth_query when `auth_user` is set (not for the admin console).
+async fn secret_of(
+    app: &App,
+    user: &str,
+    database: &str,
+) -> Result<Option<String>, crate::auth_query::LookupError> {
+    let cfg = app.config.load();
+    if let Some(secret) = cfg.user_secret(user) {
+        return Ok(Some(secret.to_owned()));
+    }
+    if cfg.general.auth_user.is_none()
+        || cfg.general.auth_type == AuthType::Trust
+        || crate::config::is_admin_database(database)
+    {
+        return Ok(None);
+    }
+    app.look_up_secret(database, user).await
 }
 
 async fn scram_failure(conn: &mut ClientConn, e: AuthError, failed: String) -> LoginError {

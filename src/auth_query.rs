@@ -1,0 +1,167 @@
+//! `auth_query`: the secret of a client that no `[users]` entry nor auth file lists, looked up
+//! in PostgreSQL as PgBouncer does: the query (PgBouncer 1.25's default reads `pg_authid`) runs
+//! with the user name as its parameter `$1` (extended protocol, so no quoting is involved) on a
+//! server connection of `auth_user`, and its one row's second column is the secret (plain, md5
+//! or SCRAM, as `pg_authid` holds it).
+//!
+//! Answers are kept for [`CACHE_TTL`] per (server database, user), absent users too, so that
+//! a burst of logins costs one query. No lock is held while a query runs: two logins of the
+//! same uncached user may both ask, and the later answer is kept.
+//!
+//! No row means no such user (the login then fails like a wrong password: 28P01, the same
+//! text); so is a NULL secret (an expired or password-less role; PgBouncer stores a secret
+//! nothing matches). Two rows, a reply of another shape, or an error from the query are
+//! [`LookupError`]s: the login is refused and the reason logged.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::BufMut;
+use parking_lot::Mutex;
+
+use crate::protocol::backend::{self, ErrorFields};
+use crate::protocol::{put_cstr, write_message};
+use crate::server::{ServerConn, ServerTarget};
+
+/// How long an answer of the query is used before it is asked again.
+pub const CACHE_TTL: Duration = Duration::from_secs(30);
+
+/// Why the secret of a user could not be looked up.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// No connection as auth_user, or an error from the query.
+    #[error("{0}")]
+    Server(String),
+    /// The query answered something else than at most one row of two columns.
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// (server database, user): what an answer is kept under.
+type Key = (String, String);
+
+/// One answer (the secret, None for no such user) and when it came.
+type Answer = (Option<String>, Instant);
+
+/// The answers of auth_query, by (server database, user).
+#[derive(Default)]
+pub struct AuthQueryCache {
+    answers: Mutex<HashMap<Key, Answer>>,
+}
+
+impl AuthQueryCache {
+    /// The secret of `user` (None: no such user), from the cache or by running `query` on a
+    /// new connection to `target` (which logs in as auth_user).
+    pub async fn secret(
+        &self,
+        target: &ServerTarget,
+        query: &str,
+        user: &str,
+    ) -> Result<Option<String>, LookupError> {
+        let key = (target.database_id.to_string(), user.to_owned());
+        if let Some((secret, at)) = self.answers.lock().get(&key) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(secret.clone());
+            }
+        }
+        let secret = run(target, query, user).await?;
+        let mut answers = self.answers.lock();
+        answers.retain(|_, (_, at)| at.elapsed() < CACHE_TTL);
+        answers.insert(key, (secret.clone(), Instant::now()));
+        Ok(secret)
+    }
+
+    /// Forgets every answer (RELOAD: the query or auth_user may have changed).
+    pub fn clear(&self) {
+        self.answers.lock().clear();
+    }
+}
+
+/// Connects as auth_user, runs the query with `user` as `$1` and reads its answer.
+async fn run(
+    target: &ServerTarget,
+    query: &str,
+    user: &str,
+) -> Result<Option<String>, LookupError> {
+    let mut conn = ServerConn::connect(target).await.map_err(|e| {
+        LookupError::Server(format!("cannot log in as auth_user {:?}: {e}", target.user))
+    })?;
+    write_query(&mut conn.wbuf, query, user);
+    let answer = read_answer(&mut conn).await;
+    conn.terminate().await;
+    answer
+}
+
+/// Parse, Bind (`$1` = `user`, as text), Execute and Sync of the unnamed statement.
+fn write_query(out: &mut bytes::BytesMut, query: &str, user: &str) {
+    write_message(out, b'P', |b| {
+        put_cstr(b, b"");
+        put_cstr(b, query.as_bytes());
+        b.put_i16(1);
+        b.put_u32(25); // text
+    });
+    write_message(out, b'B', |b| {
+        put_cstr(b, b"");
+        put_cstr(b, b"");
+        b.put_i16(0);
+        b.put_i16(1);
+        b.put_i32(user.len() as i32);
+        b.extend_from_slice(user.as_bytes());
+        b.put_i16(0);
+    });
+    write_message(out, b'E', |b| {
+        put_cstr(b, b"");
+        b.put_i32(0);
+    });
+    write_message(out, b'S', |_| {});
+}
+
+async fn read_answer(conn: &mut ServerConn) -> Result<Option<String>, LookupError> {
+    conn.flush()
+        .await
+        .map_err(|e| LookupError::Server(e.to_string()))?;
+    let mut rows: Vec<Vec<Option<String>>> = Vec::new();
+    let mut error = None;
+    loop {
+        let (tag, body) = conn
+            .read_message()
+            .await
+            .map_err(|e| LookupError::Server(e.to_string()))?;
+        match tag {
+            backend::DATA_ROW => rows.push(crate::server::parse_text_row(&body)),
+            backend::ERROR_RESPONSE => {
+                let fields = ErrorFields::parse(&body).unwrap_or_default();
+                error.get_or_insert(format!(
+                    "auth_query failed: {} {}",
+                    fields.code, fields.message
+                ));
+            }
+            backend::READY_FOR_QUERY => break,
+            _ => {}
+        }
+    }
+    if let Some(e) = error {
+        return Err(LookupError::Server(e));
+    }
+    match rows.as_slice() {
+        [] => Ok(None),
+        [row] if row.len() == 2 => {
+            if row[0].is_none() {
+                return Err(LookupError::Shape(
+                    "auth_query returned a NULL user name".into(),
+                ));
+            }
+            // NULL: a role that may not log in with a password (or whose password expired):
+            // refused as a user without a secret is.
+            Ok(row[1].clone())
+        }
+        [row] => Err(LookupError::Shape(format!(
+            "auth_query must return 2 columns (user name, secret), not {}",
+            row.len()
+        ))),
+        _ => Err(LookupError::Shape(format!(
+            "auth_query returned {} rows; it must return at most one",
+            rows.len()
+        ))),
+    }
+}

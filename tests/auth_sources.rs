@@ -1,0 +1,517 @@
+//! Where pgmemo finds the secrets clients are checked against, besides `[users]`:
+//! `general.auth_file`, PgBouncer's `userlist.txt` (plain, md5 and SCRAM secrets, read again
+//! on RELOAD, a broken line refused with its file and line), and `auth_query` run as
+//! `auth_user` in PostgreSQL (SCRAM and md5 secrets from `pg_authid`; no row, a wrong password:
+//! PostgreSQL's 28P01; two rows or an error: refused with a clear message; lookups of two
+//! users at once do not wait for each other); and pass-through: a client checked against a
+//! stored SCRAM verifier or md5 hash logs into PostgreSQL as itself with the keys of its own
+//! login, pgmemo holding no password of it.
+//!
+//! Clients are real: psql with a password, and tokio-postgres.
+
+mod common;
+
+use common::*;
+use pgmemo::config::{AuthType, Config, PoolMode};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// A directory of the test's own, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("pgmemo-auth-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn md5_secret(user: &str, password: &str) -> String {
+    postgres_protocol::password::md5(password.as_bytes(), user)
+}
+
+fn scram_secret(password: &str) -> String {
+    postgres_protocol::password::scram_sha_256(password.as_bytes())
+}
+
+/// pgmemo's test configuration with `userlist` as its auth file and no `[users]`; the
+/// console's user (`pgmemo`) must then be in the file, unless `admin` is false.
+fn auth_file_config(userlist: &Path, auth: AuthType, admin: bool) -> anyhow::Result<Config> {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.auth_type = auth;
+    if !admin {
+        config.general.admin_users.clear();
+    }
+    config.general.auth_file = Some(userlist.to_path_buf());
+    config.read_auth_file()?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Runs `SELECT current_user` with psql through pgmemo at `port` as `user` / `password`:
+/// stdout on success, stderr on failure.
+async fn psql(port: u16, user: &str, password: &str) -> Result<String, String> {
+    let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-U", user, "-d", TEST_DB, "-c", "SELECT current_user"])
+        .env("PGPASSWORD", password)
+        .env_remove("PGSERVICE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run psql");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+fn write_userlist(path: &Path, lines: &[(&str, String)]) {
+    let mut text = String::from("; written by the test\n");
+    for (user, secret) in lines {
+        text.push_str(&format!("\"{user}\" \"{secret}\"\n"));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_of_the_auth_file_log_in_and_reload_reads_it_again() {
+    let dir = TempDir::new("userlist");
+    let userlist = dir.0.join("userlist.txt");
+    // The console's user is in the file too: with an auth file, the upstream role is no
+    // longer a client user by itself (as with [users]).
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            ("alice", "alice_pw".to_owned()),
+            ("carol", scram_secret("carol_pw")),
+        ],
+    );
+    let proxy =
+        start_pgmemo(auth_file_config(&userlist, AuthType::ScramSha256, true).unwrap()).await;
+    let reload_path = userlist.clone();
+    proxy.set_reloader(Box::new(move || {
+        auth_file_config(&reload_path, AuthType::ScramSha256, true)
+    }));
+    let port = proxy.local_addr().port();
+
+    // Plain and SCRAM secrets answer SCRAM; the server login is the upstream role's.
+    assert_eq!(psql(port, "alice", "alice_pw").await.unwrap(), PGMEMO_USER);
+    assert_eq!(psql(port, "carol", "carol_pw").await.unwrap(), PGMEMO_USER);
+    let wrong = psql(port, "carol", "wrong").await.unwrap_err();
+    assert!(
+        wrong.contains("FATAL:  password authentication failed for user \"carol\""),
+        "{wrong}"
+    );
+    let nobody = psql(port, "nobody", "alice_pw").await.unwrap_err();
+    assert!(
+        nobody.contains("FATAL:  password authentication failed for user \"nobody\""),
+        "{nobody}"
+    );
+
+    // RELOAD reads the file again: alice is gone, dave is new.
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            ("carol", scram_secret("carol_pw")),
+            ("dave", "dave_pw".to_owned()),
+        ],
+    );
+    let admin = admin_console(proxy.local_addr()).await;
+    admin.simple_query("RELOAD").await.unwrap();
+    assert_eq!(psql(port, "dave", "dave_pw").await.unwrap(), PGMEMO_USER);
+    let gone = psql(port, "alice", "alice_pw").await.unwrap_err();
+    assert!(
+        gone.contains("password authentication failed for user \"alice\""),
+        "{gone}"
+    );
+
+    // A broken file is refused with its line, and the users read before stay.
+    std::fs::write(
+        &userlist,
+        format!(
+            "\"{PGMEMO_USER}\" \"{PGMEMO_PASS}\"\n\"dave\" \"SCRAM-SHA-256$4096:c2FsdA==$x\"\n"
+        ),
+    )
+    .unwrap();
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    let e = e
+        .as_db_error()
+        .expect("an ErrorResponse")
+        .message()
+        .to_owned();
+    assert!(
+        e.contains(&format!(
+            "{}, line 2: the secret of user \"dave\"",
+            userlist.display()
+        )),
+        "{e}"
+    );
+    assert!(e.contains("malformed SCRAM verifier"), "{e}");
+    assert_eq!(psql(port, "dave", "dave_pw").await.unwrap(), PGMEMO_USER);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_md5_secret_of_the_auth_file_answers_md5_and_a_users_password_wins() {
+    let dir = TempDir::new("md5");
+    let userlist = dir.0.join("userlist.txt");
+    write_userlist(
+        &userlist,
+        &[
+            ("bob", md5_secret("bob", "bob_pw")),
+            ("erin", "file_pw".to_owned()),
+        ],
+    );
+    let mut config = auth_file_config(&userlist, AuthType::Md5, false).unwrap();
+    config.users.insert(
+        "erin".into(),
+        pgmemo::config::UserConfig {
+            password: Some("toml_pw".into()),
+            ..Default::default()
+        },
+    );
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(psql(port, "bob", "bob_pw").await.unwrap(), PGMEMO_USER);
+    assert_eq!(psql(port, "erin", "toml_pw").await.unwrap(), PGMEMO_USER);
+    let e = psql(port, "erin", "file_pw").await.unwrap_err();
+    assert!(e.contains("password authentication failed"), "{e}");
+    proxy.shutdown().await;
+
+    // The same md5 hash cannot answer SCRAM: refused when the configuration is checked.
+    let e = auth_file_config(&userlist, AuthType::ScramSha256, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "{}, line 2: user \"bob\" has an md5 hash",
+            userlist.display()
+        )),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_auth_file_is_a_config_error_with_file_and_line() {
+    let dir = TempDir::new("broken");
+    let toml = dir.0.join("pgmemo.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[general]\nauth_file = \"users.txt\"\n[upstream]\nurl = \"postgresql://{PGMEMO_USER}:{PGMEMO_PASS}@127.0.0.1:{}\"\n",
+            cluster().port()
+        ),
+    )
+    .unwrap();
+    let e = Config::load(&toml).unwrap_err().to_string();
+    assert!(
+        e.contains("pgmemo.toml, line 2: general.auth_file: cannot read"),
+        "{e}"
+    );
+    let users = dir.0.join("users.txt");
+    std::fs::write(&users, "\"alice\" \"pw\"\nbob secret\n").unwrap();
+    let e = Config::load(&toml).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}, line 2: malformed auth file line: it does not start with '\"'",
+            users.display()
+        )),
+        "{e}"
+    );
+    std::fs::write(&users, "\"alice\" \"pw\"\n").unwrap();
+    let config = Config::load(&toml).unwrap();
+    assert_eq!(config.user_secret("alice"), Some("pw"));
+}
+
+/// pgmemo with `auth_user = postgres` (its password in `[users]`) looking up everyone else
+/// with `query` (None: PgBouncer's default).
+fn auth_query_config(auth: AuthType, query: Option<&str>) -> Config {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.auth_type = auth;
+    config.general.admin_users.clear();
+    config.general.auth_user = Some(SUPERUSER.into());
+    if let Some(query) = query {
+        config.general.auth_query = query.into();
+    }
+    config.users.insert(
+        SUPERUSER.into(),
+        pgmemo::config::UserConfig {
+            password: Some(SUPERUSER_PASS.into()),
+            ..Default::default()
+        },
+    );
+    config
+}
+
+/// The `FATAL:  ...` part of psql's error output.
+fn fatal(stderr: &str) -> &str {
+    let at = stderr
+        .find("FATAL:")
+        .unwrap_or_else(|| panic!("no FATAL in {stderr:?}"));
+    stderr[at..].lines().next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_query_looks_up_scram_and_md5_secrets_and_refuses_as_postgresql_does() {
+    let direct = cluster().port();
+    let proxy = start_pgmemo(auth_query_config(AuthType::ScramSha256, None)).await;
+    let port = proxy.local_addr().port();
+    // scram_user's secret is a SCRAM verifier in pg_authid, never in pgmemo's configuration.
+    assert_eq!(
+        psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+        PGMEMO_USER
+    );
+    // A wrong password, and a user the query finds no row for: PostgreSQL's own answer.
+    let reference = psql(direct, SCRAM_USER, "wrong").await.unwrap_err();
+    let wrong = psql(port, SCRAM_USER, "wrong").await.unwrap_err();
+    assert_eq!(fatal(&wrong), fatal(&reference));
+    let nobody_direct = psql(direct, "nobody", "wrong").await.unwrap_err();
+    let nobody = psql(port, "nobody", "wrong").await.unwrap_err();
+    assert_eq!(fatal(&nobody), fatal(&nobody_direct));
+    assert_eq!(
+        fatal(&nobody),
+        "FATAL:  password authentication failed for user \"nobody\""
+    );
+    proxy.shutdown().await;
+
+    // md5_user's secret is an md5 hash: it answers auth_type md5.
+    let proxy = start_pgmemo(auth_query_config(AuthType::Md5, None)).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), PGMEMO_USER);
+    let wrong = psql(port, MD5_USER, "wrong").await.unwrap_err();
+    assert_eq!(
+        fatal(&wrong),
+        "FATAL:  password authentication failed for user \"md5_user\""
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_query_with_two_rows_or_an_error_refuses_the_login_clearly() {
+    for query in [
+        "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1 OR rolname = 'pgmemo'",
+        "SELECT rolname, no_such_column FROM pg_authid WHERE rolname = $1",
+    ] {
+        let proxy = start_pgmemo(auth_query_config(AuthType::ScramSha256, Some(query))).await;
+        let port = proxy.local_addr().port();
+        let e = psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap_err();
+        assert_eq!(
+            fatal(&e),
+            "FATAL:  pgmemo could not look up the password of user \"scram_user\" \
+             (auth_query failed; see pgmemo's log)",
+            "{query}"
+        );
+        // Users pgmemo knows itself are not disturbed.
+        assert_eq!(
+            psql(port, SUPERUSER, SUPERUSER_PASS).await.unwrap(),
+            PGMEMO_USER
+        );
+        proxy.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_of_two_users_run_at_once() {
+    // Each lookup takes 2 seconds; one after the other would take 4.
+    let query = "SELECT rolname, rolpassword FROM pg_authid, pg_sleep(2) WHERE rolname = $1";
+    let proxy = start_pgmemo(auth_query_config(AuthType::Md5, Some(query))).await;
+    let port = proxy.local_addr().port();
+    let started = std::time::Instant::now();
+    let (a, b) = tokio::join!(
+        psql(port, SCRAM_USER, SCRAM_PASS),
+        psql(port, MD5_USER, MD5_PASS)
+    );
+    let took = started.elapsed();
+    assert_eq!(a.unwrap(), PGMEMO_USER);
+    assert_eq!(b.unwrap(), PGMEMO_USER);
+    assert!(took < std::time::Duration::from_millis(3800), "{took:?}");
+    // The answers are cached: a second login does not wait for the query.
+    let started = std::time::Instant::now();
+    assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), PGMEMO_USER);
+    assert!(started.elapsed() < std::time::Duration::from_millis(1900));
+    proxy.shutdown().await;
+}
+
+/// pgmemo with no server user anywhere (each client logs into PostgreSQL as itself) and
+/// `users`' secrets.
+fn passthrough_config(auth: AuthType, users: &[(&str, String)]) -> Config {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.auth_type = auth;
+    config.general.admin_users.clear();
+    config.upstream = None;
+    config.databases.insert(
+        "*".into(),
+        pgmemo::config::DatabaseConfig {
+            host: Some("127.0.0.1".into()),
+            port: Some(cluster().port()),
+            ..Default::default()
+        },
+    );
+    for (name, secret) in users {
+        config.users.insert(
+            (*name).into(),
+            pgmemo::config::UserConfig {
+                password: Some(secret.clone()),
+                ..Default::default()
+            },
+        );
+    }
+    config
+}
+
+fn rolpassword(role: &str) -> String {
+    cluster()
+        .psql(
+            TEST_DB,
+            &format!("SELECT rolpassword FROM pg_authid WHERE rolname = '{role}'"),
+        )
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_log_into_postgresql_as_themselves_with_only_their_stored_secret() {
+    // pg_hba asks scram_user for scram-sha-256 and md5_user for md5; pgmemo holds only
+    // what pg_authid holds.
+    let verifier = rolpassword(SCRAM_USER);
+    let md5 = rolpassword(MD5_USER);
+    assert!(verifier.starts_with("SCRAM-SHA-256$"), "{verifier}");
+    assert!(md5.starts_with("md5"), "{md5}");
+    let config = passthrough_config(AuthType::Md5, &[(SCRAM_USER, verifier), (MD5_USER, md5)]);
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    for _ in 0..2 {
+        assert_eq!(
+            psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+            SCRAM_USER
+        );
+        assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), MD5_USER);
+    }
+    // tokio-postgres with SCRAM, on a pool psql's logins opened.
+    let (client, conn) = tokio_postgres::connect(
+        &proxy_url(proxy.local_addr(), SCRAM_USER, Some(SCRAM_PASS), TEST_DB),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let row = client.query_one("SELECT session_user", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), SCRAM_USER);
+    drop(client);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_found_by_auth_query_logs_into_postgresql_as_itself() {
+    let mut config = passthrough_config(
+        AuthType::ScramSha256,
+        &[(PGMEMO_USER, PGMEMO_PASS.to_owned())],
+    );
+    config.general.auth_user = Some(PGMEMO_USER.into());
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(
+        psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+        SCRAM_USER
+    );
+    let e = psql(port, SCRAM_USER, "wrong").await.unwrap_err();
+    assert_eq!(
+        fatal(&e),
+        "FATAL:  password authentication failed for user \"scram_user\""
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_users_may_only_show() {
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.stats_users = vec!["watcher".into()];
+    config.users.insert(
+        "watcher".into(),
+        pgmemo::config::UserConfig {
+            password: Some("watcher_pw".into()),
+            ..Default::default()
+        },
+    );
+    config.users.insert(
+        PGMEMO_USER.into(),
+        pgmemo::config::UserConfig {
+            password: Some(PGMEMO_PASS.into()),
+            ..Default::default()
+        },
+    );
+    let proxy = start_pgmemo(config).await;
+    for console in ["pgmemo", "pgbouncer"] {
+        let url = proxy_url(proxy.local_addr(), "watcher", Some("watcher_pw"), console);
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        for show in ["SHOW POOLS", "show stats;", "SHOW CONFIG"] {
+            client.simple_query(show).await.unwrap();
+        }
+        for command in [
+            "RELOAD",
+            "PAUSE",
+            "SHOW FDS",
+            "SHUTDOWN",
+            "KILL pgmemo_test",
+        ] {
+            let e = client.simple_query(command).await.unwrap_err();
+            let db = e.as_db_error().expect("an ErrorResponse");
+            assert_eq!(
+                (db.code().code(), db.message()),
+                ("08P01", "admin access needed"),
+                "{command}"
+            );
+        }
+        // Nothing was paused or shut down: a client still gets through.
+        let user = connect(&proxy_db_url(&proxy, TEST_DB)).await;
+        let row = user.query_one("SELECT 1::int4", &[]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), 1, "{console}");
+    }
+    // An admin still may.
+    let admin = admin_console(proxy.local_addr()).await;
+    admin.simple_query("SHOW FDS").await.unwrap();
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_user_without_a_password_takes_it_from_the_auth_file() {
+    // [databases."*"] user = md5_user, no password: as PgBouncer, the auth file's line for
+    // md5_user gives it (here its md5 hash, which answers the server's md5 challenge).
+    let dir = TempDir::new("server-user");
+    let userlist = dir.0.join("userlist.txt");
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            (MD5_USER, rolpassword(MD5_USER)),
+        ],
+    );
+    let mut config = passthrough_config(AuthType::Md5, &[]);
+    config.general.auth_file = Some(userlist);
+    config.read_auth_file().unwrap();
+    config.databases.get_mut("*").unwrap().user = Some(MD5_USER.into());
+    let proxy = start_pgmemo(config).await;
+    assert_eq!(
+        psql(proxy.local_addr().port(), PGMEMO_USER, PGMEMO_PASS)
+            .await
+            .unwrap(),
+        MD5_USER
+    );
+    proxy.shutdown().await;
+}
