@@ -15,6 +15,7 @@ use common::*;
 use pgmemo::config::{AuthType, Config, PoolMode};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 /// A directory of the test's own, removed when dropped.
 struct TempDir(PathBuf);
@@ -323,25 +324,72 @@ async fn an_auth_query_with_two_rows_or_an_error_refuses_the_login_clearly() {
     }
 }
 
+/// Whether a backend waits on advisory lock `key` (the gate of the test below).
+async fn waits_on_gate(direct: &tokio_postgres::Client, key: i64) -> bool {
+    let row = direct
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND objid = $1::bigint::oid",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    row.get::<_, i64>(0) > 0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_of_two_users_run_at_once() {
-    // Each lookup takes 2 seconds; one after the other would take 4.
-    let query = "SELECT rolname, rolpassword FROM pg_authid, pg_sleep(2) WHERE rolname = $1";
+    // scram_user's lookup waits on an advisory lock the test holds; md5_user's must not
+    // wait behind it. Every lookup is logged, so the cache is seen as lookups not run.
+    const GATE: i64 = 36_4242;
+    let direct = connect(&direct_db_url(TEST_DB)).await;
+    direct
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS auth_lookups (rolname name);
+             CREATE OR REPLACE FUNCTION auth_gate(u name) RETURNS bool LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO auth_lookups VALUES (u);
+                 IF u = '{SCRAM_USER}' THEN PERFORM pg_advisory_xact_lock_shared({GATE}); END IF;
+                 RETURN true;
+             END $$;
+             SELECT pg_advisory_lock({GATE});"
+        ))
+        .await
+        .unwrap();
+    let query = "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1 AND auth_gate($1)";
     let proxy = start_pgmemo(auth_query_config(AuthType::Md5, Some(query))).await;
     let port = proxy.local_addr().port();
-    let started = std::time::Instant::now();
-    let (a, b) = tokio::join!(
-        psql(port, SCRAM_USER, SCRAM_PASS),
-        psql(port, MD5_USER, MD5_PASS)
-    );
-    let took = started.elapsed();
-    assert_eq!(a.unwrap(), PGMEMO_USER);
-    assert_eq!(b.unwrap(), PGMEMO_USER);
-    assert!(took < std::time::Duration::from_millis(3800), "{took:?}");
-    // The answers are cached: a second login does not wait for the query.
-    let started = std::time::Instant::now();
+    let held = tokio::spawn(async move { psql(port, SCRAM_USER, SCRAM_PASS).await });
+    wait_until(
+        "scram_user's lookup waits on the gate",
+        Duration::from_secs(30),
+        || waits_on_gate(&direct, GATE),
+    )
+    .await;
+    let other = tokio::time::timeout(Duration::from_secs(30), psql(port, MD5_USER, MD5_PASS))
+        .await
+        .expect("md5_user's login waited behind scram_user's lookup");
+    assert_eq!(other.unwrap(), PGMEMO_USER);
+    assert!(!held.is_finished(), "scram_user's lookup passed the gate");
+    direct
+        .batch_execute(&format!("SELECT pg_advisory_unlock({GATE})"))
+        .await
+        .unwrap();
+    assert_eq!(held.await.unwrap().unwrap(), PGMEMO_USER);
+    // The answer is cached: a second login of md5_user runs no lookup.
     assert_eq!(psql(port, MD5_USER, MD5_PASS).await.unwrap(), PGMEMO_USER);
-    assert!(started.elapsed() < std::time::Duration::from_millis(1900));
+    let lookups: i64 = direct
+        .query_one(
+            "SELECT count(*) FROM auth_lookups WHERE rolname = $1::text::name",
+            &[&MD5_USER],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        lookups, 1,
+        "md5_user was looked up again instead of from the cache"
+    );
     proxy.shutdown().await;
 }
 
