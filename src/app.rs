@@ -1,6 +1,7 @@
 //! What every connection shares: the current configuration, the pools, the registry of clients
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
+use crate::budget::{Budget, BudgetOf};
 use crate::cancel::Cancels;
 use crate::config::{Config, PendingRestart, PoolMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
@@ -271,6 +272,8 @@ impl ClientInfo {
 pub struct App {
     pub config: ArcSwap<Config>,
     pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
+    /// The budgets of each database and each user that has a pool (see budget.rs).
+    budgets: Mutex<HashMap<(BudgetOf, String), Arc<Budget>>>,
     pub tls_acceptor: ArcSwapOption<tokio_rustls::TlsAcceptor>,
     server_tls: ArcSwapOption<tokio_rustls::TlsConnector>,
     clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
@@ -325,6 +328,7 @@ impl App {
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             pools: RwLock::new(HashMap::new()),
+            budgets: Mutex::new(HashMap::new()),
             tls_acceptor: ArcSwapOption::empty(),
             server_tls: ArcSwapOption::empty(),
             clients: Mutex::new(HashMap::new()),
@@ -431,13 +435,30 @@ impl App {
                 .entry(key.clone())
                 .or_insert_with(|| {
                     let paused = self.paused.lock().covers(&key.database);
-                    let pool = Pool::new(key, settings);
+                    let (database, user) = self.budgets(&key);
+                    let pool = Pool::with_budgets(key, settings, database, user);
                     if paused {
                         pool.pause();
                     }
                     pool
                 })
                 .clone(),
+        )
+    }
+
+    /// The budgets of `key`'s database and user (max_db_connections, max_user_connections),
+    /// shared by their pools; made on first use.
+    fn budgets(&self, key: &PoolKey) -> (Arc<Budget>, Arc<Budget>) {
+        let mut budgets = self.budgets.lock();
+        let mut get = |kind: BudgetOf, name: &str| {
+            budgets
+                .entry((kind, name.to_owned()))
+                .or_insert_with(|| Budget::new(0))
+                .clone()
+        };
+        (
+            get(BudgetOf::Database, &key.database),
+            get(BudgetOf::User, &key.user),
         )
     }
 
@@ -543,6 +564,10 @@ impl App {
             pin_session_state: db.pin_session_state,
             pinned_idle_timeout: g.pinned_idle_timeout,
             max_pinned_fraction: g.max_pinned_fraction,
+            max_db_connections: db.max_db_connections as usize,
+            max_user_connections: db.max_user_connections as usize,
+            reserve_pool_size: db.reserve_pool_size as usize,
+            reserve_pool_timeout: g.reserve_pool_timeout,
         })
     }
 

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod autoprepare;
+pub mod budget;
 pub mod buffers;
 pub mod cache;
 pub mod cancel;

@@ -49,6 +49,19 @@ settings! {
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
+    /// Server connections to one database (the name clients ask for) across all its
+    /// pools; a pool at the limit makes its clients wait, and closes an idle server of
+    /// another pool of the database for them, as PgBouncer's `max_db_connections`. 0: no
+    /// limit. Per database too.
+    max_db_connections: u32 = 0, Live;
+    /// Server connections of one user (the client's user, the pool's key) across all its
+    /// pools, as `max_db_connections` for a database. 0: no limit. Per user too.
+    max_user_connections: u32 = 0, Live;
+    /// Extra server connections a pool may open for a client that has waited
+    /// `reserve_pool_timeout`, as PgBouncer's. 0: none. Per database too.
+    reserve_pool_size: u32 = 0, Live;
+    /// How long a client waits for a server before the reserve pool may serve it.
+    reserve_pool_timeout: Duration = Duration::from_secs(5), Live, check = positive;
     /// Total time for connecting to a server, retries included, before the waiting client
     /// gets an error.
     server_connect_timeout: Duration = Duration::from_secs(15), Live, check = positive;

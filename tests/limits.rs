@@ -1,0 +1,259 @@
+//! What protects PostgreSQL's connection budget, against a real PostgreSQL: max_db_connections
+//! and max_user_connections across pools (clients wait, an idle server of another pool is
+//! closed for them), and the reserve pool.
+//!
+//! Every pool logs into the cluster as the `pgmemo` role (`[upstream]`), so two client users
+//! make two pools of one database; server connections are counted in `pg_stat_activity`.
+//! Each test uses its own databases. Waiting is always for a condition, polled with a bound.
+
+mod common;
+
+use common::*;
+use pgmemo::config::{Config, DatabaseConfig, PoolMode, UserConfig};
+use pgmemo::Pgmemo;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+const OTHER_USER: &str = "plain_user";
+const OTHER_PASS: &str = "plain_pass";
+
+/// The test configuration with two client users, `pgmemo` and `plain_user`.
+fn two_users(pool_size: u32) -> Config {
+    let mut cfg = test_config(PoolMode::Transaction, pool_size);
+    for (name, password) in [(PGMEMO_USER, PGMEMO_PASS), (OTHER_USER, OTHER_PASS)] {
+        cfg.users.insert(
+            name.into(),
+            UserConfig {
+                password: Some(password.into()),
+                ..UserConfig::default()
+            },
+        );
+    }
+    cfg
+}
+
+async fn client(proxy: &Pgmemo, user: &str, db: &str) -> Client {
+    let password = if user == PGMEMO_USER {
+        PGMEMO_PASS
+    } else {
+        OTHER_PASS
+    };
+    connect(&proxy_url(proxy.local_addr(), user, Some(password), db)).await
+}
+
+async fn scalar(client: &Client, sql: &str) -> String {
+    match &client.simple_query(sql).await.unwrap()[1] {
+        SimpleQueryMessage::Row(r) => r.get(0).unwrap_or_default().to_owned(),
+        other => panic!("expected a row, got {other:?}"),
+    }
+}
+
+/// pgmemo's server connections to the databases `dbs`.
+async fn backends(dbs: &[&str]) -> i64 {
+    let direct = connect(&cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres")).await;
+    let list = dbs
+        .iter()
+        .map(|d| format!("'{d}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    scalar(
+        &direct,
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname IN ({list}) \
+             AND usename = '{PGMEMO_USER}' AND backend_type = 'client backend'"
+        ),
+    )
+    .await
+    .parse()
+    .unwrap()
+}
+
+/// The console's rows for `cmd`, as column name → value maps.
+async fn admin(proxy: &Pgmemo, cmd: &str) -> Vec<HashMap<String, String>> {
+    let console = client(proxy, PGMEMO_USER, "pgmemo").await;
+    let msgs = console.simple_query(cmd).await.unwrap();
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Clients waiting in the pool of (`db`, `user`).
+async fn waiting(proxy: &Pgmemo, db: &str, user: &str) -> usize {
+    admin(proxy, "SHOW POOLS")
+        .await
+        .iter()
+        .find(|r| r["database"] == db && r["user"] == user)
+        .map_or(0, |r| r["cl_waiting"].parse().unwrap())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// max_db_connections = 2 over two pools of 2: the second user's client waits while the
+/// first holds both servers in transactions, gets a server as soon as one is returned (it is
+/// closed for it), and when the first user's servers are idle one of them is closed for the
+/// second user's client at once. PostgreSQL never sees more than 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_db_connections_holds_across_pools() {
+    const DB: &str = "limits_db";
+    fresh_db(DB).await;
+    let mut cfg = two_users(2);
+    cfg.databases.insert(
+        DB.into(),
+        DatabaseConfig {
+            max_db_connections: Some(2),
+            ..DatabaseConfig::default()
+        },
+    );
+    let proxy = start_pgmemo(cfg).await;
+    // The other user's pool first, its server left idle.
+    let b = client(&proxy, OTHER_USER, DB).await;
+    b.batch_execute("SELECT 1").await.unwrap();
+    // Two transactions of the first user: the second one's server is the other pool's
+    // idle one, closed for it.
+    let a1 = client(&proxy, PGMEMO_USER, DB).await;
+    let a2 = client(&proxy, PGMEMO_USER, DB).await;
+    for a in [&a1, &a2] {
+        tokio::time::timeout(Duration::from_secs(10), a.batch_execute("BEGIN; SELECT 1"))
+            .await
+            .expect("the other pool's idle server is closed for it")
+            .unwrap();
+    }
+    assert_eq!(backends(&[DB]).await, 2);
+
+    // Both servers busy: the other pool's client waits (it does not fail).
+    let queued = tokio::spawn(async move {
+        let pid = scalar(&b, "SELECT pg_backend_pid()").await;
+        (b, pid)
+    });
+    wait_until(
+        "the other user's client to wait",
+        Duration::from_secs(10),
+        || async { waiting(&proxy, DB, OTHER_USER).await >= 1 },
+    )
+    .await;
+    assert!(!queued.is_finished());
+    assert_eq!(backends(&[DB]).await, 2, "the limit holds while it waits");
+
+    // A server returned: closed for the waiting client of the other pool, which proceeds.
+    a1.batch_execute("COMMIT").await.unwrap();
+    let (b, _) = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiting client gets a server once one is returned")
+        .unwrap();
+    assert!(backends(&[DB]).await <= 2);
+    a2.batch_execute("COMMIT").await.unwrap();
+
+    // Now the first pool holds idle servers; a second client of the other user, while the
+    // first one's server is held in a transaction, gets one of them closed for it at once.
+    b.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    a1.batch_execute("SELECT 1").await.unwrap();
+    let b2 = client(&proxy, OTHER_USER, DB).await;
+    tokio::time::timeout(Duration::from_secs(10), b2.batch_execute("SELECT 1"))
+        .await
+        .expect("an idle server of the other pool is closed for it")
+        .unwrap();
+    assert!(backends(&[DB]).await <= 2);
+    b.batch_execute("COMMIT").await.unwrap();
+
+    let dbs = admin(&proxy, "SHOW DATABASES").await;
+    let row = dbs.iter().find(|r| r["name"] == DB).unwrap();
+    assert_eq!(row["max_connections"], "2");
+    assert!(row["current_connections"].parse::<i64>().unwrap() <= 2);
+    proxy.shutdown().await;
+}
+
+/// max_user_connections = 1 for one user over two databases: its client of the second
+/// database waits until the first returns its server, and the other user is not limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_user_connections_holds_across_databases() {
+    const DB1: &str = "limits_user1";
+    const DB2: &str = "limits_user2";
+    fresh_db(DB1).await;
+    fresh_db(DB2).await;
+    let mut cfg = two_users(2);
+    cfg.users.get_mut(OTHER_USER).unwrap().max_user_connections = Some(1);
+    let proxy = start_pgmemo(cfg).await;
+    let second = client(&proxy, OTHER_USER, DB2).await;
+    second.batch_execute("SELECT 1").await.unwrap();
+    // The user's server in DB2 is idle: closed for its client of DB1.
+    let first = client(&proxy, OTHER_USER, DB1).await;
+    first.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let queued = tokio::spawn(async move { second.batch_execute("SELECT 1").await });
+    wait_until(
+        "the user's second client to wait",
+        Duration::from_secs(10),
+        || async { waiting(&proxy, DB2, OTHER_USER).await >= 1 },
+    )
+    .await;
+    // Another user is not limited by it.
+    let other = client(&proxy, PGMEMO_USER, DB2).await;
+    other.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(backends(&[DB1, DB2]).await, 2);
+    assert!(!queued.is_finished());
+    first.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiting client gets a server once the user's one is returned")
+        .unwrap()
+        .unwrap();
+    let users = admin(&proxy, "SHOW USERS").await;
+    let row = users.iter().find(|r| r["name"] == OTHER_USER).unwrap();
+    assert_eq!(row["max_user_connections"], "1");
+    proxy.shutdown().await;
+}
+
+/// reserve_pool_size = 1: with the only server held, a client that has waited
+/// reserve_pool_timeout gets a reserve server and runs; a third client then waits (the
+/// reserve is spent) and runs once a server is returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_pool_serves_a_client_that_waited() {
+    const DB: &str = "limits_reserve";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 1);
+    cfg.general.reserve_pool_size = 1;
+    cfg.general.reserve_pool_timeout = Duration::from_millis(200);
+    let proxy = start_pgmemo(cfg).await;
+    let holder = client(&proxy, PGMEMO_USER, DB).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let second = client(&proxy, PGMEMO_USER, DB).await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        second.batch_execute("BEGIN; SELECT 1"),
+    )
+    .await
+    .expect("the reserve pool serves the client that waited (query_wait_timeout is 120 s)")
+    .unwrap();
+    assert_eq!(backends(&[DB]).await, 2, "pool_size + reserve_pool_size");
+    let third = client(&proxy, PGMEMO_USER, DB).await;
+    let queued = tokio::spawn(async move { third.batch_execute("SELECT 1").await });
+    wait_until(
+        "the third client to wait",
+        Duration::from_secs(10),
+        || async { waiting(&proxy, DB, PGMEMO_USER).await >= 1 },
+    )
+    .await;
+    assert_eq!(backends(&[DB]).await, 2, "the reserve is spent");
+    holder.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the third client runs once a server is returned")
+        .unwrap()
+        .unwrap();
+    second.batch_execute("COMMIT").await.unwrap();
+    let dbs = admin(&proxy, "SHOW DATABASES").await;
+    assert_eq!(
+        dbs.iter().find(|r| r["name"] == DB).unwrap()["reserve_pool_size"],
+        "1"
+    );
+    proxy.shutdown().await;
+}
