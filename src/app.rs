@@ -544,6 +544,7 @@ impl App {
                 password,
                 tls_mode: g.server_tls,
                 tls: self.server_tls.load_full().map(|c| (*c).clone()),
+                keepalive: g.keepalive(),
             },
             mode: db.pool_mode,
             pool_size: db.pool_size as usize,

@@ -25,6 +25,7 @@ pub mod config;
 pub mod connection;
 pub mod convert;
 pub mod demo;
+pub mod keepalive;
 pub mod metrics;
 pub mod params;
 pub mod pins;
@@ -185,7 +186,10 @@ async fn accept_loop(app: Arc<App>, listener: TcpListener, workers: Arc<workers:
             _ = shutdown.wait_for(|s| *s) => return,
         };
         match accepted {
-            Ok((tcp, _)) => {
+            Ok((tcp, peer)) => {
+                if let Err(e) = keepalive::apply(&tcp, &app.config.load().general.keepalive()) {
+                    tracing::debug!(%peer, error = %e, "could not set TCP keepalive");
+                }
                 let app = app.clone();
                 workers.serve(tcp, move |tcp| connection::serve_client(app, tcp));
             }

@@ -31,6 +31,8 @@ pub struct ServerTarget {
     pub password: Option<String>,
     pub tls_mode: ServerTlsMode,
     pub tls: Option<tokio_rustls::TlsConnector>,
+    /// TCP keepalive and user timeout set on the socket (the `tcp_*` settings).
+    pub keepalive: crate::keepalive::Keepalive,
 }
 
 impl ServerTarget {
@@ -255,6 +257,7 @@ impl ServerConn {
     ) -> Result<ServerConn, ServerError> {
         let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
         tcp.set_nodelay(true)?;
+        crate::keepalive::apply(&tcp, &target.keepalive)?;
         let stream = match (&target.tls, target.tls_mode) {
             (Some(connector), mode) if mode != ServerTlsMode::Disable => {
                 let s = crate::tls::connect_server_tls(tcp, connector, &target.host).await?;

@@ -257,3 +257,60 @@ async fn reserve_pool_serves_a_client_that_waited() {
     );
     proxy.shutdown().await;
 }
+
+/// The `tcp_*` settings are on pgmemo's sockets, read back with getsockopt: the accepted
+/// client socket and the server connection (pgmemo runs in this process, so its sockets are
+/// among this process's file descriptors).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_keepalive_is_set_on_client_and_server_sockets() {
+    use pgmemo::keepalive::{read, Keepalive};
+    use std::os::fd::FromRawFd;
+    const DB: &str = "limits_keepalive";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 1);
+    cfg.general.tcp_keepidle = Duration::from_secs(37);
+    cfg.general.tcp_keepintvl = Duration::from_secs(7);
+    cfg.general.tcp_keepcnt = 4;
+    cfg.general.tcp_user_timeout = Duration::from_millis(2500);
+    let proxy = start_pgmemo(cfg).await;
+    let c = client(&proxy, PGMEMO_USER, DB).await;
+    c.batch_execute("SELECT 1").await.unwrap();
+    let (pgmemo_port, pg_port) = (proxy.local_addr().port(), cluster().port());
+    // This process's TCP sockets: (local port, peer port, what is set on it).
+    let mut sockets = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let link = std::fs::read_link(entry.path()).unwrap_or_default();
+        if !link.to_string_lossy().starts_with("socket:") {
+            continue;
+        }
+        // Borrowed, never closed here.
+        let tcp = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+        if let (Ok(local), Ok(peer), Ok(k)) = (tcp.local_addr(), tcp.peer_addr(), read(&fd)) {
+            sockets.push((local.port(), peer.port(), k));
+        }
+    }
+    let want = Keepalive {
+        enabled: true,
+        idle: Duration::from_secs(37),
+        interval: Duration::from_secs(7),
+        count: 4,
+        user_timeout: Duration::from_millis(2500),
+    };
+    let accepted: Vec<_> = sockets.iter().filter(|s| s.0 == pgmemo_port).collect();
+    let to_server: Vec<_> = sockets.iter().filter(|s| s.1 == pg_port).collect();
+    assert!(!accepted.is_empty(), "{sockets:?}");
+    for s in &accepted {
+        assert_eq!(s.2, want, "accepted socket {}→{}", s.0, s.1);
+    }
+    // Other tests' clients and pgmemos reach the cluster too, with their own settings: this
+    // pgmemo's server connection is among them.
+    assert!(
+        to_server.iter().any(|s| s.2 == want),
+        "no server connection with the settings: {to_server:?}"
+    );
+    proxy.shutdown().await;
+}

@@ -80,6 +80,21 @@ settings! {
         check = |v, _| ensure(!v.trim().is_empty(), || {
             "must not be empty (\";\" is the cheapest check)".into()
         });
+    /// TCP keepalive on client and server sockets (`SO_KEEPALIVE`), as PgBouncer's; the
+    /// three settings below tune its probes (Linux), 0 leaving the system's value.
+    tcp_keepalive: bool = true, Live;
+    /// Idle time before the first keepalive probe (`TCP_KEEPIDLE`, whole seconds); 0: the
+    /// system's (`net.ipv4.tcp_keepalive_time`, 7200 by default).
+    tcp_keepidle: Duration = Duration::ZERO, Live;
+    /// Time between keepalive probes (`TCP_KEEPINTVL`, whole seconds); 0: the system's.
+    tcp_keepintvl: Duration = Duration::ZERO, Live;
+    /// Unanswered keepalive probes before the connection is dropped (`TCP_KEEPCNT`); 0: the
+    /// system's.
+    tcp_keepcnt: u32 = 0, Live;
+    /// How long sent data may stay unacknowledged before the connection is dropped
+    /// (`TCP_USER_TIMEOUT`, Linux; PgBouncer's is in milliseconds, this in seconds, 0.5 for
+    /// 500 ms); 0: the system's.
+    tcp_user_timeout: Duration = Duration::ZERO, Live;
     /// A client must finish startup and authentication within this.
     client_login_timeout: Duration = Duration::from_secs(60), Live, check = positive;
     /// On SIGTERM / SHUTDOWN, how long running transactions may finish before their
@@ -171,6 +186,19 @@ settings! {
         check = |v, _| ensure((1..=MAX_WORKERS).contains(v), || {
             format!("must be between 1 and {MAX_WORKERS}")
         });
+}
+
+impl General {
+    /// What the `tcp_*` settings set on each client and server socket.
+    pub fn keepalive(&self) -> crate::keepalive::Keepalive {
+        crate::keepalive::Keepalive {
+            enabled: self.tcp_keepalive,
+            idle: self.tcp_keepidle,
+            interval: self.tcp_keepintvl,
+            count: self.tcp_keepcnt,
+            user_timeout: self.tcp_user_timeout,
+        }
+    }
 }
 
 /// The most worker threads `general.workers` may ask for.
