@@ -80,6 +80,18 @@ impl ClientState {
     }
 }
 
+/// Why a client was killed, which decides what it is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KillReason {
+    /// The console's KILL_CLIENT or KILL, or a shutdown's cutoff.
+    Console = 0,
+    /// Idle without a server past `client_idle_timeout`.
+    ClientIdleTimeout = 1,
+    /// Its query (waiting for a server included) ran past `query_timeout`.
+    QueryTimeout = 2,
+}
+
 /// What the rest of pgmemo can see of one client connection.
 #[derive(Debug)]
 pub struct ClientInfo {
@@ -111,6 +123,8 @@ pub struct ClientInfo {
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
     killed: AtomicBool,
+    /// Why it was killed ([`KillReason`] as u8), what the client is told.
+    kill_reason: AtomicU8,
     /// When the client last sent something, in whole seconds since the Unix epoch as
     /// [`App::unix_secs`] derives them from the monotonic clock (SHOW CLIENTS' request_time
     /// shows seconds, as connect_time). Written once per wake of the session that reads a
@@ -186,6 +200,27 @@ impl ClientInfo {
     pub fn kill(&self) {
         self.killed.store(true, Ordering::SeqCst);
         self.wake();
+    }
+
+    /// Ends the client for `reason` (a timeout of the janitor's): as [`ClientInfo::kill`],
+    /// the client told why.
+    pub fn kill_for(&self, reason: KillReason) {
+        self.kill_reason.store(reason as u8, Ordering::Relaxed);
+        self.kill();
+    }
+
+    /// Why the client was killed.
+    pub fn kill_reason(&self) -> KillReason {
+        match self.kill_reason.load(Ordering::Relaxed) {
+            1 => KillReason::ClientIdleTimeout,
+            2 => KillReason::QueryTimeout,
+            _ => KillReason::Console,
+        }
+    }
+
+    /// When the client last sent something, in [`App::unix_secs`].
+    pub fn request_secs(&self) -> u32 {
+        self.request_secs.load(Ordering::Relaxed)
     }
 
     /// Wakes the session's task, to read its flags again.
@@ -617,6 +652,7 @@ impl App {
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
             killed: AtomicBool::new(false),
+            kill_reason: AtomicU8::new(KillReason::Console as u8),
             request_secs: AtomicU32::new(connect_secs),
             query_start: AtomicU32::new(0),
             stop_waker: Mutex::new(None),

@@ -38,6 +38,7 @@ pub mod session;
 pub mod statements;
 pub mod stats;
 pub mod stream;
+pub mod timeouts;
 pub mod tls;
 pub mod tour;
 pub mod wal;
@@ -212,6 +213,7 @@ async fn janitor(app: Arc<App>) {
             _ = shutdown.wait_for(|s| *s) => return,
         }
         let period = app.config.load().general.stats_period;
+        timeouts::enforce(&app);
         for pool in app.pools() {
             pool.maintain().await;
             pool.stats_periods

@@ -1,6 +1,7 @@
-//! What protects PostgreSQL's connection budget, against a real PostgreSQL: max_db_connections
-//! and max_user_connections across pools (clients wait, an idle server of another pool is
-//! closed for them), and the reserve pool.
+//! What protects PostgreSQL, against a real PostgreSQL: max_db_connections and
+//! max_user_connections across pools (clients wait, an idle server of another pool is closed
+//! for them), the reserve pool, query_timeout and client_idle_timeout (PgBouncer's FATAL
+//! 08P01 messages), and TCP keepalive on pgmemo's sockets.
 //!
 //! Every pool logs into the cluster as the `pgmemo` role (`[upstream]`), so two client users
 //! make two pools of one database; server connections are counted in `pg_stat_activity`.
@@ -311,6 +312,96 @@ async fn tcp_keepalive_is_set_on_client_and_server_sockets() {
     assert!(
         to_server.iter().any(|s| s.2 == want),
         "no server connection with the settings: {to_server:?}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A client whose connection task is kept: its result carries the FATAL that ended it.
+async fn client_and_end(
+    proxy: &Pgmemo,
+    db: &str,
+) -> (
+    Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), db);
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    (client, tokio::spawn(conn))
+}
+
+/// The SQLSTATE and message of the FATAL that ended a connection.
+async fn fatal(
+    end: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) -> (String, String) {
+    let e = tokio::time::timeout(Duration::from_secs(10), end)
+        .await
+        .expect("the connection ends")
+        .unwrap()
+        .expect_err("with an error");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+    (db.code().code().to_owned(), db.message().to_owned())
+}
+
+/// query_timeout = 1 s: a query still running is cancelled, its server closed and the client
+/// closed with PgBouncer's FATAL 08P01 "query timeout"; another client is not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_timeout_closes_the_client_and_its_server() {
+    const DB: &str = "limits_query_timeout";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.query_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(cfg).await;
+    let other = client(&proxy, PGMEMO_USER, DB).await;
+    let (slow, end) = client_and_end(&proxy, DB).await;
+    // The FATAL answers the query in flight; then the connection ends.
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        slow.batch_execute("SELECT pg_sleep(60)"),
+    )
+    .await
+    .expect("query_timeout ends the query")
+    .expect_err("with an error");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+    assert_eq!((db.code().code(), db.message()), ("08P01", "query timeout"));
+    tokio::time::timeout(Duration::from_secs(10), end)
+        .await
+        .expect("the connection ends")
+        .unwrap()
+        .ok();
+    let direct = connect(&cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres")).await;
+    wait_until("the slow query to end on the server", Duration::from_secs(10), || async {
+        scalar(
+            &direct,
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{DB}' AND query LIKE '%pg_sleep(60)%' AND state = 'active'"),
+        )
+        .await
+            == "0"
+    })
+    .await;
+    other.batch_execute("SELECT 1").await.unwrap();
+    proxy.shutdown().await;
+}
+
+/// client_idle_timeout = 1 s: a client that sends nothing is closed with PgBouncer's FATAL
+/// 08P01 "client_idle_timeout"; one that keeps sending is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_idle_timeout_closes_an_idle_client() {
+    const DB: &str = "limits_client_idle";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.client_idle_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(cfg).await;
+    let (idle, end) = client_and_end(&proxy, DB).await;
+    idle.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "client_idle_timeout".to_owned())
     );
     proxy.shutdown().await;
 }

@@ -49,6 +49,15 @@ settings! {
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
+    /// A client whose query (from its first message that needs a server, waiting for one
+    /// included, to the end of its reply) runs longer than this is closed with FATAL 08P01
+    /// `query timeout` (`query_timeout` while it waited), its query cancelled and its server
+    /// closed, as PgBouncer's; checked each second. Use it a little above PostgreSQL's
+    /// `statement_timeout`, for network trouble. 0: no limit.
+    query_timeout: Duration = Duration::ZERO, Live;
+    /// A client that holds no server and sends nothing for this long is closed with FATAL
+    /// 08P01 `client_idle_timeout`, as PgBouncer's; checked each second. 0: never.
+    client_idle_timeout: Duration = Duration::ZERO, Live;
     /// Server connections to one database (the name clients ask for) across all its
     /// pools; a pool at the limit makes its clients wait, and closes an idle server of
     /// another pool of the database for them, as PgBouncer's `max_db_connections`. 0: no

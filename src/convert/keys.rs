@@ -78,7 +78,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
         "cancel_wait_timeout",
         Not("pgmemo forwards a cancel request at once, with its own 5-second limit"),
     ),
-    ("client_idle_timeout", Not("pgmemo does not close idle clients")),
+    ("client_idle_timeout", To("general.client_idle_timeout", Seconds(Zero::Same))),
     ("client_login_timeout", To("general.client_login_timeout", Seconds(Zero::NoLimit))),
     ("client_tls13_ciphers", Not(NO_TLS_TUNING)),
     ("client_tls_ca_file", Not("pgmemo does not ask clients for certificates")),
@@ -118,7 +118,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("pidfile", Not("pgmemo writes no pid file; systemd (or Docker) tracks the process")),
     ("pkt_buf", Not("pgmemo sizes its buffers itself")),
     ("pool_mode", Special("general.pool_mode (statement becomes transaction)")),
-    ("query_timeout", Not("pgmemo has no query timeout; set PostgreSQL's statement_timeout")),
+    ("query_timeout", To("general.query_timeout", Seconds(Zero::Same))),
     ("query_wait_notify", Not("pgmemo sends no notice to waiting clients")),
     ("query_wait_timeout", To("general.query_wait_timeout", Seconds(Zero::NoLimit))),
     ("reserve_pool_size", To("general.reserve_pool_size", Count { min: 0 })),
@@ -206,10 +206,10 @@ pub const DATABASE_NOT: &[(&str, &str)] = &[
 pub const USER_NOT: &[(&str, &str)] = &[
     ("reserve_pool_size", "pgmemo's reserve pool is per database ([databases.NAME]) or general"),
     ("max_user_client_connections", "pgmemo has no per-user client limit"),
-    ("query_timeout", "pgmemo has no query timeout; set statement_timeout for the role"),
+    ("query_timeout", "pgmemo's query_timeout is general only; set statement_timeout for the role"),
     ("idle_transaction_timeout", "pgmemo has no idle-in-transaction limit; set idle_in_transaction_session_timeout for the role"),
     ("transaction_timeout", "pgmemo has no transaction timeout"),
-    ("client_idle_timeout", "pgmemo does not close idle clients"),
+    ("client_idle_timeout", "pgmemo's client_idle_timeout is general only"),
 ];
 
 /// The reason for a key of a `[databases]` or `[users]` value that pgmemo lacks.
