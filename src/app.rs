@@ -10,7 +10,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::sync::watch;
@@ -90,6 +90,8 @@ pub enum KillReason {
     ClientIdleTimeout = 1,
     /// Its query (waiting for a server included) ran past `query_timeout`.
     QueryTimeout = 2,
+    /// Idle in a transaction past `idle_transaction_timeout`.
+    IdleTransactionTimeout = 3,
 }
 
 /// What the rest of pgmemo can see of one client connection.
@@ -137,6 +139,11 @@ pub struct ClientInfo {
     /// STATS' `total_query_time` are read from it. 4 bytes, not a u64 of microseconds: an
     /// idle client's ClientInfo stays in its allocator size class (see `footprint`).
     query_start: AtomicU32,
+    /// Since when the client has been idle in a transaction, in whole seconds of
+    /// [`App::clock_us`], wrapping at 18 hours (0: it is not): set at a ReadyForQuery of
+    /// status T or E, read only while no query is in flight. Two bytes, so that ClientInfo
+    /// keeps its size class.
+    idle_in_transaction: AtomicU16,
     /// Its session's task, woken when a shutdown begins or reaches its cutoff, or when the
     /// cancel requests it waited for have been delivered: the session reads the flags whenever
     /// it is polled. One waker set once per session costs less memory than a future waiting on
@@ -166,6 +173,11 @@ pub const QUERY_TICK_US: u64 = 16;
 /// `us` ([`App::clock_us`]) in [`QUERY_TICK_US`] ticks, wrapping.
 fn query_tick(us: u64) -> u32 {
     (us / QUERY_TICK_US) as u32
+}
+
+/// `us` ([`App::clock_us`]) in whole seconds, wrapping (`idle_in_transaction`).
+fn idle_second(us: u64) -> u16 {
+    (us / 1_000_000) as u16
 }
 
 /// At most this many distinct client user and database names are shared.
@@ -214,6 +226,7 @@ impl ClientInfo {
         match self.kill_reason.load(Ordering::Relaxed) {
             1 => KillReason::ClientIdleTimeout,
             2 => KillReason::QueryTimeout,
+            3 => KillReason::IdleTransactionTimeout,
             _ => KillReason::Console,
         }
     }
@@ -280,6 +293,33 @@ impl ClientInfo {
         let age = self.query_age_us(now_us)?;
         self.query_start.store(0, Ordering::Relaxed);
         Some(age)
+    }
+
+    /// [`ClientInfo::end_query`] at a ReadyForQuery whose server is in a transaction
+    /// (`in_transaction`): the client is idle in transaction from `now_us` until its next
+    /// query (`idle_transaction_timeout`); otherwise not.
+    #[inline]
+    pub fn end_query_at_ready(&self, now_us: u64, in_transaction: bool) -> Option<u64> {
+        let age = self.end_query(now_us)?;
+        let since = if in_transaction {
+            idle_second(now_us).max(1)
+        } else {
+            0
+        };
+        self.idle_in_transaction.store(since, Ordering::Relaxed);
+        Some(age)
+    }
+
+    /// How long the client has been idle in a transaction at `now_us`, in microseconds (as
+    /// [`ClientInfo::query_age_us`]); None when it is not.
+    pub fn idle_in_transaction_us(&self, now_us: u64) -> Option<u64> {
+        if self.query_start.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        match self.idle_in_transaction.load(Ordering::Relaxed) {
+            0 => None,
+            since => Some(u64::from(idle_second(now_us).wrapping_sub(since)) * 1_000_000),
+        }
     }
 
     /// Forgets the query in flight, without timing it (answered by pgmemo itself).
@@ -655,6 +695,7 @@ impl App {
             kill_reason: AtomicU8::new(KillReason::Console as u8),
             request_secs: AtomicU32::new(connect_secs),
             query_start: AtomicU32::new(0),
+            idle_in_transaction: AtomicU16::new(0),
             stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());

@@ -1,5 +1,5 @@
 //! The client timeouts the janitor enforces each second, as PgBouncer's janitor does:
-//! `query_timeout` and `client_idle_timeout`.
+//! `query_timeout`, `idle_transaction_timeout` and `client_idle_timeout`.
 //!
 //! They read what every client publishes anyway (its state, when it last sent something,
 //! when its query began: SHOW CLIENTS' columns), so a session pays nothing for them. A client
@@ -10,14 +10,16 @@
 use crate::app::{App, ClientState, KillReason};
 use std::time::Duration;
 
-/// Kills the clients past `query_timeout` or `client_idle_timeout`.
+/// Kills the clients past `query_timeout`, `idle_transaction_timeout` or
+/// `client_idle_timeout`.
 pub fn enforce(app: &App) {
     let config = app.config.load();
     let (query, idle) = (
         config.general.query_timeout,
         config.general.client_idle_timeout,
     );
-    if query.is_zero() && idle.is_zero() {
+    let idle_tx = config.general.idle_transaction_timeout;
+    if query.is_zero() && idle.is_zero() && idle_tx.is_zero() {
         return;
     }
     let now_us = app.clock_us();
@@ -30,6 +32,17 @@ pub fn enforce(app: &App) {
         if !query.is_zero() && query_age.is_some_and(|age| age > query) {
             tracing::info!(client = %client.addr, "closing a client: query_timeout");
             client.kill_for(KillReason::QueryTimeout);
+            continue;
+        }
+        let idle_tx_age = client
+            .idle_in_transaction_us(now_us)
+            .map(Duration::from_micros);
+        if !idle_tx.is_zero()
+            && client.state() == ClientState::Active
+            && idle_tx_age.is_some_and(|age| age > idle_tx)
+        {
+            tracing::info!(client = %client.addr, "closing a client: idle_transaction_timeout");
+            client.kill_for(KillReason::IdleTransactionTimeout);
             continue;
         }
         let idle_for =

@@ -405,3 +405,35 @@ async fn client_idle_timeout_closes_an_idle_client() {
     );
     proxy.shutdown().await;
 }
+
+/// idle_transaction_timeout = 1 s: a client idle inside a transaction is closed with
+/// PgBouncer's FATAL 08P01 "idle transaction timeout", its transaction rolled back (its
+/// insert is not there); a client idle outside a transaction is not closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_transaction_timeout_closes_a_client_idle_in_transaction() {
+    const DB: &str = "limits_idle_tx";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.idle_transaction_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(cfg).await;
+    let (outside, outside_end) = client_and_end(&proxy, DB).await;
+    outside
+        .batch_execute("CREATE TABLE t (n int)")
+        .await
+        .unwrap();
+    let (inside, end) = client_and_end(&proxy, DB).await;
+    inside
+        .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "idle transaction timeout".to_owned())
+    );
+    assert_eq!(scalar(&outside, "SELECT count(*) FROM t").await, "0");
+    assert!(
+        !outside_end.is_finished(),
+        "the client outside a transaction stays"
+    );
+    proxy.shutdown().await;
+}

@@ -55,6 +55,11 @@ settings! {
     /// closed, as PgBouncer's; checked each second. Use it a little above PostgreSQL's
     /// `statement_timeout`, for network trouble. 0: no limit.
     query_timeout: Duration = Duration::ZERO, Live;
+    /// A client idle in a transaction (its server's last ReadyForQuery said T or E) for
+    /// this long is closed with FATAL 08P01 `idle transaction timeout`, as PgBouncer's; its
+    /// transaction is rolled back and the server goes back to the pool (PgBouncer closes
+    /// it); checked each second. 0: never.
+    idle_transaction_timeout: Duration = Duration::ZERO, Live;
     /// A client that holds no server and sends nothing for this long is closed with FATAL
     /// 08P01 `client_idle_timeout`, as PgBouncer's; checked each second. 0: never.
     client_idle_timeout: Duration = Duration::ZERO, Live;

@@ -95,7 +95,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("dns_max_ttl", Not("pgmemo resolves host names at each server connect")),
     ("dns_nxdomain_ttl", Not("pgmemo resolves host names at each server connect")),
     ("dns_zone_check_period", Not("pgmemo resolves host names at each server connect")),
-    ("idle_transaction_timeout", Not("pgmemo has no idle-in-transaction limit; set PostgreSQL's idle_in_transaction_session_timeout")),
+    ("idle_transaction_timeout", To("general.idle_transaction_timeout", Seconds(Zero::Same))),
     ("ignore_startup_parameters", Not("pgmemo accepts every startup parameter and carries it to each server the client uses, so none need ignoring")),
     ("job_name", Not("pgmemo has no job name; its log lines say pgmemo")),
     ("listen_addr", Special("general.listen (host part)")),
@@ -207,7 +207,7 @@ pub const USER_NOT: &[(&str, &str)] = &[
     ("reserve_pool_size", "pgmemo's reserve pool is per database ([databases.NAME]) or general"),
     ("max_user_client_connections", "pgmemo has no per-user client limit"),
     ("query_timeout", "pgmemo's query_timeout is general only; set statement_timeout for the role"),
-    ("idle_transaction_timeout", "pgmemo has no idle-in-transaction limit; set idle_in_transaction_session_timeout for the role"),
+    ("idle_transaction_timeout", "pgmemo's idle_transaction_timeout is general only; set idle_in_transaction_session_timeout for the role"),
     ("transaction_timeout", "pgmemo has no transaction timeout"),
     ("client_idle_timeout", "pgmemo's client_idle_timeout is general only"),
 ];

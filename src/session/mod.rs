@@ -531,6 +531,9 @@ impl Session {
                     (sqlstate::PROTOCOL_VIOLATION, "query timeout")
                 }
                 KillReason::QueryTimeout => (sqlstate::PROTOCOL_VIOLATION, "query_timeout"),
+                KillReason::IdleTransactionTimeout => {
+                    (sqlstate::PROTOCOL_VIOLATION, "idle transaction timeout")
+                }
                 KillReason::Console => (
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection due to administrator command",
