@@ -1388,11 +1388,11 @@ pub fn show_databases(app: &App) -> Table {
                 db.server_user.as_ref().and_then(text),
                 text(db.pool_size),
                 text(db.min_pool_size),
-                text(0),
+                text(db.reserve_pool_size),
                 text(config.general.server_lifetime.as_secs()),
                 pool_mode.map(|m| m.as_str().to_string()),
                 None,
-                text(0),
+                text(db.max_db_connections),
                 text(servers),
                 text(0),
                 text(clients),
@@ -1426,7 +1426,7 @@ pub fn show_databases(app: &App) -> Table {
 }
 
 /// PgBouncer's SHOW USERS: a row per client user, its own pool size and mode (empty and
-/// NULL when it has none, as in PgBouncer) and its connections; no per-user limits (0).
+/// NULL when it has none, as in PgBouncer), its max_user_connections and its connections.
 pub fn show_users(app: &App) -> Table {
     let config = app.config.load();
     let pools = app.pools();
@@ -1447,7 +1447,10 @@ pub fn show_users(app: &App) -> Table {
                 text(""),
                 user.and_then(|u| u.pool_mode)
                     .map(|m| m.as_str().to_string()),
-                text(0),
+                text(
+                    user.and_then(|u| u.max_user_connections)
+                        .unwrap_or(config.general.max_user_connections),
+                ),
                 text(servers),
                 text(0),
                 text(clients),

@@ -1,6 +1,7 @@
 //! What every connection shares: the current configuration, the pools, the registry of clients
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
+use crate::budget::{Budget, BudgetOf};
 use crate::cancel::Cancels;
 use crate::config::{Config, PendingRestart, PoolMode, ServerTlsMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
@@ -9,7 +10,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::sync::watch;
@@ -102,6 +103,20 @@ impl ClientState {
     }
 }
 
+/// Why a client was killed, which decides what it is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KillReason {
+    /// The console's KILL_CLIENT or KILL, or a shutdown's cutoff.
+    Console = 0,
+    /// Idle without a server past `client_idle_timeout`.
+    ClientIdleTimeout = 1,
+    /// Its query (waiting for a server included) ran past `query_timeout`.
+    QueryTimeout = 2,
+    /// Idle in a transaction past `idle_transaction_timeout`.
+    IdleTransactionTimeout = 3,
+}
+
 /// What the rest of pgmemo can see of one client connection.
 #[derive(Debug)]
 pub struct ClientInfo {
@@ -133,6 +148,8 @@ pub struct ClientInfo {
     pub pins: AtomicU8,
     /// Set by the console's KILL_CLIENT (and KILL): the session ends at its next wake.
     killed: AtomicBool,
+    /// Why it was killed ([`KillReason`] as u8), what the client is told.
+    kill_reason: AtomicU8,
     /// When the client last sent something, in whole seconds since the Unix epoch as
     /// [`App::unix_secs`] derives them from the monotonic clock (SHOW CLIENTS' request_time
     /// shows seconds, as connect_time). Written once per wake of the session that reads a
@@ -145,6 +162,11 @@ pub struct ClientInfo {
     /// STATS' `total_query_time` are read from it. 4 bytes, not a u64 of microseconds: an
     /// idle client's ClientInfo stays in its allocator size class (see `footprint`).
     query_start: AtomicU32,
+    /// Since when the client has been idle in a transaction, in whole seconds of
+    /// [`App::clock_us`], wrapping at 18 hours (0: it is not): set at a ReadyForQuery of
+    /// status T or E, read only while no query is in flight. Two bytes, so that ClientInfo
+    /// keeps its size class.
+    idle_in_transaction: AtomicU16,
     /// Its session's task, woken when a shutdown begins or reaches its cutoff, or when the
     /// cancel requests it waited for have been delivered: the session reads the flags whenever
     /// it is polled. One waker set once per session costs less memory than a future waiting on
@@ -174,6 +196,11 @@ pub const QUERY_TICK_US: u64 = 16;
 /// `us` ([`App::clock_us`]) in [`QUERY_TICK_US`] ticks, wrapping.
 fn query_tick(us: u64) -> u32 {
     (us / QUERY_TICK_US) as u32
+}
+
+/// `us` ([`App::clock_us`]) in whole seconds, wrapping (`idle_in_transaction`).
+fn idle_second(us: u64) -> u16 {
+    (us / 1_000_000) as u16
 }
 
 /// At most this many distinct client user and database names are shared.
@@ -208,6 +235,28 @@ impl ClientInfo {
     pub fn kill(&self) {
         self.killed.store(true, Ordering::SeqCst);
         self.wake();
+    }
+
+    /// Ends the client for `reason` (a timeout of the janitor's): as [`ClientInfo::kill`],
+    /// the client told why.
+    pub fn kill_for(&self, reason: KillReason) {
+        self.kill_reason.store(reason as u8, Ordering::Relaxed);
+        self.kill();
+    }
+
+    /// Why the client was killed.
+    pub fn kill_reason(&self) -> KillReason {
+        match self.kill_reason.load(Ordering::Relaxed) {
+            1 => KillReason::ClientIdleTimeout,
+            2 => KillReason::QueryTimeout,
+            3 => KillReason::IdleTransactionTimeout,
+            _ => KillReason::Console,
+        }
+    }
+
+    /// When the client last sent something, in [`App::unix_secs`].
+    pub fn request_secs(&self) -> u32 {
+        self.request_secs.load(Ordering::Relaxed)
     }
 
     /// Wakes the session's task, to read its flags again.
@@ -269,6 +318,33 @@ impl ClientInfo {
         Some(age)
     }
 
+    /// [`ClientInfo::end_query`] at a ReadyForQuery whose server is in a transaction
+    /// (`in_transaction`): the client is idle in transaction from `now_us` until its next
+    /// query (`idle_transaction_timeout`); otherwise not.
+    #[inline]
+    pub fn end_query_at_ready(&self, now_us: u64, in_transaction: bool) -> Option<u64> {
+        let age = self.end_query(now_us)?;
+        let since = if in_transaction {
+            idle_second(now_us).max(1)
+        } else {
+            0
+        };
+        self.idle_in_transaction.store(since, Ordering::Relaxed);
+        Some(age)
+    }
+
+    /// How long the client has been idle in a transaction at `now_us`, in microseconds (as
+    /// [`ClientInfo::query_age_us`]); None when it is not.
+    pub fn idle_in_transaction_us(&self, now_us: u64) -> Option<u64> {
+        if self.query_start.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        match self.idle_in_transaction.load(Ordering::Relaxed) {
+            0 => None,
+            since => Some(u64::from(idle_second(now_us).wrapping_sub(since)) * 1_000_000),
+        }
+    }
+
     /// Forgets the query in flight, without timing it (answered by pgmemo itself).
     #[inline]
     pub fn forget_query(&self) {
@@ -304,6 +380,8 @@ pub enum Passthrough {
 pub struct App {
     pub config: ArcSwap<Config>,
     pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
+    /// The budgets of each database and each user that has a pool (see budget.rs).
+    budgets: Mutex<HashMap<(BudgetOf, String), Arc<Budget>>>,
     pub tls_acceptor: ArcSwapOption<tokio_rustls::TlsAcceptor>,
     server_tls: ArcSwapOption<tokio_rustls::TlsConnector>,
     /// The connectors of the servers whose connection string sets its own TLS (`sslmode`,
@@ -367,6 +445,7 @@ impl App {
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             pools: RwLock::new(HashMap::new()),
+            budgets: Mutex::new(HashMap::new()),
             tls_acceptor: ArcSwapOption::empty(),
             server_tls: ArcSwapOption::empty(),
             server_tls_by_string: ArcSwap::from_pointee(HashMap::new()),
@@ -490,13 +569,30 @@ impl App {
                 .entry(key.clone())
                 .or_insert_with(|| {
                     let paused = self.paused.lock().covers(&key.database);
-                    let pool = Pool::new(key, settings);
+                    let (database, user) = self.budgets(&key);
+                    let pool = Pool::with_budgets(key, settings, database, user);
                     if paused {
                         pool.pause();
                     }
                     pool
                 })
                 .clone(),
+        )
+    }
+
+    /// The budgets of `key`'s database and user (max_db_connections, max_user_connections),
+    /// shared by their pools; made on first use.
+    fn budgets(&self, key: &PoolKey) -> (Arc<Budget>, Arc<Budget>) {
+        let mut budgets = self.budgets.lock();
+        let mut get = |kind: BudgetOf, name: &str| {
+            budgets
+                .entry((kind, name.to_owned()))
+                .or_insert_with(|| Budget::new(0))
+                .clone()
+        };
+        (
+            get(BudgetOf::Database, &key.database),
+            get(BudgetOf::User, &key.user),
         )
     }
 
@@ -654,6 +750,7 @@ impl App {
                 connect_timeout: o.connect_timeout,
                 application_name: o.application_name,
                 scram_keys,
+                keepalive: g.keepalive(),
             },
             mode: db.pool_mode,
             pool_size: db.pool_size as usize,
@@ -674,6 +771,10 @@ impl App {
             pin_session_state: db.pin_session_state,
             pinned_idle_timeout: g.pinned_idle_timeout,
             max_pinned_fraction: g.max_pinned_fraction,
+            max_db_connections: db.max_db_connections as usize,
+            max_user_connections: db.max_user_connections as usize,
+            reserve_pool_size: db.reserve_pool_size as usize,
+            reserve_pool_timeout: g.reserve_pool_timeout,
         })
     }
 
@@ -722,8 +823,10 @@ impl App {
             server_id: AtomicU64::new(0),
             pins: AtomicU8::new(0),
             killed: AtomicBool::new(false),
+            kill_reason: AtomicU8::new(KillReason::Console as u8),
             request_secs: AtomicU32::new(connect_secs),
             query_start: AtomicU32::new(0),
+            idle_in_transaction: AtomicU16::new(0),
             stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());

@@ -17,6 +17,7 @@ pub mod app;
 pub mod auth;
 pub mod auth_query;
 pub mod autoprepare;
+pub mod budget;
 pub mod buffers;
 pub mod cache;
 pub mod cancel;
@@ -25,6 +26,7 @@ pub mod config;
 pub mod connection;
 pub mod convert;
 pub mod demo;
+pub mod keepalive;
 pub mod metrics;
 pub mod params;
 pub mod pins;
@@ -37,6 +39,7 @@ pub mod session;
 pub mod statements;
 pub mod stats;
 pub mod stream;
+pub mod timeouts;
 pub mod tls;
 pub mod tour;
 pub mod wal;
@@ -185,7 +188,10 @@ async fn accept_loop(app: Arc<App>, listener: TcpListener, workers: Arc<workers:
             _ = shutdown.wait_for(|s| *s) => return,
         };
         match accepted {
-            Ok((tcp, _)) => {
+            Ok((tcp, peer)) => {
+                if let Err(e) = keepalive::apply(&tcp, &app.config.load().general.keepalive()) {
+                    tracing::debug!(%peer, error = %e, "could not set TCP keepalive");
+                }
                 let app = app.clone();
                 workers.serve(tcp, move |tcp| connection::serve_client(app, tcp));
             }
@@ -208,6 +214,7 @@ async fn janitor(app: Arc<App>) {
             _ = shutdown.wait_for(|s| *s) => return,
         }
         let period = app.config.load().general.stats_period;
+        timeouts::enforce(&app);
         for pool in app.pools() {
             pool.maintain().await;
             pool.stats_periods

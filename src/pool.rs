@@ -7,6 +7,7 @@
 //! and moving a pointer is cheaper than moving the whole connection. A returned connection goes
 //! straight to the oldest waiter when there is one, so a waiter never races a newcomer for it.
 
+use crate::budget::{Budget, Member};
 use crate::params::Vars;
 use crate::server::{ServerConn, ServerError, ServerInfo, ServerState, ServerTarget};
 use crate::stats::PoolStats;
@@ -57,12 +58,21 @@ pub struct PoolSettings {
     pub pinned_idle_timeout: Duration,
     /// Fraction of `pool_size` that pinned clients may hold (see [`Pool::pin`]).
     pub max_pinned_fraction: f64,
+    /// The database's server connections across its pools (0: no limit); the budget
+    /// shared by them holds it (see budget.rs).
+    pub max_db_connections: usize,
+    /// The user's server connections across its pools (0: no limit).
+    pub max_user_connections: usize,
+    /// Extra connections for a client that waited `reserve_pool_timeout`.
+    pub reserve_pool_size: usize,
+    pub reserve_pool_timeout: Duration,
 }
 
 impl PoolSettings {
     fn limits(&self) -> Limits {
         Limits {
             pool_size: self.pool_size,
+            reserve_pool_size: self.reserve_pool_size,
             server_lifetime: self.server_lifetime,
             server_check_delay: if self.server_check_query.is_empty() {
                 Duration::MAX
@@ -80,6 +90,9 @@ impl PoolSettings {
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     pool_size: usize,
+    /// Opened only for clients that waited reserve_pool_timeout; the pool shrinks to
+    /// pool_size + reserve_pool_size.
+    reserve_pool_size: usize,
     server_lifetime: Duration,
     /// `Duration::MAX` when there is no server_check_query.
     server_check_delay: Duration,
@@ -92,6 +105,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             pool_size: 0,
+            reserve_pool_size: 0,
             server_lifetime: Duration::MAX,
             server_check_delay: Duration::MAX,
             retire_before: None,
@@ -100,6 +114,11 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The most connections the pool keeps: above it, returned ones are closed.
+    fn bound(&self) -> usize {
+        self.pool_size + self.reserve_pool_size
+    }
+
     /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
     /// and must be closed.
     fn outlived(&self, conn: &ServerConn, now: Instant) -> bool {
@@ -152,6 +171,80 @@ pub enum CheckoutError {
     Closed,
     #[error("the client was killed from the admin console while it waited")]
     Stopped,
+}
+
+/// How a client that could not be served at once waits (see [`Pool::checkout_slowly`]).
+struct Wait<'a> {
+    /// Set by the console's KILL: the wait ends.
+    stop: Option<&'a AtomicBool>,
+    /// query_wait_timeout from the start of the wait.
+    deadline: Instant,
+    /// reserve_pool_timeout from the start, when the pool has a reserve.
+    reserve_at: Option<Instant>,
+}
+
+impl Wait<'_> {
+    /// Ready once `stop` is set (polled again when its setter wakes the task).
+    fn stopped(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |_| match self.stop {
+            Some(s) if s.load(Ordering::Relaxed) => std::task::Poll::Ready(()),
+            _ => std::task::Poll::Pending,
+        })
+    }
+}
+
+/// The database's and the user's budgets that a pool draws on (see budget.rs).
+struct Budgets {
+    database: Arc<Budget>,
+    user: Arc<Budget>,
+}
+
+impl Budgets {
+    /// One more connection counted in both, or in neither.
+    fn take(&self) -> bool {
+        if !self.database.try_take() {
+            return false;
+        }
+        if !self.user.try_take() {
+            self.database.untake();
+            return false;
+        }
+        true
+    }
+
+    /// Gives back what [`Budgets::take`] counted for a connection never opened.
+    fn untake(&self) {
+        self.database.untake();
+        self.user.untake();
+    }
+
+    /// `n` connections closed.
+    fn give_back(&self, n: usize) {
+        self.database.give_back(n);
+        self.user.give_back(n);
+    }
+
+    #[inline]
+    fn starved(&self) -> bool {
+        self.database.starved() || self.user.starved()
+    }
+
+    fn mark_starved(&self) {
+        for b in [&self.database, &self.user] {
+            if b.spent() {
+                b.mark_starved();
+            }
+        }
+    }
+
+    /// Closes an idle server elsewhere in whichever budget is spent.
+    fn make_room(&self) {
+        for b in [&self.database, &self.user] {
+            if b.spent() {
+                b.make_room();
+            }
+        }
+    }
 }
 
 /// What a look at the pool found (see `Pool::grant_or_queue`).
@@ -242,6 +335,8 @@ pub struct Pool {
     created: Instant,
     /// Servers held by clients pinned to them (see [`Pool::pin`]).
     pinned: AtomicUsize,
+    /// max_db_connections and max_user_connections.
+    budgets: Budgets,
 }
 
 /// How long the database's setting functions are trusted before they are read again: a
@@ -299,7 +394,30 @@ impl PoolState {
 }
 
 impl Pool {
+    /// A pool of its own budgets: its database and user have no other pool (tests, benches).
     pub fn new(key: PoolKey, settings: PoolSettings) -> Arc<Pool> {
+        let database = Budget::new(settings.max_db_connections);
+        let user = Budget::new(settings.max_user_connections);
+        Pool::with_budgets(key, settings, database, user)
+    }
+
+    /// A pool drawing on its database's and its user's budgets, which it joins.
+    pub fn with_budgets(
+        key: PoolKey,
+        settings: PoolSettings,
+        database: Arc<Budget>,
+        user: Arc<Budget>,
+    ) -> Arc<Pool> {
+        database.set_max(settings.max_db_connections);
+        user.set_max(settings.max_user_connections);
+        let pool = Pool::unjoined(key, settings, Budgets { database, user });
+        let member: std::sync::Weak<dyn Member> = Arc::downgrade(&pool) as _;
+        pool.budgets.database.join(member.clone());
+        pool.budgets.user.join(member);
+        pool
+    }
+
+    fn unjoined(key: PoolKey, settings: PoolSettings, budgets: Budgets) -> Arc<Pool> {
         let query_settings = QuerySettings::default();
         query_settings.store(&settings);
         let state = PoolState {
@@ -322,6 +440,7 @@ impl Pool {
             isolation_default: std::sync::atomic::AtomicU8::new(ISOLATION_UNKNOWN),
             created: Instant::now(),
             pinned: AtomicUsize::new(0),
+            budgets,
             normalized: Mutex::new(HashMap::new()),
             reported_sets: Mutex::new(Vec::new()),
         })
@@ -356,18 +475,22 @@ impl Pool {
     /// Applies reloaded settings; a larger pool_size hands freed capacity to waiters at once.
     pub fn reconfigure(&self, settings: PoolSettings) {
         let mut limits = settings.limits();
+        let (max_db, max_user) = (settings.max_db_connections, settings.max_user_connections);
         self.query_settings.store(&settings);
         self.settings.store(Arc::new(settings));
         let mut st = self.state.lock();
         limits.retire_before = st.limits.retire_before;
         st.limits = limits;
         drop(st);
+        self.budgets.database.set_max(max_db);
+        self.budgets.user.set_max(max_user);
         self.dispatch();
     }
 
     /// Hands idle connections, then free slots, to queued waiters, oldest first. Check-ins
     /// feed waiters by themselves; this is for capacity that appears otherwise: RESUME (while
-    /// paused, returned connections stay idle and waiters stay queued) and a larger pool_size.
+    /// paused, returned connections stay idle and waiters stay queued), a larger pool_size,
+    /// and a place freed in the database's or user's budget.
     fn dispatch(&self) {
         let mut st = self.state.lock();
         let pool_size = st.limits.pool_size;
@@ -381,12 +504,17 @@ impl Pool {
                     back.set_state(ServerState::Idle);
                     st.idle.push(back);
                 }
-            } else if st.total < pool_size {
+            } else if st.total < pool_size && self.budgets.take() {
                 st.total += 1;
                 if w.grant.send(Grant::Slot).is_err() {
                     st.total -= 1;
+                    self.budgets.untake();
                 }
             } else {
+                if st.total < pool_size {
+                    // Waiting for the budget: the next server idle in it is closed for us.
+                    self.budgets.mark_starved();
+                }
                 st.waiters.push_front(w);
                 break;
             }
@@ -475,9 +603,12 @@ impl Pool {
 
     /// One look at the pool for a client that could not be served at once: a live idle
     /// connection, a free slot to connect in, a place in the queue, or a paused pool. Dead or
-    /// outlived idle connections met on the way are closed.
+    /// outlived idle connections met on the way are closed. A client queued because the
+    /// database's or user's budget is spent (not this pool's size) makes room: an idle
+    /// server of another pool of theirs is closed.
     fn grant_or_queue(&self, now: Instant) -> Result<Look, CheckoutError> {
         let mut discard = Vec::new();
+        let mut over_budget = false;
         let next = {
             let mut st = self.state.lock();
             if st.closed {
@@ -495,13 +626,15 @@ impl Pool {
                     st.total -= 1;
                     discard.push(conn);
                 }
+                let room = st.total < st.limits.pool_size;
                 match got {
                     Some(g) => Look::Granted(g),
-                    None if st.total < st.limits.pool_size => {
+                    None if room && self.budgets.take() => {
                         st.total += 1;
                         Look::Granted(Grant::Slot)
                     }
                     None => {
+                        over_budget = room;
                         let (tx, rx) = oneshot::channel();
                         st.waiters.push_back(Waiter {
                             grant: tx,
@@ -513,99 +646,45 @@ impl Pool {
                 }
             }
         };
-        for conn in discard {
-            self.forget(&conn);
+        for conn in &discard {
+            self.forget(conn);
+        }
+        self.budgets.give_back(discard.len());
+        if over_budget {
+            self.budgets.make_room();
         }
         Ok(next)
     }
 
-    /// [`Pool::checkout`] when no idle connection could be handed out at once.
+    /// [`Pool::checkout`] when no idle connection could be handed out at once: looks at the
+    /// pool, waits as told (for RESUME, in the queue), then readies what it was granted.
     async fn checkout_slowly(
         &self,
         stop: Option<&AtomicBool>,
     ) -> Result<Box<ServerConn>, CheckoutError> {
-        // Ready once `stop` is set (polled again when its setter wakes the task).
-        let stopped = || {
-            std::future::poll_fn(move |_| match stop {
-                Some(s) if s.load(Ordering::Relaxed) => std::task::Poll::Ready(()),
-                _ => std::task::Poll::Pending,
-            })
-        };
         let started = Instant::now();
         let settings = self.settings.load_full();
-        let deadline = started + settings.query_wait_timeout;
+        let wait = Wait {
+            stop,
+            deadline: started + settings.query_wait_timeout,
+            reserve_at: (settings.reserve_pool_size > 0)
+                .then(|| started + settings.reserve_pool_timeout),
+        };
         // `now` is the last clock reading; wait time up to `counted` is already in the stats.
         let (mut now, mut counted) = (started, started);
         loop {
             let grant = match self.grant_or_queue(now)? {
                 Look::Paused => {
-                    // Paused: wait for RESUME (or the deadline).
-                    let notified = self.resumed.notified();
-                    if !self.state.lock().paused {
-                        continue;
-                    }
-                    tokio::select! {
-                        biased;
-                        () = stopped() => return Err(CheckoutError::Stopped),
-                        waited = tokio::time::timeout_at(deadline.into(), notified) => {
-                            if waited.is_err() {
-                                return Err(CheckoutError::WaitTimeout(settings.query_wait_timeout));
-                            }
-                        }
-                    }
+                    self.wait_resumed(&wait, &settings).await?;
                     now = Instant::now();
                     continue;
                 }
                 Look::Granted(g) => g,
-                Look::Queued(mut rx) => {
-                    let waited = tokio::select! {
-                        biased;
-                        waited = tokio::time::timeout_at(deadline.into(), &mut rx) => Some(waited),
-                        () = stopped() => None,
-                    };
-                    let Some(waited) = waited else {
-                        // Killed while queued: as for a timeout below, a grant sent just before
-                        // is taken, and given back, never dropped with the receiver.
-                        rx.close();
-                        match rx.try_recv() {
-                            Ok(g) => {
-                                self.give_back_grant(g);
-                                return Err(CheckoutError::Stopped);
-                            }
-                            Err(_) => {
-                                self.state.lock().waiters.retain(|w| !w.grant.is_closed());
-                                return Err(CheckoutError::Stopped);
-                            }
-                        }
-                    };
-                    let grant = match waited {
-                        Ok(Ok(g)) => g,
-                        Ok(Err(_)) => return Err(CheckoutError::Closed),
-                        Err(_) => {
-                            // Giving up. A grant may have been sent just before: closing first
-                            // makes any later send fail (the sender passes its grant on), and one
-                            // that already arrived is used, not dropped with the receiver, which
-                            // would lose that server and its slot for good.
-                            rx.close();
-                            match rx.try_recv() {
-                                Ok(g) => g,
-                                Err(_) => {
-                                    // Our dead entry must not count as a waiting client.
-                                    self.state.lock().waiters.retain(|w| !w.grant.is_closed());
-                                    self.stats
-                                        .here()
-                                        .wait_timeouts
-                                        .fetch_add(1, Ordering::Relaxed);
-                                    return Err(CheckoutError::WaitTimeout(
-                                        settings.query_wait_timeout,
-                                    ));
-                                }
-                            }
-                        }
-                    };
+                Look::Queued(rx) => {
+                    let g = self.wait_in_queue(rx, &wait, &settings).await?;
                     // Waited in the queue: that time is the client's wait.
                     now = Instant::now();
-                    grant
+                    g
                 }
             };
             if now > counted {
@@ -616,44 +695,172 @@ impl Pool {
                 counted = now;
             }
             match grant {
-                Grant::Conn(mut conn) => {
-                    if settings.limits().due_for_check(&conn, now) {
-                        conn.set_state(ServerState::Tested);
-                        if conn
-                            .internal_query(&settings.server_check_query)
-                            .await
-                            .is_err()
-                        {
-                            self.release_slot(&conn);
-                            continue;
-                        }
-                    }
-                    conn.set_state(ServerState::Active);
-                    conn.checked_out = now;
-                    conn.info.note_request(now);
-                    self.stats
-                        .here()
-                        .wait_duration
-                        .observe_us(now.duration_since(started).as_micros() as u64);
-                    return Ok(conn);
-                }
-                Grant::Slot => match self.connect(&settings, deadline).await {
-                    Ok(mut conn) => {
-                        conn.set_state(ServerState::Active);
-                        conn.checked_out = Instant::now();
-                        conn.info.note_request(conn.checked_out);
-                        self.stats.here().wait_duration.observe_us(
-                            conn.checked_out.duration_since(started).as_micros() as u64,
-                        );
+                Grant::Conn(conn) => {
+                    if let Some(conn) = self.ready(conn, &settings, now).await {
+                        self.note_wait(started, now);
                         return Ok(conn);
                     }
-                    Err(e) => {
-                        self.give_slot_back();
-                        return Err(CheckoutError::Connect(e));
-                    }
-                },
+                }
+                Grant::Slot => return self.open_granted(&settings, wait.deadline, started).await,
             }
         }
+    }
+
+    /// Paused: waits for RESUME (or the deadline, or the console's KILL).
+    async fn wait_resumed(
+        &self,
+        wait: &Wait<'_>,
+        settings: &PoolSettings,
+    ) -> Result<(), CheckoutError> {
+        let notified = self.resumed.notified();
+        if !self.state.lock().paused {
+            return Ok(());
+        }
+        tokio::select! {
+            biased;
+            () = wait.stopped() => Err(CheckoutError::Stopped),
+            waited = tokio::time::timeout_at(wait.deadline.into(), notified) => match waited {
+                Ok(()) => Ok(()),
+                Err(_) => Err(CheckoutError::WaitTimeout(settings.query_wait_timeout)),
+            },
+        }
+    }
+
+    /// Queued: waits for a grant until query_wait_timeout, taking a reserve slot once the
+    /// client has waited reserve_pool_timeout (when the reserve has one).
+    async fn wait_in_queue(
+        &self,
+        mut rx: oneshot::Receiver<Grant>,
+        wait: &Wait<'_>,
+        settings: &PoolSettings,
+    ) -> Result<Grant, CheckoutError> {
+        let mut reserve_at = wait.reserve_at.filter(|t| *t < wait.deadline);
+        loop {
+            let until = reserve_at.unwrap_or(wait.deadline);
+            let waited = tokio::select! {
+                biased;
+                waited = tokio::time::timeout_at(until.into(), &mut rx) => waited,
+                () = wait.stopped() => {
+                    // Killed while queued: a grant sent just before is given back.
+                    if let Some(g) = self.leave_queue(&mut rx) {
+                        self.give_back_grant(g);
+                    }
+                    return Err(CheckoutError::Stopped);
+                }
+            };
+            match waited {
+                Ok(Ok(g)) => return Ok(g),
+                Ok(Err(_)) => return Err(CheckoutError::Closed),
+                Err(_) if reserve_at.is_some() => {
+                    reserve_at = None;
+                    if self.take_reserve() {
+                        tracing::warn!(pool = ?self.key, "taking connection from reserve_pool");
+                        return Ok(match self.leave_queue(&mut rx) {
+                            Some(g) => {
+                                self.give_slot_back();
+                                g
+                            }
+                            None => Grant::Slot,
+                        });
+                    }
+                }
+                Err(_) => {
+                    return match self.leave_queue(&mut rx) {
+                        Some(g) => Ok(g),
+                        None => {
+                            self.stats
+                                .here()
+                                .wait_timeouts
+                                .fetch_add(1, Ordering::Relaxed);
+                            Err(CheckoutError::WaitTimeout(settings.query_wait_timeout))
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// Leaves the queue. A grant may have been sent just before: closing first makes any
+    /// later send fail (the sender passes its grant on), and one that already arrived is
+    /// returned, never dropped with the receiver, which would lose that server and its slot
+    /// for good.
+    fn leave_queue(&self, rx: &mut oneshot::Receiver<Grant>) -> Option<Grant> {
+        rx.close();
+        match rx.try_recv() {
+            Ok(g) => Some(g),
+            Err(_) => {
+                // Our dead entry must not count as a waiting client.
+                self.state.lock().waiters.retain(|w| !w.grant.is_closed());
+                None
+            }
+        }
+    }
+
+    /// A slot of the reserve pool, counted, when the pool is below pool_size +
+    /// reserve_pool_size and the budgets allow one more.
+    fn take_reserve(&self) -> bool {
+        let mut st = self.state.lock();
+        let bound = st.limits.pool_size + st.limits.reserve_pool_size;
+        if st.closed || st.paused || st.total >= bound || !self.budgets.take() {
+            return false;
+        }
+        st.total += 1;
+        true
+    }
+
+    /// A granted connection made ready to hand out: checked first when it has been idle
+    /// past server_check_delay; None when that check failed (it is closed).
+    async fn ready(
+        &self,
+        mut conn: Box<ServerConn>,
+        settings: &PoolSettings,
+        now: Instant,
+    ) -> Option<Box<ServerConn>> {
+        if settings.limits().due_for_check(&conn, now) {
+            conn.set_state(ServerState::Tested);
+            if conn
+                .internal_query(&settings.server_check_query)
+                .await
+                .is_err()
+            {
+                self.release_slot(&conn);
+                return None;
+            }
+        }
+        conn.set_state(ServerState::Active);
+        conn.checked_out = now;
+        conn.info.note_request(now);
+        Some(conn)
+    }
+
+    /// Opens a connection in a granted slot; the slot passes on if that fails.
+    async fn open_granted(
+        &self,
+        settings: &PoolSettings,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<Box<ServerConn>, CheckoutError> {
+        match self.connect(settings, deadline).await {
+            Ok(mut conn) => {
+                conn.set_state(ServerState::Active);
+                conn.checked_out = Instant::now();
+                conn.info.note_request(conn.checked_out);
+                self.note_wait(started, conn.checked_out);
+                Ok(conn)
+            }
+            Err(e) => {
+                self.give_slot_back();
+                Err(CheckoutError::Connect(e))
+            }
+        }
+    }
+
+    /// Records a client's whole wait for a server, from `started` to `now`.
+    fn note_wait(&self, started: Instant, now: Instant) {
+        self.stats
+            .here()
+            .wait_duration
+            .observe_us(now.duration_since(started).as_micros() as u64);
     }
 
     /// Opens a connection for a slot already counted in `total`, retrying until
@@ -747,12 +954,11 @@ impl Pool {
         }
         conn.last_used = now;
         conn.set_state(ServerState::Idle);
-        if st.total > st.limits.pool_size {
+        if st.total > st.limits.bound() {
             // pool_size was lowered by a reload: shrink as connections come back.
             st.total -= 1;
             drop(st);
-            self.forget(&conn);
-            tokio::spawn(conn.terminate());
+            self.close_counted(conn);
             return;
         }
         // While paused, nobody gets a server: the connection stays idle and the waiters stay
@@ -779,7 +985,23 @@ impl Pool {
             tokio::spawn(conn.terminate());
             return;
         }
+        if self.budgets.starved() {
+            // Another pool's client waits for the database's or user's budget: this idle
+            // server makes room for it (PgBouncer evicts one too).
+            st.total -= 1;
+            drop(st);
+            self.close_counted(conn);
+            return;
+        }
         st.idle.push(conn);
+    }
+
+    /// Closes a connection already taken off `total`, and gives back its place in the
+    /// budgets.
+    fn close_counted(&self, conn: Box<ServerConn>) {
+        self.forget(&conn);
+        tokio::spawn(conn.terminate());
+        self.budgets.give_back(1);
     }
 
     /// Drops a connection that will not come back, freeing its slot for a waiter.
@@ -800,6 +1022,8 @@ impl Pool {
             }
         }
         st.total -= 1;
+        drop(st);
+        self.budgets.give_back(1);
     }
 
     /// A grant its waiter no longer wants (killed as it came): the connection goes back to
@@ -859,7 +1083,7 @@ impl Pool {
                     >= settings.server_idle_timeout
                     && total - out.len() > settings.min_pool_size;
                 // Over a pool_size lowered by a reload: idle ones go first.
-                let over_size = total - out.len() > limits.pool_size;
+                let over_size = total - out.len() > limits.bound();
                 if idle_too_long || over_size || limits.outlived(&conn, now) || !conn.looks_alive()
                 {
                     out.push(conn);
@@ -871,6 +1095,7 @@ impl Pool {
             st.total -= out.len();
             out
         };
+        self.budgets.give_back(expired.len());
         for conn in expired {
             self.forget(&conn);
             conn.terminate().await;
@@ -881,6 +1106,7 @@ impl Pool {
                 if st.closed
                     || st.paused
                     || st.total >= settings.min_pool_size.min(settings.pool_size)
+                    || !self.budgets.take()
                 {
                     break;
                 }
@@ -923,6 +1149,7 @@ impl Pool {
             st.total -= idle.len();
             idle
         };
+        self.budgets.give_back(idle.len());
         for conn in idle {
             self.forget(&conn);
             conn.terminate().await;
@@ -1079,6 +1306,31 @@ impl Pool {
                 value.to_owned(),
             );
         }
+    }
+}
+
+/// What the database's and user's budgets ask of a pool (see budget.rs).
+impl Member for Pool {
+    fn dispatch(&self) {
+        Pool::dispatch(self);
+    }
+
+    fn oldest_idle(&self) -> Option<Instant> {
+        self.state.lock().idle.first().map(|c| c.last_used)
+    }
+
+    fn evict_idle(&self) -> bool {
+        let mut st = self.state.lock();
+        if st.idle.is_empty() {
+            return false;
+        }
+        // Idle ones are kept most recently used last.
+        let conn = st.idle.remove(0);
+        st.total -= 1;
+        drop(st);
+        tracing::debug!(pool = ?self.key, "closing an idle server for another pool's client");
+        self.close_counted(conn);
+        true
     }
 }
 

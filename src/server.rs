@@ -45,6 +45,8 @@ pub struct ServerTarget {
     pub connect_timeout: Option<Duration>,
     /// Sent in the startup packet, the server's default for sessions that set none.
     pub application_name: Option<String>,
+    /// TCP keepalive and user timeout set on the socket (the `tcp_*` settings).
+    pub keepalive: crate::keepalive::Keepalive,
 }
 
 impl ServerTarget {
@@ -377,6 +379,7 @@ impl ServerConn {
         }
         let tcp = TcpStream::connect((host, port)).await.map_err(failed)?;
         tcp.set_nodelay(true)?;
+        crate::keepalive::apply(&tcp, &target.keepalive)?;
         let stream = match (&target.tls, target.tls_mode) {
             (Some(connector), mode) if mode != ServerTlsMode::Disable => {
                 let s = crate::tls::connect_server_tls(tcp, connector, host).await?;

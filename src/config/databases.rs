@@ -34,6 +34,10 @@ pub struct DatabaseConfig {
     pub pool_mode: Option<PoolMode>,
     /// Autoprepare for this database's pools, over the general setting.
     pub autoprepare: Option<bool>,
+    /// Server connections to this database across its pools, over the general setting.
+    pub max_db_connections: Option<u32>,
+    /// Extra connections per pool after `reserve_pool_timeout`, over the general setting.
+    pub reserve_pool_size: Option<u32>,
     /// Session state handling for this database's pools, over the general setting.
     pub pin_session_state: Option<bool>,
     /// Hosts to try after `host`, in order, and the connection's TLS and other options: from
@@ -53,6 +57,8 @@ pub struct UserConfig {
     pub pool_mode: Option<PoolMode>,
     /// Size of this user's pools, over the database's and the general one.
     pub pool_size: Option<u32>,
+    /// Server connections of this user across its pools, over the general setting.
+    pub max_user_connections: Option<u32>,
     /// Autoprepare for this user's pools, over the database's and the general setting.
     pub autoprepare: Option<bool>,
     /// Session state handling for this user's pools, over the database's and the general
@@ -83,6 +89,12 @@ pub struct ResolvedDatabase {
     pub pool_mode: PoolMode,
     pub autoprepare: bool,
     pub pin_session_state: bool,
+    /// Server connections to the database across its pools; 0: no limit.
+    pub max_db_connections: u32,
+    /// Server connections of the user across its pools; 0: no limit.
+    pub max_user_connections: u32,
+    /// Extra connections for a client that waited `reserve_pool_timeout`.
+    pub reserve_pool_size: u32,
 }
 
 impl fmt::Debug for DatabaseConfig {
@@ -328,6 +340,17 @@ impl Config {
             .or(entry.pin_session_state)
             .or(star.pin_session_state)
             .unwrap_or(g.pin_session_state);
+        let max_db_connections = entry
+            .max_db_connections
+            .or(star.max_db_connections)
+            .unwrap_or(g.max_db_connections);
+        let max_user_connections = user_cfg
+            .and_then(|u| u.max_user_connections)
+            .unwrap_or(g.max_user_connections);
+        let reserve_pool_size = entry
+            .reserve_pool_size
+            .or(star.reserve_pool_size)
+            .unwrap_or(g.reserve_pool_size);
         Some(ResolvedDatabase {
             host,
             port,
@@ -341,6 +364,9 @@ impl Config {
             pool_mode,
             autoprepare,
             pin_session_state,
+            max_db_connections,
+            max_user_connections,
+            reserve_pool_size,
         })
     }
 }
@@ -362,6 +388,8 @@ pub(super) struct RawDatabase {
     pool_mode: Option<String>,
     autoprepare: Option<bool>,
     pin_session_state: Option<bool>,
+    max_db_connections: Option<i64>,
+    reserve_pool_size: Option<i64>,
 }
 
 /// `[users.NAME]` as written.
@@ -373,6 +401,7 @@ pub(super) struct RawUser {
     pool_size: Option<i64>,
     autoprepare: Option<bool>,
     pin_session_state: Option<bool>,
+    max_user_connections: Option<i64>,
 }
 
 /// `[databases]` as written, each value judged with its key in hand.
@@ -389,6 +418,12 @@ pub(super) fn read_databases(
             pool_mode: named(&key("pool_mode"), db.pool_mode)?,
             autoprepare: db.autoprepare,
             pin_session_state: db.pin_session_state,
+            max_db_connections: opt_int(
+                &key("max_db_connections"),
+                db.max_db_connections,
+                U32_RANGE,
+            )?,
+            reserve_pool_size: opt_int(&key("reserve_pool_size"), db.reserve_pool_size, U32_RANGE)?,
             host: db.host,
             dbname: db.dbname,
             user: db.user,
@@ -446,6 +481,11 @@ pub(super) fn read_users(
             pool_size: opt_int(&key("pool_size"), user.pool_size, U32_RANGE)?,
             autoprepare: user.autoprepare,
             pin_session_state: user.pin_session_state,
+            max_user_connections: opt_int(
+                &key("max_user_connections"),
+                user.max_user_connections,
+                U32_RANGE,
+            )?,
             password: user.password,
         };
         users.insert(name, entry);

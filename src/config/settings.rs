@@ -68,6 +68,33 @@ settings! {
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
+    /// A client whose query (from its first message that needs a server, waiting for one
+    /// included, to the end of its reply) runs longer than this is closed with FATAL 08P01
+    /// `query timeout` (`query_timeout` while it waited), its query cancelled and its server
+    /// closed, as PgBouncer's; checked each second. Use it a little above PostgreSQL's
+    /// `statement_timeout`, for network trouble. 0: no limit.
+    query_timeout: Duration = Duration::ZERO, Live;
+    /// A client idle in a transaction (its server's last ReadyForQuery said T or E) for
+    /// this long is closed with FATAL 08P01 `idle transaction timeout`, as PgBouncer's; its
+    /// transaction is rolled back and the server goes back to the pool (PgBouncer closes
+    /// it); checked each second. 0: never.
+    idle_transaction_timeout: Duration = Duration::ZERO, Live;
+    /// A client that holds no server and sends nothing for this long is closed with FATAL
+    /// 08P01 `client_idle_timeout`, as PgBouncer's; checked each second. 0: never.
+    client_idle_timeout: Duration = Duration::ZERO, Live;
+    /// Server connections to one database (the name clients ask for) across all its
+    /// pools; a pool at the limit makes its clients wait, and closes an idle server of
+    /// another pool of the database for them, as PgBouncer's `max_db_connections`. 0: no
+    /// limit. Per database too.
+    max_db_connections: u32 = 0, Live;
+    /// Server connections of one user (the client's user, the pool's key) across all its
+    /// pools, as `max_db_connections` for a database. 0: no limit. Per user too.
+    max_user_connections: u32 = 0, Live;
+    /// Extra server connections a pool may open for a client that has waited
+    /// `reserve_pool_timeout`, as PgBouncer's. 0: none. Per database too.
+    reserve_pool_size: u32 = 0, Live;
+    /// How long a client waits for a server before the reserve pool may serve it.
+    reserve_pool_timeout: Duration = Duration::from_secs(5), Live, check = positive;
     /// Total time for connecting to a server, retries included, before the waiting client
     /// gets an error.
     server_connect_timeout: Duration = Duration::from_secs(15), Live, check = positive;
@@ -86,6 +113,21 @@ settings! {
         check = |v, _| ensure(!v.trim().is_empty(), || {
             "must not be empty (\";\" is the cheapest check)".into()
         });
+    /// TCP keepalive on client and server sockets (`SO_KEEPALIVE`), as PgBouncer's; the
+    /// three settings below tune its probes (Linux), 0 leaving the system's value.
+    tcp_keepalive: bool = true, Live;
+    /// Idle time before the first keepalive probe (`TCP_KEEPIDLE`, whole seconds); 0: the
+    /// system's (`net.ipv4.tcp_keepalive_time`, 7200 by default).
+    tcp_keepidle: Duration = Duration::ZERO, Live;
+    /// Time between keepalive probes (`TCP_KEEPINTVL`, whole seconds); 0: the system's.
+    tcp_keepintvl: Duration = Duration::ZERO, Live;
+    /// Unanswered keepalive probes before the connection is dropped (`TCP_KEEPCNT`); 0: the
+    /// system's.
+    tcp_keepcnt: u32 = 0, Live;
+    /// How long sent data may stay unacknowledged before the connection is dropped
+    /// (`TCP_USER_TIMEOUT`, Linux; PgBouncer's is in milliseconds, this in seconds, 0.5 for
+    /// 500 ms); 0: the system's.
+    tcp_user_timeout: Duration = Duration::ZERO, Live;
     /// A client must finish startup and authentication within this.
     client_login_timeout: Duration = Duration::from_secs(60), Live, check = positive;
     /// On SIGTERM / SHUTDOWN, how long running transactions may finish before their
@@ -182,6 +224,19 @@ settings! {
 /// PgBouncer 1.25's `auth_query`.
 const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL \
     ELSE rolpassword END FROM pg_authid WHERE rolname=$1 AND rolcanlogin";
+
+impl General {
+    /// What the `tcp_*` settings set on each client and server socket.
+    pub fn keepalive(&self) -> crate::keepalive::Keepalive {
+        crate::keepalive::Keepalive {
+            enabled: self.tcp_keepalive,
+            idle: self.tcp_keepidle,
+            interval: self.tcp_keepintvl,
+            count: self.tcp_keepcnt,
+            user_timeout: self.tcp_user_timeout,
+        }
+    }
+}
 
 /// The most worker threads `general.workers` may ask for.
 const MAX_WORKERS: u32 = 64;

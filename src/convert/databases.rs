@@ -62,11 +62,17 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
                 _ => return Err(invalid(line, "port=1..65535")),
             },
             "dbname" | "user" | "password" => table.set(key, toml::string(value)),
-            "pool_size" | "min_pool_size" => {
+            "pool_size" | "min_pool_size" | "max_db_connections" | "reserve_pool_size" => {
                 let n = value
                     .parse::<u32>()
                     .map_err(|_| invalid(line, &format!("{key}=a whole number")))?;
                 table.set(key, n.to_string());
+            }
+            "reserve_pool" => {
+                let n = value
+                    .parse::<u32>()
+                    .map_err(|_| invalid(line, "reserve_pool=a whole number"))?;
+                table.set("reserve_pool_size", n.to_string());
             }
             "pool_mode" => pool_mode(line, value, &mut table)?,
             other => match not_in(DATABASE_NOT, other) {
@@ -250,6 +256,10 @@ pub(super) fn user_settings<'a>(
                 "pool_size" => {
                     let n = number(&pair_line(line, key, value))?;
                     table.set("pool_size", n.max(1).to_string());
+                }
+                "max_user_connections" => {
+                    let n = number(&pair_line(line, key, value))?;
+                    table.set("max_user_connections", n.to_string());
                 }
                 other => match not_in(USER_NOT, other) {
                     Some(why) => table.push(pair_not_converted(line, other, value, why)),

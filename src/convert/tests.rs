@@ -139,13 +139,8 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
     );
     assert!(!c.users.contains_key("carol"), "no password");
     for not in [
-        "# not converted: reserve_pool = 3",
-        "# not converted: max_db_connections = 50",
         "# not converted: connect_query = SELECT 1",
         "# not converted: password=... of reports",
-        "# not converted: max_user_connections = 4",
-        "# not converted: reserve_pool_size = 5",
-        "# not converted: max_db_connections = 100",
         "# not converted: stats_users = stats",
         "# not converted: ignore_startup_parameters = extra_float_digits",
         "# not converted: logfile = /var/log/pgbouncer.log",

@@ -34,7 +34,7 @@ pub mod planner;
 mod start;
 pub mod state;
 
-use crate::app::{App, ClientInfo};
+use crate::app::{App, ClientInfo, KillReason};
 use crate::buffers;
 use crate::params::Vars;
 use crate::pool::{Pool, PoolMode};
@@ -521,13 +521,25 @@ impl Session {
     /// Boxed: once per client at most, and the session's task need not keep room for it.
     fn shutdown_client(&mut self) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
         Box::pin(async move {
-            self.client
-                .send_error(
-                    Severity::Fatal,
+            // PgBouncer's words for its timeouts: the setting's name, or "query timeout"
+            // when it closes the server running the query.
+            let (code, message) = match self.info.kill_reason() {
+                KillReason::ClientIdleTimeout => {
+                    (sqlstate::PROTOCOL_VIOLATION, "client_idle_timeout")
+                }
+                KillReason::QueryTimeout if self.server.is_some() => {
+                    (sqlstate::PROTOCOL_VIOLATION, "query timeout")
+                }
+                KillReason::QueryTimeout => (sqlstate::PROTOCOL_VIOLATION, "query_timeout"),
+                KillReason::IdleTransactionTimeout => {
+                    (sqlstate::PROTOCOL_VIOLATION, "idle transaction timeout")
+                }
+                KillReason::Console => (
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection due to administrator command",
-                )
-                .await;
+                ),
+            };
+            self.client.send_error(Severity::Fatal, code, message).await;
             End::Shutdown
         })
     }

@@ -187,7 +187,11 @@ impl Session {
             self.stats.query_count += 1;
             if !self.replies.has_pending_work() {
                 // The client's work is answered: its query time ends (SHOW STATS).
-                if let Some(took) = self.info.end_query(self.app.clock_us()) {
+                let in_transaction = server.status != b'I';
+                if let Some(took) = self
+                    .info
+                    .end_query_at_ready(self.app.clock_us(), in_transaction)
+                {
                     self.stats.query_time_us += took;
                 }
             }

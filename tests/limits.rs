@@ -1,0 +1,439 @@
+//! What protects PostgreSQL, against a real PostgreSQL: max_db_connections and
+//! max_user_connections across pools (clients wait, an idle server of another pool is closed
+//! for them), the reserve pool, query_timeout and client_idle_timeout (PgBouncer's FATAL
+//! 08P01 messages), and TCP keepalive on pgmemo's sockets.
+//!
+//! Every pool logs into the cluster as the `pgmemo` role (`[upstream]`), so two client users
+//! make two pools of one database; server connections are counted in `pg_stat_activity`.
+//! Each test uses its own databases. Waiting is always for a condition, polled with a bound.
+
+mod common;
+
+use common::*;
+use pgmemo::config::{Config, DatabaseConfig, PoolMode, UserConfig};
+use pgmemo::Pgmemo;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+const OTHER_USER: &str = "plain_user";
+const OTHER_PASS: &str = "plain_pass";
+
+/// The test configuration with two client users, `pgmemo` and `plain_user`.
+fn two_users(pool_size: u32) -> Config {
+    let mut cfg = test_config(PoolMode::Transaction, pool_size);
+    for (name, password) in [(PGMEMO_USER, PGMEMO_PASS), (OTHER_USER, OTHER_PASS)] {
+        cfg.users.insert(
+            name.into(),
+            UserConfig {
+                password: Some(password.into()),
+                ..UserConfig::default()
+            },
+        );
+    }
+    cfg
+}
+
+async fn client(proxy: &Pgmemo, user: &str, db: &str) -> Client {
+    let password = if user == PGMEMO_USER {
+        PGMEMO_PASS
+    } else {
+        OTHER_PASS
+    };
+    connect(&proxy_url(proxy.local_addr(), user, Some(password), db)).await
+}
+
+async fn scalar(client: &Client, sql: &str) -> String {
+    match &client.simple_query(sql).await.unwrap()[1] {
+        SimpleQueryMessage::Row(r) => r.get(0).unwrap_or_default().to_owned(),
+        other => panic!("expected a row, got {other:?}"),
+    }
+}
+
+/// pgmemo's server connections to the databases `dbs`.
+async fn backends(dbs: &[&str]) -> i64 {
+    let direct = connect(&cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres")).await;
+    let list = dbs
+        .iter()
+        .map(|d| format!("'{d}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    scalar(
+        &direct,
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname IN ({list}) \
+             AND usename = '{PGMEMO_USER}' AND backend_type = 'client backend'"
+        ),
+    )
+    .await
+    .parse()
+    .unwrap()
+}
+
+/// The console's rows for `cmd`, as column name → value maps.
+async fn admin(proxy: &Pgmemo, cmd: &str) -> Vec<HashMap<String, String>> {
+    let console = client(proxy, PGMEMO_USER, "pgmemo").await;
+    let msgs = console.simple_query(cmd).await.unwrap();
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Clients waiting in the pool of (`db`, `user`).
+async fn waiting(proxy: &Pgmemo, db: &str, user: &str) -> usize {
+    admin(proxy, "SHOW POOLS")
+        .await
+        .iter()
+        .find(|r| r["database"] == db && r["user"] == user)
+        .map_or(0, |r| r["cl_waiting"].parse().unwrap())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// max_db_connections = 2 over two pools of 2: the second user's client waits while the
+/// first holds both servers in transactions, gets a server as soon as one is returned (it is
+/// closed for it), and when the first user's servers are idle one of them is closed for the
+/// second user's client at once. PostgreSQL never sees more than 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_db_connections_holds_across_pools() {
+    const DB: &str = "limits_db";
+    fresh_db(DB).await;
+    let mut cfg = two_users(2);
+    cfg.databases.insert(
+        DB.into(),
+        DatabaseConfig {
+            max_db_connections: Some(2),
+            ..DatabaseConfig::default()
+        },
+    );
+    let proxy = start_pgmemo(cfg).await;
+    // The other user's pool first, its server left idle.
+    let b = client(&proxy, OTHER_USER, DB).await;
+    b.batch_execute("SELECT 1").await.unwrap();
+    // Two transactions of the first user: the second one's server is the other pool's
+    // idle one, closed for it.
+    let a1 = client(&proxy, PGMEMO_USER, DB).await;
+    let a2 = client(&proxy, PGMEMO_USER, DB).await;
+    for a in [&a1, &a2] {
+        tokio::time::timeout(Duration::from_secs(10), a.batch_execute("BEGIN; SELECT 1"))
+            .await
+            .expect("the other pool's idle server is closed for it")
+            .unwrap();
+    }
+    assert_eq!(backends(&[DB]).await, 2);
+
+    // Both servers busy: the other pool's client waits (it does not fail).
+    let queued = tokio::spawn(async move {
+        let pid = scalar(&b, "SELECT pg_backend_pid()").await;
+        (b, pid)
+    });
+    wait_until(
+        "the other user's client to wait",
+        Duration::from_secs(10),
+        || async { waiting(&proxy, DB, OTHER_USER).await >= 1 },
+    )
+    .await;
+    assert!(!queued.is_finished());
+    assert_eq!(backends(&[DB]).await, 2, "the limit holds while it waits");
+
+    // A server returned: closed for the waiting client of the other pool, which proceeds.
+    a1.batch_execute("COMMIT").await.unwrap();
+    let (b, _) = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiting client gets a server once one is returned")
+        .unwrap();
+    assert!(backends(&[DB]).await <= 2);
+    a2.batch_execute("COMMIT").await.unwrap();
+
+    // Now the first pool holds idle servers; a second client of the other user, while the
+    // first one's server is held in a transaction, gets one of them closed for it at once.
+    b.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    a1.batch_execute("SELECT 1").await.unwrap();
+    let b2 = client(&proxy, OTHER_USER, DB).await;
+    tokio::time::timeout(Duration::from_secs(10), b2.batch_execute("SELECT 1"))
+        .await
+        .expect("an idle server of the other pool is closed for it")
+        .unwrap();
+    assert!(backends(&[DB]).await <= 2);
+    b.batch_execute("COMMIT").await.unwrap();
+
+    let dbs = admin(&proxy, "SHOW DATABASES").await;
+    let row = dbs.iter().find(|r| r["name"] == DB).unwrap();
+    assert_eq!(row["max_connections"], "2");
+    assert!(row["current_connections"].parse::<i64>().unwrap() <= 2);
+    proxy.shutdown().await;
+}
+
+/// max_user_connections = 1 for one user over two databases: its client of the second
+/// database waits until the first returns its server, and the other user is not limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_user_connections_holds_across_databases() {
+    const DB1: &str = "limits_user1";
+    const DB2: &str = "limits_user2";
+    fresh_db(DB1).await;
+    fresh_db(DB2).await;
+    let mut cfg = two_users(2);
+    cfg.users.get_mut(OTHER_USER).unwrap().max_user_connections = Some(1);
+    let proxy = start_pgmemo(cfg).await;
+    let second = client(&proxy, OTHER_USER, DB2).await;
+    second.batch_execute("SELECT 1").await.unwrap();
+    // The user's server in DB2 is idle: closed for its client of DB1.
+    let first = client(&proxy, OTHER_USER, DB1).await;
+    first.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let queued = tokio::spawn(async move { second.batch_execute("SELECT 1").await });
+    wait_until(
+        "the user's second client to wait",
+        Duration::from_secs(10),
+        || async { waiting(&proxy, DB2, OTHER_USER).await >= 1 },
+    )
+    .await;
+    // Another user is not limited by it.
+    let other = client(&proxy, PGMEMO_USER, DB2).await;
+    other.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(backends(&[DB1, DB2]).await, 2);
+    assert!(!queued.is_finished());
+    first.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiting client gets a server once the user's one is returned")
+        .unwrap()
+        .unwrap();
+    let users = admin(&proxy, "SHOW USERS").await;
+    let row = users.iter().find(|r| r["name"] == OTHER_USER).unwrap();
+    assert_eq!(row["max_user_connections"], "1");
+    proxy.shutdown().await;
+}
+
+/// reserve_pool_size = 1: with the only server held, a client that has waited
+/// reserve_pool_timeout gets a reserve server and runs; a third client then waits (the
+/// reserve is spent) and runs once a server is returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_pool_serves_a_client_that_waited() {
+    const DB: &str = "limits_reserve";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 1);
+    cfg.general.reserve_pool_size = 1;
+    cfg.general.reserve_pool_timeout = Duration::from_millis(200);
+    let proxy = start_pgmemo(cfg).await;
+    let holder = client(&proxy, PGMEMO_USER, DB).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let second = client(&proxy, PGMEMO_USER, DB).await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        second.batch_execute("BEGIN; SELECT 1"),
+    )
+    .await
+    .expect("the reserve pool serves the client that waited (query_wait_timeout is 120 s)")
+    .unwrap();
+    assert_eq!(backends(&[DB]).await, 2, "pool_size + reserve_pool_size");
+    let third = client(&proxy, PGMEMO_USER, DB).await;
+    let queued = tokio::spawn(async move { third.batch_execute("SELECT 1").await });
+    wait_until(
+        "the third client to wait",
+        Duration::from_secs(10),
+        || async { waiting(&proxy, DB, PGMEMO_USER).await >= 1 },
+    )
+    .await;
+    assert_eq!(backends(&[DB]).await, 2, "the reserve is spent");
+    holder.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the third client runs once a server is returned")
+        .unwrap()
+        .unwrap();
+    second.batch_execute("COMMIT").await.unwrap();
+    let dbs = admin(&proxy, "SHOW DATABASES").await;
+    assert_eq!(
+        dbs.iter().find(|r| r["name"] == DB).unwrap()["reserve_pool_size"],
+        "1"
+    );
+    proxy.shutdown().await;
+}
+
+/// The `tcp_*` settings are on pgmemo's sockets, read back with getsockopt: the accepted
+/// client socket and the server connection (pgmemo runs in this process, so its sockets are
+/// among this process's file descriptors).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_keepalive_is_set_on_client_and_server_sockets() {
+    use pgmemo::keepalive::{read, Keepalive};
+    use std::os::fd::FromRawFd;
+    const DB: &str = "limits_keepalive";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 1);
+    cfg.general.tcp_keepidle = Duration::from_secs(37);
+    cfg.general.tcp_keepintvl = Duration::from_secs(7);
+    cfg.general.tcp_keepcnt = 4;
+    cfg.general.tcp_user_timeout = Duration::from_millis(2500);
+    let proxy = start_pgmemo(cfg).await;
+    let c = client(&proxy, PGMEMO_USER, DB).await;
+    c.batch_execute("SELECT 1").await.unwrap();
+    let (pgmemo_port, pg_port) = (proxy.local_addr().port(), cluster().port());
+    // This process's TCP sockets: (local port, peer port, what is set on it).
+    let mut sockets = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let link = std::fs::read_link(entry.path()).unwrap_or_default();
+        if !link.to_string_lossy().starts_with("socket:") {
+            continue;
+        }
+        // Borrowed, never closed here.
+        let tcp = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+        if let (Ok(local), Ok(peer), Ok(k)) = (tcp.local_addr(), tcp.peer_addr(), read(&fd)) {
+            sockets.push((local.port(), peer.port(), k));
+        }
+    }
+    let want = Keepalive {
+        enabled: true,
+        idle: Duration::from_secs(37),
+        interval: Duration::from_secs(7),
+        count: 4,
+        user_timeout: Duration::from_millis(2500),
+    };
+    let accepted: Vec<_> = sockets.iter().filter(|s| s.0 == pgmemo_port).collect();
+    let to_server: Vec<_> = sockets.iter().filter(|s| s.1 == pg_port).collect();
+    assert!(!accepted.is_empty(), "{sockets:?}");
+    for s in &accepted {
+        assert_eq!(s.2, want, "accepted socket {}→{}", s.0, s.1);
+    }
+    // Other tests' clients and pgmemos reach the cluster too, with their own settings: this
+    // pgmemo's server connection is among them.
+    assert!(
+        to_server.iter().any(|s| s.2 == want),
+        "no server connection with the settings: {to_server:?}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A client whose connection task is kept: its result carries the FATAL that ended it.
+async fn client_and_end(
+    proxy: &Pgmemo,
+    db: &str,
+) -> (
+    Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), db);
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    (client, tokio::spawn(conn))
+}
+
+/// The SQLSTATE and message of the FATAL that ended a connection.
+async fn fatal(
+    end: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) -> (String, String) {
+    let e = tokio::time::timeout(Duration::from_secs(10), end)
+        .await
+        .expect("the connection ends")
+        .unwrap()
+        .expect_err("with an error");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+    (db.code().code().to_owned(), db.message().to_owned())
+}
+
+/// query_timeout = 1 s: a query still running is cancelled, its server closed and the client
+/// closed with PgBouncer's FATAL 08P01 "query timeout"; another client is not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_timeout_closes_the_client_and_its_server() {
+    const DB: &str = "limits_query_timeout";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.query_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(cfg).await;
+    let other = client(&proxy, PGMEMO_USER, DB).await;
+    let (slow, end) = client_and_end(&proxy, DB).await;
+    // The FATAL answers the query in flight; then the connection ends.
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        slow.batch_execute("SELECT pg_sleep(60)"),
+    )
+    .await
+    .expect("query_timeout ends the query")
+    .expect_err("with an error");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+    assert_eq!((db.code().code(), db.message()), ("08P01", "query timeout"));
+    tokio::time::timeout(Duration::from_secs(10), end)
+        .await
+        .expect("the connection ends")
+        .unwrap()
+        .ok();
+    let direct = connect(&cluster().url(SUPERUSER, Some(SUPERUSER_PASS), "postgres")).await;
+    wait_until("the slow query to end on the server", Duration::from_secs(10), || async {
+        scalar(
+            &direct,
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{DB}' AND query LIKE '%pg_sleep(60)%' AND state = 'active'"),
+        )
+        .await
+            == "0"
+    })
+    .await;
+    other.batch_execute("SELECT 1").await.unwrap();
+    proxy.shutdown().await;
+}
+
+/// client_idle_timeout = 1 s: a client that sends nothing is closed with PgBouncer's FATAL
+/// 08P01 "client_idle_timeout"; one that keeps sending is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_idle_timeout_closes_an_idle_client() {
+    const DB: &str = "limits_client_idle";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.client_idle_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(cfg).await;
+    let (idle, end) = client_and_end(&proxy, DB).await;
+    idle.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "client_idle_timeout".to_owned())
+    );
+    proxy.shutdown().await;
+}
+
+/// idle_transaction_timeout = 1 s: a client idle inside a transaction is closed with
+/// PgBouncer's FATAL 08P01 "idle transaction timeout", its transaction rolled back (its
+/// insert is not there); a client idle outside a transaction is not closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_transaction_timeout_closes_a_client_idle_in_transaction() {
+    const DB: &str = "limits_idle_tx";
+    fresh_db(DB).await;
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.idle_transaction_timeout = Duration::from_secs(1);
+    let proxy = start_pgmemo(cfg).await;
+    let (outside, outside_end) = client_and_end(&proxy, DB).await;
+    outside
+        .batch_execute("CREATE TABLE t (n int)")
+        .await
+        .unwrap();
+    let (inside, end) = client_and_end(&proxy, DB).await;
+    inside
+        .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "idle transaction timeout".to_owned())
+    );
+    assert_eq!(scalar(&outside, "SELECT count(*) FROM t").await, "0");
+    assert!(
+        !outside_end.is_finished(),
+        "the client outside a transaction stays"
+    );
+    proxy.shutdown().await;
+}
