@@ -81,14 +81,18 @@ impl Pgmemo {
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
         *app.listen_addr.lock() = Some(addr);
-        let unix = match &app.config.load().general.unix_socket_dir {
+        let config = app.config.load();
+        let general = &config.general;
+        let unix = match &general.unix_socket_dir {
             Some(dir) => {
-                let mode = config::parse_mode(&app.config.load().general.unix_socket_mode)
-                    .map_err(anyhow::Error::msg)?;
-                Some(listen::UnixSocket::bind(dir, addr.port(), mode)?)
+                let mode =
+                    config::parse_mode(&general.unix_socket_mode).map_err(anyhow::Error::msg)?;
+                let group = general.unix_socket_group.as_deref();
+                Some(listen::UnixSocket::bind(dir, addr.port(), mode, group)?)
             }
             None => None,
         };
+        drop(config);
         let unix_socket = unix.as_ref().map(|u| u.path().to_owned());
         let metrics_addr = match metrics_listen {
             Some(m) => {

@@ -20,8 +20,14 @@ pub struct UnixSocket {
 }
 
 impl UnixSocket {
-    /// Listens on `<dir>/.s.PGSQL.<port>` with file mode `mode`, replacing a stale socket.
-    pub fn bind(dir: &Path, port: u16, mode: u32) -> anyhow::Result<UnixSocket> {
+    /// Listens on `<dir>/.s.PGSQL.<port>` with file mode `mode` (and group `group`, a name
+    /// or a number, if given), replacing a stale socket.
+    pub fn bind(
+        dir: &Path,
+        port: u16,
+        mode: u32,
+        group: Option<&str>,
+    ) -> anyhow::Result<UnixSocket> {
         if !dir.is_dir() {
             bail!(
                 "general.unix_socket_dir {} is not a directory (it must exist)",
@@ -36,6 +42,16 @@ impl UnixSocket {
         let socket = UnixSocket { listener, path };
         std::fs::set_permissions(&socket.path, std::fs::Permissions::from_mode(mode))
             .with_context(|| format!("cannot set the mode of {}", socket.path.display()))?;
+        if let Some(group) = group {
+            let gid = group_id(group)?;
+            std::os::unix::fs::chown(&socket.path, None, Some(gid)).with_context(|| {
+                format!(
+                    "cannot give {} to group {group} (general.unix_socket_group): pgmemo's \
+                     user must belong to it",
+                    socket.path.display()
+                )
+            })?;
+        }
         Ok(socket)
     }
 
@@ -79,4 +95,30 @@ fn remove_stale(path: &Path) -> anyhow::Result<()> {
     tracing::info!(path = %path.display(), "removing a stale Unix socket file");
     std::fs::remove_file(path)
         .with_context(|| format!("cannot remove the stale socket file {}", path.display()))
+}
+
+/// A group's id, from its number or its name (getgrnam_r).
+fn group_id(group: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).context("a group name has no NUL byte")?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero `group` is a valid value to be filled in.
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live local, and `buf`'s length is given with it.
+    let r = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if r != 0 || found.is_null() {
+        bail!("general.unix_socket_group: no group {group:?} on this system");
+    }
+    Ok(entry.gr_gid)
 }

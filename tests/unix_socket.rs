@@ -158,7 +158,7 @@ async fn a_stale_socket_file_is_replaced_and_a_live_one_refused() {
     assert_eq!(psql(&dir, port, "SELECT 1").await, Ok("1".into()));
     // Another listener on that socket (a second pgmemo whose TCP port is in use elsewhere):
     // refused, and the first goes on serving.
-    let e = pgmemo::listen::UnixSocket::bind(&dir, port, 0o777)
+    let e = pgmemo::listen::UnixSocket::bind(&dir, port, 0o777, None)
         .err()
         .expect("a live socket is refused");
     assert!(
@@ -169,7 +169,7 @@ async fn a_stale_socket_file_is_replaced_and_a_live_one_refused() {
     assert_eq!(psql(&dir, port, "SELECT 2").await, Ok("2".into()));
     // A file there that is no socket is left alone.
     std::fs::write(dir.join(".s.PGSQL.1"), "not a socket").unwrap();
-    let e = pgmemo::listen::UnixSocket::bind(&dir, 1, 0o777)
+    let e = pgmemo::listen::UnixSocket::bind(&dir, 1, 0o777, None)
         .err()
         .expect("a file that is no socket is refused");
     assert!(
@@ -201,5 +201,32 @@ async fn reload_keeps_the_socket_until_a_restart() {
     );
     assert_eq!(psql(&dir, port, "SELECT 3").await, Ok("3".into()));
     assert!(!other.join(format!(".s.PGSQL.{port}")).exists());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_socket_file_takes_its_mode_and_group() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let (dir, port) = (socket_dir("mode"), free_port());
+    // The test's own group, by number: the one group a test can be sure to belong to.
+    let gid = std::fs::metadata(&dir).unwrap().gid();
+    let mut config = unix_config(&dir, port);
+    config.general.unix_socket_mode = "0770".into();
+    config.general.unix_socket_group = Some(gid.to_string());
+    let proxy = start_pgmemo(config).await;
+    let meta = std::fs::metadata(proxy.unix_socket().unwrap()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o770);
+    assert_eq!(meta.gid(), gid);
+    assert_eq!(psql(&dir, port, "SELECT 4").await, Ok("4".into()));
+    // A group that does not exist stops the start, and leaves no socket behind.
+    let (other, other_port) = (socket_dir("mode-bad"), free_port());
+    let mut config = unix_config(&other, other_port);
+    config.general.unix_socket_group = Some("no_such_group_pgmemo".into());
+    let e = pgmemo::Pgmemo::start(config).await.err().expect("refused");
+    assert!(
+        format!("{e:#}").contains("no group \"no_such_group_pgmemo\""),
+        "{e:#}"
+    );
+    assert!(!other.join(format!(".s.PGSQL.{other_port}")).exists());
     proxy.shutdown().await;
 }

@@ -55,6 +55,9 @@ settings! {
     /// File mode of that socket, in octal: 0777 lets every local user connect (they still
     /// log in); 0770 only the owner's group.
     unix_socket_mode: String = "0777".into(), Restart, check = |v, _| parse_mode(v).map(drop);
+    /// Group of that socket (a name or a number), for `unix_socket_mode = "0770"`; pgmemo's
+    /// user must belong to it. Default: pgmemo's own group.
+    unix_socket_group: Option<String> = None, Restart;
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
