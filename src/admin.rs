@@ -4,13 +4,12 @@
 //! tools (pgbouncer_exporter) and habits carry over; a column pgmemo cannot fill is said so
 //! in the doc comment of its command.
 
-use crate::app::{App, ClientState};
+use crate::app::{App, ClientState, Endpoint};
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::protocol::frontend as fe;
 use crate::server::ServerState;
 use crate::session::login::Startup;
 use crate::stats::StatsSnapshot;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -32,7 +31,7 @@ pub enum Reply {
     Noticed(Vec<(&'static str, String)>, String),
 }
 
-pub async fn serve(app: Arc<App>, startup: Startup, peer: SocketAddr, _local: SocketAddr) {
+pub async fn serve(app: Arc<App>, startup: Startup, peer: Endpoint, _local: Endpoint) {
     let Startup { mut conn, user, .. } = startup;
     let admin = app.config.load().is_admin(&user);
     if !admin && !app.config.load().is_stats_user(&user) {
@@ -558,9 +557,9 @@ pub fn show_clients(app: &App) -> Table {
                 text(&c.database),
                 text("none"),
                 text(client_state(c.state())),
-                text(c.addr.ip()),
+                text(c.addr.host()),
                 text(c.addr.port()),
-                text(c.local_addr.ip()),
+                text(c.local_addr.host()),
                 text(c.local_addr.port()),
                 timestamp(c.connect_time()),
                 timestamp(c.request_time()),

@@ -16,16 +16,31 @@ use std::time::{Instant, SystemTime};
 use tokio::sync::watch;
 
 /// A client's socket address in 20 bytes instead of `SocketAddr`'s 32 (an IPv6 address keeps
-/// no flow label or scope id, which pgmemo only ever shows): every client holds two.
+/// no flow label or scope id, which pgmemo only ever shows): every client holds two. A
+/// client on the Unix socket (`unix_socket_dir`) has no IP address: its endpoints are
+/// PgBouncer's `unix` and the listen port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
-    ip: IpAddr,
+    /// None on a Unix socket (the niche of `IpAddr` keeps this 17 bytes).
+    ip: Option<IpAddr>,
     port: u16,
 }
 
 impl Endpoint {
-    pub fn ip(&self) -> IpAddr {
+    /// A Unix-socket client's endpoint: its socket file's port (the listen port).
+    pub fn unix(port: u16) -> Endpoint {
+        Endpoint { ip: None, port }
+    }
+
+    /// The IP address; None on a Unix socket.
+    pub fn ip(&self) -> Option<IpAddr> {
         self.ip
+    }
+
+    /// The address as SHOW CLIENTS shows it: the IP address, or `unix`.
+    pub fn host(&self) -> String {
+        self.ip
+            .map_or_else(|| "unix".to_string(), |ip| ip.to_string())
     }
 
     pub fn port(&self) -> u16 {
@@ -36,7 +51,7 @@ impl Endpoint {
 impl From<SocketAddr> for Endpoint {
     fn from(addr: SocketAddr) -> Endpoint {
         Endpoint {
-            ip: addr.ip(),
+            ip: Some(addr.ip()),
             port: addr.port(),
         }
     }
@@ -44,7 +59,10 @@ impl From<SocketAddr> for Endpoint {
 
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        SocketAddr::new(self.ip, self.port).fmt(f)
+        match self.ip {
+            Some(ip) => SocketAddr::new(ip, self.port).fmt(f),
+            None => write!(f, "unix:{}", self.port),
+        }
     }
 }
 
@@ -787,8 +805,8 @@ impl App {
     /// Registers a new client and gives it a unique cancel key.
     pub fn register_client(
         &self,
-        addr: SocketAddr,
-        local_addr: SocketAddr,
+        addr: impl Into<Endpoint>,
+        local_addr: impl Into<Endpoint>,
         tls: bool,
         user: &str,
         database: &str,
@@ -1028,7 +1046,17 @@ mod tests {
             let addr: SocketAddr = text.parse().unwrap();
             let endpoint = Endpoint::from(addr);
             assert_eq!(endpoint.to_string(), text);
-            assert_eq!((endpoint.ip(), endpoint.port()), (addr.ip(), addr.port()));
+            assert_eq!(
+                (endpoint.ip(), endpoint.port()),
+                (Some(addr.ip()), addr.port())
+            );
+            assert_eq!(endpoint.host(), addr.ip().to_string());
         }
+        let unix = Endpoint::unix(6432);
+        assert_eq!(
+            (unix.host(), unix.port(), unix.to_string()),
+            ("unix".into(), 6432, "unix:6432".into())
+        );
+        assert_eq!(std::mem::size_of::<Endpoint>(), 20);
     }
 }

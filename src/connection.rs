@@ -9,30 +9,28 @@
 
 use crate::app::App;
 use crate::session::{self, login::Admitted, Started};
+use crate::stream::Stream;
 use std::sync::Arc;
 
-/// Entry point for an accepted TCP connection.
+/// Entry point for an accepted connection, TCP or Unix socket (a plain [`Stream`]).
 ///
 /// Everything that runs once per client (the login, the admin console, the session's start)
 /// runs in one boxed future, freed when it is done: the task's own future lives as long as
 /// the client, and stays small by holding only the relay loop's state (memory per idle
 /// client; `Pool::checkout` boxes its slow path for the same reason).
-pub fn serve_client(
-    app: Arc<App>,
-    tcp: tokio::net::TcpStream,
-) -> impl std::future::Future<Output = ()> + Send {
+pub fn serve_client(app: Arc<App>, client: Stream) -> impl std::future::Future<Output = ()> + Send {
     // Boxed before the task's future is made: an async fn keeps its arguments in its future
     // for good, and the socket is 32 bytes the relay loop never needs there.
     let start = {
         let app = app.clone();
-        Box::pin(async move { start(app, tcp).await })
+        Box::pin(async move { start(app, client).await })
     };
     serve_started(app, start)
 }
 
 /// Logs the client in, then serves the admin console to its end, or starts a session.
-async fn start(app: Arc<App>, tcp: tokio::net::TcpStream) -> Option<Started> {
-    let admitted = session::login::admit(&app, tcp).await?;
+async fn start(app: Arc<App>, client: Stream) -> Option<Started> {
+    let admitted = session::login::admit(&app, client).await?;
     if crate::config::is_admin_database(&admitted.startup.database) {
         let Admitted {
             startup,

@@ -27,6 +27,7 @@ pub mod connection;
 pub mod convert;
 pub mod demo;
 pub mod keepalive;
+pub mod listen;
 pub mod metrics;
 pub mod params;
 pub mod pins;
@@ -57,6 +58,7 @@ use tokio::net::TcpListener;
 pub struct Pgmemo {
     app: Arc<App>,
     addr: SocketAddr,
+    unix_socket: Option<std::path::PathBuf>,
     metrics_addr: Option<SocketAddr>,
     accept_task: tokio::task::JoinHandle<()>,
     /// Kept until [`Pgmemo::wait`] has seen every client go: the extra workers' event loops
@@ -83,6 +85,19 @@ impl Pgmemo {
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
         *app.listen_addr.lock() = Some(addr);
+        let config = app.config.load();
+        let general = &config.general;
+        let unix = match &general.unix_socket_dir {
+            Some(dir) => {
+                let mode =
+                    config::parse_mode(&general.unix_socket_mode).map_err(anyhow::Error::msg)?;
+                let group = general.unix_socket_group.as_deref();
+                Some(listen::UnixSocket::bind(dir, addr.port(), mode, group)?)
+            }
+            None => None,
+        };
+        drop(config);
+        let unix_socket = unix.as_ref().map(|u| u.path().to_owned());
         let metrics_addr = match metrics_listen {
             Some(m) => {
                 let l = TcpListener::bind(&m)
@@ -95,11 +110,15 @@ impl Pgmemo {
             None => None,
         };
         tokio::spawn(janitor(app.clone()));
-        let accept_task = tokio::spawn(accept_loop(app.clone(), listener, workers.clone()));
-        tracing::info!(%addr, "pgmemo listening");
+        let accept_task = tokio::spawn(accept_loop(app.clone(), listener, unix, workers.clone()));
+        match &unix_socket {
+            Some(path) => tracing::info!(%addr, socket = %path.display(), "pgmemo listening"),
+            None => tracing::info!(%addr, "pgmemo listening"),
+        }
         Ok(Pgmemo {
             app,
             addr,
+            unix_socket,
             metrics_addr,
             accept_task,
             workers,
@@ -108,6 +127,11 @@ impl Pgmemo {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The Unix socket file pgmemo listens on (`unix_socket_dir`), if any.
+    pub fn unix_socket(&self) -> Option<&std::path::Path> {
+        self.unix_socket.as_deref()
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
@@ -179,21 +203,31 @@ pub fn reload(app: &App) -> anyhow::Result<Vec<config::PendingRestart>> {
     app.reload(config)
 }
 
-/// Accepts clients and deals them to the workers.
-async fn accept_loop(app: Arc<App>, listener: TcpListener, workers: Arc<workers::Workers>) {
+/// Accepts clients, on TCP and on the Unix socket if there is one, and deals them to the
+/// workers. Returning drops the listeners, which removes the socket file.
+async fn accept_loop(
+    app: Arc<App>,
+    listener: TcpListener,
+    unix: Option<listen::UnixSocket>,
+    workers: Arc<workers::Workers>,
+) {
     let mut shutdown = app.shutdown_signal();
     loop {
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            r = listener.accept() => r.map(|(tcp, _)| stream::Stream::Tcp(tcp)),
+            // An async block runs only when polled, which the guard keeps from a None.
+            r = async { unix.as_ref().expect("guarded").accept().await }, if unix.is_some() => r,
             _ = shutdown.wait_for(|s| *s) => return,
         };
         match accepted {
-            Ok((tcp, peer)) => {
-                if let Err(e) = keepalive::apply(&tcp, &app.config.load().general.keepalive()) {
-                    tracing::debug!(%peer, error = %e, "could not set TCP keepalive");
+            Ok(client) => {
+                if let stream::Stream::Tcp(tcp) = &client {
+                    if let Err(e) = keepalive::apply(tcp, &app.config.load().general.keepalive()) {
+                        tracing::debug!(error = %e, "could not set TCP keepalive");
+                    }
                 }
                 let app = app.clone();
-                workers.serve(tcp, move |tcp| connection::serve_client(app, tcp));
+                workers.serve(client, move |client| connection::serve_client(app, client));
             }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.

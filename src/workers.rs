@@ -20,6 +20,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::stream::Stream;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
@@ -117,18 +118,19 @@ impl Workers {
     /// (which ran on one CPU when it connected) share a worker, and the scheduler can keep
     /// the pair on one core: dealt in turn instead, each client thread talks to every worker
     /// and the wake-ups cross cores (measured: 105-125k instead of 170-205k cache hits per
-    /// second, pgbench -c 8 -j 2 against 2 workers on 2 cores).
+    /// second, pgbench -c 8 -j 2 against 2 workers on 2 cores). A client on the Unix socket
+    /// (`unix_socket_dir`) has no incoming CPU and is dealt in turn.
     ///
     /// `handle` serves the connection (`connection::serve_client`, given by the caller:
     /// the workers are a floor below the rooms that serve clients).
-    pub fn serve<H, F>(&self, tcp: tokio::net::TcpStream, handle: H)
+    pub fn serve<H, F>(&self, client: Stream, handle: H)
     where
-        H: FnOnce(tokio::net::TcpStream) -> F + Send + 'static,
+        H: FnOnce(Stream) -> F + Send + 'static,
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         let turn = match self.count() {
             1 => 0,
-            count => match self.loops.worker_of(&tcp) {
+            count => match client.tcp().and_then(|tcp| self.loops.worker_of(tcp)) {
                 Some(worker) => worker,
                 None => (self.next.fetch_add(1, Ordering::Relaxed) % count) as u16,
             },
@@ -136,11 +138,11 @@ impl Workers {
         if turn == current() {
             // Boxed: tokio aligns a task to 128 bytes, rounding a future of a few hundred
             // bytes up by as much again; in a box it is allocated at its own size.
-            tokio::spawn(Box::pin(handle(tcp)));
+            tokio::spawn(Box::pin(handle(client)));
             return;
         }
         // The socket leaves this thread's event loop and joins the worker's.
-        let std = match tcp.into_std() {
+        let std = match Unregistered::take(client) {
             Ok(std) => std,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot hand a client to a worker");
@@ -150,12 +152,42 @@ impl Workers {
         self.loops.spawn(
             turn,
             Box::pin(async move {
-                match tokio::net::TcpStream::from_std(std) {
-                    Ok(tcp) => handle(tcp).await,
+                match std.register() {
+                    Ok(client) => handle(client).await,
                     Err(e) => tracing::warn!(error = %e, "cannot hand a client to a worker"),
                 }
             }),
         );
+    }
+}
+
+/// An accepted client's socket between two event loops: taken from the accepting thread's,
+/// not yet registered with its worker's.
+enum Unregistered {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Unregistered {
+    /// Takes a just-accepted plain socket (TCP or Unix) off this thread's event loop.
+    fn take(client: Stream) -> std::io::Result<Unregistered> {
+        match client {
+            Stream::Tcp(tcp) => Ok(Unregistered::Tcp(tcp.into_std()?)),
+            Stream::Unix(unix) => Ok(Unregistered::Unix(unix.into_std()?)),
+            _ => Err(std::io::Error::other(
+                "only a plain socket moves to a worker",
+            )),
+        }
+    }
+
+    /// Registers the socket with the calling thread's event loop.
+    fn register(self) -> std::io::Result<Stream> {
+        Ok(match self {
+            Unregistered::Tcp(std) => Stream::Tcp(tokio::net::TcpStream::from_std(std)?),
+            Unregistered::Unix(std) => {
+                Stream::Unix(Box::new(tokio::net::UnixStream::from_std(std)?))
+            }
+        })
     }
 }
 

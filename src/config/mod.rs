@@ -57,7 +57,7 @@ pub use upstream::{parse_upstream_url, Upstream};
 pub use locate::key_path;
 use locate::{find_key_line, toml_error};
 use settings::RawGeneral;
-pub use settings::{parse_host_port, General};
+pub use settings::{parse_host_port, parse_mode, General};
 use table::U32_RANGE;
 pub use table::{PendingRestart, Reload, SettingDoc};
 

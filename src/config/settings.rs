@@ -65,6 +65,18 @@ settings! {
     /// Address of the Prometheus metrics endpoint, `HOST:PORT`. Default: no endpoint.
     metrics_listen: Option<String> = None, Restart,
         check = |v, _| v.as_deref().map_or(Ok(()), |v| parse_host_port(v).map(drop));
+    /// Directory of a Unix socket pgmemo listens on besides `listen`: the socket is
+    /// `<dir>/.s.PGSQL.<listen port>`, so `psql -h DIR -p PORT` reaches it. A stale socket
+    /// file there is replaced; another process listening there stops the start. Default:
+    /// none (PgBouncer's is /tmp: off here so that pgmemo never takes the socket of a
+    /// PostgreSQL on the same machine and port).
+    unix_socket_dir: Option<PathBuf> = None, Restart;
+    /// File mode of that socket, in octal: 0777 lets every local user connect (they still
+    /// log in); 0770 only the owner's group.
+    unix_socket_mode: String = "0777".into(), Restart, check = |v, _| parse_mode(v).map(drop);
+    /// Group of that socket (a name or a number), for `unix_socket_mode = "0770"`; pgmemo's
+    /// user must belong to it. Default: pgmemo's own group.
+    unix_socket_group: Option<String> = None, Restart;
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
@@ -304,6 +316,14 @@ fn check_log_level(s: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Reads a file mode in octal (`0777`, `770`), at most 0777.
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("expected a file mode in octal, 0000 to 0777, got {s:?}"))
 }
 
 /// Splits `HOST:PORT` (IPv6 as `[::1]:PORT`) into host (without brackets) and port.

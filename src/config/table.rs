@@ -173,6 +173,11 @@ impl Value for Option<PathBuf> {
     type Raw = PathBuf;
     const KIND: &'static str = "file path, optional";
     fn read(raw: PathBuf, cx: &Context<'_>) -> Result<Option<PathBuf>, String> {
+        // "" is no file (PgBouncer's empty unix_socket_dir, "no socket"), not the config's
+        // directory.
+        if raw.as_os_str().is_empty() {
+            return Ok(None);
+        }
         Ok(Some(match cx.base_dir {
             Some(dir) if raw.is_relative() && !dir.as_os_str().is_empty() => dir.join(raw),
             _ => raw,

@@ -157,6 +157,14 @@ fn each_error_names_its_key() {
             "general.metrics_listen: expected HOST:PORT",
         ),
         (
+            "[general]\nunix_socket_mode = \"0778\"",
+            "general.unix_socket_mode: expected a file mode in octal, 0000 to 0777, got \"0778\"",
+        ),
+        (
+            "[general]\nunix_socket_mode = \"1777\"",
+            "general.unix_socket_mode: expected a file mode in octal",
+        ),
+        (
             "[general]\ndefault_pool_size = 0",
             "general.default_pool_size: must be at least 1",
         ),
@@ -623,7 +631,7 @@ fn settings_table_lists_every_setting_and_no_password() {
     assert!(!row("listen").3);
     assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
     assert!(rows.iter().all(|r| !r.1.contains("pw")));
-    assert_eq!(rows.len(), 55);
+    assert_eq!(rows.len(), 58);
 }
 
 #[test]

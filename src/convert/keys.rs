@@ -47,7 +47,6 @@ use Rule::*;
 const TCP: &str = "pgmemo leaves TCP tuning to the system (sysctl net.ipv4.tcp_*)";
 const LOGS: &str = "pgmemo logs to stderr, for journald, Docker or a redirect; \
                     general.log_level and log_format choose what and how";
-const UNIX: &str = "pgmemo listens on TCP only (general.listen), not on a Unix socket";
 const NO_TLS_TUNING: &str =
     "pgmemo's TLS (rustls) offers TLS 1.2 and 1.3 with its safe defaults only";
 
@@ -165,9 +164,9 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("tcp_user_timeout", Not("PgBouncer's is in milliseconds; set general.tcp_user_timeout in seconds (0.5 for 500) by hand")),
     ("track_extra_parameters", Not("pgmemo tracks every parameter a client sets, reported or not")),
     ("transaction_timeout", Not("pgmemo has no transaction timeout; set PostgreSQL's transaction_timeout (17+)")),
-    ("unix_socket_dir", Not(UNIX)),
-    ("unix_socket_group", Not(UNIX)),
-    ("unix_socket_mode", Not(UNIX)),
+    ("unix_socket_dir", To("general.unix_socket_dir", Text)),
+    ("unix_socket_group", To("general.unix_socket_group", Text)),
+    ("unix_socket_mode", To("general.unix_socket_mode", Text)),
     ("user", Not("pgmemo does not switch users; run it as that user (systemd User=)")),
     ("verbose", Special("general.log_level (1: debug, 2: trace)")),
 ];

@@ -2,7 +2,7 @@
 //! replace it), authentication, and the parameters it is told about before its first query.
 
 use super::ClientConn;
-use crate::app::{App, Passthrough};
+use crate::app::{App, Endpoint, Passthrough};
 use crate::auth::{md5_salt, md5_verify, AuthError, ScramServer, Secret};
 use crate::config::AuthType;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
@@ -17,19 +17,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A client that logged in and may stay, with its addresses.
 pub struct Admitted {
     pub startup: Startup,
-    pub peer: std::net::SocketAddr,
-    pub local: std::net::SocketAddr,
+    pub peer: Endpoint,
+    pub local: Endpoint,
 }
 
 /// Logs a client in within client_login_timeout and checks it may stay (not shutting down,
 /// under max_client_conn): its startup and addresses, or None when it was turned away.
-pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted>> {
-    let (Ok(peer), Ok(local)) = (tcp.peer_addr(), tcp.local_addr()) else {
-        return None;
-    };
-    let _ = tcp.set_nodelay(true);
+pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
+    let (peer, local) = addresses(app, &client)?;
     let login_timeout = app.config.load().general.client_login_timeout;
-    let login = read_startup(app, tcp);
+    let login = read_startup(app, client);
     let mut startup = match tokio::time::timeout(login_timeout, login).await {
         Err(_) => {
             tracing::info!(%peer, "client did not finish its login within client_login_timeout");
@@ -85,6 +82,21 @@ pub async fn admit(app: &App, tcp: tokio::net::TcpStream) -> Option<Box<Admitted
     }))
 }
 
+/// A client's endpoints, as SHOW CLIENTS shows them: on the Unix socket `unix` and the listen
+/// port both, as PgBouncer shows them. Sets TCP_NODELAY on a TCP client.
+fn addresses(app: &App, client: &Stream) -> Option<(Endpoint, Endpoint)> {
+    match client.tcp() {
+        Some(tcp) => {
+            let _ = tcp.set_nodelay(true);
+            Some((tcp.peer_addr().ok()?.into(), tcp.local_addr().ok()?.into()))
+        }
+        None => {
+            let port = app.listen_addr.lock().map_or(0, |a| a.port());
+            Some((Endpoint::unix(port), Endpoint::unix(port)))
+        }
+    }
+}
+
 /// A client that sent a valid StartupMessage.
 pub struct Startup {
     pub conn: ClientConn,
@@ -119,9 +131,9 @@ impl LoginError {
     }
 }
 
-/// Reads the startup packet, doing TLS and answering GSSENC/cancel requests on the way.
-pub async fn read_startup(app: &App, tcp: tokio::net::TcpStream) -> Result<Outcome, LoginError> {
-    let mut stream = Stream::Tcp(tcp);
+/// Reads the startup packet, doing TLS and answering GSSENC/cancel requests on the way. A
+/// client on the Unix socket is answered `N` to SSLRequest, as PostgreSQL answers there.
+pub async fn read_startup(app: &App, mut stream: Stream) -> Result<Outcome, LoginError> {
     let mut rbuf = BytesMut::with_capacity(1024);
     loop {
         let packet = loop {
