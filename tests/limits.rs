@@ -73,19 +73,7 @@ async fn backends(dbs: &[&str]) -> i64 {
 /// The console's rows for `cmd`, as column name → value maps.
 async fn admin(proxy: &Pgmemo, cmd: &str) -> Vec<HashMap<String, String>> {
     let console = client(proxy, PGMEMO_USER, "pgmemo").await;
-    let msgs = console.simple_query(cmd).await.unwrap();
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
+    admin_rows(&console, cmd).await
 }
 
 /// Clients waiting in the pool of (`db`, `user`).
