@@ -73,6 +73,7 @@ pub(super) fn convert<'a>(
         auth_type,
         auth_file: get("auth_file").cloned(),
         admin_users: get("admin_users").cloned(),
+        stats_users: get("stats_users").cloned(),
         listen_is_loopback,
         pool_mode,
         default_pool_size,
@@ -408,31 +409,37 @@ fn rest<'a>(
     Ok(())
 }
 
-/// `admin_users`, keeping those who could log in: with a password, unless auth is trust.
-pub(super) fn admin_users(settings: &Settings, cx: &mut Conversion) {
-    let Some(line) = &settings.admin_users else {
-        return;
-    };
-    let mut admins = Vec::new();
-    for name in line
-        .value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        if settings.auth_type == AuthType::Trust || cx.secret_of(name).is_some() {
-            admins.push(toml::string(name));
-        } else {
-            cx.general.push(Entry::Comment(format!(
-                "not converted: admin user {name:?} ({}) — no password for it among the users, \
-                 so it could never log in",
-                line.place()
-            )));
+/// `admin_users` and `stats_users`, keeping those who could log in: with a password, unless
+/// auth is trust.
+pub(super) fn console_users(settings: &Settings, cx: &mut Conversion) {
+    let lists = [
+        ("admin_users", "admin user", &settings.admin_users),
+        ("stats_users", "stats user", &settings.stats_users),
+    ];
+    for (key, kind, line) in lists {
+        let Some(line) = line else {
+            continue;
+        };
+        let mut kept = Vec::new();
+        for name in line
+            .value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            if settings.auth_type == AuthType::Trust || cx.secret_of(name).is_some() {
+                kept.push(toml::string(name));
+            } else {
+                cx.general.push(Entry::Comment(format!(
+                    "not converted: {kind} {name:?} ({}) — no password for it among the users, \
+                     so it could never log in",
+                    line.place()
+                )));
+            }
         }
+        let note = (key == "admin_users")
+            .then(|| "the console is the database \"pgmemo\" (or \"pgbouncer\")".into());
+        cx.general
+            .set_noted(key, format!("[{}]", kept.join(", ")), note);
     }
-    cx.general.set_noted(
-        "admin_users",
-        format!("[{}]", admins.join(", ")),
-        Some("the console is the database \"pgmemo\"; stats_users have no equivalent".into()),
-    );
 }

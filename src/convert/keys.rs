@@ -150,7 +150,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("service_name", Not("pgmemo has no service name (Windows only in PgBouncer)")),
     ("so_reuseport", Not("pgmemo runs as one process; general.workers adds threads")),
     ("stats_period", To("general.stats_period", Seconds(Zero::Refused("pgmemo's stats_period must be above 0")))),
-    ("stats_users", Not("copy the list to general.stats_users by hand (users with a password)")),
+    ("stats_users", Special("general.stats_users (users with a password only)")),
     ("suspend_timeout", Not("pgmemo has no SUSPEND or online restart")),
     ("syslog", Not(LOGS)),
     ("syslog_facility", Not(LOGS)),

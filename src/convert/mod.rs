@@ -128,7 +128,7 @@ pub fn convert(ini_path: &Path, userlist: Option<&Path>) -> Result<Converted, Co
     let settings = general::convert(section("pgbouncer"), &mut cx)?;
     let users = read_users(&settings, userlist, ini_path, &mut cx)?;
     cx.add_users(&settings, users);
-    general::admin_users(&settings, &mut cx);
+    general::console_users(&settings, &mut cx);
     databases::convert(section("databases"), &settings, &mut cx)?;
     databases::user_settings(section("users"), &settings, &mut cx)?;
     cx.check_logins(&settings);
@@ -144,6 +144,7 @@ pub(crate) struct Settings {
     /// `auth_file` as written, with its line.
     pub auth_file: Option<Line>,
     pub admin_users: Option<Line>,
+    pub stats_users: Option<Line>,
     /// The loopback check of `trust`: whether pgmemo's listen address is one.
     pub listen_is_loopback: bool,
     pub pool_mode: &'static str,

@@ -61,7 +61,7 @@ query_wait_timeout = 30.5
 server_tls_sslmode = verify-ca
 server_tls_ca_file = /etc/ssl/ca.pem
 admin_users = alice, nobody
-stats_users = stats
+stats_users = stats, svc
 ignore_startup_parameters = extra_float_digits
 max_prepared_statements = 0
 logfile = /var/log/pgbouncer.log
@@ -94,6 +94,7 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
     assert_eq!(g.server_tls_ca_file, Some(PathBuf::from("/etc/ssl/ca.pem")));
     assert!(!g.prepared_statements);
     assert_eq!(g.admin_users, ["alice"]);
+    assert_eq!(g.stats_users, ["svc"], "stats has no password");
     assert_eq!(g.auth_user.as_deref(), Some("pgbouncer_auth"));
     assert_eq!(
         g.auth_query,
@@ -141,7 +142,7 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
     for not in [
         "# not converted: connect_query = SELECT 1",
         "# not converted: password=... of reports",
-        "# not converted: stats_users = stats",
+        "# not converted: stats user \"stats\"",
         "# not converted: ignore_startup_parameters = extra_float_digits",
         "# not converted: logfile = /var/log/pgbouncer.log",
         "# not converted: admin user \"nobody\"",
