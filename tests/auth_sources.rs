@@ -13,27 +13,9 @@ mod common;
 
 use common::*;
 use pgmemo::config::{AuthType, Config, PoolMode};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
-
-/// A directory of the test's own, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("pgmemo-auth-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn md5_secret(user: &str, password: &str) -> String {
     postgres_protocol::password::md5(password.as_bytes(), user)
@@ -87,7 +69,7 @@ fn write_userlist(path: &Path, lines: &[(&str, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_of_the_auth_file_log_in_and_reload_reads_it_again() {
-    let dir = TempDir::new("userlist");
+    let dir = TempDir::new("auth", "userlist");
     let userlist = dir.0.join("userlist.txt");
     // The console's user is in the file too: with an auth file, the upstream role is no
     // longer a client user by itself (as with [users]).
@@ -167,7 +149,7 @@ async fn users_of_the_auth_file_log_in_and_reload_reads_it_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_md5_secret_of_the_auth_file_answers_md5_and_a_users_password_wins() {
-    let dir = TempDir::new("md5");
+    let dir = TempDir::new("auth", "md5");
     let userlist = dir.0.join("userlist.txt");
     write_userlist(
         &userlist,
@@ -207,7 +189,7 @@ async fn an_md5_secret_of_the_auth_file_answers_md5_and_a_users_password_wins() 
 
 #[tokio::test]
 async fn a_broken_auth_file_is_a_config_error_with_file_and_line() {
-    let dir = TempDir::new("broken");
+    let dir = TempDir::new("auth", "broken");
     let toml = dir.0.join("pgmemo.toml");
     std::fs::write(
         &toml,
@@ -541,7 +523,7 @@ async fn stats_users_may_only_show() {
 async fn a_server_user_without_a_password_takes_it_from_the_auth_file() {
     // [databases."*"] user = md5_user, no password: as PgBouncer, the auth file's line for
     // md5_user gives it (here its md5 hash, which answers the server's md5 challenge).
-    let dir = TempDir::new("server-user");
+    let dir = TempDir::new("auth", "server-user");
     let userlist = dir.0.join("userlist.txt");
     write_userlist(
         &userlist,

@@ -24,25 +24,6 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_pgmemo");
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-/// A directory of its own under the system's temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir =
-            std::env::temp_dir().join(format!("pgmemo-install-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -137,7 +118,7 @@ impl Drop for Running {
 /// `initdb` and `pg_ctl` first on PATH (where demo mode looks first) would leave a mark.
 #[test]
 fn check_without_a_configuration_starts_nothing() {
-    let dir = TempDir::new("check");
+    let dir = TempDir::new("install-test", "check");
     let mark = dir.0.join("initdb-ran");
     for tool in ["initdb", "pg_ctl"] {
         let path = dir.0.join(tool);
@@ -199,7 +180,7 @@ fn the_soft_file_limit_is_raised_to_the_hard_limit() {
         hard > 256,
         "the hard file limit ({hard}) leaves nothing to raise"
     );
-    let dir = TempDir::new("nofile");
+    let dir = TempDir::new("install-test", "nofile");
     let mut cmd = Command::new(BIN);
     cmd.args([
         "--upstream",
@@ -489,7 +470,7 @@ fn debian_package_installs_and_serves_a_query() {
         0,
         "dpkg -i needs root (CI runs as root)"
     );
-    let dir = TempDir::new("deb");
+    let dir = TempDir::new("install-test", "deb");
     let deb = build_deb(&dir.0);
     let exe = Path::new("/usr/bin/pgmemo");
     let before = processes_of(exe);

@@ -7,16 +7,13 @@ mod common;
 
 use common::*;
 use pgmemo::config::PoolMode;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 use tokio_postgres::error::SqlState;
 
 /// A new empty directory for a socket, short enough for a socket path (108 bytes).
-fn socket_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pgmemo-unix-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn socket_dir(name: &str) -> TempDir {
+    TempDir::new("unix", name)
 }
 
 /// pgmemo listening on 127.0.0.1:`port` and on a Unix socket in `dir`.
@@ -209,7 +206,7 @@ async fn the_socket_file_takes_its_mode_and_group() {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let (dir, port) = (socket_dir("mode"), free_port());
     // The test's own group, by number: the one group a test can be sure to belong to.
-    let gid = std::fs::metadata(&dir).unwrap().gid();
+    let gid = std::fs::metadata(&*dir).unwrap().gid();
     let mut config = unix_config(&dir, port);
     config.general.unix_socket_mode = "0770".into();
     config.general.unix_socket_group = Some(gid.to_string());

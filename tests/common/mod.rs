@@ -29,6 +29,33 @@ pub use proxy::*;
 pub use raw::*;
 pub use scenarios::scenarios;
 
+/// A directory of the test's own under the system's temporary directory, made empty, removed
+/// when dropped; `prefix` and the process id keep test binaries and runs apart.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str, name: &str) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("pgmemo-{prefix}-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, let it go). Racy
 /// by nature: bind it soon.
 pub fn free_port() -> u16 {
