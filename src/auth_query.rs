@@ -16,12 +16,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bytes::BufMut;
 use parking_lot::Mutex;
 
-use crate::protocol::backend::{self, ErrorFields};
-use crate::protocol::{put_cstr, write_message};
-use crate::server::{ServerConn, ServerTarget};
+use crate::server::{ServerConn, ServerError, ServerTarget};
 
 /// How long an answer of the query is used before it is asked again.
 pub const CACHE_TTL: Duration = Duration::from_secs(30);
@@ -86,63 +83,22 @@ async fn run(
     let mut conn = ServerConn::connect(target).await.map_err(|e| {
         LookupError::Server(format!("cannot log in as auth_user {:?}: {e}", target.user))
     })?;
-    write_query(&mut conn.wbuf, query, user);
-    let answer = read_answer(&mut conn).await;
-    conn.terminate().await;
-    answer
-}
-
-/// Parse, Bind (`$1` = `user`, as text), Execute and Sync of the unnamed statement.
-fn write_query(out: &mut bytes::BytesMut, query: &str, user: &str) {
-    write_message(out, b'P', |b| {
-        put_cstr(b, b"");
-        put_cstr(b, query.as_bytes());
-        b.put_i16(1);
-        b.put_u32(25); // text
-    });
-    write_message(out, b'B', |b| {
-        put_cstr(b, b"");
-        put_cstr(b, b"");
-        b.put_i16(0);
-        b.put_i16(1);
-        b.put_i32(user.len() as i32);
-        b.extend_from_slice(user.as_bytes());
-        b.put_i16(0);
-    });
-    write_message(out, b'E', |b| {
-        put_cstr(b, b"");
-        b.put_i32(0);
-    });
-    write_message(out, b'S', |_| {});
-}
-
-async fn read_answer(conn: &mut ServerConn) -> Result<Option<String>, LookupError> {
-    conn.flush()
+    let rows = conn
+        .internal_query_with_params(query, &[user])
         .await
-        .map_err(|e| LookupError::Server(e.to_string()))?;
-    let mut rows: Vec<Vec<Option<String>>> = Vec::new();
-    let mut error = None;
-    loop {
-        let (tag, body) = conn
-            .read_message()
-            .await
-            .map_err(|e| LookupError::Server(e.to_string()))?;
-        match tag {
-            backend::DATA_ROW => rows.push(crate::server::parse_text_row(&body)),
-            backend::ERROR_RESPONSE => {
-                let fields = ErrorFields::parse(&body).unwrap_or_default();
-                error.get_or_insert(format!(
-                    "auth_query failed: {} {}",
-                    fields.code, fields.message
-                ));
-            }
-            backend::READY_FOR_QUERY => break,
-            _ => {}
-        }
-    }
-    if let Some(e) = error {
-        return Err(LookupError::Server(e));
-    }
+        .map_err(|e| match e {
+            ServerError::Server { fields, .. } => LookupError::Server(format!(
+                "auth_query failed: {} {}",
+                fields.code, fields.message
+            )),
+            e => LookupError::Server(e.to_string()),
+        });
+    conn.terminate().await;
+    shape(rows?)
+}
+
+/// The secret in `rows`, the answer of the auth query: none, or one row of (name, secret).
+fn shape(rows: Vec<Vec<Option<String>>>) -> Result<Option<String>, LookupError> {
     match rows.as_slice() {
         [] => Ok(None),
         [row] if row.len() == 2 => {

@@ -565,11 +565,31 @@ impl ServerConn {
     pub async fn internal_query_relaying(
         &mut self,
         sql: &str,
+        notifications: Option<&mut bytes::BytesMut>,
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        frontend::query(&mut self.wbuf, sql);
+        self.internal_reply(notifications).await
+    }
+
+    /// [`ServerConn::internal_query`] with `params` bound as text (extended protocol), for
+    /// values that must not be spliced into the SQL text (a client's user name).
+    pub async fn internal_query_with_params(
+        &mut self,
+        sql: &str,
+        params: &[&str],
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        frontend::query_with_params(&mut self.wbuf, sql, params);
+        self.internal_reply(None).await
+    }
+
+    /// Sends what was written for an internal query and reads its reply up to ReadyForQuery:
+    /// the rows as text, or the first error.
+    async fn internal_reply(
+        &mut self,
         mut notifications: Option<&mut bytes::BytesMut>,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
         // It may change the session's parameters behind the last client's back.
         self.params_synced_for = None;
-        frontend::query(&mut self.wbuf, sql);
         self.flush().await?;
         let mut rows = Vec::new();
         let mut error = None;

@@ -166,6 +166,35 @@ pub fn query(out: &mut BytesMut, sql: &str) {
     write_message(out, QUERY, |b| put_cstr(b, sql.as_bytes()));
 }
 
+/// `sql` in the extended protocol with `params` bound as text (declared `text`, OID 25):
+/// Parse, Bind, Execute and Sync of the unnamed statement and portal, text results.
+pub fn query_with_params(out: &mut BytesMut, sql: &str, params: &[&str]) {
+    write_message(out, PARSE, |b| {
+        put_cstr(b, b"");
+        put_cstr(b, sql.as_bytes());
+        b.put_i16(params.len() as i16);
+        for _ in params {
+            b.put_u32(25);
+        }
+    });
+    write_message(out, BIND, |b| {
+        put_cstr(b, b"");
+        put_cstr(b, b"");
+        b.put_i16(0);
+        b.put_i16(params.len() as i16);
+        for p in params {
+            b.put_i32(p.len() as i32);
+            b.extend_from_slice(p.as_bytes());
+        }
+        b.put_i16(0);
+    });
+    write_message(out, EXECUTE, |b| {
+        put_cstr(b, b"");
+        b.put_i32(0);
+    });
+    sync(out);
+}
+
 pub fn sync(out: &mut BytesMut) {
     write_message(out, SYNC, |_| {});
 }
