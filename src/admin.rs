@@ -249,7 +249,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "DISABLE db",
                 "ENABLE db",
                 "KILL_CLIENT id",
-                "SHUTDOWN",
+                "SHUTDOWN [WAIT_FOR_SERVERS | WAIT_FOR_CLIENTS]",
             ]
             .iter()
             .map(|s| vec![Some(s.to_string())])
@@ -321,8 +321,19 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             client.kill();
             Ok(Reply::Done("KILL_CLIENT".into()))
         }
+        // PgBouncer's three: at once; once the running transactions have finished (SIGINT);
+        // once every client has gone, serving them meanwhile (SIGTERM).
         ["shutdown"] => {
             app.begin_shutdown();
+            app.cut_off();
+            Ok(Reply::Done("SHUTDOWN".into()))
+        }
+        ["shutdown", "wait_for_servers"] => {
+            app.begin_shutdown();
+            Ok(Reply::Done("SHUTDOWN".into()))
+        }
+        ["shutdown", "wait_for_clients"] => {
+            app.begin_drain();
             Ok(Reply::Done("SHUTDOWN".into()))
         }
         _ => Err((

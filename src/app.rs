@@ -231,6 +231,11 @@ impl ClientInfo {
     }
 
     /// The process ID the client was given in BackendKeyData.
+    /// When the client connected, in seconds since the Unix epoch.
+    pub fn connect_secs(&self) -> u32 {
+        self.connect_secs
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid.load(Ordering::Relaxed)
     }
@@ -395,6 +400,15 @@ pub enum Passthrough {
     Md5(String),
 }
 
+/// The cancel key and connect time a client brings from the process that served it before
+/// an online restart.
+#[derive(Clone, Copy, Debug)]
+pub struct ResumedKey {
+    pub pid: i32,
+    pub secret: i32,
+    pub connect_secs: u32,
+}
+
 pub struct App {
     pub config: ArcSwap<Config>,
     pools: RwLock<HashMap<PoolKey, Arc<Pool>>>,
@@ -419,6 +433,8 @@ pub struct App {
     /// made for it later (another user's) starts paused too.
     paused: Mutex<Paused>,
     pub shutdown_tx: watch::Sender<bool>,
+    /// True while the listeners accept clients (see [`App::accepting_signal`]).
+    accepting_tx: watch::Sender<bool>,
     /// Set when shutdown_timeout has passed: sessions still in a transaction are closed too.
     cutoff_tx: watch::Sender<bool>,
     pub shutting_down: AtomicBool,
@@ -450,11 +466,18 @@ pub struct App {
     pub workers: std::sync::OnceLock<crate::workers::Loops>,
     /// Errors that belong to no pool (login failures, max_client_conn refusals).
     pub errors: crate::stats::ErrorCounters,
+    /// An online restart's way out for idle sessions, and in for cancel requests (see
+    /// [`crate::takeover`]).
+    pub handoff: crate::handoff::Outbox,
+    /// `SHUTDOWN WAIT_FOR_CLIENTS` / SIGTERM: no new clients, and pgmemo exits once the last
+    /// one has gone (see [`App::begin_drain`]).
+    draining: AtomicBool,
 }
 
 impl App {
     pub fn new(config: Config) -> anyhow::Result<Arc<App>> {
         let (shutdown_tx, _) = watch::channel(false);
+        let (accepting_tx, _) = watch::channel(true);
         let (cutoff_tx, _) = watch::channel(false);
         let shapes = Arc::new(crate::query::shapes::Shapes::new(
             config.general.autoprepare_max_shapes as usize,
@@ -474,6 +497,7 @@ impl App {
             disabled: Mutex::new(std::collections::HashSet::new()),
             paused: Mutex::new(Paused::default()),
             shutdown_tx,
+            accepting_tx,
             cutoff_tx,
             shutting_down: AtomicBool::new(false),
             cut_off: AtomicBool::new(false),
@@ -495,6 +519,8 @@ impl App {
             wal: crate::wal::Wal::default(),
             workers: std::sync::OnceLock::new(),
             errors: Default::default(),
+            handoff: Default::default(),
+            draining: AtomicBool::new(false),
         });
         app.load_tls()?;
         Ok(app)
@@ -811,23 +837,55 @@ impl App {
         user: &str,
         database: &str,
     ) -> Arc<ClientInfo> {
+        let endpoints = (addr.into(), local_addr.into());
+        self.register(endpoints, tls, user, database, None)
+    }
+
+    /// Registers a client another pgmemo process served until now (an online restart), with
+    /// the cancel key it was given there and the time it connected.
+    pub fn register_resumed_client(
+        &self,
+        endpoints: (Endpoint, Endpoint),
+        user: &str,
+        database: &str,
+        key: ResumedKey,
+    ) -> Arc<ClientInfo> {
+        self.register(endpoints, false, user, database, Some(key))
+    }
+
+    fn register(
+        &self,
+        (addr, local_addr): (Endpoint, Endpoint),
+        tls: bool,
+        user: &str,
+        database: &str,
+        resumed: Option<ResumedKey>,
+    ) -> Arc<ClientInfo> {
         let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
         // Interned before the cancel keys are locked: one lock at a time.
         let (user, database, no_name) = (self.intern(user), self.intern(database), self.intern(""));
         let mut keys = self.cancel_keys.lock();
-        let (pid, secret) = loop {
-            let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
-            if k.0 != 0 && !keys.contains_key(&k.1) {
-                break k;
+        let (pid, secret, connect_secs) = match resumed {
+            // A key this process gave too (2^-32 per pair) would now cancel either client's
+            // work: the newer one keeps it.
+            Some(k) => (k.pid, k.secret, k.connect_secs),
+            None => {
+                let (pid, secret) = loop {
+                    let k = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+                    if k.0 != 0 && !keys.contains_key(&k.1) {
+                        break k;
+                    }
+                };
+                let connect_secs = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as u32);
+                (pid, secret, connect_secs)
             }
         };
-        let connect_secs = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as u32);
         let info = Arc::new(ClientInfo {
             id,
-            addr: addr.into(),
-            local_addr: local_addr.into(),
+            addr,
+            local_addr,
             connect_secs,
             tls,
             user,
@@ -913,6 +971,8 @@ impl App {
             keys.get(&secret).filter(|c| c.pid() == pid).cloned()
         };
         let Some(client) = client else {
+            // During an online restart the key may be a client the old process still serves.
+            self.handoff.forward_cancel(pid, secret);
             return;
         };
         if !client.cancels.begin() {
@@ -974,6 +1034,7 @@ impl App {
 
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.accepting_tx.send_replace(false);
         self.shutdown_tx.send_replace(true);
         self.wake_sessions();
     }
@@ -1022,6 +1083,33 @@ impl App {
 
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// `SHUTDOWN WAIT_FOR_CLIENTS` (PgBouncer's "super safe shutdown", SIGTERM): stop
+    /// accepting and exit once every client has gone; the clients that are here go on being
+    /// served meanwhile. [`crate::Pgmemo::wait`] begins the shutdown when the last one leaves.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.accepting_tx.send_replace(false);
+    }
+
+    /// Turns false when pgmemo stops accepting clients: at any shutdown, and at a
+    /// `SHUTDOWN WAIT_FOR_CLIENTS` (the accept loop's signal; see [`App::shutdown_signal`] for
+    /// the end of everything else).
+    pub fn accepting_signal(&self) -> watch::Receiver<bool> {
+        self.accepting_tx.subscribe()
+    }
+
+    /// Whether a `SHUTDOWN WAIT_FOR_CLIENTS` waits for the clients to leave.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// A safe shutdown in which a new process takes this one's idle clients over (an online
+    /// restart): sessions hand their clients over between transactions instead of closing
+    /// them, and new logins are still completed here (they are handed over next).
+    pub fn is_handing_over(&self) -> bool {
+        self.handoff.is_open()
     }
 }
 

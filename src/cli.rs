@@ -257,6 +257,19 @@ pub struct Cli {
     )]
     pub demo_bench: bool,
 
+    /// Online restart: take over the listening sockets and idle clients of the running pgmemo.
+    #[arg(
+        short = 'R',
+        long,
+        alias = "reboot",
+        long_help = "Online restart, as PgBouncer's -R: connect to the pgmemo running with this \
+                     configuration (its takeover_socket), take over its listening sockets, then \
+                     its clients as each finishes its transaction, while it exits. Without a \
+                     running pgmemo there, start as usual. See docs/operations.md, \"Online \
+                     restart\"."
+    )]
+    pub takeover: bool,
+
     /// Check the configuration, print any problem and exit.
     #[arg(
         long,

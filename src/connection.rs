@@ -51,3 +51,11 @@ async fn serve_started(
         session::serve(app, started).await
     }
 }
+
+/// Goes on with a client another pgmemo process served until now (an online restart, see
+/// [`crate::takeover`]): its session as it was there, relayed to its end here.
+pub async fn resume_client(app: Arc<App>, carried: session::Carried, socket: std::os::fd::OwnedFd) {
+    if let Some(started) = Box::pin(session::resume(app.clone(), carried, socket)).await {
+        session::serve(app, started).await
+    }
+}

@@ -26,6 +26,7 @@ pub mod config;
 pub mod connection;
 pub mod convert;
 pub mod demo;
+pub mod handoff;
 pub mod keepalive;
 pub mod listen;
 pub mod metrics;
@@ -40,6 +41,7 @@ pub mod session;
 pub mod statements;
 pub mod stats;
 pub mod stream;
+pub mod takeover;
 pub mod timeouts;
 pub mod tls;
 pub mod tour;
@@ -64,6 +66,8 @@ pub struct Pgmemo {
     /// Kept until [`Pgmemo::wait`] has seen every client go: the extra workers' event loops
     /// stop when the last holder (this, or the accept loop while it runs) drops it.
     workers: Arc<workers::Workers>,
+    /// Where a successor asks to take over (`online_restart`); its file goes with it.
+    control: Option<takeover::ControlSocket>,
 }
 
 /// Builds the configuration again on RELOAD / SIGHUP (re-reads the file, re-applies flags).
@@ -72,6 +76,15 @@ pub type Reloader = Box<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
 impl Pgmemo {
     /// Binds `general.listen` (port 0 picks a free port) and starts serving.
     pub async fn start(config: Config) -> anyhow::Result<Pgmemo> {
+        Pgmemo::start_with(config, None).await
+    }
+
+    /// Starts serving, on the listening sockets of the pgmemo it takes over from when
+    /// `inherited` (an online restart, see [`takeover`]), whose clients it then takes over.
+    pub async fn start_with(
+        config: Config,
+        inherited: Option<takeover::Inherited>,
+    ) -> anyhow::Result<Pgmemo> {
         let listen = config.general.listen.clone();
         let metrics_listen = config.general.metrics_listen.clone();
         let workers = Arc::new(
@@ -80,29 +93,56 @@ impl Pgmemo {
         );
         let app = App::new(config)?;
         let _ = app.workers.set(workers.loops());
-        let listener = TcpListener::bind(&listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
+        let mut inherited = inherited;
+        let (listener, unix, metrics) = match inherited.as_mut() {
+            Some(inherited) => inherited.take_listeners(&listen)?,
+            None => (
+                TcpListener::bind(&listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {listen}"))?,
+                None,
+                None,
+            ),
+        };
         let addr = listener.local_addr()?;
         *app.listen_addr.lock() = Some(addr);
         let config = app.config.load();
         let general = &config.general;
-        let unix = match &general.unix_socket_dir {
-            Some(dir) => {
+        let unix = match (&general.unix_socket_dir, unix) {
+            (_, Some(unix)) => Some(unix),
+            (Some(dir), None) => {
                 let mode =
                     config::parse_mode(&general.unix_socket_mode).map_err(anyhow::Error::msg)?;
                 let group = general.unix_socket_group.as_deref();
                 Some(listen::UnixSocket::bind(dir, addr.port(), mode, group)?)
             }
-            None => None,
+            _ => None,
         };
+        let control_path = takeover::control_path(general, addr.port());
         drop(config);
         let unix_socket = unix.as_ref().map(|u| u.path().to_owned());
-        let metrics_addr = match metrics_listen {
-            Some(m) => {
-                let l = TcpListener::bind(&m)
+        let metrics = match (metrics, metrics_listen) {
+            (Some(l), _) => Some(l),
+            (None, Some(m)) => Some(
+                TcpListener::bind(&m)
                     .await
-                    .with_context(|| format!("cannot listen on metrics_listen {m}"))?;
+                    .with_context(|| format!("cannot listen on metrics_listen {m}"))?,
+            ),
+            _ => None,
+        };
+        let control = match control_path {
+            Some(path) => {
+                let fds = takeover::ListenerFds::duplicate(
+                    &listener,
+                    unix.as_ref().map(|u| (u.listener(), u.path())),
+                    metrics.as_ref(),
+                )?;
+                takeover::listen(app.clone(), path, fds)
+            }
+            None => None,
+        };
+        let metrics_addr = match metrics {
+            Some(l) => {
                 let a = l.local_addr()?;
                 tokio::spawn(metrics::serve(app.clone(), l));
                 Some(a)
@@ -115,6 +155,14 @@ impl Pgmemo {
             Some(path) => tracing::info!(%addr, socket = %path.display(), "pgmemo listening"),
             None => tracing::info!(%addr, "pgmemo listening"),
         }
+        if let Some(inherited) = inherited {
+            tracing::info!("took over the listening sockets; the old process hands its clients over");
+            inherited.follow(
+                app.clone(),
+                tokio::runtime::Handle::current(),
+                connection::resume_client,
+            );
+        }
         Ok(Pgmemo {
             app,
             addr,
@@ -122,6 +170,7 @@ impl Pgmemo {
             metrics_addr,
             accept_task,
             workers,
+            control,
         })
     }
 
@@ -163,9 +212,21 @@ impl Pgmemo {
     /// Waits until a shutdown (SIGTERM, the SHUTDOWN command, or [`Pgmemo::shutdown`]) has
     /// completed.
     pub async fn wait(self) {
-        let mut signal = self.app.shutdown_signal();
-        let _ = signal.wait_for(|s| *s).await;
+        let mut accepting = self.app.accepting_signal();
+        let _ = accepting.wait_for(|accepting| !*accepting).await;
         let _ = self.accept_task.await;
+        if !self.app.is_shutting_down() {
+            // SHUTDOWN WAIT_FOR_CLIENTS: the clients here are served until the last one has
+            // gone, or until a harder shutdown begins.
+            let mut shutdown = self.app.shutdown_signal();
+            while self.app.client_count() > 0 && !self.app.is_shutting_down() {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = shutdown.wait_for(|s| *s) => {}
+                }
+            }
+            self.app.begin_shutdown();
+        }
         let timeout = self.app.config.load().general.shutdown_timeout;
         let deadline = Instant::now() + timeout;
         while self.app.client_count() > 0 && Instant::now() < deadline {
@@ -188,6 +249,14 @@ impl Pgmemo {
         while self.app.client_count() > 0 && Instant::now() < grace {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // An online restart: every client handed over is written to the new process before
+        // this one exits (their sockets close with it).
+        let grace = Instant::now() + Duration::from_secs(5);
+        while self.app.handoff.in_flight() > 0 && Instant::now() < grace {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.app.handoff.close();
+        drop(self.control);
         drop(self.workers);
         tracing::info!("pgmemo stopped");
     }
@@ -211,13 +280,20 @@ async fn accept_loop(
     unix: Option<listen::UnixSocket>,
     workers: Arc<workers::Workers>,
 ) {
-    let mut shutdown = app.shutdown_signal();
+    let mut accepting = app.accepting_signal();
+    let mut unix = unix;
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r.map(|(tcp, _)| stream::Stream::Tcp(tcp)),
             // An async block runs only when polled, which the guard keeps from a None.
             r = async { unix.as_ref().expect("guarded").accept().await }, if unix.is_some() => r,
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = accepting.wait_for(|accepting| !*accepting) => {
+                // An online restart's successor listens on the socket file now.
+                if let Some(unix) = unix.as_mut().filter(|_| app.is_handing_over()) {
+                    unix.leave_file();
+                }
+                return;
+            }
         };
         match accepted {
             Ok(client) => {

@@ -5,7 +5,8 @@
 //! PgBouncer, pgmemo removes a stale one, but unlike PgBouncer (which relies on a lock file)
 //! it first tries to connect, and refuses to start when something answers there, rather than
 //! take the socket of a running PostgreSQL or pgmemo. The file is removed when the listener is
-//! dropped, which the accept loop does when a shutdown begins.
+//! dropped, which the accept loop does when a shutdown begins, but for an online restart's:
+//! the new process goes on listening on it.
 
 use crate::stream::Stream;
 use anyhow::{bail, Context as _};
@@ -17,6 +18,9 @@ use tokio::net::UnixListener;
 pub struct UnixSocket {
     listener: UnixListener,
     path: PathBuf,
+    /// The file stays when the socket is dropped: a successor listens on it (an online
+    /// restart, see [`crate::takeover`]).
+    leave_file: bool,
 }
 
 impl UnixSocket {
@@ -39,7 +43,11 @@ impl UnixSocket {
         let listener = UnixListener::bind(&path)
             .with_context(|| format!("cannot listen on Unix socket {}", path.display()))?;
         // From here on the file is ours: dropping `socket` removes it if what follows fails.
-        let socket = UnixSocket { listener, path };
+        let socket = UnixSocket {
+            listener,
+            path,
+            leave_file: false,
+        };
         std::fs::set_permissions(&socket.path, std::fs::Permissions::from_mode(mode))
             .with_context(|| format!("cannot set the mode of {}", socket.path.display()))?;
         if let Some(group) = group {
@@ -53,6 +61,29 @@ impl UnixSocket {
             })?;
         }
         Ok(socket)
+    }
+
+    /// The socket another pgmemo process listened on until now (an online restart).
+    pub fn inherited(
+        listener: std::os::unix::net::UnixListener,
+        path: PathBuf,
+    ) -> anyhow::Result<UnixSocket> {
+        listener.set_nonblocking(true)?;
+        Ok(UnixSocket {
+            listener: UnixListener::from_std(listener)?,
+            path,
+            leave_file: false,
+        })
+    }
+
+    /// Keeps the socket file when this is dropped: a successor listens on it now.
+    pub fn leave_file(&mut self) {
+        self.leave_file = true;
+    }
+
+    /// The listening socket, for a successor to be given a duplicate.
+    pub fn listener(&self) -> &UnixListener {
+        &self.listener
     }
 
     /// The socket file.
@@ -69,7 +100,9 @@ impl UnixSocket {
 
 impl Drop for UnixSocket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if !self.leave_file {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

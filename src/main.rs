@@ -205,6 +205,30 @@ fn demo_config(cli: &Cli, host: String, port: u16) -> anyhow::Result<Config> {
     Ok(config)
 }
 
+/// `--takeover`: the listening sockets (and then the clients) of the pgmemo running with
+/// this configuration; None when none answers (pgmemo starts as usual).
+fn take_over_from(config: &Config) -> anyhow::Result<Option<pgmemo::takeover::Inherited>> {
+    let port = config
+        .general
+        .listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .unwrap_or(0);
+    let Some(path) = pgmemo::takeover::control_path(&config.general, port) else {
+        anyhow::bail!("--takeover: general.online_restart is off in this configuration");
+    };
+    if port == 0 && config.general.takeover_socket.is_none() {
+        anyhow::bail!("--takeover: listen's port is 0, so set general.takeover_socket");
+    }
+    let inherited = pgmemo::takeover::take_over(&path)?;
+    match &inherited {
+        Some(_) => tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo"),
+        None => tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual"),
+    }
+    Ok(inherited)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let check_only = cli.check;
     let (config, demo) = match cli.clone().into_config()? {
@@ -243,8 +267,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut quit = signal(SignalKind::quit())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
     log_file_limit(raise_file_limit());
-    let pgmemo = Pgmemo::start(config).await?;
+    let inherited = match cli.takeover && demo.is_none() {
+        true => take_over_from(&config)?,
+        false => None,
+    };
+    let pgmemo = Pgmemo::start_with(config, inherited).await?;
     let reload_cli = cli.clone();
     let demo_upstream = demo.as_ref().map(|c| (c.host().to_owned(), c.port()));
     pgmemo.set_reloader(Box::new(move || {
@@ -289,28 +320,55 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    // PgBouncer's signals (1.23 and later): SIGTERM waits for the clients to leave, SIGINT
+    // for the transactions to finish; either during a shutdown, and SIGQUIT, exit at once.
     let app = pgmemo.app().clone();
-    let signals = async {
-        loop {
-            tokio::select! {
-                _ = hup.recv() => {
-                    match pgmemo::reload(&app) {
-                        Ok(_) => tracing::info!("SIGHUP: configuration reloaded"),
-                        Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
-                    }
+    let immediate = |why: &str| {
+        tracing::info!("{why}: immediate shutdown");
+        app.begin_shutdown();
+        app.cut_off();
+    };
+    let stopping = || app.is_shutting_down() || app.is_draining();
+    let waiting = pgmemo.wait();
+    tokio::pin!(waiting);
+    loop {
+        tokio::select! {
+            _ = &mut waiting => break,
+            _ = hup.recv() => {
+                match pgmemo::reload(&app) {
+                    Ok(_) => tracing::info!("SIGHUP: configuration reloaded"),
+                    Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
                 }
-                _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break }
-                _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break }
+            }
+            _ = term.recv() => {
+                if stopping() {
+                    immediate("SIGTERM during a shutdown");
+                } else {
+                    tracing::info!("SIGTERM: shutting down once every client has disconnected (no new clients)");
+                    app.begin_drain();
+                }
+            }
+            _ = int.recv() => {
+                if stopping() {
+                    immediate("SIGINT during a shutdown");
+                } else {
+                    tracing::info!("SIGINT: shutting down once the running transactions have finished");
+                    app.begin_shutdown();
+                }
+            }
+            _ = quit.recv() => immediate("SIGQUIT"),
+            _ = usr1.recv() => {
+                tracing::info!("SIGUSR1: pausing every database");
+                app.pause_databases(None);
+            }
+            _ = usr2.recv() => {
+                tracing::info!("SIGUSR2: resuming every database");
+                if let Err(e) = app.resume_databases(None) {
+                    tracing::warn!("SIGUSR2: {e}");
+                }
             }
         }
-        app.begin_shutdown();
-    };
-    let mut shutdown = pgmemo.app().shutdown_signal();
-    tokio::select! {
-        _ = signals => {}
-        _ = shutdown.wait_for(|s| *s) => {}
     }
-    pgmemo.wait().await;
     if let Some(bench) = demo_bench {
         bench.abort();
     }

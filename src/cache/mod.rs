@@ -1994,6 +1994,12 @@ impl ClientCache {
         }
     }
 
+    /// Nothing of a transaction block or a fill is open: the client could go on in another
+    /// process (an online restart) with only `off` and `temp` carried.
+    pub fn is_at_rest(&self) -> bool {
+        self.deferred_begin.is_none() && self.read_committed.is_none() && self.fill.is_none()
+    }
+
     /// The client left: what it sent may have run to the end without it.
     pub fn abandon(&mut self, cache: &ResultCache, database: &str) {
         if !self.pending.is_empty() {

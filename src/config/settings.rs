@@ -77,6 +77,13 @@ settings! {
     /// Group of that socket (a name or a number), for `unix_socket_mode = "0770"`; pgmemo's
     /// user must belong to it. Default: pgmemo's own group.
     unix_socket_group: Option<String> = None, Restart;
+    /// Online restart: a pgmemo started with `--takeover` takes over the listening sockets
+    /// and the idle clients of the one running, over a Unix socket only pgmemo's own user may
+    /// connect to (`takeover_socket`). Off: no such socket, and `--takeover` finds nothing.
+    online_restart: bool = true, Restart;
+    /// That socket's path. Default: `<unix_socket_dir>/.s.PGSQL.<port>.takeover`, or
+    /// `/tmp/.s.pgmemo.<port>.takeover` without `unix_socket_dir` (`<port>`: `listen`'s).
+    takeover_socket: Option<PathBuf> = None, Restart;
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
@@ -142,8 +149,9 @@ settings! {
     tcp_user_timeout: Duration = Duration::ZERO, Live;
     /// A client must finish startup and authentication within this.
     client_login_timeout: Duration = Duration::from_secs(60), Live, check = positive;
-    /// On SIGTERM / SHUTDOWN, how long running transactions may finish before their
-    /// connections are closed; 0 closes at once.
+    /// On SIGINT / `SHUTDOWN WAIT_FOR_SERVERS`, and for the old process of an online restart,
+    /// how long running transactions may finish before their connections are closed; 0
+    /// closes at once.
     shutdown_timeout: Duration = Duration::from_secs(30), Live;
     /// Run on a server after a session-mode client leaves, before the next client gets it;
     /// empty means no reset.

@@ -623,6 +623,11 @@ impl Session {
     }
 
     /// The client is gone: what it sent may still commit.
+    /// The client's part of the cache, made now if it has none (a session taken over).
+    pub(super) fn client_cache_now(&mut self) -> &mut ClientCache {
+        client_cache(&mut self.cache, self.state.enabled, &self.pool)
+    }
+
     pub(super) fn cache_abandon(&mut self) {
         if let Some(client) = self.cache.as_mut() {
             client.abandon(&self.app.cache, &self.pool.settings().target.database_id);

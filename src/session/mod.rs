@@ -26,6 +26,8 @@
 
 mod caching;
 mod deferred;
+mod handover;
+pub use handover::{read_carried, resume, Carried};
 mod hold;
 mod inbound;
 pub mod login;
@@ -138,6 +140,11 @@ async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Se
                 Some(unmoved) => session = unmoved,
                 None => return,
             },
+            End::HandOver => {
+                if hand_session_over(&app, &mut session) {
+                    break;
+                }
+            }
             End::Terminate | End::ClientGone => break,
             End::Shutdown => {
                 tracing::debug!(client = %info.addr, "client closed for shutdown");
@@ -187,6 +194,39 @@ fn move_session(
     None
 }
 
+/// Sends an idle session's client to the process taking over (an online restart): true when
+/// it went, and the session ends here without a word to the client. False when the new
+/// process is gone: the session goes on here.
+#[cold]
+#[inline(never)]
+fn hand_session_over(app: &Arc<App>, session: &mut Session) -> bool {
+    let client = session.info.addr;
+    let unix = session.client.stream.is_unix();
+    let Some(handoff) = session.hand_over() else {
+        return false;
+    };
+    match app.handoff.send(handoff) {
+        Ok(()) => {
+            tracing::debug!(%client, "client handed over to the new process");
+            true
+        }
+        Err(handoff) => {
+            // The new process went away: the client stays, its socket back in the session.
+            tracing::warn!(%client, "the new process is gone: the client stays here");
+            match handover::open_socket(unix, handoff.socket) {
+                Ok(stream) => {
+                    session.client.stream = stream;
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(%client, error = %e, "cannot take a client's socket back");
+                    true
+                }
+            }
+        }
+    }
+}
+
 /// Why a session's relay loop ended.
 #[derive(Debug)]
 enum End {
@@ -207,6 +247,9 @@ enum End {
     /// Not an end: the session goes on on another worker (see
     /// [`Session::worker_to_move_to`]).
     Move(u16),
+    /// Not an end either: the session goes on in the process taking this one's clients over
+    /// (an online restart, see [`handover`]).
+    HandOver,
 }
 
 enum Event {
@@ -416,9 +459,10 @@ impl Session {
                     if self.server.is_none()
                         && self.app.is_shutting_down()
                         && self.client.rbuf.is_empty()
+                        && (!self.app.is_handing_over() || self.can_hand_over())
                     {
                         let _ = self.client.flush().await;
-                        return self.shutdown_client().await;
+                        return self.stop().await;
                     }
                 }
                 Event::ClientGone(e) => {
@@ -428,7 +472,7 @@ impl Session {
                     return End::ClientGone;
                 }
                 Event::ServerGone(e) => return self.server_gone(e).await,
-                Event::Stop => return self.shutdown_client().await,
+                Event::Stop => return self.stop().await,
                 Event::CancelsDelivered => self.release_if_done(),
                 Event::PinnedIdle => return self.close_pinned(pinned_idle_message()).await,
             }
@@ -467,13 +511,29 @@ impl Session {
     /// closes it only between transactions, never mid-work, unless shutdown_timeout has
     /// passed: then mid-transaction too (finish() rolls back or closes the server, as for a
     /// kill).
+    ///
+    /// During an online restart an idle session is not closed but handed over, once it can be
+    /// ([`Session::can_hand_over`]; until then it is served as usual).
     #[inline]
     fn must_stop(&self) -> bool {
         self.info.is_killed()
             || self.app.is_cut_off()
             || (self.app.is_shutting_down()
                 && self.replies.is_idle()
-                && self.server.as_ref().is_none_or(|s| s.status == b'I'))
+                && self.server.as_ref().is_none_or(|s| s.status == b'I')
+                && (!self.app.is_handing_over() || self.can_hand_over()))
+    }
+
+    /// How a session that must stop ends: handed over during an online restart, else closed.
+    fn stop(&mut self) -> Pin<Box<dyn std::future::Future<Output = End> + Send + '_>> {
+        if !self.info.is_killed()
+            && !self.app.is_cut_off()
+            && self.app.is_handing_over()
+            && self.can_hand_over()
+        {
+            return Box::pin(std::future::ready(End::HandOver));
+        }
+        self.shutdown_client()
     }
 
     /// Whether a pinned client has sent nothing, outside a transaction, for

@@ -523,6 +523,12 @@ impl std::ops::DerefMut for SearchPathSlot {
 }
 
 impl SearchPath {
+    /// The client's search_path setting before its first committed SET (see
+    /// [`SearchPath::remember_startup`]).
+    pub fn startup(&self) -> Option<&str> {
+        self.startup.as_deref()
+    }
+
     /// The value in effect, or None for the startup packet's.
     pub fn effective(&self) -> Option<&str> {
         self.current.as_deref().or(self.session.as_deref())
@@ -897,6 +903,76 @@ impl ClientStatements {
     fn forget(&mut self, s: &Statement) {
         self.bytes -= s.key.query.len();
         s.holders.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The context the client's next Parse gets (what [`ClientStatements::refresh_context`]
+    /// would make it), without changing anything.
+    fn context_now(&self, registry: &Registry) -> u32 {
+        if !self.search_path.dirty && !self.schema.context_dirty {
+            self.context
+        } else if self.schema.is_private() {
+            registry.private_context()
+        } else {
+            match self.search_path.effective() {
+                None => self.startup_context,
+                Some(path) => registry.derived_context(self.startup_context, path),
+            }
+        }
+    }
+
+    /// Whether another process can rebuild these statements from their names and texts
+    /// (an online restart, see `session::handover`): every one was prepared in the context
+    /// the client is in now and is not stale, no search_path change is open, and no portal
+    /// of a tracked statement is bound.
+    pub fn can_be_carried(&self, registry: &Registry) -> bool {
+        let context = self.context_now(registry);
+        !self.search_path.is_open()
+            && !self.has_tracked_portals()
+            && !self.schema.is_private()
+            && self
+                .names
+                .values()
+                .all(|(s, generation)| s.key.context == context && *generation == s.generation())
+    }
+
+    /// The client's names and their statements (see [`ClientStatements::can_be_carried`]).
+    pub fn carried_names(&self) -> impl Iterator<Item = (&Bytes, &Arc<Statement>)> {
+        self.names.iter().map(|(n, (s, _))| (n, s))
+    }
+
+    /// Rebuilds the statements another process carried over (see
+    /// [`ClientStatements::can_be_carried`]): the client's search_path as it SET it (and the
+    /// one it had before), its SQL-level statements, and each name's Parse as the client sent
+    /// it, bound without a word to the client or a server (the server gets it at first use).
+    pub fn restore_carried(
+        &mut self,
+        registry: &Registry,
+        search_path: Option<&str>,
+        search_path_startup: Option<&str>,
+        sql: Vec<(String, String)>,
+        named: impl Iterator<Item = (Bytes, Bytes, Bytes)>,
+    ) {
+        if search_path.is_some() || search_path_startup.is_some() {
+            let slot = &mut *self.search_path;
+            slot.session = search_path.map(Into::into);
+            slot.startup = search_path_startup.map(Into::into);
+            slot.dirty = true;
+        }
+        for (name, text) in sql {
+            self.sql.insert(name, text);
+        }
+        self.refresh_context(registry);
+        let epoch = self.schema.epoch();
+        for (name, query, param_types) in named {
+            let key = StatementKey {
+                context: self.context,
+                epoch,
+                query,
+                param_types,
+            };
+            let statement = registry.get_or_insert(key).0;
+            self.set(&name, Some(statement));
+        }
     }
 
     /// Drops every name (DISCARD ALL, DEALLOCATE ALL), returning them for a possible undo.

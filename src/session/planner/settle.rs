@@ -64,6 +64,11 @@ impl Cleanup {
             .is_some_and(|names| names.iter().any(|n| pg_name(n) == name))
     }
 
+    /// No name waits to be closed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// The names, leaving none.
     pub(super) fn take(&mut self) -> Option<Vec<Box<[u8]>>> {
         self.0.take().map(|names| *names)
@@ -71,6 +76,11 @@ impl Cleanup {
 }
 
 impl Retry {
+    /// Nothing kept, nothing being replayed (see `session::handover`).
+    pub fn is_at_rest(&self) -> bool {
+        self.can_start() && self.bytes.is_empty()
+    }
+
     pub(super) fn can_start(&self) -> bool {
         !self.capturing && self.replaying == 0 && !self.pending
     }
