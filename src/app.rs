@@ -723,24 +723,61 @@ impl App {
         };
         let mut target = settings.target;
         if target.user != auth_user {
-            // The database logs in as another role: auth_user's own password is needed.
+            // The database logs in as a fixed role: auth_user's own password is needed (the
+            // upstream's when auth_user is pgmemo's own role).
             target.password = cfg
-                .user_secret(&auth_user)
-                .filter(|s| matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_)))
+                .own_password(&auth_user)
+                .or_else(|| {
+                    cfg.user_secret(&auth_user).filter(|s| {
+                        matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
+                    })
+                })
                 .map(str::to_owned);
+            target.scram_keys = None;
             target.user = auth_user;
         }
         self.auth_query.secret(&target, &g.auth_query, user).await
     }
 
+    /// Whom WAL invalidation's connections to `pool`'s server database log in as (`target`:
+    /// the pool's server login): `cache.replication_user`, else pgmemo's own role
+    /// (`[upstream]`'s user) unless the database names a fixed user, else the pool's login.
+    /// A follower serves every client of its database, so it takes no client's own role
+    /// while pgmemo has one of its own.
+    pub fn wal_login(cfg: &Config, pool: &PoolKey, target: &ServerTarget) -> ServerTarget {
+        let fixed = || {
+            cfg.resolve(&pool.database, &pool.user)
+                .is_some_and(|db| db.server_user.is_some())
+        };
+        let user = match (&cfg.cache.replication_user, &cfg.upstream) {
+            (Some(user), _) => user,
+            (None, Some(up)) if !fixed() => &up.user,
+            _ => return target.clone(),
+        };
+        let password = match &cfg.cache.replication_user {
+            Some(_) => cfg.cache.replication_password.as_deref(),
+            None => None,
+        };
+        ServerTarget {
+            user: user.clone(),
+            password: password
+                .or_else(|| cfg.own_password(user))
+                .map(str::to_owned),
+            scram_keys: None,
+            ..target.clone()
+        }
+    }
+
     fn pool_settings(&self, cfg: &Config, key: &PoolKey) -> Option<PoolSettings> {
         let db = cfg.resolve(&key.database, &key.user)?;
         let g = &cfg.general;
-        // No server credentials configured: log in as the client, with its configured password
-        // when that is a plain one (PgBouncer's model).
+        // No fixed server user: log in as the client's own role (PgBouncer's model), with the
+        // first password known for it. Without any, the server login is refused as soon as
+        // the server asks for one (see `ServerConn::login`), never made as another role.
         let (user, password, scram_keys) = match db.server_user {
-            // A server user without a password: its password from [users] / auth_file, as
-            // PgBouncer takes it from the auth file (a plain one, or an md5 hash for md5).
+            // A fixed server user without a password (nor the upstream's): its password from
+            // [users] / auth_file, as PgBouncer takes it from the auth file (a plain one, or
+            // an md5 hash for md5).
             Some(u) => {
                 let password = db.server_password.or_else(|| {
                     cfg.user_secret(&u)
@@ -752,11 +789,14 @@ impl App {
                 (u, password, None)
             }
             None => {
-                // A plain password logs in with any method ("md5_pass" is one, not an md5
-                // hash); else what the client's own login left: its SCRAM keys, or the md5
-                // hash it was checked against (pass-through, as PgBouncer).
-                let plain = cfg.user_secret(&key.user).filter(|s| {
-                    matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
+                // The upstream's password for pgmemo's own role, or a plain password (it logs
+                // in with any method; "md5_pass" is one, not an md5 hash); else what the
+                // client's own login left: its SCRAM keys, or the md5 hash it was checked
+                // against (pass-through, as PgBouncer).
+                let plain = db.server_password.as_deref().or_else(|| {
+                    cfg.user_secret(&key.user).filter(|s| {
+                        matches!(crate::auth::Secret::parse(s), crate::auth::Secret::Plain(_))
+                    })
                 });
                 let learnt = self.passthrough.lock().get(&key.user).cloned();
                 let (password, keys) = match (plain, learnt) {

@@ -27,9 +27,10 @@ connect. The cluster is removed on Ctrl-C or SIGTERM.
 
   pgmemo --upstream postgresql://USER[:PASSWORD]@HOST[:PORT]
       Proxy to an existing server. Any database a client asks for is served from the database \
-of the same name upstream, and pgmemo logs into the server as USER with PASSWORD. Clients log \
-in to pgmemo as that same USER with that same PASSWORD (there are no other users without a \
-config file).
+of the same name upstream. Clients log in to pgmemo as USER with PASSWORD (there are no \
+other users without a config file), and pgmemo logs them into the server as USER with \
+PASSWORD. USER is pgmemo's own role, not a fixed server login: with a config file listing \
+other users, each client logs into the server as its own role, as with PgBouncer.
 
   pgmemo --config FILE.toml
       The full configuration: several databases, users with passwords or SCRAM verifiers, \
@@ -89,8 +90,10 @@ pub struct Cli {
                      defaults to 127.0.0.1, PORT to 5432, IPv6 as [::1]; percent-encode special \
                      characters in USER and PASSWORD; a /DATABASE part is ignored). Every \
                      database a client asks for is served from the database of the same name \
-                     there, and pgmemo logs in as USER. Without --config, clients log in to \
-                     pgmemo as USER with PASSWORD. With --config, replaces the file's \
+                     there. Without --config, clients log in to pgmemo as USER with PASSWORD, \
+                     and to the server as USER. USER is pgmemo's own role (WAL invalidation's \
+                     login), not every client's: each client logs into the server as its own \
+                     role unless its database sets user. With --config, replaces the file's \
                      [upstream]. Without --upstream and --config, pgmemo runs its own \
                      throwaway PostgreSQL (demo mode)."
     )]

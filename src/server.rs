@@ -433,6 +433,16 @@ impl ServerConn {
                     })?;
                     match req {
                         AuthRequest::Ok => {}
+                        AuthRequest::Cleartext | AuthRequest::Md5(_)
+                            if target.password.is_none() =>
+                        {
+                            return Err(no_password(target));
+                        }
+                        AuthRequest::Sasl(_)
+                            if target.password.is_none() && target.scram_keys.is_none() =>
+                        {
+                            return Err(no_password(target));
+                        }
                         AuthRequest::Cleartext => {
                             frontend::password(&mut self.wbuf, password.as_bytes());
                         }
@@ -686,6 +696,36 @@ fn describe_host(host: &str, port: u16) -> String {
     } else {
         format!("connection to server at \"{host}\", port {port}")
     }
+}
+
+/// The server asks for a password and pgmemo has none for the role (a client's own role
+/// whose password pgmemo was never given nor learnt from its login, or a fixed user without
+/// one): a FATAL 28P01 as if from the server, shown to the client as PostgreSQL's refusals
+/// are, so the login fails; never retried with another role, and no empty password is
+/// sent. PgBouncer sends an empty one and passes on the server's "password authentication
+/// failed", which names the wrong culprit: the client's own password was right.
+fn no_password(target: &ServerTarget) -> ServerError {
+    let user = &target.user;
+    let message = match target.scram_keys {
+        Some(_) => format!(
+            "pgmemo has no password to log into the server as \"{user}\" (the server asks \
+             for a password or md5, and pgmemo holds only the SCRAM keys of the client's login)"
+        ),
+        None => format!("pgmemo has no password to log into the server as \"{user}\""),
+    };
+    let hint = format!(
+        "Give \"{user}\" its password in [users] or general.auth_file (or its SCRAM \
+         verifier or md5 hash, for pass-through with auth_type scram-sha-256 or md5), or set \
+         user = \"...\" in the database's [databases] entry to log in as one fixed role."
+    );
+    let raw = backend::error_body(&[
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', backend::sqlstate::INVALID_PASSWORD),
+        (b'M', &message),
+        (b'H', &hint),
+    ]);
+    server_error(raw)
 }
 
 pub fn server_error(body: Bytes) -> ServerError {

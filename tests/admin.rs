@@ -279,6 +279,8 @@ async fn show_commands_report_what_happened() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_refuses_non_admin_users() {
     let mut cfg = test_config(PoolMode::Transaction, 2);
+    // plain_user is no PostgreSQL role: its database login is the fixed role pgmemo.
+    log_in_as_pgmemo(&mut cfg);
     for (name, password) in [(PGMEMO_USER, PGMEMO_PASS), ("plain_user", "plain_pass")] {
         cfg.users.insert(
             name.into(),

@@ -26,9 +26,12 @@ fn scram_secret(password: &str) -> String {
 }
 
 /// pgmemo's test configuration with `userlist` as its auth file and no `[users]`; the
-/// console's user (`pgmemo`) must then be in the file, unless `admin` is false.
+/// console's user (`pgmemo`) must then be in the file, unless `admin` is false. The file's
+/// users are no PostgreSQL roles: every client logs into the server as the fixed role
+/// `pgmemo`.
 fn auth_file_config(userlist: &Path, auth: AuthType, admin: bool) -> anyhow::Result<Config> {
     let mut config = test_config(PoolMode::Transaction, 2);
+    log_in_as_pgmemo(&mut config);
     config.general.auth_type = auth;
     if !admin {
         config.general.admin_users.clear();
@@ -89,7 +92,7 @@ async fn users_of_the_auth_file_log_in_and_reload_reads_it_again() {
     }));
     let port = proxy.local_addr().port();
 
-    // Plain and SCRAM secrets answer SCRAM; the server login is the upstream role's.
+    // Plain and SCRAM secrets answer SCRAM; the server login is the fixed role's.
     assert_eq!(psql(port, "alice", "alice_pw").await.unwrap(), PGMEMO_USER);
     assert_eq!(psql(port, "carol", "carol_pw").await.unwrap(), PGMEMO_USER);
     let wrong = psql(port, "carol", "wrong").await.unwrap_err();
@@ -220,9 +223,11 @@ async fn a_broken_auth_file_is_a_config_error_with_file_and_line() {
 }
 
 /// pgmemo with `auth_user = postgres` (its password in `[users]`) looking up everyone else
-/// with `query` (None: PgBouncer's default).
+/// with `query` (None: PgBouncer's default); every client logs into the server as the fixed
+/// role `pgmemo` (clients as themselves: `a_user_found_by_auth_query_logs_into_postgresql_as_itself`).
 fn auth_query_config(auth: AuthType, query: Option<&str>) -> Config {
     let mut config = test_config(PoolMode::Transaction, 2);
+    log_in_as_pgmemo(&mut config);
     config.general.auth_type = auth;
     config.general.admin_users.clear();
     config.general.auth_user = Some(SUPERUSER.into());

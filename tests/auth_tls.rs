@@ -56,10 +56,12 @@ fn user(secret: String) -> UserConfig {
     }
 }
 
-/// pgmemo in front of the test cluster (as the `pgmemo` role) with the users above; an md5
+/// pgmemo in front of the test cluster with the users above; an md5
 /// hash cannot answer SCRAM, so bob exists only when clients authenticate with md5.
 fn auth_config(auth: AuthType) -> Config {
     let mut config = test_config(PoolMode::Transaction, 2);
+    // Its users are no PostgreSQL roles: they log into the server as the fixed role pgmemo.
+    log_in_as_pgmemo(&mut config);
     config.general.auth_type = auth;
     config.general.admin_users = vec![];
     config.users = BTreeMap::from([

@@ -535,12 +535,22 @@ fn debian_package_installs_and_serves_a_query() {
         text(&out.stderr)
     );
 
-    // The packaged example, adapted, checked and run.
+    // The packaged example, adapted, checked and run. alice logs into PostgreSQL as herself
+    // by pass-through: the server stores the example's verifier for her.
     let c = cluster();
     c.psql("postgres", "CREATE DATABASE app");
     let port = free_port();
     let example =
         std::fs::read_to_string("/usr/share/doc/pgmemo/examples/pgmemo.example.toml").unwrap();
+    let alice_verifier = example
+        .split("[users.alice]\npassword = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the example gives alice a verifier");
+    c.psql(
+        "postgres",
+        &format!("DROP ROLE IF EXISTS alice; CREATE ROLE alice LOGIN PASSWORD '{alice_verifier}'"),
+    );
     let config = dir.0.join("pgmemo.toml");
     std::fs::write(&config, adapt_example(&example, c.port(), port)).unwrap();
     let out = run(Command::new(exe)
@@ -565,7 +575,7 @@ fn debian_package_installs_and_serves_a_query() {
                 "-d",
                 &url,
                 "-c",
-                "SELECT 'served by ' || current_database()",
+                "SELECT 'served by ' || current_database() || ' as ' || current_user",
             ])
             .env("PGPASSWORD", "alice-secret")
             .env("PGCONNECT_TIMEOUT", "5"))
@@ -585,7 +595,7 @@ fn debian_package_installs_and_serves_a_query() {
     let out = last.unwrap();
     assert_eq!(
         text(&out.stdout).trim(),
-        "served by app",
+        "served by app as alice",
         "{}",
         pgmemo.log()
     );

@@ -19,9 +19,11 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 const OTHER_USER: &str = "plain_user";
 const OTHER_PASS: &str = "plain_pass";
 
-/// The test configuration with two client users, `pgmemo` and `plain_user`.
+/// The test configuration with two client users, `pgmemo` and `plain_user` (no PostgreSQL
+/// role: both log into the server as the fixed role `pgmemo`).
 fn two_users(pool_size: u32) -> Config {
     let mut cfg = test_config(PoolMode::Transaction, pool_size);
+    log_in_as_pgmemo(&mut cfg);
     for (name, password) in [(PGMEMO_USER, PGMEMO_PASS), (OTHER_USER, OTHER_PASS)] {
         cfg.users.insert(
             name.into(),

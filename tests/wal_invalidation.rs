@@ -403,6 +403,52 @@ async fn a_role_without_replication_serves_uncached() {
     proxy.shutdown().await;
 }
 
+/// The stream logs in as pgmemo's own role (`[upstream]`'s user, which has REPLICATION), not as
+/// the client whose query started it: that client logs into PostgreSQL as itself, a role
+/// without REPLICATION, and its cached read still follows a direct write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_logs_in_as_pgmemos_own_role_not_as_the_client() {
+    const DB: &str = "wal_own_role";
+    setup(
+        DB,
+        &format!(
+            "CREATE TABLE t (v int); INSERT INTO t VALUES (1); GRANT SELECT ON t TO {SCRAM_USER};"
+        ),
+    )
+    .await;
+    let mut config = wal_config(vec![rule("t", "FROM t")]);
+    for (name, password) in [(PGMEMO_USER, PGMEMO_PASS), (SCRAM_USER, SCRAM_PASS)] {
+        config.users.insert(
+            name.into(),
+            pgmemo::config::UserConfig {
+                password: Some(password.into()),
+                ..Default::default()
+            },
+        );
+    }
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_url(
+        proxy.local_addr(),
+        SCRAM_USER,
+        Some(SCRAM_PASS),
+        DB,
+    ))
+    .await;
+    let direct = connect(&direct_db_url(DB)).await;
+    assert_eq!(value(&client, "SELECT session_user").await, SCRAM_USER);
+    value(&client, "SELECT v FROM t").await;
+    wait_ready(&proxy, DB).await;
+    writes_invalidate(
+        &proxy,
+        &client,
+        &direct,
+        DB,
+        &[("t", "SELECT v FROM t", "UPDATE t SET v = 2", "2")],
+    )
+    .await;
+    proxy.shutdown().await;
+}
+
 /// The same through pgoutput (`cache.wal_plugin = "pgoutput"`): pgmemo makes its publication
 /// (`FOR ALL TABLES`) and follows writes by relation id, a partition's leaf invalidating reads
 /// of its root. (Such a publication makes PostgreSQL refuse UPDATE/DELETE on tables without a

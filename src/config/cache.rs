@@ -66,8 +66,10 @@ settings! {
     /// or also every write the database's WAL shows (`wal`, see docs/result-cache.md).
     invalidation: Invalidation = Invalidation::Proxy, Live;
     /// The role WAL invalidation's replication connections log in as (it needs the
-    /// REPLICATION attribute); default: each pool's server user. A database's stream keeps
-    /// the value it started with.
+    /// REPLICATION attribute); default: pgmemo's own role, `[upstream]`'s user, unless the
+    /// database has a fixed `user` (then that one); without `[upstream]`, the server login of
+    /// the pool whose client first used the cache. A database's stream keeps the value it
+    /// started with.
     replication_user: Option<String> = None, Restart;
     /// That role's password. A database's stream keeps the value it started with.
     replication_password: Option<String> = None, Restart;

@@ -13,7 +13,8 @@ use super::{
 };
 
 /// `[databases.NAME]`: one database clients may ask for, and where it is served from.
-/// Unset fields fall back to the `"*"` entry, then to `[upstream]` / `[general]`.
+/// Unset fields fall back to the `"*"` entry, then to `[upstream]` / `[general]` (but for
+/// `user`: `[upstream]`'s is pgmemo's own role, not the clients' server login).
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct DatabaseConfig {
     /// Server host: a name, an IP address or a Unix socket directory (starts with `/`).
@@ -21,9 +22,10 @@ pub struct DatabaseConfig {
     pub port: Option<u16>,
     /// The database's name on the server; default: the name clients use.
     pub dbname: Option<String>,
-    /// The role pgmemo logs into the server as. When no entry nor `[upstream]` gives one,
-    /// pgmemo logs in as the client's user, with its plain password or by pass-through (the
-    /// SCRAM keys or md5 hash of the client's own login).
+    /// The one role every client of this database logs into the server as (PgBouncer's
+    /// `user=`). When neither this entry nor `"*"` gives one, each client logs in as its own
+    /// role, with its plain password or by pass-through (the SCRAM keys or md5 hash of the
+    /// client's own login); `[upstream]`'s user is never taken for it.
     pub user: Option<String>,
     /// That role's password.
     pub password: Option<String>,
@@ -74,9 +76,11 @@ pub struct ResolvedDatabase {
     pub port: u16,
     /// The database's name on the server.
     pub dbname: String,
-    /// The role to log into the server as; None means the client's own user, with the
-    /// password the client gave (PgBouncer's model).
+    /// The role to log into the server as; None means the client's own role (PgBouncer's
+    /// model), with a password from its login (see [`crate::app::App`]'s pool settings).
     pub server_user: Option<String>,
+    /// The password of the server login's role that the configuration gives: the database's
+    /// own, else `[upstream]`'s when the role is pgmemo's own ([`Config::own_password`]).
     pub server_password: Option<String>,
     /// Hosts to try after `host:port` (a connection string's others), in order.
     pub fallbacks: Vec<(String, u16)>,
@@ -260,9 +264,12 @@ impl Config {
     /// always for the admin database `pgmemo`.
     ///
     /// Each field comes from the first of these that sets it:
-    /// - host, port, server credentials: `[databases.NAME]` → `[databases."*"]` →
-    ///   `[upstream]` (port 5432 at the end). The server user and its password travel
-    ///   together: they come from the first of these that names a user;
+    /// - host, port: `[databases.NAME]` → `[databases."*"]` → `[upstream]` (port 5432 at the
+    ///   end);
+    /// - the server user and its password travel together: they come from the first of
+    ///   `[databases.NAME]` and `[databases."*"]` that names a user, else the server login is
+    ///   the client's own role (`user`). Never from `[upstream]`, whose user is pgmemo's own
+    ///   role; but a login as that role without a password of its own takes `[upstream]`'s;
     /// - dbname: `[databases.NAME].dbname` → `"*"`'s dbname → the name the client asked for;
     /// - pool_size and pool_mode: `[users.USER]` → `[databases.NAME]` → `[databases."*"]` →
     ///   `[general]` (`default_pool_size`, `pool_mode`);
@@ -310,11 +317,12 @@ impl Config {
             (entry.user.clone(), entry.password.clone())
         } else if star.user.is_some() {
             (star.user.clone(), star.password.clone())
-        } else if let Some(up) = up {
-            (Some(up.user.clone()), up.password.clone())
         } else {
             (None, None)
         };
+        let login = server_user.as_deref().unwrap_or(user);
+        let server_password =
+            server_password.or_else(|| self.own_password(login).map(str::to_owned));
         let pool_size = user_cfg
             .and_then(|u| u.pool_size)
             .or(entry.pool_size)

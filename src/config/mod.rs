@@ -218,7 +218,10 @@ impl ConfigError {
 pub struct Config {
     /// `[general]`: process-wide settings and the defaults of every pool.
     pub general: General,
-    /// `[upstream]`: the server used for every database that does not name its own host.
+    /// `[upstream]`: the server used for every database that does not name its own host, and
+    /// pgmemo's own role there (WAL invalidation's default login; clients who log in as that
+    /// role use its password). Not the clients' server login: each logs in as its own role
+    /// unless a `[databases]` entry names a `user`.
     pub upstream: Option<Upstream>,
     /// `[databases.NAME]`: the databases clients may ask for. Empty means "any name, served
     /// by the database of the same name on `upstream`". The key `"*"` serves any name that is
@@ -416,6 +419,13 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The password of `role` that pgmemo holds as its own: `[upstream]`'s, when `role` is
+    /// the upstream's user (pgmemo's own role, which clients of that name log in as too).
+    pub fn own_password(&self, role: &str) -> Option<&str> {
+        let up = self.upstream.as_ref().filter(|up| up.user == role)?;
+        up.password.as_deref()
     }
 
     /// The one client user known without `[users]`: the upstream role, with its password.

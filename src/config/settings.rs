@@ -47,9 +47,10 @@ settings! {
     /// RELOAD. Relative paths are relative to the config file.
     auth_file: Option<PathBuf> = None, Live;
     /// The role whose server connection looks up, with `auth_query`, the secret of a client
-    /// that neither `[users]` nor `auth_file` lists. Its password comes from `[users]` /
-    /// `auth_file` (a plain one), or is the server password when it is the database's server
-    /// user. Default: no lookup.
+    /// that neither `[users]` nor `auth_file` lists. It logs into the server as itself, with
+    /// `[upstream]`'s password when it is the upstream's user, else its plain password from
+    /// `[users]` / `auth_file` (or the database's `password` when it is the database's fixed
+    /// `user`). Default: no lookup.
     auth_user: Option<String> = None, Live;
     /// The query that returns (user name, secret) for the client's user name, `$1`;
     /// PgBouncer 1.25's default. Answers are cached for 30 seconds.

@@ -488,7 +488,11 @@ fn resolve_without_databases_serves_every_name_from_the_upstream() {
         (r.host.as_str(), r.port, r.dbname.as_str()),
         ("db.example", 5433, "shop")
     );
-    assert_eq!(r.server_user.as_deref(), Some("app"));
+    // The upstream's user is pgmemo's own role, not a forced one: a client logs in as itself.
+    assert_eq!((r.server_user, r.server_password), (None, None));
+    // A client who is the upstream's user logs in as itself with the upstream's password.
+    let r = c.resolve("shop", "app").unwrap();
+    assert_eq!(r.server_user, None);
     assert_eq!(r.server_password.as_deref(), Some("pw"));
     assert_eq!(
         (r.pool_size, r.min_pool_size, r.pool_mode),
@@ -547,7 +551,7 @@ password = "b"
         (r.pool_size, r.pool_mode, r.min_pool_size),
         (3, PoolMode::Session, 1)
     );
-    assert_eq!(r.server_user.as_deref(), Some("app"), "from [upstream]");
+    assert_eq!(r.server_user, None, "not [upstream]'s: alice's own role");
 
     let r = c.resolve("app", "bob").unwrap();
     assert_eq!((r.pool_size, r.pool_mode), (5, PoolMode::Transaction));
@@ -560,6 +564,7 @@ password = "b"
     assert_eq!(r.server_user.as_deref(), Some("reporter"));
     assert_eq!(r.server_password.as_deref(), Some("rpw"));
     assert_eq!((r.pool_size, r.pool_mode), (7, PoolMode::Session));
+    assert_eq!(c.own_password("reporter"), None);
 
     let r = c.resolve("other", "bob").unwrap();
     assert_eq!((r.dbname.as_str(), r.port, r.pool_size), ("other", 6000, 7));
@@ -568,6 +573,33 @@ password = "b"
     assert_eq!(c.user_secret("app"), None);
     assert_eq!(c.user_secret("alice"), Some("a"));
     assert_eq!(c.user_secret("nobody"), None);
+}
+
+#[test]
+fn a_database_user_forces_the_login_and_takes_the_upstream_password_for_its_role() {
+    let c = Config::from_toml_str(&with_upstream(
+        r#"
+[databases."*"]
+user = "app"
+
+[databases.reports]
+user = "reporter"
+
+[users.alice]
+password = "a"
+"#,
+    ))
+    .unwrap();
+    // "*"'s user is every listed database's too, unless it names its own.
+    let r = c.resolve("shop", "alice").unwrap();
+    assert_eq!(r.server_user.as_deref(), Some("app"));
+    assert_eq!(r.server_password.as_deref(), Some("pw"), "[upstream]'s");
+    let r = c.resolve("reports", "alice").unwrap();
+    assert_eq!(r.server_user.as_deref(), Some("reporter"));
+    assert_eq!(
+        r.server_password, None,
+        "not the upstream role: no password of its own"
+    );
 }
 
 #[test]

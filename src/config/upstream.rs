@@ -1,5 +1,11 @@
-//! `[upstream]`: the PostgreSQL server pgmemo forwards to and the role it logs in as, given
+//! `[upstream]`: the PostgreSQL server pgmemo forwards to and pgmemo's own role there, given
 //! as a libpq URL or connection string (also the `--upstream` flag) or as separate keys.
+//!
+//! The role is pgmemo's, not every client's: clients log into the server as their own roles
+//! (PgBouncer's model; a `[databases]` entry's `user` makes it one fixed role). The upstream
+//! role serves WAL invalidation (unless `cache.replication_user`) and is a client user like
+//! any other, whose server login uses the upstream password: `pgmemo --upstream
+//! postgresql://app:pw@db` lets clients log in as app / pw and logs them in as app.
 
 use std::fmt;
 
@@ -8,15 +14,17 @@ use serde::Deserialize;
 use super::connstring::ServerOptions;
 use super::{int, ConfigError, Hidden, PORT_RANGE};
 
-/// `[upstream]`: the PostgreSQL server pgmemo forwards to, and the role it logs in as.
+/// `[upstream]`: the PostgreSQL server pgmemo forwards to, and pgmemo's own role there.
 /// Default: nothing set (for struct literals that give the four first fields).
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Upstream {
     pub host: String,
     pub port: u16,
-    /// The role pgmemo logs into the server as, whatever the client's user.
+    /// pgmemo's own role: WAL invalidation logs in as it (unless `cache.replication_user`),
+    /// and so do the clients who log in as it. Not the other clients' server login.
     pub user: String,
-    /// That role's password (plain text: pgmemo must be able to answer md5 and SCRAM).
+    /// That role's password (plain text: pgmemo must be able to answer md5 and SCRAM); also
+    /// the server password of any login as that role that has none of its own.
     pub password: Option<String>,
     /// Hosts to try after `host:port`, in order (a URL or connection string with several).
     pub fallbacks: Vec<(String, u16)>,

@@ -108,8 +108,12 @@ fn a_pgbouncer_setup_with_databases_users_auth_and_limits_converts_and_loads() {
         (Some(5433), Some("app_prod"))
     );
     assert_eq!((app.pool_size, app.min_pool_size), (Some(10), Some(2)));
-    // A Unix socket directory is kept; the fixed user's password comes from the auth file.
-    let forced = c.resolve("forced", "svc").unwrap();
+    // Without user=, each client logs into the server as its own role, as in PgBouncer.
+    let own = c.resolve("app", "alice").unwrap();
+    assert_eq!((own.server_user, own.server_password), (None, None));
+    // A Unix socket directory is kept; user= makes every client log in as that fixed role,
+    // whose password comes from the auth file.
+    let forced = c.resolve("forced", "dave").unwrap();
     assert_eq!(
         (forced.host.as_str(), forced.port),
         ("/var/run/postgresql", 5432)

@@ -228,6 +228,19 @@ pub fn fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     })
 }
 
+/// The body of an ErrorResponse (its fields after tag and length, as a server's error is
+/// kept: [`ErrorFields::parse`] and [`error_with_severity`] read it) from `(field type,
+/// value)` pairs: for an error pgmemo raises where a server's would be.
+pub fn error_body(fields: &[(u8, &str)]) -> bytes::Bytes {
+    let mut b = BytesMut::new();
+    for (field, value) in fields {
+        b.put_u8(*field);
+        put_cstr(&mut b, value.as_bytes());
+    }
+    b.put_u8(0);
+    b.freeze()
+}
+
 /// The fields of an ErrorResponse or NoticeResponse that pgmemo looks at.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ErrorFields {

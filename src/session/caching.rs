@@ -159,13 +159,8 @@ impl Session {
             || {
                 let config = self.app.config.load();
                 let cache = &config.cache;
-                let mut target = settings.target.clone();
-                if let Some(user) = &cache.replication_user {
-                    target.user = user.clone();
-                    target.password = cache.replication_password.clone();
-                }
                 crate::wal::Setup {
-                    target,
+                    target: crate::app::App::wal_login(&config, &self.pool.key, &settings.target),
                     plugin: cache.wal_plugin,
                     publication: cache.publication.clone(),
                     create_publication: cache.create_publication,

@@ -191,8 +191,8 @@ pub struct Wal {
 /// How a follower connects and what it may do there.
 #[derive(Clone)]
 pub struct Setup {
-    /// The pool's server connection settings; the user replaced by the replication user
-    /// when one is configured.
+    /// The pool's server connection settings, logging in as `cache.replication_user` or
+    /// pgmemo's own role (`crate::app::App::wal_login`).
     pub target: ServerTarget,
     pub plugin: WalPlugin,
     /// pgoutput's publication, and whether pgmemo may create it.

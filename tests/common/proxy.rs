@@ -35,6 +35,27 @@ pub fn test_config(mode: PoolMode, pool_size: u32) -> Config {
     config
 }
 
+/// Makes every database of `config` log into the server as the fixed role `pgmemo` (with the
+/// upstream's password), whatever the client's user: `[databases."*"] user = "pgmemo"`, or
+/// `user = "pgmemo"` on each listed database when there is no `"*"` (adding one would serve
+/// names the test did not list). By default each client logs into PostgreSQL as its own
+/// role; this is for tests whose clients log in to pgmemo as users PostgreSQL does not have,
+/// or rely on what `pgmemo` may do there.
+pub fn log_in_as_pgmemo(config: &mut Config) {
+    use pgmemo::config::WILDCARD_DATABASE;
+    if config.databases.is_empty() {
+        config
+            .databases
+            .insert(WILDCARD_DATABASE.into(), Default::default());
+    }
+    let star = config.databases.contains_key(WILDCARD_DATABASE);
+    for (name, db) in &mut config.databases {
+        if !star || name == WILDCARD_DATABASE {
+            db.user.get_or_insert_with(|| PGMEMO_USER.into());
+        }
+    }
+}
+
 /// Starts pgmemo with `config` on the current tokio runtime; it stops with the runtime.
 pub async fn start_pgmemo(config: Config) -> Pgmemo {
     config.validate().expect("test config must be valid");
