@@ -30,7 +30,8 @@ COPY LICENSE-MIT LICENSE-APACHE /usr/share/doc/pgmemo/
 USER pgmemo
 ENV PGMEMO_LISTEN=0.0.0.0:6432
 EXPOSE 6432
-# SIGTERM (docker stop) shuts down gracefully, waiting up to general.shutdown_timeout (30 s)
-# for running transactions: give docker stop a longer --time than that.
-STOPSIGNAL SIGTERM
+# SIGINT shuts down safely, waiting up to general.shutdown_timeout (30 s) for running
+# transactions: give docker stop a longer --time than that. (SIGTERM would wait for every
+# client to disconnect, as PgBouncer's does.)
+STOPSIGNAL SIGINT
 ENTRYPOINT ["/usr/local/bin/pgmemo"]

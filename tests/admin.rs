@@ -1,5 +1,5 @@
 //! The admin console (database `pgmemo`), the Prometheus endpoint, and the `pgmemo` binary
-//! itself: flags, `--check`, SIGHUP reload, SIGTERM exit.
+//! itself: flags, `--check`, SIGHUP reload, SIGINT exit.
 
 mod common;
 
@@ -1277,9 +1277,9 @@ async fn config_errors_name_the_key_and_fail() {
 }
 
 /// The real binary with `--config` and `--upstream`: `--check` accepts it; it serves
-/// queries; SIGHUP re-reads the file (visible in SHOW CONFIG); SIGTERM exits 0.
+/// queries; SIGHUP re-reads the file (visible in SHOW CONFIG); SIGINT exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_checks_reloads_on_sighup_and_exits_on_sigterm() {
+async fn binary_checks_reloads_on_sighup_and_exits_on_sigint() {
     let dir = temp_dir("binary");
     let port = free_port();
     let file = dir.join("pgmemo.toml");
@@ -1380,15 +1380,17 @@ async fn binary_checks_reloads_on_sighup_and_exits_on_sigterm() {
         log_text()
     );
 
+    // SIGINT, the safe shutdown (the service unit's KillSignal): idle clients are closed.
+    // SIGTERM would wait for them to leave (tests/online_restart.rs).
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
         .await
-        .unwrap_or_else(|_| panic!("pgmemo did not exit after SIGTERM:\n{}", log_text()))
+        .unwrap_or_else(|_| panic!("pgmemo did not exit after SIGINT:\n{}", log_text()))
         .unwrap();
     assert!(
         status.success(),
-        "exit status {status} after SIGTERM:\n{}",
+        "exit status {status} after SIGINT:\n{}",
         log_text()
     );
     let _ = std::fs::remove_dir_all(&dir);

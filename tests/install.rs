@@ -46,7 +46,7 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A pgmemo process, stopped with SIGTERM (and reaped) on drop, its stderr in a file.
+/// A pgmemo process, stopped with SIGINT (and reaped) on drop, its stderr in a file.
 struct Running {
     child: Child,
     log: PathBuf,
@@ -81,10 +81,10 @@ impl Running {
         }
     }
 
-    /// SIGTERM, then the exit status (pgmemo shuts down gracefully on it).
+    /// SIGINT (the unit's KillSignal), then the exit status (pgmemo shuts down safely on it).
     fn stop(&mut self) -> std::process::ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -92,7 +92,7 @@ impl Running {
             }
             assert!(
                 Instant::now() < deadline,
-                "pgmemo did not exit after SIGTERM:\n{}",
+                "pgmemo did not exit after SIGINT:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
