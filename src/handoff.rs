@@ -31,6 +31,9 @@ pub struct Outbox {
     /// Handed over but not written to the new process yet: the process waits for them
     /// before it exits.
     in_flight: AtomicUsize,
+    /// Clients written to the new process, and whether a takeover ever began.
+    handed: AtomicUsize,
+    began: AtomicBool,
     /// This process took over from one still running: unknown cancel keys go to it.
     predecessor: Mutex<Option<CancelForwarder>>,
 }
@@ -39,6 +42,7 @@ impl Outbox {
     /// From now on idle sessions hand their clients to `sink`.
     pub fn open(&self, sink: Sender<Handoff>) {
         *self.sink.lock() = Some(sink);
+        self.began.store(true, Ordering::SeqCst);
         self.open.store(true, Ordering::SeqCst);
     }
 
@@ -62,9 +66,19 @@ impl Outbox {
         }
     }
 
-    /// One handoff was written to the new process (or lost with it).
-    pub fn sent(&self) {
+    /// One handoff was written to the new process (`delivered`), or lost with it.
+    pub fn sent(&self, delivered: bool) {
+        if delivered {
+            self.handed.fetch_add(1, Ordering::SeqCst);
+        }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// How many clients went to a new process; None when no takeover began.
+    pub fn handed(&self) -> Option<usize> {
+        self.began
+            .load(Ordering::SeqCst)
+            .then(|| self.handed.load(Ordering::SeqCst))
     }
 
     /// Clients handed over and not yet written to the new process.

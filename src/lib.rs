@@ -156,7 +156,9 @@ impl Pgmemo {
             None => tracing::info!(%addr, "pgmemo listening"),
         }
         if let Some(inherited) = inherited {
-            tracing::info!("took over the listening sockets; the old process hands its clients over");
+            tracing::info!(
+                "took over the listening sockets; the old process hands its clients over"
+            );
             inherited.follow(
                 app.clone(),
                 tokio::runtime::Handle::current(),
@@ -256,6 +258,9 @@ impl Pgmemo {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.app.handoff.close();
+        if let Some(clients) = self.app.handoff.handed() {
+            tracing::info!(clients, "takeover: done");
+        }
         drop(self.control);
         drop(self.workers);
         tracing::info!("pgmemo stopped");

@@ -7,7 +7,7 @@ use pgmemo::config::{AuthType, Config, LogFormat, Upstream};
 use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
 use std::process::ExitCode;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// mimalloc, not glibc's malloc: the result cache stores and evicts entries of many sizes in
 /// random order, which glibc served from its slow paths (cache_uniform.sql, 32 clients: 7.0 vs
@@ -205,6 +205,81 @@ fn demo_config(cli: &Cli, host: String, port: u16) -> anyhow::Result<Config> {
     Ok(config)
 }
 
+/// The signals pgmemo acts on, caught from before it starts.
+struct Signals {
+    hup: Signal,
+    term: Signal,
+    int: Signal,
+    quit: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    fn catch() -> std::io::Result<Signals> {
+        Ok(Signals {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            quit: signal(SignalKind::quit())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+        })
+    }
+
+    /// Acts on signals until `pgmemo` has shut down. PgBouncer's meanings (1.23 and later):
+    /// SIGHUP reloads; SIGTERM waits for the clients to leave, SIGINT for the transactions
+    /// to finish; either during a shutdown, and SIGQUIT, exit at once; SIGUSR1/SIGUSR2 pause
+    /// and resume every database.
+    async fn serve(mut self, pgmemo: Pgmemo) {
+        let app = pgmemo.app().clone();
+        let immediate = |why: &str| {
+            tracing::info!("{why}: immediate shutdown");
+            app.begin_shutdown();
+            app.cut_off();
+        };
+        let stopping = || app.is_shutting_down() || app.is_draining();
+        let waiting = pgmemo.wait();
+        tokio::pin!(waiting);
+        loop {
+            tokio::select! {
+                _ = &mut waiting => return,
+                _ = self.hup.recv() => match pgmemo::reload(&app) {
+                    Ok(_) => tracing::info!("SIGHUP: configuration reloaded"),
+                    Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
+                },
+                _ = self.term.recv() => {
+                    if stopping() {
+                        immediate("SIGTERM during a shutdown");
+                    } else {
+                        tracing::info!("SIGTERM: shutting down once every client has disconnected (no new clients)");
+                        app.begin_drain();
+                    }
+                }
+                _ = self.int.recv() => {
+                    if stopping() {
+                        immediate("SIGINT during a shutdown");
+                    } else {
+                        tracing::info!("SIGINT: shutting down once the running transactions have finished");
+                        app.begin_shutdown();
+                    }
+                }
+                _ = self.quit.recv() => immediate("SIGQUIT"),
+                _ = self.usr1.recv() => {
+                    tracing::info!("SIGUSR1: pausing every database");
+                    app.pause_databases(None);
+                }
+                _ = self.usr2.recv() => {
+                    tracing::info!("SIGUSR2: resuming every database");
+                    if let Err(e) = app.resume_databases(None) {
+                        tracing::warn!("SIGUSR2: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `--takeover`: the listening sockets (and then the clients) of the pgmemo running with
 /// this configuration; None when none answers (pgmemo starts as usual).
 fn take_over_from(config: &Config) -> anyhow::Result<Option<pgmemo::takeover::Inherited>> {
@@ -223,8 +298,12 @@ fn take_over_from(config: &Config) -> anyhow::Result<Option<pgmemo::takeover::In
     }
     let inherited = pgmemo::takeover::take_over(&path)?;
     match &inherited {
-        Some(_) => tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo"),
-        None => tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual"),
+        Some(_) => {
+            tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo")
+        }
+        None => {
+            tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual")
+        }
     }
     Ok(inherited)
 }
@@ -264,12 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     // Signals are caught from here on: one that arrives while pgmemo starts is acted on once
     // it runs, instead of killing it half-started.
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut quit = signal(SignalKind::quit())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let signals = Signals::catch()?;
     log_file_limit(raise_file_limit());
     let inherited = match cli.takeover && demo.is_none() {
         true => take_over_from(&config)?,
@@ -320,55 +394,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    // PgBouncer's signals (1.23 and later): SIGTERM waits for the clients to leave, SIGINT
-    // for the transactions to finish; either during a shutdown, and SIGQUIT, exit at once.
-    let app = pgmemo.app().clone();
-    let immediate = |why: &str| {
-        tracing::info!("{why}: immediate shutdown");
-        app.begin_shutdown();
-        app.cut_off();
-    };
-    let stopping = || app.is_shutting_down() || app.is_draining();
-    let waiting = pgmemo.wait();
-    tokio::pin!(waiting);
-    loop {
-        tokio::select! {
-            _ = &mut waiting => break,
-            _ = hup.recv() => {
-                match pgmemo::reload(&app) {
-                    Ok(_) => tracing::info!("SIGHUP: configuration reloaded"),
-                    Err(e) => tracing::error!("SIGHUP: reload failed, keeping the old configuration: {e:#}"),
-                }
-            }
-            _ = term.recv() => {
-                if stopping() {
-                    immediate("SIGTERM during a shutdown");
-                } else {
-                    tracing::info!("SIGTERM: shutting down once every client has disconnected (no new clients)");
-                    app.begin_drain();
-                }
-            }
-            _ = int.recv() => {
-                if stopping() {
-                    immediate("SIGINT during a shutdown");
-                } else {
-                    tracing::info!("SIGINT: shutting down once the running transactions have finished");
-                    app.begin_shutdown();
-                }
-            }
-            _ = quit.recv() => immediate("SIGQUIT"),
-            _ = usr1.recv() => {
-                tracing::info!("SIGUSR1: pausing every database");
-                app.pause_databases(None);
-            }
-            _ = usr2.recv() => {
-                tracing::info!("SIGUSR2: resuming every database");
-                if let Err(e) = app.resume_databases(None) {
-                    tracing::warn!("SIGUSR2: {e}");
-                }
-            }
-        }
-    }
+    signals.serve(pgmemo).await;
     if let Some(bench) = demo_bench {
         bench.abort();
     }

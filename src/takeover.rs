@@ -84,8 +84,11 @@ fn send(stream: &UnixStream, kind: Kind, body: &[u8], fds: &[RawFd]) -> io::Resu
     writer.write_all(body)
 }
 
+/// A frame as received: its kind, body and descriptors.
+type Frame = (Kind, Vec<u8>, Vec<OwnedFd>);
+
 /// Receives one frame (blocking); None at the end of the connection.
-fn recv(stream: &UnixStream) -> io::Result<Option<(Kind, Vec<u8>, Vec<OwnedFd>)>> {
+fn recv(stream: &UnixStream) -> io::Result<Option<Frame>> {
     let mut header = [0u8; 8];
     let mut raw: [RawFd; MAX_FDS] = [-1; MAX_FDS];
     let (n, count) = loop {
@@ -272,7 +275,10 @@ async fn accept(
         match stream.peer_cred() {
             Ok(cred) if cred.uid() == me || cred.uid() == 0 => break stream,
             Ok(cred) => {
-                tracing::warn!(uid = cred.uid(), "takeover socket: refused a process of another user");
+                tracing::warn!(
+                    uid = cred.uid(),
+                    "takeover socket: refused a process of another user"
+                );
             }
             Err(e) => tracing::warn!(error = %e, "takeover socket: cannot read the peer's user"),
         }
@@ -308,7 +314,12 @@ fn hand_over(
     match recv(&stream) {
         Ok(Some((Kind::Hello, body, _))) if body == VERSION.to_be_bytes() => {}
         Ok(Some((Kind::Hello, _, _))) => {
-            let _ = send(&stream, Kind::Refused, b"another version of the takeover", &[]);
+            let _ = send(
+                &stream,
+                Kind::Refused,
+                b"another version of the takeover",
+                &[],
+            );
             return;
         }
         other => {
@@ -355,7 +366,6 @@ fn hand_over(
     }
     // From here on this process stops accepting and hands its sessions over as they rest.
     app.begin_shutdown();
-    let mut handed = 0usize;
     while let Ok(handoff) = handoffs.recv() {
         let sent = send(
             &stream,
@@ -363,9 +373,9 @@ fn hand_over(
             &handoff.state,
             &[handoff.socket.as_raw_fd()],
         );
-        app.handoff.sent();
+        app.handoff.sent(sent.is_ok());
         match sent {
-            Ok(()) => handed += 1,
+            Ok(()) => {}
             Err(e) => {
                 // The client's socket closes with this process: it is lost, as at a crash
                 // of the new one. The others stay here from now on.
@@ -374,7 +384,6 @@ fn hand_over(
             }
         }
     }
-    tracing::info!(clients = handed, "takeover: done");
 }
 
 /// The old process's thread that reads what the new one sends after the listeners: cancel
@@ -428,7 +437,10 @@ pub fn take_over(path: &Path) -> anyhow::Result<Option<Inherited>> {
         ),
         other => bail!("unexpected {other:?} from the pgmemo at {}", path.display()),
     }
-    let nul = body.iter().position(|&b| b == 0).context("a malformed listeners frame")?;
+    let nul = body
+        .iter()
+        .position(|&b| b == 0)
+        .context("a malformed listeners frame")?;
     let unix_path = (nul > 0).then(|| {
         use std::os::unix::ffi::OsStrExt as _;
         PathBuf::from(std::ffi::OsStr::from_bytes(&body[..nul]))
@@ -438,14 +450,13 @@ pub fn take_over(path: &Path) -> anyhow::Result<Option<Inherited>> {
     if fds.len() != wanted {
         bail!("the old pgmemo sent {} sockets, not {wanted}", fds.len());
     }
-    let metrics = has_metrics.then(|| fds.pop().expect("counted")).map(std::net::TcpListener::from);
-    let unix = match unix_path {
-        Some(p) => Some((
-            std::os::unix::net::UnixListener::from(fds.pop().expect("counted")),
-            p,
-        )),
-        None => None,
-    };
+    let metrics = has_metrics
+        .then(|| fds.pop().expect("counted"))
+        .map(std::net::TcpListener::from);
+    let unix = unix_path.map(|p| {
+        let listener = std::os::unix::net::UnixListener::from(fds.pop().expect("counted"));
+        (listener, p)
+    });
     let tcp = std::net::TcpListener::from(fds.pop().expect("counted"));
     Ok(Some(Inherited {
         tcp: Some(tcp),
@@ -459,11 +470,17 @@ impl Inherited {
     /// The listening sockets, on this thread's event loop. `listen`: the configuration's
     /// address, which a takeover cannot change (the old process's socket is kept).
     pub fn take_listeners(&mut self, listen: &str) -> anyhow::Result<Listeners> {
-        let tcp = self.tcp.take().context("the listeners were taken already")?;
+        let tcp = self
+            .tcp
+            .take()
+            .context("the listeners were taken already")?;
         tcp.set_nonblocking(true)?;
         let tcp = tokio::net::TcpListener::from_std(tcp)?;
         let addr = tcp.local_addr()?;
-        if listen.parse::<std::net::SocketAddr>().is_ok_and(|l| l != addr && l.port() != 0) {
+        if listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|l| l != addr && l.port() != 0)
+        {
             tracing::warn!(%addr, %listen, "general.listen changed: a takeover keeps the old process's socket; restart to listen elsewhere");
         }
         let unix = match self.unix.take() {
@@ -489,14 +506,17 @@ impl Inherited {
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         let link = self.link;
+        // Writes made through the old process are not seen here until it exits.
+        app.cache.hold_back(true);
         match link.try_clone() {
             Ok(writer) => {
                 let writer = parking_lot::Mutex::new(writer);
-                app.handoff.set_predecessor(Some(Box::new(move |pid, secret| {
-                    let mut body = pid.to_be_bytes().to_vec();
-                    body.extend_from_slice(&secret.to_be_bytes());
-                    let _ = send(&writer.lock(), Kind::Cancel, &body, &[]);
-                })));
+                app.handoff
+                    .set_predecessor(Some(Box::new(move |pid, secret| {
+                        let mut body = pid.to_be_bytes().to_vec();
+                        body.extend_from_slice(&secret.to_be_bytes());
+                        let _ = send(&writer.lock(), Kind::Cancel, &body, &[]);
+                    })));
             }
             Err(e) => tracing::warn!(error = %e, "takeover: cancel requests will not go back"),
         }
@@ -525,6 +545,7 @@ impl Inherited {
                     }
                 }
                 app.handoff.set_predecessor(None);
+                app.cache.hold_back(false);
                 tracing::info!(clients = taken, "takeover complete: the old process has exited");
             });
         if let Err(e) = thread {

@@ -7,6 +7,8 @@
 //!   statements of both kinds, its cancel key) and cannot tell the new process from the old;
 //! - a client in a transaction finishes it in the old process, which exits after; a cancel
 //!   request for it, arriving at the new process, is passed back to the old one;
+//! - the new process's result cache holds back until the old one has exited, so no write
+//!   made through the old process is read stale through the new one;
 //! - `--takeover` with no pgmemo running starts as usual;
 //! - SIGTERM waits for the clients to leave, SIGINT for the transactions, a second signal
 //!   or SIGQUIT exits at once, as PgBouncer 1.23+ does.
@@ -66,7 +68,11 @@ impl Process {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "{what}: pgmemo did not exit:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "{what}: pgmemo did not exit:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -75,8 +81,16 @@ impl Process {
     async fn logged(&mut self, text: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.log().contains(text) {
-            assert!(self.running(), "pgmemo exited before logging {text:?}:\n{}", self.log());
-            assert!(Instant::now() < deadline, "no {text:?} in the log:\n{}", self.log());
+            assert!(
+                self.running(),
+                "pgmemo exited before logging {text:?}:\n{}",
+                self.log()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "no {text:?} in the log:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -124,7 +138,15 @@ password = "{PGMEMO_PASS}"
 
 /// Starts pgmemo and waits until it serves a query.
 async fn start(dir: &Path, port: u16, name: &str, takeover: bool) -> Process {
+    start_with(dir, port, name, takeover, "").await
+}
+
+/// [`start`] with `extra` appended to the configuration file.
+async fn start_with(dir: &Path, port: u16, name: &str, takeover: bool, extra: &str) -> Process {
     let config = write_config(dir, port);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(extra);
+    std::fs::write(&config, text).unwrap();
     let mut p = Process::start(&config, dir.join(format!("{name}.log")), takeover);
     p.logged("pgmemo listening").await;
     p
@@ -232,7 +254,9 @@ async fn a_client_keeps_its_session_across_a_restart() {
     let admin = admin_console(([127, 0, 0, 1], port).into()).await;
     let clients = admin_rows(&admin, "SHOW CLIENTS").await;
     assert!(
-        clients.iter().any(|c| c.get("application_name").map(String::as_str) == Some("kept_app")),
+        clients
+            .iter()
+            .any(|c| c.get("application_name").map(String::as_str) == Some("kept_app")),
         "{clients:?}"
     );
     // The cancel key it was given before the restart cancels its query now.
@@ -253,7 +277,10 @@ async fn a_client_keeps_its_session_across_a_restart() {
     .await;
     cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
     let err = sleeping.await.unwrap().expect_err("cancelled");
-    assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED));
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,7 +301,11 @@ async fn a_transaction_finishes_in_the_old_process() {
     let other = connect(&url(port, "restart_tx")).await;
     other.simple_query("SELECT 1").await.unwrap();
     // The old process waits for the open transaction.
-    assert!(old.running(), "the old process left a transaction open:\n{}", old.log());
+    assert!(
+        old.running(),
+        "the old process left a transaction open:\n{}",
+        old.log()
+    );
     // A cancel request reaches the new process, which passes it to the old one.
     let sleeping = tokio::spawn({
         let client = client.clone();
@@ -296,7 +327,10 @@ async fn a_transaction_finishes_in_the_old_process() {
         .await
         .unwrap();
     let err = sleeping.await.unwrap().expect_err("cancelled");
-    assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED));
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
+    );
     assert!(old.running());
     client
         .batch_execute("ROLLBACK TO s; INSERT INTO t VALUES (2); COMMIT;")
@@ -332,7 +366,9 @@ async fn signals_shut_down_as_pgbouncer_does() {
     let client = connect(&url(port, TEST_DB)).await;
     p.signal(libc::SIGTERM);
     wait_until("the listener to close", Duration::from_secs(10), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err()
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
     })
     .await;
     client.simple_query("SELECT 1").await.expect("still served");
@@ -353,8 +389,91 @@ async fn signals_shut_down_as_pgbouncer_does() {
     let mut p = start(&dir, port, "twice", false).await;
     let client = connect(&url(port, TEST_DB)).await;
     p.signal(libc::SIGTERM);
-    p.logged("SIGTERM: shutting down once every client has disconnected").await;
+    p.logged("SIGTERM: shutting down once every client has disconnected")
+        .await;
     p.signal(libc::SIGTERM);
     assert!(p.exited("second SIGTERM").await.success(), "{}", p.log());
     assert!(client.simple_query("SELECT 1").await.is_err());
+}
+
+/// The new process caches nothing while the old one still serves clients: a write made
+/// through the old process (which the new one's invalidation does not see) is read by the
+/// new process's clients, the writer's included, once it moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_process_serves_no_result_the_old_one_made_stale() {
+    fresh_db("restart_cache").await;
+    let dir = TempDir::new("restart", "cache");
+    let port = free_port();
+    let cache = r#"
+[cache]
+enabled = true
+
+[[cache.rules]]
+name = "ryw"
+query_contains = "FROM ryw"
+ttl = "60s"
+"#;
+    let mut old = start_with(&dir, port, "old", false, cache).await;
+    let writer = connect(&url(port, "restart_cache")).await;
+    writer
+        .batch_execute(
+            "CREATE TABLE ryw (id int PRIMARY KEY, v text); INSERT INTO ryw VALUES (1, 'a')",
+        )
+        .await
+        .unwrap();
+    writer.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let mut new = start_with(&dir, port, "new", true, cache).await;
+    new.logged("took over the listening sockets").await;
+    let value = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
+        rows.iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let reader = connect(&url(port, "restart_cache")).await;
+    for _ in 0..3 {
+        let v = value(
+            reader
+                .simple_query("SELECT v FROM ryw WHERE id = 1")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(v, "a");
+    }
+    writer
+        .batch_execute("UPDATE ryw SET v = 'b' WHERE id = 1; COMMIT;")
+        .await
+        .unwrap();
+    assert!(old.exited("old").await.success(), "{}", old.log());
+    new.logged("takeover complete").await;
+    let v = value(
+        reader
+            .simple_query("SELECT v FROM ryw WHERE id = 1")
+            .await
+            .unwrap(),
+    );
+    assert_eq!(v, "b", "a result made stale through the old process");
+    let v = value(
+        writer
+            .simple_query("SELECT v FROM ryw WHERE id = 1")
+            .await
+            .unwrap(),
+    );
+    assert_eq!(v, "b");
+    // Once the old process has gone, the new one caches.
+    for _ in 0..3 {
+        reader
+            .simple_query("SELECT v FROM ryw WHERE id = 1")
+            .await
+            .unwrap();
+    }
+    let admin = admin_console(([127, 0, 0, 1], port).into()).await;
+    let rows = admin_rows(&admin, "SHOW CACHE").await;
+    let hits: u64 = rows
+        .iter()
+        .filter_map(|r| r.get("hits").and_then(|h| h.parse::<u64>().ok()))
+        .sum();
+    assert!(hits >= 2, "{rows:?}");
 }

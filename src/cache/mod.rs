@@ -245,8 +245,12 @@ struct Plan {
 /// The result cache of the whole process.
 pub struct ResultCache {
     config: ArcSwap<CacheConfig>,
-    /// `config.enabled`, readable with one load on the hot path.
+    /// `config.enabled` and not `held_back`, readable with one load on the hot path.
     enabled: AtomicBool,
+    /// An online restart is under way and this is the new process: the old one may still
+    /// write through statements this one does not see, so nothing is cached or answered
+    /// until it has exited (see [`ResultCache::hold_back`]).
+    held_back: parking_lot::Mutex<bool>,
     /// Whether `config.invalidation` is the WAL's, likewise (asked at every lookup).
     follows_wal: AtomicBool,
     store: Store,
@@ -373,6 +377,7 @@ impl ResultCache {
         let cache = ResultCache {
             config: ArcSwap::from_pointee(config.clone()),
             enabled: AtomicBool::new(config.enabled),
+            held_back: parking_lot::Mutex::new(false),
             follows_wal: AtomicBool::new(false),
             store: Store::with(
                 1024,
@@ -445,7 +450,9 @@ impl ResultCache {
             self.store.clear();
         }
         self.admission.shrunk();
-        self.enabled.store(config.enabled, Relaxed);
+        let held_back = self.held_back.lock();
+        self.enabled.store(config.enabled && !*held_back, Relaxed);
+        drop(held_back);
         self.follows_wal.store(
             config.invalidation == crate::config::cache::Invalidation::Wal,
             Relaxed,
@@ -469,6 +476,20 @@ impl ResultCache {
 
     pub fn enabled(&self) -> bool {
         self.enabled.load(Relaxed)
+    }
+
+    /// Holds the cache off (`true`) while the old process of an online restart still serves
+    /// clients, whose writes this process would not see (read-your-writes for a client that
+    /// wrote there and reads here next); `false` when it has exited. Whatever this process
+    /// cached before is dropped at the hold.
+    pub fn hold_back(&self, held: bool) {
+        let mut held_back = self.held_back.lock();
+        *held_back = held;
+        if held {
+            self.store.clear();
+        }
+        self.enabled
+            .store(self.config.load().enabled && !held, Relaxed);
     }
 
     pub fn rule_stats(&self) -> Vec<Arc<RuleStats>> {
@@ -1753,6 +1774,10 @@ pub struct ClientCache {
     /// A statement of the deferred block was answered from the cache: the block has run a
     /// query, as far as the client can tell.
     pub deferred_answered: bool,
+    /// Made in the middle of a transaction block (see `session::caching::client_cache`): the
+    /// block's earlier statements were not seen, so nothing is answered in it; cleared when
+    /// it ends.
+    pub blind_block: bool,
     key: Vec<u8>,
     context: Vec<u8>,
     /// What `context` was built from.
@@ -1962,6 +1987,9 @@ impl ClientCache {
         forwarded: bool,
         idle: bool,
     ) {
+        if tag == be::READY_FOR_QUERY && body.first() == Some(&b'I') {
+            self.blind_block = false;
+        }
         if self.pending.is_empty() {
             return;
         }

@@ -51,8 +51,13 @@ impl Session {
         query_text_len: Option<usize>,
     ) -> Result<bool, SlowLookup<'_>> {
         let nonstandard = !self.standard_strings();
-        client_cache(&mut self.cache, self.state.enabled, &self.pool).nonstandard_strings =
-            nonstandard;
+        client_cache(
+            &mut self.cache,
+            self.state.enabled,
+            &self.pool,
+            in_server_block(&self.server),
+        )
+        .nonstandard_strings = nonstandard;
         if matches!(tag, fe::PARSE | fe::BIND) && self.batch_transaction().is_some() {
             self.cache_context();
             match self.batch_lookup(true) {
@@ -86,7 +91,12 @@ impl Session {
         // count is written by every worker.
         match tag {
             fe::BIND => {
-                let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
+                let client = client_cache(
+                    &mut self.cache,
+                    self.state.enabled,
+                    &self.pool,
+                    in_server_block(&self.server),
+                );
                 let bind = fe::Bind::parse(crate::protocol::body(&self.client.rbuf[..len]));
                 let found =
                     bind.and_then(|b| Some((self.plan.stmts.as_ref()?.get(b.statement)?, b)));
@@ -105,7 +115,12 @@ impl Session {
                     self.answer_hit(len, &[], &entry, status);
                     return Ok(true);
                 }
-                let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
+                let client = client_cache(
+                    &mut self.cache,
+                    self.state.enabled,
+                    &self.pool,
+                    in_server_block(&self.server),
+                );
                 let sql = fe::query_text_of(&self.client.rbuf, text_len);
                 let reader = self.reading.reader.get_or_insert_with(Default::default);
                 let Some(shape) = self.app.cache.note_query(client, sql, reader) else {
@@ -180,7 +195,13 @@ impl Session {
             && !self.replies.in_batch()
             && self.cache.as_ref().is_none_or(|c| c.fill.is_none());
         match self.server.as_ref() {
-            Some(s) if quiet && s.status == b'T' && s.wbuf.is_empty() && s.rbuf.is_empty() => {
+            Some(s)
+                if quiet
+                    && s.status == b'T'
+                    && s.wbuf.is_empty()
+                    && s.rbuf.is_empty()
+                    && self.cache.as_ref().is_none_or(|c| !c.blind_block) =>
+            {
                 Transaction::Block {
                     read_committed: self.cache.as_ref().and_then(|c| c.read_committed),
                 }
@@ -277,7 +298,12 @@ impl Session {
             .and_then(|s| s.search_path.effective())
             .or_else(|| self.params.settings.get("search_path"));
         let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
-        let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
+        let client = client_cache(
+            &mut self.cache,
+            self.state.enabled,
+            &self.pool,
+            in_server_block(&self.server),
+        );
         if client.needs_context(self.params.version, statement_context)
             || !client.has_search_path(search_path)
         {
@@ -370,7 +396,12 @@ impl Session {
             transaction,
             wal_behind,
         };
-        let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
+        let client = client_cache(
+            &mut self.cache,
+            self.state.enabled,
+            &self.pool,
+            in_server_block(&self.server),
+        );
         let (parsed, len) = (batch.parse.is_some(), batch.len);
         let found = cache.lookup_statement(client, &at, &statement, &batch, may_wait);
         match found {
@@ -443,7 +474,12 @@ impl Session {
             // Asked again each round: a wait or a catalog read may outlast the stream.
             wal_behind: self.wal_behind(),
         };
-        let client = client_cache(&mut self.cache, self.state.enabled, &self.pool);
+        let client = client_cache(
+            &mut self.cache,
+            self.state.enabled,
+            &self.pool,
+            in_server_block(&self.server),
+        );
         let sql = fe::query_text_of(&self.client.rbuf, text_len);
         let reader = self.reading.reader.get_or_insert_with(Default::default);
         self.app
@@ -620,7 +656,12 @@ impl Session {
     /// The client is gone: what it sent may still commit.
     /// The client's part of the cache, made now if it has none (a session taken over).
     pub(super) fn client_cache_now(&mut self) -> &mut ClientCache {
-        client_cache(&mut self.cache, self.state.enabled, &self.pool)
+        client_cache(
+            &mut self.cache,
+            self.state.enabled,
+            &self.pool,
+            in_server_block(&self.server),
+        )
     }
 
     pub(super) fn cache_abandon(&mut self) {
@@ -632,15 +673,29 @@ impl Session {
 
 /// The client's part of the cache (`cache`), made at its first use for the pool's server
 /// database; `keys_all_settings`: see [`ClientCache::keys_all_settings`].
+///
+/// Made in the middle of a transaction block on a server (the cache was off when the block
+/// began: a RELOAD, or an online restart's new process holding it back), it did not see the
+/// block's statements, so it answers nothing in that block ([`ClientCache::blind_block`]).
 #[inline]
 fn client_cache<'a>(
     cache: &'a mut Option<Box<ClientCache>>,
     keys_all_settings: bool,
     pool: &crate::pool::Pool,
+    in_block: bool,
 ) -> &'a mut ClientCache {
     cache.get_or_insert_with(|| {
-        ClientCache::new(keys_all_settings, &pool.settings_now().target.database_id)
+        let mut client =
+            ClientCache::new(keys_all_settings, &pool.settings_now().target.database_id);
+        client.blind_block = in_block;
+        client
     })
+}
+
+/// Whether the client's server is in a transaction block.
+#[inline]
+fn in_server_block(server: &Option<Box<crate::server::ServerConn>>) -> bool {
+    server.as_ref().is_some_and(|s| s.status != b'I')
 }
 
 /// After one server message was routed (its output, if any, at `out[at..]`): the fill in

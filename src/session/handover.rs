@@ -129,11 +129,7 @@ impl Session {
                     )
                 })
                 .collect(),
-            sql: s
-                .sql
-                .iter()
-                .map(|(n, t)| (n.clone(), t.clone()))
-                .collect(),
+            sql: s.sql.iter().map(|(n, t)| (n.clone(), t.clone())).collect(),
             search_path: s.search_path.effective().map(Into::into),
             search_path_startup: s.search_path.startup().map(Into::into),
         });
@@ -199,10 +195,7 @@ pub async fn resume(app: Arc<App>, carried: Carried, socket: OwnedFd) -> Option<
         }
     };
     let endpoints = match stream.tcp() {
-        Some(tcp) => (
-            tcp.peer_addr().ok()?.into(),
-            tcp.local_addr().ok()?.into(),
-        ),
+        Some(tcp) => (tcp.peer_addr().ok()?.into(), tcp.local_addr().ok()?.into()),
         None => {
             let port = app.listen_addr.lock().map_or(0, |a| a.port());
             (Endpoint::unix(port), Endpoint::unix(port))
