@@ -37,6 +37,7 @@ pub mod protocol;
 pub mod query;
 pub mod replies;
 pub mod server;
+pub mod service;
 pub mod session;
 pub mod statements;
 pub mod stats;

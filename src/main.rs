@@ -235,6 +235,7 @@ impl Signals {
         let app = pgmemo.app().clone();
         let immediate = |why: &str| {
             tracing::info!("{why}: immediate shutdown");
+            pgmemo::service::stopping();
             app.begin_shutdown();
             app.cut_off();
         };
@@ -253,6 +254,7 @@ impl Signals {
                         immediate("SIGTERM during a shutdown");
                     } else {
                         tracing::info!("SIGTERM: shutting down once every client has disconnected (no new clients)");
+                        pgmemo::service::stopping();
                         app.begin_drain();
                     }
                 }
@@ -261,6 +263,7 @@ impl Signals {
                         immediate("SIGINT during a shutdown");
                     } else {
                         tracing::info!("SIGINT: shutting down once the running transactions have finished");
+                        pgmemo::service::stopping();
                         app.begin_shutdown();
                     }
                 }
@@ -350,6 +353,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         false => None,
     };
     let pgmemo = Pgmemo::start_with(config, inherited).await?;
+    // Under systemd (Type=notify): listening now; after a takeover this process is the main one.
+    pgmemo::service::ready();
     let reload_cli = cli.clone();
     let demo_upstream = demo.as_ref().map(|c| (c.host().to_owned(), c.port()));
     pgmemo.set_reloader(Box::new(move || {

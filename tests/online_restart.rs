@@ -10,6 +10,7 @@
 //! - the new process's result cache holds back until the old one has exited, so no write
 //!   made through the old process is read stale through the new one;
 //! - `--takeover` with no pgmemo running starts as usual;
+//! - under systemd, each process reports itself ready as the main one (`sd_notify`);
 //! - SIGTERM waits for the clients to leave, SIGINT for the transactions, a second signal
 //!   or SIGQUIT exits at once, as PgBouncer 1.23+ does.
 
@@ -29,8 +30,12 @@ struct Process {
 }
 
 impl Process {
-    fn start(config: &Path, log: PathBuf, takeover: bool) -> Process {
+    fn start(config: &Path, log: PathBuf, takeover: bool, notify: Option<&Path>) -> Process {
         let mut cmd = Command::new(BIN);
+        match notify {
+            Some(socket) => cmd.env("NOTIFY_SOCKET", socket),
+            None => cmd.env_remove("NOTIFY_SOCKET"),
+        };
         cmd.arg("--config").arg(config);
         if takeover {
             cmd.arg("--takeover");
@@ -147,7 +152,9 @@ async fn start_with(dir: &Path, port: u16, name: &str, takeover: bool, extra: &s
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(extra);
     std::fs::write(&config, text).unwrap();
-    let mut p = Process::start(&config, dir.join(format!("{name}.log")), takeover);
+    let notify = dir.join("notify");
+    let notify = notify.exists().then_some(notify.as_path());
+    let mut p = Process::start(&config, dir.join(format!("{name}.log")), takeover, notify);
     p.logged("pgmemo listening").await;
     p
 }
@@ -476,4 +483,37 @@ ttl = "60s"
         .filter_map(|r| r.get("hits").and_then(|h| h.parse::<u64>().ok()))
         .sum();
     assert!(hits >= 2, "{rows:?}");
+}
+
+/// Under systemd (`Type=notify`, `NotifyAccess=all`) the service's main process follows the
+/// takeover: each process says `READY=1` with its own `MAINPID=` once it listens, the old
+/// one first, the new one when it has taken the sockets over. A datagram socket stands in
+/// for systemd's `NOTIFY_SOCKET`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_manager_hears_the_new_process_as_the_main_one() {
+    let dir = TempDir::new("restart", "notify");
+    let systemd = std::os::unix::net::UnixDatagram::bind(dir.join("notify")).unwrap();
+    systemd
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let heard = || {
+        let mut buf = [0u8; 512];
+        let n = systemd.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let port = free_port();
+    let mut old = start(&dir, port, "old", false).await;
+    assert_eq!(
+        heard(),
+        format!("READY=1\nMAINPID={}\nSTATUS=serving", old.child.id())
+    );
+    let mut new = start(&dir, port, "new", true).await;
+    assert_eq!(
+        heard(),
+        format!("READY=1\nMAINPID={}\nSTATUS=serving", new.child.id())
+    );
+    assert!(old.exited("old").await.success(), "{}", old.log());
+    new.signal(libc::SIGINT);
+    assert_eq!(heard(), "STOPPING=1");
+    assert!(new.exited("new").await.success(), "{}", new.log());
 }
