@@ -163,6 +163,31 @@ fn url(port: u16, db: &str) -> String {
     format!("host=127.0.0.1 port={port} user={PGMEMO_USER} dbname={db}")
 }
 
+/// Runs `pg_sleep(seconds)` on `client`, cancels it with `cancel` once PostgreSQL runs it,
+/// and asserts it ended with 57014.
+async fn assert_cancelled(
+    client: std::sync::Arc<tokio_postgres::Client>,
+    cancel: &tokio_postgres::CancelToken,
+    seconds: u32,
+) {
+    let sql = format!("SELECT pg_sleep({seconds})");
+    let sleeping = tokio::spawn({
+        let sql = sql.clone();
+        async move { client.simple_query(&sql).await }
+    });
+    let running = format!("SELECT count(*) FROM pg_stat_activity WHERE query = '{sql}'");
+    wait_until("the query to run", Duration::from_secs(10), || async {
+        cluster().psql("postgres", &running).trim() == "1"
+    })
+    .await;
+    cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let err = sleeping.await.unwrap().expect_err("cancelled");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_runs_across_two_restarts_without_a_failure() {
     pgbench_database("restart_bench").await;
@@ -267,27 +292,7 @@ async fn a_client_keeps_its_session_across_a_restart() {
         "{clients:?}"
     );
     // The cancel key it was given before the restart cancels its query now.
-    let client = std::sync::Arc::new(client);
-    let sleeping = tokio::spawn({
-        let client = client.clone();
-        async move { client.simple_query("SELECT pg_sleep(30)").await }
-    });
-    wait_until("the query to run", Duration::from_secs(10), || async {
-        cluster()
-            .psql(
-                "postgres",
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'",
-            )
-            .trim()
-            == "1"
-    })
-    .await;
-    cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
-    let err = sleeping.await.unwrap().expect_err("cancelled");
-    assert_eq!(
-        err.code(),
-        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
-    );
+    assert_cancelled(std::sync::Arc::new(client), &cancel, 30).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,30 +319,7 @@ async fn a_transaction_finishes_in_the_old_process() {
         old.log()
     );
     // A cancel request reaches the new process, which passes it to the old one.
-    let sleeping = tokio::spawn({
-        let client = client.clone();
-        async move { client.simple_query("SELECT pg_sleep(31)").await }
-    });
-    wait_until("the query to run", Duration::from_secs(10), || async {
-        cluster()
-            .psql(
-                "postgres",
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(31)'",
-            )
-            .trim()
-            == "1"
-    })
-    .await;
-    client
-        .cancel_token()
-        .cancel_query(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let err = sleeping.await.unwrap().expect_err("cancelled");
-    assert_eq!(
-        err.code(),
-        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
-    );
+    assert_cancelled(client.clone(), &client.cancel_token(), 31).await;
     assert!(old.running());
     client
         .batch_execute("ROLLBACK TO s; INSERT INTO t VALUES (2); COMMIT;")
