@@ -80,11 +80,15 @@ impl Pgmemo {
         Pgmemo::start_with(config, None).await
     }
 
-    /// Starts serving, on the listening sockets of the pgmemo it takes over from when
-    /// `inherited` (an online restart, see [`takeover`]), whose clients it then takes over.
+    /// Starts serving; with `takeover_from`, on the listening sockets of the pgmemo whose
+    /// control socket that is, whose clients it then takes over (an online restart, see
+    /// [`takeover`]), or as usual when no pgmemo answers there. The takeover is asked for
+    /// once everything that may fail here has been set up (TLS files, worker threads): a
+    /// process that fails to start after it has taken the sockets would leave nobody
+    /// listening.
     pub async fn start_with(
         config: Config,
-        inherited: Option<takeover::Inherited>,
+        takeover_from: Option<&std::path::Path>,
     ) -> anyhow::Result<Pgmemo> {
         let listen = config.general.listen.clone();
         let metrics_listen = config.general.metrics_listen.clone();
@@ -94,7 +98,21 @@ impl Pgmemo {
         );
         let app = App::new(config)?;
         let _ = app.workers.set(workers.loops());
-        let mut inherited = inherited;
+        let mut inherited = match takeover_from {
+            Some(path) => {
+                let inherited = takeover::take_over(path)?;
+                match &inherited {
+                    Some(_) => {
+                        tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo")
+                    }
+                    None => {
+                        tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual")
+                    }
+                }
+                inherited
+            }
+            None => None,
+        };
         let (listener, unix, metrics) = match inherited.as_mut() {
             Some(inherited) => inherited.take_listeners(&listen)?,
             None => (
@@ -109,13 +127,26 @@ impl Pgmemo {
         *app.listen_addr.lock() = Some(addr);
         let config = app.config.load();
         let general = &config.general;
+        // After a takeover a socket the old process did not have is an extra: failing to
+        // open it must not stop the process that now holds the listeners.
+        let took_over = inherited.is_some();
         let unix = match (&general.unix_socket_dir, unix) {
             (_, Some(unix)) => Some(unix),
             (Some(dir), None) => {
-                let mode =
-                    config::parse_mode(&general.unix_socket_mode).map_err(anyhow::Error::msg)?;
-                let group = general.unix_socket_group.as_deref();
-                Some(listen::UnixSocket::bind(dir, addr.port(), mode, group)?)
+                let bound = config::parse_mode(&general.unix_socket_mode)
+                    .map_err(anyhow::Error::msg)
+                    .and_then(|mode| {
+                        let group = general.unix_socket_group.as_deref();
+                        listen::UnixSocket::bind(dir, addr.port(), mode, group)
+                    });
+                match bound {
+                    Ok(unix) => Some(unix),
+                    Err(e) if took_over => {
+                        tracing::warn!("no Unix socket after the takeover: {e:#}");
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             _ => None,
         };
@@ -124,11 +155,16 @@ impl Pgmemo {
         let unix_socket = unix.as_ref().map(|u| u.path().to_owned());
         let metrics = match (metrics, metrics_listen) {
             (Some(l), _) => Some(l),
-            (None, Some(m)) => Some(
-                TcpListener::bind(&m)
-                    .await
-                    .with_context(|| format!("cannot listen on metrics_listen {m}"))?,
-            ),
+            (None, Some(m)) => match TcpListener::bind(&m).await {
+                Ok(l) => Some(l),
+                Err(e) if took_over => {
+                    tracing::warn!("no metrics endpoint after the takeover: cannot listen on metrics_listen {m}: {e}");
+                    None
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot listen on metrics_listen {m}"))
+                }
+            },
             _ => None,
         };
         let control = match control_path {
@@ -137,8 +173,14 @@ impl Pgmemo {
                     &listener,
                     unix.as_ref().map(|u| (u.listener(), u.path())),
                     metrics.as_ref(),
-                )?;
-                takeover::listen(app.clone(), path, fds)
+                );
+                match fds {
+                    Ok(fds) => takeover::listen(app.clone(), path, fds),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "online restart is off: cannot duplicate the listening sockets");
+                        None
+                    }
+                }
             }
             None => None,
         };

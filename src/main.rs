@@ -283,9 +283,8 @@ impl Signals {
     }
 }
 
-/// `--takeover`: the listening sockets (and then the clients) of the pgmemo running with
-/// this configuration; None when none answers (pgmemo starts as usual).
-fn take_over_from(config: &Config) -> anyhow::Result<Option<pgmemo::takeover::Inherited>> {
+/// `--takeover`: the control socket of the pgmemo running with this configuration.
+fn take_over_from(config: &Config) -> anyhow::Result<std::path::PathBuf> {
     let port = config
         .general
         .listen
@@ -299,16 +298,7 @@ fn take_over_from(config: &Config) -> anyhow::Result<Option<pgmemo::takeover::In
     if port == 0 && config.general.takeover_socket.is_none() {
         anyhow::bail!("--takeover: listen's port is 0, so set general.takeover_socket");
     }
-    let inherited = pgmemo::takeover::take_over(&path)?;
-    match &inherited {
-        Some(_) => {
-            tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo")
-        }
-        None => {
-            tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual")
-        }
-    }
-    Ok(inherited)
+    Ok(path)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -348,11 +338,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // it runs, instead of killing it half-started.
     let signals = Signals::catch()?;
     log_file_limit(raise_file_limit());
-    let inherited = match cli.takeover && demo.is_none() {
-        true => take_over_from(&config)?,
+    let takeover = match cli.takeover && demo.is_none() {
+        true => Some(take_over_from(&config)?),
         false => None,
     };
-    let pgmemo = Pgmemo::start_with(config, inherited).await?;
+    let pgmemo = Pgmemo::start_with(config, takeover.as_deref()).await?;
     // Under systemd (Type=notify): listening now; after a takeover this process is the main one.
     pgmemo::service::ready();
     let reload_cli = cli.clone();

@@ -335,6 +335,36 @@ async fn a_transaction_finishes_in_the_old_process() {
     new.logged("takeover complete").await;
 }
 
+/// A new process that cannot start (here: TLS files that do not load) fails before it asks
+/// for anything: the old one keeps its listeners and its clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_that_cannot_start_takes_nothing_over() {
+    let dir = TempDir::new("restart", "broken");
+    let port = free_port();
+    let mut old = start(&dir, port, "old", false).await;
+    let client = connect(&url(port, TEST_DB)).await;
+    let config = write_config(&dir, port);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    let missing = dir.join("missing.pem");
+    text = text.replacen(
+        "[general]\n",
+        &format!(
+            "[general]\ntls_cert_file = \"{m}\"\ntls_key_file = \"{m}\"\n",
+            m = missing.display()
+        ),
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut new = Process::start(&config, dir.join("new.log"), true, None);
+    let status = new.exited("the broken new process").await;
+    assert!(!status.success(), "{}", new.log());
+    assert!(!old.log().contains("takeover"), "{}", old.log());
+    assert!(old.running());
+    client.simple_query("SELECT 1").await.expect("still served");
+    let another = connect(&url(port, TEST_DB)).await;
+    another.simple_query("SELECT 1").await.expect("still accepting");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_with_nothing_running_starts_as_usual() {
     let dir = TempDir::new("restart", "alone");
