@@ -1145,11 +1145,30 @@ impl App {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// A safe shutdown in which a new process takes this one's idle clients over (an online
-    /// restart): sessions hand their clients over between transactions instead of closing
-    /// them, and new logins are still completed here (they are handed over next).
+    /// A new process takes this one's clients over (an online restart): this one accepts no
+    /// more, and its sessions hand their clients over between transactions; logins already
+    /// under way are completed here (and handed over next). Not a shutdown: the janitor and
+    /// the WAL streams go on, and if the new process goes away this one accepts again (see
+    /// [`App::begin_handover`]).
     pub fn is_handing_over(&self) -> bool {
         self.handoff.is_open()
+    }
+
+    /// An online restart begins: sessions hand their clients to `sink` from now on, and the
+    /// listeners stop accepting (the new process accepts on them).
+    pub fn begin_handover(&self, sink: std::sync::mpsc::Sender<crate::handoff::Handoff>) {
+        self.handoff.open(sink);
+        self.accepting_tx.send_replace(false);
+        self.wake_sessions();
+    }
+
+    /// The new process of an online restart went away before it had every client: this one
+    /// keeps the clients it still has and accepts again.
+    pub fn end_handover(&self) {
+        self.handoff.close();
+        if !self.is_shutting_down() && !self.is_draining() {
+            self.accepting_tx.send_replace(true);
+        }
     }
 }
 

@@ -98,21 +98,7 @@ impl Pgmemo {
         );
         let app = App::new(config)?;
         let _ = app.workers.set(workers.loops());
-        let mut inherited = match takeover_from {
-            Some(path) => {
-                let inherited = takeover::take_over(path)?;
-                match &inherited {
-                    Some(_) => {
-                        tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo")
-                    }
-                    None => {
-                        tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual")
-                    }
-                }
-                inherited
-            }
-            None => None,
-        };
+        let mut inherited = takeover_from.map(ask_takeover).transpose()?.flatten();
         let (listener, unix, metrics) = match inherited.as_mut() {
             Some(inherited) => inherited.take_listeners(&listen)?,
             None => (
@@ -127,46 +113,19 @@ impl Pgmemo {
         *app.listen_addr.lock() = Some(addr);
         let config = app.config.load();
         let general = &config.general;
-        // After a takeover a socket the old process did not have is an extra: failing to
-        // open it must not stop the process that now holds the listeners.
         let took_over = inherited.is_some();
-        let unix = match (&general.unix_socket_dir, unix) {
-            (_, Some(unix)) => Some(unix),
-            (Some(dir), None) => {
-                let bound = config::parse_mode(&general.unix_socket_mode)
-                    .map_err(anyhow::Error::msg)
-                    .and_then(|mode| {
-                        let group = general.unix_socket_group.as_deref();
-                        listen::UnixSocket::bind(dir, addr.port(), mode, group)
-                    });
-                match bound {
-                    Ok(unix) => Some(unix),
-                    Err(e) if took_over => {
-                        tracing::warn!("no Unix socket after the takeover: {e:#}");
-                        None
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            _ => None,
-        };
+        let (unix, metrics) = side_listeners(
+            general,
+            addr.port(),
+            unix,
+            metrics,
+            metrics_listen,
+            took_over,
+        )
+        .await?;
         let control_path = takeover::control_path(general, addr.port());
         drop(config);
         let unix_socket = unix.as_ref().map(|u| u.path().to_owned());
-        let metrics = match (metrics, metrics_listen) {
-            (Some(l), _) => Some(l),
-            (None, Some(m)) => match TcpListener::bind(&m).await {
-                Ok(l) => Some(l),
-                Err(e) if took_over => {
-                    tracing::warn!("no metrics endpoint after the takeover: cannot listen on metrics_listen {m}: {e}");
-                    None
-                }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot listen on metrics_listen {m}"))
-                }
-            },
-            _ => None,
-        };
         let control = match control_path {
             Some(path) => {
                 let fds = takeover::ListenerFds::duplicate(
@@ -257,21 +216,8 @@ impl Pgmemo {
     /// Waits until a shutdown (SIGTERM, the SHUTDOWN command, or [`Pgmemo::shutdown`]) has
     /// completed.
     pub async fn wait(self) {
-        let mut accepting = self.app.accepting_signal();
-        let _ = accepting.wait_for(|accepting| !*accepting).await;
+        self.until_shutdown().await;
         let _ = self.accept_task.await;
-        if !self.app.is_shutting_down() {
-            // SHUTDOWN WAIT_FOR_CLIENTS: the clients here are served until the last one has
-            // gone, or until a harder shutdown begins.
-            let mut shutdown = self.app.shutdown_signal();
-            while self.app.client_count() > 0 && !self.app.is_shutting_down() {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-                    _ = shutdown.wait_for(|s| *s) => {}
-                }
-            }
-            self.app.begin_shutdown();
-        }
         let timeout = self.app.config.load().general.shutdown_timeout;
         let deadline = Instant::now() + timeout;
         while self.app.client_count() > 0 && Instant::now() < deadline {
@@ -310,6 +256,112 @@ impl Pgmemo {
     }
 }
 
+impl Pgmemo {
+    /// Returns once a shutdown has begun. Before that, when pgmemo stops accepting without
+    /// one (`SHUTDOWN WAIT_FOR_CLIENTS`, or an online restart handing the clients over), the
+    /// clients here are served until the last one has gone, then the shutdown begins; an
+    /// online restart begins it after `shutdown_timeout` too (for clients that cannot
+    /// move), and goes back to serving if the new process went away (it accepts again).
+    async fn until_shutdown(&self) {
+        let app = &self.app;
+        let mut accepting = app.accepting_signal();
+        let mut shutdown = app.shutdown_signal();
+        loop {
+            let _ = accepting.wait_for(|accepting| !*accepting).await;
+            if app.is_shutting_down() {
+                return;
+            }
+            let timeout = app.config.load().general.shutdown_timeout;
+            let deadline = app.is_handing_over().then(|| Instant::now() + timeout);
+            loop {
+                if app.client_count() == 0 || app.is_shutting_down() {
+                    app.begin_shutdown();
+                    return;
+                }
+                if *accepting.borrow_and_update() {
+                    break; // the new process went away: serving again
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    tracing::warn!(
+                        clients = app.client_count(),
+                        "takeover: shutdown_timeout passed; closing the clients that could not move"
+                    );
+                    app.begin_shutdown();
+                    return;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = shutdown.wait_for(|s| *s) => {}
+                    _ = accepting.changed() => {}
+                }
+            }
+        }
+    }
+}
+
+/// `--takeover`: the listening sockets of the pgmemo whose control socket is at `path`, or
+/// None when none answers there.
+fn ask_takeover(path: &std::path::Path) -> anyhow::Result<Option<takeover::Inherited>> {
+    let inherited = takeover::take_over(path)?;
+    match &inherited {
+        Some(_) => {
+            tracing::info!(socket = %path.display(), "--takeover: taking over from the running pgmemo")
+        }
+        None => {
+            tracing::info!(socket = %path.display(), "--takeover: no pgmemo answers there; starting as usual")
+        }
+    }
+    Ok(inherited)
+}
+
+/// The Unix socket and the metrics endpoint: the ones taken over, else opened as the
+/// configuration says. After a takeover (`took_over`) a socket the old process did not have
+/// is an extra: failing to open it must not stop the process that now holds the listeners.
+async fn side_listeners(
+    general: &config::General,
+    port: u16,
+    unix: Option<listen::UnixSocket>,
+    metrics: Option<TcpListener>,
+    metrics_listen: Option<String>,
+    took_over: bool,
+) -> anyhow::Result<(Option<listen::UnixSocket>, Option<TcpListener>)> {
+    let unix = match (&general.unix_socket_dir, unix) {
+        (_, Some(unix)) => Some(unix),
+        (Some(dir), None) => {
+            let bound = config::parse_mode(&general.unix_socket_mode)
+                .map_err(anyhow::Error::msg)
+                .and_then(|mode| {
+                    let group = general.unix_socket_group.as_deref();
+                    listen::UnixSocket::bind(dir, port, mode, group)
+                });
+            match bound {
+                Ok(unix) => Some(unix),
+                Err(e) if took_over => {
+                    tracing::warn!("no Unix socket after the takeover: {e:#}");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        _ => None,
+    };
+    let metrics = match (metrics, metrics_listen) {
+        (Some(l), _) => Some(l),
+        (None, Some(m)) => match TcpListener::bind(&m).await {
+            Ok(l) => Some(l),
+            Err(e) if took_over => {
+                tracing::warn!("no metrics endpoint after the takeover: cannot listen on metrics_listen {m}: {e}");
+                None
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot listen on metrics_listen {m}"))
+            }
+        },
+        _ => None,
+    };
+    Ok((unix, metrics))
+}
+
 /// RELOAD: rebuilds the configuration with the registered reloader and applies it; returns
 /// the changed settings that wait for a restart (see [`App::reload`]).
 pub fn reload(app: &App) -> anyhow::Result<Vec<config::PendingRestart>> {
@@ -332,16 +384,28 @@ async fn accept_loop(
     let mut unix = unix;
     loop {
         let accepted = tokio::select! {
-            r = listener.accept() => r.map(|(tcp, _)| stream::Stream::Tcp(tcp)),
+            r = listener.accept() => Some(r.map(|(tcp, _)| stream::Stream::Tcp(tcp))),
             // An async block runs only when polled, which the guard keeps from a None.
-            r = async { unix.as_ref().expect("guarded").accept().await }, if unix.is_some() => r,
-            _ = accepting.wait_for(|accepting| !*accepting) => {
-                // An online restart's successor listens on the socket file now.
-                if let Some(unix) = unix.as_mut().filter(|_| app.is_handing_over()) {
-                    unix.leave_file();
-                }
+            r = async { unix.as_ref().expect("guarded").accept().await }, if unix.is_some() => Some(r),
+            _ = accepting.wait_for(|accepting| !*accepting) => None,
+        };
+        let Some(accepted) = accepted else {
+            if !app.is_handing_over() {
                 return;
             }
+            // An online restart: the new process accepts on these sockets now. They are
+            // kept, not accepted on, until this process exits (the Unix socket's file stays:
+            // the new process listens on it), or until the new process goes away before it
+            // has every client: then this one accepts again.
+            let mut shutdown = app.shutdown_signal();
+            tokio::select! {
+                _ = accepting.wait_for(|accepting| *accepting) => continue,
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+            if let Some(unix) = unix.as_mut() {
+                unix.leave_file();
+            }
+            return;
         };
         match accepted {
             Ok(client) => {

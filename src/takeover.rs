@@ -11,13 +11,17 @@
 //!    duplicates of its TCP listener, Unix-socket listener and metrics listener. The kernel
 //!    keeps one queue per listening socket, so nothing that connects in between is refused:
 //!    the new process accepts from here on, the old one stops accepting.
-//! 3. The old process begins a safe shutdown in which its sessions are handed over instead
-//!    of closed: each at its next rest (see `session::handover`) sends its client's socket
-//!    and its written-down state ([`Kind::Client`]); the new process makes a session of it
-//!    and serves the client's next message. Clients in a transaction finish it in the old
-//!    process first; those that cannot move (TLS, session mode, pinned) stay there until
-//!    they can or leave, and are closed when `shutdown_timeout` passes, as at a safe
-//!    shutdown.
+//! 3. The old process stops accepting (`App::begin_handover`; not yet a shutdown: its
+//!    janitor and WAL streams go on) and its sessions are handed over: each at its next rest
+//!    (see `session::handover`) sends its client's socket and its written-down state
+//!    ([`Kind::Client`]); the new process makes a session of it and serves the client's next
+//!    message. Clients in a transaction finish it in the old process first; those that
+//!    cannot move (TLS, session mode, pinned) stay there until they can or leave. Once no
+//!    client is left, or `shutdown_timeout` after the takeover began, the old process shuts
+//!    down as at SIGINT (`Pgmemo::wait`).
+//!    If the new process goes away before that (the control connection ends), the old one
+//!    accepts again on the sockets it kept, serves the clients it still has (those in the
+//!    queue to be sent go on here too) and listens for another takeover.
 //! 4. Until the old process exits (the control connection closes), cancel requests with a
 //!    key the new one does not know go back to it ([`Kind::Cancel`]).
 //!
@@ -334,8 +338,6 @@ fn hand_over(
     tracing::info!("takeover: a new pgmemo process takes over; handing over the listeners");
     // The successor binds the control socket's path next.
     file.remove();
-    let (sink, handoffs) = std::sync::mpsc::channel();
-    app.handoff.open(sink);
     let mut body = Vec::new();
     let mut raw = vec![fds.tcp.as_raw_fd()];
     if let Some((fd, path)) = &fds.unix {
@@ -349,46 +351,82 @@ fn hand_over(
     }
     if let Err(e) = send(&stream, Kind::Listeners, &body, &raw) {
         tracing::warn!(error = %e, "takeover: cannot send the listeners; going on here");
-        app.handoff.close();
+        listen_again(&app, &handle, file, fds);
         return;
     }
-    drop(fds);
-    // Cancel requests for the clients still here, from the new process.
+    // Cancel requests for the clients still here, from the new process; the end of the
+    // connection before this process has handed every client over means it went away.
     match stream.try_clone() {
         Ok(reader) => {
             let app = app.clone();
             let handle = handle.clone();
             let _ = std::thread::Builder::new()
                 .name("pgmemo-takeover-cancels".into())
-                .spawn(move || forward_cancels_here(app, reader, handle));
+                .spawn(move || read_from_successor(app, reader, handle));
         }
         Err(e) => tracing::warn!(error = %e, "takeover: cancel requests will not come back"),
     }
-    // From here on this process stops accepting and hands its sessions over as they rest.
-    app.begin_shutdown();
+    // From here on this process accepts no more and hands its sessions over as they rest.
+    let (sink, handoffs) = std::sync::mpsc::channel();
+    app.begin_handover(sink);
+    let mut gone = false;
     while let Ok(handoff) = handoffs.recv() {
-        let sent = send(
-            &stream,
-            Kind::Client,
-            &handoff.state,
-            &[handoff.socket.as_raw_fd()],
-        );
-        app.handoff.sent(sent.is_ok());
-        match sent {
-            Ok(()) => {}
-            Err(e) => {
-                // The client's socket closes with this process: it is lost, as at a crash
-                // of the new one. The others stay here from now on.
-                tracing::warn!(error = %e, "takeover: the new process is gone");
-                app.handoff.close();
+        if !gone {
+            let sent = send(
+                &stream,
+                Kind::Client,
+                &handoff.state,
+                &[handoff.socket.as_raw_fd()],
+            );
+            match sent {
+                Ok(()) => {
+                    app.handoff.sent(true);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "takeover: the new process is gone; the clients stay here");
+                    gone = true;
+                    app.end_handover();
+                }
             }
         }
+        // The new process is gone: the client goes on here, as it was.
+        app.handoff.sent(false);
+        match crate::session::read_carried(&handoff.state) {
+            Some(carried) => {
+                handle.spawn(crate::connection::resume_client(
+                    app.clone(),
+                    carried,
+                    handoff.socket,
+                ));
+            }
+            None => tracing::warn!("takeover: a client's session could not be read back"),
+        }
+    }
+    // The handover ended before this process shut down: the new process went away, and a
+    // later takeover may be tried again.
+    if !app.is_shutting_down() {
+        listen_again(&app, &handle, file, fds);
     }
 }
 
+/// Listens for a successor again after a takeover that did not happen.
+fn listen_again(
+    app: &Arc<App>,
+    handle: &tokio::runtime::Handle,
+    file: BoundFile,
+    fds: ListenerFds,
+) {
+    let _runtime = handle.enter();
+    // Kept for the rest of the process: its file stays when it exits (the next bind
+    // replaces a stale one).
+    std::mem::forget(listen(app.clone(), file.path.clone(), fds));
+}
+
 /// The old process's thread that reads what the new one sends after the listeners: cancel
-/// requests for the clients still here. At its end the new process is gone.
-fn forward_cancels_here(app: Arc<App>, stream: UnixStream, handle: tokio::runtime::Handle) {
+/// requests for the clients still here. Its end, before this process shuts down, means the
+/// new process went away: this one accepts again and keeps the clients it has.
+fn read_from_successor(app: Arc<App>, stream: UnixStream, handle: tokio::runtime::Handle) {
     loop {
         match recv(&stream) {
             Ok(Some((Kind::Cancel, body, _))) if body.len() == 8 => {
@@ -400,6 +438,12 @@ fn forward_cancels_here(app: Arc<App>, stream: UnixStream, handle: tokio::runtim
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => break,
         }
+    }
+    if !app.is_shutting_down() {
+        tracing::warn!(
+            "takeover: the new process went away before it had every client; accepting again"
+        );
+        app.end_handover();
     }
 }
 

@@ -335,6 +335,49 @@ async fn a_transaction_finishes_in_the_old_process() {
     new.logged("takeover complete").await;
 }
 
+/// A new process that dies after it took the listeners over, while the old one still has a
+/// client in a transaction: the old process accepts again and keeps its clients, and a later
+/// takeover works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_process_serves_on_when_the_new_one_dies() {
+    let dir = TempDir::new("restart", "dies");
+    let port = free_port();
+    let mut old = start(&dir, port, "old", false).await;
+    let client = connect(&url(port, TEST_DB)).await;
+    client.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let mut doomed = start(&dir, port, "doomed", true).await;
+    doomed.logged("took over the listening sockets").await;
+    doomed.signal(libc::SIGKILL);
+    let _ = doomed.exited("killed").await;
+    old.logged("accepting again").await;
+    // New clients reach the old process again, and its client finishes its transaction there.
+    let another = connect(&url(port, TEST_DB)).await;
+    another
+        .simple_query("SELECT 1")
+        .await
+        .expect("accepting again");
+    client.batch_execute("COMMIT").await.unwrap();
+    client.simple_query("SELECT 1").await.expect("still served");
+    assert!(old.running(), "{}", old.log());
+    // A second takeover goes through: both clients move.
+    let mut new = start(&dir, port, "new", true).await;
+    new.logged("takeover complete").await;
+    assert!(old.exited("old").await.success(), "{}", old.log());
+    assert!(
+        old.log().contains("takeover: done clients=2"),
+        "{}",
+        old.log()
+    );
+    client
+        .simple_query("SELECT 1")
+        .await
+        .expect("served by the new process");
+    another
+        .simple_query("SELECT 1")
+        .await
+        .expect("served by the new process");
+}
+
 /// A new process that cannot start (here: TLS files that do not load) fails before it asks
 /// for anything: the old one keeps its listeners and its clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,7 +405,10 @@ async fn a_new_process_that_cannot_start_takes_nothing_over() {
     assert!(old.running());
     client.simple_query("SELECT 1").await.expect("still served");
     let another = connect(&url(port, TEST_DB)).await;
-    another.simple_query("SELECT 1").await.expect("still accepting");
+    another
+        .simple_query("SELECT 1")
+        .await
+        .expect("still accepting");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

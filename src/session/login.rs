@@ -48,9 +48,9 @@ pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
         Ok(Ok(Outcome::Session(s))) => *s,
     };
     let max_clients = app.config.load().general.max_client_conn as usize;
-    // During an online restart a client that reached this process still logs in here: it
-    // is handed over at its first rest.
-    if app.is_shutting_down() && !app.is_handing_over() {
+    // During an online restart a client that reached this process still logs in here (the
+    // process is not shutting down): it is handed over at its first rest.
+    if app.is_shutting_down() {
         app.errors.login_failed(LoginFailure::ShuttingDown);
         startup
             .conn

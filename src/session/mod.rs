@@ -457,9 +457,9 @@ impl Session {
                         return self.protocol_violation(message).await;
                     }
                     if self.server.is_none()
-                        && self.app.is_shutting_down()
                         && self.client.rbuf.is_empty()
-                        && (!self.app.is_handing_over() || self.can_hand_over())
+                        && (self.app.is_shutting_down()
+                            || (self.app.is_handing_over() && self.can_hand_over()))
                     {
                         let _ = self.client.flush().await;
                         return self.stop().await;
@@ -518,10 +518,10 @@ impl Session {
     fn must_stop(&self) -> bool {
         self.info.is_killed()
             || self.app.is_cut_off()
+            || (self.app.is_handing_over() && self.can_hand_over())
             || (self.app.is_shutting_down()
                 && self.replies.is_idle()
-                && self.server.as_ref().is_none_or(|s| s.status == b'I')
-                && (!self.app.is_handing_over() || self.can_hand_over()))
+                && self.server.as_ref().is_none_or(|s| s.status == b'I'))
     }
 
     /// How a session that must stop ends: handed over during an online restart, else closed.
