@@ -424,6 +424,11 @@ impl Session {
             .await;
             match event {
                 Event::ClientRead => {
+                    // A kill that came before these bytes wins over them (KILL_CLIENT has
+                    // returned to the console by then): the console's word is final.
+                    if self.info.is_killed() || self.app.is_cut_off() {
+                        return self.stop().await;
+                    }
                     if let Some(worker) = self.worker_to_move_to() {
                         return End::Move(worker);
                     }
