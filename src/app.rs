@@ -1,7 +1,7 @@
 //! What every connection shares: the current configuration, the pools, the registry of clients
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
-use crate::budget::{Budget, BudgetOf};
+use crate::budget::{Budget, BudgetOf, ClientCounts};
 use crate::cancel::Cancels;
 use crate::config::{Config, PendingRestart, PoolMode, ServerTlsMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
@@ -421,6 +421,9 @@ pub struct App {
     /// does not load fails the start or the RELOAD, not a login.
     server_tls_by_string: ArcSwap<ServerConnectors>,
     clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+    /// The registered clients per database and per user (`max_db_client_connections`,
+    /// `max_user_client_connections`).
+    client_counts: ClientCounts,
     /// Secret key → client: a CancelRequest must also carry the client's process ID.
     cancel_keys: Mutex<HashMap<i32, Arc<ClientInfo>>>,
     next_client_id: AtomicU64,
@@ -491,6 +494,7 @@ impl App {
             server_tls: ArcSwapOption::empty(),
             server_tls_by_string: ArcSwap::from_pointee(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
+            client_counts: ClientCounts::default(),
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
             names: Mutex::new(std::collections::HashSet::new()),
@@ -948,6 +952,7 @@ impl App {
         keys.insert(secret, info.clone());
         drop(keys);
         self.clients.lock().insert(id, info.clone());
+        self.client_counts.add(&info.database, &info.user);
         info
     }
 
@@ -982,7 +987,9 @@ impl App {
     pub fn unregister_client(&self, info: &ClientInfo) {
         info.stop_waker.lock().take();
         self.cancel_keys.lock().remove(&info.secret);
-        self.clients.lock().remove(&info.id);
+        if self.clients.lock().remove(&info.id).is_some() {
+            self.client_counts.remove(&info.database, &info.user);
+        }
     }
 
     pub fn clients(&self) -> Vec<Arc<ClientInfo>> {
@@ -993,6 +1000,11 @@ impl App {
 
     pub fn client_count(&self) -> usize {
         self.clients.lock().len()
+    }
+
+    /// The clients registered now of database `name` (`BudgetOf::Database`) or user `name`.
+    pub fn clients_of(&self, of: BudgetOf, name: &str) -> u32 {
+        self.client_counts.get(of, name)
     }
 
     /// Gives `client` (logging in, not yet told its BackendKeyData) the process ID `pid`: in

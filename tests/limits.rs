@@ -1,7 +1,8 @@
 //! What protects PostgreSQL, against a real PostgreSQL: max_db_connections and
 //! max_user_connections across pools (clients wait, an idle server of another pool is closed
-//! for them), the reserve pool, query_timeout and client_idle_timeout (PgBouncer's FATAL
-//! 08P01 messages), and TCP keepalive on pgmemo's sockets.
+//! for them), the reserve pool, max_db_client_connections and max_user_client_connections
+//! (refused at login), query_timeout and client_idle_timeout (PgBouncer's FATAL 08P01
+//! messages), and TCP keepalive on pgmemo's sockets.
 //!
 //! Every pool logs into the cluster as the `pgmemo` role (`[upstream]`), so two client users
 //! make two pools of one database; server connections are counted in `pg_stat_activity`.
@@ -425,5 +426,127 @@ async fn idle_transaction_timeout_closes_a_client_idle_in_transaction() {
         !outside_end.is_finished(),
         "the client outside a transaction stays"
     );
+    proxy.shutdown().await;
+}
+
+/// How a login through pgmemo as `user` to `db` is refused: its SQLSTATE and message.
+async fn refused(proxy: &Pgmemo, user: &str, db: &str) -> (String, String) {
+    let password = if user == PGMEMO_USER {
+        PGMEMO_PASS
+    } else {
+        OTHER_PASS
+    };
+    let url = proxy_url(proxy.local_addr(), user, Some(password), db);
+    let e = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{user}'s login to {db} is refused"));
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+    (db.code().code().to_owned(), db.message().to_owned())
+}
+
+/// The console's row of `cmd` whose `name` is `name`.
+async fn row_named(proxy: &Pgmemo, cmd: &str, name: &str) -> HashMap<String, String> {
+    admin(proxy, cmd)
+        .await
+        .into_iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("{cmd} has a row {name}"))
+}
+
+/// max_db_client_connections = 2 on one database: a third client of it (whatever its user)
+/// is refused with PgBouncer's FATAL 08P01, while another database and the admin console
+/// still let clients in and the two clients go on; SHOW DATABASES shows the limit and the
+/// count; once a client has gone, a new one gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_db_client_connections_refuses_a_client_over_the_limit() {
+    const DB: &str = "limits_db_clients";
+    const OTHER_DB: &str = "limits_db_clients_other";
+    fresh_db(DB).await;
+    fresh_db(OTHER_DB).await;
+    let mut cfg = two_users(2);
+    cfg.databases.insert(
+        DB.into(),
+        DatabaseConfig {
+            max_db_client_connections: Some(2),
+            ..DatabaseConfig::default()
+        },
+    );
+    let proxy = start_pgmemo(cfg).await;
+    let a = client(&proxy, PGMEMO_USER, DB).await;
+    let b = client(&proxy, OTHER_USER, DB).await;
+    let over = (
+        "08P01".to_owned(),
+        "client connections exceeded (max_db_client_connections)".to_owned(),
+    );
+    assert_eq!(refused(&proxy, PGMEMO_USER, DB).await, over);
+    assert_eq!(refused(&proxy, OTHER_USER, DB).await, over);
+    let elsewhere = client(&proxy, PGMEMO_USER, OTHER_DB).await;
+    elsewhere.batch_execute("SELECT 1").await.unwrap();
+    a.batch_execute("SELECT 1").await.unwrap();
+    let row = row_named(&proxy, "SHOW DATABASES", DB).await;
+    assert_eq!(
+        (
+            row["max_client_connections"].as_str(),
+            row["current_client_connections"].as_str()
+        ),
+        ("2", "2")
+    );
+    drop(b);
+    wait_until(
+        "the gone client to be counted out",
+        Duration::from_secs(10),
+        || async {
+            row_named(&proxy, "SHOW DATABASES", DB).await["current_client_connections"] == "1"
+        },
+    )
+    .await;
+    let c = client(&proxy, OTHER_USER, DB).await;
+    c.batch_execute("SELECT 1").await.unwrap();
+    proxy.shutdown().await;
+}
+
+/// max_user_client_connections = 1 in general and 2 for `plain_user`: counted across
+/// databases, the client over its user's limit is refused with PgBouncer's FATAL 08P01; the
+/// admin console does not count (the console user is at its limit and still gets in); SHOW
+/// USERS shows each user's limit and count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_user_client_connections_refuses_a_client_over_the_limit() {
+    const DB: &str = "limits_user_clients";
+    const OTHER_DB: &str = "limits_user_clients_other";
+    fresh_db(DB).await;
+    fresh_db(OTHER_DB).await;
+    let mut cfg = two_users(2);
+    cfg.general.max_user_client_connections = 1;
+    cfg.users
+        .get_mut(OTHER_USER)
+        .unwrap()
+        .max_user_client_connections = Some(2);
+    let proxy = start_pgmemo(cfg).await;
+    let over = (
+        "08P01".to_owned(),
+        "client connections exceeded (max_user_client_connections)".to_owned(),
+    );
+    let a = client(&proxy, PGMEMO_USER, DB).await;
+    assert_eq!(refused(&proxy, PGMEMO_USER, OTHER_DB).await, over);
+    let b1 = client(&proxy, OTHER_USER, DB).await;
+    let b2 = client(&proxy, OTHER_USER, OTHER_DB).await;
+    assert_eq!(refused(&proxy, OTHER_USER, DB).await, over);
+    for c in [&a, &b1, &b2] {
+        c.batch_execute("SELECT 1").await.unwrap();
+    }
+    // `admin` logs into the console as `pgmemo`, whose one client is in use.
+    let mine = row_named(&proxy, "SHOW USERS", PGMEMO_USER).await;
+    let other = row_named(&proxy, "SHOW USERS", OTHER_USER).await;
+    let limits = |r: &HashMap<String, String>| {
+        (
+            r["max_user_client_connections"].clone(),
+            r["current_client_connections"].clone(),
+        )
+    };
+    assert_eq!(limits(&mine), ("1".to_owned(), "1".to_owned()));
+    assert_eq!(limits(&other), ("2".to_owned(), "2".to_owned()));
     proxy.shutdown().await;
 }

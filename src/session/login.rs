@@ -21,6 +21,27 @@ pub struct Admitted {
     pub local: Endpoint,
 }
 
+/// The setting whose limit one more client of `startup`'s database or user would pass
+/// (`max_db_client_connections`, then `max_user_client_connections`, PgBouncer's order);
+/// None when it may stay. The admin console is not counted.
+fn client_limit_reached(app: &App, startup: &Startup) -> Option<&'static str> {
+    use crate::budget::BudgetOf;
+    if crate::config::is_admin_database(&startup.database) {
+        return None;
+    }
+    let (database, user) = app
+        .config
+        .load()
+        .client_limits(&startup.database, &startup.user);
+    if database > 0 && app.clients_of(BudgetOf::Database, &startup.database) >= database {
+        return Some("max_db_client_connections");
+    }
+    if user > 0 && app.clients_of(BudgetOf::User, &startup.user) >= user {
+        return Some("max_user_client_connections");
+    }
+    None
+}
+
 /// Logs a client in within client_login_timeout and checks it may stay (not shutting down,
 /// under max_client_conn): its startup and addresses, or None when it was turned away.
 pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
@@ -74,6 +95,16 @@ pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
                 sqlstate::TOO_MANY_CONNECTIONS,
                 "no more connections allowed (max_client_conn)",
             )
+            .await;
+        return None;
+    }
+    if let Some(setting) = client_limit_reached(app, &startup) {
+        tracing::warn!(%peer, database = %startup.database, user = %startup.user, "{setting} reached, refusing client");
+        app.errors.login_failed(LoginFailure::Other);
+        let message = format!("client connections exceeded ({setting})");
+        startup
+            .conn
+            .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message)
             .await;
         return None;
     }
