@@ -1,8 +1,9 @@
 //! What protects PostgreSQL, against a real PostgreSQL: max_db_connections and
 //! max_user_connections across pools (clients wait, an idle server of another pool is closed
 //! for them), the reserve pool, max_db_client_connections and max_user_client_connections
-//! (refused at login), query_timeout and client_idle_timeout (PgBouncer's FATAL 08P01
-//! messages), and TCP keepalive on pgmemo's sockets.
+//! (refused at login), query_timeout, idle_transaction_timeout, transaction_timeout and
+//! client_idle_timeout, general and per user (PgBouncer's FATAL 08P01 messages), and TCP
+//! keepalive on pgmemo's sockets.
 //!
 //! Every pool logs into the cluster as the `pgmemo` role (`[upstream]`), so two client users
 //! make two pools of one database; server connections are counted in `pg_stat_activity`.
@@ -548,5 +549,137 @@ async fn max_user_client_connections_refuses_a_client_over_the_limit() {
     };
     assert_eq!(limits(&mine), ("1".to_owned(), "1".to_owned()));
     assert_eq!(limits(&other), ("2".to_owned(), "2".to_owned()));
+    proxy.shutdown().await;
+}
+
+/// transaction_timeout = 2 s, in session and in transaction mode: a client whose
+/// transaction runs a long query is closed with PgBouncer's FATAL 08P01 "transaction timeout"
+/// (no query_timeout or idle_transaction_timeout is set), its transaction rolled back; a
+/// client that ran a whole transaction and statements before, and has been idle outside one
+/// since (holding its server, in session mode), is not closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_timeout_closes_a_client_in_a_long_transaction() {
+    const DB: &str = "limits_tx_timeout";
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        fresh_db(DB).await;
+        let mut cfg = test_config(mode, 2);
+        cfg.general.transaction_timeout = Duration::from_secs(2);
+        let proxy = start_pgmemo(cfg).await;
+        let (outside, outside_end) = client_and_end(&proxy, DB).await;
+        outside
+            .batch_execute("CREATE TABLE t (n int); BEGIN; SELECT 1; COMMIT")
+            .await
+            .unwrap();
+        outside.batch_execute("SELECT 1").await.unwrap();
+        let (inside, end) = client_and_end(&proxy, DB).await;
+        inside
+            .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
+            .await
+            .unwrap();
+        let e = tokio::time::timeout(
+            Duration::from_secs(10),
+            inside.batch_execute("SELECT pg_sleep(60)"),
+        )
+        .await
+        .expect("transaction_timeout ends the transaction")
+        .expect_err("with an error");
+        let db = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+        assert_eq!(
+            (db.code().code(), db.message()),
+            ("08P01", "transaction timeout"),
+            "{mode:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(10), end)
+            .await
+            .expect("the connection ends")
+            .unwrap()
+            .ok();
+        assert!(
+            !outside_end.is_finished(),
+            "{mode:?}: the client outside a transaction stays"
+        );
+        assert_eq!(scalar(&outside, "SELECT count(*) FROM t").await, "0");
+        drop(outside);
+        proxy.shutdown().await;
+    }
+}
+
+/// Each user's own timeouts in `[users.NAME]` override the general ones (none set here):
+/// `plain_user` idle in a transaction, `tx_user` in a long transaction, `query_user` in a
+/// long query and `idle_user` idle are each closed with PgBouncer's FATAL; `pgmemo`, without
+/// timeouts, idle in a transaction all along, is not, and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_user_timeouts_override_the_general_ones() {
+    const DB: &str = "limits_user_timeouts";
+    fresh_db(DB).await;
+    let mut cfg = two_users(2);
+    let second = Some(Duration::from_secs(1));
+    let user = |f: &dyn Fn(&mut UserConfig)| {
+        let mut u = UserConfig {
+            password: Some(OTHER_PASS.into()),
+            ..UserConfig::default()
+        };
+        f(&mut u);
+        u
+    };
+    cfg.users.insert(
+        OTHER_USER.into(),
+        user(&|u| u.idle_transaction_timeout = second),
+    );
+    cfg.users
+        .insert("tx_user".into(), user(&|u| u.transaction_timeout = second));
+    cfg.users
+        .insert("query_user".into(), user(&|u| u.query_timeout = second));
+    cfg.users.insert(
+        "idle_user".into(),
+        user(&|u| u.client_idle_timeout = second),
+    );
+    let proxy = start_pgmemo(cfg).await;
+    let connect_as = |name: &'static str| {
+        let url = proxy_url(proxy.local_addr(), name, Some(OTHER_PASS), DB);
+        async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            (client, tokio::spawn(conn))
+        }
+    };
+    let (mine, mine_end) = client_and_end(&proxy, DB).await;
+    mine.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    let (idle_tx, end) = connect_as(OTHER_USER).await;
+    idle_tx.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "idle transaction timeout".to_owned())
+    );
+    let (idle, end) = connect_as("idle_user").await;
+    idle.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "client_idle_timeout".to_owned())
+    );
+    for (name, sql, want) in [
+        (
+            "tx_user",
+            "BEGIN; SELECT pg_sleep(60)",
+            "transaction timeout",
+        ),
+        ("query_user", "SELECT pg_sleep(60)", "query timeout"),
+    ] {
+        let (c, _end) = connect_as(name).await;
+        let e = tokio::time::timeout(Duration::from_secs(10), c.batch_execute(sql))
+            .await
+            .unwrap_or_else(|_| panic!("{name}'s timeout ends its query"))
+            .expect_err("with an error");
+        let db = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+        assert_eq!((db.code().code(), db.message()), ("08P01", want), "{name}");
+    }
+    assert!(!mine_end.is_finished(), "pgmemo's client stays");
+    mine.batch_execute("SELECT 1; COMMIT").await.unwrap();
     proxy.shutdown().await;
 }
