@@ -738,20 +738,20 @@ impl App {
     }
 
     /// `auth_query`: the secret of client `user` logging in to `database`, looked up as
-    /// `general.auth_user` (None: no auth_user, no such database or no such user).
+    /// its `auth_user` ([`Config::auth_lookup`]; None: no auth_user, no such database or no
+    /// such user).
     pub async fn look_up_secret(
         &self,
         database: &str,
         user: &str,
     ) -> Result<Option<String>, crate::auth_query::LookupError> {
         let cfg = self.config.load_full();
-        let g = &cfg.general;
-        let Some(auth_user) = g.auth_user.clone() else {
+        let Some(lookup) = cfg.auth_lookup(database) else {
             return Ok(None);
         };
-        let dbname = g.auth_dbname.as_deref().unwrap_or(database);
+        let auth_user = lookup.user;
         let key = PoolKey {
-            database: dbname.to_owned(),
+            database: lookup.dbname,
             user: auth_user.clone(),
         };
         let Some(settings) = self.pool_settings(&cfg, &key) else {
@@ -772,7 +772,7 @@ impl App {
             target.scram_keys = None;
             target.user = auth_user;
         }
-        self.auth_query.secret(&target, &g.auth_query, user).await
+        self.auth_query.secret(&target, &lookup.query, user).await
     }
 
     /// Whom WAL invalidation's connections to `pool`'s server database log in as (`target`:

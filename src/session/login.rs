@@ -338,6 +338,14 @@ async fn authenticate(
     let cfg = app.config.load();
     let secret = match secret_of(app, user, database).await {
         Ok(secret) => secret.as_deref().map(Secret::parse),
+        Err(crate::auth_query::LookupError::NoDatabase) => {
+            return Err(conn
+                .refuse(
+                    sqlstate::INVALID_CATALOG_NAME,
+                    format!("database \"{database}\" does not exist"),
+                )
+                .await);
+        }
         Err(e) => {
             tracing::warn!(user, database, error = %e, "auth_query lookup failed");
             return Err(conn
@@ -421,7 +429,7 @@ async fn authenticate(
 }
 
 /// The secret client `user` must prove: from `[users]` or the auth file, else looked up
-/// with auth_query when `auth_user` is set (not for the admin console).
+/// with auth_query when the database's `auth_user` is set (not for the admin console).
 async fn secret_of(
     app: &App,
     user: &str,
@@ -431,11 +439,17 @@ async fn secret_of(
     if let Some(secret) = cfg.user_secret(user) {
         return Ok(Some(secret.to_owned()));
     }
-    if cfg.general.auth_user.is_none()
-        || cfg.general.auth_type == AuthType::Trust
+    if cfg.general.auth_type == AuthType::Trust
         || crate::config::is_admin_database(database)
+        || cfg.auth_lookup(database).is_none()
     {
         return Ok(None);
+    }
+    // No secret can be looked up for a database pgmemo does not serve (auth_query runs in
+    // it by default), and its client would be refused after any login: told so now, as
+    // PostgreSQL tells it after one.
+    if cfg.resolve(database, user).is_none() {
+        return Err(crate::auth_query::LookupError::NoDatabase);
     }
     app.look_up_secret(database, user).await
 }
