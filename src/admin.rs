@@ -1366,8 +1366,8 @@ fn user_names(
 }
 
 /// PgBouncer's SHOW DATABASES, a row per database name, its settings as `resolve` gives
-/// them for a user without settings of its own. pgmemo has no reserve pool and no
-/// per-database connection limits (0: none, as in PgBouncer).
+/// them for a user without settings of its own, its limits (0: none, as in PgBouncer) and
+/// its server and client connections.
 pub fn show_databases(app: &App) -> Table {
     let config = app.config.load();
     let pools = app.pools();
@@ -1404,7 +1404,7 @@ pub fn show_databases(app: &App) -> Table {
                 None,
                 text(db.max_db_connections),
                 text(servers),
-                text(0),
+                text(config.client_limits(&name, "").0),
                 text(clients),
                 text(u8::from(paused)),
                 text(u8::from(app.is_disabled(&name))),
@@ -1436,7 +1436,8 @@ pub fn show_databases(app: &App) -> Table {
 }
 
 /// PgBouncer's SHOW USERS: a row per client user, its own pool size and mode (empty and
-/// NULL when it has none, as in PgBouncer), its max_user_connections and its connections.
+/// NULL when it has none, as in PgBouncer), its max_user_connections and
+/// max_user_client_connections and its connections.
 pub fn show_users(app: &App) -> Table {
     let config = app.config.load();
     let pools = app.pools();
@@ -1462,7 +1463,7 @@ pub fn show_users(app: &App) -> Table {
                         .unwrap_or(config.general.max_user_connections),
                 ),
                 text(servers),
-                text(0),
+                text(config.client_limits("", &name).1),
                 text(clients),
             ]
         })

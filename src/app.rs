@@ -1,7 +1,7 @@
 //! What every connection shares: the current configuration, the pools, the registry of clients
 //! (for the admin console and cancel requests), TLS state, and the shutdown signal.
 
-use crate::budget::{Budget, BudgetOf};
+use crate::budget::{Budget, BudgetOf, ClientCounts};
 use crate::cancel::Cancels;
 use crate::config::{Config, PendingRestart, PoolMode, ServerTlsMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
@@ -15,21 +15,25 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use tokio::sync::watch;
 
-/// A client's socket address in 20 bytes instead of `SocketAddr`'s 32 (an IPv6 address keeps
+/// A client's socket address in 19 bytes instead of `SocketAddr`'s 32 (an IPv6 address keeps
 /// no flow label or scope id, which pgmemo only ever shows): every client holds two. A
 /// client on the Unix socket (`unix_socket_dir`) has no IP address: its endpoints are
-/// PgBouncer's `unix` and the listen port.
+/// PgBouncer's `unix` and the listen port. The port is kept as bytes, so that the address
+/// has no padding: two of them in [`ClientInfo`] leave it room for two more bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
     /// None on a Unix socket (the niche of `IpAddr` keeps this 17 bytes).
     ip: Option<IpAddr>,
-    port: u16,
+    port: [u8; 2],
 }
 
 impl Endpoint {
     /// A Unix-socket client's endpoint: its socket file's port (the listen port).
     pub fn unix(port: u16) -> Endpoint {
-        Endpoint { ip: None, port }
+        Endpoint {
+            ip: None,
+            port: port.to_ne_bytes(),
+        }
     }
 
     /// The IP address; None on a Unix socket.
@@ -44,7 +48,7 @@ impl Endpoint {
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        u16::from_ne_bytes(self.port)
     }
 }
 
@@ -52,7 +56,7 @@ impl From<SocketAddr> for Endpoint {
     fn from(addr: SocketAddr) -> Endpoint {
         Endpoint {
             ip: Some(addr.ip()),
-            port: addr.port(),
+            port: addr.port().to_ne_bytes(),
         }
     }
 }
@@ -60,8 +64,8 @@ impl From<SocketAddr> for Endpoint {
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.ip {
-            Some(ip) => SocketAddr::new(ip, self.port).fmt(f),
-            None => write!(f, "unix:{}", self.port),
+            Some(ip) => SocketAddr::new(ip, self.port()).fmt(f),
+            None => write!(f, "unix:{}", self.port()),
         }
     }
 }
@@ -133,6 +137,8 @@ pub enum KillReason {
     QueryTimeout = 2,
     /// Idle in a transaction past `idle_transaction_timeout`.
     IdleTransactionTimeout = 3,
+    /// In a transaction (running or idle) past `transaction_timeout`.
+    TransactionTimeout = 4,
 }
 
 /// What the rest of pgmemo can see of one client connection.
@@ -185,6 +191,11 @@ pub struct ClientInfo {
     /// status T or E, read only while no query is in flight. Two bytes, so that ClientInfo
     /// keeps its size class.
     idle_in_transaction: AtomicU16,
+    /// Since when the client's transaction has been open, in whole seconds of
+    /// [`App::clock_us`] as `idle_in_transaction` (0: none is): from the first query after a
+    /// ReadyForQuery of status I (a single statement is a transaction too, as PgBouncer's
+    /// `xact_start`) to the next such ReadyForQuery (`transaction_timeout`).
+    transaction_start: AtomicU16,
     /// Its session's task, woken when a shutdown begins or reaches its cutoff, or when the
     /// cancel requests it waited for have been delivered: the session reads the flags whenever
     /// it is polled. One waker set once per session costs less memory than a future waiting on
@@ -273,6 +284,7 @@ impl ClientInfo {
             1 => KillReason::ClientIdleTimeout,
             2 => KillReason::QueryTimeout,
             3 => KillReason::IdleTransactionTimeout,
+            4 => KillReason::TransactionTimeout,
             _ => KillReason::Console,
         }
     }
@@ -330,6 +342,10 @@ impl ClientInfo {
         if self.query_start.load(Ordering::Relaxed) == 0 {
             self.query_start
                 .store(query_tick(now_us).max(1), Ordering::Relaxed);
+            if self.transaction_start.load(Ordering::Relaxed) == 0 {
+                self.transaction_start
+                    .store(idle_second(now_us).max(1), Ordering::Relaxed);
+            }
         }
     }
 
@@ -353,7 +369,19 @@ impl ClientInfo {
             0
         };
         self.idle_in_transaction.store(since, Ordering::Relaxed);
+        if !in_transaction {
+            self.transaction_start.store(0, Ordering::Relaxed);
+        }
         Some(age)
+    }
+
+    /// How long the client's transaction has been open at `now_us`, running or idle, in
+    /// microseconds (to the second); None when it is in none.
+    pub fn transaction_age_us(&self, now_us: u64) -> Option<u64> {
+        match self.transaction_start.load(Ordering::Relaxed) {
+            0 => None,
+            since => Some(u64::from(idle_second(now_us).wrapping_sub(since)) * 1_000_000),
+        }
     }
 
     /// How long the client has been idle in a transaction at `now_us`, in microseconds (as
@@ -372,6 +400,10 @@ impl ClientInfo {
     #[inline]
     pub fn forget_query(&self) {
         self.query_start.store(0, Ordering::Relaxed);
+        // Outside a transaction before it, the query answered here began none.
+        if self.idle_in_transaction.load(Ordering::Relaxed) == 0 {
+            self.transaction_start.store(0, Ordering::Relaxed);
+        }
     }
 
     /// How long the query in flight has run at `now_us` ([`App::clock_us`]), in
@@ -421,6 +453,9 @@ pub struct App {
     /// does not load fails the start or the RELOAD, not a login.
     server_tls_by_string: ArcSwap<ServerConnectors>,
     clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+    /// The registered clients per database and per user (`max_db_client_connections`,
+    /// `max_user_client_connections`).
+    client_counts: ClientCounts,
     /// Secret key → client: a CancelRequest must also carry the client's process ID.
     cancel_keys: Mutex<HashMap<i32, Arc<ClientInfo>>>,
     next_client_id: AtomicU64,
@@ -491,6 +526,7 @@ impl App {
             server_tls: ArcSwapOption::empty(),
             server_tls_by_string: ArcSwap::from_pointee(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
+            client_counts: ClientCounts::default(),
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
             names: Mutex::new(std::collections::HashSet::new()),
@@ -702,20 +738,20 @@ impl App {
     }
 
     /// `auth_query`: the secret of client `user` logging in to `database`, looked up as
-    /// `general.auth_user` (None: no auth_user, no such database or no such user).
+    /// its `auth_user` ([`Config::auth_lookup`]; None: no auth_user, no such database or no
+    /// such user).
     pub async fn look_up_secret(
         &self,
         database: &str,
         user: &str,
     ) -> Result<Option<String>, crate::auth_query::LookupError> {
         let cfg = self.config.load_full();
-        let g = &cfg.general;
-        let Some(auth_user) = g.auth_user.clone() else {
+        let Some(lookup) = cfg.auth_lookup(database) else {
             return Ok(None);
         };
-        let dbname = g.auth_dbname.as_deref().unwrap_or(database);
+        let auth_user = lookup.user;
         let key = PoolKey {
-            database: dbname.to_owned(),
+            database: lookup.dbname,
             user: auth_user.clone(),
         };
         let Some(settings) = self.pool_settings(&cfg, &key) else {
@@ -736,7 +772,7 @@ impl App {
             target.scram_keys = None;
             target.user = auth_user;
         }
-        self.auth_query.secret(&target, &g.auth_query, user).await
+        self.auth_query.secret(&target, &lookup.query, user).await
     }
 
     /// Whom WAL invalidation's connections to `pool`'s server database log in as (`target`:
@@ -943,11 +979,13 @@ impl App {
             request_secs: AtomicU32::new(connect_secs),
             query_start: AtomicU32::new(0),
             idle_in_transaction: AtomicU16::new(0),
+            transaction_start: AtomicU16::new(0),
             stop_waker: Mutex::new(None),
         });
         keys.insert(secret, info.clone());
         drop(keys);
         self.clients.lock().insert(id, info.clone());
+        self.client_counts.add(&info.database, &info.user);
         info
     }
 
@@ -982,7 +1020,9 @@ impl App {
     pub fn unregister_client(&self, info: &ClientInfo) {
         info.stop_waker.lock().take();
         self.cancel_keys.lock().remove(&info.secret);
-        self.clients.lock().remove(&info.id);
+        if self.clients.lock().remove(&info.id).is_some() {
+            self.client_counts.remove(&info.database, &info.user);
+        }
     }
 
     pub fn clients(&self) -> Vec<Arc<ClientInfo>> {
@@ -993,6 +1033,11 @@ impl App {
 
     pub fn client_count(&self) -> usize {
         self.clients.lock().len()
+    }
+
+    /// The clients registered now of database `name` (`BudgetOf::Database`) or user `name`.
+    pub fn clients_of(&self, of: BudgetOf, name: &str) -> u32 {
+        self.client_counts.get(of, name)
     }
 
     /// Gives `client` (logging in, not yet told its BackendKeyData) the process ID `pid`: in
@@ -1204,6 +1249,6 @@ mod tests {
             (unix.host(), unix.port(), unix.to_string()),
             ("unix".into(), 6432, "unix:6432".into())
         );
-        assert_eq!(std::mem::size_of::<Endpoint>(), 20);
+        assert_eq!(std::mem::size_of::<Endpoint>(), 19);
     }
 }

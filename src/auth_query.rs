@@ -4,9 +4,11 @@
 //! server connection of `auth_user`, and its one row's second column is the secret (plain, md5
 //! or SCRAM, as `pg_authid` holds it).
 //!
-//! Answers are kept for [`CACHE_TTL`] per (server database, user), absent users too, so that
-//! a burst of logins costs one query. No lock is held while a query runs: two logins of the
-//! same uncached user may both ask, and the later answer is kept.
+//! Answers are kept for [`CACHE_TTL`] per (server database, auth_user, query, user), absent
+//! users too, so that a burst of logins costs one query (two databases may share a server
+//! database with auth_users or queries of their own: PgBouncer's per-database overrides). No
+//! lock is held while a query runs: two logins of the same uncached user may both ask, and
+//! the later answer is kept.
 //!
 //! No row means no such user (the login then fails like a wrong password: 28P01, the same
 //! text); so is a NULL secret (an expired or password-less role; PgBouncer stores a secret
@@ -32,15 +34,18 @@ pub enum LookupError {
     /// The query answered something else than at most one row of two columns.
     #[error("{0}")]
     Shape(String),
+    /// The client asked for a database pgmemo does not serve: nowhere to look.
+    #[error("no such database")]
+    NoDatabase,
 }
 
-/// (server database, user): what an answer is kept under.
-type Key = (String, String);
+/// (server database, auth_user, query, user): what an answer is kept under.
+type Key = (String, String, String, String);
 
 /// One answer (the secret, None for no such user) and when it came.
 type Answer = (Option<String>, Instant);
 
-/// The answers of auth_query, by (server database, user).
+/// The answers of auth_query, by (server database, auth_user, query, user).
 #[derive(Default)]
 pub struct AuthQueryCache {
     answers: Mutex<HashMap<Key, Answer>>,
@@ -55,7 +60,12 @@ impl AuthQueryCache {
         query: &str,
         user: &str,
     ) -> Result<Option<String>, LookupError> {
-        let key = (target.database_id.to_string(), user.to_owned());
+        let key = (
+            target.database_id.to_string(),
+            target.user.clone(),
+            query.to_owned(),
+            user.to_owned(),
+        );
         if let Some((secret, at)) = self.answers.lock().get(&key) {
             if at.elapsed() < CACHE_TTL {
                 return Ok(secret.clone());

@@ -178,3 +178,49 @@ mod tests {
         assert_eq!(unlimited.open(), 100);
     }
 }
+
+/// The client connections of each database name and each user at once, for PgBouncer's
+/// `max_db_client_connections` and `max_user_client_connections`: counted when a client is
+/// registered and when it goes (login and logout, never per query). The admin console's
+/// clients are never registered, so never counted, as in PgBouncer.
+#[derive(Default)]
+pub struct ClientCounts(Mutex<ClientTally>);
+
+#[derive(Default)]
+struct ClientTally {
+    databases: std::collections::HashMap<Arc<str>, u32>,
+    users: std::collections::HashMap<Arc<str>, u32>,
+}
+
+impl ClientCounts {
+    /// Counts a client of `database` and `user` in.
+    pub fn add(&self, database: &Arc<str>, user: &Arc<str>) {
+        let mut tally = self.0.lock();
+        *tally.databases.entry(database.clone()).or_default() += 1;
+        *tally.users.entry(user.clone()).or_default() += 1;
+    }
+
+    /// Counts a client of `database` and `user` out (a name no longer counted is forgotten).
+    pub fn remove(&self, database: &str, user: &str) {
+        let mut guard = self.0.lock();
+        let tally = &mut *guard;
+        for (map, name) in [(&mut tally.databases, database), (&mut tally.users, user)] {
+            if let Some(n) = map.get_mut(name) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(name);
+                }
+            }
+        }
+    }
+
+    /// The clients of database `name` (`BudgetOf::Database`) or user `name` now.
+    pub fn get(&self, of: BudgetOf, name: &str) -> u32 {
+        let tally = self.0.lock();
+        let map = match of {
+            BudgetOf::Database => &tally.databases,
+            BudgetOf::User => &tally.users,
+        };
+        map.get(name).copied().unwrap_or(0)
+    }
+}

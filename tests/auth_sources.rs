@@ -3,7 +3,8 @@
 //! on RELOAD, a broken line refused with its file and line), and `auth_query` run as
 //! `auth_user` in PostgreSQL (SCRAM and md5 secrets from `pg_authid`; no row, a wrong password:
 //! PostgreSQL's 28P01; two rows or an error: refused with a clear message; lookups of two
-//! users at once do not wait for each other); and pass-through: a client checked against a
+//! users at once do not wait for each other; a database pgmemo does not serve: 3D000;
+//! auth_user, auth_query and auth_dbname per database); and pass-through: a client checked against a
 //! stored SCRAM verifier or md5 hash logs into PostgreSQL as itself with the keys of its own
 //! login, pgmemo holding no password of it.
 //!
@@ -12,7 +13,7 @@
 mod common;
 
 use common::*;
-use pgmemo::config::{AuthType, Config, PoolMode};
+use pgmemo::config::{AuthType, Config, DatabaseConfig, PoolMode};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -45,9 +46,14 @@ fn auth_file_config(userlist: &Path, auth: AuthType, admin: bool) -> anyhow::Res
 /// Runs `SELECT current_user` with psql through pgmemo at `port` as `user` / `password`:
 /// stdout on success, stderr on failure.
 async fn psql(port: u16, user: &str, password: &str) -> Result<String, String> {
+    psql_to(port, user, password, TEST_DB).await
+}
+
+/// [`psql`] to database `db`.
+async fn psql_to(port: u16, user: &str, password: &str, db: &str) -> Result<String, String> {
     let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
         .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-U", user, "-d", TEST_DB, "-c", "SELECT current_user"])
+        .args(["-U", user, "-d", db, "-c", "SELECT current_user"])
         .env("PGPASSWORD", password)
         .env_remove("PGSERVICE")
         .stdin(Stdio::null())
@@ -547,6 +553,108 @@ async fn a_server_user_without_a_password_takes_it_from_the_auth_file() {
             .await
             .unwrap(),
         MD5_USER
+    );
+    proxy.shutdown().await;
+}
+
+/// [`auth_query_config`] serving only the databases `dbs` (each logging in as `pgmemo`), with
+/// no `"*"`.
+fn auth_query_config_for(dbs: &[(&str, DatabaseConfig)]) -> Config {
+    let mut config = auth_query_config(AuthType::ScramSha256, None);
+    config.databases.clear();
+    for (name, db) in dbs {
+        let mut db = db.clone();
+        db.user.get_or_insert_with(|| PGMEMO_USER.into());
+        config.databases.insert((*name).into(), db);
+    }
+    config
+}
+
+/// With auth_query, a client that asks for a database pgmemo does not serve (no entry, no
+/// `"*"`) gets PostgreSQL's 3D000, as a user of `[users]` does, not a password failure; the
+/// lookup still serves the database that exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_query_for_a_database_that_does_not_exist_answers_3d000() {
+    let proxy = start_pgmemo(auth_query_config_for(&[(
+        TEST_DB,
+        DatabaseConfig::default(),
+    )]))
+    .await;
+    let port = proxy.local_addr().port();
+    let missing = "FATAL:  database \"no_such_database\" does not exist";
+    let e = psql_to(port, SCRAM_USER, SCRAM_PASS, "no_such_database")
+        .await
+        .unwrap_err();
+    assert_eq!(fatal(&e), missing, "looked up by auth_query");
+    let e = psql_to(port, SUPERUSER, SUPERUSER_PASS, "no_such_database")
+        .await
+        .unwrap_err();
+    assert_eq!(fatal(&e), missing, "a user of [users]");
+    assert_eq!(
+        psql(port, SCRAM_USER, SCRAM_PASS).await.unwrap(),
+        PGMEMO_USER
+    );
+    proxy.shutdown().await;
+}
+
+/// `auth_user`, `auth_query` and `auth_dbname` per database, with none in `[general]`: the
+/// database with an auth_user looks its clients up; one without refuses them as PostgreSQL
+/// refuses a wrong password; one whose own auth_query finds no row refuses them so; one whose
+/// auth_dbname is a database whose server does not exist cannot look up (the lookup ran
+/// there, not in the client's database).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_user_auth_query_and_auth_dbname_per_database() {
+    let looked_up = DatabaseConfig {
+        dbname: Some(TEST_DB.into()),
+        auth_user: Some(SUPERUSER.into()),
+        ..DatabaseConfig::default()
+    };
+    let none = DatabaseConfig {
+        dbname: Some(TEST_DB.into()),
+        ..DatabaseConfig::default()
+    };
+    let no_row = DatabaseConfig {
+        auth_query: Some(
+            "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1 AND false".into(),
+        ),
+        ..looked_up.clone()
+    };
+    let elsewhere = DatabaseConfig {
+        auth_dbname: Some("gone".into()),
+        ..looked_up.clone()
+    };
+    let gone = DatabaseConfig {
+        dbname: Some("no_such_server_database".into()),
+        ..DatabaseConfig::default()
+    };
+    let mut config = auth_query_config_for(&[
+        ("looked_up", looked_up),
+        ("none", none),
+        ("no_row", no_row),
+        ("elsewhere", elsewhere),
+        ("gone", gone),
+    ]);
+    config.general.auth_user = None;
+    let proxy = start_pgmemo(config).await;
+    let port = proxy.local_addr().port();
+    assert_eq!(
+        psql_to(port, SCRAM_USER, SCRAM_PASS, "looked_up")
+            .await
+            .unwrap(),
+        PGMEMO_USER
+    );
+    let wrong = "FATAL:  password authentication failed for user \"scram_user\"";
+    for db in ["none", "no_row"] {
+        let e = psql_to(port, SCRAM_USER, SCRAM_PASS, db).await.unwrap_err();
+        assert_eq!(fatal(&e), wrong, "{db}");
+    }
+    let e = psql_to(port, SCRAM_USER, SCRAM_PASS, "elsewhere")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fatal(&e),
+        "FATAL:  pgmemo could not look up the password of user \"scram_user\" \
+         (auth_query failed; see pgmemo's log)"
     );
     proxy.shutdown().await;
 }

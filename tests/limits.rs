@@ -1,7 +1,9 @@
 //! What protects PostgreSQL, against a real PostgreSQL: max_db_connections and
 //! max_user_connections across pools (clients wait, an idle server of another pool is closed
-//! for them), the reserve pool, query_timeout and client_idle_timeout (PgBouncer's FATAL
-//! 08P01 messages), and TCP keepalive on pgmemo's sockets.
+//! for them), the reserve pool, max_db_client_connections and max_user_client_connections
+//! (refused at login), query_timeout, idle_transaction_timeout, transaction_timeout and
+//! client_idle_timeout, general and per user (PgBouncer's FATAL 08P01 messages), and TCP
+//! keepalive on pgmemo's sockets.
 //!
 //! Every pool logs into the cluster as the `pgmemo` role (`[upstream]`), so two client users
 //! make two pools of one database; server connections are counted in `pg_stat_activity`.
@@ -425,5 +427,259 @@ async fn idle_transaction_timeout_closes_a_client_idle_in_transaction() {
         !outside_end.is_finished(),
         "the client outside a transaction stays"
     );
+    proxy.shutdown().await;
+}
+
+/// How a login through pgmemo as `user` to `db` is refused: its SQLSTATE and message.
+async fn refused(proxy: &Pgmemo, user: &str, db: &str) -> (String, String) {
+    let password = if user == PGMEMO_USER {
+        PGMEMO_PASS
+    } else {
+        OTHER_PASS
+    };
+    let url = proxy_url(proxy.local_addr(), user, Some(password), db);
+    let e = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{user}'s login to {db} is refused"));
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+    (db.code().code().to_owned(), db.message().to_owned())
+}
+
+/// The console's row of `cmd` whose `name` is `name`.
+async fn row_named(proxy: &Pgmemo, cmd: &str, name: &str) -> HashMap<String, String> {
+    admin(proxy, cmd)
+        .await
+        .into_iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("{cmd} has a row {name}"))
+}
+
+/// max_db_client_connections = 2 on one database: a third client of it (whatever its user)
+/// is refused with PgBouncer's FATAL 08P01, while another database and the admin console
+/// still let clients in and the two clients go on; SHOW DATABASES shows the limit and the
+/// count; once a client has gone, a new one gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_db_client_connections_refuses_a_client_over_the_limit() {
+    const DB: &str = "limits_db_clients";
+    const OTHER_DB: &str = "limits_db_clients_other";
+    fresh_db(DB).await;
+    fresh_db(OTHER_DB).await;
+    let mut cfg = two_users(2);
+    cfg.databases.insert(
+        DB.into(),
+        DatabaseConfig {
+            max_db_client_connections: Some(2),
+            ..DatabaseConfig::default()
+        },
+    );
+    let proxy = start_pgmemo(cfg).await;
+    let a = client(&proxy, PGMEMO_USER, DB).await;
+    let b = client(&proxy, OTHER_USER, DB).await;
+    let over = (
+        "08P01".to_owned(),
+        "client connections exceeded (max_db_client_connections)".to_owned(),
+    );
+    assert_eq!(refused(&proxy, PGMEMO_USER, DB).await, over);
+    assert_eq!(refused(&proxy, OTHER_USER, DB).await, over);
+    let elsewhere = client(&proxy, PGMEMO_USER, OTHER_DB).await;
+    elsewhere.batch_execute("SELECT 1").await.unwrap();
+    a.batch_execute("SELECT 1").await.unwrap();
+    let row = row_named(&proxy, "SHOW DATABASES", DB).await;
+    assert_eq!(
+        (
+            row["max_client_connections"].as_str(),
+            row["current_client_connections"].as_str()
+        ),
+        ("2", "2")
+    );
+    drop(b);
+    wait_until(
+        "the gone client to be counted out",
+        Duration::from_secs(10),
+        || async {
+            row_named(&proxy, "SHOW DATABASES", DB).await["current_client_connections"] == "1"
+        },
+    )
+    .await;
+    let c = client(&proxy, OTHER_USER, DB).await;
+    c.batch_execute("SELECT 1").await.unwrap();
+    proxy.shutdown().await;
+}
+
+/// max_user_client_connections = 1 in general and 2 for `plain_user`: counted across
+/// databases, the client over its user's limit is refused with PgBouncer's FATAL 08P01; the
+/// admin console does not count (the console user is at its limit and still gets in); SHOW
+/// USERS shows each user's limit and count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_user_client_connections_refuses_a_client_over_the_limit() {
+    const DB: &str = "limits_user_clients";
+    const OTHER_DB: &str = "limits_user_clients_other";
+    fresh_db(DB).await;
+    fresh_db(OTHER_DB).await;
+    let mut cfg = two_users(2);
+    cfg.general.max_user_client_connections = 1;
+    cfg.users
+        .get_mut(OTHER_USER)
+        .unwrap()
+        .max_user_client_connections = Some(2);
+    let proxy = start_pgmemo(cfg).await;
+    let over = (
+        "08P01".to_owned(),
+        "client connections exceeded (max_user_client_connections)".to_owned(),
+    );
+    let a = client(&proxy, PGMEMO_USER, DB).await;
+    assert_eq!(refused(&proxy, PGMEMO_USER, OTHER_DB).await, over);
+    let b1 = client(&proxy, OTHER_USER, DB).await;
+    let b2 = client(&proxy, OTHER_USER, OTHER_DB).await;
+    assert_eq!(refused(&proxy, OTHER_USER, DB).await, over);
+    for c in [&a, &b1, &b2] {
+        c.batch_execute("SELECT 1").await.unwrap();
+    }
+    // `admin` logs into the console as `pgmemo`, whose one client is in use.
+    let mine = row_named(&proxy, "SHOW USERS", PGMEMO_USER).await;
+    let other = row_named(&proxy, "SHOW USERS", OTHER_USER).await;
+    let limits = |r: &HashMap<String, String>| {
+        (
+            r["max_user_client_connections"].clone(),
+            r["current_client_connections"].clone(),
+        )
+    };
+    assert_eq!(limits(&mine), ("1".to_owned(), "1".to_owned()));
+    assert_eq!(limits(&other), ("2".to_owned(), "2".to_owned()));
+    proxy.shutdown().await;
+}
+
+/// transaction_timeout = 2 s, in session and in transaction mode: a client whose
+/// transaction runs a long query is closed with PgBouncer's FATAL 08P01 "transaction timeout"
+/// (no query_timeout or idle_transaction_timeout is set), its transaction rolled back; a
+/// client that ran a whole transaction and statements before, and has been idle outside one
+/// since (holding its server, in session mode), is not closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_timeout_closes_a_client_in_a_long_transaction() {
+    const DB: &str = "limits_tx_timeout";
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        fresh_db(DB).await;
+        let mut cfg = test_config(mode, 2);
+        cfg.general.transaction_timeout = Duration::from_secs(2);
+        let proxy = start_pgmemo(cfg).await;
+        let (outside, outside_end) = client_and_end(&proxy, DB).await;
+        outside
+            .batch_execute("CREATE TABLE t (n int); BEGIN; SELECT 1; COMMIT")
+            .await
+            .unwrap();
+        outside.batch_execute("SELECT 1").await.unwrap();
+        let (inside, end) = client_and_end(&proxy, DB).await;
+        inside
+            .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
+            .await
+            .unwrap();
+        let e = tokio::time::timeout(
+            Duration::from_secs(10),
+            inside.batch_execute("SELECT pg_sleep(60)"),
+        )
+        .await
+        .expect("transaction_timeout ends the transaction")
+        .expect_err("with an error");
+        let db = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+        assert_eq!(
+            (db.code().code(), db.message()),
+            ("08P01", "transaction timeout"),
+            "{mode:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(10), end)
+            .await
+            .expect("the connection ends")
+            .unwrap()
+            .ok();
+        assert!(
+            !outside_end.is_finished(),
+            "{mode:?}: the client outside a transaction stays"
+        );
+        assert_eq!(scalar(&outside, "SELECT count(*) FROM t").await, "0");
+        drop(outside);
+        proxy.shutdown().await;
+    }
+}
+
+/// Each user's own timeouts in `[users.NAME]` override the general ones (none set here):
+/// `plain_user` idle in a transaction, `tx_user` in a long transaction, `query_user` in a
+/// long query and `idle_user` idle are each closed with PgBouncer's FATAL; `pgmemo`, without
+/// timeouts, idle in a transaction all along, is not, and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_user_timeouts_override_the_general_ones() {
+    const DB: &str = "limits_user_timeouts";
+    fresh_db(DB).await;
+    let mut cfg = two_users(2);
+    let second = Some(Duration::from_secs(1));
+    let user = |f: &dyn Fn(&mut UserConfig)| {
+        let mut u = UserConfig {
+            password: Some(OTHER_PASS.into()),
+            ..UserConfig::default()
+        };
+        f(&mut u);
+        u
+    };
+    cfg.users.insert(
+        OTHER_USER.into(),
+        user(&|u| u.idle_transaction_timeout = second),
+    );
+    cfg.users
+        .insert("tx_user".into(), user(&|u| u.transaction_timeout = second));
+    cfg.users
+        .insert("query_user".into(), user(&|u| u.query_timeout = second));
+    cfg.users.insert(
+        "idle_user".into(),
+        user(&|u| u.client_idle_timeout = second),
+    );
+    let proxy = start_pgmemo(cfg).await;
+    let connect_as = |name: &'static str| {
+        let url = proxy_url(proxy.local_addr(), name, Some(OTHER_PASS), DB);
+        async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            (client, tokio::spawn(conn))
+        }
+    };
+    let (mine, mine_end) = client_and_end(&proxy, DB).await;
+    mine.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    let (idle_tx, end) = connect_as(OTHER_USER).await;
+    idle_tx.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "idle transaction timeout".to_owned())
+    );
+    let (idle, end) = connect_as("idle_user").await;
+    idle.batch_execute("SELECT 1").await.unwrap();
+    assert_eq!(
+        fatal(end).await,
+        ("08P01".to_owned(), "client_idle_timeout".to_owned())
+    );
+    for (name, sql, want) in [
+        (
+            "tx_user",
+            "BEGIN; SELECT pg_sleep(60)",
+            "transaction timeout",
+        ),
+        ("query_user", "SELECT pg_sleep(60)", "query timeout"),
+    ] {
+        let (c, _end) = connect_as(name).await;
+        let e = tokio::time::timeout(Duration::from_secs(10), c.batch_execute(sql))
+            .await
+            .unwrap_or_else(|_| panic!("{name}'s timeout ends its query"))
+            .expect_err("with an error");
+        let db = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("a FATAL, got {e:?}"));
+        assert_eq!((db.code().code(), db.message()), ("08P01", want), "{name}");
+    }
+    assert!(!mine_end.is_finished(), "pgmemo's client stays");
+    mine.batch_execute("SELECT 1; COMMIT").await.unwrap();
     proxy.shutdown().await;
 }

@@ -4,13 +4,22 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::table::{Context, Seconds, Value};
 use super::{
     key_path, named, opt_int, AuthType, Config, ConfigError, Hidden, PoolMode, SecretKind,
     ServerOptions, PORT_RANGE, U32_RANGE, WILDCARD_DATABASE,
 };
+
+/// An optional number of seconds of a `[users.NAME]` entry, judged as `[general]`'s.
+fn opt_secs(key: &str, v: Option<Seconds>) -> Result<Option<Duration>, ConfigError> {
+    let cx = Context { base_dir: None };
+    v.map(|s| Duration::read(s, &cx).map_err(|m| ConfigError::invalid(key, m)))
+        .transpose()
+}
 
 /// `[databases.NAME]`: one database clients may ask for, and where it is served from.
 /// Unset fields fall back to the `"*"` entry, then to `[upstream]` / `[general]` (but for
@@ -38,10 +47,17 @@ pub struct DatabaseConfig {
     pub autoprepare: Option<bool>,
     /// Server connections to this database across its pools, over the general setting.
     pub max_db_connections: Option<u32>,
+    /// Client connections to this database at once, over the general setting.
+    pub max_db_client_connections: Option<u32>,
     /// Extra connections per pool after `reserve_pool_timeout`, over the general setting.
     pub reserve_pool_size: Option<u32>,
     /// Session state handling for this database's pools, over the general setting.
     pub pin_session_state: Option<bool>,
+    /// `auth_query` for this database's clients, over the general `auth_user`,
+    /// `auth_query` and `auth_dbname` (PgBouncer's per-database overrides).
+    pub auth_user: Option<String>,
+    pub auth_query: Option<String>,
+    pub auth_dbname: Option<String>,
     /// Hosts to try after `host`, in order, and the connection's TLS and other options: from
     /// `connstring` (which also sets host, port, dbname, user and password).
     pub fallbacks: Vec<(String, u16)>,
@@ -61,6 +77,14 @@ pub struct UserConfig {
     pub pool_size: Option<u32>,
     /// Server connections of this user across its pools, over the general setting.
     pub max_user_connections: Option<u32>,
+    /// Client connections of this user at once, over the general setting.
+    pub max_user_client_connections: Option<u32>,
+    /// This user's clients' timeouts, over the general ones (PgBouncer's `[users]` has
+    /// them too); 0 or unset: the general one.
+    pub query_timeout: Option<Duration>,
+    pub idle_transaction_timeout: Option<Duration>,
+    pub transaction_timeout: Option<Duration>,
+    pub client_idle_timeout: Option<Duration>,
     /// Autoprepare for this user's pools, over the database's and the general setting.
     pub autoprepare: Option<bool>,
     /// Session state handling for this user's pools, over the database's and the general
@@ -192,6 +216,12 @@ impl Config {
         }
         if db.pool_size == Some(0) {
             return Err(ConfigError::invalid(key("pool_size"), "must be at least 1"));
+        }
+        if db.auth_query.as_ref().is_some_and(|q| !q.contains("$1")) {
+            return Err(ConfigError::invalid(
+                key("auth_query"),
+                "must use $1, the user name",
+            ));
         }
         if let Some(min) = db.min_pool_size {
             let size = db
@@ -377,6 +407,26 @@ impl Config {
             reserve_pool_size,
         })
     }
+
+    /// The client connections database `dbname` and user `user` may each have at once
+    /// (`max_db_client_connections`, `max_user_client_connections`; 0: no limit): the
+    /// database's own, then `"*"`'s, then `[general]`'s; the user's own, then `[general]`'s.
+    /// A 0 of a database's or user's own falls back too, as in PgBouncer.
+    pub fn client_limits(&self, dbname: &str, user: &str) -> (u32, u32) {
+        let own = |n: Option<u32>| n.filter(|n| *n > 0);
+        let database = own(self
+            .databases
+            .get(dbname)
+            .and_then(|d| d.max_db_client_connections))
+        .or_else(|| own(self.wildcard().and_then(|d| d.max_db_client_connections)))
+        .unwrap_or(self.general.max_db_client_connections);
+        let user = own(self
+            .users
+            .get(user)
+            .and_then(|u| u.max_user_client_connections))
+        .unwrap_or(self.general.max_user_client_connections);
+        (database, user)
+    }
 }
 
 /// `[databases.NAME]` as written: every key optional, numbers wide.
@@ -397,7 +447,11 @@ pub(super) struct RawDatabase {
     autoprepare: Option<bool>,
     pin_session_state: Option<bool>,
     max_db_connections: Option<i64>,
+    max_db_client_connections: Option<i64>,
     reserve_pool_size: Option<i64>,
+    auth_user: Option<String>,
+    auth_query: Option<String>,
+    auth_dbname: Option<String>,
 }
 
 /// `[users.NAME]` as written.
@@ -410,6 +464,11 @@ pub(super) struct RawUser {
     autoprepare: Option<bool>,
     pin_session_state: Option<bool>,
     max_user_connections: Option<i64>,
+    max_user_client_connections: Option<i64>,
+    query_timeout: Option<Seconds>,
+    idle_transaction_timeout: Option<Seconds>,
+    transaction_timeout: Option<Seconds>,
+    client_idle_timeout: Option<Seconds>,
 }
 
 /// `[databases]` as written, each value judged with its key in hand.
@@ -431,7 +490,15 @@ pub(super) fn read_databases(
                 db.max_db_connections,
                 U32_RANGE,
             )?,
+            max_db_client_connections: opt_int(
+                &key("max_db_client_connections"),
+                db.max_db_client_connections,
+                U32_RANGE,
+            )?,
             reserve_pool_size: opt_int(&key("reserve_pool_size"), db.reserve_pool_size, U32_RANGE)?,
+            auth_user: db.auth_user,
+            auth_query: db.auth_query,
+            auth_dbname: db.auth_dbname,
             host: db.host,
             dbname: db.dbname,
             user: db.user,
@@ -494,9 +561,128 @@ pub(super) fn read_users(
                 user.max_user_connections,
                 U32_RANGE,
             )?,
+            max_user_client_connections: opt_int(
+                &key("max_user_client_connections"),
+                user.max_user_client_connections,
+                U32_RANGE,
+            )?,
+            query_timeout: opt_secs(&key("query_timeout"), user.query_timeout)?,
+            idle_transaction_timeout: opt_secs(
+                &key("idle_transaction_timeout"),
+                user.idle_transaction_timeout,
+            )?,
+            transaction_timeout: opt_secs(&key("transaction_timeout"), user.transaction_timeout)?,
+            client_idle_timeout: opt_secs(&key("client_idle_timeout"), user.client_idle_timeout)?,
             password: user.password,
         };
         users.insert(name, entry);
     }
     Ok(users)
+}
+
+/// A client's timeouts (`query_timeout`, `idle_transaction_timeout`, `transaction_timeout`,
+/// `client_idle_timeout`; zero: none), its user's own over the general ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientTimeouts {
+    pub query: Duration,
+    pub idle_transaction: Duration,
+    pub transaction: Duration,
+    pub client_idle: Duration,
+}
+
+impl ClientTimeouts {
+    /// Whether none is set.
+    pub fn none(&self) -> bool {
+        [
+            self.query,
+            self.idle_transaction,
+            self.transaction,
+            self.client_idle,
+        ]
+        .iter()
+        .all(Duration::is_zero)
+    }
+}
+
+impl Config {
+    /// The general timeouts of every client.
+    pub fn general_timeouts(&self) -> ClientTimeouts {
+        let g = &self.general;
+        ClientTimeouts {
+            query: g.query_timeout,
+            idle_transaction: g.idle_transaction_timeout,
+            transaction: g.transaction_timeout,
+            client_idle: g.client_idle_timeout,
+        }
+    }
+
+    /// Whether some `[users.NAME]` sets a timeout of its own.
+    pub fn any_user_timeouts(&self) -> bool {
+        self.users.values().any(|u| {
+            [
+                u.query_timeout,
+                u.idle_transaction_timeout,
+                u.transaction_timeout,
+                u.client_idle_timeout,
+            ]
+            .iter()
+            .any(|t| t.is_some_and(|t| !t.is_zero()))
+        })
+    }
+
+    /// `user`'s clients' timeouts: its own where it sets one above 0 (PgBouncer's rule), else
+    /// `general`'s ([`Config::general_timeouts`]).
+    pub fn user_timeouts(&self, user: &str, general: ClientTimeouts) -> ClientTimeouts {
+        let Some(u) = self.users.get(user) else {
+            return general;
+        };
+        let pick = |own: Option<Duration>, general: Duration| {
+            own.filter(|t| !t.is_zero()).unwrap_or(general)
+        };
+        ClientTimeouts {
+            query: pick(u.query_timeout, general.query),
+            idle_transaction: pick(u.idle_transaction_timeout, general.idle_transaction),
+            transaction: pick(u.transaction_timeout, general.transaction),
+            client_idle: pick(u.client_idle_timeout, general.client_idle),
+        }
+    }
+}
+
+/// How the secret of a client of one database is looked up (`auth_query`): as whom, with
+/// which query, in which server database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthLookup {
+    pub user: String,
+    pub query: String,
+    /// Where the query runs: the database clients ask for (its name in pgmemo).
+    pub dbname: String,
+}
+
+impl Config {
+    /// The `auth_query` lookup of client database `dbname`: each of `auth_user`,
+    /// `auth_query` and `auth_dbname` from `[databases.NAME]`, then `"*"`, then `[general]`
+    /// (PgBouncer's per-database overrides); `auth_dbname` defaults to `dbname`. None when
+    /// no `auth_user` is set.
+    pub fn auth_lookup(&self, dbname: &str) -> Option<AuthLookup> {
+        let entry = self.databases.get(dbname);
+        let star = self.wildcard();
+        let pick = |f: fn(&DatabaseConfig) -> &Option<String>, general: &Option<String>| {
+            entry
+                .and_then(|e| f(e).clone())
+                .or_else(|| star.and_then(|s| f(s).clone()))
+                .or_else(|| general.clone())
+        };
+        let g = &self.general;
+        Some(AuthLookup {
+            user: pick(|d| &d.auth_user, &g.auth_user)?,
+            query: pick(|d| &d.auth_query, &None).unwrap_or_else(|| g.auth_query.clone()),
+            dbname: pick(|d| &d.auth_dbname, &g.auth_dbname).unwrap_or_else(|| dbname.into()),
+        })
+    }
+
+    /// Whether some client could have its secret looked up (`auth_user` in general or for
+    /// some database).
+    pub fn any_auth_user(&self) -> bool {
+        self.general.auth_user.is_some() || self.databases.values().any(|d| d.auth_user.is_some())
+    }
 }

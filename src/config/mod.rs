@@ -48,7 +48,7 @@ mod upstream;
 pub use auth_file::{parse_userlist, AuthFile, AuthLine, BrokenLine};
 pub use choices::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
 pub use connstring::ServerOptions;
-pub use databases::{DatabaseConfig, ResolvedDatabase, UserConfig};
+pub use databases::{AuthLookup, ClientTimeouts, DatabaseConfig, ResolvedDatabase, UserConfig};
 use databases::{RawDatabase, RawUser};
 pub use secrets::SecretKind;
 use upstream::{check_upstream, RawUpstream};
@@ -363,7 +363,7 @@ impl Config {
         self.check_auth_file()?;
 
         if g.auth_type != AuthType::Trust {
-            if !self.lists_users() && self.implicit_user().is_none() && g.auth_user.is_none() {
+            if !self.lists_users() && self.implicit_user().is_none() && !self.any_auth_user() {
                 return Err(ConfigError::invalid(
                     "users",
                     format!(

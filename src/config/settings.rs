@@ -102,6 +102,12 @@ settings! {
     /// A client that holds no server and sends nothing for this long is closed with FATAL
     /// 08P01 `client_idle_timeout`, as PgBouncer's; checked each second. 0: never.
     client_idle_timeout: Duration = Duration::ZERO, Live;
+    /// A client whose transaction has been open this long (from its first query after the
+    /// server was idle, waiting for a server included, a single statement's implicit
+    /// transaction too, to the end of the transaction; running or idle) is closed with FATAL 08P01 `transaction timeout`, as
+    /// PgBouncer's; its transaction is rolled back (a running query cancelled and its server
+    /// closed); checked each second. 0: never. Per user too.
+    transaction_timeout: Duration = Duration::ZERO, Live;
     /// Server connections to one database (the name clients ask for) across all its
     /// pools; a pool at the limit makes its clients wait, and closes an idle server of
     /// another pool of the database for them, as PgBouncer's `max_db_connections`. 0: no
@@ -110,6 +116,15 @@ settings! {
     /// Server connections of one user (the client's user, the pool's key) across all its
     /// pools, as `max_db_connections` for a database. 0: no limit. Per user too.
     max_user_connections: u32 = 0, Live;
+    /// Client connections to one database (the name clients ask for) at once; a client
+    /// over the limit is refused at login with PgBouncer's FATAL 08P01 `client connections
+    /// exceeded (max_db_client_connections)`. The admin console is not counted. 0: no
+    /// limit. Per database too.
+    max_db_client_connections: u32 = 0, Live;
+    /// Client connections of one user at once, as `max_db_client_connections` for a
+    /// database (FATAL 08P01 `client connections exceeded (max_user_client_connections)`).
+    /// 0: no limit. Per user too.
+    max_user_client_connections: u32 = 0, Live;
     /// Extra server connections a pool may open for a client that has waited
     /// `reserve_pool_timeout`, as PgBouncer's. 0: none. Per database too.
     reserve_pool_size: u32 = 0, Live;

@@ -61,8 +61,14 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
                 Ok(p) if p > 0 => table.set("port", p.to_string()),
                 _ => return Err(invalid(line, "port=1..65535")),
             },
-            "dbname" | "user" | "password" => table.set(key, toml::string(value)),
-            "pool_size" | "min_pool_size" | "max_db_connections" | "reserve_pool_size" => {
+            "dbname" | "user" | "password" | "auth_user" | "auth_query" | "auth_dbname" => {
+                table.set(key, toml::string(value))
+            }
+            "pool_size"
+            | "min_pool_size"
+            | "max_db_connections"
+            | "max_db_client_connections"
+            | "reserve_pool_size" => {
                 let n = value
                     .parse::<u32>()
                     .map_err(|_| invalid(line, &format!("{key}=a whole number")))?;
@@ -257,9 +263,14 @@ pub(super) fn user_settings<'a>(
                     let n = number(&pair_line(line, key, value))?;
                     table.set("pool_size", n.max(1).to_string());
                 }
-                "max_user_connections" => {
+                "max_user_connections"
+                | "max_user_client_connections"
+                | "query_timeout"
+                | "idle_transaction_timeout"
+                | "transaction_timeout"
+                | "client_idle_timeout" => {
                     let n = number(&pair_line(line, key, value))?;
-                    table.set("max_user_connections", n.to_string());
+                    table.set(key, n.to_string());
                 }
                 other => match not_in(USER_NOT, other) {
                     Some(why) => table.push(pair_not_converted(line, other, value, why)),

@@ -99,11 +99,11 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("log_stats", Not("pgmemo logs no periodic statistics; use SHOW STATS or /metrics")),
     ("logfile", Not(LOGS)),
     ("max_client_conn", To("general.max_client_conn", Count { min: 1 })),
-    ("max_db_client_connections", Not("pgmemo has no per-database client limit, only max_client_conn")),
+    ("max_db_client_connections", To("general.max_db_client_connections", Count { min: 0 })),
     ("max_db_connections", To("general.max_db_connections", Count { min: 0 })),
     ("max_packet_size", Special("general.max_message_size (at most 1 GiB)")),
     ("max_prepared_statements", Special("general.max_prepared_statements; 0 is general.prepared_statements = false")),
-    ("max_user_client_connections", Not("pgmemo has no per-user client limit, only max_client_conn")),
+    ("max_user_client_connections", To("general.max_user_client_connections", Count { min: 0 })),
     ("max_user_connections", To("general.max_user_connections", Count { min: 0 })),
     ("min_pool_size", To("general.min_pool_size", Count { min: 0 })),
     ("peer_id", Not("pgmemo has no peers; general.workers runs several threads in one process")),
@@ -163,7 +163,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("tcp_socket_buffer", Not(TCP)),
     ("tcp_user_timeout", Not("PgBouncer's is in milliseconds; set general.tcp_user_timeout in seconds (0.5 for 500) by hand")),
     ("track_extra_parameters", Not("pgmemo tracks every parameter a client sets, reported or not")),
-    ("transaction_timeout", Not("pgmemo has no transaction timeout; set PostgreSQL's transaction_timeout (17+)")),
+    ("transaction_timeout", To("general.transaction_timeout", Seconds(Zero::Same))),
     ("unix_socket_dir", To("general.unix_socket_dir", Text)),
     ("unix_socket_group", To("general.unix_socket_group", Text)),
     ("unix_socket_mode", To("general.unix_socket_mode", Text)),
@@ -181,10 +181,6 @@ pub fn rule(key: &str) -> Option<Rule> {
 
 /// Connection-string keys of `[databases]` entries that pgmemo does not have, and why.
 pub const DATABASE_NOT: &[(&str, &str)] = &[
-    ("auth_user", "pgmemo has one general.auth_user for every database"),
-    ("auth_dbname", "pgmemo has one general.auth_dbname for every database"),
-    ("auth_query", "pgmemo has one general.auth_query for every database"),
-    ("max_db_client_connections", "pgmemo has no per-database client limit"),
     ("server_lifetime", "pgmemo's server_lifetime is one for all ([general])"),
     ("load_balance_hosts", "pgmemo connects to one host per database"),
     ("connect_query", "pgmemo runs no query on new server connections"),
@@ -195,14 +191,10 @@ pub const DATABASE_NOT: &[(&str, &str)] = &[
 ];
 
 /// `[users]` settings pgmemo does not have, and why.
-pub const USER_NOT: &[(&str, &str)] = &[
-    ("reserve_pool_size", "pgmemo's reserve pool is per database ([databases.NAME]) or general"),
-    ("max_user_client_connections", "pgmemo has no per-user client limit"),
-    ("query_timeout", "pgmemo's query_timeout is general only; set statement_timeout for the role"),
-    ("idle_transaction_timeout", "pgmemo's idle_transaction_timeout is general only; set idle_in_transaction_session_timeout for the role"),
-    ("transaction_timeout", "pgmemo has no transaction timeout"),
-    ("client_idle_timeout", "pgmemo's client_idle_timeout is general only"),
-];
+pub const USER_NOT: &[(&str, &str)] = &[(
+    "reserve_pool_size",
+    "pgmemo's reserve pool is per database ([databases.NAME]) or general",
+)];
 
 /// The reason for a key of a `[databases]` or `[users]` value that pgmemo lacks.
 pub fn not_in(table: &[(&str, &'static str)], key: &str) -> Option<&'static str> {

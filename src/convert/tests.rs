@@ -307,3 +307,61 @@ fn every_pgbouncer_key_has_a_row_in_the_migration_guide() {
         );
     }
 }
+
+/// PgBouncer's client limits, transaction_timeout, per-user timeouts and per-database
+/// auth_user/auth_query/auth_dbname are carried over (they were "not converted").
+#[test]
+fn client_limits_timeouts_and_per_database_auth_query_convert() {
+    let d = dir("client-limits");
+    let ini = "\
+[databases]
+app = host=db1 auth_user=lookup auth_dbname=authdb auth_query='SELECT u, p FROM s WHERE u=$1' max_db_client_connections=7
+authdb = host=db1
+
+[users]
+alice = max_user_client_connections=3 query_timeout=4 idle_transaction_timeout=5 transaction_timeout=6 client_idle_timeout=7
+
+[pgbouncer]
+listen_port = 6432
+auth_file = userlist.txt
+max_db_client_connections = 100
+max_user_client_connections = 20
+transaction_timeout = 30
+";
+    let converted = convert_text(&d, ini, Some("\"alice\" \"pw\"\n\"lookup\" \"pw2\"\n")).unwrap();
+    let c = load(&converted);
+    let g = &c.general;
+    assert_eq!(
+        (g.max_db_client_connections, g.max_user_client_connections),
+        (100, 20)
+    );
+    assert_eq!(g.transaction_timeout, Duration::from_secs(30));
+    let app = &c.databases["app"];
+    assert_eq!(app.max_db_client_connections, Some(7));
+    assert_eq!(
+        c.auth_lookup("app"),
+        Some(crate::config::AuthLookup {
+            user: "lookup".into(),
+            query: "SELECT u, p FROM s WHERE u=$1".into(),
+            dbname: "authdb".into(),
+        })
+    );
+    assert_eq!(c.auth_lookup("authdb"), None);
+    let alice = &c.users["alice"];
+    assert_eq!(alice.max_user_client_connections, Some(3));
+    let secs = |n| Some(Duration::from_secs(n));
+    assert_eq!(
+        (
+            alice.query_timeout,
+            alice.idle_transaction_timeout,
+            alice.transaction_timeout,
+            alice.client_idle_timeout
+        ),
+        (secs(4), secs(5), secs(6), secs(7))
+    );
+    assert!(
+        !converted.toml.contains("# not converted: "),
+        "{}",
+        converted.toml
+    );
+}

@@ -21,6 +21,27 @@ pub struct Admitted {
     pub local: Endpoint,
 }
 
+/// The setting whose limit one more client of `startup`'s database or user would pass
+/// (`max_db_client_connections`, then `max_user_client_connections`, PgBouncer's order);
+/// None when it may stay. The admin console is not counted.
+fn client_limit_reached(app: &App, startup: &Startup) -> Option<&'static str> {
+    use crate::budget::BudgetOf;
+    if crate::config::is_admin_database(&startup.database) {
+        return None;
+    }
+    let (database, user) = app
+        .config
+        .load()
+        .client_limits(&startup.database, &startup.user);
+    if database > 0 && app.clients_of(BudgetOf::Database, &startup.database) >= database {
+        return Some("max_db_client_connections");
+    }
+    if user > 0 && app.clients_of(BudgetOf::User, &startup.user) >= user {
+        return Some("max_user_client_connections");
+    }
+    None
+}
+
 /// Logs a client in within client_login_timeout and checks it may stay (not shutting down,
 /// under max_client_conn): its startup and addresses, or None when it was turned away.
 pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
@@ -74,6 +95,16 @@ pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
                 sqlstate::TOO_MANY_CONNECTIONS,
                 "no more connections allowed (max_client_conn)",
             )
+            .await;
+        return None;
+    }
+    if let Some(setting) = client_limit_reached(app, &startup) {
+        tracing::warn!(%peer, database = %startup.database, user = %startup.user, "{setting} reached, refusing client");
+        app.errors.login_failed(LoginFailure::Other);
+        let message = format!("client connections exceeded ({setting})");
+        startup
+            .conn
+            .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message)
             .await;
         return None;
     }
@@ -307,6 +338,14 @@ async fn authenticate(
     let cfg = app.config.load();
     let secret = match secret_of(app, user, database).await {
         Ok(secret) => secret.as_deref().map(Secret::parse),
+        Err(crate::auth_query::LookupError::NoDatabase) => {
+            return Err(conn
+                .refuse(
+                    sqlstate::INVALID_CATALOG_NAME,
+                    format!("database \"{database}\" does not exist"),
+                )
+                .await);
+        }
         Err(e) => {
             tracing::warn!(user, database, error = %e, "auth_query lookup failed");
             return Err(conn
@@ -390,7 +429,7 @@ async fn authenticate(
 }
 
 /// The secret client `user` must prove: from `[users]` or the auth file, else looked up
-/// with auth_query when `auth_user` is set (not for the admin console).
+/// with auth_query when the database's `auth_user` is set (not for the admin console).
 async fn secret_of(
     app: &App,
     user: &str,
@@ -400,11 +439,17 @@ async fn secret_of(
     if let Some(secret) = cfg.user_secret(user) {
         return Ok(Some(secret.to_owned()));
     }
-    if cfg.general.auth_user.is_none()
-        || cfg.general.auth_type == AuthType::Trust
+    if cfg.general.auth_type == AuthType::Trust
         || crate::config::is_admin_database(database)
+        || cfg.auth_lookup(database).is_none()
     {
         return Ok(None);
+    }
+    // No secret can be looked up for a database pgmemo does not serve (auth_query runs in
+    // it by default), and its client would be refused after any login: told so now, as
+    // PostgreSQL tells it after one.
+    if cfg.resolve(database, user).is_none() {
+        return Err(crate::auth_query::LookupError::NoDatabase);
     }
     app.look_up_secret(database, user).await
 }

@@ -599,6 +599,9 @@ impl Session {
                 KillReason::IdleTransactionTimeout => {
                     (sqlstate::PROTOCOL_VIOLATION, "idle transaction timeout")
                 }
+                KillReason::TransactionTimeout => {
+                    (sqlstate::PROTOCOL_VIOLATION, "transaction timeout")
+                }
                 KillReason::Console => (
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection due to administrator command",
