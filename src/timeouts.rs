@@ -63,9 +63,8 @@ fn past(
     {
         return Some(KillReason::IdleTransactionTimeout);
     }
-    // Not only while it holds a server: a session-mode client is shown idle while it holds
-    // its server, and the start of a transaction waiting for a server counts as its query's
-    // wait does for query_timeout.
+    // Not only while it holds a server: the start of a transaction waiting for a server
+    // counts as its query's wait does for query_timeout.
     if over(limits.transaction, client.transaction_age_us(now_us)) {
         return Some(KillReason::TransactionTimeout);
     }

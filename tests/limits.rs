@@ -403,17 +403,27 @@ async fn client_idle_timeout_closes_an_idle_client() {
 /// insert is not there); a client idle outside a transaction is not closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_transaction_timeout_closes_a_client_idle_in_transaction() {
-    const DB: &str = "limits_idle_tx";
-    fresh_db(DB).await;
-    let mut cfg = test_config(PoolMode::Transaction, 2);
+    idle_transaction_timeout_in(PoolMode::Transaction, "limits_idle_tx").await;
+}
+
+/// The same in session mode, where the client holds its server between transactions too
+/// (it is shown active, as PgBouncer shows a client linked to a server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_transaction_timeout_closes_a_session_mode_client_idle_in_transaction() {
+    idle_transaction_timeout_in(PoolMode::Session, "limits_idle_tx_session").await;
+}
+
+async fn idle_transaction_timeout_in(mode: PoolMode, db: &'static str) {
+    fresh_db(db).await;
+    let mut cfg = test_config(mode, 2);
     cfg.general.idle_transaction_timeout = Duration::from_secs(1);
     let proxy = start_pgmemo(cfg).await;
-    let (outside, outside_end) = client_and_end(&proxy, DB).await;
+    let (outside, outside_end) = client_and_end(&proxy, db).await;
     outside
         .batch_execute("CREATE TABLE t (n int)")
         .await
         .unwrap();
-    let (inside, end) = client_and_end(&proxy, DB).await;
+    let (inside, end) = client_and_end(&proxy, db).await;
     inside
         .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
         .await

@@ -102,7 +102,11 @@ impl Session {
             .here()
             .client_logins
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        session.info.set_state(ClientState::Idle);
+        // A session-mode client is linked to its server for good: active, as PgBouncer shows
+        // it (and as idle_transaction_timeout and client_idle_timeout read it).
+        if session.mode != PoolMode::Session {
+            session.info.set_state(ClientState::Idle);
+        }
         if session.client.flush().await.is_err() {
             session.finish().await;
             return None;
