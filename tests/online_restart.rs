@@ -362,7 +362,10 @@ async fn a_new_process_that_cannot_start_takes_nothing_over() {
     assert!(old.running());
     client.simple_query("SELECT 1").await.expect("still served");
     let another = connect(&url(port, TEST_DB)).await;
-    another.simple_query("SELECT 1").await.expect("still accepting");
+    another
+        .simple_query("SELECT 1")
+        .await
+        .expect("still accepting");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

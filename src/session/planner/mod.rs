@@ -112,6 +112,11 @@ pub struct ClientContext<'a> {
     pub state: &'a mut super::state::StateWatch,
     /// For a simple query of a client with autoprepare on.
     pub autoprepare: Option<crate::autoprepare::Use<'a>>,
+    /// The shapes a client's prepared statements count their executions in (SHOW QUERIES).
+    pub shapes: &'a crate::query::shapes::Shapes,
+    /// For a Bind: the session's reading, where an execution timed on the server is kept
+    /// until its ReadyForQuery (made when one is timed first).
+    pub timing: Option<&'a mut Option<Box<crate::query::Reader>>>,
     /// The client's reported parameters (its client_encoding, for a name that is not UTF-8).
     pub reported: &'a Vars,
 }
