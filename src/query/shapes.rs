@@ -110,7 +110,12 @@ impl ShapeStats {
     /// stride of its own would alias with, never timing some shapes.
     #[inline]
     pub fn time_this_call(&self) -> bool {
-        let calls = self.calls.load(Relaxed);
+        self.time_call(self.calls.load(Relaxed))
+    }
+
+    /// [`ShapeStats::time_this_call`] for the call that made the calls `calls`.
+    #[inline]
+    pub fn time_call(&self, calls: u64) -> bool {
         self.timed.load(Relaxed) * TIMED_EVERY < calls
     }
 

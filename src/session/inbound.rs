@@ -404,7 +404,8 @@ impl Session {
                 }),
                 None,
             ),
-            None => (None, (tag == fe::BIND).then_some(&mut self.reading.reader)),
+            // Only a Bind reads it.
+            None => (None, Some(&mut self.reading.reader)),
         };
         let planned = planner::Planner {
             message: planner::Message {

@@ -209,7 +209,7 @@ impl Planner<'_> {
         let Some(shape) = statement.shape(self.client.shapes) else {
             return;
         };
-        shape.stats.calls.fetch_add(1, Relaxed);
+        let calls = shape.stats.calls.fetch_add(1, Relaxed) + 1;
         let Some(reading) = self.client.timing.as_deref_mut() else {
             return;
         };
@@ -221,7 +221,7 @@ impl Planner<'_> {
                 return;
             }
         }
-        if self.replies.has_pending_work() || !shape.stats.time_this_call() {
+        if self.replies.has_pending_work() || !shape.stats.time_call(calls) {
             return;
         }
         let reader = reading.get_or_insert_with(Default::default);
