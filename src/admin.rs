@@ -984,7 +984,7 @@ pub fn show_autoprepare(app: &App) -> Table {
             let seen = s.seen.load(Relaxed);
             let executions = s.executions.load(Relaxed);
             vec![
-                text(format!("{:016x}", s.hash)),
+                text(format!("{:016x}", s.query_hash)),
                 text(s.text()),
                 s.parameters().map(|n| n.to_string()),
                 text(seen),
@@ -1008,50 +1008,124 @@ pub fn show_autoprepare(app: &App) -> Table {
     }
 }
 
-/// One row of SHOW QUERIES: a shape and its figures.
+/// One row of SHOW QUERIES: the shapes of one `query_hash` (a simple query's and a prepared
+/// statement's of the same text, or simple queries of one text with literals of other
+/// kinds, which autoprepare tells apart) and their figures, added up.
 pub struct QueryFigures {
+    /// The shape that speaks for the row: a simple query's, when one has the hash.
     pub shape: Arc<crate::query::shapes::Shape>,
+    pub query_hash: u64,
     pub calls: u64,
-    /// Estimated time on the server (the mean measured times the calls that ran there).
+    /// Estimated time on the server (each shape's measured mean times its calls that ran
+    /// there).
     pub total_us: f64,
+    /// Calls timed on the server, and their time in microseconds.
+    pub timed: u64,
+    pub timed_us: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Simple queries of the row run as autoprepared statements.
+    pub executions: u64,
+    /// Which protocols sent its queries: `simple`, `extended` or `both`.
+    pub protocol: &'static str,
+    /// What last chose it for the cache, and why the cache last passed it by (see
+    /// `ShapeStats::chosen`, `ShapeStats::bypass`): the first shape's that has one.
+    pub chosen: u16,
+    pub bypass: u16,
+    /// Auto mode's word on it.
+    pub auto: Option<&'static str>,
 }
 
-/// The simple queries' shapes by their estimated total time on the server, most first (then
-/// by calls): what is worth caching.
+impl QueryFigures {
+    fn of(shape: Arc<crate::query::shapes::Shape>) -> QueryFigures {
+        let s = &shape.stats;
+        let (hits, misses) = s.cache.get().map_or((0, 0), |c| {
+            (c.hits.get() + c.raw_hits.get(), c.misses.get())
+        });
+        QueryFigures {
+            query_hash: shape.query_hash,
+            calls: s.all_calls(),
+            total_us: s.total_us(),
+            timed: s.timed.load(Relaxed),
+            timed_us: s.timed_us.load(Relaxed),
+            hits,
+            misses,
+            executions: shape.executions.load(Relaxed),
+            protocol: if shape.is_extended() {
+                "extended"
+            } else {
+                "simple"
+            },
+            chosen: s.chosen.load(Relaxed),
+            bypass: s.bypass.load(Relaxed),
+            auto: crate::cache::auto::state(&shape),
+            shape,
+        }
+    }
+
+    /// Adds `o`, another shape of the same `query_hash`.
+    fn add(&mut self, o: QueryFigures) {
+        self.calls += o.calls;
+        self.total_us += o.total_us;
+        self.timed += o.timed;
+        self.timed_us += o.timed_us;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.executions += o.executions;
+        if self.protocol != o.protocol {
+            self.protocol = "both";
+        }
+        self.chosen = if self.chosen == 0 {
+            o.chosen
+        } else {
+            self.chosen
+        };
+        self.bypass = if self.bypass == 0 {
+            o.bypass
+        } else {
+            self.bypass
+        };
+        self.auto = self.auto.or(o.auto);
+        if self.shape.is_extended() && !o.shape.is_extended() {
+            self.shape = o.shape;
+        }
+    }
+
+    /// The mean time on the server, in microseconds (None: never measured).
+    pub fn mean_us(&self) -> Option<f64> {
+        (self.timed > 0).then(|| self.timed_us as f64 / self.timed as f64)
+    }
+}
+
+/// The shapes of simple queries and prepared statements, a row per `query_hash`, by their
+/// estimated total time on the server, most first (then by calls): what is worth caching.
 pub fn query_figures(app: &App) -> Vec<QueryFigures> {
-    let mut rows: Vec<QueryFigures> = app
-        .shapes
-        .iter()
-        .map(|shape| {
-            let s = &shape.stats;
-            let (hits, misses) = s.cache.get().map_or((0, 0), |c| {
-                (c.hits.get() + c.raw_hits.get(), c.misses.get())
-            });
-            QueryFigures {
-                calls: s.all_calls(),
-                total_us: s.total_us(),
-                hits,
-                misses,
-                shape,
+    let mut by_hash: std::collections::HashMap<u64, QueryFigures> = Default::default();
+    for shape in app.shapes.iter() {
+        let q = QueryFigures::of(shape);
+        match by_hash.entry(q.query_hash) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().add(q),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(q);
             }
-        })
-        .collect();
+        }
+    }
+    let mut rows: Vec<QueryFigures> = by_hash.into_values().collect();
     rows.sort_by(|a, b| {
         b.total_us
             .total_cmp(&a.total_us)
             .then(b.calls.cmp(&a.calls))
+            .then(a.query_hash.cmp(&b.query_hash))
     });
     rows
 }
 
-/// Per query shape: how often it runs and how long the server takes (SHOW STATS' figures for
-/// one query), the tables it reads, whether the result cache may keep it and why not, what
-/// chose it, the cache's hits and misses, and autoprepare's use of it. `query_hash` is what
-/// SHOW AUTOPREPARE prints and a rule's `query_hash` matches.
+/// Per query (a `query_hash`: the normalized text, whichever protocol sent it): how often it
+/// runs and how long the server takes (SHOW STATS' figures for one query), the tables it
+/// reads, whether the result cache may keep it and why not, what chose it, the cache's hits
+/// and misses, and autoprepare's use of it. `query_hash` is what SHOW AUTOPREPARE prints and
+/// a rule's `query_hash` matches.
 pub fn show_queries(app: &App) -> Table {
-    use std::sync::atomic::Ordering::Relaxed;
     let rules = app.cache.rule_stats();
     let reasons = crate::query::analysis::BYPASS_REASONS;
     let rows = query_figures(app)
@@ -1074,11 +1148,11 @@ pub fn show_queries(app: &App) -> Table {
                 Ok(_) => "yes".to_string(),
                 Err(why) => why.as_str().to_string(),
             });
-            let chosen = match s.stats.chosen.load(Relaxed) {
+            let chosen = match q.chosen {
                 0 => None,
                 n => rules.get(n as usize - 1).map(|r| r.name.clone()),
             };
-            let bypass = match s.stats.bypass.load(Relaxed) {
+            let bypass = match q.bypass {
                 0 => None,
                 n => reasons.get(n as usize - 1).map(|r| r.as_str().to_string()),
             };
@@ -1087,13 +1161,18 @@ pub fn show_queries(app: &App) -> Table {
             } else {
                 Some(format!("{:.3}", q.hits as f64 / (q.hits + q.misses) as f64))
             };
+            let never = if s.is_extended() {
+                Some(EXTENDED_NEVER.to_string())
+            } else {
+                crate::autoprepare::never(s).map(|p| p.as_str().to_string())
+            };
             vec![
-                text(format!("{:016x}", s.hash)),
+                text(format!("{:016x}", q.query_hash)),
                 text(s.text()),
                 text(q.calls),
                 text(format!("{:.3}", q.total_us / 1000.0)),
-                s.stats.mean_us().map(|m| format!("{m:.1}")),
-                text(s.stats.timed.load(Relaxed)),
+                q.mean_us().map(|m| format!("{m:.1}")),
+                text(q.timed),
                 tables,
                 cacheable,
                 chosen,
@@ -1101,9 +1180,10 @@ pub fn show_queries(app: &App) -> Table {
                 text(q.hits),
                 text(q.misses),
                 ratio,
-                text(s.executions.load(Relaxed)),
-                crate::autoprepare::never(s).map(|p| p.as_str().to_string()),
-                crate::cache::auto::state(s).map(str::to_string),
+                text(q.executions),
+                never,
+                q.auto.map(str::to_string),
+                text(q.protocol),
             ]
         })
         .collect();
@@ -1125,10 +1205,14 @@ pub fn show_queries(app: &App) -> Table {
             "autoprepared",
             "autoprepare_never",
             "auto",
+            "protocol",
         ],
         rows,
     }
 }
+
+/// SHOW QUERIES' `autoprepare_never` of a query only prepared statements sent.
+const EXTENDED_NEVER: &str = "prepared by the client (extended protocol)";
 
 /// The result cache per rule (the last row: queries chosen by a hint).
 pub fn show_cache(app: &App) -> Table {

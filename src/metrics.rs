@@ -470,7 +470,7 @@ fn query_metrics(app: &App, out: &mut String) {
         (
             "pgmemo_query_calls_total",
             "counter",
-            "Simple queries of the shape (SHOW QUERIES, top by server time).",
+            "Queries of the shape, simple and extended (SHOW QUERIES, top by server time).",
             |q| q.calls.to_string(),
         ),
         (
@@ -498,7 +498,7 @@ fn query_metrics(app: &App, out: &mut String) {
             let _ = writeln!(
                 out,
                 "{name}{{query_hash=\"{:016x}\"}} {}",
-                q.shape.hash,
+                q.query_hash,
                 get(q)
             );
         }

@@ -427,6 +427,12 @@ impl ReplyQueue {
         self.has_pending_work() || self.queued_internal > 0
     }
 
+    /// Whether a Sync of the client's is still unanswered.
+    #[inline]
+    pub fn syncs_queued(&self) -> bool {
+        self.queued_syncs > 0
+    }
+
     /// Whether a simple query, an Execute or a Sync of the client is still unanswered.
     pub fn has_pending_work(&self) -> bool {
         self.queued_queries + self.queued_executes + self.queued_syncs > 0

@@ -1694,3 +1694,145 @@ async fn show_queries_says_what_is_worth_caching() {
     assert_eq!(sample(&body, "pgmemo_query_calls_total", &labels), 10.0);
     assert_eq!(sample(&body, "pgmemo_query_cache_hits_total", &labels), 8.0);
 }
+
+/// SHOW QUERIES covers prepared statements (tokio-postgres' named statements): their calls,
+/// their time on the server, the tables they read and whether the cache may keep them. A
+/// statement `... WHERE id = $1` and the simple query `... WHERE id = 2` are one query: one
+/// row, one `query_hash` (SHOW AUTOPREPARE's and the endpoint's), their calls added up.
+#[tokio::test]
+async fn show_queries_counts_prepared_statements_with_their_simple_twins() {
+    const DB: &str = "admin_queries_ext";
+    fresh_db(DB).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB,
+            "CREATE TABLE q_ext (id int PRIMARY KEY, v int); INSERT INTO q_ext VALUES (1, 1), (2, 2);",
+        )
+    })
+    .await
+    .unwrap();
+    let mut cfg = test_config(PoolMode::Transaction, 2);
+    cfg.general.metrics_listen = Some("127.0.0.1:0".into());
+    let proxy = start_pgmemo(cfg).await;
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    let slow = client
+        .prepare("SELECT pg_sleep($2), v FROM q_ext WHERE id = $1")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let rows = client.query(&slow, &[&1i32, &0.02f64]).await.unwrap();
+        assert_eq!(rows[0].get::<_, i32>(1), 1);
+    }
+    let read = client
+        .prepare("SELECT v FROM q_ext WHERE id = $1")
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let v: i32 = client
+            .query_one(&read, &[&(1 + i % 2)])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, 1 + i % 2);
+    }
+    for _ in 0..4 {
+        client
+            .simple_query("SELECT v FROM q_ext WHERE id = 2")
+            .await
+            .unwrap();
+    }
+    let admin = admin_client(&proxy).await;
+    let (columns, rows) = show(&admin, "SHOW QUERIES").await;
+    assert_columns(
+        &columns,
+        &["query_hash", "timed", "protocol"],
+        "SHOW QUERIES",
+    );
+    let find = |text: &str| {
+        let found: Vec<_> = rows.iter().filter(|r| val(r, "query") == text).collect();
+        assert_eq!(found.len(), 1, "rows for {text} in {rows:?}");
+        found[0].clone()
+    };
+    // The slow statement first, timed on the server.
+    let first = &rows[0];
+    assert_eq!(
+        val(first, "query"),
+        "SELECT pg_sleep($2), v FROM q_ext WHERE id = $1"
+    );
+    assert_eq!(num(first, "calls"), 3);
+    assert!(num(first, "timed") >= 1);
+    let mean: f64 = val(first, "mean_server_us").parse().unwrap();
+    assert!(mean >= 20_000.0, "mean {mean}");
+    assert_eq!(val(first, "protocol"), "extended");
+    assert_eq!(val(first, "cacheable"), "time or session function");
+    assert_eq!(
+        val(first, "autoprepare_never"),
+        "prepared by the client (extended protocol)"
+    );
+    // The read and its simple twin: one row.
+    let kv = find("SELECT v FROM q_ext WHERE id = $1");
+    assert_eq!(num(&kv, "calls"), 9);
+    assert_eq!(val(&kv, "protocol"), "both");
+    assert!(num(&kv, "timed") >= 2, "each protocol's first call timed");
+    assert_eq!(val(&kv, "tables"), "q_ext");
+    assert_eq!(val(&kv, "cacheable"), "yes");
+    let hash = val(&kv, "query_hash").to_owned();
+    assert_eq!(
+        hash,
+        format!(
+            "{:016x}",
+            pgmemo::query::shapes::query_hash(b"SELECT v FROM q_ext WHERE id = $1")
+        )
+    );
+    let (_, shapes) = show(&admin, "SHOW AUTOPREPARE").await;
+    assert!(shapes
+        .iter()
+        .any(|s| val(s, "hash") == hash && val(s, "query") == val(&kv, "query")));
+    let (_, body) = http_get(proxy.metrics_addr().unwrap(), "/metrics").await;
+    let labels = format!("query_hash=\"{hash}\"");
+    assert_eq!(sample(&body, "pgmemo_query_calls_total", &labels), 9.0);
+}
+
+/// pgbench's select-only script sent with `-M extended` (unnamed statements) and `-M
+/// prepared` (named ones) shows in SHOW QUERIES as one query with every call counted and
+/// its time measured; `-M simple` adds to the same row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_queries_counts_pgbench_extended_and_prepared() {
+    const DB: &str = "admin_queries_pgbench";
+    pgbench_database(DB).await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 2)).await;
+    let port = proxy.local_addr().port();
+    let admin = admin_client(&proxy).await;
+    for (protocol, calls, seen) in [
+        ("extended", 100, "extended"),
+        ("prepared", 200, "extended"),
+        ("simple", 300, "both"),
+    ] {
+        let out = pgbench(
+            &["-S", "-M", protocol, "-c", "2", "-t", "50", DB],
+            port,
+            PGMEMO_USER,
+            PGMEMO_PASS,
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "pgbench -M {protocol}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (_, rows) = show(&admin, "SHOW QUERIES").await;
+        let found: Vec<_> = rows
+            .iter()
+            .filter(|r| val(r, "query").contains("FROM pgbench_accounts WHERE aid = $1"))
+            .collect();
+        assert_eq!(found.len(), 1, "-M {protocol}: {rows:?}");
+        let row = found[0];
+        assert_eq!(num(row, "calls"), calls, "-M {protocol}");
+        assert_eq!(val(row, "protocol"), seen, "-M {protocol}");
+        assert!(num(row, "timed") >= calls / 8, "-M {protocol}: {row:?}");
+        let mean: f64 = val(row, "mean_server_us").parse().unwrap();
+        assert!(mean > 0.0, "-M {protocol}");
+        assert_eq!(val(row, "tables"), "pgbench_accounts");
+        assert_eq!(val(row, "cacheable"), "yes");
+    }
+}

@@ -1339,6 +1339,59 @@ async fn a_rule_written_with_literals_matches_its_queries() {
     }
 }
 
+/// A rule's `query_hash` (SHOW QUERIES' and SHOW AUTOPREPARE's) chooses its query whichever
+/// protocol sends it: a prepared statement `... WHERE id = $1` and the simple query `...
+/// WHERE id = 1` are one query with one hash, and SHOW QUERIES counts both in one row.
+#[tokio::test]
+async fn a_rule_by_query_hash_matches_the_query_in_both_protocols() {
+    const DB: &str = "cache_rule_hash";
+    setup(
+        DB,
+        "CREATE TABLE hashed (id int PRIMARY KEY, v int); INSERT INTO hashed VALUES (1, 10), (2, 20);",
+    )
+    .await;
+    let hash = pgmemo::query::shapes::query_hash(b"SELECT v FROM hashed WHERE id = $1");
+    let mut by_hash = rule("by_hash", "");
+    by_hash.query_contains = None;
+    by_hash.query_hash = Some(hash);
+    let proxy = start_pgmemo(cache_config(PoolMode::Transaction, 2, vec![by_hash])).await;
+    let client = connect(&proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        DB,
+    ))
+    .await;
+    let statement = client
+        .prepare("SELECT v FROM hashed WHERE id = $1")
+        .await
+        .unwrap();
+    for (id, hits) in [(1i32, 0), (1, 1), (2, 1), (2, 2)] {
+        let v: i32 = client.query_one(&statement, &[&id]).await.unwrap().get(0);
+        assert_eq!(v, id * 10);
+        assert_eq!(stats(&proxy, "by_hash").0, hits, "extended, id {id}");
+    }
+    let mut c = raw_proxy(&proxy, DB).await;
+    for (sql, hits) in [
+        ("SELECT v FROM hashed WHERE id = 1", 2),
+        ("SELECT v FROM hashed WHERE id = 1", 3),
+        // Another query is not chosen.
+        ("SELECT v FROM hashed WHERE id = 1 AND v = 10", 3),
+        ("SELECT v FROM hashed WHERE id = 1 AND v = 10", 3),
+    ] {
+        assert_eq!(first_value(&run(&mut c, sql).await).as_deref(), Some("10"));
+        assert_eq!(stats(&proxy, "by_hash").0, hits, "{sql}");
+    }
+    let figures = pgmemo::admin::query_figures(proxy.app());
+    let rows: Vec<_> = figures.iter().filter(|q| q.query_hash == hash).collect();
+    assert_eq!(rows.len(), 1);
+    let q = rows[0];
+    assert_eq!((q.calls, q.hits, q.misses), (6, 3, 3));
+    assert_eq!(q.protocol, "both");
+    let rules = proxy.app().cache.rule_stats();
+    assert_eq!(rules[q.chosen as usize - 1].name, "by_hash");
+}
+
 /// Replies with the table OIDs of RowDescriptions zeroed: twin databases' tables differ only
 /// there.
 fn without_table_oids(mut replies: Vec<(u8, Vec<u8>)>) -> Vec<(u8, Vec<u8>)> {

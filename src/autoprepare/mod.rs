@@ -153,10 +153,13 @@ impl Autoprepare {
         self.passed[pass.index()].fetch_add(1, Relaxed);
     }
 
-    /// The remembered shapes autoprepare may run: those the lexer read (a text it refused
-    /// is remembered for the result cache only).
+    /// The remembered shapes autoprepare may run: those of simple queries the lexer read (a
+    /// text it refused is remembered for the result cache only, a prepared statement's for
+    /// SHOW QUERIES).
     fn lexed_shapes(&self) -> impl Iterator<Item = Arc<Shape>> + '_ {
-        self.shapes.iter().filter(|s| !s.is_raw())
+        self.shapes
+            .iter()
+            .filter(|s| !s.is_raw() && !s.is_extended())
     }
 
     /// Every remembered shape of a simple query, most used first (SHOW AUTOPREPARE).

@@ -1,7 +1,8 @@
 //! `cache.mode = "auto"`: pgmemo chooses what to cache itself, beyond the rules and hints.
 //! Once a second (the janitor's round, [`ResultCache::choose_automatically`]) it ranks the
-//! read shapes of simple queries that the cache may keep (the analysis found a plain read)
-//! by their estimated time on the server (SHOW QUERIES' `total_server_ms`: a measured mean
+//! read shapes of simple queries and prepared statements that the cache may keep (the
+//! analysis found a plain read) by their estimated time on the server (SHOW QUERIES'
+//! `total_server_ms`: a measured mean
 //! times the calls that ran there) and chooses the costliest, at most [`MAX_CHOSEN`] at a
 //! time; a shape is a candidate once it was called [`MIN_CALLS`] times and its time was
 //! measured. A chosen shape whose lookups keep missing (its tables written too often for

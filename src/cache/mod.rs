@@ -85,8 +85,7 @@ pub struct Entry {
     pub tables: Arc<[Box<str>]>,
     pub database: Arc<str>,
     pub hits: AtomicU64,
-    /// The simple query's shape (None: a statement's), whose figures a first-tier hit adds
-    /// to.
+    /// The query's shape, whose figures a first-tier hit (of a simple query) adds to.
     pub shape: Option<Arc<Shape>>,
     /// Read from then on, it is refreshed by the query of the one client that claims it
     /// (`refreshing`) while the others keep getting hits (`cache.refresh_at`).
@@ -771,6 +770,7 @@ impl ResultCache {
                 text: &lexed.text,
                 display: shape.display(),
                 hash: lexed.shape,
+                query_hash: shape.query_hash,
                 analysis,
                 extended: false,
                 shape: Some(shape),
@@ -800,7 +800,8 @@ impl ResultCache {
         client.key.extend_from_slice(&batch.max_rows.to_le_bytes());
         client.key.extend_from_slice(batch.bind.rest);
         let hash = lexer::hasher().hash_one(&statement.key.query[..]) ^ 1;
-        self.decide(
+        let shape = statement.shape(&self.shapes);
+        let looked_up = self.decide(
             client,
             at,
             Candidate {
@@ -811,16 +812,22 @@ impl ResultCache {
                 text: &statement.key.query,
                 display: None,
                 hash,
+                query_hash: shape.map_or(hash, |s| s.query_hash),
                 analysis,
                 extended: true,
-                shape: None,
+                shape,
                 values: rows::Values::Bind {
                     rest: batch.bind.rest,
                     types: &statement.key.param_types,
                 },
             },
             may_wait,
-        )
+        );
+        if let (Lookup::Hit(_), Some(shape)) = (&looked_up, shape) {
+            // A call the server never sees (the planner counts the others).
+            shape.stats.calls.fetch_add(1, Relaxed);
+        }
+        looked_up
     }
 
     /// What `query`'s comments ask, once a malformed hint among them is counted and logged
@@ -859,7 +866,7 @@ impl ResultCache {
                 let found = cfg
                     .rules
                     .iter()
-                    .position(|r| r.matches(at.name, at.user, text, query.hash));
+                    .position(|r| r.matches(at.name, at.user, text, query.query_hash));
                 let Some(i) = found else {
                     // Else auto mode's choice (see `auto`), after the rules.
                     let chosen = cfg.mode == crate::config::cache::CacheMode::Auto
@@ -1492,10 +1499,14 @@ struct Candidate<'a> {
     text: &'a [u8],
     /// The same, shareable (for the entry), when it is at hand.
     display: Option<&'a Arc<str>>,
+    /// Its plans' key (with the search_path's), apart for the two protocols.
     hash: u64,
+    /// What a rule's `query_hash` matches: its shape's, the same for both protocols.
+    query_hash: u64,
     analysis: &'a Arc<Analysis>,
     extended: bool,
-    /// A simple query's shape, whose figures (SHOW QUERIES) the decision adds to.
+    /// Its shape (a simple query's, or its statement's), whose figures (SHOW QUERIES) the
+    /// decision adds to.
     shape: Option<&'a Arc<Shape>>,
     /// Its values (which rows a point read reads).
     values: rows::Values<'a>,
@@ -1736,7 +1747,7 @@ pub struct Fill {
     extended: bool,
     /// Sent inside a READ COMMITTED transaction block: stored at a ReadyForQuery `T`.
     in_block: bool,
-    /// The simple query's shape, for its entry.
+    /// The query's shape, for its entry.
     shape: Option<Arc<Shape>>,
 }
 

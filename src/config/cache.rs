@@ -157,7 +157,9 @@ pub struct Rule {
     /// when the cache takes the rules (`ResultCache::reconfigure`); spacing does not count
     /// ([`same_text`]).
     pub query: Option<String>,
-    /// The normalized text's hash, as SHOW AUTOPREPARE / SHOW CACHE SHAPES print it (hex).
+    /// The normalized text's hash, as SHOW QUERIES and SHOW AUTOPREPARE print it (hex): the
+    /// same for a simple query and a prepared statement of that text
+    /// (`query::shapes::query_hash`).
     pub query_hash: Option<u64>,
     /// A substring of the normalized text.
     pub query_contains: Option<String>,

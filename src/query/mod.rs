@@ -85,11 +85,15 @@ enum Read {
 }
 
 impl Reader {
-    /// The next message is not the one read.
+    /// The next message is not the one read. (Nothing to forget after a message that was not
+    /// read, as most of an extended-protocol client's are: a shape is looked up only after a
+    /// reading.)
     #[inline]
     pub fn forget(&mut self) {
-        self.state = Read::None;
-        self.shape = None;
+        if !matches!(self.state, Read::None) {
+            self.state = Read::None;
+            self.shape = None;
+        }
     }
 
     /// The lexer's reading of `sql`, the text of the message at hand: lexed at the first call

@@ -10,6 +10,13 @@
 //!
 //! A text the lexer refuses is its own shape, keyed by its raw text ([`Shapes::raw`]): the
 //! result cache still analyzes it; autoprepare never runs it.
+//!
+//! A prepared statement of the extended protocol has a shape of its own ([`Shapes::statement`],
+//! linked once per statement): its text with comments dropped, as the lexer reads it. Its
+//! [`Shape::query_hash`] is the hash of that text alone, as a simple query's is of its
+//! generalized text alone (not of its literals' kinds): `SELECT .. WHERE id = $1` sent
+//! extended and `SELECT .. WHERE id = 5` sent simple have one `query_hash`, which SHOW QUERIES
+//! shows as one row and a cache rule's `query_hash` matches whichever protocol sends it.
 
 use super::analysis::{self, Analysis};
 use super::lexer::{self, Kind, Lexed, Literal};
@@ -21,7 +28,12 @@ use std::sync::{Arc, OnceLock};
 /// One query shape and what was derived from it.
 #[derive(Debug)]
 pub struct Shape {
+    /// Its place in the shape table (of the text and the literals' kinds).
     pub hash: u64,
+    /// What SHOW QUERIES, SHOW AUTOPREPARE and the metrics name it by, and a cache rule's
+    /// `query_hash` matches: [`query_hash`] of its text only, the same for the simple and the
+    /// extended protocol.
+    pub query_hash: u64,
     /// The lexer's generalized text as it was (bytes), every literal a parameter, then its
     /// literals' kinds (a raw text's: its bytes): what the hash was taken of, compared on every lookup. The
     /// hash has a fixed seed (SHOW AUTOPREPARE and cache rules name shapes by it), so a client
@@ -32,6 +44,9 @@ pub struct Shape {
     text_len: u32,
     /// A text the lexer refused, keyed as it is ([`Shapes::raw`]).
     raw: bool,
+    /// A prepared statement's shape ([`Shapes::statement`]): never a simple query's, never
+    /// autoprepared.
+    extended: bool,
     /// Which of the words the session looks for in every simple query (`words::query`) the
     /// generalized text holds: the scan of a query of this shape then reads only its string
     /// literals.
@@ -53,7 +68,8 @@ pub struct Shape {
 /// result cache made of it.
 #[derive(Debug, Default)]
 pub struct ShapeStats {
-    /// Simple queries of the shape the sessions read (each once).
+    /// Simple queries of the shape the sessions read (each once); for a prepared
+    /// statement's shape, its executions (Binds a server ran, and those the cache answered).
     pub calls: AtomicU64,
     /// Of those, the ones whose time on the server was measured (about one in
     /// [`TIMED_EVERY`], see [`ShapeStats::time_this_call`]), and that time in microseconds.
@@ -94,7 +110,12 @@ impl ShapeStats {
     /// stride of its own would alias with, never timing some shapes.
     #[inline]
     pub fn time_this_call(&self) -> bool {
-        let calls = self.calls.load(Relaxed);
+        self.time_call(self.calls.load(Relaxed))
+    }
+
+    /// [`ShapeStats::time_this_call`] for the call that made the calls `calls`.
+    #[inline]
+    pub fn time_call(&self, calls: u64) -> bool {
         self.timed.load(Relaxed) * TIMED_EVERY < calls
     }
 
@@ -159,6 +180,7 @@ impl Shape {
     fn is_of(&self, lexed: &Lexed) -> bool {
         let (text, kinds) = self.key.split_at(self.text_len as usize);
         !self.raw
+            && !self.extended
             && text == &lexed.text[..]
             && kinds.len() == lexed.literals.len()
             && kinds
@@ -201,9 +223,28 @@ impl Shape {
         })
     }
 
-    /// What it reads and writes, once derived (None: not yet, or the text is not UTF-8).
+    /// What it reads and writes, once derived (None: not yet, or the text is not UTF-8). A
+    /// prepared statement's shape is derived here, at the first call (SHOW QUERIES, auto
+    /// mode): the session never needs it.
     pub fn analysis(&self) -> Option<&Arc<Analysis>> {
+        if self.extended {
+            return self.derived_statement().analysis.as_ref();
+        }
         self.derived.get()?.analysis.as_ref()
+    }
+
+    /// A prepared statement's shape's [`Derived`]: its text analyzed (it has parameters
+    /// already; autoprepare has nothing to decide).
+    #[cold]
+    fn derived_statement(&self) -> &Derived {
+        self.derived.get_or_init(|| {
+            let text = std::str::from_utf8(&self.key[..self.text_len as usize]).ok();
+            Derived {
+                text: text.map(Arc::from),
+                analysis: text.map(|t| Arc::new(analysis::analyze(t))),
+                decision: Decision::Never(Never::NotDml),
+            }
+        })
     }
 
     /// The generalized text, shareable, once derived (None: not yet, or not UTF-8).
@@ -219,6 +260,11 @@ impl Shape {
     /// Whether this is a raw text's shape (one the lexer refused).
     pub fn is_raw(&self) -> bool {
         self.raw
+    }
+
+    /// Whether this is a prepared statement's shape ([`Shapes::statement`]).
+    pub fn is_extended(&self) -> bool {
+        self.extended
     }
 
     pub fn is_rejected(&self) -> bool {
@@ -283,7 +329,7 @@ impl Shapes {
         let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
         key.extend_from_slice(&lexed.text);
         key.extend(lexed.literals.iter().map(|l| l.kind.code()));
-        let shape = new_shape(lexed.shape, key, lexed.text.len(), false);
+        let shape = new_shape(lexed.shape, key, lexed.text.len(), Of::Lexed);
         // A different text with the same hash keeps the place it took first; this one is
         // counted and decided on its own, unshared.
         if !collides {
@@ -301,21 +347,76 @@ impl Shapes {
             Some(_) => true,
             None => false,
         };
-        let shape = new_shape(hash, sql.to_vec(), sql.len(), true);
+        let shape = new_shape(hash, sql.to_vec(), sql.len(), Of::Raw);
         if !collides {
             self.table.insert(hash, shape.clone());
         }
         shape
     }
+
+    /// The shape of a prepared statement whose text is `sql` (None: longer than the lexer
+    /// reads). Once per statement (the statement keeps it, see `Statement::shape`), never
+    /// per execution. Its text is the lexer's reading with comments dropped, as a simple
+    /// query's; a text with literals of its own (`.. status = 'a' AND id = $1`) or one the
+    /// lexer refuses is kept as it is: it never reads as a simple query's generalized text,
+    /// whose literals are all `$n` in order, and its hash is not one of theirs.
+    pub fn statement(&self, sql: &[u8]) -> Option<Arc<Shape>> {
+        if sql.len() > lexer::MAX_TEXT {
+            return None;
+        }
+        let mut lexed = Lexed::default();
+        let text = match lexer::comments(sql, &mut lexed) {
+            Ok(()) if lexed.params == 0 => lexed.text,
+            _ => sql.to_vec(),
+        };
+        // Its place in the table: apart from a simple query's of the same text.
+        let hash = query_hash(&text) ^ EXTENDED;
+        let collides = match self.table.get(&hash) {
+            Some(shape) if shape.extended && *shape.key == *text => return Some(shape),
+            Some(_) => true,
+            None => false,
+        };
+        let len = text.len();
+        let shape = new_shape(hash, text, len, Of::Extended);
+        if !collides {
+            self.table.insert(hash, shape.clone());
+        }
+        Some(shape)
+    }
 }
 
-fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, raw: bool) -> Arc<Shape> {
+/// The hash a shape is named by (SHOW QUERIES' `query_hash`, a cache rule's): of its
+/// generalized text only, with the shapes' fixed seed. A shape without literals (and every
+/// prepared statement's) has it as its table hash too.
+pub fn query_hash(text: &[u8]) -> u64 {
+    let mut h = lexer::hasher().build_hasher();
+    std::hash::Hasher::write(&mut h, text);
+    std::hash::Hasher::finish(&h)
+}
+
+/// Set in a prepared statement's shape's table hash ([`Shapes::statement`]).
+const EXTENDED: u64 = 0x5a5a_0e0e_7777_0001;
+
+/// What a shape is of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Of {
+    /// A simple query the lexer read.
+    Lexed,
+    /// A simple query's text the lexer refused.
+    Raw,
+    /// A prepared statement's text.
+    Extended,
+}
+
+fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, of: Of) -> Arc<Shape> {
     let words = super::words::in_query(&key[..text_len]);
     Arc::new(Shape {
         hash,
+        query_hash: query_hash(&key[..text_len]),
         key: key.into(),
         text_len: text_len as u32,
-        raw,
+        raw: of == Of::Raw,
+        extended: of == Of::Extended,
         words,
         derived: OnceLock::new(),
         rejected: AtomicBool::new(false),
@@ -374,6 +475,46 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &raw) && raw.is_raw());
         // The first keeps its place.
         assert!(Arc::ptr_eq(&shapes.get(&a), &first));
+    }
+
+    /// A prepared statement's shape and a simple query's of the same generalized text have
+    /// one `query_hash` (not one place in the table: autoprepare never finds the statement's);
+    /// comments are not part of it; a statement with a literal of its own keeps it.
+    #[test]
+    fn a_statement_and_its_simple_twin_share_a_query_hash() {
+        let shapes = Shapes::new(100);
+        let simple = shapes.get(&lexed("SELECT v FROM t WHERE id = 5 /* a */"));
+        let extended = shapes
+            .statement(b"SELECT v FROM t WHERE id = $1 /* b */")
+            .unwrap();
+        assert!(!Arc::ptr_eq(&simple, &extended));
+        assert!(extended.is_extended() && !simple.is_extended());
+        assert_eq!(simple.query_hash, extended.query_hash);
+        assert_eq!(extended.text(), simple.text());
+        assert_ne!(
+            simple.hash, simple.query_hash,
+            "the table's hash has the kinds"
+        );
+        let again = shapes
+            .statement(b"SELECT v FROM t WHERE id = $1 /* c */")
+            .unwrap();
+        assert!(Arc::ptr_eq(&again, &extended), "one shape per text");
+        // A literal of its own: kept, another query than the simple one.
+        let own = shapes
+            .statement(b"SELECT v FROM t WHERE id = $1 AND k = 'a'")
+            .unwrap();
+        assert_eq!(own.text(), "SELECT v FROM t WHERE id = $1 AND k = 'a'");
+        let twin = shapes.get(&lexed("SELECT v FROM t WHERE id = 1 AND k = 'a'"));
+        assert_ne!(own.query_hash, twin.query_hash);
+        // A text the lexer refuses is kept as sent, with a simple raw text's query_hash.
+        let begin = shapes.statement(b"BEGIN").unwrap();
+        assert_eq!(begin.query_hash, shapes.raw(b"BEGIN").query_hash);
+        // Without literals, a simple shape's table hash is its query_hash.
+        let plain = shapes.get(&lexed("SELECT now()"));
+        assert_eq!(plain.hash, plain.query_hash);
+        // The analysis of a statement's shape is made when asked.
+        let read = extended.analysis().expect("UTF-8").read.as_ref().unwrap();
+        assert_eq!(&*read.relations[0].name, "t");
     }
 
     /// One parse gives both the result cache's analysis and autoprepare's decision.

@@ -389,6 +389,24 @@ impl Session {
         let Some(stmts) = self.plan.stmts.as_mut().filter(|_| !skipping) else {
             return planner::Plan::Forward;
         };
+        // A simple query may be autoprepared; a Bind's execution may be timed (SHOW QUERIES),
+        // in the reading a simple query would use.
+        let (autoprepare, timing) = match autoprepare {
+            Some(threshold) => (
+                Some(crate::autoprepare::Use {
+                    global: &self.app.autoprepare,
+                    client: self
+                        .reading
+                        .autoprepare
+                        .get_or_insert_with(Default::default),
+                    reader: self.reading.reader.get_or_insert_with(Default::default),
+                    threshold,
+                }),
+                None,
+            ),
+            // Only a Bind reads it.
+            None => (None, Some(&mut self.reading.reader)),
+        };
         let planned = planner::Planner {
             message: planner::Message {
                 whole: &self.client.rbuf[..len],
@@ -405,15 +423,9 @@ impl Session {
                 cleanup: &mut self.plan.cleanup,
                 retry: &mut self.plan.retry,
                 state: &mut self.state,
-                autoprepare: autoprepare.map(|threshold| crate::autoprepare::Use {
-                    global: &self.app.autoprepare,
-                    client: self
-                        .reading
-                        .autoprepare
-                        .get_or_insert_with(Default::default),
-                    reader: self.reading.reader.get_or_insert_with(Default::default),
-                    threshold,
-                }),
+                autoprepare,
+                shapes: &self.app.shapes,
+                timing,
                 reported: &self.params.reported,
             },
         }

@@ -17,6 +17,7 @@ pub use server_set::ServerSet;
 
 use crate::protocol::{pg_name, put_cstr, write_message};
 use crate::query::command;
+use crate::query::shapes::{Shape, Shapes};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -104,6 +105,9 @@ pub struct Statement {
     /// malformed one was logged.
     pub cache_hints: std::sync::OnceLock<crate::query::hint::Hints>,
     pub hint_warned: AtomicBool,
+    /// Its shape, whose figures SHOW QUERIES shows: linked at the first execution a client
+    /// asks for, not per execution (see [`Statement::shape`]).
+    shape: std::sync::OnceLock<Option<Arc<Shape>>>,
 }
 
 impl Statement {
@@ -176,7 +180,17 @@ impl Statement {
             cache_analysis: std::sync::OnceLock::new(),
             cache_hints: std::sync::OnceLock::new(),
             hint_warned: AtomicBool::new(false),
+            shape: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Its shape in `shapes` ([`Shapes::statement`]), looked up at the first call (None: its
+    /// text is longer than the lexer reads). A client's execution of it counts there.
+    #[inline]
+    pub fn shape(&self, shapes: &Shapes) -> Option<&Arc<Shape>> {
+        self.shape
+            .get_or_init(|| shapes.statement(&self.key.query))
+            .as_ref()
     }
 
     pub fn parse_message(&self) -> &[u8] {

@@ -112,6 +112,12 @@ pub struct ClientContext<'a> {
     pub state: &'a mut super::state::StateWatch,
     /// For a simple query of a client with autoprepare on.
     pub autoprepare: Option<crate::autoprepare::Use<'a>>,
+    /// The shapes a client's prepared statements count their executions in (SHOW QUERIES).
+    pub shapes: &'a crate::query::shapes::Shapes,
+    /// The session's reading, where a Bind's execution timed on the server is kept until
+    /// its ReadyForQuery (made when one is timed first). None for a simple query that may be
+    /// autoprepared, which has the reading in `autoprepare`.
+    pub timing: Option<&'a mut Option<Box<crate::query::Reader>>>,
     /// The client's reported parameters (its client_encoding, for a name that is not UTF-8).
     pub reported: &'a Vars,
 }

@@ -10,6 +10,7 @@ use crate::protocol::{body, pg_name, put_cstr, write_message};
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, Synth};
 use crate::statements::{Effect, Statement, GUARD_NAME, GUARD_QUERY};
 use bytes::{Bytes, BytesMut};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 impl Planner<'_> {
@@ -189,12 +190,42 @@ impl Planner<'_> {
         if statement.tracked.is_some() {
             self.stmts.bind_tracked_portal(b.portal, statement.clone());
         }
+        self.count_call(&statement);
         let retry = self.retry_point();
         self.forward_renamed(statement, client_name, Expected::Bind, retry, |m, name| {
             put_cstr(m, b.portal);
             put_cstr(m, name);
             m.extend_from_slice(b.rest);
         })
+    }
+
+    /// SHOW QUERIES: a client's Bind of `statement` is a call of its shape (one relaxed add).
+    /// About one in `TIMED_EVERY` is timed on the server, as simple queries are: from here to
+    /// the next ReadyForQuery the client is sent (`Reader::timed`), when nothing of the
+    /// client's runs before it; a second Bind in its batch (before its Sync) ends the timing,
+    /// which would measure both.
+    #[inline]
+    fn count_call(&mut self, statement: &Statement) {
+        let Some(shape) = statement.shape(self.client.shapes) else {
+            return;
+        };
+        let calls = shape.stats.calls.fetch_add(1, Relaxed) + 1;
+        let Some(reading) = self.client.timing.as_deref_mut() else {
+            return;
+        };
+        if let Some(timed) = reading.as_deref_mut().map(|r| &mut r.timed) {
+            if timed.is_some() {
+                if !self.replies.syncs_queued() {
+                    *timed = None;
+                }
+                return;
+            }
+        }
+        if self.replies.has_pending_work() || !shape.stats.time_call(calls) {
+            return;
+        }
+        let reader = reading.get_or_insert_with(Default::default);
+        reader.timed = Some((std::time::Instant::now(), shape.clone()));
     }
 
     /// Sends a Bind or Describe under the statement's server name, preparing it there first
