@@ -418,9 +418,34 @@ fn listen_again(
     fds: ListenerFds,
 ) {
     let _runtime = handle.enter();
-    // Kept for the rest of the process: its file stays when it exits (the next bind
-    // replaces a stale one).
-    std::mem::forget(listen(app.clone(), file.path.clone(), fds));
+    // The new process's control socket is at the path: it is gone once that process is,
+    // but the end of the control connection can be seen a moment before the kernel has
+    // closed the rest of a dying process's sockets. This thread may wait (it is no event
+    // loop's): a second at most.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let bound = loop {
+        match bind(&file.path) {
+            Ok(bound) => break Ok(bound),
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    match bound {
+        Ok((listener, inode)) => {
+            let file = BoundFile {
+                path: file.path,
+                inode,
+            };
+            tracing::info!(socket = %file.path.display(), "takeover: listening for another takeover");
+            tokio::spawn(accept(app.clone(), listener, fds, file.clone()));
+            // Kept for the rest of the process: its file stays when it exits (the next
+            // bind replaces a stale one).
+            std::mem::forget(ControlSocket { file });
+        }
+        Err(e) => tracing::warn!(path = %file.path.display(), "online restart is off: {e:#}"),
+    }
 }
 
 /// The old process's thread that reads what the new one sends after the listeners: cancel

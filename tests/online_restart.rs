@@ -350,6 +350,7 @@ async fn the_old_process_serves_on_when_the_new_one_dies() {
     doomed.signal(libc::SIGKILL);
     let _ = doomed.exited("killed").await;
     old.logged("accepting again").await;
+    old.logged("listening for another takeover").await;
     // New clients reach the old process again, and its client finishes its transaction there.
     let another = connect(&url(port, TEST_DB)).await;
     another
