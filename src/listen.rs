@@ -39,7 +39,7 @@ impl UnixSocket {
             );
         }
         let path = dir.join(format!(".s.PGSQL.{port}"));
-        remove_stale(&path)?;
+        remove_stale(&path, "general.unix_socket_dir")?;
         let listener = UnixListener::bind(&path)
             .with_context(|| format!("cannot listen on Unix socket {}", path.display()))?;
         // From here on the file is ours: dropping `socket` removes it if what follows fails.
@@ -107,21 +107,22 @@ impl Drop for UnixSocket {
 }
 
 /// Removes a socket file nobody listens on; refuses a live socket, or a file that is no socket.
-fn remove_stale(path: &Path) -> anyhow::Result<()> {
+/// `setting` names what chose the path, for the error (this socket's and the takeover
+/// socket's, see [`crate::takeover`]).
+pub(crate) fn remove_stale(path: &Path, setting: &str) -> anyhow::Result<()> {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(());
     };
     if !meta.file_type().is_socket() {
         bail!(
-            "{} exists and is not a socket: remove it, or choose another \
-             general.unix_socket_dir or port",
+            "{} exists and is not a socket: remove it, or choose another {setting} or port",
             path.display()
         );
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         bail!(
             "another process listens on Unix socket {} (a PostgreSQL or pgmemo on the same \
-             port?): choose another general.unix_socket_dir or port",
+             port?): choose another {setting} or port",
             path.display()
         );
     }

@@ -285,13 +285,8 @@ impl Signals {
 
 /// `--takeover`: the control socket of the pgmemo running with this configuration.
 fn take_over_from(config: &Config) -> anyhow::Result<std::path::PathBuf> {
-    let port = config
-        .general
-        .listen
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse::<u16>().ok())
-        .unwrap_or(0);
+    // Valid: the configuration was checked.
+    let port = pgmemo::config::parse_host_port(&config.general.listen).map_or(0, |(_, p)| p);
     let Some(path) = pgmemo::takeover::control_path(&config.general, port) else {
         anyhow::bail!("--takeover: general.online_restart is off in this configuration");
     };

@@ -219,6 +219,17 @@ impl Drop for ControlSocket {
 /// A live socket there (another pgmemo on the same path) only turns online restart off for
 /// this process, with a warning: it is no reason to refuse to serve.
 pub fn listen(app: Arc<App>, path: PathBuf, fds: ListenerFds) -> Option<ControlSocket> {
+    serve(app, path, bind, fds)
+}
+
+/// Binds the control socket at `path` with `bind` and waits there for a successor; None,
+/// with a warning, when it cannot be bound.
+fn serve(
+    app: Arc<App>,
+    path: PathBuf,
+    bind: impl FnOnce(&Path) -> anyhow::Result<(tokio::net::UnixListener, u64)>,
+    fds: ListenerFds,
+) -> Option<ControlSocket> {
     match bind(&path) {
         Ok((listener, inode)) => {
             let file = BoundFile { path, inode };
@@ -233,17 +244,8 @@ pub fn listen(app: Arc<App>, path: PathBuf, fds: ListenerFds) -> Option<ControlS
 }
 
 fn bind(path: &Path) -> anyhow::Result<(tokio::net::UnixListener, u64)> {
-    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            bail!("{} exists and is not a socket", path.display());
-        }
-        if UnixStream::connect(path).is_ok() {
-            bail!("another process listens on {}", path.display());
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
-    }
+    use std::os::unix::fs::MetadataExt as _;
+    crate::listen::remove_stale(path, "general.takeover_socket")?;
     let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -422,29 +424,23 @@ fn listen_again(
     // but the end of the control connection can be seen a moment before the kernel has
     // closed the rest of a dying process's sockets. This thread may wait (it is no event
     // loop's): a second at most.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    let bound = loop {
-        match bind(&file.path) {
-            Ok(bound) => break Ok(bound),
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+    let retried = |path: &Path| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match bind(path) {
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                bound => return bound,
             }
-            Err(e) => break Err(e),
         }
     };
-    match bound {
-        Ok((listener, inode)) => {
-            let file = BoundFile {
-                path: file.path,
-                inode,
-            };
-            tracing::info!(socket = %file.path.display(), "takeover: listening for another takeover");
-            tokio::spawn(accept(app.clone(), listener, fds, file.clone()));
-            // Kept for the rest of the process: its file stays when it exits (the next
-            // bind replaces a stale one).
-            std::mem::forget(ControlSocket { file });
-        }
-        Err(e) => tracing::warn!(path = %file.path.display(), "online restart is off: {e:#}"),
+    let control = serve(app.clone(), file.path, retried, fds);
+    if let Some(control) = control {
+        tracing::info!(socket = %control.file.path.display(), "takeover: listening for another takeover");
+        // Kept for the rest of the process: its file stays when it exits (the next bind
+        // replaces a stale one).
+        std::mem::forget(control);
     }
 }
 

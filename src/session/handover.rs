@@ -15,7 +15,7 @@
 //! per-client buffers, statistics, the worker a client was on.
 
 use super::{ClientConn, Session, Started};
-use crate::app::{App, Endpoint, ResumedKey};
+use crate::app::{App, ResumedKey};
 use crate::handoff::Handoff;
 use crate::params::Vars;
 use crate::pool::PoolMode;
@@ -194,16 +194,7 @@ pub async fn resume(app: Arc<App>, carried: Carried, socket: OwnedFd) -> Option<
             return None;
         }
     };
-    let endpoints = match stream.tcp() {
-        Some(tcp) => (tcp.peer_addr().ok()?.into(), tcp.local_addr().ok()?.into()),
-        None => {
-            let port = app.listen_addr.lock().map_or(0, |a| a.port());
-            (Endpoint::unix(port), Endpoint::unix(port))
-        }
-    };
-    if let Some(tcp) = stream.tcp() {
-        let _ = tcp.set_nodelay(true);
-    }
+    let endpoints = super::login::addresses(&app, &stream)?;
     let info = app.register_resumed_client(
         endpoints,
         &carried.user,

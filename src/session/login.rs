@@ -117,7 +117,7 @@ pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
 
 /// A client's endpoints, as SHOW CLIENTS shows them: on the Unix socket `unix` and the listen
 /// port both, as PgBouncer shows them. Sets TCP_NODELAY on a TCP client.
-fn addresses(app: &App, client: &Stream) -> Option<(Endpoint, Endpoint)> {
+pub(super) fn addresses(app: &App, client: &Stream) -> Option<(Endpoint, Endpoint)> {
     match client.tcp() {
         Some(tcp) => {
             let _ = tcp.set_nodelay(true);
