@@ -320,6 +320,13 @@ impl Counters {
         self.hits as f64 / (self.hits + self.misses).max(1) as f64
     }
 
+    /// Of the reads of a result the cache had stored before (a hit, or a miss that found
+    /// its entry invalidated or expired): the hit ratio of repeated reads, leaving out each
+    /// result's first read, which no cache can answer.
+    fn reread_ratio(&self) -> f64 {
+        self.hits as f64 / (self.hits + self.invalidations).max(1) as f64
+    }
+
     /// Simple queries autoprepare could have run prepared but passed through.
     fn eligible_passed(&self) -> u64 {
         self.passed
@@ -431,14 +438,15 @@ async fn run_through_pgmemo(
     };
     println!(
         "{} ({setup}): {} reads; cache hits {} misses {} hit ratio {:.3} (rule entries \
-         invalidated {}); bypasses {:?}; autoprepared {}, passed through {:?}: autoprepared \
-         share of eligible simple queries {:.3}",
+         invalidated {}; of repeated reads {:.3}); bypasses {:?}; autoprepared {}, passed \
+         through {:?}: autoprepared share of eligible simple queries {:.3}",
         app.name(),
         transcript.lines().count() - 1,
         run.hits,
         run.misses,
         run.hit_ratio(),
         run.invalidations,
+        run.reread_ratio(),
         run.bypasses,
         run.autoprepared,
         run.passed,
@@ -504,6 +512,12 @@ async fn app_through_pgmemo(app: App, prefix: &str, expect: Expect) {
         run.hit_ratio(),
         expect.hit_ratio
     );
+    assert!(
+        run.reread_ratio() >= REREAD_RATIO,
+        "{}: hit ratio of repeated reads {:.3} below {REREAD_RATIO}: {run:?}",
+        app.name(),
+        run.reread_ratio(),
+    );
     if let Some(share) = expect.autoprepared_share {
         assert!(
             run.autoprepared_share() >= share,
@@ -523,27 +537,34 @@ async fn app_through_pgmemo(app: App, prefix: &str, expect: Expect) {
     }
 }
 
-// The bounds. Measured on this project's 2-core VM (4 threads x 100 requests, several runs
-// of this file on git 73472d7), the rule's hit ratio with proxy invalidation: SQLAlchemy + psycopg2 0.559-0.578,
-// + psycopg 3 0.564-0.567, Django + psycopg2 0.561-0.573, + psycopg 3 0.562-0.571,
-// ActiveRecord 0.558-0.593 (prepared_statements: false 0.565-0.585), Go + pgx 0.519-0.711 (its
-// goroutines interleave writes and reads differently from run to run); with WAL invalidation
-// SQLAlchemy + psycopg2 0.541-0.550, Go 0.525-0.549. Issue 33's target is 0.8. What keeps
-// them near 0.55 is the workload against table-granular invalidation, not a fault: each run
-// commits ~19 writes to `posts`, and each invalidates every cached read of `posts` (3 of a
-// page's 5 reads, for all 40 users); SHOW CACHE counts ~630 of the ~820 stored entries
-// invalidated. The never-written `categories` hits 355 of its 360 reads.
-//
-// The autoprepared share of eligible simple queries is 0.966-0.968 with the cache on (a kept
-// block's BEGIN, sent ahead of its first server statement, is pgmemo's own query and no
-// longer passes that statement by as "busy": it was 0.663-0.684 before) and 0.984-0.986
-// without it: framework connection setup (Django's SET TIME ZONE, ...) does not turn
-// autoprepare off.
-const HIT_RATIO: f64 = 0.45;
+// The bounds. Measured on this project's 2-core VM (4 threads x 100 requests, git
+// value-deps branch, 2026-11-27), the rule's hit ratio (hits / lookups) with proxy
+// invalidation: SQLAlchemy + psycopg2 0.813, + psycopg 3 0.812, Django + psycopg2 0.736, +
+// psycopg 3 0.735, ActiveRecord 0.818 (prepared_statements: false 0.823), Go + pgx 0.805;
+// with WAL invalidation SQLAlchemy + psycopg2 0.740, Go 0.772; auto mode 0.758. Of repeated
+// reads (leaving out each result's first read): 0.81-0.90. Before reads were followed column
+// by column and by value (cache::columns) they were 0.52-0.63: every committed write to
+// `posts` invalidated every cached read of it. What is left:
+// - Django's page reads `posts` joined with `select_related`, every column: each like
+//   (`UPDATE posts SET likes ...`) invalidates it for every user (pgmemo does not know which
+//   user's post row 7 is);
+// - with WAL invalidation, PostgreSQL's default replica identity shows an UPDATE's new row
+//   but not which columns it changed, so an UPDATE seen in the WAL changes every read of the
+//   table (`REPLICA IDENTITY FULL` makes it column by column);
+// - each result's first read, and reads inside a block after its own write.
+const HIT_RATIO: f64 = 0.65;
 // Auto mode chooses a shape at the janitor's round after it was called 3 times and timed:
 // the run is short (a few seconds), so its first reads of each shape miss uncounted.
-const AUTO_HIT_RATIO: f64 = 0.4;
-const CACHED_AUTOPREPARED_SHARE: f64 = 0.95;
+const AUTO_HIT_RATIO: f64 = 0.55;
+/// Of repeated reads, for every app (issue 33's target, 0.8, with a margin for the runs'
+/// spread).
+const REREAD_RATIO: f64 = 0.75;
+// The autoprepared share of eligible simple queries is 0.984-0.986 without the cache:
+// framework connection setup (Django's SET TIME ZONE, ...) does not turn autoprepare off.
+// With the cache on it is 0.927-0.93: the cache answers most repeated reads, so each
+// shape's first executions before autoprepare takes it (`threshold`, `probing`: ~32 per run)
+// are a larger part of what still reaches a server (0.966 when the cache answered 0.61).
+const CACHED_AUTOPREPARED_SHARE: f64 = 0.9;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlalchemy_psycopg2() {

@@ -47,7 +47,19 @@ const SCHEMA: &str = "
     INSERT INTO parted VALUES (1, 1), (2, 2);
     CREATE TABLE named (name text PRIMARY KEY, v int);
     INSERT INTO named VALUES ('ann', 1), ('bob', 2);
-    CREATE VIEW account_view AS SELECT id AS key, v FROM accounts WHERE v >= 0;";
+    CREATE VIEW account_view AS SELECT id AS key, v FROM accounts WHERE v >= 0;
+    -- Read by a column that is not a key, and column by column (cache::columns). The WAL
+    -- shows an UPDATE's columns only with the whole old row.
+    CREATE TABLE posts (id serial PRIMARY KEY, user_id int NOT NULL, title text NOT NULL UNIQUE,
+                        likes int NOT NULL);
+    ALTER TABLE posts REPLICA IDENTITY FULL;
+    INSERT INTO posts (user_id, title, likes)
+        SELECT u, 'u' || u || '-' || k, k FROM generate_series(1, 3) u, generate_series(1, 2) k
+        ORDER BY u, k;
+    CREATE TABLE scored (id int PRIMARY KEY, likes int,
+                         score int GENERATED ALWAYS AS (likes * 2) STORED);
+    ALTER TABLE scored REPLICA IDENTITY FULL;
+    INSERT INTO scored (id, likes) VALUES (1, 1), (2, 2);";
 
 fn config(invalidation: Invalidation) -> Config {
     let mut config = test_config(PoolMode::Transaction, 2);
@@ -64,6 +76,8 @@ fn config(invalidation: Invalidation) -> Config {
         "parted",
         "named",
         "account_view",
+        "posts",
+        "scored",
     ]
     .iter()
     .map(|t| cache_rule(t, &format!("FROM {t}")))
@@ -152,6 +166,72 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
+    // Column by column: an UPDATE changes what uses the columns it assigns, and the order of
+    // a read whose ORDER BY is not total; the rest stays.
+    Case {
+        write: "UPDATE posts SET likes = 50 WHERE id = 1",
+        changed: &[
+            "SELECT title, likes FROM posts WHERE user_id = 1 ORDER BY title",
+            "SELECT sum(likes) FROM posts WHERE user_id = 2",
+            "SELECT title FROM posts WHERE user_id = 1",
+            "SELECT string_agg(title, ',') FROM posts WHERE user_id = 1",
+        ],
+        kept: &[
+            "SELECT count(*) FROM posts WHERE user_id = 1",
+            "SELECT title FROM posts WHERE user_id = 1 ORDER BY title",
+            "SELECT p.title, a.v FROM posts p JOIN accounts a ON a.id = p.user_id \
+             WHERE p.user_id = 1 ORDER BY p.title",
+        ],
+    },
+    // A row added names its values: reads of other values stay.
+    Case {
+        write: "INSERT INTO posts (user_id, title, likes) VALUES (2, 'u2-new', 0)",
+        changed: &[
+            "SELECT title, likes FROM posts WHERE user_id = 2 ORDER BY title",
+            "SELECT count(*) FROM posts WHERE user_id = 2",
+            "SELECT count(*) FROM posts",
+            "SELECT p.title, a.v FROM posts p JOIN accounts a ON a.id = p.user_id \
+             WHERE p.user_id = 2 ORDER BY p.title",
+        ],
+        kept: &[
+            "SELECT title, likes FROM posts WHERE user_id = 1 ORDER BY title",
+            "SELECT count(*) FROM posts WHERE user_id = 3",
+            "SELECT p.title, a.v FROM posts p JOIN accounts a ON a.id = p.user_id \
+             WHERE p.user_id = 1 ORDER BY p.title",
+        ],
+    },
+    Case {
+        write: "INSERT INTO posts (user_id, title, likes) VALUES (1, 'u1-x', 1) \
+                ON CONFLICT (title) DO UPDATE SET likes = 9",
+        changed: &["SELECT count(*) FROM posts WHERE user_id = 1"],
+        kept: &["SELECT count(*) FROM posts WHERE user_id = 2"],
+    },
+    // Assigning the column a read selects by: every value of it.
+    Case {
+        write: "UPDATE posts SET user_id = 3 WHERE title = 'u1-1'",
+        changed: &[
+            "SELECT count(*) FROM posts WHERE user_id = 3",
+            "SELECT count(*) FROM posts WHERE user_id = 1",
+        ],
+        kept: &["SELECT count(*) FROM posts WHERE title = 'u2-2'"],
+    },
+    Case {
+        write: "DELETE FROM posts WHERE title = 'u2-1'",
+        changed: &[
+            "SELECT count(*) FROM posts WHERE user_id = 2",
+            "SELECT title FROM posts WHERE user_id = 2 ORDER BY title",
+        ],
+        kept: &[],
+    },
+    // A generated column changes with what it is computed from.
+    Case {
+        write: "UPDATE scored SET likes = 5 WHERE id = 1",
+        changed: &[
+            "SELECT sum(score) FROM scored",
+            "SELECT count(*) FROM scored WHERE score = 2",
+        ],
+        kept: &[],
+    },
     Case {
         write: "UPDATE accounts SET v = 100 WHERE id = 2",
         changed: &[

@@ -32,6 +32,20 @@ pub struct Snapshot {
     /// Each table's row key (see [`super::rows`]); None when two tables of that name have
     /// different ones, or one of its columns is of a type not followed by row.
     row_keys: HashMap<Box<str>, Option<Arc<RowKey>>>,
+    /// What the tables of each name say about their columns (see [`TableColumns`]).
+    columns: HashMap<Box<str>, TableColumns>,
+}
+
+/// What the tables of one name say about their columns, for column-level dependencies
+/// (see `cache::columns`): only what holds for every table of that name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TableColumns {
+    /// The columns of a type whose values are followed, with it.
+    pub followed: Vec<(Box<str>, KeyType)>,
+    /// Unique keys whose columns are all `NOT NULL`.
+    pub unique: Vec<Vec<Box<str>>>,
+    /// A column is generated: an `UPDATE` may change more columns than it assigns.
+    pub generated: bool,
 }
 
 /// Every function of one name, merged: the strictest wins.
@@ -50,7 +64,11 @@ struct Function {
 /// policy that calls a volatile function or operator of the database), `k` a column of a
 /// table's row key (see [`super::rows`]: its replica identity index, else its primary key):
 /// the table, the column, its type OID, whether its collation is deterministic, and its
-/// place in the key and the table's OID (two tables of one name in two schemas).
+/// place in the key and the table's OID (two tables of one name in two schemas); `c` a
+/// column of a type values are followed for (see [`super::rows::KeyType`]): the table, the
+/// column, its type and collation as for `k`, the table's OID; `q` a unique key of a table
+/// whose columns are all `NOT NULL` (the table, its columns joined by `,`, the table's OID);
+/// `g` a table with a generated column; `n` every table (its name and OID: two of one name).
 pub const SNAPSHOT_SQL: &str = "\
 WITH vol(classid, oid) AS (SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p \
    WHERE p.oid >= 16384 AND p.provolatile = 'v' \
@@ -106,7 +124,24 @@ UNION ALL SELECT 'k', c.relname::text, a.attname::text, \
  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum \
  LEFT JOIN pg_collation co ON co.oid = a.attcollation \
  WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
- AND i.indisunique AND i.indimmediate AND i.indexprs IS NULL AND i.indpred IS NULL";
+ AND i.indisunique AND i.indimmediate AND i.indexprs IS NULL AND i.indpred IS NULL \
+UNION ALL SELECT 'c', c.relname::text, a.attname::text, \
+ a.atttypid::text || ' ' || coalesce(co.collisdeterministic, true)::text, c.oid::text \
+ FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 \
+ AND NOT a.attisdropped AND a.atttypid IN (20, 21, 23, 25, 1043, 2950) \
+ LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+ WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
+UNION ALL SELECT 'q', c.relname::text, string_agg(a.attname::text, ',' ORDER BY k.ord), '', \
+ c.oid::text FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid \
+ CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+ JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum \
+ WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
+ AND i.indisunique AND i.indimmediate AND i.indexprs IS NULL AND i.indpred IS NULL \
+ GROUP BY c.oid, c.relname, i.indexrelid HAVING bool_and(a.attnotnull) \
+UNION ALL SELECT DISTINCT 'g', c.relname::text, '', '', '' FROM pg_attribute a \
+ JOIN pg_class c ON c.oid = a.attrelid WHERE a.attgenerated <> '' AND NOT a.attisdropped \
+UNION ALL SELECT 'n', c.relname::text, '', '', c.oid::text FROM pg_class c \
+ WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace";
 
 impl Snapshot {
     /// Builds a snapshot from the rows of [`SNAPSHOT_SQL`].
@@ -119,6 +154,10 @@ impl Snapshot {
         // table → (its OID, its key columns by place; None: a type not followed).
         type Columns = Vec<(u32, Option<(Box<str>, KeyType)>)>;
         let mut keys: HashMap<Box<str>, Vec<(String, Columns)>> = HashMap::new();
+        // name → per table OID: its followed columns, its unique keys.
+        type Followed = Vec<(Box<str>, KeyType)>;
+        type OfOid = (String, Followed, Vec<Vec<Box<str>>>);
+        let mut tables_columns: HashMap<Box<str>, Vec<OfOid>> = HashMap::new();
         for row in rows {
             match col(row, 0) {
                 "f" => {
@@ -154,6 +193,31 @@ impl Snapshot {
                         .1
                         .push((place.parse().unwrap_or(u32::MAX), key_column));
                 }
+                "c" | "q" | "n" => {
+                    let (table, name) = (col(row, 4), col(row, 1));
+                    let of = tables_columns.entry(name.into()).or_default();
+                    let at = of.iter().position(|(t, ..)| t == table).unwrap_or_else(|| {
+                        of.push((table.to_owned(), Vec::new(), Vec::new()));
+                        of.len() - 1
+                    });
+                    if col(row, 0) == "c" {
+                        let (oid, deterministic) = col(row, 3).split_once(' ').unwrap_or_default();
+                        if let Some(ty) = oid
+                            .parse()
+                            .ok()
+                            .and_then(|oid| KeyType::of(oid, deterministic == "true"))
+                        {
+                            of[at].1.push((col(row, 2).into(), ty));
+                        }
+                    } else if col(row, 0) == "q" {
+                        of[at]
+                            .2
+                            .push(col(row, 2).split(',').map(Into::into).collect());
+                    }
+                }
+                "g" => {
+                    s.columns.entry(col(row, 1).into()).or_default().generated = true;
+                }
                 "e" => {
                     let to: Box<str> = col(row, 2).into();
                     let list = s.reaches.entry(col(row, 1).into()).or_default();
@@ -163,6 +227,20 @@ impl Snapshot {
                 }
                 _ => {}
             }
+        }
+        for (name, mut tables) in tables_columns {
+            let of = s.columns.entry(name).or_default();
+            let (_, first, unique) = tables.swap_remove(0);
+            of.followed = first
+                .into_iter()
+                .filter(|c| tables.iter().all(|(_, other, _)| other.contains(c)))
+                .collect();
+            // Two tables of one name: which one a read names is not known here.
+            of.unique = if tables.is_empty() {
+                unique
+            } else {
+                Vec::new()
+            };
         }
         for (name, tables) in keys {
             let key = |mut columns: Columns| {
@@ -180,6 +258,11 @@ impl Snapshot {
             s.row_keys.insert(name, first.filter(|_| same));
         }
         s
+    }
+
+    /// What the tables named `table` say about their columns; None: no such table.
+    pub fn table_columns(&self, table: &str) -> Option<&TableColumns> {
+        self.columns.get(table)
     }
 
     /// The row key of the tables named `table` (see [`super::rows`]), if followed.
@@ -263,7 +346,7 @@ impl Snapshot {
 }
 
 /// Column `i` of a catalog row (None: NULL, or no such column).
-fn column(row: &[Option<String>], i: usize) -> Option<&str> {
+pub(super) fn column(row: &[Option<String>], i: usize) -> Option<&str> {
     row.get(i)?.as_deref()
 }
 
@@ -468,6 +551,46 @@ mod tests {
         assert!(s.call_may_write("created_later"));
         assert_eq!(s.functions_bypass(&["lower".into()]), None);
         assert_eq!(s.functions_bypass(&["f".into()]), Some(Bypass::Volatile));
+    }
+
+    #[test]
+    fn columns_say_only_what_every_table_of_the_name_has() {
+        let s = Snapshot::from_rows(
+            0,
+            &[
+                row(&["n", "posts", "", "", "10"]),
+                row(&["c", "posts", "user_id", "23 true", "10"]),
+                row(&["c", "posts", "title", "25 true", "10"]),
+                row(&["c", "posts", "icu", "25 false", "10"]),
+                row(&["q", "posts", "title", "", "10"]),
+                row(&["q", "posts", "user_id,title", "", "10"]),
+                // Two tables named t: the columns both have alike, no unique key.
+                row(&["n", "t", "", "", "20"]),
+                row(&["n", "t", "", "", "21"]),
+                row(&["c", "t", "a", "23 true", "20"]),
+                row(&["c", "t", "a", "23 true", "21"]),
+                row(&["c", "t", "b", "23 true", "20"]),
+                row(&["c", "t", "b", "20 true", "21"]),
+                row(&["q", "t", "a", "", "20"]),
+                row(&["n", "g", "", "", "30"]),
+                row(&["g", "g", "", "", ""]),
+            ],
+        );
+        let posts = s.table_columns("posts").unwrap();
+        assert_eq!(
+            posts.followed,
+            vec![
+                ("user_id".into(), KeyType::Integer(4)),
+                ("title".into(), KeyType::Text)
+            ]
+        );
+        assert_eq!(posts.unique.len(), 2);
+        assert!(!posts.generated);
+        let t = s.table_columns("t").unwrap();
+        assert_eq!(t.followed, vec![("a".into(), KeyType::Integer(4))]);
+        assert!(t.unique.is_empty());
+        assert!(s.table_columns("g").unwrap().generated);
+        assert!(s.table_columns("missing").is_none());
     }
 
     #[test]

@@ -20,6 +20,7 @@
 mod admission;
 pub mod auto;
 pub mod catalog;
+pub mod columns;
 mod key;
 pub mod rows;
 pub mod versions;
@@ -235,6 +236,9 @@ struct Plan {
     tables: Arc<[Box<str>]>,
     /// A read of rows its key names (see [`rows`]).
     point: Option<rows::PointPlan>,
+    /// A read by column (see [`columns`]): its equalities on columns whose values are
+    /// followed (their slots are added per execution).
+    filters: Vec<columns::ValueFilter>,
     /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
     /// two texts whose hashes collide must not share their tables), and shown in `SHOW
     /// CACHE ENTRIES`.
@@ -525,6 +529,21 @@ impl ResultCache {
         snapshot.row_key(table).cloned()
     }
 
+    /// Calls `f` with what the current catalog snapshot of `database` says of the columns of
+    /// `table` (see [`columns`]); None: not known.
+    pub fn with_columns<R>(
+        &self,
+        database: &str,
+        table: &str,
+        f: impl FnOnce(Option<&catalog::TableColumns>) -> R,
+    ) -> R {
+        let snapshots = self.snapshots.pin();
+        let snapshot = snapshots
+            .get(database)
+            .filter(|s| self.is_current(s, database));
+        f(snapshot.and_then(|s| s.table_columns(table)))
+    }
+
     /// What `max_memory` leaves to the store once the rows' versions are counted (at least
     /// half of it: a reload may lower `max_memory`, the row versions stay).
     fn store_capacity(&self, config: &CacheConfig) -> u64 {
@@ -742,6 +761,9 @@ impl ResultCache {
             pending.push(Versions::unknown_rows_slot(database, &write.table));
             figures.unknown_rows.fetch_add(1, Relaxed);
         }
+        self.with_columns(database, &write.table, |of| {
+            columns::push_write(write, of, &self.versions, database, values, pending)
+        });
     }
 
     /// Looks up a simple query whose text `sql` was just noted (`shape`; `reader`, the
@@ -1122,6 +1144,7 @@ impl ResultCache {
                 figures.point_fallbacks.fetch_add(1, Relaxed);
             }
         }
+        columns::push_value_slots(&plan.filters, &self.versions, database, values, &mut slots);
         let seen = self
             .versions
             .capture(&slots, std::mem::take(&mut client.spares.seen));
@@ -1201,14 +1224,31 @@ impl ResultCache {
             }
             _ => None,
         };
+        // A read not of rows by key may be read column by column (see [`columns`]).
+        let by_column = match (
+            &tables,
+            reads.and_then(|r| r.columns.as_ref()),
+            snapshot,
+            rows,
+        ) {
+            (Ok(tables), Some(reads), Some(snapshot), Ok(rows)) if point.is_none() => {
+                columns::plan(reads, tables, rows, snapshot, &job.database)
+            }
+            _ => None,
+        };
+        let (column_slots, filters) = by_column.unzip();
         let slots = tables.as_ref().map(|tables| {
             let table_slot = |t: &str| match point {
                 Some(_) => Versions::unknown_rows_slot(&job.database, t),
                 None => Versions::table_slot(&job.database, t),
             };
-            std::iter::once(Versions::database_slot(&job.database))
-                .chain(tables.iter().map(|t| table_slot(t)))
-                .collect::<Box<[u32]>>()
+            let database = std::iter::once(Versions::database_slot(&job.database));
+            match column_slots {
+                Some(slots) => database.chain(slots).collect::<Box<[u32]>>(),
+                None => database
+                    .chain(tables.iter().map(|t| table_slot(t)))
+                    .collect(),
+            }
         });
         let slots = slots.map_err(|e| *e);
         self.plans.insert(
@@ -1218,6 +1258,7 @@ impl ResultCache {
                 slots,
                 tables: tables.unwrap_or_default().into(),
                 point,
+                filters: filters.unwrap_or_default(),
                 text: job.text,
             }),
         );
@@ -2189,6 +2230,7 @@ mod tests {
                 slots: Ok(Box::new([1, 2])),
                 tables: Arc::new(["a".into()]),
                 point: None,
+                filters: Vec::new(),
                 text: "SELECT x FROM a WHERE id = $1".into(),
             }),
         );

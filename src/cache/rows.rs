@@ -157,7 +157,7 @@ fn bind_param<'a>(rest: &'a [u8], types: &[u8], i: usize) -> Option<Given<'a>> {
 
 /// Feeds the canonical form of `given` (of a column of type `ty`, maybe cast to `cast`) to
 /// `h`; None: no canonical form (see the module's documentation).
-fn canonical(
+pub(super) fn canonical(
     ty: KeyType,
     cast: Option<Family>,
     given: Given<'_>,
@@ -258,7 +258,7 @@ fn slot_of_key<'v>(
 }
 
 /// The value of a source in one execution.
-fn given<'v>(source: &'v Source, values: &Values<'v>) -> Option<Given<'v>> {
+pub(super) fn given<'v>(source: &'v Source, values: &Values<'v>) -> Option<Given<'v>> {
     match &source.origin {
         Origin::Param(n) => values.param(*n),
         Origin::Const { value: Some(v), .. } => Some(Given::Text(v.as_bytes())),

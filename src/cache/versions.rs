@@ -11,7 +11,9 @@
 //! bumped by a write whose rows pgmemo cannot name. A point read (see `cache::rows`) depends
 //! on the unknown-rows version and on its rows' versions: a second array, of a size the
 //! configuration sets (`cache.row_versions`), indexed by a hash of (database, table, key
-//! values). A row's slot is told from a table's by its top bit ([`ROW`]).
+//! values). A row's slot is told from a table's by its top bit ([`ROW`]). A read followed
+//! column by column (see `cache::columns`) depends instead on a table's [`ColumnVersion`]s,
+//! slots of the same table array, and on values' slots in the rows' array.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,25 @@ pub const ROW: u32 = 1 << 31;
 
 /// The most row counters the array may have (the slot's bits below [`ROW`]).
 pub const MAX_ROW_VERSIONS: usize = (ROW - 1) as usize;
+
+/// A table's column-level versions (see `cache::columns`), each a slot of the table array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ColumnVersion {
+    /// Bumped by every write that is not known column by column ([`Versions::bump_table`]).
+    Whole = 2,
+    /// Rows were added or removed.
+    RowSet = 3,
+    /// Rows were rewritten in place (an `UPDATE`): the order a scan meets them may differ.
+    Moved = 4,
+    /// Rows were added or removed whose values pgmemo does not know.
+    UnknownValues = 5,
+    /// A column was assigned (per column).
+    Assigned = 6,
+    /// A row was added or removed whose value of the column pgmemo does not know (per
+    /// column).
+    UnknownValue = 7,
+}
 
 pub struct Versions {
     slots: Box<[AtomicU64]>,
@@ -84,6 +105,13 @@ impl Versions {
         (hash as usize % SLOTS) as u32
     }
 
+    /// The slot of one of a table's column-level versions (see `cache::columns`): `what`
+    /// tells them apart, `column` is empty for the table's own.
+    pub fn column_slot(database: &str, table: &str, column: &str, what: ColumnVersion) -> u32 {
+        let hash = crate::query::lexer::hasher().hash_one((database, table, column, what as u8));
+        (hash as usize % SLOTS) as u32
+    }
+
     /// The slot of the row whose key values hashed to `key_hash` (see `cache::rows`).
     pub fn row_slot(&self, key_hash: u64) -> u32 {
         ROW | (key_hash % self.rows.len() as u64) as u32
@@ -115,6 +143,7 @@ impl Versions {
     /// A write to rows of `table` that pgmemo cannot name: everything that read it is stale.
     pub fn bump_table(&self, database: &str, table: &str) {
         self.bump(Self::unknown_rows_slot(database, table));
+        self.bump(Self::column_slot(database, table, "", ColumnVersion::Whole));
         self.bump(slot_of(database, table));
     }
 

@@ -167,6 +167,8 @@ pub struct Reads {
     /// A single-table read: the columns its `WHERE` binds (a point read when they are a key
     /// of the table, which the catalog tells).
     pub filter: Option<super::point::ReadFilter>,
+    /// The columns of each table it uses (see [`super::columns`]); None: not read that far.
+    pub columns: Option<super::columns::ColumnReads>,
 }
 
 /// How far a statement's effects reach, for invalidation.
@@ -393,11 +395,13 @@ impl Analysis {
     /// (see [`super::point::Source`]); `literals`: each literal's start, and its `$n` when
     /// it is a parameter.
     pub fn bind_literals(&mut self, literals: &[(u32, Option<u16>)]) {
-        if let Ok(Reads {
-            filter: Some(f), ..
-        }) = &mut self.read
-        {
-            super::point::bind_columns(&mut f.columns, literals);
+        if let Ok(read) = &mut self.read {
+            if let Some(f) = &mut read.filter {
+                super::point::bind_columns(&mut f.columns, literals);
+            }
+            for t in read.columns.iter_mut().flat_map(|c| &mut c.tables) {
+                super::point::bind_columns(&mut t.filter, literals);
+            }
         }
         if let Some(w) = &mut self.effects.rows {
             w.bind_literals(literals);
@@ -524,6 +528,7 @@ fn reads(stmts: &[Value], walker: Walker) -> Result<Reads, Bypass> {
         relations,
         functions,
         filter: super::point::read_filter(select),
+        columns: super::columns::column_reads(select),
     })
 }
 

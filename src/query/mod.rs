@@ -23,6 +23,7 @@
 
 pub mod analysis;
 pub mod block;
+pub mod columns;
 pub mod command;
 pub mod facts;
 pub mod hint;

@@ -97,12 +97,12 @@ const ONCONFLICT_NONE: i64 = 1;
 const ONCONFLICT_NOTHING: i64 = 2;
 const ONCONFLICT_UPDATE: i64 = 3;
 
-fn empty(v: &Value) -> bool {
+pub(super) fn empty(v: &Value) -> bool {
     v.is_null() || v.as_array().is_some_and(Vec::is_empty)
 }
 
 /// Whether a `SubLink` (a subquery) is anywhere in `v`.
-fn has_sublink(v: &Value) -> bool {
+pub(super) fn has_sublink(v: &Value) -> bool {
     match v {
         Value::Object(o) => o.contains_key("SubLink") || o.values().any(has_sublink),
         Value::Array(a) => a.iter().any(has_sublink),
@@ -110,18 +110,18 @@ fn has_sublink(v: &Value) -> bool {
     }
 }
 
-fn string_of(node: &Value) -> Option<&str> {
+pub(super) fn string_of(node: &Value) -> Option<&str> {
     node["node"]["String"]["sval"].as_str()
 }
 
 /// The relation a `RangeVar` names, if it names one.
-fn relation(range_var: &Value) -> Option<RelName> {
+pub(super) fn relation(range_var: &Value) -> Option<RelName> {
     range_var["relname"].as_str().filter(|n| !n.is_empty())?;
     Some(rel_name(range_var))
 }
 
 /// The alias a `RangeVar` has, if any.
-fn alias(range_var: &Value) -> Option<&str> {
+pub(super) fn alias(range_var: &Value) -> Option<&str> {
     range_var["alias"]["aliasname"].as_str()
 }
 
@@ -212,13 +212,16 @@ pub fn row_write(node: &Value) -> Option<RowWrite> {
     };
     match kind.as_str() {
         "UpdateStmt" | "DeleteStmt" => {
-            if !empty(&inner["from_clause"])
-                || !empty(&inner["using_clause"])
-                || has_sublink(&inner["where_clause"])
-            {
-                return None;
-            }
-            let columns = conjuncts(&inner["where_clause"], &table, table_alias);
+            // With `FROM`/`USING` or a subquery in its `WHERE`, its rows are not named, but
+            // what it assigns still is (see `query::columns`).
+            let named = empty(&inner["from_clause"])
+                && empty(&inner["using_clause"])
+                && !has_sublink(&inner["where_clause"]);
+            let columns = if named {
+                conjuncts(&inner["where_clause"], &table, table_alias)
+            } else {
+                Vec::new()
+            };
             Some(RowWrite {
                 rows: Rows::Filter(columns),
                 sets: sets(&inner["target_list"]),
@@ -285,7 +288,7 @@ pub fn row_write(node: &Value) -> Option<RowWrite> {
 /// The columns of `table` (or its `alias`) that the AND-ed equalities of `clause` bind:
 /// `col = value`, `value = col`, `col IN (values)`. Anything else in the clause only narrows
 /// the rows further and is not read.
-fn conjuncts(clause: &Value, table: &str, alias: Option<&str>) -> Vec<Bound> {
+pub(super) fn conjuncts(clause: &Value, table: &str, alias: Option<&str>) -> Vec<Bound> {
     let mut out: Vec<Bound> = Vec::new();
     let mut stack = vec![clause];
     while let Some(node) = stack.pop() {

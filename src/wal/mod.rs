@@ -585,6 +585,105 @@ fn change_rows<'r, R>(
     crate::cache::rows::push_all(out, slots)
 }
 
+/// Pushes to `out` what a test_decoding change of `table` changed column by column (see
+/// `cache::columns`); `rows`: its old and new rows as shown.
+fn text_columns(
+    cache: &ResultCache,
+    database: &str,
+    table: &str,
+    kind: test_decoding::ChangeKind,
+    [old, new]: [&Option<test_decoding::Row>; 2],
+    out: &mut Vec<u32>,
+) {
+    use crate::cache::columns::{push_change, Change};
+    use test_decoding::ChangeKind;
+    fn find<'r>(row: &'r Option<test_decoding::Row>, c: &str) -> Option<Option<&'r [u8]>> {
+        let (_, v) = row.as_ref()?.iter().find(|(n, _)| n == c)?;
+        Some(v.as_deref())
+    }
+    let (change, shown) = match kind {
+        ChangeKind::Insert => (Change::Insert, new),
+        // The old row in full (every column the new one shows is in it): what differs.
+        ChangeKind::Update => {
+            let changed = old.as_ref().zip(new.as_ref()).and_then(|(o, n)| {
+                n.iter()
+                    .map(|(c, v)| {
+                        let (_, was) = o.iter().find(|(oc, _)| oc == c)?;
+                        Some((was != v).then_some(c.as_str()))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .map(|c| c.into_iter().flatten().collect())
+            });
+            (Change::Update(changed), new)
+        }
+        // Columns not shown (the key only) are not known: counted as such.
+        ChangeKind::Delete => (
+            Change::Delete {
+                full: old.is_some(),
+            },
+            old,
+        ),
+    };
+    cache.with_columns(database, table, |of| {
+        push_change(
+            change,
+            of,
+            &cache.versions,
+            (database, table),
+            |c| find(shown, c),
+            out,
+        )
+    });
+}
+
+/// [`text_columns`] for a pgoutput change (`kind` `I`/`U`/`D`) of a relation of `columns`;
+/// `old_full`: its old row is shown whole, not only its key.
+fn binary_columns(
+    cache: &ResultCache,
+    (database, table): (&str, &str),
+    columns: &Columns,
+    kind: u8,
+    ([old, new], old_full): ([&Option<Vec<pgoutput::Column>>; 2], bool),
+    out: &mut Vec<u32>,
+) {
+    use crate::cache::columns::{push_change, Change};
+    use pgoutput::Column;
+    let (change, shown) = match kind {
+        b'I' => (Change::Insert, new),
+        b'U' => {
+            let changed = match (old, new) {
+                (Some(o), Some(n)) if old_full && o.len() == n.len() => Some(
+                    columns
+                        .iter()
+                        .zip(o.iter().zip(n))
+                        .filter(|(_, (was, is))| **is != Column::Unchanged && was != is)
+                        .map(|((c, _, _), _)| c.as_str())
+                        .collect(),
+                ),
+                _ => None,
+            };
+            (Change::Update(changed), new)
+        }
+        _ => (
+            Change::Delete {
+                full: old_full && old.is_some(),
+            },
+            old,
+        ),
+    };
+    let find = |c: &str| -> Option<Option<&[u8]>> {
+        let at = columns.iter().position(|(n, _, _)| n == c)?;
+        match shown.as_ref()?.get(at)? {
+            Column::Text(v) => Some(Some(v)),
+            Column::Null => Some(None),
+            _ => None,
+        }
+    };
+    cache.with_columns(database, table, |of| {
+        push_change(change, of, &cache.versions, (database, table), find, out)
+    });
+}
+
 /// Bumps what a committed transaction wrote to a table known by `names` (itself, then its
 /// ancestors): only its writes' version when its rows were named (their slots are bumped
 /// with the transaction's rows), else everything of it; its ancestors' everything (a read
@@ -636,8 +735,19 @@ impl Decoder {
                 self.written_tables.extend(tables);
             }
             Line::Change {
-                table, old, new, ..
+                table,
+                kind,
+                old,
+                new,
             } => {
+                text_columns(
+                    cache,
+                    &follower.database,
+                    &table.1,
+                    kind,
+                    [&old, &new],
+                    &mut self.rows,
+                );
                 let named = change_rows(
                     cache,
                     &follower.database,
@@ -716,7 +826,18 @@ impl Decoder {
                 }
                 self.relations.insert(rel.id, (names, rel.columns));
             }
-            Message::Change { relation, old, new } => {
+            Message::Change {
+                relation,
+                kind,
+                old,
+                old_full,
+                new,
+            } => {
+                if let Some((names, columns)) = self.relations.get(&relation) {
+                    let rows = [&old, &new];
+                    let at = (&**database, &*names[0]);
+                    binary_columns(cache, at, columns, kind, (rows, old_full), &mut self.rows);
+                }
                 let named = self
                     .relations
                     .get(&relation)

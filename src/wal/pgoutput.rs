@@ -27,7 +27,12 @@ pub enum Message {
     /// row's (an INSERT's, an UPDATE's), by the relation's column order.
     Change {
         relation: u32,
+        /// `I`, `U` or `D`.
+        kind: u8,
         old: Option<Vec<Column>>,
+        /// Whether `old` is the whole old row (`O`: `REPLICA IDENTITY FULL`), not only its
+        /// key (`K`: the other columns then read as NULL).
+        old_full: bool,
         new: Option<Vec<Column>>,
     },
     Truncate {
@@ -170,17 +175,24 @@ pub fn decode(data: &[u8]) -> Result<Message, Malformed> {
         }
         b'I' | b'U' | b'D' => {
             let relation = r.u32("change")?;
-            let (mut old, mut new) = (None, None);
+            let (mut old, mut new, mut old_full) = (None, None, false);
             while !r.data.is_empty() {
                 match r.u8("change")? {
-                    b'K' | b'O' if tag != b'I' && old.is_none() && new.is_none() => {
+                    marker @ (b'K' | b'O') if tag != b'I' && old.is_none() && new.is_none() => {
+                        old_full = marker == b'O';
                         old = Some(r.tuple()?)
                     }
                     b'N' if tag != b'D' && new.is_none() => new = Some(r.tuple()?),
                     _ => return Err(Malformed("change tuple")),
                 }
             }
-            Message::Change { relation, old, new }
+            Message::Change {
+                relation,
+                kind: tag,
+                old,
+                old_full,
+                new,
+            }
         }
         b'T' => {
             let n = r.u32("Truncate")? as usize;
@@ -246,7 +258,9 @@ mod tests {
             decode(&update),
             Ok(Message::Change {
                 relation: 16384,
+                kind: b'U',
                 old: Some(vec![Column::Text(b"7".to_vec()), Column::Null]),
+                old_full: false,
                 new: Some(vec![Column::Text(b"8".to_vec()), Column::Unchanged]),
             })
         );

@@ -1,0 +1,417 @@
+//! Which columns of each table a read uses, and what else about it decides which writes can
+//! change its result, from PostgreSQL's own parse (pg_query), once per statement shape on
+//! the cold path (see `cache::rows`' column-level dependencies).
+//!
+//! A read's result can only change by a write to a table it reads when that write
+//! - adds or removes rows it may select (an `INSERT`, a `DELETE`): unless its `WHERE` fixes a
+//!   column of the table by equality (`user_id = $1`, [`TableUse::filter`]), when only a row
+//!   with that value can;
+//! - assigns a column it uses (an `UPDATE`'s `SET`): every column named anywhere in it,
+//!   [`TableUse::columns`];
+//! - moves rows: an `UPDATE` writes a new version of each row it changes, so a read whose
+//!   output order is the order PostgreSQL happens to scan rows in (no `ORDER BY` that makes
+//!   it total, an aggregate whose result depends on its input's order) may come out
+//!   differently — unless its `ORDER BY` covers a unique key of the table
+//!   ([`TableUse::order`], checked with the catalog) or it is one row of order-blind
+//!   aggregates ([`ColumnReads::one_row`]).
+//!
+//! Everything errs on one side: what is not certain is read as "every column" (`*`, a whole
+//! row, a system column, a `NATURAL` join), or the read is not analyzed at all (a subquery,
+//! `WITH`, a set operation, a window function, a function in `FROM`, `TABLESAMPLE`): it then
+//! depends on every write to its tables, as before.
+
+use super::analysis::{last_name, RelName};
+use super::point::{alias, conjuncts, empty, has_sublink, relation, string_of, Bound};
+use serde_json::Value;
+
+/// One table a read names in `FROM` (a name twice, under two aliases, is two uses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableUse {
+    pub relation: RelName,
+    /// Its alias in the read, if it has one.
+    pub alias_name: Option<Box<str>>,
+    /// The columns it uses, as PostgreSQL folds their names; None: every column.
+    pub columns: Option<Vec<Box<str>>>,
+    /// The AND-ed equalities of the `WHERE` that bind its columns (a column of another
+    /// table of the read is never among them: only qualified names count in a join).
+    pub filter: Vec<Bound>,
+    /// The plain columns of it the `ORDER BY` names, in order (with `DISTINCT ON`, `LIMIT`
+    /// or not: a total order decides those too).
+    pub order: Vec<Box<str>>,
+}
+
+/// A read's tables as far as columns go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnReads {
+    pub tables: Vec<TableUse>,
+    /// The result is one row of aggregates whose value does not depend on the order rows
+    /// come in (`count`, `min`, `max`, `bool_and`, `bool_or`, `every`), with no `GROUP BY`.
+    pub one_row: bool,
+}
+
+/// Aggregates whose result does not depend on the order of their input (`sum` and `avg` do
+/// for floating-point input, and `string_agg`, `array_agg`, ... always).
+const ORDER_BLIND: &[&str] = &["count", "min", "max", "bool_and", "bool_or", "every"];
+
+/// Columns every row has that change when a row is written, whatever is assigned.
+const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid", "oid"];
+
+const SETOP_NONE: i64 = 1;
+
+/// The column reads of a single SELECT (`select`: its `SelectStmt`), or None when it is not
+/// one this module reads (see the module's documentation).
+pub fn column_reads(select: &Value) -> Option<ColumnReads> {
+    if select["op"].as_i64() != Some(SETOP_NONE)
+        || !empty(&select["with_clause"])
+        || !empty(&select["window_clause"])
+        || !empty(&select["locking_clause"])
+        || !empty(&select["into_clause"])
+        || has_sublink(select)
+        || has_window_call(select)
+    {
+        return None;
+    }
+    let mut tables = Vec::new();
+    let mut using = Vec::new();
+    for item in select["from_clause"].as_array()? {
+        from_item(item, &mut tables, &mut using)?;
+    }
+    if tables.is_empty() {
+        return None;
+    }
+    let mut reads = ColumnReads {
+        tables,
+        one_row: one_row(select),
+    };
+    for name in using {
+        reads.add_everywhere(name);
+    }
+    let mut refs = Vec::new();
+    column_refs(select, &mut refs);
+    for fields in refs {
+        reads.add_ref(fields)?;
+    }
+    let single = reads.tables.len() == 1;
+    for t in &mut reads.tables {
+        let (name, alias) = (&*t.relation.name, t.alias_name.as_deref());
+        t.filter = conjuncts(&select["where_clause"], name, alias);
+        if !single {
+            // `col = 1` in a join may be another table's column.
+            t.filter
+                .retain(|b| qualified_in(&select["where_clause"], &b.column));
+        }
+    }
+    let order = order_columns(select);
+    for t in &mut reads.tables {
+        t.order = order
+            .iter()
+            .filter(|fields| match fields.as_slice() {
+                [_] => single,
+                [q, _] => t.answers_to(q),
+                _ => false,
+            })
+            .filter_map(|fields| fields.last().cloned())
+            .collect();
+    }
+    Some(reads)
+}
+
+impl TableUse {
+    /// Whether `q` names this use (its alias, or its name when it has none).
+    fn answers_to(&self, q: &str) -> bool {
+        match &self.alias_name {
+            Some(a) => **a == *q,
+            None => *self.relation.name == *q,
+        }
+    }
+
+    fn add(&mut self, column: &str) {
+        if SYSTEM_COLUMNS.contains(&column) {
+            self.columns = None;
+        }
+        if let Some(columns) = &mut self.columns {
+            if !columns.iter().any(|c| **c == *column) {
+                columns.push(column.into());
+            }
+        }
+    }
+}
+
+impl ColumnReads {
+    fn add_everywhere(&mut self, column: Box<str>) {
+        for t in &mut self.tables {
+            t.add(&column);
+        }
+    }
+
+    /// Takes in one `ColumnRef`'s fields (None: `*`); None when it cannot be placed.
+    fn add_ref(&mut self, fields: Vec<Option<Box<str>>>) -> Option<()> {
+        match fields.as_slice() {
+            [None] => self.tables.iter_mut().for_each(|t| t.columns = None),
+            [Some(c)] => {
+                // A whole row (`SELECT t FROM t`, `f(t)`), or a column of that name.
+                for t in &mut self.tables {
+                    if t.answers_to(c) {
+                        t.columns = None;
+                    }
+                }
+                self.add_everywhere(c.clone());
+            }
+            [Some(q), c] => {
+                let mut found = false;
+                for t in self.tables.iter_mut().filter(|t| t.answers_to(q)) {
+                    found = true;
+                    match c {
+                        Some(c) => t.add(c),
+                        None => t.columns = None,
+                    }
+                }
+                if !found {
+                    // `(composite).field` read as `q.field`: a column `q` of some table.
+                    self.add_everywhere(q.clone());
+                }
+            }
+            [Some(_), Some(q), c] => {
+                let mut found = false;
+                for t in self.tables.iter_mut() {
+                    if t.alias_name.is_none() && *t.relation.name == **q {
+                        found = true;
+                        match c {
+                            Some(c) => t.add(c),
+                            None => t.columns = None,
+                        }
+                    }
+                }
+                found.then_some(())?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+}
+
+/// One `FROM` item: a table, or a join of items (its `USING` columns go to `using`); None
+/// for anything else.
+fn from_item(item: &Value, tables: &mut Vec<TableUse>, using: &mut Vec<Box<str>>) -> Option<()> {
+    let node = &item["node"];
+    if let Some(range_var) = node.get("RangeVar") {
+        tables.push(TableUse {
+            relation: relation(range_var)?,
+            alias_name: alias(range_var).map(Into::into),
+            columns: Some(Vec::new()),
+            filter: Vec::new(),
+            order: Vec::new(),
+        });
+        return Some(());
+    }
+    let join = node.get("JoinExpr")?;
+    if join["is_natural"].as_bool() == Some(true) || !empty(&join["alias"]) {
+        return None;
+    }
+    for name in join["using_clause"].as_array().into_iter().flatten() {
+        using.push(string_of(name)?.into());
+    }
+    from_item(&join["larg"], tables, using)?;
+    from_item(&join["rarg"], tables, using)
+}
+
+/// Every `ColumnRef` in `v`: its fields (None for `*`).
+fn column_refs(v: &Value, out: &mut Vec<Vec<Option<Box<str>>>>) {
+    match v {
+        Value::Object(o) => {
+            if let Some(r) = o.get("ColumnRef") {
+                let fields = r["fields"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                out.push(
+                    fields
+                        .iter()
+                        .map(|f| {
+                            if f["node"].get("AStar").is_some() {
+                                None
+                            } else {
+                                // A field that is neither a name nor `*` cannot be: `*` keeps
+                                // the read on the safe side.
+                                string_of(f).map(Into::into)
+                            }
+                        })
+                        .collect(),
+                );
+                return;
+            }
+            o.values().for_each(|v| column_refs(v, out));
+        }
+        Value::Array(a) => a.iter().for_each(|v| column_refs(v, out)),
+        _ => {}
+    }
+}
+
+/// Whether a function is called with `OVER` anywhere in `v`.
+fn has_window_call(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => {
+            o.get("FuncCall").is_some_and(|f| !empty(&f["over"])) || o.values().any(has_window_call)
+        }
+        Value::Array(a) => a.iter().any(has_window_call),
+        _ => false,
+    }
+}
+
+/// Every function called in `v`: its last name, lower case as PostgreSQL folds it.
+fn calls<'v>(v: &'v Value, out: &mut Vec<Option<&'v str>>) {
+    match v {
+        Value::Object(o) => {
+            if let Some(f) = o.get("FuncCall") {
+                out.push(last_name(&f["funcname"]));
+            }
+            o.values().for_each(|v| calls(v, out));
+        }
+        Value::Array(a) => a.iter().for_each(|v| calls(v, out)),
+        _ => {}
+    }
+}
+
+/// See [`ColumnReads::one_row`]: no `GROUP BY` or `DISTINCT`, and every function of its
+/// output and `HAVING` an order-blind aggregate (at least one).
+fn one_row(select: &Value) -> bool {
+    if !empty(&select["group_clause"]) || !empty(&select["distinct_clause"]) {
+        return false;
+    }
+    let mut found = Vec::new();
+    calls(&select["target_list"], &mut found);
+    calls(&select["having_clause"], &mut found);
+    !found.is_empty()
+        && found
+            .iter()
+            .all(|f| f.is_some_and(|f| ORDER_BLIND.contains(&f)))
+}
+
+/// The `ORDER BY` items that are plain column references, in order (their fields).
+fn order_columns(select: &Value) -> Vec<Vec<Box<str>>> {
+    let items = select["sort_clause"].as_array().map(Vec::as_slice);
+    items
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| {
+            let sort = &s["node"]["SortBy"];
+            // `ORDER BY c USING <`: an operator of its own may tie what `=` tells apart.
+            if !empty(&sort["use_op"]) {
+                return None;
+            }
+            let fields = sort["node"]["node"]["ColumnRef"]["fields"].as_array()?;
+            fields
+                .iter()
+                .map(|f| string_of(f).map(Into::into))
+                .collect::<Option<Vec<Box<str>>>>()
+        })
+        .collect()
+}
+
+/// Whether every `ColumnRef` of `clause` that ends in `column` is qualified (`t.column`).
+fn qualified_in(clause: &Value, column: &str) -> bool {
+    let mut refs = Vec::new();
+    column_refs(clause, &mut refs);
+    refs.iter().all(|fields| match fields.as_slice() {
+        [Some(c)] => **c != *column,
+        _ => true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads(sql: &str) -> Option<ColumnReads> {
+        let crate::query::Parsed::Tree(tree) = crate::query::parse(sql) else {
+            panic!("{sql}")
+        };
+        column_reads(tree["stmts"][0]["stmt"]["node"].get("SelectStmt")?)
+    }
+
+    fn columns(t: &TableUse) -> Option<Vec<&str>> {
+        let mut c: Vec<&str> = t.columns.as_ref()?.iter().map(|c| &**c).collect();
+        c.sort();
+        Some(c)
+    }
+
+    #[test]
+    fn the_columns_a_read_uses() {
+        let r = reads("SELECT title, likes FROM posts WHERE user_id = $1 ORDER BY title").unwrap();
+        let [t] = r.tables.as_slice() else { panic!() };
+        assert_eq!(columns(t), Some(vec!["likes", "title", "user_id"]));
+        assert_eq!(&*t.filter[0].column, "user_id");
+        assert_eq!(t.order, vec!["title".into()] as Vec<Box<str>>);
+        assert!(!r.one_row);
+
+        let r = reads("SELECT count(*) FROM posts p WHERE p.user_id = 3").unwrap();
+        assert!(r.one_row);
+        assert_eq!(columns(&r.tables[0]), Some(vec!["user_id"]));
+
+        for every in [
+            "SELECT * FROM posts WHERE user_id = 1",
+            "SELECT p.* FROM posts p",
+            "SELECT posts FROM posts",
+            "SELECT row_to_json(p) FROM posts p",
+            "SELECT ctid, title FROM posts",
+            "SELECT title FROM posts WHERE xmin::text = '1'",
+        ] {
+            assert_eq!(columns(&reads(every).unwrap().tables[0]), None, "{every}");
+        }
+        for not in [
+            "SELECT title FROM posts WHERE id IN (SELECT 1)",
+            "WITH x AS (SELECT 1) SELECT title FROM posts",
+            "SELECT title FROM posts UNION SELECT name FROM users",
+            "SELECT title, row_number() OVER () FROM posts",
+            "SELECT * FROM generate_series(1, 3)",
+            "SELECT title FROM posts NATURAL JOIN users",
+            "SELECT title FROM posts TABLESAMPLE SYSTEM (10)",
+            "SELECT 1",
+        ] {
+            assert!(reads(not).is_none(), "{not}");
+        }
+        // Order-sensitive aggregates, groups.
+        for many in [
+            "SELECT string_agg(title, ',') FROM posts",
+            "SELECT sum(likes) FROM posts",
+            "SELECT count(*) FROM posts GROUP BY user_id",
+            "SELECT count(*), lower('a') FROM posts",
+            "SELECT title FROM posts",
+        ] {
+            assert!(!reads(many).unwrap().one_row, "{many}");
+        }
+    }
+
+    #[test]
+    fn joins_place_qualified_names_and_spread_the_others() {
+        let r = reads(
+            "SELECT p.title, c.name FROM posts p JOIN categories c ON p.category_id = c.id \
+             WHERE p.user_id = $1 AND flag = 2 ORDER BY p.title",
+        )
+        .unwrap();
+        let [p, c] = r.tables.as_slice() else {
+            panic!()
+        };
+        assert_eq!(
+            columns(p),
+            Some(vec!["category_id", "flag", "title", "user_id"])
+        );
+        assert_eq!(columns(c), Some(vec!["flag", "id", "name"]));
+        // `flag = 2` may be either table's: bound for neither.
+        assert_eq!(
+            p.filter.iter().map(|b| &*b.column).collect::<Vec<_>>(),
+            vec!["user_id"]
+        );
+        assert!(c.filter.is_empty());
+        assert_eq!(p.order, vec!["title".into()] as Vec<Box<str>>);
+        assert!(c.order.is_empty());
+
+        let r = reads("SELECT title FROM posts JOIN users USING (id)").unwrap();
+        assert_eq!(columns(&r.tables[1]), Some(vec!["id", "title"]));
+        // An unknown qualifier: a composite column's field.
+        let r = reads("SELECT (posts.meta).x FROM posts").unwrap();
+        assert_eq!(columns(&r.tables[0]), Some(vec!["meta"]));
+        // A name under an alias is not the table's.
+        assert!(reads("SELECT public.posts.title FROM posts p").is_none());
+    }
+}
