@@ -734,3 +734,165 @@ async fn a_hot_key_is_refreshed_before_it_expires() {
     assert_eq!(row["refreshes"], refreshes.to_string());
     proxy.shutdown().await;
 }
+
+/// What each group of `items` holds: the writer of a group writes `v = k` at its k-th write,
+/// so the group's largest `v` is the last write to it; judged like [`Checker`], by group.
+struct GroupChecker {
+    committed: Vec<AtomicI64>,
+    started: Vec<AtomicI64>,
+    direct: Vec<std::sync::Mutex<Vec<(i64, pgmemo::wal::Lsn)>>>,
+    stale: AtomicU64,
+    reads: AtomicU64,
+}
+
+const GROUPS: usize = 4;
+
+impl GroupChecker {
+    fn before(&self, g: usize, applied: pgmemo::wal::Lsn) -> i64 {
+        let direct = self.direct[g].lock().unwrap();
+        let seen = direct.iter().filter(|(_, lsn)| *lsn <= applied).map(|(k, _)| *k);
+        seen.max()
+            .unwrap_or(0)
+            .max(self.committed[g].load(SeqCst))
+    }
+
+    fn judge(&self, sql: &str, g: usize, before: i64, got: i64) {
+        self.reads.fetch_add(1, SeqCst);
+        let started = self.started[g].load(SeqCst);
+        if got < before || got > started {
+            eprintln!("stale: {sql} read {got} after {before} committed ({started} started)");
+            self.stale.fetch_add(1, SeqCst);
+        }
+    }
+}
+
+/// One group's writer: updates of its rows' `v`, inserts of rows into it, deletes of its
+/// row with the smallest `v` (never its largest), through `client` (`direct`: to PostgreSQL,
+/// each commit noted with its WAL position).
+async fn write_group(checker: Arc<GroupChecker>, client: Client, direct: bool, g: usize) {
+    let mut rng = Rng(31 + g as u64);
+    // (id, v) of the group's rows, as this writer made them.
+    let mut rows: Vec<(i64, i64)> = vec![(g as i64 * 1000, 0), (g as i64 * 1000 + 1, 0)];
+    let mut next_id = g as i64 * 1000 + 2;
+    for k in 1..=200i64 {
+        checker.started[g].store(k, SeqCst);
+        let sql = match rng.below(10) {
+            0..=4 => {
+                let at = rng.below(rows.len());
+                rows[at].1 = k;
+                format!("UPDATE items SET v = {k} WHERE id = {}", rows[at].0)
+            }
+            5..=7 => {
+                rows.push((next_id, k));
+                next_id += 1;
+                format!("INSERT INTO items (id, grp, v) VALUES ({}, {g}, {k})", next_id - 1)
+            }
+            _ => {
+                // The row with the smallest v goes, and v = k is set on another: the
+                // group's largest is then k again.
+                rows.sort_by_key(|r| r.1);
+                let gone = rows.remove(0);
+                let last = rows.len() - 1;
+                rows[last].1 = k;
+                format!(
+                    "DELETE FROM items WHERE id = {}; UPDATE items SET v = {k} WHERE id = {}",
+                    gone.0, rows[last].0
+                )
+            }
+        };
+        client.batch_execute(&sql).await.unwrap();
+        if direct {
+            let lsn = value(&client, "SELECT pg_current_wal_insert_lsn()").await;
+            checker.direct[g].lock().unwrap().push((k, lsn.parse().unwrap()));
+        } else {
+            checker.committed[g].store(k, SeqCst);
+        }
+        if rows.len() < 2 {
+            rows.push((next_id, 0));
+            let sql = format!("INSERT INTO items (id, grp, v) VALUES ({next_id}, {g}, 0)");
+            next_id += 1;
+            client.batch_execute(&sql).await.unwrap();
+        }
+    }
+}
+
+/// Readers read groups by value (`WHERE grp = $g`: an aggregate, and rows in key order)
+/// while one writer per group writes, half through pgmemo, half directly (followed in the
+/// WAL): every read is at least as new as what was committed before it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_never_make_a_read_by_value_stale() {
+    const DB: &str = "values_concurrent";
+    fresh_db(DB).await;
+    let mut schema = String::from("CREATE TABLE items (id int PRIMARY KEY, grp int, v int);");
+    for g in 0..GROUPS {
+        let id = g * 1000;
+        schema += &format!("INSERT INTO items VALUES ({id}, {g}, 0), ({}, {g}, 0);", id + 1);
+    }
+    tokio::task::spawn_blocking(move || cluster().psql(DB, &schema))
+        .await
+        .unwrap();
+    let mut config = config(Invalidation::Wal);
+    config.cache.rules = vec![cache_rule("items", "FROM items")];
+    let proxy = start_pgmemo(config).await;
+    let direct = connect(&direct_db_url(DB)).await;
+    let first = connect(&proxy_db_url(&proxy, DB)).await;
+    value(&first, "SELECT max(v) FROM items WHERE grp = 0").await;
+    caught_up(&proxy, &direct, DB).await;
+    let checker = Arc::new(GroupChecker {
+        committed: (0..GROUPS).map(|_| AtomicI64::new(0)).collect(),
+        started: (0..GROUPS).map(|_| AtomicI64::new(0)).collect(),
+        direct: (0..GROUPS).map(|_| Default::default()).collect(),
+        stale: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+    });
+    let mut writers = Vec::new();
+    for g in 0..GROUPS {
+        let through = g % 2 == 1;
+        let client = if through {
+            connect(&proxy_db_url(&proxy, DB)).await
+        } else {
+            connect(&direct_db_url(DB)).await
+        };
+        writers.push(tokio::spawn(write_group(checker.clone(), client, !through, g)));
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for r in 0..3u64 {
+        let client = connect(&proxy_db_url(&proxy, DB)).await;
+        let (checker, done) = (checker.clone(), done.clone());
+        let follower = proxy.app().wal.followers().into_iter();
+        let follower = follower
+            .filter(|f| f.status().database == DB)
+            .next()
+            .expect("the follower");
+        readers.push(tokio::spawn(async move {
+            let mut rng = Rng(200 + r);
+            let mut reads = 0;
+            while !done.load(SeqCst) || reads < 50 {
+                reads += 1;
+                let g = rng.below(GROUPS);
+                let before = checker.before(g, follower.applied());
+                let sql = if rng.chance(50) {
+                    format!("SELECT max(v) FROM items WHERE grp = {g}")
+                } else {
+                    format!("SELECT v FROM items WHERE grp = {g} ORDER BY id")
+                };
+                let got = value(&client, &sql).await;
+                let max = got.split(',').map(|v| v.parse::<i64>().unwrap()).max().unwrap();
+                checker.judge(&sql, g, before, max);
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    done.store(true, SeqCst);
+    for r in readers {
+        r.await.unwrap();
+    }
+    let hits = hits(&proxy);
+    proxy.shutdown().await;
+    assert!(checker.reads.load(SeqCst) > 100);
+    assert!(hits > 0, "no read was answered from the cache");
+    assert_eq!(checker.stale.load(SeqCst), 0, "stale reads");
+}
