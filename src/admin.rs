@@ -1022,6 +1022,8 @@ pub struct QueryFigures {
     /// Calls timed on the server, and their time in microseconds.
     pub timed: u64,
     pub timed_us: u64,
+    /// Estimated rows (returned or written): each shape's measured mean times all its calls.
+    pub rows: f64,
     pub hits: u64,
     pub misses: u64,
     /// Simple queries of the row run as autoprepared statements.
@@ -1048,6 +1050,7 @@ impl QueryFigures {
             total_us: s.total_us(),
             timed: s.timed.load(Relaxed),
             timed_us: s.timed_us.load(Relaxed),
+            rows: s.total_rows(),
             hits,
             misses,
             executions: shape.executions.load(Relaxed),
@@ -1069,6 +1072,7 @@ impl QueryFigures {
         self.total_us += o.total_us;
         self.timed += o.timed;
         self.timed_us += o.timed_us;
+        self.rows += o.rows;
         self.hits += o.hits;
         self.misses += o.misses;
         self.executions += o.executions;
@@ -1173,6 +1177,7 @@ pub fn show_queries(app: &App) -> Table {
                 text(format!("{:.3}", q.total_us / 1000.0)),
                 q.mean_us().map(|m| format!("{m:.1}")),
                 text(q.timed),
+                text(format!("{:.0}", q.rows)),
                 tables,
                 cacheable,
                 chosen,
@@ -1195,6 +1200,7 @@ pub fn show_queries(app: &App) -> Table {
             "total_server_ms",
             "mean_server_us",
             "timed",
+            "rows",
             "tables",
             "cacheable",
             "chosen_by",

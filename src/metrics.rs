@@ -466,7 +466,7 @@ fn query_metrics(app: &App, out: &mut String) {
         .take(TOP_QUERIES)
         .collect();
     type Get = fn(&crate::admin::QueryFigures) -> String;
-    let series: [(&str, &str, &str, Get); 4] = [
+    let series: [(&str, &str, &str, Get); 5] = [
         (
             "pgmemo_query_calls_total",
             "counter",
@@ -478,6 +478,12 @@ fn query_metrics(app: &App, out: &mut String) {
             "counter",
             "Estimated time on the server of the shape's queries (measured mean x calls).",
             |q| format!("{:.6}", q.total_us / 1e6),
+        ),
+        (
+            "pgmemo_query_rows_total",
+            "counter",
+            "Estimated rows returned or written by the shape's queries (timed calls' mean x calls).",
+            |q| format!("{:.0}", q.rows),
         ),
         (
             "pgmemo_query_cache_hits_total",

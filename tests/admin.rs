@@ -1645,6 +1645,7 @@ async fn show_queries_says_what_is_worth_caching() {
             "calls",
             "total_server_ms",
             "mean_server_us",
+            "rows",
             "tables",
             "cacheable",
             "chosen_by",
@@ -1672,6 +1673,8 @@ async fn show_queries_says_what_is_worth_caching() {
     assert_eq!(num(first, "calls"), 2);
     let mean: f64 = val(first, "mean_server_us").parse().unwrap();
     assert!(mean >= 20_000.0, "mean {mean}");
+    // One row per call, whichever calls were timed.
+    assert_eq!(num(first, "rows"), 2);
     assert_eq!(val(first, "chosen_by"), "kv");
     assert_eq!(val(first, "last_bypass"), "time or session function");
     let kv = find("SELECT v FROM q_kv WHERE id = $1");
@@ -1693,6 +1696,7 @@ async fn show_queries_says_what_is_worth_caching() {
     let labels = format!("query_hash=\"{hash}\"");
     assert_eq!(sample(&body, "pgmemo_query_calls_total", &labels), 10.0);
     assert_eq!(sample(&body, "pgmemo_query_cache_hits_total", &labels), 8.0);
+    assert_eq!(sample(&body, "pgmemo_query_rows_total", &labels), 10.0);
 }
 
 /// SHOW QUERIES covers prepared statements (tokio-postgres' named statements): their calls,
@@ -1832,6 +1836,8 @@ async fn show_queries_counts_pgbench_extended_and_prepared() {
         assert!(num(row, "timed") >= calls / 8, "-M {protocol}: {row:?}");
         let mean: f64 = val(row, "mean_server_us").parse().unwrap();
         assert!(mean > 0.0, "-M {protocol}");
+        // `-S` reads one row per call, in either protocol.
+        assert_eq!(num(row, "rows"), calls, "-M {protocol}: {row:?}");
         assert_eq!(val(row, "tables"), "pgbench_accounts");
         assert_eq!(val(row, "cacheable"), "yes");
     }

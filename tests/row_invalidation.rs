@@ -750,10 +750,11 @@ const GROUPS: usize = 4;
 impl GroupChecker {
     fn before(&self, g: usize, applied: pgmemo::wal::Lsn) -> i64 {
         let direct = self.direct[g].lock().unwrap();
-        let seen = direct.iter().filter(|(_, lsn)| *lsn <= applied).map(|(k, _)| *k);
-        seen.max()
-            .unwrap_or(0)
-            .max(self.committed[g].load(SeqCst))
+        let seen = direct
+            .iter()
+            .filter(|(_, lsn)| *lsn <= applied)
+            .map(|(k, _)| *k);
+        seen.max().unwrap_or(0).max(self.committed[g].load(SeqCst))
     }
 
     fn judge(&self, sql: &str, g: usize, before: i64, got: i64) {
@@ -785,7 +786,10 @@ async fn write_group(checker: Arc<GroupChecker>, client: Client, direct: bool, g
             5..=7 => {
                 rows.push((next_id, k));
                 next_id += 1;
-                format!("INSERT INTO items (id, grp, v) VALUES ({}, {g}, {k})", next_id - 1)
+                format!(
+                    "INSERT INTO items (id, grp, v) VALUES ({}, {g}, {k})",
+                    next_id - 1
+                )
             }
             _ => {
                 // The row with the smallest v goes, and v = k is set on another: the
@@ -803,7 +807,10 @@ async fn write_group(checker: Arc<GroupChecker>, client: Client, direct: bool, g
         client.batch_execute(&sql).await.unwrap();
         if direct {
             let lsn = value(&client, "SELECT pg_current_wal_insert_lsn()").await;
-            checker.direct[g].lock().unwrap().push((k, lsn.parse().unwrap()));
+            checker.direct[g]
+                .lock()
+                .unwrap()
+                .push((k, lsn.parse().unwrap()));
         } else {
             checker.committed[g].store(k, SeqCst);
         }
@@ -826,7 +833,10 @@ async fn concurrent_writers_never_make_a_read_by_value_stale() {
     let mut schema = String::from("CREATE TABLE items (id int PRIMARY KEY, grp int, v int);");
     for g in 0..GROUPS {
         let id = g * 1000;
-        schema += &format!("INSERT INTO items VALUES ({id}, {g}, 0), ({}, {g}, 0);", id + 1);
+        schema += &format!(
+            "INSERT INTO items VALUES ({id}, {g}, 0), ({}, {g}, 0);",
+            id + 1
+        );
     }
     tokio::task::spawn_blocking(move || cluster().psql(DB, &schema))
         .await
@@ -853,7 +863,12 @@ async fn concurrent_writers_never_make_a_read_by_value_stale() {
         } else {
             connect(&direct_db_url(DB)).await
         };
-        writers.push(tokio::spawn(write_group(checker.clone(), client, !through, g)));
+        writers.push(tokio::spawn(write_group(
+            checker.clone(),
+            client,
+            !through,
+            g,
+        )));
     }
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut readers = Vec::new();
@@ -878,7 +893,11 @@ async fn concurrent_writers_never_make_a_read_by_value_stale() {
                     format!("SELECT v FROM items WHERE grp = {g} ORDER BY id")
                 };
                 let got = value(&client, &sql).await;
-                let max = got.split(',').map(|v| v.parse::<i64>().unwrap()).max().unwrap();
+                let max = got
+                    .split(',')
+                    .map(|v| v.parse::<i64>().unwrap())
+                    .max()
+                    .unwrap();
                 checker.judge(&sql, g, before, max);
             }
         }));

@@ -214,6 +214,17 @@ pub fn command_complete(out: &mut BytesMut, tag: &str) {
     write_message(out, COMMAND_COMPLETE, |b| put_cstr(b, tag.as_bytes()));
 }
 
+/// The rows a CommandComplete's body (its tag and NUL) counts: the last word of `SELECT 5`,
+/// `INSERT 0 5`, `UPDATE 3`, `COPY 2`, ...; None for a tag without a count (`BEGIN`, `SET`).
+pub fn command_rows(body: &[u8]) -> Option<u64> {
+    let tag = body.strip_suffix(&[0]).unwrap_or(body);
+    let last = tag.rsplit(|&b| b == b' ').next()?;
+    if last.is_empty() || last.len() > 19 || !last.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(last.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
 pub fn empty_query_response(out: &mut BytesMut) {
     write_message(out, EMPTY_QUERY_RESPONSE, |_| {});
 }
@@ -378,6 +389,16 @@ pub fn parse_auth(body: &[u8]) -> Option<AuthRequest<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_of_command_tags() {
+        assert_eq!(command_rows(b"SELECT 5\0"), Some(5));
+        assert_eq!(command_rows(b"INSERT 0 12\0"), Some(12));
+        assert_eq!(command_rows(b"UPDATE 0\0"), Some(0));
+        assert_eq!(command_rows(b"BEGIN\0"), None);
+        assert_eq!(command_rows(b"\0"), None);
+        assert_eq!(command_rows(b"SELECT 99999999999999999999999\0"), None);
+    }
 
     #[test]
     fn error_roundtrip() {

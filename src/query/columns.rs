@@ -350,7 +350,11 @@ mod tests {
 
         let r = reads("SELECT count(*) FROM posts p WHERE p.user_id = 3").unwrap();
         assert!(r.one_row);
-        assert!(reads("SELECT pg_catalog.max(likes) FROM posts").unwrap().one_row);
+        assert!(
+            reads("SELECT pg_catalog.max(likes) FROM posts")
+                .unwrap()
+                .one_row
+        );
         assert_eq!(columns(&r.tables[0]), Some(vec!["user_id"]));
 
         for every in [

@@ -67,10 +67,29 @@ pub struct Reader {
     state: Read,
     /// The shape of the reading, once looked up.
     shape: Option<std::sync::Arc<shapes::Shape>>,
-    /// A simple query of the client's being timed on the server for SHOW QUERIES: when it was
-    /// sent, and its shape (see `shapes::ShapeStats::timed`). Kept across messages (the
-    /// session ends it at the query's ReadyForQuery).
-    pub timed: Option<(std::time::Instant, std::sync::Arc<shapes::Shape>)>,
+    /// A simple query of the client's being timed on the server for SHOW QUERIES (see
+    /// `shapes::ShapeStats::timed`). Kept across messages (the session ends it at the
+    /// query's ReadyForQuery).
+    pub timed: Option<Timed>,
+}
+
+/// A query being timed on the server: when it was sent, its shape, and the rows its
+/// CommandCompletes gave so far.
+#[derive(Debug)]
+pub struct Timed {
+    pub sent: std::time::Instant,
+    pub shape: std::sync::Arc<shapes::Shape>,
+    pub rows: u64,
+}
+
+impl Timed {
+    pub fn new(shape: std::sync::Arc<shapes::Shape>) -> Timed {
+        Timed {
+            sent: std::time::Instant::now(),
+            shape,
+            rows: 0,
+        }
+    }
 }
 
 /// How far the reading of the message at hand went.

@@ -75,6 +75,8 @@ pub struct ShapeStats {
     /// [`TIMED_EVERY`], see [`ShapeStats::time_this_call`]), and that time in microseconds.
     pub timed: AtomicU64,
     pub timed_us: AtomicU64,
+    /// The rows (returned, or written) of the timed calls, as their CommandCompletes count.
+    pub timed_rows: AtomicU64,
     /// Result cache: what it did with the shape's queries, once it looked one up.
     pub cache: OnceLock<Box<CacheFigures>>,
     /// Why the cache last passed it by: the reason's index in `analysis::BYPASS_REASONS` + 1
@@ -133,6 +135,16 @@ impl ShapeStats {
         self.mean_us().unwrap_or(0.0) * ran as f64
     }
 
+    /// The estimated rows of all its calls (returned, or written): the timed calls' mean
+    /// times every call, the cache's hits too (they return the same rows).
+    pub fn total_rows(&self) -> f64 {
+        let timed = self.timed.load(Relaxed);
+        if timed == 0 {
+            return 0.0;
+        }
+        self.timed_rows.load(Relaxed) as f64 / timed as f64 * self.all_calls() as f64
+    }
+
     /// Every query of the shape: those read, and those the cache's first tier answered
     /// unread.
     pub fn all_calls(&self) -> u64 {
@@ -152,10 +164,11 @@ impl ShapeStats {
         }
     }
 
-    /// One call timed on the server: `us` microseconds.
-    pub fn note_timed(&self, us: u64) {
+    /// One call timed on the server: `us` microseconds, `rows` rows.
+    pub fn note_timed(&self, us: u64, rows: u64) {
         self.timed.fetch_add(1, Relaxed);
         self.timed_us.fetch_add(us, Relaxed);
+        self.timed_rows.fetch_add(rows, Relaxed);
     }
 }
 

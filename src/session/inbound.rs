@@ -299,7 +299,7 @@ impl Session {
             return false;
         };
         let shape = shape.clone();
-        reader.timed = Some((Instant::now(), shape));
+        reader.timed = Some(crate::query::Timed::new(shape));
         true
     }
 

@@ -156,6 +156,7 @@ impl Session {
         match tag {
             be::READY_FOR_QUERY => self.note_ready(len, route),
             be::PARAMETER_STATUS => self.note_parameter_status(len, route),
+            be::COMMAND_COMPLETE => self.note_rows(len),
             be::ERROR_RESPONSE => {
                 let server = self.server.as_mut().expect("a server is held");
                 let fields = ErrorFields::parse(body(&server.rbuf[..len])).unwrap_or_default();
@@ -171,6 +172,22 @@ impl Session {
             }
             _ => {}
         }
+    }
+
+    /// A CommandComplete: the rows its tag counts, for a query being timed (SHOW QUERIES).
+    #[inline]
+    fn note_rows(&mut self, len: usize) {
+        let Some(timed) = self
+            .reading
+            .reader
+            .as_deref_mut()
+            .and_then(|r| r.timed.as_mut())
+        else {
+            return;
+        };
+        let server = self.server.as_ref().expect("a server is held");
+        let tag = body(&server.rbuf[..len]);
+        timed.rows += be::command_rows(tag).unwrap_or(0);
     }
 
     /// A ReadyForQuery: the server's transaction status.
@@ -200,8 +217,10 @@ impl Session {
                 .reader
                 .as_deref_mut()
                 .and_then(|r| r.timed.take());
-            if let Some((sent, shape)) = timed {
-                shape.stats.note_timed(sent.elapsed().as_micros() as u64);
+            if let Some(t) = timed {
+                t.shape
+                    .stats
+                    .note_timed(t.sent.elapsed().as_micros() as u64, t.rows);
             }
         }
         if let Some(stmts) = self.plan.stmts.as_mut() {

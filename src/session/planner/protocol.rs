@@ -225,7 +225,7 @@ impl Planner<'_> {
             return;
         }
         let reader = reading.get_or_insert_with(Default::default);
-        reader.timed = Some((std::time::Instant::now(), shape.clone()));
+        reader.timed = Some(crate::query::Timed::new(shape.clone()));
     }
 
     /// Sends a Bind or Describe under the statement's server name, preparing it there first
