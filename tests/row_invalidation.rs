@@ -877,8 +877,8 @@ async fn concurrent_writers_never_make_a_read_by_value_stale() {
         let (checker, done) = (checker.clone(), done.clone());
         let follower = proxy.app().wal.followers().into_iter();
         let follower = follower
-            .filter(|f| f.status().database == DB)
-            .next()
+            .into_iter()
+            .find(|f| f.status().database == DB)
             .expect("the follower");
         readers.push(tokio::spawn(async move {
             let mut rng = Rng(200 + r);
