@@ -297,7 +297,7 @@ struct ControlUnit<'a> {
 /// Reads `[Parse] Bind [Describe portal] Execute` at the start of `input`, all there: a Parse
 /// of the unnamed statement with no parameter types whose text may be a transaction control
 /// statement, a Bind of the unnamed portal with no parameters (and at most one result format,
-/// 0 or 1), a Describe and an Execute of that portal, all rows. None for anything else, which
+/// 0 or 1), a Describe and an Execute of that portal. None for anything else, which
 /// goes its usual way.
 fn control_unit(input: &[u8]) -> Option<ControlUnit<'_>> {
     let mut at = 0;
@@ -343,7 +343,9 @@ fn control_unit(input: &[u8]) -> Option<ControlUnit<'_>> {
         (tag, body) = next()?;
     }
     let e = fe::Execute::parse(body).filter(|_| tag == fe::EXECUTE)?;
-    if !e.portal.is_empty() || e.max_rows != 0 {
+    // Any row limit: PostgreSQL runs a transaction statement's portal to its end whatever the
+    // limit (pgjdbc sends 1 for COMMIT and ROLLBACK).
+    if !e.portal.is_empty() {
         return None;
     }
     Some(ControlUnit {
