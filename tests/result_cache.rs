@@ -2004,6 +2004,17 @@ async fn an_extended_begin_is_kept_without_a_server() {
         ("ROLLBACK", synced(&[&rollback]), false, true),
         ("BEGIN", synced(&[&begin]), false, true),
         (
+            "a Parse, then Execute of its portal",
+            synced(&[&vec![
+                Frontend::parse("", "SELECT 1", &[]),
+                Frontend::execute("", 0),
+            ]]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
             "Close of its portal",
             synced(&[&vec![Frontend::close_portal("")]]),
             false,

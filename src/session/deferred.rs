@@ -227,10 +227,10 @@ impl Session {
         let answered = std::mem::take(&mut cache.deferred_answered);
         if std::mem::take(&mut cache.deferred_portal)
             && !answered
-            && names_unnamed_portal(&self.client.rbuf)
+            && uses_unnamed_portal(&self.client.rbuf)
         {
-            // The message that takes the server uses the BEGIN's portal, which only an
-            // extended-protocol BEGIN leaves on the server, as the client's left it.
+            // What takes the server uses the BEGIN's portal, which only an extended-protocol
+            // BEGIN leaves on the server, as the client's left it.
             extended_begin(&mut server.wbuf, &mut self.replies, &begin);
             server.status = b'T';
             return;
@@ -363,20 +363,35 @@ fn plain_bind(rest: &[u8]) -> bool {
     matches!(rest, [0, 0, 0, 0, 0, 0] | [0, 0, 0, 0, 0, 1, 0, 0 | 1])
 }
 
-/// Whether the client message at the start of `input` uses the unnamed portal without
-/// binding it: an Execute, or a Describe or Close of the portal.
-fn names_unnamed_portal(input: &[u8]) -> bool {
-    let Ok(Some((tag, len))) = crate::protocol::frame(input, usize::MAX) else {
-        return false;
-    };
-    let body = &input[5..len];
-    match tag {
-        fe::EXECUTE => fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()),
-        fe::DESCRIBE | fe::CLOSE => {
-            fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty())
+/// Whether the client's messages at the start of `input` (those there, up to a Sync) use the
+/// unnamed portal before they bind it: an Execute, or a Describe or Close of the portal, before
+/// a Bind of it or a Query (which drops it).
+fn uses_unnamed_portal(input: &[u8]) -> bool {
+    let mut at = 0;
+    while let Ok(Some((tag, len))) = crate::protocol::frame(&input[at..], usize::MAX) {
+        let body = &input[at + 5..at + len];
+        at += len;
+        match tag {
+            fe::EXECUTE => {
+                if fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()) {
+                    return true;
+                }
+            }
+            fe::DESCRIBE | fe::CLOSE => {
+                if fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty()) {
+                    return true;
+                }
+            }
+            fe::BIND => {
+                if fe::Bind::parse(body).is_none_or(|b| b.portal.is_empty()) {
+                    return false;
+                }
+            }
+            fe::PARSE | fe::FLUSH => {}
+            _ => return false,
         }
-        _ => false,
     }
+    false
 }
 
 /// A kept block's `BEGIN` in the extended protocol, ahead of the client's message that uses
@@ -418,5 +433,145 @@ fn extended_begin(
             action: Action::Skip,
             effect: None,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+
+    fn parse(out: &mut BytesMut, name: &str, sql: &str) {
+        fe::Parse {
+            name: name.as_bytes(),
+            query: sql.as_bytes(),
+            param_types: &[0, 0],
+        }
+        .encode(name.as_bytes(), out);
+    }
+
+    fn bind(out: &mut BytesMut, portal: &str, statement: &str, rest: &[u8]) {
+        crate::protocol::write_message(out, fe::BIND, |m| {
+            crate::protocol::put_cstr(m, portal.as_bytes());
+            crate::protocol::put_cstr(m, statement.as_bytes());
+            m.extend_from_slice(rest);
+        });
+    }
+
+    fn execute(out: &mut BytesMut, portal: &str, max_rows: i32) {
+        crate::protocol::write_message(out, fe::EXECUTE, |m| {
+            crate::protocol::put_cstr(m, portal.as_bytes());
+            m.extend_from_slice(&max_rows.to_be_bytes());
+        });
+    }
+
+    fn target(out: &mut BytesMut, tag: u8, kind: u8, name: &str) {
+        crate::protocol::write_message(out, tag, |m| {
+            m.extend_from_slice(&[kind]);
+            crate::protocol::put_cstr(m, name.as_bytes());
+        });
+    }
+
+    const PLAIN: &[u8] = &[0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn reads_a_control_unit() {
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "BEGIN");
+        bind(&mut b, "", "", PLAIN);
+        execute(&mut b, "", 1);
+        let len = b.len();
+        fe::sync(&mut b);
+        let unit = control_unit(&b).expect("a unit");
+        assert!(unit.parse.is_some() && !unit.described && unit.len == len);
+        // Bind and Describe of a named statement, no Parse.
+        let mut b = BytesMut::new();
+        bind(&mut b, "", "S_1", &[0, 0, 0, 0, 0, 1, 0, 0]);
+        target(&mut b, fe::DESCRIBE, b'P', "");
+        execute(&mut b, "", 0);
+        let unit = control_unit(&b).expect("a unit");
+        assert!(unit.parse.is_none() && unit.described && unit.statement == b"S_1");
+    }
+
+    /// Parse, Bind and Execute of the unnamed BEGIN, one of them (`at`) replaced by `other`.
+    fn with(at: usize, other: &dyn Fn(&mut BytesMut)) -> BytesMut {
+        let mut b = BytesMut::new();
+        for i in 0..3 {
+            match i {
+                _ if i == at => other(&mut b),
+                0 => parse(&mut b, "", "BEGIN"),
+                1 => bind(&mut b, "", "", PLAIN),
+                _ => execute(&mut b, "", 0),
+            }
+        }
+        fe::sync(&mut b);
+        b
+    }
+
+    #[test]
+    fn leaves_other_units_alone() {
+        let cases: [(usize, &dyn Fn(&mut BytesMut), &str); 8] = [
+            (0, &|b| parse(b, "s", "BEGIN"), "a named statement's Parse"),
+            (0, &|b| parse(b, "", "SELECT 1"), "no transaction control"),
+            (1, &|b| bind(b, "p", "", PLAIN), "a named portal"),
+            (
+                1,
+                &|b| bind(b, "", "", &[0, 0, 0, 1, 0, 0, 0, 1, b'x', 0, 0]),
+                "a parameter",
+            ),
+            (
+                1,
+                &|b| bind(b, "", "", &[0, 0, 0, 0, 0, 2, 0, 0, 0, 0]),
+                "two result formats",
+            ),
+            (
+                1,
+                &|b| bind(b, "", "x", PLAIN),
+                "another statement than the Parse's",
+            ),
+            (
+                2,
+                &|b| target(b, fe::DESCRIBE, b'S', ""),
+                "a Describe of the statement",
+            ),
+            (2, &|b| execute(b, "p", 0), "another portal"),
+        ];
+        for (at, other, what) in cases {
+            assert!(control_unit(&with(at, other)).is_none(), "{what}");
+        }
+        assert!(control_unit(&with(3, &|_| {})).is_some());
+        // Not all there.
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "BEGIN");
+        bind(&mut b, "", "", PLAIN);
+        assert!(control_unit(&b).is_none());
+    }
+
+    #[test]
+    fn finds_the_unnamed_portal_used_before_it_is_bound() {
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "SELECT 1");
+        execute(&mut b, "", 0);
+        assert!(uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        target(&mut b, fe::CLOSE, b'P', "");
+        assert!(uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        target(&mut b, fe::CLOSE, b'S', "");
+        target(&mut b, fe::DESCRIBE, b'P', "");
+        assert!(uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "SELECT 1");
+        bind(&mut b, "", "", PLAIN);
+        execute(&mut b, "", 0);
+        assert!(!uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        fe::query(&mut b, "SELECT 1");
+        execute(&mut b, "", 0);
+        assert!(!uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        fe::sync(&mut b);
+        execute(&mut b, "", 0);
+        assert!(!uses_unnamed_portal(&b));
     }
 }
