@@ -493,8 +493,11 @@ mod tests {
         assert!(unit.parse.is_none() && unit.described && unit.statement == b"S_1");
     }
 
+    /// Writes a message.
+    type Write = dyn Fn(&mut BytesMut);
+
     /// Parse, Bind and Execute of the unnamed BEGIN, one of them (`at`) replaced by `other`.
-    fn with(at: usize, other: &dyn Fn(&mut BytesMut)) -> BytesMut {
+    fn with(at: usize, other: &Write) -> BytesMut {
         let mut b = BytesMut::new();
         for i in 0..3 {
             match i {
@@ -510,7 +513,7 @@ mod tests {
 
     #[test]
     fn leaves_other_units_alone() {
-        let cases: [(usize, &dyn Fn(&mut BytesMut), &str); 8] = [
+        let cases: [(usize, &Write, &str); 8] = [
             (0, &|b| parse(b, "s", "BEGIN"), "a named statement's Parse"),
             (0, &|b| parse(b, "", "SELECT 1"), "no transaction control"),
             (1, &|b| bind(b, "p", "", PLAIN), "a named portal"),
