@@ -225,10 +225,13 @@ impl Session {
             return;
         };
         let answered = std::mem::take(&mut cache.deferred_answered);
-        if std::mem::take(&mut cache.deferred_portal)
-            && !answered
-            && uses_unnamed_portal(&self.client.rbuf)
-        {
+        let portal = std::mem::take(&mut cache.deferred_portal);
+        if !answered && cache.fill.is_none() {
+            // Its first statement on the server (not a read the cache fills) may still set
+            // the isolation (`SET TRANSACTION`): asked at the next read the cache would answer.
+            cache.read_committed = None;
+        }
+        if portal && !answered && uses_unnamed_portal(&self.client.rbuf) {
             // What takes the server uses the BEGIN's portal, which only an extended-protocol
             // BEGIN leaves on the server, as the client's left it.
             extended_begin(&mut server.wbuf, &mut self.replies, &begin);
@@ -239,12 +242,6 @@ impl Session {
             fe::query(&mut server.wbuf, &format!("{begin}; SELECT"));
         } else {
             fe::query(&mut server.wbuf, &begin);
-            if cache.fill.is_none() {
-                // Its first statement on the server (not a read the cache fills) may still
-                // set the isolation (`SET TRANSACTION`): asked at the next read the cache
-                // would answer.
-                cache.read_committed = None;
-            }
         }
         // pgmemo's own query, not the client's work in flight (autoprepare runs the block's
         // statement behind it); an error of it, which PostgreSQL never gives to a BEGIN it
