@@ -143,12 +143,15 @@ impl Session {
             Some(p) => stmts.statement_for_parse(&self.app.registry, p),
             None if stmts.is_stale(unit.statement) => return false,
             None => match stmts.get(unit.statement) {
-                Some(s) if s.starts_transaction || s.ends_transaction => s.clone(),
-                _ => return false,
+                Some(s) => s.clone(),
+                None => return false,
             },
         };
         let (parsed, described, len) = (unit.parse.is_some(), unit.described, unit.len);
-        if !statement.is_validated()
+        // BEGIN or START TRANSACTION, COMMIT, ROLLBACK and the like (read once per statement),
+        // before the exact reading.
+        if !(statement.starts_transaction || statement.ends_transaction)
+            || !statement.is_validated()
             || statement.param_count != 0
             || statement.hidden.is_some()
             || statement.key.query.len() > MAX_CONTROL_LEN
