@@ -1843,3 +1843,480 @@ async fn extended_statements_read_hints_in_any_comment() {
     );
     assert_eq!(bypassed(&proxy, "nocache hint"), 3);
 }
+
+/// `sql` as an extended-protocol unit of the unnamed statement and portal: Parse, Bind (no
+/// parameters), Execute, as JDBC sends `BEGIN` and `COMMIT`.
+fn unit(sql: &str) -> Vec<Frontend> {
+    vec![
+        Frontend::parse("", sql, &[]),
+        Frontend::bind("", "", &[]),
+        Frontend::execute("", 0),
+    ]
+}
+
+/// The messages `parts` in one batch, ended by a Sync.
+fn synced(parts: &[&Vec<Frontend>]) -> Vec<Frontend> {
+    let mut batch: Vec<Frontend> = parts.iter().flat_map(|p| p.iter().cloned()).collect();
+    batch.push(Frontend::Sync);
+    batch
+}
+
+/// The replies to `batch` (ended by one Sync), as (tag, body) pairs.
+async fn batch_replies(c: &mut RawClient, batch: &[Frontend]) -> Vec<(u8, Vec<u8>)> {
+    c.send(batch).await.expect("send");
+    c.recv_until_ready(1)
+        .await
+        .expect("replies")
+        .into_iter()
+        .map(|m| (m.tag, m.body))
+        .collect()
+}
+
+/// A `BEGIN` sent in the extended protocol (JDBC with autocommit off, often in the same Sync
+/// as the block's first query; pgx, Npgsql) is kept as a simple one is: a block of hits takes
+/// no server, and every reply is PostgreSQL's, byte for byte (compared with a twin database
+/// read directly). What uses the BEGIN's portal, a miss, an error in the batch, a second
+/// BEGIN and what pgmemo does not keep reach the server with the BEGIN ahead.
+#[tokio::test]
+async fn an_extended_begin_is_kept_without_a_server() {
+    const DBS: [&str; 2] = ["cache_ext_kept", "cache_ext_kept_twin"];
+    for db in DBS {
+        setup(
+            db,
+            "CREATE TABLE kv (id int PRIMARY KEY, v int);
+             INSERT INTO kv VALUES (1, 1), (2, 2), (3, 3);",
+        )
+        .await;
+    }
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("kv", "FROM kv")],
+    ))
+    .await;
+    let hits = |proxy: &Pgmemo| stats(proxy, "kv").0;
+    let mut through = raw_proxy(&proxy, DBS[0]).await;
+    let mut direct = raw_direct(DBS[1]).await;
+    let admin = admin_console(proxy.local_addr()).await;
+    let mut watch = raw_direct("postgres").await;
+    let watch_sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND state LIKE 'idle in transaction%'",
+        DBS[0]
+    );
+    let read = |id: &str| {
+        vec![
+            Frontend::parse("", "SELECT v FROM kv WHERE id = $1", &[]),
+            Frontend::bind("", "", &[Some(id)]),
+            Frontend::describe_portal(""),
+            Frontend::execute("", 0),
+        ]
+    };
+    let begin = unit("BEGIN");
+    let begin_described = vec![
+        Frontend::parse("", "BEGIN", &[]),
+        Frontend::bind("", "", &[]),
+        Frontend::describe_portal(""),
+        Frontend::execute("", 0),
+    ];
+    let named = |name: &str| vec![Frontend::bind("", name, &[]), Frontend::execute("", 0)];
+    let commit = unit("COMMIT");
+    let rollback = unit("ROLLBACK");
+    let simple = |sql: &str| vec![Frontend::query(sql)];
+    // (batch, answered by the cache, no server linked to the client and no backend of the
+    // database in a transaction after it)
+    let steps: Vec<(&str, Vec<Frontend>, bool, bool)> = vec![
+        // A statement no server has parsed yet goes to one (as PostgreSQL must judge it),
+        // then the cache fills.
+        ("parse", synced(&[&read("1")]), false, true),
+        ("fill", synced(&[&read("1")]), false, true),
+        ("hit", synced(&[&read("1")]), true, true),
+        (
+            "simple fill",
+            simple("SELECT v FROM kv WHERE id = 1"),
+            false,
+            true,
+        ),
+        // A BEGIN no server has parsed yet goes to one (as every new statement does).
+        ("first BEGIN", synced(&[&begin]), false, false),
+        (
+            "hit in a server's block",
+            synced(&[&read("1")]),
+            true,
+            false,
+        ),
+        ("first COMMIT", synced(&[&commit]), false, true),
+        // Kept: a block of hits, ended here.
+        ("BEGIN", synced(&[&begin]), false, true),
+        ("hit in a kept block", synced(&[&read("1")]), true, true),
+        ("COMMIT of a kept block", synced(&[&commit]), false, true),
+        // JDBC: BEGIN and the first query in one Sync.
+        ("BEGIN + hit", synced(&[&begin, &read("1")]), true, true),
+        ("hit", synced(&[&read("1")]), true, true),
+        ("first ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN + hit", synced(&[&begin, &read("1")]), true, true),
+        (
+            "ROLLBACK of a kept block",
+            synced(&[&rollback]),
+            false,
+            true,
+        ),
+        ("BEGIN, described", synced(&[&begin_described]), false, true),
+        ("a lone Sync", synced(&[]), false, true),
+        ("a simple COMMIT", simple("COMMIT"), false, true),
+        (
+            "BEGIN and COMMIT in one Sync",
+            synced(&[&begin, &commit]),
+            false,
+            true,
+        ),
+        // A miss: BEGIN and the query go to the server together.
+        ("BEGIN + miss", synced(&[&begin, &read("2")]), false, false),
+        ("hit in the block", synced(&[&read("1")]), true, false),
+        ("COMMIT", synced(&[&commit]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        ("stored by a block", synced(&[&read("2")]), true, true),
+        ("miss", synced(&[&read("3")]), false, false),
+        ("COMMIT", synced(&[&commit]), false, true),
+        // An error in the batch: the rest is skipped, the block fails.
+        (
+            "BEGIN + error",
+            synced(&[&begin, &unit("SELECT 1/0"), &read("1")]),
+            false,
+            false,
+        ),
+        ("COMMIT of a failed block", synced(&[&commit]), false, true),
+        // The BEGIN's portal and statement, used after it.
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "Describe of its portal",
+            synced(&[&vec![Frontend::describe_portal("")]]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "Execute of its portal",
+            synced(&[&vec![Frontend::execute("", 0)]]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "a Parse, then Execute of its portal",
+            synced(&[&vec![
+                Frontend::parse("", "SELECT 1", &[]),
+                Frontend::execute("", 0),
+            ]]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "Close of its portal",
+            synced(&[&vec![Frontend::close_portal("")]]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "Describe of its statement",
+            synced(&[&vec![Frontend::describe_statement("")]]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "its statement again: WARNING",
+            synced(&[&named("")]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        (
+            "BEGIN + BEGIN: WARNING",
+            synced(&[&begin, &begin]),
+            false,
+            false,
+        ),
+        ("COMMIT", synced(&[&commit]), false, true),
+        ("simple BEGIN", simple("BEGIN"), false, true),
+        ("BEGIN in it: WARNING", synced(&[&begin]), false, false),
+        ("COMMIT", synced(&[&commit]), false, true),
+        // Outside a block: PostgreSQL's warnings.
+        ("COMMIT outside a block", synced(&[&commit]), false, true),
+        (
+            "ROLLBACK outside a block",
+            synced(&[&rollback]),
+            false,
+            true,
+        ),
+        // Named statements (JDBC's after five uses).
+        (
+            "prepare",
+            synced(&[&vec![
+                Frontend::parse("b", "BEGIN", &[]),
+                Frontend::parse("c", "COMMIT", &[]),
+            ]]),
+            false,
+            true,
+        ),
+        (
+            "named BEGIN + hit",
+            synced(&[&named("b"), &read("1")]),
+            true,
+            true,
+        ),
+        ("named COMMIT", synced(&[&named("c")]), false, true),
+        // Options.
+        (
+            "START TRANSACTION READ ONLY",
+            synced(&[&unit(
+                "START TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY",
+            )]),
+            false,
+            false,
+        ),
+        ("COMMIT", synced(&[&commit]), false, true),
+        (
+            "START TRANSACTION READ ONLY",
+            synced(&[&unit(
+                "START TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY",
+            )]),
+            false,
+            true,
+        ),
+        ("hit", synced(&[&read("1")]), true, true),
+        ("END", synced(&[&unit("END")]), false, true),
+        (
+            "REPEATABLE READ is not kept",
+            synced(&[&unit("BEGIN ISOLATION LEVEL REPEATABLE READ")]),
+            false,
+            false,
+        ),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        (
+            "REPEATABLE READ is not kept",
+            synced(&[&unit("BEGIN ISOLATION LEVEL REPEATABLE READ")]),
+            false,
+            false,
+        ),
+        ("no hit there", synced(&[&read("1")]), false, false),
+        ("ROLLBACK", synced(&[&rollback]), false, true),
+        // Another spelling: parsed by a server first, then kept.
+        (
+            "new text",
+            synced(&[&unit("begin transaction;")]),
+            false,
+            false,
+        ),
+        ("COMMIT", synced(&[&commit]), false, true),
+        ("kept", synced(&[&unit("begin transaction;")]), false, true),
+        ("COMMIT", synced(&[&commit]), false, true),
+        // A row limit (pgjdbc's 1 for COMMIT) changes nothing for them.
+        (
+            "BEGIN, a row limit",
+            synced(&[&vec![
+                Frontend::parse("", "BEGIN", &[]),
+                Frontend::bind("", "", &[]),
+                Frontend::execute("", 1),
+            ]]),
+            false,
+            true,
+        ),
+        (
+            "COMMIT, a row limit",
+            synced(&[&vec![
+                Frontend::parse("", "COMMIT", &[]),
+                Frontend::bind("", "", &[]),
+                Frontend::execute("", 1),
+            ]]),
+            false,
+            true,
+        ),
+        // Kept in the extended protocol, ended in the simple one, and the other way round.
+        ("BEGIN", synced(&[&begin]), false, true),
+        (
+            "simple hit",
+            simple("SELECT v FROM kv WHERE id = 1"),
+            true,
+            true,
+        ),
+        ("simple ROLLBACK", simple("ROLLBACK"), false, true),
+        ("simple BEGIN", simple("BEGIN"), false, true),
+        ("COMMIT", synced(&[&commit]), false, true),
+    ];
+    for (i, (what, batch, hit, serverless)) in steps.iter().enumerate() {
+        let before = hits(&proxy);
+        let got = without_table_oids(batch_replies(&mut through, batch).await);
+        let want = without_table_oids(batch_replies(&mut direct, batch).await);
+        assert_eq!(got, want, "step {i}: {what}");
+        assert_eq!(
+            hits(&proxy) > before,
+            *hit,
+            "step {i}: {what}: answered by the cache"
+        );
+        let in_transaction = first_value(&run(&mut watch, &watch_sql).await);
+        assert_eq!(
+            in_transaction.as_deref() == Some("0"),
+            *serverless,
+            "step {i}: {what}: no backend in a transaction"
+        );
+        assert_eq!(
+            linked_servers(&admin, DBS[0]).await == 0,
+            *serverless,
+            "step {i}: {what}: no server linked (SHOW POOLS sv_active)"
+        );
+    }
+}
+
+/// Servers linked to a client of `database` (SHOW POOLS `sv_active`).
+async fn linked_servers(admin: &tokio_postgres::Client, database: &str) -> u64 {
+    admin_rows(admin, "SHOW POOLS")
+        .await
+        .into_iter()
+        .filter(|r| r["database"] == database)
+        .map(|r| r["sv_active"].parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The time `path` or the newest file under it was changed.
+fn newest_mtime(path: &std::path::Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if let Ok(m) = meta.modified() {
+            newest = newest.max(m);
+        }
+    }
+    newest
+}
+
+/// tests/drivers/java's jar (pgjdbc shaded in), built with Maven into the cargo target dir
+/// when its sources are newer (as tests/prepared_drivers.rs builds it).
+async fn pgjdbc_jar() -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/java");
+    let build_dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("java-driver");
+    let jar = build_dir.join("pgjdbc-check.jar");
+    let built = std::fs::metadata(&jar).and_then(|m| m.modified()).ok();
+    if built.is_none_or(|b| b < newest_mtime(&src)) {
+        let mut build = tokio::process::Command::new("mvn");
+        build
+            .args([
+                "-q",
+                "-B",
+                "package",
+                "-Dmaven.test.skip=true",
+                "-Dstyle.color=never",
+            ])
+            .arg(format!("-Dpgmemo.buildDir={}", build_dir.display()))
+            .arg("-f")
+            .arg(src.join("pom.xml"));
+        prepare_step(
+            build,
+            "building tests/drivers/java with Maven (mvn and Maven Central are needed; \
+             scripts/setup builds it)",
+        )
+        .await;
+    }
+    jar
+}
+
+/// Servers handed to clients of `database` so far (SHOW STATS `total_server_assignment_count`).
+async fn server_assignments(admin: &tokio_postgres::Client, database: &str) -> u64 {
+    admin_rows(admin, "SHOW STATS")
+        .await
+        .into_iter()
+        .filter(|r| r["database"] == database)
+        .map(|r| r["total_server_assignment_count"].parse::<u64>().unwrap())
+        .sum()
+}
+
+/// pgjdbc with autocommit off sends each block's BEGIN in the extended protocol, in the same
+/// Sync as the block's first query (unnamed, then as its named S_1), and COMMIT and ROLLBACK
+/// too: once its statements are known, its blocks of cached reads take no server at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgjdbc_blocks_of_hits_take_no_server() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    const DB: &str = "cache_jdbc_blocks";
+    const WARM: usize = 20;
+    const MEASURED: usize = 30;
+    setup(
+        DB,
+        "CREATE TABLE kv (id int PRIMARY KEY, v int); INSERT INTO kv VALUES (1, 1), (2, 2);",
+    )
+    .await;
+    let jar = pgjdbc_jar().await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("kv", "FROM kv")],
+    ))
+    .await;
+    let admin = admin_console(proxy.local_addr()).await;
+    let url = format!(
+        "jdbc:postgresql://{}:{}/{DB}?user={PGMEMO_USER}&password={PGMEMO_PASS}&sslmode=disable",
+        proxy.local_addr().ip(),
+        proxy.local_addr().port()
+    );
+    let mut child = tokio::process::Command::new("java")
+        .arg("-cp")
+        .arg(&jar)
+        .args(["JdbcBlocks", &url, &WARM.to_string(), &MEASURED.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("java runs");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut output = Vec::new();
+    let wait = std::time::Duration::from_secs(120);
+    loop {
+        let line = tokio::time::timeout(wait, lines.next_line())
+            .await
+            .expect("in time")
+            .unwrap();
+        match line {
+            Some(l) if l == "WARM" => break,
+            Some(l) => output.push(l),
+            None => panic!("JdbcBlocks ended early: {output:?}"),
+        }
+    }
+    let (assigned, hits) = (server_assignments(&admin, DB).await, stats(&proxy, "kv").0);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").await.unwrap();
+    while let Some(l) = tokio::time::timeout(wait, lines.next_line())
+        .await
+        .expect("in time")
+        .unwrap()
+    {
+        output.push(l);
+    }
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "JdbcBlocks: {status}: {output:?}");
+    assert!(
+        output.last().is_some_and(|l| l.starts_with("OK")),
+        "{output:?}"
+    );
+    assert_eq!(
+        stats(&proxy, "kv").0 - hits,
+        2 * MEASURED as u64,
+        "every read of the measured blocks was a hit"
+    );
+    assert_eq!(
+        server_assignments(&admin, DB).await,
+        assigned,
+        "the measured blocks took no server"
+    );
+}

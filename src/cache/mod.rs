@@ -1826,6 +1826,9 @@ pub struct ClientCache {
     /// A statement of the deferred block was answered from the cache: the block has run a
     /// query, as far as the client can tell.
     pub deferred_answered: bool,
+    /// The deferred block's `BEGIN` came in the extended protocol: its unnamed portal is the
+    /// client's until the block runs a statement (see `session::deferred`).
+    pub deferred_portal: bool,
     /// Made in the middle of a transaction block (see `session::caching::client_cache`): the
     /// block's earlier statements were not seen, so nothing is answered in it; cleared when
     /// it ends.

@@ -55,8 +55,31 @@ impl Session {
         let Some(control) = block::read(text) else {
             return false;
         };
+        let begin = begin_text(text);
+        let status = match self.keep_or_end_block(control, begin, false) {
+            Some(status) => status,
+            None => return false,
+        };
+        // A simple query drops the client's unnamed statement, as PostgreSQL's does.
+        if let Some(stmts) = self.plan.stmts.as_mut() {
+            stmts.set(b"", None);
+        }
+        be::command_complete(&mut self.client.wbuf, control.tag());
+        be::ready_for_query(&mut self.client.wbuf, status);
+        self.client.rbuf.advance(len);
+        self.stats.query_count += 1;
+        self.stats.bytes_received += len as u64;
+        true
+    }
+
+    /// Opens a block the session keeps (`control` a `BEGIN` that may be kept: not in a kept
+    /// block, READ COMMITTED, not READ WRITE; `begin` what goes to the server later) or ends
+    /// one (a `COMMIT` or `ROLLBACK` of a kept block): the ReadyForQuery status after it, or
+    /// None (the statement goes to a server). `portal`: the `BEGIN` came in the extended
+    /// protocol and its unnamed portal is the client's (see [`Session::begin_kept_block`]).
+    fn keep_or_end_block(&mut self, control: Control, begin: Box<str>, portal: bool) -> Option<u8> {
         let deferred = self.keeps_block();
-        let status = match control {
+        match control {
             Control::Begin {
                 isolation,
                 read_write,
@@ -64,31 +87,101 @@ impl Session {
             } if !deferred => {
                 if read_write || !self.replies.is_empty() || !self.begins_read_committed(isolation)
                 {
-                    return false;
+                    return None;
                 }
-                let begin = std::str::from_utf8(text).unwrap_or("BEGIN").trim_ascii();
-                let begin = begin.strip_suffix(';').unwrap_or(begin).into();
-                let Some(cache) = self.cache.as_deref_mut() else {
-                    return false;
-                };
+                let cache = self.cache.as_deref_mut()?;
                 cache.deferred_begin = Some(begin);
                 cache.deferred_answered = false;
+                cache.deferred_portal = portal;
                 cache.read_committed = Some(true);
-                b'T'
+                Some(b'T')
             }
             Control::Commit | Control::Rollback if deferred => {
                 if let Some(cache) = self.cache.as_deref_mut() {
                     cache.deferred_begin = None;
                     cache.deferred_answered = false;
+                    cache.deferred_portal = false;
                     cache.read_committed = None;
                 }
                 self.stats.xact_count += 1;
-                b'I'
+                Some(b'I')
             }
-            _ => return false,
+            _ => None,
+        }
+    }
+
+    /// An extended-protocol unit at the head of the client's input (a Parse or a Bind: `tag`)
+    /// that opens a block the session keeps or ends one it kept, as
+    /// [`Session::transaction_control`] does for a Query: `[Parse] Bind [Describe] Execute` of
+    /// the unnamed portal, its statement's text a `BEGIN`, `COMMIT` or `ROLLBACK` the
+    /// session reads. Answered here as PostgreSQL would (ParseComplete, BindComplete, NoData,
+    /// CommandComplete); the ReadyForQuery comes with the client's Sync (see
+    /// `Session::server_for`), or with the cache's answer to the batch that follows in the same
+    /// Sync. True: answered, the unit consumed.
+    #[inline]
+    pub(super) fn extended_control(&mut self, tag: u8) -> bool {
+        if !matches!(tag, fe::PARSE | fe::BIND)
+            || self.server.is_some()
+            || !self.state.enabled
+            || !self.caching()
+        {
+            return false;
+        }
+        self.answer_extended_control()
+    }
+
+    /// [`Session::extended_control`] for a Parse or Bind with no server held.
+    #[inline(never)]
+    fn answer_extended_control(&mut self) -> bool {
+        let Some(unit) = control_unit(&self.client.rbuf) else {
+            return false;
         };
-        be::command_complete(&mut self.client.wbuf, control.tag());
-        be::ready_for_query(&mut self.client.wbuf, status);
+        let Some(stmts) = self.plan.stmts.as_mut() else {
+            return false;
+        };
+        let statement = match &unit.parse {
+            Some(p) => stmts.statement_for_parse(&self.app.registry, p),
+            None if stmts.is_stale(unit.statement) => return false,
+            None => match stmts.get(unit.statement) {
+                Some(s) => s.clone(),
+                None => return false,
+            },
+        };
+        let (parsed, described, len) = (unit.parse.is_some(), unit.described, unit.len);
+        // BEGIN or START TRANSACTION, COMMIT, ROLLBACK and the like (read once per statement),
+        // before the exact reading.
+        if !(statement.starts_transaction || statement.ends_transaction)
+            || !statement.is_validated()
+            || statement.param_count != 0
+            || statement.hidden.is_some()
+            || statement.key.query.len() > MAX_CONTROL_LEN
+        {
+            return false;
+        }
+        let Some(control) = block::read(&statement.key.query) else {
+            return false;
+        };
+        let begin = begin_text(&statement.key.query);
+        if self.keep_or_end_block(control, begin, true).is_none() {
+            return false;
+        }
+        if let Some(stmts) = self.plan.stmts.as_mut() {
+            if parsed && !stmts.is_bound_to(b"", &statement) {
+                stmts.set(b"", Some(statement.clone()));
+            }
+            if stmts.has_tracked_portals() {
+                stmts.forget_portal(b"");
+            }
+        }
+        let out = &mut self.client.wbuf;
+        if parsed {
+            crate::protocol::write_message(out, be::PARSE_COMPLETE, |_| {});
+        }
+        crate::protocol::write_message(out, be::BIND_COMPLETE, |_| {});
+        if described {
+            crate::protocol::write_message(out, be::NO_DATA, |_| {});
+        }
+        be::command_complete(out, control.tag());
         self.client.rbuf.advance(len);
         self.stats.query_count += 1;
         self.stats.bytes_received += len as u64;
@@ -134,16 +227,24 @@ impl Session {
         let Some(begin) = cache.deferred_begin.take() else {
             return;
         };
-        if std::mem::take(&mut cache.deferred_answered) {
+        let answered = std::mem::take(&mut cache.deferred_answered);
+        let portal = std::mem::take(&mut cache.deferred_portal);
+        if !answered && cache.fill.is_none() {
+            // Its first statement on the server (not a read the cache fills) may still set
+            // the isolation (`SET TRANSACTION`): asked at the next read the cache would answer.
+            cache.read_committed = None;
+        }
+        if portal && !answered && uses_unnamed_portal(&self.client.rbuf) {
+            // What takes the server uses the BEGIN's portal, which only an extended-protocol
+            // BEGIN leaves on the server, as the client's left it.
+            extended_begin(&mut server.wbuf, &mut self.replies, &begin);
+            server.status = b'T';
+            return;
+        }
+        if answered {
             fe::query(&mut server.wbuf, &format!("{begin}; SELECT"));
         } else {
             fe::query(&mut server.wbuf, &begin);
-            if cache.fill.is_none() {
-                // Its first statement on the server (not a read the cache fills) may still
-                // set the isolation (`SET TRANSACTION`): asked at the next read the cache
-                // would answer.
-                cache.read_committed = None;
-            }
         }
         // pgmemo's own query, not the client's work in flight (autoprepare runs the block's
         // statement behind it); an error of it, which PostgreSQL never gives to a BEGIN it
@@ -172,5 +273,308 @@ fn may_be_control(text: &[u8]) -> bool {
         Some(b'b' | b'c' | b'e' | b'r' | b'a') => true,
         Some(b's') => letters.next() == Some(b't'),
         _ => false,
+    }
+}
+
+/// What goes to a server later for a `BEGIN`'s text: trimmed, without its final `;`.
+fn begin_text(text: &[u8]) -> Box<str> {
+    let begin = std::str::from_utf8(text).unwrap_or("BEGIN").trim_ascii();
+    begin.strip_suffix(';').unwrap_or(begin).into()
+}
+
+/// A transaction-control unit of the extended protocol, read by [`control_unit`].
+struct ControlUnit<'a> {
+    /// The unnamed statement's Parse, when the unit has one.
+    parse: Option<fe::Parse<'a>>,
+    /// The statement the Bind names (empty after a Parse).
+    statement: &'a [u8],
+    /// The unit has a Describe of the portal.
+    described: bool,
+    /// Bytes of the whole unit.
+    len: usize,
+}
+
+/// Reads `[Parse] Bind [Describe portal] Execute` at the start of `input`, all there: a Parse
+/// of the unnamed statement with no parameter types whose text may be a transaction control
+/// statement, a Bind of the unnamed portal with no parameters (and at most one result format,
+/// 0 or 1), a Describe and an Execute of that portal. None for anything else, which
+/// goes its usual way.
+fn control_unit(input: &[u8]) -> Option<ControlUnit<'_>> {
+    let mut at = 0;
+    let mut next = || -> Option<(u8, &[u8])> {
+        let (tag, len) = crate::protocol::frame(&input[at..], usize::MAX).ok()??;
+        let body = &input[at + 5..at + len];
+        at += len;
+        Some((tag, body))
+    };
+    let (mut tag, mut body) = next()?;
+    let mut parse = None;
+    if tag == fe::PARSE {
+        // A look at the text's first letter before anything else (every Parse comes here).
+        let p = fe::Parse::parse(body)?;
+        if !p.name.is_empty()
+            || p.query.len() > MAX_CONTROL_LEN
+            || !may_be_control(p.query)
+            || p.param_types != [0, 0]
+        {
+            return None;
+        }
+        parse = Some(p);
+        (tag, body) = next()?;
+    }
+    if tag != fe::BIND {
+        return None;
+    }
+    let bind = fe::Bind::parse(body)?;
+    if !bind.portal.is_empty()
+        || (parse.is_some() && !bind.statement.is_empty())
+        || !plain_bind(bind.rest)
+    {
+        return None;
+    }
+    (tag, body) = next()?;
+    let mut described = false;
+    if tag == fe::DESCRIBE {
+        let d = fe::Target::parse(body)?;
+        if d.kind != b'P' || !d.name.is_empty() {
+            return None;
+        }
+        described = true;
+        (tag, body) = next()?;
+    }
+    let e = fe::Execute::parse(body).filter(|_| tag == fe::EXECUTE)?;
+    // Any row limit: PostgreSQL runs a transaction statement's portal to its end whatever the
+    // limit (pgjdbc sends 1 for COMMIT and ROLLBACK).
+    if !e.portal.is_empty() {
+        return None;
+    }
+    Some(ControlUnit {
+        parse,
+        statement: bind.statement,
+        described,
+        len: at,
+    })
+}
+
+/// A Bind's formats and values (after its names) for a statement without parameters or
+/// rows, as drivers send it: no parameter formats, no values, no result format or one that is
+/// text or binary.
+fn plain_bind(rest: &[u8]) -> bool {
+    matches!(rest, [0, 0, 0, 0, 0, 0] | [0, 0, 0, 0, 0, 1, 0, 0 | 1])
+}
+
+/// Whether the client's messages at the start of `input` (those there, up to a Sync) use the
+/// unnamed portal before they bind it: an Execute, or a Describe or Close of the portal, before
+/// a Bind of it or a Query (which drops it).
+fn uses_unnamed_portal(input: &[u8]) -> bool {
+    let mut at = 0;
+    while let Ok(Some((tag, len))) = crate::protocol::frame(&input[at..], usize::MAX) {
+        let body = &input[at + 5..at + len];
+        at += len;
+        match tag {
+            fe::EXECUTE => {
+                if fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()) {
+                    return true;
+                }
+            }
+            fe::DESCRIBE | fe::CLOSE => {
+                if fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty()) {
+                    return true;
+                }
+            }
+            fe::BIND => {
+                if fe::Bind::parse(body).is_none_or(|b| b.portal.is_empty()) {
+                    return false;
+                }
+            }
+            fe::PARSE | fe::FLUSH => {}
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// A kept block's `BEGIN` in the extended protocol, ahead of the client's message that uses
+/// its portal: Parse, Bind and Execute of the unnamed statement and portal, then a Close of
+/// the statement (pgmemo leaves no unnamed statement on a server; the client's is tracked),
+/// every reply swallowed but an error.
+fn extended_begin(
+    out: &mut bytes::BytesMut,
+    replies: &mut crate::replies::ReplyQueue,
+    begin: &str,
+) {
+    use crate::protocol::{put_cstr, write_message};
+    write_message(out, fe::PARSE, |m| {
+        put_cstr(m, b"");
+        put_cstr(m, begin.as_bytes());
+        m.extend_from_slice(&[0, 0]);
+    });
+    write_message(out, fe::BIND, |m| {
+        put_cstr(m, b"");
+        put_cstr(m, b"");
+        m.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    });
+    write_message(out, fe::EXECUTE, |m| {
+        put_cstr(m, b"");
+        m.extend_from_slice(&0i32.to_be_bytes());
+    });
+    write_message(out, fe::CLOSE, |m| {
+        m.extend_from_slice(b"S");
+        put_cstr(m, b"");
+    });
+    for expected in [
+        Expected::Parse,
+        Expected::Bind,
+        Expected::Execute,
+        Expected::Close,
+    ] {
+        replies.push_entry(Entry {
+            expected,
+            action: Action::Skip,
+            effect: None,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+
+    fn parse(out: &mut BytesMut, name: &str, sql: &str) {
+        fe::Parse {
+            name: name.as_bytes(),
+            query: sql.as_bytes(),
+            param_types: &[0, 0],
+        }
+        .encode(name.as_bytes(), out);
+    }
+
+    fn bind(out: &mut BytesMut, portal: &str, statement: &str, rest: &[u8]) {
+        crate::protocol::write_message(out, fe::BIND, |m| {
+            crate::protocol::put_cstr(m, portal.as_bytes());
+            crate::protocol::put_cstr(m, statement.as_bytes());
+            m.extend_from_slice(rest);
+        });
+    }
+
+    fn execute(out: &mut BytesMut, portal: &str, max_rows: i32) {
+        crate::protocol::write_message(out, fe::EXECUTE, |m| {
+            crate::protocol::put_cstr(m, portal.as_bytes());
+            m.extend_from_slice(&max_rows.to_be_bytes());
+        });
+    }
+
+    fn target(out: &mut BytesMut, tag: u8, kind: u8, name: &str) {
+        crate::protocol::write_message(out, tag, |m| {
+            m.extend_from_slice(&[kind]);
+            crate::protocol::put_cstr(m, name.as_bytes());
+        });
+    }
+
+    const PLAIN: &[u8] = &[0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn reads_a_control_unit() {
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "BEGIN");
+        bind(&mut b, "", "", PLAIN);
+        execute(&mut b, "", 1);
+        let len = b.len();
+        fe::sync(&mut b);
+        let unit = control_unit(&b).expect("a unit");
+        assert!(unit.parse.is_some() && !unit.described && unit.len == len);
+        // Bind and Describe of a named statement, no Parse.
+        let mut b = BytesMut::new();
+        bind(&mut b, "", "S_1", &[0, 0, 0, 0, 0, 1, 0, 0]);
+        target(&mut b, fe::DESCRIBE, b'P', "");
+        execute(&mut b, "", 0);
+        let unit = control_unit(&b).expect("a unit");
+        assert!(unit.parse.is_none() && unit.described && unit.statement == b"S_1");
+    }
+
+    /// Writes a message.
+    type Write = dyn Fn(&mut BytesMut);
+
+    /// Parse, Bind and Execute of the unnamed BEGIN, one of them (`at`) replaced by `other`.
+    fn with(at: usize, other: &Write) -> BytesMut {
+        let mut b = BytesMut::new();
+        for i in 0..3 {
+            match i {
+                _ if i == at => other(&mut b),
+                0 => parse(&mut b, "", "BEGIN"),
+                1 => bind(&mut b, "", "", PLAIN),
+                _ => execute(&mut b, "", 0),
+            }
+        }
+        fe::sync(&mut b);
+        b
+    }
+
+    #[test]
+    fn leaves_other_units_alone() {
+        let cases: [(usize, &Write, &str); 8] = [
+            (0, &|b| parse(b, "s", "BEGIN"), "a named statement's Parse"),
+            (0, &|b| parse(b, "", "SELECT 1"), "no transaction control"),
+            (1, &|b| bind(b, "p", "", PLAIN), "a named portal"),
+            (
+                1,
+                &|b| bind(b, "", "", &[0, 0, 0, 1, 0, 0, 0, 1, b'x', 0, 0]),
+                "a parameter",
+            ),
+            (
+                1,
+                &|b| bind(b, "", "", &[0, 0, 0, 0, 0, 2, 0, 0, 0, 0]),
+                "two result formats",
+            ),
+            (
+                1,
+                &|b| bind(b, "", "x", PLAIN),
+                "another statement than the Parse's",
+            ),
+            (
+                2,
+                &|b| target(b, fe::DESCRIBE, b'S', ""),
+                "a Describe of the statement",
+            ),
+            (2, &|b| execute(b, "p", 0), "another portal"),
+        ];
+        for (at, other, what) in cases {
+            assert!(control_unit(&with(at, other)).is_none(), "{what}");
+        }
+        assert!(control_unit(&with(3, &|_| {})).is_some());
+        // Not all there.
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "BEGIN");
+        bind(&mut b, "", "", PLAIN);
+        assert!(control_unit(&b).is_none());
+    }
+
+    #[test]
+    fn finds_the_unnamed_portal_used_before_it_is_bound() {
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "SELECT 1");
+        execute(&mut b, "", 0);
+        assert!(uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        target(&mut b, fe::CLOSE, b'P', "");
+        assert!(uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        target(&mut b, fe::CLOSE, b'S', "");
+        target(&mut b, fe::DESCRIBE, b'P', "");
+        assert!(uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        parse(&mut b, "", "SELECT 1");
+        bind(&mut b, "", "", PLAIN);
+        execute(&mut b, "", 0);
+        assert!(!uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        fe::query(&mut b, "SELECT 1");
+        execute(&mut b, "", 0);
+        assert!(!uses_unnamed_portal(&b));
+        let mut b = BytesMut::new();
+        fe::sync(&mut b);
+        execute(&mut b, "", 0);
+        assert!(!uses_unnamed_portal(&b));
     }
 }

@@ -72,7 +72,7 @@ impl Session {
                 self.info.note_request(self.app.unix_secs(now_us));
             }
             let query_text_len = self.find_query_text(tag, len);
-            if self.transaction_control(tag, len, query_text_len) {
+            if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag) {
                 continue; // a block kept without a server opened or ended
             }
             if self.cache_may_answer(tag) {
@@ -195,7 +195,16 @@ impl Session {
         if self.server.is_none() {
             return match tag {
                 fe::TERMINATE => Next::End(End::Terminate),
-                // In a block kept without a server, everything else is the block's.
+                // In a block kept without a server, a Sync is answered as PostgreSQL would
+                // (the block is open), a Flush has nothing to flush, and everything else is
+                // the block's.
+                fe::SYNC | fe::FLUSH if len == 5 && self.keeps_block() => {
+                    if tag == fe::SYNC {
+                        be::ready_for_query(&mut self.client.wbuf, b'T');
+                    }
+                    self.client.rbuf.advance(len);
+                    Next::Done
+                }
                 _ if self.keeps_block() => Next::Acquire,
                 // With no server held the session is idle: a lone Sync is answered as
                 // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
