@@ -1844,6 +1844,55 @@ async fn extended_statements_read_hints_in_any_comment() {
     assert_eq!(bypassed(&proxy, "nocache hint"), 3);
 }
 
+/// A statement that differs from another only in a per-request comment (sqlcommenter's
+/// trace id appended to every query, as psycopg 3, pgx or JDBC send it in the extended
+/// protocol) shares its entries: the comment is not part of the key, and a server's
+/// acceptance of one is the other's (PostgreSQL reads a comment as a space). Each answer is
+/// PostgreSQL's.
+#[tokio::test]
+async fn a_per_request_comment_in_a_statement_shares_the_entry() {
+    const DB: &str = "cache_trace_extended";
+    setup(
+        DB,
+        "CREATE TABLE x (id int PRIMARY KEY, v text);
+         INSERT INTO x SELECT i, 'x' || i FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("x", "FROM x")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let traced = |n| format!("SELECT v FROM x WHERE id = $1 /*{}*/", traceparent(n));
+    let expected = unnamed(&mut direct, &traced(1), "3").await;
+    // The first request's statement goes to a server (twice: stored at the second).
+    for _ in 0..2 {
+        assert_eq!(unnamed(&mut through, &traced(1), "3").await, expected);
+    }
+    let (hits, ..) = stats(&proxy, "x");
+    for n in 2..6 {
+        assert_eq!(
+            unnamed(&mut through, &traced(n), "3").await,
+            expected,
+            "request {n}"
+        );
+    }
+    assert_eq!(
+        stats(&proxy, "x").0,
+        hits + 4,
+        "every later request's statement is a hit"
+    );
+    // Another value is another entry; a comment inside a string is not a comment.
+    let other = unnamed(&mut direct, &traced(9), "4").await;
+    assert_eq!(unnamed(&mut through, &traced(9), "4").await, other);
+    let quoted = "SELECT v FROM x WHERE id = $1 AND v <> '/*x*/'";
+    let expected = unnamed(&mut direct, quoted, "3").await;
+    assert_eq!(unnamed(&mut through, quoted, "3").await, expected);
+}
+
 /// `sql` as an extended-protocol unit of the unnamed statement and portal: Parse, Bind (no
 /// parameters), Execute, as JDBC sends `BEGIN` and `COMMIT`.
 fn unit(sql: &str) -> Vec<Frontend> {

@@ -802,9 +802,11 @@ impl ResultCache {
         )
     }
 
-    /// Looks up an extended-protocol `batch` that runs `statement`: keyed by the statement,
-    /// whether the portal is described, the Execute's row limit and the Bind's formats,
-    /// values and result formats.
+    /// Looks up an extended-protocol `batch` that runs `statement`: keyed by the statement
+    /// (by its text and parameter types when it has comments, which are not part of the key:
+    /// statements that differ only in a per-request comment share entries), whether the
+    /// portal is described, the Execute's row limit and the Bind's formats, values and
+    /// result formats.
     pub fn lookup_statement(
         &self,
         client: &mut ClientCache,
@@ -816,8 +818,22 @@ impl ResultCache {
         let analysis = statement_analysis(statement);
         client.key.clear();
         client.key.extend_from_slice(&client.context);
-        client.key.push(b'E');
-        client.key.extend_from_slice(&statement.id.to_le_bytes());
+        match &statement.cache_text {
+            None => {
+                client.key.push(b'E');
+                client.key.extend_from_slice(&statement.id.to_le_bytes());
+            }
+            Some(text) => {
+                client.key.push(b'e');
+                let types = &statement.key.param_types;
+                for part in [&text[..], &types[..]] {
+                    client
+                        .key
+                        .extend_from_slice(&(part.len() as u32).to_le_bytes());
+                    client.key.extend_from_slice(part);
+                }
+            }
+        }
         client.key.push(u8::from(batch.describe));
         client.key.extend_from_slice(&batch.max_rows.to_le_bytes());
         client.key.extend_from_slice(batch.bind.rest);

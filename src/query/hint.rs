@@ -149,6 +149,32 @@ pub fn read_statement(sql: &[u8]) -> Hints {
     }
 }
 
+/// The text of a statement of the extended protocol with each comment as one space (what
+/// PostgreSQL reads it as), when it has comments: statements that differ only in a comment
+/// (a trace id, a request id appended per request by sqlcommenter or Rails' QueryLogs) have
+/// one result, so the result cache keys them alike. None: no comment, or where they are is
+/// not known (the lexer refuses the text): the text as it is then.
+pub fn without_comments(sql: &[u8]) -> Option<Box<[u8]>> {
+    if memchr::memmem::find(sql, b"/*").is_none() && memchr::memmem::find(sql, b"--").is_none() {
+        return None;
+    }
+    let mut lexed = super::lexer::Lexed::default();
+    super::lexer::comments(sql, &mut lexed).ok()?;
+    if lexed.comment_spans.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(sql.len());
+    let mut at = 0;
+    for &(start, end) in &lexed.comment_spans {
+        let (start, end) = (start as usize, end as usize);
+        out.extend_from_slice(sql.get(at..start)?);
+        out.push(b' ');
+        at = end;
+    }
+    out.extend_from_slice(sql.get(at..)?);
+    Some(out.into_boxed_slice())
+}
+
 /// Logs a malformed hint of the query whose (normalized) text is `text`, once per shape or
 /// statement: `warned` is the flag kept with it.
 pub fn warn_once(warned: &AtomicBool, why: Malformed, text: &[u8]) {

@@ -385,7 +385,7 @@ impl Session {
                 None => return Ok(false),
             },
         };
-        if !statement.is_validated() || statement.hidden.is_some() {
+        if !statement.accepted_as_cached() || statement.hidden.is_some() {
             return Ok(false);
         }
         let settings = self.pool.settings_now();

@@ -105,6 +105,13 @@ pub struct Statement {
     /// malformed one was logged.
     pub cache_hints: std::sync::OnceLock<crate::query::hint::Hints>,
     pub hint_warned: AtomicBool,
+    /// Its text without its comments, when it has some (see
+    /// [`crate::query::hint::without_comments`]): the result cache's key.
+    pub cache_text: Option<Box<[u8]>>,
+    /// With `cache_text`: whether a server accepted a statement of that text (same context,
+    /// epoch and parameter types), shared by every statement of it (see
+    /// [`Statement::accepted_as_cached`]).
+    pub same_text_validated: Option<Arc<AtomicBool>>,
     /// Its shape, whose figures SHOW QUERIES shows: linked at the first execution a client
     /// asks for, not per execution (see [`Statement::shape`]).
     shape: std::sync::OnceLock<Option<Arc<Shape>>>,
@@ -180,6 +187,8 @@ impl Statement {
             cache_analysis: std::sync::OnceLock::new(),
             cache_hints: std::sync::OnceLock::new(),
             hint_warned: AtomicBool::new(false),
+            cache_text: None,
+            same_text_validated: None,
             shape: std::sync::OnceLock::new(),
         }
     }
@@ -258,7 +267,30 @@ impl Statement {
     pub fn mark_validated(&self) {
         if !self.validated.load(Ordering::Relaxed) {
             self.validated.store(true, Ordering::Release);
+            if let Some(same) = &self.same_text_validated {
+                same.store(true, Ordering::Release);
+            }
         }
+    }
+
+    /// Whether the result cache may answer it: a server accepted it, or another statement
+    /// that differs from it only in comments (a per-request trace id: PostgreSQL reads a
+    /// comment as a space, so the two are the same statement to it).
+    pub fn accepted_as_cached(&self) -> bool {
+        self.is_validated()
+            || self
+                .same_text_validated
+                .as_ref()
+                .is_some_and(|v| v.load(Ordering::Acquire))
+    }
+
+    /// Its key with its comments dropped, when it has any.
+    pub fn key_without_comments(&self) -> Option<StatementKey> {
+        let text = self.cache_text.as_ref()?;
+        Some(StatementKey {
+            query: Bytes::copy_from_slice(text),
+            ..self.key.clone()
+        })
     }
 
     pub fn is_rejected(&self) -> bool {

@@ -24,6 +24,9 @@ pub struct Registry {
     epochs: Mutex<HashMap<String, Arc<AtomicU32>>>,
     /// The next private context (see [`Registry::private_context`]).
     next_private: AtomicU32,
+    /// Per statement key with comments dropped, whether a server accepted a statement of it
+    /// (see [`Statement::accepted_as_cached`]); purged with the statements.
+    same_text: papaya::HashMap<StatementKey, Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Private contexts are numbered from here; shared ones count up from 1.
@@ -68,6 +71,7 @@ impl Registry {
             released: AtomicUsize::new(0),
             epochs: Mutex::new(HashMap::new()),
             next_private: AtomicU32::new(FIRST_PRIVATE_CONTEXT),
+            same_text: papaya::HashMap::new(),
         }
     }
 
@@ -145,10 +149,17 @@ impl Registry {
         if let Some(s) = map.get(&key) {
             return (s.clone(), true);
         }
-        let fresh = Arc::new(Statement::new(
+        let mut fresh = Statement::new(
             NEXT_STATEMENT_ID.fetch_add(1, Ordering::Relaxed),
             key.clone(),
-        ));
+        );
+        fresh.cache_text = crate::query::hint::without_comments(&key.query);
+        if let Some(clean) = fresh.key_without_comments() {
+            let same = self.same_text.pin();
+            fresh.same_text_validated =
+                Some(same.get_or_insert_with(clean, Default::default).clone());
+        }
+        let fresh = Arc::new(fresh);
         match map.try_insert(key, fresh.clone()) {
             Ok(_) => (fresh, false),
             // Another session registered it between our get and insert: use theirs.
@@ -173,6 +184,7 @@ impl Registry {
         self.statements
             .pin()
             .retain(|_, s| Arc::strong_count(s) > 1);
+        self.same_text.pin().retain(|_, v| Arc::strong_count(v) > 1);
         before.saturating_sub(self.statements.len())
     }
 
