@@ -309,6 +309,15 @@ const CASES: &[Case] = &[
         changed: &["SELECT v FROM tokens WHERE id = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"],
         kept: &["SELECT v FROM tokens WHERE id = 'b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"],
     },
+    // A number written into a text key is stored as the number's text: '1000', not '1e3'.
+    Case {
+        write: "INSERT INTO named (name, v) VALUES (1e3, 5), (007, 6)",
+        changed: &[
+            "SELECT v FROM named WHERE name = '1000'",
+            "SELECT v FROM named WHERE name = '7'",
+        ],
+        kept: &[],
+    },
     Case {
         write: "UPDATE named SET v = 10 WHERE name = 'ann'",
         changed: &["SELECT v FROM named WHERE name = 'ann'"],

@@ -73,8 +73,11 @@ pub struct RowKey {
 /// A value as it was given.
 #[derive(Debug, Clone, Copy)]
 pub enum Given<'a> {
-    /// In text form (a literal, a text-format parameter, the WAL).
+    /// In text form (a string literal, a text-format parameter, the WAL).
     Text(&'a [u8]),
+    /// A number literal as written (`7`, `007`, `1.5`, `1e3`): PostgreSQL reads it as a
+    /// number first, so into a text column it goes as the number's own text.
+    Number(&'a [u8]),
     /// A binary-format parameter, with the type OID the statement declared for it (0: the
     /// server infers it: the column's, or the cast's).
     Binary(&'a [u8], u32),
@@ -102,9 +105,10 @@ impl<'a> Values<'a> {
                 let literal = lexed.parameters().nth(i)?;
                 use crate::query::lexer::Kind;
                 match literal.kind {
-                    Kind::Int4 | Kind::Int8 | Kind::Numeric | Kind::Text => {
-                        Some(Given::Text(lexed.value(literal)))
+                    Kind::Int4 | Kind::Int8 | Kind::Numeric => {
+                        Some(Given::Number(lexed.value(literal)))
                     }
+                    Kind::Text => Some(Given::Text(lexed.value(literal))),
                     _ => None,
                 }
             }
@@ -168,7 +172,7 @@ pub(super) fn canonical(
     }
     match (ty, given) {
         (_, Given::Null) => None,
-        (KeyType::Integer(_), Given::Text(t)) => {
+        (KeyType::Integer(_), Given::Text(t) | Given::Number(t)) => {
             let t = std::str::from_utf8(t)
                 .ok()?
                 .trim_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
@@ -196,6 +200,16 @@ pub(super) fn canonical(
             };
             h.write_u8(b'i');
             h.write_i64(v);
+            Some(())
+        }
+        // An integer written into a text column is its decimal text (`007` is `7`); any other
+        // number's text is PostgreSQL's numeric output (`1e3` is `1000`): not followed.
+        (KeyType::Text, Given::Number(t)) => {
+            let v: i64 = std::str::from_utf8(t).ok()?.parse().ok()?;
+            let t = v.to_string();
+            h.write_u8(b't');
+            h.write_usize(t.len());
+            h.write(t.as_bytes());
             Some(())
         }
         (KeyType::Text, Given::Text(t) | Given::Binary(t, 0 | TEXT | VARCHAR)) => {
@@ -261,6 +275,11 @@ fn slot_of_key<'v>(
 pub(super) fn given<'v>(source: &'v Source, values: &Values<'v>) -> Option<Given<'v>> {
     match &source.origin {
         Origin::Param(n) => values.param(*n),
+        Origin::Const {
+            value: Some(v),
+            number: true,
+            ..
+        } => Some(Given::Number(v.as_bytes())),
         Origin::Const { value: Some(v), .. } => Some(Given::Text(v.as_bytes())),
         Origin::Const { value: None, .. } => Some(Given::Null),
     }
@@ -664,6 +683,20 @@ mod tests {
             &v
         )
         .is_none());
+    }
+
+    #[test]
+    fn a_number_written_into_a_text_key_is_its_decimal_text() {
+        let v = Versions::new(1 << 20);
+        let k = key(&[("k", KeyType::Text)]);
+        let seven = wal(&k, &v, &[("k", "7")]);
+        let w = |sql: &str| write_slots(sql, &k, Values::None, &v);
+        assert_eq!(w("INSERT INTO t (k) VALUES (007)"), Some(vec![seven]));
+        assert_eq!(w("INSERT INTO t (k) VALUES ('7')"), Some(vec![seven]));
+        // PostgreSQL stores '007' for the string, '1000' for 1e3, '7.0' for 7.0.
+        assert_ne!(w("INSERT INTO t (k) VALUES ('007')"), Some(vec![seven]));
+        assert_eq!(w("INSERT INTO t (k) VALUES (1e3)"), None);
+        assert_eq!(w("INSERT INTO t (k) VALUES (7.0)"), None);
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub enum Origin {
     Const {
         location: u32,
         value: Option<Box<str>>,
+        /// A number (`7`, `1.5`, `1e3`), not a string: written into a text column it is
+        /// the number's text (`1e3` as `1000`), not its spelling.
+        number: bool,
     },
 }
 
@@ -385,10 +388,11 @@ fn source(node: &Value) -> Option<Source> {
     }
     let c = n.get("AConst")?;
     let location = u32::try_from(c["location"].as_i64()?).ok()?;
+    let v = &c["val"];
+    let number = v.get("Ival").is_some() || v.get("Fval").is_some();
     let value = if c["isnull"].as_bool() == Some(true) {
         None
     } else {
-        let v = &c["val"];
         Some(if let Some(i) = v["Ival"].as_object() {
             // Protobuf leaves a zero out.
             i.get("ival")
@@ -405,7 +409,11 @@ fn source(node: &Value) -> Option<Source> {
         })
     };
     Some(Source {
-        origin: Origin::Const { location, value },
+        origin: Origin::Const {
+            location,
+            value,
+            number,
+        },
         cast: None,
     })
 }
@@ -610,7 +618,8 @@ mod tests {
                     "k",
                     &Origin::Const {
                         location: x,
-                        value: Some("x".into())
+                        value: Some("x".into()),
+                        number: false,
                     }
                 ),
                 ("id", &Origin::Param(1)),
