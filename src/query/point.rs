@@ -559,15 +559,28 @@ mod tests {
         assert_eq!(rows[0][1], None);
         assert_eq!(conflict.as_deref(), Some(&["id".into()] as &[Box<str>]));
         assert_eq!(w.sets, vec!["v".into()] as Vec<Box<str>>);
-        // More than the text says: not named.
-        assert!(row_write(&tree("UPDATE t SET v = 1 FROM u WHERE t.id = u.id")).is_none());
-        assert!(row_write(&tree("DELETE FROM t USING u WHERE t.id = 1")).is_none());
+        // More than the text says: no row named, but what an UPDATE assigns still is.
+        for (sql, sets) in [
+            ("UPDATE t SET v = 1 FROM u WHERE t.id = u.id", &["v"][..]),
+            ("DELETE FROM t USING u WHERE t.id = 1", &[][..]),
+            (
+                "UPDATE t SET v = 1, w = 2 WHERE id = (SELECT 1)",
+                &["v", "w"][..],
+            ),
+        ] {
+            let w = row_write(&tree(sql)).unwrap();
+            assert_eq!(w.rows, Rows::Filter(vec![]), "{sql}");
+            assert_eq!(
+                w.sets.iter().map(|s| &**s).collect::<Vec<_>>(),
+                sets,
+                "{sql}"
+            );
+        }
         assert!(row_write(&tree("INSERT INTO t SELECT * FROM u")).is_none());
         assert!(row_write(&tree(
             "WITH x AS (SELECT 1) UPDATE t SET v = 1 WHERE id = 1"
         ))
         .is_none());
-        assert!(row_write(&tree("UPDATE t SET v = 1 WHERE id = (SELECT 1)")).is_none());
         assert!(row_write(&tree("INSERT INTO t (id) VALUES ((SELECT 1))")).is_none());
         // The rows of an UPDATE without a WHERE, or with an OR, are not named: no column.
         let w = row_write(&tree("UPDATE t SET v = 1 WHERE id = 1 OR id = 2")).unwrap();
