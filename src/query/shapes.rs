@@ -339,16 +339,26 @@ impl Shapes {
     #[cold]
     #[inline(never)]
     fn remember(&self, lexed: &Lexed, collides: bool) -> Arc<Shape> {
-        let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
-        key.extend_from_slice(&lexed.text);
-        key.extend(lexed.literals.iter().map(|l| l.kind.code()));
-        let shape = new_shape(lexed.shape, key, lexed.text.len(), Of::Lexed);
+        let make = || {
+            let mut key = Vec::with_capacity(lexed.text.len() + lexed.literals.len());
+            key.extend_from_slice(&lexed.text);
+            key.extend(lexed.literals.iter().map(|l| l.kind.code()));
+            new_shape(lexed.shape, key, lexed.text.len(), Of::Lexed)
+        };
         // A different text with the same hash keeps the place it took first; this one is
         // counted and decided on its own, unshared.
-        if !collides {
-            self.table.insert(lexed.shape, shape.clone());
+        if collides {
+            return make();
         }
-        shape
+        // Two sessions meeting a new shape at once get the same one (a second made and put
+        // in place of the first would lose the first one's calls).
+        let shape = self
+            .table
+            .get_or_insert_with(&lexed.shape, || Ok::<_, std::convert::Infallible>(make()));
+        match shape {
+            Ok(shape) if shape.is_of(lexed) => shape,
+            _ => make(),
+        }
     }
 
     /// The shape of a text the lexer refused: the text itself.
@@ -360,11 +370,17 @@ impl Shapes {
             Some(_) => true,
             None => false,
         };
-        let shape = new_shape(hash, sql.to_vec(), sql.len(), Of::Raw);
-        if !collides {
-            self.table.insert(hash, shape.clone());
+        let make = || new_shape(hash, sql.to_vec(), sql.len(), Of::Raw);
+        if collides {
+            return make();
         }
-        shape
+        match self
+            .table
+            .get_or_insert_with(&hash, || Ok::<_, std::convert::Infallible>(make()))
+        {
+            Ok(shape) if shape.raw && *shape.key == *sql => shape,
+            _ => make(),
+        }
     }
 
     /// The shape of a prepared statement whose text is `sql` (None: longer than the lexer
@@ -390,11 +406,16 @@ impl Shapes {
             None => false,
         };
         let len = text.len();
-        let shape = new_shape(hash, text, len, Of::Extended);
-        if !collides {
-            self.table.insert(hash, shape.clone());
+        if collides {
+            return Some(new_shape(hash, text, len, Of::Extended));
         }
-        Some(shape)
+        let shape = self.table.get_or_insert_with(&hash, || {
+            Ok::<_, std::convert::Infallible>(new_shape(hash, text.clone(), len, Of::Extended))
+        });
+        Some(match shape {
+            Ok(shape) if shape.extended && *shape.key == *text => shape,
+            _ => new_shape(hash, text, len, Of::Extended),
+        })
     }
 }
 

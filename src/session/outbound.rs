@@ -156,7 +156,8 @@ impl Session {
         match tag {
             be::READY_FOR_QUERY => self.note_ready(len, route),
             be::PARAMETER_STATUS => self.note_parameter_status(len, route),
-            be::COMMAND_COMPLETE => self.note_rows(len),
+            // pgmemo's own queries (a parameter sync, a probe) are not the client's rows.
+            be::COMMAND_COMPLETE if route == Route::Forward => self.note_rows(len),
             be::ERROR_RESPONSE => {
                 let server = self.server.as_mut().expect("a server is held");
                 let fields = ErrorFields::parse(body(&server.rbuf[..len])).unwrap_or_default();
