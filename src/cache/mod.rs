@@ -1587,15 +1587,10 @@ pub struct Batch<'a> {
 /// Reads the batch at the start of `input`, if it is one the cache handles.
 pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
     use crate::protocol::frontend::{self as fe, Bind, Execute, Parse, Target};
-    let mut at = 0;
     // A message not all there, or with an impossible length, ends the batch: the session's
     // own framing deals with it.
-    let mut next = || -> Option<(u8, &[u8])> {
-        let (tag, len) = crate::protocol::frame(&input[at..], usize::MAX).ok()??;
-        let body = &input[at + 5..at + len];
-        at += len;
-        Some((tag, body))
-    };
+    let mut messages = crate::protocol::messages(input);
+    let mut next = || messages.next();
     let (mut tag, mut body) = next()?;
     let mut parse = None;
     if tag == fe::PARSE {
@@ -1640,7 +1635,7 @@ pub fn batch(input: &[u8]) -> Option<Batch<'_>> {
         bind,
         describe,
         max_rows,
-        len: at,
+        len: messages.at,
     })
 }
 

@@ -68,6 +68,29 @@ pub fn body(msg: &[u8]) -> &[u8] {
 
 /// Where the next complete message in `buf` ends, if it is all there.
 ///
+/// The complete messages at the start of a buffer, in order, as (tag, body): up to the first
+/// that is not all there or has an impossible length (the session's own framing deals with
+/// that one). `at`: the bytes read so far.
+pub struct Messages<'a> {
+    input: &'a [u8],
+    pub at: usize,
+}
+
+pub fn messages(input: &[u8]) -> Messages<'_> {
+    Messages { input, at: 0 }
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = (u8, &'a [u8]);
+
+    fn next(&mut self) -> Option<(u8, &'a [u8])> {
+        let (tag, len) = frame(&self.input[self.at..], usize::MAX).ok()??;
+        let body = &self.input[self.at + 5..self.at + len];
+        self.at += len;
+        Some((tag, body))
+    }
+}
+
 /// Returns `Ok(Some((tag, len)))` where `len` is the whole message including the tag byte and
 /// the length field, `Ok(None)` when more bytes are needed, and an error when the length field
 /// is impossible (then the stream is out of sync and must be dropped).

@@ -300,13 +300,8 @@ struct ControlUnit<'a> {
 /// 0 or 1), a Describe and an Execute of that portal. None for anything else, which
 /// goes its usual way.
 fn control_unit(input: &[u8]) -> Option<ControlUnit<'_>> {
-    let mut at = 0;
-    let mut next = || -> Option<(u8, &[u8])> {
-        let (tag, len) = crate::protocol::frame(&input[at..], usize::MAX).ok()??;
-        let body = &input[at + 5..at + len];
-        at += len;
-        Some((tag, body))
-    };
+    let mut messages = crate::protocol::messages(input);
+    let mut next = || messages.next();
     let (mut tag, mut body) = next()?;
     let mut parse = None;
     if tag == fe::PARSE {
@@ -352,7 +347,7 @@ fn control_unit(input: &[u8]) -> Option<ControlUnit<'_>> {
         parse,
         statement: bind.statement,
         described,
-        len: at,
+        len: messages.at,
     })
 }
 
