@@ -52,7 +52,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::process::Command;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
@@ -509,52 +509,9 @@ async fn node_postgres_named_queries() {
 // Java pgjdbc
 // ---------------------------------------------------------------------------------------------
 
-/// The newest modification time of the files under `dir`.
-fn newest_mtime(dir: &Path) -> SystemTime {
-    let mut newest = SystemTime::UNIX_EPOCH;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if let Ok(entries) = std::fs::read_dir(&p) {
-                stack.extend(entries.flatten().map(|e| e.path()));
-            }
-        } else if let Ok(m) = meta.modified() {
-            newest = newest.max(m);
-        }
-    }
-    newest
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgjdbc_prepare_threshold_1() {
-    let src = drivers_dir("java");
-    let build_dir = tool_dir().join("java-driver");
-    let jar = build_dir.join("pgjdbc-check.jar");
-    let built = std::fs::metadata(&jar).and_then(|m| m.modified()).ok();
-    let sources = newest_mtime(&src.join("src")).max(newest_mtime(&src.join("pom.xml")));
-    if built.is_none_or(|b| b < sources) {
-        let mut build = Command::new("mvn");
-        build
-            .args([
-                "-q",
-                "-B",
-                "package",
-                "-Dmaven.test.skip=true",
-                "-Dstyle.color=never",
-            ])
-            .arg(format!("-Dpgmemo.buildDir={}", build_dir.display()))
-            .arg("-f")
-            .arg(src.join("pom.xml"));
-        prepare_step(
-            build,
-            "building tests/drivers/java with Maven (mvn and Maven Central are needed; \
-             scripts/setup builds it)",
-        )
-        .await;
-    }
+    let jar = pgjdbc_jar().await;
     driver_matrix(DRIVERS[7], "pgjdbc", |t: Target| {
         let jar = jar.clone();
         async move {

@@ -2233,55 +2233,6 @@ async fn linked_servers(admin: &tokio_postgres::Client, database: &str) -> u64 {
         .sum()
 }
 
-/// The time `path` or the newest file under it was changed.
-fn newest_mtime(path: &std::path::Path) -> std::time::SystemTime {
-    let mut newest = std::time::SystemTime::UNIX_EPOCH;
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if let Ok(entries) = std::fs::read_dir(&p) {
-                stack.extend(entries.flatten().map(|e| e.path()));
-            }
-        } else if let Ok(m) = meta.modified() {
-            newest = newest.max(m);
-        }
-    }
-    newest
-}
-
-/// tests/drivers/java's jar (pgjdbc shaded in), built with Maven into the cargo target dir
-/// when its sources are newer (as tests/prepared_drivers.rs builds it).
-async fn pgjdbc_jar() -> std::path::PathBuf {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/java");
-    let build_dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("java-driver");
-    let jar = build_dir.join("pgjdbc-check.jar");
-    let built = std::fs::metadata(&jar).and_then(|m| m.modified()).ok();
-    if built.is_none_or(|b| b < newest_mtime(&src)) {
-        let mut build = tokio::process::Command::new("mvn");
-        build
-            .args([
-                "-q",
-                "-B",
-                "package",
-                "-Dmaven.test.skip=true",
-                "-Dstyle.color=never",
-            ])
-            .arg(format!("-Dpgmemo.buildDir={}", build_dir.display()))
-            .arg("-f")
-            .arg(src.join("pom.xml"));
-        prepare_step(
-            build,
-            "building tests/drivers/java with Maven (mvn and Maven Central are needed; \
-             scripts/setup builds it)",
-        )
-        .await;
-    }
-    jar
-}
-
 /// Servers handed to clients of `database` so far (SHOW STATS `total_server_assignment_count`).
 async fn server_assignments(admin: &tokio_postgres::Client, database: &str) -> u64 {
     admin_rows(admin, "SHOW STATS")

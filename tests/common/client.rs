@@ -191,3 +191,53 @@ pub async fn prepare_step(mut cmd: tokio::process::Command, hint: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The time `path` or the newest file under it was changed.
+pub fn newest_mtime(path: &std::path::Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if let Ok(m) = meta.modified() {
+            newest = newest.max(m);
+        }
+    }
+    newest
+}
+
+/// tests/drivers/java's jar (pgjdbc shaded in), built with Maven into the cargo target dir
+/// when its sources (`src/`, `pom.xml`) are newer.
+pub async fn pgjdbc_jar() -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/java");
+    let build_dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("java-driver");
+    let jar = build_dir.join("pgjdbc-check.jar");
+    let built = std::fs::metadata(&jar).and_then(|m| m.modified()).ok();
+    let sources = newest_mtime(&src.join("src")).max(newest_mtime(&src.join("pom.xml")));
+    if built.is_none_or(|b| b < sources) {
+        let mut build = tokio::process::Command::new("mvn");
+        build
+            .args([
+                "-q",
+                "-B",
+                "package",
+                "-Dmaven.test.skip=true",
+                "-Dstyle.color=never",
+            ])
+            .arg(format!("-Dpgmemo.buildDir={}", build_dir.display()))
+            .arg("-f")
+            .arg(src.join("pom.xml"));
+        prepare_step(
+            build,
+            "building tests/drivers/java with Maven (mvn and Maven Central are needed; \
+             scripts/setup builds it)",
+        )
+        .await;
+    }
+    jar
+}
