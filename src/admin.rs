@@ -1291,6 +1291,9 @@ pub fn show_cache_rows(app: &App) -> Table {
             "point_fallbacks",
             "rows_bumped",
             "unknown_rows",
+            "column_fills",
+            "value_fallbacks",
+            "wal_updates_whole",
         ],
         rows: vec![vec![
             text(v.row_versions()),
@@ -1299,6 +1302,9 @@ pub fn show_cache_rows(app: &App) -> Table {
             text(f.point_fallbacks.load(Relaxed)),
             text(f.rows_bumped.load(Relaxed)),
             text(f.unknown_rows.load(Relaxed)),
+            text(f.column_fills.load(Relaxed)),
+            text(f.value_fallbacks.load(Relaxed)),
+            text(f.wal_updates_whole.load(Relaxed)),
         ]],
     }
 }

@@ -146,14 +146,16 @@ pub fn plan(
 }
 
 /// Pushes the value slots of one execution of a read with `filters`; a filter whose values
-/// have no canonical form (or too many) depends on its table's `RowSet` instead.
+/// have no canonical form (or too many) depends on its table's `RowSet` instead. Returns how
+/// many did.
 pub fn push_value_slots(
     filters: &[ValueFilter],
     versions: &Versions,
     database: &str,
     values: &Values<'_>,
     out: &mut Vec<u32>,
-) {
+) -> u64 {
+    let mut fallbacks = 0;
     for f in filters {
         let before = out.len();
         let named = f.values.len() <= crate::query::point::MAX_VALUES
@@ -166,8 +168,10 @@ pub fn push_value_slots(
         if !named {
             out.truncate(before);
             out.push(slot(database, &f.table, "", ColumnVersion::RowSet));
+            fallbacks += 1;
         }
     }
+    fallbacks
 }
 
 /// Pushes the value slot (or the column's `UnknownValue`) of each followed column of a row

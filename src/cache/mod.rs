@@ -239,6 +239,8 @@ struct Plan {
     /// A read by column (see [`columns`]): its equalities on columns whose values are
     /// followed (their slots are added per execution).
     filters: Vec<columns::ValueFilter>,
+    /// Whether it is read by column at all.
+    by_column: bool,
     /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
     /// two texts whose hashes collide must not share their tables), and shown in `SHOW
     /// CACHE ENTRIES`.
@@ -303,6 +305,15 @@ pub struct RowFigures {
     pub rows_bumped: AtomicU64,
     /// Writes to a table whose rows were not named (through pgmemo and in the WAL).
     pub unknown_rows: AtomicU64,
+    /// Results filled that depend on the columns and values they read, not on their tables
+    /// (see [`columns`]).
+    pub column_fills: AtomicU64,
+    /// Of their equalities, those whose values named no value (the read then depended on
+    /// every row added or removed).
+    pub value_fallbacks: AtomicU64,
+    /// UPDATEs in the WAL that did not show their old row whole (no `REPLICA IDENTITY
+    /// FULL`): every read of their table was changed.
+    pub wal_updates_whole: AtomicU64,
 }
 
 /// Where a lookup happens: the client's context.
@@ -1160,7 +1171,18 @@ impl ResultCache {
                 figures.point_fallbacks.fetch_add(1, Relaxed);
             }
         }
-        columns::push_value_slots(&plan.filters, &self.versions, database, values, &mut slots);
+        if plan.by_column {
+            let figures = &self.row_figures;
+            figures.column_fills.fetch_add(1, Relaxed);
+            let fallbacks = columns::push_value_slots(
+                &plan.filters,
+                &self.versions,
+                database,
+                values,
+                &mut slots,
+            );
+            figures.value_fallbacks.fetch_add(fallbacks, Relaxed);
+        }
         let seen = self
             .versions
             .capture(&slots, std::mem::take(&mut client.spares.seen));
@@ -1274,6 +1296,7 @@ impl ResultCache {
                 slots,
                 tables: tables.unwrap_or_default().into(),
                 point,
+                by_column: filters.is_some(),
                 filters: filters.unwrap_or_default(),
                 text: job.text,
             }),
@@ -2245,6 +2268,7 @@ mod tests {
                 tables: Arc::new(["a".into()]),
                 point: None,
                 filters: Vec::new(),
+                by_column: false,
                 text: "SELECT x FROM a WHERE id = $1".into(),
             }),
         );

@@ -614,6 +614,9 @@ fn text_columns(
                     .collect::<Option<Vec<_>>>()
                     .map(|c| c.into_iter().flatten().collect())
             });
+            if changed.is_none() {
+                cache.row_figures.wal_updates_whole.fetch_add(1, Relaxed);
+            }
             (Change::Update(changed), new)
         }
         // Columns not shown (the key only) are not known: counted as such.
@@ -662,6 +665,9 @@ fn binary_columns(
                 ),
                 _ => None,
             };
+            if changed.is_none() {
+                cache.row_figures.wal_updates_whole.fetch_add(1, Relaxed);
+            }
             (Change::Update(changed), new)
         }
         _ => (
