@@ -56,6 +56,9 @@ const SCHEMA: &str = "
     INSERT INTO posts (user_id, title, likes)
         SELECT u, 'u' || u || '-' || k, k FROM generate_series(1, 3) u, generate_series(1, 2) k
         ORDER BY u, k;
+    CREATE TABLE owners (id int PRIMARY KEY, name text, note text);
+    ALTER TABLE owners REPLICA IDENTITY FULL;
+    INSERT INTO owners SELECT g, 'owner ' || g, '' FROM generate_series(1, 3) g;
     CREATE TABLE scored (id int PRIMARY KEY, likes int,
                          score int GENERATED ALWAYS AS (likes * 2) STORED);
     ALTER TABLE scored REPLICA IDENTITY FULL;
@@ -78,6 +81,7 @@ fn config(invalidation: Invalidation) -> Config {
         "account_view",
         "posts",
         "scored",
+        "owners",
     ]
     .iter()
     .map(|t| cache_rule(t, &format!("FROM {t}")))
@@ -166,6 +170,16 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
+    // A join ordered by one table's key orders the whole result only when each of its rows
+    // gives one row: an owner's several posts tie under `ORDER BY o.id`, and ties come out in
+    // the order the rows were met, which an UPDATE of the owner may change.
+    Case {
+        write: "UPDATE owners SET note = 'x' WHERE id = 1",
+        changed: &["SELECT o.id, p.title FROM owners o JOIN posts p ON p.user_id = o.id \
+                    WHERE o.id = 1 ORDER BY o.id"],
+        kept: &["SELECT p.title, o.name FROM posts p JOIN owners o ON o.id = p.user_id \
+                 WHERE p.user_id = 1 ORDER BY p.title"],
+    },
     // Column by column: an UPDATE changes what uses the columns it assigns, and the order of
     // a read whose ORDER BY is not total; the rest stays.
     Case {

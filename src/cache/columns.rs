@@ -17,9 +17,10 @@
 //!   an `INSERT` or `DELETE` of a row with that value), that column's `UnknownValue` and the
 //!   table's `UnknownValues` (rows added or removed whose value pgmemo does not know); or,
 //!   without such a column, the table's `RowSet` (any row added or removed);
-//! - `Moved`, unless its `ORDER BY` covers a unique `NOT NULL` key of the table or it is one
-//!   row of order-blind aggregates: every `UPDATE` bumps it (a row's new version may be met
-//!   at another place by the next scan).
+//! - `Moved`, unless its result is ordered whole (an `ORDER BY` covering a unique `NOT NULL`
+//!   key of a table each of whose rows gives at most one row, see [`one_row_each`]) or is
+//!   one row of order-blind aggregates: every `UPDATE` bumps it (a row's new version may be
+//!   met at another place by the next scan, and ties come out in the order rows were met).
 //!
 //! An `UPDATE ... SET likes = likes + 1 WHERE id = 7` then leaves a cached `SELECT count(*)
 //! FROM posts WHERE user_id = 3` or `SELECT title FROM posts WHERE user_id = 3 ORDER BY
@@ -85,6 +86,47 @@ fn plain_tables(reads: &ColumnReads, tables: &[Box<str>], rows: &[Vec<Option<Str
             .all(|u| tables.contains(&u.relation.name))
 }
 
+/// Whether the read's `ORDER BY` orders its whole result by the table at `at`: it covers a
+/// unique `NOT NULL` key of it, and each of its rows gives at most one row of the result.
+fn ordered_by(reads: &ColumnReads, at: usize, snapshot: &Snapshot) -> bool {
+    let u = &reads.tables[at];
+    u.columns.is_some()
+        && snapshot.table_columns(&u.relation.name).is_some_and(|of| {
+            of.unique
+                .iter()
+                .any(|key| key.iter().all(|c| u.order.contains(c)))
+        })
+        && one_row_each(reads, at, snapshot)
+}
+
+/// Whether each row of the read's table at `at` gives at most one row of its result, which
+/// is never one of NULLs for that table: it is alone, or every join is an inner one and
+/// every other table is joined by all the columns of one of its unique `NOT NULL` keys
+/// equalling columns of it (`p JOIN c ON c.id = p.category_id`). Then an `ORDER BY` that
+/// covers a unique key of it orders the whole result, with no ties whose order could follow
+/// where its rows were met.
+fn one_row_each(reads: &ColumnReads, at: usize, snapshot: &Snapshot) -> bool {
+    if reads.tables.len() == 1 {
+        return true;
+    }
+    if !reads.inner_only {
+        return false;
+    }
+    reads.tables.iter().enumerate().all(|(other, u)| {
+        other == at
+            || snapshot.table_columns(&u.relation.name).is_some_and(|of| {
+                of.unique.iter().any(|key| {
+                    key.iter().all(|k| {
+                        reads.equalities.iter().any(|[l, r]| {
+                            (l.0 == other && *l.1 == **k && r.0 == at)
+                                || (r.0 == other && *r.1 == **k && l.0 == at)
+                        })
+                    })
+                })
+            })
+    })
+}
+
 /// The slots a read of `tables` (resolved from `reads`) depends on beyond its database's,
 /// and the value filters whose slots each execution adds; None when it is not read column
 /// by column (it then depends on its tables' any-write versions).
@@ -99,6 +141,7 @@ pub fn plan(
         return None;
     }
     let (mut slots, mut filters) = (Vec::new(), Vec::new());
+    let total = reads.one_row || (0..reads.tables.len()).any(|at| ordered_by(reads, at, snapshot));
     for u in &reads.tables {
         let table = &*u.relation.name;
         let Some(columns) = &u.columns else {
@@ -110,11 +153,7 @@ pub fn plan(
         for c in columns {
             slots.push(slot(database, table, c, ColumnVersion::Assigned));
         }
-        let ordered = of
-            .unique
-            .iter()
-            .any(|key| key.iter().all(|c| u.order.contains(c)));
-        if !reads.one_row && !ordered {
+        if !total {
             slots.push(slot(database, table, "", ColumnVersion::Moved));
         }
         let filter = u.filter.iter().find_map(|b| {

@@ -47,6 +47,14 @@ pub struct ColumnReads {
     /// The result is one row of aggregates whose value does not depend on the order rows
     /// come in (`count`, `min`, `max`, `bool_and`, `bool_or`, `every`), with no `GROUP BY`.
     pub one_row: bool,
+    /// Its joins: whether all are inner joins (or `FROM a, b`), and the equalities between
+    /// two tables' qualified columns AND-ed in their `ON` clauses and the `WHERE`, as
+    /// (table, column) pairs by place in `tables`. With a total `ORDER BY` on one table's
+    /// key they tell whether each of its rows gives at most one row of the result (see
+    /// `cache::columns`): otherwise rows of the same key tie, and a sort's ties come out in
+    /// an order that depends on where the rows were met.
+    pub inner_only: bool,
+    pub equalities: Vec<[(usize, Box<str>); 2]>,
 }
 
 /// Aggregates whose result does not depend on the order of their input (`sum` and `avg` do
@@ -57,6 +65,9 @@ const ORDER_BLIND: &[&str] = &["count", "min", "max", "bool_and", "bool_or", "ev
 const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid", "oid"];
 
 const SETOP_NONE: i64 = 1;
+const JOIN_INNER: i64 = 1;
+const AEXPR_OP: i64 = 1;
+const AND_EXPR: i64 = 1;
 
 /// The column reads of a single SELECT (`select`: its `SelectStmt`), or None when it is not
 /// one this module reads (see the module's documentation).
@@ -72,9 +83,13 @@ pub fn column_reads(select: &Value) -> Option<ColumnReads> {
         return None;
     }
     let mut tables = Vec::new();
-    let mut using = Vec::new();
+    let mut joins = Joins {
+        using: Vec::new(),
+        inner_only: true,
+        quals: vec![&select["where_clause"]],
+    };
     for item in select["from_clause"].as_array()? {
-        from_item(item, &mut tables, &mut using)?;
+        from_item(item, &mut tables, &mut joins)?;
     }
     if tables.is_empty() {
         return None;
@@ -82,9 +97,21 @@ pub fn column_reads(select: &Value) -> Option<ColumnReads> {
     let mut reads = ColumnReads {
         tables,
         one_row: one_row(select),
+        inner_only: joins.inner_only,
+        equalities: Vec::new(),
     };
-    for name in using {
+    for name in joins.using {
         reads.add_everywhere(name);
+    }
+    let mut pairs = Vec::new();
+    for clause in joins.quals {
+        column_equalities(clause, &mut pairs);
+    }
+    for [[lq, lc], [rq, rc]] in pairs {
+        let place = |q: &str| reads.tables.iter().position(|t| t.answers_to(q));
+        if let (Some(l), Some(r)) = (place(&lq), place(&rq)) {
+            reads.equalities.push([(l, lc), (r, rc)]);
+        }
     }
     let mut refs = Vec::new();
     column_refs(select, &mut refs);
@@ -192,7 +219,7 @@ impl ColumnReads {
 
 /// One `FROM` item: a table, or a join of items (its `USING` columns go to `using`); None
 /// for anything else.
-fn from_item(item: &Value, tables: &mut Vec<TableUse>, using: &mut Vec<Box<str>>) -> Option<()> {
+fn from_item<'v>(item: &'v Value, tables: &mut Vec<TableUse>, joins: &mut Joins<'v>) -> Option<()> {
     let node = &item["node"];
     if let Some(range_var) = node.get("RangeVar") {
         tables.push(TableUse {
@@ -209,10 +236,49 @@ fn from_item(item: &Value, tables: &mut Vec<TableUse>, using: &mut Vec<Box<str>>
         return None;
     }
     for name in join["using_clause"].as_array().into_iter().flatten() {
-        using.push(string_of(name)?.into());
+        joins.using.push(string_of(name)?.into());
     }
-    from_item(&join["larg"], tables, using)?;
-    from_item(&join["rarg"], tables, using)
+    joins.inner_only &= join["jointype"].as_i64() == Some(JOIN_INNER);
+    joins.quals.push(&join["quals"]);
+    from_item(&join["larg"], tables, joins)?;
+    from_item(&join["rarg"], tables, joins)
+}
+
+/// What the joins of `FROM` say, while it is read.
+struct Joins<'v> {
+    using: Vec<Box<str>>,
+    inner_only: bool,
+    quals: Vec<&'v Value>,
+}
+
+/// The equalities `a.x = b.y` AND-ed at the top of `clause`, as their two sides' fields.
+fn column_equalities(clause: &Value, out: &mut Vec<[[Box<str>; 2]; 2]>) {
+    let mut stack = vec![clause];
+    while let Some(node) = stack.pop() {
+        let node = &node["node"];
+        if let Some(b) = node.get("BoolExpr") {
+            if b["boolop"].as_i64() == Some(AND_EXPR) {
+                stack.extend(b["args"].as_array().into_iter().flatten());
+            }
+            continue;
+        }
+        let Some(e) = node.get("AExpr") else {
+            continue;
+        };
+        let op = e["name"].as_array().map(Vec::as_slice).unwrap_or_default();
+        if e["kind"].as_i64() != Some(AEXPR_OP) || op.len() != 1 || string_of(&op[0]) != Some("=") {
+            continue;
+        }
+        let side = |v: &Value| -> Option<[Box<str>; 2]> {
+            match v["node"]["ColumnRef"]["fields"].as_array()?.as_slice() {
+                [q, c] => Some([string_of(q)?.into(), string_of(c)?.into()]),
+                _ => None,
+            }
+        };
+        if let (Some(l), Some(r)) = (side(&e["lexpr"]), side(&e["rexpr"])) {
+            out.push([l, r]);
+        }
+    }
 }
 
 /// Every `ColumnRef` in `v`: its fields (None for `*`).
@@ -415,6 +481,18 @@ mod tests {
         assert!(c.filter.is_empty());
         assert_eq!(p.order, vec!["title".into()] as Vec<Box<str>>);
         assert!(c.order.is_empty());
+        assert!(r.inner_only);
+        assert_eq!(
+            r.equalities,
+            vec![[(0, "category_id".into()), (1, "id".into())]]
+        );
+        let r = reads("SELECT p.title FROM posts p LEFT JOIN categories c ON c.id = p.category_id")
+            .unwrap();
+        assert!(!r.inner_only);
+        let r =
+            reads("SELECT p.title FROM posts p, categories c WHERE c.id = p.category_id").unwrap();
+        assert!(r.inner_only);
+        assert_eq!(r.equalities.len(), 1);
 
         let r = reads("SELECT title FROM posts JOIN users USING (id)").unwrap();
         assert_eq!(columns(&r.tables[1]), Some(vec!["id", "title"]));
