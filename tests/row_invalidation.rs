@@ -175,10 +175,14 @@ const CASES: &[Case] = &[
     // the order the rows were met, which an UPDATE of the owner may change.
     Case {
         write: "UPDATE owners SET note = 'x' WHERE id = 1",
-        changed: &["SELECT o.id, p.title FROM owners o JOIN posts p ON p.user_id = o.id \
-                    WHERE o.id = 1 ORDER BY o.id"],
-        kept: &["SELECT p.title, o.name FROM posts p JOIN owners o ON o.id = p.user_id \
-                 WHERE p.user_id = 1 ORDER BY p.title"],
+        changed: &[
+            "SELECT o.id, p.title FROM owners o JOIN posts p ON p.user_id = o.id \
+                    WHERE o.id = 1 ORDER BY o.id",
+        ],
+        kept: &[
+            "SELECT p.title, o.name FROM posts p JOIN owners o ON o.id = p.user_id \
+                 WHERE p.user_id = 1 ORDER BY p.title",
+        ],
     },
     // Column by column: an UPDATE changes what uses the columns it assigns, and the order of
     // a read whose ORDER BY is not total; the rest stays.
