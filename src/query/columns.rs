@@ -21,7 +21,9 @@
 //! depends on every write to its tables, as before.
 
 use super::analysis::{last_name, RelName};
-use super::point::{alias, conjuncts, empty, has_sublink, relation, string_of, Bound};
+use super::point::{
+    alias, and_equalities, conjuncts, empty, has_sublink, relation, string_of, Bound, AEXPR_OP,
+};
 use serde_json::Value;
 
 /// One table a read names in `FROM` (a name twice, under two aliases, is two uses).
@@ -66,8 +68,6 @@ const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "table
 
 const SETOP_NONE: i64 = 1;
 const JOIN_INNER: i64 = 1;
-const AEXPR_OP: i64 = 1;
-const AND_EXPR: i64 = 1;
 
 /// The column reads of a single SELECT (`select`: its `SelectStmt`), or None when it is not
 /// one this module reads (see the module's documentation).
@@ -253,20 +253,8 @@ struct Joins<'v> {
 
 /// The equalities `a.x = b.y` AND-ed at the top of `clause`, as their two sides' fields.
 fn column_equalities(clause: &Value, out: &mut Vec<[[Box<str>; 2]; 2]>) {
-    let mut stack = vec![clause];
-    while let Some(node) = stack.pop() {
-        let node = &node["node"];
-        if let Some(b) = node.get("BoolExpr") {
-            if b["boolop"].as_i64() == Some(AND_EXPR) {
-                stack.extend(b["args"].as_array().into_iter().flatten());
-            }
-            continue;
-        }
-        let Some(e) = node.get("AExpr") else {
-            continue;
-        };
-        let op = e["name"].as_array().map(Vec::as_slice).unwrap_or_default();
-        if e["kind"].as_i64() != Some(AEXPR_OP) || op.len() != 1 || string_of(&op[0]) != Some("=") {
+    for e in and_equalities(clause) {
+        if e["kind"].as_i64() != Some(AEXPR_OP) {
             continue;
         }
         let side = |v: &Value| -> Option<[Box<str>; 2]> {

@@ -92,7 +92,7 @@ pub enum Rows {
 }
 
 // pg_query's enum values, as its protobuf numbers them.
-const AEXPR_OP: i64 = 1;
+pub(super) const AEXPR_OP: i64 = 1;
 const AEXPR_IN: i64 = 7;
 const AND_EXPR: i64 = 1;
 const SETOP_NONE: i64 = 1;
@@ -293,24 +293,7 @@ pub fn row_write(node: &Value) -> Option<RowWrite> {
 /// the rows further and is not read.
 pub(super) fn conjuncts(clause: &Value, table: &str, alias: Option<&str>) -> Vec<Bound> {
     let mut out: Vec<Bound> = Vec::new();
-    let mut stack = vec![clause];
-    while let Some(node) = stack.pop() {
-        let node = &node["node"];
-        if let Some(b) = node.get("BoolExpr") {
-            if b["boolop"].as_i64() == Some(AND_EXPR) {
-                stack.extend(b["args"].as_array().into_iter().flatten());
-            }
-            continue;
-        }
-        let Some(e) = node.get("AExpr") else {
-            continue;
-        };
-        let [op] = e["name"].as_array().map(Vec::as_slice).unwrap_or_default() else {
-            continue;
-        };
-        if string_of(op) != Some("=") {
-            continue;
-        }
+    for e in and_equalities(clause) {
         let found = match e["kind"].as_i64() {
             Some(AEXPR_OP) => column(&e["lexpr"], table, alias)
                 .zip(source(&e["rexpr"]).map(|s| vec![s]))
@@ -332,6 +315,30 @@ pub(super) fn conjuncts(clause: &Value, table: &str, alias: Option<&str>) -> Vec
         match out.iter_mut().find(|b| b.column == column) {
             Some(b) => b.values.extend(values),
             None => out.push(Bound { column, values }),
+        }
+    }
+    out
+}
+
+/// The `=` comparisons (`AExpr`s: `a = b`, `a IN (...)`) AND-ed at the top of `clause`.
+pub(super) fn and_equalities(clause: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    let mut stack = vec![clause];
+    while let Some(node) = stack.pop() {
+        let node = &node["node"];
+        if let Some(b) = node.get("BoolExpr") {
+            if b["boolop"].as_i64() == Some(AND_EXPR) {
+                stack.extend(b["args"].as_array().into_iter().flatten());
+            }
+            continue;
+        }
+        let Some(e) = node.get("AExpr") else {
+            continue;
+        };
+        if let [op] = e["name"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            if string_of(op) == Some("=") {
+                out.push(e);
+            }
         }
     }
     out
