@@ -530,29 +530,15 @@ impl ResultCache {
         (self.store.weight(), self.store.capacity())
     }
 
-    /// The row key of `table` in `database` (see [`rows`]), by its current catalog
-    /// snapshot; None: not followed by row, or not known yet.
-    pub fn row_key(&self, database: &str, table: &str) -> Option<Arc<rows::RowKey>> {
+    /// Calls `f` with the current catalog snapshot of `database` (what writes are known by:
+    /// tables' row keys, see [`rows`], and columns, see [`columns`]); None: not known yet, or
+    /// older than the database's last DDL.
+    pub fn with_snapshot<R>(&self, database: &str, f: impl FnOnce(Option<&Snapshot>) -> R) -> R {
         let snapshots = self.snapshots.pin();
-        let snapshot = snapshots
+        f(snapshots
             .get(database)
-            .filter(|s| self.is_current(s, database))?;
-        snapshot.row_key(table).cloned()
-    }
-
-    /// Calls `f` with what the current catalog snapshot of `database` says of the columns of
-    /// `table` (see [`columns`]); None: not known.
-    pub fn with_columns<R>(
-        &self,
-        database: &str,
-        table: &str,
-        f: impl FnOnce(Option<&catalog::TableColumns>) -> R,
-    ) -> R {
-        let snapshots = self.snapshots.pin();
-        let snapshot = snapshots
-            .get(database)
-            .filter(|s| self.is_current(s, database));
-        f(snapshot.and_then(|s| s.table_columns(table)))
+            .map(|s| &**s)
+            .filter(|s| self.is_current(s, database)))
     }
 
     /// What `max_memory` leaves to the store once the rows' versions are counted (at least
@@ -759,20 +745,21 @@ impl ResultCache {
             client.note(&FLUSH_DATA);
         }
         let (database, pending) = (&*client.database, &mut client.pending_rows);
-        let key = self.row_key(database, &write.table);
-        let before = pending.len();
-        let named = key.is_some_and(|key| {
-            rows::push_write_slots(write, &key, &self.versions, database, values, pending)
-        });
-        let figures = &self.row_figures;
-        if named {
-            let n = pending.len() - before;
-            figures.rows_bumped.fetch_add(n as u64, Relaxed);
-        } else {
-            pending.push(Versions::unknown_rows_slot(database, &write.table));
-            figures.unknown_rows.fetch_add(1, Relaxed);
-        }
-        self.with_columns(database, &write.table, |of| {
+        self.with_snapshot(database, |snapshot| {
+            let table = &*write.table;
+            let before = pending.len();
+            let named = snapshot.and_then(|s| s.row_key(table)).is_some_and(|key| {
+                rows::push_write_slots(write, key, &self.versions, database, values, pending)
+            });
+            let figures = &self.row_figures;
+            if named {
+                let n = pending.len() - before;
+                figures.rows_bumped.fetch_add(n as u64, Relaxed);
+            } else {
+                pending.push(Versions::unknown_rows_slot(database, table));
+                figures.unknown_rows.fetch_add(1, Relaxed);
+            }
+            let of = snapshot.and_then(|s| s.table_columns(table));
             columns::push_write(write, of, &self.versions, database, values, pending)
         });
     }

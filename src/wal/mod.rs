@@ -20,6 +20,7 @@ pub mod pgoutput;
 pub mod replication;
 pub mod test_decoding;
 
+use crate::cache::catalog::Snapshot;
 use crate::cache::{FlushTarget, ResultCache};
 use crate::config::cache::WalPlugin;
 use crate::protocol::backend;
@@ -567,20 +568,20 @@ const MAX_WAL_ROWS: usize = 1 << 16;
 /// column of a row by name. False: they name no row (no row key, a key column not shown).
 fn change_rows<'r, R>(
     cache: &ResultCache,
-    database: &str,
-    table: &str,
+    snapshot: Option<&Snapshot>,
+    (database, table): (&str, &str),
     rows: [Option<&'r R>; 2],
     column: impl Fn(&'r R, &str) -> Option<Option<&'r [u8]>>,
     out: &mut Vec<u32>,
 ) -> bool {
-    let Some(key) = cache.row_key(database, table) else {
+    let Some(key) = snapshot.and_then(|s| s.row_key(table)) else {
         return false;
     };
     if rows.iter().all(Option::is_none) || out.len() >= MAX_WAL_ROWS {
         return false;
     }
     let slots = rows.into_iter().flatten().map(|row| {
-        crate::cache::rows::wal_row_slot(&cache.versions, database, table, &key, |c| column(row, c))
+        crate::cache::rows::wal_row_slot(&cache.versions, database, table, key, |c| column(row, c))
     });
     crate::cache::rows::push_all(out, slots)
 }
@@ -589,8 +590,8 @@ fn change_rows<'r, R>(
 /// `cache::columns`); `rows`: its old and new rows as shown.
 fn text_columns(
     cache: &ResultCache,
-    database: &str,
-    table: &str,
+    snapshot: Option<&Snapshot>,
+    (database, table): (&str, &str),
     kind: test_decoding::ChangeKind,
     [old, new]: [&Option<test_decoding::Row>; 2],
     out: &mut Vec<u32>,
@@ -627,22 +628,22 @@ fn text_columns(
             old,
         ),
     };
-    cache.with_columns(database, table, |of| {
-        push_change(
-            change,
-            of,
-            &cache.versions,
-            (database, table),
-            |c| find(shown, c),
-            out,
-        )
-    });
+    let of = snapshot.and_then(|s| s.table_columns(table));
+    push_change(
+        change,
+        of,
+        &cache.versions,
+        (database, table),
+        |c| find(shown, c),
+        out,
+    )
 }
 
 /// [`text_columns`] for a pgoutput change (`kind` `I`/`U`/`D`) of a relation of `columns`;
 /// `old_full`: its old row is shown whole, not only its key.
 fn binary_columns(
     cache: &ResultCache,
+    snapshot: Option<&Snapshot>,
     (database, table): (&str, &str),
     columns: &Columns,
     kind: u8,
@@ -685,9 +686,8 @@ fn binary_columns(
             _ => None,
         }
     };
-    cache.with_columns(database, table, |of| {
-        push_change(change, of, &cache.versions, (database, table), find, out)
-    });
+    let of = snapshot.and_then(|s| s.table_columns(table));
+    push_change(change, of, &cache.versions, (database, table), find, out)
 }
 
 /// Bumps what a committed transaction wrote to a table known by `names` (itself, then its
@@ -746,25 +746,21 @@ impl Decoder {
                 old,
                 new,
             } => {
-                text_columns(
-                    cache,
-                    &follower.database,
-                    &table.1,
-                    kind,
-                    [&old, &new],
-                    &mut self.rows,
-                );
-                let named = change_rows(
-                    cache,
-                    &follower.database,
-                    &table.1,
-                    [old.as_ref(), new.as_ref()],
-                    |row: &test_decoding::Row, c| {
-                        let (_, v) = row.iter().find(|(n, _)| n == c)?;
-                        Some(v.as_deref())
-                    },
-                    &mut self.rows,
-                );
+                let at = (&*follower.database, &*table.1);
+                let named = cache.with_snapshot(at.0, |snapshot| {
+                    text_columns(cache, snapshot, at, kind, [&old, &new], &mut self.rows);
+                    change_rows(
+                        cache,
+                        snapshot,
+                        at,
+                        [old.as_ref(), new.as_ref()],
+                        |row: &test_decoding::Row, c| {
+                            let (_, v) = row.iter().find(|(n, _)| n == c)?;
+                            Some(v.as_deref())
+                        },
+                        &mut self.rows,
+                    )
+                });
                 if !named {
                     self.unnamed_tables.insert(table.clone());
                 }
@@ -839,30 +835,31 @@ impl Decoder {
                 old_full,
                 new,
             } => {
-                if let Some((names, columns)) = self.relations.get(&relation) {
-                    let rows = [&old, &new];
-                    let at = (&**database, &*names[0]);
-                    binary_columns(cache, at, columns, kind, (rows, old_full), &mut self.rows);
-                }
+                let rows = &mut self.rows;
                 let named = self
                     .relations
                     .get(&relation)
                     .is_some_and(|(names, columns)| {
-                        change_rows(
-                            cache,
-                            database,
-                            &names[0],
-                            [old.as_ref(), new.as_ref()],
-                            |row: &Vec<pgoutput::Column>, c| {
-                                let at = columns.iter().position(|(n, _, _)| n == c)?;
-                                match row.get(at)? {
-                                    pgoutput::Column::Text(v) => Some(Some(v)),
-                                    pgoutput::Column::Null => Some(None),
-                                    _ => None,
-                                }
-                            },
-                            &mut self.rows,
-                        )
+                        let at = (&**database, &*names[0]);
+                        cache.with_snapshot(database, |snapshot| {
+                            let shown = ([&old, &new], old_full);
+                            binary_columns(cache, snapshot, at, columns, kind, shown, rows);
+                            change_rows(
+                                cache,
+                                snapshot,
+                                at,
+                                [old.as_ref(), new.as_ref()],
+                                |row: &Vec<pgoutput::Column>, c| {
+                                    let at = columns.iter().position(|(n, _, _)| n == c)?;
+                                    match row.get(at)? {
+                                        pgoutput::Column::Text(v) => Some(Some(v)),
+                                        pgoutput::Column::Null => Some(None),
+                                        _ => None,
+                                    }
+                                },
+                                rows,
+                            )
+                        })
                     });
                 if !named {
                     self.unnamed.insert(relation);
