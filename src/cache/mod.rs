@@ -237,10 +237,8 @@ struct Plan {
     /// A read of rows its key names (see [`rows`]).
     point: Option<rows::PointPlan>,
     /// A read by column (see [`columns`]): its equalities on columns whose values are
-    /// followed (their slots are added per execution).
-    filters: Vec<columns::ValueFilter>,
-    /// Whether it is read by column at all.
-    by_column: bool,
+    /// followed (their slots are added per execution). None: not read by column.
+    filters: Option<Vec<columns::ValueFilter>>,
     /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
     /// two texts whose hashes collide must not share their tables), and shown in `SHOW
     /// CACHE ENTRIES`.
@@ -1158,16 +1156,11 @@ impl ResultCache {
                 figures.point_fallbacks.fetch_add(1, Relaxed);
             }
         }
-        if plan.by_column {
+        if let Some(filters) = &plan.filters {
             let figures = &self.row_figures;
             figures.column_fills.fetch_add(1, Relaxed);
-            let fallbacks = columns::push_value_slots(
-                &plan.filters,
-                &self.versions,
-                database,
-                values,
-                &mut slots,
-            );
+            let fallbacks =
+                columns::push_value_slots(filters, &self.versions, database, values, &mut slots);
             figures.value_fallbacks.fetch_add(fallbacks, Relaxed);
         }
         let seen = self
@@ -1283,8 +1276,7 @@ impl ResultCache {
                 slots,
                 tables: tables.unwrap_or_default().into(),
                 point,
-                by_column: filters.is_some(),
-                filters: filters.unwrap_or_default(),
+                filters,
                 text: job.text,
             }),
         );
@@ -2254,8 +2246,7 @@ mod tests {
                 slots: Ok(Box::new([1, 2])),
                 tables: Arc::new(["a".into()]),
                 point: None,
-                filters: Vec::new(),
-                by_column: false,
+                filters: None,
                 text: "SELECT x FROM a WHERE id = $1".into(),
             }),
         );
