@@ -206,10 +206,7 @@ pub(super) fn canonical(
         // number's text is PostgreSQL's numeric output (`1e3` is `1000`): not followed.
         (KeyType::Text, Given::Number(t)) => {
             let v: i64 = std::str::from_utf8(t).ok()?.parse().ok()?;
-            let t = v.to_string();
-            h.write_u8(b't');
-            h.write_usize(t.len());
-            h.write(t.as_bytes());
+            hash_text(v.to_string().as_bytes(), h);
             Some(())
         }
         (KeyType::Text, Given::Text(t) | Given::Binary(t, 0 | TEXT | VARCHAR)) => {
@@ -218,9 +215,7 @@ pub(super) fn canonical(
             if !t.is_ascii() || t.last() == Some(&b' ') {
                 return None;
             }
-            h.write_u8(b't');
-            h.write_usize(t.len());
-            h.write(t);
+            hash_text(t, h);
             Some(())
         }
         (KeyType::Uuid, Given::Text(t)) => {
@@ -251,6 +246,13 @@ pub(super) fn canonical(
         }
         _ => None,
     }
+}
+
+/// Feeds a text value's canonical form (its bytes) to `h`.
+fn hash_text(t: &[u8], h: &mut impl Hasher) {
+    h.write_u8(b't');
+    h.write_usize(t.len());
+    h.write(t);
 }
 
 /// The row slot of one key, given its columns' values in the key's order.
