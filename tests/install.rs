@@ -18,7 +18,7 @@ use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pgmemo");
@@ -46,29 +46,14 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A pgmemo process, stopped with SIGINT (and reaped) on drop, its stderr in a file.
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
+/// A pgmemo process, its stderr in a file, stopped with SIGINT by [`LoggedChild::stop`] (and
+/// killed and reaped on drop).
+type Running = LoggedChild;
 
-impl Running {
-    fn start(mut cmd: Command, log: PathBuf) -> Running {
-        let file = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .env_remove("PGMEMO_CONFIG")
-            .env_remove("PGMEMO_UPSTREAM")
-            .env_remove("PGMEMO_LOG")
-            .spawn()
-            .unwrap_or_else(|e| panic!("could not start {cmd:?}: {e}"));
-        Running { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+impl LoggedChild {
+    fn start_cmd(mut cmd: Command, log: PathBuf) -> Running {
+        cmd.env_remove("PGMEMO_LOG");
+        LoggedChild::start(&mut cmd, log)
     }
 
     fn pid(&self) -> u32 {
@@ -76,18 +61,20 @@ impl Running {
     }
 
     fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
+        if let Some(status) = self.exit_status() {
             panic!("pgmemo exited ({status}):\n{}", self.log());
         }
     }
 
     /// SIGINT (the unit's KillSignal), then the exit status (pgmemo shuts down safely on it).
     fn stop(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        if let Some(status) = self.exit_status() {
+            return status;
+        }
+        self.signal(libc::SIGINT);
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.exit_status() {
                 return status;
             }
             assert!(
@@ -96,15 +83,6 @@ impl Running {
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
         }
     }
 }
@@ -205,7 +183,7 @@ fn the_soft_file_limit_is_raised_to_the_hard_limit() {
             }
         });
     }
-    let mut pgmemo = Running::start(cmd, dir.0.join("pgmemo.log"));
+    let mut pgmemo = Running::start_cmd(cmd, dir.0.join("pgmemo.log"));
     wait_for("the file limit's log line", Duration::from_secs(15), || {
         pgmemo.assert_running();
         pgmemo.log().contains("open files limit")
@@ -564,7 +542,7 @@ fn debian_package_installs_and_serves_a_query() {
     );
     let mut cmd = Command::new(exe);
     cmd.arg("--config").arg(&config);
-    let mut pgmemo = Running::start(cmd, dir.0.join("pgmemo.log"));
+    let mut pgmemo = Running::start_cmd(cmd, dir.0.join("pgmemo.log"));
     let psql = c.bin_dir().join("psql");
     let url = format!("postgresql://alice@127.0.0.1:{port}/app");
     let query = || {

@@ -18,59 +18,38 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pgmemo");
 
 /// A pgmemo process started from a config file, killed (and reaped) on drop.
-struct Process {
-    child: Child,
-    log: PathBuf,
-}
+type Process = LoggedChild;
 
-impl Process {
-    fn start(config: &Path, log: PathBuf, takeover: bool, notify: Option<&Path>) -> Process {
+/// Ways of starting pgmemo for these tests, and of waiting for it.
+impl LoggedChild {
+    fn start_config(config: &Path, log: PathBuf, takeover: bool, notify: Option<&Path>) -> Process {
         let mut cmd = Command::new(BIN);
         match notify {
             Some(socket) => cmd.env("NOTIFY_SOCKET", socket),
             None => cmd.env_remove("NOTIFY_SOCKET"),
         };
-        cmd.arg("--config").arg(config);
+        cmd.arg("--config").arg(config).env("PGMEMO_LOG", "info");
         if takeover {
             cmd.arg("--takeover");
         }
-        let file = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .env_remove("PGMEMO_CONFIG")
-            .env_remove("PGMEMO_UPSTREAM")
-            .env("PGMEMO_LOG", "info")
-            .spawn()
-            .expect("start pgmemo");
-        Process { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+        LoggedChild::start(&mut cmd, log)
     }
 
     fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.exit_status().is_none()
     }
 
     /// Waits for the process to exit on its own; its exit status.
     async fn exited(&mut self, what: &str) -> std::process::ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.exit_status() {
                 return status;
             }
             assert!(
@@ -97,15 +76,6 @@ impl Process {
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
         }
     }
 }
@@ -154,7 +124,7 @@ async fn start_with(dir: &Path, port: u16, name: &str, takeover: bool, extra: &s
     std::fs::write(&config, text).unwrap();
     let notify = dir.join("notify");
     let notify = notify.exists().then_some(notify.as_path());
-    let mut p = Process::start(&config, dir.join(format!("{name}.log")), takeover, notify);
+    let mut p = Process::start_config(&config, dir.join(format!("{name}.log")), takeover, notify);
     p.logged("pgmemo listening").await;
     p
 }
@@ -399,7 +369,7 @@ async fn a_new_process_that_cannot_start_takes_nothing_over() {
         1,
     );
     std::fs::write(&config, text).unwrap();
-    let mut new = Process::start(&config, dir.join("new.log"), true, None);
+    let mut new = Process::start_config(&config, dir.join("new.log"), true, None);
     let status = new.exited("the broken new process").await;
     assert!(!status.success(), "{}", new.log());
     assert!(!old.log().contains("takeover"), "{}", old.log());

@@ -29,6 +29,59 @@ pub use proxy::*;
 pub use raw::*;
 pub use scenarios::scenarios;
 
+/// A pgmemo (or other) process a test started, its stderr in a file; killed and reaped when
+/// dropped if it is still running. Test files add their own ways of waiting for it.
+pub struct LoggedChild {
+    pub child: std::process::Child,
+    pub log: std::path::PathBuf,
+}
+
+impl LoggedChild {
+    /// Starts `cmd` with no stdin or stdout and its stderr into `log`, without the
+    /// environment's pgmemo configuration (`PGMEMO_CONFIG`, `PGMEMO_UPSTREAM`).
+    pub fn start(cmd: &mut std::process::Command, log: std::path::PathBuf) -> LoggedChild {
+        use std::process::Stdio;
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .env_remove("PGMEMO_CONFIG")
+            .env_remove("PGMEMO_UPSTREAM")
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {cmd:?}: {e}"));
+        LoggedChild { child, log }
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends it `signal`.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as libc::pid_t, signal) },
+            0
+        );
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+}
+
+impl Drop for LoggedChild {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A directory of the test's own under the system's temporary directory, made empty, removed
 /// when dropped; `prefix` and the process id keep test binaries and runs apart.
 pub struct TempDir(pub std::path::PathBuf);
