@@ -1,39 +1,106 @@
-//! Recognizes the SQL-level statement commands in a simple Query — `PREPARE`, `EXECUTE`,
-//! `DEALLOCATE`, `DISCARD ALL` — which change the same prepared-statement namespace the
-//! protocol's Parse/Close use, so pgmemo must track them.
+//! The SQL command classifier: what each top-level statement of a query is, read from its
+//! leading keywords, as one [`Command`] (the breadth of PgDog's `router::parser::Command`).
+//! Every feature that asks "what kind of statement is this" asks here: the statement planner
+//! (the commands that change the prepared-statement namespace the protocol's Parse/Close
+//! use: `PREPARE`, `EXECUTE`, `DEALLOCATE`, `DISCARD ALL`, `SET search_path`), the session
+//! state watch (`SET`, `LOAD`), the schema watch (DDL), and the statements' transaction
+//! starts and ends. The strict reading of the transaction control a session answers itself
+//! is [`super::block`].
 //!
 //! This is deliberately not a SQL parser: it splits the text into top-level statements
 //! (respecting quotes, dollar quotes and comments) and reads the leading keywords. Anything it
 //! does not understand is [`Command::Other`], which pgmemo passes through untouched.
 
-/// What one top-level statement of a simple query is, as far as statement tracking cares.
+use super::words::query;
+
+/// What one top-level statement of a simple query (or the text of a Parse) is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
+    /// `BEGIN`, `START TRANSACTION`.
+    Begin,
+    /// `COMMIT`, `END` (also `AND CHAIN`).
+    Commit,
+    /// `ROLLBACK`, `ABORT` (also `AND CHAIN`).
+    Rollback,
+    /// `SAVEPOINT name`.
+    Savepoint,
+    /// `RELEASE [SAVEPOINT] name`.
+    Release,
+    /// `ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name`.
+    RollbackTo,
+    /// `PREPARE TRANSACTION 'id'`.
+    PrepareTransaction,
+    /// `COMMIT PREPARED 'id'`, `ROLLBACK PREPARED 'id'`.
+    EndPrepared,
     /// `PREPARE name [(types)] AS ...`; `text` is the whole statement.
-    Prepare {
-        name: String,
-        text: String,
-    },
-    /// `EXECUTE name [(args)]`.
-    Execute {
-        name: String,
-    },
+    Prepare { name: String, text: String },
+    /// `EXECUTE name [(args)]`, also under `EXPLAIN [options]`.
+    Execute { name: String },
     /// `DEALLOCATE [PREPARE] name`.
-    Deallocate {
-        name: String,
-    },
+    Deallocate { name: String },
     /// `DEALLOCATE [PREPARE] ALL`.
     DeallocateAll,
     /// `DISCARD ALL` (also drops every prepared statement).
     DiscardAll,
+    /// `DISCARD PLANS | SEQUENCES | TEMP | TEMPORARY`.
+    Discard,
     /// `SET [SESSION | LOCAL] search_path {TO | =} ...`, `SET search_path TO DEFAULT`,
     /// `RESET search_path`: the value as a `search_path` setting string (what `SHOW` would
     /// give, `""` for the server's default); what pgmemo cannot read is `\0` and its text.
-    SetSearchPath {
-        value: Option<String>,
-        local: bool,
-    },
+    SetSearchPath { value: Option<String>, local: bool },
+    /// Every other `SET ...` (of a setting, `SET TRANSACTION`, `SET ROLE`, `SET SESSION
+    /// AUTHORIZATION`, `SET CONSTRAINTS`); `local`: `SET LOCAL`.
+    Set { local: bool },
+    /// `RESET ALL`.
+    ResetAll,
+    /// `RESET name` (of another setting than search_path).
+    Reset,
+    /// `LOAD 'library'`.
+    Load,
+    /// `LISTEN channel`.
+    Listen,
+    /// `UNLISTEN channel | *`.
+    Unlisten,
+    /// `NOTIFY channel [, payload]`.
+    Notify,
+    /// `DECLARE name ... CURSOR ...`.
+    Declare,
+    /// `FETCH`, `MOVE` in a cursor.
+    Fetch,
+    /// `CLOSE name | ALL`.
+    Close,
+    /// `COPY ...`.
+    Copy,
+    /// `CREATE`, `ALTER` or `DROP` of anything; `temp`: the statement names `temp` or
+    /// `pg_temp` (it may change only the session's own temporary objects).
+    Ddl { temp: bool },
+    /// `INSERT`, `UPDATE`, `DELETE`, `MERGE`, `TRUNCATE`.
+    Dml,
+    /// `SELECT`, `VALUES`, `TABLE`, `WITH` (whose queries may still write).
+    Select,
+    /// `SHOW name | ALL`.
+    Show,
+    /// `EXPLAIN` of anything but an `EXECUTE`.
+    Explain,
+    /// Anything else (`GRANT`, `VACUUM`, `CALL`, `DO`, a statement in parentheses, ...).
     Other,
+}
+
+impl Command {
+    /// Whether PostgreSQL still runs the statement in an aborted transaction block
+    /// (`IsTransactionExitStmt`): COMMIT / END, ROLLBACK / ABORT (also `ROLLBACK TO`), PREPARE
+    /// TRANSACTION — but not COMMIT PREPARED or ROLLBACK PREPARED.
+    pub fn is_transaction_exit(&self) -> bool {
+        matches!(
+            self,
+            Command::Commit | Command::Rollback | Command::RollbackTo | Command::PrepareTransaction
+        )
+    }
+
+    /// Whether the statement opens a transaction block: BEGIN, START TRANSACTION.
+    pub fn is_transaction_start(&self) -> bool {
+        matches!(self, Command::Begin)
+    }
 }
 
 /// Splits `sql` into top-level statements and classifies each. Empty statements are dropped.
@@ -41,7 +108,7 @@ pub fn classify(sql: &str) -> Vec<Command> {
     split(sql)
         .into_iter()
         .filter(|s| !s.trim().is_empty())
-        .map(classify_one)
+        .map(classify_statement)
         .collect()
 }
 
@@ -203,36 +270,50 @@ fn hide_reserved_str(sql: &str) -> Option<(String, Vec<(usize, ReservedUse)>)> {
     Some((text, uses))
 }
 
-fn classify_one(stmt: &str) -> Command {
+/// What one statement (of [`split`]'s, or a Parse's text) is.
+pub fn classify_statement(stmt: &str) -> Command {
     if let Some(explained) = explained(stmt) {
         // `EXPLAIN [ANALYZE] EXECUTE name` runs (or plans) the statement `name`.
-        return match classify_one(explained) {
+        return match classify_statement(explained) {
             execute @ Command::Execute { .. } => execute,
-            _ => Command::Other,
+            _ => Command::Explain,
         };
     }
     let words = leading_words(stmt, 3);
     let word = |i: usize| words.get(i).map(|w| w.to_ascii_lowercase());
-    match word(0).as_deref() {
-        Some("prepare") => match words.get(1) {
-            Some(name) if !is_keyword(name, "transaction") => Command::Prepare {
+    let Some(first) = word(0) else {
+        return Command::Other;
+    };
+    match first.as_str() {
+        "begin" => Command::Begin,
+        "start" if word(1).as_deref() == Some("transaction") => Command::Begin,
+        "commit" | "rollback" if word(1).as_deref() == Some("prepared") => Command::EndPrepared,
+        "commit" | "end" => Command::Commit,
+        "rollback" if rolls_back_to(&words) => Command::RollbackTo,
+        "rollback" | "abort" => Command::Rollback,
+        "savepoint" => Command::Savepoint,
+        "release" => Command::Release,
+        "prepare" => match words.get(1) {
+            Some(name) if is_keyword(name, "transaction") => Command::PrepareTransaction,
+            Some(name) => Command::Prepare {
                 name: identifier(name),
                 text: stmt.trim().to_owned(),
             },
-            _ => Command::Other,
+            None => Command::Other,
         },
-        Some("execute") => match words.get(1) {
+        "execute" => match words.get(1) {
             Some(name) => Command::Execute {
                 name: identifier(name),
             },
             None => Command::Other,
         },
-        Some("deallocate") => {
-            let mut i = 1;
-            if word(1).as_deref() == Some("prepare") {
-                i = 2;
-            }
-            match words.get(i) {
+        "deallocate" => {
+            let at = if word(1).as_deref() == Some("prepare") {
+                2
+            } else {
+                1
+            };
+            match words.get(at) {
                 Some(w) if is_keyword(w, "all") => Command::DeallocateAll,
                 Some(name) => Command::Deallocate {
                     name: identifier(name),
@@ -240,9 +321,40 @@ fn classify_one(stmt: &str) -> Command {
                 None => Command::Other,
             }
         }
-        Some("discard") if word(1).as_deref() == Some("all") => Command::DiscardAll,
-        Some("set" | "reset") => set_search_path(stmt).unwrap_or(Command::Other),
+        "discard" if word(1).as_deref() == Some("all") => Command::DiscardAll,
+        "discard" => Command::Discard,
+        "set" => set_search_path(stmt).unwrap_or(Command::Set {
+            local: word(1).as_deref() == Some("local"),
+        }),
+        "reset" if word(1).as_deref() == Some("all") => Command::ResetAll,
+        "reset" => set_search_path(stmt).unwrap_or(Command::Reset),
+        "load" => Command::Load,
+        "listen" => Command::Listen,
+        "unlisten" => Command::Unlisten,
+        "notify" => Command::Notify,
+        "declare" => Command::Declare,
+        "fetch" | "move" => Command::Fetch,
+        "close" => Command::Close,
+        "copy" => Command::Copy,
+        "create" | "alter" | "drop" => Command::Ddl {
+            temp: query::WORDS.found_in(stmt.as_bytes(), query::TEMP | query::PG_TEMP) != 0,
+        },
+        "insert" | "update" | "delete" | "merge" | "truncate" => Command::Dml,
+        "select" | "values" | "table" | "with" => Command::Select,
+        "show" => Command::Show,
         _ => Command::Other,
+    }
+}
+
+/// Whether a `ROLLBACK`'s leading words (up to three) go on with `TO`: `ROLLBACK TO`,
+/// `ROLLBACK WORK TO`, `ROLLBACK TRANSACTION TO`.
+fn rolls_back_to(words: &[&str]) -> bool {
+    match words.get(1) {
+        Some(w) if is_keyword(w, "to") => true,
+        Some(w) if is_keyword(w, "work") || is_keyword(w, "transaction") => {
+            words.get(2).is_some_and(|w| is_keyword(w, "to"))
+        }
+        _ => false,
     }
 }
 
@@ -363,32 +475,6 @@ fn quote_identifier(name: &str) -> String {
     }
 }
 
-/// Whether a statement is one PostgreSQL still runs in an aborted transaction block
-/// (`IsTransactionExitStmt`): COMMIT / END, ROLLBACK / ABORT (also `ROLLBACK TO`), PREPARE
-/// TRANSACTION — but not COMMIT PREPARED or ROLLBACK PREPARED.
-pub fn is_transaction_exit(stmt: &str) -> bool {
-    let words = leading_words(stmt, 2);
-    let word = |i: usize| {
-        words
-            .get(i)
-            .filter(|w| !w.starts_with('"'))
-            .map(|w| w.to_ascii_lowercase())
-    };
-    match word(0).as_deref() {
-        Some("commit" | "end" | "rollback" | "abort") => word(1).as_deref() != Some("prepared"),
-        Some("prepare") => word(1).as_deref() == Some("transaction"),
-        _ => false,
-    }
-}
-
-/// Whether a statement opens a transaction block: BEGIN, START TRANSACTION.
-pub fn is_transaction_start(stmt: &str) -> bool {
-    let words = leading_words(stmt, 2);
-    let word = |i: usize| words.get(i).copied().unwrap_or_default();
-    is_keyword(word(0), "begin")
-        || (is_keyword(word(0), "start") && is_keyword(word(1), "transaction"))
-}
-
 /// Whether `word` (one of [`leading_words`]) is the keyword `kw`, in any case, unquoted.
 pub fn is_keyword(word: &str, kw: &str) -> bool {
     !word.starts_with('"') && word.eq_ignore_ascii_case(kw)
@@ -403,7 +489,6 @@ fn identifier(word: &str) -> String {
     }
 }
 
-/// The first `n` words (identifiers, quoted identifiers), stopping at anything else.
 /// The statement an `EXPLAIN` is about: the text after `EXPLAIN`, its options in parentheses
 /// or the words ANALYZE and VERBOSE.
 fn explained(stmt: &str) -> Option<&str> {
@@ -665,7 +750,7 @@ mod tests {
                 "{sql}"
             );
         }
-        assert_eq!(classify("EXPLAIN SELECT 1"), [Command::Other]);
+        assert_eq!(classify("EXPLAIN SELECT 1"), [Command::Explain]);
         assert_eq!(classify("EXPLAINED"), [Command::Other]);
     }
 
@@ -695,9 +780,12 @@ mod tests {
             classify(" /* hi */ discard -- x\n all"),
             vec![Command::DiscardAll]
         );
-        assert_eq!(classify("DISCARD PLANS"), vec![Command::Other]);
-        assert_eq!(classify("PREPARE TRANSACTION 'x'"), vec![Command::Other]);
-        assert_eq!(classify("SELECT 1"), vec![Command::Other]);
+        assert_eq!(classify("DISCARD PLANS"), vec![Command::Discard]);
+        assert_eq!(
+            classify("PREPARE TRANSACTION 'x'"),
+            vec![Command::PrepareTransaction]
+        );
+        assert_eq!(classify("SELECT 1"), vec![Command::Select]);
     }
 
     #[test]
@@ -747,13 +835,17 @@ mod tests {
         ] {
             assert_eq!(classify(text), vec![want], "{text}");
         }
-        for other in [
-            "SET search_paths = a",
-            "SET work_mem = 1",
-            "RESET ALL",
-            "SET LOCAL statement_timeout = 5",
+        for (other, want) in [
+            ("SET search_paths = a", Command::Set { local: false }),
+            ("SET work_mem = 1", Command::Set { local: false }),
+            ("RESET ALL", Command::ResetAll),
+            ("RESET work_mem", Command::Reset),
+            (
+                "SET LOCAL statement_timeout = 5",
+                Command::Set { local: true },
+            ),
         ] {
-            assert_eq!(classify(other), vec![Command::Other], "{other}");
+            assert_eq!(classify(other), vec![want], "{other}");
         }
         assert_eq!(
             tracked_command("SET search_path = a"),
@@ -836,7 +928,7 @@ mod tests {
             "PREPARE TRANSACTION 'x'",
             "ROLLBACK;",
         ] {
-            assert!(is_transaction_exit(yes), "{yes}");
+            assert!(classify_statement(yes).is_transaction_exit(), "{yes}");
         }
         for no in [
             "COMMIT PREPARED 'x'",
@@ -848,18 +940,85 @@ mod tests {
             "\"commit\"",
             "",
         ] {
-            assert!(!is_transaction_exit(no), "{no}");
+            assert!(!classify_statement(no).is_transaction_exit(), "{no}");
+        }
+    }
+
+    #[test]
+    fn classifies_every_kind_of_statement() {
+        for (text, want) in [
+            ("begin", Command::Begin),
+            (
+                "START TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                Command::Begin,
+            ),
+            ("START", Command::Other),
+            ("END", Command::Commit),
+            ("commit and chain", Command::Commit),
+            ("ABORT", Command::Rollback),
+            ("rollback work", Command::Rollback),
+            ("ROLLBACK TO a", Command::RollbackTo),
+            ("rollback transaction to savepoint a", Command::RollbackTo),
+            ("SAVEPOINT a", Command::Savepoint),
+            ("RELEASE SAVEPOINT a", Command::Release),
+            ("COMMIT PREPARED 'x'", Command::EndPrepared),
+            ("rollback prepared 'x'", Command::EndPrepared),
+            ("DISCARD TEMP", Command::Discard),
+            (
+                "SET SESSION AUTHORIZATION DEFAULT",
+                Command::Set { local: false },
+            ),
+            ("set local role r", Command::Set { local: true }),
+            ("LOAD 'auto_explain'", Command::Load),
+            ("LISTEN ch", Command::Listen),
+            ("UNLISTEN *", Command::Unlisten),
+            ("NOTIFY ch, 'x'", Command::Notify),
+            ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", Command::Declare),
+            ("FETCH 10 FROM c", Command::Fetch),
+            ("MOVE c", Command::Fetch),
+            ("CLOSE ALL", Command::Close),
+            ("COPY t FROM STDIN", Command::Copy),
+            ("CREATE TABLE t (a int)", Command::Ddl { temp: false }),
+            (
+                "create temporary table t (a int)",
+                Command::Ddl { temp: true },
+            ),
+            (
+                "ALTER TABLE pg_temp.t ADD b int",
+                Command::Ddl { temp: true },
+            ),
+            ("DROP INDEX i", Command::Ddl { temp: false }),
+            ("INSERT INTO t VALUES (1)", Command::Dml),
+            ("update t set a = 1", Command::Dml),
+            ("DELETE FROM t", Command::Dml),
+            (
+                "MERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
+                Command::Dml,
+            ),
+            ("TRUNCATE t", Command::Dml),
+            ("/* c */ SELECT 1", Command::Select),
+            ("VALUES (1)", Command::Select),
+            ("TABLE t", Command::Select),
+            ("WITH x AS (SELECT 1) SELECT * FROM x", Command::Select),
+            ("SHOW ALL", Command::Show),
+            ("EXPLAIN ANALYZE SELECT 1", Command::Explain),
+            ("GRANT SELECT ON t TO r", Command::Other),
+            ("(SELECT 1)", Command::Other),
+            ("\"select\" 1", Command::Other),
+            ("selected", Command::Other),
+        ] {
+            assert_eq!(classify_statement(text), want, "{text}");
         }
     }
 
     #[test]
     fn recognizes_transaction_start_statements() {
-        assert!(is_transaction_start("BEGIN"));
-        assert!(is_transaction_start("begin isolation level serializable"));
-        assert!(is_transaction_start("START TRANSACTION READ ONLY"));
-        assert!(!is_transaction_start("START"));
-        assert!(!is_transaction_start("COMMIT"));
-        assert!(!is_transaction_start("\"begin\""));
+        assert!(classify_statement("BEGIN").is_transaction_start());
+        assert!(classify_statement("begin isolation level serializable").is_transaction_start());
+        assert!(classify_statement("START TRANSACTION READ ONLY").is_transaction_start());
+        assert!(!classify_statement("START").is_transaction_start());
+        assert!(!classify_statement("COMMIT").is_transaction_start());
+        assert!(!classify_statement("\"begin\"").is_transaction_start());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! - [`ddl`]: whether a text's DDL changes the shared schema or only the session's temporary
 //!   objects.
 
-use super::command;
+use super::command::{self, Command};
 use super::words::{self, query};
 
 /// Words of statements that may change session state or remove it (bits of
@@ -86,11 +86,12 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
         // split to find its leading word.
         let single = memchr::memchr(b';', text.as_bytes())
             .is_none_or(|at| text[at + 1..].trim_ascii().is_empty());
-        let mut leading = |statement: &str| {
-            if let Some(word) = command::leading_words(statement, 1).first() {
-                set |= command::is_keyword(word, "set");
-                load |= command::is_keyword(word, "load");
-            }
+        // (`RESET search_path` reads as a SET of it: a text naming RESET is probed and read
+        // for settings anyway, below.)
+        let mut leading = |statement: &str| match command::classify_statement(statement) {
+            Command::Set { .. } | Command::SetSearchPath { .. } => set = true,
+            Command::Load => load = true,
+            _ => {}
         };
         if single {
             leading(&text);
@@ -290,19 +291,10 @@ pub fn ddl_found(found: u32, text: &[u8]) -> Ddl {
     }
     let text = String::from_utf8_lossy(text);
     for statement in command::split(&text) {
-        let Some(first) = command::leading_words(statement, 1).into_iter().next() else {
-            continue;
-        };
-        if ["create", "alter", "drop"]
-            .iter()
-            .any(|kw| command::is_keyword(first, kw))
-        {
-            let temp = query::WORDS.found_in(statement.as_bytes(), query::TEMP | query::PG_TEMP);
-            if temp != 0 {
-                ddl.temp = true;
-            } else {
-                ddl.shared = true;
-            }
+        match command::classify_statement(statement) {
+            Command::Ddl { temp: true } => ddl.temp = true,
+            Command::Ddl { temp: false } => ddl.shared = true,
+            _ => {}
         }
     }
     ddl

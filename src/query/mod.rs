@@ -7,8 +7,9 @@
 //! - [`words`]: a cheap, generous test for which of a few SQL words a text contains, so the
 //!   features that care about a word (session state, DDL, statement commands) look closer only
 //!   when it is there.
-//! - [`command`]: the SQL-level commands that change what pgmemo tracks (`PREPARE`,
-//!   `EXECUTE`, `DEALLOCATE`, `DISCARD`, `SET search_path`, transaction starts and ends).
+//! - [`command`]: the SQL command classifier, what kind each statement is (`BEGIN`, `SET`,
+//!   `PREPARE`, `LISTEN`, `COPY`, DDL, DML, `SELECT`, ...) as one `Command`; and
+//!   [`block`], the strict reading of the transaction control a session answers itself.
 //! - [`facts`]: what a statement does to its session (settings, temporary objects, `LISTEN`,
 //!   advisory locks, held cursors) and to the schema (DDL).
 //! - [`hint`]: the `/* pgmemo cache */` comments.

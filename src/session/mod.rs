@@ -790,8 +790,7 @@ impl Session {
                 } else {
                     settings.server_reset_query.as_str()
                 };
-                let keep_statements =
-                    settings.prepared_statements && reset_query.eq_ignore_ascii_case("DISCARD ALL");
+                let keep_statements = settings.prepared_statements && is_discard_all(reset_query);
                 if keep_statements {
                     // pgmemo's own statements are shared by every client: keep them, so a
                     // statement is parsed once per server rather than once per client.
@@ -860,6 +859,15 @@ async fn read_setting_functions(pool: &Pool, server: &mut ServerConn) {
 /// reset value (server, database, role), not a setting some client left.
 const DEFAULT_ISOLATION_SQL: &str = "SELECT reset_val FROM pg_catalog.pg_settings \
     WHERE name = 'default_transaction_isolation'";
+
+/// Whether a `server_reset_query` is exactly `DISCARD ALL` (however it is spelt), which pgmemo
+/// replaces with the same reset that keeps its shared statements.
+fn is_discard_all(reset_query: &str) -> bool {
+    matches!(
+        crate::query::command::classify(reset_query).as_slice(),
+        [crate::query::command::Command::DiscardAll]
+    )
+}
 
 /// Adds a session's statement counters to the server it used (for SHOW SERVERS).
 fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
@@ -1039,5 +1047,26 @@ mod footprint {
         // An Arc's allocation: two counts and the value.
         let info = 16 + size_of::<crate::app::ClientInfo>();
         assert!(info <= 224, "ClientInfo's Arc is {info} bytes");
+    }
+}
+
+#[cfg(test)]
+mod reset_query {
+    use super::is_discard_all;
+
+    #[test]
+    fn discard_all_is_recognized_however_it_is_spelt() {
+        for yes in ["DISCARD ALL", "discard all;", " /* reset */ Discard\n ALL "] {
+            assert!(is_discard_all(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "DISCARD PLANS",
+            "RESET ALL",
+            "DISCARD ALL; SELECT 1",
+            "DEALLOCATE ALL",
+        ] {
+            assert!(!is_discard_all(no), "{no}");
+        }
     }
 }

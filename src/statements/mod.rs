@@ -159,10 +159,11 @@ impl Statement {
             key.param_types.first().copied().unwrap_or(0),
             key.param_types.get(1).copied().unwrap_or(0),
         ]) as usize;
+        let kind = command::classify_statement(text);
         Statement {
             id,
-            ends_transaction: command::is_transaction_exit(text),
-            starts_transaction: command::is_transaction_start(text),
+            ends_transaction: kind.is_transaction_exit(),
+            starts_transaction: kind.is_transaction_start(),
             tracked,
             session_touch,
             custom_settings,

@@ -278,7 +278,9 @@ impl Planner<'_> {
                     .is_some_and(|name_end| Words::may_start_transaction(&body[name_end + 1..]))
                     && Parse::parse(body)
                         .and_then(|p| std::str::from_utf8(p.query).ok())
-                        .is_some_and(command::is_transaction_start)
+                        .is_some_and(|text| {
+                            command::classify_statement(text).is_transaction_start()
+                        })
             }
             // A Bind of BEGIN: see bind().
             _ => false,

@@ -522,7 +522,8 @@ pub(super) fn apply_sql_command(
                 server_sql.clear();
             }
         }
-        Command::Execute { .. } | Command::Other => {}
+        // The other statements change none of the client's statements.
+        _ => {}
     }
 }
 
