@@ -23,10 +23,10 @@ impl Session {
         let timeout = self.pool.settings().pinned_idle_timeout;
         let deadline =
             tokio::time::Instant::now() + if timeout.is_zero() { NEVER } else { timeout };
-        match self.pinned_idle.as_mut() {
+        match self.state.pinned_idle.as_mut() {
             Some(timer) => timer.as_mut().reset(deadline),
             None if !timeout.is_zero() => {
-                self.pinned_idle = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                self.state.pinned_idle = Some(Box::pin(tokio::time::sleep_until(deadline)));
             }
             None => {}
         }

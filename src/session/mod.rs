@@ -309,10 +309,6 @@ struct Session {
     /// The server would have gone back, but a cancel request aimed at the client's work on it
     /// is still being passed on: it goes back once that is delivered.
     kept_for_cancels: bool,
-    /// Fires when a pinned client has been idle for `pinned_idle_timeout`: made at its first
-    /// pin with a timeout, reset at the end of each of its transactions, polled only while it
-    /// is pinned and idle.
-    pinned_idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// The client's session parameters, as it believes them to be, and what follows from them.
@@ -545,7 +541,7 @@ impl Session {
     /// `pinned_idle_timeout` (polls the timer only then: the task is woken when it fires).
     fn idle_too_long(&mut self, cx: &mut Context<'_>) -> bool {
         let idle = self.state.pins != 0 && self.work_done() && self.client.rbuf.is_empty();
-        match self.pinned_idle.as_mut() {
+        match self.state.pinned_idle.as_mut() {
             Some(timer) if idle => std::future::Future::poll(timer.as_mut(), cx).is_ready(),
             _ => false,
         }

@@ -173,7 +173,6 @@ impl Session {
             server_fatal: false,
             idle_reads: 0,
             kept_for_cancels: false,
-            pinned_idle: None,
         }
     }
 

@@ -142,6 +142,10 @@ pub struct StateWatch {
     pub unnamed_settings: Option<bool>,
     /// Its pool's [`SettingFunctions`], as last seen (None: none known).
     pub setting_functions: Option<std::sync::Arc<SettingFunctions>>,
+    /// Fires when a pinned client has been idle for `pinned_idle_timeout`: made at its first
+    /// pin with a timeout, reset at the end of each of its transactions, polled only while it
+    /// is pinned and idle.
+    pub pinned_idle: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl StateWatch {
