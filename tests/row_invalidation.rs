@@ -6,8 +6,9 @@
 //! rows and each that does not (a key changed by `SET`, `INSERT` without the key, `ON
 //! CONFLICT` on another constraint, cascades, triggers, TRUNCATE, a table without a primary
 //! key), composite, text and uuid keys, partitions, collisions of the row counters, and
-//! concurrent writers checked by a consistency checker. Refresh ahead: a hot key read across
-//! its TTL never misses.
+//! concurrent writers checked by a consistency checker; and random runs of every kind of
+//! write between cached reads of every kind, in and out of transaction blocks, each read
+//! compared with PostgreSQL. Refresh ahead: a hot key read across its TTL never misses.
 
 mod common;
 
@@ -944,4 +945,428 @@ async fn concurrent_writers_never_make_a_read_by_value_stale() {
     assert!(checker.reads.load(SeqCst) > 100);
     assert!(hits > 0, "no read was answered from the cache");
     assert_eq!(checker.stale.load(SeqCst), 0, "stale reads");
+}
+
+/// The schema of the random runs: posts read by key, by value (user, tag, likes), in order
+/// and not, alone and joined with their users. The tables are never vacuumed or analyzed
+/// meanwhile, so a read without ORDER BY keeps its plan and gives rows in the order the
+/// writes left them, which a cached entry must follow too.
+const RANDOM_SCHEMA: &str = "
+    CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL, team int NOT NULL)
+        WITH (autovacuum_enabled = off);
+    INSERT INTO users SELECT g, 'n' || g, g % 2 FROM generate_series(1, 5) g;
+    CREATE TABLE posts (id serial PRIMARY KEY, user_id int NOT NULL, title text NOT NULL UNIQUE,
+                        likes int NOT NULL, tag text) WITH (autovacuum_enabled = off);
+    ALTER TABLE posts REPLICA IDENTITY FULL;
+    INSERT INTO posts (user_id, title, likes, tag)
+        SELECT 1 + g % 5, 'p' || g, g % 3, (ARRAY['a', 'b', NULL])[1 + g % 3]
+        FROM generate_series(1, 14) g;
+    SELECT setval('posts_id_seq', 100);
+    CREATE FUNCTION bump(i int) RETURNS void LANGUAGE sql
+        AS 'UPDATE posts SET likes = likes + 5 WHERE id = i';";
+
+/// A statement of the random runs: its text and, for the extended protocol, its parameters
+/// (none: sent as a simple query).
+struct Statement {
+    sql: String,
+    params: Vec<Param>,
+}
+
+enum Param {
+    Int(i32),
+    Text(String),
+}
+
+impl Statement {
+    fn simple(sql: String) -> Statement {
+        Statement {
+            sql,
+            params: Vec::new(),
+        }
+    }
+
+    fn extended(sql: &str, params: Vec<Param>) -> Statement {
+        Statement {
+            sql: sql.to_owned(),
+            params,
+        }
+    }
+
+    /// The same statement with a `nocache` hint: always run on the server.
+    fn uncached(&self) -> Statement {
+        Statement {
+            sql: format!("/* pgmemo nocache */ {}", self.sql),
+            params: self
+                .params
+                .iter()
+                .map(|p| match p {
+                    Param::Int(v) => Param::Int(*v),
+                    Param::Text(v) => Param::Text(v.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        self.params
+            .iter()
+            .map(|p| match p {
+                Param::Int(v) => v as &(dyn tokio_postgres::types::ToSql + Sync),
+                Param::Text(v) => v as &(dyn tokio_postgres::types::ToSql + Sync),
+            })
+            .collect()
+    }
+
+    /// Runs it through `client`: every row, each column as text (extended statements select
+    /// text columns), rows joined by `;`; the error's text if it fails.
+    async fn run(&self, client: &Client) -> String {
+        if self.params.is_empty() {
+            return match client.simple_query(&self.sql).await {
+                Ok(messages) => messages
+                    .iter()
+                    .filter_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                            (0..r.len())
+                                .map(|c| r.get(c).unwrap_or("NULL"))
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        ),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+                    .join(";"),
+                Err(e) => format!("error: {e}"),
+            };
+        }
+        match client.query(&self.sql, &self.params()).await {
+            Ok(rows) => rows
+                .iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|c| r.get::<_, Option<String>>(c).unwrap_or("NULL".into()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .collect::<Vec<_>>()
+                .join(";"),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Statement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| match p {
+                Param::Int(v) => v.to_string(),
+                Param::Text(v) => format!("{v:?}"),
+            })
+            .collect();
+        write!(f, "{} {params:?}", self.sql)
+    }
+}
+
+/// One of the random run's reads, its holes filled from `rng`.
+fn random_read(rng: &mut Rng) -> Statement {
+    let u = 1 + rng.below(6);
+    let l = rng.below(4);
+    match rng.below(30) {
+        24 => Statement::extended(
+            "SELECT title FROM posts WHERE user_id = $1 ORDER BY title",
+            vec![Param::Int(u as i32)],
+        ),
+        25 => Statement::extended(
+            "SELECT count(*)::text FROM posts WHERE user_id = $1",
+            vec![Param::Int(u as i32)],
+        ),
+        26 => Statement::extended(
+            "SELECT id::text, likes::text FROM posts WHERE likes = $1",
+            vec![Param::Int(l as i32)],
+        ),
+        27 => Statement::extended(
+            "SELECT title, tag FROM posts WHERE user_id = $1 AND tag = $2 ORDER BY id",
+            vec![Param::Int(u as i32), Param::Text(["a", "b"][l % 2].into())],
+        ),
+        _ => Statement::simple(random_simple_read(rng)),
+    }
+}
+
+/// One of the random run's reads sent as simple queries.
+fn random_simple_read(rng: &mut Rng) -> String {
+    let u = 1 + rng.below(6);
+    let v = 1 + rng.below(6);
+    let i = 1 + rng.below(20);
+    let l = rng.below(4);
+    let t = ["a", "b", "c"][rng.below(3)];
+    let team = rng.below(2);
+    match rng.below(24) {
+        0 => format!("SELECT title, likes FROM posts WHERE user_id = {u} ORDER BY title"),
+        1 => format!("SELECT title FROM posts WHERE user_id = {u}"),
+        2 => format!("SELECT count(*) FROM posts WHERE user_id = {u}"),
+        3 => format!("SELECT sum(likes), max(likes) FROM posts WHERE user_id = {u}"),
+        4 => format!("SELECT * FROM posts WHERE id = {i}"),
+        5 => format!("SELECT title FROM posts WHERE tag = '{t}' ORDER BY id"),
+        6 => format!("SELECT count(*) FROM posts WHERE tag = '{t}' AND user_id = {u}"),
+        7 => format!(
+            "SELECT p.title, u.name FROM posts p JOIN users u ON u.id = p.user_id \
+             WHERE p.user_id = {u} ORDER BY p.title"
+        ),
+        8 => format!(
+            "SELECT u.name, count(*) FROM users u JOIN posts p ON p.user_id = u.id \
+             WHERE u.team = {team} GROUP BY u.name ORDER BY u.name"
+        ),
+        9 => format!("SELECT id, likes FROM posts WHERE likes = {l}"),
+        10 => format!("SELECT id FROM posts WHERE user_id IN ({u}, {v}) ORDER BY id"),
+        11 => format!(
+            "SELECT title FROM posts WHERE user_id = {u} AND likes > {l} ORDER BY likes, id"
+        ),
+        12 => format!("SELECT name FROM users WHERE team = {team}"),
+        13 => "SELECT count(*) FROM posts".to_owned(),
+        14 => "SELECT title FROM posts ORDER BY likes DESC, id LIMIT 3".to_owned(),
+        15 => format!("SELECT DISTINCT user_id FROM posts WHERE tag = '{t}' ORDER BY 1"),
+        16 => format!(
+            "SELECT p.id FROM posts p, users u WHERE p.user_id = u.id AND u.name = 'n{u}' \
+             ORDER BY p.id"
+        ),
+        17 => format!("SELECT title FROM posts WHERE user_id = {u} ORDER BY id LIMIT 1"),
+        18 => format!("SELECT min(title) FROM posts WHERE user_id = {u}"),
+        19 => format!("SELECT likes, user_id FROM posts WHERE title = 'p{i}'"),
+        20 => format!("SELECT id FROM posts WHERE user_id = {u} AND tag IS NULL"),
+        21 => format!("SELECT id, title FROM posts WHERE user_id = '{u}' ORDER BY title"),
+        22 => "SELECT user_id, count(*) FROM posts GROUP BY user_id ORDER BY user_id".to_owned(),
+        _ => format!("SELECT u.name FROM users u WHERE u.id = {u}"),
+    }
+}
+
+/// One of the random run's writes (`n` a number no title has yet).
+fn random_write(rng: &mut Rng, n: usize) -> Statement {
+    let u = 1 + rng.below(6) as i32;
+    let i = 1 + rng.below(20) as i32;
+    let l = rng.below(4) as i32;
+    match rng.below(34) {
+        26 => Statement::extended(
+            "UPDATE posts SET user_id = $1 WHERE id = $2",
+            vec![Param::Int(u), Param::Int(i)],
+        ),
+        27 | 28 => Statement::extended(
+            "INSERT INTO posts (user_id, title, likes) VALUES ($1, $2, $3)",
+            vec![Param::Int(u), Param::Text(format!("p{n}")), Param::Int(l)],
+        ),
+        29 => Statement::extended(
+            "DELETE FROM posts WHERE user_id = $1 AND likes = $2",
+            vec![Param::Int(u), Param::Int(l)],
+        ),
+        30 => Statement::extended(
+            "UPDATE posts SET tag = $1 WHERE id = $2",
+            vec![
+                Param::Text(["a", "b", "c"][l as usize % 3].into()),
+                Param::Int(i),
+            ],
+        ),
+        31 => Statement::simple(format!("SELECT bump({i})")),
+        32 => Statement::simple(format!(
+            "WITH moved AS (UPDATE posts SET user_id = {u} WHERE id = {i} RETURNING id) \
+             SELECT count(*) FROM moved"
+        )),
+        _ => Statement::simple(random_simple_write(rng, n)),
+    }
+}
+
+/// One of the random run's writes sent as simple queries.
+fn random_simple_write(rng: &mut Rng, n: usize) -> String {
+    let u = 1 + rng.below(6);
+    let i = 1 + rng.below(20);
+    let l = rng.below(4);
+    let t = ["a", "b", "c"][rng.below(3)];
+    let team = rng.below(2);
+    match rng.below(26) {
+        0 | 1 => format!("UPDATE posts SET likes = likes + 1 WHERE id = {i}"),
+        2 => format!("UPDATE posts SET user_id = {u} WHERE id = {i}"),
+        3 => format!("UPDATE posts SET tag = '{t}' WHERE id = {i}"),
+        4 => format!("UPDATE posts SET tag = NULL WHERE user_id = {u}"),
+        5 | 22 | 23 => format!(
+            "INSERT INTO posts (user_id, title, likes, tag) VALUES ({u}, 'p{n}', {l}, '{t}')"
+        ),
+        6 | 24 => format!("INSERT INTO posts (user_id, title, likes) VALUES ({u}, 'p{n}', {l})"),
+        7 => format!("DELETE FROM posts WHERE id = {i}"),
+        8 => format!("DELETE FROM posts WHERE user_id = {u} AND likes > {l}"),
+        9 => format!("UPDATE posts SET likes = 0 WHERE user_id = {u}"),
+        10 => format!("UPDATE users SET name = 'n{n}' WHERE id = {u}"),
+        11 => format!("UPDATE users SET team = {team} WHERE id = {u}"),
+        12 => format!(
+            "INSERT INTO users VALUES ({u}, 'n{u}', {team}) \
+             ON CONFLICT (id) DO UPDATE SET name = excluded.name"
+        ),
+        13 => format!(
+            "UPDATE posts p SET likes = p.likes + 1 FROM users u \
+             WHERE u.id = p.user_id AND u.team = {team}"
+        ),
+        14 => format!(
+            "INSERT INTO posts (user_id, title, likes) \
+             SELECT user_id, title || 'c{n}', likes FROM posts WHERE id = {i}"
+        ),
+        15 => format!(
+            "INSERT INTO posts (id, user_id, title, likes) VALUES ({i}, {u}, 'p{n}', 1) \
+             ON CONFLICT (id) DO UPDATE SET likes = excluded.likes + 10, user_id = excluded.user_id"
+        ),
+        16 => format!("UPDATE posts SET title = 'p{n}' WHERE id = {i}"),
+        17 => format!("DELETE FROM users WHERE id = {u}"),
+        18 => format!("UPDATE posts SET likes = likes WHERE id = {i}"),
+        19 => format!(
+            "WITH moved AS (DELETE FROM posts WHERE id = {i} RETURNING *) \
+             INSERT INTO posts SELECT * FROM moved"
+        ),
+        20 => format!("UPDATE posts SET user_id = user_id + 1 WHERE tag = '{t}'"),
+        21 => format!("DELETE FROM posts WHERE title = 'p{i}'"),
+        _ => format!("BEGIN; UPDATE posts SET likes = 7 WHERE user_id = {u}; ROLLBACK"),
+    }
+}
+
+/// A random run of reads and writes, one at a time: every read through pgmemo equals
+/// PostgreSQL's answer to it at that moment. Writes go through pgmemo (`wal`: false, two
+/// clients, the reader's own among them) or directly, followed in the WAL. Returns the hits,
+/// and those of extended-protocol reads.
+async fn random_run(
+    db: &'static str,
+    wal: Option<WalPlugin>,
+    seed: u64,
+    steps: usize,
+) -> (u64, u64) {
+    fresh_db(db).await;
+    tokio::task::spawn_blocking(move || cluster().psql(db, RANDOM_SCHEMA))
+        .await
+        .unwrap();
+    let mut config = config(if wal.is_some() {
+        Invalidation::Wal
+    } else {
+        Invalidation::Proxy
+    });
+    if let Some(plugin) = wal {
+        config.cache.wal_plugin = plugin;
+    }
+    config.cache.rules = vec![
+        cache_rule("posts", "FROM posts"),
+        cache_rule("users", "FROM users"),
+    ];
+    let proxy = start_pgmemo(config).await;
+    let reader = connect(&proxy_db_url(&proxy, db)).await;
+    let writer = connect(&proxy_db_url(&proxy, db)).await;
+    let direct = connect(&direct_db_url(db)).await;
+    value(&reader, "SELECT count(*) FROM posts").await;
+    caught_up(&proxy, &direct, db).await;
+    let mut rng = Rng(seed);
+    // The reads come from a set small enough to repeat, as an application's do.
+    let reads: Vec<Statement> = (0..40).map(|_| random_read(&mut rng)).collect();
+    let mut writes: Vec<Statement> = Vec::new();
+    let (mut hits_seen, mut extended_hits) = (0, 0);
+    for step in 0..steps {
+        if rng.chance(5) {
+            // A transaction block of the reader's: its reads after its own write are what
+            // the same reads give on its server in that transaction (sent with `nocache`);
+            // before any write, or in a block of reads only, what PostgreSQL gives anyone.
+            reader.batch_execute("BEGIN").await.unwrap();
+            let mut wrote = false;
+            for _ in 0..4 {
+                if rng.chance(30) {
+                    let write = random_write(&mut rng, 1000 + step);
+                    write.run(&reader).await;
+                    writes.push(write);
+                    wrote = true;
+                    continue;
+                }
+                let read = &reads[rng.below(reads.len())];
+                let got = read.run(&reader).await;
+                let want = if wrote {
+                    read.uncached().run(&reader).await
+                } else {
+                    read.run(&direct).await
+                };
+                if got != want {
+                    let recent = &writes[writes.len().saturating_sub(8)..];
+                    panic!(
+                        "step {step} (seed {seed}, {db}), in a block: {read:?}\n \
+                         through pgmemo: {got}\n PostgreSQL:    {want}\n \
+                         after the writes (last 8): {recent:#?}"
+                    );
+                }
+            }
+            let end = if rng.chance(50) { "COMMIT" } else { "ROLLBACK" };
+            reader.batch_execute(end).await.unwrap();
+            if wal.is_some() {
+                caught_up(&proxy, &direct, db).await;
+            }
+            continue;
+        }
+        if rng.chance(25) {
+            let write = random_write(&mut rng, 1000 + step);
+            let through = match (wal.is_some(), rng.chance(50)) {
+                (true, _) => &direct,
+                (false, true) => &reader,
+                (false, false) => &writer,
+            };
+            // A write may fail (a key or title taken): PostgreSQL's answer either way.
+            write.run(through).await;
+            if wal.is_some() {
+                caught_up(&proxy, &direct, db).await;
+            }
+            writes.push(write);
+            continue;
+        }
+        let read = &reads[rng.below(reads.len())];
+        let before = hits(&proxy);
+        let got = read.run(&reader).await;
+        let hit = hits(&proxy) > before;
+        hits_seen += u64::from(hit);
+        extended_hits += u64::from(hit && !read.params.is_empty());
+        let want = read.run(&direct).await;
+        if got != want {
+            let recent = &writes[writes.len().saturating_sub(8)..];
+            panic!(
+                "step {step} (seed {seed}, {db}): {read:?}\n through pgmemo: {got}\n \
+                 PostgreSQL:    {want}\n after the writes (last 8): {recent:#?}"
+            );
+        }
+    }
+    proxy.shutdown().await;
+    eprintln!("{db}: seed {seed:#x}, {hits_seen} hits, {extended_hits} of extended reads");
+    (hits_seen, extended_hits)
+}
+
+/// Random writes of every kind the cache attributes (by key, by value, by column, joined,
+/// rolled back, writable CTEs, ON CONFLICT) between cached reads of every kind it keeps apart:
+/// no read is ever answered with what PostgreSQL would not answer, and the reads still hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_writes_never_leave_a_cached_read_stale() {
+    let mut extended_hits = 0;
+    for (db, seed) in [
+        ("rows_random_1", 0x5eed_0001),
+        ("rows_random_2", 0x5eed_0002),
+        ("rows_random_3", 0x5eed_0005),
+        ("rows_random_4", 0x5eed_0006),
+    ] {
+        let (hits, extended) = random_run(db, None, seed, 1500).await;
+        assert!(
+            hits > 100,
+            "only {hits} hits in {db}: the run did not test the cache"
+        );
+        extended_hits += extended;
+    }
+    assert!(extended_hits > 20, "{extended_hits} hits of extended reads");
+}
+
+/// The same, with the writes made directly and followed in the WAL by each decoder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_writes_in_the_wal_never_leave_a_cached_read_stale() {
+    for (db, plugin, seed) in [
+        ("rows_random_text", WalPlugin::TestDecoding, 0x5eed_0003),
+        ("rows_random_pgoutput", WalPlugin::Pgoutput, 0x5eed_0004),
+    ] {
+        let (hits, _) = random_run(db, Some(plugin), seed, 600).await;
+        assert!(
+            hits > 50,
+            "only {hits} hits in {db}: the run did not test the cache"
+        );
+    }
 }
