@@ -1294,6 +1294,7 @@ pub fn show_cache_rows(app: &App) -> Table {
             "column_fills",
             "value_fallbacks",
             "wal_updates_whole",
+            "held_fills",
         ],
         rows: vec![vec![
             text(v.row_versions()),
@@ -1305,6 +1306,7 @@ pub fn show_cache_rows(app: &App) -> Table {
             text(f.column_fills.load(Relaxed)),
             text(f.value_fallbacks.load(Relaxed)),
             text(f.wal_updates_whole.load(Relaxed)),
+            text(f.held_fills.load(Relaxed)),
         ]],
     }
 }

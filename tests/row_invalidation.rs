@@ -171,6 +171,23 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
+    // A result that shows its rows' key holds them (cache::columns::HeldRows): for the
+    // columns it only shows it depends on those rows, so a like of another user's post
+    // leaves it a hit. Without a key shown, or with the column in its ORDER BY, it depends
+    // on the column.
+    Case {
+        write: "UPDATE posts SET likes = 70 WHERE id = 3",
+        changed: &[
+            "SELECT id, likes FROM posts WHERE user_id = 2 ORDER BY title",
+            "SELECT title, likes FROM posts WHERE user_id = 1 ORDER BY title",
+            "SELECT id, likes FROM posts WHERE user_id = 1 ORDER BY likes, id",
+        ],
+        kept: &[
+            "SELECT id, likes FROM posts WHERE user_id = 1 ORDER BY title",
+            "SELECT p.id, p.likes, o.name FROM posts p JOIN owners o ON o.id = p.user_id \
+             WHERE p.user_id = 3 ORDER BY p.title",
+        ],
+    },
     // A join ordered by one table's key orders the whole result only when each of its rows
     // gives one row: an owner's several posts tie under `ORDER BY o.id`, and ties come out in
     // the order the rows were met, which an UPDATE of the owner may change.
@@ -1072,7 +1089,26 @@ impl std::fmt::Debug for Statement {
 fn random_read(rng: &mut Rng) -> Statement {
     let u = 1 + rng.below(6);
     let l = rng.below(4);
-    match rng.below(30) {
+    match rng.below(36) {
+        // Reads whose results hold their rows by key (cache::columns::HeldRows).
+        30 => Statement::simple(format!(
+            "SELECT id, likes, tag FROM posts WHERE user_id = {u} ORDER BY title"
+        )),
+        31 => Statement::simple(format!(
+            "SELECT p.id, p.likes, u.id, u.name FROM posts p JOIN users u ON u.id = p.user_id \
+             WHERE p.user_id = {u} ORDER BY p.title"
+        )),
+        32 => Statement::simple(format!(
+            "SELECT id, likes FROM posts WHERE user_id = {u} ORDER BY title LIMIT 2"
+        )),
+        33 => Statement::simple(format!(
+            "SELECT id, likes AS l FROM posts WHERE user_id = {u} ORDER BY l, id LIMIT 2"
+        )),
+        34 => Statement::simple("SELECT id, likes FROM posts ORDER BY 2 DESC, 1 LIMIT 3".into()),
+        35 => Statement::extended(
+            "SELECT id::text, likes::text FROM posts WHERE user_id = $1 ORDER BY title",
+            vec![Param::Int(u as i32)],
+        ),
         24 => Statement::extended(
             "SELECT title FROM posts WHERE user_id = $1 ORDER BY title",
             vec![Param::Int(u as i32)],
@@ -1145,6 +1181,27 @@ fn random_write(rng: &mut Rng, n: usize) -> Statement {
     let u = 1 + rng.below(6) as i32;
     let i = 1 + rng.below(20) as i32;
     let l = rng.below(4) as i32;
+    // Most writes change one row's shown columns, as an application's do; the broad ones
+    // (a column every read filters by, a function, a whole table) would otherwise leave few
+    // cached results for the narrow ones to test.
+    if rng.chance(50) {
+        return match rng.below(6) {
+            0 | 1 => Statement::simple(format!(
+                "UPDATE posts SET likes = likes + {} WHERE id = {i}",
+                1 + l
+            )),
+            2 => Statement::extended(
+                "UPDATE posts SET likes = $1 WHERE id = $2",
+                vec![Param::Int(l * 10), Param::Int(i)],
+            ),
+            3 => Statement::simple(format!(
+                "UPDATE posts SET tag = '{}' WHERE id = {i}",
+                ["a", "b", "c"][l as usize % 3]
+            )),
+            4 => Statement::simple(format!("UPDATE users SET name = 'n{n}' WHERE id = {u}")),
+            _ => Statement::simple(format!("DELETE FROM posts WHERE id = {i}")),
+        };
+    }
     match rng.below(34) {
         26 => Statement::extended(
             "UPDATE posts SET user_id = $1 WHERE id = $2",
@@ -1329,8 +1386,13 @@ async fn random_run(
             );
         }
     }
+    let held: u64 = row_figures(&proxy).await["held_fills"].parse().unwrap();
     proxy.shutdown().await;
-    eprintln!("{db}: seed {seed:#x}, {hits_seen} hits, {extended_hits} of extended reads");
+    eprintln!(
+        "{db}: seed {seed:#x}, {hits_seen} hits, {extended_hits} of extended reads, \
+         {held} results stored by the rows they hold"
+    );
+    assert!(held > 0, "no result was stored by the rows it holds");
     (hits_seen, extended_hits)
 }
 

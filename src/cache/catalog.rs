@@ -34,6 +34,9 @@ pub struct Snapshot {
     row_keys: HashMap<Box<str>, Option<Arc<RowKey>>>,
     /// What the tables of each name say about their columns (see [`TableColumns`]).
     columns: HashMap<Box<str>, TableColumns>,
+    /// The tables with a row key of one column, the only table of their name: the table's
+    /// OID and the column's number, as a RowDescription names the column that shows it.
+    result_keys: HashMap<Box<str>, (u32, i16)>,
 }
 
 /// What the tables of one name say about their columns, for column-level dependencies
@@ -118,7 +121,7 @@ UNION ALL SELECT DISTINCT 'e', v.relname::text, b.relname::text, '', '' FROM pg_
  WHERE b.oid <> v.oid AND r.rulename = '_RETURN' \
 UNION ALL SELECT 'k', c.relname::text, a.attname::text, \
  a.atttypid::text || ' ' || coalesce(co.collisdeterministic, true)::text, \
- k.ord::text || ' ' || c.oid::text FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid \
+ k.ord::text || ' ' || c.oid::text || ' ' || a.attnum::text FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid \
  AND ((c.relreplident IN ('d', 'f') AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)) \
  CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum \
@@ -158,6 +161,8 @@ impl Snapshot {
         type Followed = Vec<(Box<str>, KeyType)>;
         type OfOid = (String, Followed, Vec<Vec<Box<str>>>);
         let mut tables_columns: HashMap<Box<str>, Vec<OfOid>> = HashMap::new();
+        // Each key column's table OID and column number, by table name.
+        let mut attnums: HashMap<Box<str>, Vec<(String, Option<i16>)>> = HashMap::new();
         for row in rows {
             match col(row, 0) {
                 "f" => {
@@ -175,7 +180,12 @@ impl Snapshot {
                 "k" => {
                     let (ty, place) = (col(row, 3), col(row, 4));
                     let (oid, deterministic) = ty.split_once(' ').unwrap_or_default();
-                    let (place, table) = place.split_once(' ').unwrap_or_default();
+                    let (place, of) = place.split_once(' ').unwrap_or_default();
+                    let (table, attnum) = of.split_once(' ').unwrap_or((of, ""));
+                    attnums
+                        .entry(col(row, 1).into())
+                        .or_default()
+                        .push((table.to_owned(), attnum.parse().ok()));
                     let key_type = oid
                         .parse()
                         .ok()
@@ -257,6 +267,14 @@ impl Snapshot {
             let same = found.all(|k| k.is_some() && k == first);
             s.row_keys.insert(name, first.filter(|_| same));
         }
+        for (name, columns) in attnums {
+            // One table of the name, a key of one column.
+            if let [(oid, Some(attnum))] = columns.as_slice() {
+                if let Ok(oid) = oid.parse() {
+                    s.result_keys.insert(name, (oid, *attnum));
+                }
+            }
+        }
         s
     }
 
@@ -268,6 +286,16 @@ impl Snapshot {
     /// The row key of the tables named `table` (see [`super::rows`]), if followed.
     pub fn row_key(&self, table: &str) -> Option<&Arc<RowKey>> {
         self.row_keys.get(table)?.as_ref()
+    }
+
+    /// The table's OID and its one-column row key's column number, when `table` names one
+    /// table and its key (see [`Snapshot::row_key`]) has one column: how the column that shows
+    /// the key is found in a result's RowDescription.
+    pub fn result_key(&self, table: &str) -> Option<(u32, i16)> {
+        let key = self.row_key(table)?;
+        (key.columns.len() == 1)
+            .then(|| self.result_keys.get(table).copied())
+            .flatten()
     }
 
     /// The tables a write to `table` changes (itself first, then what cascades, triggers,

@@ -20,7 +20,10 @@
 //! - `Moved`, unless its result is ordered whole (an `ORDER BY` covering a unique `NOT NULL`
 //!   key of a table each of whose rows gives at most one row, see [`one_row_each`]) or is
 //!   one row of order-blind aggregates: every `UPDATE` bumps it (a row's new version may be
-//!   met at another place by the next scan, and ties come out in the order rows were met).
+//!   met at another place by the next scan, and ties come out in the order rows were met);
+//! - for a column it only shows, when its result holds the table's rows by key (see
+//!   [`HeldRows`]): the rows it holds and the table's unknown-rows version, once it is
+//!   stored, instead of the column's `Assigned`.
 //!
 //! An `UPDATE ... SET likes = likes + 1 WHERE id = 7` then leaves a cached `SELECT count(*)
 //! FROM posts WHERE user_id = 3` or `SELECT title FROM posts WHERE user_id = 3 ORDER BY
@@ -29,7 +32,7 @@
 //! (it may change more than it assigns).
 
 use super::catalog::{column, Snapshot, TableColumns};
-use super::rows::{canonical, given, Given, KeyType, Values};
+use super::rows::{canonical, given, Given, KeyType, RowKey, Values};
 use super::versions::{ColumnVersion, Versions};
 use crate::query::columns::ColumnReads;
 use crate::query::point::{RowWrite, Rows, Source};
@@ -136,11 +139,12 @@ pub fn plan(
     rows: &[Vec<Option<String>>],
     snapshot: &Snapshot,
     database: &str,
-) -> Option<(Vec<u32>, Vec<ValueFilter>)> {
+) -> Option<ColumnPlan> {
     if !plain_tables(reads, tables, rows) {
         return None;
     }
     let (mut slots, mut filters) = (Vec::new(), Vec::new());
+    let mut held = Vec::new();
     let total = reads.one_row || (0..reads.tables.len()).any(|at| ordered_by(reads, at, snapshot));
     for u in &reads.tables {
         let table = &*u.relation.name;
@@ -152,6 +156,9 @@ pub fn plan(
         slots.push(slot(database, table, "", ColumnVersion::Whole));
         for c in columns {
             slots.push(slot(database, table, c, ColumnVersion::Assigned));
+        }
+        if let Some(h) = held_rows(reads, u, snapshot, database) {
+            held.push(h);
         }
         if !total {
             slots.push(slot(database, table, "", ColumnVersion::Moved));
@@ -179,9 +186,178 @@ pub fn plan(
             None => slots.push(slot(database, table, "", ColumnVersion::RowSet)),
         }
     }
+    // A column only shown stops counting once the rows held are known, unless its slot is
+    // also another's (two hashes met) or the database's.
+    slots.push(Versions::database_slot(database));
+    for h in &mut held {
+        h.shown_only
+            .retain(|s| slots.iter().filter(|&x| x == s).count() == 1);
+        h.unknown_rows_added = !slots.contains(&h.unknown_rows);
+    }
+    slots.pop();
+    for h in &held {
+        if h.unknown_rows_added {
+            slots.push(h.unknown_rows);
+        }
+    }
+    held.retain(|h| !h.shown_only.is_empty());
     slots.sort_unstable();
     slots.dedup();
-    Some((slots, filters))
+    Some(ColumnPlan {
+        slots,
+        filters,
+        held,
+    })
+}
+
+/// What a read by column depends on (see [`plan`]).
+#[derive(Debug)]
+pub struct ColumnPlan {
+    /// The slots beyond its database's.
+    pub slots: Vec<u32>,
+    /// The value filters whose slots each execution adds.
+    pub filters: Vec<ValueFilter>,
+    /// The tables whose rows its result holds by key (see [`HeldRows`]).
+    pub held: Vec<HeldRows>,
+}
+
+/// A table of a read whose result holds its rows by key: each row of the result is one row
+/// of the table (no `GROUP BY`, `DISTINCT`), and the result shows the table's key. Then a
+/// column the read only shows (used nowhere else: not in `WHERE`, `JOIN`, `ORDER BY`) changes
+/// the result only when it changes in a row the result holds: the result depends on those
+/// rows (their slots, read from its RowDescription and DataRows when it is stored, see
+/// [`held_slots`]) and on the table's unknown-rows version (writes whose rows pgmemo does not
+/// know) instead of on the column's `Assigned`. So `UPDATE posts SET likes = ... WHERE id =
+/// 7` leaves a cached entity load of another user's posts a hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRows {
+    /// The table's OID and its key column's number, as a RowDescription names a column.
+    oid: u32,
+    attnum: i16,
+    table: Box<str>,
+    key: std::sync::Arc<RowKey>,
+    /// The `Assigned` slots of the columns only shown, which no other dependency shares.
+    pub shown_only: Vec<u32>,
+    /// The table's unknown-rows slot, and whether the plan has it for this alone.
+    pub unknown_rows: u32,
+    pub unknown_rows_added: bool,
+}
+
+/// The rows of `u` (a table use of `reads`) its result may hold by key, if any.
+fn held_rows(
+    reads: &ColumnReads,
+    u: &crate::query::columns::TableUse,
+    snapshot: &Snapshot,
+    database: &str,
+) -> Option<HeldRows> {
+    let table = &*u.relation.name;
+    let (Some(columns), Some(outside)) = (&u.columns, &u.outside) else {
+        return None;
+    };
+    let once = reads
+        .tables
+        .iter()
+        .filter(|t| *t.relation.name == *table)
+        .count()
+        == 1;
+    if !reads.plain_rows || !once {
+        return None;
+    }
+    let (oid, attnum) = snapshot.result_key(table)?;
+    let shown_only: Vec<u32> = columns
+        .iter()
+        .filter(|c| !outside.contains(c))
+        .map(|c| slot(database, table, c, ColumnVersion::Assigned))
+        .collect();
+    if shown_only.is_empty() {
+        return None;
+    }
+    Some(HeldRows {
+        oid,
+        attnum,
+        table: table.into(),
+        key: snapshot.row_key(table)?.clone(),
+        shown_only,
+        unknown_rows: Versions::unknown_rows_slot(database, table),
+        unknown_rows_added: false,
+    })
+}
+
+/// The most rows of one table a result may hold by key: a longer result keeps depending on
+/// the columns it shows.
+const MAX_HELD_ROWS: usize = 64;
+
+/// Pushes the slots of the rows of `held`'s table that `reply` (a stored result:
+/// RowDescription, DataRows, CommandComplete) holds, read from the column that shows the
+/// table's key in text; false (and `out` as it was) when no column shows it in text (a
+/// prepared statement's result without its RowDescription, a binary column), a key is NULL,
+/// or the result holds more than [`MAX_HELD_ROWS`].
+pub fn held_slots(
+    held: &HeldRows,
+    reply: &[u8],
+    versions: &Versions,
+    database: &str,
+    out: &mut Vec<u32>,
+) -> bool {
+    use crate::protocol::{messages, Reader};
+    let before = out.len();
+    let mut at = None;
+    for (tag, body) in messages(reply) {
+        match tag {
+            b'T' => {
+                let mut r = Reader::new(body);
+                let Some(fields) = r.i16() else {
+                    return false;
+                };
+                for i in 0..fields {
+                    let field = (|| {
+                        r.cstr()?;
+                        let (oid, attnum) = (r.i32()? as u32, r.i16()?);
+                        r.bytes(10)?; // type OID, size, modifier
+                        Some((oid, attnum, r.i16()?))
+                    })();
+                    match field {
+                        Some((oid, attnum, 0)) if oid == held.oid && attnum == held.attnum => {
+                            at = Some(i as usize);
+                            break;
+                        }
+                        Some(_) => {}
+                        None => return false,
+                    }
+                }
+            }
+            b'D' => {
+                let Some(at) = at else {
+                    return false;
+                };
+                let mut r = Reader::new(body);
+                let value = (|| {
+                    r.i16()?;
+                    for _ in 0..at {
+                        let len = r.i32()?;
+                        r.bytes(usize::try_from(len).unwrap_or(0))?;
+                    }
+                    let len = usize::try_from(r.i32()?).ok()?;
+                    r.bytes(len)
+                })();
+                let slot = value.and_then(|v| {
+                    let (table, key) = (&held.table, &held.key);
+                    crate::cache::rows::wal_row_slot(versions, database, table, key, |_| {
+                        Some(Some(v))
+                    })
+                });
+                match slot {
+                    Some(slot) if out.len() - before < MAX_HELD_ROWS => out.push(slot),
+                    _ => {
+                        out.truncate(before);
+                        return false;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    at.is_some()
 }
 
 /// Pushes the value slots of one execution of a read with `filters`; a filter whose values

@@ -239,6 +239,8 @@ struct Plan {
     /// A read by column (see [`columns`]): its equalities on columns whose values are
     /// followed (their slots are added per execution). None: not read by column.
     filters: Option<Vec<columns::ValueFilter>>,
+    /// The tables whose rows its results hold by key (see [`columns::HeldRows`]).
+    held: Box<[columns::HeldRows]>,
     /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
     /// two texts whose hashes collide must not share their tables), and shown in `SHOW
     /// CACHE ENTRIES`.
@@ -312,6 +314,9 @@ pub struct RowFigures {
     /// UPDATEs in the WAL that did not show their old row whole (no `REPLICA IDENTITY
     /// FULL`): every read of their table was changed.
     pub wal_updates_whole: AtomicU64,
+    /// Results stored depending on the rows they hold for the columns they only show (see
+    /// [`columns::HeldRows`]), counted per table.
+    pub held_fills: AtomicU64,
 }
 
 /// Where a lookup happens: the client's context.
@@ -1254,7 +1259,10 @@ impl ResultCache {
             }
             _ => None,
         };
-        let (column_slots, filters) = by_column.unzip();
+        let (column_slots, filters, held) = match by_column {
+            Some(p) => (Some(p.slots), Some(p.filters), p.held.into()),
+            None => (None, None, Box::default()),
+        };
         let slots = tables.as_ref().map(|tables| {
             let table_slot = |t: &str| match point {
                 Some(_) => Versions::unknown_rows_slot(&job.database, t),
@@ -1277,6 +1285,7 @@ impl ResultCache {
                 tables: tables.unwrap_or_default().into(),
                 point,
                 filters,
+                held,
                 text: job.text,
             }),
         );
@@ -1286,6 +1295,9 @@ impl ResultCache {
     /// Stores a finished fill (see [`ClientCache::capture`]) if it may be; gives its buffers
     /// (reply, key) and its flight back for the client's next fill.
     fn store_fill(&self, mut fill: Fill, status: u8) -> Spares {
+        // Read before the versions it was sent with are compared: a write to a row it holds
+        // bumps the column's version before the row's (see `Versions::bump_slots`).
+        let held = self.held_rows(&fill);
         let admitted = fill.admitted
             || fill
                 .flight
@@ -1310,6 +1322,11 @@ impl ResultCache {
                 fill.stats.bypasses.add(1);
             }
             None => {
+                if let Some(held) = held {
+                    let found = held.iter().filter(|h| h.is_some()).count() as u64;
+                    self.row_figures.held_fills.fetch_add(found, Relaxed);
+                    fill.seen.slots = held_dependencies(&fill.plan.held, &fill.seen.slots, held);
+                }
                 let now = Instant::now();
                 let entry = Entry {
                     // Exactly its size (the buffer is reused for the client's next fill).
@@ -1350,6 +1367,22 @@ impl ResultCache {
         }
     }
 
+    /// The rows each of the fill's held tables (see [`columns::HeldRows`]) its result holds,
+    /// with their versions now: per table, None when they are not known (it then depends on
+    /// the columns it shows).
+    fn held_rows(&self, fill: &Fill) -> Option<Vec<HeldVersions>> {
+        if fill.plan.held.is_empty() || !fill.rows {
+            return None;
+        }
+        let mut slots = Vec::new();
+        let held = fill.plan.held.iter().map(|h| {
+            slots.clear();
+            columns::held_slots(h, &fill.reply, &self.versions, &fill.database, &mut slots)
+                .then(|| slots.iter().map(|&s| (s, self.versions.get(s))).collect())
+        });
+        Some(held.collect())
+    }
+
     /// Whether `snapshot` of `database` was read at the database's current catalog version
     /// (one older than the last DDL is not trusted).
     fn is_current(&self, snapshot: &Snapshot, database: &str) -> bool {
@@ -1368,9 +1401,7 @@ impl ResultCache {
             }
             false
         });
-        for &slot in rows {
-            self.versions.bump(slot);
-        }
+        self.versions.bump_slots(rows);
         match reach {
             Reach::Tables => {}
             // Data only: the catalog knowledge stays good.
@@ -1504,6 +1535,38 @@ struct Miss {
     extended: bool,
     in_block: bool,
     shape: Option<Arc<Shape>>,
+}
+
+/// The slots of the rows one held table's result holds, with their versions; None: not
+/// known.
+type HeldVersions = Option<Vec<(u32, u64)>>;
+
+/// A stored result's dependencies once the rows of its held tables are known (`rows`, per
+/// table of `held`, with their versions): for each table whose rows are, its shown-only
+/// columns' slots give way to its rows'; for each whose rows are not, the unknown-rows slot
+/// the plan added for it goes.
+fn held_dependencies(
+    held: &[columns::HeldRows],
+    seen: &[(u32, u64)],
+    rows: Vec<HeldVersions>,
+) -> Box<[(u32, u64)]> {
+    let mut gone: Vec<u32> = Vec::new();
+    let mut added: Vec<(u32, u64)> = Vec::new();
+    for (h, rows) in held.iter().zip(rows) {
+        match rows {
+            Some(rows) => {
+                gone.extend_from_slice(&h.shown_only);
+                added.extend(rows);
+            }
+            None if h.unknown_rows_added => gone.push(h.unknown_rows),
+            None => {}
+        }
+    }
+    seen.iter()
+        .filter(|(s, _)| !gone.contains(s))
+        .copied()
+        .chain(added)
+        .collect()
 }
 
 /// Counts a hit on `entry` (chosen by the rule of `stats`; of a shape with `figures`).
@@ -2247,6 +2310,7 @@ mod tests {
                 tables: Arc::new(["a".into()]),
                 point: None,
                 filters: None,
+                held: Box::default(),
                 text: "SELECT x FROM a WHERE id = $1".into(),
             }),
         );

@@ -140,6 +140,20 @@ impl Versions {
         self.counter(slot).fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Bumps each of `slots` (one write's), the table-level ones before the rows': a result
+    /// that holds rows of a table (see `cache::columns::HeldRows`) reads its rows' versions
+    /// when it is stored, after its query ran, and then checks that the columns it shows did
+    /// not change since it was sent. Seeing a row's new version then means seeing its
+    /// column's too, so it is not stored with a version newer than its rows.
+    pub fn bump_slots(&self, slots: &[u32]) {
+        for &slot in slots.iter().filter(|&&s| s & ROW == 0) {
+            self.bump(slot);
+        }
+        for &slot in slots.iter().filter(|&&s| s & ROW != 0) {
+            self.bump(slot);
+        }
+    }
+
     /// A write to rows of `table` that pgmemo cannot name: everything that read it is stale.
     pub fn bump_table(&self, database: &str, table: &str) {
         self.bump(Self::unknown_rows_slot(database, table));

@@ -40,6 +40,10 @@ pub struct TableUse {
     /// The plain columns of it the `ORDER BY` names, in order (with `DISTINCT ON`, `LIMIT`
     /// or not: a total order decides those too).
     pub order: Vec<Box<str>>,
+    /// The columns it uses outside the output list (in `WHERE`, `JOIN`, `ORDER BY`, ...):
+    /// those decide which of its rows the result holds and where; the others only what the
+    /// result shows of them. None: every column.
+    pub outside: Option<Vec<Box<str>>>,
 }
 
 /// A read's tables as far as columns go.
@@ -57,6 +61,10 @@ pub struct ColumnReads {
     /// an order that depends on where the rows were met.
     pub inner_only: bool,
     pub equalities: Vec<[(usize, Box<str>); 2]>,
+    /// Each row of the result is one row of each of its tables (no `GROUP BY`, `HAVING` or
+    /// `DISTINCT`): a column only shown changes only the rows of the result that hold the
+    /// row it was changed in.
+    pub plain_rows: bool,
 }
 
 /// Aggregates whose result does not depend on the order of their input (`sum` and `avg` do
@@ -99,7 +107,11 @@ pub fn column_reads(select: &Value) -> Option<ColumnReads> {
         one_row: one_row(select),
         inner_only: joins.inner_only,
         equalities: Vec::new(),
+        plain_rows: empty(&select["group_clause"])
+            && empty(&select["having_clause"])
+            && empty(&select["distinct_clause"]),
     };
+    let outside = outside_columns(select, &reads, &joins.using)?;
     for name in joins.using {
         reads.add_everywhere(name);
     }
@@ -127,6 +139,9 @@ pub fn column_reads(select: &Value) -> Option<ColumnReads> {
             t.filter
                 .retain(|b| qualified_in(&select["where_clause"], &b.column));
         }
+    }
+    for (t, outside) in reads.tables.iter_mut().zip(outside) {
+        t.outside = outside;
     }
     let order = order_columns(select);
     for t in &mut reads.tables {
@@ -217,6 +232,46 @@ impl ColumnReads {
     }
 }
 
+/// The columns of each of `reads`' tables that `select` uses outside its output list
+/// ([`TableUse::outside`]), the join's `USING` columns among them; every
+/// column of each when its `ORDER BY` names an output column by its place or its name
+/// (`ORDER BY 2`, `ORDER BY l` of `likes AS l`): what is shown then decides the order too.
+fn outside_columns(
+    select: &Value,
+    reads: &ColumnReads,
+    using: &[Box<str>],
+) -> Option<Vec<Option<Vec<Box<str>>>>> {
+    let names: Vec<&str> = select["target_list"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["node"]["ResTarget"]["name"].as_str())
+        .collect();
+    let sorts = select["sort_clause"].as_array().map(Vec::as_slice);
+    let by_output = sorts.unwrap_or_default().iter().any(|s| {
+        let node = &s["node"]["SortBy"]["node"]["node"];
+        node.get("ColumnRef").is_none()
+            || matches!(node["ColumnRef"]["fields"].as_array().map(Vec::as_slice),
+                Some([f]) if string_of(f).is_some_and(|f| names.contains(&f)))
+    });
+    let mut outside = reads.clone();
+    for t in &mut outside.tables {
+        t.columns = (!by_output).then(Vec::new);
+    }
+    for name in using {
+        outside.add_everywhere(name.clone());
+    }
+    let mut rest = select.clone();
+    rest["target_list"] = Value::Null;
+    let mut refs = Vec::new();
+    column_refs(&rest, &mut refs);
+    for fields in refs {
+        outside.add_ref(fields)?;
+    }
+    Some(outside.tables.into_iter().map(|t| t.columns).collect())
+}
+
 /// One `FROM` item: a table, or a join of items (its `USING` columns go to `using`); None
 /// for anything else.
 fn from_item<'v>(item: &'v Value, tables: &mut Vec<TableUse>, joins: &mut Joins<'v>) -> Option<()> {
@@ -228,6 +283,7 @@ fn from_item<'v>(item: &'v Value, tables: &mut Vec<TableUse>, joins: &mut Joins<
             columns: Some(Vec::new()),
             filter: Vec::new(),
             order: Vec::new(),
+            outside: Some(Vec::new()),
         });
         return Some(());
     }
@@ -391,6 +447,50 @@ mod tests {
         let mut c: Vec<&str> = t.columns.as_ref()?.iter().map(|c| &**c).collect();
         c.sort();
         Some(c)
+    }
+
+    fn outside(t: &TableUse) -> Option<Vec<&str>> {
+        let mut c: Vec<&str> = t.outside.as_ref()?.iter().map(|c| &**c).collect();
+        c.sort();
+        Some(c)
+    }
+
+    #[test]
+    fn the_columns_a_read_uses_outside_its_output() {
+        let r = reads("SELECT id, likes FROM posts WHERE user_id = $1 ORDER BY title").unwrap();
+        assert!(r.plain_rows);
+        assert_eq!(outside(&r.tables[0]), Some(vec!["title", "user_id"]));
+        let r = reads(
+            "SELECT p.id, p.likes, c.id, c.name FROM posts p JOIN categories c \
+             ON c.id = p.category_id WHERE p.user_id = 3 ORDER BY p.title LIMIT 5",
+        )
+        .unwrap();
+        assert_eq!(
+            outside(&r.tables[0]),
+            Some(vec!["category_id", "title", "user_id"])
+        );
+        assert_eq!(outside(&r.tables[1]), Some(vec!["id"]));
+        let r = reads("SELECT a.id, a.v FROM a JOIN b USING (k)").unwrap();
+        assert_eq!(outside(&r.tables[0]), Some(vec!["k"]));
+        // What is shown decides the order too: by its place, or by its output name.
+        for by_output in [
+            "SELECT id, likes FROM posts ORDER BY 2 LIMIT 3",
+            "SELECT id, likes AS l FROM posts ORDER BY l LIMIT 3",
+            "SELECT id, likes FROM posts ORDER BY likes + 1",
+        ] {
+            assert_eq!(
+                outside(&reads(by_output).unwrap().tables[0]),
+                None,
+                "{by_output}"
+            );
+        }
+        for grouped in [
+            "SELECT user_id, count(*) FROM posts GROUP BY user_id",
+            "SELECT DISTINCT user_id FROM posts",
+            "SELECT count(*) FROM posts HAVING count(*) > 1",
+        ] {
+            assert!(!reads(grouped).unwrap().plain_rows, "{grouped}");
+        }
     }
 
     #[test]

@@ -707,9 +707,7 @@ fn bump_written(cache: &ResultCache, database: &str, names: &[Box<str>], named: 
 
 /// Bumps the rows a committed transaction named.
 fn bump_rows(cache: &ResultCache, rows: &mut Vec<u32>) {
-    for &slot in rows.iter() {
-        cache.versions.bump(slot);
-    }
+    cache.versions.bump_slots(rows);
     cache
         .row_figures
         .rows_bumped
