@@ -3,6 +3,7 @@
 //! sync, reset, health check). The hot path — forwarding a client's batch — lives in `session`,
 //! which works on the buffers here directly.
 
+use crate::clock::Moment;
 use crate::params::Vars;
 use crate::protocol::backend::{self, AuthRequest, ErrorFields};
 use crate::protocol::{frame, frontend, MAX_BACKEND_MESSAGE_SIZE};
@@ -13,7 +14,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -142,7 +143,7 @@ pub struct ServerInfo {
     pub unix_socket: Option<Arc<std::path::PathBuf>>,
     pub connect_time: std::time::SystemTime,
     /// When the connection was opened (server_lifetime, RECONNECT).
-    pub created: Instant,
+    pub created: Moment,
     pub tls: bool,
     state: AtomicU8,
     /// Id of the client using it, 0 when none.
@@ -161,8 +162,8 @@ pub struct ServerInfo {
 impl ServerInfo {
     /// Notes that the connection was handed over or given back at `now`.
     #[inline]
-    pub fn note_request(&self, now: Instant) {
-        let us = now.saturating_duration_since(self.created).as_micros() as u64;
+    pub fn note_request(&self, now: Moment) {
+        let us = now.micros_since(self.created);
         self.request_us.store(us, Ordering::Relaxed);
     }
 
@@ -208,9 +209,9 @@ pub struct ServerConn {
     pub settings: Vars,
     /// Transaction status from the last ReadyForQuery.
     pub status: u8,
-    pub last_used: Instant,
+    pub last_used: Moment,
     /// When the pool last handed it out (the start of the holder's transaction time).
-    pub checked_out: Instant,
+    pub checked_out: Moment,
     /// (client id, the client's parameter version) whose parameters this connection was last
     /// made to match; while it still matches, nothing needs checking at the next checkout.
     pub params_synced_for: Option<(u64, u64)>,
@@ -232,7 +233,7 @@ impl ServerConn {
     /// loopback socket that no server is behind (it never writes to it).
     #[doc(hidden)]
     pub fn over(stream: Stream) -> io::Result<ServerConn> {
-        let now = Instant::now();
+        let now = Moment::now();
         let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
         let (addr, local_addr) = match &stream {
             Stream::Unix(_) => (unspecified, unspecified),
@@ -649,7 +650,7 @@ impl ServerConn {
                 _ => {}
             }
         }
-        self.last_used = Instant::now();
+        self.last_used = Moment::now();
         match error {
             Some(e) => Err(e),
             None => Ok(rows),

@@ -77,7 +77,7 @@ pub struct Reader {
 /// CommandCompletes gave so far.
 #[derive(Debug)]
 pub struct Timed {
-    pub sent: std::time::Instant,
+    pub sent: crate::clock::Moment,
     pub shape: std::sync::Arc<shapes::Shape>,
     pub rows: u64,
 }
@@ -85,7 +85,7 @@ pub struct Timed {
 impl Timed {
     pub fn new(shape: std::sync::Arc<shapes::Shape>) -> Timed {
         Timed {
-            sent: std::time::Instant::now(),
+            sent: crate::clock::Moment::now(),
             shape,
             rows: 0,
         }

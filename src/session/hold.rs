@@ -5,6 +5,7 @@
 
 use super::{planner, read_setting_functions, record_statement_stats, state, End, Session, NEVER};
 use crate::app::{ClientState, ServerCancel};
+use crate::clock::Moment;
 use crate::params;
 use crate::pool::Pool;
 use crate::protocol::backend::{sqlstate, Severity};
@@ -15,7 +16,6 @@ use crate::stats::LocalStats;
 use bytes::BytesMut;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::time::Instant;
 
 impl Session {
     /// (Re)starts a pinned client's idle time at the end of one of its transactions.
@@ -327,11 +327,9 @@ pub(super) fn pinned_idle_message() -> (&'static str, String, &'static str) {
 
 /// Counts a transaction that ends now on `server` (SHOW STATS' xact counters and the
 /// transaction-time histogram); returns now.
-fn count_transaction(stats: &mut LocalStats, pool: &Pool, server: &ServerConn) -> Instant {
-    let now = Instant::now();
-    let held_us = now
-        .saturating_duration_since(server.checked_out)
-        .as_micros() as u64;
+fn count_transaction(stats: &mut LocalStats, pool: &Pool, server: &ServerConn) -> Moment {
+    let now = Moment::now();
+    let held_us = now.micros_since(server.checked_out);
     stats.xact_count += 1;
     stats.xact_time_us += held_us;
     pool.stats.here().xact_duration.observe_us(held_us);

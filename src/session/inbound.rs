@@ -14,7 +14,6 @@ use crate::replies::{Expected, Synth};
 use crate::server::ServerConn;
 use bytes::Buf;
 use std::pin::Pin;
-use std::time::Instant;
 
 impl Session {
     /// Answers a batch of Parse / Describe / Close, ended by a Sync or Flush, that needs no
@@ -247,7 +246,7 @@ impl Session {
             // server it kept: its time counts from here (see `pinned_transaction_done`,
             // `session_transaction_counted`).
             if let Some(server) = self.server.as_mut() {
-                server.checked_out = Instant::now();
+                server.checked_out = crate::clock::Moment::now();
             }
         }
         Next::Go

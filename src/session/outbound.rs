@@ -221,7 +221,7 @@ impl Session {
             if let Some(t) = timed {
                 t.shape
                     .stats
-                    .note_timed(t.sent.elapsed().as_micros() as u64, t.rows);
+                    .note_timed(crate::clock::Moment::now().micros_since(t.sent), t.rows);
             }
         }
         if let Some(stmts) = self.plan.stmts.as_mut() {
