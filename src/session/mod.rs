@@ -886,8 +886,23 @@ fn reserve(buf: &mut BytesMut) {
     }
 }
 
-/// Writes as much of `buf` as the socket takes without blocking.
+/// Writes as much of `buf` as the socket takes without blocking. Most polls have nothing to
+/// write: that is tested here, inlined, without a call (a TLS stream is flushed even then).
+#[inline(always)]
 fn poll_write_buf(stream: &mut Stream, buf: &mut BytesMut, cx: &mut Context<'_>) -> io::Result<()> {
+    if buf.is_empty() && !stream.is_tls() {
+        return Ok(());
+    }
+    poll_write_some(stream, buf, cx)
+}
+
+/// [`poll_write_buf`] when there is something to write or a TLS stream to flush.
+#[inline(never)]
+fn poll_write_some(
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> io::Result<()> {
     use tokio::io::AsyncWrite;
     while !buf.is_empty() {
         match Pin::new(&mut *stream).poll_write(cx, buf) {
