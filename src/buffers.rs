@@ -41,12 +41,17 @@ fn lend_one(buf: &mut BytesMut) {
         .unwrap_or_else(|| BytesMut::with_capacity(SIZE));
 }
 
-/// Takes back the buffer of `buf` if it is empty, leaving it without one.
-#[inline]
+/// Takes back the buffer of `buf` if it is empty, leaving it without one. The test is
+/// inlined, as [`lend`]'s.
+#[inline(always)]
 pub fn take_back(buf: &mut BytesMut) {
-    if !buf.is_empty() || buf.capacity() == 0 {
-        return;
+    if buf.is_empty() && buf.capacity() != 0 {
+        take_back_one(buf);
     }
+}
+
+#[inline(never)]
+fn take_back_one(buf: &mut BytesMut) {
     let mut returned = std::mem::take(buf);
     if returned.capacity() > MAX_KEPT_CAPACITY {
         return;
