@@ -890,7 +890,7 @@ impl Pool {
                     self.servers.lock().insert(conn.info.id, conn.info.clone());
                     let mut defaults = self.defaults.lock();
                     if defaults.is_none() {
-                        *defaults = Some(conn.reported.clone());
+                        *defaults = Some(conn.reported().clone());
                     }
                     return Ok(conn);
                 }

@@ -203,8 +203,15 @@ pub struct ServerConn {
     pub info: Arc<ServerInfo>,
     /// The server's BackendKeyData, for forwarding cancel requests.
     pub backend_secret: i32,
-    /// Reported parameters, as of the last ParameterStatus for each.
-    pub reported: Vars,
+    /// Reported parameters, as of the last ParameterStatus for each ([`ServerConn::reported`],
+    /// changed only by [`ServerConn::set_reported`]).
+    reported: Vars,
+    /// A client's reported parameters (the copy clients with the same share, see
+    /// `Pool::share_reported`) found equal to `reported` and not changed since: the next
+    /// client with that copy is known to match without comparing them. Held here, the copy
+    /// cannot change (a client that changes one makes its own); forgotten when `reported`
+    /// changes.
+    reported_as: Option<Arc<Vars>>,
     /// Unreported settings pgmemo has SET on this connection.
     pub settings: Vars,
     /// Transaction status from the last ReadyForQuery.
@@ -262,6 +269,7 @@ impl ServerConn {
             stream,
             backend_secret: 0,
             reported: Vars::new(),
+            reported_as: None,
             settings: Vars::new(),
             status: b'I',
             prepared: crate::statements::ServerSet::new(500),
@@ -399,6 +407,44 @@ impl ServerConn {
         Ok(conn)
     }
 
+    /// The server's reported parameters, as of the last ParameterStatus for each.
+    #[inline]
+    pub fn reported(&self) -> &Vars {
+        &self.reported
+    }
+
+    /// A ParameterStatus: the server's `name` is now `value`.
+    pub fn set_reported(&mut self, name: &str, value: &str) {
+        self.reported.set(name, value);
+        self.reported_as = None;
+    }
+
+    /// [`ServerConn::set_reported`] for the ParameterStatus message that starts `rbuf`
+    /// (`len` bytes).
+    pub fn note_parameter_status(&mut self, len: usize) {
+        let body = crate::protocol::body(&self.rbuf[..len]);
+        if let Some((name, value)) = backend::parse_parameter_status(body) {
+            self.reported.set(name, value);
+            self.reported_as = None;
+        }
+    }
+
+    /// Whether the server's reported parameters are `client`'s (a client's shared copy):
+    /// compared once per copy while they stay the same (see `reported_as`).
+    #[inline]
+    pub fn reports_as(&mut self, client: &Arc<Vars>) -> bool {
+        if self
+            .reported_as
+            .as_ref()
+            .is_some_and(|known| Arc::ptr_eq(known, client))
+        {
+            return true;
+        }
+        let same = self.reported == **client;
+        self.reported_as = same.then(|| client.clone());
+        same
+    }
+
     /// Whether the server refuses writes, from what it reported at login (PostgreSQL 14 and
     /// later report `in_hot_standby` and `default_transaction_read_only`, which is what libpq
     /// reads for `target_session_attrs=read-write`).
@@ -499,7 +545,7 @@ impl ServerConn {
                 }
                 backend::PARAMETER_STATUS => {
                     if let Some((k, v)) = backend::parse_parameter_status(&body) {
-                        self.reported.set(k, v);
+                        self.set_reported(k, v);
                     }
                 }
                 backend::BACKEND_KEY_DATA => {
@@ -621,7 +667,7 @@ impl ServerConn {
                 }
                 backend::PARAMETER_STATUS => {
                     if let Some((k, v)) = backend::parse_parameter_status(&body) {
-                        self.reported.set(k, v);
+                        self.set_reported(k, v);
                     }
                 }
                 backend::ERROR_RESPONSE => {

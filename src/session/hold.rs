@@ -81,12 +81,23 @@ impl Session {
         self.info.set_state(ClientState::Active);
         let params_key = Some((self.info.id, self.params.version));
         if server.params_synced_for != params_key {
-            if let Some(sql) = params::sync_sql(
-                &self.params.reported,
-                &server.reported,
-                &self.params.settings,
-                &server.settings,
-            ) {
+            // Last made to match another client: usually one whose parameters are the same
+            // (the same shared copy of the reported ones, known to match without comparing)
+            // and that set nothing; else the differences are sent.
+            let same = server.reports_as(&self.params.reported)
+                && ((self.params.settings.is_empty() && server.settings.is_empty())
+                    || self.params.settings == server.settings);
+            let sql = (!same)
+                .then(|| {
+                    params::sync_sql(
+                        &self.params.reported,
+                        server.reported(),
+                        &self.params.settings,
+                        &server.settings,
+                    )
+                })
+                .flatten();
+            if let Some(sql) = sql {
                 fe::query(&mut server.wbuf, &sql);
                 self.replies.push(Expected::Internal);
                 // Reported values are updated from the server's ParameterStatus replies;
@@ -265,7 +276,7 @@ impl Session {
             }
         };
         let login_user = &self.pool.settings().target.user;
-        let (now, pins) = state::read_probe(&rows, &server.reported, login_user);
+        let (now, pins) = state::read_probe(&rows, server.reported(), login_user);
         let wanted = state::wanted(&now, &self.state.startup);
         server.settings = now;
         if wanted != self.params.settings {
@@ -277,7 +288,7 @@ impl Session {
         if pins | (self.state.pins & state::Pins::LOAD) != 0 {
             if let Some(sql) = params::sync_sql(
                 &self.params.reported,
-                &server.reported,
+                server.reported(),
                 &self.params.settings,
                 &server.settings,
             ) {

@@ -234,10 +234,10 @@ impl Session {
     /// A ParameterStatus: the server's setting, and the client's when it is told it.
     fn note_parameter_status(&mut self, len: usize, route: Route) {
         let server = self.server.as_mut().expect("a server is held");
+        server.note_parameter_status(len);
         let Some((name, value)) = be::parse_parameter_status(body(&server.rbuf[..len])) else {
             return;
         };
-        server.reported.set(name, value);
         if route != Route::Forward
             || self.params.reported.get(name) == Some(value)
             || !Arc::make_mut(&mut self.params.reported).set(name, value)
