@@ -134,7 +134,23 @@ impl Reader {
     /// The reading of `sql`, the text of the message at hand, and its shape in `shapes`:
     /// looked up at the first call for that message (after [`Reader::read`]), the same at
     /// every later one.
+    #[inline(always)]
     pub fn shape(
+        &mut self,
+        sql: &[u8],
+        shapes: &shapes::Shapes,
+    ) -> Result<(&Lexed, &std::sync::Arc<shapes::Shape>), Refusal> {
+        // Looked up already (each query is asked for it twice, by the session and by
+        // autoprepare): answered inline, without a call.
+        match self.shape {
+            Some(ref shape) => Ok((&self.lexed, shape)),
+            None => self.first_shape(sql, shapes),
+        }
+    }
+
+    /// [`Reader::shape`] at its first call for the message at hand.
+    #[inline(never)]
+    fn first_shape(
         &mut self,
         sql: &[u8],
         shapes: &shapes::Shapes,
