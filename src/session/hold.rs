@@ -145,12 +145,20 @@ impl Session {
         self.count_pinned()
     }
 
+    /// Whether [`Session::checkpoint_state`] has anything to do: tested before its future is
+    /// made (most transactions touch no session state).
+    #[inline]
+    pub(super) fn checkpoint_due(&self) -> bool {
+        self.state.keeps_server() && self.work_done()
+    }
+
     /// After a transaction that may have changed the session's state: asks the server what it
     /// now holds, records the client's settings and pins, and gives the server back unless
     /// the client is pinned to it. A pinned client whose server holds other settings than it
     /// wants (a RESET of a startup setting) gets them at once.
+    /// Called when [`Session::checkpoint_due`].
     pub(super) async fn checkpoint_state(&mut self) -> Result<(), End> {
-        if !self.state.keeps_server() || !self.work_done() {
+        if !self.checkpoint_due() {
             return Ok(());
         }
         if self.state.touched {

@@ -411,8 +411,10 @@ impl Session {
             // leaving the server idle with nothing more to come from it.
             if std::mem::take(&mut self.plan.replanned) {
                 self.release_if_done();
-                if let Err(end) = self.checkpoint_state().await {
-                    return end;
+                if self.checkpoint_due() {
+                    if let Err(end) = self.checkpoint_state().await {
+                        return end;
+                    }
                 }
             }
             // The sockets first: what is already there is handled before a shutdown.
@@ -444,8 +446,10 @@ impl Session {
                         return self.server_gone(None).await;
                     }
                     self.note_running();
-                    if let Err(end) = self.checkpoint_state().await {
-                        return end;
+                    if self.checkpoint_due() {
+                        if let Err(end) = self.checkpoint_state().await {
+                            return end;
+                        }
                     }
                     // A server waiting for COPY data reads the bad message itself (see
                     // `copy_garbage`): PostgreSQL's own answer.
