@@ -403,8 +403,11 @@ impl Session {
         // Set before the flags are first read: a shutdown that begins later wakes the task.
         *self.info.stop_waker.lock() = Some(poll_fn(|cx| Poll::Ready(cx.waker().clone())).await);
         loop {
-            if let Err(end) = self.handle_client_messages().await {
-                return end;
+            // Nothing read from the client (most wakes are the server's): no future made.
+            if !self.client.rbuf.is_empty() {
+                if let Err(end) = self.handle_client_messages().await {
+                    return end;
+                }
             }
             self.note_running();
             // A message planned again after a wait may have been answered by pgmemo alone,
