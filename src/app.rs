@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 use tokio::sync::watch;
 
 /// A client's socket address in 19 bytes instead of `SocketAddr`'s 32 (an IPv6 address keeps
@@ -475,7 +475,7 @@ pub struct App {
     pub shutting_down: AtomicBool,
     /// Set with `cutoff_tx`.
     cut_off: AtomicBool,
-    pub started: Instant,
+    pub started: crate::clock::Moment,
     /// The wall clock at `started`, in microseconds since the Unix epoch.
     started_unix_us: u64,
     pub listen_addr: Mutex<Option<SocketAddr>>,
@@ -537,7 +537,7 @@ impl App {
             cutoff_tx,
             shutting_down: AtomicBool::new(false),
             cut_off: AtomicBool::new(false),
-            started: Instant::now(),
+            started: crate::clock::Moment::now(),
             started_unix_us: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64),
@@ -993,7 +993,7 @@ impl App {
     /// "none" where a time is kept in an atomic). A monotonic read, a few nanoseconds.
     #[inline]
     pub fn clock_us(&self) -> u64 {
-        self.started.elapsed().as_micros() as u64 + 1
+        crate::clock::Moment::now().micros_since(self.started) + 1
     }
 
     /// `clock_us` ([`App::clock_us`]) in whole seconds since the Unix epoch: the wall clock at

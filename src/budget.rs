@@ -11,10 +11,10 @@
 //!
 //! The budget knows its pools only through [`Member`], so this room imports no pool.
 
+use crate::clock::Moment;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
 /// Whose budget: a database's (`max_db_connections`) or a user's (`max_user_connections`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,7 +28,7 @@ pub trait Member: Send + Sync {
     /// Hands free capacity to the pool's waiting clients (a place in the budget freed).
     fn dispatch(&self);
     /// When the pool's least recently used idle server was last used; None: none is idle.
-    fn oldest_idle(&self) -> Option<Instant>;
+    fn oldest_idle(&self) -> Option<Moment>;
     /// Closes the pool's least recently used idle server; whether there was one.
     fn evict_idle(&self) -> bool;
 }

@@ -22,6 +22,7 @@ pub mod buffers;
 pub mod cache;
 pub mod cancel;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod convert;

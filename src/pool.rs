@@ -8,6 +8,7 @@
 //! straight to the oldest waiter when there is one, so a waiter never races a newcomer for it.
 
 use crate::budget::{Budget, Member};
+use crate::clock::Moment;
 use crate::params::Vars;
 use crate::server::{ServerConn, ServerError, ServerInfo, ServerState, ServerTarget};
 use crate::stats::PoolStats;
@@ -98,7 +99,7 @@ struct Limits {
     server_check_delay: Duration,
     /// Connections opened at or before this are closed when next released or found idle
     /// (the console's RECONNECT); kept across reloads.
-    retire_before: Option<Instant>,
+    retire_before: Option<Moment>,
 }
 
 impl Default for Limits {
@@ -121,9 +122,8 @@ impl Limits {
 
     /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
     /// and must be closed.
-    fn outlived(&self, conn: &ServerConn, now: Instant) -> bool {
-        now.saturating_duration_since(conn.info.created) >= self.server_lifetime
-            || self.retired(&conn.info)
+    fn outlived(&self, conn: &ServerConn, now: Moment) -> bool {
+        now.since(conn.info.created) >= self.server_lifetime || self.retired(&conn.info)
     }
 
     /// Whether `server` was open at the last RECONNECT.
@@ -132,8 +132,8 @@ impl Limits {
     }
 
     /// Whether `conn` has been idle long enough at `now` to be checked before it is handed out.
-    fn due_for_check(&self, conn: &ServerConn, now: Instant) -> bool {
-        now.saturating_duration_since(conn.last_used) >= self.server_check_delay
+    fn due_for_check(&self, conn: &ServerConn, now: Moment) -> bool {
+        now.since(conn.last_used) >= self.server_check_delay
     }
 }
 
@@ -574,7 +574,7 @@ impl Pool {
 
     /// An idle connection ready to hand out, or None (then [`Pool::checkout_slowly`]).
     fn take_idle_now(&self) -> Option<Box<ServerConn>> {
-        let now = Instant::now();
+        let now = Moment::now();
         let mut st = self.state.lock();
         if st.closed || st.paused {
             return None;
@@ -606,7 +606,7 @@ impl Pool {
     /// outlived idle connections met on the way are closed. A client queued because the
     /// database's or user's budget is spent (not this pool's size) makes room: an idle
     /// server of another pool of theirs is closed.
-    fn grant_or_queue(&self, now: Instant) -> Result<Look, CheckoutError> {
+    fn grant_or_queue(&self, now: Moment) -> Result<Look, CheckoutError> {
         let mut discard = Vec::new();
         let mut over_budget = false;
         let next = {
@@ -662,13 +662,15 @@ impl Pool {
         &self,
         stop: Option<&AtomicBool>,
     ) -> Result<Box<ServerConn>, CheckoutError> {
-        let started = Instant::now();
+        let started = Moment::now();
         let settings = self.settings.load_full();
+        // The deadlines, for tokio's timers: on std's clock, the same one.
+        let started_at = Instant::now();
         let wait = Wait {
             stop,
-            deadline: started + settings.query_wait_timeout,
+            deadline: started_at + settings.query_wait_timeout,
             reserve_at: (settings.reserve_pool_size > 0)
-                .then(|| started + settings.reserve_pool_timeout),
+                .then(|| started_at + settings.reserve_pool_timeout),
         };
         // `now` is the last clock reading; wait time up to `counted` is already in the stats.
         let (mut now, mut counted) = (started, started);
@@ -676,22 +678,22 @@ impl Pool {
             let grant = match self.grant_or_queue(now)? {
                 Look::Paused => {
                     self.wait_resumed(&wait, &settings).await?;
-                    now = Instant::now();
+                    now = Moment::now();
                     continue;
                 }
                 Look::Granted(g) => g,
                 Look::Queued(rx) => {
                     let g = self.wait_in_queue(rx, &wait, &settings).await?;
                     // Waited in the queue: that time is the client's wait.
-                    now = Instant::now();
+                    now = Moment::now();
                     g
                 }
             };
             if now > counted {
-                self.stats.here().wait_time_us.fetch_add(
-                    now.duration_since(counted).as_micros() as u64,
-                    Ordering::Relaxed,
-                );
+                self.stats
+                    .here()
+                    .wait_time_us
+                    .fetch_add(now.micros_since(counted), Ordering::Relaxed);
                 counted = now;
             }
             match grant {
@@ -814,7 +816,7 @@ impl Pool {
         &self,
         mut conn: Box<ServerConn>,
         settings: &PoolSettings,
-        now: Instant,
+        now: Moment,
     ) -> Option<Box<ServerConn>> {
         if settings.limits().due_for_check(&conn, now) {
             conn.set_state(ServerState::Tested);
@@ -838,12 +840,12 @@ impl Pool {
         &self,
         settings: &PoolSettings,
         deadline: Instant,
-        started: Instant,
+        started: Moment,
     ) -> Result<Box<ServerConn>, CheckoutError> {
         match self.connect(settings, deadline).await {
             Ok(mut conn) => {
                 conn.set_state(ServerState::Active);
-                conn.checked_out = Instant::now();
+                conn.checked_out = Moment::now();
                 conn.info.note_request(conn.checked_out);
                 self.note_wait(started, conn.checked_out);
                 Ok(conn)
@@ -856,11 +858,11 @@ impl Pool {
     }
 
     /// Records a client's whole wait for a server, from `started` to `now`.
-    fn note_wait(&self, started: Instant, now: Instant) {
+    fn note_wait(&self, started: Moment, now: Moment) {
         self.stats
             .here()
             .wait_duration
-            .observe_us(now.duration_since(started).as_micros() as u64);
+            .observe_us(now.micros_since(started));
     }
 
     /// Opens a connection for a slot already counted in `total`, retrying until
@@ -888,7 +890,7 @@ impl Pool {
                     self.servers.lock().insert(conn.info.id, conn.info.clone());
                     let mut defaults = self.defaults.lock();
                     if defaults.is_none() {
-                        *defaults = Some(conn.reported.clone());
+                        *defaults = Some(conn.reported().clone());
                     }
                     return Ok(conn);
                 }
@@ -930,11 +932,11 @@ impl Pool {
 
     /// Returns a connection. Broken, dirty or expired ones are closed and their slot passes on.
     pub fn checkin(&self, conn: Box<ServerConn>) {
-        self.checkin_at(conn, Instant::now());
+        self.checkin_at(conn, Moment::now());
     }
 
     /// [`Pool::checkin`] with the clock already read by the caller (`now`).
-    pub fn checkin_at(&self, mut conn: Box<ServerConn>, now: Instant) {
+    pub fn checkin_at(&self, mut conn: Box<ServerConn>, now: Moment) {
         conn.info.client_id.store(0, Ordering::Relaxed);
         conn.info.note_request(now);
         if conn.broken || conn.status != b'I' {
@@ -1043,7 +1045,7 @@ impl Pool {
     /// released, the idle ones at once; new ones are opened as clients need them (and up to
     /// min_pool_size). For a server that moved (failover, a changed DNS name).
     pub async fn reconnect(self: &Arc<Self>) {
-        self.state.lock().limits.retire_before = Some(Instant::now());
+        self.state.lock().limits.retire_before = Some(Moment::now());
         self.maintain().await;
     }
 
@@ -1071,7 +1073,7 @@ impl Pool {
     /// server_lifetime, and opens connections up to min_pool_size. Called by the janitor.
     pub async fn maintain(self: &Arc<Self>) {
         let settings = self.settings();
-        let now = Instant::now();
+        let now = Moment::now();
         let expired: Vec<Box<ServerConn>> = {
             let mut st = self.state.lock();
             let mut keep = Vec::with_capacity(st.idle.len());
@@ -1079,8 +1081,7 @@ impl Pool {
             let total = st.total;
             let limits = st.limits;
             for conn in st.idle.drain(..) {
-                let idle_too_long = now.saturating_duration_since(conn.last_used)
-                    >= settings.server_idle_timeout
+                let idle_too_long = now.since(conn.last_used) >= settings.server_idle_timeout
                     && total - out.len() > settings.min_pool_size;
                 // Over a pool_size lowered by a reload: idle ones go first.
                 let over_size = total - out.len() > limits.bound();
@@ -1315,7 +1316,7 @@ impl Member for Pool {
         Pool::dispatch(self);
     }
 
-    fn oldest_idle(&self) -> Option<Instant> {
+    fn oldest_idle(&self) -> Option<Moment> {
         self.state.lock().idle.first().map(|c| c.last_used)
     }
 

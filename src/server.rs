@@ -3,6 +3,7 @@
 //! sync, reset, health check). The hot path — forwarding a client's batch — lives in `session`,
 //! which works on the buffers here directly.
 
+use crate::clock::Moment;
 use crate::params::Vars;
 use crate::protocol::backend::{self, AuthRequest, ErrorFields};
 use crate::protocol::{frame, frontend, MAX_BACKEND_MESSAGE_SIZE};
@@ -13,7 +14,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -142,7 +143,7 @@ pub struct ServerInfo {
     pub unix_socket: Option<Arc<std::path::PathBuf>>,
     pub connect_time: std::time::SystemTime,
     /// When the connection was opened (server_lifetime, RECONNECT).
-    pub created: Instant,
+    pub created: Moment,
     pub tls: bool,
     state: AtomicU8,
     /// Id of the client using it, 0 when none.
@@ -161,8 +162,8 @@ pub struct ServerInfo {
 impl ServerInfo {
     /// Notes that the connection was handed over or given back at `now`.
     #[inline]
-    pub fn note_request(&self, now: Instant) {
-        let us = now.saturating_duration_since(self.created).as_micros() as u64;
+    pub fn note_request(&self, now: Moment) {
+        let us = now.micros_since(self.created);
         self.request_us.store(us, Ordering::Relaxed);
     }
 
@@ -202,15 +203,22 @@ pub struct ServerConn {
     pub info: Arc<ServerInfo>,
     /// The server's BackendKeyData, for forwarding cancel requests.
     pub backend_secret: i32,
-    /// Reported parameters, as of the last ParameterStatus for each.
-    pub reported: Vars,
+    /// Reported parameters, as of the last ParameterStatus for each ([`ServerConn::reported`],
+    /// changed only by [`ServerConn::set_reported`]).
+    reported: Vars,
+    /// A client's reported parameters (the copy clients with the same share, see
+    /// `Pool::share_reported`) found equal to `reported` and not changed since: the next
+    /// client with that copy is known to match without comparing them. Held here, the copy
+    /// cannot change (a client that changes one makes its own); forgotten when `reported`
+    /// changes.
+    reported_as: Option<Arc<Vars>>,
     /// Unreported settings pgmemo has SET on this connection.
     pub settings: Vars,
     /// Transaction status from the last ReadyForQuery.
     pub status: u8,
-    pub last_used: Instant,
+    pub last_used: Moment,
     /// When the pool last handed it out (the start of the holder's transaction time).
-    pub checked_out: Instant,
+    pub checked_out: Moment,
     /// (client id, the client's parameter version) whose parameters this connection was last
     /// made to match; while it still matches, nothing needs checking at the next checkout.
     pub params_synced_for: Option<(u64, u64)>,
@@ -232,7 +240,7 @@ impl ServerConn {
     /// loopback socket that no server is behind (it never writes to it).
     #[doc(hidden)]
     pub fn over(stream: Stream) -> io::Result<ServerConn> {
-        let now = Instant::now();
+        let now = Moment::now();
         let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
         let (addr, local_addr) = match &stream {
             Stream::Unix(_) => (unspecified, unspecified),
@@ -261,6 +269,7 @@ impl ServerConn {
             stream,
             backend_secret: 0,
             reported: Vars::new(),
+            reported_as: None,
             settings: Vars::new(),
             status: b'I',
             prepared: crate::statements::ServerSet::new(500),
@@ -398,6 +407,44 @@ impl ServerConn {
         Ok(conn)
     }
 
+    /// The server's reported parameters, as of the last ParameterStatus for each.
+    #[inline]
+    pub fn reported(&self) -> &Vars {
+        &self.reported
+    }
+
+    /// A ParameterStatus: the server's `name` is now `value`.
+    pub fn set_reported(&mut self, name: &str, value: &str) {
+        self.reported.set(name, value);
+        self.reported_as = None;
+    }
+
+    /// [`ServerConn::set_reported`] for the ParameterStatus message that starts `rbuf`
+    /// (`len` bytes).
+    pub fn note_parameter_status(&mut self, len: usize) {
+        let body = crate::protocol::body(&self.rbuf[..len]);
+        if let Some((name, value)) = backend::parse_parameter_status(body) {
+            self.reported.set(name, value);
+            self.reported_as = None;
+        }
+    }
+
+    /// Whether the server's reported parameters are `client`'s (a client's shared copy):
+    /// compared once per copy while they stay the same (see `reported_as`).
+    #[inline]
+    pub fn reports_as(&mut self, client: &Arc<Vars>) -> bool {
+        if self
+            .reported_as
+            .as_ref()
+            .is_some_and(|known| Arc::ptr_eq(known, client))
+        {
+            return true;
+        }
+        let same = self.reported == **client;
+        self.reported_as = same.then(|| client.clone());
+        same
+    }
+
     /// Whether the server refuses writes, from what it reported at login (PostgreSQL 14 and
     /// later report `in_hot_standby` and `default_transaction_read_only`, which is what libpq
     /// reads for `target_session_attrs=read-write`).
@@ -498,7 +545,7 @@ impl ServerConn {
                 }
                 backend::PARAMETER_STATUS => {
                     if let Some((k, v)) = backend::parse_parameter_status(&body) {
-                        self.reported.set(k, v);
+                        self.set_reported(k, v);
                     }
                 }
                 backend::BACKEND_KEY_DATA => {
@@ -620,7 +667,7 @@ impl ServerConn {
                 }
                 backend::PARAMETER_STATUS => {
                     if let Some((k, v)) = backend::parse_parameter_status(&body) {
-                        self.reported.set(k, v);
+                        self.set_reported(k, v);
                     }
                 }
                 backend::ERROR_RESPONSE => {
@@ -649,7 +696,7 @@ impl ServerConn {
                 _ => {}
             }
         }
-        self.last_used = Instant::now();
+        self.last_used = Moment::now();
         match error {
             Some(e) => Err(e),
             None => Ok(rows),

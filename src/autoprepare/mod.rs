@@ -465,16 +465,17 @@ impl ClientAutoprepare {
 
 /// Writes the Describe (portal), Execute and Sync that follow an autoprepared query's Bind.
 pub fn write_run(out: &mut BytesMut) {
-    write_message(out, fe::DESCRIBE, |m| {
-        m.put_u8(b'P');
-        put_cstr(m, b"");
-    });
-    write_message(out, fe::EXECUTE, |m| {
-        put_cstr(m, b"");
-        m.put_u32(0);
-    });
-    fe::sync(out);
+    out.extend_from_slice(&RUN);
 }
+
+/// The Describe of the unnamed portal, its Execute (every row) and a Sync: the same bytes for
+/// every query, so written as one copy instead of put together field by field.
+#[rustfmt::skip]
+const RUN: [u8; 22] = [
+    fe::DESCRIBE, 0, 0, 0, 6, b'P', 0, // the unnamed portal
+    fe::EXECUTE, 0, 0, 0, 9, 0, 0, 0, 0, 0, // the unnamed portal, every row
+    fe::SYNC, 0, 0, 0, 4,
+];
 
 /// Whether the client's settings let autoprepare count the text in characters as the server
 /// counts them and read its literals as the lexer does: UTF8 on both sides and
@@ -591,6 +592,23 @@ fn chars(text: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_is_describe_execute_sync() {
+        let mut built = BytesMut::new();
+        write_message(&mut built, fe::DESCRIBE, |m| {
+            m.put_u8(b'P');
+            put_cstr(m, b"");
+        });
+        write_message(&mut built, fe::EXECUTE, |m| {
+            put_cstr(m, b"");
+            m.put_u32(0);
+        });
+        fe::sync(&mut built);
+        let mut run = BytesMut::new();
+        write_run(&mut run);
+        assert_eq!(run, built);
+    }
 
     /// A text the lexer refused is remembered in the shared table for the result cache only:
     /// SHOW AUTOPREPARE and its counts (the negative cache too) leave it out.

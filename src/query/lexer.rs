@@ -735,6 +735,7 @@ impl<'a, const PARAMETERS: bool> Lexer<'a, PARAMETERS> {
     }
 
     /// A literal that becomes `$n` in the generalized text.
+    #[inline(always)]
     fn parameter(
         &mut self,
         start: usize,
@@ -773,6 +774,7 @@ impl<'a, const PARAMETERS: bool> Lexer<'a, PARAMETERS> {
 
 /// Appends `$n`, with a space on either side where it would otherwise run into a word
 /// (`SELECT'a'` → `SELECT $1`, `'a'AND` → `$1 AND`). Returns where its digits end.
+#[inline(always)]
 pub fn push_placeholder(text: &mut Vec<u8>, n: usize, next: Option<u8>) -> usize {
     if text.last().is_some_and(|&b| is_ident_cont(b)) {
         text.push(b' ');

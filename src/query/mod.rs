@@ -78,7 +78,7 @@ pub struct Reader {
 /// CommandCompletes gave so far.
 #[derive(Debug)]
 pub struct Timed {
-    pub sent: std::time::Instant,
+    pub sent: crate::clock::Moment,
     pub shape: std::sync::Arc<shapes::Shape>,
     pub rows: u64,
 }
@@ -86,7 +86,7 @@ pub struct Timed {
 impl Timed {
     pub fn new(shape: std::sync::Arc<shapes::Shape>) -> Timed {
         Timed {
-            sent: std::time::Instant::now(),
+            sent: crate::clock::Moment::now(),
             shape,
             rows: 0,
         }
@@ -135,7 +135,23 @@ impl Reader {
     /// The reading of `sql`, the text of the message at hand, and its shape in `shapes`:
     /// looked up at the first call for that message (after [`Reader::read`]), the same at
     /// every later one.
+    #[inline(always)]
     pub fn shape(
+        &mut self,
+        sql: &[u8],
+        shapes: &shapes::Shapes,
+    ) -> Result<(&Lexed, &std::sync::Arc<shapes::Shape>), Refusal> {
+        // Looked up already (each query is asked for it twice, by the session and by
+        // autoprepare): answered inline, without a call.
+        match self.shape {
+            Some(ref shape) => Ok((&self.lexed, shape)),
+            None => self.first_shape(sql, shapes),
+        }
+    }
+
+    /// [`Reader::shape`] at its first call for the message at hand.
+    #[inline(never)]
+    fn first_shape(
         &mut self,
         sql: &[u8],
         shapes: &shapes::Shapes,

@@ -5,6 +5,7 @@
 
 use super::{planner, read_setting_functions, record_statement_stats, state, End, Session, NEVER};
 use crate::app::{ClientState, ServerCancel};
+use crate::clock::Moment;
 use crate::params;
 use crate::pool::Pool;
 use crate::protocol::backend::{sqlstate, Severity};
@@ -15,7 +16,6 @@ use crate::stats::LocalStats;
 use bytes::BytesMut;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::time::Instant;
 
 impl Session {
     /// (Re)starts a pinned client's idle time at the end of one of its transactions.
@@ -81,12 +81,23 @@ impl Session {
         self.info.set_state(ClientState::Active);
         let params_key = Some((self.info.id, self.params.version));
         if server.params_synced_for != params_key {
-            if let Some(sql) = params::sync_sql(
-                &self.params.reported,
-                &server.reported,
-                &self.params.settings,
-                &server.settings,
-            ) {
+            // Last made to match another client: usually one whose parameters are the same
+            // (the same shared copy of the reported ones, known to match without comparing)
+            // and that set nothing; else the differences are sent.
+            let same = server.reports_as(&self.params.reported)
+                && ((self.params.settings.is_empty() && server.settings.is_empty())
+                    || self.params.settings == server.settings);
+            let sql = (!same)
+                .then(|| {
+                    params::sync_sql(
+                        &self.params.reported,
+                        server.reported(),
+                        &self.params.settings,
+                        &server.settings,
+                    )
+                })
+                .flatten();
+            if let Some(sql) = sql {
                 fe::query(&mut server.wbuf, &sql);
                 self.replies.push(Expected::Internal);
                 // Reported values are updated from the server's ParameterStatus replies;
@@ -134,12 +145,20 @@ impl Session {
         self.count_pinned()
     }
 
+    /// Whether [`Session::checkpoint_state`] has anything to do: tested before its future is
+    /// made (most transactions touch no session state).
+    #[inline]
+    pub(super) fn checkpoint_due(&self) -> bool {
+        self.state.keeps_server() && self.work_done()
+    }
+
     /// After a transaction that may have changed the session's state: asks the server what it
     /// now holds, records the client's settings and pins, and gives the server back unless
     /// the client is pinned to it. A pinned client whose server holds other settings than it
     /// wants (a RESET of a startup setting) gets them at once.
+    /// Called when [`Session::checkpoint_due`].
     pub(super) async fn checkpoint_state(&mut self) -> Result<(), End> {
-        if !self.state.keeps_server() || !self.work_done() {
+        if !self.checkpoint_due() {
             return Ok(());
         }
         if self.state.touched {
@@ -265,7 +284,7 @@ impl Session {
             }
         };
         let login_user = &self.pool.settings().target.user;
-        let (now, pins) = state::read_probe(&rows, &server.reported, login_user);
+        let (now, pins) = state::read_probe(&rows, server.reported(), login_user);
         let wanted = state::wanted(&now, &self.state.startup);
         server.settings = now;
         if wanted != self.params.settings {
@@ -277,7 +296,7 @@ impl Session {
         if pins | (self.state.pins & state::Pins::LOAD) != 0 {
             if let Some(sql) = params::sync_sql(
                 &self.params.reported,
-                &server.reported,
+                server.reported(),
                 &self.params.settings,
                 &server.settings,
             ) {
@@ -327,11 +346,9 @@ pub(super) fn pinned_idle_message() -> (&'static str, String, &'static str) {
 
 /// Counts a transaction that ends now on `server` (SHOW STATS' xact counters and the
 /// transaction-time histogram); returns now.
-fn count_transaction(stats: &mut LocalStats, pool: &Pool, server: &ServerConn) -> Instant {
-    let now = Instant::now();
-    let held_us = now
-        .saturating_duration_since(server.checked_out)
-        .as_micros() as u64;
+fn count_transaction(stats: &mut LocalStats, pool: &Pool, server: &ServerConn) -> Moment {
+    let now = Moment::now();
+    let held_us = now.micros_since(server.checked_out);
     stats.xact_count += 1;
     stats.xact_time_us += held_us;
     pool.stats.here().xact_duration.observe_us(held_us);

@@ -14,7 +14,6 @@ use crate::replies::{Expected, Synth};
 use crate::server::ServerConn;
 use bytes::Buf;
 use std::pin::Pin;
-use std::time::Instant;
 
 impl Session {
     /// Answers a batch of Parse / Describe / Close, ended by a Sync or Flush, that needs no
@@ -94,7 +93,7 @@ impl Session {
                 Next::End(end) => return Err(end),
             };
             self.info.start_query(now_us);
-            if acquire {
+            if acquire && !self.acquire_server_at_once() {
                 self.acquire_server().await?;
             }
             let autoprepare = self.autoprepare_for(tag);
@@ -247,7 +246,7 @@ impl Session {
             // server it kept: its time counts from here (see `pinned_transaction_done`,
             // `session_transaction_counted`).
             if let Some(server) = self.server.as_mut() {
-                server.checked_out = Instant::now();
+                server.checked_out = crate::clock::Moment::now();
             }
         }
         Next::Go
@@ -542,6 +541,22 @@ impl Session {
             return None;
         }
         Some(threshold)
+    }
+
+    /// [`Session::acquire_server`]'s common case, without making its future: nothing unsent to
+    /// the client, which is not killed, and an idle server in the pool at once. False: none
+    /// was taken, [`Session::acquire_server`] takes the rest of the ways.
+    #[inline]
+    fn acquire_server_at_once(&mut self) -> bool {
+        if !self.client.wbuf.is_empty() || self.info.is_killed() {
+            return false;
+        }
+        self.info.set_state(ClientState::Waiting);
+        let Some(server) = self.pool.checkout_at_once() else {
+            return false;
+        };
+        self.hold(server);
+        true
     }
 
     /// Takes a server from the pool and makes its session parameters match this client's.

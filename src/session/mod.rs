@@ -402,16 +402,21 @@ impl Session {
         // Set before the flags are first read: a shutdown that begins later wakes the task.
         *self.info.stop_waker.lock() = Some(poll_fn(|cx| Poll::Ready(cx.waker().clone())).await);
         loop {
-            if let Err(end) = self.handle_client_messages().await {
-                return end;
+            // Nothing read from the client (most wakes are the server's): no future made.
+            if !self.client.rbuf.is_empty() {
+                if let Err(end) = self.handle_client_messages().await {
+                    return end;
+                }
             }
             self.note_running();
             // A message planned again after a wait may have been answered by pgmemo alone,
             // leaving the server idle with nothing more to come from it.
             if std::mem::take(&mut self.plan.replanned) {
                 self.release_if_done();
-                if let Err(end) = self.checkpoint_state().await {
-                    return end;
+                if self.checkpoint_due() {
+                    if let Err(end) = self.checkpoint_state().await {
+                        return end;
+                    }
                 }
             }
             // The sockets first: what is already there is handled before a shutdown.
@@ -443,8 +448,10 @@ impl Session {
                         return self.server_gone(None).await;
                     }
                     self.note_running();
-                    if let Err(end) = self.checkpoint_state().await {
-                        return end;
+                    if self.checkpoint_due() {
+                        if let Err(end) = self.checkpoint_state().await {
+                            return end;
+                        }
                     }
                     // A server waiting for COPY data reads the bad message itself (see
                     // `copy_garbage`): PostgreSQL's own answer.
@@ -893,8 +900,23 @@ fn reserve(buf: &mut BytesMut) {
     }
 }
 
-/// Writes as much of `buf` as the socket takes without blocking.
+/// Writes as much of `buf` as the socket takes without blocking. Most polls have nothing to
+/// write: that is tested here, inlined, without a call (a TLS stream is flushed even then).
+#[inline(always)]
 fn poll_write_buf(stream: &mut Stream, buf: &mut BytesMut, cx: &mut Context<'_>) -> io::Result<()> {
+    if buf.is_empty() && !stream.is_tls() {
+        return Ok(());
+    }
+    poll_write_some(stream, buf, cx)
+}
+
+/// [`poll_write_buf`] when there is something to write or a TLS stream to flush.
+#[inline(never)]
+fn poll_write_some(
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> io::Result<()> {
     use tokio::io::AsyncWrite;
     while !buf.is_empty() {
         match Pin::new(&mut *stream).poll_write(cx, buf) {

@@ -221,7 +221,7 @@ impl Session {
             if let Some(t) = timed {
                 t.shape
                     .stats
-                    .note_timed(t.sent.elapsed().as_micros() as u64, t.rows);
+                    .note_timed(crate::clock::Moment::now().micros_since(t.sent), t.rows);
             }
         }
         if let Some(stmts) = self.plan.stmts.as_mut() {
@@ -234,10 +234,10 @@ impl Session {
     /// A ParameterStatus: the server's setting, and the client's when it is told it.
     fn note_parameter_status(&mut self, len: usize, route: Route) {
         let server = self.server.as_mut().expect("a server is held");
+        server.note_parameter_status(len);
         let Some((name, value)) = be::parse_parameter_status(body(&server.rbuf[..len])) else {
             return;
         };
-        server.reported.set(name, value);
         if route != Route::Forward
             || self.params.reported.get(name) == Some(value)
             || !Arc::make_mut(&mut self.params.reported).set(name, value)

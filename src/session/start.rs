@@ -209,7 +209,7 @@ impl Session {
             Some(d) => d,
             None => {
                 let mut server = self.login_checkout().await?;
-                let d = server.reported.clone();
+                let d = server.reported().clone();
                 // The pool's first login: the setting functions are read on the same server.
                 if self.state.enabled && self.pool.setting_functions_unread() {
                     read_setting_functions(&self.pool, &mut server).await;
