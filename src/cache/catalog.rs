@@ -17,6 +17,11 @@ use crate::query::point::{Bound, ReadFilter};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// A table's key columns by place (from the snapshot's `k` rows); None: a type not followed.
+type KeyColumns = Vec<(u32, Option<(Box<str>, KeyType)>)>;
+/// A key column's table OID (as text) and column number.
+type KeyAttnum = (String, Option<i16>);
+
 /// What a database's functions and tables do, as of one moment.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -154,15 +159,13 @@ impl Snapshot {
             ..Snapshot::default()
         };
         let col = |row, i| column(row, i).unwrap_or_default();
-        // table → (its OID, its key columns by place; None: a type not followed).
-        type Columns = Vec<(u32, Option<(Box<str>, KeyType)>)>;
-        let mut keys: HashMap<Box<str>, Vec<(String, Columns)>> = HashMap::new();
+        let mut keys: HashMap<Box<str>, Vec<(String, KeyColumns)>> = HashMap::new();
         // name → per table OID: its followed columns, its unique keys.
         type Followed = Vec<(Box<str>, KeyType)>;
         type OfOid = (String, Followed, Vec<Vec<Box<str>>>);
         let mut tables_columns: HashMap<Box<str>, Vec<OfOid>> = HashMap::new();
         // Each key column's table OID and column number, by table name.
-        let mut attnums: HashMap<Box<str>, Vec<(String, Option<i16>)>> = HashMap::new();
+        let mut attnums: HashMap<Box<str>, Vec<KeyAttnum>> = HashMap::new();
         for row in rows {
             match col(row, 0) {
                 "f" => {
@@ -252,8 +255,19 @@ impl Snapshot {
                 Vec::new()
             };
         }
+        s.settle_keys(keys, attnums);
+        s
+    }
+
+    /// Each table name's row key (the same for every table of the name, or none) and, for a
+    /// key of one column of the only table of its name, where a result shows it.
+    fn settle_keys(
+        &mut self,
+        keys: HashMap<Box<str>, Vec<(String, KeyColumns)>>,
+        attnums: HashMap<Box<str>, Vec<KeyAttnum>>,
+    ) {
         for (name, tables) in keys {
-            let key = |mut columns: Columns| {
+            let key = |mut columns: KeyColumns| {
                 columns.sort_by_key(|(place, _)| *place);
                 let columns = columns
                     .into_iter()
@@ -265,17 +279,16 @@ impl Snapshot {
             let first = found.next().flatten();
             // Two tables of one name: the same key, or none followed.
             let same = found.all(|k| k.is_some() && k == first);
-            s.row_keys.insert(name, first.filter(|_| same));
+            self.row_keys.insert(name, first.filter(|_| same));
         }
         for (name, columns) in attnums {
             // One table of the name, a key of one column.
             if let [(oid, Some(attnum))] = columns.as_slice() {
                 if let Ok(oid) = oid.parse() {
-                    s.result_keys.insert(name, (oid, *attnum));
+                    self.result_keys.insert(name, (oid, *attnum));
                 }
             }
         }
-        s
     }
 
     /// What the tables named `table` say about their columns; None: no such table.

@@ -1,0 +1,76 @@
+//! The session's unit tests: what its small parts answer, and the size of what every idle
+//! client keeps.
+
+#[cfg(test)]
+mod readable_at {
+    use super::super::{Readable, ReadableAt};
+
+    #[test]
+    fn an_answer_holds_for_its_settings_version_only() {
+        assert_eq!(ReadableAt::default().at(0), None, "never worked out");
+        for version in [0, 1, 41, u64::MAX >> 3] {
+            for (standard_strings, autoprepare) in
+                [(false, false), (false, true), (true, false), (true, true)]
+            {
+                let answer = Readable {
+                    standard_strings,
+                    autoprepare,
+                };
+                let known = ReadableAt::new(version, answer);
+                assert_eq!(known.at(version), Some(answer));
+                assert_eq!(known.at(version + 1), None);
+                assert_eq!(known.at(version.wrapping_sub(1)), None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod footprint {
+    use super::super::*;
+    use std::mem::size_of;
+
+    /// The size of what `f` returns (a future, for an async fn).
+    fn returned<A, B, F>(_: fn(A, B) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// An idle client is mostly these allocations (plus tokio's task cell and socket
+    /// registration): each stays within an allocator size class (mimalloc's 224, 256 and 640
+    /// bytes), so that the memory per idle client does not creep. A field that crosses a
+    /// class costs every client the class step (32 to 128 bytes): put rare state behind a box.
+    #[test]
+    fn an_idle_clients_allocations_stay_in_their_size_classes() {
+        assert!(
+            size_of::<Session>() <= 640,
+            "Session is {} bytes",
+            size_of::<Session>()
+        );
+        let task = returned(crate::connection::serve_client);
+        assert!(task <= 256, "the session's task future is {task} bytes");
+        // An Arc's allocation: two counts and the value.
+        let info = 16 + size_of::<crate::app::ClientInfo>();
+        assert!(info <= 224, "ClientInfo's Arc is {info} bytes");
+    }
+}
+
+#[cfg(test)]
+mod reset_query {
+    use super::super::is_discard_all;
+
+    #[test]
+    fn discard_all_is_recognized_however_it_is_spelt() {
+        for yes in ["DISCARD ALL", "discard all;", " /* reset */ Discard\n ALL "] {
+            assert!(is_discard_all(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "DISCARD PLANS",
+            "RESET ALL",
+            "DISCARD ALL; SELECT 1",
+            "DEALLOCATE ALL",
+        ] {
+            assert!(!is_discard_all(no), "{no}");
+        }
+    }
+}
