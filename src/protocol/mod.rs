@@ -66,8 +66,6 @@ pub fn body(msg: &[u8]) -> &[u8] {
     &msg[HEADER_LEN..]
 }
 
-/// Where the next complete message in `buf` ends, if it is all there.
-///
 /// The complete messages at the start of a buffer, in order, as (tag, body): up to the first
 /// that is not all there or has an impossible length (the session's own framing deals with
 /// that one). `at`: the bytes read so far.
