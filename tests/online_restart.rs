@@ -67,7 +67,8 @@ impl LoggedChild {
         while !self.log().contains(text) {
             assert!(
                 self.running(),
-                "pgmemo exited before logging {text:?}:\n{}",
+                "pgmemo ({}) exited before logging {text:?}:\n{}",
+                self.log.display(),
                 self.log()
             );
             assert!(
