@@ -1210,10 +1210,13 @@ impl App {
     /// The new process of an online restart went away before it had every client: this one
     /// keeps the clients it still has and accepts again.
     pub fn end_handover(&self) {
-        self.handoff.close();
+        // Accepting again first: closing the handoff ends the takeover thread's wait, which
+        // then listens for another takeover, and the task it starts ends at once if it finds
+        // the listeners still stopped (leaving the control socket's file with nobody on it).
         if !self.is_shutting_down() && !self.is_draining() {
             self.accepting_tx.send_replace(true);
         }
+        self.handoff.close();
     }
 }
 
