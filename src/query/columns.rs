@@ -111,7 +111,16 @@ pub fn column_reads(select: &Value) -> Option<ColumnReads> {
             && empty(&select["having_clause"])
             && empty(&select["distinct_clause"]),
     };
-    let outside = outside_columns(select, &reads, &joins.using)?;
+    // The column references outside the output list, then those in it: one walk of the
+    // statement, whose first part also says what decides which rows are shown.
+    let mut refs = Vec::new();
+    for (field, v) in select.as_object()? {
+        if field != "target_list" {
+            column_refs(v, &mut refs);
+        }
+    }
+    let outside = outside_columns(select, &reads, &joins.using, &refs)?;
+    column_refs(&select["target_list"], &mut refs);
     for name in joins.using {
         reads.add_everywhere(name);
     }
@@ -125,8 +134,6 @@ pub fn column_reads(select: &Value) -> Option<ColumnReads> {
             reads.equalities.push([(l, lc), (r, rc)]);
         }
     }
-    let mut refs = Vec::new();
-    column_refs(select, &mut refs);
     for fields in refs {
         reads.add_ref(fields)?;
     }
@@ -233,13 +240,15 @@ impl ColumnReads {
 }
 
 /// The columns of each of `reads`' tables that `select` uses outside its output list
-/// ([`TableUse::outside`]), the join's `USING` columns among them; every
+/// ([`TableUse::outside`]; `refs`: its column references there), the join's `USING` columns
+/// among them; every
 /// column of each when its `ORDER BY` names an output column by its place or its name
 /// (`ORDER BY 2`, `ORDER BY l` of `likes AS l`): what is shown then decides the order too.
 fn outside_columns(
     select: &Value,
     reads: &ColumnReads,
     using: &[Box<str>],
+    refs: &[Vec<Option<Box<str>>>],
 ) -> Option<Vec<Option<Vec<Box<str>>>>> {
     let names: Vec<&str> = select["target_list"]
         .as_array()
@@ -262,12 +271,8 @@ fn outside_columns(
     for name in using {
         outside.add_everywhere(name.clone());
     }
-    let mut rest = select.clone();
-    rest["target_list"] = Value::Null;
-    let mut refs = Vec::new();
-    column_refs(&rest, &mut refs);
     for fields in refs {
-        outside.add_ref(fields)?;
+        outside.add_ref(fields.clone())?;
     }
     Some(outside.tables.into_iter().map(|t| t.columns).collect())
 }
