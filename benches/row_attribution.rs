@@ -77,7 +77,7 @@ fn main() {
 
     let aid = b"77".to_vec();
     time("a WAL change's key (test_decoding's text)", |_| {
-        rows::wal_row_slot(&versions, "db", "pgbench_accounts", &key, |_| {
+        rows::text_row_slot(&versions, "db", "pgbench_accounts", &key, |_| {
             Some(Some(&aid[..]))
         })
         .map_or(0, |s| s as usize)

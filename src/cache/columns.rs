@@ -188,13 +188,12 @@ pub fn plan(
     }
     // A column only shown stops counting once the rows held are known, unless its slot is
     // also another's (two hashes met) or the database's.
-    slots.push(Versions::database_slot(database));
+    let database_slot = Versions::database_slot(database);
     for h in &mut held {
         h.shown_only
-            .retain(|s| slots.iter().filter(|&x| x == s).count() == 1);
-        h.unknown_rows_added = !slots.contains(&h.unknown_rows);
+            .retain(|s| *s != database_slot && slots.iter().filter(|&x| x == s).count() == 1);
+        h.unknown_rows_added = h.unknown_rows != database_slot && !slots.contains(&h.unknown_rows);
     }
-    slots.pop();
     for h in &held {
         if h.unknown_rows_added {
             slots.push(h.unknown_rows);
@@ -342,7 +341,7 @@ pub fn held_slots(
                 })();
                 let slot = value.and_then(|v| {
                     let (table, key) = (&held.table, &held.key);
-                    crate::cache::rows::wal_row_slot(versions, database, table, key, |_| {
+                    crate::cache::rows::text_row_slot(versions, database, table, key, |_| {
                         Some(Some(v))
                     })
                 });

@@ -475,8 +475,9 @@ pub fn push_all(out: &mut Vec<u32>, slots: impl Iterator<Item = Option<u32>>) ->
 }
 
 /// The slot of the row of `table` (row key `key`) whose column values `column` gives in
-/// text form (the WAL's: None for a column it does not carry, `Some(None)` for a NULL).
-pub fn wal_row_slot<'v>(
+/// text form (the WAL's, or a result's DataRow: None for a column it does not carry,
+/// `Some(None)` for a NULL).
+pub fn text_row_slot<'v>(
     versions: &Versions,
     database: &str,
     table: &str,
@@ -544,7 +545,7 @@ mod tests {
     }
 
     fn wal(k: &RowKey, v: &Versions, cols: &[(&str, &str)]) -> u32 {
-        wal_row_slot(v, "db", "t", k, |c| {
+        text_row_slot(v, "db", "t", k, |c| {
             cols.iter()
                 .find(|(n, _)| *n == c)
                 .map(|(_, v)| Some(v.as_bytes()))

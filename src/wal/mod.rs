@@ -581,7 +581,7 @@ fn change_rows<'r, R>(
         return false;
     }
     let slots = rows.into_iter().flatten().map(|row| {
-        crate::cache::rows::wal_row_slot(&cache.versions, database, table, key, |c| column(row, c))
+        crate::cache::rows::text_row_slot(&cache.versions, database, table, key, |c| column(row, c))
     });
     crate::cache::rows::push_all(out, slots)
 }
