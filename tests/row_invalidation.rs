@@ -188,6 +188,21 @@ const CASES: &[Case] = &[
              WHERE p.user_id = 3 ORDER BY p.title",
         ],
     },
+    // `*` and a whole row read every column the catalog lists: a result showing the key
+    // holds its rows; a whole row (a composite column) shows no key.
+    Case {
+        write: "UPDATE posts SET likes = 71 WHERE id = 3",
+        changed: &[
+            "SELECT * FROM posts WHERE user_id = 2 ORDER BY title",
+            "SELECT p.* FROM posts p WHERE user_id = 1",
+            "SELECT posts FROM posts WHERE user_id = 1 ORDER BY title",
+        ],
+        kept: &[
+            "SELECT * FROM posts WHERE user_id = 1 ORDER BY title",
+            "SELECT p.*, o.name FROM posts p JOIN owners o ON o.id = p.user_id \
+             WHERE p.user_id = 3 ORDER BY p.title",
+        ],
+    },
     // A join ordered by one table's key orders the whole result only when each of its rows
     // gives one row: an owner's several posts tie under `ORDER BY o.id`, and ties come out in
     // the order the rows were met, which an UPDATE of the owner may change.
@@ -1090,8 +1105,19 @@ impl std::fmt::Debug for Statement {
 fn random_read(rng: &mut Rng) -> Statement {
     let u = 1 + rng.below(6);
     let l = rng.below(4);
-    match rng.below(36) {
-        // Reads whose results hold their rows by key (cache::columns::HeldRows).
+    match rng.below(39) {
+        // Reads whose results hold their rows by key (cache::columns::HeldRows), the last
+        // three by `*` or a whole row (every column the catalog lists).
+        36 => Statement::simple(format!(
+            "SELECT * FROM posts WHERE user_id = {u} ORDER BY title"
+        )),
+        37 => Statement::simple(format!(
+            "SELECT p.*, u.name FROM posts p JOIN users u ON u.id = p.user_id \
+             WHERE p.user_id = {u} ORDER BY p.title"
+        )),
+        38 => Statement::simple(format!(
+            "SELECT posts FROM posts WHERE user_id = {u} ORDER BY id"
+        )),
         30 => Statement::simple(format!(
             "SELECT id, likes, tag FROM posts WHERE user_id = {u} ORDER BY title"
         )),

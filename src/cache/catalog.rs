@@ -54,6 +54,8 @@ pub struct TableColumns {
     pub unique: Vec<Vec<Box<str>>>,
     /// A column is generated: an `UPDATE` may change more columns than it assigns.
     pub generated: bool,
+    /// Every column (with two tables of the name, of both): what `*` reads.
+    pub all: Vec<Box<str>>,
 }
 
 /// Every function of one name, merged: the strictest wins.
@@ -73,8 +75,8 @@ struct Function {
 /// table's row key (see [`super::rows`]: its replica identity index, else its primary key):
 /// the table, the column, its type OID, whether its collation is deterministic, and its
 /// place in the key and the table's OID (two tables of one name in two schemas); `c` a
-/// column of a type values are followed for (see [`super::rows::KeyType`]): the table, the
-/// column, its type and collation as for `k`, the table's OID; `q` a unique key of a table
+/// column (its values are followed when of a type [`super::rows::KeyType`] knows): the
+/// table, the column, its type and collation as for `k`, the table's OID; `q` a unique key of a table
 /// whose columns are all `NOT NULL` (the table, its columns joined by `,`, the table's OID);
 /// `g` a table with a generated column; `n` every table (its name and OID: two of one name).
 pub const SNAPSHOT_SQL: &str = "\
@@ -136,7 +138,7 @@ UNION ALL SELECT 'k', c.relname::text, a.attname::text, \
 UNION ALL SELECT 'c', c.relname::text, a.attname::text, \
  a.atttypid::text || ' ' || coalesce(co.collisdeterministic, true)::text, c.oid::text \
  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 \
- AND NOT a.attisdropped AND a.atttypid IN (20, 21, 23, 25, 1043, 2950) \
+ AND NOT a.attisdropped \
  LEFT JOIN pg_collation co ON co.oid = a.attcollation \
  WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
 UNION ALL SELECT 'q', c.relname::text, string_agg(a.attname::text, ',' ORDER BY k.ord), '', \
@@ -214,6 +216,10 @@ impl Snapshot {
                         of.len() - 1
                     });
                     if col(row, 0) == "c" {
+                        let all = &mut s.columns.entry(name.into()).or_default().all;
+                        if !all.iter().any(|c| **c == *col(row, 2)) {
+                            all.push(col(row, 2).into());
+                        }
                         let (oid, deterministic) = col(row, 3).split_once(' ').unwrap_or_default();
                         if let Some(ty) = oid
                             .parse()
@@ -612,6 +618,7 @@ mod tests {
                 row(&["c", "t", "a", "23 true", "21"]),
                 row(&["c", "t", "b", "23 true", "20"]),
                 row(&["c", "t", "b", "20 true", "21"]),
+                row(&["c", "t", "stamp", "1184 true", "21"]),
                 row(&["q", "t", "a", "", "20"]),
                 row(&["n", "g", "", "", "30"]),
                 row(&["g", "g", "", "", ""]),
@@ -627,7 +634,10 @@ mod tests {
         );
         assert_eq!(posts.unique.len(), 2);
         assert!(!posts.generated);
+        // What `*` reads: every column, followed or not; of both tables of one name.
+        assert_eq!(posts.all, ["user_id".into(), "title".into(), "icu".into()]);
         let t = s.table_columns("t").unwrap();
+        assert_eq!(t.all, ["a".into(), "b".into(), "stamp".into()]);
         assert_eq!(t.followed, vec![("a".into(), KeyType::Integer(4))]);
         assert!(t.unique.is_empty());
         assert!(s.table_columns("g").unwrap().generated);

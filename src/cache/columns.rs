@@ -153,11 +153,12 @@ pub fn plan(
             continue;
         };
         let of = snapshot.table_columns(table)?;
+        let columns = used_columns(columns, u.star, of)?;
         slots.push(slot(database, table, "", ColumnVersion::Whole));
-        for c in columns {
+        for c in &columns {
             slots.push(slot(database, table, c, ColumnVersion::Assigned));
         }
-        if let Some(h) = held_rows(reads, u, snapshot, database) {
+        if let Some(h) = held_rows(reads, u, &columns, snapshot, database) {
             held.push(h);
         }
         if !total {
@@ -242,15 +243,38 @@ pub struct HeldRows {
     pub unknown_rows_added: bool,
 }
 
-/// The rows of `u` (a table use of `reads`) its result may hold by key, if any.
+/// The columns of a table a read uses: those it names, and with `star` (`*`, a whole row)
+/// every column of the table; None when the catalog lists none (it is not known then).
+fn used_columns<'a>(
+    named: &'a [Box<str>],
+    star: bool,
+    of: &'a TableColumns,
+) -> Option<Vec<&'a str>> {
+    let mut columns: Vec<&str> = named.iter().map(|c| &**c).collect();
+    if star {
+        if of.all.is_empty() {
+            return None;
+        }
+        for c in &of.all {
+            if !columns.contains(&&**c) {
+                columns.push(c);
+            }
+        }
+    }
+    Some(columns)
+}
+
+/// The rows of `u` (a table use of `reads`, using `columns`) its result may hold by key, if
+/// any.
 fn held_rows(
     reads: &ColumnReads,
     u: &crate::query::columns::TableUse,
+    columns: &[&str],
     snapshot: &Snapshot,
     database: &str,
 ) -> Option<HeldRows> {
     let table = &*u.relation.name;
-    let (Some(columns), Some(outside)) = (&u.columns, &u.outside) else {
+    let Some(outside) = &u.outside else {
         return None;
     };
     let once = reads
@@ -265,7 +289,7 @@ fn held_rows(
     let (oid, attnum) = snapshot.result_key(table)?;
     let shown_only: Vec<u32> = columns
         .iter()
-        .filter(|c| !outside.contains(c))
+        .filter(|c| !outside.iter().any(|o| **o == ***c))
         .map(|c| slot(database, table, c, ColumnVersion::Assigned))
         .collect();
     if shown_only.is_empty() {

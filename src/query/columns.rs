@@ -15,10 +15,11 @@
 //!   ([`TableUse::order`], checked with the catalog) or it is one row of order-blind
 //!   aggregates ([`ColumnReads::one_row`]).
 //!
-//! Everything errs on one side: what is not certain is read as "every column" (`*`, a whole
-//! row, a system column, a `NATURAL` join), or the read is not analyzed at all (a subquery,
-//! `WITH`, a set operation, a window function, a function in `FROM`, `TABLESAMPLE`): it then
-//! depends on every write to its tables, as before.
+//! `*` and a whole row (`t.*`, `SELECT t FROM t`) use every column the catalog lists for the
+//! table ([`TableUse::star`]). Everything else errs on one side: what is not certain is read
+//! as "every column and more" (a system column, which every write changes), or the read is
+//! not analyzed at all (a subquery, `WITH`, a set operation, a window function, a function in
+//! `FROM`, `TABLESAMPLE`, a `NATURAL` join): it then depends on every write to its tables.
 
 use super::analysis::{last_name, RelName};
 use super::point::{
@@ -32,8 +33,12 @@ pub struct TableUse {
     pub relation: RelName,
     /// Its alias in the read, if it has one.
     pub alias_name: Option<Box<str>>,
-    /// The columns it uses, as PostgreSQL folds their names; None: every column.
+    /// The columns it uses, as PostgreSQL folds their names; None: every column and more
+    /// (a system column, which every write changes).
     pub columns: Option<Vec<Box<str>>>,
+    /// It is read whole too (`*`, `t.*`, a whole-row reference `SELECT t FROM t`): it uses
+    /// every column of its table beside `columns`, as the catalog lists them.
+    pub star: bool,
     /// The AND-ed equalities of the `WHERE` that bind its columns (a column of another
     /// table of the read is never among them: only qualified names count in a join).
     pub filter: Vec<Bound>,
@@ -196,12 +201,12 @@ impl ColumnReads {
     /// Takes in one `ColumnRef`'s fields (None: `*`); None when it cannot be placed.
     fn add_ref(&mut self, fields: Vec<Option<Box<str>>>) -> Option<()> {
         match fields.as_slice() {
-            [None] => self.tables.iter_mut().for_each(|t| t.columns = None),
+            [None] => self.tables.iter_mut().for_each(|t| t.star = true),
             [Some(c)] => {
                 // A whole row (`SELECT t FROM t`, `f(t)`), or a column of that name.
                 for t in &mut self.tables {
                     if t.answers_to(c) {
-                        t.columns = None;
+                        t.star = true;
                     }
                 }
                 self.add_everywhere(c.clone());
@@ -212,7 +217,7 @@ impl ColumnReads {
                     found = true;
                     match c {
                         Some(c) => t.add(c),
-                        None => t.columns = None,
+                        None => t.star = true,
                     }
                 }
                 if !found {
@@ -227,7 +232,7 @@ impl ColumnReads {
                         found = true;
                         match c {
                             Some(c) => t.add(c),
-                            None => t.columns = None,
+                            None => t.star = true,
                         }
                     }
                 }
@@ -274,7 +279,14 @@ fn outside_columns(
     for fields in refs {
         outside.add_ref(fields.clone())?;
     }
-    Some(outside.tables.into_iter().map(|t| t.columns).collect())
+    // A whole row read outside the output list (`WHERE t IS NOT NULL`): every column.
+    Some(
+        outside
+            .tables
+            .into_iter()
+            .map(|t| t.columns.filter(|_| !t.star))
+            .collect(),
+    )
 }
 
 /// One `FROM` item: a table, or a join of items (its `USING` columns go to `using`); None
@@ -286,6 +298,7 @@ fn from_item<'v>(item: &'v Value, tables: &mut Vec<TableUse>, joins: &mut Joins<
             relation: relation(range_var)?,
             alias_name: alias(range_var).map(Into::into),
             columns: Some(Vec::new()),
+            star: false,
             filter: Vec::new(),
             order: Vec::new(),
             outside: Some(Vec::new()),
@@ -516,16 +529,37 @@ mod tests {
         );
         assert_eq!(columns(&r.tables[0]), Some(vec!["user_id"]));
 
-        for every in [
+        // The whole row, shown: every column the catalog lists, but not more.
+        for whole in [
             "SELECT * FROM posts WHERE user_id = 1",
             "SELECT p.* FROM posts p",
             "SELECT posts FROM posts",
             "SELECT row_to_json(p) FROM posts p",
+            "SELECT public.posts.* FROM posts",
+        ] {
+            let t = &reads(whole).unwrap().tables[0];
+            assert!(t.star && t.columns.is_some(), "{whole}");
+        }
+        let t = &reads("SELECT * FROM posts WHERE user_id = 1 ORDER BY title")
+            .unwrap()
+            .tables[0];
+        assert_eq!(outside(t), Some(vec!["title", "user_id"]));
+        // Every column and more: a system column; the whole row outside the output list.
+        for every in [
             "SELECT ctid, title FROM posts",
+            "SELECT *, ctid FROM posts",
             "SELECT title FROM posts WHERE xmin::text = '1'",
         ] {
             assert_eq!(columns(&reads(every).unwrap().tables[0]), None, "{every}");
         }
+        for every in [
+            "SELECT * FROM posts ORDER BY 2",
+            "SELECT title FROM posts p WHERE p IS NOT NULL",
+        ] {
+            assert_eq!(outside(&reads(every).unwrap().tables[0]), None, "{every}");
+        }
+        let r = reads("SELECT p.*, u.name FROM posts p JOIN users u ON u.id = p.user_id").unwrap();
+        assert!(r.tables[0].star && !r.tables[1].star);
         for not in [
             "SELECT title FROM posts WHERE id IN (SELECT 1)",
             "WITH x AS (SELECT 1) SELECT title FROM posts",

@@ -51,12 +51,15 @@ class Transcript
   end
 end
 
+# Records loaded as Rails apps load them (SELECT "users".* ... LIMIT $2, SELECT "posts".*
+# ... ORDER BY "posts"."title"), besides pluck's named columns below.
 def read_user(tr, n, uid)
-  tr.log(n, "user", User.where(id: uid).pluck(:name, :karma))
+  u = User.find(uid)
+  tr.log(n, "user", [u.name, u.karma])
 end
 
 def read_posts(tr, n, uid)
-  tr.log(n, "posts", Post.where(user_id: uid).order(:title).pluck(:title, :likes))
+  tr.log(n, "posts", Post.where(user_id: uid).order(:title).map { |p| [p.title, p.likes] })
 end
 
 def read_page(tr, n, uid)
