@@ -1429,12 +1429,24 @@ async fn random_run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_writes_never_leave_a_cached_read_stale() {
     let mut extended_hits = 0;
-    for (db, seed) in [
+    let mut runs = vec![
         ("rows_random_1", 0x5eed_0001),
         ("rows_random_2", 0x5eed_0002),
         ("rows_random_3", 0x5eed_0005),
         ("rows_random_4", 0x5eed_0006),
-    ] {
+    ];
+    // More seeds by hand: PGMEMO_RANDOM_SEEDS=FIRST..END runs those instead (each in its own
+    // database), e.g. after a change to what reads depend on.
+    if let Some((first, end)) = std::env::var("PGMEMO_RANDOM_SEEDS").ok().and_then(|r| {
+        r.split_once("..")
+            .map(|(a, b)| (a.parse::<u64>(), b.parse::<u64>()))
+    }) {
+        let (first, end) = (first.expect("a seed"), end.expect("a seed"));
+        runs = (first..end)
+            .map(|seed| (&*format!("rows_random_s{seed}").leak(), 0x5eed_0000 + seed))
+            .collect();
+    }
+    for (db, seed) in runs {
         let (hits, extended) = random_run(db, None, seed, 1500).await;
         assert!(
             hits > 100,
