@@ -627,6 +627,9 @@ impl App {
                 p.key
             );
         }
+        for notice in cfg.notices() {
+            tracing::warn!("{notice}");
+        }
         tracing::info!("configuration reloaded");
         Ok(pending)
     }

@@ -325,6 +325,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     };
     init_logging(&config.general.log_level, config.general.log_format);
+    for notice in config.notices() {
+        match check_only {
+            true => eprintln!("pgmemo: warning: {notice}"),
+            false => tracing::warn!("{notice}"),
+        }
+    }
     if check_only {
         println!("configuration OK");
         return Ok(());

@@ -1306,6 +1306,15 @@ async fn binary_checks_reloads_on_sighup_and_exits_on_sigint() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Valid, but the cache would never answer: said, naming the setting that changes it.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: autoprepare does not apply to session-mode pools")
+            && stderr.contains("session_shared_statements"),
+        "{stderr}"
+    );
+    let out = run(&["--upstream", &upstream, "--cache", "--check"]).await;
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
 
     let log_path = dir.join("pgmemo.log");
     let log = std::fs::File::create(&log_path).unwrap();

@@ -312,6 +312,41 @@ impl Config {
         Ok(())
     }
 
+    /// What is valid but likely not what the operator means, one sentence each: printed by
+    /// `--check` and logged as warnings at start and on RELOAD.
+    pub fn notices(&self) -> Vec<String> {
+        let mut notices = Vec::new();
+        let what = match (self.cache.enabled, self.general.autoprepare) {
+            (true, _) => "the result cache and autoprepare do",
+            (false, true) => "autoprepare does",
+            (false, false) => "",
+        };
+        let session = |mode: Option<PoolMode>| mode == Some(PoolMode::Session);
+        let mut in_session: Vec<String> = Vec::new();
+        if self.general.pool_mode == PoolMode::Session {
+            in_session.push("general.pool_mode".into());
+        }
+        for (name, db) in &self.databases {
+            if session(db.pool_mode) {
+                in_session.push(format!("databases.{name}"));
+            }
+        }
+        for (name, user) in &self.users {
+            if session(user.pool_mode) {
+                in_session.push(format!("users.{name}"));
+            }
+        }
+        if !what.is_empty() && !in_session.is_empty() && !self.general.session_shared_statements {
+            notices.push(format!(
+                "{what} not apply to session-mode pools ({}) unless \
+                 general.session_shared_statements = true: a session-mode client's statements \
+                 otherwise go to its server as on a direct connection",
+                in_session.join(", ")
+            ));
+        }
+        notices
+    }
+
     /// Checks the rules that involve several settings, and every value a flag may have
     /// changed. Run after command-line overrides, and before a configuration is used.
     pub fn validate(&self) -> Result<(), ConfigError> {

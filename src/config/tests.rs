@@ -1041,3 +1041,31 @@ fn a_database_connstring_gives_hosts_credentials_and_options() {
         "{e}"
     );
 }
+
+#[test]
+fn session_mode_without_shared_statements_is_noticed() {
+    let notices = |extra: &str| {
+        Config::from_toml_str(&with_upstream(extra))
+            .unwrap()
+            .notices()
+    };
+    assert!(notices("").is_empty());
+    assert!(notices("[cache]\nenabled = true\n").is_empty());
+    let n = notices(
+        "[general]\npool_mode = \"transaction\"\n[cache]\nenabled = true\n\
+         [databases.app]\npool_mode = \"session\"\n",
+    );
+    assert_eq!(n.len(), 1);
+    assert!(
+        n[0].starts_with("the result cache and autoprepare do not apply"),
+        "{n:?}"
+    );
+    assert!(n[0].contains("(databases.app)"), "{n:?}");
+    let n = notices("[general]\npool_mode = \"session\"\n");
+    assert!(n[0].starts_with("autoprepare does not apply"), "{n:?}");
+    assert!(
+        notices("[general]\npool_mode = \"session\"\nsession_shared_statements = true\n")
+            .is_empty()
+    );
+    assert!(notices("[general]\npool_mode = \"session\"\nautoprepare = false\n").is_empty());
+}
