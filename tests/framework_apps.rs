@@ -537,17 +537,18 @@ async fn app_through_pgmemo(app: App, prefix: &str, expect: Expect) {
     }
 }
 
-// The bounds. Measured on this project's 2-core VM (4 threads x 100 requests, git
-// value-deps branch, 2026-11-27), the rule's hit ratio (hits / lookups) with proxy
-// invalidation: SQLAlchemy + psycopg2 0.813, + psycopg 3 0.812, Django + psycopg2 0.736, +
-// psycopg 3 0.735, ActiveRecord 0.818 (prepared_statements: false 0.823), Go + pgx 0.805;
-// with WAL invalidation SQLAlchemy + psycopg2 0.740, Go 0.772; auto mode 0.758. Of repeated
-// reads (leaving out each result's first read): 0.81-0.90. Before reads were followed column
-// by column and by value (cache::columns) they were 0.52-0.63: every committed write to
-// `posts` invalidated every cached read of it. What is left:
-// - Django's page reads `posts` joined with `select_related`, every column: each like
-//   (`UPDATE posts SET likes ...`) invalidates it for every user (pgmemo does not know which
-//   user's post row 7 is);
+// The bounds. Measured on this project's 2-core VM (4 threads x 100 requests, 2026-11-27,
+// session 30), the rule's hit ratio (hits / lookups) with proxy invalidation: SQLAlchemy +
+// psycopg2 0.811, + psycopg 3 0.816, Django + psycopg2 0.760, + psycopg 3 0.750, ActiveRecord
+// 0.848 (prepared_statements: false 0.852), Go + pgx 0.805; with WAL invalidation SQLAlchemy
+// + psycopg2 0.746, Go 0.767; auto mode 0.777. Of repeated reads (leaving out each result's
+// first read): 0.82-0.94. Before reads were followed column by column and by value
+// (cache::columns) they were 0.52-0.63: every committed write to `posts` invalidated every
+// cached read of it; ActiveRecord's record loads (`SELECT "posts".*`) were 0.815 until `*`
+// was read as the catalog's columns. What is left:
+// - a read that shows a column without the row's key (Django's `values_list("title",
+//   "likes")`, Go's `SELECT title, likes`): each like (`UPDATE posts SET likes ... WHERE id =
+//   7`) invalidates it for every user (pgmemo does not know whose post row 7 is);
 // - with WAL invalidation, PostgreSQL's default replica identity shows an UPDATE's new row
 //   but not which columns it changed, so an UPDATE seen in the WAL changes every read of the
 //   table (`REPLICA IDENTITY FULL` makes it column by column);
