@@ -807,6 +807,22 @@ impl App {
         }
     }
 
+    /// Where pgmemo's own role logs in to `database` (see [`App::wal_login`]): for its reads
+    /// of a database that are no client's (`--check`'s look at the rules).
+    pub fn own_target(&self, database: &str) -> Option<ServerTarget> {
+        let cfg = self.config.load();
+        let key = PoolKey {
+            database: database.to_owned(),
+            user: cfg
+                .upstream
+                .as_ref()
+                .map(|u| u.user.clone())
+                .unwrap_or_default(),
+        };
+        let settings = self.pool_settings(&cfg, &key)?;
+        Some(App::wal_login(&cfg, &key, &settings.target))
+    }
+
     fn pool_settings(&self, cfg: &Config, key: &PoolKey) -> Option<PoolSettings> {
         let db = cfg.resolve(&key.database, &key.user)?;
         let g = &cfg.general;

@@ -332,6 +332,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     if check_only {
+        // The rules against the databases they apply to (a rule that can never match).
+        let app = pgmemo::app::App::new(config)?;
+        let found = pgmemo::rule_check::check(&app).await;
+        for warning in &found.warnings {
+            eprintln!("pgmemo: warning: {warning}");
+        }
+        for e in &found.errors {
+            eprintln!("pgmemo: {e}");
+        }
+        if !found.errors.is_empty() {
+            anyhow::bail!("{} cache rule(s) can never match", found.errors.len());
+        }
         println!("configuration OK");
         return Ok(());
     }

@@ -1851,3 +1851,81 @@ async fn show_queries_counts_pgbench_extended_and_prepared() {
         assert_eq!(val(row, "cacheable"), "yes");
     }
 }
+
+/// `--check` reads the databases a cache rule applies to: a `query_contains` naming a
+/// relation none of them has is an error at the rule's line; one it names in some database,
+/// a prefix of a longer name at the end of the text, a function, or a name in a string
+/// passes; a database it cannot read is a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_a_cache_rule_that_can_never_match() {
+    fresh_db("rule_check").await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            "rule_check",
+            "CREATE TABLE accounts (id int); CREATE VIEW \"Accounts View\" AS SELECT 1",
+        )
+    })
+    .await
+    .unwrap();
+    let dir = temp_dir("rule_check");
+    let file = dir.join("pgmemo.toml");
+    let write = |rules: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                "[general]\nlisten = \"127.0.0.1:0\"\n[databases.rule_check]\n\
+                 [cache]\nenabled = true\n{rules}"
+            ),
+        )
+        .unwrap();
+    };
+    let upstream = upstream_url();
+    let args = [
+        "--config",
+        file.to_str().unwrap(),
+        "--upstream",
+        &upstream,
+        "--check",
+    ];
+    let check = || run(&args);
+    write(
+        "[[cache.rules]]\nquery_contains = \"FROM accounts WHERE\"\n\
+         [[cache.rules]]\nquery_contains = \"FROM public.Accounts a JOIN \\\"Accounts View\\\" v\"\n\
+         [[cache.rules]]\nquery_contains = \"FROM acc\"\n\
+         [[cache.rules]]\nquery_contains = \"FROM generate_series\"\n\
+         [[cache.rules]]\nquery_contains = \"WHERE note = 'FROM nothing'\"\n",
+    );
+    let out = check().await;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    write(
+        "[[cache.rules]]\nquery_contains = \"FROM accounts\"\n\n\
+         [[cache.rules]]\nname = \"typo\"\nquery_contains = \"FROM acounts WHERE\"\n\
+         [[cache.rules]]\nquery_contains = \"JOIN \\\"accounts View\\\" v\"\n",
+    );
+    let out = check().await;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("line 11: cache.rules[1].query_contains: names acounts, and database rule_check has no relation"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("line 13: cache.rules[2].query_contains: names accounts View"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("rules[0]"), "{stderr}");
+
+    // A database it cannot read: said, not refused.
+    write("[[cache.rules]]\ndatabase = \"no_such_db\"\nquery_contains = \"FROM x \"\n");
+    let out = check().await;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: cache.rules[0]: could not read database no_such_db"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -347,6 +347,132 @@ impl Value for WalPlugin {
     }
 }
 
+/// A relation a rule's `query_contains` names after `FROM` or `JOIN`, as a query's text spells
+/// it (the last part of a qualified name): a `quoted` name is the relation's exact name, any
+/// other is folded to lower case as PostgreSQL folds it; an `open` name ends the rule's text,
+/// so a query naming a longer relation (or a function: `FROM generate_series`) contains it
+/// too. What `--check` compares with the catalog (a name no database has: the rule can never
+/// match).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainedName {
+    pub name: String,
+    pub quoted: bool,
+    pub open: bool,
+}
+
+/// The relations `text` (a rule's `query_contains`) names, read with a small tokenizer: a
+/// name is taken only where it certainly is one, after `FROM` or `JOIN` outside parentheses
+/// the text opens (`extract(year FROM d)` is no relation), not after `DISTINCT` (`IS DISTINCT
+/// FROM x`), `LATERAL` or before a `(` (a function call).
+pub fn contained_names(text: &str) -> Vec<ContainedName> {
+    #[derive(PartialEq)]
+    enum Token {
+        Word(String, bool),
+        Dot,
+        Open,
+        Close,
+        Other,
+    }
+    let bytes = text.as_bytes();
+    let mut tokens = Vec::new();
+    let mut i = 0;
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let start = i;
+        i += 1;
+        let token = match b {
+            b if b.is_ascii_whitespace() => continue,
+            b'.' => Token::Dot,
+            b'(' => Token::Open,
+            b')' => Token::Close,
+            b'"' => {
+                let mut name = String::new();
+                let mut closed = false;
+                while i < bytes.len() {
+                    match (bytes[i], bytes.get(i + 1)) {
+                        (b'"', Some(b'"')) => {
+                            name.push('"');
+                            i += 2;
+                        }
+                        (b'"', _) => {
+                            i += 1;
+                            closed = true;
+                            break;
+                        }
+                        _ => {
+                            let ch = text[i..].chars().next().unwrap_or('\0');
+                            name.push(ch);
+                            i += ch.len_utf8();
+                        }
+                    }
+                }
+                match closed {
+                    true => Token::Word(name, true),
+                    false => Token::Other,
+                }
+            }
+            b'\'' => {
+                // A string: what is in it names nothing.
+                while i < bytes.len() && bytes[i] != b'\'' {
+                    i += 1;
+                }
+                i += 1;
+                Token::Other
+            }
+            b if word(b) => {
+                while i < bytes.len() && word(bytes[i]) {
+                    i += 1;
+                }
+                Token::Word(text[start..i].to_ascii_lowercase(), false)
+            }
+            _ => Token::Other,
+        };
+        tokens.push((token, i.min(bytes.len())));
+    }
+    let is = |t: Option<&(Token, usize)>, w: &str| matches!(t, Some((Token::Word(x, false), _)) if x == w);
+    let mut names = Vec::new();
+    let mut depth = 0i32;
+    for at in 0..tokens.len() {
+        match &tokens[at].0 {
+            Token::Open => depth += 1,
+            Token::Close => depth -= 1,
+            _ => {}
+        }
+        let keyword = is(tokens.get(at), "from") || is(tokens.get(at), "join");
+        if !keyword || depth > 0 || (at > 0 && is(tokens.get(at - 1), "distinct")) {
+            continue;
+        }
+        let mut next = at + 1;
+        if is(tokens.get(next), "only") {
+            next += 1;
+        }
+        let mut last = match tokens.get(next) {
+            Some((Token::Word(w, quoted), end)) if w != "lateral" || *quoted => {
+                (w, *quoted, *end)
+            }
+            _ => continue,
+        };
+        while let (Some((Token::Dot, _)), Some((Token::Word(w, quoted), end))) =
+            (tokens.get(next + 1), tokens.get(next + 2))
+        {
+            last = (w, *quoted, *end);
+            next += 2;
+        }
+        match tokens.get(next + 1) {
+            Some((Token::Open, _)) | Some((Token::Dot, _)) => continue,
+            _ => {}
+        }
+        let (name, quoted, end) = last;
+        names.push(ContainedName {
+            name: name.clone(),
+            quoted,
+            open: !quoted && end == bytes.len(),
+        });
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,5 +534,46 @@ mod tests {
         assert!(rule.matches("app", "u", "SELECT * FROM accounts WHERE id = $1", 1));
         assert!(!rule.matches("other", "u", "SELECT * FROM accounts WHERE id = $1", 1));
         assert!(!rule.matches("app", "u", "SELECT * FROM users", 1));
+    }
+}
+
+#[cfg(test)]
+mod contained {
+    use super::*;
+
+    fn names(text: &str) -> Vec<(String, bool, bool)> {
+        contained_names(text)
+            .into_iter()
+            .map(|n| (n.name, n.quoted, n.open))
+            .collect()
+    }
+
+    #[test]
+    fn the_relations_a_rule_text_names() {
+        let n = |s: &str, q, o| (s.to_owned(), q, o);
+        assert_eq!(names("FROM users"), [n("users", false, true)]);
+        assert_eq!(names("FROM users "), [n("users", false, false)]);
+        assert_eq!(names("FROM Users WHERE"), [n("users", false, false)]);
+        assert_eq!(names("from public.users u"), [n("users", false, false)]);
+        assert_eq!(
+            names("FROM \"Users\" JOIN posts p ON"),
+            [n("Users", true, false), n("posts", false, false)]
+        );
+        assert_eq!(names("FROM ONLY parted x"), [n("parted", false, false)]);
+        assert_eq!(names("FROM \"a\"\"b\" "), [n("a\"b", true, false)]);
+        // Not relations, or not certainly.
+        for none in [
+            "extract(year FROM created)",
+            "a IS DISTINCT FROM b",
+            "FROM generate_series(1, 3)",
+            "FROM (SELECT 1) s",
+            "FROM LATERAL f(x)",
+            "FROM public.",
+            "WHERE name = 'x FROM y'",
+            "FROM \"open",
+            "SELECT 1",
+        ] {
+            assert_eq!(names(none), [], "{none}");
+        }
     }
 }

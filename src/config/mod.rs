@@ -312,6 +312,16 @@ impl Config {
         Ok(())
     }
 
+    /// `error` located as a problem of this configuration's file is: at its key's line (read
+    /// again from the file; a configuration built from flags has none).
+    pub fn locate(&self, error: ConfigError) -> ConfigError {
+        let error = match self.source.as_deref().map(std::fs::read_to_string) {
+            Some(Ok(text)) => error.at_line_of_key(&text),
+            _ => error,
+        };
+        error.in_file(self.source.as_deref())
+    }
+
     /// What is valid but likely not what the operator means, one sentence each: printed by
     /// `--check` and logged as warnings at start and on RELOAD.
     pub fn notices(&self) -> Vec<String> {
