@@ -154,7 +154,6 @@ impl Pgmemo {
             None => None,
         };
         tokio::spawn(janitor(app.clone()));
-        rule_check::log_in_background(app.clone());
         let accept_task = tokio::spawn(accept_loop(app.clone(), listener, unix, workers.clone()));
         match &unix_socket {
             Some(path) => tracing::info!(%addr, socket = %path.display(), "pgmemo listening"),
@@ -367,14 +366,12 @@ async fn side_listeners(
 
 /// RELOAD: rebuilds the configuration with the registered reloader and applies it; returns
 /// the changed settings that wait for a restart (see [`App::reload`]).
-pub fn reload(app: &Arc<App>) -> anyhow::Result<Vec<config::PendingRestart>> {
+pub fn reload(app: &App) -> anyhow::Result<Vec<config::PendingRestart>> {
     let config = match app.reloader.lock().as_ref() {
         Some(reloader) => reloader()?,
         None => (**app.config.load()).clone(),
     };
-    let pending = app.reload(config)?;
-    rule_check::log_in_background(app.clone());
-    Ok(pending)
+    app.reload(config)
 }
 
 /// Accepts clients, on TCP and on the Unix socket if there is one, and deals them to the

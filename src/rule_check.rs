@@ -7,7 +7,9 @@
 //! database a rule applies to: its `database`, else every database the configuration names,
 //! else every database the upstream server has. A database it cannot reach is a warning,
 //! never an error: `--check` of a configuration for a server that is down still passes on
-//! everything it can judge.
+//! everything it can judge. pgmemo does not run it at start or RELOAD: it would log in to
+//! every database of the server each time, and a rule is harmless where it matches nothing
+//! (SHOW CACHE shows its hits).
 
 use crate::app::App;
 use crate::config::cache::{contained_names, ContainedName};
@@ -99,20 +101,6 @@ pub async fn check(app: &App) -> Findings {
         }
     }
     found
-}
-
-/// The check at start and on RELOAD, in the background (a database that is down must not
-/// hold pgmemo up): what it finds is logged, a rule that can never match as an error.
-pub fn log_in_background(app: std::sync::Arc<App>) {
-    tokio::spawn(async move {
-        let found = check(&app).await;
-        for warning in found.warnings {
-            tracing::warn!("{warning}");
-        }
-        for error in found.errors {
-            tracing::error!("{error}");
-        }
-    });
 }
 
 /// Whether `known` (a database's relation and function names) has the one `name` stands for.

@@ -448,9 +448,7 @@ pub fn contained_names(text: &str) -> Vec<ContainedName> {
             next += 1;
         }
         let mut last = match tokens.get(next) {
-            Some((Token::Word(w, quoted), end)) if w != "lateral" || *quoted => {
-                (w, *quoted, *end)
-            }
+            Some((Token::Word(w, quoted), end)) if w != "lateral" || *quoted => (w, *quoted, *end),
             _ => continue,
         };
         while let (Some((Token::Dot, _)), Some((Token::Word(w, quoted), end))) =
