@@ -97,7 +97,9 @@ pub async fn serve(app: Arc<App>, startup: Startup, peer: Endpoint, _local: Endp
                 let sql = fe::query_text(&body)
                     .map(String::from_utf8_lossy)
                     .unwrap_or_default();
-                let reply = if admin || is_read_only(&sql) {
+                let reply = if let Some(reply) = fake_parameter(&sql) {
+                    Ok(reply)
+                } else if admin || is_read_only(&sql) {
                     run_command(&app, &sql).await
                 } else {
                     // PgBouncer's answer to a stats user, ERROR 08P01.
@@ -158,8 +160,114 @@ fn is_read_only(sql: &str) -> bool {
 
 type CommandError = (&'static str, String);
 
+/// The session parameters drivers set or read on connecting, which the console answers as
+/// PgBouncer's does: `SHOW` gives these values, `SET` is ignored with a NOTICE (for stats
+/// users too).
+const FAKE_PARAMETERS: &[(&str, &str)] = &[
+    ("client_encoding", "UTF-8"),
+    ("default_transaction_isolation", "read committed"),
+    ("standard_conforming_strings", "on"),
+    ("datestyle", "ISO"),
+    ("timezone", "GMT"),
+];
+
+fn fake_parameter(sql: &str) -> Option<Reply> {
+    let fake = |name: &str| {
+        FAKE_PARAMETERS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+    };
+    if let Some((key, _)) = parse_set(sql) {
+        fake(&key)?;
+        let notice = (sqlstate::SUCCESSFUL_COMPLETION, "SET ignored".to_owned());
+        return Some(Reply::Noticed(vec![notice], "SET".into()));
+    }
+    let words: Vec<&str> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .collect();
+    match words.as_slice() {
+        [show, name] if show.eq_ignore_ascii_case("show") => {
+            let (name, value) = fake(name)?;
+            Some(Reply::Table(Table {
+                columns: vec![name],
+                rows: vec![vec![text(value)]],
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// `SET key = value` / `SET key TO value` as PgBouncer's console reads it: the key a word or
+/// a double-quoted name, the value a word or a single-quoted string (`''` inside it is a
+/// quote); a `;` at the end may follow.
+fn parse_set(sql: &str) -> Option<(String, String)> {
+    let rest = sql.trim().trim_end_matches(';').trim_end();
+    let (set, rest) = rest.split_at_checked(3)?;
+    if !set.eq_ignore_ascii_case("set") || !rest.starts_with(char::is_whitespace) {
+        return None;
+    }
+    let rest = rest.trim_start();
+    let (key, rest) = match rest.strip_prefix('"') {
+        Some(quoted) => {
+            let end = quoted.find('"')?;
+            (quoted[..end].to_owned(), &quoted[end + 1..])
+        }
+        None => {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                .unwrap_or(rest.len());
+            (rest[..end].to_ascii_lowercase(), &rest[end..])
+        }
+    };
+    let rest = rest.trim_start();
+    let rest = match rest.strip_prefix('=') {
+        Some(r) => r,
+        None => {
+            let (to, r) = rest.split_at_checked(2)?;
+            (to.eq_ignore_ascii_case("to") && r.starts_with(char::is_whitespace)).then_some(r)?
+        }
+    };
+    let value = rest.trim();
+    let value = match value.strip_prefix('\'') {
+        Some(quoted) => quoted.strip_suffix('\'')?.replace("''", "'"),
+        None if !value.is_empty() && !value.contains(char::is_whitespace) => value.to_owned(),
+        None => return None,
+    };
+    (!key.is_empty()).then_some((key, value))
+}
+
+/// SET key = value: `[general]`'s setting changed in the running configuration, as
+/// PgBouncer's console does (until the next RELOAD reads the file again). A setting that
+/// needs a restart keeps its running value, with a NOTICE saying so.
+fn set_setting(app: &App, key: &str, value: &str) -> Result<Reply, CommandError> {
+    let failed = |e: String| (sqlstate::PROTOCOL_VIOLATION, format!("SET failed: {e}"));
+    let (config, _) = app
+        .config
+        .load()
+        .with_general_setting(key, value)
+        .map_err(|e| failed(e.to_string()))?;
+    let pending = app.reload(config).map_err(|e| failed(format!("{e:#}")))?;
+    tracing::info!(key, value, "SET on the admin console");
+    let notices = pending
+        .into_iter()
+        .map(|p| {
+            let message = format!(
+                "parameter \"{}\" cannot be changed without restarting pgmemo: keeping {:?}",
+                p.key, p.running
+            );
+            (sqlstate::CANT_CHANGE_RUNTIME_PARAM, message)
+        })
+        .collect();
+    Ok(Reply::Noticed(notices, format!("SET {key}={value}")))
+}
+
 /// Runs one console command.
 pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandError> {
+    if let Some((key, value)) = parse_set(sql) {
+        return set_setting(app, &key, &value);
+    }
     let words: Vec<String> = sql
         .trim()
         .trim_end_matches(';')
@@ -241,6 +349,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL|CACHE ROWS",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
                 "RELOAD",
+                "SET key = arg",
                 "PAUSE [db]",
                 "RESUME [db]",
                 "RECONNECT [db]",
@@ -1765,6 +1874,38 @@ fn server_databases(app: &App, name: Option<&str>) -> Vec<std::sync::Arc<str>> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn set_commands_read_as_pgbouncer_reads_them() {
+        let set = |sql: &str| super::parse_set(sql);
+        let kv = |k: &str, v: &str| Some((k.to_owned(), v.to_owned()));
+        assert_eq!(
+            set("SET default_pool_size = 30"),
+            kv("default_pool_size", "30")
+        );
+        assert_eq!(
+            set("set Default_Pool_Size TO 30 ;"),
+            kv("default_pool_size", "30")
+        );
+        assert_eq!(
+            set("SET server_check_query = 'select ''x'''"),
+            kv("server_check_query", "select 'x'")
+        );
+        assert_eq!(set("SET \"DateStyle\"='ISO'"), kv("DateStyle", "ISO"));
+        assert_eq!(set("SET x = ''"), kv("x", ""));
+        for not in [
+            "SET",
+            "SET x",
+            "SET x =",
+            "SET x = 1 + 1",
+            "SETx = 1",
+            "SET x = 'open",
+            "SHOW x",
+        ] {
+            assert_eq!(set(not), None, "{not}");
+        }
+    }
+
     #[test]
     fn unix_time_formatting() {
         assert_eq!(super::format_unix(0), "1970-01-01 00:00:00 UTC");

@@ -1929,3 +1929,77 @@ async fn check_refuses_a_cache_rule_that_can_never_match() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SHOW CONFIG's values by key.
+async fn config_values(admin: &Client) -> HashMap<String, String> {
+    let (_, rows) = show(admin, "SHOW CONFIG").await;
+    rows.into_iter()
+        .map(|r| (val(&r, "key").to_owned(), val(&r, "value").to_owned()))
+        .collect()
+}
+
+/// `SET key = value` on the console, as PgBouncer's: a `[general]` setting changed in the
+/// running configuration (a pool's size at once), a value that does not fit refused with
+/// `SET failed` and the setting kept, a restart-only setting kept with a NOTICE; the session
+/// parameters drivers set on connecting are ignored (`SET`) or shown (`SHOW`) as PgBouncer
+/// answers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_changes_a_setting_of_the_running_configuration() {
+    const DB: &str = "admin_set";
+    fresh_db(DB).await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 2)).await;
+    let client = connect(&url(proxy.local_addr(), DB)).await;
+    client.simple_query("SELECT 1").await.unwrap();
+    let admin = admin_client(&proxy).await;
+    let pool_size = |rows: Rows| num(row_for(&rows, DB), "pool_size");
+    assert_eq!(pool_size(show(&admin, "SHOW DATABASES").await.1), 2);
+    admin
+        .simple_query("SET default_pool_size = 7")
+        .await
+        .unwrap();
+    admin
+        .simple_query("set server_check_query TO 'select 2';")
+        .await
+        .unwrap();
+    admin.simple_query("SET autoprepare = off").await.unwrap();
+    let c = config_values(&admin).await;
+    assert_eq!(c["default_pool_size"], "7");
+    assert_eq!(pool_size(show(&admin, "SHOW DATABASES").await.1), 7);
+    assert_eq!(c["server_check_query"], "select 2");
+    assert_eq!(c["autoprepare"], "false");
+
+    for (bad, says) in [
+        ("SET default_pool_size = 'many'", "default_pool_size"),
+        ("SET default_pool_size = 0", "at least 1"),
+        ("SET no_such_setting = 1", "no such setting"),
+    ] {
+        let e = admin.simple_query(bad).await.unwrap_err();
+        let e = e.as_db_error().unwrap_or_else(|| panic!("{bad}: {e}"));
+        assert!(
+            e.message().starts_with("SET failed") && e.message().contains(says),
+            "{bad}: {}",
+            e.message()
+        );
+    }
+    assert_eq!(config_values(&admin).await["default_pool_size"], "7");
+    // Needs a restart: kept (with a NOTICE), as RELOAD keeps it.
+    let listen = config_values(&admin).await["listen"].clone();
+    admin
+        .simple_query("SET listen = '127.0.0.1:1'")
+        .await
+        .unwrap();
+    assert_eq!(config_values(&admin).await["listen"], listen);
+
+    admin
+        .simple_query("SET client_encoding = 'UTF8'")
+        .await
+        .unwrap();
+    let (columns, rows) = show(&admin, "SHOW client_encoding").await;
+    assert_eq!(columns, ["client_encoding"]);
+    assert_eq!(val(&rows[0], "client_encoding"), "UTF-8");
+    // Plain SQL is still no console command.
+    assert!(admin
+        .simple_query("SET default_pool_size = 1 + 1")
+        .await
+        .is_err());
+}

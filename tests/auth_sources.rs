@@ -501,11 +501,19 @@ async fn stats_users_may_only_show() {
             .await
             .unwrap();
         tokio::spawn(conn);
-        for show in ["SHOW POOLS", "show stats;", "SHOW CONFIG"] {
+        // The driver parameters PgBouncer's console fakes, for stats users too.
+        for show in [
+            "SHOW POOLS",
+            "show stats;",
+            "SHOW CONFIG",
+            "SET client_encoding = 'UTF8'",
+            "SHOW timezone",
+        ] {
             client.simple_query(show).await.unwrap();
         }
         for command in [
             "RELOAD",
+            "SET default_pool_size = 1",
             "PAUSE",
             "SHOW FDS",
             "SHUTDOWN",

@@ -322,6 +322,62 @@ impl Config {
         error.in_file(self.source.as_deref())
     }
 
+    /// This configuration with `[general]`'s setting `key` set to `value` as the admin
+    /// console's `SET key = value` says it (PgBouncer's form: `SET default_pool_size = 30`,
+    /// `SET server_check_query = 'select 2'`, `SET log_stats = 1`): the value is read as
+    /// the file would read it written bare, else as a string, else (`on`, `off`, `1`, `0`,
+    /// `yes`, `no`) as a boolean; the whole configuration is then checked. Also says
+    /// whether the setting applies without a restart.
+    pub fn with_general_setting(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<(Config, bool), ConfigError> {
+        let full_key = format!("general.{key}");
+        let Some(doc) = General::reference().into_iter().find(|d| d.name == key) else {
+            return Err(ConfigError::invalid(
+                full_key,
+                "no such setting in [general]",
+            ));
+        };
+        let mut quoted = String::from("\"");
+        for c in value.chars() {
+            match c {
+                '"' | '\\' => quoted.extend(['\\', c]),
+                c if c.is_control() => quoted.push_str(&format!("\\u{:04X}", c as u32)),
+                c => quoted.push(c),
+            }
+        }
+        quoted.push('"');
+        let boolean = match value.to_ascii_lowercase().as_str() {
+            "on" | "1" | "yes" | "true" => Some("true"),
+            "off" | "0" | "no" | "false" => Some("false"),
+            _ => None,
+        };
+        let bare = (!value.contains(['\n', '\r', '#', '='])).then_some(value);
+        // The error of the value read as a string: a bare word that is no TOML value says
+        // only that.
+        let mut error = None;
+        for candidate in [bare, Some(quoted.as_str()), boolean].into_iter().flatten() {
+            match Config::parse(&format!("[general]\n{key} = {candidate}\n"), None) {
+                Ok(one) => {
+                    let mut config = self.clone();
+                    config.general.take_key(&one.general, key);
+                    // About the value given, not the file's line.
+                    config.check()?;
+                    return Ok((config, doc.reload == table::Reload::Live));
+                }
+                Err(e) if candidate == quoted || error.is_none() => error = Some(e),
+                Err(_) => {}
+            }
+        }
+        Err(match error {
+            Some(ConfigError::Invalid { message, .. }) => ConfigError::invalid(full_key, message),
+            Some(other) => other,
+            None => ConfigError::invalid(full_key, "cannot be read"),
+        })
+    }
+
     /// What is valid but likely not what the operator means, one sentence each: printed by
     /// `--check` and logged as warnings at start and on RELOAD.
     pub fn notices(&self) -> Vec<String> {

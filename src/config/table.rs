@@ -615,6 +615,18 @@ macro_rules! settings {
                 pending
             }
 
+            /// Takes the setting named `key` (as the file writes it) from `other`; false
+            /// when the section has no such setting.
+            pub fn take_key(&mut self, other: &$Struct, key: &str) -> bool {
+                $(
+                    if key == settings!(@key $name $($key)?) {
+                        self.$name = other.$name.clone();
+                        return true;
+                    }
+                )*
+                false
+            }
+
             /// SHOW CONFIG's rows for the section: (key, value, default, changeable by
             /// RELOAD).
             pub fn rows(&self) -> Vec<(&'static str, String, String, bool)> {

@@ -31,6 +31,7 @@ pub const ROW_DESCRIPTION: u8 = b'T';
 
 /// SQLSTATE codes pgmemo produces itself.
 pub mod sqlstate {
+    pub const SUCCESSFUL_COMPLETION: &str = "00000";
     pub const PROTOCOL_VIOLATION: &str = "08P01";
     pub const CONNECTION_FAILURE: &str = "08006";
     pub const CANNOT_CONNECT_NOW: &str = "57P03";
