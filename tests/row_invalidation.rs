@@ -1423,6 +1423,16 @@ async fn random_run(
     (hits_seen, extended_hits)
 }
 
+/// More seeds by hand: `PGMEMO_RANDOM_SEEDS=FIRST..END` runs those instead of the random
+/// tests' own (each in its own database), e.g. after a change to what reads depend on.
+fn more_seeds() -> Option<std::ops::Range<u64>> {
+    let range = std::env::var("PGMEMO_RANDOM_SEEDS").ok()?;
+    let (first, end) = range
+        .split_once("..")
+        .expect("PGMEMO_RANDOM_SEEDS=FIRST..END");
+    Some(first.parse().expect("a seed")..end.parse().expect("a seed"))
+}
+
 /// Random writes of every kind the cache attributes (by key, by value, by column, joined,
 /// rolled back, writable CTEs, ON CONFLICT) between cached reads of every kind it keeps apart:
 /// no read is ever answered with what PostgreSQL would not answer, and the reads still hit.
@@ -1435,14 +1445,8 @@ async fn random_writes_never_leave_a_cached_read_stale() {
         ("rows_random_3", 0x5eed_0005),
         ("rows_random_4", 0x5eed_0006),
     ];
-    // More seeds by hand: PGMEMO_RANDOM_SEEDS=FIRST..END runs those instead (each in its own
-    // database), e.g. after a change to what reads depend on.
-    if let Some((first, end)) = std::env::var("PGMEMO_RANDOM_SEEDS").ok().and_then(|r| {
-        r.split_once("..")
-            .map(|(a, b)| (a.parse::<u64>(), b.parse::<u64>()))
-    }) {
-        let (first, end) = (first.expect("a seed"), end.expect("a seed"));
-        runs = (first..end)
+    if let Some(seeds) = more_seeds() {
+        runs = seeds
             .map(|seed| (&*format!("rows_random_s{seed}").leak(), 0x5eed_0000 + seed))
             .collect();
     }
@@ -1460,10 +1464,23 @@ async fn random_writes_never_leave_a_cached_read_stale() {
 /// The same, with the writes made directly and followed in the WAL by each decoder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_writes_in_the_wal_never_leave_a_cached_read_stale() {
-    for (db, plugin, seed) in [
+    let mut runs = vec![
         ("rows_random_text", WalPlugin::TestDecoding, 0x5eed_0003),
         ("rows_random_pgoutput", WalPlugin::Pgoutput, 0x5eed_0004),
-    ] {
+    ];
+    if let Some(seeds) = more_seeds() {
+        runs = seeds
+            .map(|seed| {
+                let plugin = [WalPlugin::TestDecoding, WalPlugin::Pgoutput][seed as usize % 2];
+                (
+                    &*format!("rows_random_w{seed}").leak(),
+                    plugin,
+                    0x5eed_0000 + seed,
+                )
+            })
+            .collect();
+    }
+    for (db, plugin, seed) in runs {
         let (hits, _) = random_run(db, Some(plugin), seed, 600).await;
         assert!(
             hits > 50,
