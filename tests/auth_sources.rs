@@ -666,3 +666,102 @@ async fn auth_user_auth_query_and_auth_dbname_per_database() {
     );
     proxy.shutdown().await;
 }
+
+/// `auth_type = "hba"`: each connection's method from the first matching line of
+/// `auth_hba_file` (PgBouncer's HBA file): `reject` and no matching line refused with
+/// PostgreSQL's FATAL 28000 messages, `trust` letting a known user in without its password,
+/// `md5` checking it; RELOAD reads the file again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hba_file_chooses_each_connections_method() {
+    let dir = TempDir::new("auth", "hba");
+    let userlist = dir.0.join("userlist.txt");
+    let hba = dir.0.join("pgmemo_hba.conf");
+    write_userlist(
+        &userlist,
+        &[
+            (PGMEMO_USER, PGMEMO_PASS.to_owned()),
+            ("alice", "alice_pw".to_owned()),
+            ("mia", md5_secret("mia", "mia_pw")),
+            ("rex", "rex_pw".to_owned()),
+            ("tina", "tina_pw".to_owned()),
+        ],
+    );
+    std::fs::write(
+        &hba,
+        "# the test's\n\
+         host all rex 127.0.0.1/32 reject\n\
+         host all tina 127.0.0.1/32 trust\n\
+         host other_db all all reject\n\
+         host all all 127.0.0.1 255.255.255.255 md5\n",
+    )
+    .unwrap();
+    let config = {
+        let (userlist, hba) = (userlist.clone(), hba.clone());
+        move || {
+            let mut config = test_config(PoolMode::Transaction, 2);
+            log_in_as_pgmemo(&mut config);
+            config.general.auth_type = AuthType::Hba;
+            config.general.auth_file = Some(userlist.clone());
+            config.general.auth_hba_file = Some(hba.clone());
+            config.read_auth_file()?;
+            config.validate()?;
+            anyhow::Ok(config)
+        }
+    };
+    let proxy = start_pgmemo(config().unwrap()).await;
+    proxy.set_reloader(Box::new(config));
+    let port = proxy.local_addr().port();
+
+    assert_eq!(psql(port, "alice", "alice_pw").await.unwrap(), PGMEMO_USER);
+    assert_eq!(psql(port, "mia", "mia_pw").await.unwrap(), PGMEMO_USER);
+    let wrong = psql(port, "alice", "wrong").await.unwrap_err();
+    assert_eq!(
+        fatal(&wrong),
+        "FATAL:  password authentication failed for user \"alice\""
+    );
+    // trust: the password is not asked for.
+    assert_eq!(psql(port, "tina", "anything").await.unwrap(), PGMEMO_USER);
+    let rex = psql(port, "rex", "rex_pw").await.unwrap_err();
+    assert_eq!(
+        fatal(&rex),
+        format!(
+            "FATAL:  pg_hba.conf rejects connection for host \"127.0.0.1\", user \"rex\", \
+             database \"{TEST_DB}\", no encryption"
+        )
+    );
+    let other = psql_to(port, "alice", "alice_pw", "other_db")
+        .await
+        .unwrap_err();
+    assert!(fatal(&other).contains("rejects connection"), "{other}");
+
+    // RELOAD reads the file again: no line for alice now.
+    std::fs::write(
+        &hba,
+        "host all rex 127.0.0.1/32 reject\nhost all pgmemo all md5\n",
+    )
+    .unwrap();
+    let admin = admin_console(proxy.local_addr()).await;
+    admin.simple_query("RELOAD").await.unwrap();
+    let none = psql(port, "alice", "alice_pw").await.unwrap_err();
+    assert_eq!(
+        fatal(&none),
+        format!(
+            "FATAL:  no pg_hba.conf entry for host \"127.0.0.1\", user \"alice\", database \
+             \"{TEST_DB}\", no encryption"
+        )
+    );
+    // A line pgmemo cannot honour is refused with its line; the rules read before stay.
+    std::fs::write(&hba, "host all all all md5\nlocal all all peer\n").unwrap();
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    let e = e
+        .as_db_error()
+        .expect("an ErrorResponse")
+        .message()
+        .to_owned();
+    assert!(
+        e.contains(&format!("{}, line 2: method \"peer\"", hba.display())),
+        "{e}"
+    );
+    assert!(psql(port, "alice", "alice_pw").await.is_err());
+    proxy.shutdown().await;
+}

@@ -59,6 +59,11 @@ pub enum AuthType {
     #[serde(rename = "scram-sha-256")]
     #[value(name = "scram-sha-256")]
     ScramSha256,
+    /// Each connection's method from `auth_hba_file`, a file in `pg_hba.conf`'s format
+    /// (PgBouncer's `auth_type = hba`).
+    #[serde(rename = "hba")]
+    #[value(name = "hba")]
+    Hba,
 }
 
 /// Whether clients connect to pgmemo over TLS.
@@ -141,10 +146,11 @@ named_enum!(PoolMode, r#""session" or "transaction""#, {
     PoolMode::Session => "session",
     PoolMode::Transaction => "transaction",
 });
-named_enum!(AuthType, r#""trust", "md5" or "scram-sha-256""#, {
+named_enum!(AuthType, r#""trust", "md5", "scram-sha-256" or "hba""#, {
     AuthType::Trust => "trust",
     AuthType::Md5 => "md5",
     AuthType::ScramSha256 => "scram-sha-256",
+    AuthType::Hba => "hba",
 });
 named_enum!(ClientTlsMode, r#""disable", "allow" or "require""#, {
     ClientTlsMode::Disable => "disable",

@@ -39,6 +39,7 @@ pub mod cache;
 mod choices;
 mod connstring;
 mod databases;
+pub mod hba;
 mod locate;
 mod secrets;
 mod settings;
@@ -232,6 +233,9 @@ pub struct Config {
     /// The users of `general.auth_file`, read with the file (and again on RELOAD) by
     /// [`Config::read_auth_file`]. A `[users.NAME] password` wins over the file's secret.
     pub auth_file: AuthFile,
+    /// The rules of `general.auth_hba_file`, read with the file (and again on RELOAD) by
+    /// [`Config::read_auth_file`].
+    pub hba: std::sync::Arc<hba::Hba>,
     /// `[cache]`: the result cache and its rules.
     pub cache: cache::CacheConfig,
     /// The file this configuration came from, read again on RELOAD / SIGHUP.
@@ -308,6 +312,10 @@ impl Config {
         self.auth_file = match &self.general.auth_file {
             Some(path) => AuthFile::load(path)?,
             None => AuthFile::default(),
+        };
+        self.hba = match &self.general.auth_hba_file {
+            Some(path) => std::sync::Arc::new(hba::Hba::load(path)?),
+            None => Default::default(),
         };
         Ok(())
     }
@@ -462,6 +470,13 @@ impl Config {
             self.check_user(name, user)?;
         }
         self.check_auth_file()?;
+        if g.auth_type == AuthType::Hba && g.auth_hba_file.is_none() {
+            return Err(ConfigError::invalid(
+                "general.auth_hba_file",
+                "auth_type is \"hba\": name the HBA file whose lines give each connection its \
+                 method",
+            ));
+        }
 
         if g.auth_type != AuthType::Trust {
             if !self.lists_users() && self.implicit_user().is_none() && !self.any_auth_user() {
@@ -675,6 +690,7 @@ impl RawConfig {
             databases,
             users,
             auth_file: AuthFile::default(),
+            hba: Default::default(),
             cache: self.cache.into_settings(&cx)?,
             source: None,
         })

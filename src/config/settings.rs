@@ -46,6 +46,11 @@ settings! {
     /// in besides `[users]` (whose `password` wins for a user in both). Read again on
     /// RELOAD. Relative paths are relative to the config file.
     auth_file: Option<PathBuf> = None, Live;
+    /// With `auth_type = "hba"`: the file (PostgreSQL's `pg_hba.conf` format, as PgBouncer
+    /// reads it) whose first matching line gives each connection its method: `local`, `host`,
+    /// `hostssl`, `hostnossl`; `trust`, `reject`, `md5`, `scram-sha-256`. Read again on
+    /// RELOAD. Relative paths are relative to the config file.
+    auth_hba_file: Option<PathBuf> = None, Live;
     /// The role whose server connection looks up, with `auth_query`, the secret of a client
     /// that neither `[users]` nor `auth_file` lists. It logs into the server as itself, with
     /// `[upstream]`'s password when it is the upstream's user, else its plain password from

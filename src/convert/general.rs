@@ -273,7 +273,15 @@ fn auth_type(line: Option<&Line>, cx: &mut Conversion) -> Result<AuthType, Conve
                     .into(),
             ),
         ),
-        m @ ("cert" | "hba" | "pam" | "ldap") => (
+        "hba" => (
+            AuthType::Hba,
+            Some(
+                "hba: pgmemo reads local/host/hostssl/hostnossl lines with trust, reject, md5 \
+                 and scram-sha-256; `pgmemo --check` names a line it cannot honour"
+                    .into(),
+            ),
+        ),
+        m @ ("cert" | "pam" | "ldap") => (
             AuthType::Md5,
             Some(format!(
                 "{m}: pgmemo checks passwords only; md5 accepts every kind of secret in [users]"

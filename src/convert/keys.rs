@@ -56,7 +56,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("application_name_add_host", Not("pgmemo does not rewrite application_name")),
     ("auth_dbname", To("general.auth_dbname", Text)),
     ("auth_file", Special("[users.NAME] password = the file's secret")),
-    ("auth_hba_file", Not("pgmemo has no HBA file; one auth_type for everyone")),
+    ("auth_hba_file", To("general.auth_hba_file", Text)),
     ("auth_ident_file", Not("pgmemo has no ident maps")),
     ("auth_ldap_options", Not("pgmemo has no LDAP authentication")),
     ("auth_query", To("general.auth_query", Text)),

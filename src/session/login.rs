@@ -360,9 +360,18 @@ async fn authenticate(
         }
     };
     let failed = || format!("password authentication failed for user \"{user}\"");
+    let configured = match cfg.general.auth_type {
+        AuthType::Hba => match hba_method(&cfg.hba, &conn.stream, user, database) {
+            Ok(method) => method,
+            Err(message) => {
+                return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await);
+            }
+        },
+        method => method,
+    };
     // As in PostgreSQL, md5 means SCRAM for a user whose secret is a SCRAM verifier: the
     // verifier cannot check an md5 answer, and SCRAM is the stronger method anyway.
-    let method = match (cfg.general.auth_type, &secret) {
+    let method = match (configured, &secret) {
         (AuthType::Md5, Some(Secret::Scram(_))) => AuthType::ScramSha256,
         (method, _) => method,
     };
@@ -377,7 +386,7 @@ async fn authenticate(
                 )
                 .await);
         }
-        AuthType::Trust => {}
+        AuthType::Trust | AuthType::Hba => {}
         AuthType::Md5 => {
             let salt = md5_salt();
             be::auth_md5(&mut conn.wbuf, salt);
@@ -426,6 +435,42 @@ async fn authenticate(
     }
     be::auth_ok(&mut conn.wbuf);
     Ok(())
+}
+
+/// The method `hba`'s first matching line gives a client of `user` for `database` arriving
+/// on `stream`, as one of `auth_type`'s (never `Hba`); PostgreSQL's FATAL message (28000) when
+/// a line rejects it or none matches.
+fn hba_method(
+    hba: &crate::config::hba::Hba,
+    stream: &Stream,
+    user: &str,
+    database: &str,
+) -> Result<AuthType, String> {
+    use crate::config::hba::{Arrival, HbaMethod};
+    let (arrival, host) = match stream {
+        Stream::Unix(_) => (Arrival::Local, "[local]".to_owned()),
+        s => {
+            let addr = s.peer_addr().map(|a| a.ip()).map_err(|e| e.to_string())?;
+            let tls = matches!(s, Stream::ServerTls(_));
+            (Arrival::Tcp { addr, tls }, addr.to_string())
+        }
+    };
+    let encryption = match arrival {
+        Arrival::Tcp { tls: true, .. } => ", SSL encryption",
+        Arrival::Tcp { .. } => ", no encryption",
+        Arrival::Local => "",
+    };
+    let who = format!("host \"{host}\", user \"{user}\", database \"{database}\"{encryption}");
+    let Some((method, line)) = hba.method(arrival, database, user) else {
+        return Err(format!("no pg_hba.conf entry for {who}"));
+    };
+    tracing::debug!(line, "{who}: HBA line {line} matched");
+    match method {
+        HbaMethod::Trust => Ok(AuthType::Trust),
+        HbaMethod::Md5 => Ok(AuthType::Md5),
+        HbaMethod::ScramSha256 => Ok(AuthType::ScramSha256),
+        HbaMethod::Reject => Err(format!("pg_hba.conf rejects connection for {who}")),
+    }
 }
 
 /// The secret client `user` must prove: from `[users]` or the auth file, else looked up

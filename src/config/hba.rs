@@ -1,0 +1,419 @@
+//! `general.auth_hba_file` with `auth_type = "hba"`: which authentication each connection
+//! gets, from a file in PostgreSQL's `pg_hba.conf` format, as PgBouncer 1.25 reads it (its
+//! "HBA file format"): the first line that matches the connection's kind, database, user and
+//! address decides.
+//!
+//! - kinds: `local` (the Unix socket), `host`, `hostssl`, `hostnossl`;
+//! - databases: `all`, `sameuser`, `replication` (pgmemo serves no replication connection, so
+//!   it matches none), names, comma-separated, `"quoted"` (a quoted keyword is a name);
+//! - users: `all`, names;
+//! - addresses: `all`, an IPv4 or IPv6 address with a `/prefix`, or an address and a mask in
+//!   two fields;
+//! - methods: `trust`, `reject`, `md5`, `scram-sha-256` (what `auth_type` offers, as
+//!   PgBouncer); `md5` means SCRAM for a user whose secret is a SCRAM verifier, as everywhere.
+//!
+//! What pgmemo cannot honour is refused when the file is read, with its line, rather than
+//! skipped (a skipped `reject` line would let in whom it was written to keep out): `@file`
+//! lists, `+group`, `samerole`, `samehost`, `samenet`, host names, and the methods pgmemo
+//! does not have (`password`, `peer`, `cert`, `ldap`, `pam`, ...). The file is read with the
+//! configuration, so RELOAD and SIGHUP read it again.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use super::ConfigError;
+
+/// What a line of the file lets a connection do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HbaMethod {
+    Trust,
+    Reject,
+    Md5,
+    ScramSha256,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Local,
+    Host,
+    HostSsl,
+    HostNoSsl,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Name {
+    All,
+    SameUser,
+    Replication,
+    Named(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    line: usize,
+    kind: Kind,
+    databases: Vec<Name>,
+    users: Vec<Name>,
+    /// None: any address (`all`, and `local` lines).
+    network: Option<(IpAddr, u8)>,
+    method: HbaMethod,
+}
+
+/// The rules of the HBA file, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hba {
+    /// The file, as the configuration names it (made absolute against the config file).
+    pub path: Option<PathBuf>,
+    rules: Vec<Rule>,
+}
+
+/// How a connection arrived, for [`Hba::method`].
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival {
+    /// On pgmemo's Unix socket.
+    Local,
+    /// Over TCP from this address, with TLS or not.
+    Tcp { addr: IpAddr, tls: bool },
+}
+
+impl Hba {
+    /// Reads and checks the HBA file at `path`; an error names the file and the line.
+    pub fn load(path: &Path) -> Result<Hba, ConfigError> {
+        let key = "general.auth_hba_file";
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::invalid(key, format!("cannot read {}: {e}", path.display()))
+        })?;
+        let mut hba = Hba::parse(&text).map_err(|(line, message)| {
+            ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
+        })?;
+        hba.path = Some(path.to_owned());
+        Ok(hba)
+    }
+
+    /// The rules of `text`; the first line that cannot be honoured, with what is wrong.
+    pub fn parse(text: &str) -> Result<Hba, (usize, String)> {
+        let mut rules = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let fields = fields(line).map_err(|m| (i + 1, m))?;
+            if fields.is_empty() {
+                continue;
+            }
+            rules.push(rule(i + 1, &fields).map_err(|m| (i + 1, m))?);
+        }
+        Ok(Hba { path: None, rules })
+    }
+
+    /// The method of the first rule that matches, and its line; None when none does.
+    pub fn method(
+        &self,
+        arrival: Arrival,
+        database: &str,
+        user: &str,
+    ) -> Option<(HbaMethod, usize)> {
+        self.rules
+            .iter()
+            .find(|r| r.matches(arrival, database, user))
+            .map(|r| (r.method, r.line))
+    }
+}
+
+impl Rule {
+    fn matches(&self, arrival: Arrival, database: &str, user: &str) -> bool {
+        let kind = match (self.kind, arrival) {
+            (Kind::Local, Arrival::Local) => true,
+            (Kind::Host, Arrival::Tcp { .. }) => true,
+            (Kind::HostSsl, Arrival::Tcp { tls, .. }) => tls,
+            (Kind::HostNoSsl, Arrival::Tcp { tls, .. }) => !tls,
+            _ => false,
+        };
+        let address = match (self.network, arrival) {
+            (None, _) => true,
+            (Some((net, prefix)), Arrival::Tcp { addr, .. }) => in_network(addr, net, prefix),
+            (Some(_), Arrival::Local) => false,
+        };
+        let database_ok = self.databases.iter().any(|d| match d {
+            Name::All => true,
+            Name::SameUser => database == user,
+            Name::Replication => false,
+            Name::Named(n) => n == database,
+        });
+        let user_ok = self.users.iter().any(|u| match u {
+            Name::All => true,
+            Name::Named(n) => n == user,
+            Name::SameUser | Name::Replication => false,
+        });
+        kind && address && database_ok && user_ok
+    }
+}
+
+/// Whether `addr` is in `net`/`prefix` (an IPv4 address mapped into IPv6 counts as IPv4).
+fn in_network(addr: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    let addr = match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        v4 => v4,
+    };
+    match (addr, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// A field of a line: its comma-separated elements, each with whether it was quoted (then it
+/// is a name, never a keyword).
+type Field = Vec<(String, bool)>;
+
+/// The fields of one line: split at blanks, elements at commas, `"..."` quoting (with `""`
+/// for a quote inside), `#` starting a comment outside quotes.
+fn fields(line: &str) -> Result<Vec<Field>, String> {
+    let mut out: Vec<Field> = Vec::new();
+    let mut chars = line.chars().peekable();
+    let mut current: Option<Field> = None;
+    while let Some(c) = chars.next() {
+        if c == '#' {
+            break;
+        }
+        if c.is_whitespace() {
+            out.extend(current.take());
+            continue;
+        }
+        let field = current.get_or_insert_with(|| vec![(String::new(), false)]);
+        match c {
+            ',' => field.push((String::new(), false)),
+            '"' => {
+                let element = field.last_mut().expect("a field has an element");
+                element.1 = true;
+                loop {
+                    match chars.next() {
+                        Some('"') if chars.peek() == Some(&'"') => {
+                            chars.next();
+                            element.0.push('"');
+                        }
+                        Some('"') => break,
+                        Some(c) => element.0.push(c),
+                        None => return Err("a quote is not closed".into()),
+                    }
+                }
+            }
+            c => field.last_mut().expect("a field has an element").0.push(c),
+        }
+    }
+    out.extend(current);
+    Ok(out)
+}
+
+/// One rule from a line's fields.
+fn rule(line: usize, fields: &[Field]) -> Result<Rule, String> {
+    // A field that is not a list: its text (a comma in it kept).
+    let word = |i: usize| fields.get(i).map(join);
+    let kind = match word(0).as_deref() {
+        Some("local") => Kind::Local,
+        Some("host") => Kind::Host,
+        Some("hostssl") => Kind::HostSsl,
+        Some("hostnossl") => Kind::HostNoSsl,
+        Some(other) => {
+            return Err(format!(
+                "connection type {other:?}: pgmemo knows local, host, hostssl and hostnossl"
+            ))
+        }
+        None => return Err("no connection type".into()),
+    };
+    let list = |i: usize, what: &str, keywords: &[&str]| -> Result<Vec<Name>, String> {
+        let elements = fields.get(i).ok_or(format!("no {what} field"))?;
+        let mut names = Vec::new();
+        for (part, quoted) in elements {
+            let name = match (*quoted, part.as_str()) {
+                (false, "all") if keywords.contains(&"all") => Name::All,
+                (false, "sameuser") if keywords.contains(&"sameuser") => Name::SameUser,
+                (false, "replication") if keywords.contains(&"replication") => Name::Replication,
+                (false, p @ ("samerole" | "samegroup")) => {
+                    return Err(format!(
+                        "{p} is not supported (pgmemo does not know roles' groups)"
+                    ))
+                }
+                (false, p) if p.starts_with('@') => {
+                    return Err(format!("{p}: @file lists are not supported"))
+                }
+                (false, p) if p.starts_with('+') => {
+                    return Err(format!("{p}: +group is not supported"))
+                }
+                (_, "") => return Err(format!("an empty {what} name")),
+                (_, p) => Name::Named(p.to_owned()),
+            };
+            names.push(name);
+        }
+        Ok(names)
+    };
+    let databases = list(1, "database", &["all", "sameuser", "replication"])?;
+    let users = list(2, "user", &["all"])?;
+    let (network, method_at) = match kind {
+        Kind::Local => (None, 3),
+        _ => address(fields)?,
+    };
+    let method = match word(method_at).as_deref() {
+        Some("trust") => HbaMethod::Trust,
+        Some("reject") => HbaMethod::Reject,
+        Some("md5") => HbaMethod::Md5,
+        Some("scram-sha-256") => HbaMethod::ScramSha256,
+        Some(other) => {
+            return Err(format!(
+                "method {other:?} is not supported: pgmemo has trust, reject, md5 and \
+                 scram-sha-256"
+            ))
+        }
+        None => return Err("no authentication method".into()),
+    };
+    if fields.len() > method_at + 1 {
+        return Err(format!(
+            "options after the method ({}) are not supported",
+            join(&fields[method_at + 1])
+        ));
+    }
+    Ok(Rule {
+        line,
+        kind,
+        databases,
+        users,
+        network,
+        method,
+    })
+}
+
+/// A host line's address (`all`, `ADDR/PREFIX`, or `ADDR MASK`) and where its method is.
+fn address(fields: &[Field]) -> Result<(Option<(IpAddr, u8)>, usize), String> {
+    let text = fields.get(3).map(join).ok_or("no address field")?;
+    let text = text.as_str();
+    if text == "all" {
+        return Ok((None, 4));
+    }
+    let bits = |a: &IpAddr| if a.is_ipv4() { 32 } else { 128 };
+    if let Some((addr, prefix)) = text.split_once('/') {
+        let addr: IpAddr = addr.parse().map_err(|_| bad_address(text))?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad_address(text))?;
+        if prefix > bits(&addr) {
+            return Err(bad_address(text));
+        }
+        return Ok((Some((addr, prefix)), 4));
+    }
+    let addr: IpAddr = text.parse().map_err(|_| bad_address(text))?;
+    let mask = fields.get(4).map(join).unwrap_or_default();
+    let mask: IpAddr = mask
+        .parse()
+        .map_err(|_| format!("address {text} needs a /prefix or a mask after it"))?;
+    let ones = match mask {
+        IpAddr::V4(m) => u32::from(m).leading_ones(),
+        IpAddr::V6(m) => u128::from(m).leading_ones(),
+    };
+    let contiguous = match mask {
+        IpAddr::V4(m) => u32::from(m).count_ones() == ones,
+        IpAddr::V6(m) => u128::from(m).count_ones() == ones,
+    };
+    if mask.is_ipv4() != addr.is_ipv4() || !contiguous {
+        return Err(format!("mask {mask} does not fit address {text}"));
+    }
+    Ok((Some((addr, ones as u8)), 5))
+}
+
+/// A field's text as written but for its quotes.
+fn join(field: &Field) -> String {
+    let parts: Vec<&str> = field.iter().map(|(t, _)| t.as_str()).collect();
+    parts.join(",")
+}
+
+fn bad_address(text: &str) -> String {
+    format!("address {text:?}: pgmemo reads all, ADDRESS/PREFIX or ADDRESS MASK (no host names, samehost or samenet)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp(addr: &str, tls: bool) -> Arrival {
+        Arrival::Tcp {
+            addr: addr.parse().unwrap(),
+            tls,
+        }
+    }
+
+    #[test]
+    fn the_first_matching_line_decides() {
+        let method = |hba: &Hba, a, d, u| hba.method(a, d, u).map(|(m, _)| m);
+        let hba = Hba::parse(
+            "# comment\n\
+             local all all trust\n\
+             hostssl app web 10.0.0.0/8 scram-sha-256   # web from the VPC, over TLS\n\
+             host app,\"all\" web 10.0.0.0 255.0.0.0 reject\n\
+             host sameuser all ::1/128 md5\n\
+             host all \"ann\",bob 127.0.0.1/32 trust\n\
+             hostnossl all all 0.0.0.0/0 reject\n",
+        )
+        .unwrap();
+        use HbaMethod::*;
+        assert_eq!(method(&hba, Arrival::Local, "app", "x"), Some(Trust));
+        assert_eq!(
+            method(&hba, tcp("10.1.2.3", true), "app", "web"),
+            Some(ScramSha256)
+        );
+        assert_eq!(
+            hba.method(tcp("10.1.2.3", true), "app", "web").unwrap().1,
+            3
+        );
+        assert_eq!(
+            method(&hba, tcp("10.1.2.3", false), "app", "web"),
+            Some(Reject)
+        );
+        // "all" quoted is a database named all.
+        assert_eq!(
+            method(&hba, tcp("10.1.2.3", false), "all", "web"),
+            Some(Reject)
+        );
+        assert_eq!(
+            method(&hba, tcp("10.1.2.3", false), "other", "web"),
+            Some(Reject)
+        );
+        assert_eq!(method(&hba, tcp("::1", false), "bob", "bob"), Some(Md5));
+        assert_eq!(method(&hba, tcp("::1", false), "app", "bob"), None);
+        assert_eq!(
+            method(&hba, tcp("127.0.0.1", true), "app", "ann"),
+            Some(Trust)
+        );
+        assert_eq!(
+            method(&hba, tcp("::ffff:127.0.0.1", true), "app", "bob"),
+            Some(Trust)
+        );
+        assert_eq!(method(&hba, tcp("127.0.0.1", true), "app", "carl"), None);
+        assert_eq!(method(&hba, tcp("192.168.0.1", true), "app", "carl"), None);
+    }
+
+    #[test]
+    fn what_pgmemo_cannot_honour_is_refused_with_its_line() {
+        for (text, says) in [
+            ("local all all peer", "method \"peer\""),
+            ("host all all 10.0.0.0/8 password", "method \"password\""),
+            ("host all +admins all md5", "+group"),
+            ("host @dbs all all md5", "@file"),
+            ("host samerole all all md5", "samerole"),
+            ("host all all samenet md5", "samenet"),
+            ("host all all db.example.com md5", "host names"),
+            ("host all all 10.0.0.0/33 md5", "10.0.0.0/33"),
+            ("host all all 10.0.0.0 255.0.255.0 md5", "does not fit"),
+            ("host all all 10.0.0.0 md5", "needs a /prefix"),
+            ("hostgssenc all all all md5", "hostgssenc"),
+            ("host all all all ldap ldapserver=x", "method \"ldap\""),
+            ("host all all all md5 extra", "options after"),
+            ("host \"all all all md5", "quote"),
+            ("host all", "no user field"),
+        ] {
+            let (line, message) =
+                Hba::parse(&format!("local all all trust\n{text}\n")).unwrap_err();
+            assert_eq!(line, 2, "{text}");
+            assert!(message.contains(says), "{text}: {message}");
+        }
+    }
+}
