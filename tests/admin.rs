@@ -1373,6 +1373,22 @@ async fn binary_checks_reloads_on_sighup_and_exits_on_sigint() {
         matches!(&rows[1], SimpleQueryMessage::Row(r) if r.get(0) == Some("through the binary"))
     );
 
+    // log_connections and log_disconnections, on by default as in PgBouncer.
+    let short = connect(&url(addr, TEST_DB)).await;
+    short.simple_query("SELECT 1").await.unwrap();
+    drop(short);
+    wait_until(
+        "the client's end to be logged",
+        Duration::from_secs(10),
+        || async { log_text().contains("closing because: client close request (age=") },
+    )
+    .await;
+    assert!(
+        log_text().contains(&format!("login: db={TEST_DB} user={PGMEMO_USER} tls=no")),
+        "{}",
+        log_text()
+    );
+
     std::fs::write(&file, config(6)).unwrap();
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);

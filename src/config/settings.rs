@@ -253,6 +253,12 @@ settings! {
     log_level: String = "info".into(), Restart, check = |v, _| check_log_level(v);
     /// `text` (ANSI colours only on a terminal) or `json` (one object per line).
     log_format: LogFormat = LogFormat::Text, Restart;
+    /// Log each client's login (its database, user and whether it uses TLS), as PgBouncer's
+    /// `log_connections`. Logins refused are logged whatever this says.
+    log_connections: bool = true, Live;
+    /// Log each client's end, why (`client close request`, `client unexpected eof`, or the
+    /// error it was told) and how long it was connected, as PgBouncer's `log_disconnections`.
+    log_disconnections: bool = true, Live;
     /// Threads serving clients, each with an event loop of its own; a client goes to the one
     /// of the CPU its packets arrive on, and follows them between transactions (see
     /// docs/pooling.md). 1 is PgBouncer's; more serve more result-cache hits at once.

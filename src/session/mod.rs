@@ -118,7 +118,18 @@ pub async fn start(app: Arc<App>, admitted: Box<Admitted>) -> Option<Started> {
         &admitted.startup.database,
     );
     match Session::start(app.clone(), info.clone(), admitted).await {
-        Some(session) => Some(Started { info, session }),
+        Some(session) => {
+            if app.config.load().general.log_connections {
+                let tls = if info.tls { "yes" } else { "no" };
+                tracing::info!(
+                    client = %info.addr,
+                    "login: db={} user={} tls={tls}",
+                    info.database,
+                    info.user
+                );
+            }
+            Some(Started { info, session })
+        }
         None => {
             tracing::info!(client = %info.addr, "client login failed");
             app.unregister_client(&info);
@@ -149,19 +160,45 @@ async fn serve_session(app: Arc<App>, info: Arc<ClientInfo>, mut session: Box<Se
                     break;
                 }
             }
-            End::Terminate | End::ClientGone => break,
+            End::Terminate => {
+                log_end(&app, &info, "client close request");
+                break;
+            }
+            End::ClientGone => {
+                log_end(&app, &info, "client unexpected eof");
+                break;
+            }
             End::Shutdown => {
-                tracing::debug!(client = %info.addr, "client closed for shutdown");
+                log_end(&app, &info, "pgmemo shutting down");
                 break;
             }
             End::Protocol(why) | End::ServerGone(why) | End::NoServer(why) | End::Closed(why) => {
                 tracing::info!(client = %info.addr, "client session ended: {why}");
+                log_end(&app, &info, &why);
                 break;
             }
         }
     }
     Box::pin(session.finish()).await;
     app.unregister_client(&info);
+}
+
+/// `log_disconnections`' line, as PgBouncer writes it: why, and the client's age.
+#[cold]
+fn log_end(app: &App, info: &ClientInfo, why: &str) {
+    if !app.config.load().general.log_disconnections {
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let age = now.saturating_sub(u64::from(info.connect_secs()));
+    tracing::info!(
+        client = %info.addr,
+        "closing because: {why} (age={age}s) db={} user={}",
+        info.database,
+        info.user
+    );
 }
 
 /// Goes on with an idle session (no server, nothing owed) in a task of `worker`'s, its
