@@ -2019,3 +2019,33 @@ async fn set_changes_a_setting_of_the_running_configuration() {
         .await
         .is_err());
 }
+
+/// `application_name_add_host`: the client's application_name, as its session and the
+/// server's pg_stat_activity see it, ends with its address and port (`app` when it gave
+/// none), as PgBouncer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_name_add_host_names_the_clients_address() {
+    const DB: &str = "admin_app_host";
+    fresh_db(DB).await;
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.application_name_add_host = true;
+    let proxy = start_pgmemo(config).await;
+    for (given, name) in [("?application_name=shop", "shop"), ("", "app")] {
+        let client = connect(&format!("{}{given}", url(proxy.local_addr(), DB))).await;
+        let one = |sql: &'static str| {
+            let client = &client;
+            async move {
+                let row = client.query_one(sql, &[]).await.unwrap();
+                row.get::<_, String>(0)
+            }
+        };
+        let shown = one("SHOW application_name").await;
+        let seen =
+            one("SELECT application_name::text FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+                .await;
+        let (prefix, port) = shown.rsplit_once(':').unwrap_or_else(|| panic!("{shown}"));
+        assert_eq!(prefix, format!("{name} - 127.0.0.1"), "{shown}");
+        assert!(port.parse::<u16>().is_ok(), "{shown}");
+        assert_eq!(seen, shown);
+    }
+}

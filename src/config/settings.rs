@@ -253,6 +253,10 @@ settings! {
     log_level: String = "info".into(), Restart, check = |v, _| check_log_level(v);
     /// `text` (ANSI colours only on a terminal) or `json` (one object per line).
     log_format: LogFormat = LogFormat::Text, Restart;
+    /// Append the client's address and port to its `application_name` (`app - 10.0.0.5:51234`;
+    /// `app` when it gives none), as PgBouncer's `application_name_add_host`: a slow query in
+    /// `pg_stat_activity` then says which client host sent it. New clients only.
+    application_name_add_host: bool = false, Live;
     /// Log each client's login (its database, user and whether it uses TLS), as PgBouncer's
     /// `log_connections`. Logins refused are logged whatever this says.
     log_connections: bool = true, Live;

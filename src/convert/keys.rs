@@ -53,7 +53,7 @@ const NO_TLS_TUNING: &str =
 /// Every `[pgbouncer]` key PgBouncer 1.25 knows, in its own (alphabetical) order.
 pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("admin_users", Special("general.admin_users (users with a password only)")),
-    ("application_name_add_host", Not("pgmemo does not rewrite application_name")),
+    ("application_name_add_host", To("general.application_name_add_host", Flag)),
     ("auth_dbname", To("general.auth_dbname", Text)),
     ("auth_file", Special("[users.NAME] password = the file's secret")),
     ("auth_hba_file", To("general.auth_hba_file", Text)),

@@ -305,7 +305,10 @@ async fn accept_startup(
     // PostgreSQL applies `options` first and the other parameters after them, which matters
     // when both set one setting (and for DateStyle, whose parts combine).
     options.extend(settings);
-    let settings = options;
+    let mut settings = options;
+    if cfg.general.application_name_add_host {
+        add_host_to_application_name(&mut settings, &conn.stream);
+    }
     if minor > 0 || !unknown_protocol_options.is_empty() {
         be::negotiate_protocol_version(
             &mut conn.wbuf,
@@ -326,6 +329,26 @@ async fn accept_startup(
         .unwrap_or_else(|| user.clone());
     authenticate(app, conn, &user, &database).await?;
     Ok((user, database, settings))
+}
+
+/// `application_name_add_host`: the client's `application_name` (`app` when it gives none)
+/// followed by ` - ` and its address and port, as PgBouncer writes them (`[::1]:5432` for
+/// IPv6); on the Unix socket `unix`.
+fn add_host_to_application_name(settings: &mut Vec<(String, String)>, stream: &Stream) {
+    let details = match stream.peer_addr() {
+        Ok(std::net::SocketAddr::V4(a)) => format!("{}:{}", a.ip(), a.port()),
+        Ok(std::net::SocketAddr::V6(a)) => format!("[{}]:{}", a.ip(), a.port()),
+        Err(_) => "unix".to_owned(),
+    };
+    // The last one counts, as PostgreSQL applies them in order.
+    let given = settings
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "application_name")
+        .map_or("app", |(_, v)| v.as_str());
+    let name = format!("{given} - {details}");
+    settings.retain(|(k, _)| k != "application_name");
+    settings.push(("application_name".to_owned(), name));
 }
 
 /// Runs the configured authentication exchange; on success AuthenticationOk is queued.
