@@ -693,3 +693,52 @@ async fn per_user_timeouts_override_the_general_ones() {
     mine.batch_execute("SELECT 1; COMMIT").await.unwrap();
     proxy.shutdown().await;
 }
+
+/// `query_wait_notify`: a client that has waited that long for a server is told so with
+/// PgBouncer's NOTICE, once, and still gets its answer when a server comes (psql shows the
+/// NOTICE on stderr while it waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_is_told_it_is_queued() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    const DB: &str = "limits_notify";
+    fresh_db(DB).await;
+    let mut cfg = two_users(1);
+    cfg.general.query_wait_notify = Duration::from_millis(200);
+    let proxy = start_pgmemo(cfg).await;
+    let psql = || {
+        tokio::process::Command::new(cluster().bin_dir().join("psql"))
+            .args(["-X", "-A", "-t", "-h", "127.0.0.1"])
+            .args(["-p", &proxy.local_addr().port().to_string()])
+            .args(["-U", PGMEMO_USER, "-d", DB, "-c", "SELECT 'served'"])
+            .env("PGPASSWORD", PGMEMO_PASS)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run psql")
+    };
+    // Once before: psql's parameters are then known, so its login needs no server (the
+    // NOTICE is for a client that logged in and waits for its query's server, as PgBouncer's).
+    assert!(psql().wait_with_output().await.unwrap().status.success());
+    let holder = client(&proxy, PGMEMO_USER, DB).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    let mut psql = psql();
+    let mut stderr = BufReader::new(psql.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), stderr.next_line())
+        .await
+        .expect("no NOTICE while the client waited")
+        .unwrap()
+        .expect("psql ended without a NOTICE");
+    assert_eq!(
+        line,
+        "NOTICE:  No server connection available in postgres backend, client being queued"
+    );
+    // The holder's block ends; the waiting client is served, told once only.
+    holder.batch_execute("COMMIT").await.unwrap();
+    let out = psql.wait_with_output().await.unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "served");
+    assert_eq!(stderr.next_line().await.unwrap(), None);
+}

@@ -93,6 +93,10 @@ settings! {
     /// A client waiting longer than this for a server gets FATAL 08P01 `query_wait_timeout`
     /// and is disconnected, as with PgBouncer.
     query_wait_timeout: Duration = Duration::from_secs(120), Live, check = positive;
+    /// A client waiting this long for a server is told so with a NOTICE (`No server connection
+    /// available in postgres backend, client being queued`), once per wait, as PgBouncer's
+    /// `query_wait_notify`. 0: never.
+    query_wait_notify: Duration = Duration::from_secs(5), Live;
     /// A client whose query (from its first message that needs a server, waiting for one
     /// included, to the end of its reply) runs longer than this is closed with FATAL 08P01
     /// `query timeout` (`query_timeout` while it waited), its query cancelled and its server

@@ -111,7 +111,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("pkt_buf", Not("pgmemo sizes its buffers itself")),
     ("pool_mode", Special("general.pool_mode (statement becomes transaction)")),
     ("query_timeout", To("general.query_timeout", Seconds(Zero::Same))),
-    ("query_wait_notify", Not("pgmemo sends no notice to waiting clients")),
+    ("query_wait_notify", To("general.query_wait_notify", Seconds(Zero::Same))),
     ("query_wait_timeout", To("general.query_wait_timeout", Seconds(Zero::NoLimit))),
     ("reserve_pool_size", To("general.reserve_pool_size", Count { min: 0 })),
     (

@@ -572,8 +572,7 @@ impl Session {
         // boxed (the task keeps no room for it either), and a kill ends it.
         let failed = match self.pool.checkout_at_once() {
             Some(server) => self.use_server(server),
-            None => match Box::pin(self.pool.checkout_waiting(Some(self.info.killed_flag()))).await
-            {
+            None => match Box::pin(self.wait_for_server()).await {
                 Ok(server) => self.use_server(server),
                 Err(e) => Some(self.checkout_failed(e)),
             },
@@ -582,6 +581,30 @@ impl Session {
             None => Ok(()),
             Some(failed) => Err(failed.await),
         }
+    }
+
+    /// The pool's wait for a server; once it has lasted `query_wait_notify`, the client is
+    /// told it waits with PgBouncer's NOTICE (once), and the wait goes on.
+    async fn wait_for_server(&mut self) -> Result<Box<ServerConn>, CheckoutError> {
+        let (pool, info) = (self.pool.clone(), self.info.clone());
+        let wait = pool.checkout_waiting(Some(info.killed_flag()));
+        let notify = self.app.config.load().general.query_wait_notify;
+        if notify.is_zero() {
+            return wait.await;
+        }
+        tokio::pin!(wait);
+        tokio::select! {
+            done = &mut wait => return done,
+            () = tokio::time::sleep(notify) => {}
+        }
+        be::notice_response(
+            &mut self.client.wbuf,
+            sqlstate::SUCCESSFUL_COMPLETION,
+            "No server connection available in postgres backend, client being queued",
+        );
+        // A client gone meanwhile is found when its server comes.
+        let _ = self.client.flush().await;
+        wait.await
     }
 
     /// Holds the server the pool gave, unless the client was killed meanwhile: then it goes
