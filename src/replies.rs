@@ -320,6 +320,14 @@ impl ReplyQueue {
 
     #[inline]
     pub fn push_entry(&mut self, entry: Entry) {
+        self.push_known(entry);
+    }
+
+    /// [`ReplyQueue::push_entry`], always inlined: for a caller whose entries' kinds and
+    /// actions are constants (an autoprepared query's Bind, Describe, Execute and Sync), the
+    /// tests on them fold away (~100 instructions a query, callgrind).
+    #[inline(always)]
+    pub fn push_known(&mut self, entry: Entry) {
         let e = entry.expected;
         if e != Expected::Internal && e != Expected::CopyEnd {
             // The client went on without ending the COPY that failed.
