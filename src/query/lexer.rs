@@ -831,6 +831,9 @@ pub fn negative_kind(number: &[u8]) -> Kind {
 
 /// The type PostgreSQL gives an integer literal: int4 if it fits, else int8, else numeric.
 fn integer_kind(digits: &[u8]) -> Kind {
+    if digits.len() <= 9 {
+        return Kind::Int4; // at most 999,999,999: most integers, no arithmetic
+    }
     let mut v: u64 = 0;
     for &d in digits {
         match v
