@@ -473,7 +473,11 @@ impl<'a, const PARAMETERS: bool> Lexer<'a, PARAMETERS> {
                     return Ok(());
                 }
             } else {
+                // On to the next `*` or `/`, the only bytes that may begin `/*` or `*/` (a
+                // byte at a time cost ~10 instructions a byte: a hint comment's ~250).
                 self.at += 1;
+                self.at += memchr::memchr2(b'*', b'/', &self.sql[self.at..])
+                    .unwrap_or(self.sql.len() - self.at);
             }
         }
         Err(Refusal::NotUnderstood)
