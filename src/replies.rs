@@ -633,6 +633,8 @@ impl ReplyQueue {
         };
         let kind = head.expected;
         let route = match (&head.action, tag) {
+            // The client's own entries, most replies: every arm below says Forward for them.
+            (Action::Forward, _) if kind != Expected::Internal => Route::Forward,
             // A notification is the client's whatever pgmemo is doing on its server: the
             // server sends it when it goes idle, which may be at the end of pgmemo's own work.
             (_, be::NOTIFICATION_RESPONSE) => Route::Forward,
