@@ -14,8 +14,13 @@ use crate::params::quote_literal;
 use crate::query::analysis::RelName;
 use crate::query::analysis::{analyze, Bypass, Reads};
 use crate::query::point::{Bound, ReadFilter};
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+/// The snapshot's maps are read for every write a cached block makes and every lookup that
+/// checks one (a table's reach, its row key): hashed with foldhash, not the default SipHash,
+/// which cost ~100 instructions a name there (callgrind, bench/cache_tx.sql).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// A table's key columns by place (from the snapshot's `k` rows); None: a type not followed.
 type KeyColumns = Vec<(u32, Option<(Box<str>, KeyType)>)>;
@@ -161,13 +166,13 @@ impl Snapshot {
             ..Snapshot::default()
         };
         let col = |row, i| column(row, i).unwrap_or_default();
-        let mut keys: HashMap<Box<str>, Vec<(String, KeyColumns)>> = HashMap::new();
+        let mut keys: HashMap<Box<str>, Vec<(String, KeyColumns)>> = HashMap::default();
         // name → per table OID: its followed columns, its unique keys.
         type Followed = Vec<(Box<str>, KeyType)>;
         type OfOid = (String, Followed, Vec<Vec<Box<str>>>);
-        let mut tables_columns: HashMap<Box<str>, Vec<OfOid>> = HashMap::new();
+        let mut tables_columns: HashMap<Box<str>, Vec<OfOid>> = HashMap::default();
         // Each key column's table OID and column number, by table name.
-        let mut attnums: HashMap<Box<str>, Vec<KeyAttnum>> = HashMap::new();
+        let mut attnums: HashMap<Box<str>, Vec<KeyAttnum>> = HashMap::default();
         for row in rows {
             match col(row, 0) {
                 "f" => {

@@ -272,7 +272,8 @@ pub struct ResultCache {
     /// One per database. A replaced snapshot (hundreds of KiB: every function of the
     /// catalog) is freed at once rather than in papaya's default batches of 32 per thread,
     /// which held a few old ones after every reconnect or DDL (the faults test's heap).
-    snapshots: papaya::HashMap<Box<str>, Arc<Snapshot>>,
+    /// Hashed with foldhash: read for every write of a cached block (see `catalog`).
+    snapshots: papaya::HashMap<Box<str>, Arc<Snapshot>, foldhash::fast::RandomState>,
     /// One per rule of the configuration, then one for hints.
     rules: ArcSwap<Vec<Arc<RuleStats>>>,
     /// Bumped by every [`ResultCache::reconfigure`], after `config` and `rules`: a client
@@ -409,6 +410,7 @@ impl ResultCache {
             shapes,
             plans: quick_cache::sync::Cache::new(10_000),
             snapshots: papaya::HashMap::builder()
+                .hasher(foldhash::fast::RandomState::default())
                 .collector(seize::Collector::new().batch_size(1))
                 .build(),
             rules: ArcSwap::from_pointee(Vec::new()),

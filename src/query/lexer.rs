@@ -473,7 +473,11 @@ impl<'a, const PARAMETERS: bool> Lexer<'a, PARAMETERS> {
                     return Ok(());
                 }
             } else {
+                // On to the next `*` or `/`, the only bytes that may begin `/*` or `*/` (a
+                // byte at a time cost ~10 instructions a byte: a hint comment's ~250).
                 self.at += 1;
+                self.at += memchr::memchr2(b'*', b'/', &self.sql[self.at..])
+                    .unwrap_or(self.sql.len() - self.at);
             }
         }
         Err(Refusal::NotUnderstood)
@@ -831,6 +835,9 @@ pub fn negative_kind(number: &[u8]) -> Kind {
 
 /// The type PostgreSQL gives an integer literal: int4 if it fits, else int8, else numeric.
 fn integer_kind(digits: &[u8]) -> Kind {
+    if digits.len() <= 9 {
+        return Kind::Int4; // at most 999,999,999: most integers, no arithmetic
+    }
     let mut v: u64 = 0;
     for &d in digits {
         match v

@@ -55,7 +55,7 @@ impl Session {
         let Some(control) = block::read(text) else {
             return false;
         };
-        let begin = begin_text(text);
+        let begin = begin_text(&control, text);
         let status = match self.keep_or_end_block(control, begin, false) {
             Some(status) => status,
             None => return false,
@@ -73,11 +73,17 @@ impl Session {
     }
 
     /// Opens a block the session keeps (`control` a `BEGIN` that may be kept: not in a kept
-    /// block, READ COMMITTED, not READ WRITE; `begin` what goes to the server later) or ends
+    /// block, READ COMMITTED, not READ WRITE; `begin` what goes to the server later, None
+    /// for a `COMMIT` or `ROLLBACK`) or ends
     /// one (a `COMMIT` or `ROLLBACK` of a kept block): the ReadyForQuery status after it, or
     /// None (the statement goes to a server). `portal`: the `BEGIN` came in the extended
     /// protocol and its unnamed portal is the client's (see [`Session::begin_kept_block`]).
-    fn keep_or_end_block(&mut self, control: Control, begin: Box<str>, portal: bool) -> Option<u8> {
+    fn keep_or_end_block(
+        &mut self,
+        control: Control,
+        begin: Option<Box<str>>,
+        portal: bool,
+    ) -> Option<u8> {
         let deferred = self.keeps_block();
         match control {
             Control::Begin {
@@ -90,7 +96,7 @@ impl Session {
                     return None;
                 }
                 let cache = self.cache.as_deref_mut()?;
-                cache.deferred_begin = Some(begin);
+                cache.deferred_begin = begin;
                 cache.deferred_answered = false;
                 cache.deferred_portal = portal;
                 cache.read_committed = Some(true);
@@ -161,7 +167,7 @@ impl Session {
         let Some(control) = block::read(&statement.key.query) else {
             return false;
         };
-        let begin = begin_text(&statement.key.query);
+        let begin = begin_text(&control, &statement.key.query);
         if self.keep_or_end_block(control, begin, true).is_none() {
             return false;
         }
@@ -276,10 +282,14 @@ fn may_be_control(text: &[u8]) -> bool {
     }
 }
 
-/// What goes to a server later for a `BEGIN`'s text: trimmed, without its final `;`.
-fn begin_text(text: &[u8]) -> Box<str> {
+/// What goes to a server later for a `BEGIN`'s text: trimmed, without its final `;`. None
+/// for the other statements (a `COMMIT` or `ROLLBACK` needs no copy of its text).
+fn begin_text(control: &Control, text: &[u8]) -> Option<Box<str>> {
+    if !matches!(control, Control::Begin { .. }) {
+        return None;
+    }
     let begin = std::str::from_utf8(text).unwrap_or("BEGIN").trim_ascii();
-    begin.strip_suffix(';').unwrap_or(begin).into()
+    Some(begin.strip_suffix(';').unwrap_or(begin).into())
 }
 
 /// A transaction-control unit of the extended protocol, read by [`control_unit`].

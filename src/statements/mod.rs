@@ -932,6 +932,8 @@ impl ClientStatements {
                     .insert(Bytes::copy_from_slice(name), (s, generation))
                     .map(|(p, _)| p)
             }
+            // Every simple query unbinds the unnamed statement: most clients bind no names.
+            None if self.names.is_empty() => None,
             None => self.names.remove(name).map(|(p, _)| p),
         };
         if let Some(p) = &previous {

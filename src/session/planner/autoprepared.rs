@@ -82,7 +82,7 @@ impl Planner<'_> {
         crate::autoprepare::write_run(&mut self.server.wbuf);
         ap.client.executed();
         self.stats.autoprepared += 1;
-        self.replies.push_entry(Entry {
+        self.replies.push_known(Entry {
             expected: Expected::Bind,
             action: Action::AsSimpleQuery,
             effect: Some(Effect::Uses {
@@ -92,7 +92,7 @@ impl Planner<'_> {
             }),
         });
         ap.client.rerun = retry && !ap.client.modifies;
-        self.replies.push_entry(Entry {
+        self.replies.push_known(Entry {
             expected: Expected::Describe,
             action: if ap.client.modifies || ap.client.rerun {
                 Action::AsSimpleQueryHeld
@@ -101,8 +101,12 @@ impl Planner<'_> {
             },
             effect: None,
         });
-        self.replies.push(Expected::Execute);
-        self.replies.push_entry(Entry {
+        self.replies.push_known(Entry {
+            expected: Expected::Execute,
+            action: Action::Forward,
+            effect: None,
+        });
+        self.replies.push_known(Entry {
             expected: Expected::Sync,
             action: Action::Forward,
             effect: unnamed,
