@@ -227,3 +227,39 @@ async fn the_socket_file_takes_its_mode_and_group() {
     assert!(!other.join(format!(".s.PGSQL.{other_port}")).exists());
     proxy.shutdown().await;
 }
+
+/// With `auth_type = "hba"`, a client on the Unix socket is a `local` one: a `local ... reject`
+/// line refuses it with PostgreSQL's message (`host "[local]"`), while the same user over TCP
+/// takes the `host` line.
+#[tokio::test]
+async fn an_hba_local_line_decides_for_the_unix_socket() {
+    let dir = socket_dir("hba");
+    let hba = dir.0.join("hba.conf");
+    std::fs::write(
+        &hba,
+        format!("local all {PGMEMO_USER} reject\nhost all all 127.0.0.1/32 scram-sha-256\n"),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut config = unix_config(&dir.0, port);
+    config.general.auth_type = pgmemo::config::AuthType::Hba;
+    config.general.auth_hba_file = Some(hba);
+    config.read_auth_file().unwrap();
+    let proxy = start_pgmemo(config).await;
+    let refused = psql(&dir.0, port, "SELECT 1").await.unwrap_err();
+    assert!(
+        refused.ends_with(&format!(
+            "FATAL:  pg_hba.conf rejects connection for host \"[local]\", user \
+             \"{PGMEMO_USER}\", database \"postgres\", no encryption"
+        )),
+        "{refused}"
+    );
+    let tcp = connect(&proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        "postgres",
+    ))
+    .await;
+    assert!(tcp.simple_query("SELECT 1").await.is_ok());
+}

@@ -480,8 +480,7 @@ fn hba_method(
     };
     let encryption = match arrival {
         Arrival::Tcp { tls: true, .. } => ", SSL encryption",
-        Arrival::Tcp { .. } => ", no encryption",
-        Arrival::Local => "",
+        _ => ", no encryption",
     };
     let who = format!("host \"{host}\", user \"{user}\", database \"{database}\"{encryption}");
     let Some((method, line)) = hba.method(arrival, database, user) else {
