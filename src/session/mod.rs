@@ -189,10 +189,8 @@ fn log_end(app: &App, info: &ClientInfo, why: &str) {
     if !app.config.load().general.log_disconnections {
         return;
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let age = now.saturating_sub(u64::from(info.connect_secs()));
+    // The wall clock as SHOW CLIENTS reads it (connect_secs is on the same clock).
+    let age = app.unix_secs(app.clock_us()).saturating_sub(info.connect_secs());
     tracing::info!(
         client = %info.addr,
         "closing because: {why} (age={age}s) db={} user={}",
