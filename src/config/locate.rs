@@ -159,3 +159,23 @@ fn collect(table: &dyn TableLike, prefix: &str, out: &mut Vec<Key>) {
         out.push(Key { path, key, whole });
     }
 }
+
+/// `text` as a TOML basic string: how the converter writes a value, and how the console's
+/// `SET key = 'text'` reads one as the file would.
+pub fn toml_string(text: &str) -> String {
+    let mut s = String::with_capacity(text.len() + 2);
+    s.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\t' => s.push_str("\\t"),
+            '\r' => s.push_str("\\r"),
+            c if c.is_control() => s.push_str(&format!("\\u{:04X}", c as u32)),
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}

@@ -55,8 +55,8 @@ pub use secrets::SecretKind;
 use upstream::{check_upstream, RawUpstream};
 pub use upstream::{parse_upstream_url, Upstream};
 
-pub use locate::key_path;
 use locate::{find_key_line, toml_error};
+pub use locate::{key_path, toml_string};
 use settings::RawGeneral;
 pub use settings::{parse_host_port, parse_mode, General};
 use table::U32_RANGE;
@@ -348,15 +348,7 @@ impl Config {
                 "no such setting in [general]",
             ));
         };
-        let mut quoted = String::from("\"");
-        for c in value.chars() {
-            match c {
-                '"' | '\\' => quoted.extend(['\\', c]),
-                c if c.is_control() => quoted.push_str(&format!("\\u{:04X}", c as u32)),
-                c => quoted.push(c),
-            }
-        }
-        quoted.push('"');
+        let quoted = toml_string(value);
         let boolean = match value.to_ascii_lowercase().as_str() {
             "on" | "1" | "yes" | "true" => Some("true"),
             "off" | "0" | "no" | "false" => Some("false"),

@@ -98,24 +98,9 @@ fn comment(out: &mut String, text: &str) {
     }
 }
 
-/// `text` as a TOML basic string.
-pub fn string(text: &str) -> String {
-    let mut s = String::with_capacity(text.len() + 2);
-    s.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            '\n' => s.push_str("\\n"),
-            '\t' => s.push_str("\\t"),
-            '\r' => s.push_str("\\r"),
-            c if c.is_control() => s.push_str(&format!("\\u{:04X}", c as u32)),
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-    s
-}
+/// `text` as a TOML basic string (the configuration's own writer, which the console's SET
+/// uses too).
+pub use crate::config::toml_string as string;
 
 /// The text of a string written by [`string`].
 pub fn unstring(value: &str) -> String {

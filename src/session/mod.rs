@@ -190,7 +190,9 @@ fn log_end(app: &App, info: &ClientInfo, why: &str) {
         return;
     }
     // The wall clock as SHOW CLIENTS reads it (connect_secs is on the same clock).
-    let age = app.unix_secs(app.clock_us()).saturating_sub(info.connect_secs());
+    let age = app
+        .unix_secs(app.clock_us())
+        .saturating_sub(info.connect_secs());
     tracing::info!(
         client = %info.addr,
         "closing because: {why} (age={age}s) db={} user={}",
