@@ -250,16 +250,7 @@ fn set_setting(app: &App, key: &str, value: &str) -> Result<Reply, CommandError>
         .map_err(|e| failed(e.to_string()))?;
     let pending = app.reload(config).map_err(|e| failed(format!("{e:#}")))?;
     tracing::info!(key, value, "SET on the admin console");
-    let notices = pending
-        .into_iter()
-        .map(|p| {
-            let message = format!(
-                "parameter \"{}\" cannot be changed without restarting pgmemo: keeping {:?}",
-                p.key, p.running
-            );
-            (sqlstate::CANT_CHANGE_RUNTIME_PARAM, message)
-        })
-        .collect();
+    let notices = restart_notices(pending, false);
     Ok(Reply::Noticed(notices, format!("SET {key}={value}")))
 }
 
@@ -464,18 +455,29 @@ fn reload(app: &Arc<App>) -> Result<Reply, CommandError> {
             format!("RELOAD failed, keeping the old configuration: {e:#}"),
         )
     })?;
-    let notices = pending
-        .into_iter()
-        .map(|p| {
-            let message = format!(
-                "parameter \"{}\" cannot be changed without restarting pgmemo: keeping {:?} \
-                 (the file says {:?})",
-                p.key, p.running, p.pending
-            );
-            (sqlstate::CANT_CHANGE_RUNTIME_PARAM, message)
-        })
-        .collect();
-    Ok(Reply::Noticed(notices, "RELOAD".into()))
+    Ok(Reply::Noticed(
+        restart_notices(pending, true),
+        "RELOAD".into(),
+    ))
+}
+
+/// A NOTICE for each changed setting that keeps its running value until a restart (RELOAD,
+/// SET); with `from_file`, the file's value too.
+fn restart_notices(
+    pending: Vec<crate::config::PendingRestart>,
+    from_file: bool,
+) -> Vec<(&'static str, String)> {
+    let notice = |p: crate::config::PendingRestart| {
+        let mut message = format!(
+            "parameter \"{}\" cannot be changed without restarting pgmemo: keeping {:?}",
+            p.key, p.running
+        );
+        if from_file {
+            message.push_str(&format!(" (the file says {:?})", p.pending));
+        }
+        (sqlstate::CANT_CHANGE_RUNTIME_PARAM, message)
+    };
+    pending.into_iter().map(notice).collect()
 }
 
 /// Returns once `busy` holds for none of `pools`, looking every 20 ms (PAUSE, WAIT_CLOSE).
