@@ -306,15 +306,12 @@ fn address(fields: &[Field]) -> Result<(Option<(IpAddr, u8)>, usize), String> {
     let mask: IpAddr = mask
         .parse()
         .map_err(|_| format!("address {text} needs a /prefix or a mask after it"))?;
-    let ones = match mask {
-        IpAddr::V4(m) => u32::from(m).leading_ones(),
-        IpAddr::V6(m) => u128::from(m).leading_ones(),
+    // The mask's leading ones, and all its ones: a mask is contiguous when they are equal.
+    let (ones, all) = match mask {
+        IpAddr::V4(m) => (u32::from(m).leading_ones(), u32::from(m).count_ones()),
+        IpAddr::V6(m) => (u128::from(m).leading_ones(), u128::from(m).count_ones()),
     };
-    let contiguous = match mask {
-        IpAddr::V4(m) => u32::from(m).count_ones() == ones,
-        IpAddr::V6(m) => u128::from(m).count_ones() == ones,
-    };
-    if mask.is_ipv4() != addr.is_ipv4() || !contiguous {
+    if mask.is_ipv4() != addr.is_ipv4() || ones != all {
         return Err(format!("mask {mask} does not fit address {text}"));
     }
     Ok((Some((addr, ones as u8)), 5))
