@@ -254,6 +254,35 @@ async fn writes_through_pgmemo_invalidate() {
     let bumped = run(&mut writer, "SELECT bump(1)").await;
     assert!(!bumped.iter().any(|(t, _)| *t == b'E'));
     check(&mut reader, &mut direct, &all, "after SELECT bump(1)").await;
+    // The same function called by OID (the protocol's FunctionCall).
+    check(
+        &mut reader,
+        &mut direct,
+        &all,
+        "cached before the FunctionCall",
+    )
+    .await;
+    let oid = first_value(&run(&mut direct, "SELECT 'bump'::regproc::oid").await)
+        .and_then(|v| v.parse().ok())
+        .expect("bump's OID");
+    writer
+        .send(&[Frontend::FunctionCall {
+            function_oid: oid,
+            arg_formats: vec![],
+            args: vec![Some(b"1".to_vec())],
+            result_format: 0,
+        }])
+        .await
+        .unwrap();
+    let called = writer.recv_until_ready(1).await.unwrap();
+    assert!(called.iter().any(|m| m.tag == b'V'), "{called:?}");
+    check(
+        &mut reader,
+        &mut direct,
+        &all,
+        "after a FunctionCall of bump",
+    )
+    .await;
     // The extended protocol: Parse/Bind/Execute of an UPDATE.
     writer
         .send(&[

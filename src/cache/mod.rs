@@ -698,6 +698,12 @@ impl ResultCache {
         shape
     }
 
+    /// Notes a message whose writes are not known (a FunctionCall): all of the database's
+    /// results may change.
+    pub fn note_unknown_write(&self, client: &mut ClientCache) {
+        client.note(&FLUSH_DATABASE);
+    }
+
     /// Notes what executing a statement (bound by `bind`) may change.
     pub fn note_statement(
         &self,

@@ -105,6 +105,17 @@ impl Session {
                 }
                 Ok(false)
             }
+            fe::FUNCTION_CALL => {
+                // A function called by OID may write anything (what it is is not looked up).
+                let client = client_cache(
+                    &mut self.cache,
+                    self.state.enabled,
+                    &self.pool,
+                    in_server_block(&self.server),
+                );
+                self.app.cache.note_unknown_write(client);
+                Ok(false)
+            }
             fe::QUERY => {
                 // A malformed Query (no terminator) is left to the server, for its own error.
                 let Some(text_len) = query_text_len else {

@@ -179,7 +179,7 @@ impl Session {
     /// Whether the result cache is shown this message (and may answer it).
     #[inline]
     fn cache_may_answer(&mut self, tag: u8) -> bool {
-        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) || !self.caching() {
+        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND | fe::FUNCTION_CALL) || !self.caching() {
             return false;
         }
         if let Some(c) = self.cache.as_deref_mut() {
