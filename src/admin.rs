@@ -1406,6 +1406,7 @@ pub fn show_cache_rows(app: &App) -> Table {
             "value_fallbacks",
             "wal_updates_whole",
             "held_fills",
+            "wal_own_commits",
         ],
         rows: vec![vec![
             text(v.row_versions()),
@@ -1418,6 +1419,7 @@ pub fn show_cache_rows(app: &App) -> Table {
             text(f.value_fallbacks.load(Relaxed)),
             text(f.wal_updates_whole.load(Relaxed)),
             text(f.held_fills.load(Relaxed)),
+            text(app.cache.own_commits.skipped.load(Relaxed)),
         ]],
     }
 }

@@ -22,6 +22,7 @@ pub mod auto;
 pub mod catalog;
 pub mod columns;
 mod key;
+pub mod own_commits;
 pub mod rows;
 pub mod versions;
 
@@ -293,6 +294,8 @@ pub struct ResultCache {
     reading_writes: AtomicBool,
     /// Row-level invalidation's figures (SHOW CACHE).
     pub row_figures: RowFigures,
+    /// With WAL invalidation, the transactions through pgmemo bumped at their COMMIT.
+    pub own_commits: own_commits::OwnCommits,
 }
 
 /// How row-level invalidation went (SHOW CACHE).
@@ -421,6 +424,7 @@ impl ResultCache {
             admission,
             reading_writes: AtomicBool::new(false),
             row_figures: RowFigures::default(),
+            own_commits: Default::default(),
         };
         cache.reconfigure(config);
         cache
@@ -1946,6 +1950,8 @@ pub struct ClientCache {
     failed: bool,
     committed: bool,
     ended: u32,
+    /// The transaction ID asked for before the block's COMMIT (see [`own_commits`]).
+    xid: TransactionId,
     pub fill: Option<Fill>,
     /// What the last fill left for the next.
     spares: Spares,
@@ -1963,6 +1969,16 @@ pub struct ClientCache {
     hint: hint::Memo,
     /// The configuration and rules of [`ResultCache`]'s generation in the first field.
     settings: Option<(u64, Arc<CacheConfig>, Rules)>,
+}
+
+/// What a client's block learnt of its transaction ID (see [`own_commits`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum TransactionId {
+    #[default]
+    Unknown,
+    /// Asked, before the block's COMMIT.
+    Asked,
+    Known(u64),
 }
 
 /// The counters of each rule of the configuration, then the hints'.
@@ -2137,9 +2153,19 @@ impl ClientCache {
             be::COMMAND_COMPLETE if forwarded && body.starts_with(b"ROLLBACK") => {
                 self.failed = true
             }
+            be::DATA_ROW if self.xid == TransactionId::Asked => {
+                self.xid = match own_commits::xid_in_data_row(body) {
+                    Some(xid) => TransactionId::Known(xid),
+                    None => TransactionId::Unknown,
+                };
+            }
             be::COMMAND_COMPLETE if body.starts_with(b"COMMIT") => {
                 self.committed = true;
                 cache.apply(database, &self.pending, &self.pending_rows);
+                // Noted after the bump: the WAL's may be skipped only once this one is done.
+                if let TransactionId::Known(xid) = std::mem::take(&mut self.xid) {
+                    cache.own_commits.note(database, xid);
+                }
             }
             be::READY_FOR_QUERY => {
                 if body.first() == Some(&b'I') {
@@ -2155,10 +2181,26 @@ impl ClientCache {
                     self.failed = false;
                     self.committed = false;
                     self.ended = 0;
+                    self.xid = TransactionId::Unknown;
                 }
             }
             _ => {}
         }
+    }
+
+    /// Before a COMMIT of the client's block (with WAL invalidation): whether to ask the
+    /// server for the transaction's ID (see [`own_commits`]). Only for a block that wrote,
+    /// all of whose statements were seen, none of which failed; once.
+    pub fn asks_transaction_id(&mut self) -> bool {
+        if self.pending.is_empty()
+            || self.blind_block
+            || self.failed
+            || self.xid != TransactionId::Unknown
+        {
+            return false;
+        }
+        self.xid = TransactionId::Asked;
+        true
     }
 
     /// Nothing of a transaction block or a fill is open: the client could go on in another

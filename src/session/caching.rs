@@ -170,6 +170,45 @@ impl Session {
         }
     }
 
+    /// With WAL invalidation, before a simple-query `COMMIT` of a block that wrote (all of
+    /// it seen, nothing failed, nothing else in flight): asks the server for the
+    /// transaction's ID in the same write, so that its WAL need not bump again what its
+    /// COMMIT bumps (see [`crate::cache::own_commits`]). The question's replies are
+    /// swallowed; an error of it (which PostgreSQL does not give `txid_current_if_assigned()`
+    /// short of a cancel) reaches the client, whose COMMIT then rolls back as PostgreSQL's
+    /// would after an error.
+    #[inline]
+    pub(super) fn ask_transaction_id(&mut self, tag: u8, query_text_len: Option<usize>) {
+        if tag != fe::QUERY || !self.app.cache.follows_wal() {
+            return;
+        }
+        let (Some(text_len), Some(client), Some(server)) = (
+            query_text_len.filter(|&n| n <= 64),
+            self.cache.as_deref_mut().filter(|c| c.watching()),
+            self.server.as_mut(),
+        ) else {
+            return;
+        };
+        if server.status != b'T' || !self.replies.is_empty() {
+            return;
+        }
+        let text = fe::query_text_of(&self.client.rbuf, text_len);
+        if crate::query::block::read(text) != Some(crate::query::block::Control::Commit)
+            || !client.asks_transaction_id()
+        {
+            return;
+        }
+        fe::query(
+            &mut server.wbuf,
+            "SELECT pg_catalog.txid_current_if_assigned()",
+        );
+        self.replies.push_entry(crate::replies::Entry {
+            expected: crate::replies::Expected::Internal,
+            action: crate::replies::Action::Skip,
+            effect: None,
+        });
+    }
+
     /// With WAL invalidation, whether this client's database's stream is not caught up (the
     /// cache then neither answers nor stores); starts following the database at its first
     /// lookup.

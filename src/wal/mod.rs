@@ -558,6 +558,8 @@ struct Decoder {
     unnamed: HashSet<u32>,
     unnamed_tables: HashSet<(String, String)>,
     in_transaction: bool,
+    /// The open transaction's ID, as the WAL names it (see `cache::own_commits`).
+    xid: Option<u32>,
 }
 
 /// The most row slots one transaction keeps; beyond, its tables are bumped whole.
@@ -716,6 +718,20 @@ fn bump_rows(cache: &ResultCache, rows: &mut Vec<u32>) {
 }
 
 impl Decoder {
+    /// At its commit: whether the open transaction was made through pgmemo, which bumped
+    /// what it wrote at its COMMIT (see `cache::own_commits`). Its rows are then not bumped
+    /// again (its tables are left to the caller).
+    fn bumped_through_pgmemo(&mut self, cache: &ResultCache, database: &str) -> bool {
+        let own = self
+            .xid
+            .take()
+            .is_some_and(|xid| cache.own_commits.take(database, xid));
+        if own {
+            self.rows.clear();
+        }
+        own
+    }
+
     /// Applies one test_decoding line; returns the position it completes (a commit's, `at`).
     async fn apply_text(
         &mut self,
@@ -728,8 +744,9 @@ impl Decoder {
     ) -> Option<Lsn> {
         use test_decoding::Line;
         match line {
-            Line::Begin => {
+            Line::Begin { xid } => {
                 self.in_transaction = true;
+                self.xid = xid;
                 self.written_tables.clear();
                 self.unnamed_tables.clear();
                 self.rows.clear();
@@ -766,6 +783,9 @@ impl Decoder {
             }
             Line::Commit { timestamp } => {
                 self.in_transaction = false;
+                if self.bumped_through_pgmemo(cache, &follower.database) {
+                    self.written_tables.clear();
+                }
                 let written: Vec<_> = self.written_tables.drain().collect();
                 for table in written {
                     if !self.tables.contains_key(&table) {
@@ -804,8 +824,9 @@ impl Decoder {
         use pgoutput::Message;
         let database = &follower.database;
         match message {
-            Message::Begin { .. } => {
+            Message::Begin { xid, .. } => {
                 self.in_transaction = true;
+                self.xid = Some(xid);
                 self.written.clear();
                 self.unnamed.clear();
                 self.rows.clear();
@@ -872,6 +893,9 @@ impl Decoder {
                 end_lsn, timestamp, ..
             } => {
                 self.in_transaction = false;
+                if self.bumped_through_pgmemo(cache, database) {
+                    self.written.clear();
+                }
                 for id in self.written.drain() {
                     match self.relations.get(&id) {
                         Some((names, _)) => {

@@ -12,6 +12,8 @@ use super::Lsn;
 pub enum Message {
     Begin {
         final_lsn: Lsn,
+        /// The transaction's (top-level) ID.
+        xid: u32,
     },
     Commit {
         commit_lsn: Lsn,
@@ -141,9 +143,14 @@ pub fn decode(data: &[u8]) -> Result<Message, Malformed> {
     let mut r = Reader { data };
     let tag = r.u8("empty")?;
     Ok(match tag {
-        b'B' => Message::Begin {
-            final_lsn: Lsn(r.u64("Begin")?),
-        },
+        b'B' => {
+            let final_lsn = Lsn(r.u64("Begin")?);
+            let _timestamp = r.u64("Begin")?;
+            Message::Begin {
+                final_lsn,
+                xid: r.u32("Begin")?,
+            }
+        }
         b'C' => {
             let _flags = r.u8("Commit")?;
             Message::Commit {
@@ -225,7 +232,8 @@ mod tests {
         assert_eq!(
             decode(&begin),
             Ok(Message::Begin {
-                final_lsn: Lsn(0x10)
+                final_lsn: Lsn(0x10),
+                xid: 7
             })
         );
 

@@ -11,7 +11,10 @@
 /// One decoded line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Line {
-    Begin,
+    /// `xid`: the transaction's ID (`include-xids`), when readable.
+    Begin {
+        xid: Option<u32>,
+    },
     /// `timestamp`: microseconds since 2000-01-01 (`include-timestamp`), when readable.
     Commit {
         timestamp: Option<i64>,
@@ -43,12 +46,17 @@ pub type Row = Vec<(String, Option<Vec<u8>>)>;
 
 /// The options pgmemo starts the stream with.
 pub const OPTIONS: &str =
-    "(\"include-xids\" '0', \"include-timestamp\" '1', \"skip-empty-xacts\" '1')";
+    "(\"include-xids\" '1', \"include-timestamp\" '1', \"skip-empty-xacts\" '1')";
 
 pub fn decode(line: &[u8]) -> Line {
     let line = String::from_utf8_lossy(line);
-    if line == "BEGIN" || line.starts_with("BEGIN ") {
-        return Line::Begin;
+    if line == "BEGIN" {
+        return Line::Begin { xid: None };
+    }
+    if let Some(xid) = line.strip_prefix("BEGIN ") {
+        return Line::Begin {
+            xid: xid.parse().ok(),
+        };
     }
     if line == "COMMIT" || line.starts_with("COMMIT ") {
         let timestamp = line
@@ -248,8 +256,14 @@ mod tests {
 
     #[test]
     fn lines() {
-        assert_eq!(decode(b"BEGIN"), Line::Begin);
-        assert_eq!(decode(b"BEGIN 734"), Line::Begin);
+        assert_eq!(decode(b"BEGIN"), Line::Begin { xid: None });
+        assert_eq!(decode(b"BEGIN 734"), Line::Begin { xid: Some(734) });
+        assert_eq!(
+            decode(b"COMMIT 734 (at 2000-01-01 00:00:01.5+00)"),
+            Line::Commit {
+                timestamp: Some(1_500_000)
+            }
+        );
         assert_eq!(decode(b"COMMIT"), Line::Commit { timestamp: None });
         assert_eq!(
             decode(b"COMMIT (at 2000-01-01 00:00:01.5+00)"),
