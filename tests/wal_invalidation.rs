@@ -942,37 +942,48 @@ async fn a_block_through_pgmemo_is_bumped_once(db: &'static str, plugin: WalPlug
     }
     // A block's WAL may come before its COMMIT's reply (then it bumps as usual): one of a
     // few blocks is enough to see a skip.
-    let mut skips = 0;
-    for round in 0..5 {
-        same(&client, &direct, &reads, "before the block").await;
-        same(&client, &direct, &reads, "before the block, cached").await;
-        let skipped_before = skipped();
-        writer.batch_execute("BEGIN").await.unwrap();
-        writer
-            .batch_execute("UPDATE t SET v = v + 1 WHERE id = 1")
-            .await
-            .unwrap();
-        writer.batch_execute("COMMIT").await.unwrap();
-        // The COMMIT's bump: every read current at once (the trigger's table too).
-        same(&client, &direct, &reads, "after the block's COMMIT").await;
-        // Stored after the COMMIT (or answered, when the WAL came first).
-        cached(&proxy, &client, "t", "SELECT sum(v) FROM t").await;
-        wait_applied(&proxy, &direct, db).await;
-        if skipped() == skipped_before {
-            continue;
+    // The COMMIT as a simple query, then in the extended protocol (tokio-postgres' Parse,
+    // Describe, Sync, then Bind, Execute, Sync).
+    for extended in [false, true] {
+        let mut skips = 0;
+        for round in 0..5 {
+            same(&client, &direct, &reads, "before the block").await;
+            same(&client, &direct, &reads, "before the block, cached").await;
+            let skipped_before = skipped();
+            writer.batch_execute("BEGIN").await.unwrap();
+            writer
+                .batch_execute("UPDATE t SET v = v + 1 WHERE id = 1")
+                .await
+                .unwrap();
+            if extended {
+                writer.execute("COMMIT", &[]).await.unwrap();
+            } else {
+                writer.batch_execute("COMMIT").await.unwrap();
+            }
+            // The COMMIT's bump: every read current at once (the trigger's table too).
+            same(&client, &direct, &reads, "after the block's COMMIT").await;
+            // Stored after the COMMIT (or answered, when the WAL came first).
+            cached(&proxy, &client, "t", "SELECT sum(v) FROM t").await;
+            wait_applied(&proxy, &direct, db).await;
+            if skipped() == skipped_before {
+                continue;
+            }
+            // The WAL bumped nothing: what was stored after the COMMIT is still a hit.
+            let before = hits(&proxy, "t");
+            value(&client, "SELECT sum(v) FROM t").await;
+            assert_eq!(
+                hits(&proxy, "t"),
+                before + 1,
+                "round {round} (extended: {extended}): after the WAL"
+            );
+            same(&client, &direct, &reads, "after its WAL").await;
+            skips += 1;
         }
-        // The WAL bumped nothing: what was stored after the COMMIT is still a hit.
-        let before = hits(&proxy, "t");
-        value(&client, "SELECT sum(v) FROM t").await;
-        assert_eq!(
-            hits(&proxy, "t"),
-            before + 1,
-            "round {round}: after the WAL"
+        assert!(
+            skips >= 1,
+            "no block's WAL was skipped (extended: {extended})"
         );
-        same(&client, &direct, &reads, "after its WAL").await;
-        skips += 1;
     }
-    assert!(skips >= 1, "no block's WAL was skipped");
 
     // Outside a block, through pgmemo, and directly: the WAL bumps.
     let skipped_now = skipped();
@@ -991,6 +1002,46 @@ async fn a_block_through_pgmemo_is_bumped_once(db: &'static str, plugin: WalPlug
     wait_applied(&proxy, &direct, db).await;
     same(&client, &direct, &reads, "after a write outside a block").await;
     assert_eq!(skipped(), skipped_now, "only blocks are skipped");
+
+    // The question is not seen: a block's replies are PostgreSQL's, byte for byte (a
+    // COMMIT in either protocol, and one after an error).
+    use common::raw::{Frontend, RawClient};
+    let commit_extended = [
+        Frontend::parse("", "COMMIT", &[]),
+        Frontend::bind("", "", &[]),
+        Frontend::execute("", 0),
+        Frontend::Sync,
+    ];
+    let blocks: [&[Frontend]; 4] = [
+        &[Frontend::query("COMMIT")],
+        &commit_extended,
+        &[Frontend::query("END;")],
+        &[Frontend::query("SELECT 1/0"), Frontend::query("COMMIT")],
+    ];
+    for (i, end) in blocks.iter().enumerate() {
+        let mut transcripts = Vec::new();
+        for addr in [cluster().addr(), proxy.local_addr()] {
+            let mut raw = RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+                .await
+                .unwrap();
+            let begin = [
+                Frontend::query("BEGIN"),
+                Frontend::query("UPDATE t SET v = v + 1 WHERE id = 5"),
+            ];
+            raw.send(&begin).await.unwrap();
+            let mut replies = raw.recv_until_ready(2).await.unwrap();
+            raw.send(end).await.unwrap();
+            let readies = end
+                .iter()
+                .filter(|m| matches!(m, Frontend::Query(_) | Frontend::Sync))
+                .count();
+            replies.extend(raw.recv_until_ready(readies).await.unwrap());
+            transcripts.push(replies);
+        }
+        assert_eq!(transcripts[0], transcripts[1], "block {i}");
+    }
+    wait_applied(&proxy, &direct, db).await;
+    assert!(skipped() > skipped_now, "the blocks' WAL were skipped");
     proxy.shutdown().await;
 }
 

@@ -170,20 +170,25 @@ impl Session {
         }
     }
 
-    /// With WAL invalidation, before a simple-query `COMMIT` of a block that wrote (all of
-    /// it seen, nothing failed, nothing else in flight): asks the server for the
-    /// transaction's ID in the same write, so that its WAL need not bump again what its
-    /// COMMIT bumps (see [`crate::cache::own_commits`]). The question's replies are
-    /// swallowed; an error of it (which PostgreSQL does not give `txid_current_if_assigned()`
-    /// short of a cancel) reaches the client, whose COMMIT then rolls back as PostgreSQL's
-    /// would after an error.
+    /// With WAL invalidation, before a `COMMIT` of a block that wrote (all of it seen,
+    /// nothing failed, nothing else in flight): asks the server for the transaction's ID in
+    /// the same write, so that its WAL need not bump again what its COMMIT bumps (see
+    /// [`crate::cache::own_commits`]). The `COMMIT` is a Query, or the Parse or Bind that
+    /// begins an extended-protocol one (JDBC's, tokio-postgres'). The question is a simple
+    /// query sent ahead of it, its replies swallowed; an error of it (which PostgreSQL does
+    /// not give `txid_current_if_assigned()` short of a cancel) reaches the client, whose
+    /// COMMIT then rolls back as PostgreSQL's would after an error.
     #[inline]
-    pub(super) fn ask_transaction_id(&mut self, tag: u8, query_text_len: Option<usize>) {
-        if tag != fe::QUERY || !self.app.cache.follows_wal() {
+    pub(super) fn ask_transaction_id(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+    ) {
+        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) || !self.app.cache.follows_wal() {
             return;
         }
-        let (Some(text_len), Some(client), Some(server)) = (
-            query_text_len.filter(|&n| n <= 64),
+        let (Some(client), Some(server)) = (
             self.cache.as_deref_mut().filter(|c| c.watching()),
             self.server.as_mut(),
         ) else {
@@ -192,10 +197,19 @@ impl Session {
         if server.status != b'T' || !self.replies.is_empty() {
             return;
         }
-        let text = fe::query_text_of(&self.client.rbuf, text_len);
-        if crate::query::block::read(text) != Some(crate::query::block::Control::Commit)
-            || !client.asks_transaction_id()
-        {
+        let message = &self.client.rbuf[..len];
+        let text = match tag {
+            fe::QUERY => query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
+            fe::PARSE => fe::Parse::parse(crate::protocol::body(message)).map(|p| p.query),
+            _ => fe::Bind::parse(crate::protocol::body(message))
+                .and_then(|b| self.plan.stmts.as_ref()?.get(b.statement))
+                .map(|statement| &statement.key.query[..]),
+        };
+        let is_commit = text.is_some_and(|text| {
+            text.len() <= 64
+                && crate::query::block::read(text) == Some(crate::query::block::Control::Commit)
+        });
+        if !is_commit || !client.asks_transaction_id() {
             return;
         }
         fe::query(

@@ -96,7 +96,7 @@ impl Session {
             if acquire && !self.acquire_server_at_once() {
                 self.acquire_server().await?;
             }
-            self.ask_transaction_id(tag, query_text_len);
+            self.ask_transaction_id(tag, len, query_text_len);
             let autoprepare = self.autoprepare_for(tag);
             let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);
