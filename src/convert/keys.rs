@@ -151,7 +151,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("so_reuseport", Not("pgmemo runs as one process; general.workers adds threads")),
     ("stats_period", To("general.stats_period", Seconds(Zero::Refused("pgmemo's stats_period must be above 0")))),
     ("stats_users", Special("general.stats_users (users with a password only)")),
-    ("suspend_timeout", Not("pgmemo has no SUSPEND or online restart")),
+    ("suspend_timeout", Not("pgmemo has no SUSPEND: its online restart (--takeover, as PgBouncer's -R) hands idle clients over and lets the old process finish running transactions within shutdown_timeout")),
     ("syslog", Not(LOGS)),
     ("syslog_facility", Not(LOGS)),
     ("syslog_ident", Not(LOGS)),
