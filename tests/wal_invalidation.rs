@@ -1054,3 +1054,59 @@ async fn a_block_through_pgmemo_is_bumped_once_test_decoding() {
 async fn a_block_through_pgmemo_is_bumped_once_pgoutput() {
     a_block_through_pgmemo_is_bumped_once("wal_own_po", WalPlugin::Pgoutput).await;
 }
+
+/// A server that refuses the question (`txid_current_if_assigned()` revoked from the
+/// client's role): that block's COMMIT fails with PostgreSQL's error and rolls back, as
+/// after any error in a block, and pgmemo asks no more: the next blocks commit, their WAL
+/// bumped as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_question_is_not_asked_again() {
+    const DB: &str = "wal_own_refused";
+    setup(
+        DB,
+        "CREATE TABLE t (id int PRIMARY KEY, v int);
+         INSERT INTO t VALUES (1, 0);
+         GRANT SELECT, UPDATE ON t TO scram_user;
+         REVOKE EXECUTE ON FUNCTION txid_current_if_assigned() FROM PUBLIC;",
+    )
+    .await;
+    // Served as `refused`, whose pool logs into the server as scram_user.
+    let mut config = wal_config(vec![rule("t", "FROM t")]);
+    config.databases.insert(
+        "refused".into(),
+        pgmemo::config::DatabaseConfig {
+            dbname: Some(DB.into()),
+            user: Some(SCRAM_USER.into()),
+            password: Some(SCRAM_PASS.into()),
+            ..Default::default()
+        },
+    );
+    // The stream logs in as pgmemo's own role (scram_user may not replicate).
+    config.cache.replication_user = Some(PGMEMO_USER.into());
+    config.cache.replication_password = Some(PGMEMO_PASS.into());
+    let proxy = start_pgmemo(config).await;
+    let client = connect(&proxy_db_url(&proxy, "refused")).await;
+    let direct = connect(&direct_db_url(DB)).await;
+    value(&client, "SELECT v FROM t").await;
+    wait_ready(&proxy, DB).await;
+    let block = |v: i32| format!("UPDATE t SET v = {v} WHERE id = 1");
+    client.batch_execute("BEGIN").await.unwrap();
+    client.batch_execute(&block(1)).await.unwrap();
+    let refused = client.batch_execute("COMMIT").await.unwrap_err();
+    assert_eq!(
+        refused.as_db_error().map(|e| e.code().code()),
+        Some("42501"),
+        "{refused}"
+    );
+    assert_eq!(value(&client, "SELECT v FROM t").await, "0", "rolled back");
+    for v in [2, 3] {
+        client.batch_execute("BEGIN").await.unwrap();
+        client.batch_execute(&block(v)).await.unwrap();
+        client.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(value(&client, "SELECT v FROM t").await, v.to_string());
+    }
+    wait_applied(&proxy, &direct, DB).await;
+    assert_eq!(value(&client, "SELECT v FROM t").await, "3");
+    assert_eq!(proxy.app().cache.own_commits.skipped.load(Relaxed), 0);
+    proxy.shutdown().await;
+}

@@ -2149,7 +2149,18 @@ impl ClientCache {
             return;
         }
         match tag {
-            be::ERROR_RESPONSE if forwarded => self.failed = true,
+            be::ERROR_RESPONSE if forwarded => {
+                self.failed = true;
+                if self.xid == TransactionId::Asked {
+                    // The question failed (the block with it): never asked again when the
+                    // server refuses the function itself.
+                    self.xid = TransactionId::Unknown;
+                    let code = be::ErrorFields::parse(body).map(|f| f.code);
+                    if matches!(code.as_deref(), Some("42501" | "42883")) {
+                        cache.own_commits.refused();
+                    }
+                }
+            }
             be::COMMAND_COMPLETE if forwarded && body.starts_with(b"ROLLBACK") => {
                 self.failed = true
             }

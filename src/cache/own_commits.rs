@@ -18,7 +18,7 @@
 //! taken: it costs only its memory, bounded here, and is not taken after [`MAX_AGE`] (the
 //! WAL names a transaction by the low 32 bits of its ID, which come round again).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Notes kept at most; past it all are dropped (a dropped note only means one more bump).
@@ -33,6 +33,9 @@ pub struct OwnCommits {
     notes: papaya::HashMap<(Box<str>, u32), Instant, foldhash::fast::RandomState>,
     /// Transactions whose WAL bumped nothing (SHOW CACHE's `wal_own_commits`).
     pub skipped: AtomicU64,
+    /// A server refused the question (`txid_current_if_assigned()` revoked or missing): it
+    /// is not asked again (the refusal failed a client's block).
+    refused: AtomicBool,
 }
 
 impl OwnCommits {
@@ -44,6 +47,22 @@ impl OwnCommits {
             notes.clear();
         }
         notes.insert((database.into(), xid as u32), Instant::now());
+    }
+
+    /// Whether a block's COMMIT may be preceded by the question.
+    #[inline]
+    pub fn asks(&self) -> bool {
+        !self.refused.load(Relaxed)
+    }
+
+    /// A server refused the question.
+    pub fn refused(&self) {
+        if !self.refused.swap(true, Relaxed) {
+            tracing::warn!(
+                "WAL invalidation: the server refused txid_current_if_assigned(); writes \
+                 through pgmemo are bumped again by their WAL from now on"
+            );
+        }
     }
 
     /// Whether the WAL's transaction `xid` of `database` was noted (the note is taken).

@@ -185,7 +185,10 @@ impl Session {
         len: usize,
         query_text_len: Option<usize>,
     ) {
-        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND) || !self.app.cache.follows_wal() {
+        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND)
+            || !self.app.cache.follows_wal()
+            || !self.app.cache.own_commits.asks()
+        {
             return;
         }
         let (Some(client), Some(server)) = (
