@@ -2349,3 +2349,36 @@ async fn pgjdbc_blocks_of_hits_take_no_server() {
         "the measured blocks took no server"
     );
 }
+
+/// A block that wrote while the cache was off (a RELOAD turned it off, another back on
+/// before its COMMIT): what it wrote unseen is invalidated at its end all the same (the
+/// database's results), not served stale to the clients that read it meanwhile.
+#[tokio::test]
+async fn writes_made_while_the_cache_was_off_are_invalidated() {
+    const DB: &str = "cache_off_block";
+    setup(
+        DB,
+        "CREATE TABLE kv (k int PRIMARY KEY, v int); INSERT INTO kv VALUES (1, 0), (2, 0);
+         CREATE TABLE other (v int);",
+    )
+    .await;
+    let on = || cache_config(PoolMode::Transaction, 2, vec![rule("kv", "FROM kv")]);
+    let proxy = start_pgmemo(on()).await;
+    let mut writer = raw_proxy(&proxy, DB).await;
+    let mut reader = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    let read = "SELECT v FROM kv WHERE k = 1";
+    run(&mut writer, "BEGIN").await;
+    run(&mut writer, "INSERT INTO other VALUES (1)").await;
+    let mut off = on();
+    off.cache.enabled = false;
+    proxy.reload_with(off).expect("reload");
+    run(&mut writer, "UPDATE kv SET v = 1 WHERE k = 1").await;
+    proxy.reload_with(on()).expect("reload");
+    // Stored meanwhile: the write is not committed yet.
+    run(&mut reader, read).await;
+    run(&mut reader, read).await;
+    assert!(stats(&proxy, "kv").0 >= 1, "the read was cached");
+    run(&mut writer, "COMMIT").await;
+    assert_eq!(run(&mut reader, read).await, run(&mut direct, read).await);
+}

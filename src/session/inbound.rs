@@ -180,7 +180,16 @@ impl Session {
     /// Whether the result cache is shown this message (and may answer it).
     #[inline]
     fn cache_may_answer(&mut self, tag: u8) -> bool {
-        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND | fe::FUNCTION_CALL) || !self.caching() {
+        if !matches!(tag, fe::QUERY | fe::PARSE | fe::BIND | fe::FUNCTION_CALL) {
+            return false;
+        }
+        if !self.caching() {
+            // Off (a RELOAD) for a client it followed before: what runs unseen may write
+            // anything, bumped when the transaction ends, which may be after the cache is on
+            // again.
+            if let Some(c) = self.cache.as_deref_mut().filter(|_| tag != fe::PARSE) {
+                self.app.cache.note_unknown_write(c);
+            }
             return false;
         }
         if let Some(c) = self.cache.as_deref_mut() {
