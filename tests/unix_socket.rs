@@ -263,3 +263,77 @@ async fn an_hba_local_line_decides_for_the_unix_socket() {
     .await;
     assert!(tcp.simple_query("SELECT 1").await.is_ok());
 }
+
+/// `peer` on a local line: a client whose operating-system user is the user it logs in as
+/// gets in without a password; another gets PostgreSQL's refusal. The names of a line may
+/// come from an `@file` next to the HBA file.
+#[tokio::test]
+async fn peer_lets_in_the_socket_users_own_name() {
+    let dir = socket_dir("peer");
+    let os_user = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap();
+    assert!(!os_user.is_empty() && os_user != PGMEMO_USER);
+    std::fs::write(dir.0.join("databases"), "peerdb\npostgres\n").unwrap();
+    let hba = dir.0.join("hba.conf");
+    std::fs::write(&hba, "local @databases all peer\n").unwrap();
+    let port = free_port();
+    let mut config = unix_config(&dir.0, port);
+    config.general.auth_type = pgmemo::config::AuthType::Hba;
+    config.general.auth_hba_file = Some(hba);
+    // The OS user is a pgmemo user, served by a database that logs into the server as
+    // pgmemo's own role.
+    config.users.insert(
+        PGMEMO_USER.into(),
+        pgmemo::config::UserConfig {
+            password: Some(PGMEMO_PASS.into()),
+            ..Default::default()
+        },
+    );
+    config.users.insert(
+        os_user.clone(),
+        pgmemo::config::UserConfig {
+            password: Some("unused".into()),
+            ..Default::default()
+        },
+    );
+    config.databases.insert(
+        "peerdb".into(),
+        pgmemo::config::DatabaseConfig {
+            dbname: Some("postgres".into()),
+            user: Some(PGMEMO_USER.into()),
+            password: Some(PGMEMO_PASS.into()),
+            ..Default::default()
+        },
+    );
+    config.read_auth_file().unwrap();
+    let _proxy = start_pgmemo(config).await;
+    let psql_as = |user: String| {
+        let dir = dir.0.clone();
+        async move {
+            let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
+                .args(["-X", "-At", "-h"])
+                .arg(&dir)
+                .args(["-p", &port.to_string(), "-U", &user, "-d", "peerdb"])
+                .args(["-c", "SELECT current_user"])
+                .env_remove("PGPASSWORD")
+                .output()
+                .await
+                .unwrap();
+            match out.status.success() {
+                true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+                false => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+            }
+        }
+    };
+    assert_eq!(psql_as(os_user.clone()).await.unwrap(), PGMEMO_USER);
+    let refused = psql_as(PGMEMO_USER.into()).await.unwrap_err();
+    assert!(
+        refused.ends_with(&format!(
+            "FATAL:  Peer authentication failed for user \"{PGMEMO_USER}\""
+        )),
+        "{refused}"
+    );
+}

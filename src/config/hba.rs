@@ -5,18 +5,22 @@
 //!
 //! - kinds: `local` (the Unix socket), `host`, `hostssl`, `hostnossl`;
 //! - databases: `all`, `sameuser`, `replication` (pgmemo serves no replication connection, so
-//!   it matches none), names, comma-separated, `"quoted"` (a quoted keyword is a name);
-//! - users: `all`, names;
+//!   it matches none), names, comma-separated, `"quoted"` (a quoted keyword is a name),
+//!   `@file` (the names in that file, relative to the HBA file's directory);
+//! - users: `all`, names, `@file`;
 //! - addresses: `all`, an IPv4 or IPv6 address with a `/prefix`, or an address and a mask in
 //!   two fields;
 //! - methods: `trust`, `reject`, `md5`, `scram-sha-256` (what `auth_type` offers, as
-//!   PgBouncer); `md5` means SCRAM for a user whose secret is a SCRAM verifier, as everywhere.
+//!   PgBouncer); `md5` means SCRAM for a user whose secret is a SCRAM verifier, as everywhere;
+//!   `peer` on `local` lines: the operating-system user of the socket's peer must be the user
+//!   it logs in as (no ident maps).
 //!
 //! What pgmemo cannot honour is refused when the file is read, with its line, rather than
-//! skipped (a skipped `reject` line would let in whom it was written to keep out): `@file`
-//! lists, `+group`, `samerole`, `samehost`, `samenet`, host names, and the methods pgmemo
-//! does not have (`password`, `peer`, `cert`, `ldap`, `pam`, ...). The file is read with the
-//! configuration, so RELOAD and SIGHUP read it again.
+//! skipped (a skipped `reject` line would let in whom it was written to keep out): an `@file`
+//! inside an `@file`, `+group`, `samerole`, `samehost`, `samenet`, host names, `peer` on a
+//! `host` line, and the methods pgmemo does not have (`password`, `cert`, `ldap`, `pam`, ...).
+//! The file (and its `@file` lists) is read with the configuration, so RELOAD and SIGHUP read
+//! it again.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -30,6 +34,9 @@ pub enum HbaMethod {
     Reject,
     Md5,
     ScramSha256,
+    /// The client's operating-system user (of the Unix socket's peer) must be the user it
+    /// logs in as.
+    Peer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +90,7 @@ impl Hba {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::invalid(key, format!("cannot read {}: {e}", path.display()))
         })?;
-        let mut hba = Hba::parse(&text).map_err(|(line, message)| {
+        let mut hba = Hba::parse_in(&text, path.parent()).map_err(|(line, message)| {
             ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
         })?;
         hba.path = Some(path.to_owned());
@@ -91,14 +98,21 @@ impl Hba {
     }
 
     /// The rules of `text`; the first line that cannot be honoured, with what is wrong.
+    /// `@file` lists are read relative to the working directory.
     pub fn parse(text: &str) -> Result<Hba, (usize, String)> {
+        Hba::parse_in(text, Some(Path::new("")))
+    }
+
+    /// [`Hba::parse`], `@file` lists read relative to `dir` (the HBA file's).
+    fn parse_in(text: &str, dir: Option<&Path>) -> Result<Hba, (usize, String)> {
+        let dir = dir.or(Some(Path::new("")));
         let mut rules = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let fields = fields(line).map_err(|m| (i + 1, m))?;
             if fields.is_empty() {
                 continue;
             }
-            rules.push(rule(i + 1, &fields).map_err(|m| (i + 1, m))?);
+            rules.push(rule(i + 1, &fields, dir).map_err(|m| (i + 1, m))?);
         }
         Ok(Hba { path: None, rules })
     }
@@ -208,8 +222,67 @@ fn fields(line: &str) -> Result<Vec<Field>, String> {
     Ok(out)
 }
 
-/// One rule from a line's fields.
-fn rule(line: usize, fields: &[Field]) -> Result<Rule, String> {
+/// The names of a database or user field (`keywords`: the words that are not names there);
+/// an `@file` element is read from `dir` (None: `@file` lists are not read, as in one).
+fn names(
+    elements: &Field,
+    what: &str,
+    keywords: &[&str],
+    dir: Option<&Path>,
+) -> Result<Vec<Name>, String> {
+    let mut names = Vec::new();
+    for (part, quoted) in elements {
+        let name = match (*quoted, part.as_str()) {
+            (false, "all") if keywords.contains(&"all") => Name::All,
+            (false, "sameuser") if keywords.contains(&"sameuser") => Name::SameUser,
+            (false, "replication") if keywords.contains(&"replication") => Name::Replication,
+            (false, p @ ("samerole" | "samegroup")) => {
+                return Err(format!(
+                    "{p} is not supported (pgmemo does not know roles' groups)"
+                ))
+            }
+            (false, p) if p.starts_with('@') => {
+                let Some(dir) = dir else {
+                    return Err(format!("{p}: an @file list cannot name another"));
+                };
+                names.extend(names_file(&dir.join(&p[1..]), what, keywords)?);
+                continue;
+            }
+            (false, p) if p.starts_with('+') => {
+                return Err(format!("{p}: +group is not supported"))
+            }
+            (_, "") => return Err(format!("an empty {what} name")),
+            (_, p) => Name::Named(p.to_owned()),
+        };
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// The names an `@file` element stands for: the file's names, separated by spaces, commas
+/// or lines (`#` comments, `"quoted"` names), as PostgreSQL and PgBouncer read it.
+fn names_file(path: &Path, what: &str, keywords: &[&str]) -> Result<Vec<Name>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the {what} list {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let at = |m: String| format!("{}, line {}: {m}", path.display(), i + 1);
+        for field in fields(line).map_err(at)? {
+            let elements: Field = field
+                .into_iter()
+                .filter(|(t, q)| *q || !t.is_empty())
+                .collect();
+            out.extend(names(&elements, what, keywords, None).map_err(at)?);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("the {what} list {} names no one", path.display()));
+    }
+    Ok(out)
+}
+
+/// One rule from a line's fields; `@file` lists are read from `dir`.
+fn rule(line: usize, fields: &[Field], dir: Option<&Path>) -> Result<Rule, String> {
     // A field that is not a list: its text (a comma in it kept).
     let word = |i: usize| fields.get(i).map(join);
     let kind = match word(0).as_deref() {
@@ -226,29 +299,7 @@ fn rule(line: usize, fields: &[Field]) -> Result<Rule, String> {
     };
     let list = |i: usize, what: &str, keywords: &[&str]| -> Result<Vec<Name>, String> {
         let elements = fields.get(i).ok_or(format!("no {what} field"))?;
-        let mut names = Vec::new();
-        for (part, quoted) in elements {
-            let name = match (*quoted, part.as_str()) {
-                (false, "all") if keywords.contains(&"all") => Name::All,
-                (false, "sameuser") if keywords.contains(&"sameuser") => Name::SameUser,
-                (false, "replication") if keywords.contains(&"replication") => Name::Replication,
-                (false, p @ ("samerole" | "samegroup")) => {
-                    return Err(format!(
-                        "{p} is not supported (pgmemo does not know roles' groups)"
-                    ))
-                }
-                (false, p) if p.starts_with('@') => {
-                    return Err(format!("{p}: @file lists are not supported"))
-                }
-                (false, p) if p.starts_with('+') => {
-                    return Err(format!("{p}: +group is not supported"))
-                }
-                (_, "") => return Err(format!("an empty {what} name")),
-                (_, p) => Name::Named(p.to_owned()),
-            };
-            names.push(name);
-        }
-        Ok(names)
+        names(elements, what, keywords, dir)
     };
     let databases = list(1, "database", &["all", "sameuser", "replication"])?;
     let users = list(2, "user", &["all"])?;
@@ -261,10 +312,14 @@ fn rule(line: usize, fields: &[Field]) -> Result<Rule, String> {
         Some("reject") => HbaMethod::Reject,
         Some("md5") => HbaMethod::Md5,
         Some("scram-sha-256") => HbaMethod::ScramSha256,
+        Some("peer") if kind == Kind::Local => HbaMethod::Peer,
+        Some("peer") => {
+            return Err("method \"peer\" is for local lines only (the Unix socket)".into())
+        }
         Some(other) => {
             return Err(format!(
-                "method {other:?} is not supported: pgmemo has trust, reject, md5 and \
-                 scram-sha-256"
+                "method {other:?} is not supported: pgmemo has trust, reject, md5, \
+                 scram-sha-256 and peer"
             ))
         }
         None => return Err("no authentication method".into()),
@@ -389,12 +444,45 @@ mod tests {
     }
 
     #[test]
+    fn at_file_lists_are_read_next_to_the_hba_file() {
+        let dir = std::env::temp_dir().join(format!("pgmemo-hba-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("dbs"), "app, \"all\"  # the apps\nreports\n").unwrap();
+        std::fs::write(dir.join("nested"), "@dbs\n").unwrap();
+        std::fs::write(
+            dir.join("hba.conf"),
+            "host @dbs all all md5\nlocal all all peer\nhost all all all reject\n",
+        )
+        .unwrap();
+        let hba = Hba::load(&dir.join("hba.conf")).unwrap();
+        let method = |d| hba.method(tcp("10.0.0.1", false), d, "u").map(|(m, _)| m);
+        assert_eq!(method("app"), Some(HbaMethod::Md5));
+        assert_eq!(method("reports"), Some(HbaMethod::Md5));
+        assert_eq!(method("all"), Some(HbaMethod::Md5));
+        assert_eq!(method("other"), Some(HbaMethod::Reject));
+        assert_eq!(
+            hba.method(Arrival::Local, "app", "u").map(|(m, _)| m),
+            Some(HbaMethod::Peer)
+        );
+        std::fs::write(dir.join("hba.conf"), "host @nested all all md5\n").unwrap();
+        let nested = Hba::load(&dir.join("hba.conf")).unwrap_err().to_string();
+        assert!(
+            nested.contains("line 1") && nested.contains("cannot name another"),
+            "{nested}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn what_pgmemo_cannot_honour_is_refused_with_its_line() {
         for (text, says) in [
-            ("local all all peer", "method \"peer\""),
+            ("host all all all peer", "local lines only"),
             ("host all all 10.0.0.0/8 password", "method \"password\""),
             ("host all +admins all md5", "+group"),
-            ("host @dbs all all md5", "@file"),
+            (
+                "host @no_such_file all all md5",
+                "cannot read the database list",
+            ),
             ("host samerole all all md5", "samerole"),
             ("host all all samenet md5", "samenet"),
             ("host all all db.example.com md5", "host names"),

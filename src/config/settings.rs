@@ -48,7 +48,8 @@ settings! {
     auth_file: Option<PathBuf> = None, Live;
     /// With `auth_type = "hba"`: the file (PostgreSQL's `pg_hba.conf` format, as PgBouncer
     /// reads it) whose first matching line gives each connection its method: `local`, `host`,
-    /// `hostssl`, `hostnossl`; `trust`, `reject`, `md5`, `scram-sha-256`. Read again on
+    /// `hostssl`, `hostnossl`; `trust`, `reject`, `md5`, `scram-sha-256`, `peer` (local lines);
+    /// `@file` name lists. Read again on
     /// RELOAD. Relative paths are relative to the config file.
     auth_hba_file: Option<PathBuf> = None, Live;
     /// The role whose server connection looks up, with `auth_query`, the secret of a client

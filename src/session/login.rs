@@ -492,6 +492,48 @@ fn hba_method(
         HbaMethod::Md5 => Ok(AuthType::Md5),
         HbaMethod::ScramSha256 => Ok(AuthType::ScramSha256),
         HbaMethod::Reject => Err(format!("pg_hba.conf rejects connection for {who}")),
+        HbaMethod::Peer => {
+            // (Peer lines are local lines: the stream is the Unix socket's.)
+            let os_user = match stream {
+                Stream::Unix(unix) => unix.peer_cred().ok().and_then(|c| os_user_name(c.uid())),
+                _ => None,
+            };
+            if os_user.as_deref() == Some(user) {
+                return Ok(AuthType::Trust);
+            }
+            tracing::info!(
+                user,
+                os_user = os_user.as_deref().unwrap_or("(unknown)"),
+                "peer authentication: the client's operating-system user is not the user it \
+                 logs in as"
+            );
+            Err(format!("Peer authentication failed for user \"{user}\""))
+        }
+    }
+}
+
+/// The name of the operating-system user `uid` (None: no such user).
+fn os_user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `getpwuid_r` writes only into `pwd` and `buf` (whose length it is told) and sets
+    // `found` to `&mut pwd` or null; `pw_name` then points into `buf`, read before `buf` goes.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        );
+        if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(pwd.pw_name)
+            .to_str()
+            .ok()
+            .map(str::to_owned)
     }
 }
 
