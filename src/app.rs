@@ -567,7 +567,12 @@ impl App {
         let cfg = self.config.load();
         let g = &cfg.general;
         let acceptor = match (&g.tls_cert_file, &g.tls_key_file) {
-            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor(cert, key)?)),
+            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor(
+                cert,
+                key,
+                g.tls_ca_file.as_deref(),
+                g.client_tls.requires_certificate(),
+            )?)),
             _ => None,
         };
         let connector =

@@ -33,10 +33,17 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Builds the acceptor for client connections from a PEM certificate chain (leaf first) and
-/// a PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC). Client certificates are not requested.
+/// a PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC). With `client_ca` (`tls_ca_file`), each
+/// client is asked for a certificate that chains to one of its certificates (a client
+/// without one is let through unless `require_certificate`); without, none is asked.
 ///
 /// Errors name the file and the config option it came from.
-pub fn load_acceptor(cert_file: &Path, key_file: &Path) -> anyhow::Result<TlsAcceptor> {
+pub fn load_acceptor(
+    cert_file: &Path,
+    key_file: &Path,
+    client_ca: Option<&Path>,
+    require_certificate: bool,
+) -> anyhow::Result<TlsAcceptor> {
     let certs = read_certs(cert_file).with_context(|| cert_context(cert_file))?;
     if certs.is_empty() {
         anyhow::bail!("{}: no certificate found", cert_context(cert_file));
@@ -44,18 +51,51 @@ pub fn load_acceptor(cert_file: &Path, key_file: &Path) -> anyhow::Result<TlsAcc
     let key = read_key(key_file)
         .with_context(|| key_context(key_file))?
         .ok_or_else(|| anyhow::anyhow!("{}: no private key found", key_context(key_file)))?;
-    let config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .with_context(|| {
-            format!(
-                "{} and {} do not form a usable certificate and key",
-                cert_context(cert_file),
-                key_context(key_file)
-            )
-        })?;
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let context = || format!("tls_ca_file {}", ca.display());
+            let mut roots = RootCertStore::empty();
+            for cert in read_certs(ca).with_context(context)? {
+                roots.add(cert).with_context(context)?;
+            }
+            if roots.is_empty() {
+                anyhow::bail!("{}: no certificate found", context());
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
+            );
+            let verifier = match require_certificate {
+                true => verifier,
+                false => verifier.allow_unauthenticated(),
+            };
+            builder.with_client_cert_verifier(verifier.build().with_context(context)?)
+        }
+    };
+    let config = builder.with_single_cert(certs, key).with_context(|| {
+        format!(
+            "{} and {} do not form a usable certificate and key",
+            cert_context(cert_file),
+            key_context(key_file)
+        )
+    })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The Common Name of the certificate a TLS client presented (checked against
+/// `tls_ca_file` by the handshake, or the client would not be here); None for a client
+/// without one, or one whose name is not text.
+pub fn client_certificate_name(stream: &Stream) -> Option<String> {
+    let Stream::ServerTls(tls) = stream else {
+        return None;
+    };
+    let leaf = tls.get_ref().1.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    let name = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(name.to_owned())
 }
 
 fn cert_context(path: &Path) -> String {
@@ -326,7 +366,7 @@ mod tests {
     async fn require_mode_handshakes_and_carries_bytes() {
         let dir = TempDir::new("require");
         let (cert, key) = write_cert(&dir);
-        let acceptor = load_acceptor(&cert, &key).unwrap();
+        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
         let connector = server_connector(ServerTlsMode::Require, None)
             .unwrap()
             .unwrap();
@@ -352,7 +392,7 @@ mod tests {
             .unwrap();
 
         for host in ["localhost", "127.0.0.1"] {
-            let acceptor = load_acceptor(&cert, &key).unwrap();
+            let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
             let (stream, server) = connect(acceptor, &connector, host, b'S').await;
             let mut stream = stream.unwrap_or_else(|e| panic!("{host}: {e}"));
             assert!(stream.is_tls());
@@ -360,7 +400,7 @@ mod tests {
             server.await.unwrap();
         }
 
-        let acceptor = load_acceptor(&cert, &key).unwrap();
+        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
         let (stream, server) = connect(acceptor, &connector, "otherhost", b'S').await;
         let err = stream.expect_err("a certificate for another name is rejected");
         assert!(err.to_string().contains("certificate"), "{err}");
@@ -370,7 +410,7 @@ mod tests {
         let public_roots = server_connector(ServerTlsMode::VerifyFull, None)
             .unwrap()
             .unwrap();
-        let acceptor = load_acceptor(&cert, &key).unwrap();
+        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
         let (stream, server) = connect(acceptor, &public_roots, "localhost", b'S').await;
         assert!(stream.is_err());
         server.await.unwrap();
@@ -380,7 +420,7 @@ mod tests {
     async fn refused_ssl_request_continues_in_plaintext() {
         let dir = TempDir::new("refused");
         let (cert, key) = write_cert(&dir);
-        let acceptor = load_acceptor(&cert, &key).unwrap();
+        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
         let connector = server_connector(ServerTlsMode::Prefer, None)
             .unwrap()
             .unwrap();
@@ -417,14 +457,23 @@ mod tests {
         let dir = TempDir::new("errors");
         let (cert, key) = write_cert(&dir);
         let missing = dir.0.join("missing-key.pem");
-        let err = format!("{:#}", load_acceptor(&cert, &missing).err().unwrap());
+        let err = format!(
+            "{:#}",
+            load_acceptor(&cert, &missing, None, false).err().unwrap()
+        );
         assert!(err.contains("tls_key_file"), "{err}");
         assert!(err.contains("missing-key.pem"), "{err}");
 
         // A key file holding only a certificate, and a certificate file holding only a key.
-        let err = format!("{:#}", load_acceptor(&cert, &cert).err().unwrap());
+        let err = format!(
+            "{:#}",
+            load_acceptor(&cert, &cert, None, false).err().unwrap()
+        );
         assert!(err.contains("no private key found"), "{err}");
-        let err = format!("{:#}", load_acceptor(&key, &key).err().unwrap());
+        let err = format!(
+            "{:#}",
+            load_acceptor(&key, &key, None, false).err().unwrap()
+        );
         assert!(err.contains("tls_cert_file"), "{err}");
         assert!(err.contains("no certificate found"), "{err}");
 

@@ -751,7 +751,7 @@ async fn an_hba_file_chooses_each_connections_method() {
         )
     );
     // A line pgmemo cannot honour is refused with its line; the rules read before stay.
-    std::fs::write(&hba, "host all all all md5\nlocal all all peer\n").unwrap();
+    std::fs::write(&hba, "host all all all md5\nhost all all all peer\n").unwrap();
     let e = admin.simple_query("RELOAD").await.unwrap_err();
     let e = e
         .as_db_error()
@@ -759,7 +759,10 @@ async fn an_hba_file_chooses_each_connections_method() {
         .message()
         .to_owned();
     assert!(
-        e.contains(&format!("{}, line 2: method \"peer\"", hba.display())),
+        e.contains(&format!(
+            "{}, line 2: method \"peer\" is for local lines only",
+            hba.display()
+        )),
         "{e}"
     );
     assert!(psql(port, "alice", "alice_pw").await.is_err());

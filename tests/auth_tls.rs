@@ -18,7 +18,7 @@ use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -365,6 +365,8 @@ async fn a_wrong_server_password_reaches_the_client_as_postgresql_said_it() {
 struct Certs {
     dir: PathBuf,
     ca_pem: String,
+    /// The CA, to sign client certificates with ([`Certs::client`]).
+    ca: (rcgen::Certificate, rcgen::KeyPair),
     cert_file: PathBuf,
     key_file: PathBuf,
     ca_file: PathBuf,
@@ -408,11 +410,23 @@ impl Certs {
         let ca_file = write("ca.crt", &ca.pem());
         Certs {
             ca_pem: ca.pem(),
+            ca: (ca, ca_key),
             dir,
             cert_file,
             key_file,
             ca_file,
         }
+    }
+
+    /// A client certificate whose Common Name is `name`, signed by this CA: (chain, key).
+    fn client(&self, name: &str) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        use rcgen::{CertificateParams, DnType, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.signed_by(&key, &self.ca.0, &self.ca.1).unwrap();
+        let key = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        (vec![cert.der().clone()], key)
     }
 
     fn roots(&self) -> RootCertStore {
@@ -474,6 +488,106 @@ async fn tls_query(
     drop(client);
     task.await.unwrap()?;
     Ok(tls_clients == 1)
+}
+
+/// Connects over TLS to pgmemo as `PGMEMO_USER` without a password, presenting `client`
+/// (a certificate and its key) or none, and reads `current_user`.
+async fn cert_login(
+    proxy: &Pgmemo,
+    certs: &Certs,
+    client: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<String, String> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(certs.roots());
+    let config = match client {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let url = format!(
+        "host=localhost port={} user={PGMEMO_USER} dbname={TEST_DB} sslmode=require",
+        proxy.local_addr().port()
+    );
+    let (client, connection) = tokio_postgres::connect(&url, MakeRustlsConnect::new(config))
+        .await
+        .map_err(|e| match e.as_db_error() {
+            Some(db) => format!("{} {}", db.code().code(), db.message()),
+            None => format!("{e:?}"),
+        })?;
+    let task = tokio::spawn(connection);
+    let rows = client.query_one("SELECT current_user::text", &[]).await;
+    task.abort();
+    Ok(rows.map_err(|e| e.to_string())?.get(0))
+}
+
+/// `auth_type = "cert"` (with `client_tls = "verify-ca"`): the client's certificate, signed
+/// by `tls_ca_file`'s CA, must name the user; and an HBA file's `cert` line for TLS clients
+/// next to password lines for the others.
+#[tokio::test]
+async fn certificate_logins() {
+    let certs = Certs::generate();
+    let mut config = tls_config(&certs, ClientTlsMode::VerifyCa);
+    config.general.tls_ca_file = Some(certs.ca_file.clone());
+    config.general.auth_type = AuthType::Cert;
+    let proxy = start_pgmemo(config).await;
+    let own = certs.client(PGMEMO_USER);
+    assert_eq!(
+        cert_login(&proxy, &certs, Some(own)).await.unwrap(),
+        PGMEMO_USER
+    );
+    assert_eq!(
+        cert_login(&proxy, &certs, Some(certs.client("mallory"))).await,
+        Err(format!(
+            "28000 certificate authentication failed for user \"{PGMEMO_USER}\""
+        ))
+    );
+    // verify-ca: no certificate, or one another CA signed, fails the handshake.
+    let none = cert_login(&proxy, &certs, None).await.unwrap_err();
+    assert!(none.contains("CertificateRequired"), "{none}");
+    let other = Certs::generate();
+    let foreign = cert_login(&proxy, &certs, Some(other.client(PGMEMO_USER)))
+        .await
+        .unwrap_err();
+    assert!(
+        foreign.contains("UnknownCA") || foreign.contains("BadCertificate"),
+        "{foreign}"
+    );
+    proxy.shutdown().await;
+
+    // auth_type = "hba": TLS clients by certificate, the others by password.
+    let hba = certs.dir.join("hba.conf");
+    std::fs::write(
+        &hba,
+        "hostssl all all all cert\nhost all all all scram-sha-256\n",
+    )
+    .unwrap();
+    let mut config = tls_config(&certs, ClientTlsMode::Allow);
+    config.general.tls_ca_file = Some(certs.ca_file.clone());
+    config.general.auth_type = AuthType::Hba;
+    config.general.auth_hba_file = Some(hba);
+    config.read_auth_file().unwrap();
+    let proxy = start_pgmemo(config).await;
+    let own = certs.client(PGMEMO_USER);
+    assert_eq!(
+        cert_login(&proxy, &certs, Some(own)).await.unwrap(),
+        PGMEMO_USER
+    );
+    assert_eq!(
+        cert_login(&proxy, &certs, None).await,
+        Err("28000 connection requires a valid client certificate".to_string())
+    );
+    let mut plain = RawClient::connect(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        TEST_DB,
+        Some(PGMEMO_PASS),
+        &[],
+    )
+    .await
+    .expect("a plain-text client logs in with its password");
+    assert_eq!(scalar(&mut plain, "SELECT 'plain'").await, "plain");
+    proxy.shutdown().await;
 }
 
 #[tokio::test]

@@ -64,6 +64,11 @@ pub enum AuthType {
     #[serde(rename = "hba")]
     #[value(name = "hba")]
     Hba,
+    /// TLS client certificates (PgBouncer's `auth_type = cert`): the client's certificate,
+    /// checked against `tls_ca_file`, must name the user in its Common Name; no password.
+    #[serde(rename = "cert")]
+    #[value(name = "cert")]
+    Cert,
 }
 
 /// Whether clients connect to pgmemo over TLS.
@@ -77,6 +82,10 @@ pub enum ClientTlsMode {
     Allow,
     /// Plaintext clients are refused; only TLS connections may log in.
     Require,
+    /// As `require`, and a client must present a certificate that chains to `tls_ca_file`.
+    VerifyCa,
+    /// The same as `verify-ca` (as in PgBouncer: a client has no host name to check).
+    VerifyFull,
 }
 
 /// Whether pgmemo uses TLS for its connections to PostgreSQL servers.
@@ -146,17 +155,35 @@ named_enum!(PoolMode, r#""session" or "transaction""#, {
     PoolMode::Session => "session",
     PoolMode::Transaction => "transaction",
 });
-named_enum!(AuthType, r#""trust", "md5", "scram-sha-256" or "hba""#, {
+named_enum!(AuthType, r#""trust", "md5", "scram-sha-256", "hba" or "cert""#, {
     AuthType::Trust => "trust",
     AuthType::Md5 => "md5",
     AuthType::ScramSha256 => "scram-sha-256",
     AuthType::Hba => "hba",
+    AuthType::Cert => "cert",
 });
-named_enum!(ClientTlsMode, r#""disable", "allow" or "require""#, {
+named_enum!(ClientTlsMode, r#""disable", "allow", "require", "verify-ca" or "verify-full""#, {
     ClientTlsMode::Disable => "disable",
     ClientTlsMode::Allow => "allow",
     ClientTlsMode::Require => "require",
+    ClientTlsMode::VerifyCa => "verify-ca",
+    ClientTlsMode::VerifyFull => "verify-full",
 });
+
+impl ClientTlsMode {
+    /// Whether plaintext clients are refused.
+    pub fn requires_tls(self) -> bool {
+        matches!(
+            self,
+            ClientTlsMode::Require | ClientTlsMode::VerifyCa | ClientTlsMode::VerifyFull
+        )
+    }
+
+    /// Whether a TLS client must present a certificate.
+    pub fn requires_certificate(self) -> bool {
+        matches!(self, ClientTlsMode::VerifyCa | ClientTlsMode::VerifyFull)
+    }
+}
 named_enum!(ServerTlsMode, r#""disable", "prefer", "require" or "verify-full""#, {
     ServerTlsMode::Disable => "disable",
     ServerTlsMode::Prefer => "prefer",

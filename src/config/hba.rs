@@ -13,12 +13,14 @@
 //! - methods: `trust`, `reject`, `md5`, `scram-sha-256` (what `auth_type` offers, as
 //!   PgBouncer); `md5` means SCRAM for a user whose secret is a SCRAM verifier, as everywhere;
 //!   `peer` on `local` lines: the operating-system user of the socket's peer must be the user
-//!   it logs in as (no ident maps).
+//!   it logs in as (no ident maps); `cert` on `hostssl` lines: the client's certificate
+//!   (checked against `tls_ca_file`) must name the user in its Common Name.
 //!
 //! What pgmemo cannot honour is refused when the file is read, with its line, rather than
 //! skipped (a skipped `reject` line would let in whom it was written to keep out): an `@file`
 //! inside an `@file`, `+group`, `samerole`, `samehost`, `samenet`, host names, `peer` on a
-//! `host` line, and the methods pgmemo does not have (`password`, `cert`, `ldap`, `pam`, ...).
+//! `host` line, `cert` on a line that is not `hostssl`, and the methods pgmemo does not have
+//! (`password`, `ldap`, `pam`, ...).
 //! The file (and its `@file` lists) is read with the configuration, so RELOAD and SIGHUP read
 //! it again.
 
@@ -37,6 +39,9 @@ pub enum HbaMethod {
     /// The client's operating-system user (of the Unix socket's peer) must be the user it
     /// logs in as.
     Peer,
+    /// The client's TLS certificate (checked against `tls_ca_file`) must name the user in its
+    /// Common Name.
+    Cert,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +120,11 @@ impl Hba {
             rules.push(rule(i + 1, &fields, dir).map_err(|m| (i + 1, m))?);
         }
         Ok(Hba { path: None, rules })
+    }
+
+    /// Whether a line logs in with client certificates.
+    pub fn uses_cert(&self) -> bool {
+        self.rules.iter().any(|r| r.method == HbaMethod::Cert)
     }
 
     /// The method of the first rule that matches, and its line; None when none does.
@@ -316,10 +326,12 @@ fn rule(line: usize, fields: &[Field], dir: Option<&Path>) -> Result<Rule, Strin
         Some("peer") => {
             return Err("method \"peer\" is for local lines only (the Unix socket)".into())
         }
+        Some("cert") if kind == Kind::HostSsl => HbaMethod::Cert,
+        Some("cert") => return Err("method \"cert\" is for hostssl lines only".into()),
         Some(other) => {
             return Err(format!(
                 "method {other:?} is not supported: pgmemo has trust, reject, md5, \
-                 scram-sha-256 and peer"
+                 scram-sha-256, peer and cert"
             ))
         }
         None => return Err("no authentication method".into()),

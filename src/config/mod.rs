@@ -469,6 +469,14 @@ impl Config {
                  method",
             ));
         }
+        let cert_lines = self.hba.uses_cert();
+        if (g.auth_type == AuthType::Cert || cert_lines) && g.tls_ca_file.is_none() {
+            return Err(ConfigError::invalid(
+                "general.tls_ca_file",
+                "certificate authentication needs tls_ca_file (the CA client certificates \
+                 chain to) and client TLS",
+            ));
+        }
 
         if g.auth_type != AuthType::Trust {
             if !self.lists_users() && self.implicit_user().is_none() && !self.any_auth_user() {

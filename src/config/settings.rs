@@ -39,7 +39,8 @@ settings! {
     /// Client connections accepted at once; more are refused with 53300.
     max_client_conn: u32 = 1000, Live, check = at_least_one;
     /// How clients authenticate to pgmemo; `trust` is refused unless `listen` is a loopback
-    /// address.
+    /// address; `cert`: a TLS client certificate (checked against `tls_ca_file`) whose Common
+    /// Name is the user.
     auth_type: AuthType = AuthType::ScramSha256, Live, check = trust_only_on_loopback;
     /// PgBouncer's auth file (`userlist.txt`): `"user" "secret"` per line, the secret a plain
     /// password, an md5 hash or a SCRAM verifier; `;` starts a comment line. Its users may log
@@ -48,9 +49,9 @@ settings! {
     auth_file: Option<PathBuf> = None, Live;
     /// With `auth_type = "hba"`: the file (PostgreSQL's `pg_hba.conf` format, as PgBouncer
     /// reads it) whose first matching line gives each connection its method: `local`, `host`,
-    /// `hostssl`, `hostnossl`; `trust`, `reject`, `md5`, `scram-sha-256`, `peer` (local lines);
-    /// `@file` name lists. Read again on
-    /// RELOAD. Relative paths are relative to the config file.
+    /// `hostssl`, `hostnossl`; `trust`, `reject`, `md5`, `scram-sha-256`, `peer` (local lines),
+    /// `cert` (hostssl lines); `@file` name lists. Read again on RELOAD. Relative paths are
+    /// relative to the config file.
     auth_hba_file: Option<PathBuf> = None, Live;
     /// The role whose server connection looks up, with `auth_query`, the secret of a client
     /// that neither `[users]` nor `auth_file` lists. It logs into the server as itself, with
@@ -201,7 +202,8 @@ settings! {
         check = |v, g| ensure(v.is_none() || g.tls_cert_file.is_some(), || {
             "set tls_cert_file too".into()
         });
-    /// Client-facing TLS: `disable`, `allow` or `require`. Default `allow` when a
+    /// Client-facing TLS: `disable`, `allow`, `require`, or `verify-ca` / `verify-full`
+    /// (TLS with a client certificate that chains to `tls_ca_file`). Default `allow` when a
     /// certificate and key are set, else `disable`.
     client_tls: ClientTlsMode = ClientTlsMode::Disable, Live,
         unset = |g| match (&g.tls_cert_file, &g.tls_key_file) {
@@ -210,6 +212,15 @@ settings! {
         },
         check = |v, g| ensure(*v == ClientTlsMode::Disable || g.tls_cert_file.is_some(), || {
             format!("{:?} needs tls_cert_file and tls_key_file", v.as_str())
+        }).and_then(|()| ensure(!v.requires_certificate() || g.tls_ca_file.is_some(), || {
+            format!("{:?} needs tls_ca_file (the CA client certificates chain to)", v.as_str())
+        }));
+    /// PEM CA certificates that TLS clients' certificates are checked against: with it,
+    /// pgmemo asks each TLS client for a certificate (which `client_tls = "verify-ca"`
+    /// requires and `auth_type = "cert"` or an HBA `cert` line logs in with).
+    tls_ca_file: Option<PathBuf> = None, Live,
+        check = |v, g| ensure(v.is_none() || g.tls_cert_file.is_some(), || {
+            "set tls_cert_file and tls_key_file too".into()
         });
     /// TLS towards the servers.
     server_tls: ServerTlsMode = ServerTlsMode::Disable, Live;

@@ -276,12 +276,13 @@ fn auth_type(line: Option<&Line>, cx: &mut Conversion) -> Result<AuthType, Conve
         "hba" => (
             AuthType::Hba,
             Some(
-                "hba: pgmemo reads local/host/hostssl/hostnossl lines with trust, reject, md5 \
-                 and scram-sha-256; `pgmemo --check` names a line it cannot honour"
+                "hba: pgmemo reads local/host/hostssl/hostnossl lines with trust, reject, md5, \
+                 scram-sha-256, peer and cert; `pgmemo --check` names a line it cannot honour"
                     .into(),
             ),
         ),
-        m @ ("cert" | "pam" | "ldap") => (
+        "cert" => (AuthType::Cert, None),
+        m @ ("pam" | "ldap") => (
             AuthType::Md5,
             Some(format!(
                 "{m}: pgmemo checks passwords only; md5 accepts every kind of secret in [users]"
@@ -317,18 +318,13 @@ fn tls(
         );
     }
     if let Some(line) = client {
-        let (mode, why) = match line.value.as_str() {
-            "disable" => ("disable", None),
-            "allow" | "prefer" => ("allow", None),
-            "require" => ("require", None),
-            "verify-ca" | "verify-full" => (
-                "require",
-                Some("pgmemo does not check client certificates: TLS is required, no certificate"),
-            ),
+        let mode = match line.value.as_str() {
+            "disable" => "disable",
+            "allow" | "prefer" => "allow",
+            m @ ("require" | "verify-ca" | "verify-full") => m,
             _ => return Err(invalid(line, MODES)),
         };
-        let note = why.map(|w| format!("{} = {} ({}) — {w}", line.key, line.value, line.place()));
-        cx.general.set_noted("client_tls", toml::string(mode), note);
+        cx.general.set("client_tls", toml::string(mode));
     }
     let (mode, note) = match server.map(|l| (l, l.value.as_str())) {
         None => (

@@ -73,7 +73,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("client_idle_timeout", To("general.client_idle_timeout", Seconds(Zero::Same))),
     ("client_login_timeout", To("general.client_login_timeout", Seconds(Zero::NoLimit))),
     ("client_tls13_ciphers", Not(NO_TLS_TUNING)),
-    ("client_tls_ca_file", Not("pgmemo does not ask clients for certificates")),
+    ("client_tls_ca_file", To("general.tls_ca_file", Text)),
     ("client_tls_cert_file", To("general.tls_cert_file", Text)),
     ("client_tls_ciphers", Not(NO_TLS_TUNING)),
     ("client_tls_dheparams", Not(NO_TLS_TUNING)),

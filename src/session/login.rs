@@ -270,7 +270,7 @@ async fn accept_startup(
     params: Vec<(String, String)>,
 ) -> Result<Accepted, LoginError> {
     let cfg = app.config.load();
-    if cfg.general.client_tls == crate::config::ClientTlsMode::Require && !conn.stream.is_tls() {
+    if cfg.general.client_tls.requires_tls() && !conn.stream.is_tls() {
         return Err(conn
             .refuse(
                 sqlstate::INVALID_AUTHORIZATION,
@@ -409,6 +409,34 @@ async fn authenticate(
                 )
                 .await);
         }
+        AuthType::Cert => {
+            let refusal = match crate::tls::client_certificate_name(&conn.stream) {
+                Some(name) if name == user => None,
+                Some(name) => {
+                    tracing::info!(
+                        user,
+                        certificate = name,
+                        "certificate authentication: the certificate's Common Name is not the \
+                         user"
+                    );
+                    Some(format!(
+                        "certificate authentication failed for user \"{user}\""
+                    ))
+                }
+                None => Some("connection requires a valid client certificate".to_owned()),
+            };
+            if let Some(message) = refusal {
+                return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await);
+            }
+            if !cfg.is_known_user(user) {
+                return Err(conn
+                    .refuse(
+                        sqlstate::INVALID_AUTHORIZATION,
+                        format!("role \"{user}\" does not exist"),
+                    )
+                    .await);
+            }
+        }
         AuthType::Trust | AuthType::Hba => {}
         AuthType::Md5 => {
             let salt = md5_salt();
@@ -492,6 +520,7 @@ fn hba_method(
         HbaMethod::Md5 => Ok(AuthType::Md5),
         HbaMethod::ScramSha256 => Ok(AuthType::ScramSha256),
         HbaMethod::Reject => Err(format!("pg_hba.conf rejects connection for {who}")),
+        HbaMethod::Cert => Ok(AuthType::Cert),
         HbaMethod::Peer => {
             // (Peer lines are local lines: the stream is the Unix socket's.)
             let os_user = match stream {
