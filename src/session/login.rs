@@ -410,22 +410,7 @@ async fn authenticate(
                 .await);
         }
         AuthType::Cert => {
-            let refusal = match crate::tls::client_certificate_name(&conn.stream) {
-                Some(name) if name == user => None,
-                Some(name) => {
-                    tracing::info!(
-                        user,
-                        certificate = name,
-                        "certificate authentication: the certificate's Common Name is not the \
-                         user"
-                    );
-                    Some(format!(
-                        "certificate authentication failed for user \"{user}\""
-                    ))
-                }
-                None => Some("connection requires a valid client certificate".to_owned()),
-            };
-            if let Some(message) = refusal {
+            if let Some(message) = certificate_refusal(&conn.stream, user) {
                 return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await);
             }
             if !cfg.is_known_user(user) {
@@ -486,6 +471,25 @@ async fn authenticate(
     }
     be::auth_ok(&mut conn.wbuf);
     Ok(())
+}
+
+/// Why certificate authentication refuses `user` on `stream` (PostgreSQL's message), or None
+/// when the client's certificate (checked against `tls_ca_file` by the handshake) names it.
+fn certificate_refusal(stream: &Stream, user: &str) -> Option<String> {
+    match crate::tls::client_certificate_name(stream) {
+        Some(name) if name == user => None,
+        Some(name) => {
+            tracing::info!(
+                user,
+                certificate = name,
+                "certificate authentication: the certificate's Common Name is not the user"
+            );
+            Some(format!(
+                "certificate authentication failed for user \"{user}\""
+            ))
+        }
+        None => Some("connection requires a valid client certificate".to_owned()),
+    }
 }
 
 /// The method `hba`'s first matching line gives a client of `user` for `database` arriving
