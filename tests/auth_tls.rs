@@ -521,21 +521,30 @@ async fn cert_login(
     Ok(rows.map_err(|e| e.to_string())?.get(0))
 }
 
+/// TLS with client certificates checked against the test CA, and `auth`.
+fn cert_config(certs: &Certs, mode: ClientTlsMode, auth: AuthType) -> Config {
+    let mut config = tls_config(certs, mode);
+    config.general.tls_ca_file = Some(certs.ca_file.clone());
+    config.general.auth_type = auth;
+    config
+}
+
+/// A certificate that names `PGMEMO_USER` logs in as it, without a password.
+async fn own_certificate_logs_in(proxy: &Pgmemo, certs: &Certs) {
+    let own = certs.client(PGMEMO_USER);
+    let user = cert_login(proxy, certs, Some(own)).await;
+    assert_eq!(user.unwrap(), PGMEMO_USER);
+}
+
 /// `auth_type = "cert"` (with `client_tls = "verify-ca"`): the client's certificate, signed
 /// by `tls_ca_file`'s CA, must name the user; and an HBA file's `cert` line for TLS clients
 /// next to password lines for the others.
 #[tokio::test]
 async fn certificate_logins() {
     let certs = Certs::generate();
-    let mut config = tls_config(&certs, ClientTlsMode::VerifyCa);
-    config.general.tls_ca_file = Some(certs.ca_file.clone());
-    config.general.auth_type = AuthType::Cert;
+    let config = cert_config(&certs, ClientTlsMode::VerifyCa, AuthType::Cert);
     let proxy = start_pgmemo(config).await;
-    let own = certs.client(PGMEMO_USER);
-    assert_eq!(
-        cert_login(&proxy, &certs, Some(own)).await.unwrap(),
-        PGMEMO_USER
-    );
+    own_certificate_logs_in(&proxy, &certs).await;
     assert_eq!(
         cert_login(&proxy, &certs, Some(certs.client("mallory"))).await,
         Err(format!(
@@ -562,17 +571,11 @@ async fn certificate_logins() {
         "hostssl all all all cert\nhost all all all scram-sha-256\n",
     )
     .unwrap();
-    let mut config = tls_config(&certs, ClientTlsMode::Allow);
-    config.general.tls_ca_file = Some(certs.ca_file.clone());
-    config.general.auth_type = AuthType::Hba;
+    let mut config = cert_config(&certs, ClientTlsMode::Allow, AuthType::Hba);
     config.general.auth_hba_file = Some(hba);
     config.read_auth_file().unwrap();
     let proxy = start_pgmemo(config).await;
-    let own = certs.client(PGMEMO_USER);
-    assert_eq!(
-        cert_login(&proxy, &certs, Some(own)).await.unwrap(),
-        PGMEMO_USER
-    );
+    own_certificate_logs_in(&proxy, &certs).await;
     assert_eq!(
         cert_login(&proxy, &certs, None).await,
         Err("28000 connection requires a valid client certificate".to_string())

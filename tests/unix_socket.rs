@@ -34,23 +34,34 @@ fn unix_url(dir: &Path, port: u16, db: &str) -> String {
 
 /// Runs the cluster's psql through the socket in `dir`: its output, or its error.
 async fn psql(dir: &Path, port: u16, sql: &str) -> Result<String, String> {
-    let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
-        .args(["-X", "-At", "-h"])
-        .arg(dir)
-        .args([
-            "-p",
-            &port.to_string(),
-            "-U",
-            PGMEMO_USER,
-            "-d",
-            "postgres",
-            "-c",
-            sql,
-        ])
-        .env("PGPASSWORD", PGMEMO_PASS)
-        .output()
-        .await
-        .unwrap();
+    psql_as(dir, port, PGMEMO_USER, "postgres", Some(PGMEMO_PASS), sql).await
+}
+
+/// [`psql`] as `user` in `db`, with `password` (None: none given).
+async fn psql_as(
+    dir: &Path,
+    port: u16,
+    user: &str,
+    db: &str,
+    password: Option<&str>,
+    sql: &str,
+) -> Result<String, String> {
+    let mut command = tokio::process::Command::new(cluster().bin_dir().join("psql"));
+    command.args(["-X", "-At", "-h"]).arg(dir).args([
+        "-p",
+        &port.to_string(),
+        "-U",
+        user,
+        "-d",
+        db,
+        "-c",
+        sql,
+    ]);
+    match password {
+        Some(password) => command.env("PGPASSWORD", password),
+        None => command.env_remove("PGPASSWORD"),
+    };
+    let out = command.output().await.unwrap();
     match out.status.success() {
         true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
         false => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
@@ -310,26 +321,12 @@ async fn peer_lets_in_the_socket_users_own_name() {
     );
     config.read_auth_file().unwrap();
     let _proxy = start_pgmemo(config).await;
-    let psql_as = |user: String| {
-        let dir = dir.0.clone();
-        async move {
-            let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
-                .args(["-X", "-At", "-h"])
-                .arg(&dir)
-                .args(["-p", &port.to_string(), "-U", &user, "-d", "peerdb"])
-                .args(["-c", "SELECT current_user"])
-                .env_remove("PGPASSWORD")
-                .output()
-                .await
-                .unwrap();
-            match out.status.success() {
-                true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
-                false => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-            }
-        }
-    };
-    assert_eq!(psql_as(os_user.clone()).await.unwrap(), PGMEMO_USER);
-    let refused = psql_as(PGMEMO_USER.into()).await.unwrap_err();
+    let current_user = "SELECT current_user";
+    let own = psql_as(&dir.0, port, &os_user, "peerdb", None, current_user).await;
+    assert_eq!(own.unwrap(), PGMEMO_USER);
+    let refused = psql_as(&dir.0, port, PGMEMO_USER, "peerdb", None, current_user)
+        .await
+        .unwrap_err();
     assert!(
         refused.ends_with(&format!(
             "FATAL:  Peer authentication failed for user \"{PGMEMO_USER}\""
