@@ -2382,3 +2382,64 @@ async fn writes_made_while_the_cache_was_off_are_invalidated() {
     run(&mut writer, "COMMIT").await;
     assert_eq!(run(&mut reader, read).await, run(&mut direct, read).await);
 }
+
+/// Every way of writing in `common::write_forms` (EXPLAIN ANALYZE, DO, CALL, MERGE, a
+/// writable CTE, an upsert, a rule, a trigger on another table, a read that writes, a view, a
+/// cascade, REFRESH MATERIALIZED VIEW) and a held cursor's FETCH, made by another client
+/// through pgmemo: the reads cached before it give PostgreSQL's answer after it.
+#[tokio::test]
+async fn every_way_of_writing_invalidates() {
+    use common::write_forms::{READS, SCHEMA, WRITES};
+    const DB: &str = "cache_write_forms";
+    setup(
+        DB,
+        &format!("{SCHEMA} GRANT ALL ON ALL TABLES IN SCHEMA public TO PUBLIC;"),
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("all", "FROM")],
+    ))
+    .await;
+    let mut reader = raw_proxy(&proxy, DB).await;
+    let mut writer = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    async fn cached_reads(proxy: &Pgmemo, reader: &mut RawClient) {
+        let before = stats(proxy, "all").0;
+        for _ in 0..2 {
+            for read in READS {
+                run(reader, read).await;
+            }
+        }
+        assert!(stats(proxy, "all").0 > before, "the reads were cached");
+    }
+    async fn same(reader: &mut RawClient, direct: &mut RawClient, after: &str) {
+        for read in READS {
+            let (got, want) = (run(reader, read).await, run(direct, read).await);
+            assert!(got == want, "{read} after {after}: {got:?} vs {want:?}");
+        }
+    }
+    for (what, statements) in WRITES {
+        cached_reads(&proxy, &mut reader).await;
+        for statement in *statements {
+            let replies = run(&mut writer, statement).await;
+            assert!(
+                !replies.iter().any(|(t, _)| *t == b'E'),
+                "{what}: {replies:?}"
+            );
+        }
+        same(&mut reader, &mut direct, what).await;
+    }
+    // A held cursor whose FETCH calls a writing function, in transactions after its own.
+    run(
+        &mut writer,
+        "DECLARE c CURSOR WITH HOLD FOR SELECT bump(1) FROM generate_series(1, 3)",
+    )
+    .await;
+    for _ in 0..2 {
+        cached_reads(&proxy, &mut reader).await;
+        run(&mut writer, "FETCH 1 FROM c").await;
+        same(&mut reader, &mut direct, "a held cursor's FETCH").await;
+    }
+}

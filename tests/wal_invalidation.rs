@@ -1110,3 +1110,43 @@ async fn a_refused_question_is_not_asked_again() {
     assert_eq!(proxy.app().cache.own_commits.skipped.load(Relaxed), 0);
     proxy.shutdown().await;
 }
+
+/// Every way of writing in `common::write_forms`, inside a block through pgmemo whose WAL is
+/// then skipped (`cache::own_commits`): what the COMMIT bumped must cover all of it, since
+/// nothing bumps it again. Each read is PostgreSQL's right after the COMMIT, and again once
+/// the WAL is applied (read and stored in between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_of_writing_in_a_block_is_bumped_at_its_commit() {
+    use common::write_forms::{READS, SCHEMA, WRITES};
+    const DB: &str = "wal_write_forms";
+    setup(DB, SCHEMA).await;
+    let proxy = start_pgmemo(wal_config(vec![rule("all", "FROM")])).await;
+    let client = connect(&proxy_db_url(&proxy, DB)).await;
+    let writer = connect(&proxy_db_url(&proxy, DB)).await;
+    let direct = connect(&direct_db_url(DB)).await;
+    value(&client, READS[0]).await;
+    wait_ready(&proxy, DB).await;
+    async fn same(client: &Client, direct: &Client, step: &str) {
+        for read in READS {
+            let (got, want) = (value(client, read).await, value(direct, read).await);
+            assert_eq!(got, want, "{read} {step}");
+        }
+    }
+    let skipped = || proxy.app().cache.own_commits.skipped.load(Relaxed);
+    let skipped_before = skipped();
+    for (what, statements) in WRITES {
+        same(&client, &direct, &format!("before {what}")).await;
+        same(&client, &direct, &format!("before {what}, cached")).await;
+        writer.batch_execute("BEGIN").await.unwrap();
+        for statement in *statements {
+            writer.simple_query(statement).await.unwrap();
+        }
+        writer.batch_execute("COMMIT").await.unwrap();
+        same(&client, &direct, &format!("after {what}'s COMMIT")).await;
+        same(&client, &direct, &format!("after {what}'s COMMIT, cached")).await;
+        wait_applied(&proxy, &direct, DB).await;
+        same(&client, &direct, &format!("after {what}'s WAL")).await;
+    }
+    assert!(skipped() > skipped_before, "no block's WAL was skipped");
+    proxy.shutdown().await;
+}

@@ -20,6 +20,7 @@ pub mod memory;
 pub mod proxy;
 pub mod raw;
 pub mod scenarios;
+pub mod write_forms;
 
 pub use client::*;
 pub use cluster::*;
