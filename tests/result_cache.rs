@@ -283,6 +283,27 @@ async fn writes_through_pgmemo_invalidate() {
         "after a FunctionCall of bump",
     )
     .await;
+    // libpq's large-object calls (lo_creat, OID 957) write only pg_largeobject: what was
+    // cached stays.
+    check(&mut reader, &mut direct, &all, "cached before lo_creat").await;
+    let hits = stats(&proxy, "kv").0;
+    writer
+        .send(&[Frontend::FunctionCall {
+            function_oid: 957,
+            arg_formats: vec![1],
+            args: vec![Some((-1i32).to_be_bytes().to_vec())],
+            result_format: 1,
+        }])
+        .await
+        .unwrap();
+    let created = writer.recv_until_ready(1).await.unwrap();
+    assert!(created.iter().any(|m| m.tag == b'V'), "{created:?}");
+    check(&mut reader, &mut direct, &all, "after lo_creat").await;
+    assert!(
+        stats(&proxy, "kv").0 >= hits + 2,
+        "a large-object call invalidated the cache: {hits} -> {:?}",
+        stats(&proxy, "kv")
+    );
     // The extended protocol: Parse/Bind/Execute of an UPDATE.
     writer
         .send(&[

@@ -23,6 +23,13 @@ const KEYED_UNREPORTED: [&str; 2] = ["extra_float_digits", "bytea_output"];
 
 type Rows = Vec<Vec<Option<String>>>;
 
+/// The built-in large-object functions libpq calls by OID (`lo_initialize`): lo_create,
+/// lo_open, lo_close, loread, lowrite, lo_lseek, lo_creat, lo_tell, lo_unlink, lo_truncate,
+/// lo_lseek64, lo_tell64, lo_truncate64 (OIDs below 16384 are PostgreSQL's own).
+const LARGE_OBJECT_FUNCTIONS: [u32; 13] = [
+    715, 952, 953, 954, 955, 956, 957, 958, 964, 1004, 3170, 3171, 3172,
+];
+
 /// A cache decision that must wait for another client's fetch or read the catalog first.
 pub(super) type SlowLookup<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, End>> + Send + 'a>>;
@@ -106,7 +113,17 @@ impl Session {
                 Ok(false)
             }
             fe::FUNCTION_CALL => {
-                // A function called by OID may write anything (what it is is not looked up).
+                // A function called by OID may write anything (what it is is not looked up),
+                // but for libpq's large-object calls, which write only pg_largeobject (a
+                // system catalog: never cached).
+                let oid = self
+                    .client
+                    .rbuf
+                    .get(5..9)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                if oid.is_some_and(|oid| LARGE_OBJECT_FUNCTIONS.contains(&oid)) {
+                    return Ok(false);
+                }
                 let client = client_cache(
                     &mut self.cache,
                     self.state.enabled,
