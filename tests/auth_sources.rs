@@ -138,12 +138,7 @@ async fn users_of_the_auth_file_log_in_and_reload_reads_it_again() {
         ),
     )
     .unwrap();
-    let e = admin.simple_query("RELOAD").await.unwrap_err();
-    let e = e
-        .as_db_error()
-        .expect("an ErrorResponse")
-        .message()
-        .to_owned();
+    let e = refused_reload(&admin).await;
     assert!(
         e.contains(&format!(
             "{}, line 2: the secret of user \"dave\"",
@@ -752,12 +747,7 @@ async fn an_hba_file_chooses_each_connections_method() {
     );
     // A line pgmemo cannot honour is refused with its line; the rules read before stay.
     std::fs::write(&hba, "host all all all md5\nhost all all all peer\n").unwrap();
-    let e = admin.simple_query("RELOAD").await.unwrap_err();
-    let e = e
-        .as_db_error()
-        .expect("an ErrorResponse")
-        .message()
-        .to_owned();
+    let e = refused_reload(&admin).await;
     assert!(
         e.contains(&format!(
             "{}, line 2: method \"peer\" is for local lines only",
@@ -767,4 +757,13 @@ async fn an_hba_file_chooses_each_connections_method() {
     );
     assert!(psql(port, "alice", "alice_pw").await.is_err());
     proxy.shutdown().await;
+}
+
+/// The message of the error a RELOAD the console refuses answers with.
+async fn refused_reload(admin: &tokio_postgres::Client) -> String {
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    e.as_db_error()
+        .expect("an ErrorResponse")
+        .message()
+        .to_owned()
 }

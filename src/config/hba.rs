@@ -95,7 +95,8 @@ impl Hba {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::invalid(key, format!("cannot read {}: {e}", path.display()))
         })?;
-        let mut hba = Hba::parse_in(&text, path.parent()).map_err(|(line, message)| {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let mut hba = Hba::parse_in(&text, dir).map_err(|(line, message)| {
             ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
         })?;
         hba.path = Some(path.to_owned());
@@ -105,12 +106,11 @@ impl Hba {
     /// The rules of `text`; the first line that cannot be honoured, with what is wrong.
     /// `@file` lists are read relative to the working directory.
     pub fn parse(text: &str) -> Result<Hba, (usize, String)> {
-        Hba::parse_in(text, Some(Path::new("")))
+        Hba::parse_in(text, Path::new(""))
     }
 
     /// [`Hba::parse`], `@file` lists read relative to `dir` (the HBA file's).
-    fn parse_in(text: &str, dir: Option<&Path>) -> Result<Hba, (usize, String)> {
-        let dir = dir.or(Some(Path::new("")));
+    fn parse_in(text: &str, dir: &Path) -> Result<Hba, (usize, String)> {
         let mut rules = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let fields = fields(line).map_err(|m| (i + 1, m))?;
@@ -292,7 +292,7 @@ fn names_file(path: &Path, what: &str, keywords: &[&str]) -> Result<Vec<Name>, S
 }
 
 /// One rule from a line's fields; `@file` lists are read from `dir`.
-fn rule(line: usize, fields: &[Field], dir: Option<&Path>) -> Result<Rule, String> {
+fn rule(line: usize, fields: &[Field], dir: &Path) -> Result<Rule, String> {
     // A field that is not a list: its text (a comma in it kept).
     let word = |i: usize| fields.get(i).map(join);
     let kind = match word(0).as_deref() {
@@ -309,7 +309,7 @@ fn rule(line: usize, fields: &[Field], dir: Option<&Path>) -> Result<Rule, Strin
     };
     let list = |i: usize, what: &str, keywords: &[&str]| -> Result<Vec<Name>, String> {
         let elements = fields.get(i).ok_or(format!("no {what} field"))?;
-        names(elements, what, keywords, dir)
+        names(elements, what, keywords, Some(dir))
     };
     let databases = list(1, "database", &["all", "sameuser", "replication"])?;
     let users = list(2, "user", &["all"])?;

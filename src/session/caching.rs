@@ -226,7 +226,7 @@ impl Session {
                 .map(|statement| &statement.key.query[..]),
         };
         let is_commit = text.is_some_and(|text| {
-            text.len() <= 64
+            text.len() <= super::deferred::MAX_CONTROL_LEN
                 && crate::query::block::read(text) == Some(crate::query::block::Control::Commit)
         });
         if !is_commit || !client.asks_transaction_id() {

@@ -22,7 +22,7 @@ use crate::server::ServerConn;
 use bytes::Buf;
 
 /// Longer texts are no transaction control the session reads.
-const MAX_CONTROL_LEN: usize = 128;
+pub(super) const MAX_CONTROL_LEN: usize = 128;
 
 impl Session {
     /// A Query that opens a block the session keeps without a server, or ends one it kept:
