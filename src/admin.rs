@@ -659,7 +659,8 @@ fn client_state(state: ClientState) -> &'static str {
 /// - `wait`, `wait_us`: as PgBouncer computes them, the age of the client's query in flight
 ///   (from its first message that needs a server until the ReadyForQuery that answers its
 ///   work), waiting for a server included; 0 when none is in flight.
-/// - `replication`: always `none`: pgmemo serves no replication connections to clients.
+/// - `replication`: `none`, or `logical` / `physical` for a replication connection (relayed
+///   to a server of its own).
 /// - `close_needed`: 0, unused for clients as in PgBouncer.
 /// - `ptr` and `id`: the client's id (pgmemo has no object addresses), which KILL_CLIENT
 ///   takes; `link` is the id of the server it holds.
@@ -677,7 +678,7 @@ pub fn show_clients(app: &App) -> Table {
                 text("C"),
                 text(&c.user),
                 text(&c.database),
-                text("none"),
+                text(c.replication().name()),
                 text(client_state(c.state())),
                 text(c.addr.host()),
                 text(c.addr.port()),
@@ -691,7 +692,7 @@ pub fn show_clients(app: &App) -> Table {
                 text(c.id),
                 (server != 0).then(|| server.to_string()),
                 text(c.pid()),
-                text(if c.tls { "TLS" } else { "" }),
+                text(if c.tls() { "TLS" } else { "" }),
                 text(c.application_name.lock().to_string()),
                 text(0),
                 text(c.id),
@@ -708,8 +709,8 @@ pub fn show_clients(app: &App) -> Table {
 ///
 /// - `request_time`: when the server was last handed to a client or given back.
 /// - `wait`, `wait_us`: 0, unused for servers as in PgBouncer.
-/// - `replication`: always `none`: pool servers are never replication connections (the WAL
-///   follower's are pgmemo's own, see SHOW CACHE WAL).
+/// - `replication`: `logical` / `physical` for a replication client's own server, else `none`
+///   (the WAL follower's connections are pgmemo's own, see SHOW CACHE WAL).
 /// - `ptr` and `id`: the server's id; `link`: the id of the client holding it.
 /// - `application_name`: the linked client's, as in PgBouncer.
 pub fn show_servers(app: &App) -> Table {
@@ -728,7 +729,7 @@ pub fn show_servers(app: &App) -> Table {
                 text("S"),
                 text(&pool.key.user),
                 text(&pool.key.database),
-                text("none"),
+                text(s.replication.name()),
                 text(s.state().name()),
                 // A server behind a Unix socket: addr "unix" and the server's port, as
                 // PgBouncer shows it.

@@ -5,6 +5,7 @@ use crate::budget::{Budget, BudgetOf, ClientCounts};
 use crate::cancel::Cancels;
 use crate::config::{Config, PendingRestart, PoolMode, ServerTlsMode};
 use crate::pool::{Pool, PoolKey, PoolSettings};
+use crate::protocol::startup::Replication;
 use crate::server::ServerTarget;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::{Mutex, RwLock};
@@ -101,6 +102,9 @@ pub struct ServerCancel {
     pub secret: i32,
 }
 
+/// [`ClientInfo`]'s link bit for a client over TLS.
+const LINK_TLS: u8 = 1;
+
 /// Client lifecycle states as PgBouncer's SHOW CLIENTS names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -150,7 +154,10 @@ pub struct ClientInfo {
     /// When the client connected, in whole seconds since the Unix epoch (all SHOW CLIENTS
     /// shows; until 2106): 4 bytes where a `SystemTime` takes 16.
     connect_secs: u32,
-    pub tls: bool,
+    /// How the client connected: over TLS ([`LINK_TLS`]), and as a replication connection of
+    /// which kind (the bits above it, [`Replication`] as u8). One byte for both: ClientInfo
+    /// stays in its allocator size class (see `footprint`).
+    link: AtomicU8,
     /// Shared with the other clients of the same name (see [`App::intern`]).
     pub user: Arc<str>,
     pub database: Arc<str>,
@@ -317,6 +324,25 @@ impl ClientInfo {
             }
         }
         std::task::Poll::Ready(())
+    }
+
+    /// Whether the client is a replication connection (relayed to a server of its own), and
+    /// which kind; SHOW CLIENTS' `replication`.
+    pub fn replication(&self) -> Replication {
+        match self.link.load(Ordering::Relaxed) >> 1 {
+            x if x == Replication::Logical as u8 => Replication::Logical,
+            x if x == Replication::Physical as u8 => Replication::Physical,
+            _ => Replication::None,
+        }
+    }
+
+    pub fn set_replication(&self, kind: Replication) {
+        self.link.fetch_or((kind as u8) << 1, Ordering::Relaxed);
+    }
+
+    /// Whether the client connected over TLS.
+    pub fn tls(&self) -> bool {
+        self.link.load(Ordering::Relaxed) & LINK_TLS != 0
     }
 
     pub fn is_killed(&self) -> bool {
@@ -987,7 +1013,7 @@ impl App {
             addr,
             local_addr,
             connect_secs,
-            tls,
+            link: AtomicU8::new(u8::from(tls) * LINK_TLS),
             user,
             database,
             secret,

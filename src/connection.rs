@@ -1,13 +1,16 @@
 //! An accepted connection, from its first byte to the room that serves it: the client logs in
 //! ([`session::login::admit`]: TLS, the startup packet, authentication, the limits on
-//! clients), then the admin console serves it when it asked for the `pgmemo` database, and a
-//! session ([`session::start`], [`session::serve`]) otherwise.
+//! clients), then the admin console serves it when it asked for the `pgmemo` database, a
+//! replication relay ([`session::replication`]) a replication connection, and a session
+//! ([`session::start`], [`session::serve`]) otherwise.
 //!
 //! This is the one place that knows both: the session does not know the admin console, and
 //! the workers' event loops ([`crate::workers`]) are handed [`serve_client`] by the accept
 //! loop rather than reaching up for it.
 
 use crate::app::App;
+use crate::protocol::backend::{sqlstate, Severity};
+use crate::protocol::startup::Replication;
 use crate::session::{self, login::Admitted, Started};
 use crate::stream::Stream;
 use std::sync::Arc;
@@ -30,7 +33,25 @@ pub fn serve_client(app: Arc<App>, client: Stream) -> impl std::future::Future<O
 
 /// Logs the client in, then serves the admin console to its end, or starts a session.
 async fn start(app: Arc<App>, client: Stream) -> Option<Started> {
-    let admitted = session::login::admit(&app, client).await?;
+    let mut admitted = session::login::admit(&app, client).await?;
+    let replication = admitted.startup.replication != Replication::None;
+    if replication && crate::config::is_admin_database(&admitted.startup.database) {
+        // (PgBouncer's console has no replication commands either.)
+        admitted
+            .startup
+            .conn
+            .send_error(
+                Severity::Fatal,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "the admin console does not serve replication connections",
+            )
+            .await;
+        return None;
+    }
+    if replication {
+        session::replication::serve(app, admitted).await;
+        return None;
+    }
     if crate::config::is_admin_database(&admitted.startup.database) {
         let Admitted {
             startup,

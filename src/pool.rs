@@ -557,9 +557,23 @@ impl Pool {
         &self,
         stop: Option<&AtomicBool>,
     ) -> Result<Box<ServerConn>, CheckoutError> {
-        let mut conn = self.checkout_slowly(stop).await?;
+        let mut conn = self.checkout_slowly(stop, &[]).await?;
         self.serve_here(&mut conn);
         Ok(conn)
+    }
+
+    /// A new server of its own for a replication client, as PgBouncer opens one: a slot of
+    /// the pool taken as any checkout takes one (the queue, PAUSE, query_wait_timeout, the
+    /// budgets), an idle server granted instead closed to make room for it, and the connection
+    /// opened with the `extra` startup parameters (`replication`, the client's settings). It
+    /// never goes back to the pool: [`Pool::release_slot`] when the client is done.
+    pub async fn checkout_dedicated(
+        &self,
+        stop: Option<&AtomicBool>,
+        extra: &[(&str, &str)],
+    ) -> Result<Box<ServerConn>, CheckoutError> {
+        debug_assert!(!extra.is_empty());
+        self.checkout_slowly(stop, extra).await
     }
 
     /// Moves `conn` to the calling worker's event loop if it served another one.
@@ -658,9 +672,14 @@ impl Pool {
 
     /// [`Pool::checkout`] when no idle connection could be handed out at once: looks at the
     /// pool, waits as told (for RESUME, in the queue), then readies what it was granted.
+    ///
+    /// With `dedicated` startup parameters (a replication client's server, see
+    /// [`Pool::checkout_dedicated`]) a granted idle server is closed and a new one opened in
+    /// its slot.
     async fn checkout_slowly(
         &self,
         stop: Option<&AtomicBool>,
+        dedicated: &[(&str, &str)],
     ) -> Result<Box<ServerConn>, CheckoutError> {
         let started = Moment::now();
         let settings = self.settings.load_full();
@@ -697,13 +716,25 @@ impl Pool {
                 counted = now;
             }
             match grant {
+                Grant::Conn(conn) if !dedicated.is_empty() => {
+                    // Its slot (and budget) now the new connection's.
+                    self.forget(&conn);
+                    tokio::spawn(conn.terminate());
+                    return self
+                        .open_granted(&settings, wait.deadline, started, dedicated)
+                        .await;
+                }
                 Grant::Conn(conn) => {
                     if let Some(conn) = self.ready(conn, &settings, now).await {
                         self.note_wait(started, now);
                         return Ok(conn);
                     }
                 }
-                Grant::Slot => return self.open_granted(&settings, wait.deadline, started).await,
+                Grant::Slot => {
+                    return self
+                        .open_granted(&settings, wait.deadline, started, dedicated)
+                        .await
+                }
             }
         }
     }
@@ -841,8 +872,9 @@ impl Pool {
         settings: &PoolSettings,
         deadline: Instant,
         started: Moment,
+        extra: &[(&str, &str)],
     ) -> Result<Box<ServerConn>, CheckoutError> {
-        match self.connect(settings, deadline).await {
+        match self.connect(settings, deadline, extra).await {
             Ok(mut conn) => {
                 conn.set_state(ServerState::Active);
                 conn.checked_out = Moment::now();
@@ -871,13 +903,14 @@ impl Pool {
         &self,
         settings: &PoolSettings,
         deadline: Instant,
+        extra: &[(&str, &str)],
     ) -> Result<Box<ServerConn>, ServerError> {
         let connect_deadline = (Instant::now() + settings.server_connect_timeout).min(deadline);
         let mut delay = Duration::from_millis(50);
         loop {
             let attempt = tokio::time::timeout_at(
                 connect_deadline.into(),
-                ServerConn::connect(&settings.target),
+                ServerConn::connect_with(&settings.target, extra),
             )
             .await;
             let err = match attempt {
@@ -889,7 +922,8 @@ impl Pool {
                     let conn = Box::new(conn);
                     self.servers.lock().insert(conn.info.id, conn.info.clone());
                     let mut defaults = self.defaults.lock();
-                    if defaults.is_none() {
+                    // (Not from a replication client's server, opened with its settings.)
+                    if defaults.is_none() && extra.is_empty() {
                         *defaults = Some(conn.reported().clone());
                     }
                     return Ok(conn);
@@ -1114,7 +1148,11 @@ impl Pool {
                 st.total += 1;
             }
             match self
-                .connect(&settings, Instant::now() + settings.server_connect_timeout)
+                .connect(
+                    &settings,
+                    Instant::now() + settings.server_connect_timeout,
+                    &[],
+                )
                 .await
             {
                 Ok(conn) => self.checkin(conn),

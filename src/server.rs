@@ -6,6 +6,7 @@
 use crate::clock::Moment;
 use crate::params::Vars;
 use crate::protocol::backend::{self, AuthRequest, ErrorFields};
+use crate::protocol::startup::Replication;
 use crate::protocol::{frame, frontend, MAX_BACKEND_MESSAGE_SIZE};
 use crate::stream::Stream;
 use crate::tls::ServerTlsMode;
@@ -145,6 +146,9 @@ pub struct ServerInfo {
     /// When the connection was opened (server_lifetime, RECONNECT).
     pub created: Moment,
     pub tls: bool,
+    /// A replication connection (a replication client's own server), SHOW SERVERS'
+    /// `replication`; never one of the pool's shared servers.
+    pub replication: Replication,
     state: AtomicU8,
     /// Id of the client using it, 0 when none.
     pub client_id: AtomicU64,
@@ -258,6 +262,7 @@ impl ServerConn {
                 connect_time: std::time::SystemTime::now(),
                 created: now,
                 tls: stream.is_tls(),
+                replication: Replication::None,
                 state: AtomicU8::new(ServerState::Login as u8),
                 client_id: AtomicU64::new(0),
                 prepared_statements: AtomicU64::new(0),
@@ -466,6 +471,11 @@ impl ServerConn {
             params.push(("application_name", name.as_str()));
         }
         params.extend_from_slice(extra);
+        if let Some((_, kind)) = extra.iter().find(|(k, _)| *k == "replication") {
+            Arc::get_mut(&mut self.info)
+                .expect("a new connection's info is not shared yet")
+                .replication = Replication::parse(kind).unwrap_or_default();
+        }
         frontend::startup(&mut self.wbuf, &params);
         self.flush().await?;
         let password = target.password.as_deref().unwrap_or("");

@@ -484,7 +484,7 @@ async fn tls_query(
     let task = tokio::spawn(connection);
     let row = client.query_one("SELECT 'over tls'::text", &[]).await?;
     assert_eq!(row.get::<_, String>(0), "over tls");
-    let tls_clients = proxy.app().clients().iter().filter(|c| c.tls).count();
+    let tls_clients = proxy.app().clients().iter().filter(|c| c.tls()).count();
     drop(client);
     task.await.unwrap()?;
     Ok(tls_clients == 1)

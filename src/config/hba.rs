@@ -4,9 +4,10 @@
 //! address decides.
 //!
 //! - kinds: `local` (the Unix socket), `host`, `hostssl`, `hostnossl`;
-//! - databases: `all`, `sameuser`, `replication` (pgmemo serves no replication connection, so
-//!   it matches none), names, comma-separated, `"quoted"` (a quoted keyword is a name),
-//!   `@file` (the names in that file, relative to the HBA file's directory);
+//! - databases: `all`, `sameuser`, `replication` (as in PostgreSQL, a physical replication
+//!   connection matches only this keyword, and a logical one, `replication=database`, matches
+//!   as a connection to its database), names, comma-separated, `"quoted"` (a quoted keyword is
+//!   a name), `@file` (the names in that file, relative to the HBA file's directory);
 //! - users: `all`, names, `@file`;
 //! - addresses: `all`, an IPv4 or IPv6 address with a `/prefix`, or an address and a mask in
 //!   two fields;
@@ -128,21 +129,23 @@ impl Hba {
     }
 
     /// The method of the first rule that matches, and its line; None when none does.
+    /// `physical`: a physical replication connection (matched by `replication` lines only).
     pub fn method(
         &self,
         arrival: Arrival,
         database: &str,
         user: &str,
+        physical: bool,
     ) -> Option<(HbaMethod, usize)> {
         self.rules
             .iter()
-            .find(|r| r.matches(arrival, database, user))
+            .find(|r| r.matches(arrival, database, user, physical))
             .map(|r| (r.method, r.line))
     }
 }
 
 impl Rule {
-    fn matches(&self, arrival: Arrival, database: &str, user: &str) -> bool {
+    fn matches(&self, arrival: Arrival, database: &str, user: &str, physical: bool) -> bool {
         let kind = match (self.kind, arrival) {
             (Kind::Local, Arrival::Local) => true,
             (Kind::Host, Arrival::Tcp { .. }) => true,
@@ -156,9 +159,10 @@ impl Rule {
             (Some(_), Arrival::Local) => false,
         };
         let database_ok = self.databases.iter().any(|d| match d {
+            Name::Replication => physical,
+            _ if physical => false,
             Name::All => true,
             Name::SameUser => database == user,
-            Name::Replication => false,
             Name::Named(n) => n == database,
         });
         let user_ok = self.users.iter().any(|u| match u {
@@ -407,7 +411,7 @@ mod tests {
 
     #[test]
     fn the_first_matching_line_decides() {
-        let method = |hba: &Hba, a, d, u| hba.method(a, d, u).map(|(m, _)| m);
+        let method = |hba: &Hba, a, d, u| hba.method(a, d, u, false).map(|(m, _)| m);
         let hba = Hba::parse(
             "# comment\n\
              local all all trust\n\
@@ -425,7 +429,9 @@ mod tests {
             Some(ScramSha256)
         );
         assert_eq!(
-            hba.method(tcp("10.1.2.3", true), "app", "web").unwrap().1,
+            hba.method(tcp("10.1.2.3", true), "app", "web", false)
+                .unwrap()
+                .1,
             3
         );
         assert_eq!(
@@ -456,6 +462,31 @@ mod tests {
     }
 
     #[test]
+    fn physical_replication_matches_replication_lines_only() {
+        let hba = Hba::parse(
+            "host all all 10.0.0.0/8 md5\n\
+             host replication rep 10.0.0.0/8 scram-sha-256\n\
+             host \"replication\" all 10.0.0.0/8 trust\n",
+        )
+        .unwrap();
+        let method = |d, u, physical| {
+            hba.method(tcp("10.1.2.3", false), d, u, physical)
+                .map(|(m, _)| m)
+        };
+        // Physical: `all` does not match it, the keyword does (a quoted one is a name).
+        assert_eq!(
+            method("replication", "rep", true),
+            Some(HbaMethod::ScramSha256)
+        );
+        assert_eq!(method("replication", "other", true), None);
+        // (Its database name is not looked at, as in PostgreSQL.)
+        assert_eq!(method("app", "rep", true), Some(HbaMethod::ScramSha256));
+        // Logical and plain connections match as connections to their database.
+        assert_eq!(method("replication", "rep", false), Some(HbaMethod::Md5));
+        assert_eq!(method("app", "rep", false), Some(HbaMethod::Md5));
+    }
+
+    #[test]
     fn at_file_lists_are_read_next_to_the_hba_file() {
         let dir = std::env::temp_dir().join(format!("pgmemo-hba-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -467,13 +498,17 @@ mod tests {
         )
         .unwrap();
         let hba = Hba::load(&dir.join("hba.conf")).unwrap();
-        let method = |d| hba.method(tcp("10.0.0.1", false), d, "u").map(|(m, _)| m);
+        let method = |d| {
+            hba.method(tcp("10.0.0.1", false), d, "u", false)
+                .map(|(m, _)| m)
+        };
         assert_eq!(method("app"), Some(HbaMethod::Md5));
         assert_eq!(method("reports"), Some(HbaMethod::Md5));
         assert_eq!(method("all"), Some(HbaMethod::Md5));
         assert_eq!(method("other"), Some(HbaMethod::Reject));
         assert_eq!(
-            hba.method(Arrival::Local, "app", "u").map(|(m, _)| m),
+            hba.method(Arrival::Local, "app", "u", false)
+                .map(|(m, _)| m),
             Some(HbaMethod::Peer)
         );
         std::fs::write(dir.join("hba.conf"), "host @nested all all md5\n").unwrap();

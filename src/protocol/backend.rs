@@ -48,6 +48,7 @@ pub mod sqlstate {
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const RESERVED_NAME: &str = "42939";
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+    pub const INVALID_PARAMETER_VALUE: &str = "22023";
     /// A setting RELOAD cannot change at run time (PostgreSQL's cant_change_runtime_param).
     pub const CANT_CHANGE_RUNTIME_PARAM: &str = "55P02";
     /// The configuration file cannot be used (config_file_error; PgBouncer's RELOAD failure).
@@ -86,6 +87,29 @@ pub fn error_response(out: &mut BytesMut, severity: Severity, code: &str, messag
             (b'V', severity.as_str()),
             (b'C', code),
             (b'M', message),
+        ] {
+            b.put_u8(field);
+            put_cstr(b, value.as_bytes());
+        }
+        b.put_u8(0);
+    });
+}
+
+/// [`error_response`] with a hint (field H, after the message as PostgreSQL places it).
+pub fn error_response_hint(
+    out: &mut BytesMut,
+    severity: Severity,
+    code: &str,
+    message: &str,
+    hint: &str,
+) {
+    write_message(out, ERROR_RESPONSE, |b| {
+        for (field, value) in [
+            (b'S', severity.as_str()),
+            (b'V', severity.as_str()),
+            (b'C', code),
+            (b'M', message),
+            (b'H', hint),
         ] {
             b.put_u8(field);
             put_cstr(b, value.as_bytes());

@@ -104,6 +104,71 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, StartupError> {
     }
 }
 
+/// What a StartupMessage's `replication` parameter asks for, read as PostgreSQL reads it:
+/// `database` for a logical replication connection (a walsender connected to a database), a
+/// boolean for a physical one or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replication {
+    #[default]
+    None,
+    Logical,
+    Physical,
+}
+
+impl Replication {
+    /// The parameter's value read; None for a value PostgreSQL refuses (see
+    /// [`Replication::invalid`]).
+    pub fn parse(value: &str) -> Option<Replication> {
+        if value == "database" {
+            return Some(Replication::Logical);
+        }
+        Some(match parse_bool(value)? {
+            true => Replication::Physical,
+            false => Replication::None,
+        })
+    }
+
+    /// PostgreSQL's FATAL message and hint for a value [`Replication::parse`] refuses.
+    pub fn invalid(value: &str) -> (String, &'static str) {
+        (
+            format!("invalid value for parameter \"replication\": \"{value}\""),
+            "Valid values are: \"false\", 0, \"true\", 1, \"database\".",
+        )
+    }
+
+    /// The parameter's value for the server, as PostgreSQL would read the client's.
+    pub fn parameter(self) -> &'static str {
+        match self {
+            Replication::None => "false",
+            Replication::Logical => "database",
+            Replication::Physical => "true",
+        }
+    }
+
+    /// Its name in PgBouncer's SHOW CLIENTS and SHOW SERVERS.
+    pub fn name(self) -> &'static str {
+        match self {
+            Replication::None => "none",
+            Replication::Logical => "logical",
+            Replication::Physical => "physical",
+        }
+    }
+}
+
+/// PostgreSQL's `parse_bool`: any prefix of true, false, yes, no (case-insensitive), `on`,
+/// `off` and `of`, `1`, `0`.
+fn parse_bool(value: &str) -> Option<bool> {
+    let v = value.to_ascii_lowercase();
+    let prefix_of = |word: &str, min: usize| v.len() >= min && word.starts_with(v.as_str());
+    if prefix_of("true", 1) || prefix_of("yes", 1) || prefix_of("on", 2) || v == "1" {
+        Some(true)
+    } else if prefix_of("false", 1) || prefix_of("no", 1) || prefix_of("off", 2) || v == "0" {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +202,30 @@ mod tests {
         );
         let unterminated = [0, 0, 0, 10, 0, 3, 0, 0, b'u', b's'];
         assert!(parse(&unterminated).is_err());
+    }
+
+    #[test]
+    fn replication_is_read_as_postgresql_reads_it() {
+        use Replication::*;
+        for (value, want) in [
+            ("database", Some(Logical)),
+            ("true", Some(Physical)),
+            ("T", Some(Physical)),
+            ("ye", Some(Physical)),
+            ("on", Some(Physical)),
+            ("1", Some(Physical)),
+            ("false", Some(None)),
+            ("f", Some(None)),
+            ("NO", Some(None)),
+            ("of", Some(None)),
+            ("0", Some(None)),
+            ("o", Option::None),
+            ("Database", Option::None),
+            ("yes please", Option::None),
+            ("", Option::None),
+            ("2", Option::None),
+        ] {
+            assert_eq!(Replication::parse(value), want, "{value:?}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use crate::app::{App, Endpoint, Passthrough};
 use crate::auth::{md5_salt, md5_verify, AuthError, ScramServer, Secret};
 use crate::config::AuthType;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
-use crate::protocol::startup::{self, StartupPacket};
+use crate::protocol::startup::{self, Replication, StartupPacket};
 use crate::protocol::{frame, frontend as fe};
 use crate::stats::LoginFailure;
 use crate::stream::Stream;
@@ -137,6 +137,9 @@ pub struct Startup {
     pub database: String,
     /// Startup parameters other than user/database, `options` already split into settings.
     pub params: Vec<(String, String)>,
+    /// A replication connection (`replication` = `database` or true) is relayed to a server
+    /// of its own (see [`super::replication`]).
+    pub replication: Replication,
 }
 
 /// How the startup phase ended without a session.
@@ -220,12 +223,13 @@ pub async fn read_startup(app: &App, mut stream: Stream) -> Result<Outcome, Logi
             Ok(StartupPacket::Startup { minor, params }) => {
                 let mut conn = ClientConn::new(stream, rbuf);
                 return accept_startup(app, &mut conn, minor, params).await.map(
-                    |(user, database, params)| {
+                    |(user, database, params, replication)| {
                         Outcome::Session(Box::new(Startup {
                             conn,
                             user,
                             database,
                             params,
+                            replication,
                         }))
                     },
                 );
@@ -261,7 +265,8 @@ async fn refuse_raw(stream: &mut Stream, code: &'static str, message: &str) -> L
     LoginError::refused(code, message)
 }
 
-type Accepted = (String, String, Vec<(String, String)>);
+/// The user, the database, the other parameters, and what the client asked of replication.
+type Accepted = (String, String, Vec<(String, String)>, Replication);
 
 async fn accept_startup(
     app: &App,
@@ -283,21 +288,30 @@ async fn accept_startup(
     let mut options = Vec::new();
     let mut unknown_protocol_options = Vec::new();
     let mut settings = Vec::new();
+    let mut replication = Replication::None;
     for (k, v) in params {
         match k.as_str() {
             "user" => user = Some(v),
             "database" => database = Some(v),
             "options" => options.extend(crate::params::parse_options(&v)),
-            "replication" => {
-                if v != "false" && v != "off" && v != "0" && v != "no" {
-                    return Err(conn
-                        .refuse(
-                            sqlstate::FEATURE_NOT_SUPPORTED,
-                            "pgmemo does not support replication connections",
-                        )
-                        .await);
+            "replication" => match Replication::parse(&v) {
+                Some(kind) => replication = kind,
+                None => {
+                    let (message, hint) = Replication::invalid(&v);
+                    be::error_response_hint(
+                        &mut conn.wbuf,
+                        Severity::Fatal,
+                        sqlstate::INVALID_PARAMETER_VALUE,
+                        &message,
+                        hint,
+                    );
+                    let _ = conn.flush().await;
+                    return Err(LoginError::refused(
+                        sqlstate::INVALID_PARAMETER_VALUE,
+                        message,
+                    ));
                 }
-            }
+            },
             k if k.starts_with("_pq_.") => unknown_protocol_options.push(k.to_owned()),
             _ => settings.push((k, v)),
         }
@@ -327,8 +341,8 @@ async fn accept_startup(
     let database = database
         .filter(|d| !d.is_empty())
         .unwrap_or_else(|| user.clone());
-    authenticate(app, conn, &user, &database).await?;
-    Ok((user, database, settings))
+    authenticate(app, conn, &user, &database, replication).await?;
+    Ok((user, database, settings, replication))
 }
 
 /// `application_name_add_host`: the client's `application_name` (`app` when it gives none)
@@ -357,6 +371,7 @@ async fn authenticate(
     conn: &mut ClientConn,
     user: &str,
     database: &str,
+    replication: Replication,
 ) -> Result<(), LoginError> {
     let cfg = app.config.load();
     let secret = match secret_of(app, user, database).await {
@@ -384,13 +399,12 @@ async fn authenticate(
     };
     let failed = || format!("password authentication failed for user \"{user}\"");
     let configured = match cfg.general.auth_type {
-        AuthType::Hba => match hba_method(&cfg.hba, &conn.stream, user, database) {
-            Ok(method) => method,
-            Err(message) => {
-                return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await);
-            }
-        },
-        method => method,
+        AuthType::Hba => hba_method(&cfg.hba, &conn.stream, user, database, replication),
+        method => Ok(method),
+    };
+    let configured = match configured {
+        Ok(method) => method,
+        Err(message) => return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await),
     };
     // As in PostgreSQL, md5 means SCRAM for a user whose secret is a SCRAM verifier: the
     // verifier cannot check an md5 answer, and SCRAM is the stronger method anyway.
@@ -500,6 +514,7 @@ fn hba_method(
     stream: &Stream,
     user: &str,
     database: &str,
+    replication: Replication,
 ) -> Result<AuthType, String> {
     use crate::config::hba::{Arrival, HbaMethod};
     let (arrival, host) = match stream {
@@ -514,16 +529,31 @@ fn hba_method(
         Arrival::Tcp { tls: true, .. } => ", SSL encryption",
         _ => ", no encryption",
     };
-    let who = format!("host \"{host}\", user \"{user}\", database \"{database}\"{encryption}");
-    let Some((method, line)) = hba.method(arrival, database, user) else {
-        return Err(format!("no pg_hba.conf entry for {who}"));
+    // A physical replication connection matches only lines for `replication` and is named
+    // without a database, in PostgreSQL's words (a logical one is a database's).
+    let physical = replication == Replication::Physical;
+    let (who, what) = match physical {
+        true => (
+            format!("host \"{host}\", user \"{user}\"{encryption}"),
+            "replication connection",
+        ),
+        false => (
+            format!("host \"{host}\", user \"{user}\", database \"{database}\"{encryption}"),
+            "connection",
+        ),
+    };
+    let Some((method, line)) = hba.method(arrival, database, user, physical) else {
+        return Err(match physical {
+            true => format!("no pg_hba.conf entry for replication connection from {who}"),
+            false => format!("no pg_hba.conf entry for {who}"),
+        });
     };
     tracing::debug!(line, "{who}: HBA line {line} matched");
     match method {
         HbaMethod::Trust => Ok(AuthType::Trust),
         HbaMethod::Md5 => Ok(AuthType::Md5),
         HbaMethod::ScramSha256 => Ok(AuthType::ScramSha256),
-        HbaMethod::Reject => Err(format!("pg_hba.conf rejects connection for {who}")),
+        HbaMethod::Reject => Err(format!("pg_hba.conf rejects {what} for {who}")),
         HbaMethod::Cert => Ok(AuthType::Cert),
         HbaMethod::Peer => {
             // (Peer lines are local lines: the stream is the Unix socket's.)

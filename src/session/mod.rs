@@ -23,6 +23,7 @@
 //! - `hold.rs`: a server held and given back: pins, the state probe, the release;
 //! - [`planner`] (statements renamed, injected, autoprepared, answered locally), `caching.rs`
 //!   (the session's side of the result cache), [`state`] (the session state it carries);
+//! - [`replication`]: a replication client, relayed byte for byte to a server of its own;
 //! - `bench.rs`: [`BenchSession`], a session driven by hand for `benches/hot_path.rs`;
 //!   `tests.rs`: the unit tests of its small parts and of an idle client's footprint.
 
@@ -37,6 +38,7 @@ mod inbound;
 pub mod login;
 mod outbound;
 pub mod planner;
+pub mod replication;
 mod start;
 pub mod state;
 
@@ -120,7 +122,7 @@ pub async fn start(app: Arc<App>, admitted: Box<Admitted>) -> Option<Started> {
     match Session::start(app.clone(), info.clone(), admitted).await {
         Some(session) => {
             if app.config.load().general.log_connections {
-                let tls = if info.tls { "yes" } else { "no" };
+                let tls = if info.tls() { "yes" } else { "no" };
                 tracing::info!(
                     client = %info.addr,
                     "login: db={} user={} tls={tls}",

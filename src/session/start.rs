@@ -33,28 +33,9 @@ impl Session {
             user,
             database,
             params: startup_params,
+            replication: _,
         } = admitted.startup;
-        if app.is_disabled(&database) {
-            app.errors.login_failed(LoginFailure::DatabaseDisabled);
-            // PostgreSQL's answer for a database that does not allow connections.
-            conn.send_error(
-                Severity::Fatal,
-                sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
-                &format!("database \"{database}\" is not currently accepting connections"),
-            )
-            .await;
-            return None;
-        }
-        let Some(pool) = app.pool(&database, &user) else {
-            app.errors.login_failed(LoginFailure::UnknownDatabase);
-            conn.send_error(
-                Severity::Fatal,
-                sqlstate::INVALID_CATALOG_NAME,
-                &format!("database \"{database}\" does not exist"),
-            )
-            .await;
-            return None;
-        };
+        let pool = pool_of(&app, &mut conn, &database, &user).await?;
         let mut session = Box::new(Session::new(app, info, pool, conn));
         if let Err(e) = session.settle_parameters(&startup_params).await {
             tracing::info!(error = %e, "client startup parameters refused");
@@ -323,31 +304,8 @@ impl Session {
 
     /// Tells the client why it got no server, the way PostgreSQL or PgBouncer would.
     pub(super) async fn report_checkout_error(&mut self, e: CheckoutError) {
-        match e {
-            CheckoutError::Connect(ServerError::Server { raw, .. }) => {
-                // PostgreSQL's own refusal (unknown database, bad password for pgmemo's
-                // server login, too many connections): show it as is, as FATAL.
-                be::error_with_severity(&mut self.client.wbuf, &raw, Severity::Fatal);
-                let _ = self.client.flush().await;
-            }
-            CheckoutError::Connect(other) => {
-                let msg = format!("pgmemo could not connect to server: {other}");
-                self.client
-                    .send_error(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg)
-                    .await;
-            }
-            CheckoutError::WaitTimeout(d) => {
-                let msg = format!(
-                    "query_wait_timeout: no server connection became free within {:.1}s",
-                    d.as_secs_f64()
-                );
-                self.client
-                    .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &msg)
-                    .await;
-            }
-            CheckoutError::Closed | CheckoutError::Stopped => {
-                self.shutdown_client().await;
-            }
+        if !tell_no_server(&mut self.client, e).await {
+            self.shutdown_client().await;
         }
     }
 
@@ -358,4 +316,66 @@ impl Session {
         self.pool.checkin(server);
         Ok(())
     }
+}
+
+/// Tells a client why it got no server, the way PostgreSQL or PgBouncer would; false for a
+/// client stopped while it waited (killed, or pgmemo closing), whose caller says why.
+pub(super) async fn tell_no_server(client: &mut ClientConn, e: CheckoutError) -> bool {
+    match e {
+        CheckoutError::Connect(ServerError::Server { raw, .. }) => {
+            // PostgreSQL's own refusal (unknown database, bad password for pgmemo's server
+            // login, too many connections): show it as is, as FATAL.
+            be::error_with_severity(&mut client.wbuf, &raw, Severity::Fatal);
+            let _ = client.flush().await;
+        }
+        CheckoutError::Connect(other) => {
+            let msg = format!("pgmemo could not connect to server: {other}");
+            client
+                .send_error(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg)
+                .await;
+        }
+        CheckoutError::WaitTimeout(d) => {
+            let msg = format!(
+                "query_wait_timeout: no server connection became free within {:.1}s",
+                d.as_secs_f64()
+            );
+            client
+                .send_error(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &msg)
+                .await;
+        }
+        CheckoutError::Closed | CheckoutError::Stopped => return false,
+    }
+    true
+}
+
+/// The pool a client that logged in to `database` as `user` is served from; None when the
+/// database is disabled or unknown (the client was told, as PostgreSQL tells it).
+pub(super) async fn pool_of(
+    app: &App,
+    conn: &mut ClientConn,
+    database: &str,
+    user: &str,
+) -> Option<Arc<Pool>> {
+    if app.is_disabled(database) {
+        app.errors.login_failed(LoginFailure::DatabaseDisabled);
+        // PostgreSQL's answer for a database that does not allow connections.
+        conn.send_error(
+            Severity::Fatal,
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            &format!("database \"{database}\" is not currently accepting connections"),
+        )
+        .await;
+        return None;
+    }
+    let pool = app.pool(database, user);
+    if pool.is_none() {
+        app.errors.login_failed(LoginFailure::UnknownDatabase);
+        conn.send_error(
+            Severity::Fatal,
+            sqlstate::INVALID_CATALOG_NAME,
+            &format!("database \"{database}\" does not exist"),
+        )
+        .await;
+    }
+    pool
 }
