@@ -225,6 +225,80 @@ async fn logical_replication_is_relayed_to_a_server_of_its_own() {
     proxy.shutdown().await;
 }
 
+/// A PostgreSQL subscription whose connection string points at pgmemo: its apply worker and
+/// its table-sync worker (pgoutput, with the `options` a subscriber sends) stream through
+/// pgmemo, the table's rows and a later insert arrive, and DROP SUBSCRIPTION drops its slot
+/// through pgmemo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_subscription_streams_through_pgmemo() {
+    let c = cluster();
+    c.psql(
+        TEST_DB,
+        "DROP PUBLICATION IF EXISTS relay_pub;
+         DROP TABLE IF EXISTS relay_sub;
+         CREATE TABLE relay_sub (id int PRIMARY KEY, v text);
+         INSERT INTO relay_sub VALUES (1, 'there before');
+         CREATE PUBLICATION relay_pub FOR TABLE relay_sub;
+         SELECT pg_create_logical_replication_slot('relay_sub_slot', 'pgoutput');",
+    );
+    c.psql("postgres", "DROP DATABASE IF EXISTS relay_subscriber");
+    c.psql("postgres", "CREATE DATABASE relay_subscriber");
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let port = proxy.local_addr().port();
+    c.psql(
+        "relay_subscriber",
+        &format!(
+            "CREATE TABLE relay_sub (id int PRIMARY KEY, v text);
+             CREATE SUBSCRIPTION relay_subscription CONNECTION 'host=127.0.0.1 port={port} \
+             user={PGMEMO_USER} password={PGMEMO_PASS} dbname={TEST_DB}' PUBLICATION relay_pub \
+             WITH (create_slot = false, slot_name = 'relay_sub_slot');"
+        ),
+    );
+    let rows = || {
+        c.psql(
+            "relay_subscriber",
+            "SELECT string_agg(v, ',' ORDER BY id) FROM relay_sub",
+        )
+    };
+    wait_until("the table copied", Duration::from_secs(60), || async {
+        rows().trim() == "there before"
+    })
+    .await;
+    let client = connect(&proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        TEST_DB,
+    ))
+    .await;
+    client
+        .simple_query("INSERT INTO relay_sub VALUES (2, 'inserted later')")
+        .await
+        .unwrap();
+    wait_until("the insert applied", Duration::from_secs(60), || async {
+        rows().trim() == "there before,inserted later"
+    })
+    .await;
+    let admin = admin_console(proxy.local_addr()).await;
+    let clients = admin_rows(&admin, "SHOW CLIENTS").await;
+    assert!(
+        clients
+            .iter()
+            .any(|r| r["replication"] == "logical" && r["application_name"] == "relay_subscription"),
+        "{clients:?}"
+    );
+    c.psql("relay_subscriber", "DROP SUBSCRIPTION relay_subscription");
+    assert_eq!(
+        c.psql(
+            TEST_DB,
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'relay_sub_slot'"
+        )
+        .trim(),
+        "0"
+    );
+    proxy.shutdown().await;
+}
+
 /// A physical replication client: pg_basebackup through pgmemo makes a backup that
 /// pg_verifybackup accepts; the `replication` parameter is read as PostgreSQL reads it (its
 /// FATAL for a value it refuses); physical connections match only `replication` lines of the
