@@ -458,11 +458,9 @@ impl ServerConn {
             || self.reported.is("default_transaction_read_only", "on")
     }
 
-    async fn login(
-        &mut self,
-        target: &ServerTarget,
-        extra: &[(&str, &str)],
-    ) -> Result<(), ServerError> {
+    /// Queues the StartupMessage: the target's user, database and application_name, then
+    /// `extra` (a replication connection's kind is noted for SHOW SERVERS).
+    fn send_startup(&mut self, target: &ServerTarget, extra: &[(&str, &str)]) {
         let mut params = vec![
             ("user", target.user.as_str()),
             ("database", target.dbname.as_str()),
@@ -477,6 +475,14 @@ impl ServerConn {
                 .replication = Replication::parse(kind).unwrap_or_default();
         }
         frontend::startup(&mut self.wbuf, &params);
+    }
+
+    async fn login(
+        &mut self,
+        target: &ServerTarget,
+        extra: &[(&str, &str)],
+    ) -> Result<(), ServerError> {
+        self.send_startup(target, extra);
         self.flush().await?;
         let password = target.password.as_deref().unwrap_or("");
         let mut scram: Option<crate::auth::ScramClient> = None;

@@ -572,7 +572,7 @@ async fn certificate_logins() {
     )
     .unwrap();
     let mut config = cert_config(&certs, ClientTlsMode::Allow, AuthType::Hba);
-    config.general.auth_hba_file = Some(hba);
+    config.general.auth_hba_file = Some(hba.clone());
     config.read_auth_file().unwrap();
     let proxy = start_pgmemo(config).await;
     own_certificate_logs_in(&proxy, &certs).await;
@@ -590,6 +590,26 @@ async fn certificate_logins() {
     .await
     .expect("a plain-text client logs in with its password");
     assert_eq!(scalar(&mut plain, "SELECT 'plain'").await, "plain");
+    proxy.shutdown().await;
+
+    // A cert line with an ident map: the certificates its map names log in as its users, a
+    // certificate of the user's own name no longer does.
+    let ident = certs.dir.join("ident.conf");
+    std::fs::write(&ident, format!("apps web-app {PGMEMO_USER}\n")).unwrap();
+    std::fs::write(&hba, "hostssl all all all cert map=apps\n").unwrap();
+    let mut config = cert_config(&certs, ClientTlsMode::Allow, AuthType::Hba);
+    config.general.auth_hba_file = Some(hba);
+    config.general.auth_ident_file = Some(ident);
+    config.read_auth_file().unwrap();
+    let proxy = start_pgmemo(config).await;
+    let mapped = cert_login(&proxy, &certs, Some(certs.client("web-app"))).await;
+    assert_eq!(mapped.unwrap(), PGMEMO_USER);
+    assert_eq!(
+        cert_login(&proxy, &certs, Some(certs.client(PGMEMO_USER))).await,
+        Err(format!(
+            "28000 certificate authentication failed for user \"{PGMEMO_USER}\""
+        ))
+    );
     proxy.shutdown().await;
 }
 

@@ -293,7 +293,7 @@ async fn peer_lets_in_the_socket_users_own_name() {
     let port = free_port();
     let mut config = unix_config(&dir.0, port);
     config.general.auth_type = pgmemo::config::AuthType::Hba;
-    config.general.auth_hba_file = Some(hba);
+    config.general.auth_hba_file = Some(hba.clone());
     // The OS user is a pgmemo user, served by a database that logs into the server as
     // pgmemo's own role.
     config.users.insert(
@@ -320,7 +320,7 @@ async fn peer_lets_in_the_socket_users_own_name() {
         },
     );
     config.read_auth_file().unwrap();
-    let _proxy = start_pgmemo(config).await;
+    let proxy = start_pgmemo(config.clone()).await;
     let current_user = "SELECT current_user";
     let own = psql_as(&dir.0, port, &os_user, "peerdb", None, current_user).await;
     assert_eq!(own.unwrap(), PGMEMO_USER);
@@ -333,4 +333,26 @@ async fn peer_lets_in_the_socket_users_own_name() {
         )),
         "{refused}"
     );
+    proxy.shutdown().await;
+
+    // With an ident map (auth_ident_file, map=NAME): the OS user logs in as the users its map
+    // names, and no longer as itself (unless mapped to itself too).
+    let ident = dir.0.join("ident.conf");
+    std::fs::write(&ident, format!("socket {os_user} {PGMEMO_USER}\n")).unwrap();
+    std::fs::write(&hba, "local @databases all peer map=socket\n").unwrap();
+    config.general.auth_ident_file = Some(ident);
+    config.read_auth_file().unwrap();
+    let proxy = start_pgmemo(config).await;
+    let mapped = psql_as(&dir.0, port, PGMEMO_USER, "peerdb", None, current_user).await;
+    assert_eq!(mapped.unwrap(), PGMEMO_USER);
+    let own = psql_as(&dir.0, port, &os_user, "peerdb", None, current_user)
+        .await
+        .unwrap_err();
+    assert!(
+        own.ends_with(&format!(
+            "FATAL:  Peer authentication failed for user \"{os_user}\""
+        )),
+        "{own}"
+    );
+    proxy.shutdown().await;
 }

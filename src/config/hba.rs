@@ -14,8 +14,9 @@
 //! - methods: `trust`, `reject`, `md5`, `scram-sha-256` (what `auth_type` offers, as
 //!   PgBouncer); `md5` means SCRAM for a user whose secret is a SCRAM verifier, as everywhere;
 //!   `peer` on `local` lines: the operating-system user of the socket's peer must be the user
-//!   it logs in as (no ident maps); `cert` on `hostssl` lines: the client's certificate
-//!   (checked against `tls_ca_file`) must name the user in its Common Name.
+//!   it logs in as; `cert` on `hostssl` lines: the client's certificate (checked against
+//!   `tls_ca_file`) must name the user in its Common Name; either with `map=NAME`, a map of
+//!   `auth_ident_file` (see [`super::ident`]) saying which system names log in as which users.
 //!
 //! What pgmemo cannot honour is refused when the file is read, with its line, rather than
 //! skipped (a skipped `reject` line would let in whom it was written to keep out): an `@file`
@@ -28,6 +29,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use super::ident::IdentMaps;
 use super::ConfigError;
 
 /// What a line of the file lets a connection do.
@@ -70,6 +72,8 @@ struct Rule {
     /// None: any address (`all`, and `local` lines).
     network: Option<(IpAddr, u8)>,
     method: HbaMethod,
+    /// `map=NAME` of `auth_ident_file` (peer and cert lines).
+    map: Option<String>,
 }
 
 /// The rules of the HBA file, in order.
@@ -78,6 +82,8 @@ pub struct Hba {
     /// The file, as the configuration names it (made absolute against the config file).
     pub path: Option<PathBuf>,
     rules: Vec<Rule>,
+    /// `general.auth_ident_file`'s maps, which the rules' `map=` options name.
+    idents: IdentMaps,
 }
 
 /// How a connection arrived, for [`Hba::method`].
@@ -90,14 +96,19 @@ pub enum Arrival {
 }
 
 impl Hba {
-    /// Reads and checks the HBA file at `path`; an error names the file and the line.
-    pub fn load(path: &Path) -> Result<Hba, ConfigError> {
+    /// Reads and checks the HBA file at `path`, with the ident file at `ident` (its maps,
+    /// which `map=` options name); an error names the file and the line.
+    pub fn load(path: &Path, ident: Option<&Path>) -> Result<Hba, ConfigError> {
         let key = "general.auth_hba_file";
+        let idents = match ident {
+            Some(ident) => IdentMaps::load(ident)?,
+            None => IdentMaps::default(),
+        };
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::invalid(key, format!("cannot read {}: {e}", path.display()))
         })?;
         let dir = path.parent().unwrap_or(Path::new(""));
-        let mut hba = Hba::parse_in(&text, dir).map_err(|(line, message)| {
+        let mut hba = Hba::parse_in(&text, dir, idents).map_err(|(line, message)| {
             ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
         })?;
         hba.path = Some(path.to_owned());
@@ -107,20 +118,47 @@ impl Hba {
     /// The rules of `text`; the first line that cannot be honoured, with what is wrong.
     /// `@file` lists are read relative to the working directory.
     pub fn parse(text: &str) -> Result<Hba, (usize, String)> {
-        Hba::parse_in(text, Path::new(""))
+        Hba::parse_in(text, Path::new(""), IdentMaps::default())
     }
 
-    /// [`Hba::parse`], `@file` lists read relative to `dir` (the HBA file's).
-    fn parse_in(text: &str, dir: &Path) -> Result<Hba, (usize, String)> {
+    /// [`Hba::parse`], `@file` lists read relative to `dir` (the HBA file's), `map=` options
+    /// naming maps of `idents`.
+    fn parse_in(text: &str, dir: &Path, idents: IdentMaps) -> Result<Hba, (usize, String)> {
         let mut rules = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let fields = fields(line).map_err(|m| (i + 1, m))?;
             if fields.is_empty() {
                 continue;
             }
-            rules.push(rule(i + 1, &fields, dir).map_err(|m| (i + 1, m))?);
+            let rule = rule(i + 1, &fields, dir).map_err(|m| (i + 1, m))?;
+            if let Some(map) = rule.map.as_deref().filter(|m| !idents.has(m)) {
+                return Err((
+                    i + 1,
+                    format!("ident map \"{map}\" is not in auth_ident_file"),
+                ));
+            }
+            rules.push(rule);
         }
-        Ok(Hba { path: None, rules })
+        Ok(Hba {
+            path: None,
+            rules,
+            idents,
+        })
+    }
+
+    /// Whether the rule of line `line` (a `peer` or `cert` one) lets the client known to the
+    /// system as `system` (its operating-system user, its certificate's Common Name) log in as
+    /// `user`: through its ident map, or, without one, when the two names are the same.
+    pub fn lets_in(&self, line: usize, system: &str, user: &str) -> bool {
+        match self
+            .rules
+            .iter()
+            .find(|r| r.line == line)
+            .and_then(|r| r.map.as_deref())
+        {
+            Some(map) => self.idents.allows(map, system, user),
+            None => system == user,
+        }
     }
 
     /// Whether a line logs in with client certificates.
@@ -195,11 +233,11 @@ fn in_network(addr: IpAddr, net: IpAddr, prefix: u8) -> bool {
 
 /// A field of a line: its comma-separated elements, each with whether it was quoted (then it
 /// is a name, never a keyword).
-type Field = Vec<(String, bool)>;
+pub(super) type Field = Vec<(String, bool)>;
 
 /// The fields of one line: split at blanks, elements at commas, `"..."` quoting (with `""`
 /// for a quote inside), `#` starting a comment outside quotes.
-fn fields(line: &str) -> Result<Vec<Field>, String> {
+pub(super) fn fields(line: &str) -> Result<Vec<Field>, String> {
     let mut out: Vec<Field> = Vec::new();
     let mut chars = line.chars().peekable();
     let mut current: Option<Field> = None;
@@ -340,11 +378,26 @@ fn rule(line: usize, fields: &[Field], dir: &Path) -> Result<Rule, String> {
         }
         None => return Err("no authentication method".into()),
     };
-    if fields.len() > method_at + 1 {
-        return Err(format!(
-            "options after the method ({}) are not supported",
-            join(&fields[method_at + 1])
-        ));
+    let mut map = None;
+    for option in fields.iter().skip(method_at + 1).map(join) {
+        match option.strip_prefix("map=") {
+            Some(name) if matches!(method, HbaMethod::Peer | HbaMethod::Cert) => {
+                map = Some(name.to_owned())
+            }
+            // PostgreSQL's words.
+            Some(_) => {
+                return Err(
+                    "authentication option \"map\" is only valid for authentication methods \
+                     peer and cert"
+                        .into(),
+                )
+            }
+            None => {
+                return Err(format!(
+                    "option {option:?} after the method is not supported"
+                ))
+            }
+        }
     }
     Ok(Rule {
         line,
@@ -353,6 +406,7 @@ fn rule(line: usize, fields: &[Field], dir: &Path) -> Result<Rule, String> {
         users,
         network,
         method,
+        map,
     })
 }
 
@@ -462,6 +516,44 @@ mod tests {
     }
 
     #[test]
+    fn peer_and_cert_lines_name_their_ident_map() {
+        let idents = IdentMaps::parse("ops alice app\nops root all\n").unwrap();
+        let hba = Hba::parse_in(
+            "local app all peer map=ops\nlocal all all peer\nhostssl all all all cert map=ops\n",
+            Path::new(""),
+            idents.clone(),
+        )
+        .unwrap();
+        // Line 1's map: alice as app, root as anyone; not alice as herself.
+        assert!(hba.lets_in(1, "alice", "app"));
+        assert!(hba.lets_in(1, "root", "reports"));
+        assert!(!hba.lets_in(1, "alice", "alice"));
+        // Line 2 has no map: only one's own name.
+        assert!(hba.lets_in(2, "alice", "alice"));
+        assert!(!hba.lets_in(2, "alice", "app"));
+        assert!(hba.lets_in(3, "alice", "app"));
+        // No line (auth_type = "cert" without an HBA file): one's own name.
+        assert!(hba.lets_in(0, "app", "app") && !hba.lets_in(0, "alice", "app"));
+        for (text, says) in [
+            (
+                "local all all peer map=nomap\n",
+                "ident map \"nomap\" is not in",
+            ),
+            (
+                "host all all all md5 map=ops\n",
+                "only valid for authentication methods",
+            ),
+            (
+                "local all all peer clientcert=1\n",
+                "\"clientcert=1\" after the method",
+            ),
+        ] {
+            let (_, message) = Hba::parse_in(text, Path::new(""), idents.clone()).unwrap_err();
+            assert!(message.contains(says), "{text}: {message}");
+        }
+    }
+
+    #[test]
     fn physical_replication_matches_replication_lines_only() {
         let hba = Hba::parse(
             "host all all 10.0.0.0/8 md5\n\
@@ -497,7 +589,7 @@ mod tests {
             "host @dbs all all md5\nlocal all all peer\nhost all all all reject\n",
         )
         .unwrap();
-        let hba = Hba::load(&dir.join("hba.conf")).unwrap();
+        let hba = Hba::load(&dir.join("hba.conf"), None).unwrap();
         let method = |d| {
             hba.method(tcp("10.0.0.1", false), d, "u", false)
                 .map(|(m, _)| m)
@@ -512,7 +604,9 @@ mod tests {
             Some(HbaMethod::Peer)
         );
         std::fs::write(dir.join("hba.conf"), "host @nested all all md5\n").unwrap();
-        let nested = Hba::load(&dir.join("hba.conf")).unwrap_err().to_string();
+        let nested = Hba::load(&dir.join("hba.conf"), None)
+            .unwrap_err()
+            .to_string();
         assert!(
             nested.contains("line 1") && nested.contains("cannot name another"),
             "{nested}"
@@ -538,7 +632,7 @@ mod tests {
             ("host all all 10.0.0.0 md5", "needs a /prefix"),
             ("hostgssenc all all all md5", "hostgssenc"),
             ("host all all all ldap ldapserver=x", "method \"ldap\""),
-            ("host all all all md5 extra", "options after"),
+            ("host all all all md5 extra", "after the method is not supported"),
             ("host \"all all all md5", "quote"),
             ("host all", "no user field"),
         ] {

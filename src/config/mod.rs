@@ -40,6 +40,7 @@ mod choices;
 mod connstring;
 mod databases;
 pub mod hba;
+pub mod ident;
 mod locate;
 mod secrets;
 mod settings;
@@ -314,7 +315,10 @@ impl Config {
             None => AuthFile::default(),
         };
         self.hba = match &self.general.auth_hba_file {
-            Some(path) => std::sync::Arc::new(hba::Hba::load(path)?),
+            Some(path) => std::sync::Arc::new(hba::Hba::load(
+                path,
+                self.general.auth_ident_file.as_deref(),
+            )?),
             None => Default::default(),
         };
         Ok(())

@@ -53,6 +53,12 @@ settings! {
     /// `cert` (hostssl lines); `@file` name lists. Read again on RELOAD. Relative paths are
     /// relative to the config file.
     auth_hba_file: Option<PathBuf> = None, Live;
+    /// With `auth_type = "hba"`, PgBouncer's user name maps: lines of `MAPNAME SYSTEM-USERNAME
+    /// DATABASE-USERNAME` (the database name a user or `all`) that HBA lines of method `peer`
+    /// or `cert` name with `map=MAPNAME`; such a line lets the client whose operating-system
+    /// user (peer) or certificate Common Name (cert) is the system name log in as that user.
+    /// Read with the HBA file (RELOAD). Relative paths are relative to the config file.
+    auth_ident_file: Option<PathBuf> = None, Live;
     /// The role whose server connection looks up, with `auth_query`, the secret of a client
     /// that neither `[users]` nor `auth_file` lists. It logs into the server as itself, with
     /// `[upstream]`'s password when it is the upstream's user, else its plain password from

@@ -57,7 +57,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("auth_dbname", To("general.auth_dbname", Text)),
     ("auth_file", Special("[users.NAME] password = the file's secret")),
     ("auth_hba_file", To("general.auth_hba_file", Text)),
-    ("auth_ident_file", Not("pgmemo has no ident maps")),
+    ("auth_ident_file", To("general.auth_ident_file", Text)),
     ("auth_ldap_options", Not("pgmemo has no LDAP authentication")),
     ("auth_query", To("general.auth_query", Text)),
     ("auth_type", Special("general.auth_type")),

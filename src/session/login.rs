@@ -398,12 +398,13 @@ async fn authenticate(
         }
     };
     let failed = || format!("password authentication failed for user \"{user}\"");
+    // The HBA line that chose the method (0: none), for its ident map.
     let configured = match cfg.general.auth_type {
         AuthType::Hba => hba_method(&cfg.hba, &conn.stream, user, database, replication),
-        method => Ok(method),
+        method => Ok((method, 0)),
     };
-    let configured = match configured {
-        Ok(method) => method,
+    let (configured, line) = match configured {
+        Ok(chosen) => chosen,
         Err(message) => return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await),
     };
     // As in PostgreSQL, md5 means SCRAM for a user whose secret is a SCRAM verifier: the
@@ -424,16 +425,12 @@ async fn authenticate(
                 .await);
         }
         AuthType::Cert => {
-            if let Some(message) = certificate_refusal(&conn.stream, user) {
+            let lets_in = |name: &str| cfg.hba.lets_in(line, name, user);
+            let refusal = certificate_refusal(&conn.stream, user, lets_in).or_else(|| {
+                (!cfg.is_known_user(user)).then(|| format!("role \"{user}\" does not exist"))
+            });
+            if let Some(message) = refusal {
                 return Err(conn.refuse(sqlstate::INVALID_AUTHORIZATION, message).await);
-            }
-            if !cfg.is_known_user(user) {
-                return Err(conn
-                    .refuse(
-                        sqlstate::INVALID_AUTHORIZATION,
-                        format!("role \"{user}\" does not exist"),
-                    )
-                    .await);
             }
         }
         AuthType::Trust | AuthType::Hba => {}
@@ -489,14 +486,19 @@ async fn authenticate(
 
 /// Why certificate authentication refuses `user` on `stream` (PostgreSQL's message), or None
 /// when the client's certificate (checked against `tls_ca_file` by the handshake) names it.
-fn certificate_refusal(stream: &Stream, user: &str) -> Option<String> {
+fn certificate_refusal(
+    stream: &Stream,
+    user: &str,
+    lets_in: impl Fn(&str) -> bool,
+) -> Option<String> {
     match crate::tls::client_certificate_name(stream) {
-        Some(name) if name == user => None,
+        Some(name) if lets_in(&name) => None,
         Some(name) => {
             tracing::info!(
                 user,
                 certificate = name,
-                "certificate authentication: the certificate's Common Name is not the user"
+                "certificate authentication: the certificate's Common Name is not the user \
+                 (nor mapped to it)"
             );
             Some(format!(
                 "certificate authentication failed for user \"{user}\""
@@ -515,7 +517,7 @@ fn hba_method(
     user: &str,
     database: &str,
     replication: Replication,
-) -> Result<AuthType, String> {
+) -> Result<(AuthType, usize), String> {
     use crate::config::hba::{Arrival, HbaMethod};
     let (arrival, host) = match stream {
         Stream::Unix(_) => (Arrival::Local, "[local]".to_owned()),
@@ -549,30 +551,34 @@ fn hba_method(
         });
     };
     tracing::debug!(line, "{who}: HBA line {line} matched");
-    match method {
-        HbaMethod::Trust => Ok(AuthType::Trust),
-        HbaMethod::Md5 => Ok(AuthType::Md5),
-        HbaMethod::ScramSha256 => Ok(AuthType::ScramSha256),
-        HbaMethod::Reject => Err(format!("pg_hba.conf rejects {what} for {who}")),
-        HbaMethod::Cert => Ok(AuthType::Cert),
+    let method = match method {
+        HbaMethod::Trust => AuthType::Trust,
+        HbaMethod::Md5 => AuthType::Md5,
+        HbaMethod::ScramSha256 => AuthType::ScramSha256,
+        HbaMethod::Reject => return Err(format!("pg_hba.conf rejects {what} for {who}")),
+        HbaMethod::Cert => AuthType::Cert,
         HbaMethod::Peer => {
             // (Peer lines are local lines: the stream is the Unix socket's.)
             let os_user = match stream {
                 Stream::Unix(unix) => unix.peer_cred().ok().and_then(|c| os_user_name(c.uid())),
                 _ => None,
             };
-            if os_user.as_deref() == Some(user) {
-                return Ok(AuthType::Trust);
+            if !os_user
+                .as_deref()
+                .is_some_and(|os| hba.lets_in(line, os, user))
+            {
+                tracing::info!(
+                    user,
+                    os_user = os_user.as_deref().unwrap_or("(unknown)"),
+                    "peer authentication: the client's operating-system user is not the user \
+                     it logs in as (nor mapped to it)"
+                );
+                return Err(format!("Peer authentication failed for user \"{user}\""));
             }
-            tracing::info!(
-                user,
-                os_user = os_user.as_deref().unwrap_or("(unknown)"),
-                "peer authentication: the client's operating-system user is not the user it \
-                 logs in as"
-            );
-            Err(format!("Peer authentication failed for user \"{user}\""))
+            AuthType::Trust
         }
-    }
+    };
+    Ok((method, line))
 }
 
 /// The name of the operating-system user `uid` (None: no such user).
