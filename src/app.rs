@@ -71,24 +71,49 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// Server TLS connectors by (mode, CA file), for the servers whose connection string chooses.
-type ServerConnectors =
-    HashMap<(ServerTlsMode, Option<std::path::PathBuf>), Option<tokio_rustls::TlsConnector>>;
+/// How pgmemo speaks TLS to a server: the mode, the CA file and the client certificate and
+/// key (libpq's sslmode, sslrootcert, sslcert and sslkey).
+type ServerTlsChoice = (
+    ServerTlsMode,
+    Option<std::path::PathBuf>,
+    Option<(std::path::PathBuf, std::path::PathBuf)>,
+);
 
-/// The (mode, CA file) a connection string's TLS options make with `[general]`'s, or None
-/// when it sets neither (the server then uses `general.server_tls` as is).
+/// Server TLS connectors by choice, for the servers whose connection string chooses.
+type ServerConnectors = HashMap<ServerTlsChoice, Option<tokio_rustls::TlsConnector>>;
+
+/// The TLS choice a connection string's options make with `[general]`'s, or None when it
+/// sets none of them (the server then uses `general.server_tls` as is).
 fn string_tls(
     g: &crate::config::General,
     o: &crate::config::ServerOptions,
-) -> Option<(ServerTlsMode, Option<std::path::PathBuf>)> {
-    if o.tls.is_none() && o.tls_ca_file.is_none() {
+) -> Option<ServerTlsChoice> {
+    if o.tls.is_none() && o.tls_ca_file.is_none() && o.tls_identity.is_none() {
         return None;
     }
     let ca = o
         .tls_ca_file
         .clone()
         .or_else(|| g.server_tls_ca_file.clone());
-    Some((o.tls.unwrap_or(g.server_tls), ca))
+    let identity = o.tls_identity.clone().or_else(|| general_identity(g));
+    Some((o.tls.unwrap_or(g.server_tls), ca, identity))
+}
+
+/// A client certificate's (certificate, key) files as paths.
+fn as_paths(
+    identity: &Option<(std::path::PathBuf, std::path::PathBuf)>,
+) -> Option<(&std::path::Path, &std::path::Path)> {
+    identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path()))
+}
+
+/// `general.server_tls_cert_file` and `server_tls_key_file`, when both are set.
+fn general_identity(
+    g: &crate::config::General,
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    Some((
+        g.server_tls_cert_file.clone()?,
+        g.server_tls_key_file.clone()?,
+    ))
 }
 
 /// Where a client's current query runs, so a CancelRequest can be passed on.
@@ -601,8 +626,12 @@ impl App {
             )?)),
             _ => None,
         };
-        let connector =
-            crate::tls::server_connector(g.server_tls, g.server_tls_ca_file.as_deref())?;
+        let identity = general_identity(g);
+        let connector = crate::tls::server_connector_as(
+            g.server_tls,
+            g.server_tls_ca_file.as_deref(),
+            as_paths(&identity),
+        )?;
         let mut by_string = HashMap::new();
         let options = cfg.upstream.iter().map(|u| &u.options);
         for o in options.chain(cfg.databases.values().map(|d| &d.options)) {
@@ -610,8 +639,9 @@ impl App {
                 continue;
             };
             if let std::collections::hash_map::Entry::Vacant(slot) = by_string.entry(key) {
-                let (mode, ca) = slot.key();
-                let made = crate::tls::server_connector(*mode, ca.as_deref())?;
+                let (mode, ca, identity) = slot.key();
+                let made =
+                    crate::tls::server_connector_as(*mode, ca.as_deref(), as_paths(identity))?;
                 slot.insert(made);
             }
         }

@@ -132,7 +132,20 @@ pub fn server_connector(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
 ) -> anyhow::Result<Option<TlsConnector>> {
-    Ok(client_config(mode, ca_file)?.map(|config| TlsConnector::from(Arc::new(config))))
+    server_connector_as(mode, ca_file, None)
+}
+
+/// [`server_connector`] presenting a client certificate to the servers: `identity` is its
+/// (certificate, key) PEM files (libpq's `sslcert` and `sslkey`; PgBouncer's
+/// `server_tls_cert_file` and `server_tls_key_file`), for a server whose pg_hba.conf asks for
+/// one (`cert`, `clientcert=verify-ca/full`).
+pub fn server_connector_as(
+    mode: ServerTlsMode,
+    ca_file: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> anyhow::Result<Option<TlsConnector>> {
+    let config = client_config_as(mode, ca_file, identity)?;
+    Ok(config.map(|config| TlsConnector::from(Arc::new(config))))
 }
 
 /// The rustls client configuration for `mode` (libpq's sslmode meanings); `None` for
@@ -141,15 +154,30 @@ pub fn client_config(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
 ) -> anyhow::Result<Option<ClientConfig>> {
+    client_config_as(mode, ca_file, None)
+}
+
+/// [`client_config`] with a client certificate and its key (PEM files), when given.
+fn client_config_as(
+    mode: ServerTlsMode,
+    ca_file: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> anyhow::Result<Option<ClientConfig>> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
+    let identity = identity.map(read_identity).transpose()?;
     let config = match mode {
         ServerTlsMode::Disable => return Ok(None),
-        ServerTlsMode::Prefer | ServerTlsMode::Require => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate { provider }))
-            .with_no_client_auth(),
+        ServerTlsMode::Prefer | ServerTlsMode::Require => {
+            let builder = builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate { provider }));
+            match identity {
+                Some((certs, key)) => builder.with_client_auth_cert(certs, key)?,
+                None => builder.with_no_client_auth(),
+            }
+        }
         ServerTlsMode::VerifyFull => {
             let mut roots = RootCertStore::empty();
             match ca_file {
@@ -165,10 +193,30 @@ pub fn client_config(
                 }
                 None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            let builder = builder.with_root_certificates(roots);
+            match identity {
+                Some((certs, key)) => builder.with_client_auth_cert(certs, key)?,
+                None => builder.with_no_client_auth(),
+            }
         }
     };
     Ok(Some(config))
+}
+
+/// A client certificate chain and its private key, read from their PEM files.
+fn read_identity(
+    (cert, key): (&Path, &Path),
+) -> anyhow::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let context = || format!("server_tls_cert_file {}", cert.display());
+    let certs = read_certs(cert).with_context(context)?;
+    if certs.is_empty() {
+        anyhow::bail!("{}: no certificate found", context());
+    }
+    let context = || format!("server_tls_key_file {}", key.display());
+    let key = read_key(key)
+        .with_context(context)?
+        .ok_or_else(|| anyhow::anyhow!("{}: no private key found", context()))?;
+    Ok((certs, key))
 }
 
 /// Accepts any certificate, as libpq's `sslmode=require` does, but still checks that the

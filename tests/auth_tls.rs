@@ -429,6 +429,22 @@ impl Certs {
         (vec![cert.der().clone()], key)
     }
 
+    /// [`Certs::client`] written as PEM files in this directory: (certificate, key).
+    fn client_files(&self, name: &str) -> (PathBuf, PathBuf) {
+        use rcgen::{CertificateParams, DnType, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.signed_by(&key, &self.ca.0, &self.ca.1).unwrap();
+        let files = (
+            self.dir.join(format!("{name}.crt")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&files.0, cert.pem()).unwrap();
+        std::fs::write(&files.1, key.serialize_pem()).unwrap();
+        files
+    }
+
     fn roots(&self) -> RootCertStore {
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
@@ -911,6 +927,117 @@ async fn the_upstream_urls_sslmode_chooses_server_tls() {
     assert!(
         error.starts_with("FATAL 08006") && error.contains("TLS"),
         "{error}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A server whose pg_hba.conf logs pgmemo in by certificate (`hostssl ... cert`):
+/// `server_tls_cert_file` / `server_tls_key_file` (PgBouncer's), or a connection string's
+/// `sslcert` / `sslkey`, present it; without one, or with another name's, the server's own
+/// refusal reaches the client.
+#[tokio::test]
+async fn a_client_certificate_for_servers_that_ask_for_one() {
+    let certs = Certs::generate();
+    give_to_postgres(&certs.dir, 0o755);
+    give_to_postgres(&certs.cert_file, 0o644);
+    give_to_postgres(&certs.key_file, 0o600);
+    give_to_postgres(&certs.ca_file, 0o644);
+    let pg = tokio::task::spawn_blocking({
+        let (cert, key, ca) = (
+            certs.cert_file.display().to_string(),
+            certs.key_file.display().to_string(),
+            certs.ca_file.display().to_string(),
+        );
+        move || {
+            LocalPostgres::start(LocalPostgresOptions {
+                hba: vec!["hostssl all certuser 127.0.0.1/32 cert".into()],
+                settings: vec![
+                    ("ssl".into(), "on".into()),
+                    ("ssl_cert_file".into(), cert),
+                    ("ssl_key_file".into(), key),
+                    ("ssl_ca_file".into(), ca),
+                ],
+                ..LocalPostgresOptions::default()
+            })
+            .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    pg.psql("postgres", "CREATE ROLE certuser LOGIN").unwrap();
+    let own = certs.client_files("certuser");
+    let other = certs.client_files("someone");
+    // Clients log in to pgmemo as pgmemo; pgmemo logs into the server as certuser.
+    let config = |identity: Option<&(PathBuf, PathBuf)>, in_string: bool| {
+        let mut config = test_config(PoolMode::Transaction, 1);
+        config.upstream = Some(Upstream {
+            host: "127.0.0.1".into(),
+            port: pg.port(),
+            user: PGMEMO_USER.into(),
+            password: Some(PGMEMO_PASS.into()),
+            ..Default::default()
+        });
+        config.general.server_tls = ServerTlsMode::Require;
+        config.general.server_connect_timeout = SERVER_CONNECT_TIMEOUT;
+        let mut db = pgmemo::config::DatabaseConfig {
+            dbname: Some("postgres".into()),
+            user: Some("certuser".into()),
+            ..Default::default()
+        };
+        match (identity, in_string) {
+            // What `connstring = "... sslcert=CERT sslkey=KEY"` reads into.
+            // (Options travel with the host they were given with.)
+            (Some((cert, key)), true) => {
+                db.host = Some("127.0.0.1".into());
+                db.port = Some(pg.port());
+                db.options.tls_identity = Some((cert.clone(), key.clone()));
+            }
+            (Some((cert, key)), false) => {
+                config.general.server_tls_cert_file = Some(cert.clone());
+                config.general.server_tls_key_file = Some(key.clone());
+            }
+            (None, _) => {}
+        }
+        config.databases.insert("certdb".into(), db);
+        config
+    };
+    let who = |proxy: &Pgmemo| {
+        let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), "certdb");
+        async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| {
+                    e.as_db_error()
+                        .map_or(e.to_string(), |d| d.message().to_owned())
+                })?;
+            tokio::spawn(conn);
+            let row = client
+                .query_one("SELECT current_user || ' ' || ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+                .await
+                .map_err(|e| e.as_db_error().map_or(e.to_string(), |d| d.message().to_owned()))?;
+            Ok::<String, String>(row.get(0))
+        }
+    };
+    for in_string in [false, true] {
+        let proxy = start_pgmemo(config(Some(&own), in_string)).await;
+        assert_eq!(
+            who(&proxy).await,
+            Ok("certuser true".to_owned()),
+            "{in_string}"
+        );
+        proxy.shutdown().await;
+    }
+    let proxy = start_pgmemo(config(None, false)).await;
+    let refused = who(&proxy).await.unwrap_err();
+    assert!(
+        refused.contains("connection requires a valid client certificate"),
+        "{refused}"
+    );
+    proxy.shutdown().await;
+    let proxy = start_pgmemo(config(Some(&other), false)).await;
+    assert_eq!(
+        who(&proxy).await,
+        Err("certificate authentication failed for user \"certuser\"".to_owned())
     );
     proxy.shutdown().await;
 }

@@ -4,7 +4,8 @@
 //!
 //! tokio-postgres' `Config` does the parsing (both forms, quoting, percent-decoding, several
 //! hosts and ports). What it does not know is handled here before it sees the string:
-//! `sslmode=verify-ca`/`verify-full` (it knows disable/prefer/require) and `sslrootcert`.
+//! `sslmode=verify-ca`/`verify-full` (it knows disable/prefer/require), `sslrootcert`,
+//! `sslcert` and `sslkey`.
 //! Everything else it refuses (an unknown key, a bad value) is a configuration error naming
 //! that key, in tokio-postgres' words.
 
@@ -23,6 +24,9 @@ pub struct ServerOptions {
     pub tls: Option<ServerTlsMode>,
     /// `sslrootcert`: over `general.server_tls_ca_file` for this server.
     pub tls_ca_file: Option<PathBuf>,
+    /// `sslcert` and `sslkey` (given together): the client certificate presented to this
+    /// server, over `general.server_tls_cert_file` / `server_tls_key_file`.
+    pub tls_identity: Option<(PathBuf, PathBuf)>,
     /// `target_session_attrs=read-write`: of several hosts, use the first that accepts writes.
     pub read_write: bool,
     /// `connect_timeout`, per host.
@@ -83,6 +87,13 @@ pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
     }
     let (rest, sslmode) = take_param(text, "sslmode");
     let (rest, rootcert) = take_param(&rest, "sslrootcert");
+    let (rest, sslcert) = take_param(&rest, "sslcert");
+    let (rest, sslkey) = take_param(&rest, "sslkey");
+    let tls_identity = match (sslcert, sslkey) {
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        (None, None) => None,
+        _ => return Err(err("give sslcert and sslkey together".into())),
+    };
     let tls = sslmode
         .map(|mode| match mode.as_str() {
             "disable" | "allow" => Ok(ServerTlsMode::Disable),
@@ -151,6 +162,7 @@ pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
         options: ServerOptions {
             tls,
             tls_ca_file: rootcert.map(PathBuf::from),
+            tls_identity,
             read_write: match config.get_target_session_attrs() {
                 TargetSessionAttrs::Any => false,
                 TargetSessionAttrs::ReadWrite => true,
@@ -301,6 +313,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown option `bogus`"), "{e}");
+        let c = parse("k", "host=h sslcert=/etc/c.crt sslkey=/etc/c.key").unwrap();
+        assert_eq!(
+            c.options.tls_identity,
+            Some(("/etc/c.crt".into(), "/etc/c.key".into()))
+        );
+        let c = parse(
+            "k",
+            "postgresql://u@h/db?sslkey=/k&sslcert=/c&sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(c.options.tls_identity, Some(("/c".into(), "/k".into())));
+        assert_eq!(c.dbname.as_deref(), Some("db"));
+        let e = parse("k", "host=h sslcert=/etc/c.crt")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslcert and sslkey together"), "{e}");
         let e = parse("k", "host=h sslmode=sometimes")
             .unwrap_err()
             .to_string();

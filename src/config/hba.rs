@@ -632,7 +632,10 @@ mod tests {
             ("host all all 10.0.0.0 md5", "needs a /prefix"),
             ("hostgssenc all all all md5", "hostgssenc"),
             ("host all all all ldap ldapserver=x", "method \"ldap\""),
-            ("host all all all md5 extra", "after the method is not supported"),
+            (
+                "host all all all md5 extra",
+                "after the method is not supported",
+            ),
             ("host \"all all all md5", "quote"),
             ("host all", "no user field"),
         ] {

@@ -233,6 +233,15 @@ settings! {
     /// PEM CA certificates that server certificates are checked against (`verify-full`).
     /// Default: the well-known web roots.
     server_tls_ca_file: Option<PathBuf> = None, Live;
+    /// A PEM client certificate pgmemo presents to servers that ask for one (a pg_hba.conf
+    /// `cert` line, `clientcert=verify-ca` / `verify-full`), with `server_tls_key_file`.
+    /// PgBouncer's setting; a connection string's `sslcert` is over it for its server.
+    server_tls_cert_file: Option<PathBuf> = None, Live,
+        check = |v, g| ensure(v.is_some() == g.server_tls_key_file.is_some(), || {
+            "set server_tls_cert_file and server_tls_key_file together".into()
+        });
+    /// The private key (PEM) of `server_tls_cert_file`.
+    server_tls_key_file: Option<PathBuf> = None, Live;
     /// Keep prepared statements working in transaction mode by preparing them on whichever
     /// server runs them.
     prepared_statements: bool = true, Restart;

@@ -663,7 +663,7 @@ fn settings_table_lists_every_setting_and_no_password() {
     assert!(!row("listen").3);
     assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
     assert!(rows.iter().all(|r| !r.1.contains("pw")));
-    assert_eq!(rows.len(), 70);
+    assert_eq!(rows.len(), 72);
 }
 
 #[test]
@@ -1034,10 +1034,17 @@ fn a_database_connstring_gives_hosts_credentials_and_options() {
         "{e}"
     );
     let e = refused(&with_upstream(
-        "[databases.app]\nconnstring = \"host=x sslcert=/c.pem\"",
+        "[databases.app]\nconnstring = \"host=x sslcert=/c.pem sslcrl=/r.pem\"",
     ));
     assert!(
-        e.contains("databases.app.connstring") && e.contains("unknown option `sslcert`"),
+        e.contains("databases.app.connstring") && e.contains("sslcert and sslkey together"),
+        "{e}"
+    );
+    let e = refused(&with_upstream(
+        "[databases.app]\nconnstring = \"host=x sslcrl=/r.pem\"",
+    ));
+    assert!(
+        e.contains("databases.app.connstring") && e.contains("unknown option `sslcrl`"),
         "{e}"
     );
 }

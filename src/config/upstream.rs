@@ -67,6 +67,10 @@ impl Upstream {
         if let Some(ca) = &o.tls_ca_file {
             params.push(format!("sslrootcert={}", ca.display()));
         }
+        if let Some((cert, key)) = &o.tls_identity {
+            params.push(format!("sslcert={}", cert.display()));
+            params.push(format!("sslkey={}", key.display()));
+        }
         if o.read_write {
             params.push("target_session_attrs=read-write".to_string());
         }
