@@ -552,6 +552,8 @@ pub struct App {
     pub workers: std::sync::OnceLock<crate::workers::Loops>,
     /// Errors that belong to no pool (login failures, max_client_conn refusals).
     pub errors: crate::stats::ErrorCounters,
+    /// `log_stats`' periods (see [`crate::stats::StatsLog`]).
+    pub stats_log: crate::stats::StatsLog,
     /// An online restart's way out for idle sessions, and in for cancel requests (see
     /// [`crate::takeover`]).
     pub handoff: crate::handoff::Outbox,
@@ -606,6 +608,7 @@ impl App {
             wal: crate::wal::Wal::default(),
             workers: std::sync::OnceLock::new(),
             errors: Default::default(),
+            stats_log: Default::default(),
             handoff: Default::default(),
             draining: AtomicBool::new(false),
         });

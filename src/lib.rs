@@ -437,12 +437,24 @@ async fn janitor(app: Arc<App>) {
             _ = tick.tick() => {}
             _ = shutdown.wait_for(|s| *s) => return,
         }
-        let period = app.config.load().general.stats_period;
+        let (period, log_stats) = {
+            let g = &app.config.load().general;
+            (g.stats_period, g.log_stats)
+        };
         timeouts::enforce(&app);
-        for pool in app.pools() {
+        let pools = app.pools();
+        for pool in &pools {
             pool.maintain().await;
             pool.stats_periods
                 .roll(std::time::Instant::now(), period, || pool.stats.snapshot());
+        }
+        let line = app.stats_log.roll(std::time::Instant::now(), period, || {
+            let mut all = crate::stats::StatsSnapshot::default();
+            pools.iter().for_each(|p| all.add(&p.stats.snapshot()));
+            all
+        });
+        if let Some(line) = line.filter(|_| log_stats) {
+            tracing::info!("{line}");
         }
         // Cheap unless many clients left since the last purge (two-phase purge).
         app.registry.purge(64);

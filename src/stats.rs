@@ -455,9 +455,114 @@ impl StatsPeriods {
     }
 }
 
+/// PgBouncer's `log_stats`: every `stats_period`, one log line of the averages of every pool
+/// over that period. Rolled by the janitor.
+#[derive(Debug, Default)]
+pub struct StatsLog {
+    /// When the period began, and every pool's totals then (None before the first).
+    last: parking_lot::Mutex<Option<(std::time::Instant, StatsSnapshot)>>,
+}
+
+impl StatsLog {
+    /// When the current period has lasted `period`: its line (see [`stats_line`]) from the
+    /// totals `totals` gives now (read only then), and a new period begins. The first call
+    /// only begins one.
+    pub fn roll(
+        &self,
+        now: std::time::Instant,
+        period: std::time::Duration,
+        totals: impl FnOnce() -> StatsSnapshot,
+    ) -> Option<String> {
+        let mut last = self.last.lock();
+        match *last {
+            Some((at, _)) if now.saturating_duration_since(at) < period => None,
+            Some((at, then)) => {
+                let totals = totals();
+                *last = Some((now, totals));
+                Some(stats_line(
+                    &totals,
+                    &then,
+                    now.saturating_duration_since(at),
+                ))
+            }
+            None => {
+                *last = Some((now, totals()));
+                None
+            }
+        }
+    }
+}
+
+/// PgBouncer's stats line for the totals `now` that were `then`, `elapsed` ago: counts and
+/// bytes per second, transaction and query time per transaction and query, wait time per
+/// server assignment (µs). A pool that went meanwhile counts as nothing rather than less.
+pub fn stats_line(
+    now: &StatsSnapshot,
+    then: &StatsSnapshot,
+    elapsed: std::time::Duration,
+) -> String {
+    let us = elapsed.as_micros().max(1) as u64;
+    let delta = |f: fn(&StatsSnapshot) -> u64| f(now).saturating_sub(f(then));
+    let rate = |f: fn(&StatsSnapshot) -> u64| delta(f).saturating_mul(1_000_000) / us;
+    let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
+    format!(
+        "stats: {} xacts/s, {} queries/s, {} client parses/s, {} server parses/s, {} binds/s, \
+         in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
+        rate(|s| s.xact_count),
+        rate(|s| s.query_count),
+        rate(|s| s.client_parses),
+        rate(|s| s.prepare_cache_miss),
+        rate(|s| s.binds),
+        rate(|s| s.bytes_received),
+        rate(|s| s.bytes_sent),
+        per(delta(|s| s.xact_time_us), delta(|s| s.xact_count)),
+        per(delta(|s| s.query_time_us), delta(|s| s.query_count)),
+        per(delta(|s| s.wait_time_us), delta(|s| s.server_assignments)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stats_line_is_pgbouncers_over_one_period() {
+        let log = StatsLog::default();
+        let t0 = std::time::Instant::now();
+        let period = std::time::Duration::from_secs(60);
+        let mut totals = StatsSnapshot {
+            xact_count: 1_000,
+            ..StatsSnapshot::default()
+        };
+        assert_eq!(
+            log.roll(t0, period, || totals),
+            None,
+            "the first call begins"
+        );
+        totals.xact_count += 6_000;
+        totals.query_count = 12_000;
+        totals.xact_time_us = 3_000_000;
+        totals.query_time_us = 1_200_000;
+        totals.server_assignments = 600;
+        totals.wait_time_us = 60_000;
+        totals.bytes_received = 120_000;
+        totals.bytes_sent = 600_000;
+        totals.client_parses = 60;
+        totals.binds = 120;
+        let early = t0 + std::time::Duration::from_secs(30);
+        assert_eq!(log.roll(early, period, || totals), None);
+        assert_eq!(
+            log.roll(t0 + period, period, || totals).as_deref(),
+            Some(
+                "stats: 100 xacts/s, 200 queries/s, 1 client parses/s, 0 server parses/s, \
+                 2 binds/s, in 2000 B/s, out 10000 B/s, xact 500 us, query 100 us, wait 100 us"
+            )
+        );
+        // The next period begins there: nothing happened since.
+        let idle = log.roll(t0 + 2 * period, period, || totals).unwrap();
+        assert!(idle.starts_with("stats: 0 xacts/s, 0 queries/s"), "{idle}");
+        assert!(idle.ends_with("xact 0 us, query 0 us, wait 0 us"), "{idle}");
+    }
 
     #[test]
     fn averages_start_at_the_boundary_before_the_last() {

@@ -1286,7 +1286,7 @@ async fn binary_checks_reloads_on_sighup_and_exits_on_sigint() {
     let config = |pool_size: u32| {
         format!(
             "[general]\nlisten = \"127.0.0.1:{port}\"\nadmin_users = [\"{PGMEMO_USER}\"]\n\
-             default_pool_size = {pool_size}\nquery_wait_timeout = 10\n"
+             default_pool_size = {pool_size}\nquery_wait_timeout = 10\nstats_period = 1\n"
         )
     };
     std::fs::write(&file, config(3)).unwrap();
@@ -1388,6 +1388,26 @@ async fn binary_checks_reloads_on_sighup_and_exits_on_sigint() {
         "{}",
         log_text()
     );
+    // log_stats, on by default as in PgBouncer: a line per stats_period (1 s here), which
+    // counts these transactions (PgBouncer's whole numbers per second).
+    for _ in 0..50 {
+        client.simple_query("SELECT 1").await.unwrap();
+    }
+    wait_until(
+        "a stats line with transactions",
+        Duration::from_secs(10),
+        || async {
+            log_text().lines().any(|l| {
+                l.split("stats: ")
+                    .nth(1)
+                    .and_then(|s| s.split(' ').next())
+                    .is_some_and(|n| n.parse::<u64>().is_ok_and(|n| n > 0))
+                    && l.contains("queries/s")
+                    && l.contains("wait ")
+            })
+        },
+    )
+    .await;
 
     std::fs::write(&file, config(6)).unwrap();
     // SAFETY: kill(2) on our own child's pid.

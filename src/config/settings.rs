@@ -294,6 +294,11 @@ settings! {
     /// Log each client's end, why (`client close request`, `client unexpected eof`, or the
     /// error it was told) and how long it was connected, as PgBouncer's `log_disconnections`.
     log_disconnections: bool = true, Live;
+    /// Log, every `stats_period`, the averages of every pool over it, as PgBouncer's
+    /// `log_stats`: `stats: 812 xacts/s, 2436 queries/s, 0 client parses/s, 0 server
+    /// parses/s, 0 binds/s, in 98112 B/s, out 401233 B/s, xact 1520 us, query 402 us, wait 3
+    /// us`.
+    log_stats: bool = true, Live;
     /// Threads serving clients, each with an event loop of its own; a client goes to the one
     /// of the CPU its packets arrive on, and follows them between transactions (see
     /// docs/pooling.md). 1 is PgBouncer's; more serve more result-cache hits at once.

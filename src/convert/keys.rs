@@ -96,7 +96,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("log_connections", To("general.log_connections", Flag)),
     ("log_disconnections", To("general.log_disconnections", Flag)),
     ("log_pooler_errors", Not("general.log_level decides what pgmemo logs")),
-    ("log_stats", Not("pgmemo logs no periodic statistics; use SHOW STATS or /metrics")),
+    ("log_stats", To("general.log_stats", Flag)),
     ("logfile", Not(LOGS)),
     ("max_client_conn", To("general.max_client_conn", Count { min: 1 })),
     ("max_db_client_connections", To("general.max_db_client_connections", Count { min: 0 })),
