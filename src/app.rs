@@ -847,7 +847,18 @@ impl App {
     /// (`[upstream]`'s user) unless the database names a fixed user, else the pool's login.
     /// A follower serves every client of its database, so it takes no client's own role
     /// while pgmemo has one of its own.
+    ///
+    /// It connects to the first host that accepts it, in order (the primary), whatever order
+    /// the pool's connections take (`load_balance_hosts`).
     pub fn wal_login(cfg: &Config, pool: &PoolKey, target: &ServerTarget) -> ServerTarget {
+        ServerTarget {
+            order: crate::config::HostOrder::InOrder,
+            ..Self::wal_role(cfg, pool, target)
+        }
+    }
+
+    /// [`App::wal_login`]'s role and password.
+    fn wal_role(cfg: &Config, pool: &PoolKey, target: &ServerTarget) -> ServerTarget {
         let fixed = || {
             cfg.resolve(&pool.database, &pool.user)
                 .is_some_and(|db| db.server_user.is_some())
@@ -954,6 +965,8 @@ impl App {
                 application_name: o.application_name,
                 scram_keys,
                 keepalive: g.keepalive(),
+                order: o.balance,
+                turn: Default::default(),
             },
             mode: db.pool_mode,
             pool_size: db.pool_size as usize,

@@ -4,6 +4,7 @@
 //! which works on the buffers here directly.
 
 use crate::clock::Moment;
+use crate::config::HostOrder;
 use crate::params::Vars;
 use crate::protocol::backend::{self, AuthRequest, ErrorFields};
 use crate::protocol::startup::Replication;
@@ -49,13 +50,30 @@ pub struct ServerTarget {
     pub application_name: Option<String>,
     /// TCP keepalive and user timeout set on the socket (the `tcp_*` settings).
     pub keepalive: crate::keepalive::Keepalive,
+    /// Where a new connection starts in `host` and the fallbacks (`load_balance_hosts`).
+    pub order: HostOrder,
+    /// The round-robin's next start, shared by the target's copies.
+    pub turn: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ServerTarget {
-    /// Every server to try, in order: `host:port`, then the fallbacks.
+    /// Every server to try for a new connection, in order: `host:port`, then the fallbacks;
+    /// with `load_balance_hosts` round-robin or random, the same list started at the next
+    /// host or at one chosen at random, and wrapped around.
     pub fn hosts(&self) -> impl Iterator<Item = (&str, u16)> {
-        std::iter::once((self.host.as_str(), self.port))
-            .chain(self.fallbacks.iter().map(|(h, p)| (h.as_str(), *p)))
+        let count = 1 + self.fallbacks.len();
+        let start = match self.order {
+            HostOrder::InOrder => 0,
+            HostOrder::RoundRobin => self.turn.fetch_add(1, Ordering::Relaxed) % count,
+            HostOrder::Random => rand::random::<u32>() as usize % count,
+        };
+        (0..count).map(move |i| match (start + i) % count {
+            0 => (self.host.as_str(), self.port),
+            n => {
+                let (host, port) = &self.fallbacks[n - 1];
+                (host.as_str(), *port)
+            }
+        })
     }
 }
 

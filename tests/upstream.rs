@@ -183,3 +183,64 @@ async fn read_write_passes_over_a_read_only_server() {
     );
     none.shutdown().await;
 }
+
+/// `load_balance_hosts` (PgBouncer's `round-robin`, libpq's `random` and `disable`): which
+/// host a new server connection starts at. Two servers, four session-mode clients each
+/// holding a connection of their own: round-robin spreads them two and two, `disable` puts
+/// them all on the first host, and round-robin still passes over a host that refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balance_hosts_spreads_new_connections() {
+    let other = tokio::task::spawn_blocking(|| private_cluster(&[]))
+        .await
+        .unwrap();
+    other
+        .psql(
+            "postgres",
+            "CREATE ROLE pgmemo LOGIN SUPERUSER PASSWORD 'pgmemo_pass'",
+        )
+        .unwrap();
+    let (a, b) = (cluster().port(), other.port());
+    let ports_of = |upstream: String| async move {
+        let mut config = test_config(PoolMode::Session, 4);
+        config.upstream = Some(parse_upstream_url(&upstream).expect("a valid upstream"));
+        config.general.server_connect_timeout = Duration::from_millis(500);
+        let proxy = start_pgmemo(config).await;
+        let mut clients = Vec::new();
+        let mut ports = Vec::new();
+        for _ in 0..4 {
+            let client = connect(&proxy_db_url(&proxy, "postgres")).await;
+            ports.push(text(&client, "SELECT inet_server_port()").await);
+            clients.push(client);
+        }
+        drop(clients);
+        proxy.shutdown().await;
+        ports.sort();
+        ports
+    };
+    let hosts = |extra: &str| {
+        format!("host=127.0.0.1,127.0.0.1 port={a},{b} user=pgmemo password=pgmemo_pass {extra}")
+    };
+    let (a, b) = (a.to_string(), b.to_string());
+    let mut two_and_two = vec![a.clone(), a.clone(), b.clone(), b.clone()];
+    two_and_two.sort();
+    assert_eq!(
+        ports_of(hosts("load_balance_hosts=round-robin")).await,
+        two_and_two
+    );
+    assert_eq!(
+        ports_of(hosts("load_balance_hosts=disable")).await,
+        vec![a.clone(); 4]
+    );
+    assert_eq!(ports_of(hosts("")).await, vec![a.clone(); 4]);
+    // random: every connection lands on one of the two (which one is chance).
+    let random = ports_of(hosts("load_balance_hosts=random")).await;
+    assert!(random.iter().all(|p| *p == a || *p == b), "{random:?}");
+    // A host that refuses: its turns go to the next host.
+    let dead = dead_port();
+    let ports = ports_of(format!(
+        "host=127.0.0.1,127.0.0.1 port={dead},{b} user=pgmemo password=pgmemo_pass \
+         load_balance_hosts=round-robin"
+    ))
+    .await;
+    assert_eq!(ports, vec![b.clone(); 4]);
+}

@@ -5,7 +5,8 @@
 //! tokio-postgres' `Config` does the parsing (both forms, quoting, percent-decoding, several
 //! hosts and ports). What it does not know is handled here before it sees the string:
 //! `sslmode=verify-ca`/`verify-full` (it knows disable/prefer/require), `sslrootcert`,
-//! `sslcert` and `sslkey`.
+//! `sslcert` and `sslkey`, and `load_balance_hosts=round-robin` (PgBouncer's; libpq knows
+//! `disable` and `random`).
 //! Everything else it refuses (an unknown key, a bad value) is a configuration error naming
 //! that key, in tokio-postgres' words.
 
@@ -33,6 +34,34 @@ pub struct ServerOptions {
     pub connect_timeout: Option<Duration>,
     /// `application_name`: the server's default for sessions that set none.
     pub application_name: Option<String>,
+    /// `load_balance_hosts`: the order in which the hosts are tried for a new connection.
+    pub balance: HostOrder,
+}
+
+/// The order in which the hosts of a connection string are tried for a new server
+/// connection (`load_balance_hosts`); each passes over a host that fails to the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostOrder {
+    /// `disable` (libpq's default): as written, so the first host takes every connection it
+    /// can (failover).
+    #[default]
+    InOrder,
+    /// `round-robin` (PgBouncer's default for a host list): each new connection starts at the
+    /// next host.
+    RoundRobin,
+    /// `random` (libpq's): each new connection starts at a host chosen at random.
+    Random,
+}
+
+impl HostOrder {
+    /// Its `load_balance_hosts` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostOrder::InOrder => "disable",
+            HostOrder::RoundRobin => "round-robin",
+            HostOrder::Random => "random",
+        }
+    }
 }
 
 /// A connection string, read.
@@ -59,7 +88,6 @@ const NOT_SUPPORTED: &[&str] = &[
     "keepalives_interval",
     "keepalives_retries",
     "channel_binding",
-    "load_balance_hosts",
 ];
 
 impl std::fmt::Debug for Connstring {
@@ -89,6 +117,18 @@ pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
     let (rest, rootcert) = take_param(&rest, "sslrootcert");
     let (rest, sslcert) = take_param(&rest, "sslcert");
     let (rest, sslkey) = take_param(&rest, "sslkey");
+    let (rest, balance) = take_param(&rest, "load_balance_hosts");
+    let balance = match balance.as_deref() {
+        None | Some("disable") => HostOrder::InOrder,
+        Some("round-robin") => HostOrder::RoundRobin,
+        Some("random") => HostOrder::Random,
+        Some(other) => {
+            return Err(err(format!(
+                "invalid value {other:?} for option `load_balance_hosts` (expected disable, \
+                 round-robin or random)"
+            )))
+        }
+    };
     let tls_identity = match (sslcert, sslkey) {
         (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
         (None, None) => None,
@@ -174,6 +214,7 @@ pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
             },
             connect_timeout: config.get_connect_timeout().copied(),
             application_name: config.get_application_name().map(str::to_owned),
+            balance,
         },
     })
 }
@@ -329,6 +370,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("sslcert and sslkey together"), "{e}");
+        let c = parse("k", "host=a,b load_balance_hosts=round-robin").unwrap();
+        assert_eq!(c.options.balance, HostOrder::RoundRobin);
+        let c = parse("k", "postgresql://u@a,b/db?load_balance_hosts=random").unwrap();
+        assert_eq!(c.options.balance, HostOrder::Random);
+        assert_eq!(
+            parse("k", "host=a").unwrap().options.balance,
+            HostOrder::InOrder
+        );
+        let e = parse("k", "host=a load_balance_hosts=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("load_balance_hosts"), "{e}");
         let e = parse("k", "host=h sslmode=sometimes")
             .unwrap_err()
             .to_string();

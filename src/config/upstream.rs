@@ -74,6 +74,9 @@ impl Upstream {
         if o.read_write {
             params.push("target_session_attrs=read-write".to_string());
         }
+        if o.balance != super::connstring::HostOrder::InOrder {
+            params.push(format!("load_balance_hosts={}", o.balance.as_str()));
+        }
         if let Some(t) = o.connect_timeout {
             params.push(format!("connect_timeout={}", t.as_secs()));
         }

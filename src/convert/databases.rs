@@ -125,7 +125,8 @@ fn set_host(line: &Line, host: Option<&str>, table: &mut Table) {
         Some(h) if h.contains(',') => (
             h.split(',').next().unwrap_or(h).to_string(),
             note(&format!(
-                "host={h}: pgmemo connects to one host; the first is used"
+                "host={h}: the first is used; to balance over them as PgBouncer does, write \
+                 connstring = \"host={h} ... load_balance_hosts=round-robin\" instead"
             )),
         ),
         Some(h) => (h.to_string(), None),
