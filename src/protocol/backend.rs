@@ -81,18 +81,7 @@ impl Severity {
 
 /// ErrorResponse with severity, SQLSTATE and message, in the field order PostgreSQL uses.
 pub fn error_response(out: &mut BytesMut, severity: Severity, code: &str, message: &str) {
-    write_message(out, ERROR_RESPONSE, |b| {
-        for (field, value) in [
-            (b'S', severity.as_str()),
-            (b'V', severity.as_str()),
-            (b'C', code),
-            (b'M', message),
-        ] {
-            b.put_u8(field);
-            put_cstr(b, value.as_bytes());
-        }
-        b.put_u8(0);
-    });
+    error_fields(out, severity, code, message, None);
 }
 
 /// [`error_response`] with a hint (field H, after the message as PostgreSQL places it).
@@ -103,14 +92,24 @@ pub fn error_response_hint(
     message: &str,
     hint: &str,
 ) {
+    error_fields(out, severity, code, message, Some(hint));
+}
+
+fn error_fields(
+    out: &mut BytesMut,
+    severity: Severity,
+    code: &str,
+    message: &str,
+    hint: Option<&str>,
+) {
     write_message(out, ERROR_RESPONSE, |b| {
-        for (field, value) in [
+        let fields = [
             (b'S', severity.as_str()),
             (b'V', severity.as_str()),
             (b'C', code),
             (b'M', message),
-            (b'H', hint),
-        ] {
+        ];
+        for (field, value) in fields.into_iter().chain(hint.map(|h| (b'H', h))) {
             b.put_u8(field);
             put_cstr(b, value.as_bytes());
         }
