@@ -45,7 +45,57 @@ pub(super) fn convert<'a>(
         None if cx.databases.is_empty() => no_databases(cx),
         None => {}
     }
+    for table in cx.databases.values_mut() {
+        fold_host_list(table);
+    }
     Ok(())
+}
+
+/// The key a database with a host list carries until [`fold_host_list`] makes it a
+/// `connstring` (PgBouncer's `load_balance_hosts`; never written out).
+const BALANCE: &str = "load_balance_hosts";
+
+/// A database with several hosts (`host=a,b`): pgmemo's `host` takes one, so its host, port,
+/// database name, user and password go into a `connstring`, with `load_balance_hosts` as
+/// PgBouncer balances the list (round-robin unless it said disable).
+fn fold_host_list(table: &mut Table) {
+    let Some(balance) = table.remove(BALANCE) else {
+        return;
+    };
+    let mut parts = Vec::new();
+    for key in ["host", "port", "dbname", "user", "password"] {
+        if let Some(value) = table.remove(key) {
+            let text = match key {
+                "port" => value,
+                _ => toml::unstring(&value),
+            };
+            parts.push(format!("{key}={}", libpq_value(&text)));
+        }
+    }
+    let note = match toml::unstring(&balance).as_str() {
+        "disable" => {
+            "several hosts (PgBouncer's load_balance_hosts=disable): tried in order, the first \
+             that works taking each new connection"
+        }
+        _ => {
+            parts.push("load_balance_hosts=round-robin".into());
+            "several hosts, balanced round-robin as PgBouncer balances a host list"
+        }
+    };
+    table.set_noted(
+        "connstring",
+        toml::string(&parts.join(" ")),
+        Some(note.into()),
+    );
+}
+
+/// A value as libpq's key=value strings take it: bare, or quoted when it has a space, a
+/// quote or a backslash (or is empty).
+fn libpq_value(text: &str) -> String {
+    if !text.is_empty() && !text.contains([' ', '\'', '\\']) {
+        return text.to_owned();
+    }
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 /// One `name = connection string` line.
@@ -54,6 +104,7 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
         .map_err(|e| ConvertError::of(line, format!("database {:?}: {e}", line.key)))?;
     let mut table = Table::default();
     let mut host = None;
+    let mut balance = None;
     for (key, value) in &pairs {
         match key.as_str() {
             "host" => host = Some(value.as_str()),
@@ -81,6 +132,10 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
                 table.set("reserve_pool_size", n.to_string());
             }
             "pool_mode" => pool_mode(line, value, &mut table)?,
+            BALANCE => match value.as_str() {
+                "round-robin" | "disable" => balance = Some(value.as_str()),
+                _ => return Err(invalid(line, "load_balance_hosts=round-robin or disable")),
+            },
             other => match not_in(DATABASE_NOT, other) {
                 Some(why) => table.push(pair_not_converted(line, other, value, why)),
                 None => {
@@ -91,6 +146,9 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
         }
     }
     set_host(line, host, &mut table);
+    if host.is_some_and(|h| h.contains(',')) {
+        table.set(BALANCE, toml::string(balance.unwrap_or("round-robin")));
+    }
     if table.value_of("user").is_some() && table.value_of("password").is_none() {
         forced_user_password(line, &mut table, cx);
     }
@@ -108,7 +166,7 @@ fn database(line: &Line, settings: &Settings, cx: &mut Conversion) -> Result<Tab
 
 /// `host`: one host. A Unix socket directory (a path) is kept: pgmemo connects to it as
 /// libpq does. An abstract socket (`@name`) or no host at all becomes this machine's
-/// loopback address; a list, its first host.
+/// loopback address; a list is kept for [`fold_host_list`].
 fn set_host(line: &Line, host: Option<&str>, table: &mut Table) {
     let note = |what: &str| Some(format!("{} ({}): {what}", line.key, line.place()));
     let (value, note) = match host {
@@ -122,13 +180,8 @@ fn set_host(line: &Line, host: Option<&str>, table: &mut Table) {
                 "host={h} is an abstract Unix socket, which pgmemo does not reach"
             )),
         ),
-        Some(h) if h.contains(',') => (
-            h.split(',').next().unwrap_or(h).to_string(),
-            note(&format!(
-                "host={h}: the first is used; to balance over them as PgBouncer does, write \
-                 connstring = \"host={h} ... load_balance_hosts=round-robin\" instead"
-            )),
-        ),
+        // Several hosts: made a connstring at the end (fold_host_list).
+        Some(h) if h.contains(',') => (h.to_string(), None),
         Some(h) => (h.to_string(), None),
     };
     table.set_noted("host", toml::string(&value), note);

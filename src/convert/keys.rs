@@ -182,7 +182,6 @@ pub fn rule(key: &str) -> Option<Rule> {
 /// Connection-string keys of `[databases]` entries that pgmemo does not have, and why.
 pub const DATABASE_NOT: &[(&str, &str)] = &[
     ("server_lifetime", "pgmemo's server_lifetime is one for all ([general])"),
-    ("load_balance_hosts", "a host list needs a connstring: write connstring = \"host=a,b ... load_balance_hosts=round-robin\""),
     ("connect_query", "pgmemo runs no query on new server connections"),
     ("client_encoding", "pgmemo passes the client's own startup parameters to the server; set it there or with ALTER DATABASE ... SET"),
     ("datestyle", "pgmemo passes the client's own startup parameters to the server; set it there or with ALTER DATABASE ... SET"),

@@ -365,3 +365,54 @@ transaction_timeout = 30
         converted.toml
     );
 }
+
+#[test]
+fn a_host_list_becomes_a_balanced_connstring() {
+    let dir = dir("hosts");
+    let converted = convert_text(
+        &dir,
+        "[databases]\n\
+         app = host=r1.internal,r2.internal port=6000 dbname=app_prod user=svc password='s p' pool_size=7\n\
+         pinned = host=a,b load_balance_hosts=disable\n\
+         * = host=c,d\n\
+         [pgbouncer]\nauth_type = md5\n",
+        Some("\"svc\" \"s p\"\n"),
+    )
+    .unwrap();
+    let c = load(&converted);
+    let app = &c.databases["app"];
+    assert_eq!(
+        (app.host.as_deref(), app.port, app.fallbacks.clone()),
+        (
+            Some("r1.internal"),
+            Some(6000),
+            vec![("r2.internal".to_string(), 6000)]
+        )
+    );
+    assert_eq!(app.options.balance, crate::config::HostOrder::RoundRobin);
+    assert_eq!(
+        (
+            app.dbname.as_deref(),
+            app.user.as_deref(),
+            app.password.as_deref()
+        ),
+        (Some("app_prod"), Some("svc"), Some("s p"))
+    );
+    assert_eq!(app.pool_size, Some(7));
+    let pinned = &c.databases["pinned"];
+    assert_eq!(pinned.options.balance, crate::config::HostOrder::InOrder);
+    assert_eq!(pinned.fallbacks, vec![("b".to_string(), 5432)]);
+    let star = c.resolve("other", "u").unwrap();
+    assert_eq!((star.host.as_str(), star.fallbacks.len()), ("c", 1));
+    assert!(
+        !converted.toml.contains("\nload_balance_hosts"),
+        "{}",
+        converted.toml
+    );
+    let bad = convert_text(
+        &dir,
+        "[databases]\nx = host=a,b load_balance_hosts=maybe\n",
+        None,
+    );
+    assert!(bad.is_err());
+}
