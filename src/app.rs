@@ -621,19 +621,22 @@ impl App {
         let cfg = self.config.load();
         let g = &cfg.general;
         let acceptor = match (&g.tls_cert_file, &g.tls_key_file) {
-            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor(
+            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor_for(
                 cert,
                 key,
                 g.tls_ca_file.as_deref(),
                 g.client_tls.requires_certificate(),
+                &g.tls_protocols,
             )?)),
             _ => None,
         };
         let identity = general_identity(g);
+        let protocols = g.server_tls_protocols.as_str();
         let connector = crate::tls::server_connector_as(
             g.server_tls,
             g.server_tls_ca_file.as_deref(),
             as_paths(&identity),
+            protocols,
         )?;
         let mut by_string = HashMap::new();
         let options = cfg.upstream.iter().map(|u| &u.options);
@@ -643,8 +646,12 @@ impl App {
             };
             if let std::collections::hash_map::Entry::Vacant(slot) = by_string.entry(key) {
                 let (mode, ca, identity) = slot.key();
-                let made =
-                    crate::tls::server_connector_as(*mode, ca.as_deref(), as_paths(identity))?;
+                let made = crate::tls::server_connector_as(
+                    *mode,
+                    ca.as_deref(),
+                    as_paths(identity),
+                    protocols,
+                )?;
                 slot.insert(made);
             }
         }

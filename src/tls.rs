@@ -18,7 +18,10 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{
+    ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme,
+    SupportedProtocolVersion,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -44,6 +47,37 @@ pub fn load_acceptor(
     client_ca: Option<&Path>,
     require_certificate: bool,
 ) -> anyhow::Result<TlsAcceptor> {
+    load_acceptor_for(
+        cert_file,
+        key_file,
+        client_ca,
+        require_certificate,
+        "secure",
+    )
+}
+
+/// The TLS versions a `tls_protocols` value allows (see [`crate::config::tls_protocols`]).
+pub fn versions(protocols: &str) -> anyhow::Result<Vec<&'static SupportedProtocolVersion>> {
+    let (v12, v13) = crate::config::tls_protocols(protocols).map_err(anyhow::Error::msg)?;
+    let pick = [
+        (v13, &rustls::version::TLS13),
+        (v12, &rustls::version::TLS12),
+    ];
+    Ok(pick
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, v)| v)
+        .collect())
+}
+
+/// [`load_acceptor`] offering the TLS versions `protocols` allows (`tls_protocols`).
+pub fn load_acceptor_for(
+    cert_file: &Path,
+    key_file: &Path,
+    client_ca: Option<&Path>,
+    require_certificate: bool,
+    protocols: &str,
+) -> anyhow::Result<TlsAcceptor> {
     let certs = read_certs(cert_file).with_context(|| cert_context(cert_file))?;
     if certs.is_empty() {
         anyhow::bail!("{}: no certificate found", cert_context(cert_file));
@@ -51,8 +85,8 @@ pub fn load_acceptor(
     let key = read_key(key_file)
         .with_context(|| key_context(key_file))?
         .ok_or_else(|| anyhow::anyhow!("{}: no private key found", key_context(key_file)))?;
-    let builder =
-        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&versions(protocols)?)?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
@@ -132,7 +166,7 @@ pub fn server_connector(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
 ) -> anyhow::Result<Option<TlsConnector>> {
-    server_connector_as(mode, ca_file, None)
+    server_connector_as(mode, ca_file, None, "secure")
 }
 
 /// [`server_connector`] presenting a client certificate to the servers: `identity` is its
@@ -143,8 +177,9 @@ pub fn server_connector_as(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
     identity: Option<(&Path, &Path)>,
+    protocols: &str,
 ) -> anyhow::Result<Option<TlsConnector>> {
-    let config = client_config_as(mode, ca_file, identity)?;
+    let config = client_config_as(mode, ca_file, identity, protocols)?;
     Ok(config.map(|config| TlsConnector::from(Arc::new(config))))
 }
 
@@ -154,7 +189,7 @@ pub fn client_config(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
 ) -> anyhow::Result<Option<ClientConfig>> {
-    client_config_as(mode, ca_file, None)
+    client_config_as(mode, ca_file, None, "secure")
 }
 
 /// [`client_config`] with a client certificate and its key (PEM files), when given.
@@ -162,10 +197,11 @@ fn client_config_as(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
     identity: Option<(&Path, &Path)>,
+    protocols: &str,
 ) -> anyhow::Result<Option<ClientConfig>> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?;
+        .with_protocol_versions(&versions(protocols)?)?;
     let identity = identity.map(read_identity).transpose()?;
     let config = match mode {
         ServerTlsMode::Disable => return Ok(None),
@@ -429,6 +465,36 @@ mod tests {
         );
         ping(&mut stream).await;
         server.await.unwrap();
+    }
+
+    /// `tls_protocols` / `server_tls_protocols`: a side limited to TLS 1.3 and one limited
+    /// to TLS 1.2 find no version in common; `secure` speaks either.
+    #[tokio::test]
+    async fn the_tls_versions_offered_are_those_the_settings_allow() {
+        let dir = TempDir::new("versions");
+        let (cert, key) = write_cert(&dir);
+        let shake = |server: &'static str, client: &'static str| {
+            let (cert, key) = (cert.clone(), key.clone());
+            async move {
+                let acceptor = load_acceptor_for(&cert, &key, None, false, server).unwrap();
+                let connector = server_connector_as(ServerTlsMode::Require, None, None, client)
+                    .unwrap()
+                    .unwrap();
+                let (stream, server) = connect(acceptor, &connector, "localhost", b'S').await;
+                let ok = stream.is_ok();
+                if let Ok(mut stream) = stream {
+                    ping(&mut stream).await;
+                }
+                server.await.unwrap();
+                ok
+            }
+        };
+        assert!(shake("secure", "tlsv1.2").await);
+        assert!(shake("tlsv1.2", "secure").await);
+        assert!(shake("tlsv1.3", "tlsv1.1,tlsv1.3").await);
+        assert!(!shake("tlsv1.3", "tlsv1.2").await);
+        assert!(!shake("tlsv1.2", "tlsv1.3").await);
+        assert!(versions("tlsv1.0").is_err());
     }
 
     #[tokio::test]

@@ -190,3 +190,53 @@ named_enum!(ServerTlsMode, r#""disable", "prefer", "require" or "verify-full""#,
     ServerTlsMode::Require => "require",
     ServerTlsMode::VerifyFull => "verify-full",
 });
+
+/// The TLS versions a `tls_protocols` / `server_tls_protocols` value allows, as PgBouncer
+/// reads it: `tlsv1.0` to `tlsv1.3`, `secure` (1.2 and 1.3, the default), `all` and `legacy`
+/// (every version), separated by commas or spaces. pgmemo's TLS (rustls) speaks 1.2 and 1.3
+/// only: the older ones are allowed without effect, and a value that allows neither of the
+/// two is refused. Returns (TLS 1.2, TLS 1.3).
+pub fn tls_protocols(value: &str) -> Result<(bool, bool), String> {
+    let (mut v12, mut v13, mut any) = (false, false, false);
+    for word in value.split([',', ' ', ':']).filter(|w| !w.is_empty()) {
+        match word.to_ascii_lowercase().as_str() {
+            "secure" | "default" | "all" | "legacy" => (v12, v13) = (true, true),
+            "tlsv1.2" => v12 = true,
+            "tlsv1.3" => v13 = true,
+            "tlsv1.0" | "tlsv1.1" => {}
+            other => {
+                return Err(format!(
+                    "unknown TLS protocol {other:?} (expected tlsv1.0 to tlsv1.3, secure, all \
+                     or legacy)"
+                ))
+            }
+        }
+        any = true;
+    }
+    match (any, v12 || v13) {
+        (false, _) => Err("name at least one TLS protocol (secure: TLS 1.2 and 1.3)".into()),
+        (true, false) => Err("pgmemo speaks TLS 1.2 and 1.3 only: allow tlsv1.2 or tlsv1.3".into()),
+        (true, true) => Ok((v12, v13)),
+    }
+}
+
+#[cfg(test)]
+mod tls_protocol_tests {
+    use super::tls_protocols;
+
+    #[test]
+    fn tls_protocols_are_read_as_pgbouncer_reads_them() {
+        assert_eq!(tls_protocols("secure"), Ok((true, true)));
+        assert_eq!(tls_protocols("legacy"), Ok((true, true)));
+        assert_eq!(tls_protocols("tlsv1.3"), Ok((false, true)));
+        assert_eq!(tls_protocols("TLSv1.2, tlsv1.3"), Ok((true, true)));
+        assert_eq!(tls_protocols("tlsv1.1 tlsv1.2"), Ok((true, false)));
+        assert!(tls_protocols("tlsv1.0,tlsv1.1")
+            .unwrap_err()
+            .contains("1.2 and 1.3 only"));
+        assert!(tls_protocols("sslv3")
+            .unwrap_err()
+            .contains("unknown TLS protocol"));
+        assert!(tls_protocols(" ").is_err());
+    }
+}

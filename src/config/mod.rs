@@ -48,7 +48,7 @@ mod table;
 mod upstream;
 
 pub use auth_file::{parse_userlist, AuthFile, AuthLine, BrokenLine};
-pub use choices::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
+pub use choices::{tls_protocols, AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
 pub use connstring::{HostOrder, ServerOptions};
 pub use databases::{AuthLookup, ClientTimeouts, DatabaseConfig, ResolvedDatabase, UserConfig};
 use databases::{RawDatabase, RawUser};

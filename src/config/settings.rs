@@ -208,6 +208,11 @@ settings! {
         check = |v, g| ensure(v.is_none() || g.tls_cert_file.is_some(), || {
             "set tls_cert_file too".into()
         });
+    /// The TLS versions offered to clients, as PgBouncer's `client_tls_protocols`: `secure`
+    /// (TLS 1.2 and 1.3), `tlsv1.3`, `tlsv1.2`, or a list; `all` / `legacy` allow the older
+    /// ones too, which pgmemo's TLS does not speak.
+    tls_protocols: String = "secure".into(), Live,
+        check = |v, _| super::choices::tls_protocols(v).map(|_| ());
     /// Client-facing TLS: `disable`, `allow`, `require`, or `verify-ca` / `verify-full`
     /// (TLS with a client certificate that chains to `tls_ca_file`). Default `allow` when a
     /// certificate and key are set, else `disable`.
@@ -242,6 +247,10 @@ settings! {
         });
     /// The private key (PEM) of `server_tls_cert_file`.
     server_tls_key_file: Option<PathBuf> = None, Live;
+    /// The TLS versions pgmemo offers servers, as `tls_protocols` (PgBouncer's
+    /// `server_tls_protocols`).
+    server_tls_protocols: String = "secure".into(), Live,
+        check = |v, _| super::choices::tls_protocols(v).map(|_| ());
     /// Keep prepared statements working in transaction mode by preparing them on whichever
     /// server runs them.
     prepared_statements: bool = true, Restart;

@@ -48,7 +48,7 @@ const TCP: &str = "pgmemo leaves TCP tuning to the system (sysctl net.ipv4.tcp_*
 const LOGS: &str = "pgmemo logs to stderr, for journald, Docker or a redirect; \
                     general.log_level and log_format choose what and how";
 const NO_TLS_TUNING: &str =
-    "pgmemo's TLS (rustls) offers TLS 1.2 and 1.3 with its safe defaults only";
+    "pgmemo's TLS (rustls) has its own safe cipher suites; tls_protocols chooses the versions";
 
 /// Every `[pgbouncer]` key PgBouncer 1.25 knows, in its own (alphabetical) order.
 pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
@@ -79,7 +79,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("client_tls_dheparams", Not(NO_TLS_TUNING)),
     ("client_tls_ecdhcurve", Not(NO_TLS_TUNING)),
     ("client_tls_key_file", To("general.tls_key_file", Text)),
-    ("client_tls_protocols", Not(NO_TLS_TUNING)),
+    ("client_tls_protocols", To("general.tls_protocols", Text)),
     ("client_tls_sslmode", Special("general.client_tls")),
     ("conffile", Not("pgmemo's file is the --config flag")),
     ("default_pool_size", To("general.default_pool_size", Count { min: 1 })),
@@ -145,7 +145,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("server_tls_cert_file", To("general.server_tls_cert_file", Text)),
     ("server_tls_ciphers", Not(NO_TLS_TUNING)),
     ("server_tls_key_file", To("general.server_tls_key_file", Text)),
-    ("server_tls_protocols", Not(NO_TLS_TUNING)),
+    ("server_tls_protocols", To("general.server_tls_protocols", Text)),
     ("server_tls_sslmode", Special("general.server_tls (PgBouncer's default prefer is written out)")),
     ("service_name", Not("pgmemo has no service name (Windows only in PgBouncer)")),
     ("so_reuseport", Not("pgmemo runs as one process; general.workers adds threads")),
