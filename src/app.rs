@@ -986,6 +986,7 @@ impl App {
             server_check_query: g.server_check_query.clone(),
             server_reset_query: g.server_reset_query.clone(),
             server_reset_query_always: g.server_reset_query_always,
+            server_round_robin: g.server_round_robin,
             prepared_statements: g.prepared_statements
                 && (db.pool_mode == PoolMode::Transaction || g.session_shared_statements),
             max_prepared_statements: g.max_prepared_statements as usize,

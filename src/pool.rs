@@ -43,6 +43,8 @@ pub struct PoolSettings {
     pub server_check_query: String,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
+    /// `server_round_robin`: the idle server that waited longest goes out first.
+    pub server_round_robin: bool,
     /// Prepared statements shared through the registry (the statement planner) for new
     /// clients: transaction mode, or session mode with `session_shared_statements`.
     pub prepared_statements: bool,
@@ -81,6 +83,7 @@ impl PoolSettings {
                 self.server_check_delay
             },
             retire_before: None,
+            round_robin: self.server_round_robin,
         }
     }
 }
@@ -100,6 +103,8 @@ struct Limits {
     /// Connections opened at or before this are closed when next released or found idle
     /// (the console's RECONNECT); kept across reloads.
     retire_before: Option<Moment>,
+    /// `server_round_robin`: the oldest idle server first.
+    round_robin: bool,
 }
 
 impl Default for Limits {
@@ -110,6 +115,7 @@ impl Default for Limits {
             server_lifetime: Duration::MAX,
             server_check_delay: Duration::MAX,
             retire_before: None,
+            round_robin: false,
         }
     }
 }
@@ -350,6 +356,14 @@ const ISOLATION_OTHER: u8 = 2;
 
 /// At most this many distinct reported sets are kept for sharing; more are not shared.
 const MAX_SHARED_REPORTED_SETS: usize = 64;
+
+/// `server_round_robin`'s pick: the connection idle longest that worker `here` serves, else
+/// the one idle longest (`idle`, not empty, is in the order they came back).
+#[allow(clippy::vec_box)]
+fn take_oldest(idle: &mut Vec<Box<ServerConn>>, here: u16) -> Box<ServerConn> {
+    let at = idle.iter().position(|c| c.worker == here).unwrap_or(0);
+    idle.remove(at)
+}
 
 /// The most recently used of `idle` (not empty) that worker `here` serves, else the most
 /// recently used; out of line, as only several workers need it.
@@ -597,9 +611,10 @@ impl Pool {
         // used (see workers.rs; with one worker, always the last).
         let here = crate::workers::current();
         let last = st.idle.last()?;
-        let mut conn = match last.worker == here {
-            true => st.idle.pop()?,
-            false => take_from(&mut st.idle, here),
+        let mut conn = match (st.limits.round_robin, last.worker == here) {
+            (false, true) => st.idle.pop()?,
+            (false, false) => take_from(&mut st.idle, here),
+            (true, _) => take_oldest(&mut st.idle, here),
         };
         if !conn.looks_alive()
             || st.limits.outlived(&conn, now)

@@ -1135,3 +1135,36 @@ async fn sessions_follow_the_cpu_their_client_sends_from() {
     );
     proxy.shutdown().await;
 }
+
+/// `server_round_robin` (PgBouncer's): the idle server that waited longest goes out first, so
+/// a client's transactions take turns over the pool's servers; by default the most recently
+/// used one takes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_round_robin_takes_turns_over_the_idle_servers() {
+    for round_robin in [false, true] {
+        let mut config = test_config(PoolMode::Transaction, 2);
+        config.general.server_round_robin = round_robin;
+        let proxy = start_pgmemo(config).await;
+        let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), TEST_DB);
+        // Two servers open: two transactions at once.
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        a.simple_query("BEGIN").await.unwrap();
+        b.simple_query("BEGIN").await.unwrap();
+        let first = scalar(&a, "SELECT pg_backend_pid()").await;
+        let second = scalar(&b, "SELECT pg_backend_pid()").await;
+        assert_ne!(first, second);
+        a.simple_query("COMMIT").await.unwrap();
+        b.simple_query("COMMIT").await.unwrap();
+        let mut pids = Vec::new();
+        for _ in 0..4 {
+            pids.push(scalar(&a, "SELECT pg_backend_pid()").await);
+        }
+        match round_robin {
+            // The server a returned first, then b's, then a's again: turns.
+            true => assert_eq!(pids, [&*first, &second, &first, &second], "round robin"),
+            // The one b gave back last, every time.
+            false => assert_eq!(pids, [second.as_str(); 4], "most recently used"),
+        }
+        proxy.shutdown().await;
+    }
+}

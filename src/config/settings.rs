@@ -191,6 +191,10 @@ settings! {
     server_reset_query: String = "DISCARD ALL".into(), Live;
     /// Also run `server_reset_query` in transaction mode after every transaction.
     server_reset_query_always: bool = false, Live;
+    /// Hand out the idle server that has waited longest (PgBouncer's `server_round_robin`),
+    /// so that every server connection, and every host of a balanced host list, takes its
+    /// share of the queries; by default the most recently used one (fewer servers kept warm).
+    server_round_robin: bool = false, Live;
     /// Largest message accepted from a client or server, in bytes (1 KiB to 1 GiB); a
     /// longer one ends that connection with 08P01.
     max_message_size: usize = 64 << 20, Live, range = MESSAGE_SIZE_RANGE,

@@ -663,7 +663,7 @@ fn settings_table_lists_every_setting_and_no_password() {
     assert!(!row("listen").3);
     assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
     assert!(rows.iter().all(|r| !r.1.contains("pw")));
-    assert_eq!(rows.len(), 75);
+    assert_eq!(rows.len(), 76);
 }
 
 #[test]

@@ -139,7 +139,7 @@ pub const PGBOUNCER_KEYS: &[(&str, Rule)] = &[
     ("server_login_retry", Not("pgmemo retries a failed connect within server_connect_timeout")),
     ("server_reset_query", To("general.server_reset_query", Text)),
     ("server_reset_query_always", To("general.server_reset_query_always", Flag)),
-    ("server_round_robin", Not("pgmemo lends the most recently used idle server (LIFO)")),
+    ("server_round_robin", To("general.server_round_robin", Flag)),
     ("server_tls13_ciphers", Not(NO_TLS_TUNING)),
     ("server_tls_ca_file", To("general.server_tls_ca_file", Text)),
     ("server_tls_cert_file", To("general.server_tls_cert_file", Text)),
