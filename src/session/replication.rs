@@ -120,6 +120,7 @@ async fn relay(
         to_server: Flow::new(std::mem::take(&mut client.rbuf)),
         to_client: Flow::new(to_client),
     };
+    flows.to_client.framing = Some(Framing::default());
     *info.stop_waker.lock() = Some(poll_fn(|cx| Poll::Ready(cx.waker().clone())).await);
     let end = poll_fn(|cx| {
         if info.is_killed() || app.is_cut_off() || app.is_shutting_down() || app.is_handing_over() {
@@ -129,7 +130,10 @@ async fn relay(
     })
     .await;
     match end {
-        End::Stop => stopped(&mut client).await,
+        // Told only between two messages: one in the middle of a CopyData would be read as
+        // the rest of it.
+        End::Stop if flows.client_between_messages() => stopped(&mut client).await,
+        End::Stop => tracing::info!(client = %info.addr, "replication client closed mid-message"),
         End::ServerGone(e) => {
             tracing::info!(client = %info.addr, error = ?e, "replication server connection ended")
         }
@@ -168,11 +172,58 @@ struct Flow {
     buf: BytesMut,
     /// The source has closed (then the flow ends once `buf` is written).
     eof: bool,
+    /// Where the bytes written so far leave the message framing (the server's side, which
+    /// is framed messages from the login on).
+    framing: Option<Framing>,
+}
+
+/// Follows the message framing of bytes written (tag, length, body), without reading them.
+#[derive(Default)]
+struct Framing {
+    header: [u8; 5],
+    /// Bytes of the header seen.
+    have: usize,
+    /// Bytes of the current message's body still to come.
+    remaining: u64,
+}
+
+impl Framing {
+    fn advance(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.remaining > 0 {
+                let take = self.remaining.min(bytes.len() as u64);
+                self.remaining -= take;
+                bytes = &bytes[take as usize..];
+                continue;
+            }
+            self.header[self.have] = bytes[0];
+            self.have += 1;
+            bytes = &bytes[1..];
+            if self.have == self.header.len() {
+                let len = u32::from_be_bytes([
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                    self.header[4],
+                ]);
+                self.remaining = u64::from(len).saturating_sub(4);
+                self.have = 0;
+            }
+        }
+    }
+
+    fn between_messages(&self) -> bool {
+        self.have == 0 && self.remaining == 0
+    }
 }
 
 impl Flow {
     fn new(buf: BytesMut) -> Flow {
-        Flow { buf, eof: false }
+        Flow {
+            buf,
+            eof: false,
+            framing: None,
+        }
     }
 
     /// Moves bytes from `from` to `to` until neither can go on; Ready(Err) when a side failed,
@@ -190,7 +241,10 @@ impl Flow {
                     Poll::Ready(Ok(0)) => return Poll::Ready(Err(Side::To(None))),
                     Poll::Ready(Ok(n)) => {
                         count.fetch_add(n as u64, Relaxed);
-                        let _ = self.buf.split_to(n);
+                        let written = self.buf.split_to(n);
+                        if let Some(framing) = self.framing.as_mut() {
+                            framing.advance(&written);
+                        }
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Side::To(Some(e)))),
                     Poll::Pending => return Poll::Pending,
@@ -229,6 +283,17 @@ struct Flows {
 }
 
 impl Flows {
+    /// Whether everything the server sent has reached the client, ending with a whole
+    /// message: a message of pgmemo's may follow.
+    fn client_between_messages(&self) -> bool {
+        self.to_client.buf.is_empty()
+            && self
+                .to_client
+                .framing
+                .as_ref()
+                .is_some_and(Framing::between_messages)
+    }
+
     /// Ready when either side has closed or failed (what the other side sent before is
     /// delivered first).
     fn poll(
@@ -257,5 +322,24 @@ impl Flows {
             });
         }
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Framing;
+
+    #[test]
+    fn framing_follows_messages_split_anywhere() {
+        // A CopyData of 6 body bytes, then a ReadyForQuery.
+        let bytes = [b"d\0\0\0\x0aabcdef".as_slice(), b"Z\0\0\0\x05I"].concat();
+        for cut in 0..=bytes.len() {
+            let mut f = Framing::default();
+            f.advance(&bytes[..cut]);
+            let between = [0, 11, bytes.len()].contains(&cut);
+            assert_eq!(f.between_messages(), between, "cut at {cut}");
+            f.advance(&bytes[cut..]);
+            assert!(f.between_messages());
+        }
     }
 }
