@@ -81,21 +81,12 @@ impl Severity {
 
 /// ErrorResponse with severity, SQLSTATE and message, in the field order PostgreSQL uses.
 pub fn error_response(out: &mut BytesMut, severity: Severity, code: &str, message: &str) {
-    error_fields(out, severity, code, message, None);
+    error_response_hint(out, severity, code, message, None);
 }
 
-/// [`error_response`] with a hint (field H, after the message as PostgreSQL places it).
+/// [`error_response`] with a hint when given (field H, after the message as PostgreSQL
+/// places it).
 pub fn error_response_hint(
-    out: &mut BytesMut,
-    severity: Severity,
-    code: &str,
-    message: &str,
-    hint: &str,
-) {
-    error_fields(out, severity, code, message, Some(hint));
-}
-
-fn error_fields(
     out: &mut BytesMut,
     severity: Severity,
     code: &str,

@@ -298,18 +298,8 @@ async fn accept_startup(
                 Some(kind) => replication = kind,
                 None => {
                     let (message, hint) = Replication::invalid(&v);
-                    be::error_response_hint(
-                        &mut conn.wbuf,
-                        Severity::Fatal,
-                        sqlstate::INVALID_PARAMETER_VALUE,
-                        &message,
-                        hint,
-                    );
-                    let _ = conn.flush().await;
-                    return Err(LoginError::refused(
-                        sqlstate::INVALID_PARAMETER_VALUE,
-                        message,
-                    ));
+                    let code = sqlstate::INVALID_PARAMETER_VALUE;
+                    return Err(conn.refuse_hinted(code, message, Some(hint)).await);
                 }
             },
             k if k.starts_with("_pq_.") => unknown_protocol_options.push(k.to_owned()),
@@ -642,8 +632,17 @@ async fn scram_failure(conn: &mut ClientConn, e: AuthError, failed: String) -> L
 impl ClientConn {
     /// Sends a FATAL error and returns the matching LoginError.
     pub async fn refuse(&mut self, code: &'static str, message: impl Into<String>) -> LoginError {
-        let message = message.into();
-        be::error_response(&mut self.wbuf, Severity::Fatal, code, &message);
+        self.refuse_hinted(code, message.into(), None).await
+    }
+
+    /// [`ClientConn::refuse`] with PostgreSQL's hint when it gives one.
+    async fn refuse_hinted(
+        &mut self,
+        code: &'static str,
+        message: String,
+        hint: Option<&str>,
+    ) -> LoginError {
+        be::error_response_hint(&mut self.wbuf, Severity::Fatal, code, &message, hint);
         let _ = self.flush().await;
         LoginError::refused(code, message)
     }
