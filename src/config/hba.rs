@@ -99,17 +99,13 @@ impl Hba {
     /// Reads and checks the HBA file at `path`, with the ident file at `ident` (its maps,
     /// which `map=` options name); an error names the file and the line.
     pub fn load(path: &Path, ident: Option<&Path>) -> Result<Hba, ConfigError> {
-        let key = "general.auth_hba_file";
         let idents = match ident {
             Some(ident) => IdentMaps::load(ident)?,
             None => IdentMaps::default(),
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::invalid(key, format!("cannot read {}: {e}", path.display()))
-        })?;
         let dir = path.parent().unwrap_or(Path::new(""));
-        let mut hba = Hba::parse_in(&text, dir, idents).map_err(|(line, message)| {
-            ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
+        let mut hba = read_file("general.auth_hba_file", path, |text| {
+            Hba::parse_in(text, dir, idents)
         })?;
         hba.path = Some(path.to_owned());
         Ok(hba)
@@ -180,6 +176,20 @@ impl Hba {
             .find(|r| r.matches(arrival, database, user, physical))
             .map(|r| (r.method, r.line))
     }
+}
+
+/// Reads the file at `path` that setting `key` names and parses it with `parse`; an error
+/// names the file, and the line `parse` gives.
+pub(super) fn read_file<T>(
+    key: &str,
+    path: &Path,
+    parse: impl FnOnce(&str) -> Result<T, (usize, String)>,
+) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::invalid(key, format!("cannot read {}: {e}", path.display())))?;
+    parse(&text).map_err(|(line, message)| {
+        ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
+    })
 }
 
 impl Rule {

@@ -8,7 +8,7 @@
 //! What pgmemo cannot honour is refused with its line rather than skipped, as PgBouncer
 //! refuses it: regular expressions (`/...`), `+group`, and `include` directives.
 
-use super::hba::{fields, Field};
+use super::hba::{fields, read_file, Field};
 use super::ConfigError;
 use std::collections::HashMap;
 use std::path::Path;
@@ -30,13 +30,7 @@ struct Mapping {
 impl IdentMaps {
     /// Reads and checks the ident file at `path`; an error names the file and the line.
     pub fn load(path: &Path) -> Result<IdentMaps, ConfigError> {
-        let key = "general.auth_ident_file";
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::invalid(key, format!("cannot read {}: {e}", path.display()))
-        })?;
-        IdentMaps::parse(&text).map_err(|(line, message)| {
-            ConfigError::invalid(key, format!("{}, line {line}: {message}", path.display()))
-        })
+        read_file("general.auth_ident_file", path, IdentMaps::parse)
     }
 
     /// The maps of `text`; the first line that cannot be honoured, with what is wrong.
