@@ -351,6 +351,27 @@ impl ClientInfo {
         std::task::Poll::Ready(())
     }
 
+    /// The client's work runs on `server` from now on: SHOW CLIENTS and SHOW SERVERS link
+    /// the two, and a CancelRequest with the client's key goes to it.
+    #[inline]
+    pub fn hold(&self, server: &crate::server::ServerConn) {
+        server.info.client_id.store(self.id, Ordering::Relaxed);
+        *self.server.lock() = Some(ServerCancel {
+            addr: server.info.addr,
+            pid: server.info.backend_pid,
+            secret: server.backend_secret,
+        });
+        self.server_id.store(server.info.id, Ordering::Relaxed);
+        self.set_state(ClientState::Active);
+    }
+
+    /// The client's work runs on no server any more (see [`ClientInfo::hold`]).
+    #[inline]
+    pub fn let_go(&self) {
+        *self.server.lock() = None;
+        self.server_id.store(0, Ordering::Relaxed);
+    }
+
     /// Whether the client is a replication connection (relayed to a server of its own), and
     /// which kind; SHOW CLIENTS' `replication`.
     pub fn replication(&self) -> Replication {
@@ -552,8 +573,8 @@ pub struct App {
     pub workers: std::sync::OnceLock<crate::workers::Loops>,
     /// Errors that belong to no pool (login failures, max_client_conn refusals).
     pub errors: crate::stats::ErrorCounters,
-    /// `log_stats`' periods (see [`crate::stats::StatsLog`]).
-    pub stats_log: crate::stats::StatsLog,
+    /// `log_stats`' periods: every pool's totals, rolled by the janitor.
+    pub stats_log: crate::stats::StatsPeriods,
     /// An online restart's way out for idle sessions, and in for cancel requests (see
     /// [`crate::takeover`]).
     pub handoff: crate::handoff::Outbox,
@@ -608,7 +629,7 @@ impl App {
             wal: crate::wal::Wal::default(),
             workers: std::sync::OnceLock::new(),
             errors: Default::default(),
-            stats_log: Default::default(),
+            stats_log: crate::stats::StatsPeriods::new(std::time::Instant::now()),
             handoff: Default::default(),
             draining: AtomicBool::new(false),
         });
@@ -621,7 +642,7 @@ impl App {
         let cfg = self.config.load();
         let g = &cfg.general;
         let acceptor = match (&g.tls_cert_file, &g.tls_key_file) {
-            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor_for(
+            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::load_acceptor(
                 cert,
                 key,
                 g.tls_ca_file.as_deref(),
@@ -632,7 +653,7 @@ impl App {
         };
         let identity = general_identity(g);
         let protocols = g.server_tls_protocols.as_str();
-        let connector = crate::tls::server_connector_as(
+        let connector = crate::tls::server_connector(
             g.server_tls,
             g.server_tls_ca_file.as_deref(),
             as_paths(&identity),
@@ -646,7 +667,7 @@ impl App {
             };
             if let std::collections::hash_map::Entry::Vacant(slot) = by_string.entry(key) {
                 let (mode, ca, identity) = slot.key();
-                let made = crate::tls::server_connector_as(
+                let made = crate::tls::server_connector(
                     *mode,
                     ca.as_deref(),
                     as_paths(identity),

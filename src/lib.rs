@@ -448,13 +448,13 @@ async fn janitor(app: Arc<App>) {
             pool.stats_periods
                 .roll(std::time::Instant::now(), period, || pool.stats.snapshot());
         }
-        let line = app.stats_log.roll(std::time::Instant::now(), period, || {
+        let rolled = app.stats_log.roll(std::time::Instant::now(), period, || {
             let mut all = crate::stats::StatsSnapshot::default();
             pools.iter().for_each(|p| all.add(&p.stats.snapshot()));
             all
         });
-        if let Some(line) = line.filter(|_| log_stats) {
-            tracing::info!("{line}");
+        if rolled && log_stats {
+            tracing::info!("{}", app.stats_log.last_line());
         }
         // Cheap unless many clients left since the last purge (two-phase purge).
         app.registry.purge(64);

@@ -435,18 +435,26 @@ impl StatsPeriods {
     }
 
     /// Starts a new period when the current one has lasted `period`, with the totals
-    /// `totals` gives (read only then).
+    /// `totals` gives (read only then); true when it did.
     pub fn roll(
         &self,
         now: std::time::Instant,
         period: std::time::Duration,
         totals: impl FnOnce() -> StatsSnapshot,
-    ) {
+    ) -> bool {
         let mut b = self.boundaries.lock();
-        if now.saturating_duration_since(b[1].0) >= period {
+        let due = now.saturating_duration_since(b[1].0) >= period;
+        if due {
             b[0] = b[1];
             b[1] = (now, totals());
         }
+        due
+    }
+
+    /// The last whole period's line (see [`stats_line`]): PgBouncer's `log_stats`.
+    pub fn last_line(&self) -> String {
+        let [(from, then), (to, now)] = *self.boundaries.lock();
+        stats_line(&now, &then, to.saturating_duration_since(from))
     }
 
     /// The older boundary: when, and the totals then.
@@ -455,52 +463,10 @@ impl StatsPeriods {
     }
 }
 
-/// PgBouncer's `log_stats`: every `stats_period`, one log line of the averages of every pool
-/// over that period. Rolled by the janitor.
-#[derive(Debug, Default)]
-pub struct StatsLog {
-    /// When the period began, and every pool's totals then (None before the first).
-    last: parking_lot::Mutex<Option<(std::time::Instant, StatsSnapshot)>>,
-}
-
-impl StatsLog {
-    /// When the current period has lasted `period`: its line (see [`stats_line`]) from the
-    /// totals `totals` gives now (read only then), and a new period begins. The first call
-    /// only begins one.
-    pub fn roll(
-        &self,
-        now: std::time::Instant,
-        period: std::time::Duration,
-        totals: impl FnOnce() -> StatsSnapshot,
-    ) -> Option<String> {
-        let mut last = self.last.lock();
-        match *last {
-            Some((at, _)) if now.saturating_duration_since(at) < period => None,
-            Some((at, then)) => {
-                let totals = totals();
-                *last = Some((now, totals));
-                Some(stats_line(
-                    &totals,
-                    &then,
-                    now.saturating_duration_since(at),
-                ))
-            }
-            None => {
-                *last = Some((now, totals()));
-                None
-            }
-        }
-    }
-}
-
 /// PgBouncer's stats line for the totals `now` that were `then`, `elapsed` ago: counts and
 /// bytes per second, transaction and query time per transaction and query, wait time per
 /// server assignment (µs). A pool that went meanwhile counts as nothing rather than less.
-pub fn stats_line(
-    now: &StatsSnapshot,
-    then: &StatsSnapshot,
-    elapsed: std::time::Duration,
-) -> String {
+fn stats_line(now: &StatsSnapshot, then: &StatsSnapshot, elapsed: std::time::Duration) -> String {
     let us = elapsed.as_micros().max(1) as u64;
     let delta = |f: fn(&StatsSnapshot) -> u64| f(now).saturating_sub(f(then));
     let rate = |f: fn(&StatsSnapshot) -> u64| delta(f).saturating_mul(1_000_000) / us;
@@ -527,18 +493,14 @@ mod tests {
 
     #[test]
     fn the_stats_line_is_pgbouncers_over_one_period() {
-        let log = StatsLog::default();
         let t0 = std::time::Instant::now();
         let period = std::time::Duration::from_secs(60);
+        let log = StatsPeriods::new(t0 - period);
         let mut totals = StatsSnapshot {
             xact_count: 1_000,
             ..StatsSnapshot::default()
         };
-        assert_eq!(
-            log.roll(t0, period, || totals),
-            None,
-            "the first call begins"
-        );
+        assert!(log.roll(t0, period, || totals), "a period begins at t0");
         totals.xact_count += 6_000;
         totals.query_count = 12_000;
         totals.xact_time_us = 3_000_000;
@@ -550,16 +512,16 @@ mod tests {
         totals.client_parses = 60;
         totals.binds = 120;
         let early = t0 + std::time::Duration::from_secs(30);
-        assert_eq!(log.roll(early, period, || totals), None);
+        assert!(!log.roll(early, period, || totals));
+        assert!(log.roll(t0 + period, period, || totals));
         assert_eq!(
-            log.roll(t0 + period, period, || totals).as_deref(),
-            Some(
-                "stats: 100 xacts/s, 200 queries/s, 1 client parses/s, 0 server parses/s, \
-                 2 binds/s, in 2000 B/s, out 10000 B/s, xact 500 us, query 100 us, wait 100 us"
-            )
+            log.last_line(),
+            "stats: 100 xacts/s, 200 queries/s, 1 client parses/s, 0 server parses/s, \
+             2 binds/s, in 2000 B/s, out 10000 B/s, xact 500 us, query 100 us, wait 100 us"
         );
         // The next period begins there: nothing happened since.
-        let idle = log.roll(t0 + 2 * period, period, || totals).unwrap();
+        assert!(log.roll(t0 + 2 * period, period, || totals));
+        let idle = log.last_line();
         assert!(idle.starts_with("stats: 0 xacts/s, 0 queries/s"), "{idle}");
         assert!(idle.ends_with("xact 0 us, query 0 us, wait 0 us"), "{idle}");
     }

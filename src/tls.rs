@@ -35,27 +35,6 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Builds the acceptor for client connections from a PEM certificate chain (leaf first) and
-/// a PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC). With `client_ca` (`tls_ca_file`), each
-/// client is asked for a certificate that chains to one of its certificates (a client
-/// without one is let through unless `require_certificate`); without, none is asked.
-///
-/// Errors name the file and the config option it came from.
-pub fn load_acceptor(
-    cert_file: &Path,
-    key_file: &Path,
-    client_ca: Option<&Path>,
-    require_certificate: bool,
-) -> anyhow::Result<TlsAcceptor> {
-    load_acceptor_for(
-        cert_file,
-        key_file,
-        client_ca,
-        require_certificate,
-        "secure",
-    )
-}
-
 /// The TLS versions a `tls_protocols` value allows (see [`crate::config::tls_protocols`]).
 pub fn versions(protocols: &str) -> anyhow::Result<Vec<&'static SupportedProtocolVersion>> {
     let (v12, v13) = crate::config::tls_protocols(protocols).map_err(anyhow::Error::msg)?;
@@ -70,8 +49,14 @@ pub fn versions(protocols: &str) -> anyhow::Result<Vec<&'static SupportedProtoco
         .collect())
 }
 
-/// [`load_acceptor`] offering the TLS versions `protocols` allows (`tls_protocols`).
-pub fn load_acceptor_for(
+/// Builds the acceptor for client connections from a PEM certificate chain (leaf first) and
+/// a PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC). With `client_ca` (`tls_ca_file`), each
+/// client is asked for a certificate that chains to one of its certificates (a client
+/// without one is let through unless `require_certificate`); without, none is asked. It offers
+/// the TLS versions `protocols` allows (`tls_protocols`).
+///
+/// Errors name the file and the config option it came from.
+pub fn load_acceptor(
     cert_file: &Path,
     key_file: &Path,
     client_ca: Option<&Path>,
@@ -161,39 +146,26 @@ pub use crate::config::ServerTlsMode;
 /// Builds the connector for server connections in `mode`; `None` for `Disable`.
 ///
 /// For `VerifyFull` the roots are the certificates in `ca_file` (PEM) if given, else the
-/// Mozilla roots from `webpki-roots`; `ca_file` is ignored by the other modes.
+/// Mozilla roots from `webpki-roots`; `ca_file` is ignored by the other modes. With
+/// `identity`, the (certificate, key) PEM files of a client certificate presented to the
+/// servers (libpq's `sslcert` and `sslkey`; PgBouncer's `server_tls_cert_file` and
+/// `server_tls_key_file`), for a server whose pg_hba.conf asks for one (`cert`,
+/// `clientcert=verify-ca/full`). It offers the TLS versions `protocols` allows
+/// (`server_tls_protocols`).
 pub fn server_connector(
-    mode: ServerTlsMode,
-    ca_file: Option<&Path>,
-) -> anyhow::Result<Option<TlsConnector>> {
-    server_connector_as(mode, ca_file, None, "secure")
-}
-
-/// [`server_connector`] presenting a client certificate to the servers: `identity` is its
-/// (certificate, key) PEM files (libpq's `sslcert` and `sslkey`; PgBouncer's
-/// `server_tls_cert_file` and `server_tls_key_file`), for a server whose pg_hba.conf asks for
-/// one (`cert`, `clientcert=verify-ca/full`).
-pub fn server_connector_as(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
     identity: Option<(&Path, &Path)>,
     protocols: &str,
 ) -> anyhow::Result<Option<TlsConnector>> {
-    let config = client_config_as(mode, ca_file, identity, protocols)?;
+    let config = client_config(mode, ca_file, identity, protocols)?;
     Ok(config.map(|config| TlsConnector::from(Arc::new(config))))
 }
 
-/// The rustls client configuration for `mode` (libpq's sslmode meanings); `None` for
-/// `Disable`. Also what a client needs to talk to pgmemo the way libpq would.
+/// The rustls client configuration for `mode` (libpq's sslmode meanings), with a client
+/// certificate and its key (PEM files) when given, and the TLS versions `protocols` allows;
+/// `None` for `Disable`. Also what a client needs to talk to pgmemo the way libpq would.
 pub fn client_config(
-    mode: ServerTlsMode,
-    ca_file: Option<&Path>,
-) -> anyhow::Result<Option<ClientConfig>> {
-    client_config_as(mode, ca_file, None, "secure")
-}
-
-/// [`client_config`] with a client certificate and its key (PEM files), when given.
-fn client_config_as(
     mode: ServerTlsMode,
     ca_file: Option<&Path>,
     identity: Option<(&Path, &Path)>,
@@ -450,8 +422,8 @@ mod tests {
     async fn require_mode_handshakes_and_carries_bytes() {
         let dir = TempDir::new("require");
         let (cert, key) = write_cert(&dir);
-        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
-        let connector = server_connector(ServerTlsMode::Require, None)
+        let acceptor = load_acceptor(&cert, &key, None, false, "secure").unwrap();
+        let connector = server_connector(ServerTlsMode::Require, None, None, "secure")
             .unwrap()
             .unwrap();
         // The certificate does not name this host, and require does not care.
@@ -476,8 +448,8 @@ mod tests {
         let shake = |server: &'static str, client: &'static str| {
             let (cert, key) = (cert.clone(), key.clone());
             async move {
-                let acceptor = load_acceptor_for(&cert, &key, None, false, server).unwrap();
-                let connector = server_connector_as(ServerTlsMode::Require, None, None, client)
+                let acceptor = load_acceptor(&cert, &key, None, false, server).unwrap();
+                let connector = server_connector(ServerTlsMode::Require, None, None, client)
                     .unwrap()
                     .unwrap();
                 let (stream, server) = connect(acceptor, &connector, "localhost", b'S').await;
@@ -501,12 +473,12 @@ mod tests {
     async fn verify_full_checks_the_host_name() {
         let dir = TempDir::new("verify");
         let (cert, key) = write_cert(&dir);
-        let connector = server_connector(ServerTlsMode::VerifyFull, Some(&cert))
+        let connector = server_connector(ServerTlsMode::VerifyFull, Some(&cert), None, "secure")
             .unwrap()
             .unwrap();
 
         for host in ["localhost", "127.0.0.1"] {
-            let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
+            let acceptor = load_acceptor(&cert, &key, None, false, "secure").unwrap();
             let (stream, server) = connect(acceptor, &connector, host, b'S').await;
             let mut stream = stream.unwrap_or_else(|e| panic!("{host}: {e}"));
             assert!(stream.is_tls());
@@ -514,17 +486,17 @@ mod tests {
             server.await.unwrap();
         }
 
-        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
+        let acceptor = load_acceptor(&cert, &key, None, false, "secure").unwrap();
         let (stream, server) = connect(acceptor, &connector, "otherhost", b'S').await;
         let err = stream.expect_err("a certificate for another name is rejected");
         assert!(err.to_string().contains("certificate"), "{err}");
         server.await.unwrap();
 
         // Without the CA file the Mozilla roots do not know our self-signed certificate.
-        let public_roots = server_connector(ServerTlsMode::VerifyFull, None)
+        let public_roots = server_connector(ServerTlsMode::VerifyFull, None, None, "secure")
             .unwrap()
             .unwrap();
-        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
+        let acceptor = load_acceptor(&cert, &key, None, false, "secure").unwrap();
         let (stream, server) = connect(acceptor, &public_roots, "localhost", b'S').await;
         assert!(stream.is_err());
         server.await.unwrap();
@@ -534,8 +506,8 @@ mod tests {
     async fn refused_ssl_request_continues_in_plaintext() {
         let dir = TempDir::new("refused");
         let (cert, key) = write_cert(&dir);
-        let acceptor = load_acceptor(&cert, &key, None, false).unwrap();
-        let connector = server_connector(ServerTlsMode::Prefer, None)
+        let acceptor = load_acceptor(&cert, &key, None, false, "secure").unwrap();
+        let connector = server_connector(ServerTlsMode::Prefer, None, None, "secure")
             .unwrap()
             .unwrap();
         let (stream, server) = connect(acceptor, &connector, "localhost", b'N').await;
@@ -555,7 +527,7 @@ mod tests {
             tcp.read_exact(&mut request).await.unwrap();
             tcp.write_all(b"E").await.unwrap();
         });
-        let connector = server_connector(ServerTlsMode::Require, None)
+        let connector = server_connector(ServerTlsMode::Require, None, None, "secure")
             .unwrap()
             .unwrap();
         let tcp = TcpStream::connect(addr).await.unwrap();
@@ -573,7 +545,9 @@ mod tests {
         let missing = dir.0.join("missing-key.pem");
         let err = format!(
             "{:#}",
-            load_acceptor(&cert, &missing, None, false).err().unwrap()
+            load_acceptor(&cert, &missing, None, false, "secure")
+                .err()
+                .unwrap()
         );
         assert!(err.contains("tls_key_file"), "{err}");
         assert!(err.contains("missing-key.pem"), "{err}");
@@ -581,26 +555,32 @@ mod tests {
         // A key file holding only a certificate, and a certificate file holding only a key.
         let err = format!(
             "{:#}",
-            load_acceptor(&cert, &cert, None, false).err().unwrap()
+            load_acceptor(&cert, &cert, None, false, "secure")
+                .err()
+                .unwrap()
         );
         assert!(err.contains("no private key found"), "{err}");
         let err = format!(
             "{:#}",
-            load_acceptor(&key, &key, None, false).err().unwrap()
+            load_acceptor(&key, &key, None, false, "secure")
+                .err()
+                .unwrap()
         );
         assert!(err.contains("tls_cert_file"), "{err}");
         assert!(err.contains("no certificate found"), "{err}");
 
-        let err = server_connector(ServerTlsMode::VerifyFull, Some(&key))
+        let err = server_connector(ServerTlsMode::VerifyFull, Some(&key), None, "secure")
             .err()
             .unwrap();
         assert!(
             format!("{err:#}").contains("no certificate found"),
             "{err:#}"
         );
-        assert!(server_connector(ServerTlsMode::Disable, None)
-            .unwrap()
-            .is_none());
+        assert!(
+            server_connector(ServerTlsMode::Disable, None, None, "secure")
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

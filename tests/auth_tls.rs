@@ -460,7 +460,7 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// libpq's `sslmode=require`: encrypted, certificate not checked.
 fn tls_require() -> MakeRustlsConnect {
-    let config = pgmemo::tls::client_config(ServerTlsMode::Require, None)
+    let config = pgmemo::tls::client_config(ServerTlsMode::Require, None, None, "secure")
         .unwrap()
         .expect("require has a TLS config");
     MakeRustlsConnect::new(config)

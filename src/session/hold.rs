@@ -4,7 +4,7 @@
 //! server session, and the release to the pool.
 
 use super::{planner, read_setting_functions, record_statement_stats, state, End, Session, NEVER};
-use crate::app::{ClientState, ServerCancel};
+use crate::app::ClientState;
 use crate::clock::Moment;
 use crate::params;
 use crate::pool::Pool;
@@ -66,19 +66,7 @@ impl Session {
     /// Makes `server` the one this session's work runs on, after queueing what brings it in
     /// line with the client: its parameters and its SQL-level prepared statements.
     pub(super) fn hold(&mut self, mut server: Box<ServerConn>) {
-        server
-            .info
-            .client_id
-            .store(self.info.id, std::sync::atomic::Ordering::Relaxed);
-        *self.info.server.lock() = Some(ServerCancel {
-            addr: server.info.addr,
-            pid: server.info.backend_pid,
-            secret: server.backend_secret,
-        });
-        self.info
-            .server_id
-            .store(server.info.id, std::sync::atomic::Ordering::Relaxed);
-        self.info.set_state(ClientState::Active);
+        self.info.hold(&server);
         let params_key = Some((self.info.id, self.params.version));
         if server.params_synced_for != params_key {
             // Last made to match another client: usually one whose parameters are the same
@@ -323,10 +311,7 @@ impl Session {
         let Some(server) = self.server.take() else {
             return;
         };
-        *self.info.server.lock() = None;
-        self.info
-            .server_id
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.info.let_go();
         self.info.set_state(ClientState::Idle);
         let now = count_transaction(&mut self.stats, &self.pool, &server);
         if self.plan.stmts.is_some() {

@@ -12,7 +12,7 @@
 //! shutdown close it as PostgreSQL closes a walsender (FATAL 57P01).
 
 use super::{start, ClientConn};
-use crate::app::{App, ClientInfo, ClientState, ServerCancel};
+use crate::app::{App, ClientInfo, ClientState};
 use crate::pool::Pool;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
 use crate::server::ServerConn;
@@ -81,18 +81,11 @@ async fn relay(
     mut client: ClientConn,
     mut server: Box<ServerConn>,
 ) {
-    server.info.client_id.store(info.id, Relaxed);
-    *info.server.lock() = Some(ServerCancel {
-        addr: server.info.addr,
-        pid: server.info.backend_pid,
-        secret: server.backend_secret,
-    });
-    info.server_id.store(server.info.id, Relaxed);
+    info.hold(&server);
     // The server is the client's for life: its process ID is the client's (pg_stat_replication's
     // pid), and a cancel request is always passed on (a walsender ignores one between commands).
     app.show_pid(info, server.info.backend_pid);
     info.cancels.running();
-    info.set_state(ClientState::Active);
     for (k, v) in server.reported().iter() {
         be::parameter_status(&mut client.wbuf, k, v);
     }
@@ -142,8 +135,7 @@ async fn relay(
         }
     }
     info.cancels.done();
-    *info.server.lock() = None;
-    info.server_id.store(0, Relaxed);
+    info.let_go();
     server.info.client_id.store(0, Relaxed);
     pool.release_slot(&server);
     tokio::spawn(server.terminate());
