@@ -2203,15 +2203,20 @@ impl ClientCache {
     /// server for the transaction's ID (see [`own_commits`]). Only for a block that wrote,
     /// all of whose statements were seen, none of which failed; once.
     pub fn asks_transaction_id(&mut self) -> bool {
-        if self.pending.is_empty()
+        let asks = self.may_ask_transaction_id();
+        if asks {
+            self.xid = TransactionId::Asked;
+        }
+        asks
+    }
+
+    /// Whether [`ClientCache::asks_transaction_id`] would ask now (nothing noted): read before
+    /// the statement's text is, so that a block that wrote nothing costs no reading.
+    pub fn may_ask_transaction_id(&self) -> bool {
+        !(self.pending.is_empty()
             || self.blind_block
             || self.failed
-            || self.xid != TransactionId::Unknown
-        {
-            return false;
-        }
-        self.xid = TransactionId::Asked;
-        true
+            || self.xid != TransactionId::Unknown)
     }
 
     /// Nothing of a transaction block or a fill is open: the client could go on in another

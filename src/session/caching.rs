@@ -209,7 +209,9 @@ impl Session {
             return;
         }
         let (Some(client), Some(server)) = (
-            self.cache.as_deref_mut().filter(|c| c.watching()),
+            self.cache
+                .as_deref_mut()
+                .filter(|c| c.watching() && c.may_ask_transaction_id()),
             self.server.as_mut(),
         ) else {
             return;
