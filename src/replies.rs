@@ -245,6 +245,9 @@ struct Queued {
     /// This entry ends a unit of work (a Sync, or a simple query) whose bookkeeping may still
     /// be undone: counted in [`ReplyQueue::uncertain_units`] while queued.
     closes_uncertain: bool,
+    /// This Sync ends a batch that may have opened a transaction block: counted in
+    /// [`ReplyQueue::queued_openers`] while queued.
+    closes_opener: bool,
 }
 
 impl std::ops::Deref for Queued {
@@ -280,6 +283,12 @@ pub struct ReplyQueue {
     queued_executes: u32,
     queued_syncs: u32,
     queued_internal: u32,
+    /// Syncs queued whose batches bound a statement that opens a transaction block (an
+    /// extended-protocol `BEGIN`): until they are answered, a message after them may run in a
+    /// block, aborted by an error in it (see [`ReplyQueue::may_have_opened_block`]).
+    queued_openers: u32,
+    /// The open batch bound a statement that opens a transaction block.
+    open_opener: bool,
     /// Effects whose entries have ended, in the order they must be applied (undos of one
     /// error newest first). The session drains it after every message.
     outcomes: Vec<(Effect, Outcome)>,
@@ -370,9 +379,11 @@ impl ReplyQueue {
                         && effect.undone_on_failure()))
         });
         let mut closes_uncertain = false;
+        let mut closes_opener = false;
         match e {
             Expected::Sync => {
                 closes_uncertain = self.open_uncertain;
+                closes_opener = std::mem::take(&mut self.open_opener);
                 self.open_uncertain = false;
                 self.open_fallible = false;
             }
@@ -386,12 +397,14 @@ impl ReplyQueue {
             }
         }
         self.uncertain_units += u32::from(closes_uncertain);
+        self.queued_openers += u32::from(closes_opener);
         if let Some(e) = counted_as(&entry) {
             self.count(e, 1);
         }
         self.entries.push_back(Queued {
             entry,
             closes_uncertain,
+            closes_opener,
         });
     }
 
@@ -406,6 +419,7 @@ impl ReplyQueue {
     fn take_front(&mut self) -> Option<Entry> {
         let queued = self.entries.pop_front()?;
         self.uncertain_units -= u32::from(queued.closes_uncertain);
+        self.queued_openers -= u32::from(queued.closes_opener);
         if let Some(e) = counted_as(&queued.entry) {
             self.count(e, -1);
         }
@@ -481,6 +495,19 @@ impl ReplyQueue {
         self.queued_queries > 0
     }
 
+    /// The open batch binds a statement that opens a transaction block (`BEGIN`, `START
+    /// TRANSACTION`): see [`ReplyQueue::may_have_opened_block`].
+    pub fn note_block_opener(&mut self) {
+        self.open_opener = true;
+    }
+
+    /// Whether a batch still unanswered, ended by its Sync, may have opened a transaction
+    /// block: a message the client sent after that Sync may then run in a block, and in an
+    /// aborted one if a statement failed there (`BEGIN; Sync; RELEASE x; Sync; Parse ...`).
+    pub fn may_have_opened_block(&self) -> bool {
+        self.queued_openers > 0
+    }
+
     /// The server is in COPY IN, waiting for the client's data.
     pub fn in_copy_in(&self) -> bool {
         self.copy_in
@@ -542,6 +569,8 @@ impl ReplyQueue {
         self.queued_executes = 0;
         self.queued_syncs = 0;
         self.queued_internal = 0;
+        self.queued_openers = 0;
+        self.open_opener = false;
         self.open_fallible = false;
         self.open_uncertain = false;
         self.open_batch = false;

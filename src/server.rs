@@ -238,6 +238,10 @@ pub struct ServerConn {
     pub settings: Vars,
     /// Transaction status from the last ReadyForQuery.
     pub status: u8,
+    /// A statement completed since that ReadyForQuery (in an extended-protocol batch, before
+    /// its Sync): the block `status` reported may have ended since. In an aborted block only a
+    /// COMMIT, ROLLBACK or ROLLBACK TO completes, and a Bind after it is not refused.
+    pub completed_since_ready: bool,
     pub last_used: Moment,
     /// When the pool last handed it out (the start of the holder's transaction time).
     pub checked_out: Moment,
@@ -295,6 +299,7 @@ impl ServerConn {
             reported_as: None,
             settings: Vars::new(),
             status: b'I',
+            completed_since_ready: false,
             prepared: crate::statements::ServerSet::new(500),
             describing: BytesMut::new(),
             last_used: now,
@@ -434,6 +439,20 @@ impl ServerConn {
     #[inline]
     pub fn reported(&self) -> &Vars {
         &self.reported
+    }
+
+    /// A ReadyForQuery: the transaction status it reports.
+    #[inline]
+    pub fn set_ready(&mut self, status: u8) {
+        self.status = status;
+        self.completed_since_ready = false;
+    }
+
+    /// Whether the server is in an aborted transaction block as far as its replies so far
+    /// tell: the last ReadyForQuery said so and nothing completed since.
+    #[inline]
+    pub fn aborted(&self) -> bool {
+        self.status == b'E' && !self.completed_since_ready
     }
 
     /// A ParameterStatus: the server's `name` is now `value`.
@@ -591,7 +610,7 @@ impl ServerConn {
                 backend::ERROR_RESPONSE => return Err(server_error(body)),
                 backend::NOTICE_RESPONSE | backend::NEGOTIATE_PROTOCOL_VERSION => {}
                 backend::READY_FOR_QUERY => {
-                    self.status = body.first().copied().unwrap_or(b'I');
+                    self.set_ready(body.first().copied().unwrap_or(b'I'));
                     break;
                 }
                 other => {
@@ -715,7 +734,7 @@ impl ServerConn {
                     error.get_or_insert(e);
                 }
                 backend::READY_FOR_QUERY => {
-                    self.status = body.first().copied().unwrap_or(b'I');
+                    self.set_ready(body.first().copied().unwrap_or(b'I'));
                     break;
                 }
                 backend::COPY_IN_RESPONSE

@@ -256,7 +256,7 @@ impl Helpers {
         let replies = simple(
             &mut self.checker,
             "SELECT count(*), \
-                    count(*) FILTER (WHERE name = 'pgmemo_s0' AND statement = 'SELECT') \
+                    count(*) FILTER (WHERE name = 'pgmemo_s0' AND statement = 'SHOW server_version') \
                     = count(*) FILTER (WHERE name = 'pgmemo_s0') \
              FROM pg_prepared_statements",
         )

@@ -156,8 +156,14 @@ impl Session {
         match tag {
             be::READY_FOR_QUERY => self.note_ready(len, route),
             be::PARAMETER_STATUS => self.note_parameter_status(len, route),
-            // pgmemo's own queries (a parameter sync, a probe) are not the client's rows.
-            be::COMMAND_COMPLETE if route == Route::Forward => self.note_rows(len),
+            be::COMMAND_COMPLETE => {
+                let server = self.server.as_mut().expect("a server is held");
+                server.completed_since_ready = true;
+                // pgmemo's own queries (a parameter sync, a probe) are not the client's rows.
+                if route == Route::Forward {
+                    self.note_rows(len);
+                }
+            }
             be::ERROR_RESPONSE => {
                 let server = self.server.as_mut().expect("a server is held");
                 let fields = ErrorFields::parse(body(&server.rbuf[..len])).unwrap_or_default();
@@ -195,7 +201,7 @@ impl Session {
     #[inline]
     fn note_ready(&mut self, len: usize, route: Route) {
         let server = self.server.as_mut().expect("a server is held");
-        server.status = body(&server.rbuf[..len]).first().copied().unwrap_or(b'I');
+        server.set_ready(body(&server.rbuf[..len]).first().copied().unwrap_or(b'I'));
         if server.status != b'T' {
             if let Some(c) = self.cache.as_deref_mut() {
                 c.read_committed = None;

@@ -720,9 +720,12 @@ pub struct SqlSnapshot {
 /// Its id, 0, is one the statement counter never hands out, and its name matches the
 /// `pgmemo_s<n>` pattern that session-mode resets keep.
 pub const GUARD_NAME: &[u8] = b"pgmemo_s0";
-/// The guard's text: no parameters, and a (zero-column) result, so that Describe in an
-/// aborted block refuses it as it refuses any statement that returns rows.
-pub const GUARD_QUERY: &[u8] = b"SELECT";
+/// The guard's text: no parameters, and a result, so that Describe in an aborted block
+/// refuses it as it refuses any statement that returns rows. A utility statement: its Parse
+/// takes no snapshot, so that preparing it first thing in a block (one a `COMMIT AND CHAIN`
+/// opened, say) leaves the block's `SET TRANSACTION ISOLATION LEVEL` possible, as it is on
+/// PostgreSQL.
+pub const GUARD_QUERY: &[u8] = b"SHOW server_version";
 
 /// A portal bound from a tracked statement: its name and the statement.
 type TrackedPortal = (Bytes, Arc<Statement>);

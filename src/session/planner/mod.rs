@@ -314,24 +314,25 @@ impl Planner<'_> {
         {
             return Some(false);
         }
-        self.state_known().then_some(self.server.status == b'E')
+        self.state_known().then_some(self.server.aborted())
     }
 
     /// Whether the transaction state the message being planned runs in is the one the last
     /// ReadyForQuery reported. In a transaction block anything still in flight may change it
     /// (an error aborts the block, an Execute of ROLLBACK ends it); outside one, only a
-    /// simple query can open a block and fail in it before this message (an error in this
-    /// batch makes PostgreSQL skip this message anyway).
+    /// simple query, or a batch that binds a `BEGIN` and ends before this message, can open a
+    /// block and fail in it before this message (an error in this message's own batch makes
+    /// PostgreSQL skip this message anyway).
     fn state_known(&self) -> bool {
         match self.server.status {
-            b'I' => !self.replies.has_pending_query(),
+            b'I' => !self.replies.has_pending_query() && !self.replies.may_have_opened_block(),
             _ => !self.replies.may_change_transaction(),
         }
     }
 
     /// Whether the message being planned certainly runs in an aborted transaction block.
     fn certainly_aborted(&self) -> bool {
-        self.server.status == b'E' && self.state_known()
+        self.server.aborted() && self.state_known()
     }
 
     /// Whether the Bind being planned is the first statement of an implicit
@@ -340,6 +341,7 @@ impl Planner<'_> {
     /// keeps the client's messages from here to the batch's Sync ([`Retry`]).
     fn retry_point(&mut self) -> bool {
         let first = self.server.status == b'I'
+            && !self.server.completed_since_ready
             && self.client.retry.can_start()
             && !self.replies.has_pending_work();
         if first {

@@ -184,8 +184,11 @@ impl Planner<'_> {
             }
             return Plan::Done;
         }
-        if statement.starts_transaction && !self.server.prepared.has_guard() {
-            self.prepare_guard();
+        if statement.starts_transaction {
+            if !self.server.prepared.has_guard() {
+                self.prepare_guard();
+            }
+            self.replies.note_block_opener();
         }
         if statement.tracked.is_some() {
             self.stmts.bind_tracked_portal(b.portal, statement.clone());

@@ -91,7 +91,7 @@ impl Planner<'_> {
         if !self.state_known() {
             return Plan::Wait;
         }
-        if self.server.status == b'E' {
+        if self.server.aborted() {
             // In an aborted block the server refuses it (25P02), as PostgreSQL would.
             return Plan::Forward;
         }
