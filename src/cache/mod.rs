@@ -989,6 +989,13 @@ impl ResultCache {
         if client.nonstandard_strings {
             return bypass(Bypass::NonstandardStrings);
         }
+        // Whether it is a read at all before the block's isolation is asked: the question runs
+        // a query in the client's block, which only a read (that takes a snapshot itself) may
+        // do unseen (a `SET TRANSACTION` after it would fail otherwise).
+        let reads = match &query.analysis.read {
+            Ok(reads) => reads,
+            Err(why) => return bypass(*why),
+        };
         let in_block = match in_block(at, &rule) {
             Ok(in_block) => in_block,
             Err(Some(why)) => return bypass(why),
@@ -997,10 +1004,6 @@ impl ResultCache {
         if at.wal_behind {
             return bypass(Bypass::WalBehind);
         }
-        let reads = match &query.analysis.read {
-            Ok(reads) => reads,
-            Err(why) => return bypass(*why),
-        };
         let plan = match self.plan_or_resolve(client, at, &query, reads) {
             Ok(plan) => plan,
             Err(resolve) => return Lookup::Resolve(resolve),
@@ -2178,9 +2181,20 @@ impl ClientCache {
                     cache.own_commits.note(database, xid);
                 }
             }
+            // A statement ran after the ROLLBACK (`ROLLBACK; UPDATE ...` in one query, or in
+            // one pipeline): what it wrote may commit, so the writes are not known undone.
+            be::COMMAND_COMPLETE if forwarded => self.failed = false,
             be::READY_FOR_QUERY => {
                 if body.first() == Some(&b'I') {
                     self.ended += 1;
+                    if !idle {
+                        // A transaction ended (committed, for all the session knows) with more
+                        // of the client's work behind it (a pipeline: `UPDATE; Sync; BEGIN;
+                        // Sync`): other clients may read its writes now, however long what
+                        // follows stays open. Bumped now, and again when all has ended (what
+                        // is pending may include writes still to run).
+                        cache.apply(database, &self.pending, &self.pending_rows);
+                    }
                 }
                 if idle {
                     let undone = self.failed && !self.committed && self.ended == 1;
