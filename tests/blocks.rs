@@ -1,0 +1,513 @@
+//! Transaction blocks through pgmemo answer as PostgreSQL does, byte for byte.
+//!
+//! First as random scripts: two clients send random sequences of block starts and ends
+//! (every spelling, isolation levels, AND CHAIN), savepoints, `SET LOCAL` / `SET
+//! TRANSACTION`, cacheable reads (point, range, aggregate, parameterized), writes of their own
+//! rows, errors and multi-statement queries, as simple queries and as extended-protocol
+//! pipelines (one Sync or several). The same sequence runs through pgmemo (transaction mode, a
+//! rule caching every read, reads answered inside blocks, `BEGIN` kept until a statement
+//! needs a server) on one database and directly on its twin; every reply must be PostgreSQL's
+//! (ReadyForQuery status, warnings, the value each read returns after the other client's
+//! commits). The clients write disjoint rows so that neither ever waits for the other's lock:
+//! a run through pgmemo and a direct run then have exactly one outcome each.
+//!
+//! Then, as fixed scripts, each class of difference the random scripts found.
+
+mod common;
+
+use common::*;
+use pgmemo::config::cache::Invalidation;
+use pgmemo::config::PoolMode;
+use pgmemo::Pgmemo;
+use std::time::Duration;
+
+const MODES: [Invalidation; 2] = [Invalidation::Proxy, Invalidation::Wal];
+
+/// Steps per mode; `PGMEMO_TEST_STEPS=N` runs more, `PGMEMO_TEST_SEED=S` another sequence.
+const STEPS: usize = 700;
+
+const SCHEMA: &str = "CREATE TABLE kv (id int PRIMARY KEY, v int NOT NULL);
+     INSERT INTO kv SELECT g, g * 10 FROM generate_series(1, 8) g;
+     CREATE TABLE other (id int PRIMARY KEY, w text);
+     INSERT INTO other VALUES (1, 'a'), (2, 'b');";
+
+/// A client's side of the world: the rows only it writes.
+struct Actor {
+    /// Rows of `kv` it updates and locks.
+    own: [i32; 4],
+    /// Keys of `kv` it inserts and deletes.
+    inserts: [i32; 3],
+    /// Its row of `other`.
+    other: i32,
+}
+
+const ACTORS: [Actor; 2] = [
+    Actor {
+        own: [1, 2, 3, 4],
+        inserts: [101, 102, 103],
+        other: 1,
+    },
+    Actor {
+        own: [5, 6, 7, 8],
+        inserts: [201, 202, 203],
+        other: 2,
+    },
+];
+
+const BEGINS: &[&str] = &[
+    "BEGIN",
+    "begin work;",
+    "START TRANSACTION",
+    "BEGIN TRANSACTION READ ONLY",
+    "START TRANSACTION READ WRITE",
+    "BEGIN ISOLATION LEVEL READ COMMITTED",
+    "BEGIN ISOLATION LEVEL REPEATABLE READ",
+    "BEGIN ISOLATION LEVEL SERIALIZABLE, READ ONLY, DEFERRABLE",
+    "/* a comment */ BEGIN",
+];
+
+const ENDS: &[&str] = &[
+    "COMMIT",
+    "commit;",
+    "END",
+    "ROLLBACK",
+    "ABORT",
+    "COMMIT AND CHAIN",
+    "ROLLBACK AND CHAIN",
+    "END TRANSACTION",
+    "ROLLBACK WORK",
+];
+
+const SAVEPOINTS: &[&str] = &[
+    "SAVEPOINT s",
+    "SAVEPOINT t",
+    "ROLLBACK TO SAVEPOINT s",
+    "ROLLBACK TO t",
+    "RELEASE SAVEPOINT s",
+    "RELEASE t",
+];
+
+const SETTINGS: &[&str] = &[
+    "SET LOCAL statement_timeout = '7s'",
+    "SHOW statement_timeout",
+    "SHOW transaction_isolation",
+    "SHOW transaction_read_only",
+    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET TRANSACTION READ ONLY",
+    "SET statement_timeout = '9s'",
+    "RESET statement_timeout",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    "SET default_transaction_isolation = 'read committed'",
+    "SET default_transaction_read_only = on",
+    "RESET default_transaction_read_only",
+];
+
+const ERRORS: &[&str] = &[
+    "SELECT 1/0",
+    "SELEC 1",
+    "SELECT nope FROM kv",
+    "SELECT v FROM missing_table",
+];
+
+/// A cacheable read (every rule matches it).
+fn read(rng: &mut Rng) -> String {
+    match rng.below(7) {
+        0 | 1 => format!("SELECT v FROM kv WHERE id = {}", 1 + rng.below(8)),
+        2 => "SELECT id, v FROM kv ORDER BY id".into(),
+        3 => "SELECT count(*), sum(v) FROM kv".into(),
+        4 => format!(
+            "SELECT id, v FROM kv WHERE id IN ({}, {}) ORDER BY id",
+            1 + rng.below(8),
+            101 + rng.below(3)
+        ),
+        5 => "SELECT id, w FROM other ORDER BY id".into(),
+        _ => format!("SELECT v FROM kv WHERE id = {}", 201 + rng.below(3)),
+    }
+}
+
+/// A write of `actor`'s own rows (or a read that locks them).
+fn write(rng: &mut Rng, actor: &Actor) -> String {
+    match rng.below(6) {
+        0 | 1 => format!(
+            "UPDATE kv SET v = v + 1 WHERE id = {}",
+            rng.pick(&actor.own)
+        ),
+        2 => format!("INSERT INTO kv VALUES ({}, 7)", rng.pick(&actor.inserts)),
+        3 => format!("DELETE FROM kv WHERE id = {}", rng.pick(&actor.inserts)),
+        4 => format!("UPDATE other SET w = w || 'x' WHERE id = {}", actor.other),
+        _ => format!(
+            "SELECT v FROM kv WHERE id = {} FOR UPDATE",
+            rng.pick(&actor.own)
+        ),
+    }
+}
+
+/// One statement of any kind.
+fn statement(rng: &mut Rng, actor: &Actor) -> String {
+    match rng.below(100) {
+        0..=14 => rng.pick(BEGINS).to_string(),
+        15..=29 => rng.pick(ENDS).to_string(),
+        30..=59 => read(rng),
+        60..=74 => write(rng, actor),
+        75..=81 => rng.pick(SAVEPOINTS).to_string(),
+        82..=91 => rng.pick(SETTINGS).to_string(),
+        92..=96 => rng.pick(ERRORS).to_string(),
+        98 => String::new(),
+        _ => ";".into(),
+    }
+}
+
+/// One round trip: the messages and how many ReadyForQuery end their replies.
+fn action(rng: &mut Rng, actor: &Actor) -> (Vec<Frontend>, usize) {
+    match rng.below(10) {
+        // One simple query, one statement.
+        0..=4 => (vec![Frontend::query(&statement(rng, actor))], 1),
+        // One simple query, several statements.
+        5 => {
+            let n = 2 + rng.below(3);
+            let sql: Vec<String> = (0..n).map(|_| statement(rng, actor)).collect();
+            (vec![Frontend::query(&sql.join("; "))], 1)
+        }
+        // A parameterized point read, Parse/Bind/Execute/Sync.
+        6 => {
+            let id = (1 + rng.below(8)).to_string();
+            let mut msgs = vec![Frontend::parse("", "SELECT v FROM kv WHERE id = $1", &[])];
+            msgs.push(Frontend::bind("", "", &[Some(&id)]));
+            if rng.chance(50) {
+                msgs.push(Frontend::describe_portal(""));
+            }
+            msgs.extend([Frontend::execute("", 0), Frontend::Sync]);
+            (msgs, 1)
+        }
+        // A pipeline of statements as the extended protocol sends them (pgjdbc sends its
+        // BEGIN this way, before the block's first query, with one Sync).
+        _ => {
+            let n = 1 + rng.below(4);
+            let mut msgs = Vec::new();
+            let mut syncs = 0;
+            for _ in 0..n {
+                let sql = statement(rng, actor);
+                msgs.push(Frontend::parse("", &sql, &[]));
+                msgs.push(Frontend::bind("", "", &[]));
+                if rng.chance(30) {
+                    msgs.push(Frontend::describe_portal(""));
+                }
+                msgs.push(Frontend::execute("", 0));
+                if rng.chance(30) {
+                    msgs.push(Frontend::Sync);
+                    syncs += 1;
+                }
+            }
+            if msgs.last() != Some(&Frontend::Sync) {
+                msgs.push(Frontend::Sync);
+                syncs += 1;
+            }
+            (msgs, syncs)
+        }
+    }
+}
+
+/// A client through pgmemo and its twin connected to PostgreSQL directly, with the
+/// transcripts' normalizers (user OIDs numbered in order of appearance).
+struct Pair {
+    through: RawClient,
+    direct: RawClient,
+    through_names: Normalizer,
+    direct_names: Normalizer,
+}
+
+async fn pair(proxy: &Pgmemo, db: &str, twin: &str) -> Pair {
+    Pair {
+        through: RawClient::connect(proxy.local_addr(), PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+            .await
+            .expect("login through pgmemo"),
+        direct: RawClient::connect(cluster().addr(), PGMEMO_USER, twin, Some(PGMEMO_PASS), &[])
+            .await
+            .expect("login to PostgreSQL"),
+        through_names: Normalizer::default(),
+        direct_names: Normalizer::default(),
+    }
+}
+
+/// Sends `msgs` and renders the replies up to the `ready`-th ReadyForQuery.
+async fn exchange(
+    client: &mut RawClient,
+    names: &mut Normalizer,
+    msgs: &[Frontend],
+    ready: usize,
+) -> Vec<String> {
+    client.send(msgs).await.expect("send");
+    match tokio::time::timeout(Duration::from_secs(20), client.recv_until_ready(ready)).await {
+        Ok(replies) => replies
+            .expect("replies")
+            .iter()
+            .map(|m| names.line(m))
+            .collect(),
+        Err(_) => vec!["<no ReadyForQuery within 20 s>".into()],
+    }
+}
+
+/// A database `name` and its twin with [`SCHEMA`], pgmemo in transaction mode with two
+/// servers (the cache on for every read with `cache`'s invalidation), and two clients.
+async fn world(name: &str, cache: Option<Invalidation>) -> (Pgmemo, &'static str, [Pair; 2]) {
+    let db: &'static str = Box::leak(name.into());
+    let twin: &'static str = Box::leak(format!("{db}_twin").into());
+    for name in [db, twin] {
+        fresh_db(name).await;
+        tokio::task::spawn_blocking(move || cluster().psql(name, SCHEMA))
+            .await
+            .unwrap();
+    }
+    let mut config = test_config(PoolMode::Transaction, 2);
+    if let Some(mode) = cache {
+        config.cache.enabled = true;
+        config.cache.admit_after = 1;
+        config.cache.invalidation = mode;
+        config.cache.rules = vec![cache_rule("all", "")];
+    }
+    let proxy = start_pgmemo(config).await;
+    let pairs = [pair(&proxy, db, twin).await, pair(&proxy, db, twin).await];
+    (proxy, db, pairs)
+}
+
+fn hits(proxy: &Pgmemo) -> u64 {
+    proxy
+        .app()
+        .cache
+        .rule_stats()
+        .iter()
+        .map(|r| r.hits.get())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_blocks_answer_as_postgresql() {
+    let steps = std::env::var("PGMEMO_TEST_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(STEPS);
+    let seed = std::env::var("PGMEMO_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0xb10c_0033u64);
+    for mode in MODES {
+        let name = format!("blocks_{mode:?}").to_lowercase();
+        let (proxy, db, mut pairs) = world(&name, Some(mode)).await;
+        if mode == Invalidation::Wal {
+            // The follower starts at the first lookup; its slot waits for every transaction
+            // open then, which the clients' blocks might keep from happening for a while.
+            let p = &mut pairs[0];
+            let read = [Frontend::query("SELECT id, w FROM other ORDER BY id")];
+            let got = exchange(&mut p.through, &mut p.through_names, &read, 1).await;
+            let want = exchange(&mut p.direct, &mut p.direct_names, &read, 1).await;
+            assert_eq!(got, want);
+            wait_until("the WAL follower", Duration::from_secs(60), || async {
+                proxy
+                    .app()
+                    .wal
+                    .followers()
+                    .iter()
+                    .any(|f| f.status().database == db && f.is_ready())
+            })
+            .await;
+        }
+        // Never 0, which xorshift keeps forever.
+        let mut rng = Rng((seed ^ (mode as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+        let mut log: Vec<String> = Vec::new();
+        for step in 0..steps {
+            let who = usize::from(rng.chance(30));
+            let (msgs, ready) = action(&mut rng, &ACTORS[who]);
+            let p = &mut pairs[who];
+            log.push(format!(
+                "{step} client {who}: {}",
+                msgs.iter()
+                    .map(|m| format!("{m}"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+            let got = exchange(&mut p.through, &mut p.through_names, &msgs, ready).await;
+            let want = exchange(&mut p.direct, &mut p.direct_names, &msgs, ready).await;
+            if got != want {
+                let from = log.len().saturating_sub(40);
+                panic!(
+                    "{mode:?} invalidation, seed {seed}, step {step}: through pgmemo\n{got:#?}\n\
+                     directly\n{want:#?}\nthe last steps:\n{}",
+                    log[from..].join("\n")
+                );
+            }
+        }
+        assert!(hits(&proxy) > 0, "the cache answered some of the reads");
+        proxy.shutdown().await;
+    }
+}
+
+/// A statement as the extended protocol runs it: Parse, Bind, Execute of the unnamed
+/// statement and portal (no Sync).
+fn ext(sql: &str) -> Vec<Frontend> {
+    vec![
+        Frontend::parse("", sql, &[]),
+        Frontend::bind("", "", &[]),
+        Frontend::execute("", 0),
+    ]
+}
+
+/// A fixed script: (client, messages, ReadyForQuery to read).
+type Script = Vec<(usize, Vec<Frontend>, usize)>;
+
+/// Runs `script` through pgmemo and directly, comparing every reply.
+async fn same_as_postgresql(pairs: &mut [Pair; 2], what: &str, script: Script) {
+    for (i, (who, msgs, ready)) in script.iter().enumerate() {
+        let p = &mut pairs[*who];
+        let got = exchange(&mut p.through, &mut p.through_names, msgs, *ready).await;
+        let want = exchange(&mut p.direct, &mut p.direct_names, msgs, *ready).await;
+        assert_eq!(got, want, "{what}, step {i} (client {who}): {msgs:?}");
+    }
+}
+
+/// What the random scripts found, without the result cache: pgmemo's own bookkeeping of
+/// the transaction state in extended-protocol pipelines and its guard statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_across_block_boundaries() {
+    let (proxy, _, mut pairs) = world("blocks_pipelines", None).await;
+    let q = |sql: &str| vec![Frontend::query(sql)];
+    let and = |parts: &[Vec<Frontend>]| parts.concat();
+    let sync = || vec![Frontend::Sync];
+    // A statement after an extended-protocol ROLLBACK of an aborted block, before the
+    // batch's Sync, runs (it was taken for one more statement of the aborted block, refused,
+    // and a statement of pgmemo's ran in its place). Its text was prepared by the other
+    // client, on the other server.
+    let update = "UPDATE kv SET v = v + 1 WHERE id = 5";
+    same_as_postgresql(
+        &mut pairs,
+        "a statement after ROLLBACK in one batch",
+        vec![
+            (0, q("BEGIN ISOLATION LEVEL REPEATABLE READ"), 1),
+            (0, q("SELECT 1/0"), 1),
+            (1, and(&[ext(update), sync()]), 1),
+            (0, and(&[ext("ROLLBACK"), ext(update), sync()]), 1),
+            (0, q("SELECT v FROM kv WHERE id = 5"), 1),
+        ],
+    )
+    .await;
+    // A Parse after a batch that opened a block and failed in it runs in the aborted block
+    // (PostgreSQL refuses it in Parse; pgmemo answered it as if outside any block).
+    let read = "SELECT v FROM kv WHERE id = 3";
+    same_as_postgresql(
+        &mut pairs,
+        "a Parse after a batch that opened a block and failed",
+        vec![
+            // (All prepared once: the next time, nothing waits for their Parse.)
+            (
+                0,
+                and(&[
+                    ext(read),
+                    sync(),
+                    ext("BEGIN"),
+                    sync(),
+                    ext("RELEASE t"),
+                    sync(),
+                ]),
+                3,
+            ),
+            (0, q("ROLLBACK"), 1),
+            (
+                0,
+                and(&[
+                    ext("BEGIN"),
+                    sync(),
+                    ext("RELEASE t"),
+                    sync(),
+                    ext(read),
+                    sync(),
+                ]),
+                3,
+            ),
+            (0, q("ROLLBACK"), 1),
+        ],
+    )
+    .await;
+    proxy.shutdown().await;
+}
+
+/// What the random scripts found with the result cache on: writes committed by a pipeline
+/// or a query that goes on after them are seen at once by everybody, and a block's
+/// isolation is asked only for a read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_follows_transactions_within_a_batch() {
+    let (proxy, _, mut pairs) = world("blocks_cache", Some(Invalidation::Proxy)).await;
+    let q = |sql: &str| vec![Frontend::query(sql)];
+    let and = |parts: &[Vec<Frontend>]| parts.concat();
+    let sync = || vec![Frontend::Sync];
+    let read = |id: i32| q(&format!("SELECT v FROM kv WHERE id = {id}"));
+    let before = hits(&proxy);
+    same_as_postgresql(
+        &mut pairs,
+        "writes that commit ahead of more work",
+        vec![
+            // (Prepared once: the next time, nothing waits for its Parse.)
+            (
+                0,
+                and(&[ext("UPDATE kv SET v = v + 1 WHERE id = 1"), sync()]),
+                1,
+            ),
+            (1, read(1), 1),
+            (1, read(1), 1),
+            // The UPDATE commits at its Sync; the block after it stays open.
+            (
+                0,
+                and(&[
+                    ext("UPDATE kv SET v = v + 1 WHERE id = 1"),
+                    sync(),
+                    ext("BEGIN"),
+                    sync(),
+                ]),
+                2,
+            ),
+            (1, read(1), 1),
+            (0, q("COMMIT"), 1),
+            (1, read(2), 1),
+            (1, read(2), 1),
+            // The ROLLBACK ends nothing the UPDATE after it is part of.
+            (0, q("ROLLBACK; UPDATE kv SET v = v + 1 WHERE id = 2"), 1),
+            (1, read(2), 1),
+            (1, read(2), 1),
+        ],
+    )
+    .await;
+    assert!(hits(&proxy) > before, "the reads were cached");
+    // A statement that is not a read (here a BEGIN in a block, which PostgreSQL only warns
+    // about) does not make pgmemo ask the block's isolation on the server: the question would
+    // take a snapshot, after which the BEGIN's isolation level is refused.
+    let begin_rr = vec![
+        Frontend::parse("", "BEGIN ISOLATION LEVEL REPEATABLE READ", &[]),
+        Frontend::bind("", "", &[]),
+        Frontend::describe_portal(""),
+        Frontend::execute("", 0),
+        Frontend::Sync,
+    ];
+    same_as_postgresql(
+        &mut pairs,
+        "a block whose isolation is set after BEGIN",
+        vec![
+            // (Prepared once: a statement the server accepted before is looked up.)
+            (0, begin_rr.clone(), 1),
+            (0, q("ROLLBACK"), 1),
+            (
+                0,
+                and(&[
+                    ext("BEGIN ISOLATION LEVEL SERIALIZABLE"),
+                    sync(),
+                    ext("BEGIN TRANSACTION READ ONLY"),
+                    sync(),
+                ]),
+                2,
+            ),
+            (0, begin_rr, 1),
+            (0, q("SHOW transaction_isolation"), 1),
+            (0, q("COMMIT"), 1),
+        ],
+    )
+    .await;
+    proxy.shutdown().await;
+}
