@@ -39,6 +39,8 @@ struct Actor {
     inserts: [i32; 3],
     /// Its row of `other`.
     other: i32,
+    /// Keys of `other` it COPYs in (and deletes).
+    copies: [i32; 2],
 }
 
 const ACTORS: [Actor; 2] = [
@@ -46,11 +48,13 @@ const ACTORS: [Actor; 2] = [
         own: [1, 2, 3, 4],
         inserts: [101, 102, 103],
         other: 1,
+        copies: [11, 12],
     },
     Actor {
         own: [5, 6, 7, 8],
         inserts: [201, 202, 203],
         other: 2,
+        copies: [21, 22],
     },
 ];
 
@@ -143,24 +147,61 @@ fn write(rng: &mut Rng, actor: &Actor) -> String {
     }
 }
 
+/// Session state a block may use: SQL-level prepared statements, cursors, COPY out,
+/// transaction-level advisory locks (each client its own key).
+fn session_statement(rng: &mut Rng, actor: &Actor) -> String {
+    let p = rng.below(2);
+    match rng.below(9) {
+        0 => format!("PREPARE q{p} AS SELECT v FROM kv WHERE id = $1"),
+        1 => format!("EXECUTE q{p}({})", 1 + rng.below(8)),
+        2 => format!("DEALLOCATE q{p}"),
+        3 => format!("DECLARE c{p} CURSOR FOR SELECT id, v FROM kv ORDER BY id"),
+        4 => format!("FETCH {} FROM c{p}", 1 + rng.below(3)),
+        5 => format!("CLOSE c{p}"),
+        6 => "COPY (SELECT id, w FROM other ORDER BY id) TO STDOUT".into(),
+        7 => format!("SELECT pg_advisory_xact_lock({})", actor.other),
+        _ => format!(
+            "DELETE FROM other WHERE id IN ({}, {})",
+            actor.copies[0], actor.copies[1]
+        ),
+    }
+}
+
 /// One statement of any kind.
 fn statement(rng: &mut Rng, actor: &Actor) -> String {
     match rng.below(100) {
-        0..=14 => rng.pick(BEGINS).to_string(),
-        15..=29 => rng.pick(ENDS).to_string(),
-        30..=59 => read(rng),
-        60..=74 => write(rng, actor),
-        75..=81 => rng.pick(SAVEPOINTS).to_string(),
-        82..=91 => rng.pick(SETTINGS).to_string(),
-        92..=96 => rng.pick(ERRORS).to_string(),
-        98 => String::new(),
+        0..=13 => rng.pick(BEGINS).to_string(),
+        14..=27 => rng.pick(ENDS).to_string(),
+        28..=54 => read(rng),
+        55..=67 => write(rng, actor),
+        68..=73 => rng.pick(SAVEPOINTS).to_string(),
+        74..=82 => rng.pick(SETTINGS).to_string(),
+        83..=87 => rng.pick(ERRORS).to_string(),
+        88..=96 => session_statement(rng, actor),
+        97 => String::new(),
         _ => ";".into(),
     }
 }
 
+/// COPY into `other` of one or two of the actor's rows (a row already there fails it
+/// midway), ended by CopyDone or, sometimes, CopyFail.
+fn copy_in(rng: &mut Rng, actor: &Actor) -> Vec<Frontend> {
+    let mut msgs = Vec::new();
+    for _ in 0..1 + rng.below(2) {
+        let line = format!("{}\tcopied\n", rng.pick(&actor.copies));
+        msgs.push(Frontend::copy_data(line.as_bytes()));
+    }
+    msgs.push(if rng.chance(15) {
+        Frontend::CopyFail("the client gave up".into())
+    } else {
+        Frontend::CopyDone
+    });
+    msgs
+}
+
 /// One round trip: the messages and how many ReadyForQuery end their replies.
 fn action(rng: &mut Rng, actor: &Actor) -> (Vec<Frontend>, usize) {
-    match rng.below(10) {
+    match rng.below(13) {
         // One simple query, one statement.
         0..=4 => (vec![Frontend::query(&statement(rng, actor))], 1),
         // One simple query, several statements.
@@ -178,6 +219,51 @@ fn action(rng: &mut Rng, actor: &Actor) -> (Vec<Frontend>, usize) {
                 msgs.push(Frontend::describe_portal(""));
             }
             msgs.extend([Frontend::execute("", 0), Frontend::Sync]);
+            (msgs, 1)
+        }
+        // COPY FROM STDIN, as a simple query or in the extended protocol.
+        10 => {
+            let sql = "COPY other (id, w) FROM STDIN";
+            if rng.chance(50) {
+                (
+                    [vec![Frontend::query(sql)], copy_in(rng, actor)].concat(),
+                    1,
+                )
+            } else {
+                let mut msgs = ext(sql);
+                msgs.extend(copy_in(rng, actor));
+                msgs.push(Frontend::Sync);
+                (msgs, 1)
+            }
+        }
+        // Named statements and portals: a statement prepared under a name (which may be
+        // taken, or gone when bound), a portal read a row at a time, Describe and Close.
+        11 => {
+            let (name, portal) = (format!("s{}", rng.below(3)), format!("p{}", rng.below(2)));
+            let mut msgs = Vec::new();
+            if rng.chance(60) {
+                let sql = if rng.chance(70) {
+                    read(rng)
+                } else {
+                    statement(rng, actor)
+                };
+                msgs.push(Frontend::parse(&name, &sql, &[]));
+            }
+            if rng.chance(30) {
+                msgs.push(Frontend::describe_statement(&name));
+            }
+            msgs.push(Frontend::bind(&portal, &name, &[]));
+            let max_rows = i32::from(rng.chance(40));
+            for _ in 0..1 + rng.below(2) {
+                msgs.push(Frontend::execute(&portal, max_rows));
+            }
+            if rng.chance(20) {
+                msgs.push(Frontend::Flush);
+            }
+            if rng.chance(30) {
+                msgs.push(Frontend::close_statement(&name));
+            }
+            msgs.push(Frontend::Sync);
             (msgs, 1)
         }
         // A pipeline of statements as the extended protocol sends them (pgjdbc sends its
@@ -329,10 +415,14 @@ async fn random_blocks_answer_as_postgresql() {
             let got = exchange(&mut p.through, &mut p.through_names, &msgs, ready).await;
             let want = exchange(&mut p.direct, &mut p.direct_names, &msgs, ready).await;
             if got != want {
+                // Every step, for replaying by hand; the last ones in the message.
+                let all = std::env::temp_dir().join(format!("pgmemo-blocks-{seed}.txt"));
+                let _ = std::fs::write(&all, log.join("\n"));
                 let from = log.len().saturating_sub(40);
                 panic!(
                     "{mode:?} invalidation, seed {seed}, step {step}: through pgmemo\n{got:#?}\n\
-                     directly\n{want:#?}\nthe last steps:\n{}",
+                     directly\n{want:#?}\nthe last steps (all in {}):\n{}",
+                    all.display(),
                     log[from..].join("\n")
                 );
             }
@@ -424,6 +514,36 @@ async fn pipelines_across_block_boundaries() {
                 3,
             ),
             (0, q("ROLLBACK"), 1),
+        ],
+    )
+    .await;
+    // A SQL-level statement PREPAREd through the extended protocol is the client's: prepared
+    // again on the other server for its EXECUTE, and not found by the other client on the
+    // server it was made on.
+    let prepare = "PREPARE q0 AS SELECT v FROM kv WHERE id = $1";
+    same_as_postgresql(
+        &mut pairs,
+        "PREPARE in the extended protocol",
+        vec![
+            (0, and(&[ext(prepare), sync()]), 1),
+            (1, q("EXECUTE q0(2)"), 1),
+            (1, q("BEGIN ISOLATION LEVEL REPEATABLE READ"), 1),
+            (0, and(&[ext("EXECUTE q0(2)"), sync()]), 1),
+            (0, and(&[ext(prepare), sync()]), 1),
+            (1, q("COMMIT"), 1),
+            (0, q("DEALLOCATE q0"), 1),
+            (0, and(&[ext("EXECUTE q0(2)"), sync()]), 1),
+            // A protocol-level statement EXECUTEd from SQL, DEALLOCATEd from SQL.
+            (
+                0,
+                vec![Frontend::parse("s9", "SELECT 9", &[]), Frontend::Sync],
+                1,
+            ),
+            (0, and(&[ext("EXECUTE s9"), sync()]), 1),
+            (0, q("EXECUTE s9"), 1),
+            (0, and(&[ext("PREPARE s9 AS SELECT 8"), sync()]), 1),
+            (0, and(&[ext("DEALLOCATE s9"), sync()]), 1),
+            (0, and(&[ext("EXECUTE s9"), sync()]), 1),
         ],
     )
     .await;

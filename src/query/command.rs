@@ -119,9 +119,16 @@ pub fn classify(sql: &str) -> Vec<Command> {
 pub fn tracked_command(text: &str) -> Option<Command> {
     let first = leading_words(text, 1);
     let word = first.first()?;
-    if !["discard", "deallocate", "set", "reset"]
-        .iter()
-        .any(|kw| is_keyword(word, kw))
+    if ![
+        "discard",
+        "deallocate",
+        "set",
+        "reset",
+        "prepare",
+        "execute",
+    ]
+    .iter()
+    .any(|kw| is_keyword(word, kw))
     {
         return None;
     }
@@ -129,6 +136,8 @@ pub fn tracked_command(text: &str) -> Option<Command> {
         [c @ (Command::DiscardAll
         | Command::DeallocateAll
         | Command::Deallocate { .. }
+        | Command::Prepare { .. }
+        | Command::Execute { .. }
         | Command::SetSearchPath { .. })] => Some(c.clone()),
         _ => None,
     }

@@ -69,9 +69,10 @@ pub struct Statement {
     pub ends_transaction: bool,
     /// BEGIN or START TRANSACTION.
     pub starts_transaction: bool,
-    /// `DISCARD ALL`, `DEALLOCATE ALL`, `DEALLOCATE name` or `SET search_path`: executing a
-    /// portal of it changes the client's statements (and the server's) or their context, see
-    /// `planner::Planner::execute`.
+    /// `DISCARD ALL`, `DEALLOCATE ALL`, `DEALLOCATE name`, `PREPARE name`, `EXECUTE name` or
+    /// `SET search_path`: executing a portal of it changes the client's statements (and the
+    /// server's) or their context, or needs a statement on the server under the client's
+    /// name, see `planner::Planner::execute`.
     pub tracked: Option<command::Command>,
     /// What executing it may do to the session's state (see `session::state`).
     pub session_touch: crate::query::facts::Touch,
@@ -128,7 +129,11 @@ impl Statement {
             .map_or_else(|| key.query.clone(), |h| Bytes::from(h.text.clone()));
         let hidden = hidden.and_then(|h| h.uses.into_iter().next().map(|(_, used)| used));
         let mut parsed_query = &key.query;
-        if tracked.is_none() {
+        // (A DEALLOCATE of a reserved name keeps its text: its Execute is planned.)
+        if matches!(
+            tracked,
+            None | Some(command::Command::Prepare { .. } | command::Command::Execute { .. })
+        ) {
             if let Some(used) = &hidden {
                 // `EXECUTE` / `PREPARE` of a reserved name: hidden from servers.
                 parsed_query = &server_query;
@@ -370,6 +375,10 @@ pub enum Effect {
     /// Undone unless it ran. Boxed, like the other rare payloads: every reply entry holds an
     /// `Option<Effect>` and is moved through the queue per message.
     SqlDeallocated(Box<(String, String)>),
+    /// A SQL-level statement (name, text) made by the Execute of a `PREPARE name`. Undone
+    /// unless it ran (PostgreSQL does not undo a PREPARE that ran when its transaction rolls
+    /// back).
+    SqlPrepared(Box<(String, String)>),
     /// The search_path as it was before the Execute of a `SET search_path`. Undone unless it
     /// ran.
     SearchPathSet(Box<SearchPath>),
@@ -430,6 +439,7 @@ impl Effect {
             | Effect::Sql(_)
             | Effect::Deallocated { .. }
             | Effect::SqlDeallocated(_)
+            | Effect::SqlPrepared(_)
             | Effect::SearchPathSet(_) => true,
             Effect::Both(both) => both.0.undone_on_failure() || both.1.undone_on_failure(),
             _ => false,

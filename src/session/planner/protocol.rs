@@ -7,6 +7,7 @@ use super::{Plan, Planner};
 use crate::protocol::backend::{self as be, sqlstate};
 use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
 use crate::protocol::{body, pg_name, put_cstr, write_message};
+use crate::query::command::Command;
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, Synth};
 use crate::statements::{Effect, Statement, GUARD_NAME, GUARD_QUERY};
 use bytes::{Bytes, BytesMut};
@@ -162,6 +163,11 @@ impl Planner<'_> {
                 return Plan::Done;
             }
             Some(false) => {}
+        }
+        if let (Some(Command::Execute { name }), None) = (&statement.tracked, &statement.hidden) {
+            if !self.bind_execute(name) {
+                return Plan::Wait;
+            }
         }
         self.client.state.note(statement.session_touch);
         self.client.state.note_calls(&statement.key.query);

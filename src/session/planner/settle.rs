@@ -2,7 +2,7 @@
 //! undone when it never ran), the batch kept to be sent again after 0A000 ([`Retry`]), and the
 //! statements to close after the next Sync ([`Cleanup`]).
 
-use super::sql::{apply_sql_command, restore_sql_statement};
+use super::sql::{apply_sql_command, forget_sql_statement, restore_sql_statement};
 use crate::protocol::frontend as fe;
 use crate::protocol::pg_name;
 use crate::replies::Outcome;
@@ -223,6 +223,7 @@ pub fn settle(
         }
         Effect::SearchPathSet(before) if !done => stmts.search_path.restore(*before),
         Effect::SqlDeallocated(named) if !done => restore_sql_statement(stmts, server, *named),
+        Effect::SqlPrepared(named) if !done => forget_sql_statement(stmts, server, *named),
         Effect::Closed {
             statement,
             generation,

@@ -31,7 +31,10 @@ impl Planner<'_> {
     /// restored if it fails or is discarded. Whether it fails is PostgreSQL's decision (DISCARD
     /// ALL in a transaction block or a pipeline, an aborted block, a portal that is gone).
     pub(super) fn execute(&mut self) -> Plan {
-        let Some(command) = self.tracked_execute().and_then(|s| s.tracked.clone()) else {
+        let Some(statement) = self.tracked_execute() else {
+            return Plan::Forward;
+        };
+        let Some(command) = statement.tracked.clone() else {
             return Plan::Forward;
         };
         let plan = match command {
@@ -56,14 +59,17 @@ impl Planner<'_> {
             Command::Deallocate { name } => self.execute_deallocate(name.as_bytes()),
             // Of a reserved name (see `Statement::hidden`): the server runs it naming
             // `pgmemo_s`, which it does not have.
-            Command::Execute { name } => {
+            Command::Execute { name } if statement.hidden.is_some() => {
                 self.forward_execute_with(None, missing_as(&name));
                 Plan::Done
             }
-            Command::Prepare { name, .. } => {
+            // Of a protocol-level statement: see `bind_execute`.
+            Command::Execute { .. } => Plan::Forward,
+            Command::Prepare { name, .. } if statement.hidden.is_some() => {
                 self.forward_execute_with(None, refusing(&name));
                 Plan::Done
             }
+            Command::Prepare { name, text } => self.execute_prepare(name, text),
             Command::SetSearchPath { value, local } => {
                 // Statements parsed after it are keyed by the new search_path.
                 let before = crate::statements::SearchPath::clone(&self.stmts.search_path);
@@ -155,6 +161,62 @@ impl Planner<'_> {
             None => return Plan::Forward,
         }
         Plan::Done
+    }
+
+    /// The Execute of `PREPARE name AS ...`: the server runs it, and the client has a SQL-level
+    /// statement that pgmemo prepares on whichever server its later transactions run (and
+    /// that no other client finds on this one), unless it fails. It fails exactly when
+    /// PostgreSQL's would: the name is taken by one of the client's statements of either kind.
+    fn execute_prepare(&mut self, name: String, text: String) -> Plan {
+        if !self.state_known() {
+            return Plan::Wait;
+        }
+        if self.server.aborted() || self.stmts.is_sql(name.as_bytes()) {
+            // Refused by the server as by PostgreSQL: 25P02, or 42P05 (it has the name).
+            return Plan::Forward;
+        }
+        if self.stmts.get(name.as_bytes()).is_some() {
+            // A protocol-level statement, on the server under pgmemo's name: a placeholder
+            // under the client's name gets PostgreSQL's 42P05 (closed after the next Sync).
+            self.parse_guard_query(name.as_bytes(), Action::Skip, None);
+            self.client.cleanup.push(name.as_bytes().into());
+            self.forward_execute(None);
+            return Plan::Done;
+        }
+        self.server.prepared.sql.insert(name.clone(), text.clone());
+        self.stmts.sql.insert(name.clone(), text.clone());
+        self.forward_execute(Some(Effect::SqlPrepared(Box::new((name, text)))));
+        Plan::Done
+    }
+
+    /// The Bind of `EXECUTE name`: when the name is one of the client's protocol-level
+    /// statements (which the server has under pgmemo's name), a placeholder under the
+    /// client's name lets the server run it as PostgreSQL would (closed after the next Sync).
+    /// Before the Bind: PostgreSQL reads the statement's result type there. A SQL-level
+    /// statement is on the server already (see `sync_sql_statements`). False: not known yet
+    /// whether the block is aborted (where the placeholder would fail in place of the Bind).
+    pub(super) fn bind_execute(&mut self, name: &str) -> bool {
+        let Some(statement) = self.stmts.get(name.as_bytes()).cloned() else {
+            return true;
+        };
+        if !self.state_known() {
+            return false;
+        }
+        if self.server.aborted() || self.client.cleanup.holds(name.as_bytes()) {
+            return true;
+        }
+        write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+            put_cstr(m, name.as_bytes());
+            put_cstr(m, &statement.server_query);
+            m.extend_from_slice(&statement.key.param_types);
+        });
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Skip,
+            effect: None,
+        });
+        self.client.cleanup.push(name.as_bytes().into());
+        true
     }
 
     /// Sends the client's Execute as it is, with bookkeeping.
@@ -477,6 +539,23 @@ pub(super) fn restore_sql_statement(
         server.prepared.sql.insert(name.clone(), text.clone());
     }
     stmts.sql.insert(name, text);
+}
+
+/// A client's SQL-level statement (name, text) whose PREPARE did not run: neither the client
+/// nor the server has it.
+pub(super) fn forget_sql_statement(
+    stmts: &mut ClientStatements,
+    server: Option<&mut ServerConn>,
+    (name, text): (String, String),
+) {
+    if let Some(server) = server {
+        if server.prepared.sql.get(&name) == Some(&text) {
+            server.prepared.sql.remove(&name);
+        }
+    }
+    if stmts.sql.get(&name) == Some(&text) {
+        stmts.sql.remove(&name);
+    }
 }
 
 /// One SQL-level statement command that ran, in a query that `failed` or not.
