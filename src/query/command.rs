@@ -808,10 +808,21 @@ mod tests {
             tracked_command("DEALLOCATE \"A\""),
             Some(Command::Deallocate { name: "A".into() })
         );
+        assert_eq!(
+            tracked_command("PREPARE p AS SELECT 1"),
+            Some(Command::Prepare {
+                name: "p".into(),
+                text: "PREPARE p AS SELECT 1".into()
+            })
+        );
+        assert_eq!(
+            tracked_command("execute \"P\"(1)"),
+            Some(Command::Execute { name: "P".into() })
+        );
         for no in [
             "SELECT 1",
             "DISCARD PLANS",
-            "PREPARE p AS SELECT 1",
+            "PREPARE TRANSACTION 'x'",
             "DEALLOCATE a; DEALLOCATE b",
             "",
         ] {
