@@ -547,6 +547,34 @@ async fn pipelines_across_block_boundaries() {
         ],
     )
     .await;
+    // A Describe in an aborted block of a statement the server lacks (prepared on the other
+    // one): PostgreSQL describes one that returns no rows, and refuses one that does.
+    let described = |name: &str| vec![Frontend::describe_statement(name), Frontend::Sync];
+    same_as_postgresql(
+        &mut pairs,
+        "Describe in an aborted block",
+        vec![
+            (1, q("BEGIN ISOLATION LEVEL REPEATABLE READ"), 1),
+            (
+                0,
+                vec![
+                    Frontend::parse("s7", "UPDATE kv SET v = v WHERE id = 0", &[]),
+                    Frontend::parse("s8", "SELECT v FROM kv WHERE id = 8", &[]),
+                    Frontend::parse("s6", "DELETE FROM kv WHERE id = $1", &[23]),
+                    Frontend::Sync,
+                ],
+                1,
+            ),
+            (1, q("COMMIT"), 1),
+            (0, q("BEGIN ISOLATION LEVEL REPEATABLE READ"), 1),
+            (0, q("SELECT 1/0"), 1),
+            (0, described("s7"), 1),
+            (0, described("s8"), 1),
+            (0, described("s6"), 1),
+            (0, q("ROLLBACK"), 1),
+        ],
+    )
+    .await;
     proxy.shutdown().await;
 }
 

@@ -57,6 +57,40 @@ pub fn parse(sql: &str) -> Parsed {
     }
 }
 
+/// Whether PostgreSQL describes `sql` (one statement) with NoData: certainly a statement that
+/// returns no rows. False when unsure: it returns rows, or what it returns depends on what it
+/// names (an `EXECUTE`, a `CALL`), or it is not one statement PostgreSQL reads.
+pub fn describes_no_rows(sql: &str) -> bool {
+    let Parsed::Tree(tree) = parse(sql) else {
+        return false;
+    };
+    let [stmt] = tree["stmts"].as_array().map(Vec::as_slice).unwrap_or(&[]) else {
+        return false;
+    };
+    let Some((kind, node)) = stmt["stmt"]["node"]
+        .as_object()
+        .and_then(|n| n.iter().next())
+    else {
+        return false;
+    };
+    // (pg_query 18 reads PostgreSQL 18's grammar: `RETURNING` is a clause with its list.)
+    let no_returning = || {
+        node.get("returning_clause")
+            .and_then(|c| c.get("exprs"))
+            .and_then(|l| l.as_array())
+            .is_none_or(Vec::is_empty)
+    };
+    match kind.as_str() {
+        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => no_returning(),
+        "TransactionStmt" | "VariableSetStmt" | "LockStmt" | "TruncateStmt"
+        | "DeclareCursorStmt" | "ClosePortalStmt" | "DiscardStmt" | "DeallocateStmt"
+        | "PrepareStmt" | "ListenStmt" | "NotifyStmt" | "UnlistenStmt" | "DoStmt" | "CopyStmt"
+        | "CreateStmt" | "DropStmt" | "IndexStmt" | "AlterTableStmt" | "ViewStmt"
+        | "CreateTableAsStmt" | "CommentStmt" | "GrantStmt" | "VacuumStmt" => true,
+        _ => false,
+    }
+}
+
 /// One client's reading of the simple query at hand, made once: the first feature that needs
 /// the lexer's reading of the text (the result cache, or autoprepare) makes it, and every
 /// other one borrows it. The session forgets it when the next message comes
@@ -181,5 +215,39 @@ impl Reader {
     #[inline]
     pub fn lexed(&self) -> Option<&Lexed> {
         matches!(self.state, Read::Lexed).then_some(&self.lexed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn statements_described_without_rows() {
+        for no_rows in [
+            "UPDATE t SET v = 1",
+            "insert into t values (1)",
+            "DELETE FROM t WHERE id = $1",
+            "SAVEPOINT s",
+            "SET x = 1",
+            "DECLARE c CURSOR FOR SELECT 1",
+            "COPY t TO STDOUT",
+        ] {
+            assert!(super::describes_no_rows(no_rows), "{no_rows}");
+        }
+        for rows_or_unsure in [
+            "SELECT 1",
+            "UPDATE t SET v = 1 RETURNING v",
+            "INSERT INTO t VALUES (1) RETURNING *",
+            "SHOW x",
+            "FETCH 1 FROM c",
+            "EXECUTE p",
+            "CALL f()",
+            "UPDATE t SET v = 1; UPDATE t SET v = 2",
+            "SELEC 1",
+        ] {
+            assert!(
+                !super::describes_no_rows(rows_or_unsure),
+                "{rows_or_unsure}"
+            );
+        }
     }
 }

@@ -326,22 +326,17 @@ impl Planner<'_> {
         };
         match self.in_aborted_block(&statement) {
             None => return Plan::Wait,
-            Some(true) if statement.tracked.is_some() => {
-                // PostgreSQL describes a statement that returns no rows (DISCARD ALL,
-                // DEALLOCATE) in an aborted block too: its declared parameters, no row.
-                let mut replies = BytesMut::new();
-                write_message(&mut replies, be::PARAMETER_DESCRIPTION, |m| {
-                    m.extend_from_slice(&statement.key.param_types)
-                });
-                write_message(&mut replies, be::NO_DATA, |_| {});
-                self.replies.push_entry(Entry {
-                    expected: Expected::Describe,
-                    action: Action::Synthesize(Synth::Replies(Box::new(replies.freeze()))),
-                    effect: None,
-                });
-                return Plan::Done;
-            }
             Some(true) => {
+                if let Some(replies) = no_rows_description(&statement) {
+                    // PostgreSQL describes a statement that returns no rows in an aborted
+                    // block too: its parameters, no row.
+                    self.replies.push_entry(Entry {
+                        expected: Expected::Describe,
+                        action: Action::Synthesize(Synth::Replies(Box::new(replies))),
+                        effect: None,
+                    });
+                    return Plan::Done;
+                }
                 // PostgreSQL refuses to describe a statement that returns rows (25P02): so
                 // does the server, describing the guard.
                 write_message(&mut self.server.wbuf, fe::DESCRIBE, |m| {
@@ -484,6 +479,35 @@ impl Planner<'_> {
         });
         self.server.prepared.set_guard(true);
     }
+}
+
+/// What PostgreSQL answers to a Describe of `statement` in an aborted block if it returns no
+/// rows (it refuses one that does): ParameterDescription and NoData. From a server's own
+/// description of it when there is one; else when its text certainly returns no rows and
+/// every parameter's type is declared. None: it returns rows, or that is not known here.
+fn no_rows_description(statement: &Statement) -> Option<Bytes> {
+    const NO_DATA: [u8; 5] = [be::NO_DATA, 0, 0, 0, 4];
+    if let Some(described) = statement.description() {
+        return described.ends_with(&NO_DATA).then_some(described);
+    }
+    let declared = u16::from_be_bytes([
+        statement.key.param_types.first().copied()?,
+        statement.key.param_types.get(1).copied()?,
+    ]) as usize;
+    let all_declared = declared == statement.param_count
+        && statement.key.param_types[2..]
+            .chunks(4)
+            .all(|oid| oid != [0, 0, 0, 0]);
+    let text = std::str::from_utf8(&statement.key.query).ok()?;
+    if !all_declared || !(statement.tracked.is_some() || crate::query::describes_no_rows(text)) {
+        return None;
+    }
+    let mut replies = BytesMut::new();
+    write_message(&mut replies, be::PARAMETER_DESCRIPTION, |m| {
+        m.extend_from_slice(&statement.key.param_types)
+    });
+    replies.extend_from_slice(&NO_DATA);
+    Some(replies.freeze())
 }
 
 /// The number of parameter values in a Bind (after its names), if the message says.
