@@ -552,7 +552,7 @@ async fn pipelines_across_block_boundaries() {
     let described = |name: &str| vec![Frontend::describe_statement(name), Frontend::Sync];
     same_as_postgresql(
         &mut pairs,
-        "Describe in an aborted block",
+        "Describe and Bind in an aborted block",
         vec![
             (1, q("BEGIN ISOLATION LEVEL REPEATABLE READ"), 1),
             (
@@ -561,6 +561,7 @@ async fn pipelines_across_block_boundaries() {
                     Frontend::parse("s7", "UPDATE kv SET v = v WHERE id = 0", &[]),
                     Frontend::parse("s8", "SELECT v FROM kv WHERE id = 8", &[]),
                     Frontend::parse("s6", "DELETE FROM kv WHERE id = $1", &[23]),
+                    Frontend::parse("s5", "PREPARE q5 AS SELECT $1::int", &[]),
                     Frontend::Sync,
                 ],
                 1,
@@ -571,6 +572,8 @@ async fn pipelines_across_block_boundaries() {
             (0, described("s7"), 1),
             (0, described("s8"), 1),
             (0, described("s6"), 1),
+            // (A PREPARE's `$1` is its inner statement's: the Bind has no parameter.)
+            (0, vec![Frontend::bind("", "s5", &[]), Frontend::Sync], 1),
             (0, q("ROLLBACK"), 1),
         ],
     )

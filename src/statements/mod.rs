@@ -175,7 +175,13 @@ impl Statement {
             ddl: crate::query::facts::ddl(&key.query),
             hidden,
             server_query,
-            param_count: declared.max(command::highest_parameter(text)),
+            // A PREPARE's `$n` are its inner statement's, typed when it runs: PostgreSQL's
+            // count for the PREPARE itself is what the Parse declares.
+            param_count: if matches!(kind, command::Command::Prepare { .. }) {
+                declared
+            } else {
+                declared.max(command::highest_parameter(text))
+            },
             key,
             server_name_bytes: Bytes::copy_from_slice(server_name.as_bytes()),
             server_name,
