@@ -554,6 +554,7 @@ async fn pipelines_across_block_boundaries() {
         &mut pairs,
         "Describe and Bind in an aborted block",
         vec![
+            (0, q("PREPARE q4 AS SELECT 4"), 1),
             (1, q("BEGIN ISOLATION LEVEL REPEATABLE READ"), 1),
             (
                 0,
@@ -562,6 +563,7 @@ async fn pipelines_across_block_boundaries() {
                     Frontend::parse("s8", "SELECT v FROM kv WHERE id = 8", &[]),
                     Frontend::parse("s6", "DELETE FROM kv WHERE id = $1", &[23]),
                     Frontend::parse("s5", "PREPARE q5 AS SELECT $1::int", &[]),
+                    Frontend::parse("s4", "EXECUTE q4", &[]),
                     Frontend::Sync,
                 ],
                 1,
@@ -572,6 +574,8 @@ async fn pipelines_across_block_boundaries() {
             (0, described("s7"), 1),
             (0, described("s8"), 1),
             (0, described("s6"), 1),
+            // (What an EXECUTE returns is the executed statement's: not known here.)
+            (0, described("s4"), 1),
             // (A PREPARE's `$1` is its inner statement's: the Bind has no parameter.)
             (0, vec![Frontend::bind("", "s5", &[]), Frontend::Sync], 1),
             (0, q("ROLLBACK"), 1),

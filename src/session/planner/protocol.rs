@@ -483,8 +483,9 @@ impl Planner<'_> {
 
 /// What PostgreSQL answers to a Describe of `statement` in an aborted block if it returns no
 /// rows (it refuses one that does): ParameterDescription and NoData. From a server's own
-/// description of it when there is one; else when its text certainly returns no rows and
-/// every parameter's type is declared. None: it returns rows, or that is not known here.
+/// description of it when there is one; else when its text certainly returns no rows (not an
+/// `EXECUTE`, whose rows are the executed statement's) and every parameter's type is
+/// declared. None: it returns rows, or that is not known here.
 fn no_rows_description(statement: &Statement) -> Option<Bytes> {
     const NO_DATA: [u8; 5] = [be::NO_DATA, 0, 0, 0, 4];
     if let Some(described) = statement.description() {
@@ -499,7 +500,7 @@ fn no_rows_description(statement: &Statement) -> Option<Bytes> {
             .chunks(4)
             .all(|oid| oid != [0, 0, 0, 0]);
     let text = std::str::from_utf8(&statement.key.query).ok()?;
-    if !all_declared || !(statement.tracked.is_some() || crate::query::describes_no_rows(text)) {
+    if !all_declared || !crate::query::describes_no_rows(text) {
         return None;
     }
     let mut replies = BytesMut::new();
