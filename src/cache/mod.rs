@@ -989,9 +989,7 @@ impl ResultCache {
         if client.nonstandard_strings {
             return bypass(Bypass::NonstandardStrings);
         }
-        // Whether it is a read at all before the block's isolation is asked: the question runs
-        // a query in the client's block, which only a read (that takes a snapshot itself) may
-        // do unseen (a `SET TRANSACTION` after it would fail otherwise).
+        // A read before the block's isolation is asked (the question takes a snapshot).
         let reads = match &query.analysis.read {
             Ok(reads) => reads,
             Err(why) => return bypass(*why),
