@@ -357,16 +357,6 @@ async fn world(name: &str, cache: Option<Invalidation>) -> (Pgmemo, &'static str
     (proxy, db, pairs)
 }
 
-fn hits(proxy: &Pgmemo) -> u64 {
-    proxy
-        .app()
-        .cache
-        .rule_stats()
-        .iter()
-        .map(|r| r.hits.get())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_blocks_answer_as_postgresql() {
     let steps = std::env::var("PGMEMO_TEST_STEPS")
@@ -427,7 +417,10 @@ async fn random_blocks_answer_as_postgresql() {
                 );
             }
         }
-        assert!(hits(&proxy) > 0, "the cache answered some of the reads");
+        assert!(
+            cache_hits(&proxy) > 0,
+            "the cache answered some of the reads"
+        );
         proxy.shutdown().await;
     }
 }
@@ -440,6 +433,21 @@ fn ext(sql: &str) -> Vec<Frontend> {
         Frontend::bind("", "", &[]),
         Frontend::execute("", 0),
     ]
+}
+
+/// A simple query.
+fn q(sql: &str) -> Vec<Frontend> {
+    vec![Frontend::query(sql)]
+}
+
+/// A Sync, ending a batch.
+fn sync() -> Vec<Frontend> {
+    vec![Frontend::Sync]
+}
+
+/// Messages sent in one write.
+fn and(parts: &[Vec<Frontend>]) -> Vec<Frontend> {
+    parts.concat()
 }
 
 /// A fixed script: (client, messages, ReadyForQuery to read).
@@ -460,9 +468,6 @@ async fn same_as_postgresql(pairs: &mut [Pair; 2], what: &str, script: Script) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelines_across_block_boundaries() {
     let (proxy, _, mut pairs) = world("blocks_pipelines", None).await;
-    let q = |sql: &str| vec![Frontend::query(sql)];
-    let and = |parts: &[Vec<Frontend>]| parts.concat();
-    let sync = || vec![Frontend::Sync];
     // A statement after an extended-protocol ROLLBACK of an aborted block, before the
     // batch's Sync, runs (it was taken for one more statement of the aborted block, refused,
     // and a statement of pgmemo's ran in its place). Its text was prepared by the other
@@ -591,11 +596,8 @@ async fn pipelines_across_block_boundaries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_follows_transactions_within_a_batch() {
     let (proxy, _, mut pairs) = world("blocks_cache", Some(Invalidation::Proxy)).await;
-    let q = |sql: &str| vec![Frontend::query(sql)];
-    let and = |parts: &[Vec<Frontend>]| parts.concat();
-    let sync = || vec![Frontend::Sync];
     let read = |id: i32| q(&format!("SELECT v FROM kv WHERE id = {id}"));
-    let before = hits(&proxy);
+    let before = cache_hits(&proxy);
     same_as_postgresql(
         &mut pairs,
         "writes that commit ahead of more work",
@@ -630,7 +632,7 @@ async fn cache_follows_transactions_within_a_batch() {
         ],
     )
     .await;
-    assert!(hits(&proxy) > before, "the reads were cached");
+    assert!(cache_hits(&proxy) > before, "the reads were cached");
     // A statement that is not a read (here a BEGIN in a block, which PostgreSQL only warns
     // about) does not make pgmemo ask the block's isolation on the server: the question would
     // take a snapshot, after which the BEGIN's isolation level is refused.

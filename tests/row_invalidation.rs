@@ -115,22 +115,11 @@ async fn value(client: &Client, sql: &str) -> String {
         .join(",")
 }
 
-/// Every rule's hits.
-fn hits(proxy: &Pgmemo) -> u64 {
-    proxy
-        .app()
-        .cache
-        .rule_stats()
-        .iter()
-        .map(|r| r.hits.get())
-        .sum()
-}
-
 /// Reads `sql` through pgmemo: its value, and whether the cache answered it.
 async fn read(proxy: &Pgmemo, client: &Client, sql: &str) -> (String, bool) {
-    let before = hits(proxy);
+    let before = cache_hits(proxy);
     let v = value(client, sql).await;
-    (v, hits(proxy) > before)
+    (v, cache_hits(proxy) > before)
 }
 
 /// Reads `sql` until the cache answers it; its value.
@@ -532,12 +521,12 @@ async fn parameters_name_rows_as_literals_do() {
     let get = |id: i32| {
         let (proxy, client) = (proxy_ref, client_ref);
         async move {
-            let before = hits(proxy);
+            let before = cache_hits(proxy);
             let row = client
                 .query_one("SELECT v FROM accounts WHERE id = $1", &[&id])
                 .await
                 .unwrap();
-            (row.get::<_, i32>(0), hits(proxy) > before)
+            (row.get::<_, i32>(0), cache_hits(proxy) > before)
         }
     };
     get(1).await;
@@ -973,7 +962,7 @@ async fn concurrent_writers_never_make_a_read_by_value_stale() {
     for r in readers {
         r.await.unwrap();
     }
-    let hits = hits(&proxy);
+    let hits = cache_hits(&proxy);
     proxy.shutdown().await;
     assert!(checker.reads.load(SeqCst) > 100);
     assert!(hits > 0, "no read was answered from the cache");
@@ -1399,9 +1388,9 @@ async fn random_run(
             continue;
         }
         let read = &reads[rng.below(reads.len())];
-        let before = hits(&proxy);
+        let before = cache_hits(&proxy);
         let got = read.run(&reader).await;
-        let hit = hits(&proxy) > before;
+        let hit = cache_hits(&proxy) > before;
         hits_seen += u64::from(hit);
         extended_hits += u64::from(hit && !read.params.is_empty());
         let want = read.run(&direct).await;

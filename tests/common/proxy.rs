@@ -93,6 +93,17 @@ pub fn cache_rule(name: &str, contains: &str) -> pgmemo::config::cache::Rule {
     }
 }
 
+/// The result cache's hits, over every rule (and hints).
+pub fn cache_hits(proxy: &Pgmemo) -> u64 {
+    proxy
+        .app()
+        .cache
+        .rule_stats()
+        .iter()
+        .map(|r| r.hits.get())
+        .sum()
+}
+
 /// Simple queries pgmemo ran as autoprepared statements, over every pool (sessions add theirs
 /// between transactions, or when they end in session mode).
 pub fn autoprepared(proxy: &Pgmemo) -> u64 {
