@@ -36,6 +36,16 @@ pub struct StatementKey {
     pub param_types: Bytes,
 }
 
+impl StatementKey {
+    /// How many parameter types the Parse declares (its first field).
+    pub fn declared_params(&self) -> usize {
+        u16::from_be_bytes([
+            self.param_types.first().copied().unwrap_or(0),
+            self.param_types.get(1).copied().unwrap_or(0),
+        ]) as usize
+    }
+}
+
 /// One statement, shared by every client and server that uses it. Immutable but for its
 /// counters and generation.
 #[derive(Debug)]
@@ -160,10 +170,7 @@ impl Statement {
         } else {
             Default::default()
         };
-        let declared = u16::from_be_bytes([
-            key.param_types.first().copied().unwrap_or(0),
-            key.param_types.get(1).copied().unwrap_or(0),
-        ]) as usize;
+        let declared = key.declared_params();
         let kind = command::classify_statement(text);
         Statement {
             id,

@@ -491,12 +491,11 @@ fn no_rows_description(statement: &Statement) -> Option<Bytes> {
     if let Some(described) = statement.description() {
         return described.ends_with(&NO_DATA).then_some(described);
     }
-    let declared = u16::from_be_bytes([
-        statement.key.param_types.first().copied()?,
-        statement.key.param_types.get(1).copied()?,
-    ]) as usize;
-    let all_declared = declared == statement.param_count
-        && statement.key.param_types[2..]
+    let all_declared = statement.key.declared_params() == statement.param_count
+        && statement
+            .key
+            .param_types
+            .get(2..)?
             .chunks(4)
             .all(|oid| oid != [0, 0, 0, 0]);
     let text = std::str::from_utf8(&statement.key.query).ok()?;

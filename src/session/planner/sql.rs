@@ -136,8 +136,7 @@ impl Planner<'_> {
                     // The client's statement is on the server under pgmemo's name: a
                     // placeholder under the client's name is what the DEALLOCATE drops. Closed
                     // after the client's next Sync in case the Execute does not run.
-                    self.parse_guard_query(name, Action::Skip, None);
-                    self.client.cleanup.push(name.into());
+                    self.placeholder_until_sync(name, None);
                 }
                 self.forward_execute(Some(effect));
             }
@@ -177,9 +176,8 @@ impl Planner<'_> {
         }
         if self.stmts.get(name.as_bytes()).is_some() {
             // A protocol-level statement, on the server under pgmemo's name: a placeholder
-            // under the client's name gets PostgreSQL's 42P05 (closed after the next Sync).
-            self.parse_guard_query(name.as_bytes(), Action::Skip, None);
-            self.client.cleanup.push(name.as_bytes().into());
+            // under the client's name gets PostgreSQL's 42P05.
+            self.placeholder_until_sync(name.as_bytes(), None);
             self.forward_execute(None);
             return Plan::Done;
         }
@@ -205,18 +203,27 @@ impl Planner<'_> {
         if self.server.aborted() || self.client.cleanup.holds(name.as_bytes()) {
             return true;
         }
-        write_message(&mut self.server.wbuf, fe::PARSE, |m| {
-            put_cstr(m, name.as_bytes());
-            put_cstr(m, &statement.server_query);
-            m.extend_from_slice(&statement.key.param_types);
-        });
-        self.replies.push_entry(Entry {
-            expected: Expected::Parse,
-            action: Action::Skip,
-            effect: None,
-        });
-        self.client.cleanup.push(name.as_bytes().into());
+        self.placeholder_until_sync(name.as_bytes(), Some(&statement));
         true
+    }
+
+    /// Prepares a placeholder under the client's `name` on the server, closed after the
+    /// client's next Sync (see `Cleanup`): `statement`'s text when the server must run it as
+    /// the client's, else the guard's (only the name matters). Its replies are swallowed, but
+    /// an error, which stands for the client's message that needed it.
+    pub(super) fn placeholder_until_sync(&mut self, name: &[u8], statement: Option<&Statement>) {
+        match statement {
+            Some(statement) => {
+                parse_as(&mut self.server.wbuf, name, statement);
+                self.replies.push_entry(Entry {
+                    expected: Expected::Parse,
+                    action: Action::Skip,
+                    effect: None,
+                });
+            }
+            None => self.parse_guard_query(name, Action::Skip, None),
+        }
+        self.client.cleanup.push(name.into());
     }
 
     /// Sends the client's Execute as it is, with bookkeeping.
@@ -315,11 +322,7 @@ impl Planner<'_> {
     pub(super) fn placeholders(&mut self, names: &[(String, Arc<Statement>)], tag: u8) {
         for (name, statement) in names {
             if tag == fe::PARSE {
-                write_message(&mut self.server.wbuf, fe::PARSE, |m| {
-                    put_cstr(m, name.as_bytes());
-                    put_cstr(m, &statement.server_query);
-                    m.extend_from_slice(&statement.key.param_types);
-                });
+                parse_as(&mut self.server.wbuf, name.as_bytes(), statement);
             } else {
                 write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
                     m.extend_from_slice(b"S");
@@ -539,6 +542,15 @@ pub(super) fn restore_sql_statement(
         server.prepared.sql.insert(name.clone(), text.clone());
     }
     stmts.sql.insert(name, text);
+}
+
+/// A Parse of `statement`'s text (as servers get it) under the client's `name`.
+fn parse_as(out: &mut BytesMut, name: &[u8], statement: &Statement) {
+    write_message(out, fe::PARSE, |m| {
+        put_cstr(m, name);
+        put_cstr(m, &statement.server_query);
+        m.extend_from_slice(&statement.key.param_types);
+    });
 }
 
 /// A client's SQL-level statement (name, text) whose PREPARE did not run: neither the client
