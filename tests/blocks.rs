@@ -6,9 +6,9 @@
 //! rows, errors and multi-statement queries, as simple queries and as extended-protocol
 //! pipelines (one Sync or several). The same sequence runs through pgmemo (transaction mode, a
 //! rule caching every read, reads answered inside blocks, `BEGIN` kept until a statement
-//! needs a server) on one database and directly on its twin; every reply must be PostgreSQL's
-//! (ReadyForQuery status, warnings, the value each read returns after the other client's
-//! commits). The clients write disjoint rows so that neither ever waits for the other's lock:
+//! needs a server; then session mode) on one database and directly on its twin; every reply
+//! must be PostgreSQL's (ReadyForQuery status, warnings, the value each read returns after the
+//! other client's commits). The clients write disjoint rows so that neither ever waits for the other's lock:
 //! a run through pgmemo and a direct run then have exactly one outcome each.
 //!
 //! Then, as fixed scripts, each class of difference the random scripts found.
@@ -21,7 +21,13 @@ use pgmemo::config::PoolMode;
 use pgmemo::Pgmemo;
 use std::time::Duration;
 
-const MODES: [Invalidation; 2] = [Invalidation::Proxy, Invalidation::Wal];
+/// The pool modes and invalidations the random scripts run through: transaction mode (blocks
+/// kept without a server, settings carried) with each invalidation, and session mode.
+const MODES: [(PoolMode, Invalidation); 3] = [
+    (PoolMode::Transaction, Invalidation::Proxy),
+    (PoolMode::Transaction, Invalidation::Wal),
+    (PoolMode::Session, Invalidation::Proxy),
+];
 
 /// Steps per mode; `PGMEMO_TEST_STEPS=N` runs more, `PGMEMO_TEST_SEED=S` another sequence.
 const STEPS: usize = 700;
@@ -334,9 +340,14 @@ async fn exchange(
     }
 }
 
-/// A database `name` and its twin with [`SCHEMA`], pgmemo in transaction mode with two
-/// servers (the cache on for every read with `cache`'s invalidation), and two clients.
-async fn world(name: &str, cache: Option<Invalidation>) -> (Pgmemo, &'static str, [Pair; 2]) {
+/// A database `name` and its twin with [`SCHEMA`], pgmemo in pool mode `mode` with two
+/// servers (the cache on for every read with `cache`'s invalidation; in session mode with
+/// `session_shared_statements`), and two clients.
+async fn world(
+    name: &str,
+    mode: PoolMode,
+    cache: Option<Invalidation>,
+) -> (Pgmemo, &'static str, [Pair; 2]) {
     let db: &'static str = Box::leak(name.into());
     let twin: &'static str = Box::leak(format!("{db}_twin").into());
     for name in [db, twin] {
@@ -345,7 +356,9 @@ async fn world(name: &str, cache: Option<Invalidation>) -> (Pgmemo, &'static str
             .await
             .unwrap();
     }
-    let mut config = test_config(PoolMode::Transaction, 2);
+    let mut config = test_config(mode, 2);
+    // Session mode caches with the registry shared (docs/result-cache.md).
+    config.general.session_shared_statements = true;
     if let Some(mode) = cache {
         config.cache.enabled = true;
         config.cache.admit_after = 1;
@@ -367,9 +380,9 @@ async fn random_blocks_answer_as_postgresql() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0xb10c_0033u64);
-    for mode in MODES {
-        let name = format!("blocks_{mode:?}").to_lowercase();
-        let (proxy, db, mut pairs) = world(&name, Some(mode)).await;
+    for (round, (pool_mode, mode)) in MODES.into_iter().enumerate() {
+        let name = format!("blocks_{pool_mode:?}_{mode:?}").to_lowercase();
+        let (proxy, db, mut pairs) = world(&name, pool_mode, Some(mode)).await;
         if mode == Invalidation::Wal {
             // The follower starts at the first lookup; its slot waits for every transaction
             // open then, which the clients' blocks might keep from happening for a while.
@@ -389,7 +402,7 @@ async fn random_blocks_answer_as_postgresql() {
             .await;
         }
         // Never 0, which xorshift keeps forever.
-        let mut rng = Rng((seed ^ (mode as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+        let mut rng = Rng((seed ^ (round as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
         let mut log: Vec<String> = Vec::new();
         for step in 0..steps {
             let who = usize::from(rng.chance(30));
@@ -410,7 +423,8 @@ async fn random_blocks_answer_as_postgresql() {
                 let _ = std::fs::write(&all, log.join("\n"));
                 let from = log.len().saturating_sub(40);
                 panic!(
-                    "{mode:?} invalidation, seed {seed}, step {step}: through pgmemo\n{got:#?}\n\
+                    "{pool_mode:?} mode, {mode:?} invalidation, seed {seed}, step {step}: through \
+                     pgmemo\n{got:#?}\n\
                      directly\n{want:#?}\nthe last steps (all in {}):\n{}",
                     all.display(),
                     log[from..].join("\n")
@@ -419,7 +433,7 @@ async fn random_blocks_answer_as_postgresql() {
         }
         assert!(
             cache_hits(&proxy) > 0,
-            "the cache answered some of the reads"
+            "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads"
         );
         proxy.shutdown().await;
     }
@@ -467,7 +481,7 @@ async fn same_as_postgresql(pairs: &mut [Pair; 2], what: &str, script: Script) {
 /// the transaction state in extended-protocol pipelines and its guard statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelines_across_block_boundaries() {
-    let (proxy, _, mut pairs) = world("blocks_pipelines", None).await;
+    let (proxy, _, mut pairs) = world("blocks_pipelines", PoolMode::Transaction, None).await;
     // A statement after an extended-protocol ROLLBACK of an aborted block, before the
     // batch's Sync, runs (it was taken for one more statement of the aborted block, refused,
     // and a statement of pgmemo's ran in its place). Its text was prepared by the other
@@ -595,7 +609,7 @@ async fn pipelines_across_block_boundaries() {
 /// isolation is asked only for a read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_follows_transactions_within_a_batch() {
-    let (proxy, _, mut pairs) = world("blocks_cache", Some(Invalidation::Proxy)).await;
+    let (proxy, _, mut pairs) = world("blocks_cache", PoolMode::Transaction, Some(Invalidation::Proxy)).await;
     let read = |id: i32| q(&format!("SELECT v FROM kv WHERE id = {id}"));
     let before = cache_hits(&proxy);
     same_as_postgresql(

@@ -538,6 +538,20 @@ async fn set_role_turns_caching_off_for_that_client() {
     }
     assert_eq!(stats(&proxy, "roles").0, 2, "no hit after SET ROLE");
     assert!(bypassed(&proxy, "role or setting changed") >= 2);
+    // A transaction's characteristics and the session's defaults for them are no setting
+    // outside the key (the cache asks the server for a block's isolation): still hits.
+    drop((a, b));
+    let mut c = raw_proxy(&proxy, DB).await;
+    for sql in [
+        "BEGIN",
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY",
+        "COMMIT",
+        "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+    ] {
+        run(&mut c, sql).await;
+    }
+    assert_eq!(first_value(&run(&mut c, sql).await).as_deref(), Some("1"));
+    assert_eq!(stats(&proxy, "roles").0, 3, "a hit after SET TRANSACTION");
 }
 
 #[tokio::test]

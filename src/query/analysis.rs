@@ -250,6 +250,11 @@ const HARMLESS_SETTINGS: &[&str] = &[
     "default_transaction_isolation",
     "default_transaction_read_only",
     "default_transaction_deferrable",
+    // SET TRANSACTION (the transaction_* above, for the block at hand) and SET SESSION
+    // CHARACTERISTICS AS TRANSACTION (the default_transaction_* above): the cache asks the
+    // server for the isolation of a block it would answer in.
+    "transaction",
+    "session characteristics",
     "work_mem",
     "maintenance_work_mem",
     "client_min_messages",
@@ -747,6 +752,16 @@ mod tests {
         assert!(analyze("SET ROLE r").effects.session_state);
         assert!(analyze("SET extra_float_digits = 0").effects.session_state);
         assert!(!analyze("SET search_path = a").effects.session_state);
+        // The current transaction's characteristics, and the defaults of the next ones
+        // (default_transaction_isolation and its kin): the cache reads the isolation where
+        // it matters.
+        for sql in [
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "SET TRANSACTION READ ONLY, DEFERRABLE",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        ] {
+            assert!(!analyze(sql).effects.session_state, "{sql}");
+        }
         assert!(analyze("CREATE TEMP TABLE x (a int)").effects.session_state);
         assert!(
             analyze("SELECT set_config('a.b', '1', false)")
