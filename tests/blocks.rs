@@ -583,6 +583,9 @@ async fn pipelines_across_block_boundaries() {
                     Frontend::parse("s6", "DELETE FROM kv WHERE id = $1", &[23]),
                     Frontend::parse("s5", "PREPARE q5 AS SELECT $1::int", &[]),
                     Frontend::parse("s4", "EXECUTE q4", &[]),
+                    Frontend::parse("s3", "SELECT 3 AS a INTO TEMP t3", &[]),
+                    Frontend::parse("s2", "CREATE SCHEMA IF NOT EXISTS s2", &[]),
+                    Frontend::parse("s1", "EXPLAIN SELECT 1", &[]),
                     Frontend::Sync,
                 ],
                 1,
@@ -595,6 +598,11 @@ async fn pipelines_across_block_boundaries() {
             (0, described("s6"), 1),
             // (What an EXECUTE returns is the executed statement's: not known here.)
             (0, described("s4"), 1),
+            // (SELECT INTO runs as CREATE TABLE AS; a utility statement has no rows unless
+            // PostgreSQL's UtilityReturnsTuples says so.)
+            (0, described("s3"), 1),
+            (0, described("s2"), 1),
+            (0, described("s1"), 1),
             // (A PREPARE's `$1` is its inner statement's: the Bind has no parameter.)
             (0, vec![Frontend::bind("", "s5", &[]), Frontend::Sync], 1),
             (0, q("ROLLBACK"), 1),
@@ -609,7 +617,12 @@ async fn pipelines_across_block_boundaries() {
 /// isolation is asked only for a read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_follows_transactions_within_a_batch() {
-    let (proxy, _, mut pairs) = world("blocks_cache", PoolMode::Transaction, Some(Invalidation::Proxy)).await;
+    let (proxy, _, mut pairs) = world(
+        "blocks_cache",
+        PoolMode::Transaction,
+        Some(Invalidation::Proxy),
+    )
+    .await;
     let read = |id: i32| q(&format!("SELECT v FROM kv WHERE id = {id}"));
     let before = cache_hits(&proxy);
     same_as_postgresql(

@@ -59,7 +59,12 @@ pub fn parse(sql: &str) -> Parsed {
 
 /// Whether PostgreSQL describes `sql` (one statement) with NoData: certainly a statement that
 /// returns no rows. False when unsure: it returns rows, or what it returns depends on what it
-/// names (an `EXECUTE`, a `CALL`), or it is not one statement PostgreSQL reads.
+/// names (an `EXECUTE`, a `CALL`, a `FETCH`), or it is not one statement PostgreSQL reads.
+///
+/// PostgreSQL's own rule: a query returns rows when it is a `SELECT` (not `SELECT INTO`,
+/// which runs as `CREATE TABLE AS`) or has `RETURNING`; a utility statement only when
+/// `UtilityReturnsTuples` (tcop/utility.c) says so, for `EXPLAIN`, `SHOW`, and for `FETCH`
+/// (not `MOVE`), `EXECUTE` and `CALL` by the portal, statement or procedure they name.
 pub fn describes_no_rows(sql: &str) -> bool {
     let Parsed::Tree(tree) = parse(sql) else {
         return false;
@@ -73,21 +78,17 @@ pub fn describes_no_rows(sql: &str) -> bool {
     else {
         return false;
     };
-    // (pg_query 18 reads PostgreSQL 18's grammar: `RETURNING` is a clause with its list.)
-    let no_returning = || {
-        node.get("returning_clause")
+    match kind.as_str() {
+        "SelectStmt" => node.get("into_clause").is_some_and(|i| !i.is_null()),
+        // (pg_query 18 reads PostgreSQL 18's grammar: `RETURNING` is a clause with its list.)
+        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => node
+            .get("returning_clause")
             .and_then(|c| c.get("exprs"))
             .and_then(|l| l.as_array())
-            .is_none_or(Vec::is_empty)
-    };
-    match kind.as_str() {
-        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => no_returning(),
-        "TransactionStmt" | "VariableSetStmt" | "LockStmt" | "TruncateStmt"
-        | "DeclareCursorStmt" | "ClosePortalStmt" | "DiscardStmt" | "DeallocateStmt"
-        | "PrepareStmt" | "ListenStmt" | "NotifyStmt" | "UnlistenStmt" | "DoStmt" | "CopyStmt"
-        | "CreateStmt" | "DropStmt" | "IndexStmt" | "AlterTableStmt" | "ViewStmt"
-        | "CreateTableAsStmt" | "CommentStmt" | "GrantStmt" | "VacuumStmt" => true,
-        _ => false,
+            .is_none_or(Vec::is_empty),
+        "FetchStmt" => node.get("ismove").and_then(|m| m.as_bool()) == Some(true),
+        "ExplainStmt" | "VariableShowStmt" | "ExecuteStmt" | "CallStmt" => false,
+        _ => true,
     }
 }
 
@@ -230,6 +231,12 @@ mod tests {
             "SET x = 1",
             "DECLARE c CURSOR FOR SELECT 1",
             "COPY t TO STDOUT",
+            "SELECT 1 AS a INTO t2",
+            "MOVE 1 IN c",
+            "CREATE SCHEMA s",
+            "ANALYZE t",
+            "ALTER SEQUENCE s RESTART",
+            "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
         ] {
             assert!(super::describes_no_rows(no_rows), "{no_rows}");
         }
@@ -241,6 +248,11 @@ mod tests {
             "FETCH 1 FROM c",
             "EXECUTE p",
             "CALL f()",
+            "EXPLAIN SELECT 1",
+            "VALUES (1)",
+            "WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d",
+            "MERGE INTO t USING u ON t.id = u.id WHEN MATCHED THEN DELETE RETURNING *",
+            "",
             "UPDATE t SET v = 1; UPDATE t SET v = 2",
             "SELEC 1",
         ] {
