@@ -631,7 +631,12 @@ impl ResultCache {
         in_block: bool,
     ) -> Option<Arc<Entry>> {
         client.raw_key_valid = false;
-        if client.off || client.temp || client.nonstandard_strings || client.context_of.is_none() {
+        if client.off
+            || client.off_in_transaction
+            || client.temp
+            || client.nonstandard_strings
+            || client.context_of.is_none()
+        {
             return None;
         }
         raw_key(&mut client.raw_key, &client.context, sql);
@@ -980,7 +985,7 @@ impl ResultCache {
             }
             Lookup::Pass
         };
-        if client.off {
+        if client.off || client.off_in_transaction {
             return bypass(Bypass::SessionState);
         }
         if client.temp {
@@ -1934,6 +1939,9 @@ pub struct ClientCache {
     database: Arc<str>,
     /// The client changed its role or a setting outside the key: no caching for it.
     pub off: bool,
+    /// The client changed a setting outside the key for its transaction (`SET LOCAL`): no
+    /// caching for it until it is idle again.
+    off_in_transaction: bool,
     /// The client may hold temporary objects (see `analysis::Effects::temp`): not answered
     /// from the cache until the session's state probe finds none, or a `DISCARD` drops them.
     pub temp: bool,
@@ -2006,6 +2014,9 @@ impl ClientCache {
         if e.session_state && !self.keys_all_settings {
             self.off = true;
         }
+        if e.transaction_state && !self.keys_all_settings {
+            self.off_in_transaction = true;
+        }
         if e.drops_temp {
             self.temp = false;
         }
@@ -2074,10 +2085,11 @@ impl ClientCache {
         }
     }
 
-    /// Whether anything is pending for server messages to settle.
+    /// Whether anything is pending for server messages to settle (or to end, see
+    /// [`ClientCache::off_in_transaction`]).
     #[inline]
     pub fn watching(&self) -> bool {
-        !self.pending.is_empty() || self.fill.is_some()
+        !self.pending.is_empty() || self.fill.is_some() || self.off_in_transaction
     }
 
     /// Takes in the bytes the session appended to the client's output for one server message
@@ -2145,6 +2157,7 @@ impl ClientCache {
     ) {
         if tag == be::READY_FOR_QUERY && body.first() == Some(&b'I') {
             self.blind_block = false;
+            self.off_in_transaction = false;
         }
         if self.pending.is_empty() {
             return;

@@ -196,6 +196,9 @@ pub struct Effects {
     /// It changes the client's role or a setting not in the key, or creates a temporary
     /// table: caching stays off for that client.
     pub session_state: bool,
+    /// It changes a setting not in the key for the transaction at hand only (`SET LOCAL`):
+    /// caching stays off for that client until the transaction ends.
+    pub transaction_state: bool,
     /// It may create temporary objects (its text names `temp`, `temporary` or `pg_temp`
     /// anywhere, however it does it: `SELECT INTO TEMP`, `CREATE TEMP VIEW`, a `DO` block),
     /// which shadow permanent ones for that client alone: the client is not answered from
@@ -213,7 +216,7 @@ pub struct Effects {
 
 impl Effects {
     pub fn is_none(&self) -> bool {
-        !self.changes_data() && !self.session_state
+        !self.changes_data() && !self.session_state && !self.transaction_state
     }
 
     /// Whether running it may change what is cached.
@@ -451,7 +454,11 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
             let reset_all = inner["kind"].as_i64() == Some(6)
                 || inner["kind"].as_str() == Some("VAR_RESET_ALL");
             if reset_all || !HARMLESS_SETTINGS.contains(&name.as_str()) {
-                effects.session_state = true;
+                if inner["is_local"].as_bool() == Some(true) {
+                    effects.transaction_state = true;
+                } else {
+                    effects.session_state = true;
+                }
             }
         }
         "DiscardStmt" => {
@@ -751,6 +758,18 @@ mod tests {
         assert_eq!(analyze("DO $$ BEGIN END $$").effects.flush, Flush::Database);
         assert!(analyze("SET ROLE r").effects.session_state);
         assert!(analyze("SET extra_float_digits = 0").effects.session_state);
+        let local = analyze("SET LOCAL extra_float_digits = 0").effects;
+        assert!(local.transaction_state && !local.session_state);
+        assert!(
+            analyze("SET LOCAL app.tenant = 'a'")
+                .effects
+                .transaction_state
+        );
+        assert!(
+            !analyze("SET LOCAL statement_timeout = 1")
+                .effects
+                .transaction_state
+        );
         assert!(!analyze("SET search_path = a").effects.session_state);
         // The current transaction's characteristics, and the defaults of the next ones
         // (default_transaction_isolation and its kin): the cache reads the isolation where
