@@ -373,9 +373,8 @@ pub fn analyze_parsed(sql: &str, parsed: &super::Parsed) -> Analysis {
     effects.writes.append(&mut walker.writes);
     effects.calls = walker.functions.clone();
     effects.calls.extend(walker.operators.iter().cloned());
-    if walker.functions.iter().any(|f| &**f == "set_config") {
-        effects.session_state = true;
-    }
+    effects.session_state |= walker.set_config_session;
+    effects.transaction_state |= walker.set_config_local;
     if walker
         .functions
         .iter()
@@ -557,6 +556,10 @@ struct Walker {
     modifies: bool,
     locking: bool,
     time_or_session: bool,
+    /// Calls of `set_config`: one whose `is_local` is not the constant true changes the
+    /// session's setting; one whose is changes the transaction's.
+    set_config_session: bool,
+    set_config_local: bool,
 }
 
 impl Walker {
@@ -602,6 +605,15 @@ impl Walker {
             }
             "FuncCall" => {
                 if let Some(name) = last_name(&inner["funcname"]) {
+                    if name == "set_config" {
+                        let args = inner["args"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                        let local = args.len() == 3 && super::facts::is_true(&args[2]);
+                        if local {
+                            self.set_config_local = true;
+                        } else {
+                            self.set_config_session = true;
+                        }
+                    }
                     let name: Box<str> = name.into();
                     if !self.functions.contains(&name) {
                         self.functions.push(name);
@@ -787,6 +799,15 @@ mod tests {
                 .effects
                 .session_state
         );
+        for session in [
+            "SELECT set_config('a.b', '1', $1)",
+            "SELECT set_config('a.b', '1', 'true'::bool)",
+            "SELECT set_config('a.b', '1', true), set_config('a.c', '1', false)",
+        ] {
+            assert!(analyze(session).effects.session_state, "{session}");
+        }
+        let local = analyze("SELECT set_config('a.b', $1, true)").effects;
+        assert!(local.transaction_state && !local.session_state);
         assert!(analyze("BEGIN").effects.is_none());
         assert!(analyze("SELECT 1").effects.is_none());
         // A prepared transaction's writes show at COMMIT PREPARED, whoever sends it.

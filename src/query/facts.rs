@@ -193,10 +193,10 @@ fn walk_settings(
                 *calls += 1;
                 let args = inner["args"].as_array().map(Vec::as_slice).unwrap_or(&[]);
                 let constant = |i: usize| args.get(i).and_then(constant_text);
-                if let (Some(name), Some(local)) = (constant(0), constant(2)) {
+                if let (Some(name), Some(_)) = (constant(0), constant(2)) {
                     *read += 1;
                     // set_config(..., true) lasts until the transaction ends.
-                    if !matches!(local.as_str(), "t" | "true" | "on" | "yes" | "1") {
+                    if !args.get(2).is_some_and(is_true) {
                         add_custom(custom, &name);
                     }
                 }
@@ -205,6 +205,11 @@ fn walk_settings(
         }
         walk_settings(inner, custom, calls, read);
     }
+}
+
+/// Whether an argument is a constant that reads as boolean true (`true`, `'on'`).
+pub(crate) fn is_true(arg: &serde_json::Value) -> bool {
+    constant_text(arg).is_some_and(|v| matches!(v.as_str(), "t" | "true" | "on" | "yes" | "1"))
 }
 
 /// A constant argument's text: a string or a boolean (`'app.tenant'`, `false`).
