@@ -172,10 +172,20 @@ fn write(rng: &mut Rng, actor: &Actor) -> String {
 }
 
 /// Session state a block may use: SQL-level prepared statements, cursors, COPY out,
-/// transaction-level advisory locks (each client its own key).
+/// transaction-level advisory locks (each client its own key); and session state that pins a
+/// client to its server or changes what its reads read: a temporary `kv` shadowing the
+/// table, the search_path, `DISCARD`.
 fn session_statement(rng: &mut Rng, actor: &Actor) -> String {
     let p = rng.below(2);
-    match rng.below(9) {
+    match rng.below(13) {
+        9 => "CREATE TEMP TABLE IF NOT EXISTS kv (id int PRIMARY KEY, v int NOT NULL)".into(),
+        // (Not `DROP TABLE pg_temp.kv`: whether a server has a temporary schema, which its
+        // notice shows, depends on which clients it served before.)
+        10 => "DISCARD TEMP".into(),
+        11 => "DISCARD ALL".into(),
+        12 => rng
+            .pick(&["SET search_path = pg_temp, public", "RESET search_path"])
+            .to_string(),
         0 => format!("PREPARE q{p} AS SELECT v FROM kv WHERE id = $1"),
         1 => format!("EXECUTE q{p}({})", 1 + rng.below(8)),
         2 => format!("DEALLOCATE q{p}"),
@@ -726,6 +736,51 @@ async fn cache_follows_transactions_within_a_batch() {
             (0, begin_rr, 1),
             (0, q("SHOW transaction_isolation"), 1),
             (0, q("COMMIT"), 1),
+        ],
+    )
+    .await;
+    proxy.shutdown().await;
+}
+
+/// A temporary table keeps its client on its server through a `DISCARD ALL` that did not run
+/// (refused in an aborted block) and a block kept without a server, and through a `DEALLOCATE
+/// ALL` before or after an error in its query (which ran, or did not: the server was thrown
+/// away as if it might have, its temporary table with it). (Found by the random scripts, seed
+/// 123.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn temporary_tables_survive_a_discard_that_failed() {
+    let (proxy, _, mut pairs) = world(
+        "blocks_temp",
+        PoolMode::Transaction,
+        Some(Invalidation::Proxy),
+    )
+    .await;
+    same_as_postgresql(
+        &mut pairs,
+        "a temporary kv through a refused DISCARD ALL",
+        vec![
+            (
+                0,
+                q("CREATE TEMP TABLE kv (id int PRIMARY KEY, v int NOT NULL)"),
+                1,
+            ),
+            (0, q("INSERT INTO kv VALUES (102, 7)"), 1),
+            (0, q("PREPARE q1 AS SELECT 1"), 1),
+            (1, q("BEGIN"), 1),
+            (1, q("SELECT v FROM kv WHERE id = 5"), 1),
+            (0, q("BEGIN"), 1),
+            (0, q("SELECT 1/0"), 1),
+            (0, q("DISCARD ALL; COMMIT AND CHAIN"), 1),
+            (0, q("END"), 1),
+            (1, q("COMMIT"), 1),
+            (0, q("BEGIN TRANSACTION READ ONLY"), 1),
+            (0, q("INSERT INTO kv VALUES (103, 7)"), 1),
+            (0, q("ROLLBACK"), 1),
+            (0, q("SELECT 1/0; DEALLOCATE ALL"), 1),
+            (0, q("EXECUTE q1"), 1),
+            (0, q("DEALLOCATE ALL; SELECT 1/0"), 1),
+            (0, q("EXECUTE q1"), 1),
+            (0, q("SELECT count(*) FROM kv"), 1),
         ],
     )
     .await;

@@ -464,6 +464,7 @@ impl Effect {
     pub fn command_completed(&mut self) {
         match self {
             Effect::Sql(sql) => sql.completed += 1,
+            Effect::Reset(snapshot) => snapshot.completed += 1,
             Effect::Both(both) => {
                 both.0.command_completed();
                 both.1.command_completed();
@@ -717,15 +718,36 @@ pub struct ResetSnapshot {
     /// Whether the server had the guard statement.
     pub guard: bool,
     /// The query was only the reset command, so failing means it did not run at all; in a
-    /// multi-statement query it may have run before the failure, and the server's state is
-    /// then unknown.
+    /// multi-statement query it may have run before the failure (see
+    /// [`ResetSnapshot::ran`]).
     pub sole_command: bool,
     /// It was DISCARD ALL, which also resets the server's settings.
     pub discard_all: bool,
+    /// Among the query's statements, the place of the first that may reset (a `DEALLOCATE
+    /// ALL`, or the sole `DISCARD ALL`), if any may: PostgreSQL refuses `DISCARD ALL` in the
+    /// implicit block of a multi-statement query.
+    pub at: Option<usize>,
+    /// The query's statements that completed (CommandComplete) before it failed.
+    pub completed: usize,
     /// The client's and the server's SQL-level statements, when the reset took them too (an
     /// extended-protocol Execute; a simple query settles those when it ends, see
     /// [`Effect::Sql`]).
     pub sql: Option<Box<SqlSnapshot>>,
+}
+
+impl ResetSnapshot {
+    /// Whether the reset ran, in a query that failed: not when no statement that may reset
+    /// completed; so when more statements completed than came before it. None: unknown (a
+    /// comment alone between semicolons is no statement to PostgreSQL, so its place among
+    /// them may be lower).
+    pub fn ran(&self) -> Option<bool> {
+        match self.at {
+            None => Some(false),
+            Some(_) if self.completed == 0 => Some(false),
+            Some(at) if self.completed > at => Some(true),
+            Some(_) => None,
+        }
+    }
 }
 
 /// The SQL-level statements of a client and of its server (name → PREPARE statement).

@@ -248,7 +248,11 @@ pub fn settle(
                 stmts.refresh(&statement);
             }
         }
-        Effect::Reset(snapshot) if done && snapshot.discard_all => {
+        Effect::Reset(snapshot) if !done && snapshot.ran() != Some(true) => {
+            undo_reset(stmts, server, *snapshot)
+        }
+        // Done, or it ran before a later statement of its query failed.
+        Effect::Reset(snapshot) if snapshot.discard_all => {
             stmts.search_path.discarded();
             if let Some(server) = server {
                 // RESET ALL: the settings pgmemo made on the server are gone.
@@ -256,7 +260,6 @@ pub fn settle(
                 server.params_synced_for = None;
             }
         }
-        Effect::Reset(snapshot) if !done => undo_reset(stmts, server, *snapshot),
         Effect::Sql(sql) if outcome != Outcome::Discarded => {
             let failed = outcome == Outcome::Failed;
             for command in sql.commands.into_iter().take(sql.completed) {
@@ -298,13 +301,14 @@ pub fn settle(
     }
 }
 
-/// A `DISCARD ALL` / `DEALLOCATE ALL` that did not run: the client's names, its SQL-level
-/// statements and the server's set are as they were before it.
+/// A `DISCARD ALL` / `DEALLOCATE ALL` that did not run (or may not have): the client's
+/// names, its SQL-level statements and the server's set are as they were before it.
 fn undo_reset(
     stmts: &mut ClientStatements,
     mut server: Option<&mut ServerConn>,
     snapshot: crate::statements::ResetSnapshot,
 ) {
+    let unknown = snapshot.ran().is_none();
     stmts.restore_all(snapshot.names);
     if let Some(sql) = snapshot.sql {
         stmts.sql = sql.client;
@@ -318,9 +322,9 @@ fn undo_reset(
             server.prepared.insert_with_generation(s, generation);
         }
         server.prepared.set_guard(snapshot.guard);
-        if !snapshot.sole_command {
+        if unknown {
             // It may have run before the error: what the server holds is unknown, so this
-            // connection is not reused.
+            // connection is not reused (and the client's session state on it is lost).
             server.broken = true;
         }
     }

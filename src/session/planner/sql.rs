@@ -47,6 +47,8 @@ impl Planner<'_> {
                     guard: self.server.prepared.has_guard(),
                     sole_command: true,
                     discard_all: command == Command::DiscardAll,
+                    at: Some(0),
+                    completed: 0,
                     sql: Some(Box::new(SqlSnapshot {
                         client: std::mem::take(&mut self.stmts.sql),
                         server: std::mem::take(&mut self.server.prepared.sql),
@@ -491,6 +493,11 @@ impl Planner<'_> {
                 guard: self.server.prepared.has_guard(),
                 sole_command: commands.len() == 1,
                 discard_all: commands.contains(&Command::DiscardAll),
+                at: executed.iter().position(|c| {
+                    *c == Command::DeallocateAll
+                        || (*c == Command::DiscardAll && commands.len() == 1)
+                }),
+                completed: 0,
                 sql: None,
             };
             self.server.prepared.clear();
