@@ -786,3 +786,33 @@ async fn temporary_tables_survive_a_discard_that_failed() {
     .await;
     proxy.shutdown().await;
 }
+
+/// A temporary table made again after one of its name was dropped hides the table anew from
+/// the statements parsed after it, in transaction and session mode (a statement prepared on
+/// the server before it would still name the permanent table). (Found by the random scripts,
+/// seed 127.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_table_made_again_hides_the_table_again() {
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let name = format!("blocks_temp_again_{mode:?}").to_lowercase();
+        let (proxy, _, mut pairs) = world(&name, mode, Some(Invalidation::Proxy)).await;
+        let create = "CREATE TEMP TABLE IF NOT EXISTS kv (id int PRIMARY KEY, v int NOT NULL)";
+        let update = || and(&[ext("UPDATE kv SET v = v + 1 WHERE id = 3"), sync()]);
+        same_as_postgresql(
+            &mut pairs,
+            "a temporary kv made, dropped and made again",
+            vec![
+                (0, q(create), 1),
+                (0, update(), 1),
+                (0, q("DISCARD TEMP"), 1),
+                (0, update(), 1),
+                (0, q(create), 1),
+                (0, update(), 1),
+                (0, and(&[ext("DISCARD TEMP"), ext(create), update()]), 1),
+                (0, q("SELECT id, v FROM kv ORDER BY id"), 1),
+            ],
+        )
+        .await;
+        proxy.shutdown().await;
+    }
+}

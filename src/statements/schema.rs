@@ -60,7 +60,10 @@ impl SchemaWatch {
             self.epoch.fetch_add(1, Ordering::AcqRel);
             self.uncommitted = true;
         }
-        if ddl.temp && !self.temp {
+        if ddl.temp {
+            // A new private context at each: a statement parsed before this temporary object
+            // was made may name what it hides (PostgreSQL does not plan such a statement
+            // again, and a Parse after it would read the temporary one).
             self.temp = true;
             self.context_dirty = true;
         }
