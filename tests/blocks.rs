@@ -173,18 +173,28 @@ fn write(rng: &mut Rng, actor: &Actor) -> String {
 
 /// Session state a block may use: SQL-level prepared statements, cursors, COPY out,
 /// transaction-level advisory locks (each client its own key); and session state that pins a
-/// client to its server or changes what its reads read: a temporary `kv` shadowing the
-/// table, the search_path, `DISCARD`.
+/// client to its server: a temporary table, the search_path, `DISCARD`. (A temporary table
+/// named as a table hides it, which the fixed scripts below test: not here, where a statement
+/// prepared before it was made would read the table PostgreSQL first found, see
+/// docs/prepared-statements.md.)
 fn session_statement(rng: &mut Rng, actor: &Actor) -> String {
     let p = rng.below(2);
     match rng.below(13) {
-        9 => "CREATE TEMP TABLE IF NOT EXISTS kv (id int PRIMARY KEY, v int NOT NULL)".into(),
+        9 => rng
+            .pick(&[
+                "CREATE TEMP TABLE IF NOT EXISTS scratch (id int PRIMARY KEY, v int NOT NULL)",
+                "INSERT INTO scratch VALUES (1, 1) ON CONFLICT (id) DO UPDATE SET v = scratch.v + 1",
+                "SELECT id, v FROM scratch",
+            ])
+            .to_string(),
         // (Not `DROP TABLE pg_temp.kv`: whether a server has a temporary schema, which its
         // notice shows, depends on which clients it served before.)
         10 => "DISCARD TEMP".into(),
-        11 => "DISCARD ALL".into(),
+        // (Not `DISCARD ALL`, which turns a session-mode client's caching off for good: the
+        // fixed scripts below have it.)
+        11 => "DISCARD PLANS".into(),
         12 => rng
-            .pick(&["SET search_path = pg_temp, public", "RESET search_path"])
+            .pick(&["SET search_path = public", "RESET search_path"])
             .to_string(),
         0 => format!("PREPARE q{p} AS SELECT v FROM kv WHERE id = $1"),
         1 => format!("EXECUTE q{p}({})", 1 + rng.below(8)),
@@ -477,9 +487,17 @@ async fn random_blocks_answer_as_postgresql() {
                 );
             }
         }
+        let cache = &proxy.app().cache;
+        let bypasses: Vec<_> = pgmemo::query::analysis::BYPASS_REASONS
+            .iter()
+            .zip(&cache.bypasses)
+            .map(|(r, n)| (r.as_str(), n.get()))
+            .filter(|(_, n)| *n > 0)
+            .collect();
         assert!(
             cache_hits(&proxy) > 0,
-            "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads"
+            "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads \
+             (bypassed: {bypasses:?})"
         );
         proxy.shutdown().await;
     }

@@ -382,7 +382,8 @@ pub fn analyze_parsed(sql: &str, parsed: &super::Parsed) -> Analysis {
     {
         effects.flush = effects.flush.max(Flush::Data);
     }
-    effects.temp = mentions_temp(sql);
+    // (A DISCARD TEMP or ALL alone names `temp` to drop it.)
+    effects.temp = mentions_temp(sql) && !(stmts.len() == 1 && effects.drops_temp);
     effects.reads = walker.relations.iter().map(|r| r.name.clone()).collect();
     effects.reads.sort();
     effects.reads.dedup();
@@ -461,9 +462,11 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
             }
         }
         "DiscardStmt" => {
-            effects.session_state = true;
-            // DISCARD ALL is 1, DISCARD TEMP 4.
-            effects.drops_temp = matches!(inner["target"].as_i64(), Some(1 | 4));
+            // DISCARD ALL is 1, DISCARD TEMP 4: only ALL resets settings and the role (PLANS
+            // and SEQUENCES change no result the cache keeps).
+            let target = inner["target"].as_i64();
+            effects.session_state = target == Some(1) || inner["target"].is_string();
+            effects.drops_temp = matches!(target, Some(1 | 4));
         }
         "ExecuteStmt" => effects.flush = effects.flush.max(Flush::Data),
         "CreateStmt" | "CreateTableAsStmt" => {
@@ -794,6 +797,14 @@ mod tests {
             assert!(!analyze(sql).effects.session_state, "{sql}");
         }
         assert!(analyze("CREATE TEMP TABLE x (a int)").effects.session_state);
+        assert!(analyze("DISCARD ALL").effects.session_state);
+        for discard in ["DISCARD TEMP", "DISCARD PLANS", "DISCARD SEQUENCES"] {
+            assert!(!analyze(discard).effects.session_state, "{discard}");
+        }
+        let discard = analyze("DISCARD TEMP").effects;
+        assert!(discard.drops_temp && !discard.temp);
+        let both = analyze("DISCARD TEMP; CREATE TEMP TABLE x (a int)").effects;
+        assert!(both.drops_temp && both.temp);
         assert!(
             analyze("SELECT set_config('a.b', '1', false)")
                 .effects
@@ -853,7 +864,10 @@ mod tests {
         for sql in ["SELECT temperature FROM t", "CREATE TABLE p8 (a int)"] {
             assert!(!analyze(sql).effects.temp, "{sql}");
         }
-        assert!(analyze("DISCARD TEMP").effects.drops_temp);
+        let discard = analyze("DISCARD TEMP").effects;
+        assert!(discard.drops_temp && !discard.temp);
+        let both = analyze("DISCARD TEMP; CREATE TEMP TABLE x (a int)").effects;
+        assert!(both.drops_temp && both.temp);
         assert!(analyze("DISCARD ALL").effects.drops_temp);
         assert!(!analyze("DISCARD PLANS").effects.drops_temp);
     }
