@@ -459,13 +459,13 @@ async fn what_must_not_be_cached_is_not() {
     // its CREATE on.
     run(&mut c, "/* pgmemo cache */ SELECT * FROM t").await;
     run(&mut c, "CREATE TEMP TABLE t (id int, v int)").await;
-    let before = bypassed(&proxy, "role or setting changed");
+    let before = bypassed(&proxy, "temporary table");
     let temp = run(&mut c, "/* pgmemo cache */ SELECT * FROM t").await;
     assert!(
         first_value(&temp).is_none(),
         "the temporary table is read, empty"
     );
-    assert!(bypassed(&proxy, "role or setting changed") > before);
+    assert!(bypassed(&proxy, "temporary table") > before);
     // Inside a REPEATABLE READ block (READ COMMITTED ones have their own test).
     let before = bypassed(&proxy, "repeatable read or serializable");
     let mut d = raw_proxy(&proxy, DB).await;
@@ -572,6 +572,24 @@ async fn set_role_turns_caching_off_for_that_client() {
             "a hit after {local}'s block"
         );
     }
+    // Temporary objects: no hits while the client may hold one, hits again after DISCARD
+    // TEMP (which names `temp` to drop them).
+    run(&mut c, "CREATE TEMP TABLE scratch (a int)").await;
+    run(&mut c, sql).await;
+    assert_eq!(
+        stats(&proxy, "roles").0,
+        hits,
+        "no hit with a temporary table"
+    );
+    run(&mut c, "DISCARD TEMP").await;
+    // (The CREATE, DDL, emptied the database's entries: a miss first.)
+    run(&mut c, sql).await;
+    run(&mut c, sql).await;
+    assert_eq!(
+        stats(&proxy, "roles").0,
+        hits + 1,
+        "a hit after DISCARD TEMP"
+    );
 }
 
 #[tokio::test]

@@ -193,8 +193,8 @@ pub struct Effects {
     /// Functions called: one defined in the database and volatile may write anything.
     pub calls: Vec<Box<str>>,
     pub flush: Flush,
-    /// It changes the client's role or a setting not in the key, or creates a temporary
-    /// table: caching stays off for that client.
+    /// It changes the client's role or a setting not in the key: caching stays off for that
+    /// client.
     pub session_state: bool,
     /// It changes a setting not in the key for the transaction at hand only (`SET LOCAL`):
     /// caching stays off for that client until the transaction ends.
@@ -383,7 +383,7 @@ pub fn analyze_parsed(sql: &str, parsed: &super::Parsed) -> Analysis {
         effects.flush = effects.flush.max(Flush::Data);
     }
     // (A DISCARD TEMP or ALL alone names `temp` to drop it.)
-    effects.temp = mentions_temp(sql) && !(stmts.len() == 1 && effects.drops_temp);
+    effects.temp |= mentions_temp(sql) && !(stmts.len() == 1 && effects.drops_temp);
     effects.reads = walker.relations.iter().map(|r| r.name.clone()).collect();
     effects.reads.sort();
     effects.reads.dedup();
@@ -477,9 +477,8 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
             };
             let temp = relation["relpersistence"].as_str() == Some("t")
                 || relation["schemaname"].as_str() == Some("pg_temp");
-            if temp {
-                effects.session_state = true;
-            }
+            // (The client is then not answered from the cache while it may hold it.)
+            effects.temp |= temp;
             effects.flush = effects.flush.max(Flush::Database);
         }
         "GrantStmt"
@@ -796,7 +795,8 @@ mod tests {
         ] {
             assert!(!analyze(sql).effects.session_state, "{sql}");
         }
-        assert!(analyze("CREATE TEMP TABLE x (a int)").effects.session_state);
+        let temp = analyze("CREATE TEMP TABLE x (a int)").effects;
+        assert!(temp.temp && !temp.session_state);
         assert!(analyze("DISCARD ALL").effects.session_state);
         for discard in ["DISCARD TEMP", "DISCARD PLANS", "DISCARD SEQUENCES"] {
             assert!(!analyze(discard).effects.session_state, "{discard}");
