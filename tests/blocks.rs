@@ -834,3 +834,39 @@ async fn a_temporary_table_made_again_hides_the_table_again() {
         proxy.shutdown().await;
     }
 }
+
+/// A session-level SET search_path undone by ROLLBACK TO SAVEPOINT (which pgmemo does not
+/// follow: the client's search_path is then unknown) in a block that commits, then queries
+/// on whichever server. (Found by the random scripts, seed 205: pgmemo's record of the
+/// server's settings took the unknown value's marker, a NUL, and the session panicked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_path_rolled_back_to_a_savepoint() {
+    let (proxy, _, mut pairs) = world(
+        "blocks_search_path",
+        PoolMode::Transaction,
+        Some(Invalidation::Proxy),
+    )
+    .await;
+    same_as_postgresql(
+        &mut pairs,
+        "SET search_path undone by ROLLBACK TO SAVEPOINT",
+        vec![
+            (0, q("BEGIN"), 1),
+            (0, q("SAVEPOINT s"), 1),
+            (0, q("SET search_path = public"), 1),
+            (0, q("ROLLBACK TO SAVEPOINT s"), 1),
+            (0, q("COMMIT"), 1),
+            (0, q("SHOW search_path"), 1),
+            (1, q("SHOW search_path"), 1),
+            (0, q("BEGIN"), 1),
+            (0, q("SET search_path = public"), 1),
+            (0, q("ROLLBACK AND CHAIN"), 1),
+            (0, q("COMMIT"), 1),
+            (0, q("SELECT v FROM kv WHERE id = 1"), 1),
+            (1, q("SELECT v FROM kv WHERE id = 1"), 1),
+            (0, q("SHOW search_path"), 1),
+        ],
+    )
+    .await;
+    proxy.shutdown().await;
+}

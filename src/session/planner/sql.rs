@@ -645,7 +645,8 @@ pub fn carry_search_path(
     }
     if crate::statements::is_unknown_search_path(path) {
         if let Some(server) = server {
-            server.settings.set(NAME, path);
+            // A value no client has (settings hold no NUL: the marker's becomes \x01).
+            server.settings.set(NAME, &path.replace('\0', "\u{1}"));
         }
         return;
     }
