@@ -581,6 +581,15 @@ async fn set_role_turns_caching_off_for_that_client() {
         hits,
         "no hit with a temporary table"
     );
+    // A DISCARD TEMP that fails (in an aborted block) drops nothing.
+    for sql in ["BEGIN", "SELECT 1/0", "DISCARD TEMP", "ROLLBACK", sql, sql] {
+        run(&mut c, sql).await;
+    }
+    assert_eq!(
+        stats(&proxy, "roles").0,
+        hits,
+        "no hit after a failed DISCARD TEMP"
+    );
     run(&mut c, "DISCARD TEMP").await;
     // (The CREATE, DDL, emptied the database's entries: a miss first.)
     run(&mut c, sql).await;

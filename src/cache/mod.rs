@@ -1945,6 +1945,10 @@ pub struct ClientCache {
     /// The client may hold temporary objects (see `analysis::Effects::temp`): not answered
     /// from the cache until the session's state probe finds none, or a `DISCARD` drops them.
     pub temp: bool,
+    /// A `DISCARD TEMP` or `ALL` was sent, and nothing that may make a temporary object since:
+    /// `temp` is cleared when it completes (it fails in a transaction block, or an aborted
+    /// one).
+    discard_pending: bool,
     /// The client's standard_conforming_strings is off (kept up to date by the session):
     /// its texts are neither cached nor trusted for what they write.
     pub nonstandard_strings: bool,
@@ -2018,10 +2022,11 @@ impl ClientCache {
             self.off_in_transaction = true;
         }
         if e.drops_temp {
-            self.temp = false;
+            self.discard_pending = true;
         }
         if e.temp {
             self.temp = true;
+            self.discard_pending = false;
         }
         if e.changes_data() && !self.pending.iter().any(|p| Arc::ptr_eq(p, analysis)) {
             if self.pending.len() >= 256 {
@@ -2089,7 +2094,10 @@ impl ClientCache {
     /// [`ClientCache::off_in_transaction`]).
     #[inline]
     pub fn watching(&self) -> bool {
-        !self.pending.is_empty() || self.fill.is_some() || self.off_in_transaction
+        !self.pending.is_empty()
+            || self.fill.is_some()
+            || self.off_in_transaction
+            || self.discard_pending
     }
 
     /// Takes in the bytes the session appended to the client's output for one server message
@@ -2158,6 +2166,14 @@ impl ClientCache {
         if tag == be::READY_FOR_QUERY && body.first() == Some(&b'I') {
             self.blind_block = false;
             self.off_in_transaction = false;
+        }
+        if self.discard_pending
+            && forwarded
+            && tag == be::COMMAND_COMPLETE
+            && (body.starts_with(b"DISCARD TEMP\0") || body.starts_with(b"DISCARD ALL\0"))
+        {
+            self.discard_pending = false;
+            self.temp = false;
         }
         if self.pending.is_empty() {
             return;
