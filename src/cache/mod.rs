@@ -631,8 +631,7 @@ impl ResultCache {
         in_block: bool,
     ) -> Option<Arc<Entry>> {
         client.raw_key_valid = false;
-        if client.off
-            || client.off_in_transaction
+        if client.caching_off()
             || client.temp
             || client.nonstandard_strings
             || client.context_of.is_none()
@@ -985,7 +984,7 @@ impl ResultCache {
             }
             Lookup::Pass
         };
-        if client.off || client.off_in_transaction {
+        if client.caching_off() {
             return bypass(Bypass::SessionState);
         }
         if client.temp {
@@ -2088,6 +2087,13 @@ impl ClientCache {
                 .extend_from_slice(&(value.len() as u32).to_le_bytes());
             self.key.extend_from_slice(value);
         }
+    }
+
+    /// Whether the client changed its role or a setting outside the key, for its session or
+    /// for the transaction at hand.
+    #[inline]
+    fn caching_off(&self) -> bool {
+        self.off || self.off_in_transaction
     }
 
     /// Whether anything is pending for server messages to settle (or to end, see

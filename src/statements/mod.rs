@@ -717,15 +717,13 @@ pub struct ResetSnapshot {
     pub prepared: Vec<(Arc<Statement>, u32)>,
     /// Whether the server had the guard statement.
     pub guard: bool,
-    /// The query was only the reset command, so failing means it did not run at all; in a
-    /// multi-statement query it may have run before the failure (see
-    /// [`ResetSnapshot::ran`]).
-    pub sole_command: bool,
     /// It was DISCARD ALL, which also resets the server's settings.
     pub discard_all: bool,
     /// Among the query's statements, the place of the first that may reset (a `DEALLOCATE
     /// ALL`, or the sole `DISCARD ALL`), if any may: PostgreSQL refuses `DISCARD ALL` in the
-    /// implicit block of a multi-statement query.
+    /// implicit block of a multi-statement query. A sole command that failed did not run; in
+    /// a multi-statement query it may have run before the failure (see
+    /// [`ResetSnapshot::ran`]).
     pub at: Option<usize>,
     /// The query's statements that completed (CommandComplete) before it failed.
     pub completed: usize,

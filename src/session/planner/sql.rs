@@ -45,7 +45,6 @@ impl Planner<'_> {
                     names: self.stmts.take_named(),
                     prepared: self.server.prepared.snapshot(),
                     guard: self.server.prepared.has_guard(),
-                    sole_command: true,
                     discard_all: command == Command::DiscardAll,
                     at: Some(0),
                     completed: 0,
@@ -491,7 +490,6 @@ impl Planner<'_> {
                 names: self.stmts.take_all(),
                 prepared: self.server.prepared.snapshot(),
                 guard: self.server.prepared.has_guard(),
-                sole_command: commands.len() == 1,
                 discard_all: commands.contains(&Command::DiscardAll),
                 at: executed.iter().position(|c| {
                     *c == Command::DeallocateAll
