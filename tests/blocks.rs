@@ -8,8 +8,8 @@
 //! rule caching every read, reads answered inside blocks, `BEGIN` kept until a statement
 //! needs a server; then session mode) on one database and directly on its twin; every reply
 //! must be PostgreSQL's (ReadyForQuery status, warnings, the value each read returns after the
-//! other client's commits). The clients write disjoint rows so that neither ever waits for the other's lock:
-//! a run through pgmemo and a direct run then have exactly one outcome each.
+//! other client's commits). The clients write disjoint rows so that neither ever waits for the
+//! other's lock: a run through pgmemo and a direct run then have exactly one outcome each.
 //!
 //! Then, as fixed scripts, each class of difference the random scripts found.
 
@@ -487,13 +487,8 @@ async fn random_blocks_answer_as_postgresql() {
                 );
             }
         }
-        let cache = &proxy.app().cache;
-        let bypasses: Vec<_> = pgmemo::query::analysis::BYPASS_REASONS
-            .iter()
-            .zip(&cache.bypasses)
-            .map(|(r, n)| (r.as_str(), n.get()))
-            .filter(|(_, n)| *n > 0)
-            .collect();
+        let mut bypasses = cache_bypasses(&proxy);
+        bypasses.retain(|(_, n)| *n > 0);
         assert!(
             cache_hits(&proxy) > 0,
             "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads \

@@ -143,12 +143,8 @@ async fn cached(proxy: &Pgmemo, client: &Client, sql: &str) -> Result<Rows, Stri
             return answer;
         }
         if std::time::Instant::now() > deadline {
-            let bypasses: Vec<_> = pgmemo::query::analysis::BYPASS_REASONS
-                .iter()
-                .zip(&proxy.app().cache.bypasses)
-                .map(|(why, n)| (why.as_str(), n.get()))
-                .filter(|(_, n)| *n > 0)
-                .collect();
+            let mut bypasses = cache_bypasses(proxy);
+            bypasses.retain(|(_, n)| *n > 0);
             panic!("no cache hit for {sql} in 30 s: {answer:?}, bypasses {bypasses:?}");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -96,16 +96,6 @@ fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
     (r.hits.get(), r.misses.get(), r.stores.load(Relaxed))
 }
 
-fn bypassed(proxy: &Pgmemo, reason: &str) -> u64 {
-    let cache = &proxy.app().cache;
-    pgmemo::query::analysis::BYPASS_REASONS
-        .iter()
-        .zip(&cache.bypasses)
-        .find(|(r, _)| r.as_str() == reason)
-        .map(|(_, n)| n.get())
-        .expect("reason")
-}
-
 async fn setup(db: &'static str, sql: &str) {
     fresh_db(db).await;
     let sql = sql.to_owned();
@@ -160,7 +150,7 @@ async fn hits_are_byte_identical_to_postgresql() {
     assert_eq!(stores, 6, "stores");
     assert_eq!(misses, 7 + 2, "misses (the large result misses every time)");
     assert_eq!(hits, 12, "hits");
-    assert!(bypassed(&proxy, "larger than max_result_bytes") >= 3);
+    assert!(cache_bypassed(&proxy, "larger than max_result_bytes") >= 3);
     let (hint_hits, _, hint_stores) = stats(&proxy, "(hint)");
     assert_eq!((hint_hits, hint_stores), (2, 1));
 
@@ -446,12 +436,12 @@ async fn what_must_not_be_cached_is_not() {
         ("SELECT * FROM nowhere", "unknown relation or function"),
     ];
     for (sql, reason) in cases {
-        let before = bypassed(&proxy, reason);
+        let before = cache_bypassed(&proxy, reason);
         let hinted = format!("/* pgmemo cache */ {sql}");
         run(&mut c, &hinted).await;
         run(&mut c, &hinted).await;
         assert!(
-            bypassed(&proxy, reason) >= before + 2,
+            cache_bypassed(&proxy, reason) >= before + 2,
             "{sql}: not counted as {reason:?}"
         );
     }
@@ -459,20 +449,20 @@ async fn what_must_not_be_cached_is_not() {
     // its CREATE on.
     run(&mut c, "/* pgmemo cache */ SELECT * FROM t").await;
     run(&mut c, "CREATE TEMP TABLE t (id int, v int)").await;
-    let before = bypassed(&proxy, "temporary table");
+    let before = cache_bypassed(&proxy, "temporary table");
     let temp = run(&mut c, "/* pgmemo cache */ SELECT * FROM t").await;
     assert!(
         first_value(&temp).is_none(),
         "the temporary table is read, empty"
     );
-    assert!(bypassed(&proxy, "temporary table") > before);
+    assert!(cache_bypassed(&proxy, "temporary table") > before);
     // Inside a REPEATABLE READ block (READ COMMITTED ones have their own test).
-    let before = bypassed(&proxy, "repeatable read or serializable");
+    let before = cache_bypassed(&proxy, "repeatable read or serializable");
     let mut d = raw_proxy(&proxy, DB).await;
     run(&mut d, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
     run(&mut d, "/* pgmemo cache */ SELECT * FROM t").await;
     run(&mut d, "COMMIT").await;
-    assert!(bypassed(&proxy, "repeatable read or serializable") > before);
+    assert!(cache_bypassed(&proxy, "repeatable read or serializable") > before);
     // The immutable function is cached.
     let (h0, _, s0) = stats(&proxy, "(hint)");
     run(&mut d, "/* pgmemo cache */ SELECT immutable_user()").await;
@@ -537,7 +527,7 @@ async fn set_role_turns_caching_off_for_that_client() {
         assert_eq!(first_value(&run(&mut b, sql).await).as_deref(), Some("2"));
     }
     assert_eq!(stats(&proxy, "roles").0, 2, "no hit after SET ROLE");
-    assert!(bypassed(&proxy, "role or setting changed") >= 2);
+    assert!(cache_bypassed(&proxy, "role or setting changed") >= 2);
     // A transaction's characteristics and the session's defaults for them are no setting
     // outside the key (the cache asks the server for a block's isolation): still hits.
     drop((a, b));
@@ -1001,7 +991,10 @@ async fn keys_are_admitted_at_their_second_miss_once_the_store_is_full() {
         assert!(v < 1000, "16 KiB hold fewer than 1,000 entries");
     }
     let (hits, misses, stores) = stats(&proxy, "a");
-    assert_eq!(bypassed(&proxy, "first miss (admitted on the next)"), 0);
+    assert_eq!(
+        cache_bypassed(&proxy, "first miss (admitted on the next)"),
+        0
+    );
     for (round, expected) in [
         (0, (hits, misses + 1, stores)),
         (1, (hits, misses + 2, stores + 1)),
@@ -1014,7 +1007,10 @@ async fn keys_are_admitted_at_their_second_miss_once_the_store_is_full() {
             "full, round {round}: (hits, misses, stores)"
         );
     }
-    assert_eq!(bypassed(&proxy, "first miss (admitted on the next)"), 1);
+    assert_eq!(
+        cache_bypassed(&proxy, "first miss (admitted on the next)"),
+        1
+    );
 }
 
 /// Transaction mode, where pgmemo follows every setting a client holds: a SET ROLE or SET
@@ -1068,7 +1064,7 @@ async fn transaction_mode_keys_by_the_settings_a_client_holds() {
         hits_before + 1,
         "back on a's entry"
     );
-    assert_eq!(bypassed(&proxy, "role or setting changed"), 0);
+    assert_eq!(cache_bypassed(&proxy, "role or setting changed"), 0);
 }
 
 /// Inside READ COMMITTED transaction blocks (read-only or read-write) the cache answers and
@@ -1181,8 +1177,8 @@ async fn reads_inside_read_committed_blocks() {
             "step {i}: {sql}: answered by the cache"
         );
     }
-    assert!(bypassed(&proxy, "written in this transaction") > 0);
-    assert!(bypassed(&proxy, "repeatable read or serializable") > 0);
+    assert!(cache_bypassed(&proxy, "written in this transaction") > 0);
+    assert!(cache_bypassed(&proxy, "repeatable read or serializable") > 0);
     // The extended protocol (psycopg 3, pgx, JDBC) in a block: answered too, BindComplete and
     // ReadyForQuery `T` as PostgreSQL sends them; a row limit leaves a portal open in a
     // block, so that batch runs on the server.
@@ -1777,7 +1773,7 @@ async fn hint_words_in_strings_are_not_hints() {
         assert_eq!(run(&mut through, sql).await, expected, "{sql}");
     }
     assert_eq!(hint_counts(&proxy), (1, 1));
-    assert_eq!(bypassed(&proxy, "nocache hint"), 0);
+    assert_eq!(cache_bypassed(&proxy, "nocache hint"), 0);
 }
 
 /// Several comments: a `nocache` anywhere wins over a `cache` (the safe choice), else the
@@ -1810,7 +1806,7 @@ async fn several_comments_nocache_wins() {
         }
     }
     assert_eq!(
-        bypassed(&proxy, "nocache hint"),
+        cache_bypassed(&proxy, "nocache hint"),
         4,
         "nocache, over the rule too"
     );
@@ -1876,7 +1872,7 @@ async fn malformed_hints_are_ignored_and_counted() {
         (0, 0),
         "nothing cached by a malformed hint"
     );
-    assert_eq!(bypassed(&proxy, "malformed hint"), 12);
+    assert_eq!(cache_bypassed(&proxy, "malformed hint"), 12);
     // Ignored: the rule caches the query as it would with no hint.
     let sql = "SELECT v FROM ruled WHERE id = 1 /* pgmemo nocahce */";
     let expected = run(&mut direct, sql).await;
@@ -1888,7 +1884,7 @@ async fn malformed_hints_are_ignored_and_counted() {
         (2, 1, 1),
         "the rule's, as with no hint"
     );
-    assert_eq!(bypassed(&proxy, "nocache hint"), 0);
+    assert_eq!(cache_bypassed(&proxy, "nocache hint"), 0);
 }
 
 /// The replies to an unnamed statement's Parse, Bind (one text parameter), Describe, Execute
@@ -1952,7 +1948,7 @@ async fn extended_statements_read_hints_in_any_comment() {
         (0, 0, 0),
         "the nocache wins over the rule"
     );
-    assert_eq!(bypassed(&proxy, "nocache hint"), 3);
+    assert_eq!(cache_bypassed(&proxy, "nocache hint"), 3);
 }
 
 /// A statement that differs from another only in a per-request comment (sqlcommenter's

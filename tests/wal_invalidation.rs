@@ -822,13 +822,7 @@ async fn a_server_restart_under_load() {
 }
 
 fn bypassed_behind(proxy: &Pgmemo) -> u64 {
-    let cache = &proxy.app().cache;
-    pgmemo::query::analysis::BYPASS_REASONS
-        .iter()
-        .zip(&cache.bypasses)
-        .find(|(r, _)| r.as_str() == "WAL stream not caught up")
-        .map(|(_, n)| n.get())
-        .unwrap()
+    cache_bypassed(proxy, "WAL stream not caught up")
 }
 
 /// `cache.max_lag`: while the stream is silent (its walsender stopped with SIGSTOP) for longer

@@ -104,6 +104,25 @@ pub fn cache_hits(proxy: &Pgmemo) -> u64 {
         .sum()
 }
 
+/// Every reason the result cache gives for not answering or storing a query
+/// (`SHOW CACHE_BYPASSES`), with how often it was counted.
+pub fn cache_bypasses(proxy: &Pgmemo) -> Vec<(&'static str, u64)> {
+    pgmemo::query::analysis::BYPASS_REASONS
+        .iter()
+        .zip(&proxy.app().cache.bypasses)
+        .map(|(why, n)| (why.as_str(), n.get()))
+        .collect()
+}
+
+/// How often the result cache counted bypass reason `reason` (see [`cache_bypasses`]).
+pub fn cache_bypassed(proxy: &Pgmemo, reason: &str) -> u64 {
+    cache_bypasses(proxy)
+        .into_iter()
+        .find(|(why, _)| *why == reason)
+        .map(|(_, n)| n)
+        .expect("a bypass reason")
+}
+
 /// Simple queries pgmemo ran as autoprepared statements, over every pool (sessions add theirs
 /// between transactions, or when they end in session mode).
 pub fn autoprepared(proxy: &Pgmemo) -> u64 {
