@@ -417,7 +417,23 @@ async fn world(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_blocks_answer_as_postgresql() {
+async fn random_blocks_answer_as_postgresql_proxy_invalidation() {
+    random_blocks(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_blocks_answer_as_postgresql_wal_invalidation() {
+    random_blocks(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_blocks_answer_as_postgresql_session_mode() {
+    random_blocks(2).await;
+}
+
+/// The random scripts of round `round` (its [`MODES`] entry: each round is a test of its own,
+/// so that the three run side by side).
+async fn random_blocks(round: usize) {
     let steps = std::env::var("PGMEMO_TEST_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -428,74 +444,73 @@ async fn random_blocks_answer_as_postgresql() {
         .unwrap_or(0xb10c_0033u64);
     // `PGMEMO_TEST_TRACE=1`: every step and both replies on stderr.
     let trace = std::env::var_os("PGMEMO_TEST_TRACE").is_some();
-    for (round, (pool_mode, mode)) in MODES.into_iter().enumerate() {
-        let name = format!("blocks_{pool_mode:?}_{mode:?}").to_lowercase();
-        let (proxy, db, mut pairs) = world(&name, pool_mode, Some(mode)).await;
-        if mode == Invalidation::Wal {
-            // The follower starts at the first lookup; its slot waits for every transaction
-            // open then, which the clients' blocks might keep from happening for a while.
-            let p = &mut pairs[0];
-            let read = [Frontend::query("SELECT id, w FROM other ORDER BY id")];
-            let got = exchange(&mut p.through, &mut p.through_names, &read, 1).await;
-            let want = exchange(&mut p.direct, &mut p.direct_names, &read, 1).await;
-            assert_eq!(got, want);
-            wait_until("the WAL follower", Duration::from_secs(60), || async {
-                proxy
-                    .app()
-                    .wal
-                    .followers()
-                    .iter()
-                    .any(|f| f.status().database == db && f.is_ready())
-            })
-            .await;
-        }
-        // Never 0, which xorshift keeps forever.
-        let mut rng = Rng((seed ^ (round as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
-        let mut log: Vec<String> = Vec::new();
-        for step in 0..steps {
-            let who = usize::from(rng.chance(30));
-            let (msgs, ready) = action(&mut rng, &ACTORS[who]);
-            let p = &mut pairs[who];
-            log.push(format!(
-                "{step} client {who}: {}",
-                msgs.iter()
-                    .map(|m| format!("{m}"))
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            ));
-            let got = exchange(&mut p.through, &mut p.through_names, &msgs, ready).await;
-            let want = exchange(&mut p.direct, &mut p.direct_names, &msgs, ready).await;
-            if trace {
-                eprintln!(
-                    "{}\n  through pgmemo: {got:?}\n  directly: {want:?}",
-                    log[step]
-                );
-            }
-            // (Neither side ever waits for the other client: a step with no reply on both
-            // fails too.)
-            if got != want || got.iter().any(|line| line.starts_with(NO_REPLY)) {
-                // Every step, for replaying by hand; the last ones in the message.
-                let all = std::env::temp_dir().join(format!("pgmemo-blocks-{seed}.txt"));
-                let _ = std::fs::write(&all, log.join("\n"));
-                let from = log.len().saturating_sub(40);
-                panic!(
-                    "{pool_mode:?} mode, {mode:?} invalidation, seed {seed}, step {step}: through \
-                     pgmemo\n{got:#?}\n\
-                     directly\n{want:#?}\nthe last steps (all in {}):\n{}",
-                    all.display(),
-                    log[from..].join("\n")
-                );
-            }
-        }
-        let mut bypasses = cache_bypasses(&proxy);
-        bypasses.retain(|(_, n)| *n > 0);
-        assert!(
-            cache_hits(&proxy) > 0,
-            "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads \
-             (bypassed: {bypasses:?})"
-        );
-        proxy.shutdown().await;
+    let (pool_mode, mode) = MODES[round];
+    let name = format!("blocks_{pool_mode:?}_{mode:?}").to_lowercase();
+    let (proxy, db, mut pairs) = world(&name, pool_mode, Some(mode)).await;
+    if mode == Invalidation::Wal {
+        // The follower starts at the first lookup; its slot waits for every transaction
+        // open then, which the clients' blocks might keep from happening for a while.
+        let p = &mut pairs[0];
+        let read = [Frontend::query("SELECT id, w FROM other ORDER BY id")];
+        let got = exchange(&mut p.through, &mut p.through_names, &read, 1).await;
+        let want = exchange(&mut p.direct, &mut p.direct_names, &read, 1).await;
+        assert_eq!(got, want);
+        wait_until("the WAL follower", Duration::from_secs(60), || async {
+            proxy
+                .app()
+                .wal
+                .followers()
+                .iter()
+                .any(|f| f.status().database == db && f.is_ready())
+        })
+        .await;
     }
+    // Never 0, which xorshift keeps forever.
+    let mut rng = Rng((seed ^ (round as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+    let mut log: Vec<String> = Vec::new();
+    for step in 0..steps {
+        let who = usize::from(rng.chance(30));
+        let (msgs, ready) = action(&mut rng, &ACTORS[who]);
+        let p = &mut pairs[who];
+        log.push(format!(
+            "{step} client {who}: {}",
+            msgs.iter()
+                .map(|m| format!("{m}"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+        let got = exchange(&mut p.through, &mut p.through_names, &msgs, ready).await;
+        let want = exchange(&mut p.direct, &mut p.direct_names, &msgs, ready).await;
+        if trace {
+            eprintln!(
+                "{}\n  through pgmemo: {got:?}\n  directly: {want:?}",
+                log[step]
+            );
+        }
+        // (Neither side ever waits for the other client: a step with no reply on both
+        // fails too.)
+        if got != want || got.iter().any(|line| line.starts_with(NO_REPLY)) {
+            // Every step, for replaying by hand; the last ones in the message.
+            let all = std::env::temp_dir().join(format!("pgmemo-blocks-{seed}-{name}.txt"));
+            let _ = std::fs::write(&all, log.join("\n"));
+            let from = log.len().saturating_sub(40);
+            panic!(
+                "{pool_mode:?} mode, {mode:?} invalidation, seed {seed}, step {step}: through \
+                 pgmemo\n{got:#?}\n\
+                 directly\n{want:#?}\nthe last steps (all in {}):\n{}",
+                all.display(),
+                log[from..].join("\n")
+            );
+        }
+    }
+    let mut bypasses = cache_bypasses(&proxy);
+    bypasses.retain(|(_, n)| *n > 0);
+    assert!(
+        cache_hits(&proxy) > 0,
+        "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads \
+         (bypassed: {bypasses:?})"
+    );
+    proxy.shutdown().await;
 }
 
 /// A statement as the extended protocol runs it: Parse, Bind, Execute of the unnamed
