@@ -1744,6 +1744,66 @@ async fn show_queries_says_what_is_worth_caching() {
     assert_eq!(sample(&body, "pgmemo_query_rows_total", &labels), 10.0);
 }
 
+/// SHOW QUERIES counts the rows of an Execute with a row limit that left its portal suspended
+/// (asyncpg's `fetchrow` and `fetchval` send such a limit): no CommandComplete tag counts them.
+#[tokio::test]
+async fn show_queries_counts_the_rows_of_a_suspended_portal() {
+    const DB: &str = "admin_queries_limit";
+    const READ: &str = "SELECT v FROM q_limit WHERE id <= $1 ORDER BY id";
+    fresh_db(DB).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB,
+            "CREATE TABLE q_limit (id int PRIMARY KEY, v int); \
+             INSERT INTO q_limit VALUES (1, 1), (2, 2), (3, 3);",
+        )
+    })
+    .await
+    .unwrap();
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 2)).await;
+    let mut client =
+        RawClient::connect(proxy.local_addr(), PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+            .await
+            .expect("login");
+    for _ in 0..4 {
+        // As asyncpg sends a fetch of at most two rows: one batch.
+        let batch = [
+            Frontend::parse("", READ, &[]),
+            Frontend::bind("", "", &[Some("3")]),
+            Frontend::execute("", 2),
+            Frontend::Sync,
+        ];
+        client.send(&batch).await.unwrap();
+        let names: Vec<_> = client
+            .recv_until_ready(1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.name())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "ParseComplete",
+                "BindComplete",
+                "DataRow",
+                "DataRow",
+                "PortalSuspended",
+                "ReadyForQuery"
+            ]
+        );
+    }
+    let admin = admin_client(&proxy).await;
+    let (_, rows) = show(&admin, "SHOW QUERIES").await;
+    let row = rows
+        .iter()
+        .find(|r| val(r, "query") == READ)
+        .unwrap_or_else(|| panic!("no row for {READ} in {rows:?}"));
+    assert_eq!(num(row, "calls"), 4, "{row:?}");
+    assert_eq!(num(row, "rows"), 8, "two rows a call: {row:?}");
+    proxy.shutdown().await;
+}
+
 /// SHOW QUERIES covers prepared statements (tokio-postgres' named statements): their calls,
 /// their time on the server, the tables they read and whether the cache may keep them. A
 /// statement `... WHERE id = $1` and the simple query `... WHERE id = 2` are one query: one

@@ -468,8 +468,20 @@ async fn random_blocks(round: usize) {
     // Never 0, which xorshift keeps forever.
     let mut rng = Rng((seed ^ (round as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
     let mut log: Vec<String> = Vec::new();
+    let twin = format!("{db}_twin");
     for step in 0..steps {
         let who = usize::from(rng.chance(30));
+        if pool_mode == PoolMode::Session && rng.chance(2) {
+            // The client leaves and logs in again, on both sides: in session mode its server
+            // is reset for the next client, and a session that changed a setting outside the
+            // key (which turns caching off for it for good there) starts over.
+            log.push(format!("{step} client {who}: logs in again"));
+            let old = &mut pairs[who];
+            let _ = old.through.shutdown_write().await;
+            let _ = old.direct.shutdown_write().await;
+            pairs[who] = pair(&proxy, db, &twin).await;
+            continue;
+        }
         let (msgs, ready) = action(&mut rng, &ACTORS[who]);
         let p = &mut pairs[who];
         log.push(format!(
@@ -505,10 +517,29 @@ async fn random_blocks(round: usize) {
     }
     let mut bypasses = cache_bypasses(&proxy);
     bypasses.retain(|(_, n)| *n > 0);
+    let stats: Vec<_> = proxy
+        .app()
+        .cache
+        .rule_stats()
+        .iter()
+        .map(|r| {
+            (
+                r.misses.get(),
+                r.stores.load(std::sync::atomic::Ordering::Relaxed),
+                r.invalidations.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        })
+        .collect();
+    // In session mode a client that sets a setting outside the key or may hold temporary
+    // tables is not served for the rest of its session (docs/result-cache.md), which the
+    // scripts do often: there the cache was asked and filled, and served only if it could.
+    let asked = stats
+        .iter()
+        .any(|&(misses, stores, _)| misses > 0 && stores > 0);
     assert!(
-        cache_hits(&proxy) > 0,
+        cache_hits(&proxy) > 0 || (pool_mode == PoolMode::Session && asked),
         "{pool_mode:?} mode, {mode:?} invalidation: the cache answered some of the reads \
-         (bypassed: {bypasses:?})"
+         (bypassed: {bypasses:?}; misses, stores, invalidations: {stats:?})"
     );
     proxy.shutdown().await;
 }
@@ -878,5 +909,72 @@ async fn a_search_path_rolled_back_to_a_savepoint() {
         ],
     )
     .await;
+    proxy.shutdown().await;
+}
+
+/// After a read the cache answered in a transaction block, the client's unnamed portal is
+/// there for PostgreSQL, run to its end, until the next Bind of it, Query or the block's end:
+/// an Execute, Describe or Close of it gets what PostgreSQL gives (`SELECT 0`, the row
+/// description); after a Query it is gone on both sides. (pgmemo had no such portal on its
+/// server: 34000, and the block aborted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_portal_of_a_read_answered_in_a_block() {
+    let (proxy, _, mut pairs) = world(
+        "blocks_portal",
+        PoolMode::Transaction,
+        Some(Invalidation::Proxy),
+    )
+    .await;
+    let read = || and(&[ext("SELECT v FROM kv WHERE id = 1"), sync()]);
+    let portal = |messages: Vec<Frontend>| and(&[messages, sync()]);
+    same_as_postgresql(
+        &mut pairs,
+        "the unnamed portal after a hit in a block",
+        vec![
+            (0, read(), 1),
+            (0, and(&[ext("BEGIN"), sync()]), 1),
+            (0, q("COMMIT"), 1),
+            // As pgjdbc opens a block: the BEGIN and the read in one Sync.
+            (0, and(&[ext("BEGIN"), read()]), 1),
+            (0, portal(vec![Frontend::execute("", 0)]), 1),
+            (
+                0,
+                portal(vec![
+                    Frontend::describe_portal(""),
+                    Frontend::execute("", 1),
+                    Frontend::close_portal(""),
+                ]),
+                1,
+            ),
+            (0, portal(vec![Frontend::execute("", 0)]), 1),
+            (0, q("ROLLBACK"), 1),
+            (0, q("BEGIN"), 1),
+            (0, q("UPDATE other SET w = w WHERE id = 2"), 1),
+            (0, read(), 1),
+            (0, read(), 1),
+            (
+                0,
+                portal(vec![
+                    Frontend::describe_portal(""),
+                    Frontend::execute("", 0),
+                ]),
+                1,
+            ),
+            (0, read(), 1),
+            (0, q("SELECT 1"), 1),
+            (0, portal(vec![Frontend::execute("", 0)]), 1),
+            (0, q("COMMIT"), 1),
+        ],
+    )
+    .await;
+    let hits = cache_hits(&proxy);
+    assert!(
+        hits >= 3,
+        "the reads in the blocks were answered from the cache: {hits} hits, bypassed: {:?}",
+        cache_bypasses(&proxy)
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect::<Vec<_>>()
+    );
     proxy.shutdown().await;
 }

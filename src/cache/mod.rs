@@ -1922,6 +1922,11 @@ pub struct ClientCache {
     /// The deferred block's `BEGIN` came in the extended protocol: its unnamed portal is the
     /// client's until the block runs a statement (see `session::deferred`).
     pub deferred_portal: bool,
+    /// The statement and the Bind (after its two names) of a block's batch the cache answered:
+    /// the client's unnamed portal, which PostgreSQL would hold (run to its end) until the
+    /// next Bind of it, a Query or the block's end, and no server has (see
+    /// `Session::portal_left_by_hit`).
+    pub cached_portal: Option<(Arc<crate::statements::Statement>, Box<[u8]>)>,
     /// Made in the middle of a transaction block (see `session::caching::client_cache`): the
     /// block's earlier statements were not seen, so nothing is answered in it; cleared when
     /// it ends.

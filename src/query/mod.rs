@@ -116,6 +116,10 @@ pub struct Timed {
     pub sent: crate::clock::Moment,
     pub shape: std::sync::Arc<shapes::Shape>,
     pub rows: u64,
+    /// DataRows since the last CommandComplete or PortalSuspended: the rows of an Execute
+    /// with a row limit that left its portal suspended (asyncpg's `fetchrow`), which has no
+    /// tag to count them.
+    pub data_rows: u64,
 }
 
 impl Timed {
@@ -124,6 +128,7 @@ impl Timed {
             sent: crate::clock::Moment::now(),
             shape,
             rows: 0,
+            data_rows: 0,
         }
     }
 }

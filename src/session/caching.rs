@@ -354,6 +354,59 @@ impl Session {
         }
     }
 
+    /// The client's unnamed portal left by a block's hit (see [`ClientCache::cached_portal`])
+    /// is replaced by a Query or a Bind of the unnamed portal, as PostgreSQL's is. Called for
+    /// every message before anything answers it.
+    #[inline]
+    pub(super) fn forget_portal_left_by_hit(&mut self, tag: u8, len: usize) {
+        let Some(cache) = self.cache.as_deref_mut() else {
+            return;
+        };
+        if cache.cached_portal.is_none() || !matches!(tag, fe::QUERY | fe::BIND) {
+            return;
+        }
+        let body = crate::protocol::body(&self.client.rbuf[..len]);
+        if tag == fe::QUERY || fe::Bind::parse(body).is_none_or(|b| b.portal.is_empty()) {
+            cache.cached_portal = None;
+        }
+    }
+
+    /// A message that uses the client's unnamed portal left by a block's hit (an Execute, or
+    /// a Describe or Close of it), with a server taken: the portal is made on the server
+    /// first as the hit's batch would have left it, run to its end (see
+    /// [`super::deferred::run_unnamed`]), so that the message gets what PostgreSQL gives
+    /// (`SELECT 0`, the row description). Not while PostgreSQL skips to the Sync: it skips
+    /// the message too.
+    #[inline]
+    pub(super) fn portal_left_by_hit(&mut self, tag: u8, len: usize) {
+        let Some(cache) = self.cache.as_deref_mut() else {
+            return;
+        };
+        if cache.cached_portal.is_none()
+            || !matches!(tag, fe::EXECUTE | fe::DESCRIBE | fe::CLOSE)
+            || self.replies.is_skipping()
+        {
+            return;
+        }
+        let body = crate::protocol::body(&self.client.rbuf[..len]);
+        let uses = match tag {
+            fe::EXECUTE => fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()),
+            _ => fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty()),
+        };
+        let Some(server) = self.server.as_mut().filter(|_| uses) else {
+            return;
+        };
+        if let Some((statement, bind)) = cache.cached_portal.take() {
+            super::deferred::run_unnamed(
+                &mut server.wbuf,
+                &mut self.replies,
+                &statement.key.query,
+                &statement.key.param_types,
+                &bind,
+            );
+        }
+    }
+
     /// The transaction status PostgreSQL would report to the client now.
     fn client_status(&self) -> u8 {
         match self.server.as_ref() {
@@ -493,6 +546,9 @@ impl Session {
         match found {
             Lookup::Pass | Lookup::Miss => Ok(false),
             Lookup::Hit(entry) => {
+                // In a block the portal outlives the Sync (see `portal_left_by_hit`).
+                let portal = (transaction != Transaction::Idle)
+                    .then(|| (statement.clone(), Box::<[u8]>::from(batch.bind.rest)));
                 if parsed {
                     // Usually bound already (a driver's unnamed statement, parsed each time).
                     if !stmts.is_bound_to(b"", &statement) {
@@ -509,6 +565,9 @@ impl Session {
                 };
                 let status = self.client_status();
                 self.answer_hit(len, opened, &entry, status);
+                if let (Some(portal), Some(client)) = (portal, self.cache.as_deref_mut()) {
+                    client.cached_portal = Some(portal);
+                }
                 Ok(true)
             }
             step => Err(step),

@@ -400,24 +400,38 @@ fn uses_unnamed_portal(input: &[u8]) -> bool {
 }
 
 /// A kept block's `BEGIN` in the extended protocol, ahead of the client's message that uses
-/// its portal: Parse, Bind and Execute of the unnamed statement and portal, then a Close of
-/// the statement (pgmemo leaves no unnamed statement on a server; the client's is tracked),
-/// every reply swallowed but an error.
+/// its portal (see [`run_unnamed`]).
 fn extended_begin(
     out: &mut bytes::BytesMut,
     replies: &mut crate::replies::ReplyQueue,
     begin: &str,
 ) {
+    run_unnamed(out, replies, begin.as_bytes(), &[0, 0], &[0, 0, 0, 0, 0, 0]);
+}
+
+/// Leaves the client's unnamed portal on a server as a batch of its would have: Parse of
+/// `query` (with `param_types`, as a Parse carries them) as the unnamed statement, Bind of the
+/// unnamed portal (`bind`: the Bind after its two names, values and formats), Execute of every
+/// row, then a Close of the statement (pgmemo leaves no unnamed statement on a server; the
+/// client's is tracked), every reply swallowed but an error.
+pub(super) fn run_unnamed(
+    out: &mut bytes::BytesMut,
+    replies: &mut crate::replies::ReplyQueue,
+    query: &[u8],
+    param_types: &[u8],
+    bind: &[u8],
+) {
     use crate::protocol::{put_cstr, write_message};
-    write_message(out, fe::PARSE, |m| {
-        put_cstr(m, b"");
-        put_cstr(m, begin.as_bytes());
-        m.extend_from_slice(&[0, 0]);
-    });
+    fe::Parse {
+        name: b"",
+        query,
+        param_types,
+    }
+    .encode(b"", out);
     write_message(out, fe::BIND, |m| {
         put_cstr(m, b"");
         put_cstr(m, b"");
-        m.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        m.extend_from_slice(bind);
     });
     write_message(out, fe::EXECUTE, |m| {
         put_cstr(m, b"");

@@ -71,6 +71,7 @@ impl Session {
                 self.info.note_request(self.app.unix_secs(now_us));
             }
             let query_text_len = self.find_query_text(tag, len);
+            self.forget_portal_left_by_hit(tag, len);
             if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag) {
                 continue; // a block kept without a server opened or ended
             }
@@ -97,6 +98,7 @@ impl Session {
                 self.acquire_server().await?;
             }
             self.ask_transaction_id(tag, len, query_text_len);
+            self.portal_left_by_hit(tag, len);
             let autoprepare = self.autoprepare_for(tag);
             let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);

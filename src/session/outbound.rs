@@ -161,8 +161,11 @@ impl Session {
                 server.completed_since_ready = true;
                 // pgmemo's own queries (a parameter sync, a probe) are not the client's rows.
                 if route == Route::Forward {
-                    self.note_rows(len);
+                    self.note_rows(tag, len);
                 }
+            }
+            be::DATA_ROW | be::PORTAL_SUSPENDED if route == Route::Forward => {
+                self.note_rows(tag, len);
             }
             be::ERROR_RESPONSE => {
                 let server = self.server.as_mut().expect("a server is held");
@@ -181,9 +184,11 @@ impl Session {
         }
     }
 
-    /// A CommandComplete: the rows its tag counts, for a query being timed (SHOW QUERIES).
+    /// A DataRow, CommandComplete or PortalSuspended, for a query being timed (SHOW QUERIES):
+    /// a statement's rows are its tag's count (a write's, or a read's), or the DataRows
+    /// before a PortalSuspended.
     #[inline]
-    fn note_rows(&mut self, len: usize) {
+    fn note_rows(&mut self, message: u8, len: usize) {
         let Some(timed) = self
             .reading
             .reader
@@ -192,9 +197,16 @@ impl Session {
         else {
             return;
         };
-        let server = self.server.as_ref().expect("a server is held");
-        let tag = body(&server.rbuf[..len]);
-        timed.rows += be::command_rows(tag).unwrap_or(0);
+        let data_rows = std::mem::take(&mut timed.data_rows);
+        match message {
+            be::DATA_ROW => timed.data_rows = data_rows + 1,
+            be::PORTAL_SUSPENDED => timed.rows += data_rows,
+            _ => {
+                let server = self.server.as_ref().expect("a server is held");
+                let tag = body(&server.rbuf[..len]);
+                timed.rows += be::command_rows(tag).unwrap_or(data_rows);
+            }
+        }
     }
 
     /// A ReadyForQuery: the server's transaction status.
