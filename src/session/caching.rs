@@ -3,6 +3,7 @@
 //! server is taken, reads the catalog for it when it asks, and hands it the replies of the
 //! queries it wants to keep.
 
+use super::deferred::{unnamed_portal, UnnamedPortal};
 use super::{End, Session};
 use crate::cache::{ClientCache, Lookup, Resolve, Transaction, Where};
 use crate::protocol::backend as be;
@@ -366,7 +367,7 @@ impl Session {
             return;
         }
         let body = crate::protocol::body(&self.client.rbuf[..len]);
-        if tag == fe::QUERY || fe::Bind::parse(body).is_none_or(|b| b.portal.is_empty()) {
+        if unnamed_portal(tag, body) == UnnamedPortal::Replaces {
             cache.cached_portal = None;
         }
     }
@@ -389,11 +390,10 @@ impl Session {
             return;
         }
         let body = crate::protocol::body(&self.client.rbuf[..len]);
-        let uses = match tag {
-            fe::EXECUTE => fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()),
-            _ => fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty()),
-        };
-        let Some(server) = self.server.as_mut().filter(|_| uses) else {
+        if unnamed_portal(tag, body) != UnnamedPortal::Uses {
+            return;
+        }
+        let Some(server) = self.server.as_mut() else {
             return;
         };
         if let Some((statement, bind)) = cache.cached_portal.take() {
@@ -546,9 +546,10 @@ impl Session {
         match found {
             Lookup::Pass | Lookup::Miss => Ok(false),
             Lookup::Hit(entry) => {
-                // In a block the portal outlives the Sync (see `portal_left_by_hit`).
-                let portal = (transaction != Transaction::Idle)
-                    .then(|| (statement.clone(), Box::<[u8]>::from(batch.bind.rest)));
+                if transaction != Transaction::Idle {
+                    // In a block the portal outlives the Sync (see `portal_left_by_hit`).
+                    client.cached_portal = Some((statement.clone(), batch.bind.rest.into()));
+                }
                 if parsed {
                     // Usually bound already (a driver's unnamed statement, parsed each time).
                     if !stmts.is_bound_to(b"", &statement) {
@@ -565,9 +566,6 @@ impl Session {
                 };
                 let status = self.client_status();
                 self.answer_hit(len, opened, &entry, status);
-                if let (Some(portal), Some(client)) = (portal, self.cache.as_deref_mut()) {
-                    client.cached_portal = Some(portal);
-                }
                 Ok(true)
             }
             step => Err(step),

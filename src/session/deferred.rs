@@ -368,6 +368,36 @@ fn plain_bind(rest: &[u8]) -> bool {
     matches!(rest, [0, 0, 0, 0, 0, 0] | [0, 0, 0, 0, 0, 1, 0, 0 | 1])
 }
 
+/// What a client's message (`tag`, `body`) does with the client's unnamed portal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum UnnamedPortal {
+    /// Uses it: an Execute of it, or a Describe or Close of it.
+    Uses,
+    /// Replaces it: a Bind of it (or one too malformed to read), or a Query.
+    Replaces,
+    /// Neither.
+    Other,
+}
+
+pub(super) fn unnamed_portal(tag: u8, body: &[u8]) -> UnnamedPortal {
+    let uses = match tag {
+        fe::EXECUTE => fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()),
+        fe::DESCRIBE | fe::CLOSE => {
+            fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty())
+        }
+        fe::BIND if fe::Bind::parse(body).is_none_or(|b| b.portal.is_empty()) => {
+            return UnnamedPortal::Replaces;
+        }
+        fe::QUERY => return UnnamedPortal::Replaces,
+        _ => false,
+    };
+    if uses {
+        UnnamedPortal::Uses
+    } else {
+        UnnamedPortal::Other
+    }
+}
+
 /// Whether the client's messages at the start of `input` (those there, up to a Sync) use the
 /// unnamed portal before they bind it: an Execute, or a Describe or Close of the portal, before
 /// a Bind of it or a Query (which drops it).
@@ -376,24 +406,16 @@ fn uses_unnamed_portal(input: &[u8]) -> bool {
     while let Ok(Some((tag, len))) = crate::protocol::frame(&input[at..], usize::MAX) {
         let body = &input[at + 5..at + len];
         at += len;
-        match tag {
-            fe::EXECUTE => {
-                if fe::Execute::parse(body).is_some_and(|e| e.portal.is_empty()) {
-                    return true;
-                }
-            }
-            fe::DESCRIBE | fe::CLOSE => {
-                if fe::Target::parse(body).is_some_and(|t| t.kind == b'P' && t.name.is_empty()) {
-                    return true;
-                }
-            }
-            fe::BIND => {
-                if fe::Bind::parse(body).is_none_or(|b| b.portal.is_empty()) {
-                    return false;
-                }
-            }
-            fe::PARSE | fe::FLUSH => {}
-            _ => return false,
+        match unnamed_portal(tag, body) {
+            UnnamedPortal::Uses => return true,
+            UnnamedPortal::Replaces => return false,
+            UnnamedPortal::Other => {}
+        }
+        if !matches!(
+            tag,
+            fe::EXECUTE | fe::DESCRIBE | fe::CLOSE | fe::BIND | fe::PARSE | fe::FLUSH
+        ) {
+            return false;
         }
     }
     false

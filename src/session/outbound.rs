@@ -197,13 +197,13 @@ impl Session {
         else {
             return;
         };
-        let data_rows = std::mem::take(&mut timed.data_rows);
         match message {
-            be::DATA_ROW => timed.data_rows = data_rows + 1,
-            be::PORTAL_SUSPENDED => timed.rows += data_rows,
+            be::DATA_ROW => timed.data_rows += 1,
+            be::PORTAL_SUSPENDED => timed.rows += std::mem::take(&mut timed.data_rows),
             _ => {
                 let server = self.server.as_ref().expect("a server is held");
                 let tag = body(&server.rbuf[..len]);
+                let data_rows = std::mem::take(&mut timed.data_rows);
                 timed.rows += be::command_rows(tag).unwrap_or(data_rows);
             }
         }
