@@ -1642,6 +1642,162 @@ async fn an_execute_with_a_row_limit_hits_byte_identical() {
         hits,
         "no hit inside a transaction block"
     );
+    assert!(cache_bypassed(&proxy, "row limit in a block, more rows possible") > 0);
+}
+
+/// In a transaction block, an Execute with a row limit (asyncpg's `fetchrow`/`fetchval`) of a
+/// read that returns at most one row whatever the data (by its primary or a unique key, an
+/// aggregate without GROUP BY, `LIMIT 1`, no FROM) is answered from the cache: its portal has
+/// no rows left, and a later Execute, Describe or Close of it gets what PostgreSQL gives (the
+/// portal is made on the server, run to its end). Reads that may return more rows are not
+/// (a key parameter declared of another type, an `IN` list, a set-returning function, a
+/// unique key with a nullable column, `GROUP BY ROLLUP`, `FETCH FIRST 1 ROW WITH TIES`).
+#[tokio::test]
+async fn a_row_limited_read_of_one_row_hits_in_a_block() {
+    const DB: &str = "cache_one_row_block";
+    setup(
+        DB,
+        "CREATE TABLE o (id int PRIMARY KEY, email text NOT NULL UNIQUE, nick text UNIQUE,            n int NOT NULL);
+         INSERT INTO o SELECT i, 'e' || i, 'n' || i, i % 3 FROM generate_series(1, 10) i;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("one", "FROM o"), rule("nofrom", "SELECT 1 +")],
+    ))
+    .await;
+    let mut direct = raw_direct(DB).await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    // (text, declared parameter types, value, one row whatever the data)
+    let reads: [(&str, &[u32], Option<&str>, bool); 12] = [
+        ("SELECT email, n FROM o WHERE id = $1", &[], Some("3"), true),
+        (
+            "SELECT email, n FROM o WHERE id = $1",
+            &[20],
+            Some("4"),
+            true,
+        ),
+        ("SELECT id FROM o WHERE email = $1", &[], Some("e5"), true),
+        (
+            "SELECT count(*) FROM o WHERE n = $1::int",
+            &[],
+            Some("1"),
+            true,
+        ),
+        (
+            "SELECT id FROM o WHERE n = $1::int ORDER BY id LIMIT 1",
+            &[],
+            Some("2"),
+            true,
+        ),
+        ("SELECT 1 + $1::int", &[], Some("6"), true),
+        // float8: `id = $1` compares as float8.
+        (
+            "SELECT email, n FROM o WHERE id = $1",
+            &[701],
+            Some("3"),
+            false,
+        ),
+        (
+            "SELECT email FROM o WHERE id IN (1, 2) AND n = $1::int",
+            &[],
+            Some("1"),
+            false,
+        ),
+        (
+            "SELECT generate_series(1, 2) FROM o WHERE id = $1::int",
+            &[],
+            Some("1"),
+            false,
+        ),
+        ("SELECT id FROM o WHERE nick = $1", &[], Some("n1"), false),
+        (
+            "SELECT count(*) FROM o WHERE n = $1::int GROUP BY ROLLUP (n)",
+            &[],
+            Some("1"),
+            false,
+        ),
+        (
+            "SELECT id FROM o WHERE n >= $1::int ORDER BY n FETCH FIRST 1 ROW WITH TIES",
+            &[],
+            Some("0"),
+            false,
+        ),
+    ];
+    let same = |a: &[Backend], b: &[Backend]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.tag == y.tag && x.body == y.body)
+    };
+    for (i, (sql, types, value, _)) in reads.iter().enumerate() {
+        for c in [&mut direct, &mut through] {
+            c.send(&[
+                Frontend::parse(&format!("s{i}"), sql, types),
+                Frontend::Sync,
+            ])
+            .await
+            .unwrap();
+            c.recv_until_ready(1).await.unwrap();
+        }
+        // Outside a block first (its entry: the same key as in a block).
+        for c in [&mut direct, &mut through] {
+            c.send(&[
+                Frontend::bind("", &format!("s{i}"), &[*value]),
+                Frontend::describe_portal(""),
+                Frontend::execute("", 1),
+                Frontend::Sync,
+            ])
+            .await
+            .unwrap();
+            c.recv_until_ready(1).await.unwrap();
+        }
+    }
+    for round in 0..2 {
+        for (i, (sql, _, value, one_row)) in reads.iter().enumerate() {
+            let hits = stats(&proxy, "one").0 + stats(&proxy, "nofrom").0;
+            let mut replies = vec![];
+            for c in [&mut direct, &mut through] {
+                let mut got = vec![];
+                for msgs in [
+                    vec![Frontend::query("BEGIN")],
+                    vec![
+                        Frontend::bind("", &format!("s{i}"), &[*value]),
+                        Frontend::describe_portal(""),
+                        Frontend::execute("", 1),
+                        Frontend::Sync,
+                    ],
+                    // The portal again: no rows left, its description, closed.
+                    vec![Frontend::execute("", 1), Frontend::Sync],
+                    vec![
+                        Frontend::describe_portal(""),
+                        Frontend::execute("", 0),
+                        Frontend::close_portal(""),
+                        Frontend::Sync,
+                    ],
+                    vec![Frontend::execute("", 0), Frontend::Sync],
+                    vec![Frontend::query("COMMIT")],
+                ] {
+                    c.send(&msgs).await.unwrap();
+                    got.extend(c.recv_until_ready(1).await.unwrap());
+                }
+                replies.push(got);
+            }
+            assert!(
+                same(&replies[0], &replies[1]),
+                "{sql} (round {round}): {:?} vs {:?}",
+                replies[1],
+                replies[0]
+            );
+            let hit = stats(&proxy, "one").0 + stats(&proxy, "nofrom").0 > hits;
+            assert_eq!(
+                hit, *one_row,
+                "{sql} (round {round}): answered from the cache"
+            );
+        }
+    }
+    assert!(cache_bypassed(&proxy, "row limit in a block, more rows possible") > 0);
 }
 
 /// A traceparent as sqlcommenter writes it, different for every `n`.

@@ -9,7 +9,7 @@
 //! - per cacheable query and search_path, [`resolve_sql`]: which relations its names are
 //!   (through views and partitions down to the tables), and whether all of them may be cached.
 
-use super::rows::{KeyType, PointPlan, RowKey};
+use super::rows::{KeyType, OneRow, PointPlan, RowKey};
 use crate::params::quote_literal;
 use crate::query::analysis::RelName;
 use crate::query::analysis::{analyze, Bypass, Reads};
@@ -47,6 +47,10 @@ pub struct Snapshot {
     /// The tables with a row key of one column, the only table of their name: the table's
     /// OID and the column's number, as a RowDescription names the column that shows it.
     result_keys: HashMap<Box<str>, (u32, i16)>,
+    /// Names of functions (and, as `operator NAME`, operators) one of which returns a set.
+    set_returning: HashSet<Box<str>>,
+    /// Names every function of which is an aggregate.
+    aggregates: HashSet<Box<str>>,
 }
 
 /// What the tables of one name say about their columns, for column-level dependencies
@@ -83,7 +87,9 @@ struct Function {
 /// column (its values are followed when of a type [`super::rows::KeyType`] knows): the
 /// table, the column, its type and collation as for `k`, the table's OID; `q` a unique key of a table
 /// whose columns are all `NOT NULL` (the table, its columns joined by `,`, the table's OID);
-/// `g` a table with a generated column; `n` every table (its name and OID: two of one name).
+/// `g` a table with a generated column; `n` every table (its name and OID: two of one name);
+/// `s` a function (or `operator NAME`) name one of whose functions returns a set; `a` a
+/// function name all of whose functions are aggregates.
 pub const SNAPSHOT_SQL: &str = "\
 WITH vol(classid, oid) AS (SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p \
    WHERE p.oid >= 16384 AND p.provolatile = 'v' \
@@ -101,6 +107,12 @@ UNION ALL SELECT 'f', 'operator ' || o.oprname::text, bool_or(p.provolatile = 'v
  bool_or(p.oid >= 16384 AND p.provolatile <> 'i')::text, \
  bool_or(p.oid >= 16384 AND p.provolatile = 'v')::text FROM pg_operator o \
  JOIN pg_proc p ON p.oid = o.oprcode GROUP BY o.oprname \
+UNION ALL SELECT 's', p.proname::text, '', '', '' FROM pg_proc p WHERE p.proretset \
+ GROUP BY p.proname \
+UNION ALL SELECT 's', 'operator ' || o.oprname::text, '', '', '' FROM pg_operator o \
+ JOIN pg_proc p ON p.oid = o.oprcode WHERE p.proretset GROUP BY o.oprname \
+UNION ALL SELECT 'a', p.proname::text, '', '', '' FROM pg_proc p GROUP BY p.proname \
+ HAVING bool_and(p.prokind = 'a') \
 UNION ALL SELECT DISTINCT 'w', c.relname::text, '', '', '' FROM voldep \
  JOIN pg_attrdef a ON voldep.classid = 'pg_attrdef'::regclass AND voldep.objid = a.oid \
  JOIN pg_class c ON c.oid = a.adrelid \
@@ -183,6 +195,12 @@ impl Snapshot {
                 }
                 "w" => {
                     s.anything.insert(col(row, 1).into());
+                }
+                "s" => {
+                    s.set_returning.insert(col(row, 1).into());
+                }
+                "a" => {
+                    s.aggregates.insert(col(row, 1).into());
                 }
                 "r" => {
                     s.reading_writes.insert(col(row, 1).into());
@@ -519,6 +537,68 @@ pub fn resolved(
         return Err(why);
     }
     Ok(tables)
+}
+
+/// Whether a read that resolved to `tables` returns at most one row whatever the data (see
+/// [`OneRow`]): by `LIMIT 1`, by having no `FROM`, by being an aggregate without `GROUP BY`,
+/// or by binding a unique key of its one table; never when a function it calls (anywhere:
+/// the names are not told apart by place) may return a set.
+pub fn one_row(reads: &Reads, tables: &[Box<str>], snapshot: &Snapshot) -> OneRow {
+    let count = &reads.rows;
+    if count.limited {
+        return OneRow::Always;
+    }
+    if !count.plain
+        || reads
+            .functions
+            .iter()
+            .any(|f| snapshot.set_returning.contains(f))
+    {
+        return OneRow::Never;
+    }
+    let aggregate = count.certain_aggregate
+        || count
+            .aggregate_calls
+            .iter()
+            .any(|f| snapshot.aggregates.contains(f));
+    if count.no_from || aggregate {
+        return OneRow::Always;
+    }
+    let (Some(filter), [table]) = (&reads.filter, tables) else {
+        return OneRow::Never;
+    };
+    let Some(columns) = snapshot
+        .table_columns(table)
+        .filter(|_| filter.relation.name == *table)
+    else {
+        return OneRow::Never;
+    };
+    for key in &columns.unique {
+        let mut params = Vec::new();
+        let bound = key.iter().all(|name| {
+            let Some(&(_, ty)) = columns.followed.iter().find(|(c, _)| c == name) else {
+                return false;
+            };
+            let Some(bound) = filter.columns.iter().find(|b| b.column == *name) else {
+                return false;
+            };
+            let [source] = bound.values.as_slice() else {
+                return false;
+            };
+            match (&source.origin, source.cast) {
+                (_, Some(cast)) => crate::query::point::same_family(cast, ty.family()),
+                (crate::query::point::Origin::Param(n), None) => {
+                    params.push((*n, ty));
+                    true
+                }
+                (crate::query::point::Origin::Const { .. }, None) => true,
+            }
+        });
+        if bound && !key.is_empty() {
+            return OneRow::ByKey(params.into());
+        }
+    }
+    OneRow::Never
 }
 
 /// The point plan (see [`super::rows`]) of a read by `filter` that resolved to `tables`

@@ -242,6 +242,8 @@ struct Plan {
     filters: Option<Vec<columns::ValueFilter>>,
     /// The tables whose rows its results hold by key (see [`columns::HeldRows`]).
     held: Box<[columns::HeldRows]>,
+    /// Whether it returns at most one row whatever the data (see [`rows::OneRow`]).
+    one_row: rows::OneRow,
     /// The text it was resolved for: compared on lookup (the map is keyed by hashes, and
     /// two texts whose hashes collide must not share their tables), and shown in `SHOW
     /// CACHE ENTRIES`.
@@ -814,6 +816,7 @@ impl ResultCache {
                 extended: false,
                 shape: Some(shape),
                 values: rows::Values::Lexed(lexed),
+                portal: Portal::Ended,
             },
             may_wait,
         )
@@ -874,6 +877,13 @@ impl ResultCache {
                 values: rows::Values::Bind {
                     rest: batch.bind.rest,
                     types: &statement.key.param_types,
+                },
+                portal: if !batch.bind.portal.is_empty() {
+                    Portal::Named
+                } else if batch.max_rows != 0 {
+                    Portal::Limited
+                } else {
+                    Portal::Ended
                 },
             },
             may_wait,
@@ -1003,6 +1013,9 @@ impl ResultCache {
             Err(Some(why)) => return bypass(why),
             Err(None) => return Lookup::Isolation,
         };
+        if in_block && query.portal == Portal::Named {
+            return bypass(Bypass::NamedPortalInBlock);
+        }
         if at.wal_behind {
             return bypass(Bypass::WalBehind);
         }
@@ -1016,6 +1029,15 @@ impl ResultCache {
         if in_block && self.block_wrote(at.database, &client.pending, query.analysis, &plan.tables)
         {
             return bypass(Bypass::WrittenInTransaction);
+        }
+        if in_block && query.portal == Portal::Limited {
+            let types = match query.values {
+                rows::Values::Bind { types, .. } => types,
+                _ => &[],
+            };
+            if !plan.one_row.holds(types) {
+                return bypass(Bypass::RowLimitInBlock);
+            }
         }
         let key = KeyRef::new(&client.key);
         let refresh = match self.stored(&key, &mut client.spares, stats, may_wait) {
@@ -1294,6 +1316,10 @@ impl ResultCache {
             }
         });
         let slots = slots.map_err(|e| *e);
+        let one_row = match (&tables, reads, snapshot) {
+            (Ok(tables), Some(reads), Some(snapshot)) => catalog::one_row(reads, tables, snapshot),
+            _ => rows::OneRow::Never,
+        };
         self.plans.insert(
             job.plan_key,
             Arc::new(Plan {
@@ -1303,6 +1329,7 @@ impl ResultCache {
                 point,
                 filters,
                 held,
+                one_row,
                 text: job.text,
             }),
         );
@@ -1649,13 +1676,30 @@ struct Candidate<'a> {
     shape: Option<&'a Arc<Shape>>,
     /// Its values (which rows a point read reads).
     values: rows::Values<'a>,
+    /// What it leaves of its portal, which in a transaction block outlives the Sync.
+    portal: Portal,
+}
+
+/// What a query leaves of its portal. In a transaction block the Sync does not close it: a
+/// hit's is made again on the server if the client uses it (see
+/// `Session::portal_left_by_hit`), which holds only for a portal run to its end.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Portal {
+    /// None (a simple query), or the unnamed one run to its end.
+    Ended,
+    /// The unnamed one, run to a row limit: at its end only if the read returns at most one
+    /// row (see [`rows::OneRow`]).
+    Limited,
+    /// A named one: not answered in a block.
+    Named,
 }
 
 /// An extended-protocol batch the cache may answer without a server: `[Parse ""] Bind
 /// [Describe portal] Execute Sync`, all of it already read. The Execute's row limit is part
 /// of the key (asyncpg's `fetchrow` and `fetchval` ask for one row): its reply ends in
 /// PortalSuspended when rows are left, which the Sync makes final, as it closes the portal
-/// outside a transaction block (the only place the cache answers a batch).
+/// outside a transaction block. In a block the portal outlives the Sync: a row-limited batch
+/// is answered there only for a read that returns at most one row (see [`Portal`]).
 pub struct Batch<'a> {
     pub parse: Option<crate::protocol::frontend::Parse<'a>>,
     pub bind: crate::protocol::frontend::Bind<'a>,
@@ -2429,6 +2473,7 @@ mod tests {
                 point: None,
                 filters: None,
                 held: Box::default(),
+                one_row: super::rows::OneRow::Never,
                 text: "SELECT x FROM a WHERE id = $1".into(),
             }),
         );

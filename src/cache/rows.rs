@@ -55,7 +55,7 @@ impl KeyType {
         }
     }
 
-    fn family(self) -> Family {
+    pub fn family(self) -> Family {
         match self {
             KeyType::Integer(len) => Family::Integer(len),
             KeyType::Text => Family::Text,
@@ -143,19 +143,59 @@ fn bind_param<'a>(rest: &'a [u8], types: &[u8], i: usize) -> Option<Given<'a>> {
     let value = r.bytes(len)?;
     match format {
         0 => Some(Given::Text(value)),
-        1 => {
-            // The Parse's parameter types: their count, then each OID (fewer than the Bind's
-            // values: the server infers the rest).
-            let mut t = Reader::new(types);
-            let declared = if usize::try_from(t.i16()?).ok()? > i {
-                t.bytes(4 * i)?;
-                t.i32()? as u32
-            } else {
-                0
-            };
-            Some(Given::Binary(value, declared))
-        }
+        1 => Some(Given::Binary(value, declared_type(types, i)?)),
         _ => None,
+    }
+}
+
+/// The type OID the Parse declared for parameter `i` (0-based; `types`: their count, then
+/// each OID): 0 when it declared fewer (the server infers the rest); None: malformed.
+fn declared_type(types: &[u8], i: usize) -> Option<u32> {
+    let mut t = Reader::new(types);
+    if usize::try_from(t.i16()?).ok()? > i {
+        t.bytes(4 * i)?;
+        Some(t.i32()? as u32)
+    } else {
+        Some(0)
+    }
+}
+
+/// Whether a read returns at most one row whatever the data. A row-limited Execute of it in a
+/// transaction block (asyncpg's `fetchrow` and `fetchval` ask for one row) may then be
+/// answered from the cache: its portal has no rows left to fetch in any snapshot, and the
+/// session makes it again on the server, run to its end, if the client uses it after (see
+/// `Session::portal_left_by_hit`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum OneRow {
+    #[default]
+    Never,
+    Always,
+    /// By a unique key (`NOT NULL`, not deferred, no expression or predicate) whose columns
+    /// its `WHERE` binds to one value each. The parameters among those values (`$n`, with no
+    /// cast: the comparison is then of the declared type) must be declared of the column's
+    /// type family, or left to the server (which then takes the column's type): `id = $1`
+    /// with `$1` declared `float8` compares as float8, where two int8 keys may be equal.
+    ByKey(Box<[(u16, KeyType)]>),
+}
+
+impl OneRow {
+    /// Whether it holds for a statement whose Parse declared `types` (count, then OIDs).
+    pub fn holds(&self, types: &[u8]) -> bool {
+        match self {
+            OneRow::Never => false,
+            OneRow::Always => true,
+            OneRow::ByKey(params) => params.iter().all(|&(n, ty)| {
+                let declared = usize::from(n)
+                    .checked_sub(1)
+                    .and_then(|i| declared_type(types, i));
+                match declared {
+                    Some(0) => true,
+                    Some(oid) => KeyType::of(oid, true)
+                        .is_some_and(|d| crate::query::point::same_family(d.family(), ty.family())),
+                    None => false,
+                }
+            }),
+        }
     }
 }
 

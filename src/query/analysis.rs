@@ -76,9 +76,14 @@ pub enum Bypass {
     /// The client's standard_conforming_strings is off: backslashes escape in its plain
     /// strings, and pgmemo's lexer reads them as the standard does.
     NonstandardStrings,
+    /// In a transaction block, an Execute with a row limit (asyncpg's `fetchrow`) of a read
+    /// that may return more rows: its portal outlives the Sync with rows left to fetch.
+    RowLimitInBlock,
+    /// In a transaction block, a Bind of a named portal: it outlives the Sync.
+    NamedPortalInBlock,
 }
 
-pub const BYPASS_REASONS: [Bypass; 29] = [
+pub const BYPASS_REASONS: [Bypass; 31] = [
     Bypass::ParseError,
     Bypass::NotSelect,
     Bypass::SelectInto,
@@ -108,6 +113,8 @@ pub const BYPASS_REASONS: [Bypass; 29] = [
     Bypass::WalBehind,
     Bypass::RunsSql,
     Bypass::NonstandardStrings,
+    Bypass::RowLimitInBlock,
+    Bypass::NamedPortalInBlock,
 ];
 
 impl Bypass {
@@ -146,6 +153,8 @@ impl Bypass {
             Bypass::WalBehind => "WAL stream not caught up",
             Bypass::RunsSql => "runs SQL given as text",
             Bypass::NonstandardStrings => "standard_conforming_strings off",
+            Bypass::RowLimitInBlock => "row limit in a block, more rows possible",
+            Bypass::NamedPortalInBlock => "named portal in a block",
         }
     }
 }
@@ -169,6 +178,8 @@ pub struct Reads {
     pub filter: Option<super::point::ReadFilter>,
     /// The columns of each table it uses (see [`super::columns`]); None: not read that far.
     pub columns: Option<super::columns::ColumnReads>,
+    /// What its text says about how many rows it returns (see [`super::point::RowCount`]).
+    pub rows: super::point::RowCount,
 }
 
 /// How far a statement's effects reach, for invalidation.
@@ -544,6 +555,7 @@ fn reads(stmts: &[Value], walker: Walker) -> Result<Reads, Bypass> {
         functions,
         filter: super::point::read_filter(select),
         columns: super::columns::column_reads(select),
+        rows: super::point::row_count(select),
     })
 }
 

@@ -96,6 +96,7 @@ pub(super) const AEXPR_OP: i64 = 1;
 const AEXPR_IN: i64 = 7;
 const AND_EXPR: i64 = 1;
 const SETOP_NONE: i64 = 1;
+const LIMIT_OPTION_COUNT: i64 = 2;
 const ONCONFLICT_NONE: i64 = 1;
 const ONCONFLICT_NOTHING: i64 = 2;
 const ONCONFLICT_UPDATE: i64 = 3;
@@ -144,6 +145,93 @@ pub fn read_filter(select: &Value) -> Option<ReadFilter> {
     let relation = relation(range_var)?;
     let columns = conjuncts(&select["where_clause"], &relation.name, alias(range_var));
     (!columns.is_empty()).then_some(ReadFilter { relation, columns })
+}
+
+/// What a SELECT's text says toward "it returns at most one row" (a row-limited Execute of
+/// it in a transaction block may then be answered from the cache: see `cache::rows::OneRow`).
+/// The catalog finishes the reading: which names are aggregates, which functions return sets,
+/// which columns are a unique key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RowCount {
+    /// `LIMIT 0` or `LIMIT 1` (`FETCH FIRST 1 ROW ONLY`, not `WITH TIES`): at most one row
+    /// whatever else it does.
+    pub limited: bool,
+    /// One query (no set operation) that groups nothing into more rows than it reads: no
+    /// `GROUPING SETS`, `ROLLUP` or `CUBE`, no `VALUES` list.
+    pub plain: bool,
+    /// A plain query with no `FROM`: one row (unless a set-returning function makes more).
+    pub no_from: bool,
+    /// A plain query without `GROUP BY`: the calls at its top (target list, `HAVING`; not
+    /// inside a subquery, not a window call) that make it an aggregate if any of them is one
+    /// (one row then). `certain`: one of them can only be an aggregate (`count(*)`,
+    /// `DISTINCT`, `ORDER BY` or `FILTER` in its arguments, `WITHIN GROUP`).
+    pub aggregate_calls: Vec<Box<str>>,
+    pub certain_aggregate: bool,
+}
+
+/// How many rows `select` (a `SelectStmt`) returns, as far as its text says (see
+/// [`RowCount`]).
+pub fn row_count(select: &Value) -> RowCount {
+    let limited = select["limit_option"].as_i64() == Some(LIMIT_OPTION_COUNT)
+        && select["limit_count"]["node"]["AConst"]["val"]["Ival"]
+            .as_object()
+            .is_some_and(|v| matches!(v.get("ival").map_or(Some(0), Value::as_i64), Some(0 | 1)));
+    let plain = select["op"].as_i64() == Some(SETOP_NONE)
+        && empty(&select["values_lists"])
+        && !has_key(&select["group_clause"], "GroupingSet");
+    let mut count = RowCount {
+        limited,
+        plain,
+        no_from: plain && empty(&select["from_clause"]),
+        ..RowCount::default()
+    };
+    if plain && empty(&select["group_clause"]) {
+        for part in [&select["target_list"], &select["having_clause"]] {
+            top_calls(part, &mut count);
+        }
+    }
+    count
+}
+
+/// Whether an object keyed `key` is anywhere in `v`.
+fn has_key(v: &Value, key: &str) -> bool {
+    match v {
+        Value::Object(o) => o.contains_key(key) || o.values().any(|v| has_key(v, key)),
+        Value::Array(a) => a.iter().any(|v| has_key(v, key)),
+        _ => false,
+    }
+}
+
+/// The calls in `v` that are not window calls, outside subqueries (see [`RowCount`]).
+fn top_calls(v: &Value, count: &mut RowCount) {
+    match v {
+        Value::Object(o) => {
+            for (key, inner) in o {
+                match key.as_str() {
+                    "SubLink" => {}
+                    "FuncCall" => {
+                        if inner["over"].is_null() {
+                            let certain = inner["agg_star"].as_bool() == Some(true)
+                                || inner["agg_distinct"].as_bool() == Some(true)
+                                || inner["agg_within_group"].as_bool() == Some(true)
+                                || !empty(&inner["agg_order"])
+                                || !inner["agg_filter"].is_null();
+                            count.certain_aggregate |= certain;
+                            if let Some(name) = super::analysis::last_name(&inner["funcname"]) {
+                                if !count.aggregate_calls.iter().any(|n| **n == *name) {
+                                    count.aggregate_calls.push(name.into());
+                                }
+                            }
+                        }
+                        top_calls(inner, count);
+                    }
+                    _ => top_calls(inner, count),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| top_calls(v, count)),
+        _ => {}
+    }
 }
 
 /// What a view that is a plain projection of one table shows of it.
@@ -645,5 +733,44 @@ mod tests {
                 ("id", &Origin::Param(1)),
             ]
         );
+    }
+
+    fn count(sql: &str) -> RowCount {
+        row_count(&tree(sql)["SelectStmt"])
+    }
+
+    #[test]
+    fn row_counts_read_from_the_text() {
+        assert!(count("SELECT a FROM t ORDER BY a LIMIT 1").limited);
+        assert!(count("SELECT a FROM t LIMIT 0").limited);
+        assert!(count("SELECT a FROM t FETCH FIRST 1 ROW ONLY").limited);
+        assert!(!count("SELECT a FROM t ORDER BY a FETCH FIRST 1 ROW WITH TIES").limited);
+        assert!(!count("SELECT a FROM t LIMIT 2").limited);
+        assert!(!count("SELECT a FROM t LIMIT $1").limited);
+        assert!(count("(SELECT a FROM t UNION SELECT b FROM u) LIMIT 1").limited);
+        let c = count("SELECT 1 + 2");
+        assert!(c.plain && c.no_from);
+        assert!(!count("VALUES (1), (2)").no_from);
+        assert!(!count("SELECT 1 UNION SELECT 2").plain);
+        let c = count("SELECT count(*) FROM t WHERE a = 1");
+        assert!(c.certain_aggregate && c.aggregate_calls == ["count".into()] as [Box<str>; 1]);
+        let c = count("SELECT abs(max(a)) FROM t");
+        assert!(!c.certain_aggregate);
+        assert_eq!(
+            c.aggregate_calls,
+            ["abs".into(), "max".into()] as [Box<str>; 2]
+        );
+        // A window call, a call in a subquery, GROUP BY: no aggregate of this query.
+        assert!(count("SELECT count(*) OVER () FROM t")
+            .aggregate_calls
+            .is_empty());
+        assert!(count("SELECT (SELECT max(b) FROM u) FROM t")
+            .aggregate_calls
+            .is_empty());
+        assert!(count("SELECT count(*) FROM t GROUP BY a")
+            .aggregate_calls
+            .is_empty());
+        assert!(!count("SELECT count(*) FROM t GROUP BY ROLLUP (a)").plain);
+        assert!(count("SELECT a, count(*) FROM t GROUP BY a").plain);
     }
 }

@@ -506,13 +506,6 @@ impl Session {
         let Some(batch) = crate::cache::batch(&self.client.rbuf) else {
             return Ok(false);
         };
-        // In a block the Sync does not close the portal: one left open with rows to fetch, or
-        // a named one, must exist on the server.
-        if transaction != Transaction::Idle
-            && (batch.max_rows != 0 || !batch.bind.portal.is_empty())
-        {
-            return Ok(false);
-        }
         let Some(stmts) = self.plan.stmts.as_mut() else {
             return Ok(false);
         };
