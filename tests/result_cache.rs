@@ -96,6 +96,24 @@ fn stats(proxy: &Pgmemo, rule: &str) -> (u64, u64, u64) {
     (r.hits.get(), r.misses.get(), r.stores.load(Relaxed))
 }
 
+/// Whether two replies are the same messages, byte for byte.
+fn same_replies(a: &[Backend], b: &[Backend]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.tag == y.tag && x.body == y.body)
+}
+
+/// Sends each batch of `batches` in turn, each up to its ReadyForQuery; all the replies.
+async fn replies_to(c: &mut RawClient, batches: &[Vec<Frontend>]) -> Vec<Backend> {
+    let mut got = vec![];
+    for msgs in batches {
+        c.send(msgs).await.unwrap();
+        got.extend(c.recv_until_ready(1).await.unwrap());
+    }
+    got
+}
+
 async fn setup(db: &'static str, sql: &str) {
     fresh_db(db).await;
     let sql = sql.to_owned();
@@ -889,12 +907,7 @@ async fn extended_protocol_hits_are_byte_identical() {
                 .unwrap();
                 replies.push(c.recv_until_ready(1).await.unwrap());
             }
-            let same = |a: &Vec<Backend>, b: &Vec<Backend>| {
-                a.len() == b.len()
-                    && a.iter()
-                        .zip(b)
-                        .all(|(x, y)| x.tag == y.tag && x.body == y.body)
-            };
+            let same = same_replies;
             assert!(same(&replies[0], &replies[2]), "binary, round {round}");
             assert!(same(&replies[1], &replies[3]), "text, round {round}");
         }
@@ -1577,12 +1590,6 @@ async fn an_execute_with_a_row_limit_hits_byte_identical() {
             .unwrap();
         c.recv_until_ready(1).await.unwrap();
     }
-    let same = |a: &[Backend], b: &[Backend]| {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
-                .all(|(x, y)| x.tag == y.tag && x.body == y.body)
-    };
     let before = stats(&proxy, "limit").0;
     for round in 0..3 {
         // Results of 0, 1, 2 and 5 rows under limits 1, 2 and none.
@@ -1599,7 +1606,7 @@ async fn an_execute_with_a_row_limit_hits_byte_identical() {
                 replies.push(c.recv_until_ready(1).await.unwrap());
             }
             assert!(
-                same(&replies[0], &replies[1]),
+                same_replies(&replies[0], &replies[1]),
                 "{rows} rows, limit {limit}, round {round}: {:?} vs {:?}",
                 replies[1],
                 replies[0]
@@ -1613,26 +1620,22 @@ async fn an_execute_with_a_row_limit_hits_byte_identical() {
     );
     // In a transaction block the portal stays open after the Sync: the client fetches on.
     let hits = stats(&proxy, "limit").0;
-    let mut replies = vec![];
-    for c in [&mut direct, &mut through] {
-        let mut got = vec![];
-        for msgs in [
-            vec![Frontend::query("BEGIN")],
-            vec![
-                Frontend::bind("", "limited", &[Some("5")]),
-                Frontend::execute("", 2),
-                Frontend::Sync,
-            ],
-            vec![Frontend::execute("", 2), Frontend::Sync],
-            vec![Frontend::query("COMMIT")],
-        ] {
-            c.send(&msgs).await.unwrap();
-            got.extend(c.recv_until_ready(1).await.unwrap());
-        }
-        replies.push(got);
-    }
+    let block = [
+        vec![Frontend::query("BEGIN")],
+        vec![
+            Frontend::bind("", "limited", &[Some("5")]),
+            Frontend::execute("", 2),
+            Frontend::Sync,
+        ],
+        vec![Frontend::execute("", 2), Frontend::Sync],
+        vec![Frontend::query("COMMIT")],
+    ];
+    let replies = [
+        replies_to(&mut direct, &block).await,
+        replies_to(&mut through, &block).await,
+    ];
     assert!(
-        same(&replies[0], &replies[1]),
+        same_replies(&replies[0], &replies[1]),
         "{:?} vs {:?}",
         replies[1],
         replies[0]
@@ -1725,12 +1728,6 @@ async fn a_row_limited_read_of_one_row_hits_in_a_block() {
             false,
         ),
     ];
-    let same = |a: &[Backend], b: &[Backend]| {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
-                .all(|(x, y)| x.tag == y.tag && x.body == y.body)
-    };
     for (i, (sql, types, value, _)) in reads.iter().enumerate() {
         for c in [&mut direct, &mut through] {
             c.send(&[
@@ -1757,35 +1754,31 @@ async fn a_row_limited_read_of_one_row_hits_in_a_block() {
     for round in 0..2 {
         for (i, (sql, _, value, one_row)) in reads.iter().enumerate() {
             let hits = stats(&proxy, "one").0 + stats(&proxy, "nofrom").0;
-            let mut replies = vec![];
-            for c in [&mut direct, &mut through] {
-                let mut got = vec![];
-                for msgs in [
-                    vec![Frontend::query("BEGIN")],
-                    vec![
-                        Frontend::bind("", &format!("s{i}"), &[*value]),
-                        Frontend::describe_portal(""),
-                        Frontend::execute("", 1),
-                        Frontend::Sync,
-                    ],
-                    // The portal again: no rows left, its description, closed.
-                    vec![Frontend::execute("", 1), Frontend::Sync],
-                    vec![
-                        Frontend::describe_portal(""),
-                        Frontend::execute("", 0),
-                        Frontend::close_portal(""),
-                        Frontend::Sync,
-                    ],
-                    vec![Frontend::execute("", 0), Frontend::Sync],
-                    vec![Frontend::query("COMMIT")],
-                ] {
-                    c.send(&msgs).await.unwrap();
-                    got.extend(c.recv_until_ready(1).await.unwrap());
-                }
-                replies.push(got);
-            }
+            let block = [
+                vec![Frontend::query("BEGIN")],
+                vec![
+                    Frontend::bind("", &format!("s{i}"), &[*value]),
+                    Frontend::describe_portal(""),
+                    Frontend::execute("", 1),
+                    Frontend::Sync,
+                ],
+                // The portal again: no rows left, its description, closed.
+                vec![Frontend::execute("", 1), Frontend::Sync],
+                vec![
+                    Frontend::describe_portal(""),
+                    Frontend::execute("", 0),
+                    Frontend::close_portal(""),
+                    Frontend::Sync,
+                ],
+                vec![Frontend::execute("", 0), Frontend::Sync],
+                vec![Frontend::query("COMMIT")],
+            ];
+            let replies = [
+                replies_to(&mut direct, &block).await,
+                replies_to(&mut through, &block).await,
+            ];
             assert!(
-                same(&replies[0], &replies[1]),
+                same_replies(&replies[0], &replies[1]),
                 "{sql} (round {round}): {:?} vs {:?}",
                 replies[1],
                 replies[0]

@@ -994,28 +994,19 @@ impl ResultCache {
             }
             Lookup::Pass
         };
-        if client.caching_off() {
-            return bypass(Bypass::SessionState);
-        }
-        if client.temp {
-            return bypass(Bypass::Temporary);
-        }
-        if client.nonstandard_strings {
-            return bypass(Bypass::NonstandardStrings);
+        if let Some(why) = client.not_served() {
+            return bypass(why);
         }
         // A read before the block's isolation is asked (the question takes a snapshot).
         let reads = match &query.analysis.read {
             Ok(reads) => reads,
             Err(why) => return bypass(*why),
         };
-        let in_block = match in_block(at, &rule) {
+        let in_block = match in_block(at, &rule, query.portal) {
             Ok(in_block) => in_block,
             Err(Some(why)) => return bypass(why),
             Err(None) => return Lookup::Isolation,
         };
-        if in_block && query.portal == Portal::Named {
-            return bypass(Bypass::NamedPortalInBlock);
-        }
         if at.wal_behind {
             return bypass(Bypass::WalBehind);
         }
@@ -1026,17 +1017,9 @@ impl ResultCache {
         if let Err(why) = &plan.slots {
             return bypass(*why);
         }
-        if in_block && self.block_wrote(at.database, &client.pending, query.analysis, &plan.tables)
-        {
-            return bypass(Bypass::WrittenInTransaction);
-        }
-        if in_block && query.portal == Portal::Limited {
-            let types = match query.values {
-                rows::Values::Bind { types, .. } => types,
-                _ => &[],
-            };
-            if !plan.one_row.holds(types) {
-                return bypass(Bypass::RowLimitInBlock);
+        if in_block {
+            if let Some(why) = self.not_in_this_block(at, client, &query, &plan) {
+                return bypass(why);
             }
         }
         let key = KeyRef::new(&client.key);
@@ -1095,6 +1078,26 @@ impl ResultCache {
             },
         );
         Lookup::Miss
+    }
+
+    /// Why a read in a READ COMMITTED block may not be answered there: the block wrote what
+    /// it reads, or its Execute's row limit may leave rows in its portal (see [`Portal`]).
+    fn not_in_this_block(
+        &self,
+        at: &Where<'_>,
+        client: &ClientCache,
+        query: &Candidate<'_>,
+        plan: &Plan,
+    ) -> Option<Bypass> {
+        if self.block_wrote(at.database, &client.pending, query.analysis, &plan.tables) {
+            return Some(Bypass::WrittenInTransaction);
+        }
+        let types = match query.values {
+            rows::Values::Bind { types, .. } => types,
+            _ => &[],
+        };
+        (query.portal == Portal::Limited && !plan.one_row.holds(types))
+            .then_some(Bypass::RowLimitInBlock)
     }
 
     /// The entry stored for `key`: valid, valid but to be refreshed by this client (claimed,
@@ -1552,12 +1555,16 @@ fn normalized_rule_text(query: &str) -> Option<String> {
     String::from_utf8(lexed.text).ok()
 }
 
-/// Whether a query chosen by `rule` is looked up in a transaction block (`Ok(true)`), outside
-/// one (`Ok(false)`), or not: `Err(Some(why))`, counted; `Err(None)`: the block's isolation
+/// Whether a query chosen by `rule` (leaving `portal`) is looked up in a transaction block
+/// (`Ok(true)`), outside one (`Ok(false)`), or not: `Err(Some(why))`, counted (a named
+/// portal, which outlives the Sync in a block, among them); `Err(None)`: the block's isolation
 /// must be asked first ([`Lookup::Isolation`]).
-fn in_block(at: &Where<'_>, rule: &Chosen) -> Result<bool, Option<Bypass>> {
+fn in_block(at: &Where<'_>, rule: &Chosen, portal: Portal) -> Result<bool, Option<Bypass>> {
     match at.transaction {
         Transaction::Idle => Ok(false),
+        Transaction::Block { .. } if portal == Portal::Named => {
+            Err(Some(Bypass::NamedPortalInBlock))
+        }
         Transaction::Block { .. } if !rule.transactions => Err(Some(Bypass::InTransaction)),
         Transaction::Block { read_committed } => match read_committed {
             Some(true) => Ok(true),
@@ -2143,6 +2150,20 @@ impl ClientCache {
     #[inline]
     fn caching_off(&self) -> bool {
         self.off || self.off_in_transaction
+    }
+
+    /// Why nothing is answered for this client now, whatever the query: a role or setting
+    /// outside the key, a temporary table it may hold, backslash-escaping strings.
+    fn not_served(&self) -> Option<Bypass> {
+        if self.caching_off() {
+            Some(Bypass::SessionState)
+        } else if self.temp {
+            Some(Bypass::Temporary)
+        } else if self.nonstandard_strings {
+            Some(Bypass::NonstandardStrings)
+        } else {
+            None
+        }
     }
 
     /// Whether anything is pending for server messages to settle (or to end, see
