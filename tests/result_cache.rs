@@ -104,14 +104,27 @@ fn same_replies(a: &[Backend], b: &[Backend]) -> bool {
             .all(|(x, y)| x.tag == y.tag && x.body == y.body)
 }
 
-/// Sends each batch of `batches` in turn, each up to its ReadyForQuery; all the replies.
-async fn replies_to(c: &mut RawClient, batches: &[Vec<Frontend>]) -> Vec<Backend> {
-    let mut got = vec![];
-    for msgs in batches {
-        c.send(msgs).await.unwrap();
-        got.extend(c.recv_until_ready(1).await.unwrap());
+/// Sends each batch of `batches` in turn, each up to its ReadyForQuery, to PostgreSQL
+/// (`direct`) and through pgmemo (`through`): the replies must be the same.
+async fn same_batches(
+    direct: &mut RawClient,
+    through: &mut RawClient,
+    batches: &[Vec<Frontend>],
+    what: &str,
+) {
+    let mut replies = [vec![], vec![]];
+    for (c, got) in [direct, through].into_iter().zip(&mut replies) {
+        for msgs in batches {
+            c.send(msgs).await.unwrap();
+            got.extend(c.recv_until_ready(1).await.unwrap());
+        }
     }
-    got
+    assert!(
+        same_replies(&replies[0], &replies[1]),
+        "{what}: {:?} vs {:?}",
+        replies[1],
+        replies[0]
+    );
 }
 
 async fn setup(db: &'static str, sql: &str) {
@@ -1630,16 +1643,13 @@ async fn an_execute_with_a_row_limit_hits_byte_identical() {
         vec![Frontend::execute("", 2), Frontend::Sync],
         vec![Frontend::query("COMMIT")],
     ];
-    let replies = [
-        replies_to(&mut direct, &block).await,
-        replies_to(&mut through, &block).await,
-    ];
-    assert!(
-        same_replies(&replies[0], &replies[1]),
-        "{:?} vs {:?}",
-        replies[1],
-        replies[0]
-    );
+    same_batches(
+        &mut direct,
+        &mut through,
+        &block,
+        "a row-limited read in a block",
+    )
+    .await;
     assert_eq!(
         stats(&proxy, "limit").0,
         hits,
@@ -1773,16 +1783,8 @@ async fn a_row_limited_read_of_one_row_hits_in_a_block() {
                 vec![Frontend::execute("", 0), Frontend::Sync],
                 vec![Frontend::query("COMMIT")],
             ];
-            let replies = [
-                replies_to(&mut direct, &block).await,
-                replies_to(&mut through, &block).await,
-            ];
-            assert!(
-                same_replies(&replies[0], &replies[1]),
-                "{sql} (round {round}): {:?} vs {:?}",
-                replies[1],
-                replies[0]
-            );
+            let what = format!("{sql} (round {round})");
+            same_batches(&mut direct, &mut through, &block, &what).await;
             let hit = stats(&proxy, "one").0 + stats(&proxy, "nofrom").0 > hits;
             assert_eq!(
                 hit, *one_row,
