@@ -61,6 +61,9 @@ pub struct TableColumns {
     pub followed: Vec<(Box<str>, KeyType)>,
     /// Unique keys whose columns are all `NOT NULL`.
     pub unique: Vec<Vec<Box<str>>>,
+    /// Unique keys with a nullable column: equalities on all their columns still name at
+    /// most one row (`=` is never true of NULL).
+    pub unique_nullable: Vec<Vec<Box<str>>>,
     /// A column is generated: an `UPDATE` may change more columns than it assigns.
     pub generated: bool,
     /// Every column (with two tables of the name, of both): what `*` reads.
@@ -86,7 +89,7 @@ struct Function {
 /// place in the key and the table's OID (two tables of one name in two schemas); `c` a
 /// column (its values are followed when of a type [`super::rows::KeyType`] knows): the
 /// table, the column, its type and collation as for `k`, the table's OID; `q` a unique key of a table
-/// whose columns are all `NOT NULL` (the table, its columns joined by `,`, the table's OID);
+/// (the table, its columns joined by `,`, whether all are `NOT NULL`, the table's OID);
 /// `g` a table with a generated column; `n` every table (its name and OID: two of one name);
 /// `s` a function (or `operator NAME`) name one of whose functions returns a set; `a` a
 /// function name all of whose functions are aggregates.
@@ -158,13 +161,13 @@ UNION ALL SELECT 'c', c.relname::text, a.attname::text, \
  AND NOT a.attisdropped \
  LEFT JOIN pg_collation co ON co.oid = a.attcollation \
  WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
-UNION ALL SELECT 'q', c.relname::text, string_agg(a.attname::text, ',' ORDER BY k.ord), '', \
- c.oid::text FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid \
+UNION ALL SELECT 'q', c.relname::text, string_agg(a.attname::text, ',' ORDER BY k.ord), \
+ bool_and(a.attnotnull)::text, c.oid::text FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid \
  CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum \
  WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace \
  AND i.indisunique AND i.indimmediate AND i.indexprs IS NULL AND i.indpred IS NULL \
- GROUP BY c.oid, c.relname, i.indexrelid HAVING bool_and(a.attnotnull) \
+ GROUP BY c.oid, c.relname, i.indexrelid \
 UNION ALL SELECT DISTINCT 'g', c.relname::text, '', '', '' FROM pg_attribute a \
  JOIN pg_class c ON c.oid = a.attrelid WHERE a.attgenerated <> '' AND NOT a.attisdropped \
 UNION ALL SELECT 'n', c.relname::text, '', '', c.oid::text FROM pg_class c \
@@ -179,9 +182,11 @@ impl Snapshot {
         };
         let col = |row, i| column(row, i).unwrap_or_default();
         let mut keys: HashMap<Box<str>, Vec<(String, KeyColumns)>> = HashMap::default();
-        // name → per table OID: its followed columns, its unique keys.
+        // name → per table OID: its followed columns, its unique keys (NOT NULL, and the
+        // others).
         type Followed = Vec<(Box<str>, KeyType)>;
-        type OfOid = (String, Followed, Vec<Vec<Box<str>>>);
+        type Keys = Vec<Vec<Box<str>>>;
+        type OfOid = (String, Followed, Keys, Keys);
         let mut tables_columns: HashMap<Box<str>, Vec<OfOid>> = HashMap::default();
         // Each key column's table OID and column number, by table name.
         let mut attnums: HashMap<Box<str>, Vec<KeyAttnum>> = HashMap::default();
@@ -235,7 +240,7 @@ impl Snapshot {
                     let (table, name) = (col(row, 4), col(row, 1));
                     let of = tables_columns.entry(name.into()).or_default();
                     let at = of.iter().position(|(t, ..)| t == table).unwrap_or_else(|| {
-                        of.push((table.to_owned(), Vec::new(), Vec::new()));
+                        of.push((table.to_owned(), Vec::new(), Vec::new(), Vec::new()));
                         of.len() - 1
                     });
                     if col(row, 0) == "c" {
@@ -252,9 +257,11 @@ impl Snapshot {
                             of[at].1.push((col(row, 2).into(), ty));
                         }
                     } else if col(row, 0) == "q" {
-                        of[at]
-                            .2
-                            .push(col(row, 2).split(',').map(Into::into).collect());
+                        let key = col(row, 2).split(',').map(Into::into).collect();
+                        match col(row, 3) {
+                            "true" => of[at].2.push(key),
+                            _ => of[at].3.push(key),
+                        }
                     }
                 }
                 "g" => {
@@ -272,17 +279,16 @@ impl Snapshot {
         }
         for (name, mut tables) in tables_columns {
             let of = s.columns.entry(name).or_default();
-            let (_, first, unique) = tables.swap_remove(0);
+            let (_, first, unique, unique_nullable) = tables.swap_remove(0);
             of.followed = first
                 .into_iter()
-                .filter(|c| tables.iter().all(|(_, other, _)| other.contains(c)))
+                .filter(|c| tables.iter().all(|(_, other, ..)| other.contains(c)))
                 .collect();
             // Two tables of one name: which one a read names is not known here.
-            of.unique = if tables.is_empty() {
-                unique
-            } else {
-                Vec::new()
-            };
+            if tables.is_empty() {
+                of.unique = unique;
+                of.unique_nullable = unique_nullable;
+            }
         }
         s.settle_keys(keys, attnums);
         s
@@ -573,7 +579,7 @@ pub fn one_row(reads: &Reads, tables: &[Box<str>], snapshot: &Snapshot) -> OneRo
     else {
         return OneRow::Never;
     };
-    for key in &columns.unique {
+    for key in columns.unique.iter().chain(&columns.unique_nullable) {
         let mut params = Vec::new();
         let bound = key.iter().all(|name| {
             let Some(&(_, ty)) = columns.followed.iter().find(|(c, _)| c == name) else {
@@ -694,8 +700,9 @@ mod tests {
                 row(&["c", "posts", "user_id", "23 true", "10"]),
                 row(&["c", "posts", "title", "25 true", "10"]),
                 row(&["c", "posts", "icu", "25 false", "10"]),
-                row(&["q", "posts", "title", "", "10"]),
-                row(&["q", "posts", "user_id,title", "", "10"]),
+                row(&["q", "posts", "title", "true", "10"]),
+                row(&["q", "posts", "user_id,title", "true", "10"]),
+                row(&["q", "posts", "slug", "false", "10"]),
                 // Two tables named t: the columns both have alike, no unique key.
                 row(&["n", "t", "", "", "20"]),
                 row(&["n", "t", "", "", "21"]),
@@ -704,7 +711,7 @@ mod tests {
                 row(&["c", "t", "b", "23 true", "20"]),
                 row(&["c", "t", "b", "20 true", "21"]),
                 row(&["c", "t", "stamp", "1184 true", "21"]),
-                row(&["q", "t", "a", "", "20"]),
+                row(&["q", "t", "a", "true", "20"]),
                 row(&["n", "g", "", "", "30"]),
                 row(&["g", "g", "", "", ""]),
             ],
@@ -718,6 +725,11 @@ mod tests {
             ]
         );
         assert_eq!(posts.unique.len(), 2);
+        // A nullable unique key: for a point read's one row, not for the rows a result holds.
+        assert_eq!(
+            posts.unique_nullable,
+            vec![vec!["slug".into()]] as Vec<Vec<Box<str>>>
+        );
         assert!(!posts.generated);
         // What `*` reads: every column, followed or not; of both tables of one name.
         assert_eq!(posts.all, ["user_id".into(), "title".into(), "icu".into()]);
