@@ -2674,3 +2674,64 @@ async fn every_way_of_writing_invalidates() {
         same(&mut reader, &mut direct, "a held cursor's FETCH").await;
     }
 }
+
+/// Session mode: a SET of a setting the key does not follow turns the client's caching off
+/// (its server keeps the setting); a `DISCARD ALL` returns that server to the settings and role
+/// the client logged in with, and turns it on again. Each reply is PostgreSQL's.
+#[tokio::test]
+async fn discard_all_turns_caching_on_again_in_session_mode() {
+    const DB: &str = "cache_discard_all";
+    setup(
+        DB,
+        "CREATE TABLE f (id int PRIMARY KEY, x float8); INSERT INTO f VALUES (1, 1 / 3.0);
+         CREATE SCHEMA s2; CREATE TABLE s2.f (id int PRIMARY KEY, x float8);
+         INSERT INTO s2.f VALUES (1, 2 / 3.0); GRANT ALL ON SCHEMA s2 TO PUBLIC;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Session,
+        2,
+        vec![rule("f", "FROM f")],
+    ))
+    .await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    let read = "SELECT x FROM f WHERE id = 1";
+    // (statement, whether the read after it is answered from the cache)
+    let steps = [
+        (read, Some(true)),
+        ("SET extra_float_digits = 0", Some(false)),
+        ("SET ROLE NONE", Some(false)),
+        ("DISCARD ALL", Some(true)),
+        ("SET extra_float_digits = 0", Some(false)),
+        // Not a DISCARD ALL alone: it runs in the implicit block of its text and fails.
+        ("DISCARD ALL; SELECT 1", Some(false)),
+        ("DISCARD TEMP", Some(false)),
+        ("DISCARD ALL", Some(true)),
+        // The search_path is part of the key (another f), and DISCARD ALL resets it too
+        // (the read right after it may run on the server: pgmemo's own SET of the startup
+        // search_path, carried to the server, goes ahead of it).
+        ("SET search_path = s2, public", Some(false)),
+        ("SET extra_float_digits = 0", Some(false)),
+        ("DISCARD ALL", None),
+        ("SELECT 1", Some(true)),
+    ];
+    run(&mut through, read).await;
+    for (sql, served) in steps {
+        assert_eq!(
+            run(&mut through, sql).await,
+            run(&mut direct, sql).await,
+            "{sql}"
+        );
+        let hits = stats(&proxy, "f").0;
+        assert_eq!(
+            run(&mut through, read).await,
+            run(&mut direct, read).await,
+            "the read after {sql}"
+        );
+        let hit = stats(&proxy, "f").0 > hits;
+        if let Some(served) = served {
+            assert_eq!(hit, served, "the read after {sql} answered from the cache");
+        }
+    }
+}

@@ -2011,6 +2011,12 @@ pub struct ClientCache {
     /// watch) and keys its results by all of them: a SET or SET ROLE changes the key instead
     /// of turning caching off.
     pub keys_all_settings: bool,
+    /// Session mode: the client has one server for its session, so a `DISCARD ALL` it runs
+    /// returns that server to the settings and role the key was built from (its startup
+    /// packet's): caching turned off by a SET or SET ROLE turns on again when it completes.
+    pub resets_on_discard: bool,
+    /// A `DISCARD ALL` was sent (see `resets_on_discard`), and no SET or the like since.
+    reset_pending: bool,
     /// What the statements sent since the last settled transaction may change.
     pending: Vec<Arc<Analysis>>,
     /// Since `pending` began: an error or a ROLLBACK was seen / a COMMIT was seen /
@@ -2072,6 +2078,10 @@ impl ClientCache {
         let e = &analysis.effects;
         if e.session_state && !self.keys_all_settings {
             self.off = true;
+            self.reset_pending = false;
+        }
+        if e.resets_session && self.resets_on_discard {
+            self.reset_pending = true;
         }
         if e.transaction_state && !self.keys_all_settings {
             self.off_in_transaction = true;
@@ -2174,6 +2184,7 @@ impl ClientCache {
             || self.fill.is_some()
             || self.off_in_transaction
             || self.discard_pending
+            || self.reset_pending
     }
 
     /// Takes in the bytes the session appended to the client's output for one server message
@@ -2250,6 +2261,14 @@ impl ClientCache {
         {
             self.discard_pending = false;
             self.temp = false;
+        }
+        if self.reset_pending
+            && forwarded
+            && tag == be::COMMAND_COMPLETE
+            && body.starts_with(b"DISCARD ALL\0")
+        {
+            self.reset_pending = false;
+            self.off = false;
         }
         if self.pending.is_empty() {
             return;

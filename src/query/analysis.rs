@@ -217,6 +217,9 @@ pub struct Effects {
     pub temp: bool,
     /// It removes the client's temporary objects (`DISCARD TEMP`, `DISCARD ALL`).
     pub drops_temp: bool,
+    /// A `DISCARD ALL` alone: once it completes, the session's settings and role are the
+    /// ones it started with.
+    pub resets_session: bool,
     /// The relations it names: reading one may write (a view or a policy that calls a
     /// volatile function of the database), which only the catalog tells.
     pub reads: Vec<Box<str>>,
@@ -393,6 +396,7 @@ pub fn analyze_parsed(sql: &str, parsed: &super::Parsed) -> Analysis {
     {
         effects.flush = effects.flush.max(Flush::Data);
     }
+    effects.resets_session &= stmts.len() == 1;
     // (A DISCARD TEMP or ALL alone names `temp` to drop it.)
     effects.temp |= mentions_temp(sql) && !(stmts.len() == 1 && effects.drops_temp);
     effects.reads = walker.relations.iter().map(|r| r.name.clone()).collect();
@@ -479,6 +483,7 @@ fn statement_effects(node: &Value, effects: &mut Effects) {
             let all = target.as_i64() == Some(1) || target.as_str() == Some("DISCARD_ALL");
             let temp = target.as_i64() == Some(4) || target.as_str() == Some("DISCARD_TEMP");
             effects.session_state = all;
+            effects.resets_session = all;
             effects.drops_temp = all || temp;
         }
         "ExecuteStmt" => effects.flush = effects.flush.max(Flush::Data),
@@ -812,6 +817,9 @@ mod tests {
         let temp = analyze("CREATE TEMP TABLE x (a int)").effects;
         assert!(temp.temp && !temp.session_state);
         assert!(analyze("DISCARD ALL").effects.session_state);
+        assert!(analyze("DISCARD ALL").effects.resets_session);
+        assert!(!analyze("DISCARD TEMP").effects.resets_session);
+        assert!(!analyze("DISCARD ALL; SET ROLE r").effects.resets_session);
         for discard in ["DISCARD TEMP", "DISCARD PLANS", "DISCARD SEQUENCES"] {
             assert!(!analyze(discard).effects.session_state, "{discard}");
         }

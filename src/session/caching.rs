@@ -821,8 +821,9 @@ fn client_cache<'a>(
     in_block: bool,
 ) -> &'a mut ClientCache {
     cache.get_or_insert_with(|| {
-        let mut client =
-            ClientCache::new(keys_all_settings, &pool.settings_now().target.database_id);
+        let settings = pool.settings_now();
+        let mut client = ClientCache::new(keys_all_settings, &settings.target.database_id);
+        client.resets_on_discard = settings.mode == crate::config::PoolMode::Session;
         client.blind_block = in_block;
         client
     })
