@@ -171,10 +171,11 @@ pub enum OneRow {
     Never,
     Always,
     /// By a unique key (not deferrable, no expression or predicate; nullable columns too: `=`
-    /// is never true of NULL) whose columns its `WHERE` binds to one value each. The parameters among those values (`$n`, with no
-    /// cast: the comparison is then of the declared type) must be declared of the column's
-    /// type family, or left to the server (which then takes the column's type): `id = $1`
-    /// with `$1` declared `float8` compares as float8, where two int8 keys may be equal.
+    /// is never true of NULL) whose columns its `WHERE` binds to one value each. The
+    /// parameters among those values (`$n`, with no cast: the comparison is then of the
+    /// declared type) must be declared of the column's type family, or left to the server
+    /// (which then takes the column's type): `id = $1` with `$1` declared `float8` compares
+    /// as float8, where two int8 keys may be equal.
     ByKey(Box<[(u16, KeyType)]>),
 }
 

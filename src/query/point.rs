@@ -107,9 +107,14 @@ pub(super) fn empty(v: &Value) -> bool {
 
 /// Whether a `SubLink` (a subquery) is anywhere in `v`.
 pub(super) fn has_sublink(v: &Value) -> bool {
+    has_key(v, "SubLink")
+}
+
+/// Whether a node keyed `key` is anywhere in `v`.
+fn has_key(v: &Value, key: &str) -> bool {
     match v {
-        Value::Object(o) => o.contains_key("SubLink") || o.values().any(has_sublink),
-        Value::Array(a) => a.iter().any(has_sublink),
+        Value::Object(o) => o.contains_key(key) || o.values().any(|v| has_key(v, key)),
+        Value::Array(a) => a.iter().any(|v| has_key(v, key)),
         _ => false,
     }
 }
@@ -191,15 +196,6 @@ pub fn row_count(select: &Value) -> RowCount {
         }
     }
     count
-}
-
-/// Whether an object keyed `key` is anywhere in `v`.
-fn has_key(v: &Value, key: &str) -> bool {
-    match v {
-        Value::Object(o) => o.contains_key(key) || o.values().any(|v| has_key(v, key)),
-        Value::Array(a) => a.iter().any(|v| has_key(v, key)),
-        _ => false,
-    }
 }
 
 /// The calls in `v` that are not window calls, outside subqueries (see [`RowCount`]).
