@@ -543,7 +543,7 @@ pub fn show_pools(app: &App) -> Table {
                 .filter(|c| *c.database == *pool.key.database && *c.user == *pool.key.user);
             let (mut active, mut waiting, mut pinned, mut cancelling) = (0, 0, 0, 0);
             // PgBouncer's maxwait: how long the oldest waiting client has waited, from its
-            // query's start (`ClientInfo::query_age_us`).
+            // query's start, or from its wait's at login (`ClientInfo::query_age_us`).
             let mut max_wait = 0;
             for c in mine {
                 if c.pins.load(Relaxed) != 0 {
@@ -555,7 +555,6 @@ pub fn show_pools(app: &App) -> Table {
                 match c.state() {
                     ClientState::Waiting => {
                         waiting += 1;
-                        // None: waiting at login, in session mode (PgBouncer's 0 too).
                         max_wait = max_wait.max(c.query_age_us(now).unwrap_or(0));
                     }
                     _ => active += 1,
@@ -658,7 +657,8 @@ fn client_state(state: ClientState) -> &'static str {
 ///   read it).
 /// - `wait`, `wait_us`: as PgBouncer computes them, the age of the client's query in flight
 ///   (from its first message that needs a server until the ReadyForQuery that answers its
-///   work), waiting for a server included; 0 when none is in flight.
+///   work), waiting for a server included; at login, how long the client has waited for a
+///   server (a session's own, or one its parameters are settled on); 0 otherwise.
 /// - `replication`: `none`, or `logical` / `physical` for a replication connection (relayed
 ///   to a server of its own).
 /// - `close_needed`: 0, unused for clients as in PgBouncer.
@@ -888,6 +888,9 @@ const TOTAL_NAMES: [&str; 11] = [
 ///   ReadyForQuery that answers its work, waiting for a server included, summed (as
 ///   PgBouncer's `query_start`); pipelined queries count once, as in PgBouncer. Queries the
 ///   result cache answers take no server time.
+/// - `total_wait_time`: each wait for a server (a transaction's, and a login's), from its
+///   start until the server is handed over (the connect of one opened for it included),
+///   added when it ends with a server, as PgBouncer's.
 /// - `total_server_parse_count`: statements parsed on a server (`prepare_cache_miss`);
 ///   `total_client_parse_count` and `total_bind_count`: Parse and Bind messages of named
 ///   statements, counted when pgmemo tracks them (`max_prepared_statements` > 0).

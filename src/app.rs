@@ -215,8 +215,10 @@ pub struct ClientInfo {
     /// [`App::clock_us`], wrapping (0: none in flight): from its first message that needs a
     /// server to the ReadyForQuery that ends its work, waiting for a server included, as
     /// PgBouncer's `query_start`. SHOW CLIENTS' `wait`, SHOW POOLS' `maxwait` and SHOW
-    /// STATS' `total_query_time` are read from it. 4 bytes, not a u64 of microseconds: an
-    /// idle client's ClientInfo stays in its allocator size class (see `footprint`).
+    /// STATS' `total_query_time` are read from it. A wait for a server that no query is in
+    /// flight for (at login) is timed here too, while it lasts ([`ClientInfo::start_wait`]).
+    /// 4 bytes, not a u64 of microseconds: an idle client's ClientInfo stays in its allocator
+    /// size class (see `footprint`), which leaves no room for a wait start of its own.
     query_start: AtomicU32,
     /// Since when the client has been idle in a transaction, in whole seconds of
     /// [`App::clock_us`], wrapping at 18 hours (0: it is not): set at a ReadyForQuery of
@@ -476,6 +478,28 @@ impl ClientInfo {
         if self.idle_in_transaction.load(Ordering::Relaxed) == 0 {
             self.transaction_start.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// Times a wait for a server from `now_us` ([`App::clock_us`]) when no query of the
+    /// client's is in flight to time it: a wait at login (for a server to settle its
+    /// parameters or read the setting functions on, or for a session's own server), which
+    /// PgBouncer counts from when it began. The wait is kept as the query's start, so that
+    /// SHOW CLIENTS' `wait`, SHOW POOLS' `maxwait` and `query_timeout` read it as they read a
+    /// waiting query's. True when it did; the waiter then calls [`ClientInfo::end_wait`] once
+    /// the wait is over, before any query of the client's can begin.
+    pub fn start_wait(&self, now_us: u64) -> bool {
+        if self.query_start.load(Ordering::Relaxed) != 0 {
+            return false; // the query in flight times the wait already
+        }
+        self.query_start
+            .store(query_tick(now_us).max(1), Ordering::Relaxed);
+        true
+    }
+
+    /// Ends a wait [`ClientInfo::start_wait`] timed: no query is in flight again. Its time is
+    /// the pool's wait time (SHOW STATS' `total_wait_time`), not a query's.
+    pub fn end_wait(&self) {
+        self.query_start.store(0, Ordering::Relaxed);
     }
 
     /// How long the query in flight has run at `now_us` ([`App::clock_us`]), in

@@ -706,8 +706,8 @@ impl Pool {
             reserve_at: (settings.reserve_pool_size > 0)
                 .then(|| started_at + settings.reserve_pool_timeout),
         };
-        // `now` is the last clock reading; wait time up to `counted` is already in the stats.
-        let (mut now, mut counted) = (started, started);
+        // The last clock reading.
+        let mut now = started;
         loop {
             let grant = match self.grant_or_queue(now)? {
                 Look::Paused => {
@@ -718,18 +718,10 @@ impl Pool {
                 Look::Granted(g) => g,
                 Look::Queued(rx) => {
                     let g = self.wait_in_queue(rx, &wait, &settings).await?;
-                    // Waited in the queue: that time is the client's wait.
                     now = Moment::now();
                     g
                 }
             };
-            if now > counted {
-                self.stats
-                    .here()
-                    .wait_time_us
-                    .fetch_add(now.micros_since(counted), Ordering::Relaxed);
-                counted = now;
-            }
             match grant {
                 Grant::Conn(conn) if !dedicated.is_empty() => {
                     // Its slot (and budget) now the new connection's.
@@ -904,12 +896,15 @@ impl Pool {
         }
     }
 
-    /// Records a client's whole wait for a server, from `started` to `now`.
+    /// Records a client's whole wait for a server, from `started` to `now` when it is handed
+    /// one: SHOW STATS' wait time as PgBouncer counts it (from the wait's start to the
+    /// client's activation, the connect of a server opened for it included; a wait that ends
+    /// without a server is not counted), and the wait histogram's observation.
     fn note_wait(&self, started: Moment, now: Moment) {
-        self.stats
-            .here()
-            .wait_duration
-            .observe_us(now.micros_since(started));
+        let waited = now.micros_since(started);
+        let stats = self.stats.here();
+        stats.wait_time_us.fetch_add(waited, Ordering::Relaxed);
+        stats.wait_duration.observe_us(waited);
     }
 
     /// Opens a connection for a slot already counted in `total`, retrying until

@@ -188,6 +188,116 @@ async fn a_waiting_client_shows_its_wait() {
     .await;
 }
 
+/// A client waiting for a server at login shows its wait as a queued query shows its own:
+/// in session mode the client waits for its session's server, which another client holds.
+/// It was in cl_waiting with SHOW POOLS' maxwait and its SHOW CLIENTS wait at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_clients_wait_for_its_server_at_login_shows() {
+    a_login_wait_shows(PoolMode::Session, "monitoring_login_wait_session").await;
+}
+
+/// As [`a_session_clients_wait_for_its_server_at_login_shows`] in transaction mode: a client
+/// with a startup setting the pool has not seen waits at login for a server to settle it on,
+/// while the pool's one server is in another client's transaction. It was not even counted
+/// in cl_waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_clients_wait_at_login_shows() {
+    a_login_wait_shows(PoolMode::Transaction, "monitoring_login_wait_xact").await;
+}
+
+/// A pool of one server in `mode`, held by one client while another logs in: the second
+/// waits at login, in cl_waiting, SHOW POOLS' maxwait and its own SHOW CLIENTS wait growing
+/// from the start of its wait; once the server is free it logs in and works, its wait over
+/// (0 again) and counted in SHOW STATS' total_wait_time, as the wait of the login the pool's
+/// first server was opened for is.
+async fn a_login_wait_shows(mode: PoolMode, db: &'static str) {
+    fresh_db(db).await;
+    let proxy = pgmemo(mode, 1).await;
+    let admin = connect(&url(proxy.local_addr(), "pgbouncer")).await;
+    let waiter_url = format!("{}?application_name=waiter", url(proxy.local_addr(), db));
+    if mode == PoolMode::Session {
+        // The waiter's settings known to the pool beforehand: it waits for its session's
+        // server, not for one to settle its settings on.
+        let warm = connect(&waiter_url).await;
+        warm.simple_query("SELECT 1").await.unwrap();
+    }
+    let holder = connect(&format!(
+        "{}?application_name=holder",
+        url(proxy.local_addr(), db)
+    ))
+    .await;
+    if mode == PoolMode::Transaction {
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    }
+    // The pool's first server was opened for a login, which waited for it: as PgBouncer's,
+    // the wait time counts that wait, the connect included (it counted the queue only).
+    let (_, stats) = show(&admin, "SHOW STATS").await;
+    let s = row_for(&stats, "database", db);
+    assert!(num(s, "total_wait_time") > 0, "{s:?}");
+    let login = tokio::spawn(async move { connect(&waiter_url).await });
+
+    // Until the waiter has waited at least 100 ms at login, by SHOW POOLS.
+    let total_us = |r: &Row| num(r, "maxwait") * 1_000_000 + num(r, "maxwait_us");
+    wait_until(
+        "SHOW POOLS cl_waiting 1 with maxwait >= 100 ms",
+        Duration::from_secs(10),
+        || {
+            let admin = &admin;
+            async move {
+                let (_, pools) = show(admin, "SHOW POOLS").await;
+                let pool = row_for(&pools, "database", db);
+                num(pool, "cl_waiting") == 1 && total_us(pool) >= 100_000
+            }
+        },
+    )
+    .await;
+    let (_, pools) = show(&admin, "SHOW POOLS").await;
+    let maxwait = total_us(row_for(&pools, "database", db));
+    let (_, clients) = show(&admin, "SHOW CLIENTS").await;
+    let waiting = clients
+        .iter()
+        .find(|c| c["database"] == db && c["state"] == "waiting")
+        .unwrap_or_else(|| panic!("no waiting client in {clients:?}"));
+    let wait = num(waiting, "wait") * 1_000_000 + num(waiting, "wait_us");
+    assert!(
+        wait >= maxwait,
+        "SHOW CLIENTS wait ({wait} us) read after SHOW POOLS maxwait ({maxwait} us)"
+    );
+    assert!(wait < 60_000_000, "{waiting:?}");
+    let holding = row_for(&clients, "application_name", "holder");
+    assert_eq!(holding["state"], "active", "{holding:?}");
+    assert_eq!((num(holding, "wait"), num(holding, "wait_us")), (0, 0));
+
+    // The server freed, the waiter logs in and works.
+    match mode {
+        PoolMode::Session => drop(holder),
+        _ => holder.batch_execute("COMMIT").await.unwrap(),
+    }
+    let waiter = login
+        .await
+        .expect("the waiter logs in once the server is free");
+    let one: i32 = waiter.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+    let (_, pools) = show(&admin, "SHOW POOLS").await;
+    let pool = row_for(&pools, "database", db);
+    assert_eq!(
+        (num(pool, "cl_waiting"), total_us(pool)),
+        (0, 0),
+        "{pool:?}"
+    );
+    let (_, clients) = show(&admin, "SHOW CLIENTS").await;
+    let served = row_for(&clients, "application_name", "waiter");
+    assert_eq!(
+        (num(served, "wait"), num(served, "wait_us")),
+        (0, 0),
+        "{served:?}"
+    );
+    // Its wait is in the pool's wait time, counted when it ended.
+    let (_, stats) = show(&admin, "SHOW STATS").await;
+    let s = row_for(&stats, "database", db);
+    assert!(num(s, "total_wait_time") >= maxwait, "{maxwait} us: {s:?}");
+}
+
 /// SHOW STATS_TOTALS, STATS_AVERAGES and TOTALS have PgBouncer 1.25's columns and the same
 /// figures as SHOW STATS; query time is measured (a 100 ms sleep shows), server assignments
 /// and named Parse / Bind messages are counted; SHOW MEM and SHOW FDS have PgBouncer's

@@ -595,9 +595,22 @@ impl Session {
         }
     }
 
+    /// The pool's wait for a server ([`Session::wait_in_pool`]). A wait that no query of the
+    /// client's is in flight for (a session's own server, taken at login) is timed from its
+    /// start all the same, as PgBouncer times a waiting client's: SHOW CLIENTS' `wait` and
+    /// SHOW POOLS' `maxwait` show it, not 0. A transaction's wait is its query's already.
+    async fn wait_for_server(&mut self) -> Result<Box<ServerConn>, CheckoutError> {
+        let timed = self.info.start_wait(self.app.clock_us());
+        let waited = self.wait_in_pool().await;
+        if timed {
+            self.info.end_wait();
+        }
+        waited
+    }
+
     /// The pool's wait for a server; once it has lasted `query_wait_notify`, the client is
     /// told it waits with PgBouncer's NOTICE (once), and the wait goes on.
-    async fn wait_for_server(&mut self) -> Result<Box<ServerConn>, CheckoutError> {
+    async fn wait_in_pool(&mut self) -> Result<Box<ServerConn>, CheckoutError> {
         let (pool, info) = (self.pool.clone(), self.info.clone());
         let wait = pool.checkout_waiting(Some(info.killed_flag()));
         let notify = self.app.config.load().general.query_wait_notify;

@@ -55,10 +55,15 @@ pub async fn serve(app: Arc<App>, admitted: Box<Admitted>) {
                 .chain(startup.params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .collect();
         info.set_state(ClientState::Waiting);
-        match pool
+        // A login's wait, timed from its start (SHOW CLIENTS' wait, SHOW POOLS' maxwait).
+        let timed = info.start_wait(app.clock_us());
+        let checked_out = pool
             .checkout_dedicated(Some(info.killed_flag()), &extra)
-            .await
-        {
+            .await;
+        if timed {
+            info.end_wait();
+        }
+        match checked_out {
             Ok(server) => relay(&app, &info, &pool, conn, server).await,
             Err(e) => {
                 tracing::info!(client = %info.addr, error = %e, "no server for a replication client");

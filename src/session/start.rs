@@ -291,8 +291,29 @@ impl Session {
         }
     }
 
+    /// A server for the login's own reads (the pool's defaults, parameters never seen before,
+    /// the setting functions); the caller gives it back. A client that has to wait for it
+    /// waits as PgBouncer's CL_WAITING_LOGIN does: counted in `cl_waiting`, its wait timed
+    /// from its start (SHOW CLIENTS' `wait`, SHOW POOLS' `maxwait`) until the server comes.
+    /// Told why when it gets none.
     pub(super) async fn login_checkout(&mut self) -> Result<Box<ServerConn>, String> {
-        match self.pool.checkout(Some(self.info.killed_flag())).await {
+        let checked_out = match self.pool.checkout_at_once() {
+            Some(server) => Ok(server),
+            None => {
+                let state = self.info.state();
+                self.info.set_state(ClientState::Waiting);
+                let timed = self.info.start_wait(self.app.clock_us());
+                // Boxed as `Pool::checkout` boxes it: the wait is rare, and long.
+                let waited =
+                    Box::pin(self.pool.checkout_waiting(Some(self.info.killed_flag()))).await;
+                if timed {
+                    self.info.end_wait();
+                }
+                self.info.set_state(state);
+                waited
+            }
+        };
+        match checked_out {
             Ok(s) => Ok(s),
             Err(e) => {
                 let msg = e.to_string();
