@@ -93,6 +93,19 @@ pub fn error_response_hint(
     message: &str,
     hint: Option<&str>,
 ) {
+    error_response_detail(out, severity, code, message, None, hint);
+}
+
+/// [`error_response`] with a detail and a hint when given (fields D and H, after the message
+/// in that order, as PostgreSQL places them).
+pub fn error_response_detail(
+    out: &mut BytesMut,
+    severity: Severity,
+    code: &str,
+    message: &str,
+    detail: Option<&str>,
+    hint: Option<&str>,
+) {
     write_message(out, ERROR_RESPONSE, |b| {
         let fields = [
             (b'S', severity.as_str()),
@@ -100,7 +113,9 @@ pub fn error_response_hint(
             (b'C', code),
             (b'M', message),
         ];
-        for (field, value) in fields.into_iter().chain(hint.map(|h| (b'H', h))) {
+        let optional = [(b'D', detail), (b'H', hint)];
+        let optional = optional.into_iter().filter_map(|(f, v)| Some((f, v?)));
+        for (field, value) in fields.into_iter().chain(optional) {
             b.put_u8(field);
             put_cstr(b, value.as_bytes());
         }
