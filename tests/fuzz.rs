@@ -167,18 +167,18 @@ fn startup_packet() {
             Ok(None) => return Outcome::of(0, buf.len().min(8)),
             Err(e) => {
                 let declared = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
-                assert!(!(8..=startup::MAX_STARTUP_PACKET).contains(&declared));
+                assert!(!(8..=startup::MAX_STARTUP_FRAME).contains(&declared));
                 return Outcome::of(1, e.to_string().len());
             }
             Ok(Some(len)) => len,
         };
-        assert!((8..=startup::MAX_STARTUP_PACKET).contains(&len) && len <= buf.len());
+        assert!((8..=startup::MAX_STARTUP_FRAME).contains(&len) && len <= buf.len());
         assert_eq!(
             len,
             u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize
         );
         match startup::parse(&buf[..len]) {
-            Ok(StartupPacket::Startup { minor, params }) => {
+            Ok(StartupPacket::Startup { minor, params, .. }) => {
                 for (key, value) in &params {
                     if key == "options" {
                         let _ = pgmemo::params::parse_options(value);
@@ -196,13 +196,14 @@ fn startup_packet() {
                     let mut out = BytesMut::new();
                     fe::startup(&mut out, &pairs);
                     let again = startup::frame(&out).ok().flatten();
-                    if out.len() <= startup::MAX_STARTUP_PACKET {
+                    if out.len() <= startup::MAX_STARTUP_FRAME {
                         assert_eq!(again, Some(out.len()));
                         assert_eq!(
                             startup::parse(&out),
                             Ok(StartupPacket::Startup {
                                 minor,
-                                params: params.clone()
+                                params: params.clone(),
+                                well_formed: true,
                             })
                         );
                     }

@@ -6,7 +6,7 @@ use crate::app::{App, Endpoint, Passthrough};
 use crate::auth::{md5_salt, md5_verify, AuthError, ScramServer, Secret};
 use crate::config::AuthType;
 use crate::protocol::backend::{self as be, sqlstate, Severity};
-use crate::protocol::startup::{self, Replication, StartupPacket};
+use crate::protocol::startup::{self, Replication, StartupError, StartupPacket};
 use crate::protocol::{frame, frontend as fe};
 use crate::stats::LoginFailure;
 use crate::stream::Stream;
@@ -56,6 +56,11 @@ pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
         }
         Ok(Err(LoginError::Io(e))) => {
             tracing::debug!(%peer, error = %e, "client went away during login");
+            return None;
+        }
+        Ok(Err(LoginError::Dropped(why))) => {
+            tracing::info!(%peer, error = %why, "client startup packet refused without a reply");
+            app.errors.login_failed(LoginFailure::Protocol);
             return None;
         }
         Ok(Err(e)) => {
@@ -154,6 +159,10 @@ pub enum Outcome {
 pub enum LoginError {
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A malformed or truncated startup packet, closed without a reply as PostgreSQL closes
+    /// it (it only logs it): the reason, in PostgreSQL's log words.
+    #[error("{0}")]
+    Dropped(String),
     #[error("{code}: {message}")]
     Refused { code: &'static str, message: String },
 }
@@ -169,41 +178,51 @@ impl LoginError {
 
 /// Reads the startup packet, doing TLS and answering GSSENC/cancel requests on the way. A
 /// client on the Unix socket is answered `N` to SSLRequest, as PostgreSQL answers there.
+///
+/// A malformed or truncated packet is answered as PostgreSQL's ProcessStartupPacket answers
+/// it: a length out of range, a CancelRequest of the wrong length or an end of stream inside
+/// a packet closes the connection without a reply ([`LoginError::Dropped`]); an unsupported
+/// protocol version, a second SSLRequest or GSSENCRequest (which reads as version 1234.5679 or
+/// 1234.5680), or unencrypted bytes already sent after a request gets PostgreSQL's FATAL.
 pub async fn read_startup(app: &App, mut stream: Stream) -> Result<Outcome, LoginError> {
     let mut rbuf = BytesMut::with_capacity(1024);
+    // Each encryption request is answered once; after TLS, neither is (PostgreSQL's ssl_done
+    // and gss_done).
+    let (mut ssl_done, mut gss_done) = (false, false);
     loop {
         let packet = loop {
             match startup::frame(&rbuf) {
                 Ok(Some(len)) => break rbuf.split_to(len).freeze(),
                 Ok(None) => {}
-                Err(e) => {
-                    return Err(refuse_raw(
-                        &mut stream,
-                        sqlstate::PROTOCOL_VIOLATION,
-                        &e.to_string(),
-                    )
-                    .await)
-                }
+                Err(e) => return Err(LoginError::Dropped(e.to_string())),
             }
             if stream.read_buf(&mut rbuf).await? == 0 {
                 // A client that connects and leaves (a port probe) is not worth an error.
-                return Ok(Outcome::Done);
+                if rbuf.is_empty() {
+                    return Ok(Outcome::Done);
+                }
+                return Err(LoginError::Dropped(startup::INCOMPLETE.to_owned()));
             }
         };
-        match startup::parse(&packet) {
+        let parsed = match startup::parse(&packet) {
+            Ok(StartupPacket::Ssl) if ssl_done => {
+                Err(StartupError::UnsupportedProtocol(startup::SSL_REQUEST))
+            }
+            Ok(StartupPacket::GssEnc) if gss_done => {
+                Err(StartupError::UnsupportedProtocol(startup::GSSENC_REQUEST))
+            }
+            parsed => parsed,
+        };
+        match parsed {
             Ok(StartupPacket::Ssl) => {
                 let acceptor = app.tls_acceptor.load_full();
                 match (&stream, acceptor) {
                     (Stream::Tcp(_), Some(acceptor)) => {
                         if !rbuf.is_empty() {
                             // Bytes sent after SSLRequest but before our answer would bypass
-                            // encryption (CVE-2021-23214): refuse, as PostgreSQL does.
-                            return Err(refuse_raw(
-                                &mut stream,
-                                sqlstate::PROTOCOL_VIOLATION,
-                                "received unencrypted data after SSL request",
-                            )
-                            .await);
+                            // encryption (CVE-2021-23214): refuse them, in PostgreSQL's words,
+                            // before TLS starts.
+                            return Err(unencrypted(&mut stream, "SSL request").await);
                         }
                         stream.write_all(b"S").await?;
                         let Stream::Tcp(tcp) = stream else {
@@ -211,19 +230,39 @@ pub async fn read_startup(app: &App, mut stream: Stream) -> Result<Outcome, Logi
                         };
                         let tls = acceptor.accept(tcp).await?;
                         stream = Stream::ServerTls(Box::new(tls));
+                        gss_done = true;
                     }
-                    _ => stream.write_all(b"N").await?,
+                    _ => {
+                        stream.write_all(b"N").await?;
+                        if !rbuf.is_empty() {
+                            return Err(unencrypted(&mut stream, "SSL request").await);
+                        }
+                    }
                 }
+                ssl_done = true;
             }
-            Ok(StartupPacket::GssEnc) => stream.write_all(b"N").await?,
+            Ok(StartupPacket::GssEnc) => {
+                // Declined, as by a PostgreSQL built without GSSAPI.
+                stream.write_all(b"N").await?;
+                if !rbuf.is_empty() {
+                    let request = "GSSAPI encryption request";
+                    return Err(unencrypted(&mut stream, request).await);
+                }
+                gss_done = true;
+            }
             Ok(StartupPacket::Cancel { pid, secret }) => {
                 app.cancel(pid, secret).await;
                 return Ok(Outcome::Done);
             }
-            Ok(StartupPacket::Startup { minor, params }) => {
+            Ok(StartupPacket::Startup {
+                minor,
+                params,
+                well_formed,
+            }) => {
                 let mut conn = ClientConn::new(stream, rbuf);
-                return accept_startup(app, &mut conn, minor, params).await.map(
-                    |(user, database, params, replication)| {
+                return accept_startup(app, &mut conn, minor, params, well_formed)
+                    .await
+                    .map(|(user, database, params, replication)| {
                         Outcome::Session(Box::new(Startup {
                             conn,
                             user,
@@ -231,12 +270,11 @@ pub async fn read_startup(app: &App, mut stream: Stream) -> Result<Outcome, Logi
                             params,
                             replication,
                         }))
-                    },
-                );
+                    });
             }
-            Err(startup::StartupError::UnsupportedProtocol(v)) if v >> 16 < 3 => {
+            Err(StartupError::UnsupportedProtocol(v)) if startup::refused_in_protocol_2(v) => {
                 // A client that old reads only protocol 2.0 errors: answer as PostgreSQL does.
-                let message = startup::StartupError::UnsupportedProtocol(v).to_string();
+                let message = StartupError::UnsupportedProtocol(v).to_string();
                 let mut out = BytesMut::new();
                 be::error_response_v2(&mut out, &message);
                 let _ = stream.write_all(&out).await;
@@ -245,34 +283,50 @@ pub async fn read_startup(app: &App, mut stream: Stream) -> Result<Outcome, Logi
                     message,
                 ));
             }
-            Err(e) => {
-                let code = match e {
-                    startup::StartupError::UnsupportedProtocol(_) => {
-                        sqlstate::FEATURE_NOT_SUPPORTED
-                    }
-                    _ => sqlstate::PROTOCOL_VIOLATION,
-                };
-                return Err(refuse_raw(&mut stream, code, &e.to_string()).await);
+            Err(e @ StartupError::UnsupportedProtocol(_)) => {
+                let code = sqlstate::FEATURE_NOT_SUPPORTED;
+                return Err(refuse_raw(&mut stream, code, &e.to_string(), None).await);
             }
+            Err(e @ StartupError::Dropped(_)) => return Err(LoginError::Dropped(e.to_string())),
         }
     }
 }
 
-async fn refuse_raw(stream: &mut Stream, code: &'static str, message: &str) -> LoginError {
+/// Sends a FATAL error on a connection that is not yet a [`ClientConn`] (during the startup
+/// packet), with PostgreSQL's detail when it gives one; returns the matching LoginError.
+async fn refuse_raw(
+    stream: &mut Stream,
+    code: &'static str,
+    message: &str,
+    detail: Option<&str>,
+) -> LoginError {
     let mut out = BytesMut::new();
-    be::error_response(&mut out, Severity::Fatal, code, message);
+    be::error_response_detail(&mut out, Severity::Fatal, code, message, detail, None);
     let _ = stream.write_all(&out).await;
     LoginError::refused(code, message)
+}
+
+/// PostgreSQL's FATAL for bytes that came after an SSLRequest or GSSENCRequest (`request`
+/// names it as PostgreSQL does) before its answer: they were sent in the clear.
+async fn unencrypted(stream: &mut Stream, request: &str) -> LoginError {
+    let message = format!("received unencrypted data after {request}");
+    let detail = "This could be either a client-software bug or evidence of an attempted \
+                  man-in-the-middle attack.";
+    refuse_raw(stream, sqlstate::PROTOCOL_VIOLATION, &message, Some(detail)).await
 }
 
 /// The user, the database, the other parameters, and what the client asked of replication.
 type Accepted = (String, String, Vec<(String, String)>, Replication);
 
+/// Checks a StartupMessage's parameters as PostgreSQL does (in its order: a bad `replication`
+/// value, then a terminator out of place (`well_formed`), then NegotiateProtocolVersion for a
+/// minor version above 3.0 or `_pq_.` options, then a missing user) and authenticates.
 async fn accept_startup(
     app: &App,
     conn: &mut ClientConn,
     minor: i32,
     params: Vec<(String, String)>,
+    well_formed: bool,
 ) -> Result<Accepted, LoginError> {
     let cfg = app.config.load();
     if cfg.general.client_tls.requires_tls() && !conn.stream.is_tls() {
@@ -305,6 +359,11 @@ async fn accept_startup(
             k if k.starts_with("_pq_.") => unknown_protocol_options.push(k.to_owned()),
             _ => settings.push((k, v)),
         }
+    }
+    if !well_formed {
+        return Err(conn
+            .refuse(sqlstate::PROTOCOL_VIOLATION, startup::BAD_LAYOUT)
+            .await);
     }
     // PostgreSQL applies `options` first and the other parameters after them, which matters
     // when both set one setting (and for DateStyle, whose parts combine).
