@@ -247,11 +247,20 @@ pub fn sync_sql(
 /// `set_config` takes the value as a startup packet carries it. `SET name = 'value'` does not
 /// for list settings: `SET search_path = 'a, b'` makes one schema named "a, b".
 pub fn push_set(sql: &mut String, name: &str, value: &str) {
+    push_set_config(sql, name, value, false);
+}
+
+/// Appends the statement that sets `name` to `value` for the transaction at hand only.
+pub fn push_set_local(sql: &mut String, name: &str, value: &str) {
+    push_set_config(sql, name, value, true);
+}
+
+fn push_set_config(sql: &mut String, name: &str, value: &str, local: bool) {
     sql.push_str("SELECT pg_catalog.set_config(");
     sql.push_str(&quote_literal(name));
     sql.push_str(", ");
     sql.push_str(&quote_literal(value));
-    sql.push_str(", false);");
+    sql.push_str(if local { ", true);" } else { ", false);" });
 }
 
 /// Splits libpq's `options` startup parameter (`-c name=value --name=value`, backslash

@@ -793,6 +793,138 @@ async fn random_interleavings_match_dedicated_sessions() {
     two.shutdown().await;
 }
 
+/// The `options` startup parameter of a client that connects with random settings, drawn
+/// from the values [`random_setting_change`] sets too (another client's SET of the very value
+/// a client gives at startup is what lost it, issue 54).
+fn random_startup(rng: &mut Rng) -> String {
+    let mut options = Vec::new();
+    if let Some(path) = rng.pick(&[Some("tenant_a"), Some("tenant_b"), None]) {
+        options.push(format!("-c search_path={path}"));
+    }
+    if let Some(style) = rng.pick(&[Some("German"), Some("SQL"), None]) {
+        options.push(format!("-c DateStyle={style}"));
+    }
+    if let Some(timeout) = rng.pick(&[Some("1234ms"), Some("5s"), None]) {
+        options.push(format!("--statement-timeout={timeout}"));
+    }
+    if let Some(memory) = rng.pick(&[Some("2MB"), None]) {
+        options.push(format!("-c work_mem={memory}"));
+    }
+    if let Some(value) = rng.pick(&[Some("x1"), None]) {
+        options.push(format!("-c app.t={value}"));
+    }
+    options.join(" ")
+}
+
+/// A change of one of the settings [`random_startup`] gives, to one of the same values, for
+/// the session or the transaction, by SET, set_config or RESET.
+fn random_setting_change(rng: &mut Rng) -> String {
+    let (name, value) = *rng.pick(&[
+        ("search_path", "tenant_a"),
+        ("search_path", "tenant_b"),
+        ("DateStyle", "German"),
+        ("DateStyle", "SQL"),
+        ("statement_timeout", "1234ms"),
+        ("statement_timeout", "5s"),
+        ("work_mem", "2MB"),
+        ("app.t", "x1"),
+    ]);
+    match rng.below(6) {
+        0 | 1 => format!("SET {name} = '{value}'"),
+        2 => format!("BEGIN; SET LOCAL {name} = '{value}'; {STARTUP_OBSERVE}; COMMIT"),
+        3 => format!("SELECT set_config('{name}', '{value}', false)"),
+        4 => format!(
+            "BEGIN; SELECT set_config('{name}', '{value}', true); {STARTUP_OBSERVE}; COMMIT"
+        ),
+        // Not of a reported setting given at startup (DateStyle): PostgreSQL resets it to the
+        // startup packet's value, which no SQL can make a shared server's reset value
+        // (docs/session-state.md, "What differs").
+        _ if name == "DateStyle" => format!("SET {name} = '{value}'"),
+        _ => format!("RESET {name}"),
+    }
+}
+
+/// What the settings [`random_startup`] gives show: each one, a date as DateStyle writes it,
+/// and which `accounts` table the search_path finds (by its schema-qualified name).
+const STARTUP_OBSERVE: &str = "SELECT current_setting('search_path'), \
+    current_setting('DateStyle'), date '2026-11-28'::text, \
+    current_setting('statement_timeout'), current_setting('work_mem'), \
+    coalesce(current_setting('app.t', true), ''), \
+    coalesce((SELECT relnamespace::regnamespace::text FROM pg_class \
+        WHERE oid = pg_catalog.to_regclass('accounts')), 'none')";
+
+/// Runs `steps` (client index, step) in order over `n` clients of `url`; a step
+/// `connect:OPTIONS` (re)connects that client with those startup options. Returns each
+/// client's transcript.
+async fn run_with_startups(url: &str, n: usize, steps: &[(usize, String)]) -> Vec<Vec<String>> {
+    let mut clients: Vec<Option<Client>> = (0..n).map(|_| None).collect();
+    let mut transcripts = vec![Vec::new(); n];
+    for (i, step) in steps {
+        if let Some(options) = step.strip_prefix("connect:") {
+            let mut config: tokio_postgres::Config = url.parse().unwrap();
+            config.options(options);
+            let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            clients[*i] = Some(client);
+            transcripts[*i].push(step.clone());
+            continue;
+        }
+        let client = clients[*i].as_ref().expect("connected first");
+        let out = outcome(client, step).await;
+        transcripts[*i].push(format!("{step} => {out}"));
+    }
+    transcripts
+}
+
+/// Property (issue 54): every setting a client gives at startup is in effect for each of its
+/// statements as on a dedicated PostgreSQL session, whatever the other clients sharing its
+/// pool (of one and of two servers) SET, SET LOCAL, RESET or set_config meanwhile, to the
+/// same values or others, and however often clients log out and in again with other
+/// startup settings. `SESSION_STATE_SEED` / `SESSION_STATE_SEQUENCES` replay or widen it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_settings_hold_whatever_other_clients_set() {
+    setup().await;
+    let sequences: usize = std::env::var("SESSION_STATE_SEQUENCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let seed: u64 = std::env::var("SESSION_STATE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_0054_0000_0001);
+    let one = pgmemo(PoolMode::Transaction, 1).await;
+    let two = pgmemo(PoolMode::Transaction, 2).await;
+    let mut rng = Rng(seed);
+    for i in 0..sequences {
+        let mut steps: Vec<(usize, String)> = (0..3)
+            .map(|c| (c, format!("connect:{}", random_startup(&mut rng))))
+            .collect();
+        for _ in 0..24 {
+            let client = rng.below(3);
+            let step = match rng.below(8) {
+                0 => format!("connect:{}", random_startup(&mut rng)),
+                1..=4 => random_setting_change(&mut rng),
+                _ => STARTUP_OBSERVE.to_owned(),
+            };
+            steps.push((client, step));
+        }
+        let direct = run_with_startups(&direct_url(), 3, &steps).await;
+        for (proxy, label) in [(&one, "pool_size 1"), (&two, "pool_size 2")] {
+            let url = proxy_url(proxy.local_addr(), PGMEMO_USER, Some(PGMEMO_PASS), DB);
+            let proxied = run_with_startups(&url, 3, &steps).await;
+            for (c, (d, p)) in direct.iter().zip(&proxied).enumerate() {
+                assert_eq!(
+                    d, p,
+                    "sequence {i} (seed {seed}), {label}: client {c} differs from a dedicated \
+                     session; the steps: {steps:#?}"
+                );
+            }
+        }
+    }
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
 /// Notifications sent while pgmemo works on the listener's server for itself (autoprepare's
 /// silent Parse of every new shape, at `autoprepare_threshold = 1`) all reach the listener:
 /// one that arrived while pgmemo's own replies were at the head of the queue went with them

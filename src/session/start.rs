@@ -236,29 +236,24 @@ impl Session {
         if unknown.is_empty() {
             return Ok(());
         }
+        // Tried for this transaction only (`set_config(..., true)` in one multi-statement
+        // query, which is one implicit transaction): whatever the server held before, another
+        // client's SET included, is what it holds after, so its record stays true. A RESET
+        // afterwards would have put the server's defaults where pgmemo's record still said
+        // the other client's value, and the next client wanting that value would run without
+        // it.
         let mut sql = String::new();
         for (name, value) in &unknown {
-            params::push_set(&mut sql, name, value);
+            params::push_set_local(&mut sql, name, value);
         }
         let shows: Vec<String> = unknown
             .iter()
-            .map(|(n, _)| format!("current_setting({})", params::quote_literal(n)))
+            .map(|(n, _)| format!("pg_catalog.current_setting({})", params::quote_literal(n)))
             .collect();
         sql.push_str(&format!("SELECT {}", shows.join(", ")));
         let mut server = self.login_checkout().await?;
         let result = server.internal_query(&sql).await;
-        // Put the server back as it was, so pool state stays what pgmemo believes it is.
-        let restore = unknown
-            .iter()
-            .map(|(n, _)| format!("RESET {};", params::quote_name(n)))
-            .collect::<String>();
-        let restored = server.internal_query(&restore).await.is_ok();
-        if restored {
-            self.pool.checkin(server);
-        } else {
-            server.broken = true;
-            self.pool.checkin(server);
-        }
+        self.pool.checkin(server);
         match result {
             Ok(rows) => {
                 // The last row is the SELECT of current_setting()s; set_config() rows precede it.
