@@ -2735,3 +2735,128 @@ async fn discard_all_turns_caching_on_again_in_session_mode() {
         }
     }
 }
+
+/// Transaction mode keys results by every setting and the role the client holds, as known
+/// when its transaction began: whatever a block then does to them (`SET LOCAL ROLE`,
+/// `set_config(..., true)`, a `SET` or `RESET` inside it, `SET SESSION AUTHORIZATION`, by the
+/// simple or the extended protocol) must not be answered from a key without it: the block's
+/// later reads go to the server (issue 54: a `SET LOCAL ROLE NONE` read rows its role may
+/// not, and its COMMIT answered COMMIT where PostgreSQL answers ROLLBACK). Each reply is
+/// PostgreSQL's, and the reads after each block are answered from the cache again.
+#[tokio::test]
+async fn a_blocks_own_role_or_setting_change_is_never_answered_from_the_cache() {
+    const DB: &str = "cache_block_roles";
+    setup(
+        DB,
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'c54_reader') THEN
+             CREATE ROLE c54_reader; CREATE ROLE c54_other; CREATE ROLE c54_nobody;
+           END IF; END $$;
+         CREATE TABLE r (id int PRIMARY KEY, who text);
+         INSERT INTO r VALUES (1, 'c54_reader'), (2, 'c54_other');
+         ALTER TABLE r ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY mine ON r USING (who = current_user);
+         GRANT SELECT ON r TO c54_reader, c54_other;
+         CREATE TABLE f (id int PRIMARY KEY, x float8); INSERT INTO f VALUES (1, 1 / 3.0);
+         GRANT SELECT ON f TO PUBLIC;",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        2,
+        vec![rule("r", "FROM r"), rule("f", "FROM f")],
+    ))
+    .await;
+    let mut through = raw_proxy(&proxy, DB).await;
+    let mut direct = raw_direct(DB).await;
+    let reads = [
+        ("r", "SELECT id, who FROM r ORDER BY id"),
+        ("f", "SELECT x FROM f WHERE id = 1"),
+    ];
+    for sql in ["SET ROLE c54_reader", "SET extra_float_digits = 1"] {
+        assert_eq!(run(&mut through, sql).await, run(&mut direct, sql).await);
+    }
+    let hits = |proxy: &Pgmemo| stats(proxy, "r").0 + stats(proxy, "f").0;
+    // Filled, then answered from the cache: the reads the blocks below must not get.
+    for (_, read) in reads {
+        run(&mut through, read).await;
+        let before = hits(&proxy);
+        assert_eq!(run(&mut through, read).await, run(&mut direct, read).await);
+        assert_eq!(hits(&proxy), before + 1, "{read} answered from the cache");
+    }
+    let changes = [
+        "SET LOCAL ROLE c54_nobody",
+        "SET LOCAL ROLE c54_other",
+        "SET LOCAL ROLE NONE",
+        "SELECT pg_catalog.set_config('role', 'c54_other', true)",
+        "SET ROLE c54_other",
+        "RESET ROLE",
+        "SET SESSION AUTHORIZATION c54_other",
+        "SET LOCAL extra_float_digits = 0",
+        "SELECT pg_catalog.set_config('extra_float_digits', '0', true)",
+        "SET extra_float_digits = 0",
+        "RESET extra_float_digits",
+        "RESET ALL",
+    ];
+    for change in changes {
+        for end in ["COMMIT", "ROLLBACK"] {
+            for extended in [false, true] {
+                let what = format!("BEGIN; {change} (extended: {extended}); the reads; {end}");
+                assert_eq!(
+                    run(&mut through, "BEGIN").await,
+                    run(&mut direct, "BEGIN").await
+                );
+                if extended {
+                    let batch = vec![
+                        Frontend::parse("", change, &[]),
+                        Frontend::bind("", "", &[]),
+                        Frontend::execute("", 0),
+                        Frontend::Sync,
+                    ];
+                    same_batches(&mut direct, &mut through, &[batch], &what).await;
+                } else {
+                    assert_eq!(
+                        run(&mut through, change).await,
+                        run(&mut direct, change).await,
+                        "{what}"
+                    );
+                }
+                let before = hits(&proxy);
+                for (_, read) in reads {
+                    assert_eq!(
+                        run(&mut through, read).await,
+                        run(&mut direct, read).await,
+                        "{what}: {read}"
+                    );
+                }
+                assert_eq!(hits(&proxy), before, "{what}: answered from the cache");
+                assert_eq!(
+                    run(&mut through, end).await,
+                    run(&mut direct, end).await,
+                    "{what}"
+                );
+                // Back to the session's role and settings, as the reads were first keyed.
+                for sql in [
+                    "RESET SESSION AUTHORIZATION",
+                    "SET ROLE c54_reader",
+                    "SET extra_float_digits = 1",
+                ] {
+                    assert_eq!(run(&mut through, sql).await, run(&mut direct, sql).await);
+                }
+                let before = hits(&proxy);
+                for (_, read) in reads {
+                    assert_eq!(
+                        run(&mut through, read).await,
+                        run(&mut direct, read).await,
+                        "after {what}: {read}"
+                    );
+                }
+                assert_eq!(
+                    hits(&proxy),
+                    before + 2,
+                    "after {what}: the session's reads answered from the cache again"
+                );
+            }
+        }
+    }
+}

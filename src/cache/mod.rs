@@ -2083,7 +2083,11 @@ impl ClientCache {
         if e.resets_session && self.resets_on_discard {
             self.reset_pending = true;
         }
-        if e.transaction_state && !self.keys_all_settings {
+        // Keyed by all settings, the key is the one the client had when its transaction
+        // began: what the transaction changes (`SET LOCAL ROLE` in a block, a `SET` or
+        // `set_config` there, `RESET`) is known only from the probe after it ends, and until
+        // then the client's reads go to the server.
+        if e.transaction_state || (e.session_state && self.keys_all_settings) {
             self.off_in_transaction = true;
         }
         if e.drops_temp {
