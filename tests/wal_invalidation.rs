@@ -1144,3 +1144,34 @@ async fn every_way_of_writing_in_a_block_is_bumped_at_its_commit() {
     assert!(skipped() > skipped_before, "no block's WAL was skipped");
     proxy.shutdown().await;
 }
+
+/// Followers of several databases of one server each make a replication slot of their own
+/// at their first try (issue 54: slot names were counted per database, so the second
+/// database's follower found its name taken, failed and retried with back-off, caching off
+/// meanwhile; the fifth waited 8 s).
+#[tokio::test]
+async fn followers_of_several_databases_start_at_once() {
+    const DBS: [&str; 4] = ["wal_many_1", "wal_many_2", "wal_many_3", "wal_many_4"];
+    for db in DBS {
+        setup(
+            db,
+            "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 1);",
+        )
+        .await;
+    }
+    let proxy = start_pgmemo(wal_config(vec![rule("t", "FROM t WHERE")])).await;
+    for db in DBS {
+        let client = connect(&proxy_db_url(&proxy, db)).await;
+        // The first lookup starts following the database.
+        value(&client, "SELECT v FROM t WHERE id = 1").await;
+    }
+    for db in DBS {
+        wait_ready(&proxy, db).await;
+        let status = follower(&proxy, db).expect("a follower").status();
+        assert_eq!(
+            status.connects, 1,
+            "{db}: the follower's first try made its slot"
+        );
+    }
+    proxy.shutdown().await;
+}

@@ -303,6 +303,21 @@ async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Resu
     apply_stream(conn, start, follower, cache, setup).await
 }
 
+/// A replication slot name no other follower uses: slot names are per server, not per
+/// database, and two pgmemo processes may have the same process ID (each one pid 1 in its
+/// container). The process's ID, a random word drawn once per process, and a count of the
+/// slots it made; 40 characters at most (PostgreSQL allows 63).
+fn slot_name() -> String {
+    static PROCESS_WORD: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    static SLOTS: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "pgmemo_{}_{:08x}_{}",
+        std::process::id(),
+        PROCESS_WORD.get_or_init(rand::random),
+        SLOTS.fetch_add(1, Relaxed)
+    )
+}
+
 /// Sets a replication session up: a replication connection, its checks (wal_level, the
 /// publication), a temporary slot, START_REPLICATION. The connection, streaming, and the end
 /// of WAL to catch up with before anything is served.
@@ -328,11 +343,7 @@ async fn start_streaming(follower: &Follower, setup: &Setup) -> Result<(ServerCo
         .and_then(|r| r.get(2).cloned().flatten())
         .and_then(|s| s.parse().ok())
         .ok_or("IDENTIFY_SYSTEM gave no WAL position")?;
-    let slot = format!(
-        "pgmemo_{}_{}",
-        std::process::id(),
-        follower.connects.load(Relaxed)
-    );
+    let slot = slot_name();
     let options = create_slot(&mut conn, &slot, setup).await?;
     crate::protocol::frontend::query(
         &mut conn.wbuf,
