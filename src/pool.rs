@@ -341,6 +341,9 @@ pub struct Pool {
     created: Instant,
     /// Servers held by clients pinned to them (see [`Pool::pin`]).
     pinned: AtomicUsize,
+    /// Wakes the clients waiting for a pin slot (see [`Pool::wait_to_pin`]) when one is
+    /// freed.
+    pin_freed: tokio::sync::Notify,
     /// max_db_connections and max_user_connections.
     budgets: Budgets,
 }
@@ -454,6 +457,7 @@ impl Pool {
             isolation_default: std::sync::atomic::AtomicU8::new(ISOLATION_UNKNOWN),
             created: Instant::now(),
             pinned: AtomicUsize::new(0),
+            pin_freed: tokio::sync::Notify::new(),
             budgets,
             normalized: Mutex::new(HashMap::new()),
             reported_sets: Mutex::new(Vec::new()),
@@ -1238,9 +1242,48 @@ impl Pool {
             .map_err(|_| bound)
     }
 
+    /// A server pinned past [`Pool::pin`]'s bound by what could not be foreseen before it
+    /// ran (see `Session::probe_touched_state`): counted all the same.
+    pub fn pin_over_bound(&self) {
+        self.pinned.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A server counted by [`Pool::pin`] is no longer pinned (its client unpinned, or left).
     pub fn unpin(&self) {
         self.pinned.fetch_sub(1, Ordering::Relaxed);
+        self.pin_freed.notify_waiters();
+    }
+
+    /// [`Pool::pin`], waiting for a slot when `max_pinned_fraction` of the pool is pinned
+    /// already, as a client waits for a server: until another client unpins or leaves, or
+    /// `query_wait_timeout` (the error then: [`CheckoutError::WaitTimeout`]). A kill
+    /// (`killed`) ends the wait too, as [`CheckoutError::Stopped`].
+    pub async fn wait_to_pin(&self, killed: &AtomicBool) -> Result<(), CheckoutError> {
+        let timeout = self.settings.load().query_wait_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Registered before the try: a slot freed between the two still wakes it.
+            let freed = self.pin_freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.pin().is_ok() {
+                return Ok(());
+            }
+            if killed.load(Ordering::Relaxed) {
+                return Err(CheckoutError::Stopped);
+            }
+            // Tried again each second as well: a reload may raise the bound, and a kill sets
+            // a flag without waking this wait.
+            let next = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                () = &mut freed => {}
+                () = tokio::time::sleep_until(next) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(CheckoutError::WaitTimeout(timeout));
+                    }
+                }
+            }
+        }
     }
 
     /// Servers held by pinned clients, for SHOW POOLS and the metrics.

@@ -36,6 +36,14 @@ const STATE_WORDS: u32 = query::SET
 /// Of those, the words that matter only at the start of a statement: `SET` is also part of
 /// every `UPDATE`, `LOAD` a common column name.
 const LEADING: u32 = query::SET | query::LOAD;
+/// Of those, the words of statements that may make state a server keeps for its session
+/// alone (see [`crate::pins::Pins`]; `LOAD` aside, a leading word).
+const PIN_WORDS: u32 = query::LISTEN
+    | query::TEMP
+    | query::PG_TEMP
+    | query::HOLD
+    | query::PG_ADVISORY
+    | query::PG_TRY_ADVISORY;
 
 /// What a text may do to the session.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,6 +69,14 @@ pub struct Custom {
     pub unnamed: bool,
     /// It ends with every setting reset (`RESET ALL`, `DISCARD ALL`), unnamed ones included.
     pub reset_all: bool,
+}
+
+/// Whether a simple query whose words (`words::in_query`) are `found` may make state that
+/// lives in its server alone (a temporary object, `LISTEN`, an advisory lock, a held
+/// cursor), which pins its client to that server.
+#[inline]
+pub fn may_pin(found: u32) -> bool {
+    found & PIN_WORDS != 0
 }
 
 /// Reads `text` (a prepared statement's).

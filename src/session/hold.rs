@@ -180,20 +180,39 @@ impl Session {
         let pins = self.probe_state(&mut server).await;
         let counted = self.note_pins(if server.broken { 0 } else { pins });
         self.server = Some(server);
-        if let Err(bound) = counted {
-            // The statement that pinned has succeeded and the client has been told: its
-            // session ends, as a backend's would, and the state goes with the server's reset.
-            let message = format!(
-                "max_pinned_fraction: {bound} of this pool's servers are pinned already and \
-                 this session's {} would pin another; closing the connection",
-                state::Pins::describe(self.state.pins)
-            );
-            let why = "max_pinned_fraction";
-            return Err(self
-                .close_pinned((sqlstate::CONFIGURATION_LIMIT_EXCEEDED, message, why))
-                .await);
+        if counted.is_err() {
+            // Pinned by what pgmemo could not foresee before it took a server (a simple
+            // query that may pin waits for a slot first): the statement ran and the client
+            // has its reply; the server holds its state either way. Counted over the bound
+            // rather than closing a client that did nothing wrong.
+            tracing::info!(client = %self.info.addr, pool = ?self.pool.key, "a pin over max_pinned_fraction: {}", state::Pins::describe(self.state.pins));
+            self.pool.pin_over_bound();
+            self.state.counted = true;
         }
         Ok(())
+    }
+
+    /// Counts the client's server among its pool's pinned ones before a statement that may
+    /// pin it takes a server, waiting for a slot when `max_pinned_fraction` of the pool is
+    /// pinned already, as a client waits for a server (PgBouncer's `query_wait_timeout` error
+    /// if none is freed in time), and holding none meanwhile: the pool serves others. A
+    /// pinned client that leaves frees its slot at once.
+    pub(super) async fn wait_for_pin_slot(&mut self) -> Result<(), End> {
+        let pool = self.pool.clone();
+        // Boxed: rare, and the session's task need not keep room for the wait.
+        let waited = Box::pin(pool.wait_to_pin(self.info.killed_flag())).await;
+        match waited {
+            Ok(()) => {
+                self.state.counted = true;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::warn!(client = %self.info.addr, pool = ?self.pool.key, "waiting for a pin slot: {msg}");
+                self.report_checkout_error(e).await;
+                Err(End::NoServer(msg))
+            }
+        }
     }
 
     /// A pinned client's transaction ended on the server it keeps: counted (SHOW STATS, the
@@ -311,6 +330,10 @@ impl Session {
         let Some(server) = self.server.take() else {
             return;
         };
+        if self.state.counted && self.state.pins == 0 {
+            // A slot taken for a statement that may have pinned, and did not.
+            let _ = self.count_pinned();
+        }
         self.info.let_go();
         self.info.set_state(ClientState::Idle);
         let now = count_transaction(&mut self.stats, &self.pool, &server);

@@ -94,13 +94,17 @@ impl Session {
                 Next::End(end) => return Err(end),
             };
             self.info.start_query(now_us);
+            let autoprepare = self.autoprepare_for(tag);
+            let query_words = self.query_words(query_text_len, autoprepare);
+            if acquire && self.state.wants_pin_slot(query_words) {
+                // Before a server is taken: a client waiting for a pin slot holds none.
+                self.wait_for_pin_slot().await?;
+            }
             if acquire && !self.acquire_server_at_once() {
                 self.acquire_server().await?;
             }
             self.ask_transaction_id(tag, len, query_text_len);
             self.portal_left_by_hit(tag, len);
-            let autoprepare = self.autoprepare_for(tag);
-            let query_words = self.query_words(query_text_len, autoprepare);
             self.note_effects(tag, len, query_text_len, query_words);
             let timing = self.start_timing(tag);
             // Read before planning, which may consume the message; counted unless it waits

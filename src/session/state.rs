@@ -129,7 +129,9 @@ pub struct StateWatch {
     pub touched: bool,
     /// Why the client keeps its server ([`Pins`]).
     pub pins: u8,
-    /// Its server is counted among its pool's pinned ones (`Pool::pin`).
+    /// Its server is counted among its pool's pinned ones (`Pool::pin`): pinned, or about to
+    /// run a statement that may pin it (see [`StateWatch::wants_pin_slot`]); the probe after
+    /// that statement's transaction settles whether it stays counted.
     pub counted: bool,
     /// The client's settings from its startup packet (unreported ones), which `RESET` returns
     /// to.
@@ -196,6 +198,14 @@ impl StateWatch {
             self.touched = true;
             self.unnamed_settings = Some(true);
         }
+    }
+
+    /// Whether a slot among its pool's pinned servers must be the client's before it takes a
+    /// server for a simple query whose words are `query_words`: it may pin the client, which
+    /// is not counted yet.
+    #[inline]
+    pub fn wants_pin_slot(&self, query_words: u32) -> bool {
+        self.enabled && !self.counted && crate::query::facts::may_pin(query_words)
     }
 
     /// The server must not go back to the pool as things are.
