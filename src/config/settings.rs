@@ -276,10 +276,12 @@ settings! {
     /// is pinned and may rightly wait hours for a notification; `max_pinned_fraction` bounds
     /// what pinned clients can hold.
     pinned_idle_timeout: Duration = Duration::ZERO, Live;
-    /// At most this fraction of a pool's `pool_size` (rounded up) may be held by pinned
-    /// clients; a client whose transaction would pin one more is closed with FATAL 53400
-    /// (its session state goes with its server's reset). 0 refuses every pin, 1 bounds
-    /// nothing; with 0.5 the other half always serves unpinned clients.
+    /// At most this fraction of a pool's `pool_size` (rounded up) may be held by pinned clients; a
+    /// simple query that may pin one more (its text names a temporary object, LISTEN, an advisory
+    /// lock or a held cursor) waits for a pinned client to unpin or leave before it takes a server,
+    /// as a client waits for a server (FATAL 08P01 `query_wait_timeout` at most); a pin pgmemo
+    /// could not foresee is counted over the bound. 0 refuses every pin, 1 bounds nothing; with 0.5
+    /// the other half always serves unpinned clients.
     max_pinned_fraction: f64 = 0.5, Live,
         check = |v, _| ensure((0.0..=1.0).contains(v), || "must be 0..=1".into());
     /// Session mode: clients share prepared statements through the registry (pgmemo's own

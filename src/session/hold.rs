@@ -199,8 +199,7 @@ impl Session {
     /// pinned client that leaves frees its slot at once.
     pub(super) async fn wait_for_pin_slot(&mut self) -> Result<(), End> {
         let pool = self.pool.clone();
-        // Boxed: rare, and the session's task need not keep room for the wait.
-        let waited = Box::pin(pool.wait_to_pin(self.info.killed_flag())).await;
+        let waited = pool.wait_to_pin(self.info.killed_flag()).await;
         match waited {
             Ok(()) => {
                 self.state.counted = true;

@@ -94,15 +94,27 @@ impl Session {
                 Next::End(end) => return Err(end),
             };
             self.info.start_query(now_us);
-            let autoprepare = self.autoprepare_for(tag);
-            let query_words = self.query_words(query_text_len, autoprepare);
+            // Kept across the waits below as a flag, not the threshold: the session's task
+            // keeps room for what an await holds (see `footprint`); the threshold is the
+            // pool's, read again after.
+            let (query_words, autoprepares) = {
+                let autoprepare = self.autoprepare_for(tag);
+                (
+                    self.query_words(query_text_len, autoprepare),
+                    autoprepare.is_some(),
+                )
+            };
             if acquire && self.state.wants_pin_slot(query_words) {
                 // Before a server is taken: a client waiting for a pin slot holds none.
-                self.wait_for_pin_slot().await?;
+                // Boxed: rare, and the session's task need not keep room for the wait.
+                Box::pin(self.wait_for_pin_slot()).await?;
             }
             if acquire && !self.acquire_server_at_once() {
                 self.acquire_server().await?;
             }
+            let autoprepare = autoprepares
+                .then(|| self.pool.autoprepare_threshold())
+                .flatten();
             self.ask_transaction_id(tag, len, query_text_len);
             self.portal_left_by_hit(tag, len);
             self.note_effects(tag, len, query_text_len, query_words);
