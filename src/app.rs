@@ -358,6 +358,7 @@ impl ClientInfo {
     #[inline]
     pub fn hold(&self, server: &crate::server::ServerConn) {
         server.info.client_id.store(self.id, Ordering::Relaxed);
+        server.info.client_pid.store(self.pid(), Ordering::Relaxed);
         *self.server.lock() = Some(ServerCancel {
             addr: server.info.addr,
             pid: server.info.backend_pid,
@@ -1044,6 +1045,23 @@ impl App {
             max_user_connections: db.max_user_connections as usize,
             reserve_pool_size: db.reserve_pool_size as usize,
             reserve_pool_timeout: g.reserve_pool_timeout,
+        })
+    }
+
+    /// The process ID a listener should see for a notification that server process
+    /// `server_pid` sent: the one pgmemo gave the client that last held that server (in
+    /// transaction mode a client's NOTIFY runs on whichever server it was given, whose
+    /// process ID it never saw), or None for a process that is none of pgmemo's servers (a
+    /// session connected to PostgreSQL directly). Notifications are rare: the servers are
+    /// searched.
+    pub fn notifier_pid(&self, server_pid: i32) -> Option<i32> {
+        let pools: Vec<Arc<Pool>> = self.pools.read().values().cloned().collect();
+        pools.iter().find_map(|pool| {
+            pool.servers()
+                .iter()
+                .find(|s| s.backend_pid == server_pid)
+                .map(|s| s.client_pid.load(Ordering::Relaxed))
+                .filter(|&pid| pid != 0)
         })
     }
 

@@ -648,6 +648,15 @@ impl ReplyQueue {
     // Always inlined into its one caller, the session's routing loop: called for every server
     // message, it is measurably cheaper there (bench/profile.sh).
     #[inline(always)]
+    /// Whether the reply at hand answers one of pgmemo's own queries (a parameter sync, a
+    /// probe, a reset), not a statement of the client's.
+    #[inline]
+    pub fn answers_internal(&self) -> bool {
+        self.entries
+            .front()
+            .is_some_and(|head| head.expected == Expected::Internal)
+    }
+
     pub fn on_server_message(&mut self, tag: u8) -> Route {
         let Some(head) = self.entries.front() else {
             // Nothing outstanding: asynchronous traffic (NOTIFY in session mode, a FATAL

@@ -14,7 +14,7 @@ use crate::tls::ServerTlsMode;
 use bytes::{Buf, Bytes, BytesMut};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -170,6 +170,10 @@ pub struct ServerInfo {
     state: AtomicU8,
     /// Id of the client using it, 0 when none.
     pub client_id: AtomicU64,
+    /// The process ID (BackendKeyData's) of the client that last held it, kept after it left:
+    /// a NOTIFY that client sent here reaches listeners with this server's process ID, which
+    /// they compare with the one the notifier was given (see `App::notifier_pid`).
+    pub client_pid: AtomicI32,
     /// Statements prepared here, and this connection's prepared-statement counters (updated
     /// when a client gives it back, for SHOW SERVERS).
     pub prepared_statements: AtomicU64,
@@ -287,6 +291,7 @@ impl ServerConn {
                 replication: Replication::None,
                 state: AtomicU8::new(ServerState::Login as u8),
                 client_id: AtomicU64::new(0),
+                client_pid: AtomicI32::new(0),
                 prepared_statements: AtomicU64::new(0),
                 prepare_cache_hit: AtomicU64::new(0),
                 prepare_cache_miss: AtomicU64::new(0),

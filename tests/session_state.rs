@@ -509,19 +509,45 @@ async fn listen_notify_in_transaction_mode() {
         || async { xacts().await == before + 3 },
     )
     .await;
+    // Another client's NOTIFY carries the process ID pgmemo gave that client, as drivers'
+    // tests compare it (psycopg2's test_notify: the notifier prints its backend_pid and
+    // leaves at once), however it notifies; a session connected to PostgreSQL directly, its
+    // own process ID.
+    for (i, (through_pgmemo, notify)) in [
+        (true, "NOTIFY jobs, 'from another client 0'"),
+        (true, "SELECT pg_notify('jobs', 'from another client 1')"),
+        (false, "NOTIFY jobs, 'from another client 2'"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let at = if through_pgmemo {
+            addr
+        } else {
+            cluster().addr()
+        };
+        let mut notifier = RawClient::connect(at, PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+            .await
+            .unwrap();
+        let (notifier_pid, _) = notifier.backend_key().unwrap();
+        notifier.send(&[Frontend::query(notify)]).await.unwrap();
+        notifier.recv_until_ready(1).await.unwrap();
+        let _ = notifier.terminate().await;
+        let notification = listener.recv_until_tag(b'A').await.unwrap();
+        let notification = notification.last().unwrap();
+        assert!(
+            String::from_utf8_lossy(&notification.body)
+                .contains(&format!("from another client {i}")),
+            "{notification:?}"
+        );
+        let other_pid = i32::from_be_bytes(notification.body[..4].try_into().unwrap());
+        assert_eq!(
+            other_pid, notifier_pid,
+            "{notify}: the notifier's process ID"
+        );
+        assert_ne!(other_pid, own_pid);
+    }
     let other = connect(&url).await;
-    other
-        .simple_query("NOTIFY jobs, 'from another client'")
-        .await
-        .unwrap();
-    let notification = listener.recv_until_tag(b'A').await.unwrap();
-    let notification = notification.last().unwrap();
-    assert!(
-        String::from_utf8_lossy(&notification.body).contains("from another client"),
-        "{notification:?}"
-    );
-    let other_pid = i32::from_be_bytes(notification.body[..4].try_into().unwrap());
-    assert_ne!(other_pid, own_pid);
     // Its own NOTIFY: the notification comes with the query's replies.
     listener
         .send(&[Frontend::query("NOTIFY jobs, 'mine'")])

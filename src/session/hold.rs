@@ -272,11 +272,13 @@ impl Session {
             .await;
         while let Ok(Some((_, len))) = frame(&notifications, MAX_BACKEND_MESSAGE_SIZE) {
             let msg = notifications.split_to(len);
+            let app = &self.app;
             state::write_notification(
                 &mut self.client.wbuf,
                 &msg,
                 server.info.backend_pid,
                 self.info.pid(),
+                |pid| app.notifier_pid(pid),
             );
         }
         let rows = match probed {

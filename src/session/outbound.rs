@@ -40,9 +40,12 @@ impl Session {
             let out_at = self.client.wbuf.len();
             let again = self.again(tag, len);
             self.observe_description(tag, len);
+            // Whose error it is, read before the queue moves on: pgmemo's own query's, or the
+            // client's statement's (swallowed when pgmemo prepares it silently).
+            let own_error = tag == be::ERROR_RESPONSE && self.replies.answers_internal();
             let mut route = self.replies.on_server_message(tag);
             let turn = self.route_again(again, tag, &mut route);
-            self.note_server_message(tag, len, route, again);
+            self.note_server_message(tag, len, route, again, own_error);
             route = self.release_held_description(tag, route);
             self.relay_reply(tag, len, route);
             self.cache_observe(tag, len, out_at, &mut pool_settings);
@@ -152,7 +155,14 @@ impl Session {
 
     /// What a ReadyForQuery, ParameterStatus or ErrorResponse tells the session.
     #[inline]
-    fn note_server_message(&mut self, tag: u8, len: usize, route: Route, again: Again) {
+    fn note_server_message(
+        &mut self,
+        tag: u8,
+        len: usize,
+        route: Route,
+        again: Again,
+        own_error: bool,
+    ) {
         match tag {
             be::READY_FOR_QUERY => self.note_ready(len, route),
             be::PARAMETER_STATUS => self.note_parameter_status(len, route),
@@ -175,7 +185,13 @@ impl Session {
                     self.server_fatal |= route == Route::Forward;
                 }
                 if route == Route::Swallow && again != Again::Retry {
-                    tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
+                    if own_error {
+                        tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
+                    } else {
+                        // The client's statement, prepared silently (autoprepare, a statement
+                        // made again on another server): the client's error, its to see.
+                        tracing::debug!(pool = ?self.pool.key, code = %fields.code, "a client's statement failed where pgmemo prepared it: {}", fields.message);
+                    }
                     // It may have been the parameter sync: check it again next time.
                     server.params_synced_for = None;
                 }
@@ -315,11 +331,13 @@ impl Session {
         let msg = &server.rbuf[..len];
         match route {
             Route::Forward if tag == be::NOTIFICATION_RESPONSE => {
+                let app = &self.app;
                 state::write_notification(
                     &mut self.client.wbuf,
                     msg,
                     server.info.backend_pid,
                     self.info.pid(),
+                    |pid| app.notifier_pid(pid),
                 );
                 self.stats.bytes_sent += len as u64;
             }

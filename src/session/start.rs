@@ -69,6 +69,11 @@ impl Session {
             }
             if let Some(server) = session.server.as_ref() {
                 session.app.show_pid(&session.info, server.info.backend_pid);
+                // (Its notifications' process ID: the one it knows, see `App::notifier_pid`.)
+                server.info.client_pid.store(
+                    server.info.backend_pid,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
         }
         be::backend_key_data(

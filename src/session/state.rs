@@ -228,19 +228,33 @@ impl StateWatch {
     }
 }
 
-/// Writes a NotificationResponse for the client: one its own server session sent (a NOTIFY
-/// of its own) carries the process ID the client was given in BackendKeyData, which drivers
-/// compare against (`server_pid`: its server's real one).
-pub fn write_notification(out: &mut BytesMut, msg: &[u8], server_pid: i32, client_pid: i32) {
+/// Writes a NotificationResponse for the client with the process ID drivers compare against
+/// the notifier's BackendKeyData: one its own server session sent (a NOTIFY of its own)
+/// carries the process ID the client was given (`server_pid`: its server's real one,
+/// `client_pid`: the client's); one another server sent, what `other` says of that server's
+/// process (the ID pgmemo gave the client that last held it), or its own when nothing.
+pub fn write_notification(
+    out: &mut BytesMut,
+    msg: &[u8],
+    server_pid: i32,
+    client_pid: i32,
+    other: impl FnOnce(i32) -> Option<i32>,
+) {
     let pid = msg
         .get(5..9)
         .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-    if pid == Some(server_pid) && msg[0] == be::NOTIFICATION_RESPONSE {
-        out.extend_from_slice(&msg[..5]);
-        out.extend_from_slice(&client_pid.to_be_bytes());
-        out.extend_from_slice(&msg[9..]);
-    } else {
-        out.extend_from_slice(msg);
+    let given = match pid {
+        Some(pid) if msg[0] == be::NOTIFICATION_RESPONSE && pid == server_pid => Some(client_pid),
+        Some(pid) if msg[0] == be::NOTIFICATION_RESPONSE => other(pid),
+        _ => None,
+    };
+    match given {
+        Some(given) => {
+            out.extend_from_slice(&msg[..5]);
+            out.extend_from_slice(&given.to_be_bytes());
+            out.extend_from_slice(&msg[9..]);
+        }
+        None => out.extend_from_slice(msg),
     }
 }
 
@@ -300,11 +314,16 @@ mod tests {
             b.extend_from_slice(b"ch\0payload\0");
         });
         let mut out = BytesMut::new();
-        write_notification(&mut out, &msg, 77, 5);
+        write_notification(&mut out, &msg, 77, 5, |_| None);
         assert_eq!(&crate::protocol::body(&out)[..4], &5i32.to_be_bytes());
         assert_eq!(&out[9..], &msg[9..]);
         out.clear();
-        write_notification(&mut out, &msg, 78, 5);
+        write_notification(&mut out, &msg, 78, 5, |_| None);
         assert_eq!(&out[..], &msg[..]);
+        out.clear();
+        // Another of pgmemo's servers: the ID of the client that last held it.
+        write_notification(&mut out, &msg, 78, 5, |pid| (pid == 77).then_some(9));
+        assert_eq!(&crate::protocol::body(&out)[..4], &9i32.to_be_bytes());
+        assert_eq!(&out[9..], &msg[9..]);
     }
 }
