@@ -12,7 +12,13 @@
 //!   `DISTINCT ON` of any SELECT that groups or is DISTINCT (`a + $1 ... GROUP BY a + $2` fails);
 //! - window `PARTITION BY` / `ORDER BY`, the field of `extract(...)`, the operand of `COLLATE`;
 //! - a number after a unary minus: PostgreSQL folds the sign into the constant, which then
-//!   starts at the `-` (`-2147483648` is an int4; `-$1` with an int8 `$1` is not).
+//!   starts at the `-` (`-2147483648` is an int4; `-$1` with an int8 `$1` is not);
+//! - whatever is cast to `interval` with a typmod (`'1'::interval hour`): PostgreSQL reads
+//!   such a literal with the typmod, a parameter without it (see `interval_with_fields`).
+//!
+//! What the tree cannot tell, the type PostgreSQL infers for a string literal's parameter
+//! (a domain's, from a column, a function's argument or a cast), the server is asked once per
+//! statement when autoprepare prepares it (`autoprepare::parameter_types_sql`).
 //!
 //! Only a single SELECT (not `SELECT ... INTO`), VALUES, TABLE, INSERT, UPDATE, DELETE or MERGE
 //! (with or without WITH) is generalized at all.
@@ -180,7 +186,11 @@ fn node(key: &str, inner: &Value, excluded: bool, out: &mut Found) {
         "TypeCast" => {
             // `DATE '...'` has no `::` location: the literal is typed by its syntax.
             let typed_literal = inner["location"].as_i64() == Some(-1);
-            walk(&inner["arg"], excluded || typed_literal, out);
+            walk(
+                &inner["arg"],
+                excluded || typed_literal || interval_with_fields(&inner["type_name"]),
+                out,
+            );
         }
         "SortBy" => {
             let ordinal = inner["node"]["node"].get("AConst").is_some();
@@ -215,6 +225,23 @@ fn node(key: &str, inner: &Value, excluded: bool, out: &mut Found) {
         "CollateClause" => walk(inner, true, out),
         _ => walk(inner, excluded, out),
     }
+}
+
+/// Whether a cast's type is `interval` with a typmod (`interval hour`, `interval(0)`):
+/// PostgreSQL reads a literal cast to it with the typmod (parse_coerce.c passes it to
+/// `interval_in` for INTERVAL alone), a parameter without it, the typmod applied after, so
+/// `'1'::interval hour` is `01:00:00` and `$1::interval hour` with `'1'` is `00:00:00`
+/// (PostgreSQL 15, measured). Its literal stays a literal.
+fn interval_with_fields(type_name: &Value) -> bool {
+    let named_interval = type_name["names"]
+        .as_array()
+        .and_then(|n| n.last())
+        .and_then(|n| n["node"]["String"]["sval"].as_str())
+        == Some("interval");
+    named_interval
+        && type_name["typmods"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
 }
 
 fn select(inner: &Value, excluded: bool, out: &mut Found) {
@@ -307,6 +334,21 @@ mod tests {
         assert_eq!(
             shape("SELECT extract('year' FROM ts), 'a' COLLATE \"C\", rank() OVER (PARTITION BY a + 1 ORDER BY 2) FROM t"),
             "SELECT extract('year' FROM ts), 'a' COLLATE \"C\", rank() OVER (PARTITION BY a + 1 ORDER BY 2) FROM t"
+        );
+    }
+
+    /// A cast to `interval` with fields reads a literal with them, a parameter without them
+    /// (`'1'::interval hour` is an hour, `$1::interval hour` bound to `'1'` is zero): the
+    /// literal stays; a cast to `interval` alone reads both alike.
+    #[test]
+    fn literals_cast_to_an_interval_with_fields_stay() {
+        assert_eq!(
+            shape("SELECT '1'::interval hour, CAST('2' AS interval minute), '3'::interval(0), ARRAY['4']::interval hour[]"),
+            "SELECT '1'::interval hour, CAST('2' AS interval minute), '3'::interval(0), ARRAY['4']::interval hour[]"
+        );
+        assert_eq!(
+            shape("SELECT now() - '1 day'::interval, '5'::int"),
+            "SELECT now() - $?::interval, $?::int"
         );
     }
 
