@@ -490,6 +490,19 @@ impl ReplyQueue {
         }
     }
 
+    /// A DataRow of pgmemo's own: if the head entry is autoprepare's check of a statement's
+    /// parameter types, its row came (see [`Effect::CheckTypes`]).
+    #[cold]
+    pub fn note_checked_types(&mut self) {
+        if let Some(Effect::CheckTypes { passed, .. }) = self
+            .entries
+            .front_mut()
+            .and_then(|e| e.entry.effect.as_mut())
+        {
+            *passed = true;
+        }
+    }
+
     /// Whether a simple query's reply is still outstanding.
     pub fn has_pending_query(&self) -> bool {
         self.queued_queries > 0

@@ -55,6 +55,9 @@ pub struct Shape {
     derived: OnceLock<Derived>,
     /// Autoprepare: the server refused its statement (it runs as sent from then on).
     pub rejected: AtomicBool,
+    /// Autoprepare: and the reason was its parameter types (see
+    /// `autoprepare::parameter_types_sql`), not the server's refusal of its Parse.
+    pub types_refused: AtomicBool,
     /// Autoprepare: queries of this shape seen, and run through a prepared statement.
     pub seen: AtomicU64,
     pub executions: AtomicU64,
@@ -454,6 +457,7 @@ fn new_shape(hash: u64, key: Vec<u8>, text_len: usize, of: Of) -> Arc<Shape> {
         words,
         derived: OnceLock::new(),
         rejected: AtomicBool::new(false),
+        types_refused: AtomicBool::new(false),
         seen: AtomicU64::new(0),
         executions: AtomicU64::new(0),
         stats: ShapeStats::default(),

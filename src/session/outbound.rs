@@ -177,6 +177,9 @@ impl Session {
             be::DATA_ROW | be::PORTAL_SUSPENDED if route == Route::Forward => {
                 self.note_rows(tag, len);
             }
+            // A row of pgmemo's own query: autoprepare's check of a statement's parameter
+            // types is the only one whose rows say something.
+            be::DATA_ROW if route == Route::Swallow => self.replies.note_checked_types(),
             be::ERROR_RESPONSE => {
                 let server = self.server.as_mut().expect("a server is held");
                 let fields = ErrorFields::parse(body(&server.rbuf[..len])).unwrap_or_default();

@@ -67,6 +67,14 @@ pub struct Statement {
     /// A server refused its Parse when autoprepare tried it (see `Effect::Probe`): simple
     /// queries of its shape go to servers as they are.
     rejected: AtomicBool,
+    /// Autoprepare: the parameter types a server inferred for it were checked and are ones a
+    /// literal converts to as its parameter would (see `autoprepare::parameter_types_sql`).
+    /// True from the start when its Parse declares every parameter's type: only a type left to
+    /// the server (a string literal's, `0`) may be a domain's.
+    types_checked: AtomicBool,
+    /// Autoprepare: a parameter's inferred type is one a literal does not convert to as a
+    /// parameter does (a domain's): [`Statement::is_rejected`] too, for this reason.
+    types_refused: AtomicBool,
     /// The server's own 0A000 ("cached plan must not change result type") for this statement,
     /// replayed to clients that prepared it before the change, as PostgreSQL would answer them.
     stale_error: parking_lot::Mutex<Option<Bytes>>,
@@ -172,6 +180,12 @@ impl Statement {
         };
         let declared = key.declared_params();
         let kind = command::classify_statement(text);
+        let all_typed = key
+            .param_types
+            .get(2..)
+            .unwrap_or_default()
+            .chunks_exact(4)
+            .all(|oid| oid.iter().any(|&b| b != 0));
         Statement {
             id,
             ends_transaction: kind.is_transaction_exit(),
@@ -196,6 +210,8 @@ impl Statement {
             generation: AtomicU32::new(0),
             validated: AtomicBool::new(false),
             rejected: AtomicBool::new(false),
+            types_checked: AtomicBool::new(all_typed),
+            types_refused: AtomicBool::new(false),
             stale_error: parking_lot::Mutex::new(None),
             description: parking_lot::Mutex::new(None),
             holders: AtomicUsize::new(0),
@@ -320,6 +336,32 @@ impl Statement {
         self.rejected.store(true, Ordering::Relaxed);
     }
 
+    /// Whether autoprepare may run it as far as its parameter types go: every one declared,
+    /// or the server's inference checked ([`Effect::CheckTypes`]). One load, next to
+    /// `validated`, on the autoprepared hot path.
+    #[inline]
+    pub fn types_checked(&self) -> bool {
+        self.types_checked.load(Ordering::Acquire)
+    }
+
+    /// A server's check found its inferred parameter types fine (the row of
+    /// `autoprepare::parameter_types_sql`).
+    pub fn mark_types_checked(&self) {
+        self.types_checked.store(true, Ordering::Release);
+    }
+
+    /// A parameter's inferred type is one a literal does not convert to as a parameter does,
+    /// or the server could not say: simple queries of its shape go to servers as they are.
+    pub fn refuse_types(&self) {
+        self.types_refused.store(true, Ordering::Relaxed);
+        self.mark_rejected();
+    }
+
+    /// Whether it was rejected for its parameter types ([`Statement::refuse_types`]).
+    pub fn types_refused(&self) -> bool {
+        self.types_refused.load(Ordering::Relaxed)
+    }
+
     pub fn query_text(&self) -> String {
         String::from_utf8_lossy(&self.key.query).into_owned()
     }
@@ -358,9 +400,20 @@ pub enum Effect {
     /// A Parse pgmemo injected on this server. Undone or failed: the server lacks it.
     Prepared(Arc<Statement>),
     /// The first Parse of an autoprepared statement anywhere, sent on its own (with a Sync)
-    /// before the query runs as it: done, the statement is validated; failed, it is
+    /// before the query runs as it: done, the statement is validated (once its parameter
+    /// types are checked, see [`Effect::CheckTypes`]); failed, it is
     /// [`Statement::is_rejected`] and the query goes to the server as it is.
     Probe(Arc<Statement>),
+    /// The query that checks the parameter types a server inferred for an autoprepared
+    /// statement (`autoprepare::parameter_types_sql`), sent after its Parse. `passed`: its
+    /// row came (one row when every type is fine). Done with it, the types are checked and
+    /// the statement validated; done without it (a parameter of a domain type) or failed,
+    /// the statement is refused ([`Statement::refuse_types`]). Discarded (the Parse failed,
+    /// the server is gone): nothing is learnt.
+    CheckTypes {
+        statement: Arc<Statement>,
+        passed: bool,
+    },
     /// A Close pgmemo injected (eviction, or a stale copy). Undone: the server still has it.
     Closed {
         statement: Arc<Statement>,
@@ -418,6 +471,7 @@ impl Effect {
         match self {
             Effect::Prepared(_)
             | Effect::Probe(_)
+            | Effect::CheckTypes { .. }
             | Effect::Sql(_)
             | Effect::Reset(_)
             | Effect::Bound {
@@ -430,11 +484,15 @@ impl Effect {
     }
 
     /// Whether later planning reads what this changes (client names, statements on the
-    /// server). A Bind's use of a statement does not count, nor the guard.
+    /// server). A Bind's use of a statement does not count, nor the guard, nor a check of
+    /// parameter types (it is never undone).
     pub fn matters_for_planning(&self) -> bool {
         !matches!(
             self,
-            Effect::Uses { .. } | Effect::Guard | Effect::SqlSync { .. }
+            Effect::Uses { .. }
+                | Effect::Guard
+                | Effect::SqlSync { .. }
+                | Effect::CheckTypes { .. }
         )
     }
 

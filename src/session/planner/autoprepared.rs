@@ -42,8 +42,10 @@ impl Planner<'_> {
                 return None;
             }
         };
-        if !statement.is_validated() && !self.server.prepared.has_current(&statement) {
-            self.probe(statement);
+        if !statement.types_checked()
+            || (!statement.is_validated() && !self.server.prepared.has_current(&statement))
+        {
+            self.probe(statement, ap.client.modifies);
             self.stats.autoprepare_passed += 1;
             ap.global.count_pass(crate::autoprepare::Pass::Probing);
             return None;
@@ -120,25 +122,49 @@ impl Planner<'_> {
     /// shape is never tried again ([`Effect::Probe`]). In a transaction block the Parse runs
     /// inside a savepoint that is rolled back and released after it, so a Parse PostgreSQL
     /// refuses never aborts the client's transaction. Pipelined: no round trip is added.
-    pub(super) fn probe(&mut self, statement: Arc<Statement>) {
+    ///
+    /// A statement with a parameter whose type the server infers (a string literal's) is
+    /// also checked: the query `autoprepare::parameter_types_sql` follows the Parse, before
+    /// the Sync (PostgreSQL skips it if the Parse fails), and the statement runs prepared only
+    /// once its row came ([`Effect::CheckTypes`]); a statement already on this server (a
+    /// driver's Parse of the same text) is only checked. `writes`: the statement writes
+    /// (an assignment may apply an interval column's typmod to a parameter).
+    pub(super) fn probe(&mut self, statement: Arc<Statement>, writes: bool) {
         let in_block = self.server.status == b'T';
+        let parse = !self.server.prepared.has_current(&statement);
         if in_block {
             fe::query(&mut self.server.wbuf, "SAVEPOINT pgmemo_probe");
             self.replies.push(Expected::Internal);
         }
-        self.stats.prepare_cache_miss += 1;
-        self.write_parse(&statement);
-        self.replies.push_entry(Entry {
-            expected: Expected::Parse,
-            action: Action::Silent,
-            effect: Some(Effect::Probe(statement)),
-        });
-        fe::sync(&mut self.server.wbuf);
-        self.replies.push_entry(Entry {
-            expected: Expected::Sync,
-            action: Action::Silent,
-            effect: None,
-        });
+        if parse {
+            self.stats.prepare_cache_miss += 1;
+            self.write_parse(&statement);
+            self.replies.push_entry(Entry {
+                expected: Expected::Parse,
+                action: Action::Silent,
+                effect: Some(Effect::Probe(statement.clone())),
+            });
+        }
+        if !statement.types_checked() {
+            let sql = crate::autoprepare::parameter_types_sql(&statement.server_name, writes);
+            fe::query(&mut self.server.wbuf, &sql);
+            self.replies.push_entry(Entry {
+                expected: Expected::Internal,
+                action: Action::Silent,
+                effect: Some(Effect::CheckTypes {
+                    statement,
+                    passed: false,
+                }),
+            });
+        }
+        if parse {
+            fe::sync(&mut self.server.wbuf);
+            self.replies.push_entry(Entry {
+                expected: Expected::Sync,
+                action: Action::Silent,
+                effect: None,
+            });
+        }
         if in_block {
             fe::query(
                 &mut self.server.wbuf,

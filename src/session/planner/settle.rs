@@ -183,9 +183,22 @@ pub fn settle(
             }
         }
         Effect::Probe(s) if done => {
-            s.mark_validated();
+            // With a check of its parameter types to come, validated once that passes.
+            if s.types_checked() {
+                s.mark_validated();
+            }
             s.server_prepares
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Effect::CheckTypes { statement, passed } if outcome != Outcome::Discarded => {
+            // Its row came (see `ReplyQueue::note_checked_types`); without it (a parameter of a
+            // domain type), or after an error, pgmemo cannot vouch for the types.
+            if done && passed {
+                statement.mark_types_checked();
+                statement.mark_validated();
+            } else {
+                statement.refuse_types();
+            }
         }
         Effect::Probe(s) => {
             if outcome == Outcome::Failed {
