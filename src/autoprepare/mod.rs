@@ -52,10 +52,13 @@ pub enum Pass {
     /// parameter does (a domain's; an interval assigned where a column's typmod may apply;
     /// see [`parameter_types_sql`]): remembered, never tried again.
     ParameterType,
+    /// A literal kept in the text may read the clock (`timestamp 'now'`, see
+    /// [`reads_the_clock`]): this query runs as it is (its shape's others may not).
+    ClockLiteral,
 }
 
 /// Every reason, in the order of [`Pass::index`] (SHOW AUTOPREPARE_REASONS, Prometheus).
-pub const PASS_REASONS: [&str; 15] = [
+pub const PASS_REASONS: [&str; 16] = [
     "not_dml",
     "multi_statement",
     "parameters",
@@ -71,6 +74,7 @@ pub const PASS_REASONS: [&str; 15] = [
     "probing",
     "rerun",
     "parameter_type",
+    "clock_literal",
 ];
 
 impl Pass {
@@ -92,6 +96,7 @@ impl Pass {
             Pass::Probing => 12,
             Pass::Rerun => 13,
             Pass::ParameterType => 14,
+            Pass::ClockLiteral => 15,
         }
     }
 
@@ -108,6 +113,7 @@ impl Pass {
             Pass::ParameterType => {
                 "a literal's parameter would be of a domain type (or an interval with a typmod)"
             }
+            Pass::ClockLiteral => "a literal kept in the text may read the clock ('now')",
         }
     }
 }
@@ -344,7 +350,9 @@ impl ClientAutoprepare {
                 forms
             }
         };
-        self.build(sql, lexed, forms);
+        if !self.build(sql, lexed, forms) {
+            return Err(Pass::ClockLiteral);
+        }
         let (context, epoch) = context;
         let hash = lexer::hasher().hash_one((&self.text, &self.types, context, epoch));
         let statement = match self.statements.get(&hash) {
@@ -389,8 +397,10 @@ impl ClientAutoprepare {
     }
 
     /// Builds the statement's text and types: the lexer's text, with the literals the shape
-    /// keeps put back and the others numbered `$1..$n`.
-    fn build(&mut self, sql: &[u8], lexed: &Lexed, forms: &[Form]) {
+    /// keeps put back and the others numbered `$1..$n`. False: a literal kept in the text may
+    /// read the clock ([`reads_the_clock`]), and the query is not to run as the statement.
+    fn build(&mut self, sql: &[u8], lexed: &Lexed, forms: &[Form]) -> bool {
+        let mut clock = false;
         self.text.clear();
         self.types.clear();
         self.params.clear();
@@ -435,9 +445,14 @@ impl ClientAutoprepare {
             };
             let start = self.text.len() as u32;
             if forms[i] == Form::Verbatim {
+                let raw = &sql[literal.start as usize..literal.end as usize];
+                clock |= match literal.kind {
+                    Kind::Text => reads_the_clock(raw) || reads_the_clock(lexed.value(literal)),
+                    Kind::Verbatim => reads_the_clock(raw),
+                    _ => false,
+                };
                 // A `$n` may have been spaced from its neighbours; the literal itself need not.
-                self.text
-                    .extend_from_slice(&sql[literal.start as usize..literal.end as usize]);
+                self.text.extend_from_slice(raw);
                 self.anchors.push(Anchor {
                     at: start,
                     position: literal.position,
@@ -475,6 +490,7 @@ impl ClientAutoprepare {
         for p in &self.params {
             self.types.put_u32(p.kind.type_oid());
         }
+        !clock
     }
 
     /// Writes the Bind of the last query's statement (named `server_name`) to the unnamed
@@ -527,6 +543,25 @@ impl ClientAutoprepare {
         }
         anchor.position + chars(&self.text[anchor.at as usize..offset])
     }
+}
+
+/// Whether a string literal (its text or its value) may be one of the date and time inputs
+/// that read the clock: `now`, `today`, `tomorrow`, `yesterday`, in any case and among other
+/// words (`'tomorrow 10:00'`, `' TODAY '`). PostgreSQL converts a literal when it analyses the
+/// statement, so one kept in the text of a shared statement (`timestamp 'now'`, `DATE
+/// 'today'`: typed literals stay literals) would hold the time its Parse ran at on each server
+/// for as long as the statement lives, where the simple query reads it anew each time
+/// (PostgreSQL 15: `PREPARE p AS SELECT timestamp 'now'` answers the same time a second
+/// later; its documentation warns of these inputs in prepared statements). As a parameter
+/// such a literal is read at each Bind, as the simple query reads it: only the ones kept in
+/// the text matter. A word that merely contains one (`'unknown'`) keeps its query out too:
+/// it runs as it is, which is always right.
+fn reads_the_clock(text: &[u8]) -> bool {
+    const WORDS: [&[u8]; 4] = [b"now", b"today", b"tomorrow", b"yesterday"];
+    WORDS.iter().any(|word| {
+        text.windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    })
 }
 
 /// Writes the Describe (portal), Execute and Sync that follow an autoprepared query's Bind.
@@ -780,6 +815,34 @@ mod tests {
         c.write_bind(&lexed, b"pgmemo_s9", &mut out);
         let bind = fe::Bind::parse(crate::protocol::body(&out)).unwrap();
         assert_eq!(bind.statement, b"pgmemo_s9");
+    }
+
+    /// A literal kept in the text that may read the clock keeps its query from running as the
+    /// statement (it would hold the time of the statement's Parse); as a parameter it is read
+    /// at each Bind, and a literal that is no such input is kept as before.
+    #[test]
+    fn clock_literals_kept_in_the_text_keep_the_query_out() {
+        fn built(sql: &str) -> bool {
+            let mut lexed = Lexed::default();
+            lexer::generalize(sql.as_bytes(), &mut lexed).unwrap();
+            let Decision::Generalize { forms, .. } =
+                crate::query::parameters::decide(sql, &lexed.literals)
+            else {
+                panic!("generalized: {sql}");
+            };
+            ClientAutoprepare::default().build(sql.as_bytes(), &lexed, &forms)
+        }
+        assert!(!built("SELECT timestamp 'now'"));
+        assert!(!built("SELECT * FROM t WHERE d = DATE ' Today '"));
+        assert!(!built(
+            "SELECT 'tomorrow 10:00'::timestamp, count(*) FROM t GROUP BY 1"
+        ));
+        assert!(built(
+            "SELECT 'now'::timestamptz, now() - '1 day'::interval"
+        ));
+        assert!(built("SELECT * FROM t WHERE d = DATE '2024-01-01'"));
+        assert!(reads_the_clock(b"YESTERDAY allballs"));
+        assert!(!reads_the_clock(b"2024-01-01 10:00"));
     }
 
     #[test]
