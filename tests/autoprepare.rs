@@ -851,3 +851,207 @@ async fn pipelined_queries_keep_their_own_error_positions() {
     let autoprepared = autoprepared(&proxy);
     println!("autoprepared: {autoprepared}");
 }
+
+const DOMAINS_SETUP: &str = r#"
+CREATE DOMAIN dom4 AS text CHECK (VALUE NOT LIKE 'y%');
+CREATE DOMAIN dinter AS text CHECK (substr(VALUE, 1, 1) = 'x');
+CREATE DOMAIN dtop AS dinter CHECK (substr(VALUE, 2, 1) = '1');
+CREATE DOMAIN dnn AS int NOT NULL;
+CREATE TYPE feeling AS ENUM ('sad', 'ok');
+CREATE TABLE t4 (d dom4);
+CREATE TABLE tnn (n dnn);
+CREATE TABLE tfeel (f feeling);
+CREATE TABLE ti (i interval hour);
+CREATE TABLE t (id int PRIMARY KEY, v text);
+INSERT INTO t VALUES (5, 'five'), (6, 'six');
+CREATE FUNCTION fd(dom4) RETURNS int LANGUAGE sql AS 'SELECT 1';
+"#;
+
+/// Queries whose literals PostgreSQL converts to a domain (or with a typmod) differently from a
+/// parameter's value, each run [`DOMAIN_RUNS`] times: from the third run on, at the default
+/// `autoprepare_threshold`, a query pgmemo autoprepares runs as a prepared statement.
+const DOMAIN_QUERIES: &[&str] = &[
+    // A domain's CHECK is applied where the value is evaluated, for a literal; at Bind for a
+    // parameter of the domain's type (issue 54 item 3).
+    "select 'y125'::dom4 where false",
+    "insert into t4 select 'y125' where false",
+    "select CAST('y125' AS dom4) where false",
+    "select case when false then 'y125'::dom4 end",
+    "select fd('y125') where false",
+    "update t4 set d = 'y125' where false",
+    // Errors: no position for a failing domain check (a Bind error would get the literal's).
+    "select 'y123'::dtop",
+    "insert into t4 values ('y125')",
+    "insert into t4 values ('ok') returning d",
+    "select d from t4 where d = 'ok'",
+    // A NOT NULL domain over int: the base type's input fails at the literal, with its position.
+    "select 'abc'::dnn where false",
+    "insert into tnn select '7' where false",
+    "insert into tnn values ('8') returning n",
+    // An enum is no domain: autoprepared, its errors still PostgreSQL's.
+    "select 'ok'::feeling",
+    "select 'happy'::feeling where false",
+    "insert into tfeel values ('sad') returning f",
+    // An interval read with a typmod as a literal, without it as a parameter.
+    "select '1'::interval hour, '2'::interval",
+    "insert into ti values ('3') returning i",
+    // An ordinary shape, autoprepared.
+    "select * from t where id = 5",
+];
+
+const DOMAIN_RUNS: usize = 5;
+
+/// A fresh database `db` with [`DOMAINS_SETUP`].
+async fn setup_domains(db: &'static str) {
+    fresh_db(db).await;
+    let mut c = RawClient::connect(cluster().addr(), PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+        .await
+        .expect("login for setup");
+    c.send(&[Frontend::query(DOMAINS_SETUP)]).await.unwrap();
+    let replies = c.recv_until_ready(1).await.unwrap();
+    assert!(
+        !replies.iter().any(Backend::is_error),
+        "setup failed: {replies:?}"
+    );
+    c.terminate().await.unwrap();
+}
+
+/// Runs each of `queries` [`DOMAIN_RUNS`] times on one connection and returns the transcript.
+async fn run_repeated(addr: SocketAddr, db: &'static str, queries: &[&str]) -> Vec<String> {
+    let mut client = RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+        .await
+        .expect("login");
+    let mut normalizer = Normalizer::default();
+    let mut out = Vec::new();
+    for sql in queries {
+        for run in 0..DOMAIN_RUNS {
+            out.push(format!(">> {sql} (run {run})"));
+            client.send(&[Frontend::query(sql)]).await.unwrap();
+            for r in client.recv_until_ready(1).await.unwrap() {
+                out.push(format!("<< {}", normalizer.line(&r)));
+            }
+        }
+    }
+    client.terminate().await.unwrap();
+    out
+}
+
+/// A literal whose parameter PostgreSQL would type as a domain stays a literal: the statement
+/// pgmemo prepares for its shape is checked on the server (`autoprepare::parameter_types_sql`)
+/// and refused, so `select 'y125'::dom4 where false` returns no row and `insert into t4 select
+/// 'y125' where false` is `INSERT 0 0` every time, as PostgreSQL answers them (prepared, both
+/// failed with 23514 from their third run), and a failing domain check has no position. Enum
+/// literals and an ordinary shape are still autoprepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domain_literals_stay_literals() {
+    setup_domains("ap_domain_direct").await;
+    let direct = run_repeated(cluster().addr(), "ap_domain_direct", DOMAIN_QUERIES).await;
+    for (sql, answer) in [
+        ("select 'y125'::dom4 where false", "SELECT 0"),
+        ("insert into t4 select 'y125' where false", "INSERT 0 0"),
+    ] {
+        let replies = replies_to(&direct, sql);
+        let answered = replies.iter().filter(|l| l.contains(answer)).count();
+        assert!(
+            answered == DOMAIN_RUNS && !replies.iter().any(|l| l.contains("23514")),
+            "PostgreSQL answers {sql} with {answer} every time: {replies:#?}"
+        );
+    }
+    setup_domains("ap_domain_proxy").await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 1)).await;
+    let proxied = run_repeated(proxy.local_addr(), "ap_domain_proxy", DOMAIN_QUERIES).await;
+    if let Some(report) = diff(&direct, &proxied) {
+        panic!("{report}");
+    }
+    let shapes = proxy.app().autoprepare.shapes();
+    let shape = |sql: &str| {
+        let text = lexed_text(sql);
+        shapes
+            .iter()
+            .find(|s| s.text() == text)
+            .unwrap_or_else(|| panic!("a shape for {sql}"))
+            .clone()
+    };
+    for sql in [
+        "select 'y125'::dom4 where false",
+        "insert into t4 select 'y125' where false",
+        "select fd('y125') where false",
+        "update t4 set d = 'y125' where false",
+        "insert into t4 values ('y125')",
+        "insert into tnn select '7' where false",
+        "insert into ti values ('3') returning i",
+    ] {
+        let s = shape(sql);
+        assert_eq!(
+            pgmemo::autoprepare::never(&s),
+            Some(pgmemo::autoprepare::Pass::ParameterType),
+            "{sql}"
+        );
+        assert_eq!(s.executions.load(Relaxed), 0, "{sql} ran prepared");
+    }
+    for sql in [
+        "select * from t where id = 5",
+        "select 'ok'::feeling",
+        "select d from t4 where d = 'ok'",
+    ] {
+        let runs = shape(sql).executions.load(Relaxed);
+        assert!(runs >= 2, "{sql} ran prepared {runs} times");
+    }
+    assert!(autoprepared(&proxy) > 0);
+}
+
+/// A literal kept in the text (a typed literal, a grouped select list's) that reads the clock
+/// is read when each query runs, as PostgreSQL reads it: the query is not run as a shared
+/// statement, which would hold the time its Parse ran at (from the third run on, `timestamptz
+/// 'now' = now()` was false). Its shape's other queries still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_literals_are_read_each_time() {
+    const QUERIES: &[&str] = &[
+        "select timestamptz 'now' = now(), date 'today' = current_date",
+        "select 'Now'::timestamptz = now() as n, count(*) from t group by 1",
+        "select timestamptz 'now' > '2000-01-01'::timestamptz",
+        "select date '2024-01-01' > '2000-01-01'::date",
+    ];
+    setup_domains("ap_clock_direct").await;
+    let direct = run_repeated(cluster().addr(), "ap_clock_direct", QUERIES).await;
+    let replies = replies_to(&direct, QUERIES[0]);
+    assert_eq!(
+        replies
+            .iter()
+            .filter(|l| l.as_str() == "<< DataRow [\"t\", \"t\"]")
+            .count(),
+        DOMAIN_RUNS,
+        "'now' is now() and 'today' is current_date directly: {replies:#?}"
+    );
+    setup_domains("ap_clock_proxy").await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 1)).await;
+    let proxied = run_repeated(proxy.local_addr(), "ap_clock_proxy", QUERIES).await;
+    if let Some(report) = diff(&direct, &proxied) {
+        panic!("{report}");
+    }
+    let passed = proxy.app().autoprepare.passed[pgmemo::autoprepare::Pass::ClockLiteral.index()]
+        .load(Relaxed);
+    assert!(passed > 0, "no query was kept out for a clock literal");
+}
+
+/// The replies to every run of `sql` in a transcript of [`run_repeated`].
+fn replies_to<'a>(transcript: &'a [String], sql: &str) -> Vec<&'a String> {
+    let asked = format!(">> {sql} (run ");
+    let mut replies = Vec::new();
+    let mut inside = false;
+    for line in transcript {
+        if line.starts_with(">> ") {
+            inside = line.starts_with(&asked);
+        } else if inside {
+            replies.push(line);
+        }
+    }
+    replies
+}
+
+/// The lexer's generalized text of `sql`, as a shape shows it.
+fn lexed_text(sql: &str) -> String {
+    let mut lexed = pgmemo::query::lexer::Lexed::default();
+    pgmemo::query::lexer::generalize(sql.as_bytes(), &mut lexed).expect("lexed");
+    String::from_utf8(lexed.text.to_vec()).expect("UTF-8")
+}
