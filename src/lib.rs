@@ -48,6 +48,7 @@ pub mod takeover;
 pub mod timeouts;
 pub mod tls;
 pub mod tour;
+pub mod vacate;
 pub mod wal;
 pub mod workers;
 

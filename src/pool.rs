@@ -302,6 +302,9 @@ struct PoolState {
     paused: bool,
     closed: bool,
     limits: Limits,
+    /// Until then no connection is opened for min_pool_size: the pool's database was left to
+    /// a client's statement that needs it to itself (see [`Pool::vacate`]).
+    refill_after: Option<Instant>,
 }
 
 pub struct Pool {
@@ -1097,6 +1100,27 @@ impl Pool {
         self.maintain().await;
     }
 
+    /// Before a client's statement that needs this pool's server database to itself (`DROP
+    /// DATABASE` and the like, see [`crate::vacate`]): the idle connections are taken out, to
+    /// be closed by the caller, and those in use are closed when released, as after
+    /// RECONNECT (PostgreSQL refuses the statement while they are open). For `hold` no
+    /// connection is opened for min_pool_size; clients get new ones as they need them.
+    pub fn vacate(&self, hold: Duration) -> Vec<Box<ServerConn>> {
+        let idle: Vec<Box<ServerConn>> = {
+            let mut st = self.state.lock();
+            st.limits.retire_before = Some(Moment::now());
+            st.refill_after = Some(Instant::now() + hold);
+            let idle: Vec<Box<ServerConn>> = st.idle.drain(..).collect();
+            st.total -= idle.len();
+            idle
+        };
+        self.budgets.give_back(idle.len());
+        for conn in &idle {
+            self.forget(conn);
+        }
+        idle
+    }
+
     /// Whether `server` was open at the last RECONNECT and is closed when next released
     /// (SHOW SERVERS' close_needed).
     pub fn is_retired(&self, server: &ServerInfo) -> bool {
@@ -1155,6 +1179,7 @@ impl Pool {
                 if st.closed
                     || st.paused
                     || st.total >= settings.min_pool_size.min(settings.pool_size)
+                    || st.refill_after.is_some_and(|t| Instant::now() < t)
                     || !self.budgets.take()
                 {
                     break;

@@ -780,6 +780,32 @@ impl ServerConn {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.flush()).await;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.shutdown()).await;
     }
+
+    /// Ends the connection as [`ServerConn::terminate`] does, then waits, at most `within`,
+    /// until the server has closed its end: a backend closes its socket last as it exits,
+    /// after it has left its database and dropped its temporary replication slot, so that a
+    /// statement that needs the database to itself (`DROP DATABASE`, see [`crate::vacate`])
+    /// finds it gone. Whatever was left half sent is dropped: a message cut short makes the
+    /// server end the connection all the same, as the end of pgmemo's side does.
+    pub async fn terminate_and_wait(mut self, within: Duration) {
+        self.wbuf.clear();
+        frontend::terminate(&mut self.wbuf);
+        let _ = tokio::time::timeout(within, async {
+            if self.flush().await.is_err() {
+                return;
+            }
+            let _ = self.stream.shutdown().await;
+            loop {
+                self.rbuf.clear();
+                self.rbuf.reserve(512);
+                match self.stream.read_buf(&mut self.rbuf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+    }
 }
 
 /// The port in a socket file's name (`.s.PGSQL.5432`), for SHOW SERVERS.

@@ -1175,3 +1175,168 @@ async fn followers_of_several_databases_start_at_once() {
     }
     proxy.shutdown().await;
 }
+
+/// The number of backends PostgreSQL counts on database `db` (pgmemo's servers, its
+/// follower's walsender and catalog connection), as seen through `direct`.
+async fn backends_on(direct: &Client, db: &str) -> u64 {
+    value(
+        direct,
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'"),
+    )
+    .await
+    .parse()
+    .unwrap()
+}
+
+/// Uses `db` through pgmemo until it holds idle servers of it and a follower that serves
+/// `read` (rule `k`) from the cache; returns the value read.
+async fn use_through_pgmemo(proxy: &Pgmemo, direct: &Client, db: &str, read: &str) -> String {
+    let a = connect(&proxy_db_url(proxy, db)).await;
+    let b = connect(&proxy_db_url(proxy, db)).await;
+    value(&a, read).await;
+    wait_ready(proxy, db).await;
+    let read_value = cached(proxy, &a, "k", read).await;
+    // Two transactions at once: two servers, idle in the pool once both ended.
+    a.batch_execute("BEGIN; SELECT txid_current()")
+        .await
+        .unwrap();
+    b.batch_execute("BEGIN; SELECT txid_current()")
+        .await
+        .unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    b.batch_execute("COMMIT").await.unwrap();
+    // Two servers and a walsender at least: today PostgreSQL would refuse DROP DATABASE.
+    assert!(backends_on(direct, db).await >= 3, "pgmemo holds {db}");
+    read_value
+}
+
+/// `DROP DATABASE` through pgmemo (Django's test runner drops its test database, and the next
+/// run creates it again): pgmemo's idle servers of the database and its WAL follower (its
+/// temporary slot) are closed first, where PostgreSQL refused the statement with 55006 ("being
+/// accessed by other users"), and PgBouncer's idle servers make it fail too. Likewise `ALTER
+/// DATABASE ... RENAME` and `CREATE DATABASE ... TEMPLATE`, in simple and extended queries.
+/// A database made again under the same name is followed again, and nothing cached of the
+/// old one is served. A server in use by another client stands: PostgreSQL's 55006 then, and
+/// that server is closed when released, as after RECONNECT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_database_through_pgmemo_closes_its_servers_and_follower_first() {
+    const DB: &str = "wal_dropdb";
+    const RENAMED: &str = "wal_dropdb_renamed";
+    const COPY: &str = "wal_dropdb_copy";
+    const READ: &str = "SELECT v FROM k WHERE id = 1";
+    let leftovers = format!(
+        "DROP DATABASE IF EXISTS {RENAMED} WITH (FORCE); DROP DATABASE IF EXISTS {COPY} WITH (FORCE)"
+    );
+    tokio::task::spawn_blocking(move || cluster().psql("postgres", &leftovers))
+        .await
+        .unwrap();
+    setup(
+        DB,
+        "CREATE TABLE k (id int PRIMARY KEY, v int); INSERT INTO k VALUES (1, 1);",
+    )
+    .await;
+    let proxy = start_pgmemo(wal_config(vec![rule("k", "FROM k")])).await;
+    let direct = connect(&direct_db_url("postgres")).await;
+    // A client of another database through pgmemo, as Django's test runner.
+    let other = connect(&proxy_db_url(&proxy, "postgres")).await;
+
+    assert_eq!(use_through_pgmemo(&proxy, &direct, DB, READ).await, "1");
+    // Quoted, IF EXISTS: as Django writes it.
+    other
+        .simple_query(&format!("DROP DATABASE IF EXISTS \"{DB}\""))
+        .await
+        .expect("DROP DATABASE through pgmemo");
+    assert!(follower(&proxy, DB).is_none(), "the follower was stopped");
+
+    // Made again: followed again, nothing of the old one's cached results served.
+    other
+        .simple_query(&format!("CREATE DATABASE {DB}"))
+        .await
+        .unwrap();
+    let again = connect(&proxy_db_url(&proxy, DB)).await;
+    again
+        .batch_execute("CREATE TABLE k (id int PRIMARY KEY, v int); INSERT INTO k VALUES (1, 2);")
+        .await
+        .unwrap();
+    assert_eq!(value(&again, READ).await, "2");
+    assert_eq!(use_through_pgmemo(&proxy, &direct, DB, READ).await, "2");
+    let direct_db = connect(&direct_db_url(DB)).await;
+    direct_db
+        .batch_execute("UPDATE k SET v = 3 WHERE id = 1")
+        .await
+        .unwrap();
+    wait_applied(&proxy, &direct_db, DB).await;
+    assert_eq!(value(&again, READ).await, "3", "the new follower follows");
+    drop(direct_db);
+    drop(again);
+
+    // The client's own database: PostgreSQL refuses at once, and pgmemo keeps what it has.
+    let inside = connect(&proxy_db_url(&proxy, DB)).await;
+    let err = inside
+        .simple_query(&format!("DROP DATABASE {DB}"))
+        .await
+        .unwrap_err();
+    let refused = err.as_db_error().expect("PostgreSQL's error");
+    assert_eq!(
+        (refused.code().code(), refused.message()),
+        ("55006", "cannot drop the currently open database")
+    );
+    assert!(follower(&proxy, DB).is_some_and(|f| f.is_ready()));
+    drop(inside);
+
+    // Renamed and back, in the extended protocol (Parse, Bind, Execute).
+    other
+        .execute(&format!("ALTER DATABASE {DB} RENAME TO {RENAMED}"), &[])
+        .await
+        .expect("ALTER DATABASE ... RENAME through pgmemo");
+    other
+        .execute(&format!("ALTER DATABASE {RENAMED} RENAME TO {DB}"), &[])
+        .await
+        .unwrap();
+    assert_eq!(use_through_pgmemo(&proxy, &direct, DB, READ).await, "3");
+
+    // Copied as a template.
+    other
+        .execute(&format!("CREATE DATABASE {COPY} TEMPLATE {DB}"), &[])
+        .await
+        .expect("CREATE DATABASE ... TEMPLATE through pgmemo");
+    let copy = connect(&proxy_db_url(&proxy, COPY)).await;
+    assert_eq!(value(&copy, READ).await, "3");
+    drop(copy);
+
+    // Another client's transaction on it: its server stands, and PostgreSQL's error with it
+    // (after PostgreSQL's own wait of 5 s for the database's other sessions to go).
+    use_through_pgmemo(&proxy, &direct, DB, READ).await;
+    let holder = connect(&proxy_db_url(&proxy, DB)).await;
+    holder
+        .batch_execute("BEGIN; SELECT txid_current()")
+        .await
+        .unwrap();
+    let err = other
+        .simple_query(&format!("DROP DATABASE {DB}"))
+        .await
+        .unwrap_err();
+    let refused = err.as_db_error().expect("PostgreSQL's error");
+    assert_eq!(refused.code().code(), "55006", "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("is being accessed by other users"),
+        "{refused:?}"
+    );
+    // Its transaction ends: the server is closed, not kept, and the drop goes through.
+    holder.batch_execute("COMMIT").await.unwrap();
+    other
+        .execute(&format!("DROP DATABASE {DB}"), &[])
+        .await
+        .expect("DROP DATABASE once the other client's transaction ended");
+    drop(holder);
+
+    // The copy goes the same way: pgmemo's servers and follower of it are closed first
+    // (PostgreSQL's own `WITH (FORCE)` would still fail on the follower's slot).
+    other
+        .simple_query(&format!("DROP DATABASE {COPY}"))
+        .await
+        .expect("DROP DATABASE of the copy");
+    proxy.shutdown().await;
+}

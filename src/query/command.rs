@@ -413,7 +413,7 @@ fn set_search_path(stmt: &str) -> Option<Command> {
     })
 }
 
-fn is_ident_byte(c: u8) -> bool {
+pub(super) fn is_ident_byte(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
 }
 
@@ -565,7 +565,7 @@ pub fn leading_words(stmt: &str, n: usize) -> Vec<&str> {
     words
 }
 
-fn skip_space_and_comments(b: &[u8], mut i: usize) -> usize {
+pub(super) fn skip_space_and_comments(b: &[u8], mut i: usize) -> usize {
     loop {
         while i < b.len() && b[i].is_ascii_whitespace() {
             i += 1;

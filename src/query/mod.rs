@@ -13,6 +13,9 @@
 //! - [`facts`]: what a statement does to its session (settings, temporary objects, `LISTEN`,
 //!   advisory locks, held cursors) and to the schema (DDL).
 //! - [`hint`]: the `/* pgmemo cache */` comments.
+//! - [`database`]: the statements that need a database to themselves (`DROP DATABASE`,
+//!   `ALTER DATABASE ... RENAME`, `CREATE DATABASE ... TEMPLATE`), read with pg_query on the
+//!   cold path, so that pgmemo's own sessions leave that database first.
 //! - [`analysis`]: what a statement reads and writes, and [`parameters`]: which of a simple
 //!   query's literals may become parameters, both from PostgreSQL's own parser (pg_query),
 //!   from one parse per shape, on the cold path.
@@ -26,6 +29,7 @@ pub mod analysis;
 pub mod block;
 pub mod columns;
 pub mod command;
+pub mod database;
 pub mod facts;
 pub mod hint;
 pub mod lexer;

@@ -202,6 +202,8 @@ pub mod query {
     pub const CLOSE: u32 = 1 << 18;
     pub const DROP: u32 = 1 << 19;
     // Schema changes, which prepared statements follow (see `statements::schema`); DROP too.
+    // All three also gate the statements that need a database to themselves (see
+    // `query::database`).
     pub const CREATE: u32 = 1 << 20;
     pub const ALTER: u32 = 1 << 21;
     // The session-state watch's again: `pg_try_advisory_lock*` does not start with

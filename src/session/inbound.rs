@@ -104,6 +104,12 @@ impl Session {
                     autoprepare.is_some(),
                 )
             };
+            if self.may_need_a_database(tag, len, query_text_len, query_words) {
+                // Before the statement runs: pgmemo's own sessions leave the database it needs
+                // to itself (`DROP DATABASE` and the like). Boxed: rare, and the session's
+                // task need not keep room for it.
+                Box::pin(self.vacate_for(tag, len, query_text_len)).await;
+            }
             if acquire && self.state.wants_pin_slot(query_words) {
                 // Before a server is taken: a client waiting for a pin slot holds none.
                 // Boxed: rare, and the session's task need not keep room for the wait.
@@ -365,7 +371,7 @@ impl Session {
     /// those of one pass over its text.
     #[inline]
     fn query_words(&mut self, query_text_len: Option<usize>, autoprepare: Option<u64>) -> u32 {
-        if !self.state.enabled && self.plan.stmts.is_none() {
+        if !self.reads_words() {
             return 0;
         }
         let Some(text_len) = query_text_len else {
@@ -380,6 +386,58 @@ impl Session {
             None => None,
         };
         read.unwrap_or_else(|| crate::query::words::in_query(text))
+    }
+
+    /// Whether a simple query's words are read ([`Session::query_words`]): for the
+    /// session-state watch or the statement planner.
+    #[inline]
+    fn reads_words(&self) -> bool {
+        self.state.enabled || self.plan.stmts.is_some()
+    }
+
+    /// Whether the message may hold a statement that needs a database to itself (see
+    /// [`crate::query::database`]): a simple query whose words have `DROP`, `ALTER` or
+    /// `CREATE` (when they are not read: that starts with one), a Parse whose text starts
+    /// with one. Nothing else is read.
+    #[inline]
+    fn may_need_a_database(
+        &self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+        query_words: u32,
+    ) -> bool {
+        use crate::query::database;
+        match tag {
+            fe::QUERY if self.reads_words() => database::may_hold(query_words),
+            fe::QUERY => query_text_len
+                .is_some_and(|n| database::leads_with_ddl(fe::query_text_of(&self.client.rbuf, n))),
+            fe::PARSE => database::parse_leads_with_ddl(body(&self.client.rbuf[..len])),
+            _ => false,
+        }
+    }
+
+    /// Reads the client's statement (a simple query's, or a Parse's), and when it needs a
+    /// database to itself, pgmemo's own sessions of that database leave it first (see
+    /// [`crate::vacate`]).
+    async fn vacate_for(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) {
+        let standard = self.standard_strings();
+        let uses = {
+            let body = body(&self.client.rbuf[..len]);
+            let text = match tag {
+                fe::QUERY => query_text_len.map(|n| &body[..n]),
+                _ => fe::Parse::parse(body).map(|p| p.query),
+            };
+            match text {
+                Some(text) => crate::query::database::uses(text, standard),
+                None => return,
+            }
+        };
+        if uses.is_empty() {
+            return;
+        }
+        let settings = self.pool.settings();
+        crate::vacate::vacate(&self.app, &settings.target, &uses).await;
     }
 
     /// What the message may change that the session follows: its session state (transaction

@@ -119,6 +119,10 @@ pub struct Follower {
     /// Commits applied, connections made.
     pub commits: AtomicU64,
     pub connects: AtomicU64,
+    /// Set by [`Wal::stop`]: the follower closes its connections and ends.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// Set when the follower has ended, its connections closed.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 /// What SHOW CACHE prints of a follower.
@@ -234,6 +238,8 @@ impl Wal {
             lags: Mutex::new(Lags::default()),
             commits: AtomicU64::new(0),
             connects: AtomicU64::new(0),
+            stop: tokio::sync::watch::Sender::new(false),
+            ended: tokio::sync::watch::Sender::new(false),
         });
         if followers
             .try_insert(database.into(), follower.clone())
@@ -244,6 +250,22 @@ impl Wal {
         false
     }
 
+    /// Stops the follower of `database`, if there is one: a client's statement needs the
+    /// database to itself (`DROP DATABASE` and the like, see [`crate::vacate`]), which
+    /// PostgreSQL refuses while another session is connected to it, and `DROP DATABASE` while
+    /// a replication slot of it is in use. The follower closes its connections (its temporary
+    /// slot goes with the replication connection); the receiver tells when they are gone.
+    /// Nothing of the database is served meanwhile, and its next lookup starts a new
+    /// follower (of a new database of that name, perhaps). The caller flushes what the
+    /// follower guarded: writes made before the new one starts are never seen.
+    pub fn stop(&self, database: &str) -> Option<tokio::sync::watch::Receiver<bool>> {
+        let follower = self.followers.pin().remove(database).cloned()?;
+        follower.ready.store(false, Relaxed);
+        let ended = follower.ended.subscribe();
+        follower.stop.send_replace(true);
+        Some(ended)
+    }
+
     pub fn followers(&self) -> Vec<Arc<Follower>> {
         let mut v: Vec<_> = self.followers.pin().values().cloned().collect();
         v.sort_by(|a, b| (&a.name, &a.database).cmp(&(&b.name, &b.database)));
@@ -251,21 +273,75 @@ impl Wal {
     }
 }
 
-/// Follows one database for the life of the process: connects, streams, and after a failure
-/// flushes what the stream guarded and tries again.
+/// How long a stopped follower waits for the server to close its connections (see
+/// [`Wal::stop`]).
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// The connections of a follower's replication session, kept outside its future so that a
+/// stop ([`Wal::stop`]) can end them and wait until the server closed them.
+#[derive(Default)]
+struct Connections {
+    replication: Option<ServerConn>,
+    /// The ordinary connection that reads the catalog (see [`ancestors`]).
+    catalog: Option<ServerConn>,
+}
+
+impl Connections {
+    /// Ends both connections and waits, at most `within`, until the server closed them.
+    async fn close(&mut self, within: Duration) {
+        let (replication, catalog) = (self.replication.take(), self.catalog.take());
+        tokio::join!(
+            async move {
+                if let Some(conn) = replication {
+                    conn.terminate_and_wait(within).await;
+                }
+            },
+            async move {
+                if let Some(conn) = catalog {
+                    conn.terminate_and_wait(within).await;
+                }
+            },
+        );
+    }
+}
+
+/// Marks its follower ended when dropped: when [`follow`] returns, or its task is dropped.
+struct Ending<'a>(&'a Follower);
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        self.0.ended.send_replace(true);
+    }
+}
+
+/// Follows one database for the life of the process, or until it is stopped ([`Wal::stop`]):
+/// connects, streams, and after a failure flushes what the stream guarded and tries again.
 async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) {
+    let _ending = Ending(&follower);
     let mut backoff = Duration::from_millis(500);
     let mut shutdown = setup.shutdown.clone();
+    let mut stopping = follower.stop.subscribe();
+    let mut conns = Connections::default();
     loop {
         follower.set_phase(Phase::Connecting);
         follower.connects.fetch_add(1, Relaxed);
+        // Decided in the select, acted on after it: what a branch's wait returns is kept
+        // until the select ends.
         let outcome = tokio::select! {
-            outcome = stream(&follower, &cache, &setup) => outcome,
+            outcome = stream(&follower, &cache, &setup, &mut conns) => Some(outcome),
             _ = shutdown.wait_for(|stop| *stop) => {
                 follower.ready.store(false, Relaxed);
                 return;
             }
+            _ = stopping.wait_for(|stop| *stop) => None,
         };
+        let Some(outcome) = outcome else {
+            follower.ready.store(false, Relaxed);
+            conns.close(STOP_WAIT).await;
+            return;
+        };
+        // The failed session's connections go (as they are: the stream is broken).
+        conns = Connections::default();
         // Writes from here on may be missed: nothing is served until the stream is back.
         follower.ready.store(false, Relaxed);
         cache.flush(FlushTarget::Database(&follower.database));
@@ -278,6 +354,7 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = stopping.wait_for(|stop| *stop) => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
     }
@@ -296,11 +373,21 @@ fn describe(e: &ServerError) -> String {
     }
 }
 
-/// One replication session: set up, catch up, stream until it fails.
-async fn stream(follower: &Follower, cache: &ResultCache, setup: &Setup) -> Result<(), String> {
-    let (conn, start) = start_streaming(follower, setup).await?;
+/// One replication session: set up, catch up, stream until it fails. Its connections are
+/// kept in `conns`.
+async fn stream(
+    follower: &Follower,
+    cache: &ResultCache,
+    setup: &Setup,
+    conns: &mut Connections,
+) -> Result<(), String> {
+    let start = start_streaming(follower, setup, &mut conns.replication).await?;
+    let conn = conns
+        .replication
+        .as_mut()
+        .ok_or("no replication connection")?;
     follower.set_phase(Phase::CatchingUp);
-    apply_stream(conn, start, follower, cache, setup).await
+    apply_stream(conn, &mut conns.catalog, start, follower, cache, setup).await
 }
 
 /// A replication slot name no other follower uses: slot names are per server, not per
@@ -318,12 +405,16 @@ fn slot_name() -> String {
     )
 }
 
-/// Sets a replication session up: a replication connection, its checks (wal_level, the
-/// publication), a temporary slot, START_REPLICATION. The connection, streaming, and the end
-/// of WAL to catch up with before anything is served.
-async fn start_streaming(follower: &Follower, setup: &Setup) -> Result<(ServerConn, Lsn), String> {
-    let mut conn = connect_replication(&setup.target).await?;
-    let wal_level = command(&mut conn, "SHOW wal_level").await?;
+/// Sets a replication session up: a replication connection (kept in `held`), its checks
+/// (wal_level, the publication), a temporary slot, START_REPLICATION. The end of WAL to catch
+/// up with before anything is served.
+async fn start_streaming(
+    follower: &Follower,
+    setup: &Setup,
+    held: &mut Option<ServerConn>,
+) -> Result<Lsn, String> {
+    let conn = held.insert(connect_replication(&setup.target).await?);
+    let wal_level = command(conn, "SHOW wal_level").await?;
     let level = wal_level
         .first()
         .and_then(|r| r.first().cloned().flatten())
@@ -334,17 +425,17 @@ async fn start_streaming(follower: &Follower, setup: &Setup) -> Result<(ServerCo
         ));
     }
     if setup.plugin == WalPlugin::Pgoutput {
-        ensure_publication(&mut conn, setup).await?;
+        ensure_publication(conn, setup).await?;
     }
     // The position to catch up with before anything is served.
-    let identity = command(&mut conn, "IDENTIFY_SYSTEM").await?;
+    let identity = command(conn, "IDENTIFY_SYSTEM").await?;
     let start: Lsn = identity
         .first()
         .and_then(|r| r.get(2).cloned().flatten())
         .and_then(|s| s.parse().ok())
         .ok_or("IDENTIFY_SYSTEM gave no WAL position")?;
     let slot = slot_name();
-    let options = create_slot(&mut conn, &slot, setup).await?;
+    let options = create_slot(conn, &slot, setup).await?;
     crate::protocol::frontend::query(
         &mut conn.wbuf,
         &format!("START_REPLICATION SLOT {slot} LOGICAL 0/0 {options}"),
@@ -364,7 +455,7 @@ async fn start_streaming(follower: &Follower, setup: &Setup) -> Result<(ServerCo
         }
     }
     tracing::info!(database = %follower.database, slot, %start, "WAL invalidation: streaming");
-    Ok((conn, start))
+    Ok(start)
 }
 
 /// A replication connection to `target`, or what the operator must change to get one.
@@ -422,14 +513,15 @@ async fn create_slot(conn: &mut ServerConn, slot: &str, setup: &Setup) -> Result
 /// Follows the stream: each transaction's writes invalidate what they touched; positions are
 /// confirmed to the server; once applied up to `start` the database is caught up and its
 /// results may be cached. Returns when the server ends the stream, fails with its error.
+/// `catalog`: the connection that reads the catalog, opened when needed.
 async fn apply_stream(
-    mut conn: ServerConn,
+    conn: &mut ServerConn,
+    catalog: &mut Option<ServerConn>,
     start: Lsn,
     follower: &Follower,
     cache: &ResultCache,
     setup: &Setup,
 ) -> Result<(), String> {
-    let mut catalog: Option<ServerConn> = None;
     let mut state = Decoder::default();
     const STATUS_INTERVAL: Duration = Duration::from_millis(500);
     let mut next_status = tokio::time::Instant::now();
@@ -472,14 +564,14 @@ async fn apply_stream(
                     WalPlugin::Pgoutput => {
                         let message = pgoutput::decode(data).map_err(|e| e.to_string())?;
                         state
-                            .apply(message, follower, cache, &mut catalog, setup)
+                            .apply(message, follower, cache, catalog, setup)
                             .await?
                     }
                     WalPlugin::TestDecoding => {
                         let line = test_decoding::decode(data);
                         // A commit's output is sent at its record's end.
                         state
-                            .apply_text(line, start, follower, cache, &mut catalog, setup)
+                            .apply_text(line, start, follower, cache, catalog, setup)
                             .await
                     }
                 };
