@@ -469,6 +469,15 @@ impl ReplyQueue {
         )
     }
 
+    /// The head entry's replies are pgmemo's own from now on, swallowed ([`Action::Silent`]):
+    /// the Sync of an autoprepared query that failed, whose plan check's ReadyForQuery is the
+    /// client's instead (`Session::check_plan`). Its effect settles as before.
+    pub fn silence_head(&mut self) {
+        if let Some(head) = self.entries.front_mut() {
+            head.entry.action = Action::Silent;
+        }
+    }
+
     /// Whether the head entry is the Bind of a simple query run as an autoprepared statement.
     pub fn head_is_autoprepared_bind(&self) -> bool {
         self.entries.front().is_some_and(|e| {

@@ -235,7 +235,8 @@ async fn node_postgres_interpolated_values() {
 }
 
 /// A cancel reaches an autoprepared query: the client gets PostgreSQL's 57014 at once and the
-/// query is not run again (only data exceptions are; see `ClientAutoprepare::rerun`).
+/// query is neither run again nor has its plan checked (only data exceptions do; see
+/// `ClientAutoprepare::checks_plan`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_autoprepared_query_stays_cancelled() {
     let proxy = autoprepare_proxy(2).await;

@@ -45,8 +45,9 @@ pub enum Pass {
     /// The first use of a statement no server has accepted yet: it is prepared on the side
     /// (see the planner's `probe`) while the query runs as it is.
     Probing,
-    /// The query failed as a prepared statement before its first row and runs again as
-    /// it is, for PostgreSQL's own reply (see [`ClientAutoprepare::rerun`]).
+    /// The Bind of the query's statement refused a literal's value (its input function
+    /// failed, before anything was planned or run), and the query runs again as it is, for
+    /// PostgreSQL's own reply (see `Session::again`).
     Rerun,
     /// The server inferred a parameter's type as one a literal does not convert to as a
     /// parameter does (a domain's; an interval assigned where a column's typmod may apply;
@@ -109,7 +110,7 @@ impl Pass {
             Pass::Busy => "other work in flight",
             Pass::Threshold => "below autoprepare_threshold",
             Pass::Probing => "first use, prepared on the side",
-            Pass::Rerun => "failed before its first row, run again as it is",
+            Pass::Rerun => "a literal the Bind refused, run again as it is",
             Pass::ParameterType => {
                 "a literal's parameter would be of a domain type (or an interval with a typmod)"
             }
@@ -189,6 +190,9 @@ pub struct Autoprepare {
     shapes: Arc<Shapes>,
     /// Queries passed through, by [`Pass::index`].
     pub passed: [AtomicU64; PASS_REASONS.len()],
+    /// Autoprepared SELECTs that failed while executing, before their first row, whose plan
+    /// was checked ([`write_plan_check`]) instead of running them again.
+    pub plan_checks: AtomicU64,
 }
 
 impl Autoprepare {
@@ -196,6 +200,7 @@ impl Autoprepare {
         Autoprepare {
             shapes,
             passed: Default::default(),
+            plan_checks: AtomicU64::new(0),
         }
     }
 
@@ -281,11 +286,22 @@ pub struct ClientAutoprepare {
     /// The query in flight is a SELECT that is the first statement of an implicit
     /// transaction. With a generic plan PostgreSQL evaluates expressions of constants at run
     /// time that the simple query folds while planning, so an error it would raise before
-    /// the RowDescription comes after it. So the RowDescription (and notices) wait in `held`
-    /// for the first row or the CommandComplete; an error before then (nothing of the query
-    /// has persisted) is swallowed and the client's query runs again as it is.
-    pub rerun: bool,
-    /// The next query goes to the server as it is (it is such a query, run again).
+    /// the RowDescription comes after it (PostgreSQL 15, `SELECT count_call(), $1/$2` with 1
+    /// and 0: ErrorResponse at the Bind under its five custom plans, BindComplete,
+    /// RowDescription and then the error, count_call having run, under the generic plan;
+    /// `SELECT count_call(), 1/0` fails while planning, before its RowDescription, and never
+    /// calls count_call). So the RowDescription (and notices) wait in `held` for the first row
+    /// or the CommandComplete. An error before then came while the query executed: the query
+    /// is never sent again (a volatile function before the error has run), but its plan is
+    /// checked ([`write_plan_check`]) to tell whether PostgreSQL's simple query would have
+    /// failed while planning (its error instead) or while executing (what is held, then the
+    /// error).
+    pub checks_plan: bool,
+    /// The plan check of the query that failed is in flight: `held` (its RowDescription,
+    /// notices and error) waits for its answer (see `Session::settle_plan_check`).
+    pub checking: bool,
+    /// The next query goes to the server as it is (it is a query whose literal the Bind
+    /// refused, run again).
     pub bypass: bool,
     pub held: BytesMut,
 }
@@ -564,6 +580,40 @@ fn reads_the_clock(text: &[u8]) -> bool {
     })
 }
 
+/// Writes the plan check of a SELECT whose autoprepared run failed while executing, before
+/// its first row (see [`ClientAutoprepare::checks_plan`]): Parse of the client's text `sql`
+/// as the unnamed statement, Bind of it to the unnamed portal with no Execute, Sync; then
+/// Close of the unnamed statement and Sync, since pgmemo leaves no unnamed statement on a
+/// server. Nothing of the query runs: the Bind only plans it, as the simple query is
+/// planned, folding its constant expressions. Measured on PostgreSQL 15: `select count_call(),
+/// 1/0` fails at this Bind with the simple query's ErrorResponse, field for field (22012, no
+/// position, int4div), and so does `SELECT 99999999.5::numeric(6,2)` (22003 with its
+/// detail); `select count_call() + 1/(select 0)`, which the simple query describes and then
+/// fails executing, gets its BindComplete, and count_call (a nextval) was not called. A
+/// Parse that fails (an error at a literal) reports the position in `sql`, the client's own
+/// text, as the simple query does. The Close answers CloseComplete whether or not the Parse
+/// left a statement.
+pub fn write_plan_check(out: &mut BytesMut, sql: &[u8]) {
+    write_message(out, fe::PARSE, |m| {
+        put_cstr(m, b"");
+        put_cstr(m, sql);
+        m.put_u16(0); // no parameter types: the text has no $n
+    });
+    write_message(out, fe::BIND, |m| {
+        put_cstr(m, b""); // the unnamed portal
+        put_cstr(m, b""); // of the unnamed statement
+        m.put_u16(0); // no parameter formats
+        m.put_u16(0); // no parameters
+        m.put_u16(0); // no result formats
+    });
+    fe::sync(out);
+    write_message(out, fe::CLOSE, |m| {
+        m.put_u8(b'S');
+        put_cstr(m, b"");
+    });
+    fe::sync(out);
+}
+
 /// Writes the Describe (portal), Execute and Sync that follow an autoprepared query's Bind.
 pub fn write_run(out: &mut BytesMut) {
     out.extend_from_slice(&RUN);
@@ -709,6 +759,21 @@ mod tests {
         let mut run = BytesMut::new();
         write_run(&mut run);
         assert_eq!(run, built);
+    }
+
+    /// The plan check is the client's text parsed as the unnamed statement and bound with no
+    /// parameters, a Sync, then the unnamed statement closed and a Sync: no Execute.
+    #[test]
+    fn the_plan_check_binds_without_executing() {
+        let mut out = BytesMut::new();
+        write_plan_check(&mut out, b"SELECT 1/0");
+        let mut expected = Vec::new();
+        expected.extend_from_slice(b"P\0\0\0\x12\0SELECT 1/0\0\0\0");
+        expected.extend_from_slice(b"B\0\0\0\x0c\0\0\0\0\0\0\0\0");
+        expected.extend_from_slice(b"S\0\0\0\x04");
+        expected.extend_from_slice(b"C\0\0\0\x06S\0");
+        expected.extend_from_slice(b"S\0\0\0\x04");
+        assert_eq!(&out[..], &expected[..]);
     }
 
     /// A text the lexer refused is remembered in the shared table for the result cache only:

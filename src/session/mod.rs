@@ -388,7 +388,8 @@ struct Planning {
     /// The batch kept to be sent again after 0A000 on its first statement.
     retry: planner::Retry,
     /// An autoprepared query's RowDescription waits in `autoprepare.held` (see
-    /// `Action::AsSimpleQueryHeld`).
+    /// `Action::AsSimpleQueryHeld`), or, with its error, for the query's plan check (see
+    /// `Session::check_plan`).
     held_description: bool,
 }
 

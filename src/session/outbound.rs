@@ -8,8 +8,9 @@ use crate::buffers;
 use crate::pool::PoolMode;
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields};
 use crate::protocol::{body, frame, MAX_BACKEND_MESSAGE_SIZE};
-use crate::replies::{self, ErrorRewrite, Route};
+use crate::replies::{self, Action, Entry, ErrorRewrite, Expected, Route};
 use bytes::{Buf, Bytes};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 impl Session {
@@ -44,7 +45,7 @@ impl Session {
             // client's statement's (swallowed when pgmemo prepares it silently).
             let own_error = tag == be::ERROR_RESPONSE && self.replies.answers_internal();
             let mut route = self.replies.on_server_message(tag);
-            let turn = self.route_again(again, tag, &mut route);
+            let turn = self.route_again(again, tag, len, &mut route);
             self.note_server_message(tag, len, route, again, own_error);
             route = self.release_held_description(tag, route);
             self.relay_reply(tag, len, route);
@@ -76,20 +77,35 @@ impl Session {
             return Again::No;
         }
         let body = body(&self.server.as_ref().expect("a server is held").rbuf[..len]);
-        // An autoprepared SELECT that failed before its first row (see
-        // `ClientAutoprepare::rerun`), or an autoprepared query whose literal the Bind refused
-        // (with two bad literals PostgreSQL's analysis may name another first), as the first
-        // statement of an implicit transaction: nothing of it ran, so it runs again as it is,
-        // for PostgreSQL's own reply. Only for data exceptions (class 22: what folding
-        // constants and reading literals raise), never for a cancel, a timeout, a deadlock or
-        // a serialization failure, which must reach the client.
-        if crate::autoprepare::is_data_exception(body)
-            && ((self.plan.held_description
-                && self.reading.autoprepare.as_ref().is_some_and(|a| a.rerun))
-                || (self.replies.head_is_autoprepared_bind()
-                    && crate::autoprepare::is_parameter_error(body)))
-        {
-            return Again::Rerun;
+        // Only for data exceptions (class 22: what folding constants and reading literals
+        // raise), never for a cancel, a timeout, a deadlock or a serialization failure, which
+        // must reach the client as they are.
+        if crate::autoprepare::is_data_exception(body) {
+            // An autoprepared query whose literal the Bind refused (with two bad literals
+            // PostgreSQL's analysis may name another first), as the first statement of an
+            // implicit transaction: PostgreSQL reads a Bind's parameters before it plans or
+            // runs anything (15: `select count_call(), $1::int` bound with 'x' fails with
+            // 22P02 before its BindComplete, count_call not called), so it runs again as it
+            // is, for PostgreSQL's own reply.
+            if self.replies.head_is_autoprepared_bind()
+                && crate::autoprepare::is_parameter_error(body)
+            {
+                return Again::Rerun;
+            }
+            // An autoprepared SELECT that failed after its BindComplete and RowDescription,
+            // before its first row (see `ClientAutoprepare::checks_plan`): it was executing,
+            // and whatever it called before the error has run. It is never sent again; its
+            // plan is checked instead.
+            if self.plan.held_description
+                && self
+                    .reading
+                    .autoprepare
+                    .as_ref()
+                    .is_some_and(|a| a.checks_plan && !a.checking)
+                && self.plan.retry.kept_query().is_some()
+            {
+                return Again::Check;
+            }
         }
         // 0A000 on the first statement of an implicit transaction whose batch is kept, with
         // nothing queued after the batch: sent again instead (see planner::Retry).
@@ -122,12 +138,21 @@ impl Session {
     }
 
     /// The retry's part in routing: an error run again is swallowed, and so is the
-    /// ReadyForQuery before a kept batch is sent again.
+    /// ReadyForQuery before a kept batch is sent again; an error whose query's plan is
+    /// checked is swallowed (kept with what is held) and the check sent. `len`: the message's.
     #[inline]
-    fn route_again(&mut self, again: Again, tag: u8, route: &mut Route) -> Turn {
+    fn route_again(&mut self, again: Again, tag: u8, len: usize, route: &mut Route) -> Turn {
         let mut turn = Turn::default();
         match again {
-            Again::Rerun | Again::Retry if self.replies.len() != 1 => self.plan.retry.forget(),
+            // Other work queued behind it: the error reaches the client as it is (after the
+            // RowDescription held, see `release_held_description`).
+            Again::Rerun | Again::Retry | Again::Check if self.replies.len() != 1 => {
+                self.plan.retry.forget()
+            }
+            Again::Check => {
+                *route = Route::Swallow;
+                self.check_plan(len);
+            }
             Again::Rerun => {
                 *route = Route::Swallow;
                 self.plan.retry.swallow_ready();
@@ -187,7 +212,7 @@ impl Session {
                     server.broken = true;
                     self.server_fatal |= route == Route::Forward;
                 }
-                if route == Route::Swallow && again != Again::Retry {
+                if route == Route::Swallow && !matches!(again, Again::Retry | Again::Check) {
                     if own_error {
                         tracing::warn!(pool = ?self.pool.key, code = %fields.code, "pgmemo's own query failed on the server: {}", fields.message);
                     } else {
@@ -300,21 +325,29 @@ impl Session {
 
     /// The RowDescription held back for an autoprepared query (see
     /// `Action::AsSimpleQueryHeld`): out before its first row or its CommandComplete; with an
-    /// error, dropped for a query that writes, and for a SELECT dropped if it runs again, out
-    /// before the error if it cannot. Notices of a SELECT come after its RowDescription, and
-    /// are held with it. The message's route.
+    /// error, dropped for a query that writes, and for a SELECT kept for its plan check (see
+    /// `Session::settle_plan_check`), out before the error if the check cannot be sent.
+    /// Notices of a SELECT come after its RowDescription, and are held with it. The message's
+    /// route.
     #[inline]
     fn release_held_description(&mut self, tag: u8, route: Route) -> Route {
         if !self.plan.held_description {
             return route;
         }
-        let rerun = self.reading.autoprepare.as_ref().is_some_and(|a| a.rerun);
+        let (checking, checks_plan) = self
+            .reading
+            .autoprepare
+            .as_ref()
+            .map_or((false, false), |a| (a.checking, a.checks_plan));
+        if checking {
+            return self.settle_plan_check(tag, route);
+        }
         match tag {
             be::DATA_ROW | be::COMMAND_COMPLETE | be::ERROR_RESPONSE | be::READY_FOR_QUERY => {
                 self.plan.held_description = false;
                 if let Some(ap) = self.reading.autoprepare.as_mut() {
                     let out = matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE)
-                        || (tag == be::ERROR_RESPONSE && ap.rerun && route != Route::Swallow);
+                        || (tag == be::ERROR_RESPONSE && ap.checks_plan && route != Route::Swallow);
                     if out {
                         self.client.wbuf.extend_from_slice(&ap.held);
                     }
@@ -322,9 +355,76 @@ impl Session {
                 }
                 route
             }
-            be::NOTICE_RESPONSE if rerun => Route::Hold,
+            be::NOTICE_RESPONSE if checks_plan => Route::Hold,
             _ => route,
         }
+    }
+
+    /// Sends the plan check of an autoprepared SELECT that failed while executing, before its
+    /// first row (see `ClientAutoprepare::checks_plan`), with nothing of the client's queued
+    /// after its Sync: the error (the server's message, `len` bytes) joins the RowDescription
+    /// and notices held, the query's ReadyForQuery is swallowed, and the client's text is
+    /// parsed and bound without an Execute ([`crate::autoprepare::write_plan_check`]),
+    /// pipelined after the query's Sync on the same server. Its ReadyForQuery is the client's.
+    /// Before, the query ran again as it was: a volatile function called before the error
+    /// (`select nextval('s') + 1/(select 0)`) ran twice.
+    #[cold]
+    fn check_plan(&mut self, len: usize) {
+        let server = self.server.as_mut().expect("a server is held");
+        let (Some(ap), Some(sql)) = (
+            self.reading.autoprepare.as_mut(),
+            self.plan.retry.kept_query(),
+        ) else {
+            return; // (`again` made sure of both)
+        };
+        ap.held.extend_from_slice(&server.rbuf[..len]);
+        ap.checking = true;
+        crate::autoprepare::write_plan_check(&mut server.wbuf, sql);
+        // The failed query's Sync, now at the head: its ReadyForQuery is pgmemo's.
+        self.replies.silence_head();
+        for (expected, action) in [
+            (Expected::Parse, Action::Skip),
+            (Expected::Bind, Action::Skip),
+            (Expected::Sync, Action::Forward),
+            (Expected::Close, Action::Silent),
+            (Expected::Sync, Action::Silent),
+        ] {
+            self.replies.push_entry(Entry {
+                expected,
+                action,
+                effect: None,
+            });
+        }
+        self.plan.retry.forget();
+        self.app.autoprepare.plan_checks.fetch_add(1, Relaxed);
+    }
+
+    /// A message while a plan check is in flight (see `Session::check_plan`): what is held
+    /// (RowDescription, notices, the error) goes out when the Bind of the client's text
+    /// completes, for PostgreSQL plans the simple query without an error and describes its
+    /// rows before it fails executing; it is dropped when the Parse or Bind fails, that error
+    /// (forwarded as it is) being PostgreSQL's own answer to the simple query, which failed
+    /// while planning. Everything else goes as routed: the ParseComplete and BindComplete are
+    /// swallowed (`Action::Skip`), the failed query's ReadyForQuery too, the check's
+    /// forwarded. The message's route.
+    #[cold]
+    fn settle_plan_check(&mut self, tag: u8, route: Route) -> Route {
+        let release = match tag {
+            be::BIND_COMPLETE => true,
+            // (A ReadyForQuery of the client's before either cannot come: the Parse or the
+            // Bind answers first.)
+            be::ERROR_RESPONSE | be::READY_FOR_QUERY if route == Route::Forward => false,
+            _ => return route,
+        };
+        self.plan.held_description = false;
+        if let Some(ap) = self.reading.autoprepare.as_mut() {
+            if release {
+                self.client.wbuf.extend_from_slice(&ap.held);
+            }
+            ap.held.clear();
+            ap.checking = false;
+        }
+        route
     }
 
     /// Relays the message as routed: to the client (as it is, or rewritten), held, or not.
@@ -585,8 +685,12 @@ impl Session {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Again {
     No,
-    /// An autoprepared query runs again as the client sent it.
+    /// An autoprepared query whose literal the Bind refused runs again as the client sent
+    /// it.
     Rerun,
+    /// An autoprepared SELECT that failed while executing has its plan checked (see
+    /// `Session::check_plan`).
+    Check,
     /// The kept batch is sent again after 0A000 (see `planner::Retry`).
     Retry,
 }

@@ -93,10 +93,14 @@ impl Planner<'_> {
                 retry,
             }),
         });
-        ap.client.rerun = retry && !ap.client.modifies;
+        // A SELECT whose plan may be checked after an error (see
+        // `ClientAutoprepare::checks_plan`): the check needs the query's text, kept for the
+        // retry, and runs after its Sync, which in a block the error aborted would refuse its
+        // Parse (25P02).
+        ap.client.checks_plan = retry && !ap.client.modifies;
         self.replies.push_known(Entry {
             expected: Expected::Describe,
-            action: if ap.client.modifies || ap.client.rerun {
+            action: if ap.client.modifies || ap.client.checks_plan {
                 Action::AsSimpleQueryHeld
             } else {
                 Action::AsSimpleQuery

@@ -119,6 +119,15 @@ impl Retry {
         }
     }
 
+    /// The text of the simple query kept (one run as an autoprepared statement), when it is
+    /// kept whole: for the plan check of a query that failed (`Session::check_plan`).
+    pub fn kept_query(&self) -> Option<&[u8]> {
+        if !(self.query && self.complete) {
+            return None;
+        }
+        fe::query_text(self.bytes.get(crate::protocol::HEADER_LEN..)?)
+    }
+
     /// Whether an error now may be the retry point's 0A000 with the whole batch kept.
     pub fn is_armed(&self) -> bool {
         self.complete && self.describes && !self.pending
