@@ -1037,6 +1037,126 @@ async fn clock_literals_are_read_each_time() {
     assert!(passed > 0, "no query was kept out for a clock literal");
 }
 
+/// A volatile function that counts its calls (a sequence's `nextval`, which an error does not
+/// roll back: a table's `UPDATE ... RETURNING` would count none of the calls of a statement
+/// that fails), and a table to write to.
+const CALLS_SETUP: &str = r#"
+CREATE SEQUENCE calls;
+CREATE FUNCTION count_call() RETURNS int LANGUAGE sql VOLATILE
+    AS 'SELECT nextval(''calls'')::int';
+CREATE TABLE t (a int, b int);
+"#;
+
+/// Queries that call `count_call()` and fail, each run as many times as it says: from the
+/// third run on, at the default `autoprepare_threshold`, as a prepared statement. The last
+/// one reads how often PostgreSQL called `count_call()`. Measured on PostgreSQL 15 as simple
+/// queries (the count after each: 0, 5, 5, 5, 10, 18, 23).
+const CALL_QUERIES: &[(&str, usize)] = &[
+    // Fails while planning (PostgreSQL folds `1/0`): count_call is never called. Prepared,
+    // the Bind fails with the same error (its custom plan folds the values).
+    ("select count_call(), 1/0", 5),
+    // Fails while executing, after count_call ran, before its first row (RowDescription, then
+    // 22012): one call per run. Prepared, the Bind succeeds and the Execute fails the same
+    // way; the statement is not sent again (before, it ran again as it was: two calls).
+    ("select count_call() + 1/(select 0)", 5),
+    // A literal that fails: at the simple query's analysis (22P02 at its position), at the
+    // prepared statement's Bind, before anything is planned or run (sent again as it is).
+    ("select count_call(), 'x'::int", 5),
+    // A write that fails while planning.
+    ("insert into t values (count_call(), 1/0)", 5),
+    // Fails after its first row (RowDescription, DataRow, 22012): one call per run.
+    (
+        "select count_call() from (values (1), (0)) v(x) where 10/x > 0",
+        5,
+    ),
+    // Runs enough for PostgreSQL to choose a generic plan (after five custom plans), then
+    // fails under it while executing: one call per run.
+    ("select 2 * count_call() + 10/(select 5)", 8),
+    ("select 2 * count_call() + 10/(select 0)", 5),
+    (
+        "select case when is_called then last_value else 0 end as calls from calls",
+        1,
+    ),
+];
+
+/// Runs [`CALL_QUERIES`] on one connection and returns the transcript.
+async fn run_calls(addr: SocketAddr, db: &'static str) -> Vec<String> {
+    let mut client = RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+        .await
+        .expect("login");
+    let mut normalizer = Normalizer::default();
+    let mut out = Vec::new();
+    for (sql, runs) in CALL_QUERIES {
+        for run in 0..*runs {
+            out.push(format!(">> {sql} (run {run})"));
+            client.send(&[Frontend::query(sql)]).await.unwrap();
+            for r in client.recv_until_ready(1).await.unwrap() {
+                out.push(format!("<< {}", normalizer.line(&r)));
+            }
+        }
+    }
+    client.terminate().await.unwrap();
+    out
+}
+
+/// A statement whose autoprepared run began executing is never sent to the server a second
+/// time (issue 54 item 12): `count_call()` is called as often through pgmemo as directly (each
+/// DataRow shows the count so far, and the last query reads it), and every reply is
+/// PostgreSQL's. Only a statement PostgreSQL refused before running anything is sent again:
+/// a literal the Bind refused. A SELECT that fails while executing before its first row has
+/// its plan checked instead (a Parse and Bind of its text, no Execute), which tells whether
+/// the simple query would have failed while planning; before, it ran again as it was, and
+/// `select count_call() + 1/(select 0)` called count_call twice per run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_that_began_executing_is_never_sent_again() {
+    async fn setup_calls(db: &'static str) {
+        fresh_db(db).await;
+        let mut c = RawClient::connect(cluster().addr(), PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+            .await
+            .expect("login for setup");
+        c.send(&[Frontend::query(CALLS_SETUP)]).await.unwrap();
+        let replies = c.recv_until_ready(1).await.unwrap();
+        assert!(
+            !replies.iter().any(Backend::is_error),
+            "setup failed: {replies:?}"
+        );
+        c.terminate().await.unwrap();
+    }
+    let count = CALL_QUERIES.last().expect("queries").0;
+    setup_calls("ap_calls_direct").await;
+    let direct = run_calls(cluster().addr(), "ap_calls_direct").await;
+    let counted: Vec<&str> = replies_to(&direct, count)
+        .into_iter()
+        .map(String::as_str)
+        .filter(|l| l.starts_with("<< DataRow"))
+        .collect();
+    assert_eq!(
+        counted,
+        ["<< DataRow [\"23\"]"],
+        "PostgreSQL calls count_call once per run of the statements that execute: {direct:#?}"
+    );
+    setup_calls("ap_calls_proxy").await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 1)).await;
+    let proxied = run_calls(proxy.local_addr(), "ap_calls_proxy").await;
+    if let Some(report) = diff(&direct, &proxied) {
+        panic!("{report}");
+    }
+    let failing = "select count_call() + 1/(select 0)";
+    let text = lexed_text(failing);
+    let runs = proxy
+        .app()
+        .autoprepare
+        .shapes()
+        .iter()
+        .find(|s| s.text() == text)
+        .unwrap_or_else(|| panic!("a shape for {failing}"))
+        .executions
+        .load(Relaxed);
+    assert!(runs >= 3, "{failing} ran prepared {runs} times");
+    let checks = proxy.app().autoprepare.plan_checks.load(Relaxed);
+    assert!(checks >= runs, "{checks} plans checked");
+}
+
 /// The replies to every run of `sql` in a transcript of [`run_repeated`].
 fn replies_to<'a>(transcript: &'a [String], sql: &str) -> Vec<&'a String> {
     let asked = format!(">> {sql} (run ");
