@@ -1121,6 +1121,70 @@ mod tests {
         assert_eq!(counted(&q), (false, false, false));
     }
 
+    /// An autoprepared query's Sync after an error in its Execute, silenced, then the plan
+    /// check pgmemo sends after it (`Session::check_plan`): the client sees one ReadyForQuery,
+    /// the check's, and the check's error if its Parse or Bind fails.
+    #[test]
+    fn a_plan_check_answers_the_client_once() {
+        fn queue() -> ReplyQueue {
+            let mut q = ReplyQueue::new();
+            q.push(Expected::Sync);
+            q.silence_head();
+            for (expected, action) in [
+                (Expected::Parse, Action::Skip),
+                (Expected::Bind, Action::Skip),
+                (Expected::Sync, Action::Forward),
+                (Expected::Close, Action::Silent),
+                (Expected::Sync, Action::Silent),
+            ] {
+                q.push_entry(Entry {
+                    expected,
+                    action,
+                    effect: None,
+                });
+            }
+            q
+        }
+        let mut q = queue();
+        for (tag, route) in [
+            (be::READY_FOR_QUERY, Route::Swallow),
+            (be::PARSE_COMPLETE, Route::Swallow),
+            (be::BIND_COMPLETE, Route::Swallow),
+            (be::READY_FOR_QUERY, Route::Forward),
+            (be::CLOSE_COMPLETE, Route::Swallow),
+            (be::READY_FOR_QUERY, Route::Swallow),
+        ] {
+            assert_eq!(q.on_server_message(tag), route, "{q:?}");
+        }
+        assert!(q.is_idle(), "{q:?}");
+        // The Bind fails (the simple query would have failed while planning).
+        let mut q = queue();
+        for (tag, route) in [
+            (be::READY_FOR_QUERY, Route::Swallow),
+            (be::PARSE_COMPLETE, Route::Swallow),
+            (be::ERROR_RESPONSE, Route::Forward),
+            (be::READY_FOR_QUERY, Route::Forward),
+            (be::CLOSE_COMPLETE, Route::Swallow),
+            (be::READY_FOR_QUERY, Route::Swallow),
+        ] {
+            assert_eq!(q.on_server_message(tag), route, "{q:?}");
+        }
+        assert!(q.is_idle(), "{q:?}");
+        // The Parse fails: the Bind is skipped.
+        let mut q = queue();
+        for (tag, route) in [
+            (be::READY_FOR_QUERY, Route::Swallow),
+            (be::ERROR_RESPONSE, Route::Forward),
+            (be::READY_FOR_QUERY, Route::Forward),
+            (be::CLOSE_COMPLETE, Route::Swallow),
+            (be::READY_FOR_QUERY, Route::Swallow),
+        ] {
+            assert_eq!(q.on_server_message(tag), route, "{q:?}");
+        }
+        assert!(q.is_idle(), "{q:?}");
+        assert!(q.take_replacement().is_none(), "the error goes as it is");
+    }
+
     #[test]
     fn describe_waits_for_row_description() {
         let mut q = ReplyQueue::new();
