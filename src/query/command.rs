@@ -104,12 +104,38 @@ impl Command {
 }
 
 /// Splits `sql` into top-level statements and classifies each. Empty statements are dropped.
+/// A `PREPARE`'s text is kept where the query put it (see [`in_place`]).
 pub fn classify(sql: &str) -> Vec<Command> {
     split(sql)
         .into_iter()
         .filter(|s| !s.trim().is_empty())
-        .map(classify_statement)
+        .map(|stmt| match classify_statement(stmt) {
+            Command::Prepare { name, text } => Command::Prepare {
+                name,
+                text: in_place(sql, stmt, text),
+            },
+            command => command,
+        })
         .collect()
+}
+
+/// The text of the `PREPARE` statement `stmt` (a part of the query `sql`, `text` its trimmed
+/// text) preceded by one space for every character before it in `sql`. PostgreSQL keeps the
+/// whole query that held a PREPARE as the statement's source text, and the error of an
+/// `EXECUTE` that analyses the statement again (a table it reads was dropped) points into
+/// it (`P`, in characters): pgmemo prepares the statement again on other servers with this
+/// text, where the same error points at the same place.
+fn in_place(sql: &str, stmt: &str, text: String) -> String {
+    let start = stmt.as_ptr() as usize - sql.as_ptr() as usize;
+    let at = start + (stmt.len() - stmt.trim_start().len());
+    let before = sql[..at].chars().count();
+    if before == 0 {
+        return text;
+    }
+    let mut placed = String::with_capacity(before + text.len());
+    placed.extend(std::iter::repeat_n(' ', before));
+    placed.push_str(&text);
+    placed
 }
 
 /// What the text of a Parse is, when it is one of the commands that change the prepared
@@ -795,6 +821,40 @@ mod tests {
             vec![Command::PrepareTransaction]
         );
         assert_eq!(classify("SELECT 1"), vec![Command::Select]);
+    }
+
+    /// A PREPARE's text keeps its place in its query: its errors point where PostgreSQL's do.
+    #[test]
+    fn prepare_texts_keep_their_place() {
+        assert_eq!(
+            classify("CREATE TEMP TABLE t AS SELECT 1; PREPARE p AS SELECT * FROM t; DROP TABLE t"),
+            vec![
+                Command::Ddl { temp: true },
+                Command::Prepare {
+                    name: "p".into(),
+                    text: format!("{}PREPARE p AS SELECT * FROM t", " ".repeat(33)),
+                },
+                Command::Ddl { temp: false },
+            ]
+        );
+        // Characters, not bytes.
+        assert_eq!(
+            classify("SELECT 'é';\n  prepare q as select 1"),
+            vec![
+                Command::Select,
+                Command::Prepare {
+                    name: "q".into(),
+                    text: format!("{}prepare q as select 1", " ".repeat(14)),
+                },
+            ]
+        );
+        assert_eq!(
+            tracked_command(" PREPARE p AS SELECT 1"),
+            Some(Command::Prepare {
+                name: "p".into(),
+                text: " PREPARE p AS SELECT 1".into()
+            })
+        );
     }
 
     #[test]
