@@ -667,12 +667,14 @@ impl ReplyQueue {
     }
 
     /// Whether the reply at hand answers one of pgmemo's own queries (a parameter sync, a
-    /// probe, a reset), not a statement of the client's.
+    /// probe, a reset), not a statement of the client's (a SQL-level statement of the
+    /// client's prepared again, [`Effect::SqlSync`], is the client's).
     #[inline]
     pub fn answers_internal(&self) -> bool {
-        self.entries
-            .front()
-            .is_some_and(|head| head.expected == Expected::Internal)
+        self.entries.front().is_some_and(|head| {
+            head.expected == Expected::Internal
+                && !matches!(head.effect, Some(Effect::SqlSync { .. }))
+        })
     }
 
     /// Matches one server message against the head of the queue and advances it.

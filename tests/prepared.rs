@@ -1617,6 +1617,59 @@ async fn sql_prepare_and_execute_across_transactions() {
     .await;
 }
 
+/// A SQL-level statement outlives a temporary table it reads, as in PostgreSQL (pg_regress
+/// plancache, reduced): PostgreSQL keeps the statement when the table is dropped; an EXECUTE
+/// of it analyses it again and fails (42P01, positioned in the query that held the PREPARE)
+/// until a table of that name exists again, then works. Through pgmemo the client moves to a
+/// server where the statements cannot be prepared again (they read a table that is not
+/// there): they stay the client's, with PostgreSQL's answers — an EXECUTE alone, after
+/// another statement, in a transaction block, `EXPLAIN EXECUTE`, a Bind of one, a PREPARE or
+/// Parse of one's name (42P05), DEALLOCATE alone, among other statements, and through
+/// Parse/Bind/Execute — and work again once the table is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_statements_outlive_the_tables_they_read() {
+    check(
+        Script::new()
+            .go(vec![q("CREATE TEMP TABLE pcachetest AS SELECT 1 AS q1; \
+                 PREPARE prepstmt AS SELECT * FROM pcachetest; \
+                 PREPARE prep2(int) AS SELECT q1 + $1 AS r FROM pcachetest; \
+                 PREPARE prep3 AS SELECT count(*) AS n FROM pcachetest; \
+                 DROP TABLE pcachetest")])
+            // (The server's session state is probed after that query: done with it before
+            // the move.)
+            .go(vec![q("SELECT 'settled' AS s")])
+            .moved()
+            .go(vec![q("EXECUTE prepstmt")])
+            .go(vec![q("SELECT 1 AS a; EXECUTE prepstmt; SELECT 2 AS b")])
+            .go(vec![q("EXPLAIN (COSTS OFF) EXECUTE prep2(1)")])
+            .go(vec![q("BEGIN")])
+            .go(vec![q("SELECT 1 AS a; EXECUTE prep2(1)")])
+            .go(vec![q("ROLLBACK")])
+            .go(vec![b("prepstmt", &[]), e(), S])
+            .go(vec![q("PREPARE prepstmt AS SELECT 1")])
+            .go(vec![p("prepstmt", "SELECT 1"), S])
+            .go(vec![q("EXECUTE prepstmt")])
+            // The table again: the statements work.
+            .go(vec![q("CREATE TEMP TABLE pcachetest AS SELECT 2 AS q1")])
+            .go(vec![b("prepstmt", &[]), e(), S])
+            .go(vec![q("EXECUTE prep2(40)")])
+            .back()
+            .go(vec![q("EXECUTE prepstmt; EXECUTE prep3")])
+            .go(vec![q("DROP TABLE pcachetest")])
+            .go(vec![q("SELECT 'settled' AS s")])
+            .moved()
+            .go(vec![q("EXECUTE prep2(1)")])
+            .go(vec![q("DEALLOCATE prepstmt")])
+            .go(vec![q("SELECT 1 AS c; DEALLOCATE prep2")])
+            .go(vec![p("", "DEALLOCATE prep3"), b("", &[]), e(), S])
+            .go(vec![q("EXECUTE prepstmt")])
+            .go(vec![q("EXECUTE prep2(1)")])
+            .go(vec![q("EXECUTE prep3")])
+            .back(),
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // DDL
 // ---------------------------------------------------------------------------------------------

@@ -444,6 +444,17 @@ impl Session {
                 );
                 self.stats.bytes_sent += len as u64;
             }
+            // PostgreSQL's 26000 about a SQL-level statement of the client's whose PREPARE
+            // failed on this server: what PostgreSQL's own EXECUTE would raise (see
+            // `ServerSet::sql_error`).
+            Route::Forward if tag == be::ERROR_RESPONSE && server.prepared.has_sql_errors() => {
+                let shown = server
+                    .prepared
+                    .sql_error_for(body(msg))
+                    .map_or(msg, |e| &e[..]);
+                self.client.wbuf.extend_from_slice(shown);
+                self.stats.bytes_sent += shown.len() as u64;
+            }
             Route::Forward => {
                 self.client.wbuf.extend_from_slice(msg);
                 self.stats.bytes_sent += len as u64;
@@ -510,12 +521,14 @@ impl Session {
     fn consume_server_message(&mut self, tag: u8, len: usize, turn: Turn) {
         let server = self.server.as_mut().expect("a server is held");
         let mut error_code = None;
-        // A 0A000 ErrorResponse, whole: the answer to a statement it made stale.
-        let mut stale_error = None;
+        // The ErrorResponse, whole, when it ended bookkeeping: a 0A000 answers the clients of
+        // a statement it made stale; a SQL-level statement's failed PREPARE stands for the
+        // EXECUTEs of it (see `ServerSet::sql_error`).
+        let mut error = None;
         if tag == be::ERROR_RESPONSE {
             error_code = ErrorFields::parse(body(&server.rbuf[..len])).map(|f| f.code);
-            if error_code.as_deref() == Some("0A000") {
-                stale_error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
+            if self.replies.has_outcomes() || error_code.as_deref() == Some("0A000") {
+                error = Some(Bytes::copy_from_slice(&server.rbuf[..len]));
             }
         }
         if let Some(stmts) = self.plan.stmts.as_mut().filter(|s| s.search_path.is_open()) {
@@ -526,7 +539,7 @@ impl Session {
         }
         server.rbuf.advance(len);
         if self.plan.stmts.is_some() {
-            self.settle(error_code.as_deref(), stale_error, turn.retried);
+            self.settle(error_code.as_deref(), error, turn.retried);
             // Settled just now: only a local reply due next leaves anything to do.
             if self.replies.head_is_synthesized() {
                 self.answer_locally();
@@ -596,12 +609,7 @@ impl Session {
     /// Applies the bookkeeping of entries that ended: kept when their message ran, undone
     /// (newest first) when PostgreSQL discarded it.
     #[inline]
-    pub(super) fn settle(
-        &mut self,
-        error_code: Option<&str>,
-        stale_error: Option<Bytes>,
-        retried: bool,
-    ) {
+    pub(super) fn settle(&mut self, error_code: Option<&str>, error: Option<Bytes>, retried: bool) {
         // Called after every server read and local answer, mostly with nothing to do: that is
         // checked here, before the large frame of the work itself (~550 instructions per
         // transaction for nothing, measured).
@@ -612,7 +620,7 @@ impl Session {
                 .as_ref()
                 .is_some_and(|s| s.search_path.has_carry())
         {
-            self.settle_outcomes(error_code, stale_error, retried);
+            self.settle_outcomes(error_code, error, retried);
         }
     }
 
@@ -620,7 +628,7 @@ impl Session {
     pub(super) fn settle_outcomes(
         &mut self,
         error_code: Option<&str>,
-        mut stale_error: Option<Bytes>,
+        error: Option<Bytes>,
         retried: bool,
     ) {
         let Session {
@@ -644,7 +652,7 @@ impl Session {
                 Some("0A000"),
             ) = (&effect, outcome, error_code)
             {
-                if let Some(message) = stale_error.take() {
+                if let Some(message) = error.clone() {
                     statement.set_stale_error(message);
                 }
             }
@@ -666,6 +674,7 @@ impl Session {
                 effect,
                 outcome,
                 error_code,
+                error.as_ref(),
                 retried,
             );
         }

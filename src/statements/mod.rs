@@ -437,10 +437,11 @@ pub enum Effect {
         name: Box<[u8]>,
         statement: Arc<Statement>,
     },
-    /// A SQL-level statement (name, text) dropped by the Execute of a `DEALLOCATE name`.
-    /// Undone unless it ran. Boxed, like the other rare payloads: every reply entry holds an
-    /// `Option<Effect>` and is moved through the queue per message.
-    SqlDeallocated(Box<(String, String)>),
+    /// A SQL-level statement dropped by the Execute of a `DEALLOCATE name` (or by a simple
+    /// query `DEALLOCATE name` pgmemo answers). Undone unless it ran. Boxed, like the other
+    /// rare payloads: every reply entry holds an `Option<Effect>` and is moved through the
+    /// queue per message.
+    SqlDeallocated(Box<DroppedSql>),
     /// A SQL-level statement (name, text) made by the Execute of a `PREPARE name`. Undone
     /// unless it ran (PostgreSQL does not undo a PREPARE that ran when its transaction rolls
     /// back).
@@ -453,12 +454,13 @@ pub enum Effect {
     /// statements of a query in order and stops at the first error; PREPARE and DEALLOCATE
     /// are not undone by a rollback).
     Sql(Box<SqlCommands>),
-    /// A SQL-level statement pgmemo prepares (or deallocates) on a server so that the
-    /// server's SQL-level statements are the client's. Failed: the server does not have it.
+    /// A SQL-level statement pgmemo prepares on a server again so that the server's
+    /// SQL-level statements are the client's (at the hold, or right before a use of it).
+    /// Done: the server has it; failed (its error kept, see `ServerSet::sql_error`) or
+    /// discarded: it does not.
     SqlSync { name: String },
-    /// A client's SQL-level statement (name, text) dropped by a protocol Close. Undone if
-    /// discarded.
-    SqlClosed(Box<(String, String)>),
+    /// A client's SQL-level statement dropped by a protocol Close. Undone if discarded.
+    SqlClosed(Box<DroppedSql>),
     /// Two effects of one message, in the order they happened (a simple query drops the
     /// unnamed statement, then deallocates).
     Both(Box<(Effect, Effect)>),
@@ -474,6 +476,7 @@ impl Effect {
             | Effect::CheckTypes { .. }
             | Effect::Sql(_)
             | Effect::Reset(_)
+            | Effect::SqlSync { .. }
             | Effect::Bound {
                 prepared_here: true,
                 ..
@@ -758,6 +761,18 @@ impl SearchPath {
             ..before
         };
     }
+}
+
+/// A client's SQL-level statement that a message drops (`DEALLOCATE`, a protocol Close): what
+/// comes back if the message does not run.
+#[derive(Debug)]
+pub struct DroppedSql {
+    pub name: String,
+    /// Its PREPARE statement.
+    pub text: String,
+    /// The server had it (its PREPARE had not failed there, see `ServerSet::sql_error`): it
+    /// has it again.
+    pub here: bool,
 }
 
 /// The statements of a simple query, as far as SQL-level statements go, and how many of them

@@ -21,6 +21,17 @@ pub struct ServerSet {
     /// SQL-level statements prepared here under their clients' names (name → PREPARE
     /// statement): those of the last client whose transaction ran here.
     pub sql: super::SqlStatements,
+    /// PREPAREs of the client's SQL-level statements in flight here (pgmemo's, made again on
+    /// this server: see `planner::sync_sql_statements`): until their replies are in, whether
+    /// [`ServerSet::sql`] really has them is not known.
+    sql_unsettled: u32,
+    /// The client's SQL-level statements whose PREPARE failed here (its text names what this
+    /// server's session lacks, a dropped temporary table): name → PostgreSQL's error (a whole
+    /// ErrorResponse). The client still has each (PostgreSQL keeps a statement whose table
+    /// went away), and the server's 26000 about one is shown as this error, which is what
+    /// PostgreSQL's EXECUTE raises analysing it again. Boxed: rare.
+    #[allow(clippy::box_collection)] // 8 bytes in every server, where a Vec takes 24
+    sql_errors: Option<Box<Vec<(String, bytes::Bytes)>>>,
 }
 
 impl ServerSet {
@@ -30,7 +41,93 @@ impl ServerSet {
             limit: limit.max(1),
             guard: false,
             sql: super::SqlStatements::default(),
+            sql_unsettled: 0,
+            sql_errors: None,
         }
+    }
+
+    /// A PREPARE of a client's SQL-level statement is sent here: until it is answered
+    /// ([`ServerSet::sql_answered`]), the server's SQL-level statements are not known.
+    pub fn sql_sent(&mut self) {
+        self.sql_unsettled += 1;
+    }
+
+    /// Whether every PREPARE of a client's SQL-level statement sent here has been answered:
+    /// then [`ServerSet::sql`] is what the server has.
+    #[inline]
+    pub fn sql_settled(&self) -> bool {
+        self.sql_unsettled == 0
+    }
+
+    /// A PREPARE of the client's SQL-level statement `name` sent here was answered: it is
+    /// here (`error` None), or it failed with `error` (a whole ErrorResponse; None when it
+    /// never ran), and the server lacks it.
+    pub fn sql_answered(&mut self, name: &str, prepared: bool, error: Option<bytes::Bytes>) {
+        self.sql_unsettled = self.sql_unsettled.saturating_sub(1);
+        if prepared {
+            self.forget_sql_error(name);
+            return;
+        }
+        self.sql.remove(name);
+        if let Some(error) = error {
+            self.forget_sql_error(name);
+            self.sql_errors
+                .get_or_insert_with(Default::default)
+                .push((name.to_owned(), error));
+        }
+    }
+
+    /// Whether some SQL-level statement's PREPARE failed here (see [`ServerSet::sql_error`]).
+    #[inline]
+    pub fn has_sql_errors(&self) -> bool {
+        self.sql_errors.is_some()
+    }
+
+    /// The error the last PREPARE of the client's SQL-level statement `name` failed with here,
+    /// if it failed.
+    pub fn sql_error(&self, name: &[u8]) -> Option<&bytes::Bytes> {
+        self.sql_errors
+            .as_ref()?
+            .iter()
+            .find(|(n, _)| n.as_bytes() == name)
+            .map(|(_, error)| error)
+    }
+
+    /// What the server's error `body` (an ErrorResponse's) stands for: when it is PostgreSQL's
+    /// 26000 about one of the client's SQL-level statements whose PREPARE failed here, the
+    /// error of that PREPARE, which PostgreSQL's own EXECUTE (or Bind, or Describe) of the
+    /// statement raises analysing it again.
+    pub fn sql_error_for(&self, body: &[u8]) -> Option<&bytes::Bytes> {
+        let (mut code, mut message) = (None, None);
+        for (field, value) in crate::protocol::backend::fields(body) {
+            match field {
+                b'C' => code = Some(value),
+                b'M' => message = Some(value),
+                _ => {}
+            }
+        }
+        if code? != b"26000" {
+            return None;
+        }
+        let name = message?
+            .strip_prefix(b"prepared statement \"")?
+            .strip_suffix(b"\" does not exist")?;
+        self.sql_error(name)
+    }
+
+    /// The client drops (or the server prepares) `name`: its error no longer stands for it.
+    pub fn forget_sql_error(&mut self, name: &str) {
+        if let Some(errors) = self.sql_errors.as_mut() {
+            errors.retain(|(n, _)| n != name);
+            if errors.is_empty() {
+                self.sql_errors = None;
+            }
+        }
+    }
+
+    /// Forgets every SQL-level statement's error (another client's turn, DEALLOCATE ALL).
+    pub fn forget_sql_errors(&mut self) {
+        self.sql_errors = None;
     }
 
     pub fn has_guard(&self) -> bool {
@@ -213,6 +310,45 @@ mod tests {
         assert_eq!(set.len(), 2);
         assert_eq!(b.servers.load(Ordering::Relaxed), 0);
         assert_eq!(a.servers.load(Ordering::Relaxed), 1);
+    }
+
+    /// A client's SQL-level statement whose PREPARE failed here keeps its error until it is
+    /// prepared here, or dropped.
+    #[test]
+    fn failed_sql_statements_keep_their_error() {
+        let mut set = ServerSet::new(4);
+        set.sql
+            .insert("a".into(), "PREPARE a AS SELECT * FROM t".into());
+        set.sql.insert("b".into(), "PREPARE b AS SELECT 1".into());
+        set.sql_sent();
+        set.sql_sent();
+        assert!(!set.sql_settled());
+        set.sql_answered("a", false, Some(Bytes::from_static(b"E...")));
+        set.sql_answered("b", true, None);
+        assert!(set.sql_settled());
+        assert!(!set.sql.contains_key("a") && set.sql.contains_key("b"));
+        assert_eq!(set.sql_error(b"a").map(|e| &e[..]), Some(&b"E..."[..]));
+        assert!(set.sql_error(b"b").is_none());
+        let missing = |name: &str| {
+            let message = format!("prepared statement \"{name}\" does not exist");
+            crate::protocol::backend::error_body(&[
+                (b'S', "ERROR"),
+                (b'C', "26000"),
+                (b'M', message.as_str()),
+            ])
+        };
+        assert_eq!(
+            set.sql_error_for(&missing("a")).map(|e| &e[..]),
+            Some(&b"E..."[..])
+        );
+        assert!(set.sql_error_for(&missing("b")).is_none());
+        assert!(set.sql_error_for(&missing("ab")).is_none());
+        set.sql_sent();
+        set.sql_answered("a", true, None);
+        assert!(!set.has_sql_errors());
+        set.sql_sent();
+        set.sql_answered("a", false, None);
+        assert!(!set.has_sql_errors(), "not run: no error to show");
     }
 
     #[test]

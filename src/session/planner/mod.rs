@@ -20,8 +20,13 @@
 //!   setting ([`SearchPath`](crate::statements::SearchPath), [`carry_search_path`]).
 //! - SQL-level `PREPARE name AS ...` statements are remembered per client (when their query
 //!   completes) and prepared again on whichever server the client's next transaction runs
-//!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); they share
-//!   the client's namespace with protocol-level names, as in PostgreSQL.
+//!   ([`sync_sql_statements`], which also deallocates other clients' leftovers); one whose
+//!   PREPARE fails there (a temporary table it reads is not there) stays the client's, its
+//!   error standing for its EXECUTEs, and is prepared again before each use
+//!   ([`Planner::sql_pending`]). They share the client's namespace with protocol-level names,
+//!   as in PostgreSQL: SQL `EXECUTE`s and `DEALLOCATE`s protocol-level statements (a
+//!   placeholder under the client's name on the server), the protocol binds, describes and
+//!   closes SQL-level ones.
 //! - Statement names `pgmemo_s<digits>` are pgmemo's on servers: SQL that names one (simple
 //!   query, or the text of a Parse) reaches the server with the name hidden, an `EXECUTE` /
 //!   `DEALLOCATE` of it failing with PostgreSQL's own 26000, a `PREPARE` of it refused
@@ -151,6 +156,11 @@ impl Planner<'_> {
         if reads_statements && self.replies.is_uncertain() {
             return Plan::Wait;
         }
+        if !self.server.prepared.sql_settled() && self.names_sql_statement(tag) {
+            // Whether the server has the client's SQL-level statement it names is not known
+            // until the PREPARE of it in flight is answered (see `sync_sql_statements`).
+            return Plan::Wait;
+        }
         if tag == fe::PARSE && self.stmts.search_path.is_open() && !self.state_known() {
             // The search_path a SET changed in the open transaction, which replies still to
             // come may end (and the change with it): the Parse's key is not known yet.
@@ -166,7 +176,7 @@ impl Planner<'_> {
                 | Words::DISCARD
                 | Words::SEARCH_PATH
                 | Words::PGMEMO_S;
-            if !self.stmts.is_empty() {
+            if !self.stmts.is_empty() || !self.stmts.sql.is_empty() {
                 wanted |= Words::EXECUTE;
             }
             if !self.server.prepared.has_guard() && self.server.status != b'T' {
@@ -200,6 +210,24 @@ impl Planner<'_> {
 
     fn body(&self) -> &[u8] {
         crate::protocol::body(self.message.whole)
+    }
+
+    /// Whether the Parse, Bind, Describe or Close being planned names one of the client's
+    /// SQL-level statements. (A simple query's are read where it is planned.)
+    fn names_sql_statement(&self, tag: u8) -> bool {
+        if self.stmts.sql.is_empty() {
+            return false;
+        }
+        let body = self.body();
+        let name = match tag {
+            fe::PARSE => Parse::parse(body).map(|p| p.name),
+            fe::BIND => fe::Bind::parse(body).map(|b| b.statement),
+            fe::DESCRIBE | fe::CLOSE => fe::Target::parse(body)
+                .filter(|t| t.kind == b'S')
+                .map(|t| t.name),
+            _ => None,
+        };
+        name.is_some_and(|name| self.stmts.is_sql(name))
     }
 
     /// Whether the session may be in an aborted transaction block when the message being

@@ -9,7 +9,7 @@ use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
 use crate::protocol::{body, pg_name, put_cstr, write_message};
 use crate::query::command::Command;
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, Synth};
-use crate::statements::{Effect, Statement, GUARD_NAME, GUARD_QUERY};
+use crate::statements::{DroppedSql, Effect, Statement, GUARD_NAME, GUARD_QUERY};
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -30,8 +30,10 @@ impl Planner<'_> {
         }
         if self.stmts.is_sql(p.name) {
             // The name of one of the client's SQL-level statements, which the server has
-            // under that name: PostgreSQL's own 42P05 (after its checks of the query).
-            return false;
+            // under that name: PostgreSQL's own 42P05 (after its checks of the query). Unless
+            // its PREPARE failed here: then as for a duplicate protocol-level name.
+            let pending = std::str::from_utf8(pg_name(p.name)).is_ok_and(|n| self.sql_pending(n));
+            return pending && self.duplicate_parse(p.name);
         }
         if !p.name.is_empty() && self.stmts.get(p.name).is_some() {
             return self.duplicate_parse(p.name);
@@ -148,6 +150,17 @@ impl Planner<'_> {
             .get_named(b.statement)
             .map(|(n, s)| (n.clone(), s.clone()))
         else {
+            if self.stmts.is_sql(b.statement) {
+                return self.use_sql_statement(b.statement, |out| {
+                    // PostgreSQL's 25P02 from Bind, bound from the guard (see `refuse_bind`).
+                    write_message(out, fe::BIND, |m| {
+                        put_cstr(m, b.portal);
+                        put_cstr(m, GUARD_NAME);
+                        m.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+                    });
+                    Expected::Bind
+                });
+            }
             return self.unknown_statement(b.statement, Expected::Bind, |out, name| {
                 write_message(out, fe::BIND, |m| {
                     put_cstr(m, b.portal);
@@ -317,6 +330,16 @@ impl Planner<'_> {
             .get_named(t.name)
             .map(|(n, s)| (n.clone(), s.clone()))
         else {
+            if self.stmts.is_sql(t.name) {
+                return self.use_sql_statement(t.name, |out| {
+                    // PostgreSQL's 25P02 from Describe, describing the guard.
+                    write_message(out, fe::DESCRIBE, |m| {
+                        m.extend_from_slice(b"S");
+                        put_cstr(m, GUARD_NAME);
+                    });
+                    Expected::Describe
+                });
+            }
             return self.unknown_statement(t.name, Expected::Describe, |out, name| {
                 write_message(out, fe::DESCRIBE, |m| {
                     m.extend_from_slice(b"S");
@@ -366,6 +389,30 @@ impl Planner<'_> {
         )
     }
 
+    /// A Bind or Describe of the client's SQL-level statement `name`, which the server has
+    /// under that name: it goes as it is, after the statement's PREPARE when that failed here
+    /// before (see [`Planner::sql_statement_here`]). In an aborted transaction block where
+    /// the server lacks it, `refuse` writes the message that gets PostgreSQL's 25P02 from the
+    /// guard instead, and says what it expects.
+    fn use_sql_statement(
+        &mut self,
+        name: &[u8],
+        refuse: impl FnOnce(&mut BytesMut) -> Expected,
+    ) -> Plan {
+        let Ok(name) = std::str::from_utf8(pg_name(name)) else {
+            return Plan::Forward;
+        };
+        match self.sql_statement_here(name) {
+            None => Plan::Wait,
+            Some(true) => Plan::Forward,
+            Some(false) => {
+                let expected = refuse(&mut self.server.wbuf);
+                self.replies.push(expected);
+                Plan::Done
+            }
+        }
+    }
+
     pub(super) fn close(&mut self) -> bool {
         let msg = self.message.whole;
         let Some(t) = Target::parse(body(msg)) else {
@@ -378,15 +425,17 @@ impl Planner<'_> {
             return false;
         }
         if self.stmts.is_sql(t.name) {
-            // A SQL-level statement: it is on the server under the client's name.
+            // A SQL-level statement: it is on the server under the client's name (or its
+            // PREPARE failed here, and closing a name the server lacks is no error).
             let name = String::from_utf8_lossy(pg_name(t.name)).into_owned();
             let text = self.stmts.sql.remove(&name).unwrap_or_default();
-            self.server.prepared.sql.remove(&name);
+            let here = self.server.prepared.sql.remove(&name).is_some();
+            self.server.prepared.forget_sql_error(&name);
             self.server.wbuf.extend_from_slice(msg);
             self.replies.push_entry(Entry {
                 expected: Expected::Close,
                 action: Action::Forward,
-                effect: Some(Effect::SqlClosed(Box::new((name, text)))),
+                effect: Some(Effect::SqlClosed(Box::new(DroppedSql { name, text, here }))),
             });
             return true;
         }

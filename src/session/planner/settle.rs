@@ -8,7 +8,7 @@ use crate::protocol::pg_name;
 use crate::replies::Outcome;
 use crate::server::ServerConn;
 use crate::statements::{ClientStatements, Effect};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 /// The client's batch from its first statement to its Sync, kept while it runs, so that it can
 /// be sent again once, transparently, when that first statement of an implicit transaction
@@ -165,13 +165,14 @@ impl Retry {
 
 /// Applies the bookkeeping of one ended entry: kept when its message ran, undone when
 /// PostgreSQL discarded it (or it failed). `error_code` is the SQLSTATE of the error that
-/// ended it, if any.
+/// ended it, if any, and `error` that error (a whole ErrorResponse).
 pub fn settle(
     stmts: &mut ClientStatements,
     mut server: Option<&mut ServerConn>,
     effect: Effect,
     outcome: Outcome,
     error_code: Option<&str>,
+    error: Option<&Bytes>,
     retried: bool,
 ) {
     let done = outcome == Outcome::Done;
@@ -288,9 +289,10 @@ pub fn settle(
                 apply_sql_command(stmts, server.as_deref_mut(), command, failed);
             }
         }
-        Effect::SqlSync { name } if !done => {
+        Effect::SqlSync { name } => {
             if let Some(server) = server {
-                server.prepared.sql.remove(&name);
+                let error = error.filter(|_| outcome == Outcome::Failed).cloned();
+                server.prepared.sql_answered(&name, done, error);
             }
         }
         Effect::SqlClosed(named) if outcome == Outcome::Discarded => {
@@ -315,9 +317,10 @@ pub fn settle(
                 a,
                 outcome,
                 error_code,
+                error,
                 retried,
             );
-            settle(stmts, server, b, outcome, error_code, retried);
+            settle(stmts, server, b, outcome, error_code, error, retried);
         }
         _ => {}
     }

@@ -12,7 +12,8 @@ use crate::query::command::{self, Command};
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, ReplyQueue, Synth};
 use crate::server::ServerConn;
 use crate::statements::{
-    ClientStatements, Effect, ResetSnapshot, SqlCommands, SqlSnapshot, Statement, GUARD_NAME,
+    ClientStatements, DroppedSql, Effect, ResetSnapshot, SqlCommands, SqlSnapshot, Statement,
+    GUARD_NAME, GUARD_QUERY,
 };
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -40,7 +41,9 @@ impl Planner<'_> {
         let plan = match command {
             Command::DiscardAll | Command::DeallocateAll => {
                 // Every named statement, pgmemo's on the server too (the guard included); the
-                // unnamed one stays.
+                // unnamed one stays. SQL-level ones too, those whose PREPARE failed here
+                // included.
+                self.server.prepared.forget_sql_errors();
                 let snapshot = ResetSnapshot {
                     names: self.stmts.take_named(),
                     prepared: self.server.prepared.snapshot(),
@@ -104,11 +107,22 @@ impl Planner<'_> {
         }
         let name = pg_name(name);
         if self.stmts.is_sql(name) {
-            // A SQL-level statement: on the server under the client's name.
+            // A SQL-level statement: on the server under the client's name, unless its PREPARE
+            // failed here: then a placeholder under the name is what the DEALLOCATE drops
+            // (closed after the client's next Sync in case the Execute does not run).
+            if !self.server.prepared.sql_settled() {
+                return Plan::Wait;
+            }
             let name = String::from_utf8_lossy(name).into_owned();
+            let here = !self.sql_pending(&name);
+            if !here && !self.client.cleanup.holds(name.as_bytes()) {
+                self.placeholder_until_sync(name.as_bytes(), None);
+            }
+            self.server.prepared.forget_sql_error(&name);
             let text = self.stmts.sql.remove(&name).unwrap_or_default();
             self.server.prepared.sql.remove(&name);
-            self.forward_execute(Some(Effect::SqlDeallocated(Box::new((name, text)))));
+            let dropped = DroppedSql { name, text, here };
+            self.forward_execute(Some(Effect::SqlDeallocated(Box::new(dropped))));
             return Plan::Done;
         }
         // Something of pgmemo's has this name on the server: its own statement (a client may
@@ -171,9 +185,22 @@ impl Planner<'_> {
         if !self.state_known() {
             return Plan::Wait;
         }
-        if self.server.aborted() || self.stmts.is_sql(name.as_bytes()) {
-            // Refused by the server as by PostgreSQL: 25P02, or 42P05 (it has the name).
+        if self.server.aborted() {
+            // Refused by the server as by PostgreSQL: 25P02.
             return Plan::Forward;
+        }
+        if self.stmts.is_sql(name.as_bytes()) {
+            // Refused with 42P05: the server has the name, or (its PREPARE failed here) a
+            // placeholder under it does.
+            if !self.server.prepared.sql_settled() {
+                return Plan::Wait;
+            }
+            if !self.sql_pending(&name) || self.client.cleanup.holds(name.as_bytes()) {
+                return Plan::Forward;
+            }
+            self.placeholder_until_sync(name.as_bytes(), None);
+            self.forward_execute(None);
+            return Plan::Done;
         }
         if self.stmts.get(name.as_bytes()).is_some() {
             // A protocol-level statement, on the server under pgmemo's name: a placeholder
@@ -188,13 +215,18 @@ impl Planner<'_> {
         Plan::Done
     }
 
-    /// The Bind of `EXECUTE name`: when the name is one of the client's protocol-level
-    /// statements (which the server has under pgmemo's name), a placeholder under the
-    /// client's name lets the server run it as PostgreSQL would (closed after the next Sync).
-    /// Before the Bind: PostgreSQL reads the statement's result type there. A SQL-level
-    /// statement is on the server already (see `sync_sql_statements`). False: not known yet
-    /// whether the block is aborted (where the placeholder would fail in place of the Bind).
+    /// The Bind of `EXECUTE name`: when the name is one of the client's
+    /// protocol-level statements (which the server has under pgmemo's name), a placeholder
+    /// under the client's name lets the server run it as PostgreSQL would (closed after the
+    /// next Sync). Before the Bind: PostgreSQL reads the statement's result type there. A
+    /// SQL-level statement is on the server already (see `sync_sql_statements`), or is
+    /// prepared again first (see [`Planner::sql_statement_here`]). False: not known yet
+    /// whether the block is aborted (where the placeholder would fail in place of the Bind),
+    /// or whether the server has the SQL-level statement.
     pub(super) fn bind_execute(&mut self, name: &str) -> bool {
+        if self.stmts.sql.contains_key(name) {
+            return self.sql_statement_here(name).is_some();
+        }
         let Some(statement) = self.stmts.get(name.as_bytes()).cloned() else {
             return true;
         };
@@ -242,8 +274,10 @@ impl Planner<'_> {
     }
 
     /// `DISCARD ALL` / `DEALLOCATE ALL` drop every statement on the server and every name of
-    /// the client; `DEALLOCATE name` of a protocol-level statement is answered by pgmemo (the
-    /// server knows it under another name). Everything else passes through.
+    /// the client; `DEALLOCATE name` of a protocol-level statement (the server knows it under
+    /// another name), or of a SQL-level one the server lacks, is answered by pgmemo; a
+    /// SQL-level statement the query EXECUTEs is prepared first where the server lacks it.
+    /// Everything else passes through.
     pub(super) fn query(&mut self, words: u32) -> Plan {
         let statement_words = Words::PREPARE
             | Words::DEALLOCATE
@@ -256,7 +290,10 @@ impl Planner<'_> {
                 return plan;
             }
         }
-        if self.deallocates_protocol_name(words) && !self.state_known() {
+        if self.waits_for_sql_statements(words) {
+            return Plan::Wait;
+        }
+        if self.deallocates_locally(words) && !self.state_known() {
             // Answered locally, unless the session is in an aborted block: not known yet.
             return Plan::Wait;
         }
@@ -279,13 +316,22 @@ impl Planner<'_> {
                 action: Action::Synthesize(Synth::Deallocate),
                 effect: Effect::combine(unnamed, Some(effect)),
             }),
-            QueryPlan::Forward(effect, placeholders, hidden) => {
+            QueryPlan::Forward {
+                effect,
+                placeholders,
+                hidden,
+                prepare_again,
+            } => {
                 if unnamed.is_none()
                     && effect.is_none()
                     && placeholders.is_empty()
                     && hidden.is_none()
+                    && prepare_again.is_empty()
                 {
                     return Plan::Forward;
+                }
+                for name in &prepare_again {
+                    self.reprepare_sql(name);
                 }
                 let bracket = !placeholders.is_empty() && !self.replies.in_batch();
                 if bracket {
@@ -314,21 +360,28 @@ impl Planner<'_> {
         Plan::Done
     }
 
-    /// A query that PREPAREs, EXECUTEs or DEALLOCATEs a name that is one of the client's
-    /// protocol-level statements, which the server knows under pgmemo's name only: for
-    /// PostgreSQL's own answer (42P05, the statement's rows, a DEALLOCATE that works), the
-    /// statements are prepared on the server under the client's names before the query
-    /// (`tag` PARSE) and closed after it (`tag` CLOSE; closing a name that is not there is
-    /// not an error). Each group is a unit of its own, between the client's, and silent.
-    pub(super) fn placeholders(&mut self, names: &[(String, Arc<Statement>)], tag: u8) {
+    /// A query that PREPAREs, EXECUTEs or DEALLOCATEs a name that the server does not have
+    /// under the client's name — one of the client's protocol-level statements (the server
+    /// knows it under pgmemo's name only), with its statement; or a SQL-level one whose
+    /// PREPARE failed here (see [`Planner::sql_pending`]), with None: for PostgreSQL's own
+    /// answer (42P05, the statement's rows, a DEALLOCATE that works), the statements are
+    /// prepared on the server under the client's names before the query (`tag` PARSE; for
+    /// None, the guard's query: only the name matters) and closed after it (`tag` CLOSE;
+    /// closing a name that is not there is not an error). Each group is a unit of its own,
+    /// between the client's, and silent.
+    pub(super) fn placeholders(&mut self, names: &[(String, Option<Arc<Statement>>)], tag: u8) {
         for (name, statement) in names {
-            if tag == fe::PARSE {
-                parse_as(&mut self.server.wbuf, name.as_bytes(), statement);
-            } else {
-                write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
+            match statement {
+                _ if tag != fe::PARSE => write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
                     m.extend_from_slice(b"S");
                     put_cstr(m, name.as_bytes());
-                });
+                }),
+                Some(statement) => parse_as(&mut self.server.wbuf, name.as_bytes(), statement),
+                None => write_message(&mut self.server.wbuf, fe::PARSE, |m| {
+                    put_cstr(m, name.as_bytes());
+                    put_cstr(m, GUARD_QUERY);
+                    m.extend_from_slice(&[0, 0]);
+                }),
             }
             self.replies.push_entry(Entry {
                 expected: if tag == fe::PARSE {
@@ -348,10 +401,11 @@ impl Planner<'_> {
         });
     }
 
-    /// Whether the message is a simple query that is only `DEALLOCATE` of one of the client's
-    /// protocol-level statements.
-    pub(super) fn deallocates_protocol_name(&self, words: u32) -> bool {
-        if self.stmts.is_empty() || words & Words::DEALLOCATE == 0 {
+    /// Whether the message is a simple query that is only `DEALLOCATE` of a statement the
+    /// server does not have under the client's name, which pgmemo answers itself: one of the
+    /// client's protocol-level statements, or a SQL-level one whose PREPARE failed here.
+    pub(super) fn deallocates_locally(&self, words: u32) -> bool {
+        if (self.stmts.is_empty() && self.stmts.sql.is_empty()) || words & Words::DEALLOCATE == 0 {
             return false;
         }
         let Some(text) = self.message.text else {
@@ -361,27 +415,98 @@ impl Planner<'_> {
             return false;
         };
         matches!(command::classify(text).as_slice(),
-            [Command::Deallocate { name }] if self.stmts.get(name.as_bytes()).is_some())
+            [Command::Deallocate { name }]
+                if self.stmts.get(name.as_bytes()).is_some() || self.sql_pending(name))
+    }
+
+    /// Whether the client's SQL-level statement `name` is one the server lacks: its PREPARE
+    /// failed here (its text reads what this server's session does not have, or did not have
+    /// then: a temporary table the client dropped, or made on another server). The client
+    /// keeps it, as PostgreSQL keeps a statement whose table went away; pgmemo prepares it
+    /// again before each use of it on this server (an EXECUTE, a Bind or Describe of it),
+    /// which works once what it reads exists, and until then fails as PostgreSQL's EXECUTE
+    /// does (see `ServerSet::sql_error`). Known once the server's SQL-level statements are
+    /// ([`crate::statements::ServerSet::sql_settled`]).
+    pub(super) fn sql_pending(&self, name: &str) -> bool {
+        self.stmts.sql.contains_key(name) && !self.server.prepared.sql.contains_key(name)
+    }
+
+    /// Whether the simple query being planned must wait for replies in flight before pgmemo
+    /// knows what the client's SQL-level statements it names need: whether the server has
+    /// them (a PREPARE of one is in flight: see [`sync_sql_statements`]), and, for one the
+    /// server lacks that the query EXECUTEs or DEALLOCATEs, whether the session is in a
+    /// transaction block (where it is prepared again in a savepoint) or an aborted one (where
+    /// PostgreSQL refuses the query). Cheap for clients without SQL-level statements.
+    fn waits_for_sql_statements(&self, words: u32) -> bool {
+        let words_naming = Words::PREPARE | Words::DEALLOCATE | Words::EXECUTE;
+        if self.stmts.sql.is_empty() || words & words_naming == 0 {
+            return false;
+        }
+        let Some(text) = self.message.text else {
+            return false;
+        };
+        let Ok(text) = std::str::from_utf8(text) else {
+            return false;
+        };
+        let settled = self.server.prepared.sql_settled();
+        command::classify(text).iter().any(|c| match c {
+            Command::Execute { name } | Command::Deallocate { name }
+                if self.stmts.sql.contains_key(name) =>
+            {
+                !settled || (self.sql_pending(name) && !self.state_known())
+            }
+            Command::Prepare { name, .. } if self.stmts.sql.contains_key(name) => !settled,
+            _ => false,
+        })
+    }
+
+    /// The client's SQL-level statements the server lacks that the query EXECUTEs
+    /// (`commands`, as run): each is prepared again before it (see [`Planner::reprepare_sql`]).
+    /// None in an aborted transaction block (PostgreSQL refuses the EXECUTE there, and so does
+    /// the server), nor inside an extended-protocol batch.
+    fn sql_to_prepare_again(&self, commands: &[Command]) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        if self.stmts.sql.is_empty() || self.certainly_aborted() || self.replies.in_batch() {
+            return names;
+        }
+        for command in commands {
+            if let Command::Execute { name } = command {
+                if self.sql_pending(name) && !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        names
     }
 
     /// Protocol-level names that the query PREPAREs, EXECUTEs or DEALLOCATEs (`commands`, and
-    /// what its EXECUTEs run: `executed`), with their statements.
+    /// what its EXECUTEs run: `executed`), with their statements; and the SQL-level ones the
+    /// server lacks that it PREPAREs or DEALLOCATEs, but does not EXECUTE (`prepare_again`),
+    /// with None (see [`Planner::placeholders`]).
     fn named_statements(
         &self,
         commands: &[Command],
         executed: &[Command],
-    ) -> Vec<(String, Arc<Statement>)> {
-        let mut placeholders: Vec<(String, Arc<Statement>)> = Vec::new();
+        prepare_again: &[String],
+    ) -> Vec<(String, Option<Arc<Statement>>)> {
+        let mut placeholders: Vec<(String, Option<Arc<Statement>>)> = Vec::new();
         for command in commands.iter().chain(executed) {
             if let Command::Prepare { name, .. }
             | Command::Execute { name }
             | Command::Deallocate { name } = command
             {
+                if placeholders.iter().any(|(n, _)| n == name) {
+                    continue;
+                }
                 if let Some(statement) = self.stmts.get(name.as_bytes()) {
-                    if !name.starts_with("pgmemo_s") && !placeholders.iter().any(|(n, _)| n == name)
-                    {
-                        placeholders.push((name.clone(), statement.clone()));
+                    if !name.starts_with("pgmemo_s") {
+                        placeholders.push((name.clone(), Some(statement.clone())));
                     }
+                } else if !matches!(command, Command::Execute { .. })
+                    && !prepare_again.contains(name)
+                    && self.sql_pending(name)
+                {
+                    placeholders.push((name.clone(), None));
                 }
             }
         }
@@ -429,7 +554,7 @@ impl Planner<'_> {
     /// What a simple query does to the client's statements.
     pub(super) fn query_effect(&mut self, words: u32) -> QueryPlan {
         let Some(text) = self.message.text else {
-            return QueryPlan::Forward(None, Vec::new(), None);
+            return QueryPlan::plain(None);
         };
         let commands = Words::PREPARE
             | Words::DEALLOCATE
@@ -438,7 +563,7 @@ impl Planner<'_> {
             | Words::SEARCH_PATH
             | Words::PGMEMO_S;
         if words & commands == 0 {
-            return QueryPlan::Forward(None, Vec::new(), None);
+            return QueryPlan::plain(None);
         }
         let Ok(text) = std::str::from_utf8(text) else {
             // Another client_encoding: its reserved names are hidden all the same.
@@ -449,7 +574,7 @@ impl Planner<'_> {
                     let action = reserved_action(&h.uses[0].1);
                     (h.text, action)
                 });
-            return QueryPlan::Forward(None, Vec::new(), hidden);
+            return QueryPlan::plain(hidden);
         };
         let commands = command::classify(text);
         if let [Command::Deallocate { name }] = commands.as_slice() {
@@ -461,6 +586,16 @@ impl Planner<'_> {
                         name: name.as_bytes().into(),
                         statement,
                     });
+                }
+                if self.sql_pending(name) {
+                    // A SQL-level statement the server lacks: dropped all the same.
+                    self.server.prepared.forget_sql_error(name);
+                    let text = self.stmts.sql.remove(name).unwrap_or_default();
+                    return QueryPlan::Synthesize(Effect::SqlDeallocated(Box::new(DroppedSql {
+                        name: name.clone(),
+                        text,
+                        here: false,
+                    })));
                 }
             }
         }
@@ -480,7 +615,20 @@ impl Planner<'_> {
                 _ => c.clone(),
             })
             .collect();
-        let placeholders = self.named_statements(&commands, &executed);
+        let prepare_again = self.sql_to_prepare_again(&executed);
+        let placeholders = self.named_statements(&commands, &executed, &prepare_again);
+        // A SQL-level statement the query drops no longer has an error standing for it.
+        for command in &executed {
+            match command {
+                Command::DeallocateAll | Command::DiscardAll => {
+                    self.server.prepared.forget_sql_errors()
+                }
+                Command::Deallocate { name } if !prepare_again.contains(name) => {
+                    self.server.prepared.forget_sql_error(name)
+                }
+                _ => {}
+            }
+        }
         let mut effect = None;
         if executed
             .iter()
@@ -519,34 +667,176 @@ impl Planner<'_> {
             }));
             effect = Effect::combine(effect, Some(sql));
         }
-        QueryPlan::Forward(effect, placeholders, hidden)
+        QueryPlan::Forward {
+            effect,
+            placeholders,
+            hidden,
+            prepare_again,
+        }
+    }
+
+    /// Prepares the client's SQL-level statement `name` on the server again (its PREPARE
+    /// failed here before, see [`Planner::sql_pending`]) right before the client's query that
+    /// EXECUTEs it, as PostgreSQL analyses the statement again at the EXECUTE: as a query of
+    /// its own, its replies swallowed. If what the statement reads exists now, it is prepared
+    /// and the EXECUTE runs it; if it fails again, its error stands for the 26000 the EXECUTE
+    /// then gets (see `ServerSet::sql_error`), which is what PostgreSQL's EXECUTE raises,
+    /// every field and the position into the PREPARE's query included. In a transaction block
+    /// it runs in a savepoint of pgmemo's, rolled back to after it, so that its failure
+    /// leaves the block as it was for the client's statements before the EXECUTE (whose own
+    /// failure then aborts it, as in PostgreSQL). Only where the block is known not to be
+    /// aborted.
+    fn reprepare_sql(&mut self, name: &str) {
+        let Some(text) = self.stmts.sql.get(name).cloned() else {
+            return;
+        };
+        let in_block = self.server.status != b'I';
+        if in_block {
+            fe::query(&mut self.server.wbuf, "SAVEPOINT pgmemo_s");
+            self.replies.push(Expected::Internal);
+        }
+        prepare_sql(self.server, self.replies, name, &text);
+        if in_block {
+            fe::query(
+                &mut self.server.wbuf,
+                "ROLLBACK TO SAVEPOINT pgmemo_s; RELEASE SAVEPOINT pgmemo_s",
+            );
+            self.replies.push(Expected::Internal);
+        }
+    }
+
+    /// [`Planner::reprepare_sql`] inside an extended-protocol batch, before the client's
+    /// message that needs the statement (a Bind or Describe of it, the Bind of an `EXECUTE` of
+    /// it): the Parse, Bind and Execute of its PREPARE, as the unnamed statement (pgmemo never
+    /// keeps one on a server; closed after it, or after the client's next Sync if it fails)
+    /// and a portal of pgmemo's own (closed after it). Their replies are swallowed but an
+    /// error, which is then the client's message's, PostgreSQL skipping the rest of the batch:
+    /// as when its Bind or Describe of the statement fails analysing it again.
+    fn reprepare_sql_in_batch(&mut self, name: &str) {
+        let Some(text) = self.stmts.sql.get(name).cloned() else {
+            return;
+        };
+        self.server
+            .prepared
+            .sql
+            .insert(name.to_owned(), text.clone());
+        self.server.prepared.sql_sent();
+        let out = &mut self.server.wbuf;
+        write_message(out, fe::PARSE, |m| {
+            put_cstr(m, b"");
+            put_cstr(m, text.as_bytes());
+            m.extend_from_slice(&[0, 0]);
+        });
+        write_message(out, fe::BIND, |m| {
+            put_cstr(m, REPREPARE_PORTAL);
+            put_cstr(m, b"");
+            m.extend_from_slice(&[0, 0, 0, 0, 0, 0]); // no formats, values, results
+        });
+        write_message(out, fe::EXECUTE, |m| {
+            put_cstr(m, REPREPARE_PORTAL);
+            m.extend_from_slice(&[0, 0, 0, 0]);
+        });
+        for (kind, target) in [(b"P", REPREPARE_PORTAL), (b"S", &b""[..])] {
+            write_message(out, fe::CLOSE, |m| {
+                m.extend_from_slice(kind);
+                put_cstr(m, target);
+            });
+        }
+        for (expected, effect) in [
+            (Expected::Parse, None),
+            (Expected::Bind, None),
+            (
+                Expected::Execute,
+                Some(Effect::SqlSync {
+                    name: name.to_owned(),
+                }),
+            ),
+            (Expected::Close, None),
+            (Expected::Close, None),
+        ] {
+            self.replies.push_entry(Entry {
+                expected,
+                action: Action::Skip,
+                effect,
+            });
+        }
+        // If it fails, PostgreSQL skips the Closes: the unnamed statement goes after the Sync.
+        self.client.cleanup.push(Box::default());
+    }
+
+    /// Before a protocol message that uses the client's SQL-level statement `name` (a Bind
+    /// or Describe of it, the Bind or Describe of an `EXECUTE` of it): prepares it again first
+    /// when the server lacks it (see [`Planner::reprepare_sql_in_batch`]). None: not known yet
+    /// whether the server has it (a PREPARE of it is in flight), or, if not, whether the
+    /// session is in an aborted transaction block: plan the message again later. Some(false):
+    /// the server lacks it in an aborted block, where PostgreSQL refuses the message (25P02),
+    /// and the guard can answer so. Some(true): the message can go as it is.
+    pub(super) fn sql_statement_here(&mut self, name: &str) -> Option<bool> {
+        if !self.server.prepared.sql_settled() {
+            return None;
+        }
+        if !self.sql_pending(name) {
+            return Some(true);
+        }
+        if !self.state_known() {
+            return None;
+        }
+        if self.server.aborted() {
+            return Some(!self.server.prepared.has_guard());
+        }
+        self.reprepare_sql_in_batch(name);
+        Some(true)
     }
 }
 
 /// How a simple query is sent, and what it does to the client's statements.
 pub(super) enum QueryPlan {
-    /// To the server, between placeholders for these names (see [`Planner::placeholders`]);
-    /// with reserved statement names hidden, this text, its errors shown so.
-    Forward(
-        Option<Effect>,
-        Vec<(String, Arc<Statement>)>,
-        Option<(Vec<u8>, Action)>,
-    ),
-    /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement).
+    /// To the server, after the client's SQL-level statements it EXECUTEs that the server
+    /// lacks (`prepare_again`, see [`Planner::reprepare_sql`]), between placeholders for
+    /// `placeholders` (see [`Planner::placeholders`]); with reserved statement names hidden,
+    /// the text of `hidden`, its errors shown so.
+    Forward {
+        effect: Option<Effect>,
+        placeholders: Vec<(String, Option<Arc<Statement>>)>,
+        hidden: Option<(Vec<u8>, Action)>,
+        prepare_again: Vec<String>,
+    },
+    /// Answered by pgmemo (`DEALLOCATE` of a protocol-level statement, or of a SQL-level one
+    /// the server lacks).
     Synthesize(Effect),
 }
 
-/// A client's SQL-level statement (name, text) whose drop did not happen: the client has it
-/// again, and so does the server it was dropped on.
+impl QueryPlan {
+    /// To the server as it is (or with `hidden`'s text), changing nothing.
+    fn plain(hidden: Option<(Vec<u8>, Action)>) -> QueryPlan {
+        QueryPlan::Forward {
+            effect: None,
+            placeholders: Vec::new(),
+            hidden,
+            prepare_again: Vec::new(),
+        }
+    }
+}
+
+/// The portal pgmemo runs a SQL-level statement's PREPARE in, inside a client's batch (see
+/// [`Planner::reprepare_sql_in_batch`]): a name of pgmemo's reserved form, which no client's
+/// SQL can take.
+const REPREPARE_PORTAL: &[u8] = MISSING_NAME;
+
+/// A client's SQL-level statement whose drop did not happen: the client has it again, and so
+/// does the server it was dropped on, if it had it.
 pub(super) fn restore_sql_statement(
     stmts: &mut ClientStatements,
     server: Option<&mut ServerConn>,
-    (name, text): (String, String),
+    dropped: DroppedSql,
 ) {
-    if let Some(server) = server {
-        server.prepared.sql.insert(name.clone(), text.clone());
+    if let Some(server) = server.filter(|_| dropped.here) {
+        server
+            .prepared
+            .sql
+            .insert(dropped.name.clone(), dropped.text.clone());
     }
-    stmts.sql.insert(name, text);
+    stmts.sql.insert(dropped.name, dropped.text);
 }
 
 /// A Parse of `statement`'s text (as servers get it) under the client's `name`.
@@ -661,12 +951,19 @@ pub fn carry_search_path(
 /// puts it): DEALLOCATE what another client left there, PREPARE what this client prepared
 /// elsewhere — also so that a client never runs another client's statement. Called when the
 /// session takes a server, before any of the client's messages; each is a query of its own,
-/// whose replies are swallowed.
+/// whose replies are swallowed. A PREPARE that fails (its text reads a temporary table the
+/// client dropped, or made on another server) leaves the statement the client's all the same,
+/// as PostgreSQL keeps it: its error stands for the statement's EXECUTEs here, and it is
+/// prepared again before each use of it (see [`Planner::sql_pending`]), which works once what
+/// it reads exists. Until the replies are in, the planner waits before it plans anything that
+/// names a SQL-level statement ([`crate::statements::ServerSet::sql_settled`]).
 pub fn sync_sql_statements(
     stmts: &ClientStatements,
     server: &mut ServerConn,
     replies: &mut ReplyQueue,
 ) {
+    // Another client's errors, or this client's from an earlier turn: not this one's.
+    server.prepared.forget_sql_errors();
     if stmts.sql.is_empty() && server.prepared.sql.is_empty() {
         return;
     }
@@ -689,14 +986,24 @@ pub fn sync_sql_statements(
         if server.prepared.sql.contains_key(name) {
             continue;
         }
-        server.prepared.sql.insert(name.clone(), text.clone());
-        fe::query(&mut server.wbuf, text);
-        replies.push_entry(Entry {
-            expected: Expected::Internal,
-            action: Action::Forward,
-            effect: Some(Effect::SqlSync { name: name.clone() }),
-        });
+        prepare_sql(server, replies, name, text);
     }
+}
+
+/// Sends the PREPARE of the client's SQL-level statement `name` (`text`, see
+/// [`command::classify`]) as a query of its own, its replies swallowed and its outcome
+/// settled by [`Effect::SqlSync`]; the server is taken to have it meanwhile.
+fn prepare_sql(server: &mut ServerConn, replies: &mut ReplyQueue, name: &str, text: &str) {
+    server.prepared.sql.insert(name.to_owned(), text.to_owned());
+    server.prepared.sql_sent();
+    fe::query(&mut server.wbuf, text);
+    replies.push_entry(Entry {
+        expected: Expected::Internal,
+        action: Action::Forward,
+        effect: Some(Effect::SqlSync {
+            name: name.to_owned(),
+        }),
+    });
 }
 
 /// The replies to a statement that names the reserved `name` (see `command::ReservedUse`).
