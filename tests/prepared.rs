@@ -1617,6 +1617,74 @@ async fn sql_prepare_and_execute_across_transactions() {
     .await;
 }
 
+/// One namespace for both kinds of prepared statements, as in PostgreSQL (asyncpg's
+/// test_prepare_explicitly_named): the statement a Parse named `foobar` is the one SQL
+/// `EXECUTE foobar` runs — in a simple query, and through Parse/Describe/Bind/Execute, whose
+/// Describe of the statement gives foobar's rows (not NoData) — and `EXPLAIN EXECUTE foobar`
+/// (also through the protocol) plans, and the one `DEALLOCATE foobar` drops (a Bind of it then
+/// fails with 26000); a PREPARE or Parse of a name of the other kind fails with 42P05; the
+/// statement `PREPARE x` made is the one a Bind, a Describe and a Close of `x` use. Also on
+/// servers that have never seen them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_and_sql_statements_share_one_namespace() {
+    check(
+        Script::new()
+            .go(vec![p("foobar", "SELECT 1 AS one"), S])
+            .go(vec![q("EXECUTE foobar")])
+            .moved()
+            // asyncpg's fetchval('EXECUTE foobar'): described before a server ran anything.
+            .send(0, vec![p("", "EXECUTE foobar"), ds(""), H])
+            .recv(0, 3)
+            .go(vec![b("", &[]), dp(""), e(), S])
+            .back()
+            .go(vec![
+                p("ex", "EXPLAIN (COSTS OFF) EXECUTE foobar"),
+                ds("ex"),
+                b("ex", &[]),
+                e(),
+                S,
+            ])
+            .moved()
+            .go(vec![b("ex", &[]), e(), ds("ex"), S])
+            .go(vec![
+                p("", "EXECUTE foobar"),
+                ds(""),
+                b("", &[]),
+                dp(""),
+                e(),
+                S,
+            ])
+            .back()
+            .go(vec![q("PREPARE foobar AS SELECT 2")])
+            .go(vec![p("foobar", "SELECT 3"), S])
+            .go(vec![q("DEALLOCATE foobar")])
+            .go(vec![b("foobar", &[]), e(), S])
+            .go(vec![q("EXECUTE foobar")])
+            .go(vec![p("", "EXECUTE foobar"), ds(""), b("", &[]), e(), S])
+            // A SQL-level statement through the protocol.
+            .go(vec![q("PREPARE x(int) AS SELECT $1 + 1 AS y")])
+            .moved()
+            .go(vec![ds("x"), b("x", &["4"]), dp(""), e(), S])
+            .go(vec![
+                p("", "EXECUTE x(2)"),
+                ds(""),
+                b("", &[]),
+                dp(""),
+                e(),
+                S,
+            ])
+            .back()
+            .go(vec![p("x", "SELECT 3"), S])
+            .go(vec![q("PREPARE x AS SELECT 3")])
+            .go(vec![cs("x"), S])
+            .go(vec![q("EXECUTE x(1)")])
+            .go(vec![b("x", &["1"]), e(), S])
+            .go(vec![q("PREPARE x AS SELECT 'again' AS a")])
+            .go(vec![p("", "EXECUTE x"), ds(""), b("", &[]), e(), S]),
+    )
+    .await;
+}
+
 /// A SQL-level statement outlives a temporary table it reads, as in PostgreSQL (pg_regress
 /// plancache, reduced): PostgreSQL keeps the statement when the table is dropped; an EXECUTE
 /// of it analyses it again and fails (42P01, positioned in the query that held the PREPARE)

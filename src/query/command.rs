@@ -140,8 +140,8 @@ fn in_place(sql: &str, stmt: &str, text: String) -> String {
 
 /// What the text of a Parse is, when it is one of the commands that change the prepared
 /// statements when executed: `DISCARD ALL`, `DEALLOCATE [PREPARE] ALL`, `DEALLOCATE [PREPARE]
-/// name`, alone (a Parse holds one statement). Cheap for every other text: only its first word
-/// is read.
+/// name`, alone (a Parse holds one statement); or that needs one of them: `[EXPLAIN] EXECUTE
+/// name`. Cheap for every other text: only its first word is read.
 pub fn tracked_command(text: &str) -> Option<Command> {
     let first = leading_words(text, 1);
     let word = first.first()?;
@@ -152,6 +152,7 @@ pub fn tracked_command(text: &str) -> Option<Command> {
         "reset",
         "prepare",
         "execute",
+        "explain",
     ]
     .iter()
     .any(|kw| is_keyword(word, kw))
@@ -879,6 +880,11 @@ mod tests {
             tracked_command("execute \"P\"(1)"),
             Some(Command::Execute { name: "P".into() })
         );
+        assert_eq!(
+            tracked_command("EXPLAIN (COSTS OFF) EXECUTE p"),
+            Some(Command::Execute { name: "p".into() })
+        );
+        assert_eq!(tracked_command("EXPLAIN SELECT 1"), None);
         for no in [
             "SELECT 1",
             "DISCARD PLANS",

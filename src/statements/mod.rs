@@ -87,10 +87,10 @@ pub struct Statement {
     pub ends_transaction: bool,
     /// BEGIN or START TRANSACTION.
     pub starts_transaction: bool,
-    /// `DISCARD ALL`, `DEALLOCATE ALL`, `DEALLOCATE name`, `PREPARE name`, `EXECUTE name` or
-    /// `SET search_path`: executing a portal of it changes the client's statements (and the
-    /// server's) or their context, or needs a statement on the server under the client's
-    /// name, see `planner::Planner::execute`.
+    /// `DISCARD ALL`, `DEALLOCATE ALL`, `DEALLOCATE name`, `PREPARE name`, `[EXPLAIN] EXECUTE
+    /// name` or `SET search_path`: executing a portal of it changes the client's statements
+    /// (and the server's) or their context, or needs a statement on the server under the
+    /// client's name, see `planner::Planner::execute`.
     pub tracked: Option<command::Command>,
     /// What executing it may do to the session's state (see `session::state`).
     pub session_touch: crate::query::facts::Touch,

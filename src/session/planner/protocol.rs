@@ -371,6 +371,11 @@ impl Planner<'_> {
             }
             Some(false) => {}
         }
+        if let (Some(Command::Execute { name }), None) = (&statement.tracked, &statement.hidden) {
+            if !self.describe_execute(name, &statement) {
+                return Plan::Wait;
+            }
+        }
         // Not a retry point: PostgreSQL sends the ParameterDescription before it finds out
         // that the result type changed.
         let retry = false;

@@ -215,7 +215,7 @@ impl Planner<'_> {
         Plan::Done
     }
 
-    /// The Bind of `EXECUTE name`: when the name is one of the client's
+    /// The Bind of `[EXPLAIN] EXECUTE name`: when the name is one of the client's
     /// protocol-level statements (which the server has under pgmemo's name), a placeholder
     /// under the client's name lets the server run it as PostgreSQL would (closed after the
     /// next Sync). Before the Bind: PostgreSQL reads the statement's result type there. A
@@ -786,6 +786,41 @@ impl Planner<'_> {
         }
         self.reprepare_sql_in_batch(name);
         Some(true)
+    }
+
+    /// The Describe of a statement whose text is `[EXPLAIN] EXECUTE name`. PostgreSQL
+    /// describes it by the client's statement `name` (its row description, or NoData when the
+    /// client has none); a server, by what `name` was on it when the server's copy was
+    /// parsed. That copy is shared by every client whose text is the same, and the client's
+    /// `name` is on the server under pgmemo's name (a protocol-level statement) or not at all
+    /// (a SQL-level one whose PREPARE failed here): so `name` is made the client's on the
+    /// server first (a placeholder until the next Sync, or the SQL-level statement prepared
+    /// again), and the copy is parsed again after it. False: not known yet whether the
+    /// session is in an aborted transaction block (where nothing is sent but the Describe,
+    /// which the server answers as PostgreSQL would there), or whether the server has the
+    /// SQL-level `name`.
+    pub(super) fn describe_execute(&mut self, name: &str, statement: &Arc<Statement>) -> bool {
+        if !self.state_known() {
+            return false;
+        }
+        if self.server.aborted() {
+            return true;
+        }
+        if let Some(own) = self.stmts.get(name.as_bytes()).cloned() {
+            if !self.client.cleanup.holds(name.as_bytes()) {
+                self.placeholder_until_sync(name.as_bytes(), Some(&own));
+            }
+        } else if self.stmts.sql.contains_key(name) && self.sql_statement_here(name).is_none() {
+            return false;
+        }
+        self.stats.prepare_cache_miss += 1;
+        self.write_parse(statement);
+        self.replies.push_entry(Entry {
+            expected: Expected::Parse,
+            action: Action::Skip,
+            effect: Some(Effect::Prepared(statement.clone())),
+        });
+        true
     }
 }
 
