@@ -512,6 +512,13 @@ impl ReplyQueue {
         }
     }
 
+    /// Whether a query pgmemo sent on the client's behalf (a kept block's `BEGIN`, see
+    /// [`counted_as`]) is still unanswered: the server's last ReadyForQuery may then predate
+    /// the transaction block the client's next statement runs in.
+    pub fn has_query_for_client(&self) -> bool {
+        self.entries.iter().any(|e| counted_as(e).is_none())
+    }
+
     /// Whether a simple query's reply is still outstanding.
     pub fn has_pending_query(&self) -> bool {
         self.queued_queries > 0

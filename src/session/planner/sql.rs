@@ -690,7 +690,8 @@ impl Planner<'_> {
         let Some(text) = self.stmts.sql.get(name).cloned() else {
             return;
         };
-        let in_block = self.server.status != b'I';
+        // (A kept block's BEGIN still in flight: its ReadyForQuery is not in yet.)
+        let in_block = self.server.status != b'I' || self.replies.has_query_for_client();
         if in_block {
             fe::query(&mut self.server.wbuf, "SAVEPOINT pgmemo_s");
             self.replies.push(Expected::Internal);
