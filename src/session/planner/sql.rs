@@ -39,6 +39,10 @@ impl Planner<'_> {
             return Plan::Forward;
         };
         let plan = match command {
+            Command::DiscardAll | Command::DeallocateAll if !self.server.prepared.sql_settled() => {
+                // What the PREPAREs in flight leave is not known yet.
+                Plan::Wait
+            }
             Command::DiscardAll | Command::DeallocateAll => {
                 // Every named statement, pgmemo's on the server too (the guard included); the
                 // unnamed one stays. SQL-level ones too, those whose PREPARE failed here
@@ -438,7 +442,7 @@ impl Planner<'_> {
     /// transaction block (where it is prepared again in a savepoint) or an aborted one (where
     /// PostgreSQL refuses the query). Cheap for clients without SQL-level statements.
     fn waits_for_sql_statements(&self, words: u32) -> bool {
-        let words_naming = Words::PREPARE | Words::DEALLOCATE | Words::EXECUTE;
+        let words_naming = Words::PREPARE | Words::DEALLOCATE | Words::EXECUTE | Words::DISCARD;
         if self.stmts.sql.is_empty() || words & words_naming == 0 {
             return false;
         }
@@ -456,6 +460,8 @@ impl Planner<'_> {
                 !settled || (self.sql_pending(name) && !self.state_known())
             }
             Command::Prepare { name, .. } if self.stmts.sql.contains_key(name) => !settled,
+            // (Errors of PREPAREs still in flight would outlive the statements.)
+            Command::DeallocateAll | Command::DiscardAll => !settled,
             _ => false,
         })
     }
