@@ -584,25 +584,8 @@ impl Planner<'_> {
         };
         let commands = command::classify(text);
         if let [Command::Deallocate { name }] = commands.as_slice() {
-            // In an aborted transaction block the server refuses it (25P02) whatever the name,
-            // exactly as PostgreSQL would.
-            if !self.certainly_aborted() {
-                if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
-                    return QueryPlan::Synthesize(Effect::Unbound {
-                        name: name.as_bytes().into(),
-                        statement,
-                    });
-                }
-                if self.sql_pending(name) {
-                    // A SQL-level statement the server lacks: dropped all the same.
-                    self.server.prepared.forget_sql_error(name);
-                    let text = self.stmts.sql.remove(name).unwrap_or_default();
-                    return QueryPlan::Synthesize(Effect::SqlDeallocated(Box::new(DroppedSql {
-                        name: name.clone(),
-                        text,
-                        here: false,
-                    })));
-                }
+            if let Some(answered) = self.deallocate_here(name) {
+                return answered;
             }
         }
         // An EXECUTE of a protocol-level statement whose text is DEALLOCATE runs that
@@ -623,18 +606,7 @@ impl Planner<'_> {
             .collect();
         let prepare_again = self.sql_to_prepare_again(&executed);
         let placeholders = self.named_statements(&commands, &executed, &prepare_again);
-        // A SQL-level statement the query drops no longer has an error standing for it.
-        for command in &executed {
-            match command {
-                Command::DeallocateAll | Command::DiscardAll => {
-                    self.server.prepared.forget_sql_errors()
-                }
-                Command::Deallocate { name } if !prepare_again.contains(name) => {
-                    self.server.prepared.forget_sql_error(name)
-                }
-                _ => {}
-            }
-        }
+        self.forget_dropped_sql_errors(&executed, &prepare_again);
         let mut effect = None;
         if executed
             .iter()
@@ -678,6 +650,51 @@ impl Planner<'_> {
             placeholders,
             hidden,
             prepare_again,
+        }
+    }
+
+    /// A `DEALLOCATE name` alone that pgmemo answers itself: a protocol-level statement of
+    /// the client's (renamed on servers), or a SQL-level one the server lacks (its PREPARE
+    /// failed there: dropped all the same). Not in an aborted transaction block, where the
+    /// server refuses it (25P02) whatever the name, exactly as PostgreSQL would.
+    fn deallocate_here(&mut self, name: &str) -> Option<QueryPlan> {
+        if self.certainly_aborted() {
+            return None;
+        }
+        if let Some(statement) = self.stmts.set(name.as_bytes(), None) {
+            return Some(QueryPlan::Synthesize(Effect::Unbound {
+                name: name.as_bytes().into(),
+                statement,
+            }));
+        }
+        if !self.sql_pending(name) {
+            return None;
+        }
+        self.server.prepared.forget_sql_error(name);
+        let text = self.stmts.sql.remove(name).unwrap_or_default();
+        Some(QueryPlan::Synthesize(Effect::SqlDeallocated(Box::new(
+            DroppedSql {
+                name: name.to_owned(),
+                text,
+                here: false,
+            },
+        ))))
+    }
+
+    /// A SQL-level statement the query drops (`DEALLOCATE`, `DEALLOCATE ALL`, `DISCARD ALL`)
+    /// no longer has an error standing for it (see [`Planner::sql_pending`]), unless it is
+    /// prepared again first (`prepare_again`).
+    fn forget_dropped_sql_errors(&mut self, executed: &[Command], prepare_again: &[String]) {
+        for command in executed {
+            match command {
+                Command::DeallocateAll | Command::DiscardAll => {
+                    self.server.prepared.forget_sql_errors()
+                }
+                Command::Deallocate { name } if !prepare_again.contains(name) => {
+                    self.server.prepared.forget_sql_error(name)
+                }
+                _ => {}
+            }
         }
     }
 
