@@ -673,6 +673,28 @@ impl ReplyQueue {
         }
     }
 
+    /// Queues the replies to autoprepare's plan check (`autoprepare::write_plan_check`: Parse
+    /// and Bind of the client's text, Sync, Close, Sync), sent after the failed query whose
+    /// Sync is at the head: that Sync's ReadyForQuery is pgmemo's, the check's first Sync
+    /// answers the client (with the check's error, if its Parse or Bind fails), and the
+    /// Close's are pgmemo's.
+    pub fn push_plan_check(&mut self) {
+        self.silence_head();
+        for (expected, action) in [
+            (Expected::Parse, Action::Skip),
+            (Expected::Bind, Action::Skip),
+            (Expected::Sync, Action::Forward),
+            (Expected::Close, Action::Silent),
+            (Expected::Sync, Action::Silent),
+        ] {
+            self.push_entry(Entry {
+                expected,
+                action,
+                effect: None,
+            });
+        }
+    }
+
     /// Whether the reply at hand answers one of pgmemo's own queries (a parameter sync, a
     /// probe, a reset), not a statement of the client's (a SQL-level statement of the
     /// client's prepared again, [`Effect::SqlSync`], is the client's).
@@ -1138,20 +1160,7 @@ mod tests {
         fn queue() -> ReplyQueue {
             let mut q = ReplyQueue::new();
             q.push(Expected::Sync);
-            q.silence_head();
-            for (expected, action) in [
-                (Expected::Parse, Action::Skip),
-                (Expected::Bind, Action::Skip),
-                (Expected::Sync, Action::Forward),
-                (Expected::Close, Action::Silent),
-                (Expected::Sync, Action::Silent),
-            ] {
-                q.push_entry(Entry {
-                    expected,
-                    action,
-                    effect: None,
-                });
-            }
+            q.push_plan_check();
             q
         }
         let mut q = queue();

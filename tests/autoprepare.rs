@@ -921,13 +921,20 @@ async fn setup_domains(db: &'static str) {
 
 /// Runs each of `queries` [`DOMAIN_RUNS`] times on one connection and returns the transcript.
 async fn run_repeated(addr: SocketAddr, db: &'static str, queries: &[&str]) -> Vec<String> {
+    let counted: Vec<(&str, usize)> = queries.iter().map(|q| (*q, DOMAIN_RUNS)).collect();
+    run_counted(addr, db, &counted).await
+}
+
+/// Runs each (query, runs) of `queries` that many times, in order, on one connection and
+/// returns the transcript.
+async fn run_counted(addr: SocketAddr, db: &'static str, queries: &[(&str, usize)]) -> Vec<String> {
     let mut client = RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
         .await
         .expect("login");
     let mut normalizer = Normalizer::default();
     let mut out = Vec::new();
-    for sql in queries {
-        for run in 0..DOMAIN_RUNS {
+    for (sql, runs) in queries {
+        for run in 0..*runs {
             out.push(format!(">> {sql} (run {run})"));
             client.send(&[Frontend::query(sql)]).await.unwrap();
             for r in client.recv_until_ready(1).await.unwrap() {
@@ -1081,22 +1088,7 @@ const CALL_QUERIES: &[(&str, usize)] = &[
 
 /// Runs [`CALL_QUERIES`] on one connection and returns the transcript.
 async fn run_calls(addr: SocketAddr, db: &'static str) -> Vec<String> {
-    let mut client = RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
-        .await
-        .expect("login");
-    let mut normalizer = Normalizer::default();
-    let mut out = Vec::new();
-    for (sql, runs) in CALL_QUERIES {
-        for run in 0..*runs {
-            out.push(format!(">> {sql} (run {run})"));
-            client.send(&[Frontend::query(sql)]).await.unwrap();
-            for r in client.recv_until_ready(1).await.unwrap() {
-                out.push(format!("<< {}", normalizer.line(&r)));
-            }
-        }
-    }
-    client.terminate().await.unwrap();
-    out
+    run_counted(addr, db, CALL_QUERIES).await
 }
 
 /// A statement whose autoprepared run began executing is never sent to the server a second

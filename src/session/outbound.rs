@@ -8,7 +8,7 @@ use crate::buffers;
 use crate::pool::PoolMode;
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields};
 use crate::protocol::{body, frame, MAX_BACKEND_MESSAGE_SIZE};
-use crate::replies::{self, Action, Entry, ErrorRewrite, Expected, Route};
+use crate::replies::{self, ErrorRewrite, Route};
 use bytes::{Buf, Bytes};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -381,20 +381,7 @@ impl Session {
         ap.checking = true;
         crate::autoprepare::write_plan_check(&mut server.wbuf, sql);
         // The failed query's Sync, now at the head: its ReadyForQuery is pgmemo's.
-        self.replies.silence_head();
-        for (expected, action) in [
-            (Expected::Parse, Action::Skip),
-            (Expected::Bind, Action::Skip),
-            (Expected::Sync, Action::Forward),
-            (Expected::Close, Action::Silent),
-            (Expected::Sync, Action::Silent),
-        ] {
-            self.replies.push_entry(Entry {
-                expected,
-                action,
-                effect: None,
-            });
-        }
+        self.replies.push_plan_check();
         self.plan.retry.forget();
         self.app.autoprepare.plan_checks.fetch_add(1, Relaxed);
     }
