@@ -1170,3 +1170,52 @@ fn lexed_text(sql: &str) -> String {
     pgmemo::query::lexer::generalize(sql.as_bytes(), &mut lexed).expect("lexed");
     String::from_utf8(lexed.text.to_vec()).expect("UTF-8")
 }
+
+/// DDL on a table whose name only starts with "temp" changes the shared schema: the shared
+/// statements of the shapes that read it are parsed again, and a later read gets the new
+/// columns as from PostgreSQL (pg_regress's `temp` through pgmemo: the DDL was taken for
+/// the session's own temporary objects, and the next read got 0A000 "cached plan must not
+/// change result type"). Another client makes the change, a third reads in a block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ddl_on_a_table_named_temp_something_is_the_schemas() {
+    async fn transcript(addr: SocketAddr, db: &'static str) -> Vec<String> {
+        let mut out = Vec::new();
+        let steps: &[(usize, &str)] = &[
+            (0, "CREATE TABLE templates (a int); INSERT INTO templates VALUES (1)"),
+            (0, "SELECT * FROM templates WHERE a = 1"),
+            (0, "SELECT * FROM templates WHERE a = 1"),
+            (0, "SELECT * FROM templates WHERE a = 1"),
+            (1, "ALTER TABLE templates ADD COLUMN b int"),
+            (2, "BEGIN"),
+            (2, "SELECT * FROM templates WHERE a = 1"),
+            (2, "COMMIT"),
+            (0, "SELECT * FROM templates WHERE a = 1"),
+            (1, "DROP TABLE templates"),
+        ];
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(
+                RawClient::connect(addr, PGMEMO_USER, db, Some(PGMEMO_PASS), &[])
+                    .await
+                    .expect("login"),
+            );
+        }
+        let mut normalizer = Normalizer::default();
+        for (c, sql) in steps {
+            out.push(format!("{c} >> {sql}"));
+            clients[*c].send(&[Frontend::query(sql)]).await.unwrap();
+            for r in clients[*c].recv_until_ready(1).await.unwrap() {
+                out.push(format!("<< {}", normalizer.line(&r)));
+            }
+        }
+        out
+    }
+    fresh_db("ap_temp_named_direct").await;
+    let direct = transcript(cluster().addr(), "ap_temp_named_direct").await;
+    fresh_db("ap_temp_named_proxy").await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 2)).await;
+    let proxied = transcript(proxy.local_addr(), "ap_temp_named_proxy").await;
+    if let Some(report) = diff(&direct, &proxied) {
+        panic!("{report}");
+    }
+}

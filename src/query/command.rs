@@ -11,7 +11,6 @@
 //! (respecting quotes, dollar quotes and comments) and reads the leading keywords. Anything it
 //! does not understand is [`Command::Other`], which pgmemo passes through untouched.
 
-use super::words::query;
 
 /// What one top-level statement of a simple query (or the text of a Parse) is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,8 +70,8 @@ pub enum Command {
     Close,
     /// `COPY ...`.
     Copy,
-    /// `CREATE`, `ALTER` or `DROP` of anything; `temp`: the statement names `temp` or
-    /// `pg_temp` (it may change only the session's own temporary objects).
+    /// `CREATE`, `ALTER` or `DROP` of anything; `temp`: it changes only the session's own
+    /// temporary objects, as its text proves (see [`only_temporary`]).
     Ddl { temp: bool },
     /// `INSERT`, `UPDATE`, `DELETE`, `MERGE`, `TRUNCATE`.
     Dml,
@@ -306,6 +305,37 @@ fn hide_reserved_str(sql: &str) -> Option<(String, Vec<(usize, ReservedUse)>)> {
     Some((text, uses))
 }
 
+/// Whether a `CREATE`, `ALTER` or `DROP` statement provably changes only the session's own
+/// temporary objects: `CREATE [OR REPLACE] [GLOBAL | LOCAL] TEMP | TEMPORARY ...`, or a name
+/// in the session's temporary schema (`pg_temp.t`, `pg_temp_3.t`). A word that only starts
+/// with "temp" (`DROP TABLE templates`) proves nothing: such DDL was taken for the session's
+/// own, its shared statements kept, and PostgreSQL then refused them (0A000, found by
+/// pg_regress's `temp` through pgmemo). When unsure, the DDL is the schema's.
+fn only_temporary(stmt: &str) -> bool {
+    let lower = stmt.to_ascii_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut at = 1;
+    if words.first() == Some(&"create") {
+        if words.get(at) == Some(&"or") && words.get(at + 1) == Some(&"replace") {
+            at += 2;
+        }
+        if matches!(words.get(at), Some(&"global" | &"local")) {
+            at += 1;
+        }
+        if matches!(words.get(at), Some(&"temp" | &"temporary")) {
+            return true;
+        }
+    }
+    words.iter().any(|w| {
+        *w == "pg_temp"
+            || w.strip_prefix("pg_temp_")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
 /// What one statement (of [`split`]'s, or a Parse's text) is.
 pub fn classify_statement(stmt: &str) -> Command {
     if let Some(explained) = explained(stmt) {
@@ -373,7 +403,7 @@ pub fn classify_statement(stmt: &str) -> Command {
         "close" => Command::Close,
         "copy" => Command::Copy,
         "create" | "alter" | "drop" => Command::Ddl {
-            temp: query::WORDS.found_in(stmt.as_bytes(), query::TEMP | query::PG_TEMP) != 0,
+            temp: only_temporary(stmt),
         },
         "insert" | "update" | "delete" | "merge" | "truncate" => Command::Dml,
         "select" | "values" | "table" | "with" => Command::Select,
@@ -1074,6 +1104,21 @@ mod tests {
                 Command::Ddl { temp: true },
             ),
             ("DROP INDEX i", Command::Ddl { temp: false }),
+            ("DROP TABLE templates", Command::Ddl { temp: false }),
+            (
+                "ALTER TABLE temptest ADD b int",
+                Command::Ddl { temp: false },
+            ),
+            ("CREATE TABLE t (temp int)", Command::Ddl { temp: false }),
+            (
+                "create or replace temp view v as select 1",
+                Command::Ddl { temp: true },
+            ),
+            (
+                "CREATE GLOBAL TEMPORARY TABLE g (a int)",
+                Command::Ddl { temp: true },
+            ),
+            ("DROP TABLE pg_temp_3.t", Command::Ddl { temp: true }),
             ("INSERT INTO t VALUES (1)", Command::Dml),
             ("update t set a = 1", Command::Dml),
             ("DELETE FROM t", Command::Dml),
