@@ -1009,3 +1009,24 @@ async fn no_notification_is_lost_while_pgmemo_works_on_the_server() {
     notifier.await.unwrap();
     assert_eq!(received, NOTES);
 }
+
+/// A DO block that sets settings changes its client's session, and only its client's: the
+/// next client on the same server (a pool of one) does not get them, and the client keeps
+/// them on whatever server it lands on (pg_regress's brin_multi through pgmemo: a SET in a
+/// DO block stayed on the server for the next client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_set_in_a_do_block_follow_their_client() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "DO $$ BEGIN SET enable_hashjoin = off; END $$"),
+        (1, "SHOW enable_hashjoin"),
+        (0, "SHOW enable_hashjoin"),
+        (1, "do $x$ begin set local work_mem = '3MB'; set search_path = tenant_b; end $x$"),
+        (0, "SELECT current_setting('work_mem'), current_setting('search_path')"),
+        (1, "SELECT current_setting('work_mem'), current_setting('search_path')"),
+        (0, "DO LANGUAGE plpgsql $$ BEGIN RESET enable_hashjoin; END $$"),
+        (1, "SHOW enable_hashjoin"),
+        (0, "SHOW enable_hashjoin"),
+    ];
+    same_as_dedicated_sessions("DO blocks", 1, 2, steps).await;
+}

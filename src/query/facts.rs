@@ -107,6 +107,14 @@ pub fn touch_found(found: u32, text: &[u8]) -> Touch {
         let mut leading = |statement: &str| match command::classify_statement(statement) {
             Command::Set { .. } | Command::SetSearchPath { .. } => set = true,
             Command::Load => load = true,
+            // A DO block's body may SET what it likes (pg_regress's brin_multi through
+            // pgmemo: a SET there stayed on the server for the next client): probed after.
+            _ if command::leading_words(statement, 1)
+                .first()
+                .is_some_and(|w| w.eq_ignore_ascii_case("do")) =>
+            {
+                set = true
+            }
             _ => {}
         };
         if single {
