@@ -1181,7 +1181,10 @@ async fn ddl_on_a_table_named_temp_something_is_the_schemas() {
     async fn transcript(addr: SocketAddr, db: &'static str) -> Vec<String> {
         let mut out = Vec::new();
         let steps: &[(usize, &str)] = &[
-            (0, "CREATE TABLE templates (a int); INSERT INTO templates VALUES (1)"),
+            (
+                0,
+                "CREATE TABLE templates (a int); INSERT INTO templates VALUES (1)",
+            ),
             (0, "SELECT * FROM templates WHERE a = 1"),
             (0, "SELECT * FROM templates WHERE a = 1"),
             (0, "SELECT * FROM templates WHERE a = 1"),

@@ -1021,10 +1021,22 @@ async fn settings_set_in_a_do_block_follow_their_client() {
         (0, "DO $$ BEGIN SET enable_hashjoin = off; END $$"),
         (1, "SHOW enable_hashjoin"),
         (0, "SHOW enable_hashjoin"),
-        (1, "do $x$ begin set local work_mem = '3MB'; set search_path = tenant_b; end $x$"),
-        (0, "SELECT current_setting('work_mem'), current_setting('search_path')"),
-        (1, "SELECT current_setting('work_mem'), current_setting('search_path')"),
-        (0, "DO LANGUAGE plpgsql $$ BEGIN RESET enable_hashjoin; END $$"),
+        (
+            1,
+            "do $x$ begin set local work_mem = '3MB'; set search_path = tenant_b; end $x$",
+        ),
+        (
+            0,
+            "SELECT current_setting('work_mem'), current_setting('search_path')",
+        ),
+        (
+            1,
+            "SELECT current_setting('work_mem'), current_setting('search_path')",
+        ),
+        (
+            0,
+            "DO LANGUAGE plpgsql $$ BEGIN RESET enable_hashjoin; END $$",
+        ),
         (1, "SHOW enable_hashjoin"),
         (0, "SHOW enable_hashjoin"),
     ];

@@ -11,7 +11,6 @@
 //! (respecting quotes, dollar quotes and comments) and reads the leading keywords. Anything it
 //! does not understand is [`Command::Other`], which pgmemo passes through untouched.
 
-
 /// What one top-level statement of a simple query (or the text of a Parse) is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
