@@ -1163,43 +1163,50 @@ mod tests {
             q.push_plan_check();
             q
         }
-        let mut q = queue();
-        for (tag, route) in [
-            (be::READY_FOR_QUERY, Route::Swallow),
-            (be::PARSE_COMPLETE, Route::Swallow),
-            (be::BIND_COMPLETE, Route::Swallow),
-            (be::READY_FOR_QUERY, Route::Forward),
-            (be::CLOSE_COMPLETE, Route::Swallow),
-            (be::READY_FOR_QUERY, Route::Swallow),
-        ] {
-            assert_eq!(q.on_server_message(tag), route, "{q:?}");
+        // Each server message routed as said, and nothing left in the queue after them.
+        fn routed(q: &mut ReplyQueue, steps: &[(u8, Route)]) {
+            for &(tag, route) in steps {
+                assert_eq!(q.on_server_message(tag), route, "{q:?}");
+            }
+            assert!(q.is_idle(), "{q:?}");
         }
-        assert!(q.is_idle(), "{q:?}");
+        let mut q = queue();
+        routed(
+            &mut q,
+            &[
+                (be::READY_FOR_QUERY, Route::Swallow),
+                (be::PARSE_COMPLETE, Route::Swallow),
+                (be::BIND_COMPLETE, Route::Swallow),
+                (be::READY_FOR_QUERY, Route::Forward),
+                (be::CLOSE_COMPLETE, Route::Swallow),
+                (be::READY_FOR_QUERY, Route::Swallow),
+            ],
+        );
         // The Bind fails (the simple query would have failed while planning).
         let mut q = queue();
-        for (tag, route) in [
-            (be::READY_FOR_QUERY, Route::Swallow),
-            (be::PARSE_COMPLETE, Route::Swallow),
-            (be::ERROR_RESPONSE, Route::Forward),
-            (be::READY_FOR_QUERY, Route::Forward),
-            (be::CLOSE_COMPLETE, Route::Swallow),
-            (be::READY_FOR_QUERY, Route::Swallow),
-        ] {
-            assert_eq!(q.on_server_message(tag), route, "{q:?}");
-        }
-        assert!(q.is_idle(), "{q:?}");
+        routed(
+            &mut q,
+            &[
+                (be::READY_FOR_QUERY, Route::Swallow),
+                (be::PARSE_COMPLETE, Route::Swallow),
+                (be::ERROR_RESPONSE, Route::Forward),
+                (be::READY_FOR_QUERY, Route::Forward),
+                (be::CLOSE_COMPLETE, Route::Swallow),
+                (be::READY_FOR_QUERY, Route::Swallow),
+            ],
+        );
         // The Parse fails: the Bind is skipped.
         let mut q = queue();
-        for (tag, route) in [
-            (be::READY_FOR_QUERY, Route::Swallow),
-            (be::ERROR_RESPONSE, Route::Forward),
-            (be::READY_FOR_QUERY, Route::Forward),
-            (be::CLOSE_COMPLETE, Route::Swallow),
-            (be::READY_FOR_QUERY, Route::Swallow),
-        ] {
-            assert_eq!(q.on_server_message(tag), route, "{q:?}");
-        }
-        assert!(q.is_idle(), "{q:?}");
+        routed(
+            &mut q,
+            &[
+                (be::READY_FOR_QUERY, Route::Swallow),
+                (be::ERROR_RESPONSE, Route::Forward),
+                (be::READY_FOR_QUERY, Route::Forward),
+                (be::CLOSE_COMPLETE, Route::Swallow),
+                (be::READY_FOR_QUERY, Route::Swallow),
+            ],
+        );
         assert!(q.take_replacement().is_none(), "the error goes as it is");
     }
 

@@ -60,6 +60,28 @@ fn row_for<'a>(rows: &'a [Row], key: &str, value: &str) -> &'a Row {
         .unwrap_or_else(|| panic!("no row with {key} = {value} in {rows:?}"))
 }
 
+/// A SHOW POOLS row's `maxwait` and `maxwait_us`, in microseconds.
+fn total_us(row: &Row) -> u64 {
+    num(row, "maxwait") * 1_000_000 + num(row, "maxwait_us")
+}
+
+/// Waits until SHOW POOLS shows one client waiting in `db`'s pool for at least `at_least_us`
+/// (polled, never slept); returns its `maxwait` then, in microseconds.
+async fn wait_for_a_waiter(admin: &Client, db: &str, at_least_us: u64) -> u64 {
+    wait_until(
+        &format!("SHOW POOLS cl_waiting 1 with maxwait >= {at_least_us} us"),
+        Duration::from_secs(10),
+        || async move {
+            let (_, pools) = show(admin, "SHOW POOLS").await;
+            let pool = row_for(&pools, "database", db);
+            num(pool, "cl_waiting") == 1 && total_us(pool) >= at_least_us
+        },
+    )
+    .await;
+    let (_, pools) = show(admin, "SHOW POOLS").await;
+    total_us(row_for(&pools, "database", db))
+}
+
 /// `GET path` on `addr`: the status line and the body.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(String, String)> {
     let mut sock = tokio::net::TcpStream::connect(addr).await?;
@@ -123,22 +145,7 @@ async fn a_waiting_client_shows_its_wait() {
     });
 
     // Until the waiter has waited at least 200 ms, by SHOW POOLS.
-    let total_us = |r: &Row| num(r, "maxwait") * 1_000_000 + num(r, "maxwait_us");
-    wait_until(
-        "SHOW POOLS maxwait >= 200 ms",
-        Duration::from_secs(10),
-        || {
-            let admin = &admin;
-            async move {
-                let (_, pools) = show(admin, "SHOW POOLS").await;
-                let pool = row_for(&pools, "database", DB);
-                num(pool, "cl_waiting") == 1 && total_us(pool) >= 200_000
-            }
-        },
-    )
-    .await;
-    let (_, pools) = show(&admin, "SHOW POOLS").await;
-    let maxwait = total_us(row_for(&pools, "database", DB));
+    let maxwait = wait_for_a_waiter(&admin, DB, 200_000).await;
     let (_, clients) = show(&admin, "SHOW CLIENTS").await;
     let waiting = row_for(&clients, "application_name", "waiter");
     assert_eq!(waiting["state"], "waiting", "{waiting:?}");
@@ -237,22 +244,7 @@ async fn a_login_wait_shows(mode: PoolMode, db: &'static str) {
     let login = tokio::spawn(async move { connect(&waiter_url).await });
 
     // Until the waiter has waited at least 100 ms at login, by SHOW POOLS.
-    let total_us = |r: &Row| num(r, "maxwait") * 1_000_000 + num(r, "maxwait_us");
-    wait_until(
-        "SHOW POOLS cl_waiting 1 with maxwait >= 100 ms",
-        Duration::from_secs(10),
-        || {
-            let admin = &admin;
-            async move {
-                let (_, pools) = show(admin, "SHOW POOLS").await;
-                let pool = row_for(&pools, "database", db);
-                num(pool, "cl_waiting") == 1 && total_us(pool) >= 100_000
-            }
-        },
-    )
-    .await;
-    let (_, pools) = show(&admin, "SHOW POOLS").await;
-    let maxwait = total_us(row_for(&pools, "database", db));
+    let maxwait = wait_for_a_waiter(&admin, db, 100_000).await;
     let (_, clients) = show(&admin, "SHOW CLIENTS").await;
     let waiting = clients
         .iter()

@@ -385,6 +385,12 @@ impl Planner<'_> {
             self.stats.prepare_cache_hit += 1;
             return;
         }
+        self.parse_here(statement);
+    }
+
+    /// Parses `statement` on the server under its name (a prepare-cache miss), its
+    /// ParseComplete swallowed and the server's record of it kept when it comes.
+    fn parse_here(&mut self, statement: &Arc<Statement>) {
         self.stats.prepare_cache_miss += 1;
         self.write_parse(statement);
         self.replies.push_entry(Entry {

@@ -837,13 +837,7 @@ impl Planner<'_> {
         } else if self.stmts.sql.contains_key(name) && self.sql_statement_here(name).is_none() {
             return false;
         }
-        self.stats.prepare_cache_miss += 1;
-        self.write_parse(statement);
-        self.replies.push_entry(Entry {
-            expected: Expected::Parse,
-            action: Action::Skip,
-            effect: Some(Effect::Prepared(statement.clone())),
-        });
+        self.parse_here(statement);
         true
     }
 }
