@@ -1065,7 +1065,10 @@ const CALL_QUERIES: &[(&str, usize)] = &[
     // Fails while executing, after count_call ran, before its first row (RowDescription, then
     // 22012): one call per run. Prepared, the Bind succeeds and the Execute fails the same
     // way; the statement is not sent again (before, it ran again as it was: two calls).
-    ("select count_call() + 1/(select 0)", 5),
+    // Eight runs: from the third on prepared, and at least three of those were counted in
+    // every run but one of the suite's (2 once: which run of a shape first runs prepared
+    // is not fixed yet, see the session 37 note).
+    ("select count_call() + 1/(select 0)", 8),
     // A literal that fails: at the simple query's analysis (22P02 at its position), at the
     // prepared statement's Bind, before anything is planned or run (sent again as it is).
     ("select count_call(), 'x'::int", 5),
@@ -1124,7 +1127,7 @@ async fn a_statement_that_began_executing_is_never_sent_again() {
         .collect();
     assert_eq!(
         counted,
-        ["<< DataRow [\"23\"]"],
+        ["<< DataRow [\"26\"]"],
         "PostgreSQL calls count_call once per run of the statements that execute: {direct:#?}"
     );
     setup_calls("ap_calls_proxy").await;
