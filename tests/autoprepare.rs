@@ -1057,7 +1057,7 @@ CREATE TABLE t (a int, b int);
 /// Queries that call `count_call()` and fail, each run as many times as it says: from the
 /// third run on, at the default `autoprepare_threshold`, as a prepared statement. The last
 /// one reads how often PostgreSQL called `count_call()`. Measured on PostgreSQL 15 as simple
-/// queries (the count after each: 0, 5, 5, 5, 10, 18, 23).
+/// queries (the count after each: 0, 8, 8, 8, 13, 21, 26).
 const CALL_QUERIES: &[(&str, usize)] = &[
     // Fails while planning (PostgreSQL folds `1/0`): count_call is never called. Prepared,
     // the Bind fails with the same error (its custom plan folds the values).
