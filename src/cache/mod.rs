@@ -578,6 +578,12 @@ impl ResultCache {
         self.versions.bump_database(database);
     }
 
+    /// The slots of `database` as a whole and of its catalog, which every result and plan of
+    /// it depends on.
+    pub fn database_slots(&self, database: &str) -> [u32; 2] {
+        [catalog_slot(database), Versions::database_slot(database)]
+    }
+
     /// `CACHE FLUSH`: everything, one database's entries, or what read one table.
     pub fn flush(&self, what: FlushTarget<'_>) {
         match what {

@@ -14,6 +14,18 @@
 //! values). A row's slot is told from a table's by its top bit ([`ROW`]). A read followed
 //! column by column (see `cache::columns`) depends instead on a table's [`ColumnVersion`]s,
 //! slots of the same table array, and on values' slots in the rows' array.
+//!
+//! **A commit decoded is not yet a commit seen.** The WAL follower decodes a commit once its
+//! record is flushed, but the committing backend becomes visible to other sessions later
+//! (after its synchronous standbys answer, after it leaves PostgreSQL's ProcArray). A read
+//! sent in between runs on a snapshot without the commit. So the follower's bump is made in
+//! two steps ([`Versions::bump_unsettled`], then [`Versions::settle`] once the server shows
+//! the transaction visible, see `wal::visibility`): the first changes the version at once
+//! (what was stored before is stale) and marks the counter *unsettled* (its top 16 bits count
+//! the commits decoded and not yet seen); the second clears the mark. A result is stored
+//! only if none of the counters it depends on was unsettled when its query was sent
+//! ([`Versions::unchanged`] refuses a capture with a mark) and none changed since: every
+//! commit its versions include was then visible before its query's snapshot was taken.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +37,10 @@ pub const ROW: u32 = 1 << 31;
 
 /// The most row counters the array may have (the slot's bits below [`ROW`]).
 pub const MAX_ROW_VERSIONS: usize = (ROW - 1) as usize;
+
+/// One commit decoded and not yet seen, in a counter's top 16 bits (see the module's
+/// documentation); the version is the 48 bits below.
+const UNSETTLED: u64 = 1 << 48;
 
 /// A table's column-level versions (see `cache::columns`), each a slot of the table array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,11 +170,46 @@ impl Versions {
         }
     }
 
+    /// The first step of a commit decoded from the WAL (see the module's documentation):
+    /// `slots` (its writes', in [`Versions::bump_slots`]' order) change now and stay
+    /// unsettled until [`Versions::settle`] is called with the same slots.
+    pub fn bump_unsettled(&self, slots: &[u32]) {
+        let step = |slot: u32| {
+            self.counter(slot)
+                .fetch_add(UNSETTLED + 1, Ordering::AcqRel);
+        };
+        slots
+            .iter()
+            .filter(|&&s| s & ROW == 0)
+            .for_each(|&s| step(s));
+        slots
+            .iter()
+            .filter(|&&s| s & ROW != 0)
+            .for_each(|&s| step(s));
+    }
+
+    /// The second step: the commit of [`Versions::bump_unsettled`]'s `slots` is visible to
+    /// every snapshot taken from now on (or everything it guarded was flushed).
+    pub fn settle(&self, slots: &[u32]) {
+        for &slot in slots {
+            self.counter(slot).fetch_sub(UNSETTLED, Ordering::AcqRel);
+        }
+    }
+
     /// A write to rows of `table` that pgmemo cannot name: everything that read it is stale.
     pub fn bump_table(&self, database: &str, table: &str) {
-        self.bump(Self::unknown_rows_slot(database, table));
-        self.bump(Self::column_slot(database, table, "", ColumnVersion::Whole));
-        self.bump(slot_of(database, table));
+        let mut slots = [0; 3];
+        Self::table_slots(database, table, &mut slots);
+        slots.iter().for_each(|&s| self.bump(s));
+    }
+
+    /// The slots [`Versions::bump_table`] bumps.
+    pub fn table_slots(database: &str, table: &str, out: &mut [u32; 3]) {
+        *out = [
+            Self::unknown_rows_slot(database, table),
+            Self::column_slot(database, table, "", ColumnVersion::Whole),
+            slot_of(database, table),
+        ];
     }
 
     /// A write to rows of `table` whose own slots are bumped too (by the caller): what read
@@ -190,10 +241,14 @@ impl Versions {
         Seen { all, slots: seen }
     }
 
-    /// Whether nothing `seen` depended on changed since.
+    /// Whether nothing `seen` depended on changed since, and nothing was unsettled when it
+    /// was captured (a commit decoded then may not have been visible to its query).
     pub fn unchanged(&self, seen: &Seen) -> bool {
         self.all.load(Ordering::Acquire) == seen.all
-            && seen.slots.iter().all(|&(s, v)| self.get(s) == v)
+            && seen
+                .slots
+                .iter()
+                .all(|&(s, v)| v < UNSETTLED && self.get(s) == v)
     }
 }
 
@@ -242,6 +297,32 @@ mod tests {
         v.bump_table("db", "t");
         assert!(!v.unchanged(&point), "rows not named");
         assert_eq!(v.row_versions(), 4);
+    }
+
+    #[test]
+    fn a_commit_decoded_but_not_seen_keeps_what_was_read_meanwhile_out() {
+        let v = Versions::new(8);
+        let (t, r) = (Versions::table_slot("db", "t"), v.row_slot(3));
+        let before = v.capture(&[t, r], Seen::default());
+        v.bump_unsettled(&[r, t]);
+        assert!(!v.unchanged(&before), "stale from the decode on");
+        // Read while the commit is not known visible: never stored, even with no change since.
+        let meanwhile = v.capture(&[t, r], Seen::default());
+        assert!(!v.unchanged(&meanwhile));
+        let other = v.capture(&[Versions::table_slot("db", "u")], Seen::default());
+        assert!(v.unchanged(&other), "another table's reads are stored");
+        // Two commits of the same row decoded, one settled: still unsettled.
+        v.bump_unsettled(&[r]);
+        v.settle(&[r, t]);
+        assert!(!v.unchanged(&v.capture(&[r], Seen::default())));
+        assert!(v.unchanged(&v.capture(&[t], Seen::default())));
+        v.settle(&[r]);
+        let after = v.capture(&[t, r], Seen::default());
+        assert!(v.unchanged(&after));
+        assert!(
+            !v.unchanged(&before),
+            "settling keeps the versions the decode made"
+        );
     }
 
     #[test]

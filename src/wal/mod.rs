@@ -14,13 +14,17 @@
 //! Never stale without saying so: until the follower has caught up with the server's WAL
 //! position of its start, the database's results are not served; when the stream drops, the
 //! database's entries are flushed and caching stays off for it until the stream is back and
-//! caught up again.
+//! caught up again. A commit is decoded before other sessions can see it: what it wrote is
+//! stale at once, but nothing read of it is stored until the server shows the commit visible
+//! (see [`visibility`]).
 
 pub mod pgoutput;
 pub mod replication;
 pub mod test_decoding;
+pub mod visibility;
 
 use crate::cache::catalog::Snapshot;
+use crate::cache::versions::Versions;
 use crate::cache::{FlushTarget, ResultCache};
 use crate::config::cache::WalPlugin;
 use crate::protocol::backend;
@@ -109,8 +113,13 @@ pub struct Follower {
     pub name: Box<str>,
     /// The database's cached results may be served.
     ready: AtomicBool,
-    /// Everything up to here is applied (versions bumped).
+    /// Everything up to here is applied (versions bumped, the commits visible on the
+    /// server: see [`visibility`]).
     applied: AtomicU64,
+    /// The position to reach before the database's results are served (this stream's).
+    catch_up: AtomicU64,
+    /// Commits decoded and not yet seen, and the positions reached.
+    progress: visibility::Progress,
     /// When (milliseconds on [`clock_ms`]) the follower last knew it had applied everything
     /// the server had written: what `cache.max_lag` is measured from.
     confirmed_ms: AtomicU64,
@@ -176,6 +185,31 @@ impl Follower {
     fn set_phase(&self, phase: Phase) {
         *self.phase.lock() = phase;
     }
+
+    /// Publishes the applied position ([`visibility::Progress::applied`]): once it reaches
+    /// the server's end of WAL the follower knew itself caught up now, once it reaches the
+    /// stream's start the database's results may be served.
+    fn publish(&self) {
+        let (applied, server_end) = self.progress.applied();
+        self.applied.store(applied.0, Relaxed);
+        if applied >= server_end {
+            self.confirmed_ms.store(clock_ms(), Relaxed);
+        }
+        if !self.is_ready() && applied.0 >= self.catch_up.load(Relaxed) {
+            self.ready.store(true, Relaxed);
+            self.set_phase(Phase::Streaming);
+            tracing::info!(database = %self.database, %applied, "WAL invalidation: caught up; caching on");
+        }
+    }
+
+    /// The stream ended: what it guarded is flushed, then its commits not yet seen are let
+    /// go (nothing stored before the flush is served after it).
+    fn end_stream(&self, cache: &ResultCache) {
+        self.ready.store(false, Relaxed);
+        self.catch_up.store(u64::MAX, Relaxed);
+        cache.flush(FlushTarget::Database(&self.database));
+        self.progress.settle_all(&cache.versions);
+    }
 }
 
 /// Milliseconds since the first call: a cheap monotonic clock for `max_lag`.
@@ -233,6 +267,8 @@ impl Wal {
             name: setup.target.dbname.as_str().into(),
             ready: AtomicBool::new(false),
             applied: AtomicU64::new(0),
+            catch_up: AtomicU64::new(u64::MAX),
+            progress: visibility::Progress::default(),
             confirmed_ms: AtomicU64::new(0),
             phase: Mutex::new(Phase::Connecting),
             lags: Mutex::new(Lags::default()),
@@ -284,23 +320,22 @@ struct Connections {
     replication: Option<ServerConn>,
     /// The ordinary connection that reads the catalog (see [`ancestors`]).
     catalog: Option<ServerConn>,
+    /// The ordinary connection that asks which commits are visible (see [`settle_seen`]).
+    visibility: Option<ServerConn>,
 }
 
 impl Connections {
     /// Ends both connections and waits, at most `within`, until the server closed them.
     async fn close(&mut self, within: Duration) {
-        let (replication, catalog) = (self.replication.take(), self.catalog.take());
+        let end = |conn: Option<ServerConn>| async move {
+            if let Some(conn) = conn {
+                conn.terminate_and_wait(within).await;
+            }
+        };
         tokio::join!(
-            async move {
-                if let Some(conn) = replication {
-                    conn.terminate_and_wait(within).await;
-                }
-            },
-            async move {
-                if let Some(conn) = catalog {
-                    conn.terminate_and_wait(within).await;
-                }
-            },
+            end(self.replication.take()),
+            end(self.catalog.take()),
+            end(self.visibility.take()),
         );
     }
 }
@@ -330,21 +365,19 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
         let outcome = tokio::select! {
             outcome = stream(&follower, &cache, &setup, &mut conns) => Some(outcome),
             _ = shutdown.wait_for(|stop| *stop) => {
-                follower.ready.store(false, Relaxed);
+                follower.end_stream(&cache);
                 return;
             }
             _ = stopping.wait_for(|stop| *stop) => None,
         };
+        // Writes from here on may be missed: nothing is served until the stream is back.
+        follower.end_stream(&cache);
         let Some(outcome) = outcome else {
-            follower.ready.store(false, Relaxed);
             conns.close(STOP_WAIT).await;
             return;
         };
         // The failed session's connections go (as they are: the stream is broken).
         conns = Connections::default();
-        // Writes from here on may be missed: nothing is served until the stream is back.
-        follower.ready.store(false, Relaxed);
-        cache.flush(FlushTarget::Database(&follower.database));
         let why = match outcome {
             Ok(()) => "the server ended the replication stream".to_string(),
             Err(e) => e,
@@ -387,7 +420,64 @@ async fn stream(
         .as_mut()
         .ok_or("no replication connection")?;
     follower.set_phase(Phase::CatchingUp);
-    apply_stream(conn, &mut conns.catalog, start, follower, cache, setup).await
+    follower.catch_up.store(start.0, Relaxed);
+    tokio::select! {
+        outcome = apply_stream(conn, &mut conns.catalog, follower, cache, setup) => outcome,
+        outcome = settle_seen(&mut conns.visibility, follower, cache, setup) => outcome,
+    }
+}
+
+/// How soon the server is asked again whether the commits decoded are visible, at first and
+/// at most (doubling in between): how long rows just written by a commit its synchronous
+/// standbys hold go uncached, never what is served.
+const FIRST_ASK: Duration = Duration::from_millis(1);
+const LAST_ASK: Duration = Duration::from_millis(16);
+
+/// Settles the follower's decoded commits as the server shows them visible (see
+/// [`visibility`]), asking on an ordinary connection of its own. Returns only when that
+/// connection fails: the stream then starts again.
+async fn settle_seen(
+    conn: &mut Option<ServerConn>,
+    follower: &Follower,
+    cache: &ResultCache,
+    setup: &Setup,
+) -> Result<(), String> {
+    let progress = &follower.progress;
+    let mut wait = FIRST_ASK;
+    loop {
+        if progress.is_settled() {
+            progress.decoded_commit.notified().await;
+            wait = FIRST_ASK;
+            continue;
+        }
+        if conn.as_ref().is_none_or(|c| c.broken) {
+            *conn = Some(
+                ServerConn::connect(&setup.target)
+                    .await
+                    .map_err(|e| format!("connecting to see commits: {}", describe(&e)))?,
+            );
+        }
+        let Some(asking) = conn.as_mut() else {
+            continue;
+        };
+        let rows = command(asking, "SELECT pg_catalog.pg_current_snapshot()::text").await?;
+        let snapshot = rows
+            .first()
+            .and_then(|r| r.first().cloned().flatten())
+            .and_then(|text| visibility::ServerSnapshot::parse(&text))
+            .ok_or("pg_current_snapshot() gave no snapshot")?;
+        if progress.settle_shown(&cache.versions, &snapshot) > 0 {
+            follower.publish();
+            wait = FIRST_ASK;
+        }
+        if !progress.is_settled() {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = progress.decoded_commit.notified() => {}
+            }
+            wait = (wait * 2).min(LAST_ASK);
+        }
+    }
 }
 
 /// A replication slot name no other follower uses: slot names are per server, not per
@@ -510,14 +600,13 @@ async fn create_slot(conn: &mut ServerConn, slot: &str, setup: &Setup) -> Result
     Ok(options)
 }
 
-/// Follows the stream: each transaction's writes invalidate what they touched; positions are
-/// confirmed to the server; once applied up to `start` the database is caught up and its
-/// results may be cached. Returns when the server ends the stream, fails with its error.
+/// Follows the stream: each transaction's writes invalidate what they touched (settled by
+/// [`settle_seen`]); positions are confirmed to the server; once applied up to the stream's
+/// start the database is caught up and its results may be cached. Returns when the server ends the stream, fails with its error.
 /// `catalog`: the connection that reads the catalog, opened when needed.
 async fn apply_stream(
     conn: &mut ServerConn,
     catalog: &mut Option<ServerConn>,
-    start: Lsn,
     follower: &Follower,
     cache: &ResultCache,
     setup: &Setup,
@@ -576,6 +665,12 @@ async fn apply_stream(
                     }
                 };
                 if let Some(end) = done {
+                    if !state.bumps.is_empty() {
+                        let bumps = std::mem::take(&mut state.bumps);
+                        follower
+                            .progress
+                            .decoded(&cache.versions, state.xid, applied, bumps);
+                    }
                     applied = applied.max(end);
                 }
             }
@@ -590,15 +685,8 @@ async fn apply_stream(
                 }
             }
         }
-        follower.applied.store(applied.0, Relaxed);
-        if applied >= server_end {
-            follower.confirmed_ms.store(clock_ms(), Relaxed);
-        }
-        if !follower.is_ready() && applied >= start {
-            follower.ready.store(true, Relaxed);
-            follower.set_phase(Phase::Streaming);
-            tracing::info!(database = %follower.database, %applied, "WAL invalidation: caught up; caching on");
-        }
+        follower.progress.decoded_to(applied, server_end);
+        follower.publish();
     }
 }
 
@@ -661,8 +749,11 @@ struct Decoder {
     unnamed: HashSet<u32>,
     unnamed_tables: HashSet<(String, String)>,
     in_transaction: bool,
-    /// The open transaction's ID, as the WAL names it (see `cache::own_commits`).
+    /// The open (or last) transaction's ID, as the WAL names it (see `cache::own_commits`).
     xid: Option<u32>,
+    /// The slots the last transaction's commit bumps (see [`visibility`]), taken by the
+    /// stream's loop.
+    bumps: Vec<u32>,
 }
 
 /// The most row slots one transaction keeps; beyond, its tables are bumped whole.
@@ -795,29 +886,44 @@ fn binary_columns(
     push_change(change, of, &cache.versions, (database, table), find, out)
 }
 
-/// Bumps what a committed transaction wrote to a table known by `names` (itself, then its
-/// ancestors): only its writes' version when its rows were named (their slots are bumped
-/// with the transaction's rows), else everything of it; its ancestors' everything (a read
-/// of a partitioned table is not a point read).
-fn bump_written(cache: &ResultCache, database: &str, names: &[Box<str>], named: bool) {
+/// Pushes to `bumps` what a committed transaction wrote to a table known by `names` (itself,
+/// then its ancestors): only its writes' version when its rows were named (their slots are
+/// bumped with the transaction's rows), else everything of it; its ancestors' everything (a
+/// read of a partitioned table is not a point read).
+fn bump_written(
+    cache: &ResultCache,
+    database: &str,
+    names: &[Box<str>],
+    named: bool,
+    bumps: &mut Vec<u32>,
+) {
     for (i, name) in names.iter().enumerate() {
         if i == 0 && named {
-            cache.versions.bump_table_writes(database, name);
+            bumps.push(Versions::table_slot(database, name));
         } else {
-            cache.versions.bump_table(database, name);
+            let mut slots = [0; 3];
+            Versions::table_slots(database, name, &mut slots);
+            bumps.extend(slots);
             cache.row_figures.unknown_rows.fetch_add(1, Relaxed);
         }
     }
 }
 
-/// Bumps the rows a committed transaction named.
-fn bump_rows(cache: &ResultCache, rows: &mut Vec<u32>) {
-    cache.versions.bump_slots(rows);
+/// Pushes to `bumps` the rows a committed transaction named.
+fn bump_rows(cache: &ResultCache, rows: &mut Vec<u32>, bumps: &mut Vec<u32>) {
     cache
         .row_figures
         .rows_bumped
         .fetch_add(rows.len() as u64, Relaxed);
-    rows.clear();
+    bumps.append(rows);
+}
+
+/// Flushes a database whose tables' shapes changed (DDL made outside pgmemo), and pushes to
+/// `bumps` its own slots: nothing of it read before the commit that showed the change is
+/// visible is stored.
+fn flush_database(cache: &ResultCache, database: &str, bumps: &mut Vec<u32>) {
+    cache.flush(FlushTarget::Database(database));
+    bumps.extend(cache.database_slots(database));
 }
 
 impl Decoder {
@@ -827,7 +933,6 @@ impl Decoder {
     fn bumped_through_pgmemo(&mut self, cache: &ResultCache, database: &str) -> bool {
         let own = self
             .xid
-            .take()
             .is_some_and(|xid| cache.own_commits.take(database, xid));
         if own {
             self.rows.clear();
@@ -903,9 +1008,10 @@ impl Decoder {
                         self.tables.insert(table.clone(), names);
                     }
                     let named = !self.unnamed_tables.contains(&table);
-                    bump_written(cache, &follower.database, &self.tables[&table], named);
+                    let names = &self.tables[&table];
+                    bump_written(cache, &follower.database, names, named, &mut self.bumps);
                 }
-                bump_rows(cache, &mut self.rows);
+                bump_rows(cache, &mut self.rows, &mut self.bumps);
                 self.unnamed_tables.clear();
                 follower.committed(timestamp);
                 return Some(at);
@@ -946,7 +1052,7 @@ impl Decoder {
                 if changed {
                     // Its shape changed (DDL made outside pgmemo): what read it, and what
                     // pgmemo knows of the catalog, is stale.
-                    cache.flush(FlushTarget::Database(database));
+                    flush_database(cache, database, &mut self.bumps);
                 }
                 self.relations.insert(rel.id, (names, rel.columns));
             }
@@ -1002,13 +1108,14 @@ impl Decoder {
                 for id in self.written.drain() {
                     match self.relations.get(&id) {
                         Some((names, _)) => {
-                            bump_written(cache, database, names, !self.unnamed.contains(&id));
+                            let named = !self.unnamed.contains(&id);
+                            bump_written(cache, database, names, named, &mut self.bumps);
                         }
                         // pgoutput always describes a relation before its first change.
-                        None => cache.flush(FlushTarget::Database(database)),
+                        None => flush_database(cache, database, &mut self.bumps),
                     }
                 }
-                bump_rows(cache, &mut self.rows);
+                bump_rows(cache, &mut self.rows, &mut self.bumps);
                 self.unnamed.clear();
                 follower.committed(Some(timestamp));
                 return Ok(Some(end_lsn));
