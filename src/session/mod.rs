@@ -521,6 +521,10 @@ impl Session {
                     if let Some(e) = e {
                         tracing::debug!(client = %self.info.addr, error = %e, "client connection failed");
                     }
+                    if self.terminate_waiting() {
+                        // It said goodbye first (see `poll_client_hangup`).
+                        return End::Terminate;
+                    }
                     return End::ClientGone;
                 }
                 Event::ServerGone(e) => return self.server_gone(e).await,
@@ -719,7 +723,14 @@ impl Session {
             && self.violation.is_none()
             && !self.plan.waiting
             && !self.info.cancels.pending()
-            && !(self.client.rbuf.first() == Some(&fe::TERMINATE) && self.terminate_waits())
+            && !self.terminate_waiting()
+    }
+
+    /// Whether the client's input starts with a Terminate that waits for the replies still
+    /// owed ([`Session::terminate_waits`]): read, never planned, until they are relayed.
+    #[inline]
+    fn terminate_waiting(&self) -> bool {
+        self.client.rbuf.first() == Some(&fe::TERMINATE) && self.terminate_waits()
     }
 
     /// Whether a Terminate waits for replies still owed: those of queries or of batches the
@@ -733,7 +744,7 @@ impl Session {
     /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
     fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         if !self.may_read_client() {
-            return None;
+            return self.poll_client_hangup(cx);
         }
         // Without a buffer, wait for the socket to have bytes before borrowing one; the
         // replies to what it sends will need a write buffer too.
@@ -755,6 +766,30 @@ impl Session {
             Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
             Poll::Pending => None,
         }
+    }
+
+    /// While a Terminate waits for the replies owed before it ([`Session::terminate_waiting`]),
+    /// the client's socket is still read, for its end only: a client that says Terminate
+    /// mostly hangs up at once (libpq's `PQfinish`, asyncpg's `terminate()` after a timed-out
+    /// query), and a server kept to relay replies nobody reads would hold a place in the pool
+    /// until the statement ends (asyncpg's tests each left a `pg_sleep(10)` so, and a pool of
+    /// two was held for minutes). What the client sends after its Terminate stays unread, as
+    /// PostgreSQL leaves it; past [`HIGH_WATER`] of it the socket is no longer watched.
+    #[cold]
+    fn poll_client_hangup(&mut self, cx: &mut Context<'_>) -> Option<Event> {
+        if !self.terminate_waiting() {
+            return None;
+        }
+        while self.client.rbuf.len() < HIGH_WATER {
+            reserve(&mut self.client.rbuf);
+            match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
+                Poll::Ready(Ok(0)) => return Some(Event::ClientGone(None)),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Some(Event::ClientGone(Some(e))),
+                Poll::Pending => return None,
+            }
+        }
+        None
     }
 
     /// Reads the server's socket, if a server is held and the client's output has room.
@@ -808,6 +843,17 @@ impl Session {
             && self.replies.is_idle()
             && server.rbuf.is_empty()
             && server.wbuf.is_empty();
+        if !idle_between_queries && self.terminate_waiting() {
+            // The client hung up after a Terminate that waited for the replies to its work
+            // (see `poll_client_hangup`). Its own backend would go on with that work, then
+            // read the Terminate, its replies lost on a closed socket: so does the server,
+            // which gets the Terminate after the work, no cancel, and pgmemo's end closed as
+            // the client closed its own. Its place in the pool is free at once: the client's
+            // own backend would have kept no one else waiting.
+            self.pool.release_slot(&server);
+            tokio::spawn(server.terminate());
+            return;
+        }
         if !idle_between_queries {
             // Work is still running on the server: cancel it and close the connection; a
             // half-read reply stream cannot be handed to anyone else.
