@@ -789,6 +789,14 @@ impl ServerConn {
     /// server end the connection all the same, as the end of pgmemo's side does.
     pub async fn terminate_and_wait(mut self, within: Duration) {
         self.wbuf.clear();
+        self.finish_and_wait(within).await;
+    }
+
+    /// Ends the connection after what is still to be sent (the work of a client gone, which
+    /// its own backend would have run before reading its Terminate), then waits as
+    /// [`ServerConn::terminate_and_wait`] does: once the server's end is closed, the
+    /// backend has ended its transaction.
+    pub async fn finish_and_wait(mut self, within: Duration) {
         frontend::terminate(&mut self.wbuf);
         let _ = tokio::time::timeout(within, async {
             if self.flush().await.is_err() {

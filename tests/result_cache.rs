@@ -433,6 +433,80 @@ async fn read_your_writes_under_concurrency() {
     assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");
 }
 
+/// A client that leaves while its write still runs on the server (it waits for a lock here;
+/// asyncpg's `terminate()` after a timeout leaves one so): pgmemo bumps what it wrote when the
+/// client leaves, but the write commits later. What another client reads in between (the old
+/// value, rightly) is stored; once the write committed, the next reads through pgmemo give its
+/// value, not that entry: the write is bumped again when its server's connection has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_left_running_by_a_client_gone_is_bumped_when_it_ends() {
+    use std::time::Duration;
+    const DB: &str = "cache_gone";
+    setup(
+        DB,
+        "CREATE TABLE gone (id int PRIMARY KEY, v int); INSERT INTO gone VALUES (1, 0);",
+    )
+    .await;
+    let proxy = start_pgmemo(cache_config(
+        PoolMode::Transaction,
+        3,
+        vec![rule("gone", "FROM gone")],
+    ))
+    .await;
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE gone %'";
+    let read = "SELECT v FROM gone WHERE id = 1";
+    let mut direct = raw_direct(DB).await;
+    let mut reader = raw_proxy(&proxy, DB).await;
+    for v in 1..=2 {
+        run(&mut direct, "BEGIN; LOCK gone IN SHARE MODE").await;
+        let mut gone = raw_proxy(&proxy, DB).await;
+        gone.send(&[
+            Frontend::query(&format!("UPDATE gone SET v = {v} WHERE id = 1")),
+            Frontend::Terminate,
+        ])
+        .await
+        .unwrap();
+        wait_until("the UPDATE waiting", Duration::from_secs(10), || async {
+            first_value(&run(&mut raw_direct(DB).await, waiting).await).as_deref() == Some("1")
+        })
+        .await;
+        drop(gone);
+        // The session ends (and bumps) once pgmemo sees the client gone: wait for it.
+        wait_until("the client gone", Duration::from_secs(10), || async {
+            proxy.app().client_count() == 1
+        })
+        .await;
+        let before = stats(&proxy, "gone").0;
+        let old = (v - 1).to_string();
+        for _ in 0..2 {
+            assert_eq!(
+                first_value(&run(&mut reader, read).await).as_deref(),
+                Some(&*old)
+            );
+        }
+        assert!(
+            stats(&proxy, "gone").0 > before,
+            "the old value was stored and served"
+        );
+        run(&mut direct, "COMMIT").await;
+        wait_until("the UPDATE committed", Duration::from_secs(10), || async {
+            first_value(&run(&mut raw_direct(DB).await, read).await) == Some(v.to_string())
+        })
+        .await;
+        wait_until(
+            "pgmemo to serve the committed value",
+            Duration::from_secs(10),
+            || async {
+                first_value(&run(&mut raw_proxy(&proxy, DB).await, read).await)
+                    == Some(v.to_string())
+            },
+        )
+        .await;
+    }
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn what_must_not_be_cached_is_not() {
     const DB: &str = "cache_never";

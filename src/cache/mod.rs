@@ -1963,6 +1963,23 @@ impl Drop for Fill {
     }
 }
 
+/// What a client that left had sent, still running on its server when it left: a write
+/// that commits after the bump made then would leave whatever was read in between stored
+/// under versions that predate it. Bumped again once the server's connection has ended
+/// (its backend ends its transaction before it exits).
+pub struct Unfinished {
+    database: Box<str>,
+    effects: Vec<Arc<Analysis>>,
+    rows: Vec<u32>,
+}
+
+impl Unfinished {
+    /// The server the work ran on has ended it.
+    pub fn ended(self, cache: &ResultCache) {
+        cache.apply(&self.database, &self.effects, &self.rows);
+    }
+}
+
 /// One client's part: buffers, its notes of writes, its fill.
 #[derive(Default)]
 pub struct ClientCache {
@@ -2371,14 +2388,20 @@ impl ClientCache {
         self.deferred_begin.is_none() && self.read_committed.is_none() && self.fill.is_none()
     }
 
-    /// The client left: what it sent may have run to the end without it.
-    pub fn abandon(&mut self, cache: &ResultCache, database: &str) {
-        if !self.pending.is_empty() {
-            cache.apply(database, &self.pending, &self.pending_rows);
-            self.pending.clear();
-            self.pending_rows.clear();
-        }
+    /// The client left: what it sent may have run to the end without it, so it is bumped
+    /// now, and what the caller must bump again once the server it ran on has ended, if that
+    /// work may still be running there ([`Unfinished`]).
+    pub fn abandon(&mut self, cache: &ResultCache, database: &str) -> Option<Unfinished> {
         self.fill = None;
+        if self.pending.is_empty() {
+            return None;
+        }
+        cache.apply(database, &self.pending, &self.pending_rows);
+        Some(Unfinished {
+            database: database.into(),
+            effects: std::mem::take(&mut self.pending),
+            rows: std::mem::take(&mut self.pending_rows),
+        })
     }
 }
 

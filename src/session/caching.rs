@@ -800,10 +800,10 @@ impl Session {
         )
     }
 
-    pub(super) fn cache_abandon(&mut self) {
-        if let Some(client) = self.cache.as_mut() {
-            client.abandon(&self.app.cache, &self.pool.settings().target.database_id);
-        }
+    /// The client left: see [`ClientCache::abandon`].
+    pub(super) fn cache_abandon(&mut self) -> Option<crate::cache::Unfinished> {
+        let client = self.cache.as_mut()?;
+        client.abandon(&self.app.cache, &self.pool.settings().target.database_id)
     }
 }
 

@@ -69,6 +69,10 @@ use tokio_util::io::poll_read_buf;
 /// Above this many unsent bytes for one side, pgmemo stops reading from the other side.
 const HIGH_WATER: usize = 256 * 1024;
 
+/// How long a server left with work of a client gone is waited for, to bump what that work
+/// may have written once it ended (see [`crate::cache::Unfinished`]); past it, bumped then.
+const UNFINISHED_WAIT: Duration = Duration::from_secs(600);
+
 /// The client side of a session: its stream and buffers.
 pub struct ClientConn {
     pub stream: Stream,
@@ -814,7 +818,7 @@ impl Session {
     /// After the relay: leaves the server, if one is still held, clean for the next client
     /// (rolled back and reset), or closes it when that cannot be done safely.
     async fn finish(&mut self) {
-        self.cache_abandon();
+        let unfinished = self.cache_abandon();
         if self.plan.stmts.take().is_some() {
             self.app.registry.note_released();
         }
@@ -851,7 +855,13 @@ impl Session {
             // the client closed its own. Its place in the pool is free at once: the client's
             // own backend would have kept no one else waiting.
             self.pool.release_slot(&server);
-            tokio::spawn(server.terminate());
+            let app = self.app.clone();
+            tokio::spawn(async move {
+                server.finish_and_wait(UNFINISHED_WAIT).await;
+                if let Some(unfinished) = unfinished {
+                    unfinished.ended(&app.cache);
+                }
+            });
             return;
         }
         if !idle_between_queries {
@@ -863,9 +873,14 @@ impl Session {
                 server.backend_secret,
             );
             self.pool.release_slot(&server);
+            let app = self.app.clone();
             tokio::spawn(async move {
                 let _ = crate::server::send_cancel(&addr, pid, secret).await;
-                server.terminate().await;
+                // The cancel may come too late: what ran may commit until the backend ends.
+                server.terminate_and_wait(UNFINISHED_WAIT).await;
+                if let Some(unfinished) = unfinished {
+                    unfinished.ended(&app.cache);
+                }
             });
             return;
         }
