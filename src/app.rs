@@ -550,6 +550,9 @@ pub struct App {
     /// does not load fails the start or the RELOAD, not a login.
     server_tls_by_string: ArcSwap<ServerConnectors>,
     clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+    /// The primary of each server list (see [`crate::primary`]), by
+    /// [`ServerTarget::hosts_key`]: shared by its pools and WAL follower, across reloads.
+    primaries: Mutex<HashMap<String, Arc<crate::primary::Primary>>>,
     /// The registered clients per database and per user (`max_db_client_connections`,
     /// `max_user_client_connections`).
     client_counts: ClientCounts,
@@ -625,6 +628,7 @@ impl App {
             server_tls: ArcSwapOption::empty(),
             server_tls_by_string: ArcSwap::from_pointee(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
+            primaries: Mutex::new(HashMap::new()),
             client_counts: ClientCounts::default(),
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
@@ -1002,25 +1006,33 @@ impl App {
                 self.server_tls.load_full().map(|c| (*c).clone()),
             ),
         };
+        let mut target = ServerTarget {
+            database_id: ServerTarget::database_id(&db.host, db.port, &db.dbname),
+            host: db.host,
+            port: db.port,
+            dbname: db.dbname,
+            user,
+            password,
+            tls_mode,
+            tls,
+            fallbacks: db.fallbacks,
+            session_attrs: o.session_attrs,
+            primary: Default::default(),
+            connect_timeout: o.connect_timeout,
+            application_name: o.application_name,
+            scram_keys,
+            keepalive: g.keepalive(),
+            order: o.balance,
+            turn: Default::default(),
+        };
+        target.primary = self
+            .primaries
+            .lock()
+            .entry(target.hosts_key())
+            .or_default()
+            .clone();
         Some(PoolSettings {
-            target: ServerTarget {
-                database_id: ServerTarget::database_id(&db.host, db.port, &db.dbname),
-                host: db.host,
-                port: db.port,
-                dbname: db.dbname,
-                user,
-                password,
-                tls_mode,
-                tls,
-                fallbacks: db.fallbacks,
-                read_write: o.read_write,
-                connect_timeout: o.connect_timeout,
-                application_name: o.application_name,
-                scram_keys,
-                keepalive: g.keepalive(),
-                order: o.balance,
-                turn: Default::default(),
-            },
+            target,
             mode: db.pool_mode,
             pool_size: db.pool_size as usize,
             min_pool_size: db.min_pool_size as usize,

@@ -428,6 +428,99 @@ impl LocalPostgres {
         result
     }
 
+    /// A streaming standby of this cluster: a base backup (`pg_basebackup -R -X stream`, so a
+    /// physical replica following it) in a temp dir of its own, on a free port, started and
+    /// accepting read-only connections. This cluster's `pg_hba.conf` must let its superuser
+    /// replicate over TCP (`host replication all 127.0.0.1/32 trust` in the `hba` option).
+    pub fn standby(&self) -> Result<LocalPostgres, DemoError> {
+        let root = std::env::temp_dir().join(format!(
+            "{DIR_PREFIX}{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root)
+            .map_err(|e| DemoError::io(format!("creating {}", root.display()), e))?;
+        let mut standby = LocalPostgres {
+            data_dir: root.join("data"),
+            root,
+            bin_dir: self.bin_dir.clone(),
+            port: 0,
+            superuser: self.superuser.clone(),
+            superuser_password: self.superuser_password.clone(),
+            run_as: self.run_as,
+            running: false,
+            removed: false,
+        };
+        std::fs::set_permissions(&standby.root, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| DemoError::io(format!("chmod {}", standby.root.display()), e))?;
+        standby.give_to_server_user(&standby.root)?;
+        standby.base_backup_of(self)?;
+        standby.start_server(&LocalPostgresOptions::default())?;
+        Ok(standby)
+    }
+
+    /// Makes this cluster a streaming standby of `primary`, as an operator rejoins an old
+    /// primary after a failover: stops it, replaces its data with a fresh base backup of
+    /// `primary`, and starts it again on its own port.
+    pub fn follow(&mut self, primary: &LocalPostgres) -> Result<(), DemoError> {
+        if self.running {
+            self.running = false;
+            if !self.pg_ctl_stop("fast") {
+                self.pg_ctl_stop("immediate");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+        self.base_backup_of(primary)?;
+        let port = self.port;
+        self.start_server(&LocalPostgresOptions {
+            port: Some(port),
+            ..LocalPostgresOptions::default()
+        })
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`, waiting until it is one).
+    pub fn promote(&self) -> Result<(), DemoError> {
+        let mut pg_ctl = self.server_command("pg_ctl");
+        pg_ctl
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-w", "-t", "60", "promote"]);
+        run(&mut pg_ctl).map(|_| ())
+    }
+
+    /// Stops the server (`pg_ctl stop -m <mode>`: "fast" or "immediate") and keeps its data:
+    /// a primary that fails.
+    pub fn stop_server(&mut self, mode: &str) {
+        if self.running {
+            self.running = false;
+            self.pg_ctl_stop(mode);
+        }
+    }
+
+    /// Fills the (absent) data directory with a base backup of `primary` that follows it,
+    /// its own socket directory set.
+    fn base_backup_of(&self, primary: &LocalPostgres) -> Result<(), DemoError> {
+        let mut backup = self.server_command("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-R", "-X", "stream", "--no-sync", "-h", HOST, "-p"])
+            .arg(primary.port.to_string())
+            .arg("-U")
+            .arg(&primary.superuser);
+        if let Some(password) = &primary.superuser_password {
+            backup.env("PGPASSWORD", password);
+        }
+        run(&mut backup)?;
+        let socket_dir = self.root.display().to_string();
+        self.append_conf(&format!(
+            "\n# A standby of port {}.\nunix_socket_directories = '{}'\n",
+            primary.port,
+            socket_dir.replace('\'', "''")
+        ))
+    }
+
     /// Runs `pg_ctl stop -m <mode>` and says whether it succeeded.
     fn pg_ctl_stop(&self, mode: &str) -> bool {
         let mut pg_ctl = self.server_command("pg_ctl");

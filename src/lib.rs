@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod params;
 pub mod pins;
 pub mod pool;
+pub mod primary;
 pub mod protocol;
 pub mod query;
 pub mod replies;

@@ -271,6 +271,15 @@ fn pool_gauges(app: &App, pools: &Pools, out: &mut String) {
             );
         }
     }
+    out.push_str("# HELP pgmemo_switchovers_total Times the primary of a pool's hosts moved to another host (target_session_attrs read-write or primary).\n# TYPE pgmemo_switchovers_total counter\n");
+    for pool in pools {
+        let _ = writeln!(
+            out,
+            "pgmemo_switchovers_total{{{}}} {}",
+            labels(&pool.key.database, &pool.key.user),
+            pool.settings().target.primary.switchovers()
+        );
+    }
     out.push_str("# HELP pgmemo_clients_waiting Clients queued for a server.\n# TYPE pgmemo_clients_waiting gauge\n");
     for pool in pools {
         let (_, _, waiting) = pool.counts();

@@ -84,6 +84,11 @@ impl PoolSettings {
             },
             retire_before: None,
             round_robin: self.server_round_robin,
+            primary: self
+                .target
+                .session_attrs
+                .wants_primary()
+                .then(|| (self.target.primary.clone(), self.target.session_attrs)),
         }
     }
 }
@@ -91,7 +96,7 @@ impl PoolSettings {
 /// The settings every checkout and check-in reads, kept in the pool's state by each reload:
 /// read under the lock those take anyway, where loading the whole settings would cost an
 /// ArcSwap load (~70 instructions) each time.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Limits {
     pool_size: usize,
     /// Opened only for clients that waited reserve_pool_timeout; the pool shrinks to
@@ -105,6 +110,11 @@ struct Limits {
     retire_before: Option<Moment>,
     /// `server_round_robin`: the oldest idle server first.
     round_robin: bool,
+    /// With `target_session_attrs` `read-write` or `primary`: the hosts' primary, and what a
+    /// server must be. A server of another host than the primary's (it moved, see
+    /// [`crate::primary`]), or that became what the attributes refuse (a primary reloaded
+    /// with `default_transaction_read_only` reports it), is closed when next met.
+    primary: Option<(Arc<crate::primary::Primary>, crate::config::SessionAttrs)>,
 }
 
 impl Default for Limits {
@@ -116,6 +126,7 @@ impl Default for Limits {
             server_check_delay: Duration::MAX,
             retire_before: None,
             round_robin: false,
+            primary: None,
         }
     }
 }
@@ -129,7 +140,12 @@ impl Limits {
     /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
     /// and must be closed.
     fn outlived(&self, conn: &ServerConn, now: Moment) -> bool {
-        now.since(conn.info.created) >= self.server_lifetime || self.retired(&conn.info)
+        now.since(conn.info.created) >= self.server_lifetime
+            || self.retired(&conn.info)
+            || self.primary.as_ref().is_some_and(|(primary, attrs)| {
+                !primary.is_at(conn.info.host_index)
+                    || !attrs.accepts(conn.is_standby(), conn.is_read_only(), false)
+            })
     }
 
     /// Whether `server` was open at the last RECONNECT.
@@ -1130,7 +1146,7 @@ impl Pool {
     /// How many server connections open at the last RECONNECT are still open (the console's
     /// WAIT_CLOSE waits for none).
     pub fn retiring(&self) -> usize {
-        let limits = self.state.lock().limits;
+        let limits = self.state.lock().limits.clone();
         if limits.retire_before.is_none() {
             return 0;
         }
@@ -1151,7 +1167,7 @@ impl Pool {
             let mut keep = Vec::with_capacity(st.idle.len());
             let mut out = Vec::new();
             let total = st.total;
-            let limits = st.limits;
+            let limits = st.limits.clone();
             for conn in st.idle.drain(..) {
                 let idle_too_long = now.since(conn.last_used) >= settings.server_idle_timeout
                     && total - out.len() > settings.min_pool_size;

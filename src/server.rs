@@ -5,6 +5,7 @@
 
 use crate::clock::Moment;
 use crate::config::HostOrder;
+use crate::config::SessionAttrs;
 use crate::params::Vars;
 use crate::protocol::backend::{self, AuthRequest, ErrorFields};
 use crate::protocol::startup::Replication;
@@ -41,9 +42,12 @@ pub struct ServerTarget {
     /// a libpq connection string (`host=a,b port=5432,5433`). A host that starts with `/` is
     /// a Unix socket directory, here as in `host`.
     pub fallbacks: Vec<(String, u16)>,
-    /// libpq's `target_session_attrs=read-write`: a server that does not accept writes (a
-    /// standby, or `default_transaction_read_only` on) is passed over for the next host.
-    pub read_write: bool,
+    /// libpq's `target_session_attrs`: a server that is not what it asks for (a standby
+    /// where writes are wanted, ...) is passed over for the next host.
+    pub session_attrs: SessionAttrs,
+    /// Which host is the primary (with `read-write` or `primary`), shared by every target of
+    /// the same hosts (see [`crate::primary`]).
+    pub primary: Arc<crate::primary::Primary>,
     /// libpq's `connect_timeout`: how long each host may take, login included.
     pub connect_timeout: Option<Duration>,
     /// Sent in the startup packet, the server's default for sessions that set none.
@@ -60,7 +64,7 @@ impl ServerTarget {
     /// Every server to try for a new connection, in order: `host:port`, then the fallbacks;
     /// with `load_balance_hosts` round-robin or random, the same list started at the next
     /// host or at one chosen at random, and wrapped around.
-    pub fn hosts(&self) -> impl Iterator<Item = (&str, u16)> {
+    pub fn hosts(&self) -> impl Iterator<Item = (usize, &str, u16)> {
         let count = 1 + self.fallbacks.len();
         let start = match self.order {
             HostOrder::InOrder => 0,
@@ -68,12 +72,29 @@ impl ServerTarget {
             HostOrder::Random => rand::random::<u32>() as usize % count,
         };
         (0..count).map(move |i| match (start + i) % count {
-            0 => (self.host.as_str(), self.port),
+            0 => (0, self.host.as_str(), self.port),
             n => {
                 let (host, port) = &self.fallbacks[n - 1];
-                (host.as_str(), *port)
+                (n, host.as_str(), *port)
             }
         })
+    }
+
+    /// The host at `index` of [`ServerTarget::hosts`]' list, as written.
+    pub fn host_at(&self, index: usize) -> Option<(&str, u16)> {
+        match index {
+            0 => Some((self.host.as_str(), self.port)),
+            n => self.fallbacks.get(n - 1).map(|(h, p)| (h.as_str(), *p)),
+        }
+    }
+
+    /// A key naming the list of hosts (what [`crate::primary::Primary`] is shared by).
+    pub fn hosts_key(&self) -> String {
+        let mut key = format!("{}:{}", self.host, self.port);
+        for (host, port) in &self.fallbacks {
+            key.push_str(&format!(",{host}:{port}"));
+        }
+        key
     }
 }
 
@@ -164,6 +185,8 @@ pub struct ServerInfo {
     /// When the connection was opened (server_lifetime, RECONNECT).
     pub created: Moment,
     pub tls: bool,
+    /// Its host's place in its target's list ([`ServerTarget::hosts`]).
+    pub host_index: usize,
     /// A replication connection (a replication client's own server), SHOW SERVERS'
     /// `replication`; never one of the pool's shared servers.
     pub replication: Replication,
@@ -288,6 +311,7 @@ impl ServerConn {
                 connect_time: std::time::SystemTime::now(),
                 created: now,
                 tls: stream.is_tls(),
+                host_index: 0,
                 replication: Replication::None,
                 state: AtomicU8::new(ServerState::Login as u8),
                 client_id: AtomicU64::new(0),
@@ -351,14 +375,29 @@ impl ServerConn {
     /// [`ServerConn::connect`] with more startup parameters (`replication=database`).
     ///
     /// The target's hosts are tried in order, as libpq does: the first that accepts a
-    /// connection and a login (and writes, with `read_write`) is used; when none does, the
-    /// last host's error is returned.
+    /// connection and a login (and is what `target_session_attrs` asks for; with
+    /// `prefer-standby`, a second pass takes any) is used; when none does, the last host's
+    /// error is returned. The primary's host is noted (see [`crate::primary`]).
     pub async fn connect_with(
         target: &ServerTarget,
         extra: &[(&str, &str)],
     ) -> Result<ServerConn, ServerError> {
+        let attrs = target.session_attrs;
         let mut last = None;
-        for (host, port) in target.hosts() {
+        let passes = if attrs == SessionAttrs::PreferStandby {
+            2
+        } else {
+            1
+        };
+        let mut tries = Vec::with_capacity(passes * (1 + target.fallbacks.len()));
+        for pass in 0..passes {
+            tries.extend(
+                target
+                    .hosts()
+                    .map(|(index, host, port)| (pass, index, host, port)),
+            );
+        }
+        for (pass, index, host, port) in tries {
             let attempt = Self::connect_host(target, host, port, extra);
             let result = match target.connect_timeout {
                 None => attempt.await,
@@ -372,13 +411,36 @@ impl ServerConn {
                     }),
             };
             match result {
-                Ok(conn) if !target.read_write || !conn.is_read_only() => return Ok(conn),
+                Ok(mut conn)
+                    if attrs.accepts(conn.is_standby(), conn.is_read_only(), pass == 1) =>
+                {
+                    Arc::get_mut(&mut conn.info)
+                        .expect("a new connection's info is not shared yet")
+                        .host_index = index;
+                    if attrs.wants_primary() && target.primary.found_at(index) {
+                        tracing::warn!(
+                            host,
+                            port,
+                            database = %target.database_id,
+                            "the primary moved here (a switchover or failover): servers of \
+                             the old one are closed, the WAL stream starts again here"
+                        );
+                    }
+                    return Ok(conn);
+                }
                 Ok(conn) => {
-                    tracing::info!(host, port, "server is read-only; trying the next host");
+                    let why = match attrs {
+                        SessionAttrs::ReadWrite => "session is read-only",
+                        SessionAttrs::ReadOnly => "session is not read-only",
+                        SessionAttrs::Primary => "server is in hot standby mode",
+                        _ => "server is not in hot standby mode",
+                    };
+                    tracing::info!(host, port, "{why}; trying the next host");
                     conn.terminate().await;
                     last = Some(ServerError::Protocol(format!(
-                        "{}: session is read-only (target_session_attrs=read-write)",
-                        describe_host(host, port)
+                        "{}: {why} (target_session_attrs={})",
+                        describe_host(host, port),
+                        attrs.as_str()
                     )));
                 }
                 Err(e) => {
@@ -492,12 +554,17 @@ impl ServerConn {
         same
     }
 
-    /// Whether the server refuses writes, from what it reported at login (PostgreSQL 14 and
-    /// later report `in_hot_standby` and `default_transaction_read_only`, which is what libpq
-    /// reads for `target_session_attrs=read-write`).
-    fn is_read_only(&self) -> bool {
+    /// Whether the server is a standby, from what it reported (PostgreSQL 14 and later report
+    /// `in_hot_standby` at login and when it changes, which is what libpq reads for
+    /// `target_session_attrs`).
+    pub fn is_standby(&self) -> bool {
         self.reported.is("in_hot_standby", "on")
-            || self.reported.is("default_transaction_read_only", "on")
+    }
+
+    /// Whether the server refuses writes: a standby, or `default_transaction_read_only` on
+    /// (reported too).
+    pub fn is_read_only(&self) -> bool {
+        self.is_standby() || self.reported.is("default_transaction_read_only", "on")
     }
 
     /// Queues the StartupMessage: the target's user, database and application_name, then

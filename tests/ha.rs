@@ -263,3 +263,427 @@ async fn held_commits_are_never_cached_stale_test_decoding() {
 async fn held_commits_are_never_cached_stale_pgoutput() {
     held_commits_are_never_cached_stale(WalPlugin::Pgoutput).await;
 }
+
+/// A primary for failover: its WAL decodable, replication over TCP trusted.
+fn failover_primary() -> LocalPostgres {
+    LocalPostgres::start(LocalPostgresOptions {
+        settings: vec![("wal_level".into(), "logical".into())],
+        hba: vec!["host replication all 127.0.0.1/32 trust".into()],
+        ..LocalPostgresOptions::default()
+    })
+    .expect("a primary")
+}
+
+/// What one writer saw through pgmemo while the primary failed over.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Writes acknowledged, and after the promotion.
+    acknowledged: u64,
+    after_promotion: u64,
+    /// Statements that failed (those in flight at the switch).
+    errors: u64,
+    /// Reads of its own row older than its last acknowledged write.
+    stale: u64,
+    /// Its row's value as last acknowledged.
+    last: i64,
+}
+
+const WRITERS: i64 = 8;
+
+/// A writer through pgmemo: sets its own row to 1, 2, 3, ... (each an autocommit UPDATE),
+/// reading it back through the cache after each write; reconnects when its connection goes.
+async fn writer(
+    url: String,
+    id: i64,
+    promoted: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    seen: Arc<std::sync::Mutex<Seen>>,
+) {
+    let mut client = connect(&url).await;
+    let mut next = 1;
+    while !stop.load(Relaxed) {
+        if client.is_closed() {
+            match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                Ok((c, conn)) => {
+                    tokio::spawn(conn);
+                    client = c;
+                }
+                Err(_) => {
+                    seen.lock().unwrap().errors += 1;
+                    continue;
+                }
+            }
+        }
+        let update = format!("UPDATE counters SET v = {next} WHERE id = {id}");
+        match client.batch_execute(&update).await {
+            Ok(()) => {
+                let mut s = seen.lock().unwrap();
+                s.acknowledged += 1;
+                s.after_promotion += promoted.load(Relaxed) as u64;
+                s.last = next;
+            }
+            Err(_) => {
+                // Its fate is unknown (in flight at the switch): the next write settles it.
+                seen.lock().unwrap().errors += 1;
+                next += 1;
+                continue;
+            }
+        }
+        next += 1;
+        let read = format!("SELECT v FROM counters WHERE id = {id}");
+        match client.simple_query(&read).await {
+            Ok(messages) => {
+                let v: i64 = messages
+                    .iter()
+                    .find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+                        _ => None,
+                    })
+                    .unwrap_or(-1);
+                let mut s = seen.lock().unwrap();
+                if v != s.last {
+                    s.stale += 1;
+                }
+            }
+            Err(_) => seen.lock().unwrap().errors += 1,
+        }
+    }
+}
+
+/// A primary and its streaming standby (`pg_basebackup`) behind pgmemo, as libpq takes
+/// them (`target_session_attrs=read-write` over both hosts), with WAL invalidation: 8
+/// writers write and read (cached) through pgmemo; the primary is stopped and the standby
+/// promoted. Writes resume on the new primary without a RELOAD, no acknowledged write is
+/// lost, no read is older than its writer's last write, errors come only from what was in
+/// flight, the WAL follower moves to the new primary (a direct write there invalidates), and
+/// SHOW DATABASES and the switchover counter say where the primary is. Then the old primary
+/// comes back as a standby of the new one: pgmemo keeps writing to the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_takes_the_writes_and_nothing_stale_is_served() {
+    use std::sync::atomic::AtomicBool;
+    let old = tokio::task::spawn_blocking(failover_primary).await.unwrap();
+    old.psql(
+        "postgres",
+        "CREATE TABLE counters (id int PRIMARY KEY, v bigint); \
+         INSERT INTO counters SELECT i, 0 FROM generate_series(0, 100) i;",
+    )
+    .unwrap();
+    let old_port = old.port();
+    let (mut old, new) = tokio::task::spawn_blocking(move || {
+        let standby = old.standby().expect("a standby");
+        (old, standby)
+    })
+    .await
+    .unwrap();
+    let upstream = format!(
+        "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        old.port(),
+        new.port()
+    );
+    let mut config = test_config(PoolMode::Transaction, 4);
+    config.upstream = Some(pgmemo::config::parse_upstream_url(&upstream).unwrap());
+    config.general.auth_type = pgmemo::config::AuthType::Trust;
+    config.cache.enabled = true;
+    config.cache.admit_after = 1;
+    config.cache.invalidation = Invalidation::Wal;
+    config.cache.rules = vec![cache_rule("counters", "FROM counters")];
+    let proxy = start_pgmemo(config).await;
+    let url = format!("postgresql://postgres@{}/postgres", proxy.local_addr());
+    let reader = connect(&url).await;
+    value(&reader, "SELECT v FROM counters WHERE id = 100").await;
+    soon("the follower to catch up", || async {
+        follower(&proxy).is_some_and(|f| f.is_ready())
+    })
+    .await;
+
+    let promoted = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Vec<_> = (0..WRITERS)
+        .map(|_| Arc::new(std::sync::Mutex::new(Seen::default())))
+        .collect();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|id| {
+            let (p, s, seen) = (promoted.clone(), stop.clone(), seen[id as usize].clone());
+            tokio::spawn(writer(url.clone(), id, p, s, seen))
+        })
+        .collect();
+    let each_wrote = |n: u64, after: bool| {
+        let seen = seen.clone();
+        move || {
+            let seen = seen.clone();
+            async move {
+                seen.iter().all(|s| {
+                    let s = s.lock().unwrap();
+                    (if after {
+                        s.after_promotion
+                    } else {
+                        s.acknowledged
+                    }) >= n
+                })
+            }
+        }
+    };
+    soon("every writer to write", each_wrote(20, false)).await;
+
+    // The primary fails (a clean stop: everything it acknowledged reached the standby) and
+    // the standby is promoted.
+    let mut old = tokio::task::spawn_blocking(move || {
+        old.stop_server("fast");
+        old
+    })
+    .await
+    .unwrap();
+    let promoting = std::time::Instant::now();
+    let new = tokio::task::spawn_blocking(move || new.promote().map(|()| new))
+        .await
+        .unwrap()
+        .expect("promoted");
+    promoted.store(true, Relaxed);
+    soon("a write through pgmemo after the promotion", || async {
+        seen.iter().any(|s| s.lock().unwrap().after_promotion > 0)
+    })
+    .await;
+    eprintln!(
+        "first write through pgmemo {:?} after pg_ctl promote began",
+        promoting.elapsed()
+    );
+    soon(
+        "every writer to write on the new primary",
+        each_wrote(20, true),
+    )
+    .await;
+
+    // The follower streams from the new primary: a direct write there invalidates.
+    let direct = connect(&new.url("postgres", None, "postgres")).await;
+    let before = value(&reader, "SELECT v FROM counters WHERE id = 100").await;
+    direct
+        .batch_execute("UPDATE counters SET v = v + 1 WHERE id = 100")
+        .await
+        .unwrap();
+    wait_passed(&proxy, &direct).await;
+    let after = value(&reader, "SELECT v FROM counters WHERE id = 100").await;
+    assert_eq!(
+        after.parse::<i64>().unwrap(),
+        before.parse::<i64>().unwrap() + 1
+    );
+
+    let primary = proxy.app().pools()[0].settings().target.primary.clone();
+    assert_eq!(primary.switchovers(), 1);
+    let admin = admin_console(proxy.local_addr()).await;
+    let databases = admin_rows(&admin, "SHOW DATABASES").await;
+    let row = databases
+        .iter()
+        .find(|r| r.get("name").map(String::as_str) == Some("postgres"))
+        .expect("the database's row");
+    assert_eq!(
+        row["port"],
+        new.port().to_string(),
+        "SHOW DATABASES: the primary"
+    );
+
+    // The old primary rejoins as a standby of the new one (first in the host list).
+    let (old, new) = tokio::task::spawn_blocking(move || {
+        old.follow(&new)
+            .expect("the old primary follows the new one");
+        (old, new)
+    })
+    .await
+    .unwrap();
+    assert_eq!(old.port(), old_port);
+    let at = seen
+        .iter()
+        .map(|s| s.lock().unwrap().acknowledged)
+        .collect::<Vec<_>>();
+    soon(
+        "every writer to write with the old primary back",
+        || async {
+            seen.iter()
+                .zip(&at)
+                .all(|(s, n)| s.lock().unwrap().acknowledged >= n + 20)
+        },
+    )
+    .await;
+    stop.store(true, Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+
+    // Every acknowledged write is on the new primary, nothing on the old one but its copy.
+    let direct = connect(&new.url("postgres", None, "postgres")).await;
+    for (id, s) in seen.iter().enumerate() {
+        let v: i64 = value(&direct, &format!("SELECT v FROM counters WHERE id = {id}"))
+            .await
+            .parse()
+            .unwrap();
+        let s = s.lock().unwrap();
+        assert!(v >= s.last, "writer {id}: {v} on the new primary, {s:?}");
+        assert_eq!(s.stale, 0, "writer {id}: stale reads, {s:?}");
+        assert!(
+            s.errors <= 4,
+            "writer {id}: errors beyond the switch, {s:?}"
+        );
+    }
+    let standby = connect(&old.url("postgres", None, "postgres")).await;
+    assert_eq!(value(&standby, "SELECT pg_is_in_recovery()").await, "t");
+    assert_eq!(
+        primary.switchovers(),
+        1,
+        "the old primary came back as a standby"
+    );
+    proxy.shutdown().await;
+}
+
+/// A TCP relay to `to` that can be cut as a network cut does: the connections it carries stay
+/// open and carry nothing more; connections made after the cut go through.
+struct Relay {
+    addr: std::net::SocketAddr,
+    /// Connections made before this generation (counted from 1) carry nothing.
+    cut_before: Arc<std::sync::atomic::AtomicU64>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Relay {
+    async fn start(to: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::AtomicU64;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut_before = Arc::new(AtomicU64::new(0));
+        let generation = Arc::new(AtomicU64::new(0));
+        let cut = cut_before.clone();
+        let made = generation.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let me = made.fetch_add(1, Relaxed) + 1;
+                let cut = cut.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let carries = move || me >= cut.load(Relaxed);
+                    let up = relay_half(&mut cr, &mut sw, carries.clone());
+                    let down = relay_half(&mut sr, &mut cw, carries);
+                    if tokio::join!(up, down) != (false, false) {
+                        // Cut: both sockets stay open, silent, until the test ends.
+                        std::future::pending::<()>().await;
+                    }
+                });
+            }
+        });
+        Relay {
+            addr,
+            cut_before,
+            generation,
+        }
+    }
+
+    /// Cuts every connection made so far.
+    fn cut(&self) {
+        self.cut_before
+            .store(self.generation.load(Relaxed) + 1, Relaxed);
+    }
+}
+
+/// Copies `from` to `to` while `carries()`: true when it no longer does (cut), false when
+/// `from` ended (then `to` is shut down, as the end is passed on).
+async fn relay_half(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    carries: impl Fn() -> bool,
+) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return false;
+                }
+                Ok(n) => n,
+            },
+            _ = tokio::time::sleep(Duration::from_millis(50)) => 0,
+        };
+        if !carries() {
+            return true;
+        }
+        if n > 0 && to.write_all(&buf[..n]).await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// The network between pgmemo and the primary is cut (a relay that stops carrying, its TCP
+/// connections left open, as a cut leaves them): the server is no longer heard from, so
+/// within seconds the database's cached results are not served; the stream is given up and
+/// started again over a new connection, and its start ends the old walsender, which still
+/// holds its temporary slot (PostgreSQL would notice only at `wal_sender_timeout`): one
+/// pgmemo slot on the server, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_off_is_not_served_and_leaves_no_slot_behind() {
+    let pg = tokio::task::spawn_blocking(failover_primary).await.unwrap();
+    pg.psql(
+        "postgres",
+        "CREATE TABLE cut (k int PRIMARY KEY, v int); INSERT INTO cut VALUES (1, 1);",
+    )
+    .unwrap();
+    let relay = Relay::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap()).await;
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.upstream = Some(
+        pgmemo::config::parse_upstream_url(&format!(
+            "postgresql://postgres@{}/postgres",
+            relay.addr
+        ))
+        .unwrap(),
+    );
+    config.general.auth_type = pgmemo::config::AuthType::Trust;
+    config.cache.enabled = true;
+    config.cache.admit_after = 1;
+    config.cache.invalidation = Invalidation::Wal;
+    config.cache.rules = vec![cache_rule("cut", "FROM cut")];
+    let proxy = start_pgmemo(config).await;
+    let url = format!("postgresql://postgres@{}/postgres", proxy.local_addr());
+    let reader = connect(&url).await;
+    value(&reader, "SELECT v FROM cut WHERE k = 1").await;
+    soon("the follower to catch up", || async {
+        follower(&proxy).is_some_and(|f| f.is_ready())
+    })
+    .await;
+    let f = follower(&proxy).unwrap();
+    let connects = f.connects.load(Relaxed);
+    let direct = connect(&pg.url("postgres", None, "postgres")).await;
+    let slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgmemo%'";
+    assert_eq!(value(&direct, slots).await, "1");
+
+    relay.cut();
+    let cut_at = std::time::Instant::now();
+    wait_until(
+        "the silent stream not to be served",
+        Duration::from_secs(10),
+        || async { !f.is_ready() },
+    )
+    .await;
+    eprintln!("not served {:?} after the cut", cut_at.elapsed());
+    wait_until("a new stream", Duration::from_secs(40), || async {
+        f.connects.load(Relaxed) > connects
+    })
+    .await;
+    eprintln!(
+        "reconnecting {:?} after the cut: {}",
+        cut_at.elapsed(),
+        f.status().phase
+    );
+    wait_until("a new stream", Duration::from_secs(40), || async {
+        f.is_ready()
+    })
+    .await;
+    eprintln!("served again {:?} after the cut", cut_at.elapsed());
+    wait_until("the old slot gone", Duration::from_secs(10), || async {
+        value(&direct, slots).await == "1"
+    })
+    .await;
+    eprintln!("one slot {:?} after the cut", cut_at.elapsed());
+    proxy.shutdown().await;
+    eprintln!("shut down {:?} after the cut", cut_at.elapsed());
+}

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio_postgres::config::{Host, TargetSessionAttrs};
+use tokio_postgres::config::Host;
 
 use super::{ConfigError, ServerTlsMode};
 
@@ -28,14 +28,81 @@ pub struct ServerOptions {
     /// `sslcert` and `sslkey` (given together): the client certificate presented to this
     /// server, over `general.server_tls_cert_file` / `server_tls_key_file`.
     pub tls_identity: Option<(PathBuf, PathBuf)>,
-    /// `target_session_attrs=read-write`: of several hosts, use the first that accepts writes.
-    pub read_write: bool,
+    /// `target_session_attrs`: which of several hosts a connection may use.
+    pub session_attrs: SessionAttrs,
     /// `connect_timeout`, per host.
     pub connect_timeout: Option<Duration>,
     /// `application_name`: the server's default for sessions that set none.
     pub application_name: Option<String>,
     /// `load_balance_hosts`: the order in which the hosts are tried for a new connection.
     pub balance: HostOrder,
+}
+
+/// libpq's `target_session_attrs`: what a server must be for a connection to stay on it
+/// (libpq's checks, from what PostgreSQL 14 and later report at login: `in_hot_standby`,
+/// `default_transaction_read_only`). Of several hosts, the first that is (in the order
+/// `load_balance_hosts` gives) is used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SessionAttrs {
+    /// `any` (the default): whichever host answers.
+    #[default]
+    Any,
+    /// `read-write`: one that accepts writes (not a standby, not
+    /// `default_transaction_read_only`).
+    ReadWrite,
+    /// `read-only`: one that does not.
+    ReadOnly,
+    /// `primary`: not a standby.
+    Primary,
+    /// `standby`: a standby.
+    Standby,
+    /// `prefer-standby`: a standby if one answers, else any host.
+    PreferStandby,
+}
+
+impl SessionAttrs {
+    pub fn parse(text: &str) -> Option<SessionAttrs> {
+        Some(match text {
+            "any" => SessionAttrs::Any,
+            "read-write" => SessionAttrs::ReadWrite,
+            "read-only" => SessionAttrs::ReadOnly,
+            "primary" => SessionAttrs::Primary,
+            "standby" => SessionAttrs::Standby,
+            "prefer-standby" => SessionAttrs::PreferStandby,
+            _ => return None,
+        })
+    }
+
+    /// Its `target_session_attrs` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionAttrs::Any => "any",
+            SessionAttrs::ReadWrite => "read-write",
+            SessionAttrs::ReadOnly => "read-only",
+            SessionAttrs::Primary => "primary",
+            SessionAttrs::Standby => "standby",
+            SessionAttrs::PreferStandby => "prefer-standby",
+        }
+    }
+
+    /// Whether a server (a standby or not, refusing writes or not) may be used; `last_pass`:
+    /// `prefer-standby`'s second pass over the hosts, when none was a standby.
+    pub fn accepts(self, standby: bool, read_only: bool, last_pass: bool) -> bool {
+        match self {
+            SessionAttrs::Any => true,
+            SessionAttrs::ReadWrite => !standby && !read_only,
+            SessionAttrs::ReadOnly => standby || read_only,
+            SessionAttrs::Primary => !standby,
+            SessionAttrs::Standby => standby,
+            SessionAttrs::PreferStandby => standby || last_pass,
+        }
+    }
+
+    /// Whether it names the one host that takes writes: pgmemo then follows the primary as
+    /// it moves (see `server::Primary`).
+    pub fn wants_primary(self) -> bool {
+        matches!(self, SessionAttrs::ReadWrite | SessionAttrs::Primary)
+    }
 }
 
 /// The order in which the hosts of a connection string are tried for a new server
@@ -118,6 +185,17 @@ pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
     let (rest, sslcert) = take_param(&rest, "sslcert");
     let (rest, sslkey) = take_param(&rest, "sslkey");
     let (rest, balance) = take_param(&rest, "load_balance_hosts");
+    // Read here: tokio-postgres knows only any, read-write and read-only.
+    let (rest, attrs) = take_param(&rest, "target_session_attrs");
+    let session_attrs = match attrs.as_deref() {
+        None => SessionAttrs::Any,
+        Some(text) => SessionAttrs::parse(text).ok_or_else(|| {
+            err(format!(
+                "invalid value {text:?} for option `target_session_attrs` (expected any, \
+                 read-write, read-only, primary, standby or prefer-standby)"
+            ))
+        })?,
+    };
     let balance = match balance.as_deref() {
         None | Some("disable") => HostOrder::InOrder,
         Some("round-robin") => HostOrder::RoundRobin,
@@ -203,15 +281,7 @@ pub fn parse(key: &str, text: &str) -> Result<Connstring, ConfigError> {
             tls,
             tls_ca_file: rootcert.map(PathBuf::from),
             tls_identity,
-            read_write: match config.get_target_session_attrs() {
-                TargetSessionAttrs::Any => false,
-                TargetSessionAttrs::ReadWrite => true,
-                _ => {
-                    return Err(err(
-                        "target_session_attrs: pgmemo supports \"any\" and \"read-write\"".into(),
-                    ))
-                }
-            },
+            session_attrs,
             connect_timeout: config.get_connect_timeout().copied(),
             application_name: config.get_application_name().map(str::to_owned),
             balance,
@@ -318,7 +388,7 @@ mod tests {
             assert_eq!(c.password.as_deref(), Some("p w"));
             assert_eq!(c.options.tls, Some(ServerTlsMode::VerifyFull));
             assert_eq!(c.options.tls_ca_file, Some(PathBuf::from("/etc/ca.pem")));
-            assert!(c.options.read_write);
+            assert_eq!(c.options.session_attrs, SessionAttrs::ReadWrite);
             assert_eq!(c.options.connect_timeout, Some(Duration::from_secs(3)));
             assert_eq!(c.options.application_name.as_deref(), Some("pgm"));
         }
@@ -390,9 +460,40 @@ mod tests {
         assert!(e.contains("`keepalives` is not supported"), "{e}");
         let e = parse("k", "host=a,b,c port=1,2").unwrap_err().to_string();
         assert!(e.contains("2 ports for 3 hosts"), "{e}");
-        let e = parse("k", "host=a target_session_attrs=read-only")
+        let e = parse("k", "host=a target_session_attrs=writable")
             .unwrap_err()
             .to_string();
         assert!(e.contains("target_session_attrs"), "{e}");
+        // (standby, read-only) of a primary, a read-only primary, a standby; the last pass.
+        let servers = [(false, false), (false, true), (true, true)];
+        let takes = |attrs: SessionAttrs, last_pass| {
+            servers.map(|(standby, ro)| attrs.accepts(standby, ro, last_pass))
+        };
+        assert_eq!(takes(SessionAttrs::Any, false), [true, true, true]);
+        assert_eq!(takes(SessionAttrs::ReadWrite, false), [true, false, false]);
+        assert_eq!(takes(SessionAttrs::ReadOnly, false), [false, true, true]);
+        assert_eq!(takes(SessionAttrs::Primary, false), [true, true, false]);
+        assert_eq!(takes(SessionAttrs::Standby, false), [false, false, true]);
+        assert_eq!(
+            takes(SessionAttrs::PreferStandby, false),
+            [false, false, true]
+        );
+        assert_eq!(takes(SessionAttrs::PreferStandby, true), [true, true, true]);
+        for attrs in [
+            "any",
+            "read-write",
+            "read-only",
+            "primary",
+            "standby",
+            "prefer-standby",
+        ] {
+            let kv = parse("k", &format!("host=a,b target_session_attrs={attrs}")).unwrap();
+            let url = parse(
+                "k",
+                &format!("postgresql://a,b/d?target_session_attrs={attrs}"),
+            );
+            assert_eq!(kv.options.session_attrs.as_str(), attrs);
+            assert_eq!(url.unwrap().options.session_attrs, kv.options.session_attrs);
+        }
     }
 }

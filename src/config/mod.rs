@@ -49,7 +49,7 @@ mod upstream;
 
 pub use auth_file::{parse_userlist, AuthFile, AuthLine, BrokenLine};
 pub use choices::{tls_protocols, AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
-pub use connstring::{HostOrder, ServerOptions};
+pub use connstring::{HostOrder, ServerOptions, SessionAttrs};
 pub use databases::{AuthLookup, ClientTimeouts, DatabaseConfig, ResolvedDatabase, UserConfig};
 use databases::{RawDatabase, RawUser};
 pub use secrets::SecretKind;

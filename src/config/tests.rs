@@ -451,7 +451,7 @@ fn upstream_urls() {
     assert_eq!((u.host.as_str(), u.port), ("/var/run/postgresql", 5433));
     assert_eq!(u.fallbacks, vec![("db2".to_string(), 5434)]);
     assert_eq!(u.options.tls, Some(ServerTlsMode::Require));
-    assert!(u.options.read_write);
+    assert_eq!(u.options.session_attrs.as_str(), "read-write");
     assert_eq!(
         u.display_url(),
         "postgresql://app@%2Fvar%2Frun%2Fpostgresql:5433,db2:5434\
@@ -1023,7 +1023,7 @@ fn a_database_connstring_gives_hosts_credentials_and_options() {
     assert_eq!(db.server_user.as_deref(), Some("srv"));
     assert_eq!(db.server_password.as_deref(), Some("pw"));
     assert_eq!(db.server_options.tls, Some(ServerTlsMode::VerifyFull));
-    assert!(db.server_options.read_write);
+    assert_eq!(db.server_options.session_attrs.as_str(), "read-write");
     assert!(!format!("{:?}", c.databases["app"]).contains("pw\""));
 
     let e = refused(&with_upstream(

@@ -71,8 +71,8 @@ impl Upstream {
             params.push(format!("sslcert={}", cert.display()));
             params.push(format!("sslkey={}", key.display()));
         }
-        if o.read_write {
-            params.push("target_session_attrs=read-write".to_string());
+        if o.session_attrs != super::SessionAttrs::Any {
+            params.push(format!("target_session_attrs={}", o.session_attrs.as_str()));
         }
         if o.balance != super::connstring::HostOrder::InOrder {
             params.push(format!("load_balance_hosts={}", o.balance.as_str()));

@@ -120,6 +120,15 @@ pub struct Follower {
     catch_up: AtomicU64,
     /// Commits decoded and not yet seen, and the positions reached.
     progress: visibility::Progress,
+    /// With `target_session_attrs` `read-write` or `primary`: the hosts' primary (see
+    /// [`crate::primary`]), and the place of the host this stream comes from. A stream
+    /// from another host than the primary's is not served from, and starts again.
+    primary: Option<Arc<crate::primary::Primary>>,
+    host: std::sync::atomic::AtomicUsize,
+    /// The slot of the last stream: a stream cut by the network may leave it held by its
+    /// walsender until the server notices; the next stream ends that walsender (and the
+    /// temporary slot goes with it).
+    last_slot: Mutex<Option<String>>,
     /// When (milliseconds on [`clock_ms`]) the follower last knew it had applied everything
     /// the server had written: what `cache.max_lag` is measured from.
     confirmed_ms: AtomicU64,
@@ -149,7 +158,15 @@ impl Follower {
     /// Whether the database's cached results may be served.
     #[inline]
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Relaxed)
+        self.ready.load(Relaxed) && self.on_primary()
+    }
+
+    /// Whether the stream comes from the primary as far as pgmemo knows.
+    #[inline]
+    fn on_primary(&self) -> bool {
+        self.primary
+            .as_ref()
+            .is_none_or(|p| p.is_at(self.host.load(Relaxed)))
     }
 
     pub fn applied(&self) -> Lsn {
@@ -269,6 +286,13 @@ impl Wal {
             applied: AtomicU64::new(0),
             catch_up: AtomicU64::new(u64::MAX),
             progress: visibility::Progress::default(),
+            primary: setup
+                .target
+                .session_attrs
+                .wants_primary()
+                .then(|| setup.target.primary.clone()),
+            host: std::sync::atomic::AtomicUsize::new(0),
+            last_slot: Mutex::new(None),
             confirmed_ms: AtomicU64::new(0),
             phase: Mutex::new(Phase::Connecting),
             lags: Mutex::new(Lags::default()),
@@ -362,8 +386,15 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
         follower.connects.fetch_add(1, Relaxed);
         // Decided in the select, acted on after it: what a branch's wait returns is kept
         // until the select ends.
+        let moved = async {
+            match &follower.primary {
+                Some(primary) => primary.moved().await,
+                None => std::future::pending().await,
+            }
+        };
         let outcome = tokio::select! {
             outcome = stream(&follower, &cache, &setup, &mut conns) => Some(outcome),
+            _ = moved => Some(Err(MOVED.to_string())),
             _ = shutdown.wait_for(|stop| *stop) => {
                 follower.end_stream(&cache);
                 return;
@@ -383,6 +414,11 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
             Err(e) => e,
         };
         tracing::warn!(database = %follower.database, "WAL invalidation: {why}; caching is off for this database until the stream is back");
+        if why == MOVED {
+            // Not a failure: the new primary's stream starts now.
+            backoff = Duration::from_millis(500);
+            continue;
+        }
         follower.set_phase(Phase::Failed(why));
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
@@ -392,6 +428,15 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
         backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
+
+/// A stream the server has not answered for this long (it answers a keepalive asked every
+/// 500 ms at once) is not served from until it is heard again; for [`SILENT_LIMIT`], it is
+/// given up and started again (a network cut leaves a TCP connection open for minutes).
+const SILENT_UNSERVED: Duration = Duration::from_secs(2);
+const SILENT_LIMIT: Duration = Duration::from_secs(15);
+
+/// Why a stream ends when the primary moved (see [`crate::primary`]).
+const MOVED: &str = "the primary moved to another host";
 
 /// Sends a replication command (or query) and reads its replies up to ReadyForQuery, or up to
 /// CopyBothResponse for START_REPLICATION.
@@ -504,6 +549,22 @@ async fn start_streaming(
     held: &mut Option<ServerConn>,
 ) -> Result<Lsn, String> {
     let conn = held.insert(connect_replication(&setup.target).await?);
+    follower.host.store(conn.info.host_index, Relaxed);
+    let last = follower.last_slot.lock().take();
+    if let Some(last) = last {
+        // Held still by a walsender the server has not yet found cut off (best effort: the
+        // server ends it at wal_sender_timeout anyway).
+        let _ = command(
+            conn,
+            &format!(
+                "SELECT pg_catalog.pg_terminate_backend(active_pid) \
+                 FROM pg_catalog.pg_replication_slots \
+                 WHERE slot_name = {} AND active_pid IS NOT NULL",
+                crate::params::quote_literal(&last)
+            ),
+        )
+        .await;
+    }
     let wal_level = command(conn, "SHOW wal_level").await?;
     let level = wal_level
         .first()
@@ -526,6 +587,7 @@ async fn start_streaming(
         .ok_or("IDENTIFY_SYSTEM gave no WAL position")?;
     let slot = slot_name();
     let options = create_slot(conn, &slot, setup).await?;
+    *follower.last_slot.lock() = Some(slot.clone());
     crate::protocol::frontend::query(
         &mut conn.wbuf,
         &format!("START_REPLICATION SLOT {slot} LOGICAL 0/0 {options}"),
@@ -613,6 +675,9 @@ async fn apply_stream(
 ) -> Result<(), String> {
     let mut state = Decoder::default();
     const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+    // When the server was last heard from (it answers the keepalive asked for each
+    // STATUS_INTERVAL of silence at once).
+    let mut heard = std::time::Instant::now();
     let mut next_status = tokio::time::Instant::now();
     let mut applied = Lsn(0);
     // The server's end of WAL as last reported.
@@ -623,13 +688,28 @@ async fn apply_stream(
         let message = match tokio::time::timeout_at(next_status, conn.read_message()).await {
             Ok(m) => m.map_err(|e| describe(&e))?,
             Err(_) => {
+                if !follower.on_primary() {
+                    return Err(MOVED.into());
+                }
+                let silent = heard.elapsed();
+                if silent >= SILENT_LIMIT {
+                    return Err(format!(
+                        "no word from the server for {} s (a network cut?)",
+                        silent.as_secs()
+                    ));
+                }
+                if silent >= SILENT_UNSERVED && follower.ready.swap(false, Relaxed) {
+                    // Writes may be going on that it cannot tell: nothing is served until
+                    // the server is heard from again (the stream then goes on where it was).
+                    tracing::info!(database = %follower.database, "WAL invalidation: the server is silent; not serving until it is heard from");
+                }
                 // Asks for a keepalive: while no transaction is open, its position is applied.
-                replication::status_update(&mut conn.wbuf, applied, true);
                 conn.flush().await.map_err(|e| e.to_string())?;
                 next_status = tokio::time::Instant::now() + STATUS_INTERVAL;
                 continue;
             }
         };
+        heard = std::time::Instant::now();
         let (tag, body) = message;
         match tag {
             backend::COPY_DATA => {}
