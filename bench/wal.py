@@ -65,6 +65,8 @@ def main() -> int:
     p.add_argument("--pgmemo-bin", default=str(b.REPO / "target" / "release" / "pgmemo"))
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--out", default=None)
+    p.add_argument("--sync-standby", action="store_true",
+                   help="a synchronous standby (pg_receivewal --synchronous) every commit waits for")
     args = p.parse_args()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     outdir = Path(args.out) if args.out else BENCH_DIR / "results" / f"wal-{stamp}"
@@ -76,6 +78,29 @@ def main() -> int:
         ctx.close_logs()
 
 
+def sync_standby(ctx: b.Ctx, pg: b.Postgres) -> None:
+    """Makes every commit wait for a synchronous standby: pg_receivewal --synchronous (it
+    flushes and answers each WAL position at once), named in synchronous_standby_names."""
+    sink = ctx.tmp / "receivewal"
+    sink.mkdir()
+    conninfo = f"host=127.0.0.1 port={pg.port} user={b.DB_USER} application_name=bench_sync"
+    ctx.procs.spawn("pg_receivewal", [b.tool(ctx.pg_bindir, "pg_receivewal"), "-D", str(sink),
+                                      "--synchronous", "-d", conninfo],
+                    stdout=ctx.open_log(ctx.logdir / "pg_receivewal.log"), stderr=subprocess.STDOUT)
+    end = time.monotonic() + 30
+    while psql(pg, "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'bench_sync'") != "1":
+        if time.monotonic() > end:
+            raise b.BenchError("pg_receivewal did not connect")
+        time.sleep(0.2)
+    psql(pg, "ALTER SYSTEM SET synchronous_standby_names = 'bench_sync'")
+    psql(pg, "SELECT pg_reload_conf()")
+    while psql(pg, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'bench_sync'") != "sync":
+        if time.monotonic() > end:
+            raise b.BenchError("pg_receivewal did not become synchronous")
+        time.sleep(0.2)
+    b.log("a synchronous standby (pg_receivewal --synchronous) confirms every commit")
+
+
 def bench(ctx: b.Ctx, args) -> int:
     pg = b.Postgres(ctx, b.free_port())
     # synchronous_commit = on (run.py's cluster turns it off): with it off, a commit reaches
@@ -84,6 +109,8 @@ def bench(ctx: b.Ctx, args) -> int:
     pg.extra_conf = ("wal_level = logical\nmax_wal_senders = 10\nmax_replication_slots = 10\n"
                      "synchronous_commit = on\n")
     pg.start()
+    if args.sync_standby:
+        sync_standby(ctx, pg)
     writer_sql = ctx.tmp / "writer.sql"
     writer_sql.write_text("\\set aid random(1, 100000)\n"
                           "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n")

@@ -1090,6 +1090,42 @@ const CALL_QUERIES: &[(&str, usize)] = &[
 ];
 
 /// Runs [`CALL_QUERIES`] on one connection and returns the transcript.
+/// Literals of the reg* types whose input fails with other than a data exception (an
+/// unknown relation 42P01, schema 3F000, function 42883, role 42704, type 42704): through
+/// pgmemo, once the shape is autoprepared, each gets PostgreSQL's own error with its position
+/// in the text as sent (not its parameter's), as directly (pg_regress' `regproc`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reg_literals_that_name_nothing_fail_as_sent() {
+    // Each shape autoprepared by a literal that names something, then one that does not; the
+    // number before it puts the literal where its parameter is not (`$2` after `$1`).
+    const QUERIES: &[&str] = &[
+        "select 1000, 'pg_class'::regclass",
+        "select 2000, 'no_such_table'::regclass",
+        "select 1000, 'pg_catalog'::regnamespace",
+        "select 2000, 'no_such_schema'::regnamespace",
+        "select 1000, 'pg_sleep'::regproc",
+        "select 2000, 'no_such_function'::regproc",
+        "select 1000, 'pg_monitor'::regrole",
+        "select 2000, 'no_such_role'::regrole",
+        "select 1000, 'int4'::regtype",
+        "select 2000, 'no_such_type'::regtype",
+    ];
+    fresh_db("ap_reg_direct").await;
+    let direct = run_repeated(cluster().addr(), "ap_reg_direct", QUERIES).await;
+    assert!(
+        direct.iter().any(|l| l.contains("42P01")),
+        "PostgreSQL refuses the unknown relation: {direct:#?}"
+    );
+    fresh_db("ap_reg_proxy").await;
+    let proxy = start_pgmemo(test_config(PoolMode::Transaction, 1)).await;
+    let proxied = run_repeated(proxy.local_addr(), "ap_reg_proxy", QUERIES).await;
+    if let Some(report) = diff(&direct, &proxied) {
+        panic!("{report}");
+    }
+    assert!(autoprepared(&proxy) > 0, "the shapes were autoprepared");
+    proxy.shutdown().await;
+}
+
 async fn run_calls(addr: SocketAddr, db: &'static str) -> Vec<String> {
     run_counted(addr, db, CALL_QUERIES).await
 }

@@ -353,6 +353,36 @@ async fn temporary_tables_pin_their_client() {
     same_as_dedicated_sessions("temp tables", 2, 3, steps).await;
 }
 
+/// Not only tables and functions: any object in the session's temporary schema (a domain, a
+/// collation, an operator, a statistics object, ...) is per-backend state and pins its
+/// client (pg_regress' `domain` and `collate` make such objects). Client 2's block takes the
+/// other server while client 0 is pinned; were client 0 not, it would find its objects gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_temporary_object_pins_its_client() {
+    setup().await;
+    let steps: &[(usize, &str)] = &[
+        (0, "CREATE DOMAIN pg_temp.pos AS int CHECK (VALUE > 0)"),
+        (2, "BEGIN"),
+        (2, "SELECT 1"),
+        (0, "SELECT 5::pg_temp.pos"),
+        (0, "SELECT (-5)::pg_temp.pos"),
+        (2, "COMMIT"),
+        (
+            0,
+            "CREATE COLLATION pg_temp.bytes (provider = libc, locale = 'C')",
+        ),
+        (0, "DROP DOMAIN pg_temp.pos"),
+        (2, "BEGIN"),
+        (2, "SELECT 2"),
+        (0, "SELECT 'a' < 'B' COLLATE pg_temp.bytes"),
+        (2, "COMMIT"),
+        (0, "DROP COLLATION pg_temp.bytes"),
+        (1, "SELECT 3"),
+        (2, "SELECT 4"),
+    ];
+    same_as_dedicated_sessions("temporary objects", 2, 3, steps).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_locks_and_held_cursors_pin_their_client() {
     setup().await;

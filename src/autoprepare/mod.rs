@@ -59,7 +59,7 @@ pub enum Pass {
 }
 
 /// Every reason, in the order of [`Pass::index`] (SHOW AUTOPREPARE_REASONS, Prometheus).
-pub const PASS_REASONS: [&str; 16] = [
+pub const PASS_REASONS: [&str; 17] = [
     "not_dml",
     "multi_statement",
     "parameters",
@@ -76,6 +76,7 @@ pub const PASS_REASONS: [&str; 16] = [
     "rerun",
     "parameter_type",
     "clock_literal",
+    "reads_portals",
 ];
 
 impl Pass {
@@ -98,6 +99,7 @@ impl Pass {
             Pass::Rerun => 13,
             Pass::ParameterType => 14,
             Pass::ClockLiteral => 15,
+            Pass::Never(Never::ReadsPortals) => 16,
         }
     }
 

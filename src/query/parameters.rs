@@ -60,6 +60,9 @@ pub enum Never {
     NotDml,
     /// `SELECT ... INTO` creates a table.
     SelectInto,
+    /// It reads `pg_cursors`, which lists the portal of a Bind (autoprepare's unnamed one)
+    /// and not a simple query's.
+    ReadsPortals,
 }
 
 impl Never {
@@ -68,6 +71,7 @@ impl Never {
             Never::ParseError => "syntax error",
             Never::NotDml => "not a query or DML statement",
             Never::SelectInto => "SELECT INTO",
+            Never::ReadsPortals => "reads pg_cursors",
         }
     }
 }
@@ -104,6 +108,9 @@ pub fn decide_parsed(sql: &str, parsed: &super::Parsed, literals: &[Literal]) ->
     }
     let mut found = Found::default();
     walk(node, false, &mut found);
+    if found.reads_portals {
+        return Decision::Never(Never::ReadsPortals);
+    }
     let forms = literals
         .iter()
         .map(|l| form(sql.as_bytes(), l, &found.constants))
@@ -148,6 +155,8 @@ struct Found {
     constants: HashSet<i64>,
     /// A data-modifying statement inside (a WITH of a SELECT).
     modifies: bool,
+    /// It names `pg_cursors`.
+    reads_portals: bool,
 }
 
 /// Collects the locations of the constants that may become parameters.
@@ -179,6 +188,10 @@ fn node(key: &str, inner: &Value, excluded: bool, out: &mut Found) {
         }
         "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => {
             out.modifies = true;
+            walk(inner, excluded, out);
+        }
+        "RangeVar" => {
+            out.reads_portals |= inner["relname"].as_str() == Some("pg_cursors");
             walk(inner, excluded, out);
         }
         // A type name's modifiers and array bounds are part of the type.
@@ -306,6 +319,20 @@ mod tests {
         assert_eq!(
             shape("UPDATE t SET a = '1'::int WHERE b = CAST('2' AS int)"),
             "UPDATE t SET a = $?::int WHERE b = CAST($? AS int)"
+        );
+    }
+
+    #[test]
+    fn a_read_of_pg_cursors_runs_as_it_is() {
+        for sql in [
+            "SELECT name, statement FROM pg_cursors WHERE name = 'c1'",
+            "select count(*) from pg_catalog.pg_cursors where is_holdable = true",
+        ] {
+            assert_eq!(shape(sql), "never: reads pg_cursors", "{sql}");
+        }
+        assert_eq!(
+            shape("SELECT * FROM my_cursors WHERE id = 1"),
+            "SELECT * FROM my_cursors WHERE id = $?"
         );
     }
 

@@ -25,17 +25,19 @@ use bytes::BytesMut;
 
 /// What the server session holds after a transaction: one row per setting changed at session
 /// level (name, value as `SHOW` gives it), the role and session authorization, and whether
-/// each kind of per-backend state exists. Schema-qualified: the client's search_path may be
+/// each kind of per-backend state exists. Temporary objects of any kind (tables, functions,
+/// types and domains, collations, operators, statistics objects, ...) are found by their
+/// dependency on the session's temporary schema, which every object in a schema records:
+/// one index scan of `pg_depend`. Schema-qualified: the client's search_path may be
 /// anything.
 pub const PROBE: &str =
     "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings \
     WHERE source = 'session' \
     UNION ALL SELECT '$role', pg_catalog.current_setting('role') \
     UNION ALL SELECT '$session_authorization', pg_catalog.current_setting('session_authorization') \
-    UNION ALL SELECT '$temp', (EXISTS (SELECT FROM pg_catalog.pg_class \
-        WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
-        OR EXISTS (SELECT FROM pg_catalog.pg_proc \
-        WHERE pronamespace = pg_catalog.pg_my_temp_schema()))::text \
+    UNION ALL SELECT '$temp', EXISTS (SELECT FROM pg_catalog.pg_depend \
+        WHERE refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass \
+        AND refobjid = pg_catalog.pg_my_temp_schema())::text \
     UNION ALL SELECT '$listen', EXISTS (SELECT FROM pg_catalog.pg_listening_channels())::text \
     UNION ALL SELECT '$advisory_lock', EXISTS (SELECT FROM pg_catalog.pg_locks \
         WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())::text \
