@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::first_value as value;
 use common::*;
 use pgmemo::config::cache::{Invalidation, WalPlugin};
 use pgmemo::config::{Config, PoolMode};
@@ -117,19 +118,6 @@ fn config(pg: &LocalPostgres, plugin: WalPlugin) -> Config {
     config.cache.wal_plugin = plugin;
     config.cache.rules = vec![cache_rule("kv", "FROM kv")];
     config
-}
-
-async fn value(client: &Client, sql: &str) -> String {
-    let messages = client.simple_query(sql).await.unwrap();
-    messages
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => {
-                Some(r.get(0).unwrap_or("NULL").to_owned())
-            }
-            _ => None,
-        })
-        .unwrap_or_else(|| "no row".into())
 }
 
 /// Waits for `cond`, asking every millisecond (a decode takes about that long).

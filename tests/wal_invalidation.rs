@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::first_value as value;
 use common::*;
 use pgmemo::config::cache::{CacheMode, Invalidation, Rule, WalPlugin};
 use pgmemo::config::{Config, PoolMode};
@@ -36,19 +37,6 @@ async fn setup(db: &'static str, sql: &str) {
     tokio::task::spawn_blocking(move || cluster().psql(db, &sql))
         .await
         .unwrap();
-}
-
-async fn value(client: &Client, sql: &str) -> String {
-    let messages = client.simple_query(sql).await.unwrap();
-    messages
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => {
-                Some(r.get(0).unwrap_or("NULL").to_owned())
-            }
-            _ => None,
-        })
-        .unwrap_or_else(|| "no row".into())
 }
 
 fn hits(proxy: &Pgmemo, rule: &str) -> u64 {

@@ -5,6 +5,20 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 
+/// The first column of the first row `sql` returns (`NULL`, or `no row`), as text.
+pub async fn first_value(client: &Client, sql: &str) -> String {
+    let messages = client.simple_query(sql).await.unwrap();
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get(0).unwrap_or("NULL").to_owned())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| "no row".into())
+}
+
 /// A tokio-postgres client for `url`; its connection runs on a spawned task.
 pub async fn connect(url: &str) -> Client {
     let (client, conn) = tokio_postgres::connect(url, NoTls)
