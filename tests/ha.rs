@@ -13,7 +13,7 @@ mod common;
 use common::first_value as value;
 use common::*;
 use pgmemo::config::cache::{Invalidation, WalPlugin};
-use pgmemo::config::{Config, PoolMode};
+use pgmemo::config::PoolMode;
 use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;
@@ -102,22 +102,36 @@ impl Drop for SyncStandby {
     }
 }
 
-fn config(pg: &LocalPostgres, plugin: WalPlugin) -> Config {
-    let mut config = test_config(PoolMode::Transaction, 3);
-    config.upstream = Some(pgmemo::config::Upstream {
-        host: "127.0.0.1".into(),
-        port: pg.port(),
-        user: "postgres".into(),
-        password: None,
-        ..Default::default()
-    });
+/// pgmemo in transaction mode (`pool` servers) in front of `upstream` (a URL), caching what
+/// reads `table` with WAL invalidation by `plugin`; a client of it that read `read` once, and
+/// the follower caught up.
+async fn cached_through(
+    upstream: &str,
+    pool: u32,
+    table: &str,
+    plugin: WalPlugin,
+    read: &str,
+) -> (Pgmemo, Client) {
+    let mut config = test_config(PoolMode::Transaction, pool);
+    config.upstream = Some(pgmemo::config::parse_upstream_url(upstream).unwrap());
     config.general.auth_type = pgmemo::config::AuthType::Trust;
     config.cache.enabled = true;
     config.cache.admit_after = 1;
     config.cache.invalidation = Invalidation::Wal;
     config.cache.wal_plugin = plugin;
-    config.cache.rules = vec![cache_rule("kv", "FROM kv")];
-    config
+    config.cache.rules = vec![cache_rule(table, &format!("FROM {table}"))];
+    let proxy = start_pgmemo(config).await;
+    let reader = connect(&proxy_url_of(&proxy)).await;
+    value(&reader, read).await;
+    soon("the follower to catch up", || async {
+        follower(&proxy).is_some_and(|f| f.is_ready())
+    })
+    .await;
+    (proxy, reader)
+}
+
+fn proxy_url_of(proxy: &Pgmemo) -> String {
+    format!("postgresql://postgres@{}/postgres", proxy.local_addr())
 }
 
 /// Waits for `cond`, asking every millisecond (a decode takes about that long).
@@ -167,18 +181,12 @@ async fn held_commits_are_never_cached_stale(plugin: WalPlugin) {
         )
         .await
         .unwrap();
-    let proxy = start_pgmemo(config(&pg, plugin)).await;
-    let url = format!("postgresql://postgres@{}/postgres", proxy.local_addr());
-    let reader = connect(&url).await;
+    let (proxy, reader) =
+        cached_through(&pg.url("postgres", None, "postgres"), 3, "kv", plugin, READ).await;
     let writers = [
         Arc::new(connect(&pg.url("postgres", None, "postgres")).await),
-        Arc::new(connect(&url).await),
+        Arc::new(connect(&proxy_url_of(&proxy)).await),
     ];
-    value(&reader, READ).await;
-    soon("the follower to catch up", || async {
-        follower(&proxy).is_some_and(|f| f.is_ready())
-    })
-    .await;
     let mut written = 0;
     for (writer, through_pgmemo) in writers.iter().zip([false, true]) {
         for _ in 0..WRITES {
@@ -368,21 +376,10 @@ async fn a_promoted_standby_takes_the_writes_and_nothing_stale_is_served() {
         old.port(),
         new.port()
     );
-    let mut config = test_config(PoolMode::Transaction, 4);
-    config.upstream = Some(pgmemo::config::parse_upstream_url(&upstream).unwrap());
-    config.general.auth_type = pgmemo::config::AuthType::Trust;
-    config.cache.enabled = true;
-    config.cache.admit_after = 1;
-    config.cache.invalidation = Invalidation::Wal;
-    config.cache.rules = vec![cache_rule("counters", "FROM counters")];
-    let proxy = start_pgmemo(config).await;
-    let url = format!("postgresql://postgres@{}/postgres", proxy.local_addr());
-    let reader = connect(&url).await;
-    value(&reader, "SELECT v FROM counters WHERE id = 100").await;
-    soon("the follower to catch up", || async {
-        follower(&proxy).is_some_and(|f| f.is_ready())
-    })
-    .await;
+    let read = "SELECT v FROM counters WHERE id = 100";
+    let plugin = WalPlugin::TestDecoding;
+    let (proxy, reader) = cached_through(&upstream, 4, "counters", plugin, read).await;
+    let url = proxy_url_of(&proxy);
 
     let promoted = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -617,27 +614,9 @@ async fn a_stream_cut_off_is_not_served_and_leaves_no_slot_behind() {
     )
     .unwrap();
     let relay = Relay::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap()).await;
-    let mut config = test_config(PoolMode::Transaction, 2);
-    config.upstream = Some(
-        pgmemo::config::parse_upstream_url(&format!(
-            "postgresql://postgres@{}/postgres",
-            relay.addr
-        ))
-        .unwrap(),
-    );
-    config.general.auth_type = pgmemo::config::AuthType::Trust;
-    config.cache.enabled = true;
-    config.cache.admit_after = 1;
-    config.cache.invalidation = Invalidation::Wal;
-    config.cache.rules = vec![cache_rule("cut", "FROM cut")];
-    let proxy = start_pgmemo(config).await;
-    let url = format!("postgresql://postgres@{}/postgres", proxy.local_addr());
-    let reader = connect(&url).await;
-    value(&reader, "SELECT v FROM cut WHERE k = 1").await;
-    soon("the follower to catch up", || async {
-        follower(&proxy).is_some_and(|f| f.is_ready())
-    })
-    .await;
+    let upstream = format!("postgresql://postgres@{}/postgres", relay.addr);
+    let read = "SELECT v FROM cut WHERE k = 1";
+    let (proxy, _reader) = cached_through(&upstream, 2, "cut", WalPlugin::TestDecoding, read).await;
     let f = follower(&proxy).unwrap();
     let connects = f.connects.load(Relaxed);
     let direct = connect(&pg.url("postgres", None, "postgres")).await;
