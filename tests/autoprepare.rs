@@ -1093,12 +1093,19 @@ const CALL_QUERIES: &[(&str, usize)] = &[
 /// Literals of the reg* types whose input fails with other than a data exception (an
 /// unknown relation 42P01, schema 3F000, function 42883, role 42704, type 42704): through
 /// pgmemo, once the shape is autoprepared, each gets PostgreSQL's own error with its position
-/// in the text as sent (not its parameter's), as directly (pg_regress' `regproc`).
+/// in the text as sent, as directly (pg_regress' `regproc`: `regclass('ng_catalog.pg_class')`
+/// lost its `LINE 1` and caret; only data exceptions were run again as sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reg_literals_that_name_nothing_fail_as_sent() {
     // Each shape autoprepared by a literal that names something, then one that does not; the
-    // number before it puts the literal where its parameter is not (`$2` after `$1`).
+    // number before it puts the literal where its parameter is not (`$2` after `$1`). The
+    // function-call form is pg_regress' (regproc): its literal is a Bind parameter of the
+    // type, whose input fails at the Bind.
     const QUERIES: &[&str] = &[
+        "select regclass('pg_catalog.pg_class')",
+        "select regclass('ng_catalog.pg_class')",
+        "select regtype('pg_catalog.int4')",
+        "select regtype('ng_catalog.int4')",
         "select 1000, 'pg_class'::regclass",
         "select 2000, 'no_such_table'::regclass",
         "select 1000, 'pg_catalog'::regnamespace",

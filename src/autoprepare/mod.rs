@@ -691,12 +691,17 @@ pub fn simple_error(out: &mut BytesMut, body: &[u8], client: &ClientAutoprepare)
     });
 }
 
-/// Whether an ErrorResponse body is a data exception (SQLSTATE class 22: invalid input,
-/// division by zero, a value out of range), the errors a query raises the same way each time
-/// it runs with the same values.
-pub fn is_data_exception(body: &[u8]) -> bool {
+/// Whether an ErrorResponse body is an error the same statement raises again with the same
+/// values: not a cancel or timeout (57), a serialization failure or deadlock (40), a lack of
+/// resources (53), a lock not available (55), a connection (08) or system (58, XX) failure.
+pub fn is_repeatable(body: &[u8]) -> bool {
     crate::protocol::backend::fields(body)
-        .any(|(code, value)| code == b'C' && value.starts_with(b"22"))
+        .find(|(code, _)| *code == b'C')
+        .is_some_and(|(_, value)| {
+            !["08", "40", "53", "55", "57", "58", "XX"]
+                .iter()
+                .any(|class| value.starts_with(class.as_bytes()))
+        })
 }
 
 /// Whether an ErrorResponse body is about the value of a Bind's parameter (its context's last

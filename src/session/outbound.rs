@@ -77,21 +77,25 @@ impl Session {
             return Again::No;
         }
         let body = body(&self.server.as_ref().expect("a server is held").rbuf[..len]);
-        // Only for data exceptions (class 22: what folding constants and reading literals
-        // raise), never for a cancel, a timeout, a deadlock or a serialization failure, which
-        // must reach the client as they are.
-        if crate::autoprepare::is_data_exception(body) {
-            // An autoprepared query whose literal the Bind refused (with two bad literals
-            // PostgreSQL's analysis may name another first), as the first statement of an
-            // implicit transaction: PostgreSQL reads a Bind's parameters before it plans or
-            // runs anything (15: `select count_call(), $1::int` bound with 'x' fails with
-            // 22P02 before its BindComplete, count_call not called), so it runs again as it
-            // is, for PostgreSQL's own reply.
-            if self.replies.head_is_autoprepared_bind()
-                && crate::autoprepare::is_parameter_error(body)
-            {
-                return Again::Rerun;
-            }
+        // An autoprepared query whose literal the Bind refused (with two bad literals
+        // PostgreSQL's analysis may name another first), as the first statement of an
+        // implicit transaction: PostgreSQL reads a Bind's parameters before it plans or runs
+        // anything (15: `select count_call(), $1::int` bound with 'x' fails with 22P02 before
+        // its BindComplete, count_call not called), so it runs again as it is, for
+        // PostgreSQL's own reply, its position in the text included. Whatever the input
+        // function said: a data exception, or a reg* type's 3F000, 42P01, 42883, 42704
+        // (`regclass('ng_catalog.pg_class')`, pg_regress' regproc); never a cancel, a
+        // timeout, a deadlock or a failure of the server, which must reach the client as
+        // they are.
+        if self.replies.head_is_autoprepared_bind()
+            && crate::autoprepare::is_parameter_error(body)
+            && crate::autoprepare::is_repeatable(body)
+        {
+            return Again::Rerun;
+        }
+        // An error the plain query would raise again (`regclass('ng_catalog.pg_class')`'s
+        // 3F000 as well as a data exception): never a cancel or a timeout.
+        if crate::autoprepare::is_repeatable(body) {
             // An autoprepared SELECT that failed after its BindComplete and RowDescription,
             // before its first row (see `ClientAutoprepare::checks_plan`): it was executing,
             // and whatever it called before the error has run. It is never sent again; its
