@@ -313,3 +313,70 @@ async fn state_gone_unpins_at_once() {
         assert_eq!(seen, "1", "after {unpin}");
     }
 }
+
+/// pgx v5.12's own `TestConnCopyFrom*` tests (each connects, makes a temporary table, COPYs
+/// into it and disconnects) through pgmemo in transaction mode with a pool of 2, five times
+/// over: every one passes, as directly. Before, 11 of them failed with FATAL 53400
+/// (`max_pinned_fraction`): the previous test's pin still counted while its server was being
+/// cleaned (issue 54, item 6). Run from pgx's module source, which `scripts/setup-tests`
+/// downloads for tests/drivers/go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgx_copy_from_tests_pass_at_pool_two() {
+    const PGX: &str = "github.com/jackc/pgx/v5@v5.12.0";
+    let modcache = std::process::Command::new("go")
+        .args(["env", "GOMODCACHE"])
+        .output()
+        .expect("go (scripts/setup-tests installs it)");
+    let source =
+        std::path::PathBuf::from(String::from_utf8(modcache.stdout).unwrap().trim()).join(PGX);
+    assert!(
+        source.join("copy_from_test.go").is_file(),
+        "{} (scripts/setup-tests downloads it)",
+        source.display()
+    );
+    // A writable copy: go test writes nothing there, but the module cache is read-only and
+    // pgx's tests are a module of their own.
+    let copy = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pgx-v5.12.0");
+    let _ = std::fs::remove_dir_all(&copy);
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&source)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let writable = std::process::Command::new("chmod")
+        .args(["-R", "u+w"])
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(writable.success());
+    fresh_db("pgx_copy_from").await;
+    let proxy = pgmemo(PoolMode::Transaction, 2).await;
+    let url = proxy_url(
+        proxy.local_addr(),
+        PGMEMO_USER,
+        Some(PGMEMO_PASS),
+        "pgx_copy_from",
+    );
+    let out = tokio::process::Command::new("go")
+        .args(["test", "-count=5", "-v", "-run", "TestConnCopyFrom", "."])
+        .current_dir(&copy)
+        .env("PGX_TEST_DATABASE", &url)
+        .output()
+        .await
+        .expect("go test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let passed = stdout.lines().filter(|l| l.starts_with("--- PASS")).count();
+    let failed: Vec<_> = stdout
+        .lines()
+        .filter(|l| l.starts_with("--- FAIL"))
+        .collect();
+    assert!(
+        out.status.success() && failed.is_empty() && passed >= 5 * 10,
+        "{passed} passed, failed: {failed:#?}\n{}\n{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    proxy.shutdown().await;
+}
