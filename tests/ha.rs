@@ -622,6 +622,23 @@ async fn a_stream_cut_off_is_not_served_and_leaves_no_slot_behind() {
     let direct = connect(&pg.url("postgres", None, "postgres")).await;
     let slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgmemo%'";
     assert_eq!(value(&direct, slots).await, "1");
+    // Idle, the stream is kept alive by pgmemo's requests for a keepalive (its replies show
+    // as the walsender's reply_time): served all along, never started again.
+    let since = value(&direct, "SELECT now()").await;
+    let replied = format!(
+        "SELECT count(*) FROM pg_stat_replication r \
+         JOIN pg_replication_slots s ON s.active_pid = r.pid \
+         WHERE s.slot_name LIKE 'pgmemo%' \
+         AND r.reply_time > '{since}'::timestamptz + interval '3 s'"
+    );
+    wait_until(
+        "pgmemo to answer while idle",
+        Duration::from_secs(10),
+        || async { value(&direct, &replied).await == "1" },
+    )
+    .await;
+    assert!(f.is_ready(), "an idle stream that answers is served");
+    assert_eq!(f.connects.load(Relaxed), connects, "nor started again");
 
     relay.cut();
     let cut_at = std::time::Instant::now();

@@ -705,6 +705,7 @@ async fn apply_stream(
                     tracing::info!(database = %follower.database, "WAL invalidation: the server is silent; not serving until it is heard from");
                 }
                 // Asks for a keepalive: while no transaction is open, its position is applied.
+                replication::status_update(&mut conn.wbuf, applied, true);
                 conn.flush().await.map_err(|e| e.to_string())?;
                 next_status = tokio::time::Instant::now() + STATUS_INTERVAL;
                 continue;
