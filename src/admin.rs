@@ -1606,15 +1606,11 @@ pub fn show_databases(app: &App) -> Table {
             // Pools are paused only through the app's record of paused databases.
             let paused = app.is_paused_database(&name);
             // Of several hosts, the primary's once a connection found it.
-            let primary = pools
-                .iter()
-                .find(|p| p.key.database == name)
-                .map(|p| p.settings().target.clone())
-                .filter(|t| t.session_attrs.wants_primary())
-                .and_then(|t| {
-                    let (host, port) = t.host_at(t.primary.host()?)?;
-                    Some((host.to_string(), port))
-                });
+            let primary = pools.iter().find(|p| p.key.database == name).and_then(|p| {
+                let target = &p.settings().target;
+                let (host, port) = target.host_at(target.followed_primary()?.host()?)?;
+                Some((host.to_string(), port))
+            });
             let (host, port) = primary.unwrap_or((db.host.clone(), db.port));
             Some(vec![
                 text(&name),

@@ -183,7 +183,20 @@ impl LocalPostgres {
         let bin_dir = Self::find_bin_dir()?;
         let run_as = server_os_user()?;
         reap_orphans(&bin_dir, run_as);
+        let superuser = (opts.superuser.clone(), opts.superuser_password.clone());
+        let mut pg = Self::in_new_dir(bin_dir, run_as, superuser)?;
+        pg.init(&opts)?;
+        pg.start_server(&opts)?;
+        Ok(pg)
+    }
 
+    /// A cluster with nothing in it yet: a temp dir of its own, owned by the server's OS user
+    /// (0700). From here on, dropping it removes the dir (and stops the server once started).
+    fn in_new_dir(
+        bin_dir: PathBuf,
+        run_as: Option<(u32, u32)>,
+        (superuser, superuser_password): (String, Option<String>),
+    ) -> Result<LocalPostgres, DemoError> {
         let root = std::env::temp_dir().join(format!(
             "{DIR_PREFIX}{}-{}",
             std::process::id(),
@@ -195,21 +208,20 @@ impl LocalPostgres {
         }
         std::fs::create_dir_all(&root)
             .map_err(|e| DemoError::io(format!("creating {}", root.display()), e))?;
-
-        // From here on, dropping `pg` removes the temp dir (and stops the server once started).
-        let mut pg = LocalPostgres {
+        let pg = LocalPostgres {
             data_dir: root.join("data"),
             root,
             bin_dir,
             port: 0,
-            superuser: opts.superuser.clone(),
-            superuser_password: opts.superuser_password.clone(),
+            superuser,
+            superuser_password,
             run_as,
             running: false,
             removed: false,
         };
-        pg.init(&opts)?;
-        pg.start_server(&opts)?;
+        std::fs::set_permissions(&pg.root, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| DemoError::io(format!("chmod {}", pg.root.display()), e))?;
+        pg.give_to_server_user(&pg.root)?;
         Ok(pg)
     }
 
@@ -293,25 +305,25 @@ impl LocalPostgres {
     /// Stops the server (`pg_ctl stop -m fast`) and removes the temp dir. Safe to call more
     /// than once; errors are ignored because there is nobody left to report them to.
     pub fn stop(&mut self) {
-        if self.running {
-            self.running = false;
-            let fast = self.pg_ctl_stop("fast");
-            if !fast {
-                self.pg_ctl_stop("immediate");
-            }
-        }
+        self.stop_running();
         if !self.removed {
             self.removed = true;
             let _ = std::fs::remove_dir_all(&self.root);
         }
     }
 
+    /// Stops the server if it runs (`pg_ctl stop -m fast`, else immediate), keeping its data.
+    fn stop_running(&mut self) {
+        if self.running {
+            self.running = false;
+            if !self.pg_ctl_stop("fast") {
+                self.pg_ctl_stop("immediate");
+            }
+        }
+    }
+
     /// Runs `initdb` and writes `postgresql.conf` and `pg_hba.conf`.
     fn init(&mut self, opts: &LocalPostgresOptions) -> Result<(), DemoError> {
-        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| DemoError::io(format!("chmod {}", self.root.display()), e))?;
-        self.give_to_server_user(&self.root)?;
-
         let mut initdb = self.server_command("initdb");
         initdb
             .arg("-D")
@@ -433,28 +445,8 @@ impl LocalPostgres {
     /// accepting read-only connections. This cluster's `pg_hba.conf` must let its superuser
     /// replicate over TCP (`host replication all 127.0.0.1/32 trust` in the `hba` option).
     pub fn standby(&self) -> Result<LocalPostgres, DemoError> {
-        let root = std::env::temp_dir().join(format!(
-            "{DIR_PREFIX}{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root)
-            .map_err(|e| DemoError::io(format!("creating {}", root.display()), e))?;
-        let mut standby = LocalPostgres {
-            data_dir: root.join("data"),
-            root,
-            bin_dir: self.bin_dir.clone(),
-            port: 0,
-            superuser: self.superuser.clone(),
-            superuser_password: self.superuser_password.clone(),
-            run_as: self.run_as,
-            running: false,
-            removed: false,
-        };
-        std::fs::set_permissions(&standby.root, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| DemoError::io(format!("chmod {}", standby.root.display()), e))?;
-        standby.give_to_server_user(&standby.root)?;
+        let superuser = (self.superuser.clone(), self.superuser_password.clone());
+        let mut standby = Self::in_new_dir(self.bin_dir.clone(), self.run_as, superuser)?;
         standby.base_backup_of(self)?;
         standby.start_server(&LocalPostgresOptions::default())?;
         Ok(standby)
@@ -464,12 +456,7 @@ impl LocalPostgres {
     /// primary after a failover: stops it, replaces its data with a fresh base backup of
     /// `primary`, and starts it again on its own port.
     pub fn follow(&mut self, primary: &LocalPostgres) -> Result<(), DemoError> {
-        if self.running {
-            self.running = false;
-            if !self.pg_ctl_stop("fast") {
-                self.pg_ctl_stop("immediate");
-            }
-        }
+        self.stop_running();
         let _ = std::fs::remove_dir_all(&self.data_dir);
         self.base_backup_of(primary)?;
         let port = self.port;

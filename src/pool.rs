@@ -86,9 +86,8 @@ impl PoolSettings {
             round_robin: self.server_round_robin,
             primary: self
                 .target
-                .session_attrs
-                .wants_primary()
-                .then(|| (self.target.primary.clone(), self.target.session_attrs)),
+                .followed_primary()
+                .map(|primary| (primary, self.target.session_attrs)),
         }
     }
 }

@@ -88,6 +88,14 @@ impl ServerTarget {
         }
     }
 
+    /// The hosts' primary when pgmemo follows it (`target_session_attrs` `read-write` or
+    /// `primary`, see [`crate::primary`]).
+    pub fn followed_primary(&self) -> Option<Arc<crate::primary::Primary>> {
+        self.session_attrs
+            .wants_primary()
+            .then(|| self.primary.clone())
+    }
+
     /// A key naming the list of hosts (what [`crate::primary::Primary`] is shared by).
     pub fn hosts_key(&self) -> String {
         let mut key = format!("{}:{}", self.host, self.port);

@@ -83,6 +83,15 @@ impl Default for Versions {
     }
 }
 
+/// `slots` in the order a write bumps them: the tables' before the rows' (see
+/// [`Versions::bump_slots`]).
+fn in_bump_order(slots: &[u32]) -> impl Iterator<Item = u32> + '_ {
+    let tables = slots.iter().filter(|&&s| s & ROW == 0);
+    tables
+        .chain(slots.iter().filter(|&&s| s & ROW != 0))
+        .copied()
+}
+
 fn slot_of(database: &str, table: &str) -> u32 {
     let hash = crate::query::lexer::hasher().hash_one((database, table));
     (hash as usize % SLOTS) as u32
@@ -162,30 +171,17 @@ impl Versions {
     /// not change since it was sent. Seeing a row's new version then means seeing its
     /// column's too, so it is not stored with a version newer than its rows.
     pub fn bump_slots(&self, slots: &[u32]) {
-        for &slot in slots.iter().filter(|&&s| s & ROW == 0) {
-            self.bump(slot);
-        }
-        for &slot in slots.iter().filter(|&&s| s & ROW != 0) {
-            self.bump(slot);
-        }
+        in_bump_order(slots).for_each(|s| self.bump(s));
     }
 
     /// The first step of a commit decoded from the WAL (see the module's documentation):
     /// `slots` (its writes', in [`Versions::bump_slots`]' order) change now and stay
     /// unsettled until [`Versions::settle`] is called with the same slots.
     pub fn bump_unsettled(&self, slots: &[u32]) {
-        let step = |slot: u32| {
+        for slot in in_bump_order(slots) {
             self.counter(slot)
                 .fetch_add(UNSETTLED + 1, Ordering::AcqRel);
-        };
-        slots
-            .iter()
-            .filter(|&&s| s & ROW == 0)
-            .for_each(|&s| step(s));
-        slots
-            .iter()
-            .filter(|&&s| s & ROW != 0)
-            .for_each(|&s| step(s));
+        }
     }
 
     /// The second step: the commit of [`Versions::bump_unsettled`]'s `slots` is visible to

@@ -847,37 +847,30 @@ impl Session {
             && self.replies.is_idle()
             && server.rbuf.is_empty()
             && server.wbuf.is_empty();
-        if !idle_between_queries && self.terminate_waiting() {
-            // The client hung up after a Terminate that waited for the replies to its work
-            // (see `poll_client_hangup`). Its own backend would go on with that work, then
-            // read the Terminate, its replies lost on a closed socket: so does the server,
-            // which gets the Terminate after the work, no cancel, and pgmemo's end closed as
-            // the client closed its own. Its place in the pool is free at once: the client's
-            // own backend would have kept no one else waiting.
-            self.pool.release_slot(&server);
-            let app = self.app.clone();
-            tokio::spawn(async move {
-                server.finish_and_wait(UNFINISHED_WAIT).await;
-                if let Some(unfinished) = unfinished {
-                    unfinished.ended(&app.cache);
-                }
-            });
-            return;
-        }
         if !idle_between_queries {
-            // Work is still running on the server: cancel it and close the connection; a
-            // half-read reply stream cannot be handed to anyone else.
-            let (addr, pid, secret) = (
-                server.info.cancel_addr(),
-                server.info.backend_pid,
-                server.backend_secret,
-            );
+            // Work is still running on the server; a half-read reply stream cannot be handed
+            // to anyone else, so the connection goes, and its place in the pool is free at
+            // once. A client that hung up after a Terminate that waited for the replies to
+            // its work (see `poll_client_hangup`): its own backend would go on with that
+            // work, then read the Terminate, its replies lost on a closed socket, so the
+            // server gets the Terminate after the work, no cancel. Otherwise the work is
+            // cancelled first.
+            let cancel = (!self.terminate_waiting()).then(|| {
+                let info = &server.info;
+                (info.cancel_addr(), info.backend_pid, server.backend_secret)
+            });
             self.pool.release_slot(&server);
             let app = self.app.clone();
             tokio::spawn(async move {
-                let _ = crate::server::send_cancel(&addr, pid, secret).await;
-                // The cancel may come too late: what ran may commit until the backend ends.
-                server.terminate_and_wait(UNFINISHED_WAIT).await;
+                match cancel {
+                    Some((addr, pid, secret)) => {
+                        let _ = crate::server::send_cancel(&addr, pid, secret).await;
+                        // The cancel may come too late: what ran may commit until the
+                        // backend ends.
+                        server.terminate_and_wait(UNFINISHED_WAIT).await;
+                    }
+                    None => server.finish_and_wait(UNFINISHED_WAIT).await,
+                }
                 if let Some(unfinished) = unfinished {
                     unfinished.ended(&app.cache);
                 }

@@ -286,11 +286,7 @@ impl Wal {
             applied: AtomicU64::new(0),
             catch_up: AtomicU64::new(u64::MAX),
             progress: visibility::Progress::default(),
-            primary: setup
-                .target
-                .session_attrs
-                .wants_primary()
-                .then(|| setup.target.primary.clone()),
+            primary: setup.target.followed_primary(),
             host: std::sync::atomic::AtomicUsize::new(0),
             last_slot: Mutex::new(None),
             confirmed_ms: AtomicU64::new(0),
