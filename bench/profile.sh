@@ -6,20 +6,24 @@
 # Use it to compare a change against the binary before it:
 #
 #   bench/profile.sh -p PGPORT [-m simple|extended|prepared] [-c CLIENTS] [-t TX]
-#                    [-f SCRIPT -s SCALE] [-d DATABASE] [-x PGMEMO_ARG]... BIN...
+#                    [-f SCRIPT -s SCALE] [-d DATABASE] [-u USER] [-x PGMEMO_ARG]... [-F] [-n]
+#                    BIN...
 #
 # PGPORT is a running PostgreSQL on 127.0.0.1 with `pgbench -i` data in DATABASE (default
-# postgres), trusting user postgres (the demo mode's private server works: `pgmemo` prints
+# postgres), trusting USER (default postgres; the demo mode's private server works: `pgmemo` prints
 # nothing about its port, find it with `ss -ltnp | grep postgres`). `-f` runs a pgbench script
 # instead of `-S` (e.g. bench/orm.sql, or bench/cache_hot.sql with `-x --cache`), with `-s` the
 # scale of the data. Needs valgrind and perf (apt-get install valgrind linux-perf).
-# PROFILE_KEEP=DIR keeps each binary's callgrind profile there (BIN-MODE.callgrind), to see
-# per function where instructions went: callgrind_annotate DIR/pgmemo-MODE.callgrind.
+# -F prints where each binary's instructions went by feature (bench/split.py: framing, reply
+# queue, registry, autoprepare, pool, I/O, the runtime...), -n skips the system-call count
+# (no perf needed: scripts/instruction-budget). PROFILE_KEEP=DIR keeps each binary's callgrind
+# profile there (BIN-MODE[-SCRIPT].callgrind), to see per function where instructions went:
+# callgrind_annotate DIR/pgmemo-MODE.callgrind.
 set -eu
 
-mode=prepared clients=8 tx=500 pgport= database=postgres script= scale=1
+mode=prepared clients=8 tx=500 pgport= database=postgres user=postgres script= scale=1 split= perf=1
 extra=()
-while getopts "p:m:c:t:f:s:d:x:" opt; do
+while getopts "p:m:c:t:f:s:d:u:x:Fn" opt; do
   case $opt in
     p) pgport=$OPTARG ;;
     m) mode=$OPTARG ;;
@@ -28,28 +32,34 @@ while getopts "p:m:c:t:f:s:d:x:" opt; do
     f) script=$OPTARG ;;
     s) scale=$OPTARG ;;
     d) database=$OPTARG ;;
+    u) user=$OPTARG ;;
     x) extra+=("$OPTARG") ;;
-    *) sed -n 2,18p "$0"; exit 2 ;;
+    F) split=1 ;;
+    n) perf= ;;
+    *) sed -n 2,22p "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,18p "$0"; exit 2; fi
+if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,22p "$0"; exit 2; fi
 if [[ -n $script ]]; then workload=(-f "$script" -s "$scale"); else workload=(-S); fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-port=6499
+port=${PROFILE_PORT:-6499} # pgmemo's listening port
 total=$((clients * tx))
 run_pgbench() {
-  pgbench "${workload[@]}" -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U postgres \
+  pgbench "${workload[@]}" -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U "$user" \
     "$database" >/dev/null
 }
 start() { # start BIN [wrapper...]: pgmemo on $port, in front of $pgport
   local bin=$1; shift
-  "$@" "$bin" --upstream "postgresql://postgres@127.0.0.1:$pgport" --listen "127.0.0.1:$port" \
+  "$@" "$bin" --upstream "postgresql://$user@127.0.0.1:$pgport" --listen "127.0.0.1:$port" \
     --pool-size 10 --auth trust "${extra[@]}" >"$work/pgmemo.log" 2>&1 &
   pid=$!
-  until pg_isready -q -h 127.0.0.1 -p "$port"; do sleep 0.2; done
+  until pg_isready -q -h 127.0.0.1 -p "$port"; do
+    if ! kill -0 "$pid" 2>/dev/null; then cat "$work/pgmemo.log" >&2; exit 1; fi
+    sleep 0.2
+  done
   # Warm twice: statements prepared, buffers grown, and pgbench's own one-off query (the
   # scale lookup) past autoprepare's threshold, so its one-time parse is not counted.
   run_pgbench 100
@@ -64,11 +74,20 @@ for bin in "$@"; do
   callgrind_control -i off "$pid" >/dev/null 2>&1
   stop
   instructions=$(callgrind_annotate "$work"/cg.out* 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+  name=$(basename "$bin")-$mode${script:+-$(basename "$script" .sql)}
+  if [[ -n $split ]]; then
+    cat "$work"/cg.out* >"$work/$name.callgrind"
+    python3 "$(dirname "$0")/split.py" --tx "$total" --names "$name" "$work/$name.callgrind"
+  fi
   if [[ -n ${PROFILE_KEEP:-} ]]; then # keep the profile, for callgrind_annotate per function
     mkdir -p "$PROFILE_KEEP"
-    cat "$work"/cg.out* >"$PROFILE_KEEP/$(basename "$bin")-$mode.callgrind"
+    cat "$work"/cg.out* >"$PROFILE_KEEP/$name.callgrind"
   fi
   rm -f "$work"/cg.out*
+  if [[ -z $perf ]]; then
+    printf '%s  -M %s -c %s: %d user-space instructions/tx\n' "$bin" "$mode" "$clients" $((instructions / total))
+    continue
+  fi
 
   start "$bin"
   perf stat -x, -o "$work/stat.txt" -p "$pid" \
