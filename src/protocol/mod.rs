@@ -154,8 +154,9 @@ impl<'a> Reader<'a> {
     }
 
     /// A NUL-terminated string, without the NUL.
+    #[inline]
     pub fn cstr(&mut self) -> Option<&'a [u8]> {
-        let end = memchr::memchr(0, self.buf)?;
+        let end = nul_at(self.buf)?;
         let s = &self.buf[..end];
         self.buf = &self.buf[end + 1..];
         Some(s)
@@ -164,6 +165,29 @@ impl<'a> Reader<'a> {
     /// A NUL-terminated string that must be UTF-8 (names and SQL text are, in practice).
     pub fn str(&mut self) -> Option<&'a str> {
         std::str::from_utf8(self.cstr()?).ok()
+    }
+}
+
+/// Where the first NUL of `buf` is. Most strings read so are statement and portal names,
+/// mostly empty (the unnamed ones) or a few bytes long: their first eight bytes are tested as
+/// one word (a SWAR zero-byte test, ~10 instructions) before memchr's vectorized search, whose
+/// set-up alone cost ~40 instructions a call (callgrind: 6 calls per extended batch).
+#[inline]
+pub fn nul_at(buf: &[u8]) -> Option<usize> {
+    const LOW: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    match buf.first_chunk::<8>() {
+        Some(head) => {
+            let word = u64::from_le_bytes(*head);
+            let zeros = word.wrapping_sub(LOW) & !word & HIGH;
+            if zeros != 0 {
+                // The lowest flagged byte is the first NUL (a borrow only runs upwards).
+                Some(zeros.trailing_zeros() as usize / 8)
+            } else {
+                memchr::memchr(0, &buf[8..]).map(|at| at + 8)
+            }
+        }
+        None => buf.iter().position(|&b| b == 0),
     }
 }
 
@@ -190,6 +214,26 @@ pub fn put_cstr(out: &mut bytes::BytesMut, s: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nul_at_finds_the_first_nul_at_any_position() {
+        for len in 0..40 {
+            for at in 0..len {
+                let mut buf: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+                buf[at] = 0;
+                // A later NUL and bytes >= 0x80 do not fool the word test.
+                if at + 1 < len {
+                    buf[at + 1] = 0x80;
+                }
+                if at + 3 < len {
+                    buf[at + 3] = 0;
+                }
+                assert_eq!(nul_at(&buf), Some(at), "len {len}, NUL at {at}");
+            }
+            let none: Vec<u8> = (0..len).map(|i| 0x80 | i as u8).collect();
+            assert_eq!(nul_at(&none), None, "len {len}");
+        }
+    }
 
     #[test]
     fn frame_needs_whole_message() {

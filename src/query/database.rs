@@ -79,7 +79,7 @@ pub fn leads_with_ddl(text: &[u8]) -> bool {
 #[inline]
 pub fn parse_leads_with_ddl(body: &[u8]) -> bool {
     // The statement's name, then its text.
-    memchr::memchr(0, body).is_some_and(|end| leads_with_ddl(&body[end + 1..]))
+    crate::protocol::nul_at(body).is_some_and(|end| leads_with_ddl(&body[end + 1..]))
 }
 
 /// The statements of `text` (a simple query's, or a Parse's) that need a database to

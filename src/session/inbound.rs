@@ -302,7 +302,7 @@ impl Session {
         // A Parse names its statement first; a Bind names its portal, then its statement.
         let name = match tag {
             fe::PARSE => Some(0),
-            _ => body.iter().position(|&b| b == 0).map(|end| end + 1),
+            _ => crate::protocol::nul_at(body).map(|end| end + 1),
         };
         name.and_then(|at| body.get(at)).is_some_and(|&b| b != 0)
     }

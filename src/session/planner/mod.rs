@@ -302,7 +302,7 @@ impl Planner<'_> {
             // planned per query.)
             fe::PARSE => {
                 let body = self.body();
-                memchr::memchr(0, body)
+                crate::protocol::nul_at(body)
                     .is_some_and(|name_end| Words::may_start_transaction(&body[name_end + 1..]))
                     && Parse::parse(body)
                         .and_then(|p| std::str::from_utf8(p.query).ok())
