@@ -159,6 +159,7 @@ impl Session {
             server_fatal: false,
             idle_reads: 0,
             kept_for_cancels: false,
+            client_read_armed: false,
         }
     }
 
