@@ -57,20 +57,26 @@ impl Planner<'_> {
         if !must_parse && self.may_be_aborted() {
             return self.probe_parse(p.name, statement);
         }
-        let previous = self.stmts.set(p.name, Some(statement.clone()));
-        let effect = Effect::Bound {
-            name: p.name.into(),
-            previous,
-            statement: statement.clone(),
-            prepared_here: must_parse,
-        };
+        // The name bound to this very statement again (a driver's unnamed statement, parsed
+        // before every execution): whether this Parse runs, fails or is discarded, the
+        // client's statements stay as they are, so it carries nothing to keep or undo, and
+        // later batches need not wait for its outcome.
+        let effect = (must_parse || !self.stmts.is_bound_to(p.name, &statement)).then(|| {
+            let previous = self.stmts.set(p.name, Some(statement.clone()));
+            Effect::Bound {
+                name: p.name.into(),
+                previous,
+                statement: statement.clone(),
+                prepared_here: must_parse,
+            }
+        });
         if must_parse {
             self.stats.prepare_cache_miss += 1;
             self.write_parse(&statement);
             self.replies.push_entry(Entry {
                 expected: Expected::Parse,
                 action: renaming_errors(&statement, Bytes::copy_from_slice(p.name)),
-                effect: Some(effect),
+                effect,
             });
         } else {
             statement
@@ -79,7 +85,7 @@ impl Planner<'_> {
             self.replies.push_entry(Entry {
                 expected: Expected::Parse,
                 action: Action::Synthesize(Synth::ParseComplete),
-                effect: Some(effect),
+                effect,
             });
         }
         true
