@@ -140,12 +140,21 @@ pub struct LocalPostgres {
 impl LocalPostgres {
     /// Finds the directory holding the PostgreSQL server tools.
     ///
-    /// A directory on `PATH` that holds both `initdb` and `pg_ctl` wins; if those are symlinks
+    /// `PGMEMO_TEST_PGBIN`, when set, names it (the tests' choice of server version:
+    /// `scripts/postgres 18` builds one and prints its directory). Else a directory on `PATH` that holds both `initdb` and `pg_ctl` wins; if those are symlinks
     /// into a real installation (as `/usr/local/bin/pg_ctl` -> `/usr/lib/postgresql/15/bin`),
     /// the installation's directory is returned so that `psql` and `pgbench` of the same
     /// version sit beside them. Otherwise the highest version under
     /// `/usr/lib/postgresql/*/bin` (Debian's layout, which is not on `PATH`) is used.
     pub fn find_bin_dir() -> Result<PathBuf, DemoError> {
+        if let Some(dir) = std::env::var_os("PGMEMO_TEST_PGBIN").filter(|d| !d.is_empty()) {
+            let dir = PathBuf::from(dir);
+            return if has_server_tools(&dir) {
+                Ok(dir)
+            } else {
+                Err(DemoError::BinariesNotFound)
+            };
+        }
         if let Some(path) = std::env::var_os("PATH") {
             for dir in std::env::split_paths(&path) {
                 if has_server_tools(&dir) {

@@ -140,6 +140,20 @@ impl Cluster {
         self.pg().socket_dir().to_path_buf()
     }
 
+    /// The server's `server_version_num` (150018, 180006...): what a test expects where
+    /// PostgreSQL versions differ (`PGMEMO_TEST_PGBIN` picks the version, see
+    /// `scripts/postgres`).
+    pub fn version_num(&self) -> u32 {
+        static VERSION: OnceLock<u32> = OnceLock::new();
+        *VERSION.get_or_init(|| {
+            let shown = self.psql("postgres", "SHOW server_version_num");
+            shown
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("server_version_num {shown:?}: {e}"))
+        })
+    }
+
     /// The server's bin dir, to run `pgbench` or `psql` of the same version.
     pub fn bin_dir(&self) -> std::path::PathBuf {
         self.pg().bin_dir().to_path_buf()
