@@ -137,12 +137,24 @@ pub const CARRIED: &[&str] = &[
     // Reported since PostgreSQL 14.
     "default_transaction_read_only",
     "IntervalStyle",
+    // Reported since PostgreSQL 16.
+    "scram_iterations",
     "standard_conforming_strings",
     "TimeZone",
 ];
 
 pub fn is_carried(name: &str) -> bool {
     CARRIED.iter().any(|c| c.eq_ignore_ascii_case(name))
+}
+
+/// A setting pgmemo carries as one of the client's unreported settings even where the server
+/// reports it: `search_path`, reported by ParameterStatus since PostgreSQL 18. What the
+/// client's statement texts mean depends on it, and the statement registry, the result
+/// cache and the `RESET` of a startup value read it from the client's settings on every
+/// server version alike; the client is still told its value (ParameterStatus) as PostgreSQL
+/// 18 tells it.
+pub fn is_kept_as_setting(name: &str) -> bool {
+    name.eq_ignore_ascii_case("search_path")
 }
 
 /// Startup parameters that are not settings at all.

@@ -222,7 +222,8 @@ impl Session {
                 unknown.push((name, value));
                 continue;
             }
-            let reported = defaults.get(name).is_some();
+            let kept_as_setting = params::is_kept_as_setting(name);
+            let reported = defaults.get(name).is_some() && !kept_as_setting;
             if reported && !params::is_carried(name) {
                 continue; // server_version and the like cannot be set
             }
@@ -233,8 +234,12 @@ impl Session {
                 Some(n) if reported => {
                     Arc::make_mut(&mut self.params.reported).set(name, &n);
                 }
-                Some(_) => {
+                Some(n) => {
                     self.params.settings.set(name, value);
+                    if kept_as_setting && defaults.get(name).is_some() {
+                        // What the client is told it is (PostgreSQL 18 reports it).
+                        Arc::make_mut(&mut self.params.reported).set(name, &n);
+                    }
                 }
                 None => unknown.push((name, value)),
             }
@@ -269,9 +274,11 @@ impl Session {
                     if !repeated(name) {
                         self.pool.remember_normalized(name, value, &normalized);
                     }
+                    let kept_as_setting = params::is_kept_as_setting(name);
                     if defaults.get(name).is_some() {
                         Arc::make_mut(&mut self.params.reported).set(name, &normalized);
-                    } else {
+                    }
+                    if defaults.get(name).is_none() || kept_as_setting {
                         self.params.settings.set(name, value);
                     }
                 }

@@ -95,7 +95,7 @@ pub fn read_probe(rows: &[Vec<Option<String>>], reported: &Vars, login_user: &st
             "$advisory_lock" if yes => pins |= Pins::ADVISORY_LOCK,
             "$cursor" if yes => pins |= Pins::CURSOR,
             name if name.starts_with('$') => {}
-            name if reported.get(name).is_some() => {}
+            name if reported.get(name).is_some() && !crate::params::is_kept_as_setting(name) => {}
             // A transaction's own characteristics (`SET TRANSACTION`), which PostgreSQL lists
             // at session level once one ended: nothing of the session, and nothing to carry.
             name if TRANSACTION_SETTINGS.contains(&name) => {}
