@@ -836,6 +836,14 @@ impl ServerConn {
         }
     }
 
+    /// The server's major version (15, 18...), read from its `server_version` report (which
+    /// may carry a suffix: "15.18 (Debian 15.18-0+deb12u1)", "18beta1"); None if it sent none.
+    pub fn major_version(&self) -> Option<u32> {
+        let version = self.reported().get("server_version")?;
+        let digits = version.bytes().take_while(u8::is_ascii_digit).count();
+        version[..digits].parse().ok()
+    }
+
     /// Cheap check that an idle connection was not closed by the server meanwhile (restart,
     /// idle_session_timeout, pg_terminate_backend). Uses the reactor's cached readiness, so when
     /// nothing arrived it costs no system call.

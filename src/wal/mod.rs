@@ -790,10 +790,17 @@ async fn ensure_publication(conn: &mut ServerConn, setup: &Setup) -> Result<(), 
              \"{publication}\" FOR ALL TABLES, or set cache.create_publication = true"
         ));
     }
+    // PostgreSQL 18 refuses UPDATE and DELETE on a table whose replica identity (FULL, or an
+    // index) holds a generated column that the publication does not publish, and publishes
+    // none by default: published, such tables stay writable as they were without pgmemo.
+    let generated = match conn.major_version() {
+        Some(major) if major >= 18 => " WITH (publish_generated_columns = stored)",
+        _ => "",
+    };
     command(
         conn,
         &format!(
-            "CREATE PUBLICATION {} FOR ALL TABLES",
+            "CREATE PUBLICATION {} FOR ALL TABLES{generated}",
             crate::params::quote_name(publication)
         ),
     )
