@@ -886,6 +886,7 @@ async fn malformed_startups_are_answered_as_by_postgres() {
         let proxied = startup_transcript(&Target::Tcp(addr), &acts)
             .await
             .unwrap_or_else(|e| panic!("{what}: pgmemo: {e}"));
+        let direct = as_protocol_3_0_server(direct);
         let direct_text = String::from_utf8_lossy(&direct);
         match postgres_says {
             None => assert!(direct.is_empty(), "{what}: PostgreSQL says {direct_text:?}"),
@@ -1240,4 +1241,32 @@ async fn login_to(addr: SocketAddr, database: &str) -> RawClient {
     RawClient::connect(addr, PGMEMO_USER, database, Some(PGMEMO_PASS), &[])
         .await
         .unwrap_or_else(|e| panic!("login to {database}: {e:#}"))
+}
+
+/// What a server that speaks protocol 3.0 at most (PostgreSQL 15-17) answers where PostgreSQL
+/// `direct` (18, which speaks 3.2) said `bytes`: pgmemo speaks 3.0 to its clients and
+/// negotiates down to it as those servers do (README, "PostgreSQL versions"). Its refusal
+/// names "3.0 to 3.0", its NegotiateProtocolVersion offers 3.0. Unchanged before 18.
+fn as_protocol_3_0_server(bytes: Vec<u8>) -> Vec<u8> {
+    if cluster().version_num() < 180000 {
+        return bytes;
+    }
+    // The same length: the message's length field stays right.
+    let refusal = |mut b: Vec<u8>| {
+        let (from, to) = (b"server supports 3.0 to 3.2", b"server supports 3.0 to 3.0");
+        if let Some(at) = b.windows(from.len()).position(|w| w == from) {
+            b[at..at + to.len()].copy_from_slice(to);
+        }
+        b
+    };
+    // NegotiateProtocolVersion: 'v', its length, then the newest version offered (3.2).
+    let offer = [b'v', 0, 0, 0];
+    match bytes.windows(4).position(|w| w == offer) {
+        Some(at) if bytes.get(at + 5..at + 9) == Some(&[0, 3, 0, 2]) => {
+            let mut bytes = bytes;
+            bytes[at + 8] = 0;
+            refusal(bytes)
+        }
+        _ => refusal(bytes),
+    }
 }

@@ -2592,7 +2592,7 @@ async fn prepare_of_a_reserved_name_is_refused() {
         "ReadyForQuery I",
     ]
     .iter()
-    .map(|l| format!("1<< {l}"))
+    .map(|l| without_source_line(&format!("1<< {l}")))
     .collect();
     for pool_size in [1, 2] {
         let proxy = start(pool_size, defaults).await;
@@ -2601,7 +2601,7 @@ async fn prepare_of_a_reserved_name_is_refused() {
         let second: Vec<String> = out
             .iter()
             .filter(|l| l.starts_with("1<<"))
-            .cloned()
+            .map(|l| without_source_line(l))
             .collect();
         assert_eq!(second, want, "pool_size {pool_size}:\n{}", out.join("\n"));
         let tail = &out[out.len() - 4..];
@@ -2878,4 +2878,18 @@ async fn statements_are_not_shared_across_literal_settings() {
     let want: String = b.query_one(queries[0], &[]).await.unwrap().get(0);
     assert_eq!(got, want, "DateStyle from the startup packet");
     proxy.shutdown().await;
+}
+
+/// A transcript line without PostgreSQL's source line (`L="869"`): it moves from version to
+/// version (15's int4div is at line 869, 18's at 870), the rest of an error does not.
+fn without_source_line(line: &str) -> String {
+    match line.find(", L=\"") {
+        Some(at) => {
+            let end = line[at + 5..]
+                .find('"')
+                .map_or(line.len(), |e| at + 5 + e + 1);
+            format!("{}{}", &line[..at], &line[end..])
+        }
+        None => line.to_owned(),
+    }
 }
