@@ -129,6 +129,11 @@ async fn bad_pgbouncer_files_fail_with_their_line_and_unknown_keys_warn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_converted_pgbouncer_setup_serves_queries() {
     let dir = temp_dir("serve");
+    // The cluster first: started on first use, it takes a free port of its own, which could
+    // be the one picked for pgmemo if that were picked before (it once was: pgmemo could not
+    // listen, and the test's clients reached PostgreSQL itself, where "renamed" does not
+    // exist).
+    let pg = cluster().port();
     let port = free_port();
     let ini = dir.join("pgbouncer.ini");
     std::fs::write(
@@ -147,7 +152,6 @@ async fn a_converted_pgbouncer_setup_serves_queries() {
              default_pool_size = 4\n\
              server_tls_sslmode = disable\n\
              logfile = pgbouncer.log\n",
-            pg = cluster().port()
         ),
     )
     .unwrap();
