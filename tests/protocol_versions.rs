@@ -90,7 +90,7 @@ async fn libpq_18_cancels_through_pgmemo_with_the_key_it_was_given() {
     let proxy = pgmemo(PoolMode::Transaction, 2).await;
     let port = proxy.local_addr().port();
     let marker = "protocol_versions_cancel_me";
-    let mut child = Command::new(&bin)
+    let child = Command::new(&bin)
         .args([
             "-X",
             "-At",
