@@ -6,8 +6,8 @@ workload costs more than its budget by more than the file's tolerance.
     python3 bench/budget.py [--no-build] [--pgmemo-bin PATH] [--split] [--only NAME]
 
 A throwaway PostgreSQL (pgbench -i -s 1) and, for each workload, bench/profile.sh -n: the
-release build under callgrind, pgbench 8 clients x 500 transactions after two warm-up runs.
-Counts, not times: stable on any machine. `--split` prints where each workload's instructions
+release build under callgrind, pgbench 1 client x 2,000 transactions (random seed 1) after
+two warm-up runs. Counts, not times: the same on any machine and under any load. `--split` prints where each workload's instructions
 go by feature (bench/split.py). Needs valgrind.
 """
 
@@ -23,6 +23,15 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 import run as b  # noqa: E402  (bench/run.py: cluster, processes)
+
+
+# One client, a fixed seed: every transaction wakes pgmemo the same way (its request, then the
+# server's reply), so the count is the same run after run whatever else the machine does. With
+# several clients the replies that one wake finds batched depend on timing: 8 clients counted
+# up to 3.8 % more under the load of a concurrent test run (bench/profile.sh's default, the
+# figure docs/benchmarks.md and issue 56's goal use, is 8 clients).
+CLIENTS = 1
+TRANSACTIONS = 2000
 
 
 def main() -> int:
@@ -47,7 +56,8 @@ def main() -> int:
         rows = []
         for w in workloads:
             cmd = ["bash", str(BENCH_DIR / "profile.sh"), "-n", "-p", str(pg.port), "-m", w["mode"],
-                   "-c", "8", "-t", "500", "-d", b.DB_NAME, "-u", b.DB_USER]
+                   "-c", str(CLIENTS), "-t", str(TRANSACTIONS), "-r", "1", "-d", b.DB_NAME,
+                   "-u", b.DB_USER]
             if "script" in w:
                 cmd += ["-f", str(b.REPO / w["script"]), "-s", "1"]
             for a in w.get("pgmemo_args", []):

@@ -6,14 +6,15 @@
 # Use it to compare a change against the binary before it:
 #
 #   bench/profile.sh -p PGPORT [-m simple|extended|prepared] [-c CLIENTS] [-t TX]
-#                    [-f SCRIPT -s SCALE] [-d DATABASE] [-u USER] [-x PGMEMO_ARG]... [-F] [-n]
-#                    BIN...
+#                    [-f SCRIPT -s SCALE] [-d DATABASE] [-u USER] [-x PGMEMO_ARG]... [-r SEED]
+#                    [-F] [-n] BIN...
 #
 # PGPORT is a running PostgreSQL on 127.0.0.1 with `pgbench -i` data in DATABASE (default
 # postgres), trusting USER (default postgres; the demo mode's private server works: `pgmemo` prints
 # nothing about its port, find it with `ss -ltnp | grep postgres`). `-f` runs a pgbench script
 # instead of `-S` (e.g. bench/orm.sql, or bench/cache_hot.sql with `-x --cache`), with `-s` the
 # scale of the data. Needs valgrind and perf (apt-get install valgrind linux-perf).
+# -r SEED fixes pgbench's random numbers (the keys drawn), for runs that must count the same.
 # -F prints where each binary's instructions went by feature (bench/split.py: framing, reply
 # queue, registry, autoprepare, pool, I/O, the runtime...), -n skips the system-call count
 # (no perf needed: scripts/instruction-budget). PROFILE_KEEP=DIR keeps each binary's callgrind
@@ -22,8 +23,9 @@
 set -eu
 
 mode=prepared clients=8 tx=500 pgport= database=postgres user=postgres script= scale=1 split= perf=1
+seed=()
 extra=()
-while getopts "p:m:c:t:f:s:d:u:x:Fn" opt; do
+while getopts "p:m:c:t:f:s:d:u:x:r:Fn" opt; do
   case $opt in
     p) pgport=$OPTARG ;;
     m) mode=$OPTARG ;;
@@ -33,14 +35,15 @@ while getopts "p:m:c:t:f:s:d:u:x:Fn" opt; do
     s) scale=$OPTARG ;;
     d) database=$OPTARG ;;
     u) user=$OPTARG ;;
+    r) seed=(--random-seed "$OPTARG") ;;
     x) extra+=("$OPTARG") ;;
     F) split=1 ;;
     n) perf= ;;
-    *) sed -n 2,22p "$0"; exit 2 ;;
+    *) sed -n 2,24p "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,22p "$0"; exit 2; fi
+if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,24p "$0"; exit 2; fi
 if [[ -n $script ]]; then workload=(-f "$script" -s "$scale"); else workload=(-S); fi
 
 work=$(mktemp -d)
@@ -48,7 +51,7 @@ trap 'rm -rf "$work"' EXIT
 port=${PROFILE_PORT:-6499} # pgmemo's listening port
 total=$((clients * tx))
 run_pgbench() {
-  pgbench "${workload[@]}" -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U "$user" \
+  pgbench "${workload[@]}" "${seed[@]}" -n -M "$mode" -c "$clients" -t "$1" -h 127.0.0.1 -p "$port" -U "$user" \
     "$database" >/dev/null
 }
 start() { # start BIN [wrapper...]: pgmemo on $port, in front of $pgport
@@ -61,9 +64,12 @@ start() { # start BIN [wrapper...]: pgmemo on $port, in front of $pgport
     sleep 0.2
   done
   # Warm twice: statements prepared, buffers grown, and pgbench's own one-off query (the
-  # scale lookup) past autoprepare's threshold, so its one-time parse is not counted.
-  run_pgbench 100
-  run_pgbench 100
+  # scale lookup) past autoprepare's threshold, so its one-time parse is not counted; at least
+  # 1,000 transactions each time (bench/cache_hit.sql's 100 keys all cached).
+  local warm=$(((1000 + clients - 1) / clients))
+  ((warm < 100)) && warm=100
+  run_pgbench "$warm"
+  run_pgbench "$warm"
 }
 stop() { kill -INT "$pid"; wait "$pid" 2>/dev/null || true; }
 
