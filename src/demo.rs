@@ -696,12 +696,23 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// A port that was free a moment ago: bind port 0, read what the kernel chose, let it go.
-/// Racy by nature; [`LocalPostgres::start`] retries when the race is lost.
-fn free_port() -> Result<u16, DemoError> {
-    TcpListener::bind((HOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| DemoError::io("looking for a free port", e))
+/// Racy by nature; [`LocalPostgres::start`] retries when the race is lost. A port handed out
+/// once in this process is never handed out again: the tests pick pgmemo's ports here too, and
+/// a cluster started between such a pick and pgmemo's bind could otherwise get the same port
+/// from the kernel and take it first (it did: `tests/convert.rs` then reached PostgreSQL
+/// where it meant pgmemo).
+pub fn free_port() -> Result<u16, DemoError> {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind((HOST, 0))
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .map_err(|e| DemoError::io("looking for a free port", e))?;
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 /// Stops and removes clusters left in the temp dir by processes that no longer exist (a test

@@ -113,10 +113,8 @@ impl Drop for TempDir {
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, let it go). Racy
 /// by nature: bind it soon.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("binding 127.0.0.1:0")
+    // pgmemo's own picker: a port it hands out is never given to a cluster started later.
+    pgmemo::demo::free_port().expect("binding 127.0.0.1:0")
 }
 
 /// xorshift64*: small and deterministic, for the property tests' random choices (a seed
