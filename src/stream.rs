@@ -115,23 +115,6 @@ impl Stream {
         Ok(())
     }
 
-    /// Whether the event loop has seen the socket readable (or its reading end closed) since
-    /// the last read that emptied it: one load of the reactor's cached readiness, no system
-    /// call and no waker registered. False means exactly that a task registered by an earlier
-    /// `Pending` poll of this socket's reading side has not been woken for it since (the
-    /// reactor wakes a reader for these two readiness bits only): see
-    /// `Session::poll_client_read`. A TLS stream may hold decrypted bytes its socket no longer
-    /// shows: always true.
-    #[inline]
-    pub fn read_ready_now(&self) -> bool {
-        use tokio::io::Interest;
-        match self {
-            Stream::Tcp(t) => t.try_io(Interest::READABLE, || Ok(())).is_ok(),
-            Stream::Unix(u) => u.try_io(Interest::READABLE, || Ok(())).is_ok(),
-            _ => true,
-        }
-    }
-
     /// Readiness to read, polled without a buffer (see crate::buffers). A TLS stream may
     /// hold decrypted bytes its socket no longer shows, so it is always ready to be read.
     #[inline]

@@ -356,9 +356,6 @@ struct Session {
     /// The server would have gone back, but a cancel request aimed at the client's work on it
     /// is still being passed on: it goes back once that is delivered.
     kept_for_cancels: bool,
-    /// The last poll of the client's socket for reading was `Pending`: this task's waker is
-    /// registered for it until the socket becomes readable (see `poll_client_read`).
-    client_read_armed: bool,
 }
 
 /// The client's session parameters, as it believes them to be, and what follows from them.
@@ -449,8 +446,6 @@ impl Session {
     async fn relay(&mut self) -> End {
         // Set before the flags are first read: a shutdown that begins later wakes the task.
         *self.info.stop_waker.lock() = Some(poll_fn(|cx| Poll::Ready(cx.waker().clone())).await);
-        // A task of its own, or a socket registered anew, since any registration made before.
-        self.client_read_armed = false;
         loop {
             // Nothing read from the client (most wakes are the server's): no future made.
             if !self.client.rbuf.is_empty() {
@@ -753,17 +748,8 @@ impl Session {
     /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
     fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         if !self.may_read_client() {
-            self.client_read_armed = false;
             return self.poll_client_hangup(cx);
         }
-        // Polled `Pending` before, and nothing came since: the waker that poll registered
-        // still waits for the socket, and polling it again would only register it again (a
-        // lock in the reactor, ~200 instructions; once a transaction: after the server's
-        // replies, while the client has not sent its next query yet).
-        if self.client_read_armed && !self.client.stream.read_ready_now() {
-            return None;
-        }
-        self.client_read_armed = false;
         // Without a buffer, wait for the socket to have bytes before borrowing one; the
         // replies to what it sends will need a write buffer too.
         let readable = self.client.rbuf.capacity() != 0
@@ -773,7 +759,6 @@ impl Session {
                 Poll::Pending => false,
             };
         if !readable {
-            self.client_read_armed = true;
             return None;
         }
         buffers::lend(&mut self.client.rbuf);
@@ -783,10 +768,7 @@ impl Session {
             Poll::Ready(Ok(0)) => Some(Event::ClientGone(None)),
             Poll::Ready(Ok(_)) => Some(Event::ClientRead),
             Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
-            Poll::Pending => {
-                self.client_read_armed = true;
-                None
-            }
+            Poll::Pending => None,
         }
     }
 

@@ -159,7 +159,6 @@ impl Session {
             server_fatal: false,
             idle_reads: 0,
             kept_for_cancels: false,
-            client_read_armed: false,
         }
     }
 
