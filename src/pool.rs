@@ -937,7 +937,8 @@ impl Pool {
         deadline: Instant,
         extra: &[(&str, &str)],
     ) -> Result<Box<ServerConn>, ServerError> {
-        let connect_deadline = (Instant::now() + settings.server_connect_timeout).min(deadline);
+        let started = Instant::now();
+        let connect_deadline = (started + settings.server_connect_timeout).min(deadline);
         let mut delay = Duration::from_millis(50);
         loop {
             let attempt = tokio::time::timeout_at(
@@ -971,9 +972,12 @@ impl Pool {
                 Ok(Err(e)) => e,
                 Err(_) => ServerError::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
+                    // The caller's deadline (query_wait_timeout) may come first: the time
+                    // given, not server_connect_timeout (a 300 ms wait was reported as 15 s).
                     format!(
                         "timed out after {:?} connecting to {:?}",
-                        settings.server_connect_timeout, settings.target
+                        connect_deadline.saturating_duration_since(started),
+                        settings.target
                     ),
                 )),
             };

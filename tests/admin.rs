@@ -1032,7 +1032,9 @@ async fn metrics_match_show_stats() {
     fresh_db(DB).await;
     let mut cfg = test_config(PoolMode::Transaction, 1);
     cfg.general.metrics_listen = Some("127.0.0.1:0".into());
-    cfg.general.query_wait_timeout = Duration::from_millis(300);
+    // Long enough for the pool's first connection to a fresh database, whose login's wait
+    // it also bounds (300 ms once ran out on the loaded 2-core VM: "could not connect").
+    cfg.general.query_wait_timeout = Duration::from_secs(2);
     let proxy = start_pgmemo(cfg).await;
     let metrics = proxy.metrics_addr().expect("metrics endpoint");
     let client = connect(&url(proxy.local_addr(), DB)).await;
