@@ -221,8 +221,7 @@ impl Session {
                 unknown.push((name, value));
                 continue;
             }
-            let kept_as_setting = params::is_kept_as_setting(name);
-            let reported = defaults.get(name).is_some() && !kept_as_setting;
+            let reported = defaults.get(name).is_some() && !params::is_kept_as_setting(name);
             if reported && !params::is_carried(name) {
                 continue; // server_version and the like cannot be set
             }
@@ -230,16 +229,7 @@ impl Session {
                 continue;
             }
             match self.pool.normalized(name, value) {
-                Some(n) if reported => {
-                    Arc::make_mut(&mut self.params.reported).set(name, &n);
-                }
-                Some(n) => {
-                    self.params.settings.set(name, value);
-                    if kept_as_setting && defaults.get(name).is_some() {
-                        // What the client is told it is (PostgreSQL 18 reports it).
-                        Arc::make_mut(&mut self.params.reported).set(name, &n);
-                    }
-                }
+                Some(n) => self.record_startup_value(&defaults, name, value, &n),
                 None => unknown.push((name, value)),
             }
         }
@@ -273,13 +263,7 @@ impl Session {
                     if !repeated(name) {
                         self.pool.remember_normalized(name, value, &normalized);
                     }
-                    let kept_as_setting = params::is_kept_as_setting(name);
-                    if defaults.get(name).is_some() {
-                        Arc::make_mut(&mut self.params.reported).set(name, &normalized);
-                    }
-                    if defaults.get(name).is_none() || kept_as_setting {
-                        self.params.settings.set(name, value);
-                    }
+                    self.record_startup_value(&defaults, name, value, &normalized);
                 }
                 Ok(())
             }
@@ -295,6 +279,20 @@ impl Session {
                     .await;
                 Err(msg)
             }
+        }
+    }
+
+    /// Records a startup parameter the server takes (`normalized`: as the server shows it): a
+    /// reported parameter's value is what the client is told, an unreported one is one of the
+    /// client's settings, and `search_path` is both where the server reports it (see
+    /// [`params::is_kept_as_setting`]).
+    fn record_startup_value(&mut self, defaults: &Vars, name: &str, value: &str, normalized: &str) {
+        let reported = defaults.get(name).is_some();
+        if reported {
+            Arc::make_mut(&mut self.params.reported).set(name, normalized);
+        }
+        if !reported || params::is_kept_as_setting(name) {
+            self.params.settings.set(name, value);
         }
     }
 
