@@ -14,7 +14,9 @@ go by feature (bench/split.py). Needs valgrind.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -66,7 +68,7 @@ def main() -> int:
                 cmd.append("-F")
             cmd.append(args.pgmemo_bin)
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=b.REPO,
-                               env=dict(b.os.environ, PROFILE_PORT=str(b.free_port())))
+                               env=dict(os.environ, PROFILE_PORT=str(b.free_port())))
             m = re.search(r"(\d+) user-space instructions/tx", r.stdout)
             if r.returncode != 0 or not m:
                 print(r.stdout + r.stderr)
@@ -95,7 +97,7 @@ def main() -> int:
     finally:
         ctx.procs.stop_all()
         ctx.close_logs()
-        b.shutil.rmtree(ctx.tmp, ignore_errors=True)
+        shutil.rmtree(ctx.tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,10 @@ LIBRARY = [
      r"^__mem|^mi_|^_mi_|^alloc::|^<alloc::|^bytes::|^<bytes::|malloc|free|realloc"),
 ]
 OTHER = "other (hashing, formatting, std, logging)"
-ORDER = [f for f, _ in FEATURES] + [f for f, _ in LIBRARY[2:]] + [LIBRARY[1][0], OTHER]
+# The rows as printed: pgmemo's features, then memory, the runtime and the rest (LIBRARY's
+# I/O row is FEATURES' own; LIBRARY's order is the order of its tests, the runtime's before
+# memory's, whose "free" would take some of tokio's functions).
+ORDER = list(dict.fromkeys([f for f, _ in FEATURES] + [LIBRARY[2][0], LIBRARY[1][0], OTHER]))
 
 # The debug information names pgmemo's files by the path they were built at: this checkout's.
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src") + "/"

@@ -141,8 +141,9 @@ impl LocalPostgres {
     /// Finds the directory holding the PostgreSQL server tools.
     ///
     /// `PGMEMO_TEST_PGBIN`, when set, names it (the tests' choice of server version:
-    /// `scripts/postgres 18` builds one and prints its directory). Else a directory on `PATH` that holds both `initdb` and `pg_ctl` wins; if those are symlinks
-    /// into a real installation (as `/usr/local/bin/pg_ctl` -> `/usr/lib/postgresql/15/bin`),
+    /// `scripts/postgres 18` builds one and prints its directory). Else a directory on `PATH`
+    /// that holds both `initdb` and `pg_ctl` wins; if those are symlinks into a real
+    /// installation (as `/usr/local/bin/pg_ctl` -> `/usr/lib/postgresql/15/bin`),
     /// the installation's directory is returned so that `psql` and `pgbench` of the same
     /// version sit beside them. Otherwise the highest version under
     /// `/usr/lib/postgresql/*/bin` (Debian's layout, which is not on `PATH`) is used.

@@ -14,7 +14,7 @@ mod common;
 
 use common::*;
 use pgmemo::config::PoolMode;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::Command;
@@ -56,7 +56,7 @@ fn conninfo(port: u16) -> String {
     )
 }
 
-async fn psql(bin: &PathBuf, port: u16, command: &str) -> std::process::Output {
+async fn psql(bin: &Path, port: u16, command: &str) -> std::process::Output {
     Command::new(bin)
         .args(["-X", "-At", "-d", &conninfo(port), "-c", command])
         .stdin(Stdio::null())
