@@ -553,6 +553,9 @@ pub struct App {
     /// The primary of each server list (see [`crate::primary`]), by
     /// [`ServerTarget::hosts_key`]: shared by its pools and WAL follower, across reloads.
     primaries: Mutex<HashMap<String, Arc<crate::primary::Primary>>>,
+    /// The replicas of each pool whose database names some (see [`crate::replicas`]), made
+    /// with the pool (or by the reload that gave it replicas).
+    replica_sets: Mutex<HashMap<PoolKey, Arc<crate::replicas::Replicas>>>,
     /// The registered clients per database and per user (`max_db_client_connections`,
     /// `max_user_client_connections`).
     client_counts: ClientCounts,
@@ -629,6 +632,7 @@ impl App {
             server_tls_by_string: ArcSwap::from_pointee(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             primaries: Mutex::new(HashMap::new()),
+            replica_sets: Mutex::new(HashMap::new()),
             client_counts: ClientCounts::default(),
             cancel_keys: Mutex::new(HashMap::new()),
             next_client_id: AtomicU64::new(1),
@@ -737,6 +741,7 @@ impl App {
         for pool in self.pools.read().values() {
             if let Some(settings) = self.pool_settings(&cfg, &pool.key) {
                 pool.reconfigure(settings);
+                self.reconfigure_replicas(pool);
             }
         }
         for p in &pending {
@@ -778,10 +783,39 @@ impl App {
                     if paused {
                         pool.pause();
                     }
+                    self.reconfigure_replicas(&pool);
                     pool
                 })
                 .clone(),
         )
+    }
+
+    /// The replicas of `pool`'s server, when its database names some.
+    pub fn replicas(&self, pool: &PoolKey) -> Option<Arc<crate::replicas::Replicas>> {
+        self.replica_sets.lock().get(pool).cloned()
+    }
+
+    /// Every set of replicas (the janitor, SHOW SERVERS, the metrics).
+    pub fn replica_sets(&self) -> Vec<Arc<crate::replicas::Replicas>> {
+        self.replica_sets.lock().values().cloned().collect()
+    }
+
+    /// Makes, updates or drops `pool`'s set of replicas to match its settings.
+    fn reconfigure_replicas(&self, pool: &Arc<Pool>) {
+        let settings = pool.settings();
+        let mut sets = self.replica_sets.lock();
+        match (sets.get(&pool.key), settings.replicas.is_empty()) {
+            (Some(set), false) => set.reconfigure(&settings),
+            (Some(_), true) => {
+                if let Some(set) = sets.remove(&pool.key) {
+                    set.retire();
+                }
+            }
+            (None, false) => {
+                sets.insert(pool.key.clone(), crate::replicas::Replicas::new(pool));
+            }
+            (None, true) => {}
+        }
     }
 
     /// The budgets of `key`'s database and user (max_db_connections, max_user_connections),
@@ -1057,6 +1091,7 @@ impl App {
             max_user_connections: db.max_user_connections as usize,
             reserve_pool_size: db.reserve_pool_size as usize,
             reserve_pool_timeout: g.reserve_pool_timeout,
+            replicas: db.replicas,
         })
     }
 

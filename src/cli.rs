@@ -99,6 +99,19 @@ pub struct Cli {
     )]
     pub upstream: Option<String>,
 
+    /// A streaming replica of the upstream that provably read-only work may go to.
+    #[arg(
+        long = "replica",
+        value_name = "URL",
+        long_help = "A streaming replica of the upstream, as postgresql://HOST[:PORT] (several \
+                     hosts separated by commas) or host=... port=...: hosts and ports only, \
+                     logged into as the upstream is. Repeat it for more replicas. Provably \
+                     read-only statements outside transaction blocks, and read-only blocks, go \
+                     to a replica that has replayed the client's own last write \
+                     (docs/replicas.md). Replaces the file's upstream.replicas."
+    )]
+    pub replica: Vec<String>,
+
     /// Address clients connect to [default: 127.0.0.1:6432].
     #[arg(
         long,
@@ -325,6 +338,7 @@ impl fmt::Debug for Cli {
         f.debug_struct("Cli")
             .field("config", &self.config)
             .field("upstream", &self.upstream.as_ref().map(|_| "<hidden>"))
+            .field("replica", &self.replica)
             .field("listen", &self.listen)
             .field("pool_mode", &self.pool_mode)
             .field("pool_size", &self.pool_size)
@@ -366,6 +380,16 @@ impl Cli {
                 config
             }
         };
+        if !self.replica.is_empty() {
+            let up = config.upstream.as_mut().ok_or_else(|| {
+                ConfigError::invalid("--replica", "needs an upstream (--upstream or [upstream])")
+            })?;
+            up.replicas.clear();
+            for url in &self.replica {
+                up.replicas
+                    .extend(crate::config::parse_replicas("--replica", url)?);
+            }
+        }
         if let Err(e) = self.apply_overrides(&mut config) {
             // A rule between settings, judged after the flags: point at the line of its key
             // in the file, when the file sets it.

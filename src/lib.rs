@@ -37,6 +37,7 @@ pub mod pool;
 pub mod primary;
 pub mod protocol;
 pub mod query;
+pub mod replicas;
 pub mod replies;
 pub mod rule_check;
 pub mod server;
@@ -449,6 +450,11 @@ async fn janitor(app: Arc<App>) {
             pool.maintain().await;
             pool.stats_periods
                 .roll(std::time::Instant::now(), period, || pool.stats.snapshot());
+        }
+        for set in app.replica_sets() {
+            for replica in set.members().iter() {
+                replica.pool.maintain().await;
+            }
         }
         let rolled = app.stats_log.roll(std::time::Instant::now(), period, || {
             let mut all = crate::stats::StatsSnapshot::default();

@@ -69,6 +69,9 @@ pub struct PoolSettings {
     /// Extra connections for a client that waited `reserve_pool_timeout`.
     pub reserve_pool_size: usize,
     pub reserve_pool_timeout: Duration,
+    /// Streaming replicas of `target` that provably read-only work may go to (see
+    /// [`crate::replicas`]); empty: none.
+    pub replicas: Vec<(String, u16)>,
 }
 
 impl PoolSettings {

@@ -358,6 +358,34 @@ fn find_param(text: &str, name: &str) -> Option<(usize, usize)> {
     None
 }
 
+/// A `replicas` value (`[upstream]`, `[databases.NAME]`, `--replica`): a libpq connection
+/// string or URL that names hosts and ports only (`host=r1,r2 port=5432`,
+/// `postgresql://r1:5432,r2:5433`). A replica is logged into as its primary is (the same
+/// role, password, database and TLS settings): anything else it gives is refused rather
+/// than silently ignored.
+pub fn parse_replicas(key: &str, text: &str) -> Result<Vec<(String, u16)>, ConfigError> {
+    let c = parse(key, text)?;
+    let given = [
+        ("user", c.user.is_some()),
+        ("password", c.password.is_some()),
+        ("dbname", c.dbname.is_some()),
+        ("connection options", c.options != ServerOptions::default()),
+    ];
+    if let Some((what, _)) = given.iter().find(|(_, set)| *set) {
+        return Err(ConfigError::invalid(
+            key,
+            format!(
+                "names hosts and ports only ({what} given): replicas are logged into as the \
+                 primary is"
+            ),
+        ));
+    }
+    if c.hosts.is_empty() {
+        return Err(ConfigError::invalid(key, "names no host"));
+    }
+    Ok(c.hosts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,13 @@ pub struct DatabaseConfig {
     /// `connstring` (which also sets host, port, dbname, user and password).
     pub fallbacks: Vec<(String, u16)>,
     pub options: ServerOptions,
+    /// Streaming replicas of this entry's server that reads may go to (`replicas`, hosts and
+    /// ports only: see docs/replicas.md); None: unset (the `"*"` entry's or `[upstream]`'s
+    /// then, when the host comes from there).
+    pub replicas: Option<Vec<(String, u16)>>,
+    /// Whether provably read-only work goes to the replicas (`replica_reads`, "on" or "off",
+    /// or a boolean); unset: on whenever there are replicas.
+    pub replica_reads: Option<bool>,
 }
 
 /// `[users.NAME]`: a user who may log in to pgmemo.
@@ -123,6 +130,9 @@ pub struct ResolvedDatabase {
     pub max_user_connections: u32,
     /// Extra connections for a client that waited `reserve_pool_timeout`.
     pub reserve_pool_size: u32,
+    /// The streaming replicas of `host` that provably read-only work may go to (empty: none,
+    /// or `replica_reads` off).
+    pub replicas: Vec<(String, u16)>,
 }
 
 impl fmt::Debug for DatabaseConfig {
@@ -138,6 +148,8 @@ impl fmt::Debug for DatabaseConfig {
             .field("pool_size", &self.pool_size)
             .field("min_pool_size", &self.min_pool_size)
             .field("pool_mode", &self.pool_mode)
+            .field("replicas", &self.replicas)
+            .field("replica_reads", &self.replica_reads)
             .finish()
     }
 }
@@ -165,6 +177,7 @@ impl fmt::Debug for ResolvedDatabase {
             .field("pool_size", &self.pool_size)
             .field("min_pool_size", &self.min_pool_size)
             .field("pool_mode", &self.pool_mode)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -325,14 +338,38 @@ impl Config {
 
         // The other hosts and the connection options travel with the host they were given
         // with.
-        let (host, fallbacks, server_options) = if let Some(h) = &entry.host {
-            (h.clone(), entry.fallbacks.clone(), entry.options.clone())
+        // So do the replicas: an entry's own (which may name replicas of a host it takes
+        // from "*" or [upstream]), else those given with the host.
+        let (host, fallbacks, server_options, replicas) = if let Some(h) = &entry.host {
+            let replicas = entry.replicas.clone().unwrap_or_default();
+            (
+                h.clone(),
+                entry.fallbacks.clone(),
+                entry.options.clone(),
+                replicas,
+            )
         } else if let Some(h) = &star.host {
-            (h.clone(), star.fallbacks.clone(), star.options.clone())
+            let replicas = entry.replicas.as_ref().or(star.replicas.as_ref());
+            let replicas = replicas.cloned().unwrap_or_default();
+            (
+                h.clone(),
+                star.fallbacks.clone(),
+                star.options.clone(),
+                replicas,
+            )
         } else {
             let up = up?;
-            (up.host.clone(), up.fallbacks.clone(), up.options.clone())
+            let replicas = entry.replicas.as_ref().or(star.replicas.as_ref());
+            let replicas = replicas.unwrap_or(&up.replicas).clone();
+            (
+                up.host.clone(),
+                up.fallbacks.clone(),
+                up.options.clone(),
+                replicas,
+            )
         };
+        let replica_reads = entry.replica_reads.or(star.replica_reads).unwrap_or(true);
+        let replicas = if replica_reads { replicas } else { Vec::new() };
         let port = entry
             .port
             .or(star.port)
@@ -405,6 +442,7 @@ impl Config {
             max_db_connections,
             max_user_connections,
             reserve_pool_size,
+            replicas,
         })
     }
 
@@ -452,6 +490,33 @@ pub(super) struct RawDatabase {
     auth_user: Option<String>,
     auth_query: Option<String>,
     auth_dbname: Option<String>,
+    replicas: Option<String>,
+    replica_reads: Option<OnOff>,
+}
+
+/// A switch written as a boolean or as PostgreSQL writes one, `"on"` or `"off"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum OnOff {
+    Bool(bool),
+    Text(String),
+}
+
+impl OnOff {
+    pub(super) fn read(key: &str, raw: Option<OnOff>) -> Result<Option<bool>, ConfigError> {
+        match raw {
+            None => Ok(None),
+            Some(OnOff::Bool(b)) => Ok(Some(b)),
+            Some(OnOff::Text(t)) => match t.to_ascii_lowercase().as_str() {
+                "on" | "true" => Ok(Some(true)),
+                "off" | "false" => Ok(Some(false)),
+                _ => Err(ConfigError::invalid(
+                    key,
+                    format!("{t:?}: expected \"on\" or \"off\""),
+                )),
+            },
+        }
+    }
 }
 
 /// `[users.NAME]` as written.
@@ -505,6 +570,12 @@ pub(super) fn read_databases(
             password: db.password,
             fallbacks: Vec::new(),
             options: ServerOptions::default(),
+            replicas: db
+                .replicas
+                .as_deref()
+                .map(|text| super::connstring::parse_replicas(&key("replicas"), text))
+                .transpose()?,
+            replica_reads: OnOff::read(&key("replica_reads"), db.replica_reads)?,
         };
         if let Some(text) = &db.connstring {
             apply_connstring(&mut entry, &key("connstring"), text)?;

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::table::{ensure, settings};
-use super::{AuthType, ClientTlsMode, LogFormat, PoolMode, ServerTlsMode};
+use super::{AuthType, ClientTlsMode, LogFormat, PoolMode, ReplicaLag, ServerTlsMode};
 
 settings! {
     /// `[general]`: settings of the whole process, and the defaults of every pool.
@@ -284,6 +284,13 @@ settings! {
     /// the other half always serves unpinned clients.
     max_pinned_fraction: f64 = 0.5, Live,
         check = |v, _| ensure((0.0..=1.0).contains(v), || "must be 0..=1".into());
+    /// With replicas (`replicas` in `[upstream]` or a database, `--replica`): how long a read
+    /// whose client's last write (or `pgmemo.min_read_lsn`) no replica has replayed yet waits
+    /// for one to replay it before it goes to the primary instead. 0: at once.
+    replica_wait: Duration = Duration::from_millis(50), Live;
+    /// A replica further behind its primary than this takes no reads until it catches up: a
+    /// time (`"10s"`, `"500ms"`, or a number of seconds) or an amount of WAL (`"16MB"`).
+    max_replica_lag: ReplicaLag = ReplicaLag::default(), Live;
     /// Session mode: clients share prepared statements through the registry (pgmemo's own
     /// `pgmemo_s<n>` names on servers, autoprepare and the result cache for them), as in
     /// transaction mode. `false`: a session-mode client's statements go to its server under

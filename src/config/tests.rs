@@ -663,7 +663,7 @@ fn settings_table_lists_every_setting_and_no_password() {
     assert!(!row("listen").3);
     assert_eq!(row("upstream").1, "postgresql://app@db.example:5433");
     assert!(rows.iter().all(|r| !r.1.contains("pw")));
-    assert_eq!(rows.len(), 76);
+    assert_eq!(rows.len(), 78);
 }
 
 #[test]
@@ -1075,4 +1075,54 @@ fn session_mode_without_shared_statements_is_noticed() {
             .is_empty()
     );
     assert!(notices("[general]\npool_mode = \"session\"\nautoprepare = false\n").is_empty());
+}
+
+#[test]
+fn replicas_travel_with_the_host_they_were_given_with() {
+    let c = Config::from_toml_str(
+        "[general]\nreplica_wait = 0.2\nmax_replica_lag = \"16MB\"\n\
+         [upstream]\nurl = \"postgresql://app:pw@db:5433\"\nreplicas = \"host=r1,r2 port=5433\"\n\
+         [databases.app]\n\
+         [databases.report]\nreplicas = \"postgresql://r3:6000\"\n\
+         [databases.off]\nreplica_reads = \"off\"\n\
+         [databases.elsewhere]\nhost = \"other\"\n",
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.general.replica_wait, Duration::from_millis(200));
+    assert_eq!(c.general.max_replica_lag, ReplicaLag::Bytes(16 << 20));
+    let replicas = |db: &str| c.resolve(db, "app").unwrap().replicas;
+    let r = |h: &str, p: u16| (h.to_string(), p);
+    assert_eq!(replicas("app"), vec![r("r1", 5433), r("r2", 5433)]);
+    assert_eq!(replicas("report"), vec![r("r3", 6000)]);
+    assert_eq!(replicas("off"), vec![], "replica_reads = off");
+    assert_eq!(
+        replicas("elsewhere"),
+        vec![],
+        "another host: not its replicas"
+    );
+}
+
+#[test]
+fn replicas_name_hosts_and_ports_only() {
+    for (value, says) in [
+        ("postgresql://someone@r1", "user given"),
+        ("host=r1 dbname=x", "dbname given"),
+        ("host=r1 sslmode=require", "connection options given"),
+        ("", "names no host"),
+    ] {
+        let e = refused(&with_upstream(&format!(
+            "[databases.app]\nreplicas = \"{value}\""
+        )));
+        assert!(
+            e.contains("databases.app.replicas") && e.contains(says),
+            "{value}: {e}"
+        );
+    }
+    let e = refused(&with_upstream(
+        "[databases.app]\nreplica_reads = \"sometimes\"",
+    ));
+    assert!(e.contains("expected \"on\" or \"off\""), "{e}");
+    let e = refused(&with_upstream("[general]\nmax_replica_lag = \"3 parsecs\""));
+    assert!(e.contains("general.max_replica_lag"), "{e}");
 }

@@ -30,6 +30,9 @@ pub struct Upstream {
     pub fallbacks: Vec<(String, u16)>,
     /// TLS, read-write, timeout and application name from the URL's parameters.
     pub options: ServerOptions,
+    /// Streaming replicas of these hosts that provably read-only work may go to
+    /// (`upstream.replicas`, `--replica`; see docs/replicas.md).
+    pub replicas: Vec<(String, u16)>,
 }
 
 impl fmt::Debug for Upstream {
@@ -41,6 +44,7 @@ impl fmt::Debug for Upstream {
             .field("password", &Hidden(&self.password))
             .field("fallbacks", &self.fallbacks)
             .field("options", &self.options)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -133,6 +137,7 @@ pub fn parse_upstream_url(url: &str) -> Result<Upstream, ConfigError> {
         password: c.password,
         fallbacks: hosts.collect(),
         options: c.options,
+        replicas: Vec::new(),
     })
 }
 
@@ -145,10 +150,24 @@ pub(super) struct RawUpstream {
     port: Option<i64>,
     user: Option<String>,
     password: Option<String>,
+    /// Hosts and ports of its streaming replicas (a connection string or URL).
+    replicas: Option<String>,
 }
 
 impl RawUpstream {
     pub(super) fn into_upstream(self) -> Result<Upstream, ConfigError> {
+        let replicas = self
+            .replicas
+            .as_deref()
+            .map(|text| super::connstring::parse_replicas("upstream.replicas", text))
+            .transpose()?
+            .unwrap_or_default();
+        let mut up = self.into_primary()?;
+        up.replicas = replicas;
+        Ok(up)
+    }
+
+    fn into_primary(self) -> Result<Upstream, ConfigError> {
         if let Some(url) = &self.url {
             for (key, set) in [
                 ("upstream.host", self.host.is_some()),
@@ -184,6 +203,7 @@ impl RawUpstream {
             password: self.password,
             fallbacks: Vec::new(),
             options: ServerOptions::default(),
+            replicas: Vec::new(),
         })
     }
 }

@@ -137,7 +137,7 @@ impl Session {
     /// made (most transactions touch no session state).
     #[inline]
     pub(super) fn checkpoint_due(&self) -> bool {
-        self.state.keeps_server() && self.work_done()
+        (self.state.keeps_server() || self.commit_position_due()) && self.work_done()
     }
 
     /// After a transaction that may have changed the session's state: asks the server what it
@@ -148,6 +148,9 @@ impl Session {
     pub(super) async fn checkpoint_state(&mut self) -> Result<(), End> {
         if !self.checkpoint_due() {
             return Ok(());
+        }
+        if self.commit_position_due() {
+            Box::pin(self.learn_commit_position()).await?;
         }
         if self.state.touched {
             self.state.touched = false;
@@ -342,7 +345,7 @@ impl Session {
             record_statement_stats(&server, &self.stats);
         }
         self.pool.stats.add(&mut self.stats);
-        self.pool.checkin_at(server, now);
+        self.give_server_back(server, now);
     }
 }
 

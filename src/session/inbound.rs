@@ -72,8 +72,11 @@ impl Session {
             }
             let query_text_len = self.find_query_text(tag, len);
             self.forget_portal_left_by_hit(tag, len);
-            if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag) {
-                continue; // a block kept without a server opened or ended
+            if self.transaction_control(tag, len, query_text_len)
+                || self.extended_control(tag)
+                || self.replica_control(tag, len, query_text_len)
+            {
+                continue; // a block kept without a server opened or ended, or answered here
             }
             if self.cache_may_answer(tag) {
                 let answered = match self.cache_client_message(tag, len, query_text_len) {
@@ -86,13 +89,26 @@ impl Session {
             }
             // Decided before the await: a match's value would be kept across it (in the
             // session's task, for good).
-            let acquire = match self.server_for(tag, len) {
+            let mut acquire = match self.server_for(tag, len) {
                 Next::Go => false,
                 Next::Acquire => true,
                 Next::Done => continue,
                 Next::Stop => return Ok(()),
                 Next::End(end) => return Err(end),
             };
+            if !acquire && self.reads.is_some() && self.waits_for_primary(tag, len, query_text_len)
+            {
+                // Pipelined after work a replica runs, and not proven to only read: it waits
+                // for the replica's replies, then takes the primary.
+                if self.replies.is_empty() {
+                    self.release_if_done();
+                }
+                if self.server.is_some() {
+                    self.plan.waiting = true;
+                    return Ok(());
+                }
+                acquire = true;
+            }
             self.info.start_query(now_us);
             // Kept across the waits below as a flag, not the threshold: the session's task
             // keeps room for what an await holds (see `footprint`); the threshold is the
@@ -108,7 +124,8 @@ impl Session {
             // at once): fewer states in the session's future, which the relay loop then
             // inlines (each await here cost ~100 instructions a transaction, callgrind).
             if acquire
-                && (self.may_need_a_database(tag, len, query_text_len, query_words)
+                && (self.reads.is_some()
+                    || self.may_need_a_database(tag, len, query_text_len, query_words)
                     || self.state.wants_pin_slot(query_words)
                     || !self.acquire_server_at_once())
             {
@@ -124,6 +141,7 @@ impl Session {
             // Read before planning, which may consume the message; counted unless it waits
             // to be planned again.
             let named = matches!(tag, fe::PARSE | fe::BIND) && self.names_a_statement(tag, len);
+            self.note_primary_work(tag, len, query_text_len);
             let plan = self.plan_client_message(tag, len, query_text_len, query_words, autoprepare);
             if named && plan != planner::Plan::Wait {
                 self.count_named_statement_message(tag);
@@ -403,6 +421,10 @@ impl Session {
         query_text_len: Option<usize>,
         query_words: u32,
     ) -> Result<(), End> {
+        if self.reads.is_some() {
+            self.acquire_replica(tag, query_text_len, query_words)
+                .await?;
+        }
         if self.server.is_none() && self.may_need_a_database(tag, len, query_text_len, query_words)
         {
             self.vacate_for(tag, len, query_text_len).await;
@@ -616,7 +638,7 @@ impl Session {
             if self.replies.is_empty() {
                 return Err(self.protocol_violation(message).await);
             }
-            self.violation = Some(message.into_boxed_str());
+            self.violation = Some(Box::new(message));
             Ok(())
         })
     }

@@ -23,6 +23,8 @@
 //! - `hold.rs`: a server held and given back: pins, the state probe, the release;
 //! - [`planner`] (statements renamed, injected, autoprepared, answered locally), `caching.rs`
 //!   (the session's side of the result cache), [`state`] (the session state it carries);
+//! - `replicas.rs`: which server a unit of work takes when the database has replicas, and
+//!   the positions the client's reads must see;
 //! - [`replication`]: a replication client, relayed byte for byte to a server of its own;
 //! - `bench.rs`: [`BenchSession`], a session driven by hand for `benches/hot_path.rs`;
 //!   `tests.rs`: the unit tests of its small parts and of an idle client's footprint.
@@ -38,6 +40,7 @@ mod inbound;
 pub mod login;
 mod outbound;
 pub mod planner;
+mod replicas;
 pub mod replication;
 mod start;
 pub mod state;
@@ -326,8 +329,9 @@ struct Session {
     max_message: usize,
     stats: LocalStats,
     /// A protocol violation found in the client's input while earlier messages were still
-    /// being answered: like PostgreSQL, those get their replies first, then the FATAL.
-    violation: Option<Box<str>>,
+    /// being answered: like PostgreSQL, those get their replies first, then the FATAL. (A
+    /// box of a String, not a `Box<str>`: one word in every session for rare state.)
+    violation: Option<Box<String>>,
     /// What the statement planner keeps for the client between its messages.
     plan: Planning,
     /// The client's write buffer holds only replies pgmemo gave itself (a ParseComplete).
@@ -356,6 +360,9 @@ struct Session {
     /// The server would have gone back, but a cancel request aimed at the client's work on it
     /// is still being passed on: it goes back once that is delivered.
     kept_for_cancels: bool,
+    /// Where the client's reads may go and what they must see, when its pool has replicas
+    /// (transaction mode).
+    reads: Option<Box<crate::replicas::ClientReads>>,
 }
 
 /// The client's session parameters, as it believes them to be, and what follows from them.
@@ -509,7 +516,7 @@ impl Session {
                     if self.violation.is_some()
                         && (self.replies.is_empty() || self.replies.in_copy_in())
                     {
-                        let message = self.violation.take().map(String::from).unwrap_or_default();
+                        let message = self.violation.take().map(|m| *m).unwrap_or_default();
                         return self.protocol_violation(message).await;
                     }
                     if self.server.is_none()
@@ -859,7 +866,8 @@ impl Session {
                 let info = &server.info;
                 (info.cancel_addr(), info.backend_pid, server.backend_secret)
             });
-            self.pool.release_slot(&server);
+            self.server_pool().release_slot(&server);
+            self.reads.as_deref_mut().map(|r| r.on.take());
             let app = self.app.clone();
             tokio::spawn(async move {
                 match cancel {
@@ -907,13 +915,12 @@ impl Session {
             }
             Ok::<_, ServerError>(())
         };
-        match tokio::time::timeout(Duration::from_secs(5), clean).await {
-            Ok(Ok(())) if server.status == b'I' => self.pool.checkin(server),
-            _ => {
-                server.broken = true;
-                self.pool.checkin(server);
-            }
-        }
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(5), clean).await,
+            Ok(Ok(())) if server.status == b'I'
+        );
+        server.broken |= !ok;
+        self.give_server_back(server, crate::clock::Moment::now());
     }
 }
 

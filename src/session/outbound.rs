@@ -562,7 +562,7 @@ impl Session {
     /// last. Nor while a client message waits to be planned again on it.
     #[inline]
     pub(super) fn release_if_done(&mut self) {
-        if self.work_done() && !self.state.keeps_server() {
+        if self.work_done() && !self.state.keeps_server() && !self.commit_position_due() {
             self.release_server();
         } else if self.session_transaction_done() {
             self.session_transaction_counted();

@@ -109,6 +109,10 @@ impl Session {
     ) -> Session {
         let cfg = app.config.load();
         let pool_settings = pool.settings();
+        let reads = (pool_settings.mode == PoolMode::Transaction)
+            .then(|| app.replicas(&pool.key))
+            .flatten()
+            .map(crate::replicas::ClientReads::new);
         Session {
             mode: pool_settings.mode,
             state: state::StateWatch {
@@ -159,6 +163,7 @@ impl Session {
             server_fatal: false,
             idle_reads: 0,
             kept_for_cancels: false,
+            reads,
         }
     }
 

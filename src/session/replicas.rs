@@ -1,0 +1,433 @@
+//! The session's side of streaming replicas (see [`crate::replicas`]): which server a unit of
+//! work takes, and the WAL positions the client's reads must see.
+//!
+//! - Routing: when the client needs a server and holds none (transaction mode, no block kept,
+//!   nothing pinned or in flight), a unit of work that provably only reads — a simple query,
+//!   or an extended batch buffered whole up to its Sync — goes to a replica that has replayed
+//!   the client's floor ([`crate::replicas::ClientReads::floor`]), waiting up to
+//!   `replica_wait` for one to, else to the primary.
+//! - Read-your-writes: work on the primary that is not proven read-only has the primary's
+//!   WAL position asked for once the server is idle again (after its commit), before the
+//!   server goes back; that position is the client's floor.
+//! - Causal reads: `SHOW pgmemo.read_lsn` is answered here with the floor; the client's
+//!   `pgmemo.min_read_lsn` setting (SET, or at connect) raises it.
+
+use std::sync::Arc;
+
+use super::{End, Session};
+use crate::protocol::backend as be;
+use crate::protocol::{body, frame, frontend as fe};
+use crate::replicas::{catalog::Catalog, lsn, Pick, Replica};
+use crate::server::ServerConn;
+use bytes::Buf;
+
+/// The setting a client raises its floor with (a placeholder PostgreSQL keeps for it).
+pub(super) const MIN_READ_LSN: &str = "pgmemo.min_read_lsn";
+
+/// How often a session waiting for a replica to replay its floor asks it again.
+const ASK_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
+impl Session {
+    /// Takes a replica's server for the work at the head of the client's input when it may go
+    /// to one (see the module's documentation); else leaves the session without a server, for
+    /// the primary's.
+    pub(super) async fn acquire_replica(
+        &mut self,
+        tag: u8,
+        query_text_len: Option<usize>,
+        query_words: u32,
+    ) -> Result<(), End> {
+        let Some(reads) = self.reads.as_deref() else {
+            return Ok(());
+        };
+        let catalog = reads.set.catalog.load_full();
+        let now_us = reads.set.now_us();
+        let Some(catalog) = catalog.filter(|c| !c.is_stale(now_us)) else {
+            return Ok(());
+        };
+        if self.server.is_some()
+            || self.keeps_block()
+            || self.state.pins != 0
+            || self.state.wants_pin_slot(query_words)
+            || !self.replies.is_empty()
+            || self.plan.stmts.as_ref().is_some_and(|s| !s.sql.is_empty())
+            // A miss the result cache fills is filled from the primary.
+            || self.cache.as_ref().is_some_and(|c| c.fill.is_some())
+        {
+            return Ok(());
+        }
+        if !self.work_only_reads(tag, query_text_len, &catalog) {
+            return Ok(());
+        }
+        let reads = self.reads.as_deref().expect("checked above");
+        let floor = reads.floor(self.params.settings.get(MIN_READ_LSN));
+        if floor == u64::MAX {
+            return Ok(());
+        }
+        let (lag, wait) = {
+            let g = &self.app.config.load().general;
+            (g.max_replica_lag, g.replica_wait)
+        };
+        let (replica, ready) = match reads.set.pick(floor, reads.last.as_ref(), lag) {
+            Pick::Ready(r) => (r, true),
+            Pick::Behind(r) if !wait.is_zero() => (r, false),
+            _ => return Ok(()),
+        };
+        let Some(mut server) = self.replica_server(&replica).await else {
+            return Ok(());
+        };
+        if !ready && !wait_for_replay(&mut server, &replica, floor, wait).await {
+            replica.pool.checkin(server);
+            return Ok(());
+        }
+        if self.info.is_killed() {
+            replica.pool.checkin(server);
+            return Ok(());
+        }
+        let replayed = replica.replayed();
+        self.reads
+            .as_deref_mut()
+            .expect("checked above")
+            .read_on(&replica, replayed);
+        self.hold(server);
+        Ok(())
+    }
+
+    /// A server of `replica`'s pool; None when it has none to give (it cannot be reached: it
+    /// is marked down, and the work goes to the primary).
+    async fn replica_server(&mut self, replica: &Arc<Replica>) -> Option<Box<ServerConn>> {
+        if let Some(server) = replica.pool.checkout_at_once() {
+            return Some(server);
+        }
+        match replica
+            .pool
+            .checkout_waiting(Some(self.info.killed_flag()))
+            .await
+        {
+            Ok(server) => Some(server),
+            Err(crate::pool::CheckoutError::Connect(e)) => {
+                tracing::warn!(host = %replica.host, port = replica.port, error = %e, "replica unreachable: its reads go to the primary");
+                replica.mark_down();
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Whether the unit of work at the head of the client's input provably only reads: a
+    /// simple query is its own unit; extended messages are judged up to their Sync, which
+    /// must be buffered.
+    fn work_only_reads(
+        &mut self,
+        tag: u8,
+        query_text_len: Option<usize>,
+        catalog: &Catalog,
+    ) -> bool {
+        if tag == fe::QUERY {
+            return self.query_only_reads(query_text_len, catalog);
+        }
+        self.batch_only_reads(catalog)
+    }
+
+    /// Whether the simple query at the head of the client's input only reads.
+    fn query_only_reads(&mut self, query_text_len: Option<usize>, catalog: &Catalog) -> bool {
+        let Some(text_len) = query_text_len else {
+            return false;
+        };
+        let text = fe::query_text_of(&self.client.rbuf, text_len);
+        let reader = self.reading.reader.get_or_insert_with(Default::default);
+        let analysis = match reader.shape(text, &self.app.shapes) {
+            Ok((lexed, shape)) => shape
+                .clone()
+                .derived(text, &lexed.literals)
+                .analysis
+                .clone(),
+            Err(_) => self
+                .app
+                .shapes
+                .raw(text)
+                .derived(text, &[])
+                .analysis
+                .clone(),
+        };
+        analysis.is_some_and(|a| catalog.only_reads(&a))
+    }
+
+    /// Whether the message at the head of the client's input, on its own, only reads: a
+    /// query or a Bind whose statement only reads, or a message that runs nothing (a Parse,
+    /// Describe, Execute of a portal a Bind made, Close, Flush or Sync).
+    fn message_only_reads(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
+        let Some(catalog) = self
+            .reads
+            .as_deref()
+            .and_then(|r| r.set.catalog.load_full())
+        else {
+            return false;
+        };
+        match tag {
+            fe::QUERY => self.query_only_reads(query_text_len, &catalog),
+            fe::BIND => {
+                let body = body(&self.client.rbuf[..len]);
+                let analysis = fe::Bind::parse(body)
+                    .and_then(|b| self.plan.stmts.as_ref()?.get(b.statement))
+                    .and_then(|s| s.shape(&self.app.shapes)?.analysis().cloned());
+                analysis.is_some_and(|a| catalog.only_reads(&a))
+            }
+            fe::PARSE | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH | fe::SYNC => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the message at the head of the client's input must wait before it is planned:
+    /// the server held is a replica's and the message is not proven to only read (pipelined
+    /// after the work that went there). It goes to the primary once the replica's server
+    /// is given back, when the replies still owed are in.
+    #[inline]
+    pub(super) fn waits_for_primary(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+    ) -> bool {
+        if self.reads.as_deref().is_none_or(|r| r.on.is_none()) {
+            return false;
+        }
+        !self.message_only_reads(tag, len, query_text_len)
+    }
+
+    /// [`Session::work_only_reads`] for extended-protocol messages: every message up to the
+    /// Sync is a Parse, Bind, Describe, Execute, Close or Flush, and every statement a Bind
+    /// runs is known and only reads.
+    fn batch_only_reads(&self, catalog: &Catalog) -> bool {
+        self.batch_reads(catalog).is_some()
+    }
+
+    /// [`Session::batch_only_reads`], None for no.
+    fn batch_reads(&self, catalog: &Catalog) -> Option<()> {
+        let buf = &self.client.rbuf[..];
+        let mut at = 0;
+        // Statements parsed in the batch, by name.
+        let mut parsed: Vec<(&[u8], &[u8])> = Vec::new();
+        loop {
+            let (tag, len) = frame(&buf[at..], self.max_message).ok()??;
+            let message = &buf[at..at + len];
+            at += len;
+            match tag {
+                fe::SYNC => return Some(()),
+                fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH => {}
+                fe::PARSE => {
+                    let p = fe::Parse::parse(body(message))?;
+                    parsed.retain(|(n, _)| *n != p.name);
+                    parsed.push((p.name, p.query));
+                }
+                fe::BIND => {
+                    let b = fe::Bind::parse(body(message))?;
+                    let analysis = match parsed.iter().rev().find(|(n, _)| *n == b.statement) {
+                        Some((_, text)) => self.app.shapes.statement(text)?.analysis()?.clone(),
+                        None => {
+                            let statement = self.plan.stmts.as_ref()?.get(b.statement)?;
+                            statement.shape(&self.app.shapes)?.analysis()?.clone()
+                        }
+                    };
+                    catalog.only_reads(&analysis).then_some(())?;
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Before a message is planned: work on the primary that is not proven to only read may
+    /// write (its commit position is then asked for, see [`Session::commit_position_due`]).
+    #[inline]
+    pub(super) fn note_primary_work(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) {
+        let on_primary = self
+            .reads
+            .as_deref()
+            .is_some_and(|r| r.on.is_none() && !r.wrote);
+        if !on_primary || !matches!(tag, fe::QUERY | fe::BIND | fe::FUNCTION_CALL) {
+            return;
+        }
+        if !self.message_only_reads(tag, len, query_text_len) {
+            self.reads.as_deref_mut().expect("checked above").wrote = true;
+        }
+    }
+
+    /// Whether the primary's position must be asked for before the server goes back: work
+    /// that may have written ran on it.
+    #[inline]
+    pub(super) fn commit_position_due(&self) -> bool {
+        self.reads
+            .as_deref()
+            .is_some_and(|r| r.wrote && r.on.is_none())
+    }
+
+    /// Asks the primary, idle after the client's work, for its WAL position: at or past the
+    /// commit of whatever that work wrote, and so the client's read-your-writes floor (the
+    /// insert position: past the commit record whether or not it is flushed yet, see
+    /// [`lsn::commit_position`]). The
+    /// client has its replies first. If the question fails, the floor is unknown until the
+    /// next one succeeds: the client's reads go to the primary meanwhile.
+    pub(super) async fn learn_commit_position(&mut self) -> Result<(), End> {
+        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+            return Err(End::ClientGone);
+        }
+        // A cancel aimed at the client's last statement must not reach the question instead.
+        std::future::poll_fn(|cx| self.info.poll_cancels_delivered(cx)).await;
+        let Some(server) = self.server.as_mut() else {
+            return Ok(());
+        };
+        let rows = server.internal_query(lsn::COMMIT_POSITION_SQL).await;
+        let at = rows
+            .ok()
+            .and_then(|rows| rows.into_iter().next())
+            .and_then(|row| lsn::commit_position(&row));
+        let reads = self.reads.as_deref_mut().expect("commit_position_due");
+        match at {
+            Some(at) => {
+                reads.committed = reads.committed.max(at);
+                reads.unsure = false;
+                reads.wrote = false;
+                reads.set.note_primary(at, reads.set.now_us());
+            }
+            None => {
+                // Asked again after the client's next work on the primary, whatever it is.
+                reads.unsure = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool the server held came from (a replica's, or the primary's).
+    pub(super) fn server_pool(&self) -> &Arc<crate::pool::Pool> {
+        match self.reads.as_deref().and_then(|r| r.on.as_ref()) {
+            Some(replica) => &replica.pool,
+            None => &self.pool,
+        }
+    }
+
+    /// The server held goes back to the pool it came from (a replica's, or the primary's).
+    pub(super) fn give_server_back(&mut self, server: Box<ServerConn>, now: crate::clock::Moment) {
+        match self.reads.as_deref_mut().and_then(|r| r.on.take()) {
+            Some(replica) => replica.pool.checkin_at(server, now),
+            None => self.pool.checkin_at(server, now),
+        }
+    }
+
+    /// `SHOW pgmemo.read_lsn`, answered here: the WAL position the client's reads must see.
+    /// Only when nothing of the client's is in flight (its reply comes in order); otherwise
+    /// the server answers (that it knows no such setting).
+    #[inline]
+    pub(super) fn replica_control(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+    ) -> bool {
+        if tag != fe::QUERY || self.reads.is_none() || !self.replies.is_empty() {
+            return false;
+        }
+        let Some(text_len) = query_text_len else {
+            return false;
+        };
+        if !is_show_read_lsn(fe::query_text_of(&self.client.rbuf, text_len)) {
+            return false;
+        }
+        let reads = self.reads.as_deref().expect("checked above");
+        let floor = match reads.floor(self.params.settings.get(MIN_READ_LSN)) {
+            u64::MAX => None,
+            at => Some(lsn::format(at)),
+        };
+        let status = self.client_status_now();
+        let out = &mut self.client.wbuf;
+        crate::buffers::lend(out);
+        be::row_description_text(out, &["pgmemo.read_lsn"]);
+        be::data_row(out, &[floor]);
+        be::command_complete(out, "SHOW");
+        be::ready_for_query(out, status);
+        self.client.rbuf.advance(len);
+        self.stats.bytes_received += len as u64;
+        true
+    }
+
+    fn client_status_now(&self) -> u8 {
+        match self.server.as_ref() {
+            Some(s) => s.status,
+            None => self.status_without_server(),
+        }
+    }
+}
+
+/// Whether `text` is `SHOW pgmemo.read_lsn` (any case and spacing, a `;` at the end).
+fn is_show_read_lsn(text: &[u8]) -> bool {
+    let text = std::str::from_utf8(text).unwrap_or("");
+    let text = text.trim().trim_end_matches(';').trim_end();
+    let mut words = text.split_ascii_whitespace();
+    words.next().is_some_and(|w| w.eq_ignore_ascii_case("show"))
+        && words
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("pgmemo.read_lsn"))
+        && words.next().is_none()
+}
+
+/// Asks `server` (of `replica`) for its replay position until it has replayed `floor`, for at
+/// most `wait`: whether it did.
+async fn wait_for_replay(
+    server: &mut ServerConn,
+    replica: &Replica,
+    floor: u64,
+    wait: std::time::Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let at = server
+            .internal_query(
+                "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() \
+                 THEN pg_catalog.pg_last_wal_replay_lsn() END",
+            )
+            .await
+            .ok()
+            .and_then(|rows| rows.into_iter().next())
+            .and_then(|row| row.into_iter().next().flatten())
+            .and_then(|text| lsn::parse(&text));
+        let Some(at) = at else {
+            // Broken, or no standby any more (promoted).
+            if !server.broken {
+                replica.mark_down();
+            }
+            return false;
+        };
+        replica.note_replayed(at);
+        if at >= floor {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep(ASK_EVERY.min(deadline - now)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_lsn_question_is_recognised_however_it_is_spelt() {
+        for yes in [
+            "SHOW pgmemo.read_lsn",
+            "show PGMEMO.READ_LSN;",
+            "  show\n pgmemo.read_lsn ; ",
+        ] {
+            assert!(is_show_read_lsn(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            "SHOW pgmemo.min_read_lsn",
+            "SHOW pgmemo.read_lsn x",
+            "SELECT 1",
+            "SHOW",
+        ] {
+            assert!(!is_show_read_lsn(no.as_bytes()), "{no}");
+        }
+    }
+}

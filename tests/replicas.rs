@@ -1,0 +1,394 @@
+//! Reads on streaming replicas, with read-your-writes by WAL position (docs/replicas.md).
+//!
+//! A real primary and a real streaming standby (`pg_basebackup -R -X stream`, second port),
+//! both started here, and pgmemo in front of them with the standby as a replica. Where a
+//! statement ran is told by the statement itself (`current_setting('port')`: the server's
+//! own port, a STABLE function that routing allows), and a statement that writes could not
+//! run on the standby at all (it refuses: 25006): success is the primary's.
+
+mod common;
+
+use common::first_value as value;
+use common::*;
+use pgmemo::config::{AuthType, Config, PoolMode, Upstream};
+use pgmemo::demo::{LocalPostgres, LocalPostgresOptions};
+use pgmemo::Pgmemo;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::Client;
+
+/// A primary that lets its superuser replicate over TCP, and a streaming standby of it. The
+/// primary commits as production servers do (`synchronous_commit = on`: a commit is flushed,
+/// and so sent to the standby, before it returns; the test clusters' default, off, leaves
+/// it to the WAL writer, up to 200 ms later).
+async fn primary_and_standby() -> (LocalPostgres, LocalPostgres) {
+    tokio::task::spawn_blocking(|| {
+        let primary = LocalPostgres::start(LocalPostgresOptions {
+            settings: vec![("synchronous_commit".into(), "on".into())],
+            hba: vec![
+                "local replication all trust".into(),
+                "host replication all 127.0.0.1/32 trust".into(),
+            ],
+            ..LocalPostgresOptions::default()
+        })
+        .expect("a primary");
+        primary
+            .psql(
+                "postgres",
+                "CREATE TABLE items (id bigint PRIMARY KEY, v text); \
+                 CREATE UNLOGGED TABLE scratch (id int); \
+                 CREATE SEQUENCE seq; \
+                 CREATE FUNCTION bump() RETURNS bigint VOLATILE LANGUAGE sql \
+                   AS 'INSERT INTO items VALUES (-1, NULL) ON CONFLICT (id) DO UPDATE SET v = \
+                   coalesce(items.v, '''') || ''x'' RETURNING id'; \
+                 CREATE VIEW item_ids AS SELECT id FROM items; \
+                 INSERT INTO items SELECT i, 'v' || i FROM generate_series(1, 10) i;",
+            )
+            .expect("the schema");
+        let standby = primary.standby().expect("a standby");
+        (primary, standby)
+    })
+    .await
+    .unwrap()
+}
+
+/// pgmemo in transaction mode in front of `primary`, with `standby` as its replica, clients
+/// trusted as `postgres`.
+async fn pgmemo_with_replica(primary: &LocalPostgres, standby: &LocalPostgres) -> Pgmemo {
+    let mut config = Config::for_upstream(Upstream {
+        host: "127.0.0.1".into(),
+        port: primary.port(),
+        user: "postgres".into(),
+        replicas: vec![("127.0.0.1".into(), standby.port())],
+        ..Default::default()
+    });
+    config.general.listen = "127.0.0.1:0".into();
+    config.general.pool_mode = PoolMode::Transaction;
+    config.general.default_pool_size = 8;
+    config.general.auth_type = AuthType::Trust;
+    let proxy = start_pgmemo(config).await;
+    // Routing starts once the replica's monitor has read its position and its catalog.
+    let client = connect(&url_of(&proxy)).await;
+    let port = standby.port().to_string();
+    wait_until(
+        "reads to reach the replica",
+        Duration::from_secs(30),
+        || async { value(&client, "SELECT current_setting('port')").await == port },
+    )
+    .await;
+    proxy
+}
+
+fn url_of(proxy: &Pgmemo) -> String {
+    format!("postgresql://postgres@{}/postgres", proxy.local_addr())
+}
+
+/// The port of the server that ran `sql` (which must return it in its first column).
+async fn ran_on(client: &Client, sql: &str) -> u16 {
+    value(client, sql).await.parse().expect("a port")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_that_provably_only_read_go_to_the_replica_and_everything_else_to_the_primary() {
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let client = connect(&url_of(&proxy)).await;
+    let (p, s) = (primary.port(), standby.port());
+    let port = "current_setting('port')";
+
+    // Simple protocol.
+    let cases: &[(&str, u16)] = &[
+        (&format!("SELECT {port} FROM items WHERE id = 1"), s),
+        (&format!("SELECT {port}, count(*) FROM items"), s),
+        (&format!("SELECT {port}, now() FROM item_ids LIMIT 1"), s),
+        (&format!("SELECT {port}, random()"), p),
+        (&format!("SELECT {port}, nextval('seq')"), p),
+        (&format!("SELECT {port}, bump()"), p),
+        (
+            &format!("SELECT {port} FROM items WHERE id = 1 FOR UPDATE"),
+            p,
+        ),
+        (
+            &format!("SELECT {port} FROM items WHERE id = 1 FOR SHARE"),
+            p,
+        ),
+        (
+            &format!("SELECT {port} FROM scratch UNION ALL SELECT {port}"),
+            p,
+        ),
+        (
+            &format!("WITH d AS (DELETE FROM items WHERE id = 1000 RETURNING id) SELECT {port}"),
+            p,
+        ),
+        (&format!("SELECT {port}, pg_advisory_xact_lock(1)"), p),
+        (&format!("SELECT {port}, set_config('a.b', 'c', true)"), p),
+    ];
+    for (sql, want) in cases {
+        assert_eq!(ran_on(&client, sql).await, *want, "{sql}");
+    }
+
+    // Extended protocol (tokio-postgres prepares each statement, unnamed or named).
+    let read = client
+        .prepare(&format!("SELECT {port} FROM items WHERE id = $1"))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let row = client.query_one(&read, &[&1i64]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), s.to_string(), "a prepared read");
+    }
+    let locking = format!("SELECT {port} FROM items WHERE id = $1 FOR UPDATE");
+    let row = client.query_one(&locking, &[&1i64]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), p.to_string(), "{locking}");
+    let write = "INSERT INTO items VALUES ($1, 'x') RETURNING current_setting('port')";
+    let row = client.query_one(write, &[&100i64]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), p.to_string(), "a write, extended");
+
+    // A transaction block stays on the primary, reads included.
+    client.simple_query("BEGIN").await.unwrap();
+    assert_eq!(
+        ran_on(&client, &format!("SELECT {port}")).await,
+        p,
+        "in a block"
+    );
+    client.simple_query("COMMIT").await.unwrap();
+
+    // A client with session state it is pinned for (a temporary table) stays on its server.
+    let pinned = connect(&url_of(&proxy)).await;
+    pinned
+        .simple_query("CREATE TEMP TABLE mine (a int)")
+        .await
+        .unwrap();
+    assert_eq!(
+        ran_on(&pinned, &format!("SELECT {port} FROM items LIMIT 1")).await,
+        p,
+        "a pinned client"
+    );
+}
+
+/// Eight clients each write rows through pgmemo and read each at once, and read rows other
+/// clients wrote, given the position they were told (`SHOW pgmemo.read_lsn` by the writer,
+/// `SET pgmemo.min_read_lsn` by the reader). Halfway, the standby's replay is paused for a
+/// while: reads must then wait or go to the primary, never see the past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_always_reads_its_own_writes_and_what_it_was_told_of() {
+    const CLIENTS: i64 = 8;
+    const WRITES: i64 = 10_000;
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let url = url_of(&proxy);
+    let direct_standby = connect(&standby.url("postgres", None, "postgres")).await;
+    let violations = Arc::new(AtomicU64::new(0));
+    let told_violations = Arc::new(AtomicU64::new(0));
+    let on_replica = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(i64, String)>();
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let sport = standby.port().to_string();
+    let done = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let told_violations = told_violations.clone();
+            let (url, violations, on_replica, tx, rx, sport, done) = (
+                url.clone(),
+                violations.clone(),
+                on_replica.clone(),
+                tx.clone(),
+                rx.clone(),
+                sport.clone(),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                let me = connect(&url).await;
+                let mut id = 1_000 + c;
+                while id < 1_000 + WRITES {
+                    me.simple_query(&format!("INSERT INTO items VALUES ({id}, 'w')"))
+                        .await
+                        .unwrap();
+                    let got = me
+                        .simple_query(&format!(
+                            "SELECT current_setting('port'), v FROM items WHERE id = {id}"
+                        ))
+                        .await
+                        .unwrap();
+                    let row = rows(&got);
+                    match row.first() {
+                        Some((port, Some(v))) if v == "w" => {
+                            if *port == sport {
+                                on_replica.fetch_add(1, Relaxed);
+                            }
+                        }
+                        _ => {
+                            violations.fetch_add(1, Relaxed);
+                        }
+                    }
+                    // Now and then, tell another client about this row, with the position it
+                    // must see, and check a row another one told about.
+                    if id % 10 == c {
+                        let at = value(&me, "SHOW pgmemo.read_lsn").await;
+                        tx.send((id, at)).unwrap();
+                    }
+                    let told = rx.lock().await.try_recv().ok();
+                    if let Some((other, at)) = told {
+                        let reader = connect(&url).await;
+                        reader
+                            .simple_query(&format!("SET pgmemo.min_read_lsn = '{at}'"))
+                            .await
+                            .unwrap();
+                        let got = reader
+                            .simple_query(&format!("SELECT v FROM items WHERE id = {other}"))
+                            .await
+                            .unwrap();
+                        if rows(&got).is_empty() {
+                            told_violations.fetch_add(1, Relaxed);
+                        }
+                    }
+                    done.fetch_add(1, Relaxed);
+                    id += CLIENTS;
+                }
+            })
+        })
+        .collect();
+    // Halfway, the standby stops replaying for a while.
+    wait_until("half the writes", Duration::from_secs(300), || async {
+        done.load(Relaxed) >= (WRITES / 2) as u64
+    })
+    .await;
+    direct_standby
+        .simple_query("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    let paused_at = done.load(Relaxed);
+    wait_until(
+        "writes while replay is paused",
+        Duration::from_secs(120),
+        || async { done.load(Relaxed) >= paused_at + 200 },
+    )
+    .await;
+    direct_standby
+        .simple_query("SELECT pg_wal_replay_resume()")
+        .await
+        .unwrap();
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(
+        violations.load(Relaxed),
+        0,
+        "reads that missed the client's own write"
+    );
+    assert_eq!(
+        told_violations.load(Relaxed),
+        0,
+        "reads that missed a write at the position they were told"
+    );
+    // Not vacuous: most reads of a row just written still went to the replica.
+    let share = on_replica.load(Relaxed) as f64 / WRITES as f64;
+    eprintln!("reads of a row just written that went to the replica: {share:.3}");
+    assert!(
+        share > 0.5,
+        "only {share:.2} of the reads went to the replica"
+    );
+}
+
+/// The rows of a simple query's reply: its first column, and its second.
+fn rows(messages: &[tokio_postgres::SimpleQueryMessage]) -> Vec<(String, Option<String>)> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some((
+                r.get(0).unwrap_or_default().to_string(),
+                r.try_get(1).ok().flatten().map(str::to_string),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The replica stops under a read load, and comes back: clients whose read was running on it
+/// at that moment may get an error; no other does, reads go on on the primary meanwhile, and
+/// back on the replica once it is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stops_and_comes_back_costs_only_the_reads_in_flight_on_it() {
+    const CLIENTS: usize = 6;
+    let (primary, mut standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let url = url_of(&proxy);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed_clients = Arc::new(AtomicU64::new(0));
+    let reads = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (url, stop, failed, reads) = (
+                url.clone(),
+                stop.clone(),
+                failed_clients.clone(),
+                reads.clone(),
+            );
+            tokio::spawn(async move {
+                let mut me = connect(&url).await;
+                let mut errors = 0;
+                while !stop.load(Relaxed) {
+                    match me.simple_query("SELECT v FROM items WHERE id = 3").await {
+                        Ok(_) => {
+                            reads.fetch_add(1, Relaxed);
+                        }
+                        Err(_) => {
+                            // The read in flight on the replica as it stopped: this client's
+                            // one allowed error. It connects again and goes on.
+                            errors += 1;
+                            me = connect(&url).await;
+                        }
+                    }
+                }
+                if errors > 1 {
+                    failed.fetch_add(1, Relaxed);
+                }
+                errors
+            })
+        })
+        .collect();
+    let after = |n: u64| {
+        let reads = reads.clone();
+        async move {
+            let from = reads.load(Relaxed);
+            wait_until("reads to go on", Duration::from_secs(60), || async {
+                reads.load(Relaxed) >= from + n
+            })
+            .await;
+        }
+    };
+    after(500).await;
+    standby = tokio::task::spawn_blocking(move || {
+        standby.stop_server("fast");
+        standby
+    })
+    .await
+    .unwrap();
+    after(2_000).await;
+    standby = tokio::task::spawn_blocking(move || {
+        standby.restart("fast").expect("the standby starts again");
+        standby
+    })
+    .await
+    .unwrap();
+    let client = connect(&url).await;
+    let port = standby.port().to_string();
+    wait_until(
+        "reads to reach the replica again",
+        Duration::from_secs(30),
+        || async { value(&client, "SELECT current_setting('port')").await == port },
+    )
+    .await;
+    after(500).await;
+    stop.store(true, Relaxed);
+    let mut errors = 0;
+    for r in readers {
+        errors += r.await.unwrap();
+    }
+    assert_eq!(
+        failed_clients.load(Relaxed),
+        0,
+        "a client failed more than once"
+    );
+    assert!(errors <= CLIENTS, "{errors} errors for {CLIENTS} clients");
+}
