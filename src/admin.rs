@@ -270,6 +270,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "pools"] => Ok(Reply::Table(show_pools(app))),
         ["show", "clients"] => Ok(Reply::Table(show_clients(app))),
         ["show", "servers"] => Ok(Reply::Table(show_servers(app))),
+        ["show", "replicas"] => Ok(Reply::Table(show_replicas(app))),
         ["show", "stats"] => Ok(Reply::Table(show_stats(app))),
         ["show", "stats_totals"] => Ok(Reply::Table(show_stats_totals(app))),
         ["show", "stats_averages"] => Ok(Reply::Table(show_stats_averages(app))),
@@ -333,7 +334,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
             columns: vec!["command"],
             rows: [
                 "SHOW POOLS|CLIENTS|SERVERS|STATS|CONFIG|VERSION|PREPARED_STATEMENTS",
-                "SHOW DATABASES|USERS|LISTS|STATE",
+                "SHOW DATABASES|USERS|LISTS|STATE|REPLICAS",
                 "SHOW STATS_TOTALS|STATS_AVERAGES|TOTALS|MEM|FDS",
                 "SHOW PEERS|PEER_POOLS|DNS_HOSTS|DNS_ZONES",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS|QUERIES",
@@ -705,7 +706,8 @@ pub fn show_clients(app: &App) -> Table {
     Table { columns, rows }
 }
 
-/// PgBouncer's SHOW SERVERS, then pgmemo's prepared-statement counters per server.
+/// PgBouncer's SHOW SERVERS, then pgmemo's prepared-statement counters per server, then its
+/// role: `primary`, or `replica` for a server of a replica's pool (see [`show_replicas`]).
 ///
 /// - `request_time`: when the server was last handed to a client or given back.
 /// - `wait`, `wait_us`: 0, unused for servers as in PgBouncer.
@@ -720,7 +722,18 @@ pub fn show_servers(app: &App) -> Table {
         .map(|c| (c.id, c.application_name.lock().to_string()))
         .collect();
     let mut rows = Vec::new();
-    for pool in app.pools() {
+    let replicas = app.replica_sets().into_iter().flat_map(|set| {
+        set.members()
+            .iter()
+            .map(|r| r.pool.clone())
+            .collect::<Vec<_>>()
+    });
+    let pools = app
+        .pools()
+        .into_iter()
+        .map(|p| (p, "primary"))
+        .chain(replicas.map(|p| (p, "replica")));
+    for (pool, role) in pools {
         let mut servers = pool.servers();
         servers.sort_by_key(|s| s.id);
         for s in servers {
@@ -761,6 +774,7 @@ pub fn show_servers(app: &App) -> Table {
                 text(s.prepare_cache_hit.load(Relaxed)),
                 text(s.prepare_cache_miss.load(Relaxed)),
                 text(s.prepare_evictions.load(Relaxed)),
+                text(role),
             ]);
         }
     }
@@ -769,8 +783,57 @@ pub fn show_servers(app: &App) -> Table {
         "prepare_cache_hit",
         "prepare_cache_miss",
         "prepare_evictions",
+        "role",
     ]);
     Table { columns, rows }
+}
+
+/// pgmemo's own: each replica of each pool that has some (see docs/replicas.md).
+///
+/// - `state`: `up` (reached, a standby, its position read), or `down`.
+/// - `replay_lsn`: its replay position as last read (empty: not known).
+/// - `lag_bytes`, `lag_ms`: WAL the primary wrote that it has not replayed, and how long
+///   ago the primary passed its position (empty: not known).
+/// - `reads`: units of work sent to it.
+/// - `sv_active`, `sv_idle`: its pool's servers in use and idle.
+pub fn show_replicas(app: &App) -> Table {
+    let mut rows = Vec::new();
+    for set in app.replica_sets() {
+        for r in set.members().iter() {
+            let (idle, active, _) = r.pool.counts();
+            let lag = r.lag();
+            let replayed = r.replayed();
+            rows.push(vec![
+                text(&set.key.database),
+                text(&set.key.user),
+                text(&r.host),
+                text(r.port),
+                text(if r.is_up() { "up" } else { "down" }),
+                (replayed != 0).then(|| crate::replicas::lsn::format(replayed)),
+                lag.map(|(bytes, _)| bytes.to_string()),
+                lag.map(|(_, us)| (us / 1000).to_string()),
+                text(r.reads.load(Relaxed)),
+                text(active),
+                text(idle),
+            ]);
+        }
+    }
+    Table {
+        columns: vec![
+            "database",
+            "user",
+            "host",
+            "port",
+            "state",
+            "replay_lsn",
+            "lag_bytes",
+            "lag_ms",
+            "reads",
+            "sv_active",
+            "sv_idle",
+        ],
+        rows,
+    }
 }
 
 /// Every statement in the registry: what it is, who holds it, how it is used.

@@ -98,6 +98,7 @@ pub fn render(app: &App) -> String {
     error_metrics(app, &mut out);
     pool_gauges(app, &pools, &mut out);
     pool_counters(&pools, &mut out);
+    replica_metrics(app, &mut out);
     pool_histograms(&pools, &mut out);
     autoprepare_metrics(app, &mut out);
     pin_metrics(app, &pools, &mut out);
@@ -287,6 +288,56 @@ fn pool_gauges(app: &App, pools: &Pools, out: &mut String) {
             out,
             "pgmemo_clients_waiting{{{}}} {waiting}",
             labels(&pool.key.database, &pool.key.user)
+        );
+    }
+}
+
+/// Each replica of each pool that has some: up, lag, reads routed (SHOW REPLICAS).
+fn replica_metrics(app: &App, out: &mut String) {
+    let sets = app.replica_sets();
+    if sets.is_empty() {
+        return;
+    }
+    let replicas: Vec<_> = sets
+        .iter()
+        .flat_map(|set| {
+            let key = &set.key;
+            set.members()
+                .iter()
+                .map(|r| {
+                    let l = format!(
+                        "{},host=\"{}\",port=\"{}\"",
+                        labels(&key.database, &key.user),
+                        escape(&r.host),
+                        r.port
+                    );
+                    (l, r.clone())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.push_str("# HELP pgmemo_replica_up Whether a replica takes reads' checks: reached, a standby, its position read.\n# TYPE pgmemo_replica_up gauge\n");
+    for (l, r) in &replicas {
+        let _ = writeln!(out, "pgmemo_replica_up{{{l}}} {}", u8::from(r.is_up()));
+    }
+    out.push_str("# HELP pgmemo_replica_lag_bytes WAL the primary wrote that a replica has not replayed.\n# TYPE pgmemo_replica_lag_bytes gauge\n");
+    for (l, r) in &replicas {
+        if let Some((bytes, _)) = r.lag() {
+            let _ = writeln!(out, "pgmemo_replica_lag_bytes{{{l}}} {bytes}");
+        }
+    }
+    out.push_str("# HELP pgmemo_replica_lag_seconds How long ago the primary passed a replica's replay position.\n# TYPE pgmemo_replica_lag_seconds gauge\n");
+    for (l, r) in &replicas {
+        if let Some((_, us)) = r.lag() {
+            let _ = writeln!(out, "pgmemo_replica_lag_seconds{{{l}}} {}", us as f64 / 1e6);
+        }
+    }
+    out.push_str("# HELP pgmemo_replica_reads_total Units of work (statements or batches) sent to a replica.\n# TYPE pgmemo_replica_reads_total counter\n");
+    for (l, r) in &replicas {
+        let _ = writeln!(
+            out,
+            "pgmemo_replica_reads_total{{{l}}} {}",
+            r.reads.load(std::sync::atomic::Ordering::Relaxed)
         );
     }
 }

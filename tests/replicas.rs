@@ -67,6 +67,7 @@ async fn pgmemo_with_replica(primary: &LocalPostgres, standby: &LocalPostgres) -
     config.general.pool_mode = PoolMode::Transaction;
     config.general.default_pool_size = 8;
     config.general.auth_type = AuthType::Trust;
+    config.general.admin_users = vec!["postgres".into()];
     let proxy = start_pgmemo(config).await;
     // Routing starts once the replica's monitor has read its position and its catalog.
     let client = connect(&url_of(&proxy)).await;
@@ -123,6 +124,9 @@ async fn reads_that_provably_only_read_go_to_the_replica_and_everything_else_to_
         ),
         (&format!("SELECT {port}, pg_advisory_xact_lock(1)"), p),
         (&format!("SELECT {port}, set_config('a.b', 'c', true)"), p),
+        (&format!("/* pgmemo primary */ SELECT {port} FROM items"), p),
+        (&format!("SELECT {port} FROM items /*pgmemo='primary'*/"), p),
+        (&format!("/* pgmemo nocache */ SELECT {port} FROM items"), s),
     ];
     for (sql, want) in cases {
         assert_eq!(ran_on(&client, sql).await, *want, "{sql}");
@@ -164,6 +168,70 @@ async fn reads_that_provably_only_read_go_to_the_replica_and_everything_else_to_
         p,
         "a pinned client"
     );
+}
+
+/// SHOW REPLICAS and SHOW SERVERS say where reads went, and how far behind the replica is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_each_replica_its_lag_and_the_reads_it_took() {
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let client = connect(&url_of(&proxy)).await;
+    for _ in 0..5 {
+        value(&client, "SELECT v FROM items WHERE id = 2").await;
+    }
+    let console = connect(&format!(
+        "postgresql://postgres@{}/pgmemo",
+        proxy.local_addr()
+    ))
+    .await;
+    let table = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
+        rows.into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let replicas = table(console.simple_query("SHOW REPLICAS").await.unwrap());
+    assert_eq!(replicas.len(), 1);
+    let r = &replicas[0];
+    assert_eq!(r.get("port"), Some(standby.port().to_string().as_str()));
+    assert_eq!(r.get("state"), Some("up"));
+    assert!(r.get("replay_lsn").unwrap().contains('/'));
+    let reads: u64 = r.get("reads").unwrap().parse().unwrap();
+    assert!(reads >= 5, "{reads} reads counted");
+    assert!(r.get("lag_bytes").unwrap().parse::<u64>().is_ok());
+    let servers = table(console.simple_query("SHOW SERVERS").await.unwrap());
+    let role_of = |port: u16| {
+        servers
+            .iter()
+            .filter(|s| s.get("port") == Some(port.to_string().as_str()))
+            .map(|s| s.get("role").unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        !role_of(standby.port()).is_empty(),
+        "the replica's servers are listed"
+    );
+    assert!(role_of(standby.port()).iter().all(|r| r == "replica"));
+    assert!(role_of(primary.port()).iter().all(|r| r == "primary"));
+    let metrics = pgmemo::metrics::render(proxy.app());
+    let labels = format!(
+        "database=\"postgres\",user=\"postgres\",host=\"127.0.0.1\",port=\"{}\"",
+        standby.port()
+    );
+    assert!(
+        metrics.contains(&format!("pgmemo_replica_up{{{labels}}} 1")),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("pgmemo_replica_lag_bytes{{{labels}}} ")));
+    let reads = format!("pgmemo_replica_reads_total{{{labels}}} ");
+    let counted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&reads))
+        .and_then(|n| n.parse().ok())
+        .expect("the reads counted");
+    assert!(counted >= 5);
 }
 
 /// Eight clients each write rows through pgmemo and read each at once, and read rows other

@@ -10,6 +10,10 @@
 //! are not read. Comments are not part of a query's shape or cache key, so a comment that
 //! changes with every request (a trace id) leaves both alone.
 //!
+//! `/* pgmemo primary */` (or `pgmemo='primary'`) is not the cache's: it sends the statement
+//! to the primary when the database has replicas, whatever routing would prove
+//! ([`asks_primary`]); the cache reads it as no hint.
+//!
 //! Several hints in one statement: `nocache` wins over `cache` (the safe choice: a
 //! `nocache` added by one layer is never overridden by another's `cache`), else the first
 //! `cache` wins. A malformed hint (`pgmemo` followed by an unknown word, a bad ttl, nothing) is
@@ -201,10 +205,71 @@ pub fn comment_hint(comment: &[u8]) -> Option<Result<Hint, Malformed>> {
     let body = body.trim_ascii();
     if let Some(words) = body.strip_prefix(b"pgmemo") {
         if words.is_empty() || words[0].is_ascii_whitespace() {
-            return Some(words_hint(words));
+            return words_hint(words);
         }
     }
     sqlcommenter_hint(body)
+}
+
+/// Whether a comment of `sql` (at `spans`, as the lexer found them) is `/* pgmemo primary */`
+/// or a sqlcommenter `pgmemo='primary'`.
+pub fn asks_primary(sql: &[u8], spans: &[(u32, u32)]) -> bool {
+    comments(sql, spans).any(comment_asks_primary)
+}
+
+/// [`asks_primary`] for a statement of the extended protocol (or a text the lexer refused
+/// to read as a query: then any `pgmemo primary` in it counts).
+pub fn statement_asks_primary(sql: &[u8]) -> bool {
+    if !names_pgmemo(sql) {
+        return false;
+    }
+    let mut lexed = super::lexer::Lexed::default();
+    match super::lexer::comments(sql, &mut lexed) {
+        Ok(()) => asks_primary(sql, &lexed.comment_spans),
+        Err(_) => memchr::memmem::find(sql, b"pgmemo primary").is_some(),
+    }
+}
+
+fn comment_asks_primary(comment: &[u8]) -> bool {
+    let body = if let Some(block) = comment.strip_prefix(b"/*") {
+        block.strip_suffix(b"*/").unwrap_or(block)
+    } else {
+        comment.strip_prefix(b"--").unwrap_or(comment)
+    };
+    if !names_pgmemo(body) {
+        return false;
+    }
+    let body = body.trim_ascii();
+    let words = match body.strip_prefix(b"pgmemo") {
+        Some(words) if words.is_empty() || words[0].is_ascii_whitespace() => words.to_vec(),
+        _ => match sqlcommenter_words(body) {
+            Some(words) => words,
+            None => return false,
+        },
+    };
+    words.trim_ascii() == b"primary"
+}
+
+/// The decoded value of a sqlcommenter comment's `pgmemo` key, if it has one.
+fn sqlcommenter_words(body: &[u8]) -> Option<Vec<u8>> {
+    let mut rest = body;
+    loop {
+        let eq = rest.iter().position(|&b| b == b'=')?;
+        let key = rest[..eq].trim_ascii();
+        let value = rest[eq + 1..].trim_ascii_start().strip_prefix(b"'")?;
+        let mut i = 0;
+        let close = loop {
+            match value.get(i)? {
+                b'\\' => i += 2,
+                b'\'' => break i,
+                _ => i += 1,
+            }
+        };
+        if key == b"pgmemo" {
+            return url_decode(&value[..close]);
+        }
+        rest = value[close + 1..].trim_ascii_start().strip_prefix(b",")?;
+    }
 }
 
 /// Whether `text` has `pgmemo` in it: a `p` found by memchr, then compared (~5x cheaper
@@ -215,9 +280,19 @@ fn names_pgmemo(text: &[u8]) -> bool {
     memchr::memchr_iter(b'p', text).any(|at| text[at..].starts_with(b"pgmemo"))
 }
 
-/// The words after `pgmemo`: `cache [ttl=<duration>]` or `nocache`.
-fn words_hint(words: &[u8]) -> Result<Hint, Malformed> {
-    let words = std::str::from_utf8(words).map_err(|_| Malformed::UnknownWord)?;
+/// The words after `pgmemo`: `cache [ttl=<duration>]` or `nocache`; None for `primary`,
+/// which is routing's (see [`asks_primary`]), not the cache's.
+fn words_hint(words: &[u8]) -> Option<Result<Hint, Malformed>> {
+    let Ok(words) = std::str::from_utf8(words) else {
+        return Some(Err(Malformed::UnknownWord));
+    };
+    if words.trim_ascii() == "primary" {
+        return None;
+    }
+    Some(cache_words_hint(words))
+}
+
+fn cache_words_hint(words: &str) -> Result<Hint, Malformed> {
     let mut words = words.split_ascii_whitespace();
     match words.next() {
         Some("nocache") if words.next().is_none() => Ok(Hint::NoCache),
@@ -260,10 +335,10 @@ fn sqlcommenter_hint(body: &[u8]) -> Option<Result<Hint, Malformed>> {
             }
         };
         if is_pgmemo {
-            return Some(match url_decode(&value[..close]) {
+            return match url_decode(&value[..close]) {
                 Some(words) => words_hint(&words),
-                None => Err(Malformed::BadValue),
-            });
+                None => Some(Err(Malformed::BadValue)),
+            };
         }
         rest = value[close + 1..].trim_ascii_start().strip_prefix(b",")?;
     }
@@ -370,6 +445,26 @@ mod tests {
                 "{sql}"
             );
         }
+    }
+
+    #[test]
+    fn primary_is_routing_s_hint_not_the_cache_s() {
+        let asks = |sql: &str| {
+            let mut lexed = super::super::lexer::Lexed::default();
+            super::super::lexer::comments(sql.as_bytes(), &mut lexed).unwrap();
+            asks_primary(sql.as_bytes(), &lexed.comment_spans)
+        };
+        assert!(asks("/* pgmemo primary */ SELECT 1"));
+        assert!(asks("SELECT 1 -- pgmemo primary"));
+        assert!(asks("SELECT 1 /*traceparent='00-1',pgmemo='primary'*/"));
+        assert!(!asks("SELECT '/* pgmemo primary */'"));
+        assert!(!asks("/* pgmemo nocache */ SELECT 1"));
+        assert!(!asks("/* pgmemo primary please */ SELECT 1"));
+        assert!(statement_asks_primary(b"SELECT $1 /* pgmemo primary */"));
+        assert!(!statement_asks_primary(b"SELECT $1"));
+        // The cache reads it as no hint, not a malformed one.
+        assert_eq!(hints("/* pgmemo primary */ SELECT 1"), Hints::default());
+        assert_eq!(hints("SELECT 1 /*pgmemo='primary'*/"), Hints::default());
     }
 
     #[test]

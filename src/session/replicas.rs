@@ -17,6 +17,7 @@ use std::sync::Arc;
 use super::{End, Session};
 use crate::protocol::backend as be;
 use crate::protocol::{body, frame, frontend as fe};
+use crate::query::hint;
 use crate::replicas::{catalog::Catalog, lsn, Pick, Replica};
 use crate::server::ServerConn;
 use bytes::Buf;
@@ -137,11 +138,13 @@ impl Session {
         let text = fe::query_text_of(&self.client.rbuf, text_len);
         let reader = self.reading.reader.get_or_insert_with(Default::default);
         let analysis = match reader.shape(text, &self.app.shapes) {
+            Ok((lexed, _)) if hint::asks_primary(text, &lexed.comment_spans) => return false,
             Ok((lexed, shape)) => shape
                 .clone()
                 .derived(text, &lexed.literals)
                 .analysis
                 .clone(),
+            Err(_) if hint::statement_asks_primary(text) => return false,
             Err(_) => self
                 .app
                 .shapes
@@ -150,6 +153,19 @@ impl Session {
                 .analysis
                 .clone(),
         };
+        analysis.is_some_and(|a| catalog.only_reads(&a))
+    }
+
+    /// Whether a prepared statement's text only reads (and asks for no primary).
+    fn statement_only_reads(&self, text: &[u8], catalog: &Catalog) -> bool {
+        if hint::statement_asks_primary(text) {
+            return false;
+        }
+        let analysis = self
+            .app
+            .shapes
+            .statement(text)
+            .and_then(|s| s.analysis().cloned());
         analysis.is_some_and(|a| catalog.only_reads(&a))
     }
 
@@ -168,10 +184,9 @@ impl Session {
             fe::QUERY => self.query_only_reads(query_text_len, &catalog),
             fe::BIND => {
                 let body = body(&self.client.rbuf[..len]);
-                let analysis = fe::Bind::parse(body)
-                    .and_then(|b| self.plan.stmts.as_ref()?.get(b.statement))
-                    .and_then(|s| s.shape(&self.app.shapes)?.analysis().cloned());
-                analysis.is_some_and(|a| catalog.only_reads(&a))
+                let statement =
+                    fe::Bind::parse(body).and_then(|b| self.plan.stmts.as_ref()?.get(b.statement));
+                statement.is_some_and(|s| self.statement_only_reads(&s.key.query, &catalog))
             }
             fe::PARSE | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH | fe::SYNC => true,
             _ => false,
@@ -222,14 +237,11 @@ impl Session {
                 }
                 fe::BIND => {
                     let b = fe::Bind::parse(body(message))?;
-                    let analysis = match parsed.iter().rev().find(|(n, _)| *n == b.statement) {
-                        Some((_, text)) => self.app.shapes.statement(text)?.analysis()?.clone(),
-                        None => {
-                            let statement = self.plan.stmts.as_ref()?.get(b.statement)?;
-                            statement.shape(&self.app.shapes)?.analysis()?.clone()
-                        }
+                    let text = match parsed.iter().rev().find(|(n, _)| *n == b.statement) {
+                        Some((_, text)) => text,
+                        None => &self.plan.stmts.as_ref()?.get(b.statement)?.key.query[..],
                     };
-                    catalog.only_reads(&analysis).then_some(())?;
+                    self.statement_only_reads(text, catalog).then_some(())?;
                 }
                 _ => return None,
             }
