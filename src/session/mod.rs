@@ -331,6 +331,7 @@ struct Session {
     /// A protocol violation found in the client's input while earlier messages were still
     /// being answered: like PostgreSQL, those get their replies first, then the FATAL. (A
     /// box of a String, not a `Box<str>`: one word in every session for rare state.)
+    #[allow(clippy::box_collection)]
     violation: Option<Box<String>>,
     /// What the statement planner keeps for the client between its messages.
     plan: Planning,
