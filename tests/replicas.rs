@@ -358,6 +358,48 @@ async fn a_client_always_reads_its_own_writes_and_what_it_was_told_of() {
     );
 }
 
+/// A commit that is not flushed when it returns (`synchronous_commit = off`, for the session
+/// or for one transaction) is waited for past its own record, not the flush position: the
+/// client still reads its write, from the primary if the replica does not have it in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_commit_is_read_back_all_the_same() {
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let session_off = connect(&url_of(&proxy)).await;
+    session_off
+        .simple_query("SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let local_off = connect(&url_of(&proxy)).await;
+    let mut missed = 0;
+    for id in 0..200i64 {
+        let (client, write) = if id % 2 == 0 {
+            (
+                &session_off,
+                format!("INSERT INTO items VALUES ({}, 'a')", 5_000 + id),
+            )
+        } else {
+            (
+                &local_off,
+                format!(
+                    "BEGIN; SET LOCAL synchronous_commit = off; \
+                     INSERT INTO items VALUES ({}, 'a'); COMMIT",
+                    5_000 + id
+                ),
+            )
+        };
+        client.simple_query(&write).await.unwrap();
+        let got = client
+            .simple_query(&format!("SELECT v FROM items WHERE id = {}", 5_000 + id))
+            .await
+            .unwrap();
+        if rows(&got).is_empty() {
+            missed += 1;
+        }
+    }
+    assert_eq!(missed, 0, "asynchronous commits not read back");
+}
+
 /// The rows of a simple query's reply: its first column, and its second.
 fn rows(messages: &[tokio_postgres::SimpleQueryMessage]) -> Vec<(String, Option<String>)> {
     messages

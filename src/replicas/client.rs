@@ -23,6 +23,9 @@ pub struct ClientReads {
     /// Work sent to the primary on the server held now that is not proven read-only: its
     /// commit position is asked for before the server goes back.
     pub wrote: bool,
+    /// That work named `synchronous_commit` (or called a function by OID): its commit may
+    /// not be flushed when it returns (see [`super::lsn::commit_position`]).
+    pub maybe_async: bool,
     /// The last question for a commit position failed: the floor is not known (reads go to
     /// the primary) until the next one, asked after the client's next work on the primary.
     pub unsure: bool,
@@ -37,6 +40,7 @@ impl ClientReads {
             committed: 0,
             seen: 0,
             wrote: false,
+            maybe_async: false,
             unsure: false,
         })
     }

@@ -14,20 +14,35 @@ pub fn parse(text: &str) -> Option<u64> {
 }
 
 /// What the primary is asked once a client's work is done (see [`commit_position`]): its
-/// WAL insert position, that position's offset in its segment, and the WAL page size.
-pub const COMMIT_POSITION_SQL: &str = "SELECT l, (pg_catalog.pg_walfile_name_offset(l)).file_offset, \
-     pg_catalog.current_setting('wal_block_size') FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) s";
+/// WAL flush position, its insert position with that position's offset in its segment and
+/// the WAL page size, and the session's `synchronous_commit`.
+pub const COMMIT_POSITION_SQL: &str = "SELECT pg_catalog.pg_current_wal_flush_lsn(), l, \
+     (pg_catalog.pg_walfile_name_offset(l)).file_offset, \
+     pg_catalog.current_setting('wal_block_size'), pg_catalog.current_setting('synchronous_commit') \
+     FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) s";
 
-/// The end of the last WAL record written, from a row of [`COMMIT_POSITION_SQL`]: at or
-/// past the commit of everything that committed before it was asked (flushed or not: with
-/// `synchronous_commit = off` the commit may still be in memory, and a replica then has
-/// not got it). PostgreSQL gives the insert position of an empty page after its header (24
-/// bytes, 40 at the start of a segment), where no record can end; a replica that replayed
-/// everything before that page reports the page's start, which is what is returned then.
-pub fn commit_position(row: &[Option<String>]) -> Option<u64> {
-    let at = parse(row.first()?.as_deref()?)?;
-    let in_segment: u64 = row.get(1)?.as_deref()?.parse().ok()?;
-    let page: u64 = row.get(2)?.as_deref()?.parse().ok().filter(|&p| p > 0)?;
+/// A position at or past the commit of everything that committed before the question, from
+/// a row of [`COMMIT_POSITION_SQL`]; `maybe_async`: the work may have committed with
+/// `synchronous_commit = off` for itself (it named the setting).
+///
+/// - A synchronous commit (any `synchronous_commit` but `off`) is flushed before it returns:
+///   the flush position is past it. It is the position to wait for: the insert position may
+///   be far ahead of it, with WAL no commit has flushed yet (hint-bit full-page images that
+///   reads write with data checksums, PostgreSQL 18's default), which a replica gets only
+///   when the WAL writer runs (`wal_writer_delay`, 200 ms by default).
+/// - An asynchronous commit may not be flushed yet: the insert position is past it. An empty
+///   page's insert position is given after its header (24 bytes, 40 at the start of a
+///   segment), where no record can end; a replica that replayed everything before that page
+///   reports the page's start, which is what is returned then.
+pub fn commit_position(row: &[Option<String>], maybe_async: bool) -> Option<u64> {
+    let flushed = parse(row.first()?.as_deref()?)?;
+    let synchronous = row.get(4)?.as_deref()? != "off";
+    if synchronous && !maybe_async {
+        return Some(flushed);
+    }
+    let at = parse(row.get(1)?.as_deref()?)?;
+    let in_segment: u64 = row.get(2)?.as_deref()?.parse().ok()?;
+    let page: u64 = row.get(3)?.as_deref()?.parse().ok().filter(|&p| p > 0)?;
     let header = if in_segment == 40 {
         40
     } else if in_segment % page == 24 {
@@ -48,15 +63,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_empty_page_s_header_is_not_a_position_to_wait_for() {
-        let row = |at: &str, off: &str| [Some(at.into()), Some(off.into()), Some("8192".into())];
-        // At the start of a segment (long header), of a page (short one), and mid-page.
-        assert_eq!(commit_position(&row("0/3000028", "40")), Some(0x300_0000));
-        assert_eq!(commit_position(&row("0/3002018", "8216")), Some(0x300_2000));
-        assert_eq!(commit_position(&row("0/3002040", "8256")), Some(0x300_2040));
-        // 40 bytes into a page that is not a segment's first: a record can end there.
-        assert_eq!(commit_position(&row("0/3002028", "8232")), Some(0x300_2028));
-        assert_eq!(commit_position(&[Some("0/1".into())]), None);
+    fn a_synchronous_commit_waits_for_the_flush_an_asynchronous_one_for_the_insert() {
+        let row = |at: &str, off: &str, sync: &str| {
+            [
+                Some("0/2FFFF00".into()),
+                Some(at.into()),
+                Some(off.into()),
+                Some("8192".into()),
+                Some(sync.into()),
+            ]
+        };
+        assert_eq!(
+            commit_position(&row("0/3002040", "8256", "on"), false),
+            Some(0x2FF_FF00)
+        );
+        assert_eq!(
+            commit_position(&row("0/3002040", "8256", "local"), false),
+            Some(0x2FF_FF00)
+        );
+        assert_eq!(
+            commit_position(&row("0/3002040", "8256", "off"), false),
+            Some(0x300_2040)
+        );
+        assert_eq!(
+            commit_position(&row("0/3002040", "8256", "on"), true),
+            Some(0x300_2040)
+        );
+        // Asynchronous: an empty page's header is no position (a segment's long header, a
+        // page's short one); 40 bytes into a page that is not a segment's first is.
+        assert_eq!(
+            commit_position(&row("0/3000028", "40", "off"), false),
+            Some(0x300_0000)
+        );
+        assert_eq!(
+            commit_position(&row("0/3002018", "8216", "off"), false),
+            Some(0x300_2000)
+        );
+        assert_eq!(
+            commit_position(&row("0/3002028", "8232", "off"), false),
+            Some(0x300_2028)
+        );
+        assert_eq!(commit_position(&[Some("0/1".into())], false), None);
     }
 
     #[test]

@@ -868,7 +868,10 @@ impl Session {
                 (info.cancel_addr(), info.backend_pid, server.backend_secret)
             });
             self.server_pool().release_slot(&server);
-            self.reads.as_deref_mut().map(|r| r.on.take());
+            let replica = self.reads.as_deref_mut().and_then(|r| r.on.take());
+            if let Some(replica) = replica.filter(|_| server.broken) {
+                replica.mark_down();
+            }
             let app = self.app.clone();
             tokio::spawn(async move {
                 match cancel {

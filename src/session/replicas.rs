@@ -249,19 +249,38 @@ impl Session {
     }
 
     /// Before a message is planned: work on the primary that is not proven to only read may
-    /// write (its commit position is then asked for, see [`Session::commit_position_due`]).
+    /// write (its commit position is then asked for, see [`Session::commit_position_due`]),
+    /// and work that names `synchronous_commit` may commit without a flush.
     #[inline]
     pub(super) fn note_primary_work(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) {
-        let on_primary = self
-            .reads
-            .as_deref()
-            .is_some_and(|r| r.on.is_none() && !r.wrote);
+        let on_primary = self.reads.as_deref().is_some_and(|r| r.on.is_none());
         if !on_primary || !matches!(tag, fe::QUERY | fe::BIND | fe::FUNCTION_CALL) {
             return;
         }
-        if !self.message_only_reads(tag, len, query_text_len) {
-            self.reads.as_deref_mut().expect("checked above").wrote = true;
-        }
+        let maybe_async = self.names_synchronous_commit(tag, len, query_text_len);
+        let wrote = self.reads.as_deref().is_some_and(|r| r.wrote)
+            || !self.message_only_reads(tag, len, query_text_len);
+        let reads = self.reads.as_deref_mut().expect("checked above");
+        reads.wrote = wrote;
+        reads.maybe_async |= maybe_async;
+    }
+
+    /// Whether the message's statement names `synchronous_commit` (in any case; a function
+    /// called by OID may do anything).
+    fn names_synchronous_commit(&self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
+        let text = match tag {
+            fe::QUERY => query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
+            fe::BIND => fe::Bind::parse(body(&self.client.rbuf[..len]))
+                .and_then(|b| self.plan.stmts.as_ref()?.get(b.statement))
+                .map(|s| &s.key.query[..]),
+            _ => return true,
+        };
+        let Some(text) = text else {
+            return true;
+        };
+        const NAME: &[u8] = b"synchronous_commit";
+        text.windows(NAME.len())
+            .any(|w| w.eq_ignore_ascii_case(NAME))
     }
 
     /// Whether the primary's position must be asked for before the server goes back: work
@@ -288,17 +307,19 @@ impl Session {
         let Some(server) = self.server.as_mut() else {
             return Ok(());
         };
+        let maybe_async = self.reads.as_deref().is_some_and(|r| r.maybe_async);
         let rows = server.internal_query(lsn::COMMIT_POSITION_SQL).await;
         let at = rows
             .ok()
             .and_then(|rows| rows.into_iter().next())
-            .and_then(|row| lsn::commit_position(&row));
+            .and_then(|row| lsn::commit_position(&row, maybe_async));
         let reads = self.reads.as_deref_mut().expect("commit_position_due");
         match at {
             Some(at) => {
                 reads.committed = reads.committed.max(at);
                 reads.unsure = false;
                 reads.wrote = false;
+                reads.maybe_async = false;
                 reads.set.note_primary(at, reads.set.now_us());
             }
             None => {
@@ -320,7 +341,14 @@ impl Session {
     /// The server held goes back to the pool it came from (a replica's, or the primary's).
     pub(super) fn give_server_back(&mut self, server: Box<ServerConn>, now: crate::clock::Moment) {
         match self.reads.as_deref_mut().and_then(|r| r.on.take()) {
-            Some(replica) => replica.pool.checkin_at(server, now),
+            Some(replica) => {
+                if server.broken {
+                    // Gone under a read (a standby shutting down): no more reads there until
+                    // its monitor finds it up again.
+                    replica.mark_down();
+                }
+                replica.pool.checkin_at(server, now)
+            }
             None => self.pool.checkin_at(server, now),
         }
     }
