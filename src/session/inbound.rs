@@ -3,7 +3,7 @@
 //! schema watches, planned (statements renamed, injected, autoprepared or answered locally) and
 //! forwarded; malformed input ends the session as PostgreSQL ends it.
 
-use super::{planner, End, Readable, ReadableAt, Session, HIGH_WATER};
+use super::{planner, replicas, End, Readable, ReadableAt, Session, HIGH_WATER};
 use crate::app::ClientState;
 use crate::buffers;
 use crate::pool::{CheckoutError, PoolMode};
@@ -72,11 +72,8 @@ impl Session {
             }
             let query_text_len = self.find_query_text(tag, len);
             self.forget_portal_left_by_hit(tag, len);
-            if self.transaction_control(tag, len, query_text_len)
-                || self.extended_control(tag)
-                || self.replica_control(tag, len, query_text_len)
-            {
-                continue; // a block kept without a server opened or ended, or answered here
+            if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag) {
+                continue; // a block kept without a server opened or ended
             }
             if self.cache_may_answer(tag) {
                 let answered = match self.cache_client_message(tag, len, query_text_len) {
@@ -96,18 +93,14 @@ impl Session {
                 Next::Stop => return Ok(()),
                 Next::End(end) => return Err(end),
             };
-            if !acquire && self.reads.is_some() && self.waits_for_primary(tag, len, query_text_len)
-            {
-                // Pipelined after work a replica runs, and not proven to only read: it waits
-                // for the replica's replies, then takes the primary.
-                if self.replies.is_empty() {
-                    self.release_if_done();
+            if self.reads.is_some() {
+                // Only for pools with replicas: one test here for the others.
+                match self.replica_stage(tag, len, query_text_len, acquire) {
+                    replicas::Stage::Go => {}
+                    replicas::Stage::Answered => continue,
+                    replicas::Stage::Wait => return Ok(()),
+                    replicas::Stage::Acquire => acquire = true,
                 }
-                if self.server.is_some() {
-                    self.plan.waiting = true;
-                    return Ok(());
-                }
-                acquire = true;
             }
             self.info.start_query(now_us);
             // Kept across the waits below as a flag, not the threshold: the session's task
@@ -141,7 +134,6 @@ impl Session {
             // Read before planning, which may consume the message; counted unless it waits
             // to be planned again.
             let named = matches!(tag, fe::PARSE | fe::BIND) && self.names_a_statement(tag, len);
-            self.note_primary_work(tag, len, query_text_len);
             let plan = self.plan_client_message(tag, len, query_text_len, query_words, autoprepare);
             if named && plan != planner::Plan::Wait {
                 self.count_named_statement_message(tag);
@@ -434,6 +426,9 @@ impl Session {
         }
         if self.server.is_none() && !self.acquire_server_at_once() {
             self.acquire_server().await?;
+        }
+        if self.reads.is_some() {
+            self.note_primary_work(tag, len, query_text_len);
         }
         Ok(())
     }

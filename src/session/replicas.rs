@@ -25,6 +25,18 @@ use bytes::Buf;
 /// The setting a client raises its floor with (a placeholder PostgreSQL keeps for it).
 pub(super) const MIN_READ_LSN: &str = "pgmemo.min_read_lsn";
 
+/// What [`Session::replica_stage`] decided for a client message.
+pub(super) enum Stage {
+    /// On as usual.
+    Go,
+    /// Answered here (`SHOW pgmemo.read_lsn`): consumed.
+    Answered,
+    /// Not read now: it waits for the replica's replies (see `Session::replica_stage`).
+    Wait,
+    /// It takes a server (the replica's went back).
+    Acquire,
+}
+
 /// How often a session waiting for a replica to replay its floor asks it again.
 const ASK_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -197,13 +209,7 @@ impl Session {
     /// the server held is a replica's and the message is not proven to only read (pipelined
     /// after the work that went there). It goes to the primary once the replica's server
     /// is given back, when the replies still owed are in.
-    #[inline]
-    pub(super) fn waits_for_primary(
-        &mut self,
-        tag: u8,
-        len: usize,
-        query_text_len: Option<usize>,
-    ) -> bool {
+    fn waits_for_primary(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
         if self.reads.as_deref().is_none_or(|r| r.on.is_none()) {
             return false;
         }
@@ -339,31 +345,69 @@ impl Session {
     }
 
     /// The server held goes back to the pool it came from (a replica's, or the primary's).
+    #[inline]
     pub(super) fn give_server_back(&mut self, server: Box<ServerConn>, now: crate::clock::Moment) {
-        match self.reads.as_deref_mut().and_then(|r| r.on.take()) {
-            Some(replica) => {
-                if server.broken {
-                    // Gone under a read (a standby shutting down): no more reads there until
-                    // its monitor finds it up again.
-                    replica.mark_down();
-                }
-                replica.pool.checkin_at(server, now)
-            }
+        match self.reads.as_deref().and_then(|r| r.on.as_ref()) {
             None => self.pool.checkin_at(server, now),
+            Some(_) => self.give_replica_server_back(server, now),
         }
+    }
+
+    /// [`Session::give_server_back`] for a replica's server.
+    #[cold]
+    fn give_replica_server_back(&mut self, server: Box<ServerConn>, now: crate::clock::Moment) {
+        let Some(replica) = self.reads.as_deref_mut().and_then(|r| r.on.take()) else {
+            return self.pool.checkin_at(server, now);
+        };
+        if server.broken {
+            // Gone under a read (a standby shutting down): no more reads there until its
+            // monitor finds it up again.
+            replica.mark_down();
+        }
+        replica.pool.checkin_at(server, now)
+    }
+
+    /// The replica feature's stage of a client message (called only for pools with
+    /// replicas, after [`Session::server_for`]; `acquire`: the message takes a server, none is
+    /// held): `SHOW pgmemo.read_lsn` answered; a message pipelined behind work a replica runs
+    /// that is not proven to only read waits for the primary; work on the primary noted
+    /// (routing itself happens where a server is taken, see [`Session::acquire_replica`]).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn replica_stage(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+        acquire: bool,
+    ) -> Stage {
+        if self.answer_read_lsn(tag, len, query_text_len) {
+            return Stage::Answered;
+        }
+        if acquire {
+            return Stage::Go;
+        }
+        if self.waits_for_primary(tag, len, query_text_len) {
+            // Pipelined after work a replica runs, and not proven to only read: it waits for
+            // the replica's replies, then takes the primary.
+            if self.replies.is_empty() {
+                self.release_if_done();
+            }
+            if self.server.is_some() {
+                self.plan.waiting = true;
+                return Stage::Wait;
+            }
+            return Stage::Acquire;
+        }
+        self.note_primary_work(tag, len, query_text_len);
+        Stage::Go
     }
 
     /// `SHOW pgmemo.read_lsn`, answered here: the WAL position the client's reads must see.
     /// Only when nothing of the client's is in flight (its reply comes in order); otherwise
     /// the server answers (that it knows no such setting).
-    #[inline]
-    pub(super) fn replica_control(
-        &mut self,
-        tag: u8,
-        len: usize,
-        query_text_len: Option<usize>,
-    ) -> bool {
-        if tag != fe::QUERY || self.reads.is_none() || !self.replies.is_empty() {
+    fn answer_read_lsn(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
+        if tag != fe::QUERY || !self.replies.is_empty() {
             return false;
         }
         let Some(text_len) = query_text_len else {
@@ -372,7 +416,9 @@ impl Session {
         if !is_show_read_lsn(fe::query_text_of(&self.client.rbuf, text_len)) {
             return false;
         }
-        let reads = self.reads.as_deref().expect("checked above");
+        let Some(reads) = self.reads.as_deref() else {
+            return false;
+        };
         let floor = match reads.floor(self.params.settings.get(MIN_READ_LSN)) {
             u64::MAX => None,
             at => Some(lsn::format(at)),
