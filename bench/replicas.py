@@ -15,8 +15,8 @@ in a table of its own: a read-your-writes violation), then 9 point reads of othe
   machine's two cores with everything else: not what a second machine would add);
 - the share of reads executed on the replica (SHOW REPLICAS' reads over the reads sent);
 - violations (rows not read back);
-- the primary's transactions per request (pg_stat_database: the write, the position question,
-  the reads that stayed on the primary);
+- the client statements the primary ran per request (SHOW STATS' queries less the replica's
+  reads: the write and the reads that stayed), and the position questions pgmemo asked;
 - then, with `bench/profile.sh` (callgrind, 1 client, 2,000 requests of the write alone):
   pgmemo's instructions per write with and without the replica configured: the cost of
   learning a write's position, on top of its one extra round trip.
@@ -98,6 +98,19 @@ def replica_reads(ctx: b.Ctx, port: int) -> int:
     return sum(int(line.split("|")[8]) for line in rows.splitlines() if line)
 
 
+def queries(ctx: b.Ctx, port: int) -> int:
+    """The client statements pgmemo ran for the bench database (SHOW STATS' total_query_count:
+    on the primary or a replica)."""
+    out = subprocess.run([b.tool(ctx.pg_bindir, "psql"), "-h", "127.0.0.1", "-p", str(port), "-U",
+                          b.DB_USER, "-d", "pgmemo", "-c", "SHOW STATS", "--csv"], capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    if not lines:
+        return 0
+    header = lines[0].split(",")
+    at = header.index("total_query_count")
+    return sum(int(l.split(",")[at]) for l in lines[1:] if l.split(",")[0] == b.DB_NAME)
+
+
 def bench(ctx: b.Ctx, args) -> int:
     pg = b.Postgres(ctx, b.free_port())
     pg.extra_conf = "synchronous_commit = on\nwal_level = replica\nmax_wal_senders = 10\n"
@@ -125,11 +138,11 @@ def bench(ctx: b.Ctx, args) -> int:
     script = BENCH_DIR / "replicas_rw.sql"
     print(f"\n## Reads on a replica, read-your-writes ({args.clients} clients, {args.duration} s, "
           f"scale {args.scale}, git {b.git_rev()})\n")
-    print("| protocol | pgmemo | requests/s | reads on the replica | violations | primary transactions per request |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| protocol | pgmemo | requests/s | reads on the replica | violations | client statements on the primary per request | position questions per request |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for mode, (name, port) in [(m, t) for m in ["simple", "extended"] for t in ports.items()]:
         reads0 = replica_reads(ctx, port) if name == "with the replica" else 0
-        xacts0 = int(sql(ctx, pg.port, f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{b.DB_NAME}'") or 0)
+        queries0 = queries(ctx, port)
         bad0 = int(sql(ctx, pg.port, "SELECT count(*) FROM rw_violations") or 0)
         run = subprocess.run([ctx.pgbench, "-n", "-f", str(script), "-M", mode, "-c", str(args.clients),
                               "-j", "2", "-T", str(args.duration), "-s", str(args.scale),
@@ -143,13 +156,14 @@ def bench(ctx: b.Ctx, args) -> int:
             raise b.BenchError(f"pgbench failed:\n{out[-2000:]}")
         requests = int(tx.group(1))
         on_replica = replica_reads(ctx, port) - reads0 if name == "with the replica" else 0
-        xacts = int(sql(ctx, pg.port, f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{b.DB_NAME}'") or 0) - xacts0
+        on_primary = queries(ctx, port) - queries0 - on_replica
         bad = int(sql(ctx, pg.port, "SELECT count(*) FROM rw_violations") or 0) - bad0
         share = on_replica / (requests * READS_PER_REQUEST)
-        # The primary commits the write, and answers its position question in a transaction
-        # of its own; whatever else it runs is reads that did not go to the replica.
+        # The client's statements the primary ran (the write, reads that did not go to the
+        # replica), and with the replica one position question per write.
+        questions = 1 if name == "with the replica" else 0
         print(f"| {mode} | {name} | {float(tps.group(1)):,.0f} | {share:.3f} | {bad} | "
-              f"{xacts / requests:.2f} |")
+              f"{on_primary / requests:.2f} | {questions} |")
     if not args.no_profile:
         profile(ctx, args, pg, sport)
     b.script_done(ctx)
