@@ -251,6 +251,56 @@ impl Config {
         Ok(())
     }
 
+    /// Where a database entry's server is, with the rest that travels with its host: the
+    /// other hosts, the connection options, the replicas (none when `replica_reads` is off):
+    /// the entry's own host, else `"*"`'s, else `[upstream]`'s. An entry's own `replicas`
+    /// may name replicas of a host it takes from `"*"` or `[upstream]`.
+    #[allow(clippy::type_complexity)]
+    fn server_of(
+        entry: &DatabaseConfig,
+        star: &DatabaseConfig,
+        up: Option<&super::Upstream>,
+    ) -> Option<(
+        String,
+        Vec<(String, u16)>,
+        ServerOptions,
+        Vec<(String, u16)>,
+    )> {
+        let own = entry.replicas.as_ref();
+        let (host, fallbacks, server_options, replicas) = if let Some(h) = &entry.host {
+            let replicas = own.cloned().unwrap_or_default();
+            (
+                h.clone(),
+                entry.fallbacks.clone(),
+                entry.options.clone(),
+                replicas,
+            )
+        } else if let Some(h) = &star.host {
+            let replicas = own.or(star.replicas.as_ref()).cloned().unwrap_or_default();
+            (
+                h.clone(),
+                star.fallbacks.clone(),
+                star.options.clone(),
+                replicas,
+            )
+        } else {
+            let up = up?;
+            let replicas = own
+                .or(star.replicas.as_ref())
+                .unwrap_or(&up.replicas)
+                .clone();
+            (
+                up.host.clone(),
+                up.fallbacks.clone(),
+                up.options.clone(),
+                replicas,
+            )
+        };
+        let replica_reads = entry.replica_reads.or(star.replica_reads).unwrap_or(true);
+        let replicas = if replica_reads { replicas } else { Vec::new() };
+        Some((host, fallbacks, server_options, replicas))
+    }
+
     fn wildcard(&self) -> Option<&DatabaseConfig> {
         self.databases.get(WILDCARD_DATABASE)
     }
@@ -336,40 +386,7 @@ impl Config {
         let user_cfg = self.users.get(user);
         let g = &self.general;
 
-        // The other hosts and the connection options travel with the host they were given
-        // with.
-        // So do the replicas: an entry's own (which may name replicas of a host it takes
-        // from "*" or [upstream]), else those given with the host.
-        let (host, fallbacks, server_options, replicas) = if let Some(h) = &entry.host {
-            let replicas = entry.replicas.clone().unwrap_or_default();
-            (
-                h.clone(),
-                entry.fallbacks.clone(),
-                entry.options.clone(),
-                replicas,
-            )
-        } else if let Some(h) = &star.host {
-            let replicas = entry.replicas.as_ref().or(star.replicas.as_ref());
-            let replicas = replicas.cloned().unwrap_or_default();
-            (
-                h.clone(),
-                star.fallbacks.clone(),
-                star.options.clone(),
-                replicas,
-            )
-        } else {
-            let up = up?;
-            let replicas = entry.replicas.as_ref().or(star.replicas.as_ref());
-            let replicas = replicas.unwrap_or(&up.replicas).clone();
-            (
-                up.host.clone(),
-                up.fallbacks.clone(),
-                up.options.clone(),
-                replicas,
-            )
-        };
-        let replica_reads = entry.replica_reads.or(star.replica_reads).unwrap_or(true);
-        let replicas = if replica_reads { replicas } else { Vec::new() };
+        let (host, fallbacks, server_options, replicas) = Config::server_of(entry, star, up)?;
         let port = entry
             .port
             .or(star.port)
