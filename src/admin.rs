@@ -1693,6 +1693,13 @@ pub fn show_databases(app: &App) -> Table {
                 text(clients),
                 text(u8::from(paused)),
                 text(u8::from(app.is_disabled(&name))),
+                text(
+                    db.replicas
+                        .iter()
+                        .map(|(h, p)| format!("{h}:{p}"))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
             ])
         })
         .collect();
@@ -1715,6 +1722,7 @@ pub fn show_databases(app: &App) -> Table {
             "current_client_connections",
             "paused",
             "disabled",
+            "replicas",
         ],
         rows,
     }

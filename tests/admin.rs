@@ -442,7 +442,17 @@ async fn databases_users_and_lists_agree_with_clients_and_servers() {
             "current_client_connections",
             "paused",
             "disabled",
+            // pgmemo's own, after PgBouncer's.
+            "replicas",
         ]
+    );
+    assert_eq!(
+        val(
+            databases.iter().find(|r| val(r, "name") == DB).unwrap(),
+            "replicas"
+        ),
+        "",
+        "no replicas configured"
     );
     let db = databases
         .iter()

@@ -201,6 +201,12 @@ async fn the_console_shows_each_replica_its_lag_and_the_reads_it_took() {
     let reads: u64 = r.get("reads").unwrap().parse().unwrap();
     assert!(reads >= 5, "{reads} reads counted");
     assert!(r.get("lag_bytes").unwrap().parse::<u64>().is_ok());
+    let databases = table(console.simple_query("SHOW DATABASES").await.unwrap());
+    let postgres = databases.iter().find(|d| d.get("name") == Some("postgres"));
+    assert_eq!(
+        postgres.and_then(|d| d.get("replicas")),
+        Some(format!("127.0.0.1:{}", standby.port()).as_str())
+    );
     let servers = table(console.simple_query("SHOW SERVERS").await.unwrap());
     let role_of = |port: u16| {
         servers
