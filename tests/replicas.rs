@@ -141,6 +141,16 @@ async fn reads_that_provably_only_read_go_to_the_replica_and_everything_else_to_
         let row = client.query_one(&read, &[&1i64]).await.unwrap();
         assert_eq!(row.get::<_, String>(0), s.to_string(), "a prepared read");
     }
+    let hinted = format!("SELECT {port} FROM items WHERE id = $1 /* pgmemo primary */");
+    let hinted = client.prepare(&hinted).await.unwrap();
+    for _ in 0..2 {
+        let row = client.query_one(&hinted, &[&1i64]).await.unwrap();
+        assert_eq!(
+            row.get::<_, String>(0),
+            p.to_string(),
+            "a prepared read, hinted"
+        );
+    }
     let locking = format!("SELECT {port} FROM items WHERE id = $1 FOR UPDATE");
     let row = client.query_one(&locking, &[&1i64]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), p.to_string(), "{locking}");

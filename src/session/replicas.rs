@@ -25,6 +25,14 @@ use bytes::Buf;
 /// The setting a client raises its floor with (a placeholder PostgreSQL keeps for it).
 pub(super) const MIN_READ_LSN: &str = "pgmemo.min_read_lsn";
 
+/// A statement a Bind runs, for [`Session::statement_only_reads`].
+enum Statement<'a> {
+    /// One the client prepared before.
+    Known(&'a std::sync::Arc<crate::statements::Statement>),
+    /// One a Parse of the batch at hand gives (its text).
+    Parsed(&'a [u8]),
+}
+
 /// What [`Session::replica_stage`] decided for a client message.
 pub(super) enum Stage {
     /// On as usual.
@@ -168,16 +176,17 @@ impl Session {
         analysis.is_some_and(|a| catalog.only_reads(&a))
     }
 
-    /// Whether a prepared statement's text only reads (and asks for no primary).
-    fn statement_only_reads(&self, text: &[u8], catalog: &Catalog) -> bool {
+    /// Whether a statement of the extended protocol only reads (and asks for no primary):
+    /// one the client prepared (its shape kept with it), or a text parsed in the batch at hand.
+    fn statement_only_reads(&self, statement: Statement<'_>, catalog: &Catalog) -> bool {
+        let (text, shape) = match statement {
+            Statement::Known(s) => (&s.key.query[..], s.shape(&self.app.shapes).cloned()),
+            Statement::Parsed(text) => (text, self.app.shapes.statement(text)),
+        };
         if hint::statement_asks_primary(text) {
             return false;
         }
-        let analysis = self
-            .app
-            .shapes
-            .statement(text)
-            .and_then(|s| s.analysis().cloned());
+        let analysis = shape.and_then(|s| s.analysis().cloned());
         analysis.is_some_and(|a| catalog.only_reads(&a))
     }
 
@@ -198,7 +207,7 @@ impl Session {
                 let body = body(&self.client.rbuf[..len]);
                 let statement =
                     fe::Bind::parse(body).and_then(|b| self.plan.stmts.as_ref()?.get(b.statement));
-                statement.is_some_and(|s| self.statement_only_reads(&s.key.query, &catalog))
+                statement.is_some_and(|s| self.statement_only_reads(Statement::Known(s), &catalog))
             }
             fe::PARSE | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH | fe::SYNC => true,
             _ => false,
@@ -243,11 +252,12 @@ impl Session {
                 }
                 fe::BIND => {
                     let b = fe::Bind::parse(body(message))?;
-                    let text = match parsed.iter().rev().find(|(n, _)| *n == b.statement) {
-                        Some((_, text)) => text,
-                        None => &self.plan.stmts.as_ref()?.get(b.statement)?.key.query[..],
+                    let statement = match parsed.iter().rev().find(|(n, _)| *n == b.statement) {
+                        Some((_, text)) => Statement::Parsed(text),
+                        None => Statement::Known(self.plan.stmts.as_ref()?.get(b.statement)?),
                     };
-                    self.statement_only_reads(text, catalog).then_some(())?;
+                    self.statement_only_reads(statement, catalog)
+                        .then_some(())?;
                 }
                 _ => return None,
             }
