@@ -100,6 +100,9 @@ pub enum Action {
     /// A message pgmemo sent on its own account, at a point between the client's units of
     /// work: every reply is swallowed, an error too (it concerns nothing the client sent).
     Silent,
+    /// pgmemo's question for the primary's WAL position after a client's unit of work (see
+    /// `session::replicas`): as [`Action::Silent`], its row read as it passes.
+    Position,
     /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
     /// error-skip and transaction rules apply); the client sees the error rewritten.
     ReplaceError(Box<ErrorRewrite>),
@@ -479,6 +482,22 @@ impl ReplyQueue {
     }
 
     /// Whether the head entry is the Bind of a simple query run as an autoprepared statement.
+    /// Whether the head entry is pgmemo's question for a WAL position ([`Action::Position`]).
+    pub fn head_is_position(&self) -> bool {
+        self.entries
+            .front()
+            .is_some_and(|e| matches!(e.action, Action::Position))
+    }
+
+    /// Whether the last entry queued is a client's unit of work's end: a simple query's, or
+    /// a Sync's.
+    pub fn ends_with_unit(&self) -> bool {
+        self.entries.back().is_some_and(|e| {
+            matches!(e.expected, Expected::Query | Expected::Sync)
+                && matches!(e.action, Action::Forward)
+        })
+    }
+
     pub fn head_is_autoprepared_bind(&self) -> bool {
         self.entries.front().is_some_and(|e| {
             e.expected == Expected::Bind && matches!(e.action, Action::AsSimpleQuery)
@@ -729,7 +748,7 @@ impl ReplyQueue {
             // A notification is the client's whatever pgmemo is doing on its server: the
             // server sends it when it goes idle, which may be at the end of pgmemo's own work.
             (_, be::NOTIFICATION_RESPONSE) => Route::Forward,
-            (Action::Silent, _) => Route::Swallow,
+            (Action::Silent | Action::Position, _) => Route::Swallow,
             // A query pgmemo sent for the client (a kept block's BEGIN): its error is shown.
             (Action::Skip, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Forward,
             (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,

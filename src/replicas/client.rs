@@ -26,6 +26,12 @@ pub struct ClientReads {
     /// That work named `synchronous_commit` (or called a function by OID): its commit may
     /// not be flushed when it returns (see [`super::lsn::commit_position`]).
     pub maybe_async: bool,
+    /// A question for the primary's position is in flight, sent behind the client's unit of
+    /// work (see `Session::ask_position`).
+    pub asked: bool,
+    /// That work may start a COPY FROM STDIN (it names `copy`): nothing may be sent behind
+    /// it, the position is asked once the server is idle instead.
+    pub no_pipelining: bool,
     /// The last question for a commit position failed: the floor is not known (reads go to
     /// the primary) until the next one, asked after the client's next work on the primary.
     pub unsure: bool,
@@ -41,6 +47,8 @@ impl ClientReads {
             seen: 0,
             wrote: false,
             maybe_async: false,
+            asked: false,
+            no_pipelining: false,
             unsure: false,
         })
     }
@@ -56,6 +64,22 @@ impl ClientReads {
         let given = min_read_lsn.and_then(super::lsn::parse).unwrap_or(0);
         let last = self.last.as_ref().map_or(0, |l| l.replayed());
         self.committed.max(self.seen).max(given).max(last)
+    }
+
+    /// The primary's position after the client's work is known: `at` (None: the question
+    /// failed, the floor is unknown until the next one).
+    pub fn learnt(&mut self, at: Option<u64>) {
+        match at {
+            Some(at) => {
+                self.committed = self.committed.max(at);
+                self.unsure = false;
+                self.wrote = false;
+                self.maybe_async = false;
+                self.no_pipelining = false;
+                self.set.note_primary(at, self.set.now_us());
+            }
+            None => self.unsure = true,
+        }
     }
 
     /// A read of the client goes to `replica`, known to have replayed `replayed`.

@@ -460,6 +460,9 @@ impl Session {
                 if let Err(end) = self.handle_client_messages().await {
                     return end;
                 }
+                if self.reads.is_some() {
+                    self.ask_position();
+                }
             }
             self.note_running();
             // A message planned again after a wait may have been answered by pgmemo alone,

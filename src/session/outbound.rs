@@ -41,6 +41,7 @@ impl Session {
             let out_at = self.client.wbuf.len();
             let again = self.again(tag, len);
             self.observe_description(tag, len);
+            self.note_position(tag, len);
             // Whose error it is, read before the queue moves on: pgmemo's own query's, or the
             // client's statement's (swallowed when pgmemo prepares it silently).
             let own_error = tag == be::ERROR_RESPONSE && self.replies.answers_internal();

@@ -273,17 +273,19 @@ impl Session {
         if !on_primary || !matches!(tag, fe::QUERY | fe::BIND | fe::FUNCTION_CALL) {
             return;
         }
-        let maybe_async = self.names_synchronous_commit(tag, len, query_text_len);
+        let maybe_async = self.names(b"synchronous_commit", tag, len, query_text_len);
+        let copy = self.names(b"copy", tag, len, query_text_len);
         let wrote = self.reads.as_deref().is_some_and(|r| r.wrote)
             || !self.message_only_reads(tag, len, query_text_len);
         let reads = self.reads.as_deref_mut().expect("checked above");
         reads.wrote = wrote;
         reads.maybe_async |= maybe_async;
+        reads.no_pipelining |= copy;
     }
 
-    /// Whether the message's statement names `synchronous_commit` (in any case; a function
-    /// called by OID may do anything).
-    fn names_synchronous_commit(&self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
+    /// Whether the message's statement has `name` in it, in any case (a function called by
+    /// OID may do anything: yes).
+    fn names(&self, name: &[u8], tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
         let text = match tag {
             fe::QUERY => query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
             fe::BIND => fe::Bind::parse(body(&self.client.rbuf[..len]))
@@ -294,9 +296,8 @@ impl Session {
         let Some(text) = text else {
             return true;
         };
-        const NAME: &[u8] = b"synchronous_commit";
-        text.windows(NAME.len())
-            .any(|w| w.eq_ignore_ascii_case(NAME))
+        text.windows(name.len())
+            .any(|w| w.eq_ignore_ascii_case(name))
     }
 
     /// Whether the primary's position must be asked for before the server goes back: work
@@ -305,7 +306,7 @@ impl Session {
     pub(super) fn commit_position_due(&self) -> bool {
         self.reads
             .as_deref()
-            .is_some_and(|r| r.wrote && r.on.is_none())
+            .is_some_and(|r| r.wrote && r.on.is_none() && !r.asked)
     }
 
     /// Asks the primary, idle after the client's work, for its WAL position: at or past the
@@ -329,21 +330,73 @@ impl Session {
             .ok()
             .and_then(|rows| rows.into_iter().next())
             .and_then(|row| lsn::commit_position(&row, maybe_async));
-        let reads = self.reads.as_deref_mut().expect("commit_position_due");
-        match at {
-            Some(at) => {
-                reads.committed = reads.committed.max(at);
-                reads.unsure = false;
-                reads.wrote = false;
-                reads.maybe_async = false;
-                reads.set.note_primary(at, reads.set.now_us());
-            }
-            None => {
-                // Asked again after the client's next work on the primary, whatever it is.
-                reads.unsure = true;
-            }
-        }
+        self.reads
+            .as_deref_mut()
+            .expect("commit_position_due")
+            .learnt(at);
         Ok(())
+    }
+
+    /// After the client's messages of a wake: when the last one ended a unit of work on the
+    /// primary that may have written, the question for the primary's position goes right
+    /// behind it, in the same write (no round trip of its own). Its row is read as it passes
+    /// ([`Session::note_position`]); it counts only if the client's unit left the server
+    /// idle (its transaction ended), else it is asked again later.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn ask_position(&mut self) {
+        let Some(reads) = self.reads.as_deref_mut() else {
+            return;
+        };
+        if reads.on.is_some() || !reads.wrote || reads.asked || reads.no_pipelining {
+            return;
+        }
+        let Some(server) = self.server.as_mut() else {
+            return;
+        };
+        if !self.replies.ends_with_unit() {
+            return;
+        }
+        fe::query(&mut server.wbuf, lsn::COMMIT_POSITION_SQL);
+        self.replies.push_entry(crate::replies::Entry {
+            expected: crate::replies::Expected::Internal,
+            action: crate::replies::Action::Position,
+            effect: None,
+        });
+        reads.asked = true;
+    }
+
+    /// A server message, before the reply queue routes it: the row of pgmemo's question for
+    /// the primary's position (see [`Session::ask_position`]) is read, and its
+    /// ReadyForQuery ends the question.
+    #[inline]
+    pub(super) fn note_position(&mut self, tag: u8, len: usize) {
+        if self.reads.is_none() || !matches!(tag, be::DATA_ROW | be::READY_FOR_QUERY) {
+            return;
+        }
+        self.read_position(tag, len);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_position(&mut self, tag: u8, len: usize) {
+        if !self.replies.head_is_position() {
+            return;
+        }
+        let (Some(server), Some(reads)) = (self.server.as_ref(), self.reads.as_deref_mut()) else {
+            return;
+        };
+        if tag == be::READY_FOR_QUERY {
+            reads.asked = false;
+            return;
+        }
+        // The client's unit ended its transaction (the ReadyForQuery before this row said
+        // so): the position is past its commit. Otherwise (a block goes on) it says nothing.
+        if server.status == b'I' {
+            let row = crate::server::parse_text_row(body(&server.rbuf[..len]));
+            let at = lsn::commit_position(&row, reads.maybe_async);
+            reads.learnt(at);
+        }
     }
 
     /// The pool the server held came from (a replica's, or the primary's).
