@@ -416,6 +416,65 @@ async fn an_asynchronous_commit_is_read_back_all_the_same() {
     assert_eq!(missed, 0, "asynchronous commits not read back");
 }
 
+/// Writes of every kind are read back at once: prepared (extended protocol), a block of
+/// separate statements (the position asked behind the INSERT says nothing: the block goes
+/// on; behind the COMMIT it counts), and COPY FROM STDIN (nothing may follow it in the same
+/// write: the position is asked once the server is idle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_every_kind_are_read_back() {
+    use futures_util::SinkExt;
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let client = connect(&url_of(&proxy)).await;
+    let insert = client
+        .prepare("INSERT INTO items VALUES ($1, 'p')")
+        .await
+        .unwrap();
+    let read = client
+        .prepare("SELECT count(*) FROM items WHERE id = $1")
+        .await
+        .unwrap();
+    let sport = standby.port().to_string();
+    let (mut missed, mut on_replica) = (0, 0);
+    for i in 0..60i64 {
+        let id = 20_000 + i;
+        match i % 3 {
+            0 => {
+                client.execute(&insert, &[&id]).await.unwrap();
+            }
+            1 => {
+                client.simple_query("BEGIN").await.unwrap();
+                client
+                    .simple_query(&format!("INSERT INTO items VALUES ({id}, 'b')"))
+                    .await
+                    .unwrap();
+                client.simple_query("COMMIT").await.unwrap();
+            }
+            _ => {
+                let sink = client
+                    .copy_in::<_, bytes::Bytes>("COPY items (id, v) FROM STDIN")
+                    .await
+                    .unwrap();
+                futures_util::pin_mut!(sink);
+                sink.send(bytes::Bytes::from(format!("{id}\tc\n")))
+                    .await
+                    .unwrap();
+                assert_eq!(sink.finish().await.unwrap(), 1);
+            }
+        }
+        let n: i64 = client.query_one(&read, &[&id]).await.unwrap().get(0);
+        let port = value(&client, "SELECT current_setting('port')").await;
+        if n != 1 {
+            missed += 1;
+        }
+        if port == sport {
+            on_replica += 1;
+        }
+    }
+    assert_eq!(missed, 0, "writes not read back");
+    assert!(on_replica > 30, "only {on_replica} of 60 reads on the replica");
+}
+
 /// The rows of a simple query's reply: its first column, and its second.
 fn rows(messages: &[tokio_postgres::SimpleQueryMessage]) -> Vec<(String, Option<String>)> {
     messages
