@@ -472,7 +472,10 @@ async fn writes_of_every_kind_are_read_back() {
         }
     }
     assert_eq!(missed, 0, "writes not read back");
-    assert!(on_replica > 30, "only {on_replica} of 60 reads on the replica");
+    assert!(
+        on_replica > 30,
+        "only {on_replica} of 60 reads on the replica"
+    );
 }
 
 /// The rows of a simple query's reply: its first column, and its second.
