@@ -489,6 +489,11 @@ impl ReplyQueue {
             .is_some_and(|e| matches!(e.action, Action::Position))
     }
 
+    /// Whether nothing but pgmemo's question for a WAL position is in flight.
+    pub fn only_position_pending(&self) -> bool {
+        self.entries.len() == 1 && self.head_is_position()
+    }
+
     /// Whether the last entry queued is a client's unit of work's end: a simple query's, or
     /// a Sync's.
     pub fn ends_with_unit(&self) -> bool {

@@ -462,8 +462,36 @@ impl Session {
             }
             return Stage::Acquire;
         }
+        if self.waits_for_position(tag, query_text_len) {
+            // Nothing but pgmemo's question for the position of the client's last write is
+            // in flight on the primary's server, and this unit only reads: it waits for the
+            // answer (the server then goes back), and is routed as any read.
+            self.plan.waiting = true;
+            return Stage::Wait;
+        }
         self.note_primary_work(tag, len, query_text_len);
         Stage::Go
+    }
+
+    /// Whether the unit of work at the head of the client's input, which provably only
+    /// reads, comes while the primary's server is held for nothing but the question for the
+    /// position of the client's last write ([`Session::ask_position`]).
+    fn waits_for_position(&mut self, tag: u8, query_text_len: Option<usize>) -> bool {
+        let asked = self
+            .reads
+            .as_deref()
+            .is_some_and(|r| r.on.is_none() && r.asked);
+        if !asked || !self.replies.only_position_pending() {
+            return false;
+        }
+        let Some(catalog) = self
+            .reads
+            .as_deref()
+            .and_then(|r| r.set.catalog.load_full())
+        else {
+            return false;
+        };
+        self.work_only_reads(tag, query_text_len, &catalog)
     }
 
     /// `SHOW pgmemo.read_lsn`, answered here: the WAL position the client's reads must see.
