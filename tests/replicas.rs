@@ -262,6 +262,29 @@ async fn the_console_shows_each_replica_its_lag_and_the_reads_it_took() {
     assert!(counted >= 5);
 }
 
+/// A RELOAD that drops the replica: reads go to the primary, for the clients connected
+/// before it as for new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_without_the_replica_sends_every_read_to_the_primary() {
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let before = connect(&url_of(&proxy)).await;
+    let read = "SELECT current_setting('port') FROM items LIMIT 1";
+    assert_eq!(ran_on(&before, read).await, standby.port());
+    let mut config = (**proxy.app().config.load()).clone();
+    config.upstream.as_mut().unwrap().replicas.clear();
+    proxy.app().reload(config).expect("the reload");
+    for _ in 0..5 {
+        assert_eq!(
+            ran_on(&before, read).await,
+            primary.port(),
+            "a client from before"
+        );
+    }
+    let after = connect(&url_of(&proxy)).await;
+    assert_eq!(ran_on(&after, read).await, primary.port(), "a new client");
+}
+
 /// Eight clients each write rows through pgmemo and read each at once, and read rows other
 /// clients wrote, given the position they were told (`SHOW pgmemo.read_lsn` by the writer,
 /// `SET pgmemo.min_read_lsn` by the reader). Halfway, the standby's replay is paused for a

@@ -215,6 +215,12 @@ impl Replicas {
         behind.map_or(Pick::None, |r| Pick::Behind(r.clone()))
     }
 
+    /// Whether a reload dropped the set: its clients' reads go to the primary.
+    #[inline]
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Relaxed)
+    }
+
     /// Stops the monitor (a reload dropped the set) and closes the replicas' pools.
     pub fn retire(&self) {
         self.retired.store(true, Relaxed);
@@ -270,6 +276,8 @@ impl Replica {
 /// as they come back.
 fn close_pools(old: &[Arc<Replica>]) {
     for r in old {
+        // No read picks it again (a client's last replica may be one of them).
+        r.mark_down();
         let pool = r.pool.clone();
         tokio::spawn(async move { pool.close().await });
     }

@@ -58,7 +58,7 @@ impl Session {
         query_text_len: Option<usize>,
         query_words: u32,
     ) -> Result<(), End> {
-        let Some(reads) = self.reads.as_deref() else {
+        let Some(reads) = self.reads.as_deref().filter(|r| !r.set.is_retired()) else {
             return Ok(());
         };
         let catalog = reads.set.catalog.load_full();
