@@ -66,23 +66,23 @@ impl Link {
                 }
             }
         }
-        let conn = self.conn.as_mut().expect("connected above");
-        match tokio::time::timeout(RETRY, conn.internal_query(sql)).await {
-            Ok(Ok(rows)) => Ok(rows
+        match self.rows(sql, RETRY).await {
+            Some(rows) => Ok(rows
                 .into_iter()
                 .next()
                 .and_then(|row| row.into_iter().next().flatten())),
-            _ => {
-                self.conn = None;
+            None => {
                 self.retry_at = Some(tokio::time::Instant::now() + RETRY);
                 Err(())
             }
         }
     }
 
-    async fn rows(&mut self, sql: &str) -> Option<Vec<Vec<Option<String>>>> {
+    /// `sql`'s rows on this link's server, if connected, within `within`; None (and the
+    /// connection dropped) when it failed.
+    async fn rows(&mut self, sql: &str, within: Duration) -> Option<Vec<Vec<Option<String>>>> {
         let conn = self.conn.as_mut()?;
-        match tokio::time::timeout(Duration::from_secs(10), conn.internal_query(sql)).await {
+        match tokio::time::timeout(within, conn.internal_query(sql)).await {
             Ok(Ok(rows)) => Some(rows),
             _ => {
                 self.conn = None;
@@ -151,7 +151,7 @@ async fn run(weak: Weak<Replicas>) {
                 .is_none_or(|c| c.is_stale(set.now_us()));
             if stale && replica.is_up() {
                 let read_at = set.now_us();
-                if let Some(rows) = link.rows(CATALOG_SQL).await {
+                if let Some(rows) = link.rows(CATALOG_SQL, Duration::from_secs(10)).await {
                     set.catalog
                         .store(Some(Arc::new(Catalog::from_rows(&rows, read_at))));
                 }

@@ -870,10 +870,9 @@ impl Session {
                 let info = &server.info;
                 (info.cancel_addr(), info.backend_pid, server.backend_secret)
             });
-            self.server_pool().release_slot(&server);
-            let replica = self.reads.as_deref_mut().and_then(|r| r.on.take());
-            if let Some(replica) = replica.filter(|_| server.broken) {
-                replica.mark_down();
+            match self.let_replica_server_go(&server) {
+                Some(replica) => replica.pool.release_slot(&server),
+                None => self.pool.release_slot(&server),
             }
             let app = self.app.clone();
             tokio::spawn(async move {

@@ -7,8 +7,9 @@
 //!   the client's floor ([`crate::replicas::ClientReads::floor`]), waiting up to
 //!   `replica_wait` for one to, else to the primary.
 //! - Read-your-writes: work on the primary that is not proven read-only has the primary's
-//!   WAL position asked for once the server is idle again (after its commit), before the
-//!   server goes back; that position is the client's floor.
+//!   WAL position asked for behind it, in the same write ([`Session::ask_position`]; once
+//!   the server is idle, for what nothing may follow: a COPY), before the server goes back;
+//!   that position is the client's floor.
 //! - Causal reads: `SHOW pgmemo.read_lsn` is answered here with the floor; the client's
 //!   `pgmemo.min_read_lsn` setting (SET, or at connect) raises it.
 
@@ -61,9 +62,8 @@ impl Session {
         let Some(reads) = self.reads.as_deref().filter(|r| !r.set.is_retired()) else {
             return Ok(());
         };
-        let catalog = reads.set.catalog.load_full();
         let now_us = reads.set.now_us();
-        let Some(catalog) = catalog.filter(|c| !c.is_stale(now_us)) else {
+        let Some(catalog) = self.catalog().filter(|c| !c.is_stale(now_us)) else {
             return Ok(());
         };
         if self.server.is_some()
@@ -194,24 +194,29 @@ impl Session {
     /// query or a Bind whose statement only reads, or a message that runs nothing (a Parse,
     /// Describe, Execute of a portal a Bind made, Close, Flush or Sync).
     fn message_only_reads(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
-        let Some(catalog) = self
-            .reads
-            .as_deref()
-            .and_then(|r| r.set.catalog.load_full())
-        else {
+        let Some(catalog) = self.catalog() else {
             return false;
         };
         match tag {
             fe::QUERY => self.query_only_reads(query_text_len, &catalog),
-            fe::BIND => {
-                let body = body(&self.client.rbuf[..len]);
-                let statement =
-                    fe::Bind::parse(body).and_then(|b| self.plan.stmts.as_ref()?.get(b.statement));
-                statement.is_some_and(|s| self.statement_only_reads(Statement::Known(s), &catalog))
-            }
+            fe::BIND => self
+                .bound_statement(len)
+                .is_some_and(|s| self.statement_only_reads(Statement::Known(s), &catalog)),
             fe::PARSE | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH | fe::SYNC => true,
             _ => false,
         }
+    }
+
+    /// What the replicas may run, once their monitor has read it.
+    fn catalog(&self) -> Option<Arc<Catalog>> {
+        self.reads.as_deref()?.set.catalog.load_full()
+    }
+
+    /// The client's statement the Bind at the head of its input (`len` bytes) runs, when
+    /// the planner knows it.
+    fn bound_statement(&self, len: usize) -> Option<&Arc<crate::statements::Statement>> {
+        let bind = fe::Bind::parse(body(&self.client.rbuf[..len]))?;
+        self.plan.stmts.as_ref()?.get(bind.statement)
     }
 
     /// Whether the message at the head of the client's input must wait before it is planned:
@@ -273,8 +278,11 @@ impl Session {
         if !on_primary || !matches!(tag, fe::QUERY | fe::BIND | fe::FUNCTION_CALL) {
             return;
         }
-        let maybe_async = self.names(b"synchronous_commit", tag, len, query_text_len);
-        let copy = self.names(b"copy", tag, len, query_text_len);
+        // A function called by OID (no text) may do anything.
+        let (maybe_async, copy) = match self.statement_text(tag, len, query_text_len) {
+            Some(text) => (names(text, b"synchronous_commit"), names(text, b"copy")),
+            None => (true, true),
+        };
         let wrote = self.reads.as_deref().is_some_and(|r| r.wrote)
             || !self.message_only_reads(tag, len, query_text_len);
         let reads = self.reads.as_deref_mut().expect("checked above");
@@ -283,21 +291,14 @@ impl Session {
         reads.no_pipelining |= copy;
     }
 
-    /// Whether the message's statement has `name` in it, in any case (a function called by
-    /// OID may do anything: yes).
-    fn names(&self, name: &[u8], tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
-        let text = match tag {
+    /// The text of the statement the message runs: a simple query's, or a Bind's statement's
+    /// (None: another message, or one not known).
+    fn statement_text(&self, tag: u8, len: usize, query_text_len: Option<usize>) -> Option<&[u8]> {
+        match tag {
             fe::QUERY => query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n)),
-            fe::BIND => fe::Bind::parse(body(&self.client.rbuf[..len]))
-                .and_then(|b| self.plan.stmts.as_ref()?.get(b.statement))
-                .map(|s| &s.key.query[..]),
-            _ => return true,
-        };
-        let Some(text) = text else {
-            return true;
-        };
-        text.windows(name.len())
-            .any(|w| w.eq_ignore_ascii_case(name))
+            fe::BIND => self.bound_statement(len).map(|s| &s.key.query[..]),
+            _ => None,
+        }
     }
 
     /// Whether the primary's position must be asked for before the server goes back: work
@@ -309,11 +310,10 @@ impl Session {
             .is_some_and(|r| r.wrote && r.on.is_none() && !r.asked)
     }
 
-    /// Asks the primary, idle after the client's work, for its WAL position: at or past the
-    /// commit of whatever that work wrote, and so the client's read-your-writes floor (the
-    /// insert position: past the commit record whether or not it is flushed yet, see
-    /// [`lsn::commit_position`]). The
-    /// client has its replies first. If the question fails, the floor is unknown until the
+    /// Asks the primary, idle after the client's work, for its WAL position (when it could not
+    /// be asked behind the work, see [`Session::ask_position`]): at or past the commit of
+    /// whatever that work wrote, and so the client's read-your-writes floor (see
+    /// [`lsn::commit_position`]). The client has its replies first. If the question fails, the floor is unknown until the
     /// next one succeeds: the client's reads go to the primary meanwhile.
     pub(super) async fn learn_commit_position(&mut self) -> Result<(), End> {
         if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
@@ -399,12 +399,16 @@ impl Session {
         }
     }
 
-    /// The pool the server held came from (a replica's, or the primary's).
-    pub(super) fn server_pool(&self) -> &Arc<crate::pool::Pool> {
-        match self.reads.as_deref().and_then(|r| r.on.as_ref()) {
-            Some(replica) => &replica.pool,
-            None => &self.pool,
+    /// The server held, `server`, leaves the session: the replica it is of, if it is a
+    /// replica's (None: the primary's). A replica whose server broke under a read (a standby
+    /// shutting down) is marked down: no more reads there until its monitor finds it up
+    /// again.
+    pub(super) fn let_replica_server_go(&mut self, server: &ServerConn) -> Option<Arc<Replica>> {
+        let replica = self.reads.as_deref_mut()?.on.take()?;
+        if server.broken {
+            replica.mark_down();
         }
+        Some(replica)
     }
 
     /// The server held goes back to the pool it came from (a replica's, or the primary's).
@@ -419,15 +423,10 @@ impl Session {
     /// [`Session::give_server_back`] for a replica's server.
     #[cold]
     fn give_replica_server_back(&mut self, server: Box<ServerConn>, now: crate::clock::Moment) {
-        let Some(replica) = self.reads.as_deref_mut().and_then(|r| r.on.take()) else {
-            return self.pool.checkin_at(server, now);
-        };
-        if server.broken {
-            // Gone under a read (a standby shutting down): no more reads there until its
-            // monitor finds it up again.
-            replica.mark_down();
+        match self.let_replica_server_go(&server) {
+            Some(replica) => replica.pool.checkin_at(server, now),
+            None => self.pool.checkin_at(server, now),
         }
-        replica.pool.checkin_at(server, now)
     }
 
     /// The replica feature's stage of a client message (called only for pools with
@@ -484,11 +483,7 @@ impl Session {
         if !asked || !self.replies.only_position_pending() {
             return false;
         }
-        let Some(catalog) = self
-            .reads
-            .as_deref()
-            .and_then(|r| r.set.catalog.load_full())
-        else {
+        let Some(catalog) = self.catalog() else {
             return false;
         };
         self.work_only_reads(tag, query_text_len, &catalog)
@@ -532,6 +527,12 @@ impl Session {
             None => self.status_without_server(),
         }
     }
+}
+
+/// Whether `text` has `name` in it, in any case.
+fn names(text: &[u8], name: &[u8]) -> bool {
+    text.windows(name.len())
+        .any(|w| w.eq_ignore_ascii_case(name))
 }
 
 /// Whether `text` is `SHOW pgmemo.read_lsn` (any case and spacing, a `;` at the end).
