@@ -48,8 +48,14 @@ pub struct ValueFilter {
     values: Vec<Source>,
 }
 
-fn slot(database: &str, table: &str, column: &str, what: ColumnVersion) -> u32 {
-    Versions::column_slot(database, table, column, what)
+fn slot(
+    versions: &Versions,
+    database: &str,
+    table: &str,
+    column: &str,
+    what: ColumnVersion,
+) -> u32 {
+    versions.column_slot(database, table, column, what)
 }
 
 /// The slot of the rows of `table` whose `column` (of type `ty`) equals `given` (cast to
@@ -138,7 +144,7 @@ pub fn plan(
     tables: &[Box<str>],
     rows: &[Vec<Option<String>>],
     snapshot: &Snapshot,
-    database: &str,
+    (versions, database): (&Versions, &str),
 ) -> Option<ColumnPlan> {
     if !plain_tables(reads, tables, rows) {
         return None;
@@ -149,20 +155,20 @@ pub fn plan(
     for u in &reads.tables {
         let table = &*u.relation.name;
         let Some(columns) = &u.columns else {
-            slots.push(Versions::table_slot(database, table));
+            slots.push(versions.table_slot(database, table));
             continue;
         };
         let of = snapshot.table_columns(table)?;
         let columns = used_columns(columns, u.star, of)?;
-        slots.push(slot(database, table, "", ColumnVersion::Whole));
+        slots.push(slot(versions, database, table, "", ColumnVersion::Whole));
         for c in &columns {
-            slots.push(slot(database, table, c, ColumnVersion::Assigned));
+            slots.push(slot(versions, database, table, c, ColumnVersion::Assigned));
         }
-        if let Some(h) = held_rows(reads, u, &columns, snapshot, database) {
+        if let Some(h) = held_rows(reads, u, &columns, snapshot, (versions, database)) {
             held.push(h);
         }
         if !total {
-            slots.push(slot(database, table, "", ColumnVersion::Moved));
+            slots.push(slot(versions, database, table, "", ColumnVersion::Moved));
         }
         let filter = u.filter.iter().find_map(|b| {
             let (_, ty) = of.followed.iter().find(|(c, _)| *c == b.column)?;
@@ -176,20 +182,27 @@ pub fn plan(
         match filter {
             Some(f) => {
                 slots.push(slot(
+                    versions,
                     database,
                     table,
                     &f.column,
                     ColumnVersion::UnknownValue,
                 ));
-                slots.push(slot(database, table, "", ColumnVersion::UnknownValues));
+                slots.push(slot(
+                    versions,
+                    database,
+                    table,
+                    "",
+                    ColumnVersion::UnknownValues,
+                ));
                 filters.push(f);
             }
-            None => slots.push(slot(database, table, "", ColumnVersion::RowSet)),
+            None => slots.push(slot(versions, database, table, "", ColumnVersion::RowSet)),
         }
     }
     // A column only shown stops counting once the rows held are known, unless its slot is
     // also another's (two hashes met) or the database's.
-    let database_slot = Versions::database_slot(database);
+    let database_slot = versions.database_slot(database);
     for h in &mut held {
         h.shown_only
             .retain(|s| *s != database_slot && slots.iter().filter(|&x| x == s).count() == 1);
@@ -271,7 +284,7 @@ fn held_rows(
     u: &crate::query::columns::TableUse,
     columns: &[&str],
     snapshot: &Snapshot,
-    database: &str,
+    (versions, database): (&Versions, &str),
 ) -> Option<HeldRows> {
     let table = &*u.relation.name;
     let Some(outside) = &u.outside else {
@@ -290,7 +303,7 @@ fn held_rows(
     let shown_only: Vec<u32> = columns
         .iter()
         .filter(|c| !outside.iter().any(|o| **o == ***c))
-        .map(|c| slot(database, table, c, ColumnVersion::Assigned))
+        .map(|c| slot(versions, database, table, c, ColumnVersion::Assigned))
         .collect();
     if shown_only.is_empty() {
         return None;
@@ -301,7 +314,7 @@ fn held_rows(
         table: table.into(),
         key: snapshot.row_key(table)?.clone(),
         shown_only,
-        unknown_rows: Versions::unknown_rows_slot(database, table),
+        unknown_rows: versions.unknown_rows_slot(database, table),
         unknown_rows_added: false,
     })
 }
@@ -405,7 +418,13 @@ pub fn push_value_slots(
             });
         if !named {
             out.truncate(before);
-            out.push(slot(database, &f.table, "", ColumnVersion::RowSet));
+            out.push(slot(
+                versions,
+                database,
+                &f.table,
+                "",
+                ColumnVersion::RowSet,
+            ));
             fallbacks += 1;
         }
     }
@@ -428,9 +447,9 @@ fn push_row_values<'v>(
             Some((cast, g)) => value_slot(versions, (database, table, c), *ty, cast, g),
             None => None,
         };
-        out.push(
-            slot.unwrap_or_else(|| self::slot(database, table, c, ColumnVersion::UnknownValue)),
-        );
+        out.push(slot.unwrap_or_else(|| {
+            self::slot(versions, database, table, c, ColumnVersion::UnknownValue)
+        }));
     }
 }
 
@@ -447,32 +466,38 @@ pub fn push_write(
 ) {
     let table = &*write.table;
     let Some(of) = of else {
-        out.push(slot(database, table, "", ColumnVersion::Whole));
+        out.push(slot(versions, database, table, "", ColumnVersion::Whole));
         return;
     };
     let assigns = |out: &mut Vec<u32>| {
         if of.generated {
-            out.push(slot(database, table, "", ColumnVersion::Whole));
+            out.push(slot(versions, database, table, "", ColumnVersion::Whole));
             return;
         }
-        out.push(slot(database, table, "", ColumnVersion::Moved));
+        out.push(slot(versions, database, table, "", ColumnVersion::Moved));
         for c in &write.sets {
-            out.push(slot(database, table, c, ColumnVersion::Assigned));
+            out.push(slot(versions, database, table, c, ColumnVersion::Assigned));
         }
     };
     match &write.rows {
         // An UPDATE assigns; a DELETE removes rows whose values are not known.
         Rows::Filter(_) if !write.sets.is_empty() => assigns(out),
         Rows::Filter(_) => {
-            out.push(slot(database, table, "", ColumnVersion::RowSet));
-            out.push(slot(database, table, "", ColumnVersion::UnknownValues));
+            out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
+            out.push(slot(
+                versions,
+                database,
+                table,
+                "",
+                ColumnVersion::UnknownValues,
+            ));
         }
         Rows::Values {
             columns,
             rows,
             conflict,
         } => {
-            out.push(slot(database, table, "", ColumnVersion::RowSet));
+            out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
             for row in rows {
                 push_row_values(
                     of,
@@ -517,23 +542,29 @@ pub fn push_change<'r>(
     out: &mut Vec<u32>,
 ) {
     let Some(of) = of else {
-        out.push(slot(database, table, "", ColumnVersion::Whole));
+        out.push(slot(versions, database, table, "", ColumnVersion::Whole));
         return;
     };
     match change {
         Change::Update(Some(changed)) if !of.generated => {
-            out.push(slot(database, table, "", ColumnVersion::Moved));
+            out.push(slot(versions, database, table, "", ColumnVersion::Moved));
             for c in changed {
-                out.push(slot(database, table, c, ColumnVersion::Assigned));
+                out.push(slot(versions, database, table, c, ColumnVersion::Assigned));
             }
         }
-        Change::Update(_) => out.push(slot(database, table, "", ColumnVersion::Whole)),
+        Change::Update(_) => out.push(slot(versions, database, table, "", ColumnVersion::Whole)),
         Change::Delete { full: false } => {
-            out.push(slot(database, table, "", ColumnVersion::RowSet));
-            out.push(slot(database, table, "", ColumnVersion::UnknownValues));
+            out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
+            out.push(slot(
+                versions,
+                database,
+                table,
+                "",
+                ColumnVersion::UnknownValues,
+            ));
         }
         Change::Insert | Change::Delete { full: true } => {
-            out.push(slot(database, table, "", ColumnVersion::RowSet));
+            out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
             push_row_values(
                 of,
                 (database, table),

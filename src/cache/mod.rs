@@ -574,14 +574,17 @@ impl ResultCache {
     /// Everything cached for `database`, and what pgmemo knows of its catalog, becomes stale.
     fn invalidate_database(&self, database: &str) {
         self.flushes.fetch_add(1, Relaxed);
-        self.versions.bump(catalog_slot(database));
+        self.versions.bump(catalog_slot(&self.versions, database));
         self.versions.bump_database(database);
     }
 
     /// The slots of `database` as a whole and of its catalog, which every result and plan of
     /// it depends on.
     pub fn database_slots(&self, database: &str) -> [u32; 2] {
-        [catalog_slot(database), Versions::database_slot(database)]
+        [
+            catalog_slot(&self.versions, database),
+            self.versions.database_slot(database),
+        ]
     }
 
     /// `CACHE FLUSH`: everything, one database's entries, or what read one table.
@@ -783,7 +786,7 @@ impl ResultCache {
                 let n = pending.len() - before;
                 figures.rows_bumped.fetch_add(n as u64, Relaxed);
             } else {
-                pending.push(Versions::unknown_rows_slot(database, table));
+                pending.push(self.versions.unknown_rows_slot(database, table));
                 figures.unknown_rows.fetch_add(1, Relaxed);
             }
             let of = snapshot.and_then(|s| s.table_columns(table));
@@ -1147,7 +1150,7 @@ impl ResultCache {
         reads: &analysis::Reads,
     ) -> Result<Arc<Plan>, Box<Resolve>> {
         let plan_key = (query.hash, client.path_hash);
-        let catalog = self.versions.get(catalog_slot(at.database));
+        let catalog = self.versions.get(catalog_slot(&self.versions, at.database));
         if let Some(plan) = self.current_plan(plan_key, catalog, query.text) {
             return Ok(plan);
         }
@@ -1202,9 +1205,9 @@ impl ResultCache {
                 figures.point_fills.fetch_add(1, Relaxed);
             } else {
                 // Its values name no row: it depends on every write to its table.
-                let unknown = Versions::unknown_rows_slot(database, &point.table);
+                let unknown = self.versions.unknown_rows_slot(database, &point.table);
                 for slot in slots.iter_mut().filter(|s| **s == unknown) {
-                    *slot = Versions::table_slot(database, &point.table);
+                    *slot = self.versions.table_slot(database, &point.table);
                 }
                 figures.point_fallbacks.fetch_add(1, Relaxed);
             }
@@ -1303,7 +1306,13 @@ impl ResultCache {
             rows,
         ) {
             (Ok(tables), Some(reads), Some(snapshot), Ok(rows)) if point.is_none() => {
-                columns::plan(reads, tables, rows, snapshot, &job.database)
+                columns::plan(
+                    reads,
+                    tables,
+                    rows,
+                    snapshot,
+                    (&self.versions, &job.database),
+                )
             }
             _ => None,
         };
@@ -1313,10 +1322,10 @@ impl ResultCache {
         };
         let slots = tables.as_ref().map(|tables| {
             let table_slot = |t: &str| match point {
-                Some(_) => Versions::unknown_rows_slot(&job.database, t),
-                None => Versions::table_slot(&job.database, t),
+                Some(_) => self.versions.unknown_rows_slot(&job.database, t),
+                None => self.versions.table_slot(&job.database, t),
             };
-            let database = std::iter::once(Versions::database_slot(&job.database));
+            let database = std::iter::once(self.versions.database_slot(&job.database));
             match column_slots {
                 Some(slots) => database.chain(slots).collect::<Box<[u32]>>(),
                 None => database
@@ -1439,7 +1448,7 @@ impl ResultCache {
     /// Whether `snapshot` of `database` was read at the database's current catalog version
     /// (one older than the last DDL is not trusted).
     fn is_current(&self, snapshot: &Snapshot, database: &str) -> bool {
-        snapshot.generation == self.versions.get(catalog_slot(database))
+        snapshot.generation == self.versions.get(catalog_slot(&self.versions, database))
     }
 
     /// Bumps what `effects` may have changed in `database`, and the slots of `rows` (see
@@ -1850,8 +1859,8 @@ impl FirstTierMisses {
 
 /// The slot of a database's catalog version (bumped by DDL; plans and snapshots older than it
 /// are read again).
-fn catalog_slot(database: &str) -> u32 {
-    Versions::table_slot(database, "\0catalog")
+fn catalog_slot(versions: &Versions, database: &str) -> u32 {
+    versions.table_slot(database, "\0catalog")
 }
 
 /// The most row slots a client's open transaction keeps before its writes count as writes

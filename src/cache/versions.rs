@@ -1,10 +1,12 @@
 //! Version counters of tables, for invalidation: a cached result remembers the versions of
 //! the tables it read and of its database, and is served only while they are unchanged.
 //!
-//! A fixed array of counters, indexed by a hash of (database, table name): bumping and reading
-//! are single atomic operations, with no lock and no allocation; two tables that share a slot
-//! only invalidate each other more often than needed. Tables are named without schema, so a
-//! write to `a.t` also invalidates what read `b.t` (rarely costly, never stale).
+//! A fixed array of counters, one per (database, table name) and per version of a table
+//! named below: bumping and reading are single atomic operations, with no lock and no
+//! allocation. Each name claims a slot of its own at its first use (see [`Slots`]), so two
+//! names share one only once the array is nearly full, and two names that share a slot only
+//! invalidate each other more often than needed. Tables are named without schema, so
+//! a write to `a.t` also invalidates what read `b.t` (rarely costly, never stale).
 //!
 //! Each table has two counters there: its *any-write* version, bumped by every write to it
 //! (what reads of ranges, joins and aggregates depend on), and its *unknown-rows* version,
@@ -62,6 +64,8 @@ pub enum ColumnVersion {
 }
 
 pub struct Versions {
+    /// The slot of each name in `slots`.
+    names: Slots,
     slots: Box<[AtomicU64]>,
     /// Rows' versions (see the module's documentation).
     rows: Box<[AtomicU64]>,
@@ -92,15 +96,59 @@ fn in_bump_order(slots: &[u32]) -> impl Iterator<Item = u32> + '_ {
         .copied()
 }
 
-fn slot_of(database: &str, table: &str) -> u32 {
-    let hash = crate::query::lexer::hasher().hash_one((database, table));
-    (hash as usize % SLOTS) as u32
+/// Which slot of the table array each name has (a name: its 64-bit hash), so that two names
+/// share a slot only once the array is nearly full. A shared slot is never stale, but each
+/// write then invalidates the other name's reads too: with hashing alone, an `INSERT` into
+/// `posts` invalidated a cached read that used `posts.user_id` whenever the two versions'
+/// hashes met, which depended on the database's name (its server's port).
+///
+/// An open-addressed table beside the counters: a name's slot is the cell its hash claimed,
+/// found from the hash's own cell onwards (an atomic load or two while the array has room;
+/// claimed by compare-and-swap, so no lock). A name that finds no free cell within
+/// [`MAX_PROBES`] shares its hash's own cell with whoever holds it.
+struct Slots {
+    names: Box<[AtomicU64]>,
+}
+
+/// How far a name looks for its cell.
+const MAX_PROBES: usize = 256;
+
+impl Slots {
+    fn new() -> Slots {
+        Slots {
+            names: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The slot of the name that hashed to `hash`.
+    #[inline]
+    fn of(&self, hash: u64) -> u32 {
+        // 0 marks a free cell.
+        let name = hash.max(1);
+        let home = (hash % SLOTS as u64) as usize;
+        for probe in 0..MAX_PROBES {
+            let at = (home + probe) % SLOTS;
+            let cell = &self.names[at];
+            let held = match cell.load(Ordering::Acquire) {
+                0 => match cell.compare_exchange(0, name, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => name,
+                    Err(held) => held,
+                },
+                held => held,
+            };
+            if held == name {
+                return at as u32;
+            }
+        }
+        home as u32
+    }
 }
 
 impl Versions {
     /// Versions with `rows` counters for rows (at least one, at most [`MAX_ROW_VERSIONS`]).
     pub fn new(rows: usize) -> Versions {
         Versions {
+            names: Slots::new(),
             slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             rows: (0..rows.clamp(1, MAX_ROW_VERSIONS))
                 .map(|_| AtomicU64::new(0))
@@ -120,21 +168,28 @@ impl Versions {
     }
 
     /// The slot of a table's any-write version.
-    pub fn table_slot(database: &str, table: &str) -> u32 {
-        slot_of(database, table)
+    pub fn table_slot(&self, database: &str, table: &str) -> u32 {
+        self.names
+            .of(crate::query::lexer::hasher().hash_one((database, table)))
     }
 
     /// The slot of a table's unknown-rows version.
-    pub fn unknown_rows_slot(database: &str, table: &str) -> u32 {
-        let hash = crate::query::lexer::hasher().hash_one((database, table, 1u8));
-        (hash as usize % SLOTS) as u32
+    pub fn unknown_rows_slot(&self, database: &str, table: &str) -> u32 {
+        self.names
+            .of(crate::query::lexer::hasher().hash_one((database, table, 1u8)))
     }
 
     /// The slot of one of a table's column-level versions (see `cache::columns`): `what`
     /// tells them apart, `column` is empty for the table's own.
-    pub fn column_slot(database: &str, table: &str, column: &str, what: ColumnVersion) -> u32 {
+    pub fn column_slot(
+        &self,
+        database: &str,
+        table: &str,
+        column: &str,
+        what: ColumnVersion,
+    ) -> u32 {
         let hash = crate::query::lexer::hasher().hash_one((database, table, column, what as u8));
-        (hash as usize % SLOTS) as u32
+        self.names.of(hash)
     }
 
     /// The slot of the row whose key values hashed to `key_hash` (see `cache::rows`).
@@ -143,8 +198,8 @@ impl Versions {
     }
 
     /// The slot of the database as a whole (a table name is never empty).
-    pub fn database_slot(database: &str) -> u32 {
-        slot_of(database, "")
+    pub fn database_slot(&self, database: &str) -> u32 {
+        self.table_slot(database, "")
     }
 
     #[inline]
@@ -194,28 +249,28 @@ impl Versions {
 
     /// A write to rows of `table` that pgmemo cannot name: everything that read it is stale.
     pub fn bump_table(&self, database: &str, table: &str) {
-        let mut slots = [0; 3];
-        Self::table_slots(database, table, &mut slots);
-        slots.iter().for_each(|&s| self.bump(s));
+        self.table_slots(database, table)
+            .iter()
+            .for_each(|&s| self.bump(s));
     }
 
     /// The slots [`Versions::bump_table`] bumps.
-    pub fn table_slots(database: &str, table: &str, out: &mut [u32; 3]) {
-        *out = [
-            Self::unknown_rows_slot(database, table),
-            Self::column_slot(database, table, "", ColumnVersion::Whole),
-            slot_of(database, table),
-        ];
+    pub fn table_slots(&self, database: &str, table: &str) -> [u32; 3] {
+        [
+            self.unknown_rows_slot(database, table),
+            self.column_slot(database, table, "", ColumnVersion::Whole),
+            self.table_slot(database, table),
+        ]
     }
 
     /// A write to rows of `table` whose own slots are bumped too (by the caller): what read
     /// more than those rows is stale, a point read of other rows is not.
     pub fn bump_table_writes(&self, database: &str, table: &str) {
-        self.bump(slot_of(database, table));
+        self.bump(self.table_slot(database, table));
     }
 
     pub fn bump_database(&self, database: &str) {
-        self.bump(Self::database_slot(database));
+        self.bump(self.database_slot(database));
     }
 
     pub fn bump_all(&self) {
@@ -255,8 +310,8 @@ mod tests {
     #[test]
     fn a_bump_changes_what_depended_on_it() {
         let v = Versions::default();
-        let t = Versions::table_slot("db", "t");
-        let d = Versions::database_slot("db");
+        let t = v.table_slot("db", "t");
+        let d = v.database_slot("db");
         let seen = v.capture(&[d, t], Seen::default());
         assert!(v.unchanged(&seen));
         v.bump_table("db", "t");
@@ -272,10 +327,7 @@ mod tests {
     #[test]
     fn rows_and_tables_have_their_own_counters() {
         let v = Versions::new(4);
-        let (t, u) = (
-            Versions::table_slot("db", "t"),
-            Versions::unknown_rows_slot("db", "t"),
-        );
+        let (t, u) = (v.table_slot("db", "t"), v.unknown_rows_slot("db", "t"));
         assert_ne!(t, u);
         let (r7, r8) = (v.row_slot(7), v.row_slot(8));
         assert!(r7 & ROW != 0 && r8 & ROW != 0 && r7 != r8);
@@ -298,14 +350,14 @@ mod tests {
     #[test]
     fn a_commit_decoded_but_not_seen_keeps_what_was_read_meanwhile_out() {
         let v = Versions::new(8);
-        let (t, r) = (Versions::table_slot("db", "t"), v.row_slot(3));
+        let (t, r) = (v.table_slot("db", "t"), v.row_slot(3));
         let before = v.capture(&[t, r], Seen::default());
         v.bump_unsettled(&[r, t]);
         assert!(!v.unchanged(&before), "stale from the decode on");
         // Read while the commit is not known visible: never stored, even with no change since.
         let meanwhile = v.capture(&[t, r], Seen::default());
         assert!(!v.unchanged(&meanwhile));
-        let other = v.capture(&[Versions::table_slot("db", "u")], Seen::default());
+        let other = v.capture(&[v.table_slot("db", "u")], Seen::default());
         assert!(v.unchanged(&other), "another table's reads are stored");
         // Two commits of the same row decoded, one settled: still unsettled.
         v.bump_unsettled(&[r]);
@@ -321,13 +373,42 @@ mod tests {
         );
     }
 
+    /// Names claim slots of their own: no two of the first half of [`SLOTS`] share one (with
+    /// hashing alone, about one pair in 16,000 did), and a name keeps its slot.
+    #[test]
+    fn each_name_has_its_own_slot_while_there_is_room() {
+        let v = Versions::default();
+        let db = "127.0.0.1:42323/rows_proxy";
+        let mut given = std::collections::HashMap::new();
+        for i in 0..SLOTS / 2 {
+            let (table, column) = (format!("t{}", i / 7), format!("c{}", i % 7));
+            let slot = v.column_slot(db, &table, &column, ColumnVersion::Assigned);
+            assert!((slot as usize) < SLOTS);
+            if let Some(other) = given.insert(slot, (table, column)) {
+                panic!("slot {slot} given twice, the second time to {other:?}");
+            }
+        }
+        for (slot, (table, column)) in &given {
+            assert_eq!(
+                v.column_slot(db, table, column, ColumnVersion::Assigned),
+                *slot
+            );
+        }
+        // The pair that met by hash in a run of tests/row_invalidation.rs.
+        let (row_set, user_id) = (
+            v.column_slot(db, "posts", "", ColumnVersion::RowSet),
+            v.column_slot(db, "posts", "user_id", ColumnVersion::Assigned),
+        );
+        assert_ne!(row_set, user_id);
+    }
+
     #[test]
     fn a_capture_into_a_spare_reads_the_versions_now() {
         let v = Versions::default();
         let (d, t, u) = (
-            Versions::database_slot("db"),
-            Versions::table_slot("db", "t"),
-            Versions::table_slot("db", "u"),
+            v.database_slot("db"),
+            v.table_slot("db", "t"),
+            v.table_slot("db", "u"),
         );
         let old = v.capture(&[d, t], Seen::default());
         v.bump_table("db", "t");

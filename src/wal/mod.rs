@@ -24,7 +24,6 @@ pub mod test_decoding;
 pub mod visibility;
 
 use crate::cache::catalog::Snapshot;
-use crate::cache::versions::Versions;
 use crate::cache::{FlushTarget, ResultCache};
 use crate::config::cache::WalPlugin;
 use crate::protocol::backend;
@@ -984,11 +983,9 @@ fn bump_written(
 ) {
     for (i, name) in names.iter().enumerate() {
         if i == 0 && named {
-            bumps.push(Versions::table_slot(database, name));
+            bumps.push(cache.versions.table_slot(database, name));
         } else {
-            let mut slots = [0; 3];
-            Versions::table_slots(database, name, &mut slots);
-            bumps.extend(slots);
+            bumps.extend(cache.versions.table_slots(database, name));
             cache.row_figures.unknown_rows.fetch_add(1, Relaxed);
         }
     }

@@ -178,7 +178,7 @@ mod tests {
     #[test]
     fn the_applied_position_waits_for_the_first_commit_not_seen() {
         let (versions, progress) = (Versions::new(4), Progress::default());
-        let t = Versions::table_slot("db", "t");
+        let t = versions.table_slot("db", "t");
         progress.decoded_to(Lsn(10), Lsn(10));
         progress.decoded(&versions, Some(100), Lsn(10), vec![t]);
         progress.decoded_to(Lsn(20), Lsn(20));
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn an_ended_stream_settles_everything() {
         let (versions, progress) = (Versions::new(4), Progress::default());
-        let t = Versions::table_slot("db", "t");
+        let t = versions.table_slot("db", "t");
         progress.decoded(&versions, None, Lsn(1), vec![t]);
         progress.settle_all(&versions);
         assert!(progress.is_settled());
