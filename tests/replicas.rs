@@ -65,6 +65,16 @@ async fn pgmemo_waiting(
     standby: &LocalPostgres,
     replica_wait: Duration,
 ) -> Pgmemo {
+    pgmemo_configured(primary, standby, replica_wait, |_| {}).await
+}
+
+/// [`pgmemo_waiting`], its configuration changed by `change`.
+async fn pgmemo_configured(
+    primary: &LocalPostgres,
+    standby: &LocalPostgres,
+    replica_wait: Duration,
+    change: impl FnOnce(&mut Config),
+) -> Pgmemo {
     let mut config = Config::for_upstream(Upstream {
         host: "127.0.0.1".into(),
         port: primary.port(),
@@ -78,6 +88,7 @@ async fn pgmemo_waiting(
     config.general.auth_type = AuthType::Trust;
     config.general.admin_users = vec!["postgres".into()];
     config.general.replica_wait = replica_wait;
+    change(&mut config);
     let proxy = start_pgmemo(config).await;
     // Routing starts once the replica's monitor has read its position and its catalog.
     let client = connect(&url_of(&proxy)).await;
@@ -190,6 +201,123 @@ async fn reads_that_provably_only_read_go_to_the_replica_and_everything_else_to_
         p,
         "a pinned client"
     );
+}
+
+/// A read-only transaction block runs whole on the replica, as PgDog runs it: `BEGIN READ
+/// ONLY` (or a `BEGIN` under the client's `default_transaction_read_only`), not SERIALIZABLE
+/// (which a standby refuses), in either protocol, and also when the result cache kept the
+/// `BEGIN`; everything in it stays there, a write fails as it fails in a read-only block on
+/// the primary, and it reads the client's own writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_blocks_run_whole_on_the_replica() {
+    let (primary, standby) = primary_and_standby().await;
+    let (p, s) = (primary.port(), standby.port());
+    let port = "SELECT current_setting('port')";
+    // Not proven to only read: alone, it goes to the primary.
+    let unproven = "SELECT current_setting('port'), random()";
+    let direct = connect(&format!("postgresql://postgres@127.0.0.1:{p}/postgres")).await;
+    for cache in [false, true] {
+        let proxy = pgmemo_configured(&primary, &standby, Duration::from_secs(30), |c| {
+            c.cache.enabled = cache;
+        })
+        .await;
+        let client = connect(&url_of(&proxy)).await;
+        assert_eq!(ran_on(&client, unproven).await, p, "{unproven} alone");
+        for (begin, want) in [
+            ("BEGIN READ ONLY", s),
+            ("begin transaction read only", s),
+            (
+                "START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+                s,
+            ),
+            ("BEGIN READ ONLY ISOLATION LEVEL READ COMMITTED", s),
+            ("BEGIN READ ONLY ISOLATION LEVEL SERIALIZABLE", p),
+            ("BEGIN", p),
+            ("BEGIN READ WRITE", p),
+            ("BEGIN READ ONLY; SELECT 1", p),
+        ] {
+            client.simple_query(begin).await.unwrap();
+            assert_eq!(
+                ran_on(&client, unproven).await,
+                want,
+                "{begin} (cache {cache})"
+            );
+            assert_eq!(ran_on(&client, port).await, want, "{begin} (cache {cache})");
+            client.simple_query("COMMIT").await.unwrap();
+        }
+
+        // The extended protocol (tokio-postgres prepares, then binds: two units).
+        client.execute("BEGIN READ ONLY", &[]).await.unwrap();
+        let row = client.query_one(unproven, &[]).await.unwrap();
+        assert_eq!(
+            row.get::<_, String>(0),
+            s.to_string(),
+            "extended (cache {cache})"
+        );
+        client.execute("COMMIT", &[]).await.unwrap();
+
+        // A write fails as in a read-only block on the primary; the client is fine after.
+        let write = "INSERT INTO items VALUES (900, 'no')";
+        let error = |e: tokio_postgres::Error| {
+            let e = e.as_db_error().expect("a server error").clone();
+            (e.code().code().to_owned(), e.message().to_owned())
+        };
+        client.simple_query("BEGIN READ ONLY").await.unwrap();
+        let through = error(client.simple_query(write).await.unwrap_err());
+        client.simple_query("ROLLBACK").await.unwrap();
+        direct.simple_query("BEGIN READ ONLY").await.unwrap();
+        let expected = error(direct.simple_query(write).await.unwrap_err());
+        direct.simple_query("ROLLBACK").await.unwrap();
+        assert_eq!(through, expected);
+        assert_eq!(ran_on(&client, unproven).await, p, "after the block");
+
+        // The client's default makes its blocks read-only, unless one says READ WRITE.
+        for (set, reset) in [
+            (
+                "SET default_transaction_read_only = on",
+                "RESET default_transaction_read_only",
+            ),
+            (
+                "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+                "SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+            ),
+        ] {
+            client.simple_query(set).await.unwrap();
+            for (begin, want) in [("BEGIN", s), ("BEGIN READ WRITE", p)] {
+                client.simple_query(begin).await.unwrap();
+                assert_eq!(ran_on(&client, unproven).await, want, "{begin} after {set}");
+                client.simple_query("COMMIT").await.unwrap();
+            }
+            client.simple_query(reset).await.unwrap();
+            client.simple_query("BEGIN").await.unwrap();
+            assert_eq!(ran_on(&client, unproven).await, p, "BEGIN after {reset}");
+            client.simple_query("COMMIT").await.unwrap();
+        }
+
+        // A block reads what the client wrote just before.
+        let base = if cache { 2_000 } else { 1_000 };
+        for id in base..base + 20 {
+            client
+                .simple_query(&format!("INSERT INTO items VALUES ({id}, 'w{id}')"))
+                .await
+                .unwrap();
+            client.simple_query("BEGIN READ ONLY").await.unwrap();
+            let read = format!("SELECT v, current_setting('port') FROM items WHERE id = {id}");
+            let rows = client.simple_query(&read).await.unwrap();
+            client.simple_query("COMMIT").await.unwrap();
+            let row = rows
+                .iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        Some((r.get(0).map(str::to_owned), r.get(1).map(str::to_owned)))
+                    }
+                    _ => None,
+                })
+                .expect("the row written");
+            assert_eq!(row, (Some(format!("w{id}")), Some(s.to_string())), "{read}");
+        }
+        proxy.shutdown().await;
+    }
 }
 
 /// SHOW REPLICAS and SHOW SERVERS say where reads went, and how far behind the replica is.

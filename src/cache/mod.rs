@@ -2191,6 +2191,12 @@ impl ClientCache {
         }
     }
 
+    /// Nothing is answered or filled for the client until it is idle again (its transaction
+    /// reads a replica's state, see `session::replicas`).
+    pub fn off_for_transaction(&mut self) {
+        self.off_in_transaction = true;
+    }
+
     /// Whether the client changed its role or a setting outside the key, for its session or
     /// for the transaction at hand.
     #[inline]

@@ -25,6 +25,8 @@ pub enum Control {
         isolation: Option<Isolation>,
         /// `READ WRITE` was named (`READ ONLY`: false; neither: false).
         read_write: bool,
+        /// `READ ONLY` was named.
+        read_only: bool,
     },
     /// `COMMIT` or `END` (tag `COMMIT`), without `AND CHAIN`.
     Commit,
@@ -162,6 +164,7 @@ fn begin(tag: &'static str, modes: &[&str]) -> Option<Control> {
         tag,
         isolation,
         read_write: access == Some(true),
+        read_only: access == Some(false),
     })
 }
 
@@ -174,6 +177,16 @@ mod tests {
             tag,
             isolation,
             read_write,
+            read_only: false,
+        })
+    }
+
+    fn read_only(tag: &'static str, isolation: Option<Isolation>) -> Option<Control> {
+        Some(Control::Begin {
+            tag,
+            isolation,
+            read_write: false,
+            read_only: true,
         })
     }
 
@@ -184,7 +197,12 @@ mod tests {
         assert_eq!(read(b"Begin Transaction"), begin("BEGIN", None, false));
         assert_eq!(
             read(b"START TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY"),
-            begin("START TRANSACTION", Some(Isolation::ReadCommitted), false)
+            read_only("START TRANSACTION", Some(Isolation::ReadCommitted))
+        );
+        assert_eq!(read(b"begin read only"), read_only("BEGIN", None));
+        assert_eq!(
+            read(b"BEGIN TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ;"),
+            read_only("BEGIN", Some(Isolation::RepeatableRead))
         );
         assert_eq!(
             read(b"begin isolation level serializable read write not deferrable"),

@@ -11,6 +11,9 @@ pub struct ClientReads {
     pub set: Arc<Replicas>,
     /// The replica the server held now is on (None: the primary's, or none held).
     pub on: Option<Arc<Replica>>,
+    /// The server held is `on`'s for a read-only transaction block (see
+    /// `Session::acquire_replica`): everything the client sends goes there until it ends.
+    pub block: bool,
     /// The replica the client's last read went to: its next reads go there while it can
     /// take them, so that they never see an older state than the last one did.
     pub last: Option<Arc<Replica>>,
@@ -42,6 +45,7 @@ impl ClientReads {
         Box::new(ClientReads {
             set,
             on: None,
+            block: false,
             last: None,
             committed: 0,
             seen: 0,

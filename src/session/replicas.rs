@@ -1,11 +1,13 @@
 //! The session's side of streaming replicas (see [`crate::replicas`]): which server a unit of
 //! work takes, and the WAL positions the client's reads must see.
 //!
-//! - Routing: when the client needs a server and holds none (transaction mode, no block kept,
-//!   nothing pinned or in flight), a unit of work that provably only reads — a simple query,
-//!   or an extended batch buffered whole up to its Sync — goes to a replica that has replayed
-//!   the client's floor ([`crate::replicas::ClientReads::floor`]), waiting up to
-//!   `replica_wait` for one to, else to the primary.
+//! - Routing: when the client needs a server and holds none (transaction mode, nothing
+//!   pinned or in flight), a unit of work that provably only reads — a simple query, or an
+//!   extended batch buffered whole up to its Sync — goes to a replica that has replayed the
+//!   client's floor ([`crate::replicas::ClientReads::floor`]), waiting up to
+//!   `replica_wait` for one to, else to the primary. So does a read-only transaction block
+//!   (`BEGIN READ ONLY`, see [`Session::opens_read_only_block`]), whole: what it runs stays
+//!   on that replica until it ends.
 //! - Read-your-writes: work on the primary that is not proven read-only has the primary's
 //!   WAL position asked for behind it, in the same write ([`Session::ask_position`]; once
 //!   the server is idle, for what nothing may follow: a COPY), before the server goes back;
@@ -15,9 +17,11 @@
 
 use std::sync::Arc;
 
+use super::deferred::MAX_CONTROL_LEN;
 use super::{End, Session};
 use crate::protocol::backend as be;
 use crate::protocol::{body, frame, frontend as fe};
+use crate::query::block::{self, Control, Isolation};
 use crate::query::hint;
 use crate::replicas::{catalog::Catalog, lsn, Pick, Replica};
 use crate::server::ServerConn;
@@ -46,6 +50,15 @@ pub(super) enum Stage {
     Acquire,
 }
 
+/// What a unit of work at the head of the client's input may run on a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    /// It provably only reads.
+    Reads,
+    /// It opens a read-only transaction block: the block runs there whole.
+    ReadOnlyBlock,
+}
+
 /// How often a session waiting for a replica to replay its floor asks it again.
 const ASK_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -67,7 +80,6 @@ impl Session {
             return Ok(());
         };
         if self.server.is_some()
-            || self.keeps_block()
             || self.state.pins != 0
             || self.state.wants_pin_slot(query_words)
             || !self.replies.is_empty()
@@ -77,9 +89,19 @@ impl Session {
         {
             return Ok(());
         }
-        if !self.work_only_reads(tag, query_text_len, &catalog) {
-            return Ok(());
-        }
+        let block = if self.keeps_block() {
+            // A block the session kept (see `session::deferred`) starts on the server now.
+            if !self.kept_block_is_read_only() {
+                return Ok(());
+            }
+            true
+        } else {
+            match self.work_reads(tag, query_text_len, &catalog) {
+                Some(Work::Reads) => false,
+                Some(Work::ReadOnlyBlock) => true,
+                None => return Ok(()),
+            }
+        };
         let reads = self.reads.as_deref().expect("checked above");
         let floor = reads.floor(self.params.settings.get(MIN_READ_LSN));
         if floor == u64::MAX {
@@ -106,12 +128,67 @@ impl Session {
             return Ok(());
         }
         let replayed = replica.replayed();
-        self.reads
-            .as_deref_mut()
-            .expect("checked above")
-            .read_on(&replica, replayed);
+        let reads = self.reads.as_deref_mut().expect("checked above");
+        reads.read_on(&replica, replayed);
+        reads.block = block;
+        if block {
+            // The block reads the replica's state: the result cache, which holds the
+            // primary's, neither answers nor fills in it (a later statement must never see
+            // an older state than an earlier one did).
+            if let Some(cache) = self.cache.as_deref_mut() {
+                cache.off_for_transaction();
+            }
+        }
         self.hold(server);
         Ok(())
+    }
+
+    /// Whether the block the session kept opened read-only (see
+    /// [`Session::begin_is_read_only`]) and nothing of it was answered from the result cache
+    /// (whose answers are the primary's: the replica's state may be older).
+    fn kept_block_is_read_only(&self) -> bool {
+        let Some(cache) = self.cache.as_deref() else {
+            return false;
+        };
+        match &cache.deferred_begin {
+            Some(begin) if !cache.deferred_answered => {
+                block::read(begin.as_bytes()).is_some_and(|c| self.begin_is_read_only(c))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `control` opens a block a replica may run whole: a `BEGIN` that is `READ
+    /// ONLY` (named, or by the client's `default_transaction_read_only`) and not
+    /// SERIALIZABLE (which a standby refuses), by its options, the client's
+    /// `default_transaction_isolation` or the pool's (READ COMMITTED, read with the setting
+    /// functions; another or unknown: not).
+    fn begin_is_read_only(&self, control: Control) -> bool {
+        let Control::Begin {
+            isolation,
+            read_write,
+            read_only,
+            ..
+        } = control
+        else {
+            return false;
+        };
+        let settings = &self.params.settings;
+        // PostgreSQL 14 and later report the setting (ParameterStatus); earlier ones do not,
+        // and the session carries it as a setting.
+        let read_only_default = settings
+            .get("default_transaction_read_only")
+            .or_else(|| self.params.reported.get("default_transaction_read_only"))
+            .is_some_and(|v| matches!(&*v.to_ascii_lowercase(), "on" | "true" | "1"));
+        let read_only = read_only || (!read_write && read_only_default);
+        let serializable = match isolation {
+            Some(level) => level == Isolation::Serializable,
+            None => match settings.get("default_transaction_isolation") {
+                Some(own) => own.eq_ignore_ascii_case("serializable"),
+                None => self.pool.read_committed_default() != Some(true),
+            },
+        };
+        read_only && !serializable
     }
 
     /// A server of `replica`'s pool; None when it has none to give (it cannot be reached: it
@@ -135,19 +212,27 @@ impl Session {
         }
     }
 
-    /// Whether the unit of work at the head of the client's input provably only reads: a
-    /// simple query is its own unit; extended messages are judged up to their Sync, which
-    /// must be buffered.
-    fn work_only_reads(
+    /// What the unit of work at the head of the client's input is, for a replica (None:
+    /// neither, it goes to the primary): a simple query is its own unit; extended messages
+    /// are judged up to their Sync, which must be buffered.
+    fn work_reads(
         &mut self,
         tag: u8,
         query_text_len: Option<usize>,
         catalog: &Catalog,
-    ) -> bool {
+    ) -> Option<Work> {
         if tag == fe::QUERY {
-            return self.query_only_reads(query_text_len, catalog);
+            if let Some(n) = query_text_len.filter(|&n| n <= MAX_CONTROL_LEN) {
+                let text = fe::query_text_of(&self.client.rbuf, n);
+                if block::read(text).is_some_and(|c| self.begin_is_read_only(c)) {
+                    return Some(Work::ReadOnlyBlock);
+                }
+            }
+            return self
+                .query_only_reads(query_text_len, catalog)
+                .then_some(Work::Reads);
         }
-        self.batch_only_reads(catalog)
+        self.batch_reads(catalog)
     }
 
     /// Whether the simple query at the head of the client's input only reads.
@@ -190,6 +275,17 @@ impl Session {
         analysis.is_some_and(|a| catalog.only_reads(&a))
     }
 
+    /// Whether a statement of the extended protocol is a `BEGIN` that opens a read-only
+    /// block (see [`Session::begin_is_read_only`]).
+    fn statement_opens_read_only_block(&self, statement: &Statement<'_>) -> bool {
+        let text = match statement {
+            Statement::Known(s) => &s.key.query[..],
+            Statement::Parsed(text) => text,
+        };
+        text.len() <= MAX_CONTROL_LEN
+            && block::read(text).is_some_and(|c| self.begin_is_read_only(c))
+    }
+
     /// Whether the message at the head of the client's input, on its own, only reads: a
     /// query or a Bind whose statement only reads, or a message that runs nothing (a Parse,
     /// Describe, Execute of a portal a Bind made, Close, Flush or Sync).
@@ -224,31 +320,32 @@ impl Session {
     /// after the work that went there). It goes to the primary once the replica's server
     /// is given back, when the replies still owed are in.
     fn waits_for_primary(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
-        if self.reads.as_deref().is_none_or(|r| r.on.is_none()) {
+        if self
+            .reads
+            .as_deref()
+            .is_none_or(|r| r.on.is_none() || r.block)
+        {
             return false;
         }
         !self.message_only_reads(tag, len, query_text_len)
     }
 
-    /// [`Session::work_only_reads`] for extended-protocol messages: every message up to the
-    /// Sync is a Parse, Bind, Describe, Execute, Close or Flush, and every statement a Bind
-    /// runs is known and only reads.
-    fn batch_only_reads(&self, catalog: &Catalog) -> bool {
-        self.batch_reads(catalog).is_some()
-    }
-
-    /// [`Session::batch_only_reads`], None for no.
-    fn batch_reads(&self, catalog: &Catalog) -> Option<()> {
+    /// [`Session::work_reads`] for extended-protocol messages: every message up to the Sync
+    /// is a Parse, Bind, Describe, Execute, Close or Flush, and every statement a Bind runs
+    /// is known and only reads, or the first opens a read-only block (whose statements all
+    /// run in it).
+    fn batch_reads(&self, catalog: &Catalog) -> Option<Work> {
         let buf = &self.client.rbuf[..];
         let mut at = 0;
         // Statements parsed in the batch, by name.
         let mut parsed: Vec<(&[u8], &[u8])> = Vec::new();
+        let mut work = None;
         loop {
             let (tag, len) = frame(&buf[at..], self.max_message).ok()??;
             let message = &buf[at..at + len];
             at += len;
             match tag {
-                fe::SYNC => return Some(()),
+                fe::SYNC => return Some(work.unwrap_or(Work::Reads)),
                 fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH => {}
                 fe::PARSE => {
                     let p = fe::Parse::parse(body(message))?;
@@ -261,8 +358,16 @@ impl Session {
                         Some((_, text)) => Statement::Parsed(text),
                         None => Statement::Known(self.plan.stmts.as_ref()?.get(b.statement)?),
                     };
-                    self.statement_only_reads(statement, catalog)
-                        .then_some(())?;
+                    work = match work {
+                        Some(Work::ReadOnlyBlock) => Some(Work::ReadOnlyBlock),
+                        None if self.statement_opens_read_only_block(&statement) => {
+                            Some(Work::ReadOnlyBlock)
+                        }
+                        _ => self
+                            .statement_only_reads(statement, catalog)
+                            .then_some(Work::Reads),
+                    };
+                    work?;
                 }
                 _ => return None,
             }
@@ -404,7 +509,9 @@ impl Session {
     /// shutting down) is marked down: no more reads there until its monitor finds it up
     /// again.
     pub(super) fn let_replica_server_go(&mut self, server: &ServerConn) -> Option<Arc<Replica>> {
-        let replica = self.reads.as_deref_mut()?.on.take()?;
+        let reads = self.reads.as_deref_mut()?;
+        reads.block = false;
+        let replica = reads.on.take()?;
         if server.broken {
             replica.mark_down();
         }
@@ -473,7 +580,7 @@ impl Session {
     }
 
     /// Whether the unit of work at the head of the client's input, which provably only
-    /// reads, comes while the primary's server is held for nothing but the question for the
+    /// reads (or opens a read-only block), comes while the primary's server is held for nothing but the question for the
     /// position of the client's last write ([`Session::ask_position`]).
     fn waits_for_position(&mut self, tag: u8, query_text_len: Option<usize>) -> bool {
         let asked = self
@@ -486,7 +593,7 @@ impl Session {
         let Some(catalog) = self.catalog() else {
             return false;
         };
-        self.work_only_reads(tag, query_text_len, &catalog)
+        self.work_reads(tag, query_text_len, &catalog).is_some()
     }
 
     /// `SHOW pgmemo.read_lsn`, answered here: the WAL position the client's reads must see.
