@@ -246,6 +246,52 @@ async fn read_only_blocks_run_whole_on_the_replica() {
             client.simple_query("COMMIT").await.unwrap();
         }
 
+        // A block made read-only by its first statement: the BEGIN waits for it.
+        for (begin, set, want) in [
+            ("BEGIN", "SET TRANSACTION READ ONLY", s),
+            (
+                "BEGIN ISOLATION LEVEL REPEATABLE READ",
+                "SET TRANSACTION READ ONLY",
+                s,
+            ),
+            (
+                "START TRANSACTION",
+                "set transaction isolation level read committed, read only;",
+                s,
+            ),
+            (
+                "BEGIN",
+                "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY",
+                p,
+            ),
+            ("BEGIN", "SET TRANSACTION READ WRITE", p),
+            ("BEGIN", "SELECT 1", p),
+        ] {
+            client.simple_query(begin).await.unwrap();
+            client.simple_query(set).await.unwrap();
+            assert_eq!(
+                ran_on(&client, unproven).await,
+                want,
+                "{begin}; {set} (cache {cache})"
+            );
+            client.simple_query("COMMIT").await.unwrap();
+        }
+        // In the extended protocol; and a block that never ran anything.
+        client.execute("BEGIN", &[]).await.unwrap();
+        client
+            .execute("SET TRANSACTION READ ONLY", &[])
+            .await
+            .unwrap();
+        let row = client.query_one(unproven, &[]).await.unwrap();
+        assert_eq!(
+            row.get::<_, String>(0),
+            s.to_string(),
+            "extended SET (cache {cache})"
+        );
+        client.execute("COMMIT", &[]).await.unwrap();
+        client.simple_query("BEGIN").await.unwrap();
+        client.simple_query("COMMIT").await.unwrap();
+
         // The extended protocol (tokio-postgres prepares, then binds: two units).
         client.execute("BEGIN READ ONLY", &[]).await.unwrap();
         let row = client.query_one(unproven, &[]).await.unwrap();
@@ -294,6 +340,22 @@ async fn read_only_blocks_run_whole_on_the_replica() {
             client.simple_query("COMMIT").await.unwrap();
         }
 
+        // A write pipelined behind the block's end goes to the primary.
+        client.simple_query("BEGIN READ ONLY").await.unwrap();
+        assert_eq!(ran_on(&client, unproven).await, s, "(cache {cache})");
+        let id = if cache { 3_000 } else { 3_001 };
+        let insert =
+            format!("INSERT INTO items VALUES ({id}, 'after') RETURNING current_setting('port')");
+        let (commit, inserted) =
+            tokio::join!(client.simple_query("COMMIT"), client.simple_query(&insert));
+        commit.unwrap();
+        let inserted = inserted.unwrap_or_else(|e| panic!("{insert}: {e}"));
+        assert_eq!(
+            rows(&inserted)[0].0,
+            p.to_string(),
+            "{insert} (cache {cache})"
+        );
+
         // A block reads what the client wrote just before.
         let base = if cache { 2_000 } else { 1_000 };
         for id in base..base + 20 {
@@ -302,19 +364,28 @@ async fn read_only_blocks_run_whole_on_the_replica() {
                 .await
                 .unwrap();
             client.simple_query("BEGIN READ ONLY").await.unwrap();
-            let read = format!("SELECT v, current_setting('port') FROM items WHERE id = {id}");
+            // One row whether or not it sees the row written, and where it ran.
+            let read = format!(
+                "SELECT v, current_setting('port'), pg_last_wal_replay_lsn()::text \
+                 FROM (VALUES (1)) one LEFT JOIN items ON id = {id}"
+            );
             let rows = client.simple_query(&read).await.unwrap();
             client.simple_query("COMMIT").await.unwrap();
             let row = rows
                 .iter()
                 .find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => {
-                        Some((r.get(0).map(str::to_owned), r.get(1).map(str::to_owned)))
-                    }
+                    tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                        (0..3)
+                            .map(|i| r.get(i).map(str::to_owned))
+                            .collect::<Vec<_>>(),
+                    ),
                     _ => None,
                 })
-                .expect("the row written");
-            assert_eq!(row, (Some(format!("w{id}")), Some(s.to_string())), "{read}");
+                .expect("a row");
+            if row[..2] != [Some(format!("w{id}")), Some(s.to_string())] {
+                let floor = value(&client, "SHOW pgmemo.read_lsn").await;
+                panic!("{read} (cache {cache}): {row:?}; the client's floor now {floor}");
+            }
         }
         proxy.shutdown().await;
     }

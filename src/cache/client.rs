@@ -25,16 +25,6 @@ pub struct ClientCache {
     /// Whether the client's open transaction block is READ COMMITTED (the cache may answer
     /// inside it), once asked; forgotten when the block ends (the session keeps it).
     pub read_committed: Option<bool>,
-    /// The client's `BEGIN`, answered by the session and not sent yet (see
-    /// `session::deferred`): what goes to the server ahead of the block's first statement
-    /// that needs one. The block is READ COMMITTED (`read_committed` says so).
-    pub deferred_begin: Option<Box<str>>,
-    /// A statement of the deferred block was answered from the cache: the block has run a
-    /// query, as far as the client can tell.
-    pub deferred_answered: bool,
-    /// The deferred block's `BEGIN` came in the extended protocol: its unnamed portal is the
-    /// client's until the block runs a statement (see `session::deferred`).
-    pub deferred_portal: bool,
     /// The statement and the Bind (after its two names) of a block's batch the cache answered:
     /// the client's unnamed portal, which PostgreSQL would hold (run to its end) until the
     /// next Bind of it, a Query or the block's end, and no server has (see
@@ -431,7 +421,7 @@ impl ClientCache {
     /// Nothing of a transaction block or a fill is open: the client could go on in another
     /// process (an online restart) with only `off` and `temp` carried.
     pub fn is_at_rest(&self) -> bool {
-        self.deferred_begin.is_none() && self.read_committed.is_none() && self.fill.is_none()
+        self.read_committed.is_none() && self.fill.is_none()
     }
 
     /// The client left: what it sent may have run to the end without it, so it is bumped

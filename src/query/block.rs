@@ -125,6 +125,53 @@ fn plain_end(rest: &[&str]) -> bool {
     }
 }
 
+/// The transaction modes a `SET TRANSACTION` names (`modes` of [`Control::Begin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Modes {
+    pub isolation: Option<Isolation>,
+    /// `READ WRITE` was named.
+    pub read_write: bool,
+    /// `READ ONLY` was named.
+    pub read_only: bool,
+}
+
+/// `SET TRANSACTION modes` (the block's first statement may still set them), read as
+/// [`read`] reads a `BEGIN`: one statement, its modes as a `BEGIN` names them. Not `SET
+/// TRANSACTION SNAPSHOT`, `SET SESSION CHARACTERISTICS` or `SET LOCAL`.
+pub fn read_set_transaction(sql: &[u8]) -> Option<Modes> {
+    let text = std::str::from_utf8(sql).ok()?.trim_ascii();
+    let text = text.strip_suffix(';').unwrap_or(text);
+    if text
+        .bytes()
+        .any(|b| !(b.is_ascii_alphabetic() || b.is_ascii_whitespace() || b == b','))
+    {
+        return None;
+    }
+    let tokens = tokens(text);
+    match &tokens[..] {
+        [set, transaction, modes @ ..]
+            if set.eq_ignore_ascii_case("set")
+                && transaction.eq_ignore_ascii_case("transaction")
+                && !modes.is_empty() =>
+        {
+            match begin("SET", modes)? {
+                Control::Begin {
+                    isolation,
+                    read_write,
+                    read_only,
+                    ..
+                } => Some(Modes {
+                    isolation,
+                    read_write,
+                    read_only,
+                }),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 /// A `BEGIN`'s transaction modes, each kind at most once; commas only between modes.
 fn begin(tag: &'static str, modes: &[&str]) -> Option<Control> {
     let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
@@ -241,6 +288,41 @@ mod tests {
             ";",
         ] {
             assert_eq!(read(sql.as_bytes()), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn reads_set_transaction() {
+        let modes = |isolation, read_write, read_only| {
+            Some(Modes {
+                isolation,
+                read_write,
+                read_only,
+            })
+        };
+        assert_eq!(
+            read_set_transaction(b"SET TRANSACTION READ ONLY"),
+            modes(None, false, true)
+        );
+        assert_eq!(
+            read_set_transaction(b" set transaction isolation level repeatable read, read only; "),
+            modes(Some(Isolation::RepeatableRead), false, true)
+        );
+        assert_eq!(
+            read_set_transaction(b"SET TRANSACTION READ WRITE"),
+            modes(None, true, false)
+        );
+        for sql in [
+            "SET TRANSACTION",
+            "SET TRANSACTION SNAPSHOT '00000003-0000001B-1'",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "SET LOCAL TRANSACTION READ ONLY",
+            "SET TRANSACTION READ ONLY; SELECT 1",
+            "SET TRANSACTION READ ONLY READ WRITE",
+            "SET transaction_read_only = on",
+            "BEGIN READ ONLY",
+        ] {
+            assert_eq!(read_set_transaction(sql.as_bytes()), None, "{sql}");
         }
     }
 

@@ -15,7 +15,7 @@
 //! wins. A name the catalog does not know (created since it was read, a CTE's name) is a
 //! reason to send the statement to the primary: unknown is never proof. The catalog is read
 //! from a replica by its monitor (see [`super::monitor`]) and read again every
-//! [`CATALOG_TTL`].
+//! [`CATALOG_REFRESH`], trusted for [`CATALOG_TTL`].
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -25,6 +25,11 @@ use crate::query::analysis::{Analysis, Bypass, Flush};
 /// How long a catalog read is trusted: a relation made unlogged, or a function created
 /// volatile, directly on the primary is seen within this.
 pub const CATALOG_TTL: Duration = Duration::from_secs(5);
+
+/// How old a catalog read is when the monitor reads it again: well before it stops being
+/// trusted, so that reads do not fall back to the primary while the next read is under way
+/// (read only once stale, every read for the length of a catalog query went there).
+pub const CATALOG_REFRESH: Duration = Duration::from_secs(2);
 
 /// The catalog's names, a kind in the first column: `f` a function or operator (`operator
 /// NAME`) name none of whose functions is volatile; `r` a relation name all of whose
@@ -93,6 +98,11 @@ impl Catalog {
     /// Whether it is too old to be trusted at `now_us`.
     pub fn is_stale(&self, now_us: u64) -> bool {
         now_us.saturating_sub(self.read_at_us) > CATALOG_TTL.as_micros() as u64
+    }
+
+    /// Whether it is time to read it again (see [`CATALOG_REFRESH`]).
+    pub fn is_due(&self, now_us: u64) -> bool {
+        now_us.saturating_sub(self.read_at_us) > CATALOG_REFRESH.as_micros() as u64
     }
 
     /// Whether a statement of this analysis only reads, and a hot standby runs it as the

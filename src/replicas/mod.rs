@@ -263,12 +263,21 @@ impl Replica {
     }
 
     /// It could not be reached or is no standby: no reads, and its position is forgotten (a
-    /// standby that restarts may come back showing an older state than it did).
+    /// standby that restarts may come back showing an older state than it did). Its pool's
+    /// connections, which a standby that stopped or restarted has closed, are closed too (the
+    /// idle ones at once, as after RECONNECT): a read after it comes back is not given one
+    /// of them to fail on.
     pub fn mark_down(&self) {
-        self.up.store(false, Relaxed);
+        let was_up = self.up.swap(false, Relaxed);
         self.replayed.store(0, Relaxed);
         self.lag_bytes.store(u64::MAX, Relaxed);
         self.lag_us.store(u64::MAX, Relaxed);
+        if was_up {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let pool = self.pool.clone();
+                runtime.spawn(async move { pool.reconnect().await });
+            }
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! A set's monitor: every [`EVERY`], the primary's WAL position and each replica's replay
 //! position, read over connections of its own, give each replica its lag and say whether it
 //! is up; the catalog of what replicas may run is read from one of them when it is older
-//! than [`super::catalog::CATALOG_TTL`].
+//! than [`super::catalog::CATALOG_REFRESH`] (before it stops being trusted).
 //!
 //! The positions read here are what routing trusts without asking: a replica whose monitor
 //! connection fails is marked down (no reads, its position forgotten) until it answers again
@@ -144,12 +144,12 @@ async fn run(weak: Weak<Replicas>) {
                 Ok(None) => replica.mark_down(),
                 Err(()) => replica.mark_down(),
             }
-            let stale = set
+            let due = set
                 .catalog
                 .load()
                 .as_ref()
-                .is_none_or(|c| c.is_stale(set.now_us()));
-            if stale && replica.is_up() {
+                .is_none_or(|c| c.is_due(set.now_us()));
+            if due && replica.is_up() {
                 let read_at = set.now_us();
                 if let Some(rows) = link.rows(CATALOG_SQL, Duration::from_secs(10)).await {
                     set.catalog

@@ -682,9 +682,9 @@ impl Session {
         }
         out.extend_from_slice(&entry.reply);
         be::ready_for_query(out, status);
-        if let Some(cache) = self.cache.as_deref_mut() {
+        if let Some(kept) = self.kept.as_deref_mut() {
             // A block kept without a server has run a query now (see `deferred`).
-            cache.deferred_answered |= cache.deferred_begin.is_some();
+            kept.answered = true;
         }
         self.stats.bytes_sent += (out.len() - before) as u64;
         self.client.rbuf.advance(consumed);

@@ -12,6 +12,11 @@
 //! `BEGIN`, where the client must see it). A block whose reads were answered here gets
 //! `BEGIN ...; SELECT` on the server: it has run a query, as the client saw, so a later
 //! `SET TRANSACTION` fails as PostgreSQL fails it.
+//!
+//! A pool with replicas keeps a `BEGIN` too, cache or not, when its first statement may still
+//! make the block read-only (`SET TRANSACTION READ ONLY`): not `READ ONLY` already (routed at
+//! once), not `READ WRITE`, not SERIALIZABLE. Where the block goes is decided when its first
+//! statement takes a server (see `session::replicas`).
 
 use super::Session;
 use crate::protocol::backend as be;
@@ -24,6 +29,18 @@ use bytes::Buf;
 /// Longer texts are no transaction control the session reads.
 pub(super) const MAX_CONTROL_LEN: usize = 128;
 
+/// A `BEGIN` the session answered and holds back (see the module's documentation).
+pub(super) struct KeptBlock {
+    /// What goes to the server ahead of the block's first statement that needs one.
+    pub(super) begin: Box<str>,
+    /// A statement of the block was answered from the cache: the block has run a query, as
+    /// far as the client can tell.
+    pub(super) answered: bool,
+    /// The `BEGIN` came in the extended protocol: its unnamed portal is the client's until the
+    /// block runs a statement.
+    pub(super) portal: bool,
+}
+
 impl Session {
     /// A Query that opens a block the session keeps without a server, or ends one it kept:
     /// answered here. True: answered, the message consumed.
@@ -34,7 +51,7 @@ impl Session {
         len: usize,
         query_text_len: Option<usize>,
     ) -> bool {
-        if tag != fe::QUERY || self.server.is_some() || !self.state.enabled || !self.caching() {
+        if tag != fe::QUERY || self.server.is_some() || !self.state.enabled || !self.may_keep() {
             return false;
         }
         match query_text_len {
@@ -89,24 +106,31 @@ impl Session {
             Control::Begin {
                 isolation,
                 read_write,
+                read_only,
                 ..
             } if !deferred => {
-                if read_write || !self.replies.is_empty() || !self.begins_read_committed(isolation)
-                {
+                if read_write || !self.replies.is_empty() {
                     return None;
                 }
-                let cache = self.cache.as_deref_mut()?;
-                cache.deferred_begin = begin;
-                cache.deferred_answered = false;
-                cache.deferred_portal = portal;
-                cache.read_committed = Some(true);
+                let read_committed = self.begins_read_committed(isolation);
+                let for_cache = read_committed && self.caching();
+                if !for_cache && !self.may_become_read_only(isolation, read_only) {
+                    return None;
+                }
+                if let Some(cache) = self.cache.as_deref_mut() {
+                    // Answered in only when READ COMMITTED.
+                    cache.read_committed = Some(read_committed);
+                }
+                self.kept = Some(Box::new(KeptBlock {
+                    begin: begin?,
+                    answered: false,
+                    portal,
+                }));
                 Some(b'T')
             }
             Control::Commit | Control::Rollback if deferred => {
+                self.kept = None;
                 if let Some(cache) = self.cache.as_deref_mut() {
-                    cache.deferred_begin = None;
-                    cache.deferred_answered = false;
-                    cache.deferred_portal = false;
                     cache.read_committed = None;
                 }
                 self.stats.xact_count += 1;
@@ -129,7 +153,7 @@ impl Session {
         if !matches!(tag, fe::PARSE | fe::BIND)
             || self.server.is_some()
             || !self.state.enabled
-            || !self.caching()
+            || !self.may_keep()
         {
             return false;
         }
@@ -197,9 +221,14 @@ impl Session {
     /// Whether the client is in a block the session keeps without a server.
     #[inline]
     pub(super) fn keeps_block(&self) -> bool {
-        self.cache
-            .as_ref()
-            .is_some_and(|c| c.deferred_begin.is_some())
+        self.kept.is_some()
+    }
+
+    /// Whether a feature may keep the client's `BEGIN`: the result cache (see `caching`), or
+    /// replicas (see `replicas`).
+    #[inline]
+    fn may_keep(&self) -> bool {
+        self.caching() || self.reads.is_some()
     }
 
     /// The transaction status PostgreSQL would report to the client now, with no server
@@ -227,18 +256,21 @@ impl Session {
     /// As `server` is taken for a block the session kept: its `BEGIN` goes first (after what
     /// brings the server in line with the client), replies swallowed.
     pub(super) fn begin_kept_block(&mut self, server: &mut ServerConn) {
-        let Some(cache) = self.cache.as_deref_mut() else {
+        let Some(kept) = self.kept.take() else {
             return;
         };
-        let Some(begin) = cache.deferred_begin.take() else {
-            return;
-        };
-        let answered = std::mem::take(&mut cache.deferred_answered);
-        let portal = std::mem::take(&mut cache.deferred_portal);
-        if !answered && cache.fill.is_none() {
-            // Its first statement on the server (not a read the cache fills) may still set
-            // the isolation (`SET TRANSACTION`): asked at the next read the cache would answer.
-            cache.read_committed = None;
+        let KeptBlock {
+            begin,
+            answered,
+            portal,
+        } = *kept;
+        if let Some(cache) = self.cache.as_deref_mut() {
+            if !answered && cache.fill.is_none() {
+                // Its first statement on the server (not a read the cache fills) may still
+                // set the isolation (`SET TRANSACTION`): asked at the next read the cache
+                // would answer.
+                cache.read_committed = None;
+            }
         }
         if portal && !answered && uses_unnamed_portal(&self.client.rbuf) {
             // What takes the server uses the BEGIN's portal, which only an extended-protocol

@@ -95,6 +95,7 @@ impl Session {
             && !self.copy_garbage
             && !self.kept_for_cancels
             && !self.info.cancels.pending()
+            && self.kept.is_none()
             && self.cache.as_ref().is_none_or(|c| c.is_at_rest())
             && self
                 .plan

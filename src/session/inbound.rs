@@ -17,8 +17,10 @@ use std::pin::Pin;
 
 impl Session {
     /// Answers a batch of Parse / Describe / Close, ended by a Sync or Flush, that needs no
-    /// server, if the client's input starts with one (see [`crate::statements::idle_batch`]).
+    /// server, if the client's input starts with one (see [`crate::statements::idle_batch`]);
+    /// held by no server: idle, or in a block the session keeps (see `deferred`).
     pub(super) fn answer_idle_batch(&mut self) -> bool {
+        let status = self.status_without_server();
         let Some(stmts) = self.plan.stmts.as_mut() else {
             return false;
         };
@@ -34,6 +36,7 @@ impl Session {
             &self.app.registry,
             limits,
             &mut self.client.wbuf,
+            status,
         ) else {
             return false;
         };
@@ -242,6 +245,13 @@ impl Session {
                         be::ready_for_query(&mut self.client.wbuf, b'T');
                     }
                     self.client.rbuf.advance(len);
+                    Next::Done
+                }
+                // Preparing, describing or closing known statements needs no server: the
+                // block stays kept (its first statement decides where it goes).
+                fe::PARSE | fe::CLOSE | fe::DESCRIBE
+                    if self.keeps_block() && self.answer_idle_batch() =>
+                {
                     Next::Done
                 }
                 _ if self.keeps_block() => Next::Acquire,

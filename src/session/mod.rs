@@ -364,6 +364,9 @@ struct Session {
     /// Where the client's reads may go and what they must see, when its pool has replicas
     /// (transaction mode).
     reads: Option<Box<crate::replicas::ClientReads>>,
+    /// The client's `BEGIN`, answered here and held back until the block's first statement
+    /// that needs a server (see `deferred`).
+    kept: Option<Box<deferred::KeptBlock>>,
 }
 
 /// The client's session parameters, as it believes them to be, and what follows from them.
@@ -989,13 +992,14 @@ fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
     let info = &server.info;
     info.prepared_statements
         .store(server.prepared.len() as u64, Relaxed);
-    if stats.prepare_cache_hit | stats.prepare_cache_miss | stats.prepare_evictions != 0 {
+    if stats.prepare_cache_hit | u64::from(stats.prepare_cache_miss | stats.prepare_evictions) != 0
+    {
         info.prepare_cache_hit
             .fetch_add(stats.prepare_cache_hit, Relaxed);
         info.prepare_cache_miss
-            .fetch_add(stats.prepare_cache_miss, Relaxed);
+            .fetch_add(u64::from(stats.prepare_cache_miss), Relaxed);
         info.prepare_evictions
-            .fetch_add(stats.prepare_evictions, Relaxed);
+            .fetch_add(u64::from(stats.prepare_evictions), Relaxed);
     }
 }
 

@@ -57,6 +57,10 @@ enum Work {
     Reads,
     /// It opens a read-only transaction block: the block runs there whole.
     ReadOnlyBlock,
+    /// A `BEGIN` whose block may still be made read-only: kept back when no server is held
+    /// (see `session::deferred`), its first statement then decides; it waits for the position
+    /// of the client's last write as a read does (see [`Session::waits_for_position`]).
+    MayKeep,
 }
 
 /// How often a session waiting for a replica to replay its floor asks it again.
@@ -91,7 +95,7 @@ impl Session {
         }
         let block = if self.keeps_block() {
             // A block the session kept (see `session::deferred`) starts on the server now.
-            if !self.kept_block_is_read_only() {
+            if !self.kept_block_goes_to_replica(tag, query_text_len) {
                 return Ok(());
             }
             true
@@ -99,7 +103,8 @@ impl Session {
             match self.work_reads(tag, query_text_len, &catalog) {
                 Some(Work::Reads) => false,
                 Some(Work::ReadOnlyBlock) => true,
-                None => return Ok(()),
+                // Not kept back after all (work was in flight): the primary's.
+                Some(Work::MayKeep) | None => return Ok(()),
             }
         };
         let reads = self.reads.as_deref().expect("checked above");
@@ -143,27 +148,85 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the block the session kept opened read-only (see
-    /// [`Session::begin_is_read_only`]) and nothing of it was answered from the result cache
-    /// (whose answers are the primary's: the replica's state may be older).
-    fn kept_block_is_read_only(&self) -> bool {
-        let Some(cache) = self.cache.as_deref() else {
+    /// Whether the block the session kept goes to a replica as its first statement (at the
+    /// head of the client's input) takes a server: the `BEGIN` with that statement's modes
+    /// when it is a `SET TRANSACTION`, is read-only (see [`Session::reads_only`]), and
+    /// nothing of the block was answered from the result cache (whose answers are the
+    /// primary's: the replica's state may be older).
+    fn kept_block_goes_to_replica(&self, tag: u8, query_text_len: Option<usize>) -> bool {
+        let Some(kept) = self.kept.as_deref().filter(|k| !k.answered) else {
             return false;
         };
-        match &cache.deferred_begin {
-            Some(begin) if !cache.deferred_answered => {
-                block::read(begin.as_bytes()).is_some_and(|c| self.begin_is_read_only(c))
-            }
-            _ => false,
+        let Some(Control::Begin {
+            isolation,
+            read_write,
+            read_only,
+            ..
+        }) = block::read(kept.begin.as_bytes())
+        else {
+            return false;
+        };
+        let set = self
+            .first_statement_text(tag, query_text_len)
+            .filter(|t| t.len() <= MAX_CONTROL_LEN)
+            .and_then(block::read_set_transaction);
+        match set {
+            // The last word on each mode is the SET's.
+            Some(m) => self.reads_only(
+                m.isolation.or(isolation),
+                m.read_write || (read_write && !m.read_only),
+                m.read_only || (read_only && !m.read_write),
+            ),
+            None => self.reads_only(isolation, read_write, read_only),
         }
     }
 
-    /// Whether `control` opens a block a replica may run whole: a `BEGIN` that is `READ
-    /// ONLY` (named, or by the client's `default_transaction_read_only`) and not
-    /// SERIALIZABLE (which a standby refuses), by its options, the client's
-    /// `default_transaction_isolation` or the pool's (READ COMMITTED, read with the setting
-    /// functions; another or unknown: not).
-    fn begin_is_read_only(&self, control: Control) -> bool {
+    /// Whether a `BEGIN` with these modes may be kept for its first statement to decide where
+    /// it goes: the pool has replicas, and the block is not read-only yet (it is routed at
+    /// once) nor SERIALIZABLE.
+    pub(super) fn may_become_read_only(
+        &self,
+        isolation: Option<Isolation>,
+        read_only: bool,
+    ) -> bool {
+        self.reads.as_deref().is_some_and(|r| !r.set.is_retired())
+            && !read_only
+            && !self.serializable(isolation)
+    }
+
+    /// Whether a block of these modes a replica may run whole: `READ ONLY` (named, or by the
+    /// client's `default_transaction_read_only` unless `READ WRITE` is named) and not
+    /// SERIALIZABLE (see [`Session::serializable`]).
+    fn reads_only(&self, isolation: Option<Isolation>, read_write: bool, read_only: bool) -> bool {
+        // PostgreSQL 14 and later report the setting (ParameterStatus); earlier ones do not,
+        // and the session carries it as a setting.
+        let read_only_default = self
+            .params
+            .settings
+            .get("default_transaction_read_only")
+            .or_else(|| self.params.reported.get("default_transaction_read_only"))
+            .is_some_and(|v| matches!(&*v.to_ascii_lowercase(), "on" | "true" | "1"));
+        let read_only = read_only || (!read_write && read_only_default);
+        read_only && !self.serializable(isolation)
+    }
+
+    /// Whether a block with `isolation` (None: not named) is, or may be, SERIALIZABLE (which
+    /// a standby refuses): by its options, the client's `default_transaction_isolation` or
+    /// the pool's (READ COMMITTED, read with the setting functions; another or unknown: may
+    /// be).
+    fn serializable(&self, isolation: Option<Isolation>) -> bool {
+        match isolation {
+            Some(level) => level == Isolation::Serializable,
+            None => match self.params.settings.get("default_transaction_isolation") {
+                Some(own) => own.eq_ignore_ascii_case("serializable"),
+                None => self.pool.read_committed_default() != Some(true),
+            },
+        }
+    }
+
+    /// What a `BEGIN` (`control`) opens, for a replica: a block it may run whole, one whose
+    /// first statement may still make it so, or None.
+    fn opens_block(&self, control: Control) -> Option<Work> {
         let Control::Begin {
             isolation,
             read_write,
@@ -171,24 +234,47 @@ impl Session {
             ..
         } = control
         else {
-            return false;
+            return None;
         };
-        let settings = &self.params.settings;
-        // PostgreSQL 14 and later report the setting (ParameterStatus); earlier ones do not,
-        // and the session carries it as a setting.
-        let read_only_default = settings
-            .get("default_transaction_read_only")
-            .or_else(|| self.params.reported.get("default_transaction_read_only"))
-            .is_some_and(|v| matches!(&*v.to_ascii_lowercase(), "on" | "true" | "1"));
-        let read_only = read_only || (!read_write && read_only_default);
-        let serializable = match isolation {
-            Some(level) => level == Isolation::Serializable,
-            None => match settings.get("default_transaction_isolation") {
-                Some(own) => own.eq_ignore_ascii_case("serializable"),
-                None => self.pool.read_committed_default() != Some(true),
-            },
-        };
-        read_only && !serializable
+        if self.reads_only(isolation, read_write, read_only) {
+            Some(Work::ReadOnlyBlock)
+        } else if !read_write && self.may_become_read_only(isolation, read_only) {
+            Some(Work::MayKeep)
+        } else {
+            None
+        }
+    }
+
+    /// The text of the first statement the client's buffered input runs: a simple query's,
+    /// or the statement the first Bind binds (parsed before it, or known), or, when it binds
+    /// none before a Sync, the first one it parses (a statement prepared before it runs, as
+    /// tokio-postgres and pgx do). Closes, Describes, Flushes and Syncs before them run
+    /// nothing (tokio-postgres closes its last statement ahead of the next).
+    fn first_statement_text(&self, tag: u8, query_text_len: Option<usize>) -> Option<&[u8]> {
+        if tag == fe::QUERY {
+            return query_text_len.map(|n| fe::query_text_of(&self.client.rbuf, n));
+        }
+        let mut parsed: Option<fe::Parse<'_>> = None;
+        for (tag, body) in crate::protocol::messages(&self.client.rbuf) {
+            match tag {
+                fe::PARSE if parsed.is_none() => parsed = Some(fe::Parse::parse(body)?),
+                fe::BIND => {
+                    let bind = fe::Bind::parse(body)?;
+                    return match parsed.filter(|p| p.name == bind.statement) {
+                        Some(p) => Some(p.query),
+                        None if parsed.is_none() => {
+                            Some(&self.plan.stmts.as_ref()?.get(bind.statement)?.key.query)
+                        }
+                        None => None,
+                    };
+                }
+                fe::SYNC if parsed.is_some() => break,
+                fe::QUERY if parsed.is_none() => return fe::query_text(body),
+                fe::PARSE | fe::DESCRIBE | fe::FLUSH | fe::CLOSE | fe::SYNC => {}
+                _ => return None,
+            }
+        }
+        parsed.map(|p| p.query)
     }
 
     /// A server of `replica`'s pool; None when it has none to give (it cannot be reached: it
@@ -224,8 +310,8 @@ impl Session {
         if tag == fe::QUERY {
             if let Some(n) = query_text_len.filter(|&n| n <= MAX_CONTROL_LEN) {
                 let text = fe::query_text_of(&self.client.rbuf, n);
-                if block::read(text).is_some_and(|c| self.begin_is_read_only(c)) {
-                    return Some(Work::ReadOnlyBlock);
+                if let Some(work) = block::read(text).and_then(|c| self.opens_block(c)) {
+                    return Some(work);
                 }
             }
             return self
@@ -275,15 +361,17 @@ impl Session {
         analysis.is_some_and(|a| catalog.only_reads(&a))
     }
 
-    /// Whether a statement of the extended protocol is a `BEGIN` that opens a read-only
-    /// block (see [`Session::begin_is_read_only`]).
-    fn statement_opens_read_only_block(&self, statement: &Statement<'_>) -> bool {
+    /// What a statement of the extended protocol opens when it is a `BEGIN` (see
+    /// [`Session::opens_block`]).
+    fn statement_opens_block(&self, statement: &Statement<'_>) -> Option<Work> {
         let text = match statement {
             Statement::Known(s) => &s.key.query[..],
             Statement::Parsed(text) => text,
         };
-        text.len() <= MAX_CONTROL_LEN
-            && block::read(text).is_some_and(|c| self.begin_is_read_only(c))
+        if text.len() > MAX_CONTROL_LEN {
+            return None;
+        }
+        block::read(text).and_then(|c| self.opens_block(c))
     }
 
     /// Whether the message at the head of the client's input, on its own, only reads: a
@@ -360,12 +448,16 @@ impl Session {
                     };
                     work = match work {
                         Some(Work::ReadOnlyBlock) => Some(Work::ReadOnlyBlock),
-                        None if self.statement_opens_read_only_block(&statement) => {
-                            Some(Work::ReadOnlyBlock)
-                        }
-                        _ => self
+                        // Only the batch's first statement may open a block.
+                        None => self.statement_opens_block(&statement).or_else(|| {
+                            self.statement_only_reads(statement, catalog)
+                                .then_some(Work::Reads)
+                        }),
+                        Some(Work::Reads) => self
                             .statement_only_reads(statement, catalog)
                             .then_some(Work::Reads),
+                        // Nothing runs after a BEGIN kept back but its block's statements.
+                        Some(Work::MayKeep) => Some(Work::MayKeep),
                     };
                     work?;
                 }
@@ -556,6 +648,14 @@ impl Session {
         if acquire {
             return Stage::Go;
         }
+        if self.reads.as_deref().is_some_and(|r| r.block) {
+            // In a read-only block on a replica: everything goes there. Once the block's end
+            // is sent, what is pipelined behind it is judged as any work is.
+            if self.ends_block(tag, len, query_text_len) {
+                self.reads.as_deref_mut().expect("checked above").block = false;
+            }
+            return Stage::Go;
+        }
         if self.waits_for_primary(tag, len, query_text_len) {
             // Pipelined after work a replica runs, and not proven to only read: it waits for
             // the replica's replies, then takes the primary.
@@ -577,6 +677,17 @@ impl Session {
         }
         self.note_primary_work(tag, len, query_text_len);
         Stage::Go
+    }
+
+    /// Whether the message is a `COMMIT` or `ROLLBACK` (a simple query, or a Bind of one),
+    /// read as [`block::read`] reads them. A block ended otherwise (a query of several
+    /// statements, `COMMIT AND CHAIN`) leaves what follows on the replica until the server
+    /// goes back (see docs/replicas.md).
+    fn ends_block(&self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
+        self.statement_text(tag, len, query_text_len)
+            .filter(|t| t.len() <= MAX_CONTROL_LEN)
+            .and_then(block::read)
+            .is_some_and(|c| matches!(c, Control::Commit | Control::Rollback))
     }
 
     /// Whether the unit of work at the head of the client's input, which provably only

@@ -164,6 +164,7 @@ impl Session {
             idle_reads: 0,
             kept_for_cancels: false,
             reads,
+            kept: None,
         }
     }
 

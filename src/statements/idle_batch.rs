@@ -97,13 +97,15 @@ pub fn observe_description(
 /// returns the number of bytes of `input` it took. Otherwise returns None and changes nothing.
 ///
 /// `max_count` / `max_bytes` are the client's statement limits, `max_message` the
-/// configured `max_message_size`.
+/// configured `max_message_size`; `status` the transaction status a Sync's ReadyForQuery
+/// reports (`T` in a block the session keeps without a server).
 pub fn answer<'a>(
     input: &'a [u8],
     stmts: &mut ClientStatements,
     registry: &Registry,
     (max_count, max_bytes, max_message): (usize, usize, usize),
     out: &mut BytesMut,
+    status: u8,
 ) -> Option<usize> {
     // Not for other messages, nor while a SET search_path waits for the server's answer.
     if !only_statement_messages(input) || stmts.search_path.is_open() {
@@ -209,7 +211,7 @@ pub fn answer<'a>(
         }
     }
     if !flushed {
-        be::ready_for_query(out, b'I');
+        be::ready_for_query(out, status);
     }
     Some(at)
 }
