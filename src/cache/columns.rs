@@ -48,6 +48,19 @@ pub struct ValueFilter {
     values: Vec<Source>,
 }
 
+/// Pushes what a removal of rows whose values are not known changes: the table's row set and
+/// its unknown-values version.
+fn unknown_rows_removed(versions: &Versions, (database, table): (&str, &str), out: &mut Vec<u32>) {
+    out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
+    out.push(slot(
+        versions,
+        database,
+        table,
+        "",
+        ColumnVersion::UnknownValues,
+    ));
+}
+
 fn slot(
     versions: &Versions,
     database: &str,
@@ -482,16 +495,7 @@ pub fn push_write(
     match &write.rows {
         // An UPDATE assigns; a DELETE removes rows whose values are not known.
         Rows::Filter(_) if !write.sets.is_empty() => assigns(out),
-        Rows::Filter(_) => {
-            out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
-            out.push(slot(
-                versions,
-                database,
-                table,
-                "",
-                ColumnVersion::UnknownValues,
-            ));
-        }
+        Rows::Filter(_) => unknown_rows_removed(versions, (database, table), out),
         Rows::Values {
             columns,
             rows,
@@ -553,16 +557,7 @@ pub fn push_change<'r>(
             }
         }
         Change::Update(_) => out.push(slot(versions, database, table, "", ColumnVersion::Whole)),
-        Change::Delete { full: false } => {
-            out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
-            out.push(slot(
-                versions,
-                database,
-                table,
-                "",
-                ColumnVersion::UnknownValues,
-            ));
-        }
+        Change::Delete { full: false } => unknown_rows_removed(versions, (database, table), out),
         Change::Insert | Change::Delete { full: true } => {
             out.push(slot(versions, database, table, "", ColumnVersion::RowSet));
             push_row_values(
