@@ -22,11 +22,7 @@ pub enum Control {
     Begin {
         /// The command tag PostgreSQL answers with: `BEGIN` or `START TRANSACTION`.
         tag: &'static str,
-        isolation: Option<Isolation>,
-        /// `READ WRITE` was named (`READ ONLY`: false; neither: false).
-        read_write: bool,
-        /// `READ ONLY` was named.
-        read_only: bool,
+        modes: Modes,
     },
     /// `COMMIT` or `END` (tag `COMMIT`), without `AND CHAIN`.
     Commit,
@@ -52,15 +48,7 @@ pub fn read(sql: &[u8]) -> Option<Control> {
     if let Some(control) = one_word(trimmed.strip_suffix(b";").unwrap_or(trimmed)) {
         return Some(control);
     }
-    let text = std::str::from_utf8(sql).ok()?.trim_ascii();
-    let text = text.strip_suffix(';').unwrap_or(text);
-    if text
-        .bytes()
-        .any(|b| !(b.is_ascii_alphabetic() || b.is_ascii_whitespace() || b == b','))
-    {
-        return None; // comments, quotes, a second statement, parameters
-    }
-    let tokens = tokens(text);
+    let tokens = words(sql)?;
     let (&first, rest) = tokens.split_first()?;
     let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
     match first {
@@ -125,7 +113,7 @@ fn plain_end(rest: &[&str]) -> bool {
     }
 }
 
-/// The transaction modes a `SET TRANSACTION` names (`modes` of [`Control::Begin`]).
+/// The transaction modes a `BEGIN` or `SET TRANSACTION` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Modes {
     pub isolation: Option<Isolation>,
@@ -135,10 +123,47 @@ pub struct Modes {
     pub read_only: bool,
 }
 
+impl Modes {
+    /// A block's modes once its first statement, a `SET TRANSACTION` naming `set`, ran: each
+    /// mode as the SET names it, else as before.
+    pub fn then(self, set: Modes) -> Modes {
+        let access_named = set.read_write || set.read_only;
+        Modes {
+            isolation: set.isolation.or(self.isolation),
+            read_write: if access_named {
+                set.read_write
+            } else {
+                self.read_write
+            },
+            read_only: if access_named {
+                set.read_only
+            } else {
+                self.read_only
+            },
+        }
+    }
+}
+
 /// `SET TRANSACTION modes` (the block's first statement may still set them), read as
 /// [`read`] reads a `BEGIN`: one statement, its modes as a `BEGIN` names them. Not `SET
 /// TRANSACTION SNAPSHOT`, `SET SESSION CHARACTERISTICS` or `SET LOCAL`.
 pub fn read_set_transaction(sql: &[u8]) -> Option<Modes> {
+    match &words(sql)?[..] {
+        [set, transaction, named @ ..]
+            if set.eq_ignore_ascii_case("set")
+                && transaction.eq_ignore_ascii_case("transaction")
+                && !named.is_empty() =>
+        {
+            modes(named)
+        }
+        _ => None,
+    }
+}
+
+/// The words of a statement [`read`] and [`read_set_transaction`] may read: one statement of
+/// letters, whitespace and commas, an optional `;` at the end. None for anything else
+/// (comments, quotes, a second statement, parameters).
+fn words(sql: &[u8]) -> Option<Vec<&str>> {
     let text = std::str::from_utf8(sql).ok()?.trim_ascii();
     let text = text.strip_suffix(';').unwrap_or(text);
     if text
@@ -147,33 +172,19 @@ pub fn read_set_transaction(sql: &[u8]) -> Option<Modes> {
     {
         return None;
     }
-    let tokens = tokens(text);
-    match &tokens[..] {
-        [set, transaction, modes @ ..]
-            if set.eq_ignore_ascii_case("set")
-                && transaction.eq_ignore_ascii_case("transaction")
-                && !modes.is_empty() =>
-        {
-            match begin("SET", modes)? {
-                Control::Begin {
-                    isolation,
-                    read_write,
-                    read_only,
-                    ..
-                } => Some(Modes {
-                    isolation,
-                    read_write,
-                    read_only,
-                }),
-                _ => None,
-            }
-        }
-        _ => None,
-    }
+    Some(tokens(text))
 }
 
-/// A `BEGIN`'s transaction modes, each kind at most once; commas only between modes.
-fn begin(tag: &'static str, modes: &[&str]) -> Option<Control> {
+/// A `BEGIN` with the transaction modes `named`.
+fn begin(tag: &'static str, named: &[&str]) -> Option<Control> {
+    Some(Control::Begin {
+        tag,
+        modes: modes(named)?,
+    })
+}
+
+/// Transaction modes, each kind at most once; commas only between modes.
+fn modes(modes: &[&str]) -> Option<Modes> {
     let is = |w: &str, kw: &str| w.eq_ignore_ascii_case(kw);
     let (mut isolation, mut access, mut deferrable) = (None, None, None);
     let mut i = 0;
@@ -207,8 +218,7 @@ fn begin(tag: &'static str, modes: &[&str]) -> Option<Control> {
             }
         }
     }
-    Some(Control::Begin {
-        tag,
+    Some(Modes {
         isolation,
         read_write: access == Some(true),
         read_only: access == Some(false),
@@ -222,18 +232,22 @@ mod tests {
     fn begin(tag: &'static str, isolation: Option<Isolation>, read_write: bool) -> Option<Control> {
         Some(Control::Begin {
             tag,
-            isolation,
-            read_write,
-            read_only: false,
+            modes: Modes {
+                isolation,
+                read_write,
+                read_only: false,
+            },
         })
     }
 
     fn read_only(tag: &'static str, isolation: Option<Isolation>) -> Option<Control> {
         Some(Control::Begin {
             tag,
-            isolation,
-            read_write: false,
-            read_only: true,
+            modes: Modes {
+                isolation,
+                read_write: false,
+                read_only: true,
+            },
         })
     }
 
@@ -311,6 +325,27 @@ mod tests {
         assert_eq!(
             read_set_transaction(b"SET TRANSACTION READ WRITE"),
             modes(None, true, false)
+        );
+        let begun = Modes {
+            isolation: Some(Isolation::RepeatableRead),
+            read_write: true,
+            read_only: false,
+        };
+        assert_eq!(
+            begun.then(read_set_transaction(b"SET TRANSACTION READ ONLY").unwrap()),
+            Modes {
+                isolation: Some(Isolation::RepeatableRead),
+                read_write: false,
+                read_only: true,
+            }
+        );
+        let serializable = b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
+        assert_eq!(
+            begun.then(read_set_transaction(serializable).unwrap()),
+            Modes {
+                isolation: Some(Isolation::Serializable),
+                ..begun
+            }
         );
         for sql in [
             "SET TRANSACTION",

@@ -268,16 +268,21 @@ impl Replica {
     /// idle ones at once, as after RECONNECT): a read after it comes back is not given one
     /// of them to fail on.
     pub fn mark_down(&self) {
-        let was_up = self.up.swap(false, Relaxed);
-        self.replayed.store(0, Relaxed);
-        self.lag_bytes.store(u64::MAX, Relaxed);
-        self.lag_us.store(u64::MAX, Relaxed);
-        if was_up {
+        if self.take_out() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let pool = self.pool.clone();
                 runtime.spawn(async move { pool.reconnect().await });
             }
         }
+    }
+
+    /// No more reads, and its position forgotten; whether it was up.
+    fn take_out(&self) -> bool {
+        let was_up = self.up.swap(false, Relaxed);
+        self.replayed.store(0, Relaxed);
+        self.lag_bytes.store(u64::MAX, Relaxed);
+        self.lag_us.store(u64::MAX, Relaxed);
+        was_up
     }
 }
 
@@ -285,8 +290,9 @@ impl Replica {
 /// as they come back.
 fn close_pools(old: &[Arc<Replica>]) {
     for r in old {
-        // No read picks it again (a client's last replica may be one of them).
-        r.mark_down();
+        // No read picks it again (a client's last replica may be one of them); its pool is
+        // closed below, not reconnected.
+        r.take_out();
         let pool = r.pool.clone();
         tokio::spawn(async move { pool.close().await });
     }

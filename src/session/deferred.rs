@@ -33,6 +33,8 @@ pub(super) const MAX_CONTROL_LEN: usize = 128;
 pub(super) struct KeptBlock {
     /// What goes to the server ahead of the block's first statement that needs one.
     pub(super) begin: Box<str>,
+    /// The modes it names.
+    pub(super) modes: block::Modes,
     /// A statement of the block was answered from the cache: the block has run a query, as
     /// far as the client can tell.
     pub(super) answered: bool,
@@ -103,18 +105,13 @@ impl Session {
     ) -> Option<u8> {
         let deferred = self.keeps_block();
         match control {
-            Control::Begin {
-                isolation,
-                read_write,
-                read_only,
-                ..
-            } if !deferred => {
-                if read_write || !self.replies.is_empty() {
+            Control::Begin { modes, .. } if !deferred => {
+                if modes.read_write || !self.replies.is_empty() {
                     return None;
                 }
-                let read_committed = self.begins_read_committed(isolation);
+                let read_committed = self.begins_read_committed(modes.isolation);
                 let for_cache = read_committed && self.caching();
-                if !for_cache && !self.may_become_read_only(isolation, read_only) {
+                if !for_cache && !self.may_become_read_only(modes) {
                     return None;
                 }
                 if let Some(cache) = self.cache.as_deref_mut() {
@@ -123,6 +120,7 @@ impl Session {
                 }
                 self.kept = Some(Box::new(KeptBlock {
                     begin: begin?,
+                    modes,
                     answered: false,
                     portal,
                 }));
@@ -263,6 +261,7 @@ impl Session {
             begin,
             answered,
             portal,
+            ..
         } = *kept;
         if let Some(cache) = self.cache.as_deref_mut() {
             if !answered && cache.fill.is_none() {

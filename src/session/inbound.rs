@@ -247,13 +247,9 @@ impl Session {
                     self.client.rbuf.advance(len);
                     Next::Done
                 }
-                // Preparing, describing or closing known statements needs no server: the
-                // block stays kept (its first statement decides where it goes).
-                fe::PARSE | fe::CLOSE | fe::DESCRIBE
-                    if self.keeps_block() && self.answer_idle_batch() =>
-                {
-                    Next::Done
-                }
+                // Preparing, describing or closing known statements needs no server (in a
+                // kept block too: its first statement decides where it goes).
+                fe::PARSE | fe::CLOSE | fe::DESCRIBE if self.answer_idle_batch() => Next::Done,
                 _ if self.keeps_block() => Next::Acquire,
                 // With no server held the session is idle: a lone Sync is answered as
                 // PostgreSQL would, a Flush has nothing to flush, and stray COPY messages
@@ -272,8 +268,6 @@ impl Session {
                     self.client.rbuf.advance(len);
                     Next::Done
                 }
-                // Preparing, describing or closing known statements needs no server.
-                fe::PARSE | fe::CLOSE | fe::DESCRIBE if self.answer_idle_batch() => Next::Done,
                 _ => Next::Acquire,
             };
         }

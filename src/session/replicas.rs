@@ -21,7 +21,7 @@ use super::deferred::MAX_CONTROL_LEN;
 use super::{End, Session};
 use crate::protocol::backend as be;
 use crate::protocol::{body, frame, frontend as fe};
-use crate::query::block::{self, Control, Isolation};
+use crate::query::block::{self, Control, Isolation, Modes};
 use crate::query::hint;
 use crate::replicas::{catalog::Catalog, lsn, Pick, Replica};
 use crate::server::ServerConn;
@@ -157,47 +157,26 @@ impl Session {
         let Some(kept) = self.kept.as_deref().filter(|k| !k.answered) else {
             return false;
         };
-        let Some(Control::Begin {
-            isolation,
-            read_write,
-            read_only,
-            ..
-        }) = block::read(kept.begin.as_bytes())
-        else {
-            return false;
-        };
         let set = self
             .first_statement_text(tag, query_text_len)
             .filter(|t| t.len() <= MAX_CONTROL_LEN)
             .and_then(block::read_set_transaction);
-        match set {
-            // The last word on each mode is the SET's.
-            Some(m) => self.reads_only(
-                m.isolation.or(isolation),
-                m.read_write || (read_write && !m.read_only),
-                m.read_only || (read_only && !m.read_write),
-            ),
-            None => self.reads_only(isolation, read_write, read_only),
-        }
+        self.reads_only(set.map_or(kept.modes, |set| kept.modes.then(set)))
     }
 
     /// Whether a `BEGIN` with these modes may be kept for its first statement to decide where
     /// it goes: the pool has replicas, and the block is not read-only yet (it is routed at
     /// once) nor SERIALIZABLE.
-    pub(super) fn may_become_read_only(
-        &self,
-        isolation: Option<Isolation>,
-        read_only: bool,
-    ) -> bool {
+    pub(super) fn may_become_read_only(&self, modes: Modes) -> bool {
         self.reads.as_deref().is_some_and(|r| !r.set.is_retired())
-            && !read_only
-            && !self.serializable(isolation)
+            && !modes.read_only
+            && !self.serializable(modes.isolation)
     }
 
     /// Whether a block of these modes a replica may run whole: `READ ONLY` (named, or by the
     /// client's `default_transaction_read_only` unless `READ WRITE` is named) and not
     /// SERIALIZABLE (see [`Session::serializable`]).
-    fn reads_only(&self, isolation: Option<Isolation>, read_write: bool, read_only: bool) -> bool {
+    fn reads_only(&self, modes: Modes) -> bool {
         // PostgreSQL 14 and later report the setting (ParameterStatus); earlier ones do not,
         // and the session carries it as a setting.
         let read_only_default = self
@@ -206,8 +185,8 @@ impl Session {
             .get("default_transaction_read_only")
             .or_else(|| self.params.reported.get("default_transaction_read_only"))
             .is_some_and(|v| matches!(&*v.to_ascii_lowercase(), "on" | "true" | "1"));
-        let read_only = read_only || (!read_write && read_only_default);
-        read_only && !self.serializable(isolation)
+        let read_only = modes.read_only || (!modes.read_write && read_only_default);
+        read_only && !self.serializable(modes.isolation)
     }
 
     /// Whether a block with `isolation` (None: not named) is, or may be, SERIALIZABLE (which
@@ -227,18 +206,12 @@ impl Session {
     /// What a `BEGIN` (`control`) opens, for a replica: a block it may run whole, one whose
     /// first statement may still make it so, or None.
     fn opens_block(&self, control: Control) -> Option<Work> {
-        let Control::Begin {
-            isolation,
-            read_write,
-            read_only,
-            ..
-        } = control
-        else {
+        let Control::Begin { modes, .. } = control else {
             return None;
         };
-        if self.reads_only(isolation, read_write, read_only) {
+        if self.reads_only(modes) {
             Some(Work::ReadOnlyBlock)
-        } else if !read_write && self.may_become_read_only(isolation, read_only) {
+        } else if !modes.read_write && self.may_become_read_only(modes) {
             Some(Work::MayKeep)
         } else {
             None
