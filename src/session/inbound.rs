@@ -73,6 +73,9 @@ impl Session {
                 now_us = self.app.clock_us();
                 self.info.note_request(self.app.unix_secs(now_us));
             }
+            if self.relay_in_lane(tag, len, now_us) {
+                continue; // a portal message with nothing to do but relaying (see `lane`)
+            }
             let query_text_len = self.find_query_text(tag, len);
             self.forget_portal_left_by_hit(tag, len);
             if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag) {
@@ -577,11 +580,7 @@ impl Session {
             planner::Plan::Done => {
                 self.plan.retry.consumed(&self.client.rbuf[..len]);
                 self.client.rbuf.advance(len);
-                let pending_output = self.client.wbuf.len();
-                self.answer_locally();
-                if pending_output == 0 && !self.client.wbuf.is_empty() {
-                    self.local_replies_only = true;
-                }
+                self.after_planned_locally();
             }
             planner::Plan::Wait => {
                 // Planned again when the server has answered what is in flight, which a
@@ -599,9 +598,21 @@ impl Session {
         planned
     }
 
+    /// After the planner dealt with a message itself (`Plan::Done`): the replies pgmemo gives
+    /// itself that are due now are written, and the client's output noted as pgmemo's alone
+    /// if nothing else was in it.
+    #[inline]
+    pub(super) fn after_planned_locally(&mut self) {
+        let pending_output = self.client.wbuf.len();
+        self.answer_locally();
+        if pending_output == 0 && !self.client.wbuf.is_empty() {
+            self.local_replies_only = true;
+        }
+    }
+
     /// The message goes to the server as the client sent it, its reply expected.
     #[inline]
-    fn forward_client_message(&mut self, tag: u8, len: usize) {
+    pub(super) fn forward_client_message(&mut self, tag: u8, len: usize) {
         if let Some(expected) = Expected::for_client_message(tag) {
             self.replies.push(expected);
         }

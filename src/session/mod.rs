@@ -18,6 +18,7 @@
 //! - `start.rs`: the client's parameters settled on a first server, what it will track;
 //! - this file: [`Session`], the relay loop and its one poll over both sockets, the finish;
 //! - `inbound.rs`: the client's messages, one by one, through each feature to the server;
+//!   `lane.rs`: a portal message with nothing to do but relaying, past the stages;
 //! - `outbound.rs`: the server's replies, matched to the reply queue, through each feature to
 //!   the client, and the transaction settled;
 //! - `hold.rs`: a server held and given back: pins, the state probe, the release;
@@ -37,6 +38,7 @@ mod handover;
 pub use handover::{read_carried, resume, Carried};
 mod hold;
 mod inbound;
+mod lane;
 pub mod login;
 mod outbound;
 pub mod planner;
