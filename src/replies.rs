@@ -653,6 +653,24 @@ impl ReplyQueue {
         self.replacement.take().map(|r| *r)
     }
 
+    /// Whether [`Self::on_server_message`] routes a reply `tag` (not an error, a notice, a
+    /// notification or a ParameterStatus) to the head entry [`Route::Forward`]: the client's
+    /// own entry, its replies relayed as they are but for an error (which may be rewritten),
+    /// or an autoprepared query's but for what a simple query has no counterpart for.
+    #[inline]
+    pub fn head_relays(&self, tag: u8) -> bool {
+        self.entries.front().is_some_and(|q| {
+            q.entry.expected != Expected::Internal
+                && match q.entry.action {
+                    Action::Forward | Action::ReplaceError(_) => true,
+                    Action::AsSimpleQuery => {
+                        !matches!(tag, be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA)
+                    }
+                    _ => false,
+                }
+        })
+    }
+
     /// Whether the head of the queue is a reply pgmemo gives itself ([`Self::pop_synthesized`]).
     #[inline]
     pub fn head_is_synthesized(&self) -> bool {

@@ -1,18 +1,21 @@
 //! The relay lane: a client message that only needs relaying skips the stages.
 //!
 //! Most of an extended-protocol transaction is messages about a portal: `Describe` of it,
-//! `Execute`, then `Sync` (and `Flush`). With a server held and none of the features that look
+//! `Execute`, then `Sync` (and `Flush`); most of the replies to any transaction are its rows,
+//! their description and the completions of its messages. With a server held and none of the features that look
 //! at such messages in play, every stage of [`Session::handle_client_messages`] passes them
 //! through unchanged: no text to read, nothing the cache answers, no server to take, no
 //! statement to rename. Going through the stages anyway cost about 300 instructions a message
 //! (callgrind, `python3 bench/budget.py`: 950 of a `pgbench -S -M prepared` transaction's
-//! 11,270 for its three portal messages). The lane relays such a message as the stages would
-//! have, and says exactly when it may (see [`Session::lane_takes`]); anything else takes the
-//! stages.
+//! 11,270 for its three portal messages). Likewise the server's replies (see
+//! [`Session::lane_takes_reply`]). The lane relays such a message as the stages would have, and
+//! says exactly when it may (see [`Session::lane_takes`]); anything else takes the stages.
 
 use super::Session;
 use crate::pool::PoolMode;
+use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
+use bytes::Buf;
 
 impl Session {
     /// Relays the message at the head of the client's input (framed: `tag`, `len` bytes) if
@@ -76,5 +79,71 @@ impl Session {
                 .as_ref()
                 .is_none_or(|s| !s.has_tracked_portals())
             && (server.prepared.has_guard() || server.status != b'T' || self.replies.in_batch())
+    }
+}
+
+impl Session {
+    /// Relays the server's message at the head of its input (framed: `tag`, `len` bytes) if
+    /// the lane takes it: a row, a completion or a description of the client's own work, with
+    /// none of the features that look at replies in play. True: relayed, as the stages of
+    /// [`Session::handle_server_messages`] would have.
+    #[inline]
+    pub(super) fn relay_reply_in_lane(&mut self, tag: u8, len: usize) -> bool {
+        if !self.lane_takes_reply(tag) {
+            return false;
+        }
+        // The queue moves on as for any reply (an entry done, its outcome noted).
+        let route = self.replies.on_server_message(tag);
+        debug_assert_eq!(route, crate::replies::Route::Forward);
+        if matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE) {
+            if tag == be::COMMAND_COMPLETE {
+                let server = self.server.as_mut().expect("a server is held");
+                server.completed_since_ready = true;
+            }
+            self.note_rows(tag, len);
+        }
+        let server = self.server.as_mut().expect("a server is held");
+        self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
+        self.stats.bytes_sent += len as u64;
+        server.rbuf.advance(len);
+        if self.plan.stmts.is_some() {
+            self.settle(None, None, false);
+            if self.replies.head_is_synthesized() {
+                self.answer_locally();
+            }
+        }
+        true
+    }
+
+    /// Whether every stage would relay the server's message as it is, and do nothing else
+    /// with it but move the reply queue, note its rows (SHOW QUERIES' timing) and settle the
+    /// outcome of the entry it ends:
+    /// - a ParseComplete, BindComplete, RowDescription, NoData, DataRow or CommandComplete
+    ///   (not an error, whose retry, rewrite and bookkeeping take the stages; not a
+    ///   ReadyForQuery, a notice, a ParameterStatus or COPY);
+    /// - to the client's own entry, relayed as it is ([`ReplyQueue::head_relays`]), which is
+    ///   not a statement's Describe (its description is kept for later, see
+    ///   `Session::observe_description`);
+    /// - no RowDescription held for an autoprepared query, no result cache watching, no
+    ///   replica position to read, no `SET search_path` whose transaction may end.
+    ///
+    /// [`ReplyQueue::head_relays`]: crate::replies::ReplyQueue::head_relays
+    #[inline]
+    fn lane_takes_reply(&self, tag: u8) -> bool {
+        let message = match tag {
+            be::DATA_ROW | be::COMMAND_COMPLETE | be::BIND_COMPLETE | be::PARSE_COMPLETE => true,
+            be::ROW_DESCRIPTION | be::NO_DATA => self.replies.head_describes().is_none(),
+            _ => false,
+        };
+        message
+            && self.replies.head_relays(tag)
+            && !self.plan.held_description
+            && self.reads.is_none()
+            && self.cache.as_deref().is_none_or(|c| !c.watching())
+            && self
+                .plan
+                .stmts
+                .as_ref()
+                .is_none_or(|s| !s.search_path.is_open())
     }
 }

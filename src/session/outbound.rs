@@ -38,6 +38,9 @@ impl Session {
                 break;
             };
             self.plan.waiting = false;
+            if self.relay_reply_in_lane(tag, len) {
+                continue; // a reply with nothing to do but relaying (see `lane`)
+            }
             let out_at = self.client.wbuf.len();
             let again = self.again(tag, len);
             self.observe_description(tag, len);
@@ -237,7 +240,7 @@ impl Session {
     /// a statement's rows are its tag's count (a write's, or a read's), or the DataRows
     /// before a PortalSuspended.
     #[inline]
-    fn note_rows(&mut self, message: u8, len: usize) {
+    pub(super) fn note_rows(&mut self, message: u8, len: usize) {
         let Some(timed) = self
             .reading
             .reader
