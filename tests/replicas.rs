@@ -18,6 +18,80 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::Client;
 
+/// The primary stops: reads go on on the replica, for the clients connected and for new ones
+/// (their login needs no server once the pool knows its defaults); a write gets the error of
+/// the primary's refused connection at once. The primary back, writes work again, and a
+/// client's read after its write sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_down_leaves_reads_on_the_replica() {
+    let (mut primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let url = url_of(&proxy);
+    let reader = connect(&url).await;
+    let replica_port = standby.port().to_string();
+    assert_eq!(
+        value(&reader, "SELECT v FROM items WHERE id = 3").await,
+        "v3"
+    );
+    primary = tokio::task::spawn_blocking(move || {
+        primary.stop_server("immediate");
+        primary
+    })
+    .await
+    .unwrap();
+    for _ in 0..20 {
+        assert_eq!(
+            value(&reader, "SELECT v FROM items WHERE id = 3").await,
+            "v3"
+        );
+        assert_eq!(
+            value(&reader, "SELECT current_setting('port')").await,
+            replica_port
+        );
+    }
+    let newcomer = connect(&url).await;
+    assert_eq!(
+        value(&newcomer, "SELECT v FROM items WHERE id = 4").await,
+        "v4"
+    );
+    let writer = connect(&url).await;
+    let err = writer
+        .simple_query("UPDATE items SET v = 'w' WHERE id = 5")
+        .await
+        .expect_err("no primary to write on");
+    let db = err.as_db_error().expect("a server's error");
+    assert_eq!(db.code().code(), "08006", "{db:?}");
+    assert!(
+        db.message()
+            .starts_with("pgmemo could not connect to server"),
+        "{db:?}"
+    );
+    // The reader is not the writer's: it goes on.
+    assert_eq!(
+        value(&reader, "SELECT v FROM items WHERE id = 3").await,
+        "v3"
+    );
+    primary = tokio::task::spawn_blocking(move || {
+        primary.restart("fast").expect("the primary starts again");
+        primary
+    })
+    .await
+    .unwrap();
+    let writer = connect(&url).await;
+    wait_until("writes to work again", Duration::from_secs(30), || async {
+        writer
+            .simple_query("UPDATE items SET v = 'back' WHERE id = 5")
+            .await
+            .is_ok()
+    })
+    .await;
+    assert_eq!(
+        value(&writer, "SELECT v FROM items WHERE id = 5").await,
+        "back"
+    );
+    drop(primary);
+}
+
 /// A primary that lets its superuser replicate over TCP, and a streaming standby of it. The
 /// primary commits as production servers do (`synchronous_commit = on`: a commit is flushed,
 /// and so sent to the standby, before it returns; the test clusters' default, off, leaves
