@@ -165,6 +165,13 @@ pub fn is_connection_keyword(name: &str) -> bool {
     ) || name.starts_with("_pq_.")
 }
 
+/// Whether a setting's value is a true boolean as PostgreSQL reads one (`parse_bool`: `on`,
+/// `1`, and `true` or `yes` or a prefix of them, in any case).
+pub fn is_on(value: &str) -> bool {
+    let v = value.trim().to_ascii_lowercase();
+    v == "on" || v == "1" || (!v.is_empty() && ("true".starts_with(&v) || "yes".starts_with(&v)))
+}
+
 /// Quotes a value as an escape string literal, which reads the same whatever
 /// standard_conforming_strings is on the server.
 pub fn quote_literal(value: &str) -> String {
@@ -410,5 +417,15 @@ mod tests {
                 ("work_mem".into(), "1MB".into())
             ]
         );
+    }
+
+    #[test]
+    fn booleans_read_as_postgresql_reads_them() {
+        for yes in ["on", "ON", "1", "t", "tr", "true", "y", "yes", " Yes "] {
+            assert!(is_on(yes), "{yes}");
+        }
+        for no in ["off", "0", "f", "false", "n", "no", "", "o", "truer", "2"] {
+            assert!(!is_on(no), "{no}");
+        }
     }
 }

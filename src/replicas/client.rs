@@ -38,6 +38,9 @@ pub struct ClientReads {
     /// The last question for a commit position failed: the floor is not known (reads go to
     /// the primary) until the next one, asked after the client's next work on the primary.
     pub unsure: bool,
+    /// The floor last reported to the client (`pgmemo.report_read_lsn`, see
+    /// `Session::report_read_lsn`): 0 before the first report.
+    pub reported: u64,
 }
 
 impl ClientReads {
@@ -54,6 +57,7 @@ impl ClientReads {
             asked: false,
             no_pipelining: false,
             unsure: false,
+            reported: 0,
         })
     }
 

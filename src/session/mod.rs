@@ -696,7 +696,8 @@ impl Session {
                 return Poll::Ready(Event::ServerGone(Some(e)));
             }
         }
-        let hold = self.local_replies_only && !self.replies.is_empty();
+        let hold = (self.local_replies_only && !self.replies.is_empty())
+            || (self.reads.is_some() && self.holds_replies_for_position());
         if !hold {
             if let Err(e) = poll_write_buf(&mut self.client.stream, &mut self.client.wbuf, cx) {
                 return Poll::Ready(Event::ClientGone(Some(e)));

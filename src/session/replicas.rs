@@ -13,7 +13,10 @@
 //!   the server is idle, for what nothing may follow: a COPY), before the server goes back;
 //!   that position is the client's floor.
 //! - Causal reads: `SHOW pgmemo.read_lsn` is answered here with the floor; the client's
-//!   `pgmemo.min_read_lsn` setting (SET, or at connect) raises it.
+//!   `pgmemo.min_read_lsn` setting (SET, or at connect) raises it. A client that sets
+//!   `pgmemo.report_read_lsn` on is sent the floor as a ParameterStatus `pgmemo.read_lsn`
+//!   whenever a write raises it, ahead of the ReadyForQuery that ends the write
+//!   ([`Session::report_read_lsn`]).
 
 use std::sync::Arc;
 
@@ -29,6 +32,10 @@ use bytes::Buf;
 
 /// The setting a client raises its floor with (a placeholder PostgreSQL keeps for it).
 pub(super) const MIN_READ_LSN: &str = "pgmemo.min_read_lsn";
+
+/// The setting a client asks with for its floor as a ParameterStatus `pgmemo.read_lsn`
+/// after each write that raises it (a placeholder PostgreSQL keeps for it).
+const REPORT_READ_LSN: &str = "pgmemo.report_read_lsn";
 
 /// A statement a Bind runs, for [`Session::statement_only_reads`].
 enum Statement<'a> {
@@ -184,7 +191,7 @@ impl Session {
             .settings
             .get("default_transaction_read_only")
             .or_else(|| self.params.reported.get("default_transaction_read_only"))
-            .is_some_and(|v| matches!(&*v.to_ascii_lowercase(), "on" | "true" | "1"));
+            .is_some_and(crate::params::is_on);
         let read_only = modes.read_only || (!modes.read_write && read_only_default);
         read_only && !self.serializable(modes.isolation)
     }
@@ -483,10 +490,16 @@ impl Session {
     /// Asks the primary, idle after the client's work, for its WAL position (when it could not
     /// be asked behind the work, see [`Session::ask_position`]): at or past the commit of
     /// whatever that work wrote, and so the client's read-your-writes floor (see
-    /// [`lsn::commit_position`]). The client has its replies first. If the question fails, the floor is unknown until the
+    /// [`lsn::commit_position`]). The client has its replies first (but for its ReadyForQuery
+    /// when it asked for its floor as a ParameterStatus). If the question fails, the floor is unknown until the
     /// next one succeeds: the client's reads go to the primary meanwhile.
     pub(super) async fn learn_commit_position(&mut self) -> Result<(), End> {
-        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+        // (Not a client that asked for its floor as a ParameterStatus: that goes ahead of the
+        // ReadyForQuery, which waits for the answer.)
+        if !self.client.wbuf.is_empty()
+            && !self.reports_read_lsn()
+            && self.client.flush().await.is_err()
+        {
             return Err(End::ClientGone);
         }
         // A cancel aimed at the client's last statement must not reach the question instead.
@@ -504,6 +517,7 @@ impl Session {
             .as_deref_mut()
             .expect("commit_position_due")
             .learnt(at);
+        self.report_read_lsn();
         Ok(())
     }
 
@@ -566,6 +580,57 @@ impl Session {
             let row = crate::server::parse_text_row(body(&server.rbuf[..len]));
             let at = lsn::commit_position(&row, reads.maybe_async);
             reads.learnt(at);
+            self.report_read_lsn();
+        }
+    }
+
+    /// Whether the client asked for its floor as a ParameterStatus (`pgmemo.report_read_lsn`
+    /// on, at connect or by SET).
+    fn reports_read_lsn(&self) -> bool {
+        self.params
+            .settings
+            .get(REPORT_READ_LSN)
+            .is_some_and(crate::params::is_on)
+    }
+
+    /// While the question for the position of the client's write is the only thing in
+    /// flight, a client that asked for its floor as a ParameterStatus is sent nothing: the
+    /// ReadyForQuery that ended its write waits for the answer (it comes next on the same
+    /// server, asked in the same write), so that the client knows its floor once its write
+    /// returns.
+    #[inline]
+    pub(super) fn holds_replies_for_position(&self) -> bool {
+        self.reads.as_deref().is_some_and(|r| r.asked)
+            && self.replies.only_position_pending()
+            && self.reports_read_lsn()
+    }
+
+    /// Tells a client that asked for it (`pgmemo.report_read_lsn`) its floor, when its write
+    /// raised it: a ParameterStatus `pgmemo.read_lsn`, ahead of the ReadyForQuery that ended
+    /// the write, which waits for the answer (see [`Session::holds_replies_for_position`] and
+    /// [`Session::learn_commit_position`]), else on its own.
+    fn report_read_lsn(&mut self) {
+        if !self.reports_read_lsn() {
+            return;
+        }
+        let Some(reads) = self.reads.as_deref_mut() else {
+            return;
+        };
+        let floor = reads.floor(self.params.settings.get(MIN_READ_LSN));
+        if floor == u64::MAX || floor <= reads.reported {
+            return;
+        }
+        reads.reported = floor;
+        let out = &mut self.client.wbuf;
+        crate::buffers::lend(out);
+        let ready = out
+            .len()
+            .checked_sub(6)
+            .filter(|&at| out[at] == be::READY_FOR_QUERY && out[at + 1..at + 5] == [0, 0, 0, 5]);
+        let ready = ready.map(|at| out.split_off(at));
+        be::parameter_status(out, "pgmemo.read_lsn", &lsn::format(floor));
+        if let Some(ready) = ready {
+            out.unsplit(ready);
         }
     }
 
