@@ -635,6 +635,12 @@ impl Session {
             if let Some(server) = self.server.as_mut() {
                 server.broken = true;
             }
+            // A replica's server gone (a standby shutting down): the replica takes no more
+            // reads before the client hears of it, for the client may come straight back
+            // with its next read (see `let_replica_server_go`, which marks it so too, later).
+            if let Some(replica) = self.reads.as_deref().and_then(|r| r.on.as_ref()) {
+                replica.mark_down();
+            }
             // Whatever the server managed to send still reaches the client (often a FATAL
             // explaining why), then, unless that was a FATAL, the client is told the
             // connection is gone.
