@@ -365,7 +365,7 @@ async fn a_promoted_standby_takes_the_writes_and_nothing_stale_is_served() {
     )
     .unwrap();
     let old_port = old.port();
-    let (mut old, new) = tokio::task::spawn_blocking(move || {
+    let (old, new) = tokio::task::spawn_blocking(move || {
         let standby = old.standby().expect("a standby");
         (old, standby)
     })
@@ -412,12 +412,7 @@ async fn a_promoted_standby_takes_the_writes_and_nothing_stale_is_served() {
 
     // The primary fails (a clean stop: everything it acknowledged reached the standby) and
     // the standby is promoted.
-    let mut old = tokio::task::spawn_blocking(move || {
-        old.stop_server("fast");
-        old
-    })
-    .await
-    .unwrap();
+    let mut old = off_runtime(old, |pg| pg.stop_server("fast")).await;
     let promoting = std::time::Instant::now();
     let new = tokio::task::spawn_blocking(move || new.promote().map(|()| new))
         .await

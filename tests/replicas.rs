@@ -118,13 +118,9 @@ async fn exchange(client: &mut RawClient, messages: &[Frontend]) -> Vec<Backend>
 fn read_lsn_reports(replies: &[Backend]) -> Vec<String> {
     replies
         .iter()
-        .filter(|m| m.tag == b'S')
-        .filter_map(|m| {
-            let mut parts = m.body.split(|&b| b == 0);
-            let name = parts.next()?;
-            let value = parts.next()?;
-            (name == b"pgmemo.read_lsn").then(|| String::from_utf8_lossy(value).into_owned())
-        })
+        .filter_map(Backend::parameter_status)
+        .filter(|(name, _)| name == "pgmemo.read_lsn")
+        .map(|(_, value)| value)
         .collect()
 }
 
@@ -143,12 +139,7 @@ async fn the_primary_down_leaves_reads_on_the_replica() {
         value(&reader, "SELECT v FROM items WHERE id = 3").await,
         "v3"
     );
-    primary = tokio::task::spawn_blocking(move || {
-        primary.stop_server("immediate");
-        primary
-    })
-    .await
-    .unwrap();
+    primary = off_runtime(primary, |pg| pg.stop_server("immediate")).await;
     for _ in 0..20 {
         assert_eq!(
             value(&reader, "SELECT v FROM items WHERE id = 3").await,
@@ -181,12 +172,10 @@ async fn the_primary_down_leaves_reads_on_the_replica() {
         value(&reader, "SELECT v FROM items WHERE id = 3").await,
         "v3"
     );
-    primary = tokio::task::spawn_blocking(move || {
-        primary.restart("fast").expect("the primary starts again");
-        primary
+    primary = off_runtime(primary, |pg| {
+        pg.restart("fast").expect("the primary starts again")
     })
-    .await
-    .unwrap();
+    .await;
     let writer = connect(&url).await;
     wait_until("writes to work again", Duration::from_secs(30), || async {
         writer
@@ -960,19 +949,12 @@ async fn a_replica_that_stops_and_comes_back_costs_only_the_reads_in_flight_on_i
     };
     after(500).await;
     phase.store(1, Relaxed);
-    standby = tokio::task::spawn_blocking(move || {
-        standby.stop_server("fast");
-        standby
-    })
-    .await
-    .unwrap();
+    standby = off_runtime(standby, |pg| pg.stop_server("fast")).await;
     after(2_000).await;
-    standby = tokio::task::spawn_blocking(move || {
-        standby.restart("fast").expect("the standby starts again");
-        standby
+    standby = off_runtime(standby, |pg| {
+        pg.restart("fast").expect("the standby starts again")
     })
-    .await
-    .unwrap();
+    .await;
     phase.store(2, Relaxed);
     let client = connect(&url).await;
     let port = standby.port().to_string();

@@ -1,15 +1,16 @@
-//! The relay lane: a client message that only needs relaying skips the stages.
+//! The relay lane: a message that only needs relaying skips the stages.
 //!
 //! Most of an extended-protocol transaction is messages about a portal: `Describe` of it,
 //! `Execute`, then `Sync` (and `Flush`); most of the replies to any transaction are its rows,
-//! their description and the completions of its messages. With a server held and none of the features that look
-//! at such messages in play, every stage of [`Session::handle_client_messages`] passes them
-//! through unchanged: no text to read, nothing the cache answers, no server to take, no
-//! statement to rename. Going through the stages anyway cost about 300 instructions a message
-//! (callgrind, `python3 bench/budget.py`: 950 of a `pgbench -S -M prepared` transaction's
-//! 11,270 for its three portal messages). Likewise the server's replies (see
-//! [`Session::lane_takes_reply`]). The lane relays such a message as the stages would have, and
-//! says exactly when it may (see [`Session::lane_takes`]); anything else takes the stages.
+//! their description and the completions of its messages. With a server held and none of the
+//! features that look at such messages in play, every stage of
+//! [`Session::handle_client_messages`] passes them through unchanged: no text to read,
+//! nothing the cache answers, no server to take, no statement to rename. Going through the
+//! stages anyway cost about 300 instructions a message (callgrind, `python3
+//! bench/budget.py`: 950 of a `pgbench -S -M prepared` transaction's 11,270 for its three
+//! portal messages). Likewise the server's replies (see [`Session::lane_takes_reply`]). The
+//! lane relays such a message as the stages would have, and says exactly when it may (see
+//! [`Session::lane_takes`]); anything else takes the stages.
 
 use super::Session;
 use crate::pool::PoolMode;
@@ -106,12 +107,7 @@ impl Session {
         self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
         self.stats.bytes_sent += len as u64;
         server.rbuf.advance(len);
-        if self.plan.stmts.is_some() {
-            self.settle(None, None, false);
-            if self.replies.head_is_synthesized() {
-                self.answer_locally();
-            }
-        }
+        self.settle_reply(None, None, false);
         true
     }
 

@@ -18,7 +18,8 @@
 //! - `start.rs`: the client's parameters settled on a first server, what it will track;
 //! - this file: [`Session`], the relay loop and its one poll over both sockets, the finish;
 //! - `inbound.rs`: the client's messages, one by one, through each feature to the server;
-//!   `lane.rs`: a portal message with nothing to do but relaying, past the stages;
+//!   `lane.rs`: a portal message, or a reply to the client's own work, with nothing to do
+//!   but relaying, past the stages of both;
 //! - `outbound.rs`: the server's replies, matched to the reply queue, through each feature to
 //!   the client, and the transaction settled;
 //! - `hold.rs`: a server held and given back: pins, the state probe, the release;

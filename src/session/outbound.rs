@@ -533,19 +533,31 @@ impl Session {
                 .observe(tag, body(&server.rbuf[..len]), server.status);
         }
         server.rbuf.advance(len);
-        if self.plan.stmts.is_some() {
-            self.settle(error_code.as_deref(), error, turn.retried);
-            // Settled just now: only a local reply due next leaves anything to do.
-            if self.replies.head_is_synthesized() {
-                self.answer_locally();
-            }
-        }
+        self.settle_reply(error_code.as_deref(), error, turn.retried);
         if turn.replay {
             // Planned again before whatever the client sent since.
             let mut input = self.plan.retry.replay();
             input.extend_from_slice(&self.client.rbuf);
             self.client.rbuf = input;
             tracing::debug!(client = %self.info.addr, "batch sent again after 0A000");
+        }
+    }
+
+    /// After a server message left the input: the statements' outcomes it decided are
+    /// settled, and a local reply it brought to the head of the queue is written.
+    #[inline]
+    pub(super) fn settle_reply(
+        &mut self,
+        error_code: Option<&str>,
+        error: Option<Bytes>,
+        retried: bool,
+    ) {
+        if self.plan.stmts.is_some() {
+            self.settle(error_code, error, retried);
+            // Settled just now: only a local reply due next leaves anything to do.
+            if self.replies.head_is_synthesized() {
+                self.answer_locally();
+            }
         }
     }
 

@@ -491,8 +491,8 @@ impl Session {
     /// be asked behind the work, see [`Session::ask_position`]): at or past the commit of
     /// whatever that work wrote, and so the client's read-your-writes floor (see
     /// [`lsn::commit_position`]). The client has its replies first (but for its ReadyForQuery
-    /// when it asked for its floor as a ParameterStatus). If the question fails, the floor is unknown until the
-    /// next one succeeds: the client's reads go to the primary meanwhile.
+    /// when it asked for its floor as a ParameterStatus). If the question fails, the floor is
+    /// unknown until the next one succeeds: the client's reads go to the primary meanwhile.
     pub(super) async fn learn_commit_position(&mut self) -> Result<(), End> {
         // (Not a client that asked for its floor as a ParameterStatus: that goes ahead of the
         // ReadyForQuery, which waits for the answer.)
@@ -626,7 +626,7 @@ impl Session {
         let ready = out
             .len()
             .checked_sub(6)
-            .filter(|&at| out[at] == be::READY_FOR_QUERY && out[at + 1..at + 5] == [0, 0, 0, 5]);
+            .filter(|&at| out[at..at + 5] == [be::READY_FOR_QUERY, 0, 0, 0, 5]);
         let ready = ready.map(|at| out.split_off(at));
         be::parameter_status(out, "pgmemo.read_lsn", &lsn::format(floor));
         if let Some(ready) = ready {

@@ -177,3 +177,17 @@ pub fn private_cluster(settings: &[(&str, &str)]) -> LocalPostgres {
     })
     .expect("a private cluster")
 }
+
+/// Runs `f` on a cluster of a test's own off the runtime's threads (pg_ctl waits for the
+/// server to stop, start or be promoted) and gives the cluster back.
+pub async fn off_runtime(
+    mut pg: LocalPostgres,
+    f: impl FnOnce(&mut LocalPostgres) + Send + 'static,
+) -> LocalPostgres {
+    tokio::task::spawn_blocking(move || {
+        f(&mut pg);
+        pg
+    })
+    .await
+    .unwrap()
+}

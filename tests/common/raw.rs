@@ -424,6 +424,15 @@ impl Backend {
         (self.tag == b'Z').then(|| self.body.first().copied())?
     }
 
+    /// The name and value of a ParameterStatus.
+    pub fn parameter_status(&self) -> Option<(String, String)> {
+        if self.tag != b'S' {
+            return None;
+        }
+        let mut r = Reader(&self.body);
+        Some((r.cstr()?, r.cstr()?))
+    }
+
     /// The column values of a DataRow; `None` is SQL NULL.
     pub fn data_row(&self) -> Option<Vec<Option<Vec<u8>>>> {
         if self.tag != b'D' {
@@ -815,11 +824,7 @@ impl RawClient {
     pub fn parameters(&self) -> Vec<(String, String)> {
         self.startup
             .iter()
-            .filter(|m| m.tag == b'S')
-            .filter_map(|m| {
-                let mut r = Reader(&m.body);
-                Some((r.cstr()?, r.cstr()?))
-            })
+            .filter_map(Backend::parameter_status)
             .collect()
     }
 
