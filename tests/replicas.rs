@@ -106,6 +106,61 @@ async fn a_client_that_asks_is_told_its_floor_with_each_write() {
     assert_eq!(read_lsn_reports(&replies).len(), 1, "{replies:?}");
 }
 
+/// A client that writes again at once, before pgmemo's question for the position of its
+/// last write is answered (it goes behind the question, on the same server), has that write
+/// in its floor too: `SHOW pgmemo.read_lsn`, also sent at once, waits for what is in flight
+/// and is past the position the second write ran at. Each round: an INSERT, an UPDATE
+/// returning its own WAL position (alternately in either protocol), the SHOW.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_while_the_last_ones_position_is_asked_for_counts_too() {
+    const ROUNDS: i64 = 1_000;
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let mut client = RawClient::connect(proxy.local_addr(), "postgres", "postgres", None, &[])
+        .await
+        .expect("a raw client");
+    let lsn = |s: &[u8]| {
+        let s = std::str::from_utf8(s).expect("text");
+        let (hi, lo) = s.split_once('/').expect("an LSN");
+        (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+    };
+    let first_value = |replies: &[Backend]| -> Vec<u8> {
+        let row = replies.iter().find_map(|m| m.data_row());
+        let row = row.unwrap_or_else(|| panic!("a row: {replies:?}"));
+        row[0].clone().expect("a value")
+    };
+    let mut behind = Vec::new();
+    for id in 10_000..10_000 + ROUNDS {
+        exchange(
+            &mut client,
+            &[Frontend::query(&format!(
+                "INSERT INTO items VALUES ({id}, 'a')"
+            ))],
+        )
+        .await;
+        let update = format!(
+            "UPDATE items SET v = 'b' WHERE id = {id} RETURNING pg_current_wal_insert_lsn()::text"
+        );
+        let messages = if id % 2 == 0 {
+            vec![Frontend::query(&update)]
+        } else {
+            vec![
+                Frontend::parse("", &update, &[]),
+                Frontend::bind("", "", &[]),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+            ]
+        };
+        let ran_at = lsn(&first_value(&exchange(&mut client, &messages).await));
+        let shown = exchange(&mut client, &[Frontend::query("SHOW pgmemo.read_lsn")]).await;
+        let floor = lsn(&first_value(&shown));
+        if floor < ran_at {
+            behind.push((id, floor, ran_at));
+        }
+    }
+    assert!(behind.is_empty(), "floors behind the write: {behind:?}");
+}
+
 /// Sends `messages` and reads the replies up to the ReadyForQuery, which must come last.
 async fn exchange(client: &mut RawClient, messages: &[Frontend]) -> Vec<Backend> {
     client.send(messages).await.expect("sent");

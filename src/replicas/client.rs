@@ -23,15 +23,21 @@ pub struct ClientReads {
     /// reads went to it: a read that moves to another replica must see at least that
     /// (monotonic reads).
     pub seen: u64,
-    /// Work sent to the primary on the server held now that is not proven read-only: its
-    /// commit position is asked for before the server goes back.
+    /// Work sent to the primary on the server held now that is not proven read-only, and not
+    /// yet covered by a question for the primary's position: its commit position is asked
+    /// for before the server goes back.
     pub wrote: bool,
     /// That work named `synchronous_commit` (or called a function by OID): its commit may
     /// not be flushed when it returns (see [`super::lsn::commit_position`]).
     pub maybe_async: bool,
     /// A question for the primary's position is in flight, sent behind the client's unit of
-    /// work (see `Session::ask_position`).
+    /// work (see `Session::ask_position`). The work it covers is no longer `wrote`: work the
+    /// client sends behind the question is (see [`ClientReads::asking`]).
     pub asked: bool,
+    /// The question in flight covers work that named `synchronous_commit`.
+    pub asked_async: bool,
+    /// The question in flight was answered with a position its work committed at or before.
+    pub answered: bool,
     /// That work may start a COPY FROM STDIN (it names `copy`): nothing may be sent behind
     /// it, the position is asked once the server is idle instead.
     pub no_pipelining: bool,
@@ -55,6 +61,8 @@ impl ClientReads {
             wrote: false,
             maybe_async: false,
             asked: false,
+            asked_async: false,
+            answered: false,
             no_pipelining: false,
             unsure: false,
             reported: 0,
@@ -74,20 +82,54 @@ impl ClientReads {
         self.committed.max(self.seen).max(given).max(last)
     }
 
-    /// The primary's position after the client's work is known: `at` (None: the question
-    /// failed, the floor is unknown until the next one).
+    /// The primary's position after all the client's work on the server held is known, the
+    /// server idle: `at` (None: the question failed, the floor is unknown until the next one).
     pub fn learnt(&mut self, at: Option<u64>) {
-        match at {
-            Some(at) => {
-                self.committed = self.committed.max(at);
-                self.unsure = false;
-                self.wrote = false;
-                self.maybe_async = false;
-                self.no_pipelining = false;
-                self.set.note_primary(at, self.set.now_us());
-            }
-            None => self.unsure = true,
+        if self.raise(at) {
+            self.wrote = false;
+            self.maybe_async = false;
+            self.no_pipelining = false;
         }
+    }
+
+    /// A question for the primary's position goes behind the client's work: that work is
+    /// covered by it, and what the client sends behind it is new work, which may write after
+    /// the position the question gets (it is asked for again).
+    pub fn asking(&mut self) {
+        self.asked = true;
+        self.answered = false;
+        self.asked_async = std::mem::take(&mut self.maybe_async);
+        self.wrote = false;
+    }
+
+    /// The row of the question in flight: `at` (None: no position it says the work committed
+    /// at or before).
+    pub fn answer(&mut self, at: Option<u64>) {
+        self.answered = self.raise(at);
+    }
+
+    /// The question in flight ended (its ReadyForQuery). Unanswered (it failed, or the
+    /// client's transaction went on), the work it was to cover is the client's again: its
+    /// position is asked for once the server is idle.
+    pub fn question_ended(&mut self) {
+        self.asked = false;
+        if !std::mem::take(&mut self.answered) {
+            self.wrote = true;
+            self.maybe_async |= self.asked_async;
+        }
+    }
+
+    /// The floor raised to `at`, the primary's position past the client's work (None: the
+    /// floor is unknown). Returns whether it was known.
+    fn raise(&mut self, at: Option<u64>) -> bool {
+        let Some(at) = at else {
+            self.unsure = true;
+            return false;
+        };
+        self.committed = self.committed.max(at);
+        self.unsure = false;
+        self.set.note_primary(at, self.set.now_us());
+        true
     }
 
     /// A read of the client goes to `replica`, known to have replayed `replayed`.

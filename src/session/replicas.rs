@@ -547,7 +547,7 @@ impl Session {
             action: crate::replies::Action::Position,
             effect: None,
         });
-        reads.asked = true;
+        reads.asking();
     }
 
     /// A server message, before the reply queue routes it: the row of pgmemo's question for
@@ -571,15 +571,15 @@ impl Session {
             return;
         };
         if tag == be::READY_FOR_QUERY {
-            reads.asked = false;
+            reads.question_ended();
             return;
         }
         // The client's unit ended its transaction (the ReadyForQuery before this row said
         // so): the position is past its commit. Otherwise (a block goes on) it says nothing.
+        // (Work the client sent behind the question is still to be asked for.)
         if server.status == b'I' {
             let row = crate::server::parse_text_row(body(&server.rbuf[..len]));
-            let at = lsn::commit_position(&row, reads.maybe_async);
-            reads.learnt(at);
+            reads.answer(lsn::commit_position(&row, reads.asked_async));
             self.report_read_lsn();
         }
     }
@@ -680,8 +680,8 @@ impl Session {
         query_text_len: Option<usize>,
         acquire: bool,
     ) -> Stage {
-        if self.answer_read_lsn(tag, len, query_text_len) {
-            return Stage::Answered;
+        if let Some(stage) = self.show_read_lsn(tag, len, query_text_len) {
+            return stage;
         }
         if acquire {
             return Stage::Go;
@@ -729,8 +729,9 @@ impl Session {
     }
 
     /// Whether the unit of work at the head of the client's input, which provably only
-    /// reads (or opens a read-only block), comes while the primary's server is held for nothing but the question for the
-    /// position of the client's last write ([`Session::ask_position`]).
+    /// reads (or opens a read-only block), comes while the primary's server is held for
+    /// nothing but the question for the position of the client's last write
+    /// ([`Session::ask_position`]).
     fn waits_for_position(&mut self, tag: u8, query_text_len: Option<usize>) -> bool {
         let asked = self
             .reads
@@ -745,22 +746,31 @@ impl Session {
         self.work_reads(tag, query_text_len, &catalog).is_some()
     }
 
-    /// `SHOW pgmemo.read_lsn`, answered here: the WAL position the client's reads must see.
-    /// Only when nothing of the client's is in flight (its reply comes in order); otherwise
-    /// the server answers (that it knows no such setting).
-    fn answer_read_lsn(&mut self, tag: u8, len: usize, query_text_len: Option<usize>) -> bool {
-        if tag != fe::QUERY || !self.replies.is_empty() {
-            return false;
+    /// `SHOW pgmemo.read_lsn`, answered here (Some(Stage::Answered)): the WAL position the
+    /// client's reads must see. Its reply comes in order, and the floor covers what the
+    /// client sent before it: while anything is in flight on the server held (the client's
+    /// work, or pgmemo's question for the position of its last write), it waits for the
+    /// replies (Some(Stage::Wait)).
+    fn show_read_lsn(
+        &mut self,
+        tag: u8,
+        len: usize,
+        query_text_len: Option<usize>,
+    ) -> Option<Stage> {
+        let text_len = query_text_len.filter(|_| tag == fe::QUERY)?;
+        if self.reads.is_none() || !is_show_read_lsn(fe::query_text_of(&self.client.rbuf, text_len))
+        {
+            return None;
         }
-        let Some(text_len) = query_text_len else {
-            return false;
-        };
-        if !is_show_read_lsn(fe::query_text_of(&self.client.rbuf, text_len)) {
-            return false;
+        if !self.replies.is_empty() {
+            // (Replies owed with no server held are pgmemo's own, already in the output.)
+            if self.server.is_none() {
+                return None;
+            }
+            self.plan.waiting = true;
+            return Some(Stage::Wait);
         }
-        let Some(reads) = self.reads.as_deref() else {
-            return false;
-        };
+        let reads = self.reads.as_deref()?;
         let floor = match reads.floor(self.params.settings.get(MIN_READ_LSN)) {
             u64::MAX => None,
             at => Some(lsn::format(at)),
@@ -774,7 +784,7 @@ impl Session {
         be::ready_for_query(out, status);
         self.client.rbuf.advance(len);
         self.stats.bytes_received += len as u64;
-        true
+        Some(Stage::Answered)
     }
 
     fn client_status_now(&self) -> u8 {
