@@ -764,9 +764,7 @@ impl Session {
         }
         if !self.replies.is_empty() {
             // (Replies owed with no server held are pgmemo's own, already in the output.)
-            if self.server.is_none() {
-                return None;
-            }
+            self.server.as_ref()?;
             self.plan.waiting = true;
             return Some(Stage::Wait);
         }
