@@ -20,7 +20,8 @@ mod monitor;
 
 pub use client::ClientReads;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -61,8 +62,11 @@ pub struct Replica {
     /// Its lag as last measured: bytes of WAL behind the primary, and microseconds.
     lag_bytes: AtomicU64,
     lag_us: AtomicU64,
-    /// Whether the monitor reached it last time and found it a standby.
-    up: AtomicBool,
+    /// Whether it takes reads (bit 0: the monitor reached it and found it a standby, and it
+    /// was not taken out since), and how many times it was taken out (the other bits): the
+    /// monitor marks it up only if it was not taken out while it asked (see
+    /// [`Replica::found_up`]).
+    state: AtomicU64,
     /// Reads sent to it (statements, or blocks).
     pub reads: AtomicU64,
 }
@@ -80,6 +84,10 @@ pub enum Pick {
 
 /// How many (time, position) pairs the set keeps: at the monitor's pace, about a minute.
 const HISTORY: usize = 600;
+
+/// [`Replica::state`]'s bit for "up", and what one taking out adds.
+const UP: u64 = 1;
+const TAKEN_OUT: u64 = 2;
 
 impl Replicas {
     /// The set of `primary`'s replicas (its settings' `replicas`); its monitor starts.
@@ -127,7 +135,7 @@ impl Replicas {
                     replayed: AtomicU64::new(0),
                     lag_bytes: AtomicU64::new(u64::MAX),
                     lag_us: AtomicU64::new(u64::MAX),
-                    up: AtomicBool::new(false),
+                    state: AtomicU64::new(0),
                     reads: AtomicU64::new(0),
                 })
             })
@@ -240,9 +248,33 @@ impl Replica {
         self.replayed.fetch_max(lsn, Relaxed);
     }
 
+    /// Whether it is up and how many times it was taken out, read before the monitor asks it
+    /// (see [`Replica::found_up`]).
+    pub(super) fn state(&self) -> u64 {
+        self.state.load(Acquire)
+    }
+
+    /// The monitor's question, asked when it was in `state`, found it a standby that replayed
+    /// `replayed`. Marked up only if it was not taken out since: a server that broke under a
+    /// read since (a standby shutting down) may have answered just before; the next round
+    /// tells. Coming up, its position is the one just read (one from before it went down may
+    /// be past what a restarted standby shows). Returns whether it is up.
+    pub(super) fn found_up(&self, state: u64, replayed: u64) -> bool {
+        if state & UP != 0 {
+            self.note_replayed(replayed);
+            // (Taken out meanwhile: it stays down; its stale position is replaced when it
+            // comes up.)
+            return self.state.load(Acquire) == state;
+        }
+        self.replayed.store(replayed, Relaxed);
+        self.state
+            .compare_exchange(state, state | UP, AcqRel, Relaxed)
+            .is_ok()
+    }
+
     /// Whether it takes reads: reached, a standby, and not further behind than `lag`.
     pub fn usable(&self, lag: ReplicaLag) -> bool {
-        if !self.up.load(Relaxed) {
+        if !self.is_up() {
             return false;
         }
         match lag {
@@ -253,7 +285,7 @@ impl Replica {
 
     /// Whether the monitor last found it up (reached and a standby).
     pub fn is_up(&self) -> bool {
-        self.up.load(Relaxed)
+        self.state.load(Relaxed) & UP != 0
     }
 
     /// Its lag as last measured: (bytes, microseconds); None when not known.
@@ -278,7 +310,11 @@ impl Replica {
 
     /// No more reads, and its position forgotten; whether it was up.
     fn take_out(&self) -> bool {
-        let was_up = self.up.swap(false, Relaxed);
+        // Down, and counted: a question the monitor asked before cannot mark it up again.
+        let was = self
+            .state
+            .fetch_update(AcqRel, Acquire, |s| Some((s & !UP).wrapping_add(TAKEN_OUT)));
+        let was_up = was.is_ok_and(|s| s & UP != 0);
         self.replayed.store(0, Relaxed);
         self.lag_bytes.store(u64::MAX, Relaxed);
         self.lag_us.store(u64::MAX, Relaxed);

@@ -131,12 +131,13 @@ async fn run(weak: Weak<Replicas>) {
                 continue;
             };
             let target = replica.pool.settings().target.clone();
+            let state = replica.state();
             match link.ask(&target, REPLICA_SQL).await {
                 Ok(Some(at)) => match lsn::parse(&at) {
                     Some(at) => {
-                        replica.note_replayed(at);
-                        note_lag(&set, &replica);
-                        replica.up.store(true, std::sync::atomic::Ordering::Relaxed);
+                        if replica.found_up(state, at) {
+                            note_lag(&set, &replica);
+                        }
                     }
                     None => replica.mark_down(),
                 },
