@@ -42,6 +42,18 @@ impl Moment {
         self.nanos_since(earlier) / 1_000
     }
 
+    /// The moment `nanos` on the clock (see [`Moment::nanos`]).
+    #[inline]
+    pub fn from_nanos(nanos: u64) -> Moment {
+        Moment(nanos)
+    }
+
+    /// The moment as nanoseconds on the clock (comparable between threads: see the type).
+    #[inline]
+    pub fn nanos(self) -> u64 {
+        self.0
+    }
+
     /// The time since this moment, read now.
     pub fn elapsed(self) -> Duration {
         Moment::now().since(self)

@@ -253,7 +253,11 @@ async fn the_primary_down_leaves_reads_on_the_replica() {
 async fn primary_and_standby() -> (LocalPostgres, LocalPostgres) {
     tokio::task::spawn_blocking(|| {
         let primary = LocalPostgres::start(LocalPostgresOptions {
-            settings: vec![("synchronous_commit".into(), "on".into())],
+            // (Logical: the result cache's WAL invalidation follows the primary.)
+            settings: vec![
+                ("synchronous_commit".into(), "on".into()),
+                ("wal_level".into(), "logical".into()),
+            ],
             hba: vec![
                 "local replication all trust".into(),
                 "host replication all 127.0.0.1/32 trust".into(),
@@ -617,6 +621,114 @@ async fn read_only_blocks_run_whole_on_the_replica() {
         }
         proxy.shutdown().await;
     }
+}
+
+/// With the result cache and WAL invalidation, a miss is filled on the replica once it has
+/// replayed every commit the result's versions include, never before: with the standby's
+/// replay paused, a row written directly on the primary (once pgmemo's follower decoded it)
+/// or through pgmemo by another client is read new, not filled stale from the replica;
+/// replay resumed, misses fill there again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_fill_goes_to_a_replica_only_once_it_has_every_commit_the_result_shows() {
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_configured(&primary, &standby, Duration::from_millis(50), |c| {
+        c.cache.enabled = true;
+        c.cache.admit_after = 1;
+        c.cache.invalidation = pgmemo::config::cache::Invalidation::Wal;
+        c.cache.rules = vec![cache_rule("items", "FROM items WHERE")];
+    })
+    .await;
+    let url = url_of(&proxy);
+    let reader = connect(&url).await;
+    let writer = connect(&url).await;
+    let direct = connect(&primary.url("postgres", None, "postgres")).await;
+    let direct_standby = connect(&standby.url("postgres", None, "postgres")).await;
+    let console = connect(&format!("postgresql://postgres@{}/pgmemo", proxy.local_addr())).await;
+    let replica_reads = || async {
+        let rows = console.simple_query("SHOW REPLICAS").await.unwrap();
+        rows.iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get("reads").map(str::to_owned),
+                _ => None,
+            })
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("the replica's reads")
+    };
+    let follower = || {
+        proxy
+            .app()
+            .wal
+            .followers()
+            .into_iter()
+            .find(|f| f.status().database == "postgres")
+    };
+    let read = |id: i64| {
+        let reader = &reader;
+        async move {
+            let rows = reader
+                .simple_query(&format!("SELECT v FROM items WHERE id = {id}"))
+                .await
+                .unwrap();
+            rows.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+        }
+    };
+    // Misses of keys never read fill on the replica once its monitor read a position after
+    // the follower's start.
+    read(1).await;
+    wait_until("the follower to catch up", Duration::from_secs(30), || async {
+        follower().is_some_and(|f| f.is_ready())
+    })
+    .await;
+    let fresh = AtomicU64::new(1_000);
+    let fills_reach_the_replica = || async {
+        let before = replica_reads().await;
+        read(fresh.fetch_add(1, Relaxed) as i64).await;
+        replica_reads().await > before
+    };
+    wait_until("a fill on the replica", Duration::from_secs(30), fills_reach_the_replica).await;
+    for id in 1..=10 {
+        assert_eq!(read(id).await, Some(format!("v{id}")), "cached");
+    }
+    // Replay paused: what is written now is not on the replica.
+    direct_standby
+        .simple_query("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    for id in 1..=5 {
+        direct
+            .simple_query(&format!("UPDATE items SET v = 'direct {id}' WHERE id = {id}"))
+            .await
+            .unwrap();
+    }
+    let written = value(&direct, "SELECT pg_current_wal_lsn()::text").await;
+    let written: pgmemo::wal::Lsn = written.parse().unwrap();
+    wait_until("the follower to decode the writes", Duration::from_secs(30), || async {
+        follower().is_some_and(|f| f.is_ready() && f.applied() >= written)
+    })
+    .await;
+    for id in 6..=10 {
+        writer
+            .simple_query(&format!("UPDATE items SET v = 'through {id}' WHERE id = {id}"))
+            .await
+            .unwrap();
+    }
+    let before = replica_reads().await;
+    for id in 1..=10 {
+        let want = if id <= 5 { "direct" } else { "through" };
+        assert_eq!(read(id).await, Some(format!("{want} {id}")), "read while replay is paused");
+        // Read again: the fill was stored, and it was right.
+        assert_eq!(read(id).await, Some(format!("{want} {id}")));
+    }
+    assert_eq!(replica_reads().await, before, "no fill went to the paused replica");
+    direct_standby
+        .simple_query("SELECT pg_wal_replay_resume()")
+        .await
+        .unwrap();
+    wait_until("fills on the replica again", Duration::from_secs(30), fills_reach_the_replica)
+        .await;
 }
 
 /// SHOW REPLICAS and SHOW SERVERS say where reads went, and how far behind the replica is.

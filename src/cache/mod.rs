@@ -370,6 +370,15 @@ impl ResultCache {
         self.enabled.load(Relaxed)
     }
 
+    /// When a version `fill`'s result depends on was last bumped: a replica that replayed a
+    /// position of the primary read after then has every commit the result must show (see
+    /// [`versions::Versions::last_bumped`]). None without WAL invalidation: writes made
+    /// around pgmemo bump nothing, and the fill is the primary's.
+    pub fn fill_bumped(&self, fill: &Fill) -> Option<crate::clock::Moment> {
+        self.follows_wal()
+            .then(|| self.versions.last_bumped(fill.slots()))
+    }
+
     /// Holds the cache off (`true`) while the old process of an online restart still serves
     /// clients, whose writes this process would not see (read-your-writes for a client that
     /// wrote there and reads here next); `false` when it has exited. Whatever this process

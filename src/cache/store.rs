@@ -314,6 +314,11 @@ pub struct Fill {
 }
 
 impl Fill {
+    /// The slots its result depends on.
+    pub(super) fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.seen.slots.iter().map(|&(slot, _)| slot)
+    }
+
     /// Ends the fill's flight (waiters look up again); returns it, reset, when nobody else
     /// holds it, and the flights, for the client's next fill (no allocation per miss, and no
     /// reference count written that every worker's misses write).

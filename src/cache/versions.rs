@@ -30,9 +30,15 @@
 //! commit its versions include was then visible before its query's snapshot was taken.
 
 use std::hash::BuildHasher;
+
+use crate::clock::Moment;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const SLOTS: usize = 1 << 14;
+
+/// How many rows' counters share one time of last bump (a shared time is later than a
+/// row's own: a fill on a replica waits for more than it must, never for less).
+const ROWS_PER_BUMP_TIME: usize = 16;
 
 /// The bit that marks a slot of the row array.
 pub const ROW: u32 = 1 << 31;
@@ -69,6 +75,11 @@ pub struct Versions {
     slots: Box<[AtomicU64]>,
     /// Rows' versions (see the module's documentation).
     rows: Box<[AtomicU64]>,
+    /// When each slot of `slots` was last bumped ([`Moment::nanos`], 0: never), and any of
+    /// each [`ROWS_PER_BUMP_TIME`] of `rows`: what a fill on a replica must see is every
+    /// commit a primary position read after then covers (see [`Versions::last_bumped`]).
+    slots_bumped: Box<[AtomicU64]>,
+    rows_bumped: Box<[AtomicU64]>,
     /// Bumped by a flush of everything.
     all: AtomicU64,
 }
@@ -153,6 +164,10 @@ impl Versions {
             rows: (0..rows.clamp(1, MAX_ROW_VERSIONS))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            slots_bumped: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            rows_bumped: (0..rows.clamp(1, MAX_ROW_VERSIONS).div_ceil(ROWS_PER_BUMP_TIME))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             all: AtomicU64::new(0),
         }
     }
@@ -162,9 +177,10 @@ impl Versions {
         self.rows.len()
     }
 
-    /// The bytes the rows' counters take (counted in the cache's memory).
+    /// The bytes the rows' counters take (counted in the cache's memory), with their times
+    /// of bump.
     pub fn row_bytes(&self) -> usize {
-        self.rows.len() * std::mem::size_of::<AtomicU64>()
+        (self.rows.len() + self.rows_bumped.len()) * std::mem::size_of::<AtomicU64>()
     }
 
     /// The slot of a table's any-write version.
@@ -212,12 +228,49 @@ impl Versions {
     }
 
     #[inline]
+    fn bumped_at(&self, slot: u32) -> &AtomicU64 {
+        if slot & ROW == 0 {
+            &self.slots_bumped[slot as usize]
+        } else {
+            &self.rows_bumped[(slot & !ROW) as usize / ROWS_PER_BUMP_TIME]
+        }
+    }
+
+    #[inline]
     pub fn get(&self, slot: u32) -> u64 {
         self.counter(slot).load(Ordering::Acquire)
     }
 
     pub fn bump(&self, slot: u32) {
-        self.counter(slot).fetch_add(1, Ordering::AcqRel);
+        self.bump_at(slot, 1, Moment::now());
+    }
+
+    /// Adds `by` to `slot`'s counter, its time of bump first: whoever sees the new version
+    /// sees a time at or after the bump (see [`Versions::last_bumped`]).
+    #[inline]
+    fn bump_at(&self, slot: u32, by: u64, now: Moment) {
+        self.bumped_at(slot).fetch_max(now.nanos(), Ordering::AcqRel);
+        self.counter(slot).fetch_add(by, Ordering::AcqRel);
+    }
+
+    /// Marks `slot` as bumped at `now` without changing its version: a commit made before
+    /// then may not be known otherwise (a WAL stream that starts: what committed before its
+    /// start bumped nothing).
+    pub fn mark_bumped(&self, slot: u32, now: Moment) {
+        self.bumped_at(slot).fetch_max(now.nanos(), Ordering::AcqRel);
+    }
+
+    /// When any of `slots` was last bumped (or marked: [`Versions::mark_bumped`]), 0 if
+    /// never. Every commit that changed one of them and was known to pgmemo by then (its
+    /// COMMIT's reply relayed, or its record decoded) is covered by any position of the
+    /// primary's WAL read after that time: a replica that replayed such a position has them
+    /// all.
+    pub fn last_bumped(&self, slots: impl Iterator<Item = u32>) -> Moment {
+        let at = slots
+            .map(|s| self.bumped_at(s).load(Ordering::Acquire))
+            .max()
+            .unwrap_or(0);
+        Moment::from_nanos(at)
     }
 
     /// Bumps each of `slots` (one write's), the table-level ones before the rows': a result
@@ -226,16 +279,17 @@ impl Versions {
     /// not change since it was sent. Seeing a row's new version then means seeing its
     /// column's too, so it is not stored with a version newer than its rows.
     pub fn bump_slots(&self, slots: &[u32]) {
-        in_bump_order(slots).for_each(|s| self.bump(s));
+        let now = Moment::now();
+        in_bump_order(slots).for_each(|s| self.bump_at(s, 1, now));
     }
 
     /// The first step of a commit decoded from the WAL (see the module's documentation):
     /// `slots` (its writes', in [`Versions::bump_slots`]' order) change now and stay
     /// unsettled until [`Versions::settle`] is called with the same slots.
     pub fn bump_unsettled(&self, slots: &[u32]) {
+        let now = Moment::now();
         for slot in in_bump_order(slots) {
-            self.counter(slot)
-                .fetch_add(UNSETTLED + 1, Ordering::AcqRel);
+            self.bump_at(slot, UNSETTLED + 1, now);
         }
     }
 
@@ -420,5 +474,27 @@ mod tests {
         let longer = v.capture(&[d, t, u], old);
         assert_eq!(longer.slots.len(), 3);
         assert!(v.unchanged(&longer));
+    }
+
+    #[test]
+    fn each_slot_knows_when_it_was_last_bumped() {
+        let v = Versions::new(64);
+        let (d, t) = (v.database_slot("db"), v.table_slot("db", "t"));
+        let (r, shares) = (v.row_slot(3), v.row_slot(4));
+        assert_eq!(v.last_bumped([d, t, r].into_iter()).nanos(), 0, "never bumped");
+        let before = Moment::now();
+        v.bump_slots(&[t]);
+        let bumped = v.last_bumped([d, t].into_iter());
+        assert!(bumped >= before);
+        assert_eq!(v.last_bumped([d].into_iter()).nanos(), 0);
+        // Rows share their time with their neighbours (later than their own: never earlier).
+        v.bump_unsettled(&[r]);
+        assert!(v.last_bumped([shares].into_iter()) >= bumped);
+        // A mark moves the time, not the version.
+        let version = v.get(d);
+        let marked = Moment::now();
+        v.mark_bumped(d, marked);
+        assert_eq!(v.get(d), version);
+        assert_eq!(v.last_bumped([d, t].into_iter()), marked);
     }
 }

@@ -48,8 +48,8 @@ settings! {
     /// at once. While the store has room every miss is stored.
     admit_after: u32 = 2, Live, range = "1 or 2",
         check = |v, _| ensure((1..=2).contains(v), || "must be 1 or 2".into());
-    /// Counters of rows' versions, for row-level invalidation (see `cache::rows`): 8 bytes
-    /// each, taken from `max_memory`. 0 (the default): one per 128 bytes of `max_memory`.
+    /// Counters of rows' versions, for row-level invalidation (see `cache::rows`): 8.5
+    /// bytes each, taken from `max_memory`. 0 (the default): one per 128 bytes of `max_memory`.
     /// More counters, fewer rows sharing one (a write to a row also invalidates the point
     /// reads of the rows that share its counter).
     row_versions: u32 = 0, Restart;

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 
+use crate::clock::Moment;
 use crate::config::ReplicaLag;
 use crate::pool::{Pool, PoolSettings};
 
@@ -44,6 +45,10 @@ pub struct Replicas {
     /// Recent (time, primary position) pairs, oldest first: how long ago the primary was
     /// where a replica is now (a replica's lag in time).
     history: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    /// (when the question was sent, [`Moment::nanos`]; the primary's position it read, past
+    /// every commit inserted before), the monitor's, oldest first: what a fill on a replica
+    /// waits for (see [`Replicas::covering_after`]).
+    covering: Mutex<std::collections::VecDeque<(u64, u64)>>,
     /// What statements the replicas may run, once read.
     pub catalog: ArcSwapOption<catalog::Catalog>,
     /// Set when a reload dropped this set: its monitor stops.
@@ -99,6 +104,7 @@ impl Replicas {
             next: AtomicUsize::new(0),
             primary_lsn: AtomicU64::new(0),
             history: Mutex::new(std::collections::VecDeque::new()),
+            covering: Mutex::new(std::collections::VecDeque::new()),
             catalog: ArcSwapOption::empty(),
             retired: AtomicBool::new(false),
             started: crate::clock::Moment::now(),
@@ -178,6 +184,32 @@ impl Replicas {
         if h.len() > HISTORY {
             h.pop_front();
         }
+    }
+
+    /// The monitor's question sent at `sent` found the primary's WAL at `lsn`: every commit
+    /// whose record was inserted before `sent` ends at or before it.
+    pub(super) fn note_covering(&self, sent: Moment, lsn: u64) {
+        let mut c = self.covering.lock();
+        if let Some(last) = c.back_mut().filter(|(_, l)| *l >= lsn) {
+            // Nothing new: the position covers what came before this question too.
+            last.0 = last.0.max(sent.nanos());
+            return;
+        }
+        c.push_back((sent.nanos(), lsn));
+        if c.len() > HISTORY {
+            c.pop_front();
+        }
+    }
+
+    /// A position of the primary's WAL past every commit pgmemo knew of at `at`: the first
+    /// the monitor read with a question sent after it (None: none yet). A replica that
+    /// replayed it has them all (a fill there sees every commit its versions include, when
+    /// `at` is their last bump: see [`crate::cache::versions::Versions::last_bumped`]).
+    pub fn covering_after(&self, at: Moment) -> Option<u64> {
+        let c = self.covering.lock();
+        c.iter()
+            .find(|&&(sent, _)| sent > at.nanos())
+            .map(|&(_, lsn)| lsn)
     }
 
     /// How long ago (microseconds) the primary first passed `replayed`, as far as the

@@ -3,6 +3,10 @@
 //! is up; the catalog of what replicas may run is read from one of them when it is older
 //! than [`super::catalog::CATALOG_REFRESH`] (before it stops being trusted).
 //!
+//! The primary's position is read twice: its WAL's (for the replicas' lag) and a position
+//! past every commit inserted before the question (see [`super::Replicas::covering_after`]:
+//! what a result cache fill on a replica waits for).
+//!
 //! The positions read here are what routing trusts without asking: a replica whose monitor
 //! connection fails is marked down (no reads, its position forgotten) until it answers again
 //! as a standby. A session that needs a position past what is known asks the replica itself
@@ -121,9 +125,16 @@ async fn run(weak: Weak<Replicas>) {
             }
         }
         let target = pool.settings().target.clone();
+        let sent = crate::clock::Moment::now();
         if let Ok(Some(at)) = primary.ask(&target, PRIMARY_SQL).await {
             if let Some(at) = lsn::parse(&at) {
                 set.note_primary(at, set.now_us());
+                // A position past every commit inserted before `sent` (asynchronous ones
+                // too): what fills on replicas wait for.
+                let rows = primary.rows(lsn::COMMIT_POSITION_SQL, RETRY).await;
+                if let Some(at) = rows.and_then(|r| lsn::commit_position(r.first()?, true)) {
+                    set.note_covering(sent, at);
+                }
             }
         }
         for (replica, link) in replicas.iter_mut() {

@@ -95,23 +95,39 @@ impl Session {
             || self.state.wants_pin_slot(query_words)
             || !self.replies.is_empty()
             || self.plan.stmts.as_ref().is_some_and(|s| !s.sql.is_empty())
-            // A miss the result cache fills is filled from the primary.
-            || self.cache.as_ref().is_some_and(|c| c.fill.is_some())
         {
             return Ok(());
         }
+        // A miss the result cache fills: on a replica that replayed every commit its
+        // versions include, else on the primary.
+        let fill_floor = match self.cache.as_ref().and_then(|c| c.fill.as_ref()) {
+            None => None,
+            Some(fill) => {
+                let covering = self
+                    .app
+                    .cache
+                    .fill_bumped(fill)
+                    .and_then(|bumped| reads.set.covering_after(bumped));
+                match covering {
+                    Some(covering) => Some(covering),
+                    None => return Ok(()),
+                }
+            }
+        };
+        let fills = fill_floor.is_some();
         let block = if self.keeps_block() {
             // A block the session kept (see `session::deferred`) starts on the server now.
-            if !self.kept_block_goes_to_replica(tag, query_text_len) {
+            if fills || !self.kept_block_goes_to_replica(tag, query_text_len) {
                 return Ok(());
             }
             true
         } else {
             match self.work_reads(tag, query_text_len, &catalog) {
                 Some(Work::Reads) => false,
-                Some(Work::ReadOnlyBlock) => true,
+                // (The cache neither answers nor fills in a block on a replica.)
+                Some(Work::ReadOnlyBlock) if !fills => true,
                 // Not kept back after all (work was in flight): the primary's.
-                Some(Work::MayKeep) | None => return Ok(()),
+                _ => return Ok(()),
             }
         };
         let reads = self.reads.as_deref().expect("checked above");
@@ -119,6 +135,7 @@ impl Session {
         if floor == u64::MAX {
             return Ok(());
         }
+        let floor = floor.max(fill_floor.unwrap_or(0));
         let (lag, wait) = {
             let g = &self.app.config.load().general;
             (g.max_replica_lag, g.replica_wait)

@@ -204,14 +204,20 @@ impl Follower {
 
     /// Publishes the applied position ([`visibility::Progress::applied`]): once it reaches
     /// the server's end of WAL the follower knew itself caught up now, once it reaches the
-    /// stream's start the database's results may be served.
-    fn publish(&self) {
+    /// stream's start the database's results may be served (and its version is marked
+    /// bumped then: what committed before the stream started bumped nothing, and a fill on
+    /// a replica must see it, see [`crate::cache::versions::Versions::last_bumped`]).
+    fn publish(&self, versions: &crate::cache::versions::Versions) {
         let (applied, server_end) = self.progress.applied();
         self.applied.store(applied.0, Relaxed);
         if applied >= server_end {
             self.confirmed_ms.store(clock_ms(), Relaxed);
         }
         if !self.is_ready() && applied.0 >= self.catch_up.load(Relaxed) {
+            versions.mark_bumped(
+                versions.database_slot(&self.database),
+                crate::clock::Moment::now(),
+            );
             self.ready.store(true, Relaxed);
             self.set_phase(Phase::Streaming);
             tracing::info!(database = %self.database, %applied, "WAL invalidation: caught up; caching on");
@@ -510,7 +516,7 @@ async fn settle_seen(
             .and_then(|text| visibility::ServerSnapshot::parse(&text))
             .ok_or("pg_current_snapshot() gave no snapshot")?;
         if progress.settle_shown(&cache.versions, &snapshot) > 0 {
-            follower.publish();
+            follower.publish(&cache.versions);
             wait = FIRST_ASK;
         } else {
             wait = (wait * 2).min(LAST_ASK);
@@ -763,7 +769,7 @@ async fn apply_stream(
             }
         }
         follower.progress.decoded_to(applied, server_end);
-        follower.publish();
+        follower.publish(&cache.versions);
     }
 }
 
