@@ -11,9 +11,12 @@ transaction mode) with the standby as its replica. The workload (`bench/replicas
 one request per pgbench transaction: write a row, read it back at once (a miss is recorded
 in a table of its own: a read-your-writes violation), then 9 point reads of other rows; for
 -M simple and -M extended. Reported per protocol:
-- requests per second, through pgmemo without and with the replica (the standby shares this
-  machine's two cores with everything else: not what a second machine would add);
-- the share of reads executed on the replica (SHOW REPLICAS' reads over the reads sent);
+- requests per second, through pgmemo without and with the replica, and with the replica and
+  the result cache on the 9 reads (WAL invalidation: their misses fill on the replica once it
+  has every commit they must show) (the standby shares this machine's two cores with
+  everything else: not what a second machine would add);
+- the share of reads executed on the replica (SHOW REPLICAS' reads over the reads sent, and
+  over the reads a server ran: the cache answers the others);
 - violations (rows not read back);
 - the client statements the primary ran per request (SHOW STATS' queries less the replica's
   reads: the write and the reads that stayed), and the position questions pgmemo asked;
@@ -37,6 +40,9 @@ sys.path.insert(0, str(BENCH_DIR))
 import run as b  # noqa: E402  (bench/run.py: cluster, processes, pgbench helpers)
 
 READS_PER_REQUEST = 10  # the read-back and 9 others
+# The third pgmemo: the replica, and the result cache (WAL invalidation) on the 9 reads, whose
+# misses fill on the replica when it has replayed every commit they must show.
+CACHED = "with the replica and the result cache"
 
 
 def main() -> int:
@@ -111,16 +117,41 @@ def queries(ctx: b.Ctx, port: int) -> int:
     return sum(int(l.split(",")[at]) for l in lines[1:] if l.split(",")[0] == b.DB_NAME)
 
 
+def cache_figures(ctx: b.Ctx, port: int) -> tuple[int, int, int]:
+    """The result cache's (hits, misses, stores), SHOW CACHE's accounts rule."""
+    out = subprocess.run([b.tool(ctx.pg_bindir, "psql"), "-h", "127.0.0.1", "-p", str(port), "-U",
+                          b.DB_USER, "-d", "pgmemo", "-c", "SHOW CACHE", "--csv"],
+                         capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    if not lines:
+        return (0, 0, 0)
+    header = lines[0].split(",")
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))
+        if row.get("rule") == "accounts":
+            return (int(row["hits"]), int(row["misses"]), int(row["stores"]))
+    return (0, 0, 0)
+
+
 def bench(ctx: b.Ctx, args) -> int:
     pg = b.Postgres(ctx, b.free_port())
-    pg.extra_conf = "synchronous_commit = on\nwal_level = replica\nmax_wal_senders = 10\n"
+    # (Logical: the third pgmemo's result cache follows the WAL.)
+    pg.extra_conf = "synchronous_commit = on\nwal_level = logical\nmax_wal_senders = 10\n"
     pg.start()
     pg.psql(b.DB_NAME, "CREATE TABLE rw (id bigint PRIMARY KEY, v int); "
                        "CREATE TABLE rw_violations (id bigint)")
     sport = standby_of(ctx, pg)
     ports = {}
+    cached = ctx.tmp / "cached.toml"
+    cached.write_text('[cache]\nenabled = true\ninvalidation = "wal"\n\n[[cache.rules]]\n'
+                      'name = "accounts"\n'
+                      'query_contains = "FROM pgbench_accounts"\n'
+                      'ttl = "600s"\n')
+    b.chown_tree(ctx.tmp, ctx.run_as)
+    replica = ["--replica", f"postgresql://127.0.0.1:{sport}"]
     for name, extra in [("without replicas", []),
-                        ("with the replica", ["--replica", f"postgresql://127.0.0.1:{sport}"])]:
+                        ("with the replica", replica),
+                        (CACHED, replica + ["--config", str(cached), "--cache"])]:
         port = b.free_port()
         argv = [args.pgmemo_bin, "--upstream", f"postgresql://{b.DB_USER}@127.0.0.1:{pg.port}",
                 "--listen", f"127.0.0.1:{port}", "--pool-mode", "transaction", "--pool-size", "10",
@@ -129,19 +160,22 @@ def bench(ctx: b.Ctx, args) -> int:
         proc = ctx.procs.spawn(name, argv, stdout=ctx.open_log(logfile), stderr=subprocess.STDOUT)
         b.wait_port(name, "127.0.0.1", port, proc, logfile)
         ports[name] = port
-    port = ports["with the replica"]
-    end = time.monotonic() + 30
-    while sql(ctx, port, "select current_setting('port')") != str(sport):
-        if time.monotonic() > end:
-            raise b.BenchError("reads never reached the replica")
-        time.sleep(0.2)
+    for port in [ports["with the replica"], ports[CACHED]]:
+        end = time.monotonic() + 30
+        while sql(ctx, port, "select current_setting('port')") != str(sport):
+            if time.monotonic() > end:
+                raise b.BenchError("reads never reached the replica")
+            time.sleep(0.2)
     script = BENCH_DIR / "replicas_rw.sql"
     print(f"\n## Reads on a replica, read-your-writes ({args.clients} clients, {args.duration} s, "
           f"scale {args.scale}, git {b.git_rev()})\n")
-    print("| protocol | pgmemo | requests/s | reads on the replica | violations | client statements on the primary per request | position questions per request |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| protocol | pgmemo | requests/s | reads on the replica | of the reads that reached a server | violations | client statements on the primary per request | position questions per request |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    notes = []
     for mode, (name, port) in [(m, t) for m in ["simple", "extended"] for t in ports.items()]:
-        reads0 = replica_reads(ctx, port) if name == "with the replica" else 0
+        cache0 = cache_figures(ctx, port) if name == CACHED else None
+        replicas = name != "without replicas"
+        reads0 = replica_reads(ctx, port) if replicas else 0
         queries0 = queries(ctx, port)
         bad0 = int(sql(ctx, pg.port, "SELECT count(*) FROM rw_violations") or 0)
         run = subprocess.run([ctx.pgbench, "-n", "-f", str(script), "-M", mode, "-c", str(args.clients),
@@ -155,15 +189,29 @@ def bench(ctx: b.Ctx, args) -> int:
         if run.returncode != 0 or not tx or not tps:
             raise b.BenchError(f"pgbench failed:\n{out[-2000:]}")
         requests = int(tx.group(1))
-        on_replica = replica_reads(ctx, port) - reads0 if name == "with the replica" else 0
-        on_primary = queries(ctx, port) - queries0 - on_replica
+        on_replica = replica_reads(ctx, port) - reads0 if replicas else 0
         bad = int(sql(ctx, pg.port, "SELECT count(*) FROM rw_violations") or 0) - bad0
         share = on_replica / (requests * READS_PER_REQUEST)
+        cache = None
+        if cache0 is not None:
+            cache = [a - b0 for a, b0 in zip(cache_figures(ctx, port), cache0)]
+        hits = cache[0] if cache else 0
+        # SHOW STATS counts the queries the cache answered too.
+        on_primary = queries(ctx, port) - queries0 - on_replica - hits
+        # The reads a server ran: all but those the cache answered.
+        served = requests * READS_PER_REQUEST - hits
+        served_share = on_replica / served if served > 0 else 0
         # The client's statements the primary ran (the write, reads that did not go to the
         # replica), and with the replica one position question per write.
-        questions = 1 if name == "with the replica" else 0
-        print(f"| {mode} | {name} | {float(tps.group(1)):,.0f} | {share:.3f} | {bad} | "
-              f"{on_primary / requests:.2f} | {questions} |")
+        questions = 1 if replicas else 0
+        print(f"| {mode} | {name} | {float(tps.group(1)):,.0f} | {share:.3f} | {served_share:.3f} | "
+              f"{bad} | {on_primary / requests:.2f} | {questions} |")
+        if cache:
+            hits, misses, stores = cache
+            notes.append(f"- {mode}, {name}: {hits:,} hits, {misses:,} misses, {stores:,} "
+                         f"stores ({hits / max(1, hits + misses):.3f} hit ratio)")
+    print()
+    print("\n".join(notes))
     if not args.no_profile:
         profile(ctx, args, pg, sport)
     b.script_done(ctx)

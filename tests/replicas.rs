@@ -643,7 +643,11 @@ async fn a_cache_fill_goes_to_a_replica_only_once_it_has_every_commit_the_result
     let writer = connect(&url).await;
     let direct = connect(&primary.url("postgres", None, "postgres")).await;
     let direct_standby = connect(&standby.url("postgres", None, "postgres")).await;
-    let console = connect(&format!("postgresql://postgres@{}/pgmemo", proxy.local_addr())).await;
+    let console = connect(&format!(
+        "postgresql://postgres@{}/pgmemo",
+        proxy.local_addr()
+    ))
+    .await;
     let replica_reads = || async {
         let rows = console.simple_query("SHOW REPLICAS").await.unwrap();
         rows.iter()
@@ -678,9 +682,11 @@ async fn a_cache_fill_goes_to_a_replica_only_once_it_has_every_commit_the_result
     // Misses of keys never read fill on the replica once its monitor read a position after
     // the follower's start.
     read(1).await;
-    wait_until("the follower to catch up", Duration::from_secs(30), || async {
-        follower().is_some_and(|f| f.is_ready())
-    })
+    wait_until(
+        "the follower to catch up",
+        Duration::from_secs(30),
+        || async { follower().is_some_and(|f| f.is_ready()) },
+    )
     .await;
     let fresh = AtomicU64::new(1_000);
     let fills_reach_the_replica = || async {
@@ -688,7 +694,12 @@ async fn a_cache_fill_goes_to_a_replica_only_once_it_has_every_commit_the_result
         read(fresh.fetch_add(1, Relaxed) as i64).await;
         replica_reads().await > before
     };
-    wait_until("a fill on the replica", Duration::from_secs(30), fills_reach_the_replica).await;
+    wait_until(
+        "a fill on the replica",
+        Duration::from_secs(30),
+        fills_reach_the_replica,
+    )
+    .await;
     for id in 1..=10 {
         assert_eq!(read(id).await, Some(format!("v{id}")), "cached");
     }
@@ -699,36 +710,54 @@ async fn a_cache_fill_goes_to_a_replica_only_once_it_has_every_commit_the_result
         .unwrap();
     for id in 1..=5 {
         direct
-            .simple_query(&format!("UPDATE items SET v = 'direct {id}' WHERE id = {id}"))
+            .simple_query(&format!(
+                "UPDATE items SET v = 'direct {id}' WHERE id = {id}"
+            ))
             .await
             .unwrap();
     }
     let written = value(&direct, "SELECT pg_current_wal_lsn()::text").await;
     let written: pgmemo::wal::Lsn = written.parse().unwrap();
-    wait_until("the follower to decode the writes", Duration::from_secs(30), || async {
-        follower().is_some_and(|f| f.is_ready() && f.applied() >= written)
-    })
+    wait_until(
+        "the follower to decode the writes",
+        Duration::from_secs(30),
+        || async { follower().is_some_and(|f| f.is_ready() && f.applied() >= written) },
+    )
     .await;
     for id in 6..=10 {
         writer
-            .simple_query(&format!("UPDATE items SET v = 'through {id}' WHERE id = {id}"))
+            .simple_query(&format!(
+                "UPDATE items SET v = 'through {id}' WHERE id = {id}"
+            ))
             .await
             .unwrap();
     }
     let before = replica_reads().await;
     for id in 1..=10 {
         let want = if id <= 5 { "direct" } else { "through" };
-        assert_eq!(read(id).await, Some(format!("{want} {id}")), "read while replay is paused");
+        assert_eq!(
+            read(id).await,
+            Some(format!("{want} {id}")),
+            "read while replay is paused"
+        );
         // Read again: the fill was stored, and it was right.
         assert_eq!(read(id).await, Some(format!("{want} {id}")));
     }
-    assert_eq!(replica_reads().await, before, "no fill went to the paused replica");
+    assert_eq!(
+        replica_reads().await,
+        before,
+        "no fill went to the paused replica"
+    );
     direct_standby
         .simple_query("SELECT pg_wal_replay_resume()")
         .await
         .unwrap();
-    wait_until("fills on the replica again", Duration::from_secs(30), fills_reach_the_replica)
-        .await;
+    wait_until(
+        "fills on the replica again",
+        Duration::from_secs(30),
+        fills_reach_the_replica,
+    )
+    .await;
 }
 
 /// SHOW REPLICAS and SHOW SERVERS say where reads went, and how far behind the replica is.

@@ -249,7 +249,8 @@ impl Versions {
     /// sees a time at or after the bump (see [`Versions::last_bumped`]).
     #[inline]
     fn bump_at(&self, slot: u32, by: u64, now: Moment) {
-        self.bumped_at(slot).fetch_max(now.nanos(), Ordering::AcqRel);
+        self.bumped_at(slot)
+            .fetch_max(now.nanos(), Ordering::AcqRel);
         self.counter(slot).fetch_add(by, Ordering::AcqRel);
     }
 
@@ -257,7 +258,8 @@ impl Versions {
     /// then may not be known otherwise (a WAL stream that starts: what committed before its
     /// start bumped nothing).
     pub fn mark_bumped(&self, slot: u32, now: Moment) {
-        self.bumped_at(slot).fetch_max(now.nanos(), Ordering::AcqRel);
+        self.bumped_at(slot)
+            .fetch_max(now.nanos(), Ordering::AcqRel);
     }
 
     /// When any of `slots` was last bumped (or marked: [`Versions::mark_bumped`]), 0 if
@@ -481,7 +483,11 @@ mod tests {
         let v = Versions::new(64);
         let (d, t) = (v.database_slot("db"), v.table_slot("db", "t"));
         let (r, shares) = (v.row_slot(3), v.row_slot(4));
-        assert_eq!(v.last_bumped([d, t, r].into_iter()).nanos(), 0, "never bumped");
+        assert_eq!(
+            v.last_bumped([d, t, r].into_iter()).nanos(),
+            0,
+            "never bumped"
+        );
         let before = Moment::now();
         v.bump_slots(&[t]);
         let bumped = v.last_bumped([d, t].into_iter());
