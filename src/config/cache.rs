@@ -264,12 +264,19 @@ impl RawRule {
     }
 }
 
-/// Whether two query texts are the same but for their spacing: whitespace counts only as
-/// one space between two word characters (`id = $1` is `id=$1`, `SELECT  a` is `SELECT a`,
-/// `SELECT ab` is not `SELECT a b`). Quotes are not followed: spacing inside a string literal
-/// a rule spells out does not count either (a rule chooses what is cached; the key is exact).
+/// Whether two query texts are the same but for their spacing and a `;` at the end (pgbench
+/// and many applications end a statement with one, psql does not send it): whitespace counts
+/// only as one space between two word characters (`id = $1` is `id=$1`, `SELECT  a` is
+/// `SELECT a`, `SELECT ab` is not `SELECT a b`). Quotes are not followed: spacing inside a
+/// string literal a rule spells out does not count either (a rule chooses what is cached;
+/// the key is exact).
 pub fn same_text(a: &str, b: &str) -> bool {
-    canonical(a.as_bytes()).eq(canonical(b.as_bytes()))
+    canonical(ended(a).as_bytes()).eq(canonical(ended(b).as_bytes()))
+}
+
+/// `text` without the `;` and whitespace it ends with.
+fn ended(text: &str) -> &str {
+    text.trim_end_matches(|c: char| c == ';' || c.is_ascii_whitespace())
 }
 
 /// The bytes of `text` as [`same_text`] compares them.

@@ -926,6 +926,11 @@ fn rule_texts_match_whatever_their_spacing() {
         ),
         ("select  v\n\tfrom kv", " select v from kv "),
         ("SELECT a, b FROM t", "SELECT a ,b FROM t"),
+        (
+            "SELECT abalance FROM pgbench_accounts WHERE aid = $1",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = $1;",
+        ),
+        ("SELECT 1 ;\n", "SELECT 1"),
     ] {
         assert!(same_text(a, b), "{a} / {b}");
     }
@@ -933,6 +938,7 @@ fn rule_texts_match_whatever_their_spacing() {
         ("SELECT ab FROM t", "SELECT a b FROM t"),
         ("SELECT v FROM kv", "SELECT v FROM kv2"),
         ("SELECT $1", "SELECT $ 1"),
+        ("SELECT 1; SELECT 2", "SELECT 1"),
     ] {
         assert!(!same_text(a, b), "{a} / {b}");
     }
