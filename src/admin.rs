@@ -310,6 +310,9 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
         ["show", "cache", "rows"] | ["show", "cache_rows"] => {
             Ok(Reply::Table(show_cache_rows(app)))
         }
+        ["show", "cache", "shared"] | ["show", "cache_shared"] => {
+            Ok(Reply::Table(show_cache_shared(app)))
+        }
         ["cache", "flush"] | ["cache", "flush", "all"] => {
             app.cache.flush(crate::cache::FlushTarget::All);
             Ok(Reply::Done("CACHE FLUSH".into()))
@@ -338,7 +341,7 @@ pub async fn run_command(app: &Arc<App>, sql: &str) -> Result<Reply, CommandErro
                 "SHOW STATS_TOTALS|STATS_AVERAGES|TOTALS|MEM|FDS",
                 "SHOW PEERS|PEER_POOLS|DNS_HOSTS|DNS_ZONES",
                 "SHOW AUTOPREPARE|AUTOPREPARE_REASONS|QUERIES",
-                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL|CACHE ROWS",
+                "SHOW CACHE|CACHE ENTRIES|CACHE_BYPASSES|CACHE WAL|CACHE ROWS|CACHE SHARED",
                 "CACHE FLUSH [ALL | DATABASE db | TABLE name [db]]",
                 "RELOAD",
                 "SET key = arg",
@@ -809,7 +812,7 @@ pub fn show_replicas(app: &App) -> Table {
                 text(&r.host),
                 text(r.port),
                 text(if r.is_up() { "up" } else { "down" }),
-                (replayed != 0).then(|| crate::replicas::lsn::format(replayed)),
+                (replayed != 0).then(|| crate::lsn::format(replayed)),
                 lag.map(|(bytes, _)| bytes.to_string()),
                 lag.map(|(_, us)| (us / 1000).to_string()),
                 text(r.reads.load(Relaxed)),
@@ -1488,6 +1491,42 @@ pub fn show_cache_rows(app: &App) -> Table {
             text(f.held_fills.load(Relaxed)),
             text(app.cache.own_commits.skipped.load(Relaxed)),
         ]],
+    }
+}
+
+/// The shared tier (`[cache.shared]`): one row, none without it.
+pub fn show_cache_shared(app: &App) -> Table {
+    let ms = |us: u64| format!("{:.3}", us as f64 / 1000.0);
+    let rows = app.cache.shared().map(|shared| {
+        let s = &shared.stats;
+        let latency = s.latency();
+        vec![
+            text(s.hits.load(Relaxed)),
+            text(s.misses.load(Relaxed)),
+            text(s.refused.load(Relaxed)),
+            text(s.errors.load(Relaxed)),
+            text(s.timeouts.load(Relaxed)),
+            latency.map(|(p50, _)| ms(p50)),
+            latency.map(|(_, p99)| ms(p99)),
+            text(s.writes.load(Relaxed)),
+            text(s.bytes_written.load(Relaxed)),
+            text(s.dropped.load(Relaxed)),
+        ]
+    });
+    Table {
+        columns: vec![
+            "hits",
+            "misses",
+            "refused",
+            "errors",
+            "timeouts",
+            "latency_p50_ms",
+            "latency_p99_ms",
+            "writes",
+            "bytes_written",
+            "writes_dropped",
+        ],
+        rows: rows.into_iter().collect(),
     }
 }
 

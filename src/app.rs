@@ -667,6 +667,7 @@ impl App {
             draining: AtomicBool::new(false),
         });
         app.load_tls()?;
+        app.cache.start_shared(&config_cache);
         Ok(app)
     }
 

@@ -30,6 +30,7 @@ pub mod demo;
 pub mod handoff;
 pub mod keepalive;
 pub mod listen;
+pub mod lsn;
 pub mod metrics;
 pub mod params;
 pub mod pins;

@@ -708,4 +708,69 @@ fn cache_metrics(app: &App, out: &mut String) {
             );
         }
     }
+    if let Some(shared) = app.cache.shared() {
+        cache_shared(out, &shared.stats);
+    }
+}
+
+/// The shared tier's counters (SHOW CACHE SHARED's).
+fn cache_shared(out: &mut String, s: &crate::cache::shared::SharedStats) {
+    let counters = [
+        (
+            "hits",
+            "Misses here answered from the shared tier.",
+            &s.hits,
+        ),
+        (
+            "misses",
+            "Shared tier lookups that found nothing.",
+            &s.misses,
+        ),
+        (
+            "refused",
+            "Shared tier entries not served: a write known here may have committed after them.",
+            &s.refused,
+        ),
+        (
+            "errors",
+            "Shared tier lookups or writes that failed.",
+            &s.errors,
+        ),
+        (
+            "timeouts",
+            "Shared tier lookups that took longer than cache.shared.timeout.",
+            &s.timeouts,
+        ),
+        ("writes", "Results written to the shared tier.", &s.writes),
+        (
+            "written_bytes",
+            "Bytes written to the shared tier.",
+            &s.bytes_written,
+        ),
+        (
+            "writes_dropped",
+            "Results not written: too many were waiting.",
+            &s.dropped,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP pgmemo_cache_shared_{name}_total {help}\n# TYPE pgmemo_cache_shared_{name}_total counter\npgmemo_cache_shared_{name}_total {}",
+            value.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
+    if let Some((p50, p99)) = s.latency() {
+        let _ = writeln!(
+            out,
+            "# HELP pgmemo_cache_shared_lookup_seconds Shared tier lookups' round trips, recent ones.\n# TYPE pgmemo_cache_shared_lookup_seconds summary"
+        );
+        for (q, us) in [("0.5", p50), ("0.99", p99)] {
+            let _ = writeln!(
+                out,
+                "pgmemo_cache_shared_lookup_seconds{{quantile=\"{q}\"}} {}",
+                us as f64 / 1e6
+            );
+        }
+    }
 }

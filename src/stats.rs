@@ -45,6 +45,38 @@ impl DurationHistogram {
     }
 }
 
+/// The latest durations observed (microseconds, a ring of [`SAMPLES`]), for percentiles: how
+/// long WAL invalidation took (SHOW CACHE WAL), the shared tier's round trips.
+#[derive(Debug, Default)]
+pub struct Samples {
+    recent: Vec<u64>,
+    next: usize,
+}
+
+const SAMPLES: usize = 1024;
+
+impl Samples {
+    pub fn add(&mut self, us: u64) {
+        if self.recent.len() < SAMPLES {
+            self.recent.push(us);
+        } else {
+            self.recent[self.next] = us;
+        }
+        self.next = (self.next + 1) % SAMPLES;
+    }
+
+    /// (p50, p99) in microseconds.
+    pub fn percentiles(&self) -> Option<(u64, u64)> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        let mut sorted = self.recent.clone();
+        sorted.sort_unstable();
+        let at = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+        Some((at(0.5), at(0.99)))
+    }
+}
+
 pub use crate::workers::StripedCounter;
 use crate::workers::{this_stripe, STRIPES};
 
@@ -496,6 +528,21 @@ fn stats_line(now: &StatsSnapshot, then: &StatsSnapshot, elapsed: std::time::Dur
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn sample_percentiles() {
+        let mut lags = Samples::default();
+        assert_eq!(lags.percentiles(), None);
+        for us in 1..=100 {
+            lags.add(us);
+        }
+        assert_eq!(lags.percentiles(), Some((51, 99)));
+        for _ in 0..SAMPLES {
+            lags.add(7);
+        }
+        assert_eq!(lags.percentiles(), Some((7, 7)));
+    }
+
     use super::*;
 
     #[test]

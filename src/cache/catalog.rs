@@ -732,9 +732,9 @@ mod tests {
         );
         assert!(!posts.generated);
         // What `*` reads: every column, followed or not; of both tables of one name.
-        assert_eq!(posts.all, ["user_id".into(), "title".into(), "icu".into()]);
+        assert_eq!(posts.all, ["user_id", "title", "icu"].map(Box::<str>::from));
         let t = s.table_columns("t").unwrap();
-        assert_eq!(t.all, ["a".into(), "b".into(), "stamp".into()]);
+        assert_eq!(t.all, ["a", "b", "stamp"].map(Box::<str>::from));
         assert_eq!(t.followed, vec![("a".into(), KeyType::Integer(4))]);
         assert!(t.unique.is_empty());
         assert!(s.table_columns("g").unwrap().generated);

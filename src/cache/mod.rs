@@ -47,6 +47,7 @@ mod lookup;
 pub mod own_commits;
 mod plans;
 pub mod rows;
+pub mod shared;
 mod store;
 pub mod versions;
 
@@ -182,6 +183,9 @@ pub struct ResultCache {
     pub row_figures: RowFigures,
     /// With WAL invalidation, the transactions through pgmemo bumped at their COMMIT.
     pub own_commits: own_commits::OwnCommits,
+    /// `[cache.shared]`: the tier every instance of a fleet shares (see [`shared`]); set at
+    /// start.
+    shared: std::sync::OnceLock<Arc<shared::Shared>>,
 }
 
 /// How row-level invalidation went (SHOW CACHE).
@@ -294,6 +298,7 @@ impl ResultCache {
             reading_writes: AtomicBool::new(false),
             row_figures: RowFigures::default(),
             own_commits: Default::default(),
+            shared: std::sync::OnceLock::new(),
         };
         cache.reconfigure(config);
         cache
@@ -368,6 +373,42 @@ impl ResultCache {
 
     pub fn enabled(&self) -> bool {
         self.enabled.load(Relaxed)
+    }
+
+    /// Starts the shared tier `config` names, if any (at start: `[cache.shared]` is read
+    /// once). A URL the client cannot use is logged, and the tier stays off.
+    pub fn start_shared(&self, config: &CacheConfig) {
+        let Some(tier) = &config.shared else {
+            return;
+        };
+        match shared::Shared::new(tier) {
+            Ok(s) => {
+                let _ = self.shared.set(Arc::new(s));
+            }
+            Err(e) => tracing::error!("result cache: no shared tier: {e}"),
+        }
+    }
+
+    /// The shared tier, when there is one.
+    #[inline]
+    pub fn shared(&self) -> Option<&Arc<shared::Shared>> {
+        self.shared.get()
+    }
+
+    /// Whether the shared tier's entry of `fill`'s key, whose query saw every commit up to
+    /// `position`, may answer `fill`'s query here: nothing the result depends on changed
+    /// since the lookup began (or was unsettled then), and every commit to it this instance
+    /// knew of by then ends at or before `position`: the first primary position read after
+    /// its last bump (`covering_after`, the follower's) is at most `position`.
+    pub fn serves_shared(
+        &self,
+        fill: &Fill,
+        position: u64,
+        covering_after: impl FnOnce(crate::clock::Moment) -> Option<u64>,
+    ) -> bool {
+        self.versions.unchanged(fill.seen())
+            && covering_after(self.versions.last_bumped(fill.slots()))
+                .is_some_and(|covering| covering <= position)
     }
 
     /// When a version `fill`'s result depends on was last bumped: a replica that replayed a

@@ -133,6 +133,7 @@ impl ResultCache {
             extended,
             in_block,
             shape,
+            position: 0,
         });
     }
 
@@ -187,6 +188,9 @@ impl ResultCache {
                     shape: fill.shape.clone(),
                 };
                 fill.stats.stores.fetch_add(1, Relaxed);
+                if let Some(shared) = self.shared().filter(|_| fill.position > 0) {
+                    shared.put(&fill.key, fill.position, &entry.reply, fill.chosen.ttl);
+                }
                 let entry = Arc::new(entry);
                 self.store
                     .insert(Key::with_hash(fill.key_hash, fill.key[..].into()), entry);
@@ -307,6 +311,9 @@ pub struct Fill {
     pub(super) spoiled: Option<Bypass>,
     /// Its replies start with ParseComplete / BindComplete, not stored.
     pub(super) extended: bool,
+    /// With the shared tier: the WAL position its query saw whole (the follower's applied
+    /// position when it was sent), written there with it once stored; 0: not written.
+    position: u64,
     /// Sent inside a READ COMMITTED transaction block: stored at a ReadyForQuery `T`.
     in_block: bool,
     /// The query's shape, for its entry.
@@ -317,6 +324,27 @@ impl Fill {
     /// The slots its result depends on.
     pub(super) fn slots(&self) -> impl Iterator<Item = u32> + '_ {
         self.seen.slots.iter().map(|&(slot, _)| slot)
+    }
+
+    pub(super) fn seen(&self) -> &Seen {
+        &self.seen
+    }
+
+    /// The store's key (the shared tier's too, after its prefix).
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The server database it reads.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// Its query is sent when the follower's applied position is `position` (see
+    /// [`super::shared`]): stored, it is written to the shared tier with it. 0: not written
+    /// (a result that came from there).
+    pub fn saw(&mut self, position: u64) {
+        self.position = position;
     }
 
     /// Ends the fill's flight (waiters look up again); returns it, reset, when nobody else

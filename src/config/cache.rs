@@ -26,6 +26,8 @@ settings! {
     [cache] CacheConfig from RawCache, checked on reading, lists {
         /// `[[cache.rules]]`, in the file's order.
         rules: Vec<Rule> = read_rules(Vec<RawRule>),
+        /// `[cache.shared]`: the shared tier on Valkey or Redis (None: off).
+        shared: Option<SharedTier> = read_shared(Option<RawShared>),
     };
 
     /// Result caching and the write tracking it needs.
@@ -207,6 +209,70 @@ pub(super) struct RawRule {
     /// READ COMMITTED block is answered now), so older files still load.
     #[allow(dead_code)]
     read_only_transactions: Option<bool>,
+}
+
+/// `[cache.shared]`: a second tier of the result cache that every pgmemo instance of a fleet
+/// shares, on Valkey or Redis (see `cache::shared`). Read at start (a RELOAD keeps it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedTier {
+    /// `redis://[user:password@]host:port/db` or `rediss://` (TLS).
+    pub url: String,
+    /// How long a lookup waits for the shared tier before the query goes to the server.
+    pub timeout: Duration,
+    /// The fleet's name: keys start with it (instances share entries only under one name).
+    pub name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShared {
+    url: String,
+    timeout: Option<<TextOrSeconds as Form<Duration>>::Raw>,
+    name: Option<String>,
+}
+
+/// The default of `[cache.shared]`'s `timeout`.
+pub const SHARED_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// `[cache.shared]`: the URL's scheme is checked (the connection is made at start), and WAL
+/// invalidation is required: an instance serves another's entry only when its own follower
+/// knows of no write after the entry's WAL position.
+fn read_shared(
+    raw: Option<RawShared>,
+    cache: &CacheConfig,
+    cx: &Context<'_>,
+) -> Result<Option<SharedTier>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    if !(raw.url.starts_with("redis://") || raw.url.starts_with("rediss://")) {
+        return Err(ConfigError::invalid(
+            "cache.shared.url",
+            "expected redis://host:port/db or rediss://host:port/db",
+        ));
+    }
+    if cache.invalidation != Invalidation::Wal {
+        return Err(ConfigError::invalid(
+            "cache.shared",
+            "the shared tier needs cache.invalidation = \"wal\": an instance serves another's \
+             entry only when its own WAL follower knows of no write after the entry's position",
+        ));
+    }
+    let timeout =
+        read_key::<Duration, TextOrSeconds>("cache.shared.timeout", raw.timeout, None, cx)?
+            .unwrap_or(SHARED_TIMEOUT);
+    let name = raw.name.unwrap_or_else(|| "pgmemo".into());
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(ConfigError::invalid(
+            "cache.shared.name",
+            "a name without spaces",
+        ));
+    }
+    Ok(Some(SharedTier {
+        url: raw.url,
+        timeout,
+        name,
+    }))
 }
 
 /// `[[cache.rules]]`, read through the table's [`read_key`] (each value judged with its key,

@@ -875,7 +875,7 @@ fn cache_errors_name_their_key() {
              `hints`, `flight_wait`, `default_ttl`, `max_result_bytes`, `admit_after`, `row_versions`, \
              `refresh_at`, `mode`, \
              `invalidation`, `replication_user`, `replication_password`, `wal_plugin`, \
-             `max_lag`, `publication`, `create_publication`, `rules`",
+             `max_lag`, `publication`, `create_publication`, `rules`, `shared`",
         ),
         (
             "[[cache.rules]]\nquery_hash = \"xyz\"",

@@ -28,7 +28,7 @@ pub struct ClientReads {
     /// for before the server goes back.
     pub wrote: bool,
     /// That work named `synchronous_commit` (or called a function by OID): its commit may
-    /// not be flushed when it returns (see [`super::lsn::commit_position`]).
+    /// not be flushed when it returns (see [`crate::lsn::commit_position`]).
     pub maybe_async: bool,
     /// A question for the primary's position is in flight, sent behind the client's unit of
     /// work (see `Session::ask_position`). The work it covers is no longer `wrote`: work the
@@ -77,7 +77,7 @@ impl ClientReads {
         if self.unsure {
             return u64::MAX;
         }
-        let given = min_read_lsn.and_then(super::lsn::parse).unwrap_or(0);
+        let given = min_read_lsn.and_then(crate::lsn::parse).unwrap_or(0);
         let last = self.last.as_ref().map_or(0, |l| l.replayed());
         self.committed.max(self.seen).max(given).max(last)
     }

@@ -15,7 +15,6 @@
 
 pub mod catalog;
 pub mod client;
-pub mod lsn;
 mod monitor;
 
 pub use client::ClientReads;
@@ -45,10 +44,9 @@ pub struct Replicas {
     /// Recent (time, primary position) pairs, oldest first: how long ago the primary was
     /// where a replica is now (a replica's lag in time).
     history: Mutex<std::collections::VecDeque<(u64, u64)>>,
-    /// (when the question was sent, [`Moment::nanos`]; the primary's position it read, past
-    /// every commit inserted before), the monitor's, oldest first: what a fill on a replica
-    /// waits for (see [`Replicas::covering_after`]).
-    covering: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    /// The monitor's reads of a primary position past every commit inserted before: what a
+    /// fill on a replica waits for (see [`Replicas::covering_after`]).
+    covering: crate::lsn::Covering,
     /// What statements the replicas may run, once read.
     pub catalog: ArcSwapOption<catalog::Catalog>,
     /// Set when a reload dropped this set: its monitor stops.
@@ -104,7 +102,7 @@ impl Replicas {
             next: AtomicUsize::new(0),
             primary_lsn: AtomicU64::new(0),
             history: Mutex::new(std::collections::VecDeque::new()),
-            covering: Mutex::new(std::collections::VecDeque::new()),
+            covering: crate::lsn::Covering::default(),
             catalog: ArcSwapOption::empty(),
             retired: AtomicBool::new(false),
             started: crate::clock::Moment::now(),
@@ -189,27 +187,15 @@ impl Replicas {
     /// The monitor's question sent at `sent` found the primary's WAL at `lsn`: every commit
     /// whose record was inserted before `sent` ends at or before it.
     pub(super) fn note_covering(&self, sent: Moment, lsn: u64) {
-        let mut c = self.covering.lock();
-        if let Some(last) = c.back_mut().filter(|(_, l)| *l >= lsn) {
-            // Nothing new: the position covers what came before this question too.
-            last.0 = last.0.max(sent.nanos());
-            return;
-        }
-        c.push_back((sent.nanos(), lsn));
-        if c.len() > HISTORY {
-            c.pop_front();
-        }
+        self.covering.note(sent, lsn);
     }
 
-    /// A position of the primary's WAL past every commit pgmemo knew of at `at`: the first
-    /// the monitor read with a question sent after it (None: none yet). A replica that
-    /// replayed it has them all (a fill there sees every commit its versions include, when
-    /// `at` is their last bump: see [`crate::cache::versions::Versions::last_bumped`]).
+    /// A position of the primary's WAL past every commit pgmemo knew of at `at` (see
+    /// [`crate::lsn::Covering::after`]). A replica that replayed it has them all (a fill there sees
+    /// every commit its versions include, when `at` is their last bump: see
+    /// [`crate::cache::versions::Versions::last_bumped`]).
     pub fn covering_after(&self, at: Moment) -> Option<u64> {
-        let c = self.covering.lock();
-        c.iter()
-            .find(|&&(sent, _)| sent > at.nanos())
-            .map(|&(_, lsn)| lsn)
+        self.covering.after(at)
     }
 
     /// How long ago (microseconds) the primary first passed `replayed`, as far as the

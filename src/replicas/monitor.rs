@@ -16,7 +16,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::catalog::{Catalog, CATALOG_SQL};
-use super::{lsn, Replica, Replicas};
+use super::{Replica, Replicas};
+use crate::lsn;
 use crate::server::ServerConn;
 
 /// How often positions are read.

@@ -10,6 +10,7 @@ use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
 use crate::server::ServerConn;
 use bytes::Buf;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Settings that change how a result is written: part of every key (with the server role,
 /// the search_path in effect and the statement context).
@@ -141,7 +142,7 @@ impl Session {
                 };
                 if let Some(entry) = self.raw_hit(text_len) {
                     let status = self.status_without_server();
-                    self.answer_hit(len, &[], &entry, status);
+                    self.answer_hit(len, &[], &entry.reply, status);
                     return Ok(true);
                 }
                 let client = client_cache(
@@ -169,13 +170,17 @@ impl Session {
                     self.transaction()
                 };
                 match self.lookup_query(text_len, &shape, transaction, true) {
-                    Lookup::Pass | Lookup::Miss => Ok(false),
+                    Lookup::Pass => Ok(false),
+                    Lookup::Miss if self.shared_due(idle) => {
+                        Err(Box::pin(async move { self.answer_from_shared(len).await }))
+                    }
+                    Lookup::Miss => Ok(false),
                     Lookup::Hit(entry) => {
                         if first_tier {
                             self.remember_raw(&entry);
                         }
                         let status = self.client_status();
-                        self.answer_hit(len, &[], &entry, status);
+                        self.answer_hit(len, &[], &entry.reply, status);
                         Ok(true)
                     }
                     step => Err(Box::pin(async move {
@@ -267,6 +272,7 @@ impl Session {
                     publication: cache.publication.clone(),
                     create_publication: cache.create_publication,
                     shutdown: self.app.shutdown_signal(),
+                    positions: cache.shared.is_some(),
                 }
             },
             database,
@@ -558,7 +564,7 @@ impl Session {
                     &[be::BIND_COMPLETE]
                 };
                 let status = self.client_status();
-                self.answer_hit(len, opened, &entry, status);
+                self.answer_hit(len, opened, &entry.reply, status);
                 Ok(true)
             }
             step => Err(step),
@@ -651,13 +657,15 @@ impl Session {
                 self.transaction()
             };
             match self.lookup_query(text_len, shape, transaction, may_wait) {
-                Lookup::Pass | Lookup::Miss => return Ok(false),
+                Lookup::Pass => return Ok(false),
+                Lookup::Miss if self.shared_due(idle) => return self.answer_from_shared(len).await,
+                Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
                     if first_tier {
                         self.remember_raw(&entry);
                     }
                     let status = self.client_status();
-                    self.answer_hit(len, &[], &entry, status);
+                    self.answer_hit(len, &[], &entry.reply, status);
                     return Ok(true);
                 }
                 next => step = Some(next),
@@ -665,22 +673,73 @@ impl Session {
         }
     }
 
+    /// After a miss of a simple query outside a transaction block, with the shared tier on:
+    /// the fill just opened is told the WAL position its query sees whole (see
+    /// `cache::shared`); true: look in the shared tier before the query goes to the server.
+    fn shared_due(&mut self, idle: bool) -> bool {
+        if !idle || self.app.cache.shared().is_none() {
+            return false;
+        }
+        let Some(fill) = self.cache.as_deref_mut().and_then(|c| c.fill.as_mut()) else {
+            return false;
+        };
+        let Some(follower) = self.app.wal.follower(fill.database()) else {
+            return false;
+        };
+        fill.saw(follower.applied().0);
+        true
+    }
+
+    /// Looks the miss up in the shared tier (`cache::shared`); answers the client from the
+    /// entry found when this instance may serve it, and stores it here as a fill from the
+    /// server would be. False: the query goes to the server.
+    async fn answer_from_shared(&mut self, len: usize) -> Result<bool, End> {
+        let app = self.app.clone();
+        let Some(shared) = app.cache.shared() else {
+            return Ok(false);
+        };
+        let Some(key) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.fill.as_ref())
+            .map(|f| f.key().to_vec())
+        else {
+            return Ok(false);
+        };
+        let Some((position, reply)) = shared.get(&key).await else {
+            return Ok(false);
+        };
+        let Some(fill) = self.cache.as_deref_mut().and_then(|c| c.fill.as_mut()) else {
+            return Ok(false);
+        };
+        let follower = app.wal.follower(fill.database());
+        let covering = |at| follower.and_then(|f| f.covering_after(at));
+        if !app.cache.serves_shared(fill, position, covering) {
+            shared.stats.refused.fetch_add(1, Relaxed);
+            return Ok(false);
+        }
+        shared.stats.hits.fetch_add(1, Relaxed);
+        // Not written back: it is there already.
+        fill.saw(0);
+        let status = self.client_status();
+        let from = self.client.wbuf.len();
+        self.answer_hit(len, &[], &reply, status);
+        if let Some(client) = self.cache.as_deref_mut() {
+            client.capture(&app.cache, &self.client.wbuf[from..]);
+        }
+        Ok(true)
+    }
+
     /// Answers the client's `consumed` bytes of input from a cache entry: the empty messages
-    /// of `opened` (ParseComplete, BindComplete), the entry's bytes, ReadyForQuery.
-    fn answer_hit(
-        &mut self,
-        consumed: usize,
-        opened: &[u8],
-        entry: &crate::cache::Entry,
-        status: u8,
-    ) {
+    /// of `opened` (ParseComplete, BindComplete), the entry's bytes (`reply`), ReadyForQuery.
+    fn answer_hit(&mut self, consumed: usize, opened: &[u8], reply: &[u8], status: u8) {
         crate::buffers::lend(&mut self.client.wbuf);
         let out = &mut self.client.wbuf;
         let before = out.len();
         for &tag in opened {
             crate::protocol::write_message(out, tag, |_| {});
         }
-        out.extend_from_slice(&entry.reply);
+        out.extend_from_slice(reply);
         be::ready_for_query(out, status);
         if let Some(kept) = self.kept.as_deref_mut() {
             // A block kept without a server has run a query now (see `deferred`).

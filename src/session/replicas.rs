@@ -22,11 +22,12 @@ use std::sync::Arc;
 
 use super::deferred::MAX_CONTROL_LEN;
 use super::{End, Session};
+use crate::lsn;
 use crate::protocol::backend as be;
 use crate::protocol::{body, frame, frontend as fe};
 use crate::query::block::{self, Control, Isolation, Modes};
 use crate::query::hint;
-use crate::replicas::{catalog::Catalog, lsn, Pick, Replica};
+use crate::replicas::{catalog::Catalog, Pick, Replica};
 use crate::server::ServerConn;
 use bytes::Buf;
 

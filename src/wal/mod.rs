@@ -71,38 +71,6 @@ pub enum Phase {
     Failed(String),
 }
 
-/// How long invalidation took: commit on the server → versions bumped here, recent commits.
-#[derive(Debug, Default)]
-struct Lags {
-    /// Microseconds, a ring of the latest.
-    recent: Vec<u64>,
-    next: usize,
-}
-
-const LAG_SAMPLES: usize = 1024;
-
-impl Lags {
-    fn add(&mut self, us: u64) {
-        if self.recent.len() < LAG_SAMPLES {
-            self.recent.push(us);
-        } else {
-            self.recent[self.next] = us;
-        }
-        self.next = (self.next + 1) % LAG_SAMPLES;
-    }
-
-    /// (p50, p99) in microseconds.
-    fn percentiles(&self) -> Option<(u64, u64)> {
-        if self.recent.is_empty() {
-            return None;
-        }
-        let mut sorted = self.recent.clone();
-        sorted.sort_unstable();
-        let at = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
-        Some((at(0.5), at(0.99)))
-    }
-}
-
 /// The stream of one server database.
 pub struct Follower {
     /// The server database ([`crate::server::ServerTarget::database_id`], the cache's
@@ -119,6 +87,9 @@ pub struct Follower {
     catch_up: AtomicU64,
     /// Commits decoded and not yet seen, and the positions reached.
     progress: visibility::Progress,
+    /// With the shared tier: primary positions past every commit inserted before each was
+    /// asked (see [`read_positions`], [`Follower::covering_after`]).
+    covering: crate::lsn::Covering,
     /// With `target_session_attrs` `read-write` or `primary`: the hosts' primary (see
     /// [`crate::primary`]), and the place of the host this stream comes from. A stream
     /// from another host than the primary's is not served from, and starts again.
@@ -132,7 +103,7 @@ pub struct Follower {
     /// the server had written: what `cache.max_lag` is measured from.
     confirmed_ms: AtomicU64,
     phase: Mutex<Phase>,
-    lags: Mutex<Lags>,
+    lags: Mutex<crate::stats::Samples>,
     /// Commits applied, connections made.
     pub commits: AtomicU64,
     pub connects: AtomicU64,
@@ -224,10 +195,18 @@ impl Follower {
         }
     }
 
+    /// A position of the primary's WAL past every commit this instance knew of at `at` (a
+    /// bump's time, see [`crate::cache::versions::Versions::last_bumped`]): the first the
+    /// follower read after it (None: none yet, or no shared tier).
+    pub fn covering_after(&self, at: crate::clock::Moment) -> Option<u64> {
+        self.covering.after(at)
+    }
+
     /// The stream ended: what it guarded is flushed, then its commits not yet seen are let
     /// go (nothing stored before the flush is served after it).
     fn end_stream(&self, cache: &ResultCache) {
         self.ready.store(false, Relaxed);
+        self.covering.clear();
         self.catch_up.store(u64::MAX, Relaxed);
         cache.flush(FlushTarget::Database(&self.database));
         self.progress.settle_all(&cache.versions);
@@ -262,6 +241,9 @@ pub struct Setup {
     /// pgmemo is shutting down: the follower closes its connections (its temporary slot goes
     /// with them).
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The result cache has a shared tier: the follower also reads the primary's position
+    /// every [`POSITIONS_EVERY`] (see [`read_positions`]).
+    pub positions: bool,
 }
 
 impl Wal {
@@ -291,12 +273,13 @@ impl Wal {
             applied: AtomicU64::new(0),
             catch_up: AtomicU64::new(u64::MAX),
             progress: visibility::Progress::default(),
+            covering: Default::default(),
             primary: setup.target.followed_primary(),
             host: std::sync::atomic::AtomicUsize::new(0),
             last_slot: Mutex::new(None),
             confirmed_ms: AtomicU64::new(0),
             phase: Mutex::new(Phase::Connecting),
-            lags: Mutex::new(Lags::default()),
+            lags: Mutex::new(crate::stats::Samples::default()),
             commits: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             stop: tokio::sync::watch::Sender::new(false),
@@ -327,6 +310,11 @@ impl Wal {
         Some(ended)
     }
 
+    /// The follower of the server database `database`, once started.
+    pub fn follower(&self, database: &str) -> Option<Arc<Follower>> {
+        self.followers.pin().get(database).cloned()
+    }
+
     pub fn followers(&self) -> Vec<Arc<Follower>> {
         let mut v: Vec<_> = self.followers.pin().values().cloned().collect();
         v.sort_by(|a, b| (&a.name, &a.database).cmp(&(&b.name, &b.database)));
@@ -347,6 +335,8 @@ struct Connections {
     catalog: Option<ServerConn>,
     /// The ordinary connection that asks which commits are visible (see [`settle_seen`]).
     visibility: Option<ServerConn>,
+    /// The ordinary connection that reads the primary's position (see [`read_positions`]).
+    positions: Option<ServerConn>,
 }
 
 impl Connections {
@@ -361,6 +351,7 @@ impl Connections {
             end(self.replication.take()),
             end(self.catalog.take()),
             end(self.visibility.take()),
+            end(self.positions.take()),
         );
     }
 }
@@ -470,6 +461,47 @@ async fn stream(
     tokio::select! {
         outcome = apply_stream(conn, &mut conns.catalog, follower, cache, setup) => outcome,
         outcome = settle_seen(&mut conns.visibility, follower, cache, setup) => outcome,
+        outcome = read_positions(&mut conns.positions, follower, setup) => outcome,
+    }
+}
+
+/// How often the follower reads the primary's position for the shared tier.
+pub const POSITIONS_EVERY: Duration = Duration::from_millis(100);
+
+/// With the shared tier (`setup.positions`), every [`POSITIONS_EVERY`]: a position of the
+/// primary past every commit inserted before the question was sent, on an ordinary
+/// connection of its own (see [`Follower::covering_after`]). Returns only when that
+/// connection fails: the stream then starts again (and the positions are forgotten).
+async fn read_positions(
+    conn: &mut Option<ServerConn>,
+    follower: &Follower,
+    setup: &Setup,
+) -> Result<(), String> {
+    if !setup.positions {
+        return std::future::pending().await;
+    }
+    let mut tick = tokio::time::interval(POSITIONS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if conn.as_ref().is_none_or(|c| c.broken) {
+            *conn = Some(
+                ServerConn::connect(&setup.target)
+                    .await
+                    .map_err(|e| format!("connecting to read positions: {}", describe(&e)))?,
+            );
+        }
+        let Some(asking) = conn.as_mut() else {
+            continue;
+        };
+        let sent = crate::clock::Moment::now();
+        let rows = command(asking, crate::lsn::COMMIT_POSITION_SQL).await?;
+        let at = rows
+            .first()
+            .and_then(|row| crate::lsn::commit_position(row, true));
+        if let Some(at) = at {
+            follower.covering.note(sent, at);
+        }
     }
 }
 
@@ -1256,19 +1288,5 @@ mod tests {
         assert!("16".parse::<Lsn>().is_err());
         assert!("x/1".parse::<Lsn>().is_err());
         assert!(Lsn(1) < Lsn(2));
-    }
-
-    #[test]
-    fn lag_percentiles() {
-        let mut lags = Lags::default();
-        assert_eq!(lags.percentiles(), None);
-        for us in 1..=100 {
-            lags.add(us);
-        }
-        assert_eq!(lags.percentiles(), Some((51, 99)));
-        for _ in 0..LAG_SAMPLES {
-            lags.add(7);
-        }
-        assert_eq!(lags.percentiles(), Some((7, 7)));
     }
 }

@@ -20,6 +20,7 @@ pub mod memory;
 pub mod proxy;
 pub mod raw;
 pub mod scenarios;
+pub mod valkey;
 pub mod write_forms;
 
 pub use client::*;
@@ -29,6 +30,7 @@ pub use memory::*;
 pub use proxy::*;
 pub use raw::*;
 pub use scenarios::scenarios;
+pub use valkey::Valkey;
 
 /// A pgmemo (or other) process a test started, its stderr in a file; killed and reaped when
 /// dropped if it is still running. Test files add their own ways of waiting for it.

@@ -1,5 +1,8 @@
 //! WAL positions as PostgreSQL writes them (`pg_lsn`: `16/B374D848`, two hexadecimal halves
-//! of a 64-bit byte position) and as pgmemo compares them (`u64`).
+//! of a 64-bit byte position) and as pgmemo compares them (`u64`); the question that reads a
+//! position past every commit made so far, and the positions so read ([`Covering`]), which
+//! the replicas' routing (`replicas`) and the result cache's shared tier (`wal`, `cache`)
+//! wait for.
 
 /// A `pg_lsn` text as a byte position; None when it is not one.
 pub fn parse(text: &str) -> Option<u64> {
@@ -51,6 +54,50 @@ pub fn commit_position(row: &[Option<String>], maybe_async: bool) -> Option<u64>
         0
     };
     Some(at - header.min(at))
+}
+
+/// Positions of the primary's WAL past every commit inserted before the question that read
+/// each was sent (a row of [`COMMIT_POSITION_SQL`] read as an asynchronous commit's,
+/// [`commit_position`]), with when that question was sent, oldest first: whatever pgmemo knew
+/// had committed at a moment ends at or before the first position read after it (see
+/// [`Covering::after`]). What a fill on a replica waits for (`Replicas::covering_after`),
+/// and what a shared tier entry's position must reach (`cache::shared`).
+#[derive(Default)]
+pub struct Covering {
+    read: parking_lot::Mutex<std::collections::VecDeque<(u64, u64)>>,
+}
+
+/// How many positions a [`Covering`] keeps: read every 100 ms, about a minute.
+const COVERING: usize = 600;
+
+impl Covering {
+    /// The question sent at `sent` read `lsn`.
+    pub fn note(&self, sent: crate::clock::Moment, lsn: u64) {
+        let mut c = self.read.lock();
+        if let Some(last) = c.back_mut().filter(|(_, l)| *l >= lsn) {
+            // Nothing new: the position covers what came before this question too.
+            last.0 = last.0.max(sent.nanos());
+            return;
+        }
+        c.push_back((sent.nanos(), lsn));
+        if c.len() > COVERING {
+            c.pop_front();
+        }
+    }
+
+    /// A position past every commit pgmemo knew of at `at`: the first read with a question
+    /// sent after it (None: none yet).
+    pub fn after(&self, at: crate::clock::Moment) -> Option<u64> {
+        let c = self.read.lock();
+        c.iter()
+            .find(|&&(sent, _)| sent > at.nanos())
+            .map(|&(_, lsn)| lsn)
+    }
+
+    /// Forgets every position (the server may be another one now).
+    pub fn clear(&self) {
+        self.read.lock().clear();
+    }
 }
 
 /// A byte position as PostgreSQL writes a `pg_lsn`.
@@ -117,5 +164,22 @@ mod tests {
         for bad in ["", "0", "/1", "1/", "0/1/2", "g/0", "123456789/0", "-1/0"] {
             assert_eq!(parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_moment_is_covered_by_the_first_position_read_after_it() {
+        use crate::clock::Moment;
+        let c = Covering::default();
+        let at = |n| Moment::from_nanos(n);
+        assert_eq!(c.after(at(0)), None);
+        c.note(at(10), 100);
+        c.note(at(20), 100); // no commit since: the pair is sent later
+        c.note(at(30), 250);
+        assert_eq!(c.after(at(5)), Some(100));
+        assert_eq!(c.after(at(15)), Some(100));
+        assert_eq!(c.after(at(20)), Some(250));
+        assert_eq!(c.after(at(30)), None);
+        c.clear();
+        assert_eq!(c.after(at(0)), None);
     }
 }
