@@ -117,7 +117,10 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
     for (proxy, client) in [(&a, &ca), (&b, &cb), (&c, &cc)] {
         warm_up(proxy, client).await;
     }
-    // A fills ten keys; they reach the shared tier.
+    // A fills ten keys; they reach the shared tier. (A's follower first applies the WAL
+    // the others' streams' starts wrote: the position A's entries carry is then past what B
+    // has read since its start, and B may serve them.)
+    wait_applied(&a, &direct).await;
     let writes = shared(&a).2;
     for id in 1..=10 {
         assert_eq!(value(&ca, &read(id)).await, format!("v{id}"));

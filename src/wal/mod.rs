@@ -708,9 +708,16 @@ async fn apply_stream(
     setup: &Setup,
 ) -> Result<(), String> {
     let mut state = Decoder::default();
-    const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+    // With the shared tier, as often as positions are read: the applied position is the
+    // one a fill's entry carries there (see `cache::shared`), and while the database is
+    // quiet it moves only with the keepalive asked here.
+    let status_interval = if setup.positions {
+        POSITIONS_EVERY
+    } else {
+        Duration::from_millis(500)
+    };
     // When the server was last heard from (it answers the keepalive asked for each
-    // STATUS_INTERVAL of silence at once).
+    // status_interval of silence at once).
     let mut heard = std::time::Instant::now();
     let mut next_status = tokio::time::Instant::now();
     let mut applied = Lsn(0);
@@ -740,7 +747,7 @@ async fn apply_stream(
                 // Asks for a keepalive: while no transaction is open, its position is applied.
                 replication::status_update(&mut conn.wbuf, applied, true);
                 conn.flush().await.map_err(|e| e.to_string())?;
-                next_status = tokio::time::Instant::now() + STATUS_INTERVAL;
+                next_status = tokio::time::Instant::now() + status_interval;
                 continue;
             }
         };
