@@ -176,12 +176,7 @@ impl Load {
 }
 
 fn follower(proxy: &Pgmemo) -> Option<Arc<pgmemo::wal::Follower>> {
-    proxy
-        .app()
-        .wal
-        .followers()
-        .into_iter()
-        .find(|f| f.status().database == "postgres")
+    wal_follower(proxy, "postgres")
 }
 
 /// One reader: reads rows tagged `r<id>` in four ways (simple and autoprepared, extended,

@@ -658,14 +658,7 @@ async fn a_cache_fill_goes_to_a_replica_only_once_it_has_every_commit_the_result
             .and_then(|n| n.parse::<u64>().ok())
             .expect("the replica's reads")
     };
-    let follower = || {
-        proxy
-            .app()
-            .wal
-            .followers()
-            .into_iter()
-            .find(|f| f.status().database == "postgres")
-    };
+    let follower = || wal_follower(&proxy, "postgres");
     let read = |id: i64| {
         let reader = &reader;
         async move {

@@ -45,12 +45,7 @@ fn shared(proxy: &Pgmemo) -> (u64, u64, u64) {
 }
 
 fn follower(proxy: &Pgmemo) -> Option<std::sync::Arc<pgmemo::wal::Follower>> {
-    proxy
-        .app()
-        .wal
-        .followers()
-        .into_iter()
-        .find(|f| f.status().database == DB)
+    wal_follower(proxy, DB)
 }
 
 /// Starts `proxy`'s follower (a read through it) and waits until it serves and has read a

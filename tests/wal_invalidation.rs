@@ -52,12 +52,7 @@ fn hits(proxy: &Pgmemo, rule: &str) -> u64 {
 
 /// pgmemo's follower of the server database `db`, once started.
 fn follower(proxy: &Pgmemo, db: &str) -> Option<std::sync::Arc<pgmemo::wal::Follower>> {
-    proxy
-        .app()
-        .wal
-        .followers()
-        .into_iter()
-        .find(|f| f.status().database == db)
+    wal_follower(proxy, db)
 }
 
 /// Waits until the follower of `db` serves cached results.

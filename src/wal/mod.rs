@@ -484,16 +484,7 @@ async fn read_positions(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if conn.as_ref().is_none_or(|c| c.broken) {
-            *conn = Some(
-                ServerConn::connect(&setup.target)
-                    .await
-                    .map_err(|e| format!("connecting to read positions: {}", describe(&e)))?,
-            );
-        }
-        let Some(asking) = conn.as_mut() else {
-            continue;
-        };
+        let asking = ordinary(conn, setup, "read positions").await?;
         let sent = crate::clock::Moment::now();
         let rows = command(asking, crate::lsn::COMMIT_POSITION_SQL).await?;
         let at = rows
@@ -503,6 +494,24 @@ async fn read_positions(
             follower.covering.note(sent, at);
         }
     }
+}
+
+/// One of the follower's ordinary connections, `conn`, made when there is none or it broke
+/// (`what` it is for names it in the error).
+async fn ordinary<'a>(
+    conn: &'a mut Option<ServerConn>,
+    setup: &Setup,
+    what: &str,
+) -> Result<&'a mut ServerConn, String> {
+    if conn.as_ref().is_none_or(|c| c.broken) {
+        *conn = Some(
+            ServerConn::connect(&setup.target)
+                .await
+                .map_err(|e| format!("connecting to {what}: {}", describe(&e)))?,
+        );
+    }
+    conn.as_mut()
+        .ok_or_else(|| format!("no connection to {what}"))
 }
 
 /// How soon the server is asked again whether the commits decoded are visible: at once for
@@ -531,16 +540,7 @@ async fn settle_seen(
             wait = FIRST_ASK;
             continue;
         }
-        if conn.as_ref().is_none_or(|c| c.broken) {
-            *conn = Some(
-                ServerConn::connect(&setup.target)
-                    .await
-                    .map_err(|e| format!("connecting to see commits: {}", describe(&e)))?,
-            );
-        }
-        let Some(asking) = conn.as_mut() else {
-            continue;
-        };
+        let asking = ordinary(conn, setup, "see commits").await?;
         let rows = command(asking, "SELECT pg_catalog.pg_current_snapshot()::text").await?;
         let snapshot = rows
             .first()

@@ -56,6 +56,17 @@ pub fn log_in_as_pgmemo(config: &mut Config) {
     }
 }
 
+/// `proxy`'s WAL follower of the server database named `db` (SHOW CACHE WAL's `database`),
+/// once started.
+pub fn wal_follower(proxy: &Pgmemo, db: &str) -> Option<std::sync::Arc<pgmemo::wal::Follower>> {
+    proxy
+        .app()
+        .wal
+        .followers()
+        .into_iter()
+        .find(|f| f.status().database == db)
+}
+
 /// Starts pgmemo with `config` on the current tokio runtime; it stops with the runtime.
 pub async fn start_pgmemo(config: Config) -> Pgmemo {
     config.validate().expect("test config must be valid");
