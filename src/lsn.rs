@@ -85,6 +85,14 @@ impl Covering {
         }
     }
 
+    /// The rows of [`COMMIT_POSITION_SQL`], asked at `sent`: their position, read as an
+    /// asynchronous commit's (past every commit inserted before), is noted.
+    pub fn note_answer(&self, sent: crate::clock::Moment, rows: &[Vec<Option<String>>]) {
+        if let Some(at) = rows.first().and_then(|row| commit_position(row, true)) {
+            self.note(sent, at);
+        }
+    }
+
     /// A position past every commit pgmemo knew of at `at`: the first read with a question
     /// sent after it (None: none yet).
     pub fn after(&self, at: crate::clock::Moment) -> Option<u64> {

@@ -223,26 +223,7 @@ async fn row_security_follows_the_tables_its_policies_read() {
 
 /// Waits until pgmemo's WAL follower of `db` has applied the server's WAL as of now.
 async fn wait_applied(proxy: &Pgmemo, direct: &Client, db: &str) {
-    let lsn: pgmemo::wal::Lsn = rows(direct, "SELECT pg_current_wal_insert_lsn()")
-        .await
-        .unwrap()[0][0]
-        .clone()
-        .unwrap()
-        .parse()
-        .unwrap();
-    wait_until(
-        "the WAL follower to apply",
-        Duration::from_secs(30),
-        || async {
-            proxy
-                .app()
-                .wal
-                .followers()
-                .iter()
-                .any(|f| f.status().database == db && f.is_ready() && f.applied() >= lsn)
-        },
-    )
-    .await;
+    wait_wal_applied(proxy, direct, db).await;
 }
 
 // 2. Custom settings, however they are spelt, never stay on a server for the next client.

@@ -67,16 +67,7 @@ async fn warm_up(proxy: &Pgmemo, client: &Client) {
 
 /// Waits until `proxy`'s follower has applied the server's WAL as of now.
 async fn wait_applied(proxy: &Pgmemo, direct: &Client) {
-    let lsn: pgmemo::wal::Lsn = value(direct, "SELECT pg_current_wal_insert_lsn()")
-        .await
-        .parse()
-        .unwrap();
-    wait_until(
-        "the follower to apply the write",
-        Duration::from_secs(30),
-        || async { follower(proxy).is_some_and(|f| f.is_ready() && f.applied() >= lsn) },
-    )
-    .await;
+    wait_wal_applied(proxy, direct, DB).await;
 }
 
 fn read(id: i64) -> String {

@@ -65,21 +65,9 @@ async fn wait_ready(proxy: &Pgmemo, db: &str) {
     .await;
 }
 
-/// Waits until the follower of `db` has applied the server's WAL position as of now (after
-/// the caller's committed write).
+/// Waits until the follower of `db` has applied the server's WAL position as of now.
 async fn wait_applied(proxy: &Pgmemo, direct: &Client, db: &str) {
-    // The insert position: the test cluster runs with synchronous_commit = off, so the
-    // write position may not include the commit yet.
-    let lsn: pgmemo::wal::Lsn = value(direct, "SELECT pg_current_wal_insert_lsn()")
-        .await
-        .parse()
-        .unwrap();
-    wait_until(
-        "the WAL follower to apply the write",
-        Duration::from_secs(30),
-        || async { follower(proxy, db).is_some_and(|f| f.is_ready() && f.applied() >= lsn) },
-    )
-    .await;
+    wait_wal_applied(proxy, direct, db).await;
 }
 
 /// For each (rule, cached read, direct write, value after): the read is answered from the

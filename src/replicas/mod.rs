@@ -184,12 +184,6 @@ impl Replicas {
         }
     }
 
-    /// The monitor's question sent at `sent` found the primary's WAL at `lsn`: every commit
-    /// whose record was inserted before `sent` ends at or before it.
-    pub(super) fn note_covering(&self, sent: Moment, lsn: u64) {
-        self.covering.note(sent, lsn);
-    }
-
     /// A position of the primary's WAL past every commit pgmemo knew of at `at` (see
     /// [`crate::lsn::Covering::after`]). A replica that replayed it has them all (a fill there sees
     /// every commit its versions include, when `at` is their last bump: see

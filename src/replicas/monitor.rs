@@ -132,9 +132,8 @@ async fn run(weak: Weak<Replicas>) {
                 set.note_primary(at, set.now_us());
                 // A position past every commit inserted before `sent` (asynchronous ones
                 // too): what fills on replicas wait for.
-                let rows = primary.rows(lsn::COMMIT_POSITION_SQL, RETRY).await;
-                if let Some(at) = rows.and_then(|r| lsn::commit_position(r.first()?, true)) {
-                    set.note_covering(sent, at);
+                if let Some(rows) = primary.rows(lsn::COMMIT_POSITION_SQL, RETRY).await {
+                    set.covering.note_answer(sent, &rows);
                 }
             }
         }

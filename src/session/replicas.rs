@@ -101,18 +101,14 @@ impl Session {
         }
         // A miss the result cache fills: on a replica that replayed every commit its
         // versions include, else on the primary.
-        let fill_floor = match self.cache.as_ref().and_then(|c| c.fill.as_ref()) {
+        let fill = self.cache.as_ref().and_then(|c| c.fill.as_ref());
+        let fill_floor = match fill.map(|f| self.app.cache.fill_bumped(f)) {
             None => None,
-            Some(fill) => {
-                let covering = self
-                    .app
-                    .cache
-                    .fill_bumped(fill)
-                    .and_then(|bumped| reads.set.covering_after(bumped));
-                match covering {
-                    Some(covering) => Some(covering),
-                    None => return Ok(()),
-                }
+            Some(bumped) => {
+                let Some(covering) = bumped.and_then(|b| reads.set.covering_after(b)) else {
+                    return Ok(());
+                };
+                Some(covering)
             }
         };
         let fills = fill_floor.is_some();

@@ -487,12 +487,7 @@ async fn read_positions(
         let asking = ordinary(conn, setup, "read positions").await?;
         let sent = crate::clock::Moment::now();
         let rows = command(asking, crate::lsn::COMMIT_POSITION_SQL).await?;
-        let at = rows
-            .first()
-            .and_then(|row| crate::lsn::commit_position(row, true));
-        if let Some(at) = at {
-            follower.covering.note(sent, at);
-        }
+        follower.covering.note_answer(sent, &rows);
     }
 }
 

@@ -67,6 +67,22 @@ pub fn wal_follower(proxy: &Pgmemo, db: &str) -> Option<std::sync::Arc<pgmemo::w
         .find(|f| f.status().database == db)
 }
 
+/// Waits until `proxy`'s WAL follower of `db` serves and has applied the server's WAL as of
+/// now (after the caller's committed write). The insert position: the test cluster runs with
+/// `synchronous_commit = off`, so the write position may not include the commit yet.
+pub async fn wait_wal_applied(proxy: &Pgmemo, direct: &tokio_postgres::Client, db: &str) {
+    let lsn: pgmemo::wal::Lsn = super::first_value(direct, "SELECT pg_current_wal_insert_lsn()")
+        .await
+        .parse()
+        .unwrap();
+    super::wait_until(
+        "the WAL follower to apply the write",
+        std::time::Duration::from_secs(30),
+        || async { wal_follower(proxy, db).is_some_and(|f| f.is_ready() && f.applied() >= lsn) },
+    )
+    .await;
+}
+
 /// Starts pgmemo with `config` on the current tokio runtime; it stops with the runtime.
 pub async fn start_pgmemo(config: Config) -> Pgmemo {
     config.validate().expect("test config must be valid");
