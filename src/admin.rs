@@ -1500,6 +1500,13 @@ pub fn show_cache_shared(app: &App) -> Table {
     let rows = app.cache.shared().map(|shared| {
         let s = &shared.stats;
         let latency = s.latency();
+        let stream_lag = s.stream_lag();
+        let leads = app
+            .wal
+            .followers()
+            .iter()
+            .filter(|f| f.status().decoder.starts_with("leader"))
+            .count();
         vec![
             text(s.hits.load(Relaxed)),
             text(s.misses.load(Relaxed)),
@@ -1511,6 +1518,11 @@ pub fn show_cache_shared(app: &App) -> Table {
             text(s.writes.load(Relaxed)),
             text(s.bytes_written.load(Relaxed)),
             text(s.dropped.load(Relaxed)),
+            text(leads),
+            text(s.stream_published.load(Relaxed)),
+            text(s.stream_read.load(Relaxed)),
+            stream_lag.map(|(p50, _)| ms(p50)),
+            stream_lag.map(|(_, p99)| ms(p99)),
         ]
     });
     Table {
@@ -1525,6 +1537,11 @@ pub fn show_cache_shared(app: &App) -> Table {
             "writes",
             "bytes_written",
             "writes_dropped",
+            "databases_led",
+            "stream_published",
+            "stream_read",
+            "stream_lag_p50_ms",
+            "stream_lag_p99_ms",
         ],
         rows: rows.into_iter().collect(),
     }
@@ -1548,6 +1565,7 @@ pub fn show_cache_wal(app: &App) -> Table {
                 text(s.connects),
                 s.lag_us.map(|(p50, _)| ms(p50)),
                 s.lag_us.map(|(_, p99)| ms(p99)),
+                text(&s.decoder),
             ]
         })
         .collect();
@@ -1561,6 +1579,7 @@ pub fn show_cache_wal(app: &App) -> Table {
             "connects",
             "lag_p50_ms",
             "lag_p99_ms",
+            "decoder",
         ],
         rows,
     }

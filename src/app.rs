@@ -668,6 +668,7 @@ impl App {
         });
         app.load_tls()?;
         app.cache.start_shared(&config_cache);
+        app.wal.start_fleet(&app.cache, &config_cache);
         Ok(app)
     }
 

@@ -752,6 +752,16 @@ fn cache_shared(out: &mut String, s: &crate::cache::shared::SharedStats) {
             "Results not written: too many were waiting.",
             &s.dropped,
         ),
+        (
+            "stream_published",
+            "Entries of the fleet's WAL stream this instance published as its decoder.",
+            &s.stream_published,
+        ),
+        (
+            "stream_read",
+            "Entries of the fleet's WAL stream this instance read from another's decoder.",
+            &s.stream_read,
+        ),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(
@@ -760,15 +770,26 @@ fn cache_shared(out: &mut String, s: &crate::cache::shared::SharedStats) {
             value.load(std::sync::atomic::Ordering::Relaxed)
         );
     }
-    if let Some((p50, p99)) = s.latency() {
+    let summaries = [
+        ("lookup_seconds", "Shared tier lookups' round trips, recent ones.", s.latency()),
+        (
+            "stream_lag_seconds",
+            "How long after its decoder sent them this instance read the fleet's WAL stream's entries, recent ones.",
+            s.stream_lag(),
+        ),
+    ];
+    for (name, help, quantiles) in summaries {
+        let Some((p50, p99)) = quantiles else {
+            continue;
+        };
         let _ = writeln!(
             out,
-            "# HELP pgmemo_cache_shared_lookup_seconds Shared tier lookups' round trips, recent ones.\n# TYPE pgmemo_cache_shared_lookup_seconds summary"
+            "# HELP pgmemo_cache_shared_{name} {help}\n# TYPE pgmemo_cache_shared_{name} summary"
         );
         for (q, us) in [("0.5", p50), ("0.99", p99)] {
             let _ = writeln!(
                 out,
-                "pgmemo_cache_shared_lookup_seconds{{quantile=\"{q}\"}} {}",
+                "pgmemo_cache_shared_{name}{{quantile=\"{q}\"}} {}",
                 us as f64 / 1e6
             );
         }

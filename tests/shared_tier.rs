@@ -10,7 +10,7 @@ mod common;
 
 use common::first_value as value;
 use common::*;
-use pgmemo::config::cache::{Invalidation, SharedTier};
+use pgmemo::config::cache::{Decoder, Invalidation, SharedTier, WithoutValkey};
 use pgmemo::config::{Config, PoolMode};
 use pgmemo::Pgmemo;
 use std::sync::atomic::Ordering::Relaxed;
@@ -30,9 +30,15 @@ fn config(valkey: &Valkey) -> Config {
         // Generous: the test binary is a debug build on a busy machine.
         timeout: Duration::from_secs(2),
         name: "test".into(),
+        decoder: Decoder::One,
+        lease: LEASE,
+        without_valkey: WithoutValkey::OwnFollower,
     });
     config
 }
+
+/// The fleet's lease in these tests.
+const LEASE: Duration = Duration::from_secs(1);
 
 /// `proxy`'s shared tier's counters: (hits, refused, writes).
 fn shared(proxy: &Pgmemo) -> (u64, u64, u64) {
@@ -191,6 +197,201 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
     assert!(tokio::task::block_in_place(|| valkey.keys()) > 0);
 }
 
+/// A pgmemo process of its own (the binary), for the instance killed with SIGKILL: the same
+/// server, cache and shared tier as [`config`]'s.
+struct Process {
+    child: LoggedChild,
+    addr: std::net::SocketAddr,
+    _dir: TempDir,
+}
+
+impl Process {
+    fn start(valkey: &Valkey) -> Process {
+        let dir = TempDir::new("shared-tier", "leader");
+        let port = free_port();
+        let file = dir.join("pgmemo.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[general]\nlisten = \"127.0.0.1:{port}\"\nadmin_users = [\"{PGMEMO_USER}\"]\n\
+                 default_pool_size = 4\n\n\
+                 [upstream]\nurl = \"postgresql://{PGMEMO_USER}:{PGMEMO_PASS}@127.0.0.1:{}\"\n\n\
+                 [cache]\nenabled = true\nadmit_after = 1\ninvalidation = \"wal\"\n\n\
+                 [[cache.rules]]\nname = \"kv\"\nquery_contains = \"FROM kv WHERE\"\nttl = 600\n\n\
+                 [cache.shared]\nurl = \"{}\"\nname = \"test\"\ntimeout = \"2s\"\nlease = \"{}ms\"\n",
+                cluster().port(),
+                valkey.url(),
+                LEASE.as_millis()
+            ),
+        )
+        .unwrap();
+        let child = LoggedChild::start(
+            std::process::Command::new(env!("CARGO_BIN_EXE_pgmemo")).args([
+                "--config",
+                file.to_str().unwrap(),
+                "--log-level",
+                "info",
+            ]),
+            dir.join("pgmemo.log"),
+        );
+        Process {
+            child,
+            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            _dir: dir,
+        }
+    }
+
+    fn url(&self) -> String {
+        proxy_url(self.addr, PGMEMO_USER, Some(PGMEMO_PASS), DB_FLEET)
+    }
+}
+
+const DB_FLEET: &str = "shared_fleet";
+
+/// The database's replication slots in use on the server: its walsenders.
+async fn walsenders(direct: &Client) -> i64 {
+    direct
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active",
+            &[&DB_FLEET],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `proxy`'s part in the fleet's decoding of [`DB_FLEET`], once it serves.
+fn decoder(proxy: &Pgmemo) -> Option<String> {
+    wal_follower(proxy, DB_FLEET)
+        .filter(|f| f.is_ready())
+        .map(|f| f.status().decoder)
+}
+
+/// One instance decodes the WAL for the fleet: the primary runs one walsender for three
+/// instances, the others apply its stream (a write made directly is read new on them once
+/// they passed it), and when it is killed with SIGKILL another takes the lease and decodes,
+/// and nothing is read stale meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_decodes_for_the_fleet_and_another_takes_over_when_it_is_killed() {
+    fresh_db(DB_FLEET).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB_FLEET,
+            "CREATE TABLE kv (id int PRIMARY KEY, v text);
+             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 20) g;",
+        )
+    })
+    .await
+    .unwrap();
+    let valkey = tokio::task::spawn_blocking(|| Valkey::start("one-decoder"))
+        .await
+        .unwrap();
+    let direct = connect(&direct_db_url(DB_FLEET)).await;
+    // The leader: the first to follow the database takes the lease.
+    let leader = Process::start(&valkey);
+    wait_until("the process to listen", Duration::from_secs(60), || async {
+        tokio::net::TcpStream::connect(leader.addr).await.is_ok()
+    })
+    .await;
+    let cl = connect(&leader.url()).await;
+    let log = || leader.child.log();
+    wait_until("the process to decode", Duration::from_secs(60), || async {
+        value(&cl, &read(0)).await;
+        walsenders(&direct).await == 1 && log().contains("caching on")
+    })
+    .await;
+    let (b, c) = (
+        start_pgmemo(config(&valkey)).await,
+        start_pgmemo(config(&valkey)).await,
+    );
+    let (cb, cc) = (
+        connect(&proxy_db_url(&b, DB_FLEET)).await,
+        connect(&proxy_db_url(&c, DB_FLEET)).await,
+    );
+    for (proxy, client) in [(&b, &cb), (&c, &cc)] {
+        value(client, &read(0)).await;
+        wait_until("a reader to serve", Duration::from_secs(30), || async {
+            decoder(proxy).is_some_and(|d| d.starts_with("reader"))
+        })
+        .await;
+    }
+    assert_eq!(
+        walsenders(&direct).await,
+        1,
+        "one walsender for three instances"
+    );
+    let read_from_stream = |p: &Pgmemo| {
+        p.app()
+            .cache
+            .shared()
+            .unwrap()
+            .stats
+            .stream_read
+            .load(Relaxed)
+    };
+    assert!(read_from_stream(&b) > 0 && read_from_stream(&c) > 0);
+
+    // Rows cached on both readers, then written directly and through C.
+    let cached = |p: &Pgmemo| -> u64 {
+        let rules = p.app().cache.rule_stats();
+        rules.iter().map(|r| r.hits.get()).sum()
+    };
+    for id in [3, 5, 7] {
+        for (proxy, client) in [(&b, &cb), (&c, &cc)] {
+            value(client, &read(id)).await;
+            let hits = cached(proxy);
+            assert_eq!(value(client, &read(id)).await, format!("v{id}"));
+            assert_eq!(cached(proxy), hits + 1, "row {id} is cached");
+        }
+    }
+    direct
+        .batch_execute("UPDATE kv SET v = 'direct' WHERE id = 3")
+        .await
+        .unwrap();
+    cc.batch_execute("UPDATE kv SET v = 'through c' WHERE id = 5")
+        .await
+        .unwrap();
+    assert_eq!(value(&cc, &read(5)).await, "through c", "read back at once");
+    for (proxy, client) in [(&b, &cb), (&c, &cc)] {
+        wait_wal_applied(proxy, &direct, DB_FLEET).await;
+        assert_eq!(value(client, &read(3)).await, "direct");
+        assert_eq!(value(client, &read(5)).await, "through c");
+    }
+
+    // The leader killed: another instance takes the lease and decodes.
+    let killed = std::time::Instant::now();
+    leader.child.signal(libc::SIGKILL);
+    wait_until("a new leader", Duration::from_secs(60), || async {
+        decoder(&b).is_some_and(|d| d.starts_with("leader"))
+            || decoder(&c).is_some_and(|d| d.starts_with("leader"))
+    })
+    .await;
+    eprintln!("a new leader {:?} after the SIGKILL", killed.elapsed());
+    wait_until("one walsender again", Duration::from_secs(60), || async {
+        walsenders(&direct).await == 1
+    })
+    .await;
+    direct
+        .batch_execute("UPDATE kv SET v = 'after' WHERE id = 7")
+        .await
+        .unwrap();
+    for (proxy, client) in [(&b, &cb), (&c, &cc)] {
+        wait_wal_applied(proxy, &direct, DB_FLEET).await;
+        assert_eq!(
+            value(client, &read(7)).await,
+            "after",
+            "{:?}",
+            decoder(proxy)
+        );
+        assert_eq!(value(client, &read(3)).await, "direct");
+    }
+    let show = admin_rows(&admin_console(b.local_addr()).await, "SHOW CACHE SHARED").await;
+    assert!(
+        show[0]["stream_read"].parse::<u64>().unwrap() > 0,
+        "{show:?}"
+    );
+}
+
 /// `[cache.shared]` needs WAL invalidation: refused at load, saying why.
 #[test]
 fn the_shared_tier_needs_wal_invalidation() {
@@ -207,6 +408,26 @@ fn the_shared_tier_needs_wal_invalidation() {
     let shared = c.cache.shared.expect("the tier");
     assert_eq!(shared.timeout, Duration::from_millis(50));
     assert_eq!(shared.name, "pgmemo");
+    assert_eq!(
+        (shared.decoder, shared.lease, shared.without_valkey),
+        (Decoder::One, Duration::from_secs(3), WithoutValkey::OwnFollower)
+    );
+    let each = format!("{good}decoder = \"each\"\nlease = \"10s\"\nwithout_valkey = \"no_caching\"\n");
+    let shared = Config::from_toml_str(&each).expect("accepted").cache.shared.unwrap();
+    assert_eq!(
+        (shared.decoder, shared.lease, shared.without_valkey),
+        (Decoder::Each, Duration::from_secs(10), WithoutValkey::NoCaching)
+    );
+    for (bad, key) in [
+        ("decoder = \"two\"", "cache.shared.decoder"),
+        ("lease = \"10ms\"", "cache.shared.lease"),
+        ("without_valkey = \"stale\"", "cache.shared.without_valkey"),
+    ] {
+        let e = Config::from_toml_str(&format!("{good}{bad}\n"))
+            .expect_err(bad)
+            .to_string();
+        assert!(e.contains(key), "{e}");
+    }
     let bad_url = good.replace("redis://", "http://");
     let e = Config::from_toml_str(&bad_url)
         .expect_err("refused")

@@ -76,12 +76,22 @@ pub struct SharedStats {
     pub dropped: AtomicU64,
     /// Lookup round trips, microseconds.
     latency: parking_lot::Mutex<crate::stats::Samples>,
+    /// The fleet's decoder (see `wal::fleet`): entries this instance published as a leader,
+    /// entries it read as a reader, and how long after they were sent (microseconds).
+    pub stream_published: AtomicU64,
+    pub stream_read: AtomicU64,
+    pub stream_lag: parking_lot::Mutex<crate::stats::Samples>,
 }
 
 impl SharedStats {
     /// (p50, p99) of the lookups' round trips, microseconds.
     pub fn latency(&self) -> Option<(u64, u64)> {
         self.latency.lock().percentiles()
+    }
+
+    /// (p50, p99) of the fleet's stream's lag as read here, microseconds.
+    pub fn stream_lag(&self) -> Option<(u64, u64)> {
+        self.stream_lag.lock().percentiles()
     }
 }
 
@@ -102,6 +112,15 @@ impl Shared {
             timeout: config.timeout,
             stats: Arc::default(),
         })
+    }
+
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// What the tier's keys start with.
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
     }
 
     /// The connection (made on first use; it reconnects by itself).

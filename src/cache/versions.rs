@@ -119,6 +119,9 @@ fn in_bump_order(slots: &[u32]) -> impl Iterator<Item = u32> + '_ {
 /// [`MAX_PROBES`] shares its hash's own cell with whoever holds it.
 struct Slots {
     names: Box<[AtomicU64]>,
+    /// Cells a name shares with their holder (it found no free cell): such a cell's held
+    /// name does not say every name it stands for (see [`Versions::portable`]).
+    crowded: Box<[std::sync::atomic::AtomicBool]>,
 }
 
 /// How far a name looks for its cell.
@@ -128,15 +131,18 @@ impl Slots {
     fn new() -> Slots {
         Slots {
             names: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            crowded: (0..SLOTS)
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
         }
     }
 
     /// The slot of the name that hashed to `hash`.
     #[inline]
     fn of(&self, hash: u64) -> u32 {
-        // 0 marks a free cell.
-        let name = hash.max(1);
-        let home = (hash % SLOTS as u64) as usize;
+        // 0 marks a free cell; a held name's top bit is clear (see [`Versions::portable`]).
+        let name = (hash & !PORTABLE_ROW).max(1);
+        let home = (name % SLOTS as u64) as usize;
         for probe in 0..MAX_PROBES {
             let at = (home + probe) % SLOTS;
             let cell = &self.names[at];
@@ -151,9 +157,13 @@ impl Slots {
                 return at as u32;
             }
         }
+        self.crowded[home].store(true, Ordering::Release);
         home as u32
     }
 }
+
+/// The top bit of a row's portable form (see [`Versions::portable`]).
+const PORTABLE_ROW: u64 = 1 << 63;
 
 impl Versions {
     /// Versions with `rows` counters for rows (at least one, at most [`MAX_ROW_VERSIONS`]).
@@ -211,6 +221,34 @@ impl Versions {
     /// The slot of the row whose key values hashed to `key_hash` (see `cache::rows`).
     pub fn row_slot(&self, key_hash: u64) -> u32 {
         ROW | (key_hash % self.rows.len() as u64) as u32
+    }
+
+    /// `slot` as another instance names it (see `wal::fleet`): a name's hash (top bit
+    /// clear), or a row counter's index (top bit set), which means the same row only to an
+    /// instance with as many row counters. None for a cell two names share: its held name
+    /// does not say which names it stands for here.
+    pub fn portable(&self, slot: u32) -> Option<u64> {
+        if slot & ROW != 0 {
+            return Some(PORTABLE_ROW | u64::from(slot & !ROW));
+        }
+        let at = slot as usize;
+        if self.names.crowded[at].load(Ordering::Acquire) {
+            return None;
+        }
+        match self.names.names[at].load(Ordering::Acquire) {
+            0 => None,
+            name => Some(name),
+        }
+    }
+
+    /// This instance's slot of a [`Versions::portable`] form (None: a row index beyond its
+    /// row counters).
+    pub fn from_portable(&self, portable: u64) -> Option<u32> {
+        if portable & PORTABLE_ROW != 0 {
+            let index = portable & !PORTABLE_ROW;
+            return (index < self.rows.len() as u64).then_some(ROW | index as u32);
+        }
+        Some(self.names.of(portable))
     }
 
     /// The slot of the database as a whole (a table name is never empty).
@@ -431,6 +469,46 @@ mod tests {
 
     /// Names claim slots of their own: no two of the first half of [`SLOTS`] share one (with
     /// hashing alone, about one pair in 16,000 did), and a name keeps its slot.
+    #[test]
+    fn a_slot_reads_the_same_on_another_instance() {
+        let (a, b) = (Versions::new(64), Versions::new(64));
+        // b met another name first that took the cell a gave "t": its slot of "t" differs.
+        let t = a.table_slot("db", "t");
+        (0..).find(|i| b.table_slot("db", &format!("other{i}")) == t);
+        let names = [
+            a.table_slot("db", "t"),
+            a.unknown_rows_slot("db", "t"),
+            a.database_slot("db"),
+            a.row_slot(12345),
+        ];
+        let there: Vec<u32> = names
+            .iter()
+            .map(|&s| b.from_portable(a.portable(s).unwrap()).unwrap())
+            .collect();
+        assert_eq!(
+            there,
+            [
+                b.table_slot("db", "t"),
+                b.unknown_rows_slot("db", "t"),
+                b.database_slot("db"),
+                b.row_slot(12345),
+            ]
+        );
+        assert_ne!(names[0], there[0], "the slots differ, the names do not");
+        // A cell two names share says neither.
+        let full = Versions::new(1);
+        let mut shared = None;
+        for i in 0..(SLOTS + MAX_PROBES) {
+            let slot = full.table_slot("db", &format!("t{i}"));
+            if full.portable(slot).is_none() {
+                shared = Some(slot);
+                break;
+            }
+        }
+        assert!(shared.is_some(), "a full array shares cells, and says so");
+        assert_eq!(Versions::new(8).from_portable(PORTABLE_ROW | 9), None);
+    }
+
     #[test]
     fn each_name_has_its_own_slot_while_there_is_room() {
         let v = Versions::default();

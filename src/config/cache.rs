@@ -221,6 +221,34 @@ pub struct SharedTier {
     pub timeout: Duration,
     /// The fleet's name: keys start with it (instances share entries only under one name).
     pub name: String,
+    /// Who decodes the WAL (see `wal::fleet`).
+    pub decoder: Decoder,
+    /// How long the decoding instance's lease lasts unrenewed: a new one takes over within
+    /// it when the holder is gone.
+    pub lease: Duration,
+    /// What an instance does while Valkey cannot be reached for the fleet's stream.
+    pub without_valkey: WithoutValkey,
+}
+
+/// `[cache.shared]`'s `decoder`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Decoder {
+    /// One instance of the fleet (the lease's holder) follows each database's WAL and
+    /// publishes its invalidations on a stream in Valkey; the others read it.
+    #[default]
+    One,
+    /// Every instance follows the WAL itself.
+    Each,
+}
+
+/// `[cache.shared]`'s `without_valkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WithoutValkey {
+    /// Follow the WAL itself until Valkey answers again.
+    #[default]
+    OwnFollower,
+    /// Serve nothing from the cache until Valkey answers again.
+    NoCaching,
 }
 
 #[derive(Deserialize)]
@@ -229,10 +257,16 @@ pub(super) struct RawShared {
     url: String,
     timeout: Option<<TextOrSeconds as Form<Duration>>::Raw>,
     name: Option<String>,
+    decoder: Option<String>,
+    lease: Option<<TextOrSeconds as Form<Duration>>::Raw>,
+    without_valkey: Option<String>,
 }
 
 /// The default of `[cache.shared]`'s `timeout`.
 pub const SHARED_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// The default of `[cache.shared]`'s `lease`.
+pub const SHARED_LEASE: Duration = Duration::from_secs(3);
 
 /// `[cache.shared]`: the URL's scheme is checked (the connection is made at start), and WAL
 /// invalidation is required: an instance serves another's entry only when its own follower
@@ -268,10 +302,41 @@ fn read_shared(
             "a name without spaces",
         ));
     }
+    let decoder = match raw.decoder.as_deref() {
+        None | Some("one") => Decoder::One,
+        Some("each") => Decoder::Each,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                "cache.shared.decoder",
+                format!("expected \"one\" or \"each\", got \"{other}\""),
+            ))
+        }
+    };
+    let without_valkey = match raw.without_valkey.as_deref() {
+        None | Some("own_follower") => WithoutValkey::OwnFollower,
+        Some("no_caching") => WithoutValkey::NoCaching,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                "cache.shared.without_valkey",
+                format!("expected \"own_follower\" or \"no_caching\", got \"{other}\""),
+            ))
+        }
+    };
+    let lease = read_key::<Duration, TextOrSeconds>("cache.shared.lease", raw.lease, None, cx)?
+        .unwrap_or(SHARED_LEASE);
+    if lease < Duration::from_millis(300) {
+        return Err(ConfigError::invalid(
+            "cache.shared.lease",
+            "at least 300ms (the leader renews it every third of it)",
+        ));
+    }
     Ok(Some(SharedTier {
         url: raw.url,
         timeout,
         name,
+        decoder,
+        lease,
+        without_valkey,
     }))
 }
 

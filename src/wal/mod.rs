@@ -18,6 +18,7 @@
 //! stale at once, but nothing read of it is stored until the server shows the commit visible
 //! (see [`visibility`]).
 
+pub mod fleet;
 pub mod pgoutput;
 pub mod replication;
 pub mod test_decoding;
@@ -103,6 +104,8 @@ pub struct Follower {
     /// the server had written: what `cache.max_lag` is measured from.
     confirmed_ms: AtomicU64,
     phase: Mutex<Phase>,
+    /// Its part in a fleet (see [`fleet`]), as SHOW CACHE WAL shows it.
+    role: Mutex<String>,
     lags: Mutex<crate::stats::Samples>,
     /// Commits applied, connections made.
     pub commits: AtomicU64,
@@ -117,6 +120,8 @@ pub struct Follower {
 pub struct FollowerStatus {
     pub database: String,
     pub phase: String,
+    /// "own", or its part in the fleet's decoding.
+    pub decoder: String,
     pub applied: Lsn,
     pub commits: u64,
     pub connects: u64,
@@ -131,12 +136,22 @@ impl Follower {
         self.ready.load(Relaxed) && self.on_primary()
     }
 
-    /// Whether the stream comes from the primary as far as pgmemo knows.
+    /// Whether the stream comes from the primary as far as pgmemo knows (a reader of the
+    /// fleet's stream, [`NO_HOST`], follows its leader's).
     #[inline]
     fn on_primary(&self) -> bool {
-        self.primary
-            .as_ref()
-            .is_none_or(|p| p.is_at(self.host.load(Relaxed)))
+        let host = self.host.load(Relaxed);
+        host == NO_HOST || self.primary.as_ref().is_none_or(|p| p.is_at(host))
+    }
+
+    fn set_role(&self, role: String) {
+        *self.role.lock() = role;
+    }
+
+    /// Whether it has applied everything its server had written when last told.
+    fn confirmed_now(&self) -> bool {
+        let (applied, server_end) = self.progress.applied();
+        applied >= server_end
     }
 
     pub fn applied(&self) -> Lsn {
@@ -153,6 +168,7 @@ impl Follower {
         FollowerStatus {
             database: self.name.to_string(),
             phase,
+            decoder: self.role.lock().clone(),
             applied: self.applied(),
             commits: self.commits.load(Relaxed),
             connects: self.connects.load(Relaxed),
@@ -213,6 +229,9 @@ impl Follower {
     }
 }
 
+/// The host of a follower that reads the fleet's stream (see [`Follower::on_primary`]).
+const NO_HOST: usize = usize::MAX;
+
 /// Milliseconds since the first call: a cheap monotonic clock for `max_lag`.
 fn clock_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -226,6 +245,8 @@ fn clock_ms() -> u64 {
 #[derive(Default)]
 pub struct Wal {
     followers: papaya::HashMap<Box<str>, Arc<Follower>>,
+    /// With the shared tier and one decoder for the fleet (see [`fleet`]).
+    fleet: std::sync::OnceLock<Arc<fleet::Fleet>>,
 }
 
 /// How a follower connects and what it may do there.
@@ -247,6 +268,18 @@ pub struct Setup {
 }
 
 impl Wal {
+    /// With `[cache.shared]` and `decoder = "one"`: the fleet shares one decoder per
+    /// database (see [`fleet`]).
+    pub fn start_fleet(&self, cache: &ResultCache, config: &crate::config::cache::CacheConfig) {
+        let (Some(tier), Some(shared)) = (&config.shared, cache.shared()) else {
+            return;
+        };
+        if tier.decoder == crate::config::cache::Decoder::One {
+            let fleet = fleet::Fleet::new(shared, tier, cache.versions.row_versions());
+            let _ = self.fleet.set(Arc::new(fleet));
+        }
+    }
+
     /// The follower of `setup`'s database, started if there is none; whether its cached
     /// results may be served now: it is caught up and, with `max_lag`, knew itself caught up
     /// at most that long ago.
@@ -279,6 +312,7 @@ impl Wal {
             last_slot: Mutex::new(None),
             confirmed_ms: AtomicU64::new(0),
             phase: Mutex::new(Phase::Connecting),
+            role: Mutex::new("own".into()),
             lags: Mutex::new(crate::stats::Samples::default()),
             commits: AtomicU64::new(0),
             connects: AtomicU64::new(0),
@@ -289,7 +323,8 @@ impl Wal {
             .try_insert(database.into(), follower.clone())
             .is_ok()
         {
-            tokio::spawn(follow(follower, cache.clone(), setup));
+            let fleet = self.fleet.get().cloned();
+            tokio::spawn(follow(follower, cache.clone(), setup, fleet));
         }
         false
     }
@@ -366,8 +401,14 @@ impl Drop for Ending<'_> {
 }
 
 /// Follows one database for the life of the process, or until it is stopped ([`Wal::stop`]):
-/// connects, streams, and after a failure flushes what the stream guarded and tries again.
-async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) {
+/// takes its part (its own stream, or in a fleet the leader's or a reader's, see [`fleet`]),
+/// and after a failure flushes what the part guarded and tries again.
+async fn follow(
+    follower: Arc<Follower>,
+    cache: Arc<ResultCache>,
+    setup: Setup,
+    fleet: Option<Arc<fleet::Fleet>>,
+) {
     let _ending = Ending(&follower);
     let mut backoff = Duration::from_millis(500);
     let mut shutdown = setup.shutdown.clone();
@@ -376,6 +417,10 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
     loop {
         follower.set_phase(Phase::Connecting);
         follower.connects.fetch_add(1, Relaxed);
+        let role = match &fleet {
+            Some(fleet) => fleet.role(&follower.database).await,
+            None => fleet::Role::Own,
+        };
         // Decided in the select, acted on after it: what a branch's wait returns is kept
         // until the select ends.
         let moved = async {
@@ -384,8 +429,16 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
                 None => std::future::pending().await,
             }
         };
+        let part = take_part(
+            &follower,
+            &cache,
+            &setup,
+            &mut conns,
+            fleet.as_deref(),
+            role,
+        );
         let outcome = tokio::select! {
-            outcome = stream(&follower, &cache, &setup, &mut conns) => Some(outcome),
+            outcome = part => Some(outcome),
             _ = moved => Some(Err(MOVED.to_string())),
             _ = shutdown.wait_for(|stop| *stop) => {
                 follower.end_stream(&cache);
@@ -406,8 +459,8 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
             Err(e) => e,
         };
         tracing::warn!(database = %follower.database, "WAL invalidation: {why}; caching is off for this database until the stream is back");
-        if why == MOVED {
-            // Not a failure: the new primary's stream starts now.
+        if why == MOVED || why.starts_with(fleet::HANDOVER) {
+            // Not a failure: the new primary's stream, or the fleet's new part, starts now.
             backoff = Duration::from_millis(500);
             continue;
         }
@@ -418,6 +471,59 @@ async fn follow(follower: Arc<Follower>, cache: Arc<ResultCache>, setup: Setup) 
             _ = stopping.wait_for(|stop| *stop) => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Plays `role` for the follower's database until it ends (an error says why; Ok: the
+/// server ended the stream).
+async fn take_part(
+    follower: &Follower,
+    cache: &ResultCache,
+    setup: &Setup,
+    conns: &mut Connections,
+    fleet: Option<&fleet::Fleet>,
+    role: fleet::Role,
+) -> Result<(), String> {
+    let Some(fleet) = fleet else {
+        return stream(follower, cache, setup, conns, false).await;
+    };
+    match role {
+        fleet::Role::Leader(conn) => {
+            let mut release = conn.clone();
+            let outcome = tokio::select! {
+                outcome = stream(follower, cache, setup, conns, true) => outcome,
+                outcome = fleet.lead(follower, conn) => outcome,
+            };
+            fleet.release(&mut release, &follower.database).await;
+            outcome
+        }
+        fleet::Role::Reader(conn) => {
+            follower.host.store(NO_HOST, Relaxed);
+            let Connections { positions, .. } = conns;
+            tokio::select! {
+                outcome = fleet.read(follower, cache, conn) => {
+                    outcome.and(Err(format!("{}: the lease is free", fleet::HANDOVER)))
+                }
+                outcome = read_positions(positions, follower, setup) => outcome,
+            }
+        }
+        fleet::Role::Own => {
+            follower.set_role("own (Valkey unreachable)".into());
+            let own = async {
+                if fleet.follows_without_valkey() {
+                    stream(follower, cache, setup, conns, false).await
+                } else {
+                    follower.set_phase(Phase::Failed(
+                        "Valkey unreachable (cache.shared.without_valkey = \"no_caching\")".into(),
+                    ));
+                    std::future::pending().await
+                }
+            };
+            tokio::select! {
+                outcome = own => outcome,
+                _ = fleet.answers_again() => Err(format!("{}: Valkey answers again", fleet::HANDOVER)),
+            }
+        }
     }
 }
 
@@ -444,13 +550,17 @@ fn describe(e: &ServerError) -> String {
 }
 
 /// One replication session: set up, catch up, stream until it fails. Its connections are
-/// kept in `conns`.
+/// kept in `conns`. `publishing`: the follower leads a fleet (see [`fleet`]).
 async fn stream(
     follower: &Follower,
     cache: &ResultCache,
     setup: &Setup,
     conns: &mut Connections,
+    publishing: bool,
 ) -> Result<(), String> {
+    if !publishing {
+        follower.set_role("own".into());
+    }
     let start = start_streaming(follower, setup, &mut conns.replication).await?;
     let conn = conns
         .replication
@@ -459,7 +569,7 @@ async fn stream(
     follower.set_phase(Phase::CatchingUp);
     follower.catch_up.store(start.0, Relaxed);
     tokio::select! {
-        outcome = apply_stream(conn, &mut conns.catalog, follower, cache, setup) => outcome,
+        outcome = apply_stream(conn, &mut conns.catalog, follower, cache, (setup, publishing)) => outcome,
         outcome = settle_seen(&mut conns.visibility, follower, cache, setup) => outcome,
         outcome = read_positions(&mut conns.positions, follower, setup) => outcome,
     }
@@ -543,6 +653,7 @@ async fn settle_seen(
             .and_then(|text| visibility::ServerSnapshot::parse(&text))
             .ok_or("pg_current_snapshot() gave no snapshot")?;
         if progress.settle_shown(&cache.versions, &snapshot) > 0 {
+            progress.seen_commit.notify_one();
             follower.publish(&cache.versions);
             wait = FIRST_ASK;
         } else {
@@ -694,15 +805,19 @@ async fn create_slot(conn: &mut ServerConn, slot: &str, setup: &Setup) -> Result
 /// Follows the stream: each transaction's writes invalidate what they touched (settled by
 /// [`settle_seen`]); positions are confirmed to the server; once applied up to the stream's
 /// start the database is caught up and its results may be cached. Returns when the server ends the stream, fails with its error.
-/// `catalog`: the connection that reads the catalog, opened when needed.
+/// `catalog`: the connection that reads the catalog, opened when needed; `publishing`: the
+/// follower leads a fleet, and each commit seen is published (see [`fleet`]).
 async fn apply_stream(
     conn: &mut ServerConn,
     catalog: &mut Option<ServerConn>,
     follower: &Follower,
     cache: &ResultCache,
-    setup: &Setup,
+    (setup, publishing): (&Setup, bool),
 ) -> Result<(), String> {
-    let mut state = Decoder::default();
+    let mut state = Decoder {
+        publishing,
+        ..Decoder::default()
+    };
     // With the shared tier, as often as positions are read: the applied position is the
     // one a fill's entry carries there (see `cache::shared`), and while the database is
     // quiet it moves only with the keepalive asked here.
@@ -782,12 +897,7 @@ async fn apply_stream(
                     }
                 };
                 if let Some(end) = done {
-                    if !state.bumps.is_empty() {
-                        let bumps = std::mem::take(&mut state.bumps);
-                        follower
-                            .progress
-                            .decoded(&cache.versions, state.xid, applied, bumps);
-                    }
+                    state.commit_decoded(follower, cache, applied);
                     applied = applied.max(end);
                 }
             }
@@ -878,6 +988,13 @@ struct Decoder {
     /// The slots the last transaction's commit bumps (see [`visibility`]), taken by the
     /// stream's loop.
     bumps: Vec<u32>,
+    /// The follower leads a fleet: each commit's bumps are published whole, its own
+    /// commits' too (the other instances did not bump them at their COMMIT).
+    publishing: bool,
+    /// The last transaction was made through pgmemo (see [`Decoder::bumped_through_pgmemo`]),
+    /// and it flushed its database.
+    own: bool,
+    flushed: bool,
 }
 
 /// The most row slots one transaction keeps; beyond, its tables are bumped whole.
@@ -1052,14 +1169,40 @@ impl Decoder {
     /// At its commit: whether the open transaction was made through pgmemo, which bumped
     /// what it wrote at its COMMIT (see `cache::own_commits`). Its rows are then not bumped
     /// again (its tables are left to the caller).
+    /// A leader computes its bumps all the same (they are published), and bumps nothing
+    /// of them here ([`Decoder::commit_decoded`]).
     fn bumped_through_pgmemo(&mut self, cache: &ResultCache, database: &str) -> bool {
-        let own = self
+        self.own = self
             .xid
             .is_some_and(|xid| cache.own_commits.take(database, xid));
-        if own {
+        let skipped = self.own && !self.publishing;
+        if skipped {
             self.rows.clear();
         }
-        own
+        skipped
+    }
+
+    /// The commit just applied: its bumps wait to be seen (and a leader's to be published).
+    fn commit_decoded(&mut self, follower: &Follower, cache: &ResultCache, before: Lsn) {
+        let (own, flushed) = (
+            std::mem::take(&mut self.own),
+            std::mem::take(&mut self.flushed),
+        );
+        if self.bumps.is_empty() {
+            return;
+        }
+        let bumps = std::mem::take(&mut self.bumps);
+        let published = self
+            .publishing
+            .then(|| fleet::Commit::of(&cache.versions, self.xid, &bumps, flushed));
+        let local = if self.publishing && own && !flushed {
+            Vec::new()
+        } else {
+            bumps
+        };
+        follower
+            .progress
+            .decoded(&cache.versions, (self.xid, before), local, published);
     }
 
     /// Applies one test_decoding line; returns the position it completes (a commit's, `at`).
@@ -1175,6 +1318,7 @@ impl Decoder {
                     // Its shape changed (DDL made outside pgmemo): what read it, and what
                     // pgmemo knows of the catalog, is stale.
                     flush_database(cache, database, &mut self.bumps);
+                    self.flushed = true;
                 }
                 self.relations.insert(rel.id, (names, rel.columns));
             }
@@ -1234,7 +1378,10 @@ impl Decoder {
                             bump_written(cache, database, names, named, &mut self.bumps);
                         }
                         // pgoutput always describes a relation before its first change.
-                        None => flush_database(cache, database, &mut self.bumps),
+                        None => {
+                            flush_database(cache, database, &mut self.bumps);
+                            self.flushed = true;
+                        }
                     }
                 }
                 bump_rows(cache, &mut self.rows, &mut self.bumps);

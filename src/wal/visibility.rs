@@ -72,6 +72,8 @@ struct Commit {
     before: Lsn,
     /// The slots it bumped unsettled.
     slots: Vec<u32>,
+    /// What the fleet's stream tells of it once seen (the leader's, see `super::fleet`).
+    published: Option<super::fleet::Commit>,
 }
 
 /// A follower's decoded commits waiting to be seen, and the positions it has reached.
@@ -80,6 +82,8 @@ pub struct Progress {
     state: Mutex<State>,
     /// A commit was decoded: the settling loop asks the server.
     pub decoded_commit: tokio::sync::Notify,
+    /// A commit was seen: a fleet's leader publishes it (see [`Progress::take_seen`]).
+    pub seen_commit: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -90,14 +94,28 @@ struct State {
     decoded: Lsn,
     /// The server's end of WAL as last reported.
     server_end: Lsn,
+    /// Commits seen whose [`super::fleet::Commit`] the leader has yet to publish.
+    outbox: Vec<super::fleet::Commit>,
 }
 
 impl Progress {
-    /// A commit of `xid` decoded at `before` wrote `slots`: bumped now, settled when seen.
-    pub fn decoded(&self, versions: &Versions, xid: Option<u32>, before: Lsn, slots: Vec<u32>) {
+    /// A commit of `xid` decoded at `before` wrote `slots`: bumped now, settled when seen
+    /// (and then, for a fleet's leader, `published`: see [`Progress::take_seen`]).
+    pub fn decoded(
+        &self,
+        versions: &Versions,
+        (xid, before): (Option<u32>, Lsn),
+        slots: Vec<u32>,
+        published: Option<super::fleet::Commit>,
+    ) {
         let mut state = self.state.lock();
         versions.bump_unsettled(&slots);
-        state.unsettled.push_back(Commit { xid, before, slots });
+        state.unsettled.push_back(Commit {
+            xid,
+            before,
+            slots,
+            published,
+        });
         drop(state);
         self.decoded_commit.notify_one();
     }
@@ -124,15 +142,26 @@ impl Progress {
     /// Settles every commit `snapshot` shows; how many.
     pub fn settle_shown(&self, versions: &Versions, snapshot: &ServerSnapshot) -> usize {
         let mut state = self.state.lock();
-        let before = state.unsettled.len();
-        state.unsettled.retain(|c| {
+        let State {
+            unsettled, outbox, ..
+        } = &mut *state;
+        let before = unsettled.len();
+        unsettled.retain_mut(|c| {
             let shown = snapshot.shows(c.xid);
             if shown {
                 versions.settle(&c.slots);
+                outbox.extend(c.published.take());
             }
             !shown
         });
-        before - state.unsettled.len()
+        before - unsettled.len()
+    }
+
+    /// The commits seen since the last call, for the fleet's stream: taken before the
+    /// applied position they let pass is published ([`super::Follower::publish`]), so a
+    /// reader of the stream has every commit up to a position before it reads the position.
+    pub fn take_seen(&self) -> Vec<super::fleet::Commit> {
+        std::mem::take(&mut self.state.lock().outbox)
     }
 
     /// The stream ended and what it guarded was flushed (the caller's duty, first): every
@@ -180,9 +209,9 @@ mod tests {
         let (versions, progress) = (Versions::new(4), Progress::default());
         let t = versions.table_slot("db", "t");
         progress.decoded_to(Lsn(10), Lsn(10));
-        progress.decoded(&versions, Some(100), Lsn(10), vec![t]);
+        progress.decoded(&versions, (Some(100), Lsn(10)), vec![t], None);
         progress.decoded_to(Lsn(20), Lsn(20));
-        progress.decoded(&versions, Some(101), Lsn(20), vec![t]);
+        progress.decoded(&versions, (Some(101), Lsn(20)), vec![t], None);
         progress.decoded_to(Lsn(30), Lsn(30));
         assert_eq!(progress.applied(), (Lsn(10), Lsn(30)));
         // 101 ended, 100 still runs (its standby has not answered).
@@ -201,7 +230,7 @@ mod tests {
     fn an_ended_stream_settles_everything() {
         let (versions, progress) = (Versions::new(4), Progress::default());
         let t = versions.table_slot("db", "t");
-        progress.decoded(&versions, None, Lsn(1), vec![t]);
+        progress.decoded(&versions, (None, Lsn(1)), vec![t], None);
         progress.settle_all(&versions);
         assert!(progress.is_settled());
         assert_eq!(progress.applied(), (Lsn(0), Lsn(0)));

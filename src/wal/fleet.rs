@@ -1,0 +1,598 @@
+//! One WAL decoder for a fleet (`[cache.shared]` `decoder = "one"`, the default): of the
+//! pgmemo instances that share a Valkey, one follows each database's WAL (the lease's holder,
+//! the *leader*) and publishes each commit's invalidations on a Valkey stream; the others
+//! (*readers*) apply them from there. The primary runs one walsender per database, not one
+//! per instance.
+//!
+//! - **The lease.** `SET lease NX PX` names the instance that decodes a database. It renews
+//!   the lease every third of `lease` while it still holds it (a script compares), and lets
+//!   it go when its stream ends. An instance that finds it held reads the stream.
+//! - **What is published.** Each commit once the server shows it visible (see
+//!   [`super::visibility`]: a reader that bumps it then never stores a result read before
+//!   it), as the portable forms of the slots it bumps
+//!   ([`crate::cache::versions::Versions::portable`]; a slot without one, a cell two names
+//!   share, makes it a flush of the database), with its transaction ID (an instance that made
+//!   it bumped it at its COMMIT already). Every [`super::POSITIONS_EVERY`], and with the last
+//!   commit of each batch, the leader's applied position and whether it serves. Every entry
+//!   carries the leader's epoch (drawn when it took the lease) and a sequence number.
+//! - **A reader** starts at the stream's end with its database flushed (what committed
+//!   before was visible before any query it sends) and serves once the leader says it
+//!   serves. Its applied position is the leader's as last read: every commit up to there
+//!   came before it on the stream and was applied, so it is the position the reader's
+//!   shared-tier entries carry. An entry of another epoch, a sequence number skipped
+//!   (entries trimmed or lost) or a silent leader ends its reading: its database is flushed
+//!   (see `Follower::end_stream`) and it starts again, taking the lease if it is free.
+//! - **A new leader** starts a new slot: what committed between the last leader's last
+//!   entry and the new slot's start is unknowable, so every reader flushes (the epoch
+//!   changed) and serves only once the new leader is caught up. The shared tier needs
+//!   nothing more: an instance marks its database bumped when it serves again, so an entry
+//!   whose position is older than a primary position read after then is refused.
+//! - **Valkey unreachable**: the instance follows the WAL itself (or, with `without_valkey =
+//!   "no_caching"`, serves nothing) and joins the fleet again once Valkey answers (its
+//!   database flushed once more).
+//!
+//! Keys: the fleet's name and pgmemo's version (the entries' format), `wal:` or `lease:`,
+//! the number of row counters (a row's portable form means the same row only to an instance
+//! with as many) and the server database.
+
+use super::{Follower, Lsn, Phase};
+use crate::cache::shared::{Shared, SharedStats};
+use crate::cache::{FlushTarget, ResultCache};
+use crate::config::cache::{SharedTier, WithoutValkey};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A commit as the fleet's stream tells it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Commit {
+    /// Its transaction's ID, as the WAL names it (see `cache::own_commits`).
+    pub xid: Option<u32>,
+    /// The portable forms of the slots it bumps.
+    pub slots: Vec<u64>,
+    /// Something it changed is not told slot by slot: the database is flushed.
+    pub flush: bool,
+}
+
+impl Commit {
+    /// What a commit of `xid` that bumps `slots` (and `flushed` its database) publishes.
+    pub fn of(
+        versions: &crate::cache::versions::Versions,
+        xid: Option<u32>,
+        slots: &[u32],
+        flushed: bool,
+    ) -> Commit {
+        let mut flush = flushed;
+        let slots = slots
+            .iter()
+            .filter_map(|&s| {
+                let portable = versions.portable(s);
+                flush |= portable.is_none();
+                portable
+            })
+            .collect();
+        Commit { xid, slots, flush }
+    }
+}
+
+/// One entry of a database's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    /// The leader's, drawn when it took the lease.
+    epoch: u64,
+    /// 1, 2, ... within the epoch.
+    seq: u64,
+    /// The leader's applied position (every commit up to it came before on the stream).
+    applied: u64,
+    /// The leader serves the database's results (it is caught up, and heard its server).
+    ready: bool,
+    /// The leader had applied everything its server had written (what `cache.max_lag`
+    /// measures from).
+    confirmed: bool,
+    /// When the leader sent it (microseconds since 2000-01-01, its clock).
+    sent: i64,
+    commit: Option<Commit>,
+}
+
+/// An entry's value's first bytes: its format.
+const MAGIC: [u8; 2] = [b'W', 1];
+
+impl Entry {
+    fn encode(&self) -> Vec<u8> {
+        let slots = self.commit.as_ref().map_or(&[][..], |c| &c.slots);
+        let mut v = Vec::with_capacity(48 + 8 * slots.len());
+        v.extend_from_slice(&MAGIC);
+        for n in [self.epoch, self.seq, self.applied] {
+            v.extend_from_slice(&n.to_be_bytes());
+        }
+        let c = self.commit.as_ref();
+        let flags = u8::from(self.ready)
+            | u8::from(self.confirmed) << 1
+            | u8::from(c.is_some()) << 2
+            | u8::from(c.is_some_and(|c| c.flush)) << 3
+            | u8::from(c.is_some_and(|c| c.xid.is_some())) << 4;
+        v.push(flags);
+        let xid = c.and_then(|c| c.xid).unwrap_or(0);
+        v.extend_from_slice(&xid.to_be_bytes());
+        v.extend_from_slice(&self.sent.to_be_bytes());
+        v.extend_from_slice(&(slots.len() as u32).to_be_bytes());
+        for s in slots {
+            v.extend_from_slice(&s.to_be_bytes());
+        }
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Entry> {
+        let mut rest = v;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (bytes, after) = rest.split_at_checked(n)?;
+            rest = after;
+            Some(bytes)
+        };
+        if take(2)? != MAGIC {
+            return None;
+        }
+        let [epoch, seq, applied] = [(); 3].map(|_| take(8).map(be_u64));
+        let flags = take(1)?[0];
+        let xid = u32::from_be_bytes(take(4)?.try_into().ok()?);
+        let sent = be_u64(take(8)?) as i64;
+        let n = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+        if rest.len() != 8 * n {
+            return None;
+        }
+        let slots = rest.chunks_exact(8).map(be_u64).collect();
+        let (epoch, seq, applied) = (epoch?, seq?, applied?);
+        let commit = (flags & 4 != 0).then(|| Commit {
+            xid: (flags & 16 != 0).then_some(xid),
+            slots,
+            flush: flags & 8 != 0,
+        });
+        Some(Entry {
+            epoch,
+            seq,
+            applied,
+            ready: flags & 1 != 0,
+            confirmed: flags & 2 != 0,
+            sent,
+            commit,
+        })
+    }
+}
+
+/// Eight bytes, big-endian.
+fn be_u64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0, |n, &b| n << 8 | u64::from(b))
+}
+
+/// The part an instance plays for a database.
+pub enum Role {
+    /// It follows the WAL itself: the fleet's decoder is off, or Valkey is unreachable.
+    Own,
+    /// It holds the lease: it follows the WAL and publishes.
+    Leader(redis::aio::MultiplexedConnection),
+    /// Another holds it: it reads the stream.
+    Reader(redis::aio::MultiplexedConnection),
+}
+
+/// The fleet's decoding, shared by the process's followers.
+pub struct Fleet {
+    client: redis::Client,
+    /// Keys start with it (the shared tier's prefix).
+    prefix: Vec<u8>,
+    lease: Duration,
+    without_valkey: WithoutValkey,
+    /// This instance in the lease (what SHOW CACHE WAL shows of the leader).
+    me: String,
+    /// The row counters' number (see the module's documentation).
+    rows: usize,
+    stats: Arc<SharedStats>,
+}
+
+/// How long a question to Valkey about the lease or the stream may take.
+const ASK: Duration = Duration::from_secs(2);
+
+/// How long a reader waits on the stream at once (`XREAD BLOCK`).
+const BLOCK: Duration = Duration::from_millis(200);
+
+/// A leader not heard for this long is not served from (it publishes every
+/// [`super::POSITIONS_EVERY`]); the lease is then looked at on each wait.
+const SILENT: Duration = Duration::from_secs(1);
+
+/// Why a role ends when another instance's part changed: not a failure (no backoff).
+pub const HANDOVER: &str = "the fleet's decoder changed";
+
+/// The entries a stream keeps (about 60 bytes each for a commit of a few rows); a reader
+/// further behind finds a sequence number skipped and starts again.
+const STREAM_LENGTH: u64 = 100_000;
+
+const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+                     return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+                       return redis.call('DEL', KEYS[1]) else return 0 end";
+
+impl Fleet {
+    pub fn new(shared: &Shared, tier: &SharedTier, rows: usize) -> Fleet {
+        let host = std::env::var("HOSTNAME").unwrap_or_default();
+        Fleet {
+            client: shared.client().clone(),
+            prefix: shared.prefix().to_vec(),
+            lease: tier.lease,
+            without_valkey: tier.without_valkey,
+            me: format!(
+                "{host}:{}:{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+            rows,
+            stats: shared.stats.clone(),
+        }
+    }
+
+    fn key(&self, what: &str, database: &str) -> Vec<u8> {
+        let mut k = self.prefix.clone();
+        k.extend_from_slice(format!("{what}:{}:{database}", self.rows).as_bytes());
+        k
+    }
+
+    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, String> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(ASK))
+            .set_response_timeout(Some(ASK + BLOCK));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| format!("Valkey: {e}"))
+    }
+
+    /// The part this instance plays for `database` now: it takes the lease when it is free.
+    pub async fn role(&self, database: &str) -> Role {
+        let Ok(mut conn) = self.connect().await else {
+            return Role::Own;
+        };
+        let mut set = redis::cmd("SET");
+        set.arg(self.key("lease", database))
+            .arg(&self.me)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.lease.as_millis() as u64);
+        match ask::<Option<String>>(&mut conn, &set).await {
+            Ok(Some(_)) => Role::Leader(conn),
+            Ok(None) => Role::Reader(conn),
+            Err(_) => Role::Own,
+        }
+    }
+
+    /// Lets the lease of `database` go, if this instance holds it (best effort: it lapses
+    /// anyway).
+    pub async fn release(&self, conn: &mut redis::aio::MultiplexedConnection, database: &str) {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(RELEASE)
+            .arg(1)
+            .arg(self.key("lease", database))
+            .arg(&self.me);
+        let _ = ask::<i64>(conn, &eval).await;
+    }
+
+    /// Without Valkey: whether the instance follows the WAL itself meanwhile.
+    pub fn follows_without_valkey(&self) -> bool {
+        self.without_valkey == WithoutValkey::OwnFollower
+    }
+
+    /// Returns once Valkey answers again (asked every lease).
+    pub async fn answers_again(&self) {
+        loop {
+            tokio::time::sleep(self.lease).await;
+            if let Ok(mut conn) = self.connect().await {
+                if ask::<String>(&mut conn, &redis::cmd("PING")).await.is_ok() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The leader's side, beside its stream: renews the lease and publishes what the
+    /// follower saw. Returns (an error) once the lease is lost or lapsed.
+    pub async fn lead(
+        &self,
+        follower: &Follower,
+        mut conn: redis::aio::MultiplexedConnection,
+    ) -> Result<(), String> {
+        let database = &follower.database;
+        let stream = self.key("wal", database);
+        let lease = self.key("lease", database);
+        let epoch: u64 = rand::random();
+        let mut seq = 0u64;
+        follower.set_role(format!("leader ({})", self.me));
+        let mut tick = tokio::time::interval(super::POSITIONS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renew = tokio::time::interval(self.lease / 3);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renewed = Instant::now();
+        let mut last_applied = 0u64;
+        loop {
+            let ticked = tokio::select! {
+                _ = tick.tick() => true,
+                _ = follower.progress.seen_commit.notified() => false,
+                _ = renew.tick() => {
+                    let mut eval = redis::cmd("EVAL");
+                    eval.arg(RENEW)
+                        .arg(1)
+                        .arg(&lease)
+                        .arg(&self.me)
+                        .arg(self.lease.as_millis() as u64);
+                    match ask::<i64>(&mut conn, &eval).await {
+                        Ok(1) => renewed = Instant::now(),
+                        Ok(_) => return Err(format!("{HANDOVER}: another instance holds the lease")),
+                        Err(e) if renewed.elapsed() >= self.lease => {
+                            return Err(format!("the fleet's lease lapsed ({e})"))
+                        }
+                        Err(_) => {}
+                    }
+                    continue;
+                }
+            };
+            // The position first, then the commits seen by then: every commit up to it is
+            // among them or was published before (see `Progress::take_seen`).
+            let applied = follower.applied().0;
+            let commits = follower.progress.take_seen();
+            if commits.is_empty() && !ticked {
+                continue;
+            }
+            let (ready, confirmed) = (follower.is_ready(), follower.confirmed_now());
+            let last = commits.len();
+            let mut entries: Vec<Entry> = commits
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| Entry {
+                    epoch,
+                    seq: 0,
+                    applied: if i + 1 == last { applied } else { last_applied },
+                    ready,
+                    confirmed,
+                    sent: super::replication::pg_now(),
+                    commit: Some(c),
+                })
+                .collect();
+            if entries.is_empty() {
+                entries.push(Entry {
+                    epoch,
+                    seq: 0,
+                    applied,
+                    ready,
+                    confirmed,
+                    sent: super::replication::pg_now(),
+                    commit: None,
+                });
+            }
+            last_applied = applied;
+            let mut pipe = redis::pipe();
+            let count = entries.len() as u64;
+            for mut e in entries {
+                seq += 1;
+                e.seq = seq;
+                pipe.cmd("XADD")
+                    .arg(&stream)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(STREAM_LENGTH)
+                    .arg("*")
+                    .arg("e")
+                    .arg(e.encode())
+                    .ignore();
+            }
+            // A failed write leaves a sequence number out: the readers start again.
+            match tokio::time::timeout(ASK, pipe.query_async::<()>(&mut conn)).await {
+                Ok(Ok(())) => {
+                    self.stats.stream_published.fetch_add(count, Relaxed);
+                }
+                _ => {
+                    self.stats.errors.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// The reader's side: applies the stream's entries from its end until the leader
+    /// changes, is silent, or entries are lost; returns Ok when the lease is free (this
+    /// instance may take it).
+    pub async fn read(
+        &self,
+        follower: &Follower,
+        cache: &ResultCache,
+        mut conn: redis::aio::MultiplexedConnection,
+    ) -> Result<(), String> {
+        let database = &follower.database;
+        let stream = self.key("wal", database);
+        let lease = self.key("lease", database);
+        let mut last = redis::cmd("XREVRANGE");
+        last.arg(&stream).arg("+").arg("-").arg("COUNT").arg(1);
+        let mut from = entries(ask::<redis::Value>(&mut conn, &last).await?)
+            .pop()
+            .map_or_else(|| "0-0".to_string(), |(id, _)| id);
+        let mut leader = None;
+        let mut heard = Instant::now();
+        follower.set_phase(Phase::CatchingUp);
+        loop {
+            let mut read = redis::cmd("XREAD");
+            read.arg("COUNT")
+                .arg(1000)
+                .arg("BLOCK")
+                .arg(BLOCK.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(&from);
+            let got = read_entries(ask::<redis::Value>(&mut conn, &read).await?);
+            if got.is_empty() {
+                if heard.elapsed() < SILENT {
+                    continue;
+                }
+                if follower.ready.swap(false, Relaxed) {
+                    tracing::info!(%database, "WAL invalidation: the fleet's decoder is silent; not serving until it is heard from");
+                }
+                let holder =
+                    ask::<Option<String>>(&mut conn, redis::cmd("GET").arg(&lease)).await?;
+                match holder {
+                    None => return Ok(()),
+                    Some(holder) if heard.elapsed() >= super::SILENT_LIMIT => {
+                        return Err(format!("the fleet's decoder {holder} is silent"))
+                    }
+                    Some(holder) => follower.set_role(format!("reader (leader {holder})")),
+                }
+                continue;
+            }
+            heard = Instant::now();
+            for (id, value) in got {
+                from = id;
+                let entry =
+                    Entry::decode(&value).ok_or("a malformed entry on the fleet's stream")?;
+                match leader {
+                    None => {
+                        leader = Some((entry.epoch, entry.seq));
+                        let holder =
+                            ask::<Option<String>>(&mut conn, redis::cmd("GET").arg(&lease))
+                                .await?
+                                .unwrap_or_default();
+                        follower.set_role(format!("reader (leader {holder})"));
+                    }
+                    Some((epoch, _)) if epoch != entry.epoch => {
+                        return Err(format!("{HANDOVER}: a new leader"))
+                    }
+                    Some((_, seq)) if entry.seq != seq + 1 => {
+                        return Err(format!(
+                            "entries of the fleet's stream were lost ({} after {seq})",
+                            entry.seq
+                        ))
+                    }
+                    Some((epoch, _)) => leader = Some((epoch, entry.seq)),
+                }
+                self.apply(entry, follower, cache);
+            }
+        }
+    }
+
+    /// Applies one entry of the leader's.
+    fn apply(&self, entry: Entry, follower: &Follower, cache: &ResultCache) {
+        let database = &*follower.database;
+        let versions = &cache.versions;
+        if let Some(commit) = entry.commit {
+            let own = commit
+                .xid
+                .is_some_and(|xid| cache.own_commits.take(database, xid));
+            let slots: Option<Vec<u32>> = commit
+                .slots
+                .iter()
+                .map(|&p| versions.from_portable(p))
+                .collect();
+            match slots {
+                _ if commit.flush => cache.flush(FlushTarget::Database(database)),
+                Some(_) if own => {}
+                Some(slots) => versions.bump_slots(&slots),
+                None => cache.flush(FlushTarget::Database(database)),
+            }
+            follower.commits.fetch_add(1, Relaxed);
+        }
+        self.stats.stream_read.fetch_add(1, Relaxed);
+        let lag = (super::replication::pg_now() - entry.sent).max(0) as u64;
+        self.stats.stream_lag.lock().add(lag);
+        follower.applied.fetch_max(entry.applied, Relaxed);
+        if entry.confirmed {
+            follower.confirmed_ms.store(super::clock_ms(), Relaxed);
+        }
+        if !entry.ready {
+            follower.ready.store(false, Relaxed);
+        } else if !follower.ready.load(Relaxed) {
+            // What committed before the stream's end when it began reading bumped nothing
+            // here (see `Follower::publish`).
+            versions.mark_bumped(
+                versions.database_slot(database),
+                crate::clock::Moment::now(),
+            );
+            follower.ready.store(true, Relaxed);
+            follower.set_phase(Phase::Streaming);
+            tracing::info!(%database, applied = %Lsn(entry.applied), "WAL invalidation: reading the fleet's decoder; caching on");
+        }
+    }
+}
+
+/// One question to Valkey, within [`ASK`] (and the stream's wait).
+async fn ask<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    cmd: &redis::Cmd,
+) -> Result<T, String> {
+    match tokio::time::timeout(ASK + BLOCK, cmd.query_async::<T>(conn)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("Valkey: {e}")),
+        Err(_) => Err("Valkey did not answer".into()),
+    }
+}
+
+/// The (ID, value) of each entry of an `XRANGE` reply, for the entries' one field.
+fn entries(reply: redis::Value) -> Vec<(String, Vec<u8>)> {
+    use redis::Value;
+    fn text(v: Value) -> Option<Vec<u8>> {
+        match v {
+            Value::BulkString(b) => Some(b),
+            Value::SimpleString(s) => Some(s.into_bytes()),
+            _ => None,
+        }
+    }
+    let entry = |v: Value| {
+        let Value::Array(parts) = v else { return None };
+        let mut parts = parts.into_iter();
+        let id = String::from_utf8(text(parts.next()?)?).ok()?;
+        let Value::Array(fields) = parts.next()? else {
+            return None;
+        };
+        Some((id, text(fields.into_iter().nth(1)?)?))
+    };
+    match reply {
+        Value::Array(items) => items.into_iter().filter_map(entry).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The entries of an `XREAD` reply of one stream: `[[stream, entries]]` (RESP2), `{stream:
+/// entries}` (RESP3), or nil when none came.
+fn read_entries(reply: redis::Value) -> Vec<(String, Vec<u8>)> {
+    use redis::Value;
+    match reply {
+        Value::Array(streams) => streams
+            .into_iter()
+            .flat_map(|s| match s {
+                Value::Array(pair) => pair.into_iter().nth(1).map(entries).unwrap_or_default(),
+                _ => Vec::new(),
+            })
+            .collect(),
+        Value::Map(pairs) => pairs.into_iter().flat_map(|(_, e)| entries(e)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_reads_back_as_written() {
+        let e = Entry {
+            epoch: 7,
+            seq: 3,
+            applied: 0x16_B374_D848,
+            ready: true,
+            confirmed: false,
+            sent: 123,
+            commit: Some(Commit {
+                xid: Some(741),
+                slots: vec![1, 1 << 63 | 5],
+                flush: false,
+            }),
+        };
+        assert_eq!(Entry::decode(&e.encode()), Some(e.clone()));
+        let position = Entry { commit: None, ..e };
+        assert_eq!(Entry::decode(&position.encode()), Some(position.clone()));
+        let bytes = position.encode();
+        assert_eq!(Entry::decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(Entry::decode(&[bytes.clone(), vec![0]].concat()), None);
+        assert_eq!(Entry::decode(b"P\x01"), None);
+    }
+}
