@@ -1505,7 +1505,7 @@ pub fn show_cache_shared(app: &App) -> Table {
             .wal
             .followers()
             .iter()
-            .filter(|f| f.status().decoder.starts_with("leader"))
+            .filter(|f| f.leads())
             .count();
         vec![
             text(s.hits.load(Relaxed)),

@@ -198,6 +198,9 @@ const BLOCK: Duration = Duration::from_millis(200);
 /// [`super::POSITIONS_EVERY`]); the lease is then looked at on each wait.
 const SILENT: Duration = Duration::from_secs(1);
 
+/// How SHOW CACHE WAL names a leader's part.
+pub const LEADER: &str = "leader";
+
 /// Why a role ends when another instance's part changed: not a failure (no backoff).
 pub const HANDOVER: &str = "the fleet's decoder changed";
 
@@ -273,6 +276,13 @@ impl Fleet {
         let _ = ask::<i64>(conn, &eval).await;
     }
 
+    /// Lets the lease of `database` go on a connection of its own (see [`Fleet::release`]).
+    pub async fn let_go(&self, database: &str) {
+        if let Ok(mut conn) = self.connect().await {
+            self.release(&mut conn, database).await;
+        }
+    }
+
     /// Without Valkey: whether the instance follows the WAL itself meanwhile.
     pub fn follows_without_valkey(&self) -> bool {
         self.without_valkey == WithoutValkey::OwnFollower
@@ -302,7 +312,7 @@ impl Fleet {
         let lease = self.key("lease", database);
         let epoch: u64 = rand::random();
         let mut seq = 0u64;
-        follower.set_role(format!("leader ({})", self.me));
+        follower.set_role(format!("{LEADER} ({})", self.me));
         let mut tick = tokio::time::interval(super::POSITIONS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renew = tokio::time::interval(self.lease / 3);

@@ -144,6 +144,11 @@ impl Follower {
         host == NO_HOST || self.primary.as_ref().is_none_or(|p| p.is_at(host))
     }
 
+    /// Whether it decodes for the fleet (see [`fleet`]).
+    pub fn leads(&self) -> bool {
+        self.role.lock().starts_with(fleet::LEADER)
+    }
+
     fn set_role(&self, role: String) {
         *self.role.lock() = role;
     }
@@ -440,12 +445,17 @@ async fn follow(
         let outcome = tokio::select! {
             outcome = part => Some(outcome),
             _ = moved => Some(Err(MOVED.to_string())),
-            _ = shutdown.wait_for(|stop| *stop) => {
-                follower.end_stream(&cache);
-                return;
-            }
+            _ = shutdown.wait_for(|stop| *stop) => Some(Err(SHUTDOWN.to_string())),
             _ = stopping.wait_for(|stop| *stop) => None,
         };
+        if matches!(&outcome, Some(Err(why)) if why == SHUTDOWN) {
+            follower.end_stream(&cache);
+            if let Some(fleet) = fleet.as_deref().filter(|_| follower.leads()) {
+                // Another instance takes over at once, not when the lease lapses.
+                fleet.let_go(&follower.database).await;
+            }
+            return;
+        }
         // Writes from here on may be missed: nothing is served until the stream is back.
         follower.end_stream(&cache);
         let Some(outcome) = outcome else {
@@ -532,6 +542,9 @@ async fn take_part(
 /// given up and started again (a network cut leaves a TCP connection open for minutes).
 const SILENT_UNSERVED: Duration = Duration::from_secs(2);
 const SILENT_LIMIT: Duration = Duration::from_secs(15);
+
+/// Why a part ends when pgmemo shuts down.
+const SHUTDOWN: &str = "pgmemo is shutting down";
 
 /// Why a stream ends when the primary moved (see [`crate::primary`]).
 const MOVED: &str = "the primary moved to another host";
