@@ -11,7 +11,7 @@ Debian `redis-server` (the Valkey stand-in, no persistence) and four pgmemo inst
 build, transaction mode, the result cache on the accounts' point read, WAL invalidation),
 each with a pgbench of its own (round robin across the fleet: 2 clients each, -M simple) that
 reads accounts drawn from `--keys` (zipfian, `--zipf`; 0: uniform), `--transactions` per
-client with a fixed seed (the same draw in every run). Three runs, fresh instances and an
+client with a fixed seed of its own (the same draws in every run, each instance its own). Three runs, fresh instances and an
 empty Valkey each: without the shared tier; with it and `decoder = "each"` (every instance
 follows the WAL); with it and `decoder = "one"` (the default: one decodes for the fleet).
 Reported per run:
@@ -46,7 +46,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--transactions", type=int, default=10_000, help="reads per client")
+    p.add_argument("--transactions", type=int, default=50_000, help="reads per client")
     p.add_argument("--keys", type=int, default=100_000, help="accounts read")
     p.add_argument("--zipf", type=float, default=1.1, help="zipfian parameter (0: uniform)")
     p.add_argument("--write-rate", type=int, default=500, help="direct UPDATEs per second")
@@ -85,10 +85,11 @@ def redis(port: int, *command: str) -> str:
                           text=True, timeout=30).stdout.strip()
 
 
-def pgbench(ctx: b.Ctx, port: int, script: Path, clients: int, transactions: int, log: Path):
+def pgbench(ctx: b.Ctx, port: int, script: Path, clients: int, transactions: int, seed: int,
+            log: Path):
     return subprocess.Popen([ctx.pgbench, "-n", "-f", str(script), "-M", "simple", "-c",
                              str(clients), "-j", "1", "-t", str(transactions),
-                             "--random-seed", "42", "-h", "127.0.0.1",
+                             "--random-seed", str(seed), "-h", "127.0.0.1",
                              "-p", str(port), "-U", b.DB_USER, b.DB_NAME],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
@@ -176,7 +177,7 @@ def bench(ctx: b.Ctx, args) -> int:
         redis(rport, "FLUSHALL")
         ports, procs = start_fleet(ctx, args, pg, rport, decoder)
         pg.psql(b.DB_NAME, "SELECT pg_stat_statements_reset()")
-        runs = [pgbench(ctx, port, script, 2, args.transactions,
+        runs = [pgbench(ctx, port, script, 2, args.transactions, 42 + i,
                         ctx.logdir / f"pgbench-{decoder}-{i}.log") for i, port in enumerate(ports)]
         for r in runs:
             r.wait()

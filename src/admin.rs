@@ -1501,12 +1501,7 @@ pub fn show_cache_shared(app: &App) -> Table {
         let s = &shared.stats;
         let latency = s.latency();
         let stream_lag = s.stream_lag();
-        let leads = app
-            .wal
-            .followers()
-            .iter()
-            .filter(|f| f.leads())
-            .count();
+        let leads = app.wal.followers().iter().filter(|f| f.leads()).count();
         vec![
             text(s.hits.load(Relaxed)),
             text(s.misses.load(Relaxed)),

@@ -392,6 +392,160 @@ async fn one_instance_decodes_for_the_fleet_and_another_takes_over_when_it_is_ki
     );
 }
 
+const DB_CHECK: &str = "shared_check";
+
+/// One write the checker knows of: key, the value it committed, a primary position past its
+/// commit.
+type Written = (i32, i64, pgmemo::wal::Lsn);
+
+/// A consistency checker on three instances sharing one decoder and the shared tier: writers
+/// through two instances and directly on PostgreSQL, readers on all three at once. Every
+/// read returns at least the value of each write whose commit the reading instance's
+/// follower had applied when the read was sent; each writer reads its own write back at once
+/// through its instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_readers_on_three_instances_never_read_a_write_they_have_passed_as_missing() {
+    use std::sync::{Arc, Mutex};
+    const KEYS: i32 = 8;
+    const WRITES: usize = 150;
+    fresh_db(DB_CHECK).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB_CHECK,
+            "CREATE TABLE kv (id int PRIMARY KEY, v bigint NOT NULL);
+             INSERT INTO kv SELECT g, 0 FROM generate_series(0, 7) g;",
+        )
+    })
+    .await
+    .unwrap();
+    let valkey = tokio::task::spawn_blocking(|| Valkey::start("check"))
+        .await
+        .unwrap();
+    let proxies = Arc::new([
+        start_pgmemo(config(&valkey)).await,
+        start_pgmemo(config(&valkey)).await,
+        start_pgmemo(config(&valkey)).await,
+    ]);
+    let direct_url = direct_db_url(DB_CHECK);
+    for p in proxies.iter() {
+        let c = connect(&proxy_db_url(p, DB_CHECK)).await;
+        value(&c, "SELECT v FROM kv WHERE id = 0").await;
+        wait_until("an instance to serve", Duration::from_secs(30), || async {
+            wal_follower(p, DB_CHECK).is_some_and(|f| f.is_ready())
+        })
+        .await;
+    }
+    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Writers: through instance 0, through instance 1, and directly.
+    let mut writers = Vec::new();
+    for (w, url) in [
+        proxy_db_url(&proxies[0], DB_CHECK),
+        proxy_db_url(&proxies[1], DB_CHECK),
+        direct_url.clone(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let written = written.clone();
+        writers.push(tokio::spawn(async move {
+            let c = connect(&url).await;
+            let mut stale = Vec::new();
+            for i in 0..WRITES {
+                let key = ((i * 3 + w) % KEYS as usize) as i32;
+                let row = c
+                    .query_one("UPDATE kv SET v = v + 1 WHERE id = $1 RETURNING v", &[&key])
+                    .await
+                    .unwrap();
+                let v: i64 = row.get(0);
+                let at: pgmemo::wal::Lsn = value(&c, "SELECT pg_current_wal_insert_lsn()")
+                    .await
+                    .parse()
+                    .unwrap();
+                written.lock().unwrap().push((key, v, at));
+                // Its own write, read back at once (simple protocol: the cached path).
+                let back: i64 = value(&c, &format!("SELECT v FROM kv WHERE id = {key}"))
+                    .await
+                    .parse()
+                    .unwrap();
+                if back < v {
+                    stale.push(format!("writer {w} wrote {v} to {key}, read back {back}"));
+                }
+            }
+            stale
+        }));
+    }
+    // Readers: two on each instance, until the writers are done.
+    let mut readers = Vec::new();
+    for r in 0..6usize {
+        let (written, done, proxies) = (written.clone(), done.clone(), proxies.clone());
+        readers.push(tokio::spawn(async move {
+            let proxy = &proxies[r % 3];
+            let c = connect(&proxy_db_url(proxy, DB_CHECK)).await;
+            let mut stale = Vec::new();
+            let mut reads = 0u64;
+            let mut i = r;
+            while !done.load(Relaxed) {
+                let key = (i % KEYS as usize) as i32;
+                i += 1;
+                let follower = wal_follower(proxy, DB_CHECK).unwrap();
+                // What the instance had applied when the read was sent, and the writes
+                // to the key it covers.
+                let applied = follower.is_ready().then(|| follower.applied());
+                let known: Vec<Written> = written.lock().unwrap().clone();
+                let got: i64 = value(&c, &format!("SELECT v FROM kv WHERE id = {key}"))
+                    .await
+                    .parse()
+                    .unwrap();
+                reads += 1;
+                let Some(applied) = applied else { continue };
+                if let Some(&(_, v, at)) = known
+                    .iter()
+                    .filter(|&&(k, v, at)| k == key && at <= applied && v > got)
+                    .max_by_key(|w| w.1)
+                {
+                    stale.push(format!(
+                        "instance {} read {got} of {key} with {applied} applied; {v} was committed by {at}",
+                        r % 3
+                    ));
+                }
+            }
+            (stale, reads)
+        }));
+    }
+    let mut stale = Vec::new();
+    for w in writers {
+        stale.extend(w.await.unwrap());
+    }
+    done.store(true, Relaxed);
+    let mut reads = 0;
+    for r in readers {
+        let (s, n) = r.await.unwrap();
+        stale.extend(s);
+        reads += n;
+    }
+    let hits: u64 = proxies
+        .iter()
+        .flat_map(|p| p.app().cache.rule_stats())
+        .map(|r| r.hits.get())
+        .sum();
+    let leaders = proxies
+        .iter()
+        .filter(|p| wal_follower(p, DB_CHECK).is_some_and(|f| f.leads()))
+        .count();
+    eprintln!(
+        "{reads} reads, {hits} hits, {} writes, {} stale",
+        written.lock().unwrap().len(),
+        stale.len()
+    );
+    assert!(stale.is_empty(), "{} stale reads: {stale:#?}", stale.len());
+    assert!(
+        hits > reads / 4,
+        "the reads were cached ({hits} hits of {reads})"
+    );
+    assert_eq!(leaders, 1, "one decoder for the three");
+}
+
 /// `[cache.shared]` needs WAL invalidation: refused at load, saying why.
 #[test]
 fn the_shared_tier_needs_wal_invalidation() {
@@ -410,13 +564,26 @@ fn the_shared_tier_needs_wal_invalidation() {
     assert_eq!(shared.name, "pgmemo");
     assert_eq!(
         (shared.decoder, shared.lease, shared.without_valkey),
-        (Decoder::One, Duration::from_secs(3), WithoutValkey::OwnFollower)
+        (
+            Decoder::One,
+            Duration::from_secs(3),
+            WithoutValkey::OwnFollower
+        )
     );
-    let each = format!("{good}decoder = \"each\"\nlease = \"10s\"\nwithout_valkey = \"no_caching\"\n");
-    let shared = Config::from_toml_str(&each).expect("accepted").cache.shared.unwrap();
+    let each =
+        format!("{good}decoder = \"each\"\nlease = \"10s\"\nwithout_valkey = \"no_caching\"\n");
+    let shared = Config::from_toml_str(&each)
+        .expect("accepted")
+        .cache
+        .shared
+        .unwrap();
     assert_eq!(
         (shared.decoder, shared.lease, shared.without_valkey),
-        (Decoder::Each, Duration::from_secs(10), WithoutValkey::NoCaching)
+        (
+            Decoder::Each,
+            Duration::from_secs(10),
+            WithoutValkey::NoCaching
+        )
     );
     for (bad, key) in [
         ("decoder = \"two\"", "cache.shared.decoder"),
