@@ -133,6 +133,39 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
         hits + 10,
         "B's first reads came from the shared tier"
     );
+    // The extended protocol too (a prepared statement: its number is A's own, its key in the
+    // shared tier is its text).
+    let writes = shared(&a).2;
+    let by_id = "SELECT v FROM kv WHERE id = $1";
+    for id in 11..=15 {
+        let row = ca.query_one(by_id, &[&id]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), format!("v{id}"));
+    }
+    wait_until(
+        "A's extended fills in the shared tier",
+        Duration::from_secs(30),
+        || async { shared(&a).2 >= writes + 5 },
+    )
+    .await;
+    // B's first statement is another one: were statements keyed by their numbers there,
+    // it would be answered A's results of `by_id`.
+    for id in 11..=15 {
+        let row = cb
+            .query_one("SELECT v || '!' FROM kv WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), format!("v{id}!"));
+    }
+    let (hits, ..) = shared(&b);
+    for id in 11..=15 {
+        let row = cb.query_one(by_id, &[&id]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), format!("v{id}"));
+    }
+    assert_eq!(
+        shared(&b).0,
+        hits + 5,
+        "B's first extended reads came from the shared tier"
+    );
     let metrics = pgmemo::metrics::render(b.app());
     assert!(
         metrics.contains(&format!("pgmemo_cache_shared_hits_total {}", shared(&b).0)),

@@ -145,20 +145,9 @@ impl ResultCache {
                 client.key.push(b'E');
                 client.key.extend_from_slice(&statement.id.to_le_bytes());
             }
-            Some(text) => {
-                client.key.push(b'e');
-                let types = &statement.key.param_types;
-                for part in [&text[..], &types[..]] {
-                    client
-                        .key
-                        .extend_from_slice(&(part.len() as u32).to_le_bytes());
-                    client.key.extend_from_slice(part);
-                }
-            }
+            Some(text) => push_text(&mut client.key, text, &statement.key.param_types),
         }
-        client.key.push(u8::from(batch.describe));
-        client.key.extend_from_slice(&batch.max_rows.to_le_bytes());
-        client.key.extend_from_slice(batch.bind.rest);
+        push_execution(&mut client.key, batch);
         let hash = lexer::hasher().hash_one(&statement.key.query[..]) ^ 1;
         let shape = statement.shape(&self.shapes);
         let looked_up = self.decide(
@@ -193,6 +182,15 @@ impl ResultCache {
         if let (Lookup::Hit(_), Some(shape)) = (&looked_up, shape) {
             // A call the server never sees (the planner counts the others).
             shape.stats.calls.fetch_add(1, Relaxed);
+        }
+        if let (Lookup::Miss, None, Some(_)) = (&looked_up, &statement.cache_text, self.shared()) {
+            // The statement's number means nothing to another instance: its text does.
+            if let Some(fill) = client.fill.as_mut() {
+                let mut key = client.context.clone();
+                push_text(&mut key, &statement.key.query, &statement.key.param_types);
+                push_execution(&mut key, batch);
+                fill.set_shared_key(key.into());
+            }
         }
         looked_up
     }
@@ -626,6 +624,23 @@ impl Chosen {
             refresh_at: cfg.refresh_at,
         }
     }
+}
+
+/// A statement's key by its text and parameter types (`e`, each with its length).
+fn push_text(key: &mut Vec<u8>, text: &[u8], types: &[u8]) {
+    key.push(b'e');
+    for part in [text, types] {
+        key.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        key.extend_from_slice(part);
+    }
+}
+
+/// The rest of a batch's key: whether its portal is described, the Execute's row limit, the
+/// Bind's formats, values and result formats.
+fn push_execution(key: &mut Vec<u8>, batch: &Batch<'_>) {
+    key.push(u8::from(batch.describe));
+    key.extend_from_slice(&batch.max_rows.to_le_bytes());
+    key.extend_from_slice(batch.bind.rest);
 }
 
 #[cfg(test)]

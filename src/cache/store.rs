@@ -134,6 +134,7 @@ impl ResultCache {
             in_block,
             shape,
             position: 0,
+            shared_key: None,
         });
     }
 
@@ -189,7 +190,12 @@ impl ResultCache {
                 };
                 fill.stats.stores.fetch_add(1, Relaxed);
                 if let Some(shared) = self.shared().filter(|_| fill.position > 0) {
-                    shared.put(&fill.key, fill.position, &entry.reply, fill.chosen.ttl);
+                    shared.put(
+                        fill.shared_key(),
+                        fill.position,
+                        &entry.reply,
+                        fill.chosen.ttl,
+                    );
                 }
                 let entry = Arc::new(entry);
                 self.store
@@ -314,6 +320,9 @@ pub struct Fill {
     /// With the shared tier: the WAL position its query saw whole (the follower's applied
     /// position when it was sent), written there with it once stored; 0: not written.
     position: u64,
+    /// The shared tier's key when the store's names something only this process knows (an
+    /// extended statement's number: see `lookup_statement`).
+    shared_key: Option<Box<[u8]>>,
     /// Sent inside a READ COMMITTED transaction block: stored at a ReadyForQuery `T`.
     in_block: bool,
     /// The query's shape, for its entry.
@@ -333,6 +342,16 @@ impl Fill {
     /// The store's key (the shared tier's too, after its prefix).
     pub fn key(&self) -> &[u8] {
         &self.key
+    }
+
+    /// Its key in the shared tier (after the tier's prefix): the store's, unless that names
+    /// something only this process knows.
+    pub fn shared_key(&self) -> &[u8] {
+        self.shared_key.as_deref().unwrap_or(&self.key)
+    }
+
+    pub(super) fn set_shared_key(&mut self, key: Box<[u8]>) {
+        self.shared_key = Some(key);
     }
 
     /// The server database it reads.

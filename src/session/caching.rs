@@ -172,7 +172,9 @@ impl Session {
                 match self.lookup_query(text_len, &shape, transaction, true) {
                     Lookup::Pass => Ok(false),
                     Lookup::Miss if self.shared_due(idle) => {
-                        Err(Box::pin(async move { self.answer_from_shared(len).await }))
+                        Err(Box::pin(
+                            async move { self.answer_from_shared(len, &[]).await },
+                        ))
                     }
                     Lookup::Miss => Ok(false),
                     Lookup::Hit(entry) => {
@@ -500,7 +502,7 @@ impl Session {
     /// ReadyForQuery. `Ok(false)`: the batch runs (filling the cache on a miss it wants);
     /// `Err`: a wait or a catalog read must come first (see [`Session::cached_batch`]). The
     /// caller brought the key context up to date.
-    fn batch_lookup(&mut self, may_wait: bool) -> Result<bool, Lookup> {
+    fn batch_lookup(&mut self, may_wait: bool) -> Result<bool, BatchStep> {
         let Some(transaction) = self.batch_transaction() else {
             return Ok(false);
         };
@@ -543,7 +545,17 @@ impl Session {
         let (parsed, len) = (batch.parse.is_some(), batch.len);
         let found = cache.lookup_statement(client, &at, &statement, &batch, may_wait);
         match found {
-            Lookup::Pass | Lookup::Miss => Ok(false),
+            Lookup::Pass => Ok(false),
+            Lookup::Miss
+                if shared_due(app, Some(&mut *client), transaction == Transaction::Idle) =>
+            {
+                Err(BatchStep::Shared {
+                    len,
+                    parsed,
+                    statement,
+                })
+            }
+            Lookup::Miss => Ok(false),
             Lookup::Hit(entry) => {
                 if transaction != Transaction::Idle {
                     // In a block the portal outlives the Sync (see `portal_left_by_hit`).
@@ -558,17 +570,33 @@ impl Session {
                         .parse_hits
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                let opened: &[u8] = if parsed {
-                    &[be::PARSE_COMPLETE, be::BIND_COMPLETE]
-                } else {
-                    &[be::BIND_COMPLETE]
-                };
                 let status = self.client_status();
-                self.answer_hit(len, opened, &entry.reply, status);
+                self.answer_hit(len, opened(parsed), &entry.reply, status);
                 Ok(true)
             }
-            step => Err(step),
+            step => Err(BatchStep::Cache(step)),
         }
+    }
+
+    /// A batch's miss looked up in the shared tier (see [`Session::answer_from_shared`]):
+    /// answered as a hit in memory is, its statement bound to the unnamed one when the batch
+    /// parsed it.
+    async fn batch_from_shared(
+        &mut self,
+        len: usize,
+        parsed: bool,
+        statement: std::sync::Arc<crate::statements::Statement>,
+    ) -> Result<bool, End> {
+        if !self.answer_from_shared(len, opened(parsed)).await? {
+            return Ok(false);
+        }
+        if let Some(stmts) = self.plan.stmts.as_mut().filter(|_| parsed) {
+            if !stmts.is_bound_to(b"", &statement) {
+                stmts.set(b"", Some(statement.clone()));
+            }
+            statement.parse_hits.fetch_add(1, Relaxed);
+        }
+        Ok(true)
     }
 
     /// The client's transaction, when an extended batch may be answered in it: idle, or a
@@ -584,11 +612,22 @@ impl Session {
     }
 
     /// [`Session::batch_lookup`]'s loop after a lookup that asked for `step` first.
-    async fn cached_batch(&mut self, mut step: Lookup) -> Result<bool, End> {
+    async fn cached_batch(&mut self, mut step: BatchStep) -> Result<bool, End> {
         let mut may_wait = true;
         let mut resolves = 0;
         loop {
-            if !self.cache_step(step, &mut may_wait, &mut resolves).await? {
+            let lookup = match step {
+                BatchStep::Cache(lookup) => lookup,
+                BatchStep::Shared {
+                    len,
+                    parsed,
+                    statement,
+                } => return self.batch_from_shared(len, parsed, statement).await,
+            };
+            if !self
+                .cache_step(lookup, &mut may_wait, &mut resolves)
+                .await?
+            {
                 return Ok(false);
             }
             match self.batch_lookup(may_wait) {
@@ -658,7 +697,9 @@ impl Session {
             };
             match self.lookup_query(text_len, shape, transaction, may_wait) {
                 Lookup::Pass => return Ok(false),
-                Lookup::Miss if self.shared_due(idle) => return self.answer_from_shared(len).await,
+                Lookup::Miss if self.shared_due(idle) => {
+                    return self.answer_from_shared(len, &[]).await
+                }
                 Lookup::Miss => return Ok(false),
                 Lookup::Hit(entry) => {
                     if first_tier {
@@ -673,27 +714,18 @@ impl Session {
         }
     }
 
-    /// After a miss of a simple query outside a transaction block, with the shared tier on:
+    /// After a miss outside a transaction block, with the shared tier on:
     /// the fill just opened is told the WAL position its query sees whole (see
     /// `cache::shared`); true: look in the shared tier before the query goes to the server.
     fn shared_due(&mut self, idle: bool) -> bool {
-        if !idle || self.app.cache.shared().is_none() {
-            return false;
-        }
-        let Some(fill) = self.cache.as_deref_mut().and_then(|c| c.fill.as_mut()) else {
-            return false;
-        };
-        let Some(follower) = self.app.wal.follower(fill.database()) else {
-            return false;
-        };
-        fill.saw(follower.applied().0);
-        true
+        shared_due(&self.app, self.cache.as_deref_mut(), idle)
     }
 
-    /// Looks the miss up in the shared tier (`cache::shared`); answers the client from the
-    /// entry found when this instance may serve it, and stores it here as a fill from the
-    /// server would be. False: the query goes to the server.
-    async fn answer_from_shared(&mut self, len: usize) -> Result<bool, End> {
+    /// Looks the miss up in the shared tier (`cache::shared`); answers the client's `len`
+    /// bytes from the entry found when this instance may serve it (after the empty messages
+    /// of `opened`, as [`Session::answer_hit`]), and stores it here as a fill from the server
+    /// would be. False: the query goes to the server.
+    async fn answer_from_shared(&mut self, len: usize, opened: &[u8]) -> Result<bool, End> {
         let app = self.app.clone();
         let Some(shared) = app.cache.shared() else {
             return Ok(false);
@@ -702,7 +734,7 @@ impl Session {
             .cache
             .as_ref()
             .and_then(|c| c.fill.as_ref())
-            .map(|f| f.key().to_vec())
+            .map(|f| f.shared_key().to_vec())
         else {
             return Ok(false);
         };
@@ -723,7 +755,7 @@ impl Session {
         fill.saw(0);
         let status = self.client_status();
         let from = self.client.wbuf.len();
-        self.answer_hit(len, &[], &reply, status);
+        self.answer_hit(len, opened, &reply, status);
         if let Some(client) = self.cache.as_deref_mut() {
             client.capture(&app.cache, &self.client.wbuf[from..]);
         }
@@ -910,4 +942,41 @@ pub(super) fn after_server_message(
         client.capture(cache, out);
     }
     client.settle(cache, database, tag, body, !out.is_empty(), idle);
+}
+
+/// What a batch's lookup asks for before it is answered or runs.
+enum BatchStep {
+    /// A wait, a catalog read, or the block's isolation (see [`Session::cache_step`]).
+    Cache(Lookup),
+    /// A miss the shared tier may answer (see [`Session::batch_from_shared`]).
+    Shared {
+        len: usize,
+        parsed: bool,
+        statement: std::sync::Arc<crate::statements::Statement>,
+    },
+}
+
+/// The empty messages a batch answered without a server begins with: ParseComplete when it
+/// parsed its statement, BindComplete.
+fn opened(parsed: bool) -> &'static [u8] {
+    if parsed {
+        &[be::PARSE_COMPLETE, be::BIND_COMPLETE]
+    } else {
+        &[be::BIND_COMPLETE]
+    }
+}
+
+/// [`Session::shared_due`], on the session's parts (a batch's lookup holds its statements).
+fn shared_due(app: &crate::app::App, cache: Option<&mut ClientCache>, idle: bool) -> bool {
+    if !idle || app.cache.shared().is_none() {
+        return false;
+    }
+    let Some(fill) = cache.and_then(|c| c.fill.as_mut()) else {
+        return false;
+    };
+    let Some(follower) = app.wal.follower(fill.database()) else {
+        return false;
+    };
+    fill.saw(follower.applied().0);
+    true
 }
