@@ -123,7 +123,9 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
         || async { shared(&a).2 >= writes + 10 },
     )
     .await;
-    // B never read them: its first reads are shared-tier hits.
+    // B never read them: its first reads are shared-tier hits. (Their entries there expire
+    // sooner than the rule's TTL: B's copies expire no later.)
+    assert!(tokio::task::block_in_place(|| valkey.expire_all(60_000)) >= 10);
     let (hits, ..) = shared(&b);
     for id in 1..=10 {
         assert_eq!(value(&cb, &read(id)).await, format!("v{id}"));
@@ -132,6 +134,17 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
         shared(&b).0,
         hits + 10,
         "B's first reads came from the shared tier"
+    );
+    let entries = admin_rows(&admin_console(b.local_addr()).await, "SHOW CACHE ENTRIES").await;
+    let copies: Vec<f64> = entries
+        .iter()
+        .filter(|e| e["query"].contains("id = ") && !e["query"].ends_with("= 0"))
+        .map(|e| e["expires_in"].parse().unwrap())
+        .collect();
+    assert_eq!(copies.len(), 10, "{entries:?}");
+    assert!(
+        copies.iter().all(|&s| s <= 60.0),
+        "a copy lives no longer than its shared entry: {copies:?}"
     );
     // The extended protocol too (a prepared statement: its number is A's own, its key in the
     // shared tier is its text).

@@ -148,14 +148,16 @@ impl Shared {
         k
     }
 
-    /// The entry under the cache's `key`: (its position, its reply), within `timeout`.
-    pub async fn get(&self, key: &[u8]) -> Option<(u64, Bytes)> {
+    /// The entry under the cache's `key`, within `timeout`: its position, its reply, and how
+    /// much longer it lives there (GET and PTTL in one round trip).
+    pub async fn get(&self, key: &[u8]) -> Option<(u64, Bytes, Duration)> {
         let mut conn = self.conn()?;
         let started = crate::clock::Moment::now();
-        let mut get = redis::cmd("GET");
-        get.arg(self.key(key));
-        let asked = get.query_async(&mut conn);
-        let got: Option<Vec<u8>> = match tokio::time::timeout(self.timeout, asked).await {
+        let key = self.key(key);
+        let mut asked = redis::pipe();
+        asked.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+        let asked = asked.query_async::<(Option<Vec<u8>>, i64)>(&mut conn);
+        let (got, ttl_ms) = match tokio::time::timeout(self.timeout, asked).await {
             Ok(Ok(got)) => got,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "result cache: shared tier lookup");
@@ -171,11 +173,13 @@ impl Shared {
             .latency
             .lock()
             .add(crate::clock::Moment::now().micros_since(started));
-        let Some(value) = got.and_then(|v| decode(&v)) else {
+        // PTTL: -2 gone (expired between the two), -1 no expiry (never written so).
+        let found = got.and_then(|v| decode(&v)).filter(|_| ttl_ms > 0);
+        let Some((position, reply)) = found else {
             self.stats.misses.fetch_add(1, Relaxed);
             return None;
         };
-        Some(value)
+        Some((position, reply, Duration::from_millis(ttl_ms as u64)))
     }
 
     /// Writes the result of `key`, which its query saw whole up to `position`, for `ttl`;

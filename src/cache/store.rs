@@ -18,6 +18,7 @@ use crate::query::analysis::Bypass;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
 
 /// A client's reused buffer (a fill's reply, its key, the first tier's key) that grew past
@@ -348,6 +349,12 @@ impl Fill {
     /// something only this process knows.
     pub fn shared_key(&self) -> &[u8] {
         self.shared_key.as_deref().unwrap_or(&self.key)
+    }
+
+    /// Answered from the shared tier, whose entry lives `remaining` longer: stored here, it
+    /// lives no longer.
+    pub fn expires_within(&mut self, remaining: Duration) {
+        self.chosen.ttl = self.chosen.ttl.min(remaining);
     }
 
     pub(super) fn set_shared_key(&mut self, key: Box<[u8]>) {

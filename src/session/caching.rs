@@ -738,7 +738,7 @@ impl Session {
         else {
             return Ok(false);
         };
-        let Some((position, reply)) = shared.get(&key).await else {
+        let Some((position, reply, remaining)) = shared.get(&key).await else {
             return Ok(false);
         };
         let Some(fill) = self.cache.as_deref_mut().and_then(|c| c.fill.as_mut()) else {
@@ -751,8 +751,9 @@ impl Session {
             return Ok(false);
         }
         shared.stats.hits.fetch_add(1, Relaxed);
-        // Not written back: it is there already.
+        // Not written back: it is there already, for `remaining`.
         fill.saw(0);
+        fill.expires_within(remaining);
         let status = self.client_status();
         let from = self.client.wbuf.len();
         self.answer_hit(len, opened, &reply, status);

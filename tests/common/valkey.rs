@@ -77,6 +77,28 @@ impl Valkey {
         s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 
+    /// Makes every key it holds expire `ms` milliseconds from now (a script, one round
+    /// trip); how many.
+    pub fn expire_all(&self, ms: u64) -> u64 {
+        let script = "local n = 0 for _, k in ipairs(redis.call('KEYS', '*')) do \
+                      n = n + redis.call('PEXPIRE', k, ARGV[1]) end return n";
+        let out = std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "EVAL",
+                script,
+                "0",
+                &ms.to_string(),
+            ])
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("EVAL's count")
+    }
+
     /// How many keys it holds (DBSIZE).
     pub fn keys(&self) -> u64 {
         use std::io::{Read, Write};
