@@ -33,6 +33,8 @@ fn config(valkey: &Valkey) -> Config {
         decoder: Decoder::One,
         lease: LEASE,
         without_valkey: WithoutValkey::OwnFollower,
+        cluster: valkey.is_cluster(),
+        ca_file: valkey.ca_file(),
     });
     config
 }
@@ -438,6 +440,85 @@ async fn one_instance_decodes_for_the_fleet_and_another_takes_over_when_it_is_ki
     );
 }
 
+/// Two instances share results and one decoder through `valkey`: B's first reads of what A
+/// stored are shared hits; one of them decodes; a direct write is read new on both once
+/// applied.
+async fn shares_through(valkey: &Valkey, db: &'static str) {
+    fresh_db(db).await;
+    tokio::task::spawn_blocking(move || {
+        cluster().psql(
+            db,
+            "CREATE TABLE kv (id int PRIMARY KEY, v text);
+             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 9) g;",
+        )
+    })
+    .await
+    .unwrap();
+    let (a, b) = (
+        start_pgmemo(config(valkey)).await,
+        start_pgmemo(config(valkey)).await,
+    );
+    let (ca, cb) = (
+        connect(&proxy_db_url(&a, db)).await,
+        connect(&proxy_db_url(&b, db)).await,
+    );
+    let direct = connect(&direct_db_url(db)).await;
+    for (proxy, client) in [(&a, &ca), (&b, &cb)] {
+        value(client, &read(0)).await;
+        wait_until("an instance to serve", Duration::from_secs(30), || async {
+            wal_follower(proxy, db).is_some_and(|f| f.is_ready())
+        })
+        .await;
+    }
+    wait_wal_applied(&a, &direct, db).await;
+    let writes = shared(&a).2;
+    for id in 1..=5 {
+        assert_eq!(value(&ca, &read(id)).await, format!("v{id}"));
+    }
+    wait_until("A's fills written", Duration::from_secs(30), || async {
+        shared(&a).2 >= writes + 5
+    })
+    .await;
+    let (hits, ..) = shared(&b);
+    for id in 1..=5 {
+        assert_eq!(value(&cb, &read(id)).await, format!("v{id}"));
+    }
+    assert_eq!(shared(&b).0, hits + 5, "B's first reads were shared hits");
+    let leaders = [&a, &b]
+        .iter()
+        .filter(|p| wal_follower(p, db).is_some_and(|f| f.leads()))
+        .count();
+    assert_eq!(leaders, 1, "one decoder for the two");
+    direct
+        .batch_execute("UPDATE kv SET v = 'direct' WHERE id = 2")
+        .await
+        .unwrap();
+    for (proxy, client) in [(&a, &ca), (&b, &cb)] {
+        wait_wal_applied(proxy, &direct, db).await;
+        assert_eq!(value(client, &read(2)).await, "direct");
+    }
+}
+
+/// The shared tier and the fleet's decoder on a Valkey cluster (three nodes: keys, the lease
+/// and the stream on whichever node their slot is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_shares_through_a_valkey_cluster() {
+    let valkey = tokio::task::spawn_blocking(|| Valkey::start_cluster("cluster"))
+        .await
+        .unwrap();
+    shares_through(&valkey, "shared_cluster").await;
+}
+
+/// The shared tier over TLS (`rediss://`), the server's certificate checked against
+/// `ca_file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_shares_over_tls() {
+    let valkey = tokio::task::spawn_blocking(|| Valkey::start_tls("tls"))
+        .await
+        .unwrap();
+    shares_through(&valkey, "shared_tls").await;
+}
+
 const DB_CHECK: &str = "shared_check";
 
 /// One write the checker knows of: key, the value it committed, a primary position past its
@@ -623,6 +704,16 @@ fn the_shared_tier_needs_wal_invalidation() {
         .cache
         .shared
         .unwrap();
+    let tls = format!(
+        "{}cluster = true\nca_file = \"/etc/ca.pem\"\n",
+        good.replace("redis://", "rediss://")
+    );
+    let tls = Config::from_toml_str(&tls)
+        .expect("accepted")
+        .cache
+        .shared
+        .unwrap();
+    assert!(tls.cluster && tls.ca_file.as_deref() == Some(std::path::Path::new("/etc/ca.pem")));
     assert_eq!(
         (shared.decoder, shared.lease, shared.without_valkey),
         (
@@ -635,6 +726,7 @@ fn the_shared_tier_needs_wal_invalidation() {
         ("decoder = \"two\"", "cache.shared.decoder"),
         ("lease = \"10ms\"", "cache.shared.lease"),
         ("without_valkey = \"stale\"", "cache.shared.without_valkey"),
+        ("ca_file = \"/etc/ca.pem\"", "cache.shared.ca_file"),
     ] {
         let e = Config::from_toml_str(&format!("{good}{bad}\n"))
             .expect_err(bad)

@@ -49,6 +49,7 @@ mod plans;
 pub mod rows;
 pub mod shared;
 mod store;
+pub mod valkey;
 pub mod versions;
 
 pub use client::ClientCache;

@@ -47,9 +47,9 @@ struct Publish {
 
 /// The shared tier of the process.
 pub struct Shared {
-    client: redis::Client,
-    /// Connected lazily at the first use, in the runtime.
-    conn: OnceLock<redis::aio::ConnectionManager>,
+    valkey: super::valkey::Valkey,
+    /// Connected at the first use, in the runtime.
+    conn: tokio::sync::OnceCell<super::valkey::Conn>,
     publish: OnceLock<tokio::sync::mpsc::Sender<Publish>>,
     /// Keys start with it: the fleet's name and pgmemo's version (the key's format).
     prefix: Vec<u8>,
@@ -98,15 +98,14 @@ impl SharedStats {
 impl Shared {
     /// The tier `config` names (its URL was checked when the file was read).
     pub fn new(config: &SharedTier) -> Result<Shared, String> {
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| format!("cache.shared.url: {e}"))?;
+        let valkey = super::valkey::Valkey::new(config)?;
         let mut prefix = config.name.as_bytes().to_vec();
         prefix.extend_from_slice(b":pgmemo-");
         prefix.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
         prefix.push(b':');
         Ok(Shared {
-            client,
-            conn: OnceLock::new(),
+            valkey,
+            conn: tokio::sync::OnceCell::new(),
             publish: OnceLock::new(),
             prefix,
             timeout: config.timeout,
@@ -114,8 +113,9 @@ impl Shared {
         })
     }
 
-    pub fn client(&self) -> &redis::Client {
-        &self.client
+    /// Where the tier is.
+    pub fn valkey(&self) -> &super::valkey::Valkey {
+        &self.valkey
     }
 
     /// What the tier's keys start with.
@@ -123,19 +123,17 @@ impl Shared {
         &self.prefix
     }
 
-    /// The connection (made on first use; it reconnects by itself).
-    fn conn(&self) -> Option<redis::aio::ConnectionManager> {
-        if let Some(conn) = self.conn.get() {
-            return Some(conn.clone());
-        }
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(1)))
-            .set_number_of_retries(1);
-        match redis::aio::ConnectionManager::new_lazy_with_config(self.client.clone(), config) {
-            Ok(conn) => Some(self.conn.get_or_init(|| conn).clone()),
+    /// The lookups' connection (made at the first, then kept).
+    async fn conn(&self) -> Option<super::valkey::Conn> {
+        let made = self
+            .conn
+            .get_or_try_init(|| self.valkey.lasting(Duration::from_secs(1)))
+            .await;
+        match made {
+            Ok(conn) => Some(conn.clone()),
             Err(e) => {
-                tracing::warn!(error = %e, "result cache: the shared tier's connection");
+                tracing::debug!(error = %e, "result cache: the shared tier's connection");
+                self.stats.errors.fetch_add(1, Relaxed);
                 None
             }
         }
@@ -151,14 +149,22 @@ impl Shared {
     /// The entry under the cache's `key`, within `timeout`: its position, its reply, and how
     /// much longer it lives there (GET and PTTL in one round trip).
     pub async fn get(&self, key: &[u8]) -> Option<(u64, Bytes, Duration)> {
-        let mut conn = self.conn()?;
         let started = crate::clock::Moment::now();
         let key = self.key(key);
         let mut asked = redis::pipe();
         asked.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
-        let asked = asked.query_async::<(Option<Vec<u8>>, i64)>(&mut conn);
+        let asked = async {
+            let Some(mut conn) = self.conn().await else {
+                return Ok(None);
+            };
+            asked
+                .query_async::<(Option<Vec<u8>>, i64)>(&mut conn)
+                .await
+                .map(Some)
+        };
         let (got, ttl_ms) = match tokio::time::timeout(self.timeout, asked).await {
-            Ok(Ok(got)) => got,
+            Ok(Ok(Some(got))) => got,
+            Ok(Ok(None)) => return None,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "result cache: shared tier lookup");
                 self.stats.errors.fetch_add(1, Relaxed);
@@ -203,23 +209,35 @@ impl Shared {
         if let Some(sender) = self.publish.get() {
             return Some(sender);
         }
-        let conn = self.conn()?;
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         Some(self.publish.get_or_init(|| {
             let (sender, receiver) = tokio::sync::mpsc::channel(QUEUE);
-            runtime.spawn(write_entries(conn, receiver, self.stats.clone()));
+            runtime.spawn(write_entries(
+                self.valkey.clone(),
+                receiver,
+                self.stats.clone(),
+            ));
             sender
         }))
     }
 }
 
-/// The task that writes entries, one `SET ... PX` each, in order.
+/// The task that writes entries, one `SET ... PX` each, in order, on a connection of its own
+/// (made when there is none).
 async fn write_entries(
-    mut conn: redis::aio::ConnectionManager,
+    valkey: super::valkey::Valkey,
     mut entries: tokio::sync::mpsc::Receiver<Publish>,
     stats: Arc<SharedStats>,
 ) {
+    let mut conn = None;
     while let Some(p) = entries.recv().await {
+        if conn.is_none() {
+            conn = valkey.lasting(Duration::from_secs(1)).await.ok();
+        }
+        let Some(conn) = conn.as_mut() else {
+            stats.errors.fetch_add(1, Relaxed);
+            continue;
+        };
         let ttl_ms = p.ttl.as_millis().max(1) as u64;
         let bytes = p.value.len() as u64;
         let set = redis::cmd("SET")
@@ -227,7 +245,7 @@ async fn write_entries(
             .arg(&p.value[..])
             .arg("PX")
             .arg(ttl_ms)
-            .query_async::<()>(&mut conn)
+            .query_async::<()>(conn)
             .await;
         match set {
             Ok(()) => {

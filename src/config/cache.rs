@@ -228,6 +228,11 @@ pub struct SharedTier {
     pub lease: Duration,
     /// What an instance does while Valkey cannot be reached for the fleet's stream.
     pub without_valkey: WithoutValkey,
+    /// `url` names a node of a Valkey (Redis) cluster: the others are found from it.
+    pub cluster: bool,
+    /// With `rediss://`: the CA certificates (PEM) that sign the server's, instead of the
+    /// system's.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// `[cache.shared]`'s `decoder`.
@@ -260,6 +265,8 @@ pub(super) struct RawShared {
     decoder: Option<String>,
     lease: Option<<TextOrSeconds as Form<Duration>>::Raw>,
     without_valkey: Option<String>,
+    cluster: Option<bool>,
+    ca_file: Option<String>,
 }
 
 /// The default of `[cache.shared]`'s `timeout`.
@@ -330,6 +337,12 @@ fn read_shared(
             "at least 300ms (the leader renews it every third of it)",
         ));
     }
+    if raw.ca_file.is_some() && !raw.url.starts_with("rediss://") {
+        return Err(ConfigError::invalid(
+            "cache.shared.ca_file",
+            "only with a rediss:// url (TLS)",
+        ));
+    }
     Ok(Some(SharedTier {
         url: raw.url,
         timeout,
@@ -337,6 +350,8 @@ fn read_shared(
         decoder,
         lease,
         without_valkey,
+        cluster: raw.cluster.unwrap_or(false),
+        ca_file: raw.ca_file.map(Into::into),
     }))
 }
 

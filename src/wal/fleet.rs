@@ -37,6 +37,7 @@
 
 use super::{Follower, Lsn, Phase};
 use crate::cache::shared::{Shared, SharedStats};
+use crate::cache::valkey::Conn;
 use crate::cache::{FlushTarget, ResultCache};
 use crate::config::cache::{SharedTier, WithoutValkey};
 use std::sync::atomic::Ordering::Relaxed;
@@ -169,14 +170,14 @@ pub enum Role {
     /// It follows the WAL itself: the fleet's decoder is off, or Valkey is unreachable.
     Own,
     /// It holds the lease: it follows the WAL and publishes.
-    Leader(redis::aio::MultiplexedConnection),
+    Leader(Conn),
     /// Another holds it: it reads the stream.
-    Reader(redis::aio::MultiplexedConnection),
+    Reader(Conn),
 }
 
 /// The fleet's decoding, shared by the process's followers.
 pub struct Fleet {
-    client: redis::Client,
+    valkey: crate::cache::valkey::Valkey,
     /// Keys start with it (the shared tier's prefix).
     prefix: Vec<u8>,
     lease: Duration,
@@ -217,7 +218,7 @@ impl Fleet {
     pub fn new(shared: &Shared, tier: &SharedTier, rows: usize) -> Fleet {
         let host = std::env::var("HOSTNAME").unwrap_or_default();
         Fleet {
-            client: shared.client().clone(),
+            valkey: shared.valkey().clone(),
             prefix: shared.prefix().to_vec(),
             lease: tier.lease,
             without_valkey: tier.without_valkey,
@@ -237,14 +238,8 @@ impl Fleet {
         k
     }
 
-    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, String> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(ASK))
-            .set_response_timeout(Some(ASK + BLOCK));
-        self.client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| format!("Valkey: {e}"))
+    async fn connect(&self) -> Result<Conn, String> {
+        self.valkey.connect(ASK + BLOCK).await
     }
 
     /// The part this instance plays for `database` now: it takes the lease when it is free.
@@ -267,7 +262,7 @@ impl Fleet {
 
     /// Lets the lease of `database` go, if this instance holds it (best effort: it lapses
     /// anyway).
-    pub async fn release(&self, conn: &mut redis::aio::MultiplexedConnection, database: &str) {
+    pub async fn release(&self, conn: &mut Conn, database: &str) {
         let mut eval = redis::cmd("EVAL");
         eval.arg(RELEASE)
             .arg(1)
@@ -302,11 +297,7 @@ impl Fleet {
 
     /// The leader's side, beside its stream: renews the lease and publishes what the
     /// follower saw. Returns (an error) once the lease is lost or lapsed.
-    pub async fn lead(
-        &self,
-        follower: &Follower,
-        mut conn: redis::aio::MultiplexedConnection,
-    ) -> Result<(), String> {
+    pub async fn lead(&self, follower: &Follower, mut conn: Conn) -> Result<(), String> {
         let database = &follower.database;
         let stream = self.key("wal", database);
         let lease = self.key("lease", database);
@@ -409,7 +400,7 @@ impl Fleet {
         &self,
         follower: &Follower,
         cache: &ResultCache,
-        mut conn: redis::aio::MultiplexedConnection,
+        mut conn: Conn,
     ) -> Result<(), String> {
         let database = &follower.database;
         let stream = self.key("wal", database);
@@ -525,10 +516,7 @@ impl Fleet {
 }
 
 /// One question to Valkey, within [`ASK`] (and the stream's wait).
-async fn ask<T: redis::FromRedisValue>(
-    conn: &mut redis::aio::MultiplexedConnection,
-    cmd: &redis::Cmd,
-) -> Result<T, String> {
+async fn ask<T: redis::FromRedisValue>(conn: &mut Conn, cmd: &redis::Cmd) -> Result<T, String> {
     match tokio::time::timeout(ASK + BLOCK, cmd.query_async::<T>(conn)).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(format!("Valkey: {e}")),
