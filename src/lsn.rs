@@ -85,6 +85,18 @@ impl Covering {
         }
     }
 
+    /// Everything pgmemo knew of at `at` is known to end at or before `lsn` (not read from
+    /// the server: see `wal::fleet`'s joining reader). Kept in time order: [`Covering::after`]
+    /// a moment before `at` finds it, even when a larger position was read before it.
+    pub fn note_known(&self, at: crate::clock::Moment, lsn: u64) {
+        let mut c = self.read.lock();
+        let place = c.partition_point(|&(sent, _)| sent <= at.nanos());
+        c.insert(place, (at.nanos(), lsn));
+        if c.len() > COVERING {
+            c.pop_front();
+        }
+    }
+
     /// The rows of [`COMMIT_POSITION_SQL`], asked at `sent`: their position, read as an
     /// asynchronous commit's (past every commit inserted before), is noted.
     pub fn note_answer(&self, sent: crate::clock::Moment, rows: &[Vec<Option<String>>]) {

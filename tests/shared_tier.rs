@@ -89,7 +89,8 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
         cluster().psql(
             DB,
             "CREATE TABLE kv (id int PRIMARY KEY, v text);
-             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 20) g;",
+             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 20) g;
+             CREATE TABLE other (x int);",
         )
     })
     .await
@@ -136,6 +137,28 @@ async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_
         shared(&b).0,
         hits + 10,
         "B's first reads came from the shared tier"
+    );
+    // An instance started now, after the WAL has moved on (the other tests write): its
+    // first reads are shared hits too (it knows every commit since the position its
+    // reading of the stream begins from, not only since it joined).
+    direct
+        .batch_execute("INSERT INTO other VALUES (1)")
+        .await
+        .unwrap();
+    let d = start_pgmemo(config(&valkey)).await;
+    let cd = connect(&proxy_db_url(&d, DB)).await;
+    warm_up(&d, &cd).await;
+    assert!(
+        follower(&d).unwrap().status().decoder.starts_with("reader"),
+        "D reads the stream"
+    );
+    for id in 1..=10 {
+        assert_eq!(value(&cd, &read(id)).await, format!("v{id}"));
+    }
+    assert_eq!(
+        shared(&d).0,
+        10,
+        "D started late: its first reads were shared hits"
     );
     let entries = admin_rows(&admin_console(b.local_addr()).await, "SHOW CACHE ENTRIES").await;
     let copies: Vec<f64> = entries
@@ -525,6 +548,46 @@ const DB_CHECK: &str = "shared_check";
 /// commit.
 type Written = (i32, i64, pgmemo::wal::Lsn);
 
+/// Reads the checker's keys through `proxy` (from `first_key` on) until `done`: a read that
+/// returns less than a write the instance had applied when the read was sent is stale.
+/// (stale reads described, reads checked).
+async fn check_reads(
+    proxy: &Pgmemo,
+    label: &str,
+    first_key: usize,
+    written: &std::sync::Mutex<Vec<Written>>,
+    done: &std::sync::atomic::AtomicBool,
+) -> (Vec<String>, u64) {
+    let c = connect(&proxy_db_url(proxy, DB_CHECK)).await;
+    let (mut stale, mut checked) = (Vec::new(), 0u64);
+    let mut i = first_key;
+    while !done.load(Relaxed) {
+        let key = (i % 8) as i32;
+        i += 1;
+        let follower = wal_follower(proxy, DB_CHECK).unwrap();
+        // What the instance had applied when the read was sent, and the writes to the key
+        // it covers.
+        let applied = follower.is_ready().then(|| follower.applied());
+        let known: Vec<Written> = written.lock().unwrap().clone();
+        let got: i64 = value(&c, &format!("SELECT v FROM kv WHERE id = {key}"))
+            .await
+            .parse()
+            .unwrap();
+        let Some(applied) = applied else { continue };
+        checked += 1;
+        if let Some(&(_, v, at)) = known
+            .iter()
+            .filter(|&&(k, v, at)| k == key && at <= applied && v > got)
+            .max_by_key(|w| w.1)
+        {
+            stale.push(format!(
+                "{label} read {got} of {key} with {applied} applied; {v} was committed by {at}"
+            ));
+        }
+    }
+    (stale, checked)
+}
+
 /// A consistency checker on three instances sharing one decoder and the shared tier: writers
 /// through two instances and directly on PostgreSQL, readers on all three at once. Every
 /// read returns at least the value of each write whose commit the reading instance's
@@ -564,6 +627,7 @@ async fn concurrent_readers_on_three_instances_never_read_a_write_they_have_pass
     }
     let written: Arc<Mutex<Vec<Written>>> = Arc::default();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Writers: through instance 0, through instance 1, and directly.
     let mut writers = Vec::new();
     for (w, url) in [
@@ -574,11 +638,17 @@ async fn concurrent_readers_on_three_instances_never_read_a_write_they_have_pass
     .into_iter()
     .enumerate()
     {
-        let written = written.clone();
+        let (written, late) = (written.clone(), late.clone());
         writers.push(tokio::spawn(async move {
             let c = connect(&url).await;
             let mut stale = Vec::new();
             for i in 0..WRITES {
+                if i == WRITES / 2 {
+                    wait_until("the late instance", Duration::from_secs(60), || async {
+                        late.load(Relaxed)
+                    })
+                    .await;
+                }
                 let key = ((i * 3 + w) % KEYS as usize) as i32;
                 let row = c
                     .query_one("UPDATE kv SET v = v + 1 WHERE id = $1 RETURNING v", &[&key])
@@ -607,36 +677,32 @@ async fn concurrent_readers_on_three_instances_never_read_a_write_they_have_pass
     for r in 0..6usize {
         let (written, done, proxies) = (written.clone(), done.clone(), proxies.clone());
         readers.push(tokio::spawn(async move {
-            let proxy = &proxies[r % 3];
-            let c = connect(&proxy_db_url(proxy, DB_CHECK)).await;
-            let mut stale = Vec::new();
-            let mut reads = 0u64;
-            let mut i = r;
-            while !done.load(Relaxed) {
-                let key = (i % KEYS as usize) as i32;
-                i += 1;
-                let follower = wal_follower(proxy, DB_CHECK).unwrap();
-                // What the instance had applied when the read was sent, and the writes
-                // to the key it covers.
-                let applied = follower.is_ready().then(|| follower.applied());
-                let known: Vec<Written> = written.lock().unwrap().clone();
-                let got: i64 = value(&c, &format!("SELECT v FROM kv WHERE id = {key}"))
-                    .await
-                    .parse()
-                    .unwrap();
-                reads += 1;
-                let Some(applied) = applied else { continue };
-                if let Some(&(_, v, at)) = known
-                    .iter()
-                    .filter(|&&(k, v, at)| k == key && at <= applied && v > got)
-                    .max_by_key(|w| w.1)
-                {
-                    stale.push(format!(
-                        "instance {} read {got} of {key} with {applied} applied; {v} was committed by {at}",
-                        r % 3
-                    ));
-                }
-            }
+            let label = format!("instance {}", r % 3);
+            check_reads(&proxies[r % 3], &label, r, &written, &done).await
+        }));
+    }
+    // An instance that joins while the writes go on (the writers wait for it to serve half
+    // way through): it reads with the others.
+    {
+        let (written, done, late) = (written.clone(), done.clone(), late.clone());
+        let config = config(&valkey);
+        readers.push(tokio::spawn(async move {
+            wait_until("half the writes", Duration::from_secs(60), || async {
+                written.lock().unwrap().len() >= 3 * WRITES / 2 - 3
+            })
+            .await;
+            let d = start_pgmemo(config).await;
+            let c = connect(&proxy_db_url(&d, DB_CHECK)).await;
+            value(&c, "SELECT v FROM kv WHERE id = 0").await;
+            wait_until(
+                "the late instance to serve",
+                Duration::from_secs(30),
+                || async { wal_follower(&d, DB_CHECK).is_some_and(|f| f.is_ready()) },
+            )
+            .await;
+            late.store(true, Relaxed);
+            let (stale, reads) = check_reads(&d, "the late instance", 0, &written, &done).await;
+            assert!(reads > 0, "the late instance read while the writes went on");
             (stale, reads)
         }));
     }

@@ -67,13 +67,19 @@ impl OwnCommits {
 
     /// Whether the WAL's transaction `xid` of `database` was noted (the note is taken).
     pub fn take(&self, database: &str, xid: u32) -> bool {
+        self.take_since(database, xid, None)
+    }
+
+    /// [`OwnCommits::take`], for a note made at or after `since` only (one made before is
+    /// taken and not counted: its commit is bumped again).
+    pub fn take_since(&self, database: &str, xid: u32, since: Option<Instant>) -> bool {
         let notes = self.notes.pin();
         if notes.is_empty() {
             return false;
         }
-        let taken = notes
-            .remove(&(database.into(), xid))
-            .is_some_and(|noted| noted.elapsed() < MAX_AGE);
+        let taken = notes.remove(&(database.into(), xid)).is_some_and(|&noted| {
+            noted.elapsed() < MAX_AGE && since.is_none_or(|since| noted >= since)
+        });
         if taken {
             self.skipped.fetch_add(1, Relaxed);
         }

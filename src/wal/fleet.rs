@@ -53,13 +53,15 @@ pub struct Commit {
     pub slots: Vec<u64>,
     /// Something it changed is not told slot by slot: the database is flushed.
     pub flush: bool,
+    /// Its commit's end (the leader's: see [`Entry::covers`]; not published).
+    pub end: u64,
 }
 
 impl Commit {
     /// What a commit of `xid` that bumps `slots` (and `flushed` its database) publishes.
     pub fn of(
         versions: &crate::cache::versions::Versions,
-        xid: Option<u32>,
+        (xid, end): (Option<u32>, Lsn),
         slots: &[u32],
         flushed: bool,
     ) -> Commit {
@@ -72,7 +74,12 @@ impl Commit {
                 portable
             })
             .collect();
-        Commit { xid, slots, flush }
+        Commit {
+            xid,
+            slots,
+            flush,
+            end: end.0,
+        }
     }
 }
 
@@ -85,6 +92,10 @@ struct Entry {
     seq: u64,
     /// The leader's applied position (every commit up to it came before on the stream).
     applied: u64,
+    /// A position past every commit that came before on the stream, and at least `applied`:
+    /// every commit after it comes after (commits are published as they are seen, which
+    /// may be out of their order). Where a reader that joins here knows everything from.
+    covers: u64,
     /// The leader serves the database's results (it is caught up, and heard its server).
     ready: bool,
     /// The leader had applied everything its server had written (what `cache.max_lag`
@@ -96,14 +107,14 @@ struct Entry {
 }
 
 /// An entry's value's first bytes: its format.
-const MAGIC: [u8; 2] = [b'W', 1];
+const MAGIC: [u8; 2] = [b'W', 2];
 
 impl Entry {
     fn encode(&self) -> Vec<u8> {
         let slots = self.commit.as_ref().map_or(&[][..], |c| &c.slots);
         let mut v = Vec::with_capacity(48 + 8 * slots.len());
         v.extend_from_slice(&MAGIC);
-        for n in [self.epoch, self.seq, self.applied] {
+        for n in [self.epoch, self.seq, self.applied, self.covers] {
             v.extend_from_slice(&n.to_be_bytes());
         }
         let c = self.commit.as_ref();
@@ -133,7 +144,7 @@ impl Entry {
         if take(2)? != MAGIC {
             return None;
         }
-        let [epoch, seq, applied] = [(); 3].map(|_| take(8).map(be_u64));
+        let [epoch, seq, applied, covers] = [(); 4].map(|_| take(8).map(be_u64));
         let flags = take(1)?[0];
         let xid = u32::from_be_bytes(take(4)?.try_into().ok()?);
         let sent = be_u64(take(8)?) as i64;
@@ -142,16 +153,18 @@ impl Entry {
             return None;
         }
         let slots = rest.chunks_exact(8).map(be_u64).collect();
-        let (epoch, seq, applied) = (epoch?, seq?, applied?);
+        let (epoch, seq, applied, covers) = (epoch?, seq?, applied?, covers?);
         let commit = (flags & 4 != 0).then(|| Commit {
             xid: (flags & 16 != 0).then_some(xid),
             slots,
             flush: flags & 8 != 0,
+            end: 0,
         });
         Some(Entry {
             epoch,
             seq,
             applied,
+            covers,
             ready: flags & 1 != 0,
             confirmed: flags & 2 != 0,
             sent,
@@ -204,6 +217,9 @@ pub const LEADER: &str = "leader";
 
 /// Why a role ends when another instance's part changed: not a failure (no backoff).
 pub const HANDOVER: &str = "the fleet's decoder changed";
+
+/// The entries a reader that joins applies at most (see [`Fleet::replay`]).
+const HISTORY: usize = 10_000;
 
 /// The entries a stream keeps (about 60 bytes each for a commit of a few rows); a reader
 /// further behind finds a sequence number skipped and starts again.
@@ -310,6 +326,8 @@ impl Fleet {
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renewed = Instant::now();
         let mut last_applied = 0u64;
+        // The end of the last commit published (see `Entry::covers`).
+        let mut published_end = 0u64;
         loop {
             let ticked = tokio::select! {
                 _ = tick.tick() => true,
@@ -341,24 +359,28 @@ impl Fleet {
             }
             let (ready, confirmed) = (follower.is_ready(), follower.confirmed_now());
             let last = commits.len();
-            let mut entries: Vec<Entry> = commits
-                .into_iter()
-                .enumerate()
-                .map(|(i, c)| Entry {
+            let mut entries = Vec::with_capacity(last.max(1));
+            for (i, commit) in commits.into_iter().map(Some).enumerate() {
+                let applied = if i + 1 == last { applied } else { last_applied };
+                entries.push(Entry {
                     epoch,
                     seq: 0,
-                    applied: if i + 1 == last { applied } else { last_applied },
+                    applied,
+                    covers: applied.max(published_end),
                     ready,
                     confirmed,
                     sent: super::replication::pg_now(),
-                    commit: Some(c),
-                })
-                .collect();
+                    commit: None,
+                });
+                published_end = published_end.max(commit.as_ref().map_or(0, |c| c.end));
+                entries[i].commit = commit;
+            }
             if entries.is_empty() {
                 entries.push(Entry {
                     epoch,
                     seq: 0,
                     applied,
+                    covers: applied.max(published_end),
                     ready,
                     confirmed,
                     sent: super::replication::pg_now(),
@@ -405,12 +427,24 @@ impl Fleet {
         let database = &follower.database;
         let stream = self.key("wal", database);
         let lease = self.key("lease", database);
-        let mut last = redis::cmd("XREVRANGE");
-        last.arg(&stream).arg("+").arg("-").arg("COUNT").arg(1);
-        let mut from = entries(ask::<redis::Value>(&mut conn, &last).await?)
-            .pop()
-            .map_or_else(|| "0-0".to_string(), |(id, _)| id);
-        let mut leader = None;
+        // Commits through this instance noted from now on were bumped after the history's
+        // mark (below): their entries need not bump them again.
+        let joined = Instant::now();
+        let mut recent = redis::cmd("XREVRANGE");
+        recent
+            .arg(&stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(HISTORY);
+        let recent = entries(ask::<redis::Value>(&mut conn, &recent).await?);
+        let mut from = recent
+            .first()
+            .map_or_else(|| "0-0".to_string(), |(id, _)| id.clone());
+        let mut leader = self.replay(follower, cache, recent);
+        if leader.is_some() {
+            self.name_leader(follower, &mut conn, &lease).await?;
+        }
         let mut heard = Instant::now();
         follower.set_phase(Phase::CatchingUp);
         loop {
@@ -449,11 +483,7 @@ impl Fleet {
                 match leader {
                     None => {
                         leader = Some((entry.epoch, entry.seq));
-                        let holder =
-                            ask::<Option<String>>(&mut conn, redis::cmd("GET").arg(&lease))
-                                .await?
-                                .unwrap_or_default();
-                        follower.set_role(format!("reader (leader {holder})"));
+                        self.name_leader(follower, &mut conn, &lease).await?;
                     }
                     Some((epoch, _)) if epoch != entry.epoch => {
                         return Err(format!("{HANDOVER}: a new leader"))
@@ -466,19 +496,84 @@ impl Fleet {
                     }
                     Some((epoch, _)) => leader = Some((epoch, entry.seq)),
                 }
-                self.apply(entry, follower, cache);
+                self.apply(entry, follower, cache, Joining::Live { own_since: joined });
             }
         }
     }
 
-    /// Applies one entry of the leader's.
-    fn apply(&self, entry: Entry, follower: &Follower, cache: &ResultCache) {
+    /// Shows the lease's holder as the reader's leader.
+    async fn name_leader(
+        &self,
+        follower: &Follower,
+        conn: &mut Conn,
+        lease: &[u8],
+    ) -> Result<(), String> {
+        let holder = ask::<Option<String>>(conn, redis::cmd("GET").arg(lease)).await?;
+        follower.set_role(format!("reader (leader {})", holder.unwrap_or_default()));
+        Ok(())
+    }
+
+    /// Joining the stream: applies its recent entries (`recent`, newest first) of the
+    /// current leader back to the first at which it served, and says this instance knows
+    /// every commit after that entry's applied position `X` (the database's mark, see
+    /// `Follower::publish`, is covered by `X`, not by a position read now: entries in the
+    /// shared tier from before it joined may be served). The leader's (epoch, last sequence
+    /// number) when there is such a run.
+    fn replay(
+        &self,
+        follower: &Follower,
+        cache: &ResultCache,
+        recent: Vec<(String, Vec<u8>)>,
+    ) -> Option<(u64, u64)> {
+        let mut run: Vec<Entry> = Vec::new();
+        for (_, value) in recent {
+            let Some(entry) = Entry::decode(&value) else {
+                break;
+            };
+            if run
+                .last()
+                .is_some_and(|after| after.epoch != entry.epoch || entry.seq + 1 != after.seq)
+            {
+                break;
+            }
+            run.push(entry);
+        }
+        // From the oldest entry at which the leader served (all it decoded since its slot
+        // began is on the stream from there), oldest first.
+        let first = run.iter().rposition(|e| e.ready && e.applied > 0)?;
+        run.truncate(first + 1);
+        run.reverse();
+        let newest = run.last()?;
+        let (leader, serving) = ((newest.epoch, newest.seq), newest.ready);
+        let versions = &cache.versions;
+        let mark = crate::clock::Moment::now();
+        versions.mark_bumped(versions.database_slot(&follower.database), mark);
+        follower.covering.note_known(
+            crate::clock::Moment::from_nanos(mark.nanos() + 1),
+            run[0].covers,
+        );
+        for entry in run {
+            // Its commits bumped after the mark; a commit made here before it joined too.
+            self.apply(entry, follower, cache, Joining::Replay);
+        }
+        if serving && !follower.ready.swap(true, Relaxed) {
+            follower.set_phase(Phase::Streaming);
+            tracing::info!(database = %follower.database, applied = %follower.applied(), "WAL invalidation: reading the fleet's decoder (from its recent entries); caching on");
+        }
+        Some(leader)
+    }
+
+    /// Applies one entry of the leader's (see [`Joining`]).
+    fn apply(&self, entry: Entry, follower: &Follower, cache: &ResultCache, joining: Joining) {
         let database = &*follower.database;
         let versions = &cache.versions;
         if let Some(commit) = entry.commit {
-            let own = commit
-                .xid
-                .is_some_and(|xid| cache.own_commits.take(database, xid));
+            let own = match joining {
+                Joining::Replay => false,
+                Joining::Live { own_since } => commit.xid.is_some_and(|xid| {
+                    cache.own_commits.take_since(database, xid, Some(own_since))
+                }),
+            };
             let slots: Option<Vec<u32>> = commit
                 .slots
                 .iter()
@@ -493,13 +588,17 @@ impl Fleet {
             follower.commits.fetch_add(1, Relaxed);
         }
         self.stats.stream_read.fetch_add(1, Relaxed);
-        let lag = (super::replication::pg_now() - entry.sent).max(0) as u64;
-        self.stats.stream_lag.lock().add(lag);
+        if joining != Joining::Replay {
+            let lag = (super::replication::pg_now() - entry.sent).max(0) as u64;
+            self.stats.stream_lag.lock().add(lag);
+        }
         follower.applied.fetch_max(entry.applied, Relaxed);
         if entry.confirmed {
             follower.confirmed_ms.store(super::clock_ms(), Relaxed);
         }
-        if !entry.ready {
+        if joining == Joining::Replay {
+            // Whether it serves is decided once the replay is done.
+        } else if !entry.ready {
             follower.ready.store(false, Relaxed);
         } else if !follower.ready.load(Relaxed) {
             // What committed before the stream's end when it began reading bumped nothing
@@ -513,6 +612,18 @@ impl Fleet {
             tracing::info!(%database, applied = %Lsn(entry.applied), "WAL invalidation: reading the fleet's decoder; caching on");
         }
     }
+}
+
+/// How a reader applies an entry ([`Fleet::apply`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Joining {
+    /// One of the stream's recent entries, read when it joined ([`Fleet::replay`]): what it
+    /// bumps is bumped again (a commit made through this instance too: its note may be older
+    /// than the reader's mark), and whether the reader serves waits for the replay's end.
+    Replay,
+    /// A new entry: a commit made through this instance and noted since `own_since` (it
+    /// joined) was bumped at its COMMIT already; the leader's serving is followed.
+    Live { own_since: Instant },
 }
 
 /// One question to Valkey, within [`ASK`] (and the stream's wait).
@@ -576,6 +687,7 @@ mod tests {
             epoch: 7,
             seq: 3,
             applied: 0x16_B374_D848,
+            covers: 0x16_B374_D900,
             ready: true,
             confirmed: false,
             sent: 123,
@@ -583,6 +695,7 @@ mod tests {
                 xid: Some(741),
                 slots: vec![1, 1 << 63 | 5],
                 flush: false,
+                end: 0,
             }),
         };
         assert_eq!(Entry::decode(&e.encode()), Some(e.clone()));

@@ -910,7 +910,7 @@ async fn apply_stream(
                     }
                 };
                 if let Some(end) = done {
-                    state.commit_decoded(follower, cache, applied);
+                    state.commit_decoded(follower, cache, (applied, end));
                     applied = applied.max(end);
                 }
             }
@@ -1196,7 +1196,13 @@ impl Decoder {
     }
 
     /// The commit just applied: its bumps wait to be seen (and a leader's to be published).
-    fn commit_decoded(&mut self, follower: &Follower, cache: &ResultCache, before: Lsn) {
+    /// `before`: the position applied before it; `end`: its commit's end.
+    fn commit_decoded(
+        &mut self,
+        follower: &Follower,
+        cache: &ResultCache,
+        (before, end): (Lsn, Lsn),
+    ) {
         let (own, flushed) = (
             std::mem::take(&mut self.own),
             std::mem::take(&mut self.flushed),
@@ -1207,7 +1213,7 @@ impl Decoder {
         let bumps = std::mem::take(&mut self.bumps);
         let published = self
             .publishing
-            .then(|| fleet::Commit::of(&cache.versions, self.xid, &bumps, flushed));
+            .then(|| fleet::Commit::of(&cache.versions, (self.xid, end), &bumps, flushed));
         let local = if self.publishing && own && !flushed {
             Vec::new()
         } else {
