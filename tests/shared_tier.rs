@@ -463,6 +463,66 @@ async fn one_instance_decodes_for_the_fleet_and_another_takes_over_when_it_is_ki
     );
 }
 
+/// With `without_valkey = "no_caching"`, an instance that cannot reach Valkey serves nothing
+/// from its cache and opens no walsender of its own (reads go to the server, right); once
+/// Valkey answers, it joins the fleet (here, as its decoder) and caches again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_valkey_and_no_caching_an_instance_serves_nothing_until_valkey_is_back() {
+    const DB_ALONE: &str = "shared_alone";
+    fresh_db(DB_ALONE).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB_ALONE,
+            "CREATE TABLE kv (id int PRIMARY KEY, v text);
+             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 9) g;",
+        )
+    })
+    .await
+    .unwrap();
+    let mut valkey = tokio::task::spawn_blocking(|| Valkey::start("alone"))
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| valkey.stop());
+    let mut config = config(&valkey);
+    if let Some(shared) = config.cache.shared.as_mut() {
+        shared.without_valkey = WithoutValkey::NoCaching;
+    }
+    let a = start_pgmemo(config).await;
+    let ca = connect(&proxy_db_url(&a, DB_ALONE)).await;
+    let direct = connect(&direct_db_url(DB_ALONE)).await;
+    let hits = |p: &Pgmemo| -> u64 { p.app().cache.rule_stats().iter().map(|r| r.hits.get()).sum() };
+    value(&ca, &read(1)).await;
+    wait_until("the follower to say why", Duration::from_secs(30), || async {
+        wal_follower(&a, DB_ALONE).is_some_and(|f| f.status().phase.contains("no_caching"))
+    })
+    .await;
+    for _ in 0..5 {
+        assert_eq!(value(&ca, &read(1)).await, "v1");
+    }
+    direct
+        .batch_execute("UPDATE kv SET v = 'new' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(value(&ca, &read(1)).await, "new", "read from the server");
+    assert_eq!(hits(&a), 0, "nothing served from the cache");
+    let slots: i64 = direct
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = $1",
+            &[&DB_ALONE],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "no walsender of its own");
+    tokio::task::block_in_place(|| valkey.restart());
+    wait_until("caching again", Duration::from_secs(60), || async {
+        value(&ca, &read(2)).await;
+        hits(&a) > 0
+    })
+    .await;
+    assert!(wal_follower(&a, DB_ALONE).is_some_and(|f| f.leads()));
+}
+
 /// Two instances share results and one decoder through `valkey`: B's first reads of what A
 /// stored are shared hits; one of them decodes; a direct write is read new on both once
 /// applied.

@@ -495,6 +495,7 @@ async fn take_part(
     role: fleet::Role,
 ) -> Result<(), String> {
     let Some(fleet) = fleet else {
+        follower.set_role("own".into());
         return stream(follower, cache, setup, conns, false).await;
     };
     match role {
@@ -571,9 +572,6 @@ async fn stream(
     conns: &mut Connections,
     publishing: bool,
 ) -> Result<(), String> {
-    if !publishing {
-        follower.set_role("own".into());
-    }
     let start = start_streaming(follower, setup, &mut conns.replication).await?;
     let conn = conns
         .replication
