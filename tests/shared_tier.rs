@@ -490,11 +490,22 @@ async fn without_valkey_and_no_caching_an_instance_serves_nothing_until_valkey_i
     let a = start_pgmemo(config).await;
     let ca = connect(&proxy_db_url(&a, DB_ALONE)).await;
     let direct = connect(&direct_db_url(DB_ALONE)).await;
-    let hits = |p: &Pgmemo| -> u64 { p.app().cache.rule_stats().iter().map(|r| r.hits.get()).sum() };
+    let hits = |p: &Pgmemo| -> u64 {
+        p.app()
+            .cache
+            .rule_stats()
+            .iter()
+            .map(|r| r.hits.get())
+            .sum()
+    };
     value(&ca, &read(1)).await;
-    wait_until("the follower to say why", Duration::from_secs(30), || async {
-        wal_follower(&a, DB_ALONE).is_some_and(|f| f.status().phase.contains("no_caching"))
-    })
+    wait_until(
+        "the follower to say why",
+        Duration::from_secs(30),
+        || async {
+            wal_follower(&a, DB_ALONE).is_some_and(|f| f.status().phase.contains("no_caching"))
+        },
+    )
     .await;
     for _ in 0..5 {
         assert_eq!(value(&ca, &read(1)).await, "v1");
