@@ -42,6 +42,24 @@ fn config(valkey: &Valkey) -> Config {
 /// The fleet's lease in these tests.
 const LEASE: Duration = Duration::from_secs(1);
 
+/// A fresh database `db` with `kv (id int PRIMARY KEY, v text)` holding `'v' || id` for ids
+/// 0 to `last`, and `more` SQL after.
+async fn fresh_kv(db: &'static str, last: i32, more: &'static str) {
+    fresh_db(db).await;
+    tokio::task::spawn_blocking(move || {
+        cluster().psql(
+            db,
+            &format!(
+                "CREATE TABLE kv (id int PRIMARY KEY, v text);
+                 INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, {last}) g;
+                 {more}"
+            ),
+        )
+    })
+    .await
+    .unwrap();
+}
+
 /// `proxy`'s shared tier's counters: (hits, refused, writes).
 fn shared(proxy: &Pgmemo) -> (u64, u64, u64) {
     let s = &proxy.app().cache.shared().expect("a shared tier").stats;
@@ -84,17 +102,7 @@ fn read(id: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_shares_its_results_and_never_serves_one_a_write_it_knows_of_is_missing() {
-    fresh_db(DB).await;
-    tokio::task::spawn_blocking(|| {
-        cluster().psql(
-            DB,
-            "CREATE TABLE kv (id int PRIMARY KEY, v text);
-             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 20) g;
-             CREATE TABLE other (x int);",
-        )
-    })
-    .await
-    .unwrap();
+    fresh_kv(DB, 20, "CREATE TABLE other (x int);").await;
     let mut valkey = tokio::task::spawn_blocking(|| Valkey::start("fleet"))
         .await
         .unwrap();
@@ -344,16 +352,7 @@ fn decoder(proxy: &Pgmemo) -> Option<String> {
 /// and nothing is read stale meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_instance_decodes_for_the_fleet_and_another_takes_over_when_it_is_killed() {
-    fresh_db(DB_FLEET).await;
-    tokio::task::spawn_blocking(|| {
-        cluster().psql(
-            DB_FLEET,
-            "CREATE TABLE kv (id int PRIMARY KEY, v text);
-             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 20) g;",
-        )
-    })
-    .await
-    .unwrap();
+    fresh_kv(DB_FLEET, 20, "").await;
     let valkey = tokio::task::spawn_blocking(|| Valkey::start("one-decoder"))
         .await
         .unwrap();
@@ -469,16 +468,7 @@ async fn one_instance_decodes_for_the_fleet_and_another_takes_over_when_it_is_ki
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_valkey_and_no_caching_an_instance_serves_nothing_until_valkey_is_back() {
     const DB_ALONE: &str = "shared_alone";
-    fresh_db(DB_ALONE).await;
-    tokio::task::spawn_blocking(|| {
-        cluster().psql(
-            DB_ALONE,
-            "CREATE TABLE kv (id int PRIMARY KEY, v text);
-             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 9) g;",
-        )
-    })
-    .await
-    .unwrap();
+    fresh_kv(DB_ALONE, 9, "").await;
     let mut valkey = tokio::task::spawn_blocking(|| Valkey::start("alone"))
         .await
         .unwrap();
@@ -538,16 +528,7 @@ async fn without_valkey_and_no_caching_an_instance_serves_nothing_until_valkey_i
 /// stored are shared hits; one of them decodes; a direct write is read new on both once
 /// applied.
 async fn shares_through(valkey: &Valkey, db: &'static str) {
-    fresh_db(db).await;
-    tokio::task::spawn_blocking(move || {
-        cluster().psql(
-            db,
-            "CREATE TABLE kv (id int PRIMARY KEY, v text);
-             INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, 9) g;",
-        )
-    })
-    .await
-    .unwrap();
+    fresh_kv(db, 9, "").await;
     let (a, b) = (
         start_pgmemo(config(valkey)).await,
         start_pgmemo(config(valkey)).await,

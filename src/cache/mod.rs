@@ -31,6 +31,9 @@
 //!   ([`Resolve`]), and the catalog snapshots they are resolved against;
 //! - `invalidation.rs`: what a client's statements may write, bumped when its transaction is
 //!   over, and CACHE FLUSH;
+//! - `shared.rs`: the shared tier, a second tier of lookup and store on Valkey that a fleet
+//!   of instances shares, its entries judged by WAL positions; `valkey.rs`: how pgmemo
+//!   reaches Valkey (a server or a cluster, over TCP or TLS);
 //! - beside them, the parts those rooms share: `key.rs` (keys hashed once), `admission.rs`
 //!   (which misses are stored), [`auto`], [`catalog`], [`columns`], [`rows`], [`versions`]
 //!   and [`own_commits`].

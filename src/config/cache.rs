@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::table::{
-    ensure, read_key, settings, Bytes, Context, Form, Mebibytes, TextOrSeconds, Value,
+    ensure, read_key, settings, Bytes, Context, Form, Mebibytes, Own, TextOrSeconds, Value,
 };
 pub use super::table::{parse_duration, MAX_DURATION_SECS};
 use super::ConfigError;
@@ -309,26 +309,15 @@ fn read_shared(
             "a name without spaces",
         ));
     }
-    let decoder = match raw.decoder.as_deref() {
-        None | Some("one") => Decoder::One,
-        Some("each") => Decoder::Each,
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                "cache.shared.decoder",
-                format!("expected \"one\" or \"each\", got \"{other}\""),
-            ))
-        }
-    };
-    let without_valkey = match raw.without_valkey.as_deref() {
-        None | Some("own_follower") => WithoutValkey::OwnFollower,
-        Some("no_caching") => WithoutValkey::NoCaching,
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                "cache.shared.without_valkey",
-                format!("expected \"own_follower\" or \"no_caching\", got \"{other}\""),
-            ))
-        }
-    };
+    let decoder = read_key::<Decoder, Own>("cache.shared.decoder", raw.decoder, None, cx)?
+        .unwrap_or_default();
+    let without_valkey = read_key::<WithoutValkey, Own>(
+        "cache.shared.without_valkey",
+        raw.without_valkey,
+        None,
+        cx,
+    )?
+    .unwrap_or_default();
     let lease = read_key::<Duration, TextOrSeconds>("cache.shared.lease", raw.lease, None, cx)?
         .unwrap_or(SHARED_LEASE);
     if lease < Duration::from_millis(300) {
@@ -495,6 +484,46 @@ impl Value for WalPlugin {
         match self {
             WalPlugin::TestDecoding => "test_decoding",
             WalPlugin::Pgoutput => "pgoutput",
+        }
+        .into()
+    }
+}
+
+impl Value for Decoder {
+    type Raw = String;
+    const KIND: &'static str = r#""one" or "each""#;
+    fn read(raw: String, _: &Context<'_>) -> Result<Decoder, String> {
+        match raw.as_str() {
+            "one" => Ok(Decoder::One),
+            "each" => Ok(Decoder::Each),
+            other => Err(format!("expected \"one\" or \"each\", got \"{other}\"")),
+        }
+    }
+    fn show(&self) -> String {
+        match self {
+            Decoder::One => "one",
+            Decoder::Each => "each",
+        }
+        .into()
+    }
+}
+
+impl Value for WithoutValkey {
+    type Raw = String;
+    const KIND: &'static str = r#""own_follower" or "no_caching""#;
+    fn read(raw: String, _: &Context<'_>) -> Result<WithoutValkey, String> {
+        match raw.as_str() {
+            "own_follower" => Ok(WithoutValkey::OwnFollower),
+            "no_caching" => Ok(WithoutValkey::NoCaching),
+            other => Err(format!(
+                "expected \"own_follower\" or \"no_caching\", got \"{other}\""
+            )),
+        }
+    }
+    fn show(&self) -> String {
+        match self {
+            WithoutValkey::OwnFollower => "own_follower",
+            WithoutValkey::NoCaching => "no_caching",
         }
         .into()
     }

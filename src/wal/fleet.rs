@@ -358,34 +358,26 @@ impl Fleet {
                 continue;
             }
             let (ready, confirmed) = (follower.is_ready(), follower.confirmed_now());
+            let entry = |applied: u64, covers: u64, commit| Entry {
+                epoch,
+                seq: 0,
+                applied,
+                covers,
+                ready,
+                confirmed,
+                sent: super::replication::pg_now(),
+                commit,
+            };
             let last = commits.len();
             let mut entries = Vec::with_capacity(last.max(1));
-            for (i, commit) in commits.into_iter().map(Some).enumerate() {
+            for (i, commit) in commits.into_iter().enumerate() {
                 let applied = if i + 1 == last { applied } else { last_applied };
-                entries.push(Entry {
-                    epoch,
-                    seq: 0,
-                    applied,
-                    covers: applied.max(published_end),
-                    ready,
-                    confirmed,
-                    sent: super::replication::pg_now(),
-                    commit: None,
-                });
-                published_end = published_end.max(commit.as_ref().map_or(0, |c| c.end));
-                entries[i].commit = commit;
+                let end = commit.end;
+                entries.push(entry(applied, applied.max(published_end), Some(commit)));
+                published_end = published_end.max(end);
             }
             if entries.is_empty() {
-                entries.push(Entry {
-                    epoch,
-                    seq: 0,
-                    applied,
-                    covers: applied.max(published_end),
-                    ready,
-                    confirmed,
-                    sent: super::replication::pg_now(),
-                    commit: None,
-                });
+                entries.push(entry(applied, applied.max(published_end), None));
             }
             last_applied = applied;
             let mut pipe = redis::pipe();
