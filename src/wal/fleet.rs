@@ -173,6 +173,60 @@ impl Entry {
     }
 }
 
+/// What a leader has published in its epoch: its entries are made here.
+struct Published {
+    epoch: u64,
+    /// The last entry's sequence number.
+    seq: u64,
+    /// The applied position the last batch ended with.
+    applied: u64,
+    /// The end of every commit published so far, at most (see [`Entry::covers`]).
+    end: u64,
+}
+
+impl Published {
+    fn new(epoch: u64) -> Published {
+        Published {
+            epoch,
+            seq: 0,
+            applied: 0,
+            end: 0,
+        }
+    }
+
+    /// The next batch: an entry for each of `commits` (seen after `applied` was read), the
+    /// last one with `applied`; a position entry alone when there is none. `(ready,
+    /// confirmed)`: whether the leader serves, and had applied all its server had written.
+    fn entries(
+        &mut self,
+        applied: u64,
+        (ready, confirmed): (bool, bool),
+        commits: Vec<Commit>,
+    ) -> Vec<Entry> {
+        let last = commits.len();
+        let mut entries = Vec::with_capacity(last.max(1));
+        let commits = commits.into_iter().map(Some);
+        for (i, commit) in commits.chain((last == 0).then_some(None)).enumerate() {
+            let at = if i + 1 >= last { applied } else { self.applied };
+            let end = commit.as_ref().map_or(0, |c| c.end);
+            self.seq += 1;
+            entries.push(Entry {
+                epoch: self.epoch,
+                seq: self.seq,
+                applied: at,
+                covers: at.max(self.end),
+                ready,
+                confirmed,
+                sent: super::replication::pg_now(),
+                commit,
+            });
+            self.end = self.end.max(end);
+        }
+        self.applied = applied;
+        entries
+    }
+}
+
 /// Eight bytes, big-endian.
 fn be_u64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0, |n, &b| n << 8 | u64::from(b))
@@ -317,17 +371,13 @@ impl Fleet {
         let database = &follower.database;
         let stream = self.key("wal", database);
         let lease = self.key("lease", database);
-        let epoch: u64 = rand::random();
-        let mut seq = 0u64;
+        let mut published = Published::new(rand::random());
         follower.set_role(format!("{LEADER} ({})", self.me));
         let mut tick = tokio::time::interval(super::POSITIONS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renew = tokio::time::interval(self.lease / 3);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renewed = Instant::now();
-        let mut last_applied = 0u64;
-        // The end of the last commit published (see `Entry::covers`).
-        let mut published_end = 0u64;
         loop {
             let ticked = tokio::select! {
                 _ = tick.tick() => true,
@@ -357,34 +407,11 @@ impl Fleet {
             if commits.is_empty() && !ticked {
                 continue;
             }
-            let (ready, confirmed) = (follower.is_ready(), follower.confirmed_now());
-            let entry = |applied: u64, covers: u64, commit| Entry {
-                epoch,
-                seq: 0,
-                applied,
-                covers,
-                ready,
-                confirmed,
-                sent: super::replication::pg_now(),
-                commit,
-            };
-            let last = commits.len();
-            let mut entries = Vec::with_capacity(last.max(1));
-            for (i, commit) in commits.into_iter().enumerate() {
-                let applied = if i + 1 == last { applied } else { last_applied };
-                let end = commit.end;
-                entries.push(entry(applied, applied.max(published_end), Some(commit)));
-                published_end = published_end.max(end);
-            }
-            if entries.is_empty() {
-                entries.push(entry(applied, applied.max(published_end), None));
-            }
-            last_applied = applied;
+            let serving = (follower.is_ready(), follower.confirmed_now());
+            let entries = published.entries(applied, serving, commits);
             let mut pipe = redis::pipe();
             let count = entries.len() as u64;
-            for mut e in entries {
-                seq += 1;
-                e.seq = seq;
+            for e in entries {
                 pipe.cmd("XADD")
                     .arg(&stream)
                     .arg("MAXLEN")
@@ -672,6 +699,102 @@ fn read_entries(reply: redis::Value) -> Vec<(String, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn commit(end: u64, slots: Vec<u64>) -> Commit {
+        Commit {
+            xid: None,
+            slots,
+            flush: false,
+            end,
+        }
+    }
+
+    /// Commits seen out of their order (one held by a synchronous standby): an entry's
+    /// `covers` is past every commit published before it, not only its applied position.
+    #[test]
+    fn an_entry_covers_every_commit_published_before_it() {
+        let mut p = Published::new(7);
+        // 200 is seen while 150 is not: the applied position stays at 140.
+        let first = p.entries(140, (true, false), vec![commit(200, vec![1])]);
+        assert_eq!(
+            first
+                .iter()
+                .map(|e| (e.seq, e.applied, e.covers))
+                .collect::<Vec<_>>(),
+            [(1, 140, 140)]
+        );
+        let next = p.entries(140, (true, false), Vec::new());
+        assert_eq!(
+            (next[0].seq, next[0].applied, next[0].covers),
+            (2, 140, 200)
+        );
+        // 150 seen: the position passes both; two commits in one batch, the last with it.
+        let both = p.entries(
+            210,
+            (true, true),
+            vec![commit(150, vec![2]), commit(205, vec![3])],
+        );
+        assert_eq!(
+            both.iter()
+                .map(|e| (e.seq, e.applied, e.covers))
+                .collect::<Vec<_>>(),
+            [(3, 140, 200), (4, 210, 210)]
+        );
+    }
+
+    /// A reader that joins knows every commit after its first replayed entry's `covers`:
+    /// an entry of the shared tier with an older position is refused, one with that position
+    /// or later is served; a slot a replayed commit bumped waits for a position read after.
+    #[test]
+    fn a_joining_reader_knows_what_came_after_the_first_entry_it_replays() {
+        let cache = ResultCache::new(
+            &crate::config::cache::CacheConfig::default(),
+            Arc::new(crate::query::shapes::Shapes::new(100)),
+        );
+        let versions = &cache.versions;
+        let follower = Follower::new("h:5432/db", "db", None);
+        let fleet = Fleet {
+            valkey: crate::cache::valkey::Valkey::One(Box::new(
+                redis::Client::open("redis://127.0.0.1:1/0").unwrap(),
+            )),
+            prefix: Vec::new(),
+            lease: Duration::from_secs(3),
+            without_valkey: WithoutValkey::OwnFollower,
+            me: "test".into(),
+            rows: versions.row_versions(),
+            stats: Arc::default(),
+        };
+        let t = versions.table_slot("h:5432/db", "t");
+        let mut p = Published::new(9);
+        // A commit published before the leader served (not replayed: its end, 200, is past
+        // the first served entry's applied position, 140), then a commit of `t`.
+        let mut stream = p.entries(0, (false, false), vec![commit(200, vec![5])]);
+        stream.extend(p.entries(140, (true, false), Vec::new()));
+        let portable = versions.portable(t).unwrap();
+        stream.extend(p.entries(260, (true, true), vec![commit(250, vec![portable])]));
+        let recent: Vec<(String, Vec<u8>)> = stream
+            .iter()
+            .rev()
+            .map(|e| (format!("{}-0", e.seq), e.encode()))
+            .collect();
+        let before = crate::clock::Moment::now();
+        assert_eq!(fleet.replay(&follower, &cache, recent), Some((9, 3)));
+        assert!(follower.is_ready(), "the leader served: so does the reader");
+        assert_eq!(follower.applied(), Lsn(260));
+        let database = versions.database_slot("h:5432/db");
+        // The database's mark is covered by the replay's first entry's `covers` (200), not
+        // by its applied position (140): the commit ending at 200 was not replayed.
+        assert_eq!(
+            follower.covering_after(versions.last_bumped([database].into_iter())),
+            Some(200)
+        );
+        assert!(versions.last_bumped([database].into_iter()) > before);
+        // The slot a replayed commit bumped: no position read since.
+        assert_eq!(
+            follower.covering_after(versions.last_bumped([t].into_iter())),
+            None
+        );
+    }
 
     #[test]
     fn an_entry_reads_back_as_written() {

@@ -130,6 +130,31 @@ pub struct FollowerStatus {
 }
 
 impl Follower {
+    /// The follower of the server database `database` (named `name` there), not started;
+    /// `primary`: the hosts' primary it must stream from, when it must.
+    fn new(database: &str, name: &str, primary: Option<Arc<crate::primary::Primary>>) -> Follower {
+        Follower {
+            database: database.into(),
+            name: name.into(),
+            ready: AtomicBool::new(false),
+            applied: AtomicU64::new(0),
+            catch_up: AtomicU64::new(u64::MAX),
+            progress: visibility::Progress::default(),
+            covering: Default::default(),
+            primary,
+            host: std::sync::atomic::AtomicUsize::new(0),
+            last_slot: Mutex::new(None),
+            confirmed_ms: AtomicU64::new(0),
+            phase: Mutex::new(Phase::Connecting),
+            role: Mutex::new("own".into()),
+            lags: Mutex::new(crate::stats::Samples::default()),
+            commits: AtomicU64::new(0),
+            connects: AtomicU64::new(0),
+            stop: tokio::sync::watch::Sender::new(false),
+            ended: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
     /// Whether the database's cached results may be served.
     #[inline]
     pub fn is_ready(&self) -> bool {
@@ -304,26 +329,11 @@ impl Wal {
                 });
         }
         let setup = setup();
-        let follower = Arc::new(Follower {
-            database: database.into(),
-            name: setup.target.dbname.as_str().into(),
-            ready: AtomicBool::new(false),
-            applied: AtomicU64::new(0),
-            catch_up: AtomicU64::new(u64::MAX),
-            progress: visibility::Progress::default(),
-            covering: Default::default(),
-            primary: setup.target.followed_primary(),
-            host: std::sync::atomic::AtomicUsize::new(0),
-            last_slot: Mutex::new(None),
-            confirmed_ms: AtomicU64::new(0),
-            phase: Mutex::new(Phase::Connecting),
-            role: Mutex::new("own".into()),
-            lags: Mutex::new(crate::stats::Samples::default()),
-            commits: AtomicU64::new(0),
-            connects: AtomicU64::new(0),
-            stop: tokio::sync::watch::Sender::new(false),
-            ended: tokio::sync::watch::Sender::new(false),
-        });
+        let follower = Arc::new(Follower::new(
+            database,
+            setup.target.dbname.as_str(),
+            setup.target.followed_primary(),
+        ));
         if followers
             .try_insert(database.into(), follower.clone())
             .is_ok()
