@@ -77,16 +77,23 @@ fn follower(proxy: &Pgmemo) -> Option<std::sync::Arc<pgmemo::wal::Follower>> {
 /// Starts `proxy`'s follower (a read through it) and waits until it serves and has read a
 /// primary position after that: its instance may then judge shared entries.
 async fn warm_up(proxy: &Pgmemo, client: &Client) {
+    warm_up_on(proxy, client, DB).await;
+}
+
+/// [`warm_up`] for the database `db`. (Until the instance has read a position after the
+/// moment it began to serve, every shared entry is refused; one read only after another
+/// instance's fill, once other writes moved the WAL on, refuses that fill.)
+async fn warm_up_on(proxy: &Pgmemo, client: &Client, db: &str) {
     value(client, "SELECT v FROM kv WHERE id = 0").await;
     wait_until(
         "the follower to catch up",
         Duration::from_secs(30),
-        || async { follower(proxy).is_some_and(|f| f.is_ready()) },
+        || async { wal_follower(proxy, db).is_some_and(|f| f.is_ready()) },
     )
     .await;
     let ready = pgmemo::clock::Moment::now();
     wait_until("a position read", Duration::from_secs(30), || async {
-        follower(proxy).is_some_and(|f| f.covering_after(ready).is_some())
+        wal_follower(proxy, db).is_some_and(|f| f.covering_after(ready).is_some())
     })
     .await;
 }
@@ -539,11 +546,7 @@ async fn shares_through(valkey: &Valkey, db: &'static str) {
     );
     let direct = connect(&direct_db_url(db)).await;
     for (proxy, client) in [(&a, &ca), (&b, &cb)] {
-        value(client, &read(0)).await;
-        wait_until("an instance to serve", Duration::from_secs(30), || async {
-            wal_follower(proxy, db).is_some_and(|f| f.is_ready())
-        })
-        .await;
+        warm_up_on(proxy, client, db).await;
     }
     wait_wal_applied(&a, &direct, db).await;
     let writes = shared(&a).2;

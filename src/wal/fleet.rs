@@ -564,13 +564,7 @@ impl Fleet {
         run.reverse();
         let newest = run.last()?;
         let (leader, serving) = ((newest.epoch, newest.seq), newest.ready);
-        let versions = &cache.versions;
-        let mark = crate::clock::Moment::now();
-        versions.mark_bumped(versions.database_slot(&follower.database), mark);
-        follower.covering.note_known(
-            crate::clock::Moment::from_nanos(mark.nanos() + 1),
-            run[0].covers,
-        );
+        mark_known(follower, &cache.versions, run[0].covers);
         for entry in run {
             // Its commits bumped after the mark; a commit made here before it joined too.
             self.apply(entry, follower, cache, Joining::Replay);
@@ -621,16 +615,25 @@ impl Fleet {
             follower.ready.store(false, Relaxed);
         } else if !follower.ready.load(Relaxed) {
             // What committed before the stream's end when it began reading bumped nothing
-            // here (see `Follower::publish`).
-            versions.mark_bumped(
-                versions.database_slot(database),
-                crate::clock::Moment::now(),
-            );
+            // here (see `Follower::publish`); it ends at or before this entry's `covers`.
+            mark_known(follower, versions, entry.covers);
             follower.ready.store(true, Relaxed);
             follower.set_phase(Phase::Streaming);
             tracing::info!(%database, applied = %Lsn(entry.applied), "WAL invalidation: reading the fleet's decoder; caching on");
         }
     }
+}
+
+/// Marks the follower's database bumped now, and notes that every commit this instance did
+/// not learn of from the stream ends at or before `covers` (an entry's, from which on it
+/// reads every entry): a shared-tier entry whose position is `covers` or later may be
+/// served at once.
+fn mark_known(follower: &Follower, versions: &crate::cache::versions::Versions, covers: u64) {
+    let mark = crate::clock::Moment::now();
+    versions.mark_bumped(versions.database_slot(&follower.database), mark);
+    follower
+        .covering
+        .note_known(crate::clock::Moment::from_nanos(mark.nanos() + 1), covers);
 }
 
 /// How a reader applies an entry ([`Fleet::apply`]).
