@@ -562,13 +562,7 @@ impl Session {
                     client.cached_portal = Some((statement.clone(), batch.bind.rest.into()));
                 }
                 if parsed {
-                    // Usually bound already (a driver's unnamed statement, parsed each time).
-                    if !stmts.is_bound_to(b"", &statement) {
-                        stmts.set(b"", Some(statement.clone()));
-                    }
-                    statement
-                        .parse_hits
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    parsed_without_server(stmts, &statement);
                 }
                 let status = self.client_status();
                 self.answer_hit(len, opened(parsed), &entry.reply, status);
@@ -591,10 +585,7 @@ impl Session {
             return Ok(false);
         }
         if let Some(stmts) = self.plan.stmts.as_mut().filter(|_| parsed) {
-            if !stmts.is_bound_to(b"", &statement) {
-                stmts.set(b"", Some(statement.clone()));
-            }
-            statement.parse_hits.fetch_add(1, Relaxed);
+            parsed_without_server(stmts, &statement);
         }
         Ok(true)
     }
@@ -965,6 +956,19 @@ fn opened(parsed: bool) -> &'static [u8] {
     } else {
         &[be::BIND_COMPLETE]
     }
+}
+
+/// A batch answered without a server parsed `statement`: it is the unnamed statement now
+/// (usually bound already: a driver's unnamed statement, parsed each time), and its parse
+/// is counted as a hit.
+fn parsed_without_server(
+    stmts: &mut crate::statements::ClientStatements,
+    statement: &std::sync::Arc<crate::statements::Statement>,
+) {
+    if !stmts.is_bound_to(b"", statement) {
+        stmts.set(b"", Some(statement.clone()));
+    }
+    statement.parse_hits.fetch_add(1, Relaxed);
 }
 
 /// [`Session::shared_due`], on the session's parts (a batch's lookup holds its statements).

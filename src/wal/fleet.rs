@@ -15,9 +15,11 @@
 //!   it bumped it at its COMMIT already). Every [`super::POSITIONS_EVERY`], and with the last
 //!   commit of each batch, the leader's applied position and whether it serves. Every entry
 //!   carries the leader's epoch (drawn when it took the lease) and a sequence number.
-//! - **A reader** starts at the stream's end with its database flushed (what committed
-//!   before was visible before any query it sends) and serves once the leader says it
-//!   serves. Its applied position is the leader's as last read: every commit up to there
+//! - **A reader** applies the stream's recent entries (back to the first at which the
+//!   leader served) and then each new one, and serves once the leader says it serves. What
+//!   committed before the entries it read is covered by the first one's `covers` (a position
+//!   past every commit published before it): an entry of the shared tier at least that
+//!   recent may be served at once (see [`Fleet::replay`]). Its applied position is the leader's as last read: every commit up to there
 //!   came before it on the stream and was applied, so it is the position the reader's
 //!   shared-tier entries carry. An entry of another epoch, a sequence number skipped
 //!   (entries trimmed or lost) or a silent leader ends its reading: its database is flushed
@@ -25,8 +27,8 @@
 //! - **A new leader** starts a new slot: what committed between the last leader's last
 //!   entry and the new slot's start is unknowable, so every reader flushes (the epoch
 //!   changed) and serves only once the new leader is caught up. The shared tier needs
-//!   nothing more: an instance marks its database bumped when it serves again, so an entry
-//!   whose position is older than a primary position read after then is refused.
+//!   nothing more: an instance marks its database bumped when it serves again, covered by
+//!   the new leader's entries' `covers`, so an entry from before the new slot is refused.
 //! - **Valkey unreachable**: the instance follows the WAL itself (or, with `without_valkey =
 //!   "no_caching"`, serves nothing) and joins the fleet again once Valkey answers (its
 //!   database flushed once more).
@@ -232,7 +234,31 @@ fn be_u64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0, |n, &b| n << 8 | u64::from(b))
 }
 
-/// The part an instance plays for a database.
+/// The part an instance plays in a database's decoding, as SHOW CACHE WAL shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// It follows the WAL itself: no fleet's decoder.
+    Own,
+    /// It follows the WAL itself (or serves nothing) while Valkey is unreachable.
+    Unreachable,
+    /// The fleet's decoder: this instance, by its name in the lease.
+    Leader(String),
+    /// It reads the stream of the lease's holder, named.
+    Reader(String),
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Part::Own => f.write_str("own"),
+            Part::Unreachable => f.write_str("own (Valkey unreachable)"),
+            Part::Leader(me) => write!(f, "leader ({me})"),
+            Part::Reader(holder) => write!(f, "reader (leader {holder})"),
+        }
+    }
+}
+
+/// The part an instance takes for a database, with its connection to Valkey.
 pub enum Role {
     /// It follows the WAL itself: the fleet's decoder is off, or Valkey is unreachable.
     Own,
@@ -265,9 +291,6 @@ const BLOCK: Duration = Duration::from_millis(200);
 /// A leader not heard for this long is not served from (it publishes every
 /// [`super::POSITIONS_EVERY`]); the lease is then looked at on each wait.
 const SILENT: Duration = Duration::from_secs(1);
-
-/// How SHOW CACHE WAL names a leader's part.
-pub const LEADER: &str = "leader";
 
 /// Why a role ends when another instance's part changed: not a failure (no backoff).
 pub const HANDOVER: &str = "the fleet's decoder changed";
@@ -372,7 +395,7 @@ impl Fleet {
         let stream = self.key("wal", database);
         let lease = self.key("lease", database);
         let mut published = Published::new(rand::random());
-        follower.set_role(format!("{LEADER} ({})", self.me));
+        follower.set_role(Part::Leader(self.me.clone()));
         let mut tick = tokio::time::interval(super::POSITIONS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renew = tokio::time::interval(self.lease / 3);
@@ -434,9 +457,9 @@ impl Fleet {
         }
     }
 
-    /// The reader's side: applies the stream's entries from its end until the leader
-    /// changes, is silent, or entries are lost; returns Ok when the lease is free (this
-    /// instance may take it).
+    /// The reader's side: applies the stream's recent entries ([`Fleet::replay`]), then
+    /// each new one, until the leader changes, is silent, or entries are lost; returns Ok
+    /// when the lease is free (this instance may take it).
     pub async fn read(
         &self,
         follower: &Follower,
@@ -490,7 +513,7 @@ impl Fleet {
                     Some(holder) if heard.elapsed() >= super::SILENT_LIMIT => {
                         return Err(format!("the fleet's decoder {holder} is silent"))
                     }
-                    Some(holder) => follower.set_role(format!("reader (leader {holder})")),
+                    Some(holder) => follower.set_role(Part::Reader(holder)),
                 }
                 continue;
             }
@@ -528,14 +551,14 @@ impl Fleet {
         lease: &[u8],
     ) -> Result<(), String> {
         let holder = ask::<Option<String>>(conn, redis::cmd("GET").arg(lease)).await?;
-        follower.set_role(format!("reader (leader {})", holder.unwrap_or_default()));
+        follower.set_role(Part::Reader(holder.unwrap_or_default()));
         Ok(())
     }
 
     /// Joining the stream: applies its recent entries (`recent`, newest first) of the
     /// current leader back to the first at which it served, and says this instance knows
-    /// every commit after that entry's applied position `X` (the database's mark, see
-    /// `Follower::publish`, is covered by `X`, not by a position read now: entries in the
+    /// every commit after that entry's [`Entry::covers`] (the database's mark, see
+    /// `Follower::publish`, is covered by it, not by a position read now: entries in the
     /// shared tier from before it joined may be served). The leader's (epoch, last sequence
     /// number) when there is such a run.
     fn replay(
@@ -569,9 +592,8 @@ impl Fleet {
             // Its commits bumped after the mark; a commit made here before it joined too.
             self.apply(entry, follower, cache, Joining::Replay);
         }
-        if serving && !follower.ready.swap(true, Relaxed) {
-            follower.set_phase(Phase::Streaming);
-            tracing::info!(database = %follower.database, applied = %follower.applied(), "WAL invalidation: reading the fleet's decoder (from its recent entries); caching on");
+        if serving && !follower.ready.load(Relaxed) {
+            follower.serve("reading the fleet's decoder (from its recent entries)");
         }
         Some(leader)
     }
@@ -617,9 +639,7 @@ impl Fleet {
             // What committed before the stream's end when it began reading bumped nothing
             // here (see `Follower::publish`); it ends at or before this entry's `covers`.
             mark_known(follower, versions, entry.covers);
-            follower.ready.store(true, Relaxed);
-            follower.set_phase(Phase::Streaming);
-            tracing::info!(%database, applied = %Lsn(entry.applied), "WAL invalidation: reading the fleet's decoder; caching on");
+            follower.serve("reading the fleet's decoder");
         }
     }
 }

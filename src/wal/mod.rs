@@ -105,7 +105,7 @@ pub struct Follower {
     confirmed_ms: AtomicU64,
     phase: Mutex<Phase>,
     /// Its part in a fleet (see [`fleet`]), as SHOW CACHE WAL shows it.
-    role: Mutex<String>,
+    role: Mutex<fleet::Part>,
     lags: Mutex<crate::stats::Samples>,
     /// Commits applied, connections made.
     pub commits: AtomicU64,
@@ -146,7 +146,7 @@ impl Follower {
             last_slot: Mutex::new(None),
             confirmed_ms: AtomicU64::new(0),
             phase: Mutex::new(Phase::Connecting),
-            role: Mutex::new("own".into()),
+            role: Mutex::new(fleet::Part::Own),
             lags: Mutex::new(crate::stats::Samples::default()),
             commits: AtomicU64::new(0),
             connects: AtomicU64::new(0),
@@ -171,10 +171,10 @@ impl Follower {
 
     /// Whether it decodes for the fleet (see [`fleet`]).
     pub fn leads(&self) -> bool {
-        self.role.lock().starts_with(fleet::LEADER)
+        matches!(*self.role.lock(), fleet::Part::Leader(_))
     }
 
-    fn set_role(&self, role: String) {
+    fn set_role(&self, role: fleet::Part) {
         *self.role.lock() = role;
     }
 
@@ -198,7 +198,7 @@ impl Follower {
         FollowerStatus {
             database: self.name.to_string(),
             phase,
-            decoder: self.role.lock().clone(),
+            decoder: self.role.lock().to_string(),
             applied: self.applied(),
             commits: self.commits.load(Relaxed),
             connects: self.connects.load(Relaxed),
@@ -235,10 +235,15 @@ impl Follower {
                 versions.database_slot(&self.database),
                 crate::clock::Moment::now(),
             );
-            self.ready.store(true, Relaxed);
-            self.set_phase(Phase::Streaming);
-            tracing::info!(database = %self.database, %applied, "WAL invalidation: caught up; caching on");
+            self.serve("caught up");
         }
+    }
+
+    /// Serves the database's results from now on (`how` it knows its writes, for the log).
+    fn serve(&self, how: &str) {
+        self.ready.store(true, Relaxed);
+        self.set_phase(Phase::Streaming);
+        tracing::info!(database = %self.database, applied = %self.applied(), "WAL invalidation: {how}; caching on");
     }
 
     /// A position of the primary's WAL past every commit this instance knew of at `at` (a
@@ -505,7 +510,7 @@ async fn take_part(
     role: fleet::Role,
 ) -> Result<(), String> {
     let Some(fleet) = fleet else {
-        follower.set_role("own".into());
+        follower.set_role(fleet::Part::Own);
         return stream(follower, cache, setup, conns, false).await;
     };
     match role {
@@ -529,7 +534,7 @@ async fn take_part(
             }
         }
         fleet::Role::Own => {
-            follower.set_role("own (Valkey unreachable)".into());
+            follower.set_role(fleet::Part::Unreachable);
             let own = async {
                 if fleet.follows_without_valkey() {
                     stream(follower, cache, setup, conns, false).await
