@@ -106,6 +106,71 @@ async fn a_client_that_asks_is_told_its_floor_with_each_write() {
     assert_eq!(read_lsn_reports(&replies).len(), 1, "{replies:?}");
 }
 
+/// A client that turns `pgmemo.report_read_lsn` on or off in the same work as its write, or
+/// just ahead of it (pipelined: the write goes behind the question for the SET's position),
+/// is told its floor as it now asked: when on, the last report ahead of the write's last
+/// ReadyForQuery is the floor `SHOW pgmemo.read_lsn` then gives; when off, none. By `SET` in
+/// the write's query, by a `SET` or `set_config` sent with it, and `RESET` to turn it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_asks_along_with_its_write_is_told_its_floor() {
+    let (primary, standby) = primary_and_standby().await;
+    let proxy = pgmemo_with_replica(&primary, &standby).await;
+    let mut client = RawClient::connect(proxy.local_addr(), "postgres", "postgres", None, &[])
+        .await
+        .expect("a raw client");
+    exchange(
+        &mut client,
+        &[Frontend::query("INSERT INTO items VALUES (300, 'asked')")],
+    )
+    .await;
+    for round in 0..60 {
+        let write = format!("UPDATE items SET v = 'round {round}' WHERE id = 300");
+        let turn_on: Vec<Frontend> = match round % 3 {
+            0 => vec![Frontend::query(&format!(
+                "SET pgmemo.report_read_lsn = on; {write}"
+            ))],
+            1 => vec![
+                Frontend::query("SET pgmemo.report_read_lsn = on"),
+                Frontend::query(&write),
+            ],
+            _ => vec![
+                Frontend::parse(
+                    "",
+                    "SELECT pg_catalog.set_config('pgmemo.report_read_lsn', 'on', false)",
+                    &[],
+                ),
+                Frontend::bind("", "", &[]),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+                Frontend::query(&write),
+            ],
+        };
+        let ready = 1 + usize::from(round % 3 != 0);
+        client.send(&turn_on).await.expect("sent");
+        let replies = client.recv_until_ready(ready).await.expect("the replies");
+        let told = read_lsn_reports(&replies);
+        let shown = exchange(&mut client, &[Frontend::query("SHOW pgmemo.read_lsn")]).await;
+        let shown = shown.iter().find_map(|m| m.data_row()).expect("a row");
+        let shown = String::from_utf8(shown[0].clone().expect("a value")).expect("text");
+        assert_eq!(told.last(), Some(&shown), "round {round}: {replies:?}");
+        // Off again, with a write sent behind it: nothing told.
+        client
+            .send(&[
+                Frontend::query("RESET pgmemo.report_read_lsn"),
+                Frontend::query(&format!(
+                    "UPDATE items SET v = 'round {round} again' WHERE id = 300"
+                )),
+            ])
+            .await
+            .expect("sent");
+        let replies = client.recv_until_ready(2).await.expect("the replies");
+        assert!(
+            replies.iter().all(|m| m.tag != b'E') && read_lsn_reports(&replies).is_empty(),
+            "round {round}: {replies:?}"
+        );
+    }
+}
+
 /// A client that writes again at once, before pgmemo's question for the position of its
 /// last write is answered (it goes behind the question, on the same server), has that write
 /// in its floor too: `SHOW pgmemo.read_lsn`, also sent at once, waits for what is in flight

@@ -149,13 +149,15 @@ impl Session {
         if !self.checkpoint_due() {
             return Ok(());
         }
+        if self.state.touched && self.reads.is_some() {
+            Box::pin(self.probe_then_report()).await?;
+        }
         if self.commit_position_due() {
             Box::pin(self.learn_commit_position()).await?;
         }
         if self.state.touched {
-            self.state.touched = false;
             // Boxed: rare, and the session's task need not keep room for a round trip.
-            Box::pin(self.probe_touched_state()).await?;
+            Box::pin(self.probe_touched_state(true)).await?;
         }
         if self.state.pins == 0 {
             if self.pool.setting_functions_due() {
@@ -171,10 +173,12 @@ impl Session {
         Ok(())
     }
 
-    /// Asks the held server what the client's last statements left in its session.
-    pub(super) async fn probe_touched_state(&mut self) -> Result<(), End> {
-        // The client's replies first: the probe is pgmemo's own round trip.
-        if !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
+    /// Asks the held server what the client's last statements left in its session; the
+    /// client has its replies first (`replies_first`, the probe being pgmemo's own round
+    /// trip) unless something the probe shows decides what goes ahead of them.
+    pub(super) async fn probe_touched_state(&mut self, replies_first: bool) -> Result<(), End> {
+        self.state.touched = false;
+        if replies_first && !self.client.wbuf.is_empty() && self.client.flush().await.is_err() {
             return Err(End::ClientGone);
         }
         // A cancel aimed at the client's last statement must not reach the probe instead.
