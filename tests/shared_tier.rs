@@ -597,6 +597,53 @@ async fn a_fleet_shares_over_tls() {
     shares_through(&valkey, "shared_tls").await;
 }
 
+/// The shared tier on a Valkey that asks for a password (`redis://:PASSWORD@host`): shared
+/// as without one. With a wrong password an instance decodes for itself (as without Valkey,
+/// `without_valkey = "own_follower"`) and reads are right; the password is in none of what
+/// the console shows, nor in the configuration's debug form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_shares_through_a_valkey_that_asks_for_a_password() {
+    const PASSWORD: &str = "s3cret-fleet-word";
+    let valkey = tokio::task::spawn_blocking(|| Valkey::start_with_password("auth", PASSWORD))
+        .await
+        .unwrap();
+    shares_through(&valkey, "shared_auth").await;
+    // A wrong password: refused by Valkey, the instance goes on alone.
+    const DB_WRONG: &str = "shared_wrong_password";
+    fresh_kv(DB_WRONG, 9, "").await;
+    let mut config = config(&valkey);
+    let shared = config.cache.shared.as_mut().expect("a shared tier");
+    shared.url = shared.url.replace(PASSWORD, "not-the-word");
+    assert!(
+        !format!("{config:?}").contains("not-the-word"),
+        "{config:?}"
+    );
+    let a = start_pgmemo(config).await;
+    let ca = connect(&proxy_db_url(&a, DB_WRONG)).await;
+    let direct = connect(&direct_db_url(DB_WRONG)).await;
+    wait_until("its own decoder", Duration::from_secs(30), || async {
+        value(&ca, &read(1)).await;
+        wal_follower(&a, DB_WRONG)
+            .filter(|f| f.is_ready())
+            .is_some_and(|f| f.status().decoder.contains("Valkey unreachable"))
+    })
+    .await;
+    direct
+        .batch_execute("UPDATE kv SET v = 'new' WHERE id = 1")
+        .await
+        .unwrap();
+    wait_wal_applied(&a, &direct, DB_WRONG).await;
+    assert_eq!(value(&ca, &read(1)).await, "new");
+    let admin = admin_console(a.local_addr()).await;
+    for show in ["SHOW CONFIG", "SHOW CACHE SHARED", "SHOW CACHE WAL"] {
+        let shown = format!("{:?}", admin_rows(&admin, show).await);
+        assert!(
+            !shown.contains("not-the-word") && !shown.contains(PASSWORD),
+            "{show}: {shown}"
+        );
+    }
+}
+
 const DB_CHECK: &str = "shared_check";
 
 /// One write the checker knows of: key, the value it committed, a primary position past its

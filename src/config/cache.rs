@@ -212,8 +212,9 @@ pub(super) struct RawRule {
 }
 
 /// `[cache.shared]`: a second tier of the result cache that every pgmemo instance of a fleet
-/// shares, on Valkey or Redis (see `cache::shared`). Read at start (a RELOAD keeps it).
-#[derive(Debug, Clone, PartialEq)]
+/// shares, on Valkey or Redis (see `cache::shared`). Read at start (a RELOAD keeps it). Its
+/// debug form hides the URL's password.
+#[derive(Clone, PartialEq)]
 pub struct SharedTier {
     /// `redis://[user:password@]host:port/db` or `rediss://` (TLS).
     pub url: String,
@@ -233,6 +234,38 @@ pub struct SharedTier {
     /// With `rediss://`: the CA certificates (PEM) that sign the server's, instead of the
     /// system's.
     pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for SharedTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedTier")
+            .field("url", &url_without_password(&self.url))
+            .field("timeout", &self.timeout)
+            .field("name", &self.name)
+            .field("decoder", &self.decoder)
+            .field("lease", &self.lease)
+            .field("without_valkey", &self.without_valkey)
+            .field("cluster", &self.cluster)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user part (`scheme://user:password@host...`) shown as
+/// `<hidden>`.
+fn url_without_password(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.into();
+    };
+    // The user part ends at the last `@` before the path.
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let Some(at) = authority.rfind('@') else {
+        return url.into();
+    };
+    match authority[..at].split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:<hidden>{}", &rest[at..]).into(),
+        None => url.into(),
+    }
 }
 
 /// `[cache.shared]`'s `decoder`.
@@ -656,6 +689,19 @@ pub fn contained_names(text: &str) -> Vec<ContainedName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_tier_url_shows_no_password() {
+        for (url, shown) in [
+            ("redis://:pw@h:6379/0", "redis://:<hidden>@h:6379/0"),
+            ("rediss://u:p@ss@h/0", "rediss://u:<hidden>@h/0"),
+            ("redis://u@h:6379", "redis://u@h:6379"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            ("redis://h/a@b", "redis://h/a@b"),
+        ] {
+            assert_eq!(url_without_password(url), shown);
+        }
+    }
 
     #[test]
     fn durations() {

@@ -1,7 +1,8 @@
 //! A throwaway Valkey stand-in for the shared tier's tests: Debian's `redis-server` (installed
 //! by scripts/setup-tests), on free ports, no persistence, stopped when dropped. One server
-//! over TCP ([`Valkey::start`]) or TLS ([`Valkey::start_tls`], with a CA of its own), or a
-//! cluster of three ([`Valkey::start_cluster`]).
+//! over TCP ([`Valkey::start`]), one that asks for a password ([`Valkey::start_with_password`])
+//! or TLS ([`Valkey::start_tls`], with a CA of its own), or a cluster of three
+//! ([`Valkey::start_cluster`]).
 
 use super::{free_port, LoggedChild, TempDir};
 
@@ -16,6 +17,8 @@ pub struct Valkey {
 #[derive(Clone)]
 enum Mode {
     Plain,
+    /// `requirepass`: the default user's password.
+    Password(String),
     /// Its CA's certificate file.
     Tls(std::path::PathBuf),
     /// Each node's (port, cluster bus port).
@@ -29,6 +32,19 @@ impl Valkey {
             port: free_port(),
             dir: TempDir::new("valkey", name),
             mode: Mode::Plain,
+            servers: Vec::new(),
+        };
+        valkey.restart();
+        valkey
+    }
+
+    /// Starts one server whose default user has `password` (`requirepass`); waits until it
+    /// answers.
+    pub fn start_with_password(name: &str, password: &str) -> Valkey {
+        let mut valkey = Valkey {
+            port: free_port(),
+            dir: TempDir::new("valkey", name),
+            mode: Mode::Password(password.into()),
             servers: Vec::new(),
         };
         valkey.restart();
@@ -98,11 +114,12 @@ impl Valkey {
         valkey
     }
 
-    /// The URL pgmemo is given: `redis://127.0.0.1:PORT/0`, `rediss://localhost:PORT/0`, or
-    /// a cluster's first node.
+    /// The URL pgmemo is given: `redis://127.0.0.1:PORT/0` (`redis://:PASSWORD@...` with a
+    /// password), `rediss://localhost:PORT/0`, or a cluster's first node.
     pub fn url(&self) -> String {
         match &self.mode {
             Mode::Plain => format!("redis://127.0.0.1:{}/0", self.port),
+            Mode::Password(password) => format!("redis://:{password}@127.0.0.1:{}/0", self.port),
             Mode::Tls(_) => format!("rediss://localhost:{}/0", self.port),
             Mode::Cluster(_) => format!("redis://127.0.0.1:{}", self.port),
         }
@@ -146,6 +163,15 @@ impl Valkey {
         };
         match self.mode.clone() {
             Mode::Plain => start(vec!["--port".into(), self.port.to_string()], "redis.log"),
+            Mode::Password(password) => start(
+                vec![
+                    "--port".into(),
+                    self.port.to_string(),
+                    "--requirepass".into(),
+                    password,
+                ],
+                "redis.log",
+            ),
             Mode::Tls(_) => start(
                 [
                     "--port",
@@ -206,9 +232,15 @@ impl Valkey {
     fn cli_on(&self, port: u16, args: &[&str]) -> String {
         let mut cmd = std::process::Command::new("redis-cli");
         cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
-        if let Mode::Tls(ca) = &self.mode {
-            cmd.args(["--tls", "--sni", "localhost", "--cacert"])
-                .arg(ca);
+        match &self.mode {
+            Mode::Tls(ca) => {
+                cmd.args(["--tls", "--sni", "localhost", "--cacert"])
+                    .arg(ca);
+            }
+            Mode::Password(password) => {
+                cmd.env("REDISCLI_AUTH", password);
+            }
+            _ => {}
         }
         let out = cmd.args(args).output().expect("redis-cli");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
