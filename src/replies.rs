@@ -106,6 +106,12 @@ pub enum Action {
     /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
     /// error-skip and transaction rules apply); the client sees the error rewritten.
     ReplaceError(Box<ErrorRewrite>),
+    /// A Bind or Describe of the client's unnamed statement (what most drivers send) under
+    /// the statement's server name: its replies pass through, but an error that names the
+    /// statement names it `""`, as PostgreSQL would have. [`ErrorRewrite::Rename`] made when
+    /// an error comes, from the entry's `Effect::Uses` (the statement's server name), rather
+    /// than boxed for every Bind.
+    RenameToUnnamed,
     /// Part of a simple query that runs as an autoprepared statement: the replies a simple
     /// query has no counterpart for (ParseComplete, BindComplete, NoData) are swallowed, an
     /// error is shown as the simple query's ([`ErrorRewrite::AsSimpleQuery`]).
@@ -662,7 +668,7 @@ impl ReplyQueue {
         self.entries.front().is_some_and(|q| {
             q.entry.expected != Expected::Internal
                 && match q.entry.action {
-                    Action::Forward | Action::ReplaceError(_) => true,
+                    Action::Forward | Action::ReplaceError(_) | Action::RenameToUnnamed => true,
                     Action::AsSimpleQuery => {
                         !matches!(tag, be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA)
                     }
@@ -775,7 +781,10 @@ impl ReplyQueue {
             // A query pgmemo sent for the client (a kept block's BEGIN): its error is shown.
             (Action::Skip, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Forward,
             (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,
-            (Action::ReplaceError(_) | Action::AsSimpleQuery, be::ERROR_RESPONSE) => Route::Replace,
+            (
+                Action::ReplaceError(_) | Action::RenameToUnnamed | Action::AsSimpleQuery,
+                be::ERROR_RESPONSE,
+            ) => Route::Replace,
             (
                 Action::AsSimpleQuery | Action::AsSimpleQueryHeld,
                 be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA,
@@ -839,9 +848,15 @@ impl ReplyQueue {
         // what the client still sends of it is ignored.
         self.copy_failed |= self.copy_in;
         self.copy_in = false;
-        match self.entries.front().map(|e| &e.action) {
-            Some(Action::ReplaceError(rewrite)) => self.replacement = Some(rewrite.clone()),
-            Some(Action::AsSimpleQuery) => {
+        match self.entries.front().map(|e| (&e.action, &e.effect)) {
+            Some((Action::ReplaceError(rewrite), _)) => self.replacement = Some(rewrite.clone()),
+            Some((Action::RenameToUnnamed, Some(Effect::Uses { statement, .. }))) => {
+                self.replacement = Some(Box::new(ErrorRewrite::Rename {
+                    from: statement.server_name_bytes.clone(),
+                    to: Bytes::new(),
+                }))
+            }
+            Some((Action::AsSimpleQuery, _)) => {
                 self.replacement = Some(Box::new(ErrorRewrite::AsSimpleQuery))
             }
             _ => {}

@@ -141,6 +141,24 @@ fn extended_pipeline_unnamed() -> Vec<Step> {
             F::Sync,
         ]),
         Expect(1),
+        // A Bind with the wrong number of values: PostgreSQL's error names the statement,
+        // `""` (pgmemo sent it under its own name); then the statement bound again alone.
+        Send(vec![
+            F::parse("", "SELECT $1::int AS one_value", &[]),
+            F::bind("", "", &[]),
+            F::execute("", 0),
+            F::Sync,
+        ]),
+        Expect(1),
+        Send(vec![
+            F::bind("", "", &[Some("1"), Some("2")]),
+            F::execute("", 0),
+            F::Sync,
+            F::bind("", "", &[Some("1")]),
+            F::execute("", 0),
+            F::Sync,
+        ]),
+        Expect(2),
     ]
 }
 
@@ -558,6 +576,13 @@ fn named_statements() -> Vec<Step> {
         Send(vec![
             F::parse("stmt_b", "SELECT 'b' AS which", &[]),
             F::parse("stmt_a", "SELECT 'again' AS dup", &[]),
+            F::Sync,
+        ]),
+        Expect(1),
+        // A Bind with a value too many: PostgreSQL's error names the client's statement.
+        Send(vec![
+            F::bind("", "stmt_b", &[Some("extra")]),
+            F::execute("", 0),
             F::Sync,
         ]),
         Expect(1),
