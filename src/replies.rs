@@ -106,12 +106,11 @@ pub enum Action {
     /// A message pgmemo sent to make the server fail at this point (so PostgreSQL's own
     /// error-skip and transaction rules apply); the client sees the error rewritten.
     ReplaceError(Box<ErrorRewrite>),
-    /// A Bind or Describe of the client's unnamed statement (what most drivers send) under
-    /// the statement's server name: its replies pass through, but an error that names the
-    /// statement names it `""`, as PostgreSQL would have. [`ErrorRewrite::Rename`] made when
-    /// an error comes, from the entry's `Effect::Uses` (the statement's server name), rather
-    /// than boxed for every Bind.
-    RenameToUnnamed,
+    /// A Bind or Describe of a client's statement under its server name: its replies pass
+    /// through, but an error that names the statement names it as the client does. The
+    /// [`ErrorRewrite::Rename`] is made when an error comes, from the entry's `Effect::Uses`
+    /// (the statement, the client's name), rather than boxed for every Bind.
+    Rename,
     /// Part of a simple query that runs as an autoprepared statement: the replies a simple
     /// query has no counterpart for (ParseComplete, BindComplete, NoData) are swallowed, an
     /// error is shown as the simple query's ([`ErrorRewrite::AsSimpleQuery`]).
@@ -668,7 +667,7 @@ impl ReplyQueue {
         self.entries.front().is_some_and(|q| {
             q.entry.expected != Expected::Internal
                 && match q.entry.action {
-                    Action::Forward | Action::ReplaceError(_) | Action::RenameToUnnamed => true,
+                    Action::Forward | Action::ReplaceError(_) | Action::Rename => true,
                     Action::AsSimpleQuery => {
                         !matches!(tag, be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA)
                     }
@@ -782,7 +781,7 @@ impl ReplyQueue {
             (Action::Skip, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Forward,
             (_, be::ERROR_RESPONSE) if kind == Expected::Internal => Route::Swallow,
             (
-                Action::ReplaceError(_) | Action::RenameToUnnamed | Action::AsSimpleQuery,
+                Action::ReplaceError(_) | Action::Rename | Action::AsSimpleQuery,
                 be::ERROR_RESPONSE,
             ) => Route::Replace,
             (
@@ -850,10 +849,15 @@ impl ReplyQueue {
         self.copy_in = false;
         match self.entries.front().map(|e| (&e.action, &e.effect)) {
             Some((Action::ReplaceError(rewrite), _)) => self.replacement = Some(rewrite.clone()),
-            Some((Action::RenameToUnnamed, Some(Effect::Uses { statement, .. }))) => {
+            Some((
+                Action::Rename,
+                Some(Effect::Uses {
+                    statement, name, ..
+                }),
+            )) => {
                 self.replacement = Some(Box::new(ErrorRewrite::Rename {
                     from: statement.server_name_bytes.clone(),
-                    to: Bytes::new(),
+                    to: name.clone(),
                 }))
             }
             Some((Action::AsSimpleQuery, _)) => {

@@ -425,6 +425,10 @@ pub enum Effect {
     /// result type") marks every server's copy stale.
     Uses {
         statement: Arc<Statement>,
+        /// The client's name for it: an error of the server's that names the statement (by
+        /// its server name) names it so (`Action::Rename`). Empty for the unnamed statement
+        /// and for an autoprepared query's.
+        name: Bytes,
         generation: u32,
         /// The first statement of an implicit transaction: after 0A000 its batch is sent
         /// again (see `planner::Retry`).

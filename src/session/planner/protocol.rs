@@ -276,16 +276,12 @@ impl Planner<'_> {
         write_message(&mut self.server.wbuf, tag, |m| {
             body(m, statement.server_name.as_bytes())
         });
-        let action = if client_name.is_empty() {
-            Action::RenameToUnnamed
-        } else {
-            renaming_errors(&statement, client_name)
-        };
         self.replies.push_entry(Entry {
             expected,
-            action,
+            action: Action::Rename,
             effect: Some(Effect::Uses {
                 statement,
+                name: client_name,
                 generation,
                 retry,
             }),

@@ -261,6 +261,7 @@ pub fn settle(
             statement,
             generation,
             retry,
+            ..
         } if outcome == Outcome::Failed && error_code == Some("0A000") => {
             // "cached plan must not change result type": every server's copy is now stale
             // and is re-parsed on its next use.
