@@ -857,7 +857,10 @@ impl ReplyQueue {
             )) => {
                 self.replacement = Some(Box::new(ErrorRewrite::Rename {
                     from: statement.server_name_bytes.clone(),
-                    to: name.clone(),
+                    to: name
+                        .as_deref()
+                        .map(Bytes::copy_from_slice)
+                        .unwrap_or_default(),
                 }))
             }
             Some((Action::AsSimpleQuery, _)) => {

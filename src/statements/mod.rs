@@ -426,9 +426,9 @@ pub enum Effect {
     Uses {
         statement: Arc<Statement>,
         /// The client's name for it: an error of the server's that names the statement (by
-        /// its server name) names it so (`Action::Rename`). Empty for the unnamed statement
+        /// its server name) names it so (`Action::Rename`). None for the unnamed statement
         /// and for an autoprepared query's.
-        name: Bytes,
+        name: ClientName,
         generation: u32,
         /// The first statement of an implicit transaction: after 0A000 its batch is sent
         /// again (see `planner::Retry`).
@@ -850,6 +850,12 @@ pub const GUARD_QUERY: &[u8] = b"SHOW server_version";
 /// A portal bound from a tracked statement: its name and the statement.
 type TrackedPortal = (Bytes, Arc<Statement>);
 
+/// A client's statement name as a reply entry carries it (`Effect::Uses`), for an error that
+/// names the statement: None for the unnamed statement, else shared with the client's map
+/// (made once per Parse of a name, not per Bind). 16 bytes, where a `Bytes` takes 32: every
+/// reply entry holds room for it.
+pub type ClientName = Option<Arc<[u8]>>;
+
 /// One client's statement names (`""` included): the session-local first tier of Parse, and
 /// the only map Bind/Describe/Close look at. No lock: only its session touches it. Names are
 /// kept as PostgreSQL keeps them ([`pg_name`]).
@@ -860,7 +866,8 @@ pub struct ClientStatements {
     /// 0A000 until it prepares again (it may have cached the old row description).
     /// Looked up by every Parse/Bind/Describe: foldhash (randomly seeded per process), not
     /// SipHash, whose cost showed in per-transaction profiles.
-    names: HashMap<Bytes, (Arc<Statement>, u32), foldhash::fast::RandomState>,
+    /// The name's [`ClientName`] rides along, for the reply entries of its Binds.
+    names: HashMap<Bytes, (Arc<Statement>, u32, ClientName), foldhash::fast::RandomState>,
     /// The client's SQL-level statements (`PREPARE name AS ...`): name → the PREPARE
     /// statement, to prepare them again on whichever server the client's next transaction
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
@@ -968,15 +975,14 @@ impl ClientStatements {
 
     #[inline]
     pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
-        self.names.get(pg_name(name)).map(|(s, _)| s)
+        self.names.get(pg_name(name)).map(|(s, ..)| s)
     }
 
-    /// The binding with the stored name (a cheap clone, for error messages).
+    /// The binding, with the client's name as entries carry it (a cheap clone, for error
+    /// messages).
     #[inline]
-    pub fn get_named(&self, name: &[u8]) -> Option<(&Bytes, &Arc<Statement>)> {
-        self.names
-            .get_key_value(pg_name(name))
-            .map(|(n, (s, _))| (n, s))
+    pub fn get_named(&self, name: &[u8]) -> Option<(&ClientName, &Arc<Statement>)> {
+        self.names.get(pg_name(name)).map(|(s, _, n)| (n, s))
     }
 
     /// Whether the client bound `name` before its statement's result type changed (DDL).
@@ -984,12 +990,12 @@ impl ClientStatements {
     pub fn is_stale(&self, name: &[u8]) -> bool {
         self.names
             .get(pg_name(name))
-            .is_some_and(|(s, generation)| *generation != s.generation())
+            .is_some_and(|(s, generation, _)| *generation != s.generation())
     }
 
     /// The client now knows `statement`'s current shape (it was re-described for it).
     pub fn refresh(&mut self, statement: &Arc<Statement>) {
-        for (s, generation) in self.names.values_mut() {
+        for (s, generation, _) in self.names.values_mut() {
             if Arc::ptr_eq(s, statement) {
                 *generation = s.generation();
             }
@@ -1051,13 +1057,14 @@ impl ClientStatements {
                 s.holders.fetch_add(1, Ordering::Relaxed);
                 self.bytes += s.key.query.len();
                 let generation = s.generation();
+                let client_name = (!name.is_empty()).then(|| Arc::from(name));
                 self.names
-                    .insert(Bytes::copy_from_slice(name), (s, generation))
-                    .map(|(p, _)| p)
+                    .insert(Bytes::copy_from_slice(name), (s, generation, client_name))
+                    .map(|(p, ..)| p)
             }
             // Every simple query unbinds the unnamed statement: most clients bind no names.
             None if self.names.is_empty() => None,
-            None => self.names.remove(name).map(|(p, _)| p),
+            None => self.names.remove(name).map(|(p, ..)| p),
         };
         if let Some(p) = &previous {
             self.forget(p);
@@ -1067,7 +1074,7 @@ impl ClientStatements {
 
     /// Whether `name` is bound to `statement` as it is now (its generation).
     pub fn is_bound_to(&self, name: &[u8], statement: &Arc<Statement>) -> bool {
-        self.names.get(name).is_some_and(|(bound, generation)| {
+        self.names.get(name).is_some_and(|(bound, generation, _)| {
             Arc::ptr_eq(bound, statement) && *generation == statement.generation()
         })
     }
@@ -1104,12 +1111,12 @@ impl ClientStatements {
             && self
                 .names
                 .values()
-                .all(|(s, generation)| s.key.context == context && *generation == s.generation())
+                .all(|(s, generation, _)| s.key.context == context && *generation == s.generation())
     }
 
     /// The client's names and their statements (see [`ClientStatements::can_be_carried`]).
     pub fn carried_names(&self) -> impl Iterator<Item = (&Bytes, &Arc<Statement>)> {
-        self.names.iter().map(|(n, (s, _))| (n, s))
+        self.names.iter().map(|(n, (s, ..))| (n, s))
     }
 
     /// Rebuilds the statements another process carried over (see
@@ -1153,7 +1160,7 @@ impl ClientStatements {
         self.bytes = 0;
         names
             .into_iter()
-            .map(|(name, (s, _))| {
+            .map(|(name, (s, ..))| {
                 s.holders.fetch_sub(1, Ordering::Relaxed);
                 (name, s)
             })

@@ -89,7 +89,7 @@ impl Planner<'_> {
             action: Action::AsSimpleQuery,
             effect: Some(Effect::Uses {
                 statement,
-                name: bytes::Bytes::new(),
+                name: None,
                 generation,
                 retry,
             }),

@@ -261,7 +261,7 @@ impl Planner<'_> {
     pub(super) fn forward_renamed(
         &mut self,
         statement: Arc<Statement>,
-        client_name: Bytes,
+        client_name: crate::statements::ClientName,
         expected: Expected,
         retry: bool,
         body: impl FnOnce(&mut BytesMut, &[u8]),
