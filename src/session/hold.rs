@@ -149,11 +149,19 @@ impl Session {
         if !self.checkpoint_due() {
             return Ok(());
         }
-        if self.state.touched && self.reads.is_some() {
-            Box::pin(self.probe_then_report()).await?;
+        // With replicas, whether the client asked for its floor as a ParameterStatus is what
+        // the probe shows (its work may have SET, RESET or `set_config`'d
+        // `pgmemo.report_read_lsn`): work that touched the session's state is probed first,
+        // the client's ReadyForQuery held meanwhile (see `holds_replies_for_position`), and
+        // its floor reported after.
+        let probe_first = self.state.touched && self.reads.is_some();
+        if probe_first {
+            Box::pin(self.probe_touched_state(false)).await?;
         }
         if self.commit_position_due() {
             Box::pin(self.learn_commit_position()).await?;
+        } else if probe_first {
+            self.report_read_lsn();
         }
         if self.state.touched {
             // Boxed: rare, and the session's task need not keep room for a round trip.

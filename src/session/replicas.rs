@@ -595,27 +595,10 @@ impl Session {
             let row = crate::server::parse_text_row(body(&server.rbuf[..len]));
             reads.answer(lsn::commit_position(&row, reads.asked_async));
             // (Work that touched the session's state may have changed whether the client
-            // asked for reports: the probe that follows tells, see `probe_then_report`.)
+            // asked for reports: the probe that follows tells, see `checkpoint_state`.)
             if !self.state.touched {
                 self.report_read_lsn();
             }
-        }
-    }
-
-    /// After work that touched the session's state (see `session::state`): whether the client
-    /// asked for its floor as a ParameterStatus is what the probe shows (the work may have
-    /// SET, RESET or `set_config`'d `pgmemo.report_read_lsn`), so the probe runs before the
-    /// client has its ReadyForQuery (held meanwhile, see
-    /// [`Session::holds_replies_for_position`]), then the position of its work is learnt if
-    /// it is still due, and the floor reported.
-    #[cold]
-    pub(super) async fn probe_then_report(&mut self) -> Result<(), End> {
-        self.probe_touched_state(false).await?;
-        if self.commit_position_due() {
-            self.learn_commit_position().await
-        } else {
-            self.report_read_lsn();
-            Ok(())
         }
     }
 
@@ -633,7 +616,7 @@ impl Session {
     /// ReadyForQuery that ended its write waits for the answer (it comes next on the same
     /// server, asked in the same write), so that the client knows its floor once its write
     /// returns. So does a client whose work touched the session's state, which may have
-    /// asked for that just now (see [`Session::probe_then_report`]).
+    /// asked for that just now (see [`Session::checkpoint_state`]).
     #[inline]
     pub(super) fn holds_replies_for_position(&self) -> bool {
         self.reads.as_deref().is_some_and(|r| r.asked)
@@ -645,7 +628,7 @@ impl Session {
     /// raised it: a ParameterStatus `pgmemo.read_lsn`, ahead of the ReadyForQuery that ended
     /// the write, which waits for the answer (see [`Session::holds_replies_for_position`] and
     /// [`Session::learn_commit_position`]), else on its own.
-    fn report_read_lsn(&mut self) {
+    pub(super) fn report_read_lsn(&mut self) {
         if !self.reports_read_lsn() {
             return;
         }

@@ -19,9 +19,9 @@
 //!   leader served) and then each new one, and serves once the leader says it serves. What
 //!   committed before the entries it read is covered by the first one's `covers` (a position
 //!   past every commit published before it): an entry of the shared tier at least that
-//!   recent may be served at once (see [`Fleet::replay`]). Its applied position is the leader's as last read: every commit up to there
-//!   came before it on the stream and was applied, so it is the position the reader's
-//!   shared-tier entries carry. An entry of another epoch, a sequence number skipped
+//!   recent may be served at once (see [`Fleet::replay`]). Its applied position is the
+//!   leader's as last read: every commit up to there came before it on the stream and was
+//!   applied, so it is the position the reader's shared-tier entries carry. An entry of another epoch, a sequence number skipped
 //!   (entries trimmed or lost) or a silent leader ends its reading: its database is flushed
 //!   (see `Follower::end_stream`) and it starts again, taking the lease if it is free.
 //! - **A new leader** starts a new slot: what committed between the last leader's last
