@@ -531,6 +531,127 @@ async fn without_valkey_and_no_caching_an_instance_serves_nothing_until_valkey_i
     assert!(wal_follower(&a, DB_ALONE).is_some_and(|f| f.leads()));
 }
 
+/// An instance whose own follower is behind (`decoder = "each"`, its walsender stopped with
+/// SIGSTOP until the follower stops serving) does not serve a shared entry it cannot judge:
+/// an entry filled by its peer before a write its peer has applied and it has not is read
+/// new from the server. Once it has caught up, an entry its peer (ahead) filled after that
+/// write is served to it from the shared tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_behind_serves_a_shared_entry_only_once_it_has_caught_up() {
+    const DB_LAG: &str = "shared_lag";
+    fresh_kv(DB_LAG, 9, "").await;
+    let valkey = tokio::task::spawn_blocking(|| Valkey::start("lag"))
+        .await
+        .unwrap();
+    let each = || {
+        let mut config = config(&valkey);
+        if let Some(shared) = config.cache.shared.as_mut() {
+            shared.decoder = Decoder::Each;
+        }
+        config
+    };
+    let direct = connect(&direct_db_url(DB_LAG)).await;
+    // C first, alone: the database's only walsender is C's.
+    let c = start_pgmemo(each()).await;
+    let cc = connect(&proxy_db_url(&c, DB_LAG)).await;
+    warm_up_on(&c, &cc, DB_LAG).await;
+    let pid: i32 = value(
+        &direct,
+        &format!(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender' \
+             AND datname = '{DB_LAG}'"
+        ),
+    )
+    .await
+    .parse()
+    .unwrap();
+    let a = start_pgmemo(each()).await;
+    let ca = connect(&proxy_db_url(&a, DB_LAG)).await;
+    warm_up_on(&a, &ca, DB_LAG).await;
+
+    // A fills row 3 while it is old; the entry reaches the shared tier.
+    let writes = shared(&a).2;
+    assert_eq!(value(&ca, &read(3)).await, "v3");
+    wait_until(
+        "A's fill in the shared tier",
+        Duration::from_secs(30),
+        || async { shared(&a).2 > writes },
+    )
+    .await;
+
+    // C's stream falls silent: C's follower stops serving.
+    let signal = |sig: libc::c_int| {
+        // SAFETY: kill(2) on a process id; no memory is involved.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to {pid}");
+    };
+    signal(libc::SIGSTOP);
+    wait_until(
+        "C's follower to stop serving",
+        Duration::from_secs(30),
+        || async { wal_follower(&c, DB_LAG).is_some_and(|f| !f.is_ready()) },
+    )
+    .await;
+    direct
+        .batch_execute("UPDATE kv SET v = 'new' WHERE id IN (2, 3)")
+        .await
+        .unwrap();
+    let lsn: pgmemo::wal::Lsn = value(&direct, "SELECT pg_current_wal_insert_lsn()")
+        .await
+        .parse()
+        .unwrap();
+    wait_wal_applied(&a, &direct, DB_LAG).await;
+
+    // C, behind, never read row 3: A's old entry is all the cache could give it.
+    let (hits, ..) = shared(&c);
+    assert_eq!(value(&cc, &read(3)).await, "new", "C served A's old entry");
+    assert_eq!(shared(&c).0, hits, "no shared hit while C is behind");
+    assert!(
+        wal_follower(&c, DB_LAG).is_some_and(|f| f.applied() < lsn),
+        "C was behind when it read"
+    );
+
+    // A, ahead, fills row 2 after the write.
+    let writes = shared(&a).2;
+    assert_eq!(value(&ca, &read(2)).await, "new");
+    wait_until(
+        "A's new fill in the shared tier",
+        Duration::from_secs(30),
+        || async { shared(&a).2 > writes },
+    )
+    .await;
+    let (hits, ..) = shared(&c);
+    assert_eq!(value(&cc, &read(2)).await, "new");
+    assert_eq!(shared(&c).0, hits, "no shared hit while C is behind");
+
+    // C catches up: A's new entry is served to it, an old one never.
+    signal(libc::SIGCONT);
+    wait_wal_applied(&c, &direct, DB_LAG).await;
+    let caught_up = pgmemo::clock::Moment::now();
+    wait_until("C to read a position", Duration::from_secs(30), || async {
+        wal_follower(&c, DB_LAG).is_some_and(|f| f.covering_after(caught_up).is_some())
+    })
+    .await;
+    // (A's entry carries A's applied position: past every position C has read once A has
+    // applied the WAL as of now.)
+    wait_wal_applied(&a, &direct, DB_LAG).await;
+    let writes = shared(&a).2;
+    assert_eq!(value(&ca, &read(4)).await, "v4");
+    wait_until("A's fill of row 4", Duration::from_secs(30), || async {
+        shared(&a).2 > writes
+    })
+    .await;
+    let (hits, ..) = shared(&c);
+    assert_eq!(value(&cc, &read(4)).await, "v4");
+    assert_eq!(
+        shared(&c).0,
+        hits + 1,
+        "C caught up: A's entry of row 4 served"
+    );
+    for id in [2, 3] {
+        assert_eq!(value(&cc, &read(id)).await, "new");
+    }
+}
+
 /// Two instances share results and one decoder through `valkey`: B's first reads of what A
 /// stored are shared hits; one of them decodes; a direct write is read new on both once
 /// applied.
