@@ -658,22 +658,32 @@ impl ReplyQueue {
         self.replacement.take().map(|r| *r)
     }
 
-    /// Whether [`Self::on_server_message`] routes a reply `tag` (not an error, a notice, a
-    /// notification or a ParameterStatus) to the head entry [`Route::Forward`]: the client's
-    /// own entry, its replies relayed as they are but for an error (which may be rewritten),
-    /// or an autoprepared query's but for what a simple query has no counterpart for.
+    /// How [`Self::on_server_message`] routes a reply `tag` (a ParseComplete, BindComplete,
+    /// RowDescription, NoData, DataRow or CommandComplete: not an error, a notice, a
+    /// notification or a ParameterStatus) to the head entry, when the relay lane may take it:
+    /// the client's own entry, its replies relayed as they are, or an autoprepared query's,
+    /// whose replies a simple query has no counterpart for are swallowed and whose
+    /// RowDescription may be held; with the head's kind, for [`Self::moved_on`]. None: the
+    /// head is pgmemo's, or nothing is queued. (Its routes are `on_server_message`'s, a unit
+    /// test checks, without its other arms.)
     #[inline]
-    pub fn head_relays(&self, tag: u8) -> bool {
-        self.entries.front().is_some_and(|q| {
-            q.entry.expected != Expected::Internal
-                && match q.entry.action {
-                    Action::Forward | Action::ReplaceError(_) | Action::Rename => true,
-                    Action::AsSimpleQuery => {
-                        !matches!(tag, be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA)
-                    }
-                    _ => false,
+    pub fn lane_route(&self, tag: u8) -> Option<(Expected, Route)> {
+        let q = self.entries.front()?;
+        if q.entry.expected == Expected::Internal {
+            return None;
+        }
+        let route = match q.entry.action {
+            Action::Forward | Action::ReplaceError(_) | Action::Rename => Route::Forward,
+            Action::AsSimpleQuery | Action::AsSimpleQueryHeld => match tag {
+                be::PARSE_COMPLETE | be::BIND_COMPLETE | be::NO_DATA => Route::Swallow,
+                be::ROW_DESCRIPTION if matches!(q.entry.action, Action::AsSimpleQueryHeld) => {
+                    Route::Hold
                 }
-        })
+                _ => Route::Forward,
+            },
+            _ => return None,
+        };
+        Some((q.entry.expected, route))
     }
 
     /// Whether the head of the queue is a reply pgmemo gives itself ([`Self::pop_synthesized`]).
@@ -794,6 +804,15 @@ impl ReplyQueue {
             _ if kind == Expected::Internal => Route::Swallow,
             _ => Route::Forward,
         };
+        self.moved_on(kind, tag);
+        route
+    }
+
+    /// The head entry (of kind `kind`) got the server's message `tag`: it is done with, or
+    /// it ends, or an error's bookkeeping is made; then COPY's end markers at the head go.
+    /// (The second half of [`Self::on_server_message`], the relay lane's whole.)
+    #[inline(always)]
+    pub fn moved_on(&mut self, kind: Expected, tag: u8) {
         // Whether the message completes the head entry: one call of `pop_done` below, inlined
         // (a call from each arm, as it was, cost ~100 instructions a transaction, callgrind).
         let done = match tag {
@@ -837,7 +856,6 @@ impl ReplyQueue {
         {
             self.drop_copy_ends();
         }
-        route
     }
 
     /// An ErrorResponse to the head entry (of kind `kind`): a COPY IN ends, the error's
@@ -960,6 +978,76 @@ mod tests {
         assert_eq!(q.len(), 1);
         q.on_server_message(be::READY_FOR_QUERY);
         assert!(q.is_empty());
+    }
+
+    /// The relay lane's route of a reply is `on_server_message`'s, and moving the queue on
+    /// leaves it as `on_server_message` does, for every kind of entry and action the lane
+    /// takes and every reply it takes (see `session::lane`).
+    #[test]
+    fn the_lanes_route_is_the_queues() {
+        let kinds = [
+            Expected::Query,
+            Expected::Parse,
+            Expected::Bind,
+            Expected::Describe,
+            Expected::Execute,
+            Expected::Close,
+            Expected::Sync,
+            Expected::Internal,
+        ];
+        let actions = || {
+            [
+                Action::Forward,
+                Action::Skip,
+                Action::Silent,
+                Action::Position,
+                Action::replace_error(ErrorRewrite::Whole(Bytes::from_static(b"E"))),
+                Action::Rename,
+                Action::AsSimpleQuery,
+                Action::AsSimpleQueryHeld,
+            ]
+        };
+        let tags = [
+            be::PARSE_COMPLETE,
+            be::BIND_COMPLETE,
+            be::ROW_DESCRIPTION,
+            be::NO_DATA,
+            be::DATA_ROW,
+            be::COMMAND_COMPLETE,
+        ];
+        let mut taken = 0;
+        for kind in kinds {
+            for i in 0..actions().len() {
+                for tag in tags {
+                    // The entry, and a Sync after it.
+                    let queue = || {
+                        let mut q = ReplyQueue::new();
+                        let action = actions().into_iter().nth(i).expect("an action");
+                        for (expected, action) in
+                            [(kind, action), (Expected::Sync, Action::Forward)]
+                        {
+                            q.push_entry(Entry {
+                                expected,
+                                action,
+                                effect: None,
+                            });
+                        }
+                        q
+                    };
+                    let (mut lane, mut stages) = (queue(), queue());
+                    let Some((head, route)) = lane.lane_route(tag) else {
+                        continue;
+                    };
+                    taken += 1;
+                    assert_eq!(head, kind);
+                    assert_eq!(route, stages.on_server_message(tag), "{kind:?} {tag}");
+                    lane.moved_on(head, tag);
+                    assert_eq!(lane.len(), stages.len(), "{kind:?} {tag}");
+                }
+            }
+        }
+        // Five actions of seven kinds (not Internal), six replies each.
+        assert_eq!(taken, 5 * 7 * 6);
     }
 
     #[test]

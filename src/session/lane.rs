@@ -8,14 +8,17 @@
 //! nothing the cache answers, no server to take, no statement to rename. Going through the
 //! stages anyway cost about 300 instructions a message (callgrind, `python3
 //! bench/budget.py`: 950 of a `pgbench -S -M prepared` transaction's 11,270 for its three
-//! portal messages). Likewise the server's replies (see [`Session::lane_takes_reply`]). The
-//! lane relays such a message as the stages would have, and says exactly when it may (see
-//! [`Session::lane_takes`]); anything else takes the stages.
+//! portal messages). Likewise the server's replies (see [`Session::lane_takes_reply`]),
+//! those of an autoprepared query too: its BindComplete swallowed, its RowDescription held
+//! until its first row (three of a `pgbench -S -M simple` transaction's four replies through
+//! the stages, 347 instructions). The lane relays such a message as the stages would have,
+//! and says exactly when it may (see [`Session::lane_takes`]); anything else takes the stages.
 
 use super::Session;
 use crate::pool::PoolMode;
 use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
+use crate::replies::{Expected, Route};
 use bytes::Buf;
 
 impl Session {
@@ -85,61 +88,91 @@ impl Session {
 
 impl Session {
     /// Relays the server's message at the head of its input (framed: `tag`, `len` bytes) if
-    /// the lane takes it: a row, a completion or a description of the client's own work, with
-    /// none of the features that look at replies in play. True: relayed, as the stages of
+    /// the lane takes it: a row, a completion or a description of the client's own work, or
+    /// of an autoprepared query, with none of the features that look at replies in play.
+    /// True: relayed (or swallowed, or held), as the stages of
     /// [`Session::handle_server_messages`] would have.
     #[inline]
     pub(super) fn relay_reply_in_lane(&mut self, tag: u8, len: usize) -> bool {
-        if !self.lane_takes_reply(tag) {
+        let Some((kind, route)) = self.lane_takes_reply(tag) else {
             return false;
-        }
+        };
         // The queue moves on as for any reply (an entry done, its outcome noted).
-        let route = self.replies.on_server_message(tag);
-        debug_assert_eq!(route, crate::replies::Route::Forward);
-        if matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE) {
-            if tag == be::COMMAND_COMPLETE {
+        self.replies.moved_on(kind, tag);
+        let server = self.server.as_mut().expect("a server is held");
+        match route {
+            Route::Forward => {
+                if matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE) {
+                    if tag == be::COMMAND_COMPLETE {
+                        server.completed_since_ready = true;
+                    }
+                    // An autoprepared query's RowDescription held back goes out before its
+                    // first row or its completion (`Session::release_held_description`).
+                    if std::mem::take(&mut self.plan.held_description) {
+                        if let Some(ap) = self.reading.autoprepare.as_mut() {
+                            self.client.wbuf.extend_from_slice(&ap.held);
+                            ap.held.clear();
+                        }
+                    }
+                    self.note_rows(tag, len);
+                }
                 let server = self.server.as_mut().expect("a server is held");
-                server.completed_since_ready = true;
+                self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
+                self.stats.bytes_sent += len as u64;
             }
-            self.note_rows(tag, len);
+            // An autoprepared query's RowDescription, held until its first row.
+            Route::Hold => {
+                if let Some(ap) = self.reading.autoprepare.as_mut() {
+                    ap.held.extend_from_slice(&server.rbuf[..len]);
+                    self.plan.held_description = true;
+                }
+            }
+            // An autoprepared query's ParseComplete, BindComplete or NoData.
+            Route::Swallow => {}
+            Route::Replace => unreachable!("the lane takes no error"),
         }
         let server = self.server.as_mut().expect("a server is held");
-        self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
-        self.stats.bytes_sent += len as u64;
         server.rbuf.advance(len);
         self.settle_reply(None, None, false);
         true
     }
 
-    /// Whether every stage would relay the server's message as it is, and do nothing else
-    /// with it but move the reply queue, note its rows (SHOW QUERIES' timing) and settle the
-    /// outcome of the entry it ends:
+    /// Whether every stage would route the server's message as the lane does, and do
+    /// nothing else with it but move the reply queue, note its rows (SHOW QUERIES' timing)
+    /// and settle the outcome of the entry it ends:
     /// - a ParseComplete, BindComplete, RowDescription, NoData, DataRow or CommandComplete
     ///   (not an error, whose retry, rewrite and bookkeeping take the stages; not a
     ///   ReadyForQuery, a notice, a ParameterStatus or COPY);
-    /// - to the client's own entry, relayed as it is ([`ReplyQueue::head_relays`]), which is
-    ///   not a statement's Describe (its description is kept for later, see
+    /// - to the client's own entry, relayed as it is, or to an autoprepared query's
+    ///   ([`ReplyQueue::lane_route`], which gives the route and the entry's kind); not a
+    ///   statement's Describe (its description is kept for later, see
     ///   `Session::observe_description`);
-    /// - no RowDescription held for an autoprepared query, no result cache watching, no
-    ///   replica position to read, no `SET search_path` whose transaction may end.
+    /// - no plan check of an autoprepared query in flight (`Session::settle_plan_check`), no
+    ///   result cache watching, no replica position to read, no `SET search_path` whose
+    ///   transaction may end.
     ///
-    /// [`ReplyQueue::head_relays`]: crate::replies::ReplyQueue::head_relays
+    /// [`ReplyQueue::lane_route`]: crate::replies::ReplyQueue::lane_route
     #[inline]
-    fn lane_takes_reply(&self, tag: u8) -> bool {
+    fn lane_takes_reply(&self, tag: u8) -> Option<(Expected, Route)> {
         let message = match tag {
             be::DATA_ROW | be::COMMAND_COMPLETE | be::BIND_COMPLETE | be::PARSE_COMPLETE => true,
             be::ROW_DESCRIPTION | be::NO_DATA => self.replies.head_describes().is_none(),
             _ => false,
         };
-        message
-            && self.replies.head_relays(tag)
-            && !self.plan.held_description
+        let takes = message
+            && !(self.plan.held_description
+                && self
+                    .reading
+                    .autoprepare
+                    .as_ref()
+                    .is_some_and(|a| a.checking))
             && self.reads.is_none()
             && self.cache.as_deref().is_none_or(|c| !c.watching())
             && self
                 .plan
                 .stmts
                 .as_ref()
-                .is_none_or(|s| !s.search_path.is_open())
+                .is_none_or(|s| !s.search_path.is_open());
+        takes.then(|| self.replies.lane_route(tag)).flatten()
     }
 }
