@@ -279,6 +279,8 @@ pub struct ClientAutoprepare {
     /// Points of `text` whose position in the client's text is known, in order.
     anchors: Vec<Anchor>,
     statements: HashMap<u64, Arc<Statement>, lexer::FixedHash>,
+    /// The statement the last query ran as (one of `statements`).
+    last: Option<Arc<Statement>>,
     /// The shape of the query in flight.
     shape: Option<Arc<Shape>>,
     /// The query in flight writes: PostgreSQL describes its rows (RowDescription) to a
@@ -372,16 +374,21 @@ impl ClientAutoprepare {
             return Err(Pass::ClockLiteral);
         }
         let (context, epoch) = context;
+        let is_its = |s: &Statement| {
+            s.key.context == context
+                && s.key.epoch == epoch
+                && s.key.query == self.text
+                && s.key.param_types == self.types
+        };
+        // The last query's statement first: a client mostly repeats a query (its key compared
+        // costs less than hashing it).
+        if let Some(last) = self.last.as_ref().filter(|s| is_its(s)) {
+            let statement = last.clone();
+            return self.chosen(shape, statement);
+        }
         let hash = lexer::hasher().hash_one((&self.text, &self.types, context, epoch));
         let statement = match self.statements.get(&hash) {
-            Some(s)
-                if s.key.context == context
-                    && s.key.epoch == epoch
-                    && s.key.query == self.text
-                    && s.key.param_types == self.types =>
-            {
-                s.clone()
-            }
+            Some(s) if is_its(s) => s.clone(),
             _ => {
                 let key = StatementKey {
                     context,
@@ -397,6 +404,16 @@ impl ClientAutoprepare {
                 statement
             }
         };
+        self.last = Some(statement.clone());
+        self.chosen(shape, statement)
+    }
+
+    /// The query of `shape` runs as `statement`, unless PostgreSQL refused it.
+    fn chosen(
+        &mut self,
+        shape: Arc<Shape>,
+        statement: Arc<Statement>,
+    ) -> Result<Arc<Statement>, Pass> {
         if statement.is_rejected() {
             let types = statement.types_refused();
             shape.types_refused.store(types, Relaxed);
