@@ -2141,3 +2141,72 @@ async fn application_name_add_host_names_the_clients_address() {
         assert_eq!(seen, shown);
     }
 }
+
+/// SHOW STATS' `total_sent` counts every byte of the replies a client is sent: a query
+/// forwarded as it is, an autoprepared one (a SELECT's and an INSERT's RowDescription or
+/// completion held back until the statement has run: they were not counted), an extended
+/// batch. Each transaction's bytes, as the client received them, against the counter's rise.
+#[tokio::test]
+async fn total_sent_counts_every_byte_a_client_is_sent() {
+    const DB: &str = "admin_sent";
+    fresh_db(DB).await;
+    tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            DB,
+            "CREATE TABLE sent (id int PRIMARY KEY, v text); \
+             INSERT INTO sent VALUES (1, 'one'), (2, 'two');",
+        )
+    })
+    .await
+    .unwrap();
+    let mut config = test_config(PoolMode::Transaction, 2);
+    config.general.autoprepare_threshold = 1;
+    let proxy = start_pgmemo(config).await;
+    let admin = admin_client(&proxy).await;
+    async fn stats(admin: &Client) -> (u64, u64) {
+        let (_, rows) = show(admin, "SHOW STATS").await;
+        let row = row_for(&rows, DB);
+        (num(row, "total_sent"), num(row, "autoprepared"))
+    }
+    let mut client =
+        RawClient::connect(proxy.local_addr(), PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
+            .await
+            .expect("login");
+    let mut autoprepared = 0;
+    for round in 0..3 {
+        let batches = [
+            vec![Frontend::query("SELECT v FROM sent WHERE id = 1")],
+            vec![Frontend::query(&format!(
+                "INSERT INTO sent VALUES ({}, 'new')",
+                10 + round
+            ))],
+            vec![Frontend::query("SELECT count(*) FROM sent")],
+            vec![
+                Frontend::parse("", "SELECT v FROM sent WHERE id = $1", &[]),
+                Frontend::bind("", "", &[Some("2")]),
+                Frontend::describe_portal(""),
+                Frontend::execute("", 0),
+                Frontend::Sync,
+            ],
+        ];
+        for batch in batches {
+            let (before, _) = stats(&admin).await;
+            client.send(&batch).await.unwrap();
+            let replies = client.recv_until_ready(1).await.unwrap();
+            assert!(replies.iter().all(|m| !m.is_error()), "{replies:?}");
+            let bytes: u64 = replies.iter().map(|m| 5 + m.body.len() as u64).sum();
+            let (after, ap) = stats(&admin).await;
+            assert_eq!(
+                after - before,
+                bytes,
+                "round {round}: {batch:?} {replies:?}"
+            );
+            autoprepared = ap;
+        }
+    }
+    assert!(
+        autoprepared >= 4,
+        "the SELECT and the INSERT autoprepared: {autoprepared}"
+    );
+    proxy.shutdown().await;
+}

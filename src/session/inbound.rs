@@ -863,6 +863,7 @@ impl Session {
     /// Writes the replies pgmemo gives itself (ParseComplete, CloseComplete, ...) that have
     /// reached the head of the queue, i.e. whose turn it is in PostgreSQL's order.
     pub(super) fn answer_locally(&mut self) {
+        let before = self.client.wbuf.len();
         while let Some(synth) = self.replies.pop_synthesized() {
             match synth {
                 Synth::ParseComplete => crate::protocol::write_message(
@@ -884,6 +885,8 @@ impl Session {
                 }
             }
         }
+        // Replies in the server's place are replies sent (SHOW STATS' total_sent).
+        self.stats.bytes_sent += (self.client.wbuf.len() - before) as u64;
         self.settle(None, None, false);
     }
 }

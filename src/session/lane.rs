@@ -111,6 +111,7 @@ impl Session {
                     if std::mem::take(&mut self.plan.held_description) {
                         if let Some(ap) = self.reading.autoprepare.as_mut() {
                             self.client.wbuf.extend_from_slice(&ap.held);
+                            self.stats.bytes_sent += ap.held.len() as u64;
                             ap.held.clear();
                         }
                     }

@@ -358,6 +358,7 @@ impl Session {
                         || (tag == be::ERROR_RESPONSE && ap.checks_plan && route != Route::Swallow);
                     if out {
                         self.client.wbuf.extend_from_slice(&ap.held);
+                        self.stats.bytes_sent += ap.held.len() as u64;
                     }
                     ap.held.clear();
                 }
@@ -415,6 +416,7 @@ impl Session {
         if let Some(ap) = self.reading.autoprepare.as_mut() {
             if release {
                 self.client.wbuf.extend_from_slice(&ap.held);
+                self.stats.bytes_sent += ap.held.len() as u64;
             }
             ap.held.clear();
             ap.checking = false;
