@@ -2142,10 +2142,12 @@ async fn application_name_add_host_names_the_clients_address() {
     }
 }
 
-/// SHOW STATS' `total_sent` counts every byte of the replies a client is sent: a query
-/// forwarded as it is, an autoprepared one (a SELECT's and an INSERT's RowDescription or
-/// completion held back until the statement has run: they were not counted), an extended
-/// batch. Each transaction's bytes, as the client received them, against the counter's rise.
+/// SHOW STATS' `total_sent` counts every byte of the replies a client is sent, and
+/// `total_received` every byte it sent: a query forwarded as it is, an autoprepared one (a
+/// SELECT's RowDescription held back until its first row was not counted), an extended batch
+/// (its ParseComplete pgmemo's own once the server has the statement: not counted either).
+/// Each transaction's bytes, as the client sent and received them, against the counters'
+/// rise.
 #[tokio::test]
 async fn total_sent_counts_every_byte_a_client_is_sent() {
     const DB: &str = "admin_sent";
@@ -2163,10 +2165,14 @@ async fn total_sent_counts_every_byte_a_client_is_sent() {
     config.general.autoprepare_threshold = 1;
     let proxy = start_pgmemo(config).await;
     let admin = admin_client(&proxy).await;
-    async fn stats(admin: &Client) -> (u64, u64) {
+    async fn stats(admin: &Client) -> (u64, u64, u64) {
         let (_, rows) = show(admin, "SHOW STATS").await;
         let row = row_for(&rows, DB);
-        (num(row, "total_sent"), num(row, "autoprepared"))
+        (
+            num(row, "total_sent"),
+            num(row, "total_received"),
+            num(row, "autoprepared"),
+        )
     }
     let mut client =
         RawClient::connect(proxy.local_addr(), PGMEMO_USER, DB, Some(PGMEMO_PASS), &[])
@@ -2190,15 +2196,17 @@ async fn total_sent_counts_every_byte_a_client_is_sent() {
             ],
         ];
         for batch in batches {
-            let (before, _) = stats(&admin).await;
+            let (sent, received, _) = stats(&admin).await;
             client.send(&batch).await.unwrap();
             let replies = client.recv_until_ready(1).await.unwrap();
             assert!(replies.iter().all(|m| !m.is_error()), "{replies:?}");
             let bytes: u64 = replies.iter().map(|m| 5 + m.body.len() as u64).sum();
-            let (after, ap) = stats(&admin).await;
+            let mut asked = Vec::new();
+            batch.iter().for_each(|m| m.encode(&mut asked));
+            let (sent_after, received_after, ap) = stats(&admin).await;
             assert_eq!(
-                after - before,
-                bytes,
+                (sent_after - sent, received_after - received),
+                (bytes, asked.len() as u64),
                 "round {round}: {batch:?} {replies:?}"
             );
             autoprepared = ap;
