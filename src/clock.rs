@@ -65,6 +65,50 @@ impl Moment {
     }
 }
 
+/// A tick every `period` for a task of an event loop, from a Linux timerfd the loop watches
+/// as it watches a socket: a timer its timer wheel does not hold. While the wheel holds a
+/// timer, tokio's time driver reads the clock an extra time and scans the wheel at every
+/// park; the janitor's 1 s interval was the only timer in a steady pool's loop, and cost 106
+/// instructions a `pgbench -S -M simple` transaction at one client (`bench/budget.py`). A
+/// thread that sleeps and sends would do it too, but a second thread makes glibc's `send` and
+/// `recv` mark themselves cancellation points at every call, which cost more (+140 a
+/// transaction at 8 clients, measured).
+pub struct Ticker {
+    fd: tokio::io::unix::AsyncFd<timerfd::TimerFd>,
+}
+
+impl Ticker {
+    /// Ticks every `period`, the first `period` from now. On the current tokio runtime.
+    pub fn every(period: Duration) -> std::io::Result<Ticker> {
+        let mut fd = timerfd::TimerFd::new_custom(timerfd::ClockId::Monotonic, true, true)?;
+        fd.set_state(
+            timerfd::TimerState::Periodic {
+                current: period,
+                interval: period,
+            },
+            timerfd::SetTimeFlags::Default,
+        );
+        let interest = tokio::io::Interest::READABLE;
+        // SAFETY: the TimerFd owns its file descriptor (an OwnedFd), open until it is dropped
+        // with the AsyncFd that owns it, and gives the same one at every call.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
+            .map_err(std::io::Error::from)?;
+        Ok(Ticker { fd })
+    }
+
+    /// Waits for the next tick (at once if one came since the last call; ticks missed
+    /// meanwhile are one). Err: the runtime's I/O driver is gone.
+    pub async fn tick(&mut self) -> std::io::Result<()> {
+        loop {
+            let mut ready = self.fd.readable().await?;
+            if ready.get_inner().read() > 0 {
+                return Ok(());
+            }
+            ready.clear_ready();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +125,24 @@ mod tests {
         assert_eq!(a.since(b), Duration::ZERO);
         assert_eq!(b.micros_since(a), b.since(a).as_micros() as u64);
         assert!(a.elapsed() >= ours);
+    }
+
+    #[test]
+    fn a_ticker_ticks_every_period() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .expect("a runtime without timers");
+        runtime.block_on(async {
+            let started = Moment::now();
+            let mut ticker = Ticker::every(Duration::from_millis(10)).expect("a timerfd");
+            for n in 1..=3 {
+                ticker.tick().await.expect("a tick");
+                assert!(
+                    started.elapsed() >= Duration::from_millis(10 * n),
+                    "tick {n}"
+                );
+            }
+        });
     }
 }
