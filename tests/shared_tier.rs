@@ -531,6 +531,19 @@ async fn without_valkey_and_no_caching_an_instance_serves_nothing_until_valkey_i
     assert!(wal_follower(&a, DB_ALONE).is_some_and(|f| f.leads()));
 }
 
+/// `client` of `proxy` reads row `id` (`v`), a miss whose fill `proxy` writes to the shared
+/// tier: waits until it is written.
+async fn fills(proxy: &Pgmemo, client: &Client, id: i64, v: &str) {
+    let writes = shared(proxy).2;
+    assert_eq!(value(client, &read(id)).await, v);
+    wait_until(
+        "the fill in the shared tier",
+        Duration::from_secs(30),
+        || async { shared(proxy).2 > writes },
+    )
+    .await;
+}
+
 /// An instance whose own follower is behind (`decoder = "each"`, its walsender stopped with
 /// SIGSTOP until the follower stops serving) does not serve a shared entry it cannot judge:
 /// an entry filled by its peer before a write its peer has applied and it has not is read
@@ -570,14 +583,7 @@ async fn an_instance_behind_serves_a_shared_entry_only_once_it_has_caught_up() {
     warm_up_on(&a, &ca, DB_LAG).await;
 
     // A fills row 3 while it is old; the entry reaches the shared tier.
-    let writes = shared(&a).2;
-    assert_eq!(value(&ca, &read(3)).await, "v3");
-    wait_until(
-        "A's fill in the shared tier",
-        Duration::from_secs(30),
-        || async { shared(&a).2 > writes },
-    )
-    .await;
+    fills(&a, &ca, 3, "v3").await;
 
     // C's stream falls silent: C's follower stops serving.
     let signal = |sig: libc::c_int| {
@@ -611,14 +617,7 @@ async fn an_instance_behind_serves_a_shared_entry_only_once_it_has_caught_up() {
     );
 
     // A, ahead, fills row 2 after the write.
-    let writes = shared(&a).2;
-    assert_eq!(value(&ca, &read(2)).await, "new");
-    wait_until(
-        "A's new fill in the shared tier",
-        Duration::from_secs(30),
-        || async { shared(&a).2 > writes },
-    )
-    .await;
+    fills(&a, &ca, 2, "new").await;
     let (hits, ..) = shared(&c);
     assert_eq!(value(&cc, &read(2)).await, "new");
     assert_eq!(shared(&c).0, hits, "no shared hit while C is behind");
@@ -634,12 +633,7 @@ async fn an_instance_behind_serves_a_shared_entry_only_once_it_has_caught_up() {
     // (A's entry carries A's applied position: past every position C has read once A has
     // applied the WAL as of now.)
     wait_wal_applied(&a, &direct, DB_LAG).await;
-    let writes = shared(&a).2;
-    assert_eq!(value(&ca, &read(4)).await, "v4");
-    wait_until("A's fill of row 4", Duration::from_secs(30), || async {
-        shared(&a).2 > writes
-    })
-    .await;
+    fills(&a, &ca, 4, "v4").await;
     let (hits, ..) = shared(&c);
     assert_eq!(value(&cc, &read(4)).await, "v4");
     assert_eq!(
