@@ -436,28 +436,12 @@ async fn accept_loop(
 /// Runs once at once, then every second (on a [`clock::Ticker`]: no timer of the event
 /// loop's).
 async fn janitor(app: Arc<App>) {
-    const EVERY: Duration = Duration::from_secs(1);
     let mut shutdown = app.shutdown_signal();
-    let mut ticker = clock::Ticker::every(EVERY)
-        .inspect_err(|e| tracing::warn!(error = %e, "no timerfd for the janitor: tokio's timer"))
-        .ok();
-    let mut first = true;
+    let mut ticker = clock::Ticker::every(Duration::from_secs(1));
     loop {
-        if !std::mem::take(&mut first) {
-            let tick = async {
-                let ticked = match ticker.as_mut() {
-                    Some(ticker) => ticker.tick().await,
-                    None => Err(std::io::ErrorKind::Unsupported.into()),
-                };
-                if ticked.is_err() {
-                    ticker = None;
-                    tokio::time::sleep(EVERY).await;
-                }
-            };
-            tokio::select! {
-                _ = tick => {}
-                _ = shutdown.wait_for(|s| *s) => return,
-            }
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.wait_for(|s| *s) => return,
         }
         let (period, log_stats) = {
             let g = &app.config.load().general;
