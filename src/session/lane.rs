@@ -99,22 +99,16 @@ impl Session {
         };
         // The queue moves on as for any reply (an entry done, its outcome noted).
         self.replies.moved_on(kind, tag);
-        let server = self.server.as_mut().expect("a server is held");
         match route {
             Route::Forward => {
                 if matches!(tag, be::DATA_ROW | be::COMMAND_COMPLETE) {
                     if tag == be::COMMAND_COMPLETE {
+                        let server = self.server.as_mut().expect("a server is held");
                         server.completed_since_ready = true;
                     }
                     // An autoprepared query's RowDescription held back goes out before its
-                    // first row or its completion (`Session::release_held_description`).
-                    if std::mem::take(&mut self.plan.held_description) {
-                        if let Some(ap) = self.reading.autoprepare.as_mut() {
-                            self.client.wbuf.extend_from_slice(&ap.held);
-                            self.stats.bytes_sent += ap.held.len() as u64;
-                            ap.held.clear();
-                        }
-                    }
+                    // first row or its completion (no plan check is in flight here).
+                    self.release_held_description(tag, route);
                     self.note_rows(tag, len);
                 }
                 let server = self.server.as_mut().expect("a server is held");
@@ -122,12 +116,7 @@ impl Session {
                 self.stats.bytes_sent += len as u64;
             }
             // An autoprepared query's RowDescription, held until its first row.
-            Route::Hold => {
-                if let Some(ap) = self.reading.autoprepare.as_mut() {
-                    ap.held.extend_from_slice(&server.rbuf[..len]);
-                    self.plan.held_description = true;
-                }
-            }
+            Route::Hold => self.hold_reply(len),
             // An autoprepared query's ParseComplete, BindComplete or NoData.
             Route::Swallow => {}
             Route::Replace => unreachable!("the lane takes no error"),
