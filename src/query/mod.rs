@@ -111,6 +111,9 @@ pub struct Reader {
     /// `shapes::ShapeStats::timed`). Kept across messages (the session ends it at the
     /// query's ReadyForQuery).
     pub timed: Option<Timed>,
+    /// The text `lexed` is the reading of, when the next text may be read by it
+    /// ([`lexer::reread`]: the same query with other integers); empty otherwise.
+    last: Vec<u8>,
 }
 
 /// A query being timed on the server: when it was sent, its shape, and the rows its
@@ -165,14 +168,31 @@ impl Reader {
     /// for that message, the same answer at every later one.
     pub fn read(&mut self, sql: &[u8]) -> Result<&Lexed, Refusal> {
         if let Read::None = self.state {
-            self.state = match lexer::generalize(sql, &mut self.lexed) {
-                Ok(()) => Read::Lexed,
-                Err(refusal) => Read::Refused(refusal),
-            };
+            self.state = self.read_anew(sql);
         }
         match self.state {
             Read::Refused(refusal) => Err(refusal),
             _ => Ok(&self.lexed),
+        }
+    }
+
+    /// Reads `sql` by the last reading if it can, else with a pass of the lexer; keeps the
+    /// text when the next one may be read by this reading.
+    fn read_anew(&mut self, sql: &[u8]) -> Read {
+        if !self.last.is_empty() && lexer::reread(sql, &self.last, &mut self.lexed) {
+            self.last.clear();
+            self.last.extend_from_slice(sql);
+            return Read::Lexed;
+        }
+        self.last.clear();
+        match lexer::generalize(sql, &mut self.lexed) {
+            Ok(()) => {
+                if lexer::rereadable(sql, &self.lexed) {
+                    self.last.extend_from_slice(sql);
+                }
+                Read::Lexed
+            }
+            Err(refusal) => Read::Refused(refusal),
         }
     }
 
