@@ -890,6 +890,18 @@ pub struct ClientStatements {
     /// Execute pay one check (boxed: every client holds the field, few ever use it).
     #[allow(clippy::box_collection)] // 8 bytes in every client, where a Vec takes 24
     portals: Option<Box<Vec<TrackedPortal>>>,
+    /// The planner's last Parse of the unnamed statement, for
+    /// [`ClientStatements::unnamed_parse_again`] (boxed, made at the first).
+    last_unnamed: Option<Box<LastParse>>,
+}
+
+/// A Parse of the unnamed statement: its body (name, query and parameter types) and the
+/// statement it meant (weak: it holds the statement in nobody's name, see
+/// [`Registry::purge`]; and while it lives, no other statement has its address).
+#[derive(Debug)]
+struct LastParse {
+    body: Vec<u8>,
+    statement: std::sync::Weak<Statement>,
 }
 
 impl ClientStatements {
@@ -903,7 +915,34 @@ impl ClientStatements {
             schema,
             bytes: 0,
             portals: None,
+            last_unnamed: None,
         }
+    }
+
+    /// The statement a Parse of the unnamed statement (`body`: the message's, from its name
+    /// on) means when it is the client's last one again and the unnamed statement is still
+    /// bound to what that one meant, in the same context and schema epoch: what
+    /// [`ClientStatements::statement_for_parse`] answers then, without reading the message
+    /// (a driver parses its unnamed statement before every execution: the message read and
+    /// its key compared cost ~300 instructions of a `pgbench -S -M extended` transaction).
+    /// None: ask `statement_for_parse`.
+    #[inline]
+    pub fn unnamed_parse_again(
+        &mut self,
+        body: &[u8],
+        registry: &Registry,
+    ) -> Option<Arc<Statement>> {
+        let last = self.last_unnamed.as_deref()?;
+        if body.first() != Some(&0) || last.body != body {
+            return None;
+        }
+        let meant = last.statement.as_ptr();
+        self.refresh_context(registry);
+        let bound = self.names.get(&b""[..]).map(|(s, ..)| s)?;
+        (std::ptr::eq(Arc::as_ptr(bound), meant)
+            && bound.key.context == self.context
+            && bound.key.epoch == self.schema.epoch())
+        .then(|| bound.clone())
     }
 
     /// The client now reads literals under other settings (`literals`, see
@@ -1024,7 +1063,7 @@ impl ClientStatements {
     ) -> Arc<Statement> {
         self.refresh_context(registry);
         let epoch = self.schema.epoch();
-        match self.get(p.name) {
+        let statement = match self.get(p.name) {
             Some(s)
                 if s.key.query == p.query
                     && s.key.param_types == p.param_types
@@ -1042,7 +1081,23 @@ impl ClientStatements {
                 };
                 registry.get_or_insert(key).0
             }
-        }
+        };
+        statement
+    }
+
+    /// Keeps the planner's last Parse of the unnamed statement (`body`: the message's, from
+    /// its name on) and the statement it meant, for
+    /// [`ClientStatements::unnamed_parse_again`].
+    pub fn remember_unnamed_parse(&mut self, body: &[u8], statement: &Arc<Statement>) {
+        let last = self.last_unnamed.get_or_insert_with(|| {
+            Box::new(LastParse {
+                body: Vec::new(),
+                statement: Arc::downgrade(statement),
+            })
+        });
+        last.body.clear();
+        last.body.extend_from_slice(body);
+        last.statement = Arc::downgrade(statement);
     }
 
     /// Binds `name` (or, with None, removes it); returns the previous binding.
@@ -1220,6 +1275,51 @@ mod tests {
         assert_eq!(c.get(b"x").unwrap().id, b.id);
         drop(c);
         assert_eq!(b.holders.load(Ordering::Relaxed), 0);
+    }
+
+    /// A Parse of the unnamed statement sent again means the statement it meant only while
+    /// the unnamed statement is still bound to it, in the same context.
+    #[test]
+    fn an_unnamed_parse_again_means_the_statement_still_bound() {
+        use crate::protocol::frontend::Parse;
+        let r = Registry::new();
+        let mut c = ClientStatements::new(1, Default::default());
+        let body = |name: &str, q: &str| [name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat();
+        let one = body("", "SELECT 1");
+        assert!(
+            c.unnamed_parse_again(&one, &r).is_none(),
+            "nothing parsed yet"
+        );
+        let s = c.statement_for_parse(&r, &Parse::parse(&one).unwrap());
+        c.remember_unnamed_parse(&one, &s);
+        assert!(c.unnamed_parse_again(&one, &r).is_none(), "not bound yet");
+        c.set(b"", Some(s.clone()));
+        let again = c
+            .unnamed_parse_again(&one, &r)
+            .expect("bound to what it meant");
+        assert!(Arc::ptr_eq(&again, &s));
+        assert!(c.unnamed_parse_again(&body("", "SELECT 2"), &r).is_none());
+        assert!(c.unnamed_parse_again(&body("n", "SELECT 1"), &r).is_none());
+        // Bound to another statement (a Parse undone), then to none (a simple query).
+        let two = body("", "SELECT 2");
+        let other = c.statement_for_parse(&r, &Parse::parse(&two).unwrap());
+        c.remember_unnamed_parse(&two, &other);
+        c.set(b"", Some(s.clone()));
+        assert!(
+            c.unnamed_parse_again(&two, &r).is_none(),
+            "{other:?} is not bound"
+        );
+        assert!(
+            c.unnamed_parse_again(&one, &r).is_none(),
+            "the last Parse was another"
+        );
+        c.set(b"", Some(other.clone()));
+        assert!(c.unnamed_parse_again(&two, &r).is_some());
+        c.context = 2; // another search_path since
+        assert!(c.unnamed_parse_again(&two, &r).is_none());
+        c.context = 1;
+        c.set(b"", None);
+        assert!(c.unnamed_parse_again(&two, &r).is_none());
     }
 
     #[test]

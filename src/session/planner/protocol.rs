@@ -17,54 +17,29 @@ use std::sync::Arc;
 impl Planner<'_> {
     pub(super) fn parse(&mut self) -> bool {
         let msg = self.message.whole;
-        // A malformed Parse goes to the server as is, for PostgreSQL's own error.
-        let Some(p) = Parse::parse(body(msg)) else {
-            return false;
+        // The client's last Parse of the unnamed statement again: the statement it meant.
+        let (name, statement) = match self.stmts.unnamed_parse_again(body(msg), self.registry) {
+            Some(statement) => (&b""[..], statement),
+            None => match self.parse_anew(msg) {
+                Ok(read) => read,
+                Err(planned) => return planned,
+            },
         };
-        if std::str::from_utf8(p.name).is_err()
-            && self.client.reported.is("client_encoding", "UTF8")
-        {
-            // PostgreSQL refuses the name before it reads the rest (22021, quoting the bad
-            // bytes) and creates nothing: the Parse goes as it is, for that error.
-            return false;
-        }
-        if self.stmts.is_sql(p.name) {
-            // The name of one of the client's SQL-level statements, which the server has
-            // under that name: PostgreSQL's own 42P05 (after its checks of the query). Unless
-            // its PREPARE failed here: then as for a duplicate protocol-level name.
-            let pending = std::str::from_utf8(pg_name(p.name)).is_ok_and(|n| self.sql_pending(n));
-            return pending && self.duplicate_parse(p.name);
-        }
-        if !p.name.is_empty() && self.stmts.get(p.name).is_some() {
-            return self.duplicate_parse(p.name);
-        }
-        if !p.name.is_empty()
-            && (self.stmts.len() >= self.client.limits.max_count
-                || self.stmts.bytes() + p.query.len() > self.client.limits.max_bytes)
-        {
-            let message = format!(
-                "pgmemo: too many prepared statements for this client (limits: {} statements, {} bytes of query text)",
-                self.client.limits.max_count, self.client.limits.max_bytes
-            );
-            self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
-            return true;
-        }
-        let statement = self.stmts.statement_for_parse(self.registry, &p);
         // Send the Parse only when PostgreSQL has never accepted this statement: an invalid
         // one must fail here, as it would without pgmemo. Otherwise the server gets it when it
         // is first used.
         let must_parse = !statement.is_validated() && !self.server.prepared.has_current(&statement);
         if !must_parse && self.may_be_aborted() {
-            return self.probe_parse(p.name, statement);
+            return self.probe_parse(name, statement);
         }
         // The name bound to this very statement again (a driver's unnamed statement, parsed
         // before every execution): whether this Parse runs, fails or is discarded, the
         // client's statements stay as they are, so it carries nothing to keep or undo, and
         // later batches need not wait for its outcome.
-        let effect = (must_parse || !self.stmts.is_bound_to(p.name, &statement)).then(|| {
-            let previous = self.stmts.set(p.name, Some(statement.clone()));
+        let effect = (must_parse || !self.stmts.is_bound_to(name, &statement)).then(|| {
+            let previous = self.stmts.set(name, Some(statement.clone()));
             Effect::Bound {
-                name: p.name.into(),
+                name: name.into(),
                 previous,
                 statement: statement.clone(),
                 prepared_here: must_parse,
@@ -75,7 +50,7 @@ impl Planner<'_> {
             self.write_parse(&statement);
             self.replies.push_entry(Entry {
                 expected: Expected::Parse,
-                action: renaming_errors(&statement, Bytes::copy_from_slice(p.name)),
+                action: renaming_errors(&statement, Bytes::copy_from_slice(name)),
                 effect,
             });
         } else {
@@ -89,6 +64,48 @@ impl Planner<'_> {
             });
         }
         true
+    }
+
+    /// A Parse read from its message: its name and the statement it means, or what became
+    /// of it when it is planned already (answered, failed here) or goes as it is (Err).
+    fn parse_anew<'m>(&mut self, msg: &'m [u8]) -> Result<(&'m [u8], Arc<Statement>), bool> {
+        // A malformed Parse goes to the server as is, for PostgreSQL's own error.
+        let Some(p) = Parse::parse(body(msg)) else {
+            return Err(false);
+        };
+        if std::str::from_utf8(p.name).is_err()
+            && self.client.reported.is("client_encoding", "UTF8")
+        {
+            // PostgreSQL refuses the name before it reads the rest (22021, quoting the bad
+            // bytes) and creates nothing: the Parse goes as it is, for that error.
+            return Err(false);
+        }
+        if self.stmts.is_sql(p.name) {
+            // The name of one of the client's SQL-level statements, which the server has
+            // under that name: PostgreSQL's own 42P05 (after its checks of the query). Unless
+            // its PREPARE failed here: then as for a duplicate protocol-level name.
+            let pending = std::str::from_utf8(pg_name(p.name)).is_ok_and(|n| self.sql_pending(n));
+            return Err(pending && self.duplicate_parse(p.name));
+        }
+        if !p.name.is_empty() && self.stmts.get(p.name).is_some() {
+            return Err(self.duplicate_parse(p.name));
+        }
+        if !p.name.is_empty()
+            && (self.stmts.len() >= self.client.limits.max_count
+                || self.stmts.bytes() + p.query.len() > self.client.limits.max_bytes)
+        {
+            let message = format!(
+                "pgmemo: too many prepared statements for this client (limits: {} statements, {} bytes of query text)",
+                self.client.limits.max_count, self.client.limits.max_bytes
+            );
+            self.fail_here(Expected::Parse, sqlstate::PROGRAM_LIMIT_EXCEEDED, &message);
+            return Err(true);
+        }
+        let statement = self.stmts.statement_for_parse(self.registry, &p);
+        if p.name.is_empty() {
+            self.stmts.remember_unnamed_parse(body(msg), &statement);
+        }
+        Ok((p.name, statement))
     }
 
     /// A Parse pgmemo would answer itself, but the session may be in an aborted transaction
