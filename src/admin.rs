@@ -486,7 +486,7 @@ fn restart_notices(
 
 /// Returns once `busy` holds for none of `pools`, looking every 20 ms (PAUSE, WAIT_CLOSE).
 async fn until_none(pools: &[Arc<crate::pool::Pool>], busy: impl Fn(&crate::pool::Pool) -> bool) {
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut tick = crate::timer::interval(Duration::from_millis(20));
     while pools.iter().any(|p| busy(p)) {
         tick.tick().await;
     }

@@ -5,7 +5,7 @@
 //! `Instant`'s is a checked timespec subtraction in a call, ~37 instructions, made six times a
 //! transaction (callgrind, issue 32). A `u64` of nanoseconds lasts 584 years of uptime.
 //!
-//! Deadlines handed to tokio's timers stay `Instant`s: they are off the hot path.
+//! Deadlines handed to timers ([`crate::timer`]) stay `Instant`s: they are off the hot path.
 
 use std::time::Duration;
 
@@ -73,20 +73,22 @@ impl Moment {
 /// as the WAL follower's status deadline did a cache hit. A thread that sleeps and sends
 /// would do it too, but a second thread makes glibc's `send` and `recv` mark themselves
 /// cancellation points at every call, which cost more (+140 a transaction at 8 clients,
-/// measured). Without a timerfd (or once its registration fails), tokio's timer ticks.
+/// measured). Without a timerfd (or once its registration fails), the loop's timers tick
+/// ([`crate::timer::interval`]). (Every timer of a loop is on one timerfd now, see
+/// [`crate::timer`]; a ticker keeps its own, read without the wheel's map.)
 pub struct Ticker {
     period: Duration,
     fd: Option<tokio::io::unix::AsyncFd<timerfd::TimerFd>>,
-    /// tokio's, made when the timerfd is not there.
-    interval: Option<tokio::time::Interval>,
+    /// The loop's, made when the timerfd is not there.
+    interval: Option<crate::timer::Interval>,
 }
 
 impl Ticker {
-    /// Ticks at once, then every `period` (as `tokio::time::interval`). On the current tokio
+    /// Ticks at once, then every `period` (as `crate::timer::interval`). On the current tokio
     /// runtime.
     pub fn every(period: Duration) -> Ticker {
         let fd = Ticker::timerfd(period)
-            .inspect_err(|e| tracing::warn!(error = %e, "no timerfd: tokio's timer ticks"))
+            .inspect_err(|e| tracing::warn!(error = %e, "no timerfd: the loop's timers tick"))
             .ok();
         Ticker {
             period,
@@ -118,7 +120,7 @@ impl Ticker {
         if let Some(fd) = self.fd.as_ref() {
             loop {
                 let Ok(mut ready) = fd.readable().await else {
-                    break; // the I/O driver is gone: tokio's timer from now on
+                    break; // the I/O driver is gone: the loop's timers from now on
                 };
                 if ready.get_inner().read() > 0 {
                     return;
@@ -128,11 +130,9 @@ impl Ticker {
             self.fd = None;
         }
         let period = self.period;
-        let interval = self.interval.get_or_insert_with(|| {
-            let mut interval = tokio::time::interval(period);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            interval
-        });
+        let interval = self
+            .interval
+            .get_or_insert_with(|| crate::timer::interval(period));
         interval.tick().await;
     }
 }
@@ -173,7 +173,7 @@ mod tests {
                     "tick {n}"
                 );
             }
-            assert!(ticker.interval.is_none(), "no tokio timer");
+            assert!(ticker.interval.is_none(), "no other timer");
         });
     }
 }

@@ -49,6 +49,7 @@ pub mod stats;
 pub mod stream;
 pub mod takeover;
 pub mod timeouts;
+pub mod timer;
 pub mod tls;
 pub mod tour;
 pub mod vacate;
@@ -96,10 +97,14 @@ impl Pgmemo {
         config: Config,
         takeover_from: Option<&std::path::Path>,
     ) -> anyhow::Result<Pgmemo> {
+        // This loop's timers (pgmemo's main thread has them already; a test's runtime gets
+        // them here).
+        timer::install();
         let listen = config.general.listen.clone();
         let metrics_listen = config.general.metrics_listen.clone();
+        let tokio_timers = config.cache.shared.is_some();
         let workers = Arc::new(
-            workers::Workers::start(config.general.workers as usize)
+            workers::Workers::start(config.general.workers as usize, tokio_timers)
                 .context("cannot start the worker threads")?,
         );
         let app = App::new(config)?;
@@ -227,7 +232,7 @@ impl Pgmemo {
         let timeout = self.app.config.load().general.shutdown_timeout;
         let deadline = Instant::now() + timeout;
         while self.app.client_count() > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            crate::timer::sleep(Duration::from_millis(20)).await;
         }
         // Every client is gone, or shutdown_timeout has passed: cut off the sessions still in
         // a transaction (each rolls back and closes its server) and close the pools, which
@@ -244,13 +249,13 @@ impl Pgmemo {
         }
         let grace = Instant::now() + Duration::from_secs(5);
         while self.app.client_count() > 0 && Instant::now() < grace {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            crate::timer::sleep(Duration::from_millis(20)).await;
         }
         // An online restart: every client handed over is written to the new process before
         // this one exits (their sockets close with it).
         let grace = Instant::now() + Duration::from_secs(5);
         while self.app.handoff.in_flight() > 0 && Instant::now() < grace {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            crate::timer::sleep(Duration::from_millis(5)).await;
         }
         self.app.handoff.close();
         if let Some(clients) = self.app.handoff.handed() {
@@ -296,7 +301,7 @@ impl Pgmemo {
                     return;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = crate::timer::sleep(Duration::from_millis(20)) => {}
                     _ = shutdown.wait_for(|s| *s) => {}
                     _ = accepting.changed() => {}
                 }
@@ -426,7 +431,7 @@ async fn accept_loop(
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                crate::timer::sleep(Duration::from_millis(50)).await;
             }
         }
     }

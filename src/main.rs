@@ -39,14 +39,31 @@ fn main() -> ExitCode {
     {
         return convert(ini, userlist.as_deref(), output.as_deref());
     }
-    let runtime = match runtime_builder().enable_all().build() {
+    // tokio's timers only for the shared tier's Valkey client, whose own timeouts are
+    // tokio's: pgmemo's are its loops' own (see pgmemo::timer).
+    let tokio_timers = cli
+        .clone()
+        .into_config()
+        .ok()
+        .flatten()
+        .is_some_and(|c| c.cache.shared.is_some());
+    let mut builder = runtime_builder();
+    builder.enable_io();
+    if tokio_timers {
+        builder.enable_time();
+    }
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pgmemo: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let serve = async {
+        pgmemo::timer::install();
+        run(cli).await
+    };
+    match runtime.block_on(serve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pgmemo: {e:#}");

@@ -26,7 +26,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             let mut head = Vec::with_capacity(1024);
             let mut buf = [0u8; 1024];
             // Read the request head, bounded in size and time.
-            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            let read = crate::timer::timeout(std::time::Duration::from_secs(5), async {
                 while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
                     match sock.read(&mut buf).await {
                         Ok(0) | Err(_) => return false,
@@ -160,7 +160,8 @@ pub async fn health(app: &App) -> Result<String, String> {
     let mut checks = tokio::task::JoinSet::new();
     for (host, port) in upstreams(app) {
         checks.spawn(async move {
-            let answer = tokio::time::timeout(HEALTH_CHECK_TIMEOUT, ssl_request(&host, port)).await;
+            let answer =
+                crate::timer::timeout(HEALTH_CHECK_TIMEOUT, ssl_request(&host, port)).await;
             let verdict = match answer {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(e.to_string()),

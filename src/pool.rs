@@ -786,7 +786,7 @@ impl Pool {
         tokio::select! {
             biased;
             () = wait.stopped() => Err(CheckoutError::Stopped),
-            waited = tokio::time::timeout_at(wait.deadline.into(), notified) => match waited {
+            waited = crate::timer::timeout_at(wait.deadline, notified) => match waited {
                 Ok(()) => Ok(()),
                 Err(_) => Err(CheckoutError::WaitTimeout(settings.query_wait_timeout)),
             },
@@ -806,7 +806,7 @@ impl Pool {
             let until = reserve_at.unwrap_or(wait.deadline);
             let waited = tokio::select! {
                 biased;
-                waited = tokio::time::timeout_at(until.into(), &mut rx) => waited,
+                waited = crate::timer::timeout_at(until, &mut rx) => waited,
                 () = wait.stopped() => {
                     // Killed while queued: a grant sent just before is given back.
                     if let Some(g) = self.leave_queue(&mut rx) {
@@ -946,8 +946,8 @@ impl Pool {
         let connect_deadline = (started + settings.server_connect_timeout).min(deadline);
         let mut delay = Duration::from_millis(50);
         loop {
-            let attempt = tokio::time::timeout_at(
-                connect_deadline.into(),
+            let attempt = crate::timer::timeout_at(
+                connect_deadline,
                 ServerConn::connect_with(&settings.target, extra),
             )
             .await;
@@ -992,7 +992,7 @@ impl Pool {
                 return Err(err);
             }
             tracing::debug!(pool = ?self.key, error = %err, "server connection failed, retrying");
-            tokio::time::sleep(delay).await;
+            crate::timer::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
@@ -1309,7 +1309,7 @@ impl Pool {
     /// (`killed`) ends the wait too, as [`CheckoutError::Stopped`].
     pub async fn wait_to_pin(&self, killed: &AtomicBool) -> Result<(), CheckoutError> {
         let timeout = self.settings.load().query_wait_timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = std::time::Instant::now() + timeout;
         loop {
             // Registered before the try: a slot freed between the two still wakes it.
             let freed = self.pin_freed.notified();
@@ -1323,11 +1323,11 @@ impl Pool {
             }
             // Tried again each second as well: a reload may raise the bound, and a kill sets
             // a flag without waking this wait.
-            let next = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+            let next = deadline.min(std::time::Instant::now() + Duration::from_secs(1));
             tokio::select! {
                 () = &mut freed => {}
-                () = tokio::time::sleep_until(next) => {
-                    if tokio::time::Instant::now() >= deadline {
+                () = crate::timer::sleep_until(next) => {
+                    if std::time::Instant::now() >= deadline {
                         return Err(CheckoutError::WaitTimeout(timeout));
                     }
                 }

@@ -409,7 +409,7 @@ impl ServerConn {
             let attempt = Self::connect_host(target, host, port, extra);
             let result = match target.connect_timeout {
                 None => attempt.await,
-                Some(limit) => tokio::time::timeout(limit, attempt)
+                Some(limit) => crate::timer::timeout(limit, attempt)
                     .await
                     .unwrap_or_else(|_| {
                         Err(ServerError::Io(io::Error::new(
@@ -860,8 +860,8 @@ impl ServerConn {
     /// Politely ends the connection.
     pub async fn terminate(mut self) {
         frontend::terminate(&mut self.wbuf);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.flush()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.shutdown()).await;
+        let _ = crate::timer::timeout(Duration::from_secs(1), self.flush()).await;
+        let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.shutdown()).await;
     }
 
     /// Ends the connection as [`ServerConn::terminate`] does, then waits, at most `within`,
@@ -881,7 +881,7 @@ impl ServerConn {
     /// backend has ended its transaction.
     pub async fn finish_and_wait(mut self, within: Duration) {
         frontend::terminate(&mut self.wbuf);
-        let _ = tokio::time::timeout(within, async {
+        let _ = crate::timer::timeout(within, async {
             if self.flush().await.is_err() {
                 return;
             }
@@ -986,7 +986,7 @@ pub async fn send_cancel(addr: &CancelAddr, pid: i32, secret: i32) -> io::Result
             CancelAddr::Tcp(addr) => Stream::Tcp(TcpStream::connect(addr).await?),
         })
     };
-    let mut tcp = tokio::time::timeout(Duration::from_secs(5), connect)
+    let mut tcp = crate::timer::timeout(Duration::from_secs(5), connect)
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     let mut msg = [0u8; 16];
@@ -998,6 +998,6 @@ pub async fn send_cancel(addr: &CancelAddr, pid: i32, secret: i32) -> io::Result
     // The server closes the connection when done; waiting for that keeps the cancel ordered
     // before whatever the caller does next.
     let mut sink = [0u8; 1];
-    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut sink)).await;
+    let _ = crate::timer::timeout(Duration::from_secs(5), tcp.read(&mut sink)).await;
     Ok(())
 }

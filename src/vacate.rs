@@ -80,7 +80,7 @@ pub async fn vacate(app: &App, own: &ServerTarget, uses: &[Use]) {
         forget.push(id);
     }
     // Each connection's wait is bounded already; the follower's by its own close.
-    let _ = tokio::time::timeout(WAIT + Duration::from_secs(1), async {
+    let _ = crate::timer::timeout(WAIT + Duration::from_secs(1), async {
         while closing.join_next().await.is_some() {}
     })
     .await;

@@ -76,14 +76,20 @@ pub struct Workers {
 impl Workers {
     /// Starts `count - 1` threads, each running a single-threaded event loop until the
     /// returned value is dropped. The caller's own thread (inside a tokio runtime) is worker 0.
-    pub fn start(count: usize) -> std::io::Result<Workers> {
+    /// Each loop has its timers' wheel ([`crate::timer::install`]).
+    /// `tokio_timers`: with tokio's time driver too (see [`crate::timer`]: the shared tier's
+    /// Valkey client needs it).
+    pub fn start(count: usize, tokio_timers: bool) -> std::io::Result<Workers> {
         let (stop, stopped) = watch::channel(());
         let mut handles = Vec::with_capacity(count.max(1));
         handles.push(Handle::try_current().map_err(std::io::Error::other)?);
         for id in 1..count {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let mut builder = tokio::runtime::Builder::new_current_thread();
+            builder.enable_io();
+            if tokio_timers {
+                builder.enable_time();
+            }
+            let runtime = builder.build()?;
             handles.push(runtime.handle().clone());
             let mut stopped = stopped.clone();
             std::thread::Builder::new()
@@ -92,6 +98,7 @@ impl Workers {
                     CURRENT.with(|c| c.set(id as u16));
                     // Runs its clients' tasks until the sender is dropped.
                     runtime.block_on(async move {
+                        crate::timer::install();
                         let _ = stopped.changed().await;
                     });
                 })?;

@@ -30,7 +30,7 @@ impl Flight {
         if self.finished.load(SeqCst) {
             return true;
         }
-        tokio::time::timeout(limit, notified).await.is_ok()
+        crate::timer::timeout(limit, notified).await.is_ok()
     }
 
     pub(super) fn finish(&self) {

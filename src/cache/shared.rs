@@ -162,7 +162,7 @@ impl Shared {
                 .await
                 .map(Some)
         };
-        let (got, ttl_ms) = match tokio::time::timeout(self.timeout, asked).await {
+        let (got, ttl_ms) = match crate::timer::timeout(self.timeout, asked).await {
             Ok(Ok(Some(got))) => got,
             Ok(Ok(None)) => return None,
             Ok(Err(e)) => {

@@ -44,7 +44,7 @@ pub(super) fn start(set: &Arc<Replicas>) {
 #[derive(Default)]
 struct Link {
     conn: Option<ServerConn>,
-    retry_at: Option<tokio::time::Instant>,
+    retry_at: Option<std::time::Instant>,
 }
 
 impl Link {
@@ -58,7 +58,7 @@ impl Link {
         if self.conn.is_none() {
             if self
                 .retry_at
-                .is_some_and(|at| tokio::time::Instant::now() < at)
+                .is_some_and(|at| std::time::Instant::now() < at)
             {
                 return Err(());
             }
@@ -66,7 +66,7 @@ impl Link {
                 Ok(conn) => self.conn = Some(conn),
                 Err(e) => {
                     tracing::debug!(host = %target.host, port = target.port, error = %e, "replica monitor: no connection");
-                    self.retry_at = Some(tokio::time::Instant::now() + RETRY);
+                    self.retry_at = Some(std::time::Instant::now() + RETRY);
                     return Err(());
                 }
             }
@@ -77,7 +77,7 @@ impl Link {
                 .next()
                 .and_then(|row| row.into_iter().next().flatten())),
             None => {
-                self.retry_at = Some(tokio::time::Instant::now() + RETRY);
+                self.retry_at = Some(std::time::Instant::now() + RETRY);
                 Err(())
             }
         }
@@ -87,7 +87,7 @@ impl Link {
     /// connection dropped) when it failed.
     async fn rows(&mut self, sql: &str, within: Duration) -> Option<Vec<Vec<Option<String>>>> {
         let conn = self.conn.as_mut()?;
-        match tokio::time::timeout(within, conn.internal_query(sql)).await {
+        match crate::timer::timeout(within, conn.internal_query(sql)).await {
             Ok(Ok(rows)) => Some(rows),
             _ => {
                 self.conn = None;
@@ -100,8 +100,7 @@ impl Link {
 async fn run(weak: Weak<Replicas>) {
     let mut primary = Link::default();
     let mut replicas: Vec<(Weak<Replica>, Link)> = Vec::new();
-    let mut tick = tokio::time::interval(EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::timer::interval(EVERY);
     loop {
         tick.tick().await;
         let Some(set) = weak.upgrade() else { return };

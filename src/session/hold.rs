@@ -21,12 +21,11 @@ impl Session {
     /// (Re)starts a pinned client's idle time at the end of one of its transactions.
     pub(super) fn start_pinned_idle(&mut self) {
         let timeout = self.pool.settings().pinned_idle_timeout;
-        let deadline =
-            tokio::time::Instant::now() + if timeout.is_zero() { NEVER } else { timeout };
+        let deadline = std::time::Instant::now() + if timeout.is_zero() { NEVER } else { timeout };
         match self.state.pinned_idle.as_mut() {
             Some(timer) => timer.as_mut().reset(deadline),
             None if !timeout.is_zero() => {
-                self.state.pinned_idle = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                self.state.pinned_idle = Some(Box::pin(crate::timer::sleep_until(deadline)));
             }
             None => {}
         }

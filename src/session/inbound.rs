@@ -749,7 +749,7 @@ impl Session {
         tokio::pin!(wait);
         tokio::select! {
             done = &mut wait => return done,
-            () = tokio::time::sleep(notify) => {}
+            () = crate::timer::sleep(notify) => {}
         }
         be::notice_response(
             &mut self.client.wbuf,

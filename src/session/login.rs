@@ -48,7 +48,7 @@ pub async fn admit(app: &App, client: Stream) -> Option<Box<Admitted>> {
     let (peer, local) = addresses(app, &client)?;
     let login_timeout = app.config.load().general.client_login_timeout;
     let login = read_startup(app, client);
-    let mut startup = match tokio::time::timeout(login_timeout, login).await {
+    let mut startup = match crate::timer::timeout(login_timeout, login).await {
         Err(_) => {
             tracing::info!(%peer, "client did not finish its login within client_login_timeout");
             app.errors.login_failed(LoginFailure::Timeout);

@@ -848,7 +848,7 @@ impl Session {
         }
         let pending_output = !self.client.wbuf.is_empty();
         if pending_output {
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
+            let _ = crate::timer::timeout(Duration::from_secs(1), self.client.flush()).await;
         }
         if self.state.counted {
             self.state.counted = false;
@@ -935,7 +935,7 @@ impl Session {
             Ok::<_, ServerError>(())
         };
         let ok = matches!(
-            tokio::time::timeout(Duration::from_secs(5), clean).await,
+            crate::timer::timeout(Duration::from_secs(5), clean).await,
             Ok(Ok(())) if server.status == b'I'
         );
         server.broken |= !ok;

@@ -838,7 +838,7 @@ async fn wait_for_replay(
     floor: u64,
     wait: std::time::Duration,
 ) -> bool {
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = std::time::Instant::now() + wait;
     loop {
         let at = server
             .internal_query(
@@ -861,11 +861,11 @@ async fn wait_for_replay(
         if at >= floor {
             return true;
         }
-        let now = tokio::time::Instant::now();
+        let now = std::time::Instant::now();
         if now >= deadline {
             return false;
         }
-        tokio::time::sleep(ASK_EVERY.min(deadline - now)).await;
+        crate::timer::sleep(ASK_EVERY.min(deadline - now)).await;
     }
 }
 

@@ -149,7 +149,7 @@ pub struct StateWatch {
     /// Fires when a pinned client has been idle for `pinned_idle_timeout`: made at its first
     /// pin with a timeout, reset at the end of each of its transactions, polled only while it
     /// is pinned and idle.
-    pub pinned_idle: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    pub pinned_idle: Option<std::pin::Pin<Box<crate::timer::Sleep>>>,
 }
 
 impl StateWatch {

@@ -379,7 +379,7 @@ impl Fleet {
     /// Returns once Valkey answers again (asked every lease).
     pub async fn answers_again(&self) {
         loop {
-            tokio::time::sleep(self.lease).await;
+            crate::timer::sleep(self.lease).await;
             if let Ok(mut conn) = self.connect().await {
                 if ask::<String>(&mut conn, &redis::cmd("PING")).await.is_ok() {
                     return;
@@ -396,10 +396,8 @@ impl Fleet {
         let lease = self.key("lease", database);
         let mut published = Published::new(rand::random());
         follower.set_role(Part::Leader(self.me.clone()));
-        let mut tick = tokio::time::interval(super::POSITIONS_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renew = tokio::time::interval(self.lease / 3);
-        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = crate::timer::interval(super::POSITIONS_EVERY);
+        let mut renew = crate::timer::interval(self.lease / 3);
         let mut renewed = Instant::now();
         loop {
             let ticked = tokio::select! {
@@ -446,7 +444,7 @@ impl Fleet {
                     .ignore();
             }
             // A failed write leaves a sequence number out: the readers start again.
-            match tokio::time::timeout(ASK, pipe.query_async::<()>(&mut conn)).await {
+            match crate::timer::timeout(ASK, pipe.query_async::<()>(&mut conn)).await {
                 Ok(Ok(())) => {
                     self.stats.stream_published.fetch_add(count, Relaxed);
                 }
@@ -670,7 +668,7 @@ enum Joining {
 
 /// One question to Valkey, within [`ASK`] (and the stream's wait).
 async fn ask<T: redis::FromRedisValue>(conn: &mut Conn, cmd: &redis::Cmd) -> Result<T, String> {
-    match tokio::time::timeout(ASK + BLOCK, cmd.query_async::<T>(conn)).await {
+    match crate::timer::timeout(ASK + BLOCK, cmd.query_async::<T>(conn)).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(format!("Valkey: {e}")),
         Err(_) => Err("Valkey did not answer".into()),

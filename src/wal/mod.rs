@@ -493,7 +493,7 @@ async fn follow(
         }
         follower.set_phase(Phase::Failed(why));
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = crate::timer::sleep(backoff) => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
             _ = stopping.wait_for(|stop| *stop) => return,
         }
@@ -688,7 +688,7 @@ async fn settle_seen(
         }
         // Commits decoded meanwhile wait for the next question (a notice of one already
         // settled only makes the loop look again).
-        tokio::time::sleep(wait).await;
+        crate::timer::sleep(wait).await;
     }
 }
 

@@ -1,0 +1,493 @@
+//! The timers of pgmemo's event loops: sleeps, timeouts and intervals on one Linux timerfd per
+//! loop, so that the loops run without tokio's time driver.
+//!
+//! Why: with the time driver on, every park of a loop reads the clock and scans the timer
+//! wheel, timers or not: ~300 instructions a park (callgrind, `bench/budget.py`), two parks a
+//! `pgbench -S` transaction at one client. Here a loop's timers are kept in a map by deadline
+//! and the timerfd is set to the earliest: the loop hears of them as it hears of a socket, only
+//! when one is due, and a park costs nothing for them.
+//!
+//! [`install`] gives the calling thread its wheel when it runs a single-threaded runtime (each
+//! of pgmemo's loops, and the tests' default runtime); a timer polled on a thread without one
+//! (a multi-threaded runtime) is tokio's. A session that moves to another loop takes its timers
+//! along: one polled on another loop than its own is set there, and the first loop's copy
+//! wakes the task once for nothing.
+//!
+//! The API is tokio's (`sleep`, `sleep_until`, `timeout`, `timeout_at`, `interval`), with
+//! `std::time::Instant` deadlines; an interval's missed ticks are delayed
+//! (`MissedTickBehavior::Delay`), the only behaviour pgmemo uses.
+
+use crate::clock::Moment;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::future::{poll_fn, Future};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+thread_local! {
+    static WHEEL: RefCell<Option<Wheel>> = const { RefCell::new(None) };
+}
+
+/// Wheels are told apart by a number no other wheel of the process has.
+static WHEELS: AtomicU64 = AtomicU64::new(1);
+
+/// One loop's timers.
+struct Wheel {
+    id: u64,
+    fd: Arc<OwnedFd>,
+    /// Its task runs (false once its runtime dropped it: a later runtime on the thread
+    /// gets a wheel of its own).
+    alive: Arc<AtomicBool>,
+    /// (deadline in [`Moment`] nanoseconds, timer number) → the waker of its task.
+    timers: BTreeMap<(u64, u64), Waker>,
+    next: u64,
+    /// The deadline the timerfd is set to (`u64::MAX`: none).
+    armed: u64,
+}
+
+impl Wheel {
+    fn alive(&self) -> bool {
+        self.alive.load(Relaxed)
+    }
+
+    /// Sets the timer `key` (made if None, or set on another wheel) to wake `waker` at
+    /// `deadline`.
+    fn set(&mut self, key: &mut Option<(u64, u64)>, deadline: u64, waker: &Waker) {
+        if let Some((wheel, n)) = *key {
+            if wheel == self.id {
+                if let Some(w) = self.timers.get_mut(&(deadline, n)) {
+                    if !w.will_wake(waker) {
+                        w.clone_from(waker);
+                    }
+                    return;
+                }
+            }
+        }
+        let n = self.next;
+        self.next += 1;
+        self.timers.insert((deadline, n), waker.clone());
+        *key = Some((self.id, n));
+        if deadline < self.armed {
+            self.arm(deadline);
+        }
+    }
+
+    fn arm(&mut self, deadline: u64) {
+        self.armed = deadline;
+        let at = libc::timespec {
+            tv_sec: (deadline / 1_000_000_000) as libc::time_t,
+            tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
+        };
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: at,
+        };
+        // SAFETY: the fd is a timerfd this wheel owns (with its task), and the specs live
+        // here. A deadline of 0 would disarm it: Moment's clock is past 0 at once.
+        let set = unsafe {
+            libc::timerfd_settime(
+                self.fd.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if set != 0 {
+            tracing::error!(error = %std::io::Error::last_os_error(), "timerfd_settime failed");
+        }
+    }
+
+    /// Takes the wakers of the timers due at `now` and sets the timerfd to the next one.
+    fn due(&mut self, now: u64) -> Vec<Waker> {
+        let later = self.timers.split_off(&(now + 1, 0));
+        let due = std::mem::replace(&mut self.timers, later);
+        self.armed = u64::MAX;
+        if let Some(&(next, _)) = self.timers.keys().next() {
+            self.arm(next);
+        }
+        due.into_values().collect()
+    }
+}
+
+/// Gives the calling thread its wheel, driven by a task on the current runtime, if that is a
+/// single-threaded one (whose tasks all run on this thread) and the thread has none yet.
+/// True when the thread has a wheel.
+pub fn install() -> bool {
+    let handle = tokio::runtime::Handle::current();
+    if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
+        return false;
+    }
+    if WHEEL.with(|w| w.borrow().as_ref().is_some_and(Wheel::alive)) {
+        return true;
+    }
+    // SAFETY: plain system call; the fd it returns is owned below.
+    let raw = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "no timerfd: tokio's timers");
+        return false;
+    }
+    // SAFETY: a new fd, owned by nothing else.
+    let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    // SAFETY: the Arc keeps the fd open while the AsyncFd (which holds one) lives, and it
+    // gives the same fd at every call.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd.clone(), tokio::io::Interest::READABLE)
+    };
+    let Ok(watched) = registered else {
+        return false;
+    };
+    let id = WHEELS.fetch_add(1, Relaxed);
+    let alive = Arc::new(AtomicBool::new(true));
+    WHEEL.with(|w| {
+        *w.borrow_mut() = Some(Wheel {
+            id,
+            fd,
+            alive: alive.clone(),
+            timers: BTreeMap::new(),
+            next: 0,
+            armed: u64::MAX,
+        })
+    });
+    handle.spawn(drive(watched, Alive(alive)));
+    true
+}
+
+/// Marks its wheel dead when the wheel's task is dropped (with its runtime).
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+    }
+}
+
+/// The wheel's task: wakes the tasks whose timers are due each time the timerfd fires.
+async fn drive(fd: tokio::io::unix::AsyncFd<Arc<OwnedFd>>, _alive: Alive) {
+    loop {
+        let Ok(mut ready) = fd.readable().await else {
+            return; // the runtime is going away
+        };
+        let mut expirations = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into the array, from the timerfd.
+        let _ = unsafe {
+            libc::read(
+                fd.get_ref().as_raw_fd(),
+                expirations.as_mut_ptr().cast(),
+                expirations.len(),
+            )
+        };
+        // Before the timerfd is set again: a deadline already past fires it anew.
+        ready.clear_ready();
+        let now = Moment::now().nanos();
+        let due = WHEEL.with(|w| w.borrow_mut().as_mut().map(|w| w.due(now)));
+        // Woken outside the borrow: a wake may drop a task, and its timers with it.
+        for waker in due.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+}
+
+/// Moment nanoseconds of `deadline`.
+fn nanos_of(deadline: Instant) -> u64 {
+    let after = deadline.saturating_duration_since(Instant::now());
+    Moment::now()
+        .nanos()
+        .saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// A future done at its deadline ([`sleep`], [`sleep_until`]).
+#[derive(Debug)]
+pub struct Sleep {
+    deadline: u64,
+    /// (wheel, timer number), once set on a wheel.
+    key: Option<(u64, u64)>,
+    /// tokio's, on a thread without a wheel.
+    fallback: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// Done after `duration`.
+pub fn sleep(duration: Duration) -> Sleep {
+    let after = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    Sleep::at(Moment::now().nanos().saturating_add(after))
+}
+
+/// Done at `deadline`.
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep::at(nanos_of(deadline))
+}
+
+impl Sleep {
+    fn at(deadline: u64) -> Sleep {
+        Sleep {
+            deadline,
+            key: None,
+            fallback: None,
+        }
+    }
+
+    /// Done at `deadline` instead (as tokio's `Sleep::reset`).
+    pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
+        let this = self.get_mut();
+        if let Some(tokio_sleep) = this.fallback.as_mut() {
+            tokio_sleep.as_mut().reset(deadline.into());
+            return;
+        }
+        let old = this.deadline;
+        this.deadline = nanos_of(deadline);
+        // Set on this loop's wheel: moved there with its waker, as tokio's is (the task
+        // need not poll it again to be woken at the new deadline).
+        let Some((wheel, n)) = this.key.take() else {
+            return;
+        };
+        WHEEL.with(|w| {
+            let mut w = w.borrow_mut();
+            let Some(w) = w.as_mut().filter(|w| w.id == wheel) else {
+                return;
+            };
+            if let Some(waker) = w.timers.remove(&(old, n)) {
+                w.set(&mut this.key, this.deadline, &waker);
+            }
+        });
+    }
+
+    fn cancel(&mut self) {
+        let Some((wheel, n)) = self.key.take() else {
+            return;
+        };
+        let deadline = self.deadline;
+        // (At a thread's exit the wheel may be gone; during its task's wake-ups, borrowed.)
+        let _ = WHEEL.try_with(|w| {
+            if let Ok(mut w) = w.try_borrow_mut() {
+                if let Some(w) = w.as_mut().filter(|w| w.id == wheel) {
+                    w.timers.remove(&(deadline, n));
+                }
+            }
+        });
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        if let Some(tokio_sleep) = this.fallback.as_mut() {
+            return tokio_sleep.as_mut().poll(cx);
+        }
+        if Moment::now().nanos() >= this.deadline {
+            this.cancel();
+            return Poll::Ready(());
+        }
+        let set = WHEEL.with(|w| match w.borrow_mut().as_mut().filter(|w| w.alive()) {
+            Some(wheel) => {
+                wheel.set(&mut this.key, this.deadline, cx.waker());
+                true
+            }
+            None => false,
+        });
+        if set {
+            return Poll::Pending;
+        }
+        let left = this.deadline.saturating_sub(Moment::now().nanos());
+        let deadline = tokio::time::Instant::now() + Duration::from_nanos(left);
+        this.fallback
+            .insert(Box::pin(tokio::time::sleep_until(deadline)))
+            .as_mut()
+            .poll(cx)
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// A [`timeout`] passed before its future was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline has elapsed") // tokio's words
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+impl From<Elapsed> for std::io::Error {
+    fn from(_: Elapsed) -> std::io::Error {
+        std::io::ErrorKind::TimedOut.into()
+    }
+}
+
+/// `future`'s output, unless `duration` (from now) passes first.
+pub fn timeout<F: Future>(
+    duration: Duration,
+    future: F,
+) -> impl Future<Output = Result<F::Output, Elapsed>> {
+    within(sleep(duration), future)
+}
+
+/// `future`'s output, unless `deadline` passes first.
+pub fn timeout_at<F: Future>(
+    deadline: Instant,
+    future: F,
+) -> impl Future<Output = Result<F::Output, Elapsed>> {
+    within(sleep_until(deadline), future)
+}
+
+async fn within<F: Future>(mut limit: Sleep, future: F) -> Result<F::Output, Elapsed> {
+    let mut future = pin!(future);
+    poll_fn(|cx| {
+        // The future first, as tokio's timeout: one done at its deadline is done.
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        Pin::new(&mut limit).poll(cx).map(|()| Err(Elapsed))
+    })
+    .await
+}
+
+/// Ticks at once, then every `period` ([`Interval::tick`]).
+pub fn interval(period: Duration) -> Interval {
+    Interval {
+        period: u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1),
+        next: Moment::now().nanos(),
+    }
+}
+
+/// [`interval`]'s ticks.
+#[derive(Debug)]
+pub struct Interval {
+    period: u64,
+    /// The next tick's deadline.
+    next: u64,
+}
+
+impl Interval {
+    /// Waits for the next tick. A tick missed by a period or more is delayed: the next comes
+    /// a period after it was seen. Cancel-safe: a wait dropped leaves the tick to come.
+    pub async fn tick(&mut self) {
+        Sleep::at(self.next).await;
+        let now = Moment::now().nanos();
+        self.next = if now >= self.next.saturating_add(self.period) {
+            now.saturating_add(self.period)
+        } else {
+            self.next.saturating_add(self.period)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(5);
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .expect("a runtime without tokio's timers")
+    }
+
+    /// On a loop without tokio's time driver: sleeps end at their deadline, in order, a
+    /// timeout passes or not, a dropped sleep wakes nobody, an interval ticks at once then
+    /// every period.
+    #[test]
+    fn timers_without_tokio_s_time_driver() {
+        runtime().block_on(async {
+            assert!(install());
+            let started = Instant::now();
+            // Set in the wrong order: the timerfd follows the earliest.
+            let late = tokio::spawn(async move {
+                sleep(Duration::from_millis(60)).await;
+                started.elapsed()
+            });
+            let early = tokio::spawn(async move {
+                sleep_until(started + Duration::from_millis(20)).await;
+                started.elapsed()
+            });
+            let (early, late) = (early.await.unwrap(), late.await.unwrap());
+            assert!(early >= Duration::from_millis(20), "{early:?}");
+            assert!(late >= Duration::from_millis(60), "{late:?}");
+            assert!(early < late);
+
+            let never = std::future::pending::<()>();
+            assert_eq!(
+                timeout(Duration::from_millis(10), never).await,
+                Err(Elapsed)
+            );
+            assert_eq!(timeout(Duration::from_secs(10), async { 7 }).await, Ok(7));
+
+            // Dropped before it is due: its timer goes with it.
+            let dropped = tokio::spawn(sleep(Duration::from_millis(5)));
+            tokio::task::yield_now().await; // it runs once: its timer is set
+            assert!(WHEEL.with(|w| !w.borrow().as_ref().unwrap().timers.is_empty()));
+            dropped.abort();
+            let _ = dropped.await;
+            assert!(WHEEL.with(|w| w.borrow().as_ref().unwrap().timers.is_empty()));
+
+            let ticks = Instant::now();
+            let mut every = interval(Duration::from_millis(10));
+            every.tick().await;
+            assert!(
+                ticks.elapsed() < Duration::from_millis(10),
+                "the first at once"
+            );
+            every.tick().await;
+            every.tick().await;
+            assert!(ticks.elapsed() >= Duration::from_millis(20));
+        });
+    }
+
+    /// A runtime after another on the same thread gets a wheel of its own: the first one's
+    /// task went with its runtime.
+    #[test]
+    fn a_later_runtime_gets_a_wheel_of_its_own() {
+        for _ in 0..2 {
+            // (tokio's timers too, to fail rather than hang if the sleep never ends.)
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                assert!(install());
+                let started = Instant::now();
+                // (tokio's timeout polls the sleep at its own deadline, which ends it then.)
+                let _ = tokio::time::timeout(Duration::from_secs(2), sleep(MS)).await;
+                let slept = started.elapsed();
+                assert!(slept >= MS && slept < Duration::from_secs(1), "{slept:?}");
+            });
+        }
+    }
+
+    /// A thread without a wheel (a multi-threaded runtime's) uses tokio's timer.
+    #[test]
+    fn tokio_s_timer_where_there_is_no_wheel() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            assert!(!install());
+            let started = Instant::now();
+            sleep(Duration::from_millis(15)).await;
+            assert!(started.elapsed() >= Duration::from_millis(15));
+        });
+    }
+}
