@@ -65,78 +65,6 @@ impl Moment {
     }
 }
 
-/// A tick every `period` for a task of an event loop, from a Linux timerfd the loop watches
-/// as it watches a socket: a timer its timer wheel does not hold. While the wheel holds a
-/// timer, tokio's time driver reads the clock an extra time and scans the wheel at every
-/// park; the janitor's 1 s interval was the only timer in a steady pool's loop, and cost
-/// ~400 instructions a `pgbench -S -M simple` transaction at one client (`bench/budget.py`),
-/// as the WAL follower's status deadline did a cache hit. A thread that sleeps and sends
-/// would do it too, but a second thread makes glibc's `send` and `recv` mark themselves
-/// cancellation points at every call, which cost more (+140 a transaction at 8 clients,
-/// measured). Without a timerfd (or once its registration fails), the loop's timers tick
-/// ([`crate::timer::interval`]). (Every timer of a loop is on one timerfd now, see
-/// [`crate::timer`]; a ticker keeps its own, read without the wheel's map.)
-pub struct Ticker {
-    period: Duration,
-    fd: Option<tokio::io::unix::AsyncFd<timerfd::TimerFd>>,
-    /// The loop's, made when the timerfd is not there.
-    interval: Option<crate::timer::Interval>,
-}
-
-impl Ticker {
-    /// Ticks at once, then every `period` (as `crate::timer::interval`). On the current tokio
-    /// runtime.
-    pub fn every(period: Duration) -> Ticker {
-        let fd = Ticker::timerfd(period)
-            .inspect_err(|e| tracing::warn!(error = %e, "no timerfd: the loop's timers tick"))
-            .ok();
-        Ticker {
-            period,
-            fd,
-            interval: None,
-        }
-    }
-
-    fn timerfd(period: Duration) -> std::io::Result<tokio::io::unix::AsyncFd<timerfd::TimerFd>> {
-        let mut fd = timerfd::TimerFd::new_custom(timerfd::ClockId::Monotonic, true, true)?;
-        fd.set_state(
-            timerfd::TimerState::Periodic {
-                // (Zero would disarm it.)
-                current: Duration::from_nanos(1),
-                interval: period,
-            },
-            timerfd::SetTimeFlags::Default,
-        );
-        let interest = tokio::io::Interest::READABLE;
-        // SAFETY: the TimerFd owns its file descriptor (an OwnedFd), open until it is dropped
-        // with the AsyncFd that owns it, and gives the same one at every call.
-        unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
-            .map_err(std::io::Error::from)
-    }
-
-    /// Waits for the next tick (at once if one came since the last call; ticks missed
-    /// meanwhile are one).
-    pub async fn tick(&mut self) {
-        if let Some(fd) = self.fd.as_ref() {
-            loop {
-                let Ok(mut ready) = fd.readable().await else {
-                    break; // the I/O driver is gone: the loop's timers from now on
-                };
-                if ready.get_inner().read() > 0 {
-                    return;
-                }
-                ready.clear_ready();
-            }
-            self.fd = None;
-        }
-        let period = self.period;
-        let interval = self
-            .interval
-            .get_or_insert_with(|| crate::timer::interval(period));
-        interval.tick().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,27 +81,5 @@ mod tests {
         assert_eq!(a.since(b), Duration::ZERO);
         assert_eq!(b.micros_since(a), b.since(a).as_micros() as u64);
         assert!(a.elapsed() >= ours);
-    }
-
-    #[test]
-    fn a_ticker_ticks_every_period() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .expect("a runtime without timers");
-        runtime.block_on(async {
-            let started = Moment::now();
-            let mut ticker = Ticker::every(Duration::from_millis(10));
-            assert!(ticker.fd.is_some(), "a timerfd");
-            // The first tick at once, as tokio's interval's.
-            for n in 0..=3 {
-                ticker.tick().await;
-                assert!(
-                    started.elapsed() >= Duration::from_millis(10 * n),
-                    "tick {n}"
-                );
-            }
-            assert!(ticker.interval.is_none(), "no other timer");
-        });
     }
 }

@@ -438,11 +438,11 @@ async fn accept_loop(
 }
 
 /// Periodic pool maintenance: idle and lifetime limits, min_pool_size.
-/// Runs once at once, then every second (on a [`clock::Ticker`]: no timer of the event
+/// Runs once at once, then every second (on a [`timer::Ticker`]: no timer of the event
 /// loop's).
 async fn janitor(app: Arc<App>) {
     let mut shutdown = app.shutdown_signal();
-    let mut ticker = clock::Ticker::every(Duration::from_secs(1));
+    let mut ticker = timer::Ticker::every(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = ticker.tick() => {}

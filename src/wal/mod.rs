@@ -618,7 +618,7 @@ async fn read_positions(
     if !setup.positions {
         return std::future::pending().await;
     }
-    let mut tick = crate::clock::Ticker::every(POSITIONS_EVERY);
+    let mut tick = crate::timer::Ticker::every(POSITIONS_EVERY);
     loop {
         tick.tick().await;
         let asking = ordinary(conn, setup, "read positions").await?;
@@ -857,8 +857,8 @@ async fn apply_stream(
     // status_interval of silence at once).
     let mut heard = std::time::Instant::now();
     // A status every status_interval, the first at once (a timerfd: no timer in the event
-    // loop's wheel while the cache serves hits, see `clock::Ticker`).
-    let mut status_due = crate::clock::Ticker::every(status_interval);
+    // loop's wheel while the cache serves hits, see `timer::Ticker`).
+    let mut status_due = crate::timer::Ticker::every(status_interval);
     let mut applied = Lsn(0);
     // The server's end of WAL as last reported.
     let mut server_end = Lsn(0);
