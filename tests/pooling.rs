@@ -1168,3 +1168,50 @@ async fn server_round_robin_takes_turns_over_the_idle_servers() {
         proxy.shutdown().await;
     }
 }
+
+/// A server's FATAL right behind its ReadyForQuery to a client whose work on it that ends (a
+/// fast shutdown or a terminated backend, read in one go with the reply) is the server's news,
+/// not the client's: in transaction mode the client holds no server between transactions.
+/// PgBouncer closes an idle server that says something; pgmemo closes the server and the
+/// client goes on on another. (Relayed, the FATAL ended a client whose query had succeeded:
+/// tests/replicas.rs saw it once as a standby stopped under load.) On one thread, so that
+/// pgmemo reads the reply and the FATAL together: the thread is held by a blocking psql from
+/// while the query runs until its backend, done with it, has been terminated and is gone.
+#[tokio::test]
+async fn a_fatal_right_behind_the_last_reply_closes_the_server_not_the_client() {
+    const DB: &str = "pool_fatal_behind";
+    fresh_db(DB).await;
+    let direct = direct().await;
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let client = connect(&url(&proxy, DB)).await;
+    let pid = scalar(&client, "SELECT pg_backend_pid()").await;
+    let query = tokio::spawn(async move {
+        let done = client.simple_query("SELECT pg_sleep(0.2)").await;
+        (client, done)
+    });
+    wait_until("the query to run", Duration::from_secs(5), || async {
+        backends_where(&direct, DB, &format!("pid = {pid} AND state = 'active'")).await == 1
+    })
+    .await;
+    // pgmemo's thread is held from here: the backend's last reply and its FATAL wait in the
+    // socket until it is gone.
+    cluster().psql(
+        "postgres",
+        &format!(
+            "DO $$ BEGIN
+               WHILE (SELECT state FROM pg_stat_activity WHERE pid = {pid}) = 'active' LOOP
+                 PERFORM pg_sleep(0.01); PERFORM pg_stat_clear_snapshot();
+               END LOOP;
+               PERFORM pg_terminate_backend({pid});
+               WHILE EXISTS (SELECT FROM pg_stat_activity WHERE pid = {pid}) LOOP
+                 PERFORM pg_sleep(0.01); PERFORM pg_stat_clear_snapshot();
+               END LOOP;
+             END $$"
+        ),
+    );
+    let (client, done) = query.await.unwrap();
+    done.expect("the query's reply");
+    // (A client whose connection ended panics here.)
+    let other = scalar(&client, "SELECT pg_backend_pid()").await;
+    assert_ne!(other, pid, "another server");
+}

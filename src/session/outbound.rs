@@ -58,6 +58,11 @@ impl Session {
             if self.server.is_none() {
                 return Ok(());
             }
+            if tag == be::READY_FOR_QUERY && self.done_with_server() {
+                // What the server says after the ReadyForQuery that ended the client's work
+                // on it is its own, not the client's (see `release_if_done`).
+                break;
+            }
         }
         self.release_if_done();
         Ok(())
@@ -587,12 +592,33 @@ impl Session {
     /// transaction open (or skips everything after an error), whatever ReadyForQuery said
     /// last. Nor while a client message waits to be planned again on it.
     #[inline]
+    ///
+    /// A server the client is done with that has said more (a FATAL as PostgreSQL shuts down
+    /// or a backend is terminated, read with the reply before it): that is the server's news,
+    /// not the client's, which holds no server between transactions. The server is closed
+    /// (PgBouncer: "idle server got something"); the client goes on on another. Relayed, it
+    /// ended a client whose transaction had succeeded (tests/pooling.rs).
     pub(super) fn release_if_done(&mut self) {
-        if self.work_done() && !self.state.keeps_server() && !self.commit_position_due() {
+        if self.done_with_server() {
+            if let Some(server) = self.server.as_mut().filter(|s| !s.rbuf.is_empty()) {
+                server.broken = true;
+            }
             self.release_server();
         } else if self.session_transaction_done() {
             self.session_transaction_counted();
         }
+    }
+
+    /// Transaction mode, the client's work on its server done (see [`Session::work_done`],
+    /// whatever the server has sent since), and nothing keeps the server: it goes back.
+    #[inline]
+    fn done_with_server(&self) -> bool {
+        self.mode == PoolMode::Transaction
+            && !self.plan.replan
+            && self.replies.is_idle()
+            && self.server.as_ref().is_some_and(|s| s.status == b'I')
+            && !self.state.keeps_server()
+            && !self.commit_position_due()
     }
 
     /// Session mode, and a transaction of the client ended on the server it keeps: nothing
