@@ -20,9 +20,9 @@
 use crate::clock::Moment;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -334,31 +334,44 @@ impl From<Elapsed> for std::io::Error {
 }
 
 /// `future`'s output, unless `duration` (from now) passes first.
-pub fn timeout<F: Future>(
-    duration: Duration,
-    future: F,
-) -> impl Future<Output = Result<F::Output, Elapsed>> {
-    within(sleep(duration), future)
+pub fn timeout<F: Future>(duration: Duration, future: F) -> Timeout<F> {
+    Timeout {
+        future,
+        limit: sleep(duration),
+    }
 }
 
 /// `future`'s output, unless `deadline` passes first.
-pub fn timeout_at<F: Future>(
-    deadline: Instant,
-    future: F,
-) -> impl Future<Output = Result<F::Output, Elapsed>> {
-    within(sleep_until(deadline), future)
+pub fn timeout_at<F: Future>(deadline: Instant, future: F) -> Timeout<F> {
+    Timeout {
+        future,
+        limit: sleep_until(deadline),
+    }
 }
 
-async fn within<F: Future>(mut limit: Sleep, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = pin!(future);
-    poll_fn(|cx| {
+pin_project_lite::pin_project! {
+    /// [`timeout`]'s future: the future and its limit side by side, nothing more (an `async`
+    /// block would keep the future twice, its argument and its pinned copy: every idle
+    /// client's task grew by its login's size, ~300 bytes, `bench/run.py --idle-clients`).
+    #[derive(Debug)]
+    pub struct Timeout<F> {
+        #[pin]
+        future: F,
+        limit: Sleep,
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
         // The future first, as tokio's timeout: one done at its deadline is done.
-        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+        if let Poll::Ready(output) = this.future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        Pin::new(&mut limit).poll(cx).map(|()| Err(Elapsed))
-    })
-    .await
+        Pin::new(this.limit).poll(cx).map(|()| Err(Elapsed))
+    }
 }
 
 /// Ticks at once, then every `period` ([`Interval::tick`]).
@@ -522,6 +535,27 @@ mod tests {
             every.tick().await;
             assert!(ticks.elapsed() >= Duration::from_millis(20));
         });
+    }
+
+    /// A timeout holds its future once, beside its limit (a login's future is ~1 KiB, and
+    /// 2,000 clients logging in at once each hold one).
+    #[test]
+    fn a_timeout_keeps_its_future_once() {
+        fn size<T>(_: &T) -> usize {
+            std::mem::size_of::<T>()
+        }
+        let future = async {
+            let block = [1u8; 1000];
+            std::future::ready(()).await;
+            block[999]
+        };
+        let alone = size(&future);
+        let limited = timeout(Duration::from_secs(1), future);
+        assert!(
+            size(&limited) <= alone + std::mem::size_of::<Sleep>() + 8,
+            "{} for a future of {alone}",
+            size(&limited)
+        );
     }
 
     /// A runtime after another on the same thread gets a wheel of its own: the first one's
