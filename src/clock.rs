@@ -59,8 +59,9 @@ impl Moment {
         Moment::now().since(self)
     }
 
+    /// The nanoseconds from `earlier` to this moment, or zero if `earlier` is later.
     #[inline]
-    fn nanos_since(self, earlier: Moment) -> u64 {
+    pub fn nanos_since(self, earlier: Moment) -> u64 {
         self.0.saturating_sub(earlier.0)
     }
 }

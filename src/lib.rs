@@ -102,7 +102,7 @@ impl Pgmemo {
         timer::install();
         let listen = config.general.listen.clone();
         let metrics_listen = config.general.metrics_listen.clone();
-        let tokio_timers = config.cache.shared.is_some();
+        let tokio_timers = config.needs_tokio_timers();
         let workers = Arc::new(
             workers::Workers::start(config.general.workers as usize, tokio_timers)
                 .context("cannot start the worker threads")?,

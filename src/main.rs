@@ -39,20 +39,10 @@ fn main() -> ExitCode {
     {
         return convert(ini, userlist.as_deref(), output.as_deref());
     }
-    // tokio's timers only for the shared tier's Valkey client, whose own timeouts are
-    // tokio's: pgmemo's are its loops' own (see pgmemo::timer).
-    let tokio_timers = cli
-        .clone()
-        .into_config()
-        .ok()
-        .flatten()
-        .is_some_and(|c| c.cache.shared.is_some());
-    let mut builder = runtime_builder();
-    builder.enable_io();
-    if tokio_timers {
-        builder.enable_time();
-    }
-    let runtime = match builder.build() {
+    // Read once, before the runtime: whether it needs tokio's timers depends on it.
+    let loaded = cli.clone().into_config();
+    let tokio_timers = matches!(&loaded, Ok(Some(c)) if c.needs_tokio_timers());
+    let runtime = match pgmemo::workers::event_loop(tokio_timers) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pgmemo: cannot start the runtime: {e}");
@@ -61,7 +51,7 @@ fn main() -> ExitCode {
     };
     let serve = async {
         pgmemo::timer::install();
-        run(cli).await
+        run(cli, loaded).await
     };
     match runtime.block_on(serve) {
         Ok(()) => ExitCode::SUCCESS,
@@ -106,15 +96,6 @@ fn convert(
             ExitCode::FAILURE
         }
     }
-}
-
-/// The async runtime of the thread pgmemo starts on: single-threaded, like PgBouncer (a
-/// proxy's work per transaction is a few microseconds, and on a small machine shared with
-/// PostgreSQL a multi-threaded scheduler's cross-thread wake-ups cost more than a second core
-/// gains: measured 9.5 vs 11.8 µs of pgmemo CPU per `pgbench -S -M prepared` transaction on 2
-/// cores). `general.workers` adds more threads, each with a loop of its own (workers.rs).
-fn runtime_builder() -> tokio::runtime::Builder {
-    tokio::runtime::Builder::new_current_thread()
 }
 
 /// The open-files limit before and after [`raise_file_limit`].
@@ -313,9 +294,13 @@ fn take_over_from(config: &Config) -> anyhow::Result<std::path::PathBuf> {
     Ok(path)
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Serves `cli`, whose configuration `loaded` is (read once in `main`).
+async fn run(
+    cli: Cli,
+    loaded: Result<Option<pgmemo::config::Config>, pgmemo::config::ConfigError>,
+) -> anyhow::Result<()> {
     let check_only = cli.check;
-    let (config, demo) = match cli.clone().into_config()? {
+    let (config, demo) = match loaded? {
         Some(config) => (config, None),
         // --check validates and starts nothing, least of all a private PostgreSQL.
         None if check_only => anyhow::bail!(

@@ -144,7 +144,7 @@ impl Limits {
     /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
     /// and must be closed.
     fn outlived(&self, conn: &ServerConn, now: Moment) -> bool {
-        now.nanos().saturating_sub(conn.info.created.nanos()) >= self.server_lifetime_ns
+        now.nanos_since(conn.info.created) >= self.server_lifetime_ns
             || self.retired(&conn.info)
             || self.primary.as_ref().is_some_and(|(primary, attrs)| {
                 !primary.is_at(conn.info.host_index)

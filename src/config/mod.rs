@@ -384,6 +384,12 @@ impl Config {
         })
     }
 
+    /// Whether the event loops need tokio's time driver besides their own timers
+    /// (`crate::timer`): the shared tier's Valkey client times out with tokio's timers.
+    pub fn needs_tokio_timers(&self) -> bool {
+        self.cache.shared.is_some()
+    }
+
     /// What is valid but likely not what the operator means, one sentence each: printed by
     /// `--check` and logged as warnings at start and on RELOAD.
     pub fn notices(&self) -> Vec<String> {

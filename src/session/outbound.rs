@@ -591,13 +591,13 @@ impl Session {
     /// before the Sync of an extended batch: until then PostgreSQL keeps the batch's implicit
     /// transaction open (or skips everything after an error), whatever ReadyForQuery said
     /// last. Nor while a client message waits to be planned again on it.
-    #[inline]
     ///
     /// A server the client is done with that has said more (a FATAL as PostgreSQL shuts down
     /// or a backend is terminated, read with the reply before it): that is the server's news,
     /// not the client's, which holds no server between transactions. The server is closed
     /// (PgBouncer: "idle server got something"); the client goes on on another. Relayed, it
     /// ended a client whose transaction had succeeded (tests/pooling.rs).
+    #[inline]
     pub(super) fn release_if_done(&mut self) {
         if self.done_with_server() {
             if let Some(server) = self.server.as_mut().filter(|s| !s.rbuf.is_empty()) {
@@ -609,16 +609,11 @@ impl Session {
         }
     }
 
-    /// Transaction mode, the client's work on its server done (see [`Session::work_done`],
-    /// whatever the server has sent since), and nothing keeps the server: it goes back.
+    /// The client's work on its server ended (see [`Session::work_ended`], whatever the
+    /// server has sent since), and nothing keeps the server: it goes back.
     #[inline]
     fn done_with_server(&self) -> bool {
-        self.mode == PoolMode::Transaction
-            && !self.plan.replan
-            && self.replies.is_idle()
-            && self.server.as_ref().is_some_and(|s| s.status == b'I')
-            && !self.state.keeps_server()
-            && !self.commit_position_due()
+        self.work_ended() && !self.state.keeps_server() && !self.commit_position_due()
     }
 
     /// Session mode, and a transaction of the client ended on the server it keeps: nothing
@@ -636,17 +631,21 @@ impl Session {
                 .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
     }
 
-    /// Transaction mode, and the client's work on its server is done: nothing in flight,
-    /// nothing waiting to be planned, the server idle outside a transaction.
+    /// Transaction mode, and the client's work on its server is done: it ended
+    /// ([`Session::work_ended`]) and the server has said nothing since.
     #[inline]
     pub(super) fn work_done(&self) -> bool {
+        self.work_ended() && self.server.as_ref().is_some_and(|s| s.rbuf.is_empty())
+    }
+
+    /// Transaction mode, and the client's work on its server ended: nothing in flight,
+    /// nothing waiting to be planned, the server idle outside a transaction.
+    #[inline]
+    fn work_ended(&self) -> bool {
         self.mode == PoolMode::Transaction
             && !self.plan.replan
             && self.replies.is_idle()
-            && self
-                .server
-                .as_ref()
-                .is_some_and(|s| s.status == b'I' && s.rbuf.is_empty())
+            && self.server.as_ref().is_some_and(|s| s.status == b'I')
     }
 
     /// Applies the bookkeeping of entries that ended: kept when their message ran, undone

@@ -933,12 +933,13 @@ impl ClientStatements {
         registry: &Registry,
     ) -> Option<Arc<Statement>> {
         let last = self.last_unnamed.as_deref()?;
-        if body.first() != Some(&0) || last.body != body {
+        // (Only a Parse of the unnamed statement is kept: an equal body is one.)
+        if last.body != body {
             return None;
         }
         let meant = last.statement.as_ptr();
         self.refresh_context(registry);
-        let bound = self.names.get(&b""[..]).map(|(s, ..)| s)?;
+        let bound = self.get(b"")?;
         (std::ptr::eq(Arc::as_ptr(bound), meant)
             && bound.key.context == self.context
             && bound.key.epoch == self.schema.epoch())
@@ -1063,7 +1064,7 @@ impl ClientStatements {
     ) -> Arc<Statement> {
         self.refresh_context(registry);
         let epoch = self.schema.epoch();
-        let statement = match self.get(p.name) {
+        match self.get(p.name) {
             Some(s)
                 if s.key.query == p.query
                     && s.key.param_types == p.param_types
@@ -1081,8 +1082,7 @@ impl ClientStatements {
                 };
                 registry.get_or_insert(key).0
             }
-        };
-        statement
+        }
     }
 
     /// Keeps the planner's last Parse of the unnamed statement (`body`: the message's, from
