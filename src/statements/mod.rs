@@ -1019,10 +1019,13 @@ impl ClientStatements {
     }
 
     /// The binding, with the client's name as entries carry it (a cheap clone, for error
-    /// messages).
+    /// messages), and whether it is stale (see [`ClientStatements::is_stale`]): one lookup
+    /// for a Bind's two questions.
     #[inline]
-    pub fn get_named(&self, name: &[u8]) -> Option<(&ClientName, &Arc<Statement>)> {
-        self.names.get(pg_name(name)).map(|(s, _, n)| (n, s))
+    pub fn get_named(&self, name: &[u8]) -> Option<(&ClientName, &Arc<Statement>, bool)> {
+        self.names
+            .get(pg_name(name))
+            .map(|(s, generation, n)| (n, s, *generation != s.generation()))
     }
 
     /// Whether the client bound `name` before its statement's result type changed (DDL).

@@ -168,10 +168,10 @@ impl Planner<'_> {
         if self.stmts.has_tracked_portals() {
             self.stmts.forget_portal(b.portal);
         }
-        let Some((client_name, statement)) = self
+        let Some((client_name, statement, stale)) = self
             .stmts
             .get_named(b.statement)
-            .map(|(n, s)| (n.clone(), s.clone()))
+            .map(|(n, s, stale)| (n.clone(), s.clone(), stale))
         else {
             if self.stmts.is_sql(b.statement) {
                 return self.use_sql_statement(b.statement, |out| {
@@ -211,7 +211,7 @@ impl Planner<'_> {
             self.client.state.note_custom(&statement.custom_settings);
         }
         self.stmts.schema.note(statement.ddl);
-        if self.stmts.is_stale(b.statement) {
+        if stale {
             // The client prepared this before a DDL change of its result type and may decode
             // rows by the description it got then: PostgreSQL keeps refusing such a statement
             // until the client prepares it again, and so does pgmemo (even on a server that
@@ -352,7 +352,7 @@ impl Planner<'_> {
         let Some((client_name, statement)) = self
             .stmts
             .get_named(t.name)
-            .map(|(n, s)| (n.clone(), s.clone()))
+            .map(|(n, s, _)| (n.clone(), s.clone()))
         else {
             if self.stmts.is_sql(t.name) {
                 return self.use_sql_statement(t.name, |out| {

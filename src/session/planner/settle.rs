@@ -103,11 +103,17 @@ impl Retry {
         if !self.capturing || self.complete {
             return;
         }
-        if self.bytes.len() + msg.len() > MAX_RETRY_BYTES {
-            self.forget();
-            return;
+        let tag = msg.first().copied();
+        // A batch that executes before it describes its portal (a driver that decodes rows
+        // by a description it keeps, as pgx does) is not sent again (see `is_armed`): from
+        // its first Execute on, where it ends is noted, nothing kept.
+        if self.describes || !(self.executes || tag == Some(fe::EXECUTE)) {
+            if self.bytes.len() + msg.len() > MAX_RETRY_BYTES {
+                self.forget();
+                return;
+            }
+            self.bytes.extend_from_slice(msg);
         }
-        self.bytes.extend_from_slice(msg);
         match msg.first() {
             Some(&fe::SYNC) => self.complete = true,
             Some(&fe::QUERY) if self.query => self.complete = true,
@@ -353,5 +359,54 @@ fn undo_reset(
             // connection is not reused (and the client's session state on it is lost).
             server.broken = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// A batch that describes its portal before executing it is kept whole, to be sent
+    /// again; one that executes first is never sent again, and keeps nothing from its
+    /// Execute on, yet still ends at its Sync.
+    #[test]
+    fn only_a_batch_that_can_go_again_is_kept() {
+        let bind = message(fe::BIND, b"\0s\0\0\0\0\0\0\0");
+        let describe = message(fe::DESCRIBE, b"P\0");
+        let execute = message(fe::EXECUTE, b"\0\0\0\0\0");
+        let sync = message(fe::SYNC, b"");
+
+        let mut described = Retry::default();
+        described.start();
+        for m in [&bind, &describe, &execute, &sync] {
+            described.consumed(m);
+        }
+        assert!(described.is_armed());
+        assert_eq!(
+            described.replay().to_vec(),
+            [&bind[..], &describe, &execute, &sync].concat()
+        );
+
+        let mut undescribed = Retry::default();
+        undescribed.start();
+        for m in [&bind, &execute, &describe, &sync] {
+            undescribed.consumed(m);
+        }
+        assert!(undescribed.complete, "the batch ends at its Sync");
+        assert!(!undescribed.is_armed());
+        assert_eq!(
+            undescribed.bytes.to_vec(),
+            bind,
+            "nothing kept from the Execute on"
+        );
+        undescribed.forget();
+        assert!(undescribed.is_at_rest());
     }
 }
