@@ -867,7 +867,13 @@ pub struct ClientStatements {
     /// Looked up by every Parse/Bind/Describe: foldhash (randomly seeded per process), not
     /// SipHash, whose cost showed in per-transaction profiles.
     /// The name's [`ClientName`] rides along, for the reply entries of its Binds.
+    /// The unnamed statement is not here but in `unnamed`.
     names: HashMap<Bytes, (Arc<Statement>, u32, ClientName), foldhash::fast::RandomState>,
+    /// The unnamed statement's binding, as `names` keeps the others': most drivers parse
+    /// and bind it for every statement they run, and a lookup of `""` in the map (hashed,
+    /// probed) cost ~85 instructions, two or three of them a `pgbench -S -M extended`
+    /// transaction.
+    unnamed: Option<(Arc<Statement>, u32)>,
     /// The client's SQL-level statements (`PREPARE name AS ...`): name → the PREPARE
     /// statement, to prepare them again on whichever server the client's next transaction
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
@@ -908,6 +914,7 @@ impl ClientStatements {
     pub fn new(context: u32, schema: schema::SchemaWatch) -> Self {
         ClientStatements {
             names: HashMap::default(),
+            unnamed: None,
             sql: SqlStatements::default(),
             context,
             startup_context: context,
@@ -1013,9 +1020,27 @@ impl ClientStatements {
             && std::str::from_utf8(pg_name(name)).is_ok_and(|n| self.sql.contains_key(n))
     }
 
+    /// The binding of `name` (as PostgreSQL reads it): the statement, the generation it
+    /// had when bound, and the client's name as entries carry it.
+    #[inline]
+    fn binding(&self, name: &[u8]) -> Option<(&Arc<Statement>, u32, &ClientName)> {
+        static UNNAMED: ClientName = None;
+        if name.is_empty() {
+            return self.unnamed.as_ref().map(|(s, g)| (s, *g, &UNNAMED));
+        }
+        self.names.get(pg_name(name)).map(|(s, g, n)| (s, *g, n))
+    }
+
+    /// Every binding: name, statement, the generation it had when bound.
+    fn bindings(&self) -> impl Iterator<Item = (&Bytes, &Arc<Statement>, u32)> {
+        static UNNAMED: Bytes = Bytes::new();
+        let unnamed = self.unnamed.iter().map(|(s, g)| (&UNNAMED, s, *g));
+        unnamed.chain(self.names.iter().map(|(n, (s, g, _))| (n, s, *g)))
+    }
+
     #[inline]
     pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
-        self.names.get(pg_name(name)).map(|(s, ..)| s)
+        self.binding(name).map(|(s, ..)| s)
     }
 
     /// The binding, with the client's name as entries carry it (a cheap clone, for error
@@ -1023,22 +1048,22 @@ impl ClientStatements {
     /// for a Bind's two questions.
     #[inline]
     pub fn get_named(&self, name: &[u8]) -> Option<(&ClientName, &Arc<Statement>, bool)> {
-        self.names
-            .get(pg_name(name))
-            .map(|(s, generation, n)| (n, s, *generation != s.generation()))
+        self.binding(name)
+            .map(|(s, generation, n)| (n, s, generation != s.generation()))
     }
 
     /// Whether the client bound `name` before its statement's result type changed (DDL).
     #[inline]
     pub fn is_stale(&self, name: &[u8]) -> bool {
-        self.names
-            .get(pg_name(name))
-            .is_some_and(|(s, generation, _)| *generation != s.generation())
+        self.binding(name)
+            .is_some_and(|(s, generation, _)| generation != s.generation())
     }
 
     /// The client now knows `statement`'s current shape (it was re-described for it).
     pub fn refresh(&mut self, statement: &Arc<Statement>) {
-        for (s, generation, _) in self.names.values_mut() {
+        let unnamed = self.unnamed.iter_mut().map(|(s, g)| (&*s, g));
+        let named = self.names.values_mut().map(|(s, g, _)| (&*s, g));
+        for (s, generation) in unnamed.chain(named) {
             if Arc::ptr_eq(s, statement) {
                 *generation = s.generation();
             }
@@ -1046,11 +1071,11 @@ impl ClientStatements {
     }
 
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.names.len() + usize::from(self.unnamed.is_some())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.names.is_empty() && self.unnamed.is_none()
     }
 
     pub fn bytes(&self) -> usize {
@@ -1115,12 +1140,17 @@ impl ClientStatements {
                 s.holders.fetch_add(1, Ordering::Relaxed);
                 self.bytes += s.key.query.len();
                 let generation = s.generation();
-                let client_name = (!name.is_empty()).then(|| Arc::from(name));
-                self.names
-                    .insert(Bytes::copy_from_slice(name), (s, generation, client_name))
-                    .map(|(p, ..)| p)
+                if name.is_empty() {
+                    self.unnamed.replace((s, generation)).map(|(p, _)| p)
+                } else {
+                    let client_name = Some(Arc::from(name));
+                    self.names
+                        .insert(Bytes::copy_from_slice(name), (s, generation, client_name))
+                        .map(|(p, ..)| p)
+                }
             }
-            // Every simple query unbinds the unnamed statement: most clients bind no names.
+            // Every simple query unbinds the unnamed statement.
+            None if name.is_empty() => self.unnamed.take().map(|(p, _)| p),
             None if self.names.is_empty() => None,
             None => self.names.remove(name).map(|(p, ..)| p),
         };
@@ -1132,8 +1162,8 @@ impl ClientStatements {
 
     /// Whether `name` is bound to `statement` as it is now (its generation).
     pub fn is_bound_to(&self, name: &[u8], statement: &Arc<Statement>) -> bool {
-        self.names.get(name).is_some_and(|(bound, generation, _)| {
-            Arc::ptr_eq(bound, statement) && *generation == statement.generation()
+        self.binding(name).is_some_and(|(bound, generation, _)| {
+            Arc::ptr_eq(bound, statement) && generation == statement.generation()
         })
     }
 
@@ -1167,14 +1197,13 @@ impl ClientStatements {
             && !self.has_tracked_portals()
             && !self.schema.is_private()
             && self
-                .names
-                .values()
-                .all(|(s, generation, _)| s.key.context == context && *generation == s.generation())
+                .bindings()
+                .all(|(_, s, generation)| s.key.context == context && generation == s.generation())
     }
 
     /// The client's names and their statements (see [`ClientStatements::can_be_carried`]).
     pub fn carried_names(&self) -> impl Iterator<Item = (&Bytes, &Arc<Statement>)> {
-        self.names.iter().map(|(n, (s, ..))| (n, s))
+        self.bindings().map(|(n, s, _)| (n, s))
     }
 
     /// Rebuilds the statements another process carried over (see
@@ -1215,10 +1244,12 @@ impl ClientStatements {
     /// Drops every name (DISCARD ALL, DEALLOCATE ALL), returning them for a possible undo.
     pub fn take_all(&mut self) -> HashMap<Bytes, Arc<Statement>> {
         let names = std::mem::take(&mut self.names);
+        let unnamed = self.unnamed.take().map(|(s, _)| (Bytes::new(), s));
         self.bytes = 0;
-        names
+        unnamed
             .into_iter()
-            .map(|(name, (s, ..))| {
+            .chain(names.into_iter().map(|(name, (s, ..))| (name, s)))
+            .map(|(name, s)| {
                 s.holders.fetch_sub(1, Ordering::Relaxed);
                 (name, s)
             })
@@ -1276,6 +1307,55 @@ mod tests {
         assert_eq!((c.len(), c.bytes()), (0, 0));
         c.restore_all(saved);
         assert_eq!(c.get(b"x").unwrap().id, b.id);
+        drop(c);
+        assert_eq!(b.holders.load(Ordering::Relaxed), 0);
+    }
+
+    /// The unnamed statement, kept apart from the named ones, is a name like the others:
+    /// counted, carried, taken and put back with them, left by `take_named`, stale after a
+    /// change of its result type.
+    #[test]
+    fn the_unnamed_statement_is_a_name_like_the_others() {
+        let r = Registry::new();
+        let key = |q: &'static str| StatementKey {
+            context: 1,
+            epoch: 0,
+            query: Bytes::from_static(q.as_bytes()),
+            param_types: Bytes::from_static(&[0, 0]),
+        };
+        let (a, _) = r.get_or_insert(key("SELECT 1"));
+        let (b, _) = r.get_or_insert(key("SELECT 22"));
+        let mut c = ClientStatements::new(1, Default::default());
+        assert!(c.is_empty() && c.get(b"").is_none());
+        assert!(c.set(b"", Some(a.clone())).is_none());
+        assert!(!c.is_empty());
+        c.set(b"n", Some(b.clone()));
+        assert_eq!((c.len(), c.bytes()), (2, 17));
+        assert_eq!(a.holders.load(Ordering::Relaxed), 1);
+        let (name, s, stale) = c.get_named(b"").unwrap();
+        assert!(name.is_none() && Arc::ptr_eq(s, &a) && !stale);
+        assert_eq!(c.get_named(b"n").unwrap().0.as_deref(), Some(&b"n"[..]));
+        assert!(c.is_bound_to(b"", &a) && !c.is_bound_to(b"", &b));
+        let mut carried: Vec<_> = c.carried_names().map(|(n, s)| (n.clone(), s.id)).collect();
+        carried.sort();
+        assert_eq!(
+            carried,
+            [(Bytes::new(), a.id), (Bytes::from_static(b"n"), b.id)]
+        );
+        assert!(c.can_be_carried(&r));
+        a.invalidate(a.generation());
+        assert!(c.is_stale(b"") && c.get_named(b"").unwrap().2 && !c.can_be_carried(&r));
+        c.refresh(&a);
+        assert!(!c.is_stale(b"") && c.can_be_carried(&r));
+        let all = c.take_named();
+        assert_eq!(all.len(), 2);
+        assert_eq!((c.len(), c.bytes()), (1, 8), "the unnamed statement stays");
+        assert_eq!(b.holders.load(Ordering::Relaxed), 0);
+        c.restore_all(all);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.set(b"", None).unwrap().id, a.id);
+        assert_eq!((c.len(), c.bytes()), (1, 9));
+        assert_eq!(a.holders.load(Ordering::Relaxed), 0);
         drop(c);
         assert_eq!(b.holders.load(Ordering::Relaxed), 0);
     }
