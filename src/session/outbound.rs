@@ -655,15 +655,20 @@ impl Session {
         // Called after every server read and local answer, mostly with nothing to do: that is
         // checked here, before the large frame of the work itself (~550 instructions per
         // transaction for nothing, measured).
-        if self.replies.has_outcomes()
+        if self.settle_due() {
+            self.settle_outcomes(error_code, error, retried);
+        }
+    }
+
+    /// Whether [`Session::settle`] has work: outcomes, or a search_path to carry.
+    #[inline]
+    pub(super) fn settle_due(&self) -> bool {
+        self.replies.has_outcomes()
             || self
                 .plan
                 .stmts
                 .as_ref()
                 .is_some_and(|s| s.search_path.has_carry())
-        {
-            self.settle_outcomes(error_code, error, retried);
-        }
     }
 
     #[inline(never)]
