@@ -36,9 +36,32 @@ pub fn lend(buf: &mut BytesMut) {
 
 #[inline(never)]
 fn lend_one(buf: &mut BytesMut) {
-    *buf = FREE
-        .with(|free| free.borrow_mut().pop())
-        .unwrap_or_else(|| BytesMut::with_capacity(SIZE));
+    FREE.with(|free| lend_from(&mut free.borrow_mut(), buf));
+}
+
+/// [`lend`] for a client's two buffers at once: one visit to the free list, where one for
+/// each cost ~40 instructions more a transaction (callgrind).
+#[inline(always)]
+pub fn lend_both(read: &mut BytesMut, write: &mut BytesMut) {
+    if read.capacity() == 0 || write.capacity() == 0 {
+        lend_two(read, write);
+    }
+}
+
+#[inline(never)]
+fn lend_two(read: &mut BytesMut, write: &mut BytesMut) {
+    FREE.with(|free| {
+        let mut free = free.borrow_mut();
+        for buf in [read, write] {
+            if buf.capacity() == 0 {
+                lend_from(&mut free, buf);
+            }
+        }
+    });
+}
+
+fn lend_from(free: &mut Vec<BytesMut>, buf: &mut BytesMut) {
+    *buf = free.pop().unwrap_or_else(|| BytesMut::with_capacity(SIZE));
 }
 
 /// Takes back the buffer of `buf` if it is empty, leaving it without one. The test is
@@ -50,8 +73,32 @@ pub fn take_back(buf: &mut BytesMut) {
     }
 }
 
+/// [`take_back`] for a client's two buffers at once (see [`lend_both`]).
+#[inline(always)]
+pub fn take_back_both(read: &mut BytesMut, write: &mut BytesMut) {
+    if (read.is_empty() && read.capacity() != 0) || (write.is_empty() && write.capacity() != 0) {
+        take_back_two(read, write);
+    }
+}
+
 #[inline(never)]
 fn take_back_one(buf: &mut BytesMut) {
+    FREE.with(|free| give_back(&mut free.borrow_mut(), buf));
+}
+
+#[inline(never)]
+fn take_back_two(read: &mut BytesMut, write: &mut BytesMut) {
+    FREE.with(|free| {
+        let mut free = free.borrow_mut();
+        for buf in [read, write] {
+            if buf.is_empty() && buf.capacity() != 0 {
+                give_back(&mut free, buf);
+            }
+        }
+    });
+}
+
+fn give_back(free: &mut Vec<BytesMut>, buf: &mut BytesMut) {
     let mut returned = std::mem::take(buf);
     if returned.capacity() > MAX_KEPT_CAPACITY {
         return;
@@ -62,12 +109,9 @@ fn take_back_one(buf: &mut BytesMut) {
     if !returned.try_reclaim(SIZE) {
         return;
     }
-    FREE.with(|free| {
-        let mut free = free.borrow_mut();
-        if free.len() < MAX_FREE {
-            free.push(returned);
-        }
-    });
+    if free.len() < MAX_FREE {
+        free.push(returned);
+    }
 }
 
 #[cfg(test)]
@@ -94,6 +138,30 @@ mod tests {
             "the free list hands the buffer out again"
         );
         assert!(buf.is_empty());
+    }
+
+    /// A client's two buffers go back and are lent again together, as each alone would.
+    #[test]
+    fn both_buffers_at_once() {
+        let (mut read, mut write) = (BytesMut::new(), BytesMut::new());
+        lend_both(&mut read, &mut write);
+        assert!(read.capacity() >= SIZE && write.capacity() >= SIZE);
+        assert_ne!(read.as_ptr(), write.as_ptr());
+        write.extend_from_slice(b"unsent");
+        take_back_both(&mut read, &mut write);
+        assert_eq!(
+            (read.capacity(), &write[..]),
+            (0, &b"unsent"[..]),
+            "only the empty one"
+        );
+        let kept = FREE.with(|free| free.borrow().len());
+        write.clear();
+        take_back_both(&mut read, &mut write);
+        assert_eq!(write.capacity(), 0);
+        assert_eq!(FREE.with(|free| free.borrow().len()), kept + 1);
+        lend_both(&mut read, &mut write);
+        assert!(read.capacity() >= SIZE && write.capacity() >= SIZE);
+        assert_eq!(FREE.with(|free| free.borrow().len()), kept - 1);
     }
 
     #[test]

@@ -718,8 +718,7 @@ impl Session {
             && self.client.wbuf.is_empty()
             && !self.client.stream.is_tls()
         {
-            buffers::take_back(&mut self.client.rbuf);
-            buffers::take_back(&mut self.client.wbuf);
+            buffers::take_back_both(&mut self.client.rbuf, &mut self.client.wbuf);
         }
         // A message already buffered is handled before either socket is read.
         if self.may_read_client() && !matches!(frame(&self.client.rbuf, self.max_message), Ok(None))
@@ -785,8 +784,7 @@ impl Session {
         if !readable {
             return None;
         }
-        buffers::lend(&mut self.client.rbuf);
-        buffers::lend(&mut self.client.wbuf);
+        buffers::lend_both(&mut self.client.rbuf, &mut self.client.wbuf);
         reserve(&mut self.client.rbuf);
         match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
             Poll::Ready(Ok(0)) => Some(Event::ClientGone(None)),
