@@ -1286,8 +1286,8 @@ impl Drop for ClientStatements {
 mod tests {
     use super::*;
 
-    #[test]
-    fn client_names_count_holders_and_bytes() {
+    /// A registry with two statements, `SELECT 1` and `SELECT 22`, in context 1.
+    fn two_statements() -> (Registry, Arc<Statement>, Arc<Statement>) {
         let r = Registry::new();
         let key = |q: &'static str| StatementKey {
             context: 1,
@@ -1297,6 +1297,12 @@ mod tests {
         };
         let (a, _) = r.get_or_insert(key("SELECT 1"));
         let (b, _) = r.get_or_insert(key("SELECT 22"));
+        (r, a, b)
+    }
+
+    #[test]
+    fn client_names_count_holders_and_bytes() {
+        let (_registry, a, b) = two_statements();
         let mut c = ClientStatements::new(1, Default::default());
         assert!(c.set(b"x", Some(a.clone())).is_none());
         assert_eq!(c.set(b"x", Some(b.clone())).unwrap().id, a.id);
@@ -1316,15 +1322,7 @@ mod tests {
     /// change of its result type.
     #[test]
     fn the_unnamed_statement_is_a_name_like_the_others() {
-        let r = Registry::new();
-        let key = |q: &'static str| StatementKey {
-            context: 1,
-            epoch: 0,
-            query: Bytes::from_static(q.as_bytes()),
-            param_types: Bytes::from_static(&[0, 0]),
-        };
-        let (a, _) = r.get_or_insert(key("SELECT 1"));
-        let (b, _) = r.get_or_insert(key("SELECT 22"));
+        let (r, a, b) = two_statements();
         let mut c = ClientStatements::new(1, Default::default());
         assert!(c.is_empty() && c.get(b"").is_none());
         assert!(c.set(b"", Some(a.clone())).is_none());
