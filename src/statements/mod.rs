@@ -869,11 +869,9 @@ pub struct ClientStatements {
     /// The name's [`ClientName`] rides along, for the reply entries of its Binds.
     /// The unnamed statement is not here but in `unnamed`.
     names: HashMap<Bytes, (Arc<Statement>, u32, ClientName), foldhash::fast::RandomState>,
-    /// The unnamed statement's binding, as `names` keeps the others': most drivers parse
-    /// and bind it for every statement they run, and a lookup of `""` in the map (hashed,
-    /// probed) cost ~85 instructions, two or three of them a `pgbench -S -M extended`
-    /// transaction.
-    unnamed: Option<(Arc<Statement>, u32)>,
+    /// The unnamed statement's binding and the planner's last Parse of it (boxed, made at
+    /// the first of either: every session holds the field, see `session::tests::footprint`).
+    unnamed: Option<Box<Unnamed>>,
     /// The client's SQL-level statements (`PREPARE name AS ...`): name → the PREPARE
     /// statement, to prepare them again on whichever server the client's next transaction
     /// runs. PostgreSQL keeps them in the same namespace as the protocol's: a name is in one
@@ -896,9 +894,17 @@ pub struct ClientStatements {
     /// Execute pay one check (boxed: every client holds the field, few ever use it).
     #[allow(clippy::box_collection)] // 8 bytes in every client, where a Vec takes 24
     portals: Option<Box<Vec<TrackedPortal>>>,
-    /// The planner's last Parse of the unnamed statement, for
-    /// [`ClientStatements::unnamed_parse_again`] (boxed, made at the first).
-    last_unnamed: Option<Box<LastParse>>,
+}
+
+/// The unnamed statement, kept apart from the other names.
+#[derive(Debug, Default)]
+struct Unnamed {
+    /// Its binding, as `names` keeps the others': most drivers parse and bind it for every
+    /// statement they run, and a lookup of `""` in the map (hashed, probed) cost ~85
+    /// instructions, two or three of them a `pgbench -S -M extended` transaction.
+    bound: Option<(Arc<Statement>, u32)>,
+    /// The planner's last Parse of it, for [`ClientStatements::unnamed_parse_again`].
+    last_parse: Option<LastParse>,
 }
 
 /// A Parse of the unnamed statement: its body (name, query and parameter types) and the
@@ -922,7 +928,6 @@ impl ClientStatements {
             schema,
             bytes: 0,
             portals: None,
-            last_unnamed: None,
         }
     }
 
@@ -939,7 +944,7 @@ impl ClientStatements {
         body: &[u8],
         registry: &Registry,
     ) -> Option<Arc<Statement>> {
-        let last = self.last_unnamed.as_deref()?;
+        let last = self.unnamed.as_deref()?.last_parse.as_ref()?;
         // (Only a Parse of the unnamed statement is kept: an equal body is one.)
         if last.body != body {
             return None;
@@ -1026,7 +1031,8 @@ impl ClientStatements {
     fn binding(&self, name: &[u8]) -> Option<(&Arc<Statement>, u32, &ClientName)> {
         static UNNAMED: ClientName = None;
         if name.is_empty() {
-            return self.unnamed.as_ref().map(|(s, g)| (s, *g, &UNNAMED));
+            let (s, g) = self.unnamed.as_deref()?.bound.as_ref()?;
+            return Some((s, *g, &UNNAMED));
         }
         self.names.get(pg_name(name)).map(|(s, g, n)| (s, *g, n))
     }
@@ -1034,7 +1040,8 @@ impl ClientStatements {
     /// Every binding: name, statement, the generation it had when bound.
     fn bindings(&self) -> impl Iterator<Item = (&Bytes, &Arc<Statement>, u32)> {
         static UNNAMED: Bytes = Bytes::new();
-        let unnamed = self.unnamed.iter().map(|(s, g)| (&UNNAMED, s, *g));
+        let unnamed = self.unnamed.iter().flat_map(|u| &u.bound);
+        let unnamed = unnamed.map(|(s, g)| (&UNNAMED, s, *g));
         unnamed.chain(self.names.iter().map(|(n, (s, g, _))| (n, s, *g)))
     }
 
@@ -1061,7 +1068,8 @@ impl ClientStatements {
 
     /// The client now knows `statement`'s current shape (it was re-described for it).
     pub fn refresh(&mut self, statement: &Arc<Statement>) {
-        let unnamed = self.unnamed.iter_mut().map(|(s, g)| (&*s, g));
+        let unnamed = self.unnamed.iter_mut().flat_map(|u| &mut u.bound);
+        let unnamed = unnamed.map(|(s, g)| (&*s, g));
         let named = self.names.values_mut().map(|(s, g, _)| (&*s, g));
         for (s, generation) in unnamed.chain(named) {
             if Arc::ptr_eq(s, statement) {
@@ -1071,11 +1079,22 @@ impl ClientStatements {
     }
 
     pub fn len(&self) -> usize {
-        self.names.len() + usize::from(self.unnamed.is_some())
+        self.names.len() + usize::from(self.unnamed_bound())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty() && self.unnamed.is_none()
+        self.names.is_empty() && !self.unnamed_bound()
+    }
+
+    /// Whether the unnamed statement is bound.
+    fn unnamed_bound(&self) -> bool {
+        self.unnamed.as_ref().is_some_and(|u| u.bound.is_some())
+    }
+
+    /// Unbinds the unnamed statement; returns what it was bound to.
+    fn take_unnamed(&mut self) -> Option<Arc<Statement>> {
+        let (s, _) = self.unnamed.as_deref_mut()?.bound.take()?;
+        Some(s)
     }
 
     pub fn bytes(&self) -> usize {
@@ -1117,11 +1136,10 @@ impl ClientStatements {
     /// its name on) and the statement it meant, for
     /// [`ClientStatements::unnamed_parse_again`].
     pub fn remember_unnamed_parse(&mut self, body: &[u8], statement: &Arc<Statement>) {
-        let last = self.last_unnamed.get_or_insert_with(|| {
-            Box::new(LastParse {
-                body: Vec::new(),
-                statement: Arc::downgrade(statement),
-            })
+        let unnamed = self.unnamed.get_or_insert_with(Default::default);
+        let last = unnamed.last_parse.get_or_insert_with(|| LastParse {
+            body: Vec::new(),
+            statement: Arc::downgrade(statement),
         });
         last.body.clear();
         last.body.extend_from_slice(body);
@@ -1141,7 +1159,8 @@ impl ClientStatements {
                 self.bytes += s.key.query.len();
                 let generation = s.generation();
                 if name.is_empty() {
-                    self.unnamed.replace((s, generation)).map(|(p, _)| p)
+                    let unnamed = self.unnamed.get_or_insert_with(Default::default);
+                    unnamed.bound.replace((s, generation)).map(|(p, _)| p)
                 } else {
                     let client_name = Some(Arc::from(name));
                     self.names
@@ -1150,7 +1169,7 @@ impl ClientStatements {
                 }
             }
             // Every simple query unbinds the unnamed statement.
-            None if name.is_empty() => self.unnamed.take().map(|(p, _)| p),
+            None if name.is_empty() => self.take_unnamed(),
             None if self.names.is_empty() => None,
             None => self.names.remove(name).map(|(p, ..)| p),
         };
@@ -1244,7 +1263,7 @@ impl ClientStatements {
     /// Drops every name (DISCARD ALL, DEALLOCATE ALL), returning them for a possible undo.
     pub fn take_all(&mut self) -> HashMap<Bytes, Arc<Statement>> {
         let names = std::mem::take(&mut self.names);
-        let unnamed = self.unnamed.take().map(|(s, _)| (Bytes::new(), s));
+        let unnamed = self.take_unnamed().map(|s| (Bytes::new(), s));
         self.bytes = 0;
         unnamed
             .into_iter()
