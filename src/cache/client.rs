@@ -42,6 +42,10 @@ pub struct ClientCache {
     /// with the database and the roles (plans are per search_path and role), and the
     /// database.
     pub(super) search_path: Option<Box<str>>,
+    /// That search_path is the client's setting (in its settings of `context_of`'s version),
+    /// none of the planner's own (a `SET search_path` it follows): see
+    /// [`ClientCache::context_holds`].
+    search_path_of_settings: bool,
     pub(super) path_hash: u64,
     pub(super) database: Arc<str>,
     /// The client changed its role or a setting outside the key: no caching for it.
@@ -168,16 +172,34 @@ impl ClientCache {
         self.search_path.as_deref() == search_path
     }
 
-    /// Sets the part of keys that comes from the client's context.
+    /// Whether the context holds, known without looking up the search_path in the client's
+    /// settings (a scan of them, ~100 instructions a hit): built from these settings (their
+    /// version) and statement context, with the settings' search_path, and the planner
+    /// follows none of its own now (`planner_search_path`: none).
+    #[inline]
+    pub fn context_holds(
+        &self,
+        params_version: u64,
+        statement_context: u32,
+        planner_search_path: Option<&str>,
+    ) -> bool {
+        planner_search_path.is_none()
+            && self.search_path_of_settings
+            && !self.needs_context(params_version, statement_context)
+    }
+
+    /// Sets the part of keys that comes from the client's context. `of_settings`: the
+    /// search_path is the client's setting, not one the planner follows.
     pub fn set_context(
         &mut self,
         params_version: u64,
         statement_context: u32,
         database: &str,
-        search_path: Option<&str>,
+        (search_path, of_settings): (Option<&str>, bool),
         roles: [Option<&str>; 3],
         parts: &[&str],
     ) {
+        self.search_path_of_settings = of_settings;
         if &*self.database != database {
             self.database = database.into();
         }
@@ -466,5 +488,34 @@ impl FirstTierMisses {
         }
         self.0 = Self::STREAK;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClientCache;
+    use std::sync::Arc;
+
+    /// The context holds without a look at the settings' search_path only while it was built
+    /// from them, for the same settings and statement context, and the planner follows no
+    /// search_path of its own.
+    #[test]
+    fn a_context_holds_only_for_what_it_was_built_from() {
+        let mut client = ClientCache::new(false, &Arc::from("db"));
+        assert!(!client.context_holds(1, 0, None), "never built");
+        let roles = [Some("role"), None, None];
+        client.set_context(1, 0, "db", (Some("s1"), true), roles, &["role"]);
+        assert!(client.context_holds(1, 0, None));
+        assert!(!client.context_holds(2, 0, None), "other settings");
+        assert!(
+            !client.context_holds(1, 7, None),
+            "another statement context"
+        );
+        assert!(!client.context_holds(1, 0, Some("s1")), "the planner's own");
+        client.set_context(1, 0, "db", (Some("s2"), false), roles, &["role"]);
+        assert!(
+            !client.context_holds(1, 0, None),
+            "built from the planner's search_path: the settings' is looked up"
+        );
     }
 }

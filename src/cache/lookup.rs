@@ -682,7 +682,14 @@ mod tests {
             Arc::new(crate::query::shapes::Shapes::new(100)),
         );
         let mut client = ClientCache::new(false, &Arc::from("db"));
-        client.set_context(1, 0, "db", None, [Some("role"), None, None], &["role"]);
+        client.set_context(
+            1,
+            0,
+            "db",
+            (None, true),
+            [Some("role"), None, None],
+            &["role"],
+        );
         (cache, client)
     }
 
@@ -710,7 +717,7 @@ mod tests {
             2,
             0,
             "db",
-            None,
+            (None, true),
             [Some("other role"), None, None],
             &["other role"],
         );

@@ -438,12 +438,11 @@ impl Session {
     /// Brings the client's key context up to date (settings, role, search_path), rebuilt
     /// only when one of them changed.
     fn cache_context(&mut self) {
-        let search_path = self
+        let planner_search_path = self
             .plan
             .stmts
             .as_ref()
-            .and_then(|s| s.search_path.effective())
-            .or_else(|| self.params.settings.get("search_path"));
+            .and_then(|s| s.search_path.effective());
         let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
         let client = client_cache(
             &mut self.cache,
@@ -451,6 +450,10 @@ impl Session {
             &self.pool,
             in_server_block(&self.server),
         );
+        if client.context_holds(self.params.version, statement_context, planner_search_path) {
+            return;
+        }
+        let search_path = planner_search_path.or_else(|| self.params.settings.get("search_path"));
         if client.needs_context(self.params.version, statement_context)
             || !client.has_search_path(search_path)
         {
@@ -489,7 +492,7 @@ impl Session {
                 self.params.version,
                 statement_context,
                 &settings.target.database_id,
-                search_path,
+                (search_path, planner_search_path.is_none()),
                 roles,
                 &parts,
             );
