@@ -114,11 +114,11 @@ impl Retry {
             }
             self.bytes.extend_from_slice(msg);
         }
-        match msg.first() {
-            Some(&fe::SYNC) => self.complete = true,
-            Some(&fe::QUERY) if self.query => self.complete = true,
-            Some(&fe::EXECUTE) => self.executes = true,
-            Some(&fe::DESCRIBE) if msg.get(5) == Some(&b'P') && !self.executes => {
+        match tag {
+            Some(fe::SYNC) => self.complete = true,
+            Some(fe::QUERY) if self.query => self.complete = true,
+            Some(fe::EXECUTE) => self.executes = true,
+            Some(fe::DESCRIBE) if msg.get(5) == Some(&b'P') && !self.executes => {
                 self.describes = true
             }
             _ => {}
@@ -367,10 +367,9 @@ mod tests {
     use super::*;
 
     fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut m = vec![tag];
-        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
-        m.extend_from_slice(body);
-        m
+        let mut m = BytesMut::new();
+        crate::protocol::write_message(&mut m, tag, |m| m.extend_from_slice(body));
+        m.to_vec()
     }
 
     /// A batch that describes its portal before executing it is kept whole, to be sent
