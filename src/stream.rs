@@ -98,6 +98,18 @@ impl Stream {
     /// was registered with (see workers.rs): a duplicate of its descriptor joins this loop,
     /// and the old descriptor leaves its loop and is closed. The connection, TLS state
     /// included, stays as it was; only the thread its readiness wakes changes.
+    /// Writes to a plain socket (TCP or Unix) without the runtime's poll: as much as it takes
+    /// now, or `WouldBlock` (poll it then, which registers the waker). None for TLS, whose
+    /// bytes go through its session.
+    #[inline]
+    pub fn try_write_socket(&self, buf: &[u8]) -> Option<io::Result<usize>> {
+        match self {
+            Stream::Tcp(t) => Some(t.try_write(buf)),
+            Stream::Unix(u) => Some(u.try_write(buf)),
+            Stream::ServerTls(_) | Stream::ClientTls(_) => None,
+        }
+    }
+
     pub fn move_to_this_thread(&mut self) -> io::Result<()> {
         if let Stream::Unix(u) = self {
             let fd = u.as_fd().try_clone_to_owned()?;

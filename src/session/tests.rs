@@ -74,3 +74,44 @@ mod reset_query {
         }
     }
 }
+
+#[cfg(test)]
+mod writes {
+    use super::super::poll_write_some;
+    use crate::stream::Stream;
+    use bytes::BytesMut;
+    use std::future::poll_fn;
+    use std::task::Poll;
+    use tokio::io::AsyncReadExt;
+
+    /// A write the socket cannot take at once (the peer not reading yet) leaves the rest in
+    /// the buffer and wakes the task when the socket drains: the unpolled first try must not
+    /// lose the wake-up, or the task would hang here.
+    #[tokio::test]
+    async fn a_write_that_would_block_resumes_when_the_peer_reads() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let mut stream = Stream::Unix(Box::new(ours));
+        let sent: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let mut buf = BytesMut::from(&sent[..]);
+        poll_fn(|cx| Poll::Ready(poll_write_some(&mut stream, &mut buf, cx)))
+            .await
+            .unwrap();
+        assert!(!buf.is_empty(), "a socket pair does not take 4 MiB at once");
+        let reader = tokio::spawn(async move {
+            let mut theirs = theirs;
+            let mut got = vec![0; 4 << 20];
+            theirs.read_exact(&mut got).await.unwrap();
+            got
+        });
+        let written = poll_fn(|cx| match poll_write_some(&mut stream, &mut buf, cx) {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(()) if buf.is_empty() => Poll::Ready(Ok(())),
+            Ok(()) => Poll::Pending,
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(30), written)
+            .await
+            .expect("the writer was woken as the peer read")
+            .unwrap();
+        assert!(reader.await.unwrap() == sent, "every byte, in order");
+    }
+}
