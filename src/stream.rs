@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 /// A connection to a client or a server, in plain TCP or TLS, or to a server over a Unix
@@ -98,6 +98,17 @@ impl Stream {
     /// was registered with (see workers.rs): a duplicate of its descriptor joins this loop,
     /// and the old descriptor leaves its loop and is closed. The connection, TLS state
     /// included, stays as it was; only the thread its readiness wakes changes.
+    /// Whether the runtime has seen the socket readable (or closed) since its readiness was
+    /// last cleared, without a poll (which would register the waker). Always true for TLS.
+    #[inline]
+    pub fn seen_readable(&self) -> bool {
+        match self {
+            Stream::Tcp(t) => t.try_io(Interest::READABLE, || Ok(())).is_ok(),
+            Stream::Unix(u) => u.try_io(Interest::READABLE, || Ok(())).is_ok(),
+            Stream::ServerTls(_) | Stream::ClientTls(_) => true,
+        }
+    }
+
     /// Writes to a plain socket (TCP or Unix) without the runtime's poll: as much as it takes
     /// now, or `WouldBlock` (poll it then, which registers the waker). None for TLS, whose
     /// bytes go through its session.
@@ -258,5 +269,35 @@ mod tests {
             0,
             "EOF after shutdown"
         );
+    }
+
+    /// What the relay's unpolled client reads rest on (`Session::poll_client_read`): a read
+    /// shorter than the room drains the socket and clears its readiness, and readiness the
+    /// runtime sees later shows without a poll.
+    #[tokio::test]
+    async fn a_drained_socket_reads_as_unready_until_the_runtime_sees_more() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (mut ours, mut theirs) = (Stream::Unix(Box::new(ours)), Stream::Unix(Box::new(theirs)));
+        let mut buf = [0u8; 64];
+        theirs.write_all(b"one").await.unwrap();
+        std::future::poll_fn(|cx| ours.poll_read_ready(cx))
+            .await
+            .unwrap();
+        assert!(ours.seen_readable(), "seen readable, not polled again");
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 3);
+        assert!(!ours.seen_readable(), "a short read drained it");
+        theirs.write_all(b"two").await.unwrap();
+        std::future::poll_fn(|cx| ours.poll_read_ready(cx))
+            .await
+            .unwrap();
+        assert!(ours.seen_readable());
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 3);
+        assert!(!ours.seen_readable());
+        drop(theirs);
+        std::future::poll_fn(|cx| ours.poll_read_ready(cx))
+            .await
+            .unwrap();
+        assert!(ours.seen_readable(), "a hang-up shows as readable");
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 0, "closed");
     }
 }

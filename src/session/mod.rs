@@ -364,6 +364,10 @@ struct Session {
     /// The server would have gone back, but a cancel request aimed at the client's work on it
     /// is still being passed on: it goes back once that is delivered.
     kept_for_cancels: bool,
+    /// The relay's last read poll of the client's socket found nothing: the session's waker
+    /// is registered for it until the runtime sees it readable (see
+    /// [`Session::poll_client_read`]). Only ever set by that poll, within one relay.
+    client_read_armed: bool,
     /// Where the client's reads may go and what they must see, when its pool has replicas
     /// (transaction mode).
     reads: Option<Box<crate::replicas::ClientReads>>,
@@ -460,6 +464,9 @@ impl Session {
     async fn relay(&mut self) -> End {
         // Set before the flags are first read: a shutdown that begins later wakes the task.
         *self.info.stop_waker.lock() = Some(poll_fn(|cx| Poll::Ready(cx.waker().clone())).await);
+        // Whatever registered the socket's waker before (another task, another worker) is
+        // not this relay's.
+        self.client_read_armed = false;
         loop {
             // Nothing read from the client (most wakes are the server's): no future made.
             if !self.client.rbuf.is_empty() {
@@ -771,8 +778,17 @@ impl Session {
     /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
     fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         if !self.may_read_client() {
+            self.client_read_armed = false;
             return self.poll_client_hangup(cx);
         }
+        // Polled before and found nothing, and nothing seen since: the waker registered then
+        // is still there (the runtime takes it only when it sees the socket readable, and
+        // marks it so first), so another poll would only register it again: once a
+        // transaction, after the replies (-104 instructions a transaction, callgrind).
+        if self.client_read_armed && !self.client.stream.seen_readable() {
+            return None;
+        }
+        self.client_read_armed = false;
         // Without a buffer, wait for the socket to have bytes before borrowing one; the
         // replies to what it sends will need a write buffer too.
         let readable = self.client.rbuf.capacity() != 0
@@ -782,6 +798,7 @@ impl Session {
                 Poll::Pending => false,
             };
         if !readable {
+            self.client_read_armed = true;
             return None;
         }
         buffers::lend_both(&mut self.client.rbuf, &mut self.client.wbuf);
@@ -790,7 +807,10 @@ impl Session {
             Poll::Ready(Ok(0)) => Some(Event::ClientGone(None)),
             Poll::Ready(Ok(_)) => Some(Event::ClientRead),
             Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
-            Poll::Pending => None,
+            Poll::Pending => {
+                self.client_read_armed = true;
+                None
+            }
         }
     }
 

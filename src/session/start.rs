@@ -163,6 +163,7 @@ impl Session {
             server_fatal: false,
             idle_reads: 0,
             kept_for_cancels: false,
+            client_read_armed: false,
             reads,
             kept: None,
         }
