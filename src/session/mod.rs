@@ -790,8 +790,10 @@ impl Session {
         }
         self.client_read_armed = false;
         // Without a buffer, wait for the socket to have bytes before borrowing one; the
-        // replies to what it sends will need a write buffer too.
+        // replies to what it sends will need a write buffer too. Seen readable already (the
+        // wake-up after the last poll), it needs no poll to say so.
         let readable = self.client.rbuf.capacity() != 0
+            || self.client.stream.seen_readable()
             || match self.client.stream.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => true,
                 Poll::Ready(Err(e)) => return Some(Event::ClientGone(Some(e))),
