@@ -848,6 +848,11 @@ impl ServerConn {
     /// idle_session_timeout, pg_terminate_backend). Uses the reactor's cached readiness, so when
     /// nothing arrived it costs no system call.
     pub fn looks_alive(&self) -> bool {
+        // Nothing seen since the last read: alive, without building the error a socket read
+        // would return (a pool checkout, under the pool's lock).
+        if !self.stream.seen_readable() {
+            return true;
+        }
         let mut byte = [0u8; 1];
         match self.stream.try_read_socket(&mut byte) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
