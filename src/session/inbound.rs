@@ -78,7 +78,8 @@ impl Session {
             }
             let query_text_len = self.find_query_text(tag, len);
             self.forget_portal_left_by_hit(tag, len);
-            if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag) {
+            if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag, len)
+            {
                 continue; // a block kept without a server opened or ended
             }
             if self.cache_may_answer(tag) {
