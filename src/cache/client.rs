@@ -48,6 +48,10 @@ pub struct ClientCache {
     search_path_of_settings: bool,
     pub(super) path_hash: u64,
     pub(super) database: Arc<str>,
+    /// The slot of `database`'s catalog version, found at its first lookup (a slot, once
+    /// given to a name, is that name's for good: see `Versions`), so that a hit does not hash
+    /// the name again.
+    catalog_slot: std::cell::Cell<Option<u32>>,
     /// The client changed its role or a setting outside the key: no caching for it.
     pub off: bool,
     /// The client changed a setting outside the key for its transaction (`SET LOCAL`): no
@@ -131,6 +135,21 @@ impl ClientCache {
         })
     }
 
+    /// The slot of `database`'s catalog version (see [`super::plans::catalog_slot`]): the
+    /// one kept for the client's database, else found.
+    #[inline]
+    pub(super) fn catalog_slot(&self, versions: &super::Versions, database: &str) -> u32 {
+        if *self.database != *database {
+            return super::plans::catalog_slot(versions, database);
+        }
+        if let Some(slot) = self.catalog_slot.get() {
+            return slot;
+        }
+        let slot = super::plans::catalog_slot(versions, database);
+        self.catalog_slot.set(Some(slot));
+        slot
+    }
+
     pub(super) fn note(&mut self, analysis: &Arc<Analysis>) {
         let e = &analysis.effects;
         if e.session_state && !self.keys_all_settings {
@@ -202,6 +221,7 @@ impl ClientCache {
         self.search_path_of_settings = of_settings;
         if &*self.database != database {
             self.database = database.into();
+            self.catalog_slot.set(None);
         }
         self.search_path = search_path.map(Into::into);
         // A name resolves by the search_path as the server expands it: `$user` is the current
@@ -517,5 +537,36 @@ mod tests {
             !client.context_holds(1, 0, None),
             "built from the planner's search_path: the settings' is looked up"
         );
+    }
+
+    /// A hit finds its database's catalog slot without hashing the name again: the slot kept
+    /// is the one the name has, for the client's database only, and forgotten when the
+    /// client's database changes.
+    #[test]
+    fn the_catalog_slot_kept_is_the_databases_own() {
+        let cache = crate::cache::ResultCache::new(
+            &crate::config::cache::CacheConfig::default(),
+            Arc::new(crate::query::shapes::Shapes::new(100)),
+        );
+        let versions = &cache.versions;
+        let slot = |db| crate::cache::plans::catalog_slot(versions, db);
+        let mut client = ClientCache::new(false, &Arc::from("db1"));
+        assert_eq!(client.catalog_slot(versions, "db1"), slot("db1"));
+        assert_eq!(client.catalog_slot(versions, "db1"), slot("db1"), "kept");
+        assert_eq!(client.catalog_slot.get(), Some(slot("db1")));
+        assert_ne!(slot("db1"), slot("db2"));
+        assert_eq!(
+            client.catalog_slot(versions, "db2"),
+            slot("db2"),
+            "another database's is looked up"
+        );
+        assert_eq!(client.catalog_slot.get(), Some(slot("db1")), "not kept");
+        client.set_context(1, 0, "db2", (None, true), [None; 3], &[]);
+        assert_eq!(
+            client.catalog_slot.get(),
+            None,
+            "forgotten with the database"
+        );
+        assert_eq!(client.catalog_slot(versions, "db2"), slot("db2"));
     }
 }

@@ -150,6 +150,9 @@ pub struct ResultCache {
     held_back: parking_lot::Mutex<bool>,
     /// Whether `config.invalidation` is the WAL's, likewise (asked at every lookup).
     follows_wal: AtomicBool,
+    /// `cache.max_lag` in milliseconds (`u64::MAX`: none), read by every lookup without a
+    /// load of the configuration.
+    max_lag_ms: std::sync::atomic::AtomicU64,
     store: Store,
     pub versions: Versions,
     /// The first tier of simple-query lookups: (client context, the query's text exactly as
@@ -277,6 +280,7 @@ impl ResultCache {
             enabled: AtomicBool::new(config.enabled),
             held_back: parking_lot::Mutex::new(false),
             follows_wal: AtomicBool::new(false),
+            max_lag_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             store: Store::with(
                 1024,
                 (config.max_memory as u64).max(1),
@@ -358,6 +362,10 @@ impl ResultCache {
             config.invalidation == crate::config::cache::Invalidation::Wal,
             Relaxed,
         );
+        let max_lag_ms = config
+            .max_lag
+            .map_or(u64::MAX, |lag| (lag.as_millis() as u64).min(u64::MAX - 1));
+        self.max_lag_ms.store(max_lag_ms, Relaxed);
         let mut config = config.clone();
         for rule in &mut config.rules {
             if let Some(text) = rule.query.as_deref().and_then(normalized_rule_text) {
@@ -373,6 +381,15 @@ impl ResultCache {
     /// Whether writes are followed in the database's WAL (`cache.invalidation = "wal"`).
     pub fn follows_wal(&self) -> bool {
         self.follows_wal.load(Relaxed)
+    }
+
+    /// `cache.max_lag` (see [`crate::wal::Wal::ready`]).
+    #[inline]
+    pub fn max_lag(&self) -> Option<std::time::Duration> {
+        match self.max_lag_ms.load(Relaxed) {
+            u64::MAX => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
+        }
     }
 
     pub fn enabled(&self) -> bool {

@@ -78,7 +78,9 @@ impl ResultCache {
         reads: &analysis::Reads,
     ) -> Result<Arc<Plan>, Box<Resolve>> {
         let plan_key = (query.hash, client.path_hash);
-        let catalog = self.versions.get(catalog_slot(&self.versions, at.database));
+        let catalog = self
+            .versions
+            .get(client.catalog_slot(&self.versions, at.database));
         if let Some(plan) = self.current_plan(plan_key, catalog, query.text) {
             return Ok(plan);
         }
@@ -256,5 +258,22 @@ mod tests {
         assert!(cache
             .current_plan(key, 4, b"SELECT x FROM a WHERE id = $1")
             .is_none());
+    }
+
+    /// `cache.max_lag` is read by every lookup from what the last configuration set.
+    #[test]
+    fn max_lag_follows_the_configuration() {
+        let mut config = CacheConfig::default();
+        let cache = ResultCache::new(&config, Arc::new(crate::query::shapes::Shapes::new(100)));
+        assert_eq!(cache.max_lag(), None);
+        config.max_lag = Some(std::time::Duration::from_millis(2500));
+        cache.reconfigure(&config);
+        assert_eq!(
+            cache.max_lag(),
+            Some(std::time::Duration::from_millis(2500))
+        );
+        config.max_lag = None;
+        cache.reconfigure(&config);
+        assert_eq!(cache.max_lag(), None);
     }
 }

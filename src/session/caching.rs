@@ -256,13 +256,13 @@ impl Session {
     /// With WAL invalidation, whether this client's database's stream is not caught up (the
     /// cache then neither answers nor stores); starts following the database at its first
     /// lookup.
-    fn wal_behind(&self) -> bool {
+    /// `settings`: the pool's, loaded by the caller.
+    fn wal_behind(&self, settings: &crate::pool::PoolSettings) -> bool {
         if !self.app.cache.follows_wal() {
             return false;
         }
-        let settings = self.pool.settings_now();
         let database = &settings.target.database_id;
-        let max_lag = self.app.config.load().cache.max_lag;
+        let max_lag = self.app.cache.max_lag();
         !self.app.wal.ready(
             &self.app.cache,
             || {
@@ -343,7 +343,7 @@ impl Session {
             return None;
         }
         self.cache_context();
-        if self.wal_behind() {
+        if self.wal_behind(&self.pool.settings_now()) {
             return None;
         }
         let in_block = self.keeps_block();
@@ -509,8 +509,10 @@ impl Session {
         let Some(transaction) = self.batch_transaction() else {
             return Ok(false);
         };
+        // Loaded once for the lookup (each load of the pool's settings costs ~30 instructions).
+        let settings = self.pool.settings_now();
         // Asked again each round: a wait or a catalog read may outlast the stream.
-        let wal_behind = self.wal_behind();
+        let wal_behind = self.wal_behind(&settings);
         // Borrowed, not cloned: the App's reference count is written by every worker.
         let app = &self.app;
         let cache = &app.cache;
@@ -531,7 +533,6 @@ impl Session {
         if !statement.accepted_as_cached() || statement.hidden.is_some() {
             return Ok(false);
         }
-        let settings = self.pool.settings_now();
         let at = Where {
             database: &settings.target.database_id,
             name: &settings.target.dbname,
@@ -641,13 +642,14 @@ impl Session {
         may_wait: bool,
     ) -> Lookup {
         let settings = self.pool.settings_now();
+        // Asked again each round: a wait or a catalog read may outlast the stream.
+        let wal_behind = self.wal_behind(&settings);
         let at = Where {
             database: &settings.target.database_id,
             name: &settings.target.dbname,
             user: &self.info.user,
             transaction,
-            // Asked again each round: a wait or a catalog read may outlast the stream.
-            wal_behind: self.wal_behind(),
+            wal_behind,
         };
         let client = client_cache(
             &mut self.cache,
