@@ -67,9 +67,12 @@ impl Session {
             in_server_block(&self.server),
         )
         .nonstandard_strings = nonstandard;
-        if matches!(tag, fe::PARSE | fe::BIND) && self.batch_transaction().is_some() {
+        let batch = matches!(tag, fe::PARSE | fe::BIND)
+            .then(|| self.batch_transaction())
+            .flatten();
+        if let Some(transaction) = batch {
             self.cache_context();
-            match self.batch_lookup(true) {
+            match self.batch_lookup(transaction, true) {
                 Ok(true) => return Ok(true),
                 Ok(false) => {}
                 Err(step) => {
@@ -437,7 +440,26 @@ impl Session {
 
     /// Brings the client's key context up to date (settings, role, search_path), rebuilt
     /// only when one of them changed.
+    #[inline]
     fn cache_context(&mut self) {
+        let planner_search_path = self
+            .plan
+            .stmts
+            .as_ref()
+            .and_then(|s| s.search_path.effective());
+        let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
+        let holds = self.cache.as_deref().is_some_and(|client| {
+            client.context_holds(self.params.version, statement_context, planner_search_path)
+        });
+        if !holds {
+            self.build_cache_context();
+        }
+    }
+
+    /// [`Session::cache_context`] when the context may have changed (or there is none yet):
+    /// out of line, as the common case, a context that holds, needs none of its frame.
+    #[inline(never)]
+    fn build_cache_context(&mut self) {
         let planner_search_path = self
             .plan
             .stmts
@@ -450,9 +472,6 @@ impl Session {
             &self.pool,
             in_server_block(&self.server),
         );
-        if client.context_holds(self.params.version, statement_context, planner_search_path) {
-            return;
-        }
         let search_path = planner_search_path.or_else(|| self.params.settings.get("search_path"));
         if client.needs_context(self.params.version, statement_context)
             || !client.has_search_path(search_path)
@@ -505,10 +524,12 @@ impl Session {
     /// ReadyForQuery. `Ok(false)`: the batch runs (filling the cache on a miss it wants);
     /// `Err`: a wait or a catalog read must come first (see [`Session::cached_batch`]). The
     /// caller brought the key context up to date.
-    fn batch_lookup(&mut self, may_wait: bool) -> Result<bool, BatchStep> {
-        let Some(transaction) = self.batch_transaction() else {
-            return Ok(false);
-        };
+    /// `transaction`: the client's as the batch sees it ([`Session::batch_transaction`]).
+    fn batch_lookup(
+        &mut self,
+        transaction: Transaction,
+        may_wait: bool,
+    ) -> Result<bool, BatchStep> {
         // Loaded once for the lookup (each load of the pool's settings costs ~30 instructions).
         let settings = self.pool.settings_now();
         // Asked again each round: a wait or a catalog read may outlast the stream.
@@ -625,7 +646,10 @@ impl Session {
             {
                 return Ok(false);
             }
-            match self.batch_lookup(may_wait) {
+            let Some(transaction) = self.batch_transaction() else {
+                return Ok(false);
+            };
+            match self.batch_lookup(transaction, may_wait) {
                 Ok(answered) => return Ok(answered),
                 Err(next) => step = next,
             }
@@ -766,7 +790,7 @@ impl Session {
         let out = &mut self.client.wbuf;
         let before = out.len();
         for &tag in opened {
-            crate::protocol::write_message(out, tag, |_| {});
+            crate::protocol::write_empty_message(out, tag);
         }
         out.extend_from_slice(reply);
         be::ready_for_query(out, status);
