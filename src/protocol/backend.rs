@@ -1,7 +1,7 @@
 //! Messages a server (backend) sends: tags, views of the ones pgmemo reacts to, and builders for
 //! the ones pgmemo answers with itself (login, errors, the admin console, synthesized replies).
 
-use super::{put_cstr, write_message, Reader};
+use super::{put_cstr, write_empty_message, write_message, Reader};
 use bytes::{BufMut, BytesMut};
 
 pub const AUTHENTICATION: u8 = b'R';
@@ -139,8 +139,10 @@ pub fn notice_response(out: &mut BytesMut, code: &str, message: &str) {
     });
 }
 
+/// A ReadyForQuery: six bytes, written at once (each reply pgmemo gives itself ends with one).
+#[inline]
 pub fn ready_for_query(out: &mut BytesMut, status: u8) {
-    write_message(out, READY_FOR_QUERY, |b| b.put_u8(status));
+    out.extend_from_slice(&[READY_FOR_QUERY, 0, 0, 0, 5, status]);
 }
 
 pub fn auth_ok(out: &mut BytesMut) {
@@ -256,7 +258,7 @@ pub fn command_rows(body: &[u8]) -> Option<u64> {
 }
 
 pub fn empty_query_response(out: &mut BytesMut) {
-    write_message(out, EMPTY_QUERY_RESPONSE, |_| {});
+    write_empty_message(out, EMPTY_QUERY_RESPONSE);
 }
 
 /// Every field of an ErrorResponse or NoticeResponse body, in order, as (code, value); stops

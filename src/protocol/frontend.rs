@@ -1,7 +1,7 @@
 //! Messages a client (frontend) sends: tags, borrowed views of the ones pgmemo inspects, and
 //! builders for the ones pgmemo itself sends to servers.
 
-use super::{put_cstr, write_message, Reader};
+use super::{put_cstr, write_empty_message, write_message, Reader};
 use bytes::{BufMut, BytesMut};
 
 pub const BIND: u8 = b'B';
@@ -196,11 +196,11 @@ pub fn query_with_params(out: &mut BytesMut, sql: &str, params: &[&str]) {
 }
 
 pub fn sync(out: &mut BytesMut) {
-    write_message(out, SYNC, |_| {});
+    write_empty_message(out, SYNC);
 }
 
 pub fn terminate(out: &mut BytesMut) {
-    write_message(out, TERMINATE, |_| {});
+    write_empty_message(out, TERMINATE);
 }
 
 /// PasswordMessage with a cleartext password or an md5 response.

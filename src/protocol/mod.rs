@@ -204,6 +204,13 @@ pub fn write_message(out: &mut bytes::BytesMut, tag: u8, body: impl FnOnce(&mut 
     out[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
+/// Appends a message without a body (ParseComplete, BindComplete, NoData...): five bytes,
+/// written at once.
+#[inline]
+pub fn write_empty_message(out: &mut bytes::BytesMut, tag: u8) {
+    out.extend_from_slice(&[tag, 0, 0, 0, 4]);
+}
+
 /// Appends `s` and a terminating NUL.
 #[inline]
 pub fn put_cstr(out: &mut bytes::BytesMut, s: &[u8]) {
@@ -214,6 +221,25 @@ pub fn put_cstr(out: &mut bytes::BytesMut, s: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The messages written at once are the ones `write_message` frames.
+    #[test]
+    fn messages_written_at_once_are_framed_alike() {
+        for tag in [b'1', b'2', b'n', b'3'] {
+            let (mut framed, mut at_once) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+            write_message(&mut framed, tag, |_| {});
+            write_empty_message(&mut at_once, tag);
+            assert_eq!(framed, at_once);
+        }
+        for status in [b'I', b'T', b'E'] {
+            let (mut framed, mut at_once) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+            write_message(&mut framed, backend::READY_FOR_QUERY, |b| {
+                b.extend_from_slice(&[status])
+            });
+            backend::ready_for_query(&mut at_once, status);
+            assert_eq!(framed, at_once);
+        }
+    }
 
     #[test]
     fn nul_at_finds_the_first_nul_at_any_position() {

@@ -208,11 +208,11 @@ impl Session {
         }
         let out = &mut self.client.wbuf;
         if parsed {
-            crate::protocol::write_message(out, be::PARSE_COMPLETE, |_| {});
+            crate::protocol::write_empty_message(out, be::PARSE_COMPLETE);
         }
-        crate::protocol::write_message(out, be::BIND_COMPLETE, |_| {});
+        crate::protocol::write_empty_message(out, be::BIND_COMPLETE);
         if described {
-            crate::protocol::write_message(out, be::NO_DATA, |_| {});
+            crate::protocol::write_empty_message(out, be::NO_DATA);
         }
         be::command_complete(out, control.tag());
         self.client.rbuf.advance(len);

@@ -589,7 +589,7 @@ impl Session {
                 self.stats.bytes_received -= len as u64;
                 if !self.plan.wait_flushed {
                     let server = self.server.as_mut().expect("server acquired above");
-                    crate::protocol::write_message(&mut server.wbuf, fe::FLUSH, |_| {});
+                    crate::protocol::write_empty_message(&mut server.wbuf, fe::FLUSH);
                     self.plan.wait_flushed = true;
                 }
                 self.plan.waiting = true;
@@ -877,16 +877,12 @@ impl Session {
         let before = self.client.wbuf.len();
         while let Some(synth) = self.replies.pop_synthesized() {
             match synth {
-                Synth::ParseComplete => crate::protocol::write_message(
-                    &mut self.client.wbuf,
-                    be::PARSE_COMPLETE,
-                    |_| {},
-                ),
-                Synth::CloseComplete => crate::protocol::write_message(
-                    &mut self.client.wbuf,
-                    be::CLOSE_COMPLETE,
-                    |_| {},
-                ),
+                Synth::ParseComplete => {
+                    crate::protocol::write_empty_message(&mut self.client.wbuf, be::PARSE_COMPLETE)
+                }
+                Synth::CloseComplete => {
+                    crate::protocol::write_empty_message(&mut self.client.wbuf, be::CLOSE_COMPLETE)
+                }
                 Synth::Replies(replies) => self.client.wbuf.extend_from_slice(&replies),
                 Synth::Deallocate => {
                     let status = self.server.as_ref().map_or(b'I', |s| s.status);

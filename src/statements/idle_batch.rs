@@ -200,12 +200,12 @@ pub fn answer<'a>(
                     .parse_hits
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 stmts.set(name, Some(statement));
-                crate::protocol::write_message(out, be::PARSE_COMPLETE, |_| {});
+                crate::protocol::write_empty_message(out, be::PARSE_COMPLETE);
             }
             Step::Close(name) => {
                 // Closing a name the client does not have is not an error in PostgreSQL.
                 stmts.set(name, None);
-                crate::protocol::write_message(out, be::CLOSE_COMPLETE, |_| {});
+                crate::protocol::write_empty_message(out, be::CLOSE_COMPLETE);
             }
             Step::Describe(messages) => out.extend_from_slice(&messages),
         }
