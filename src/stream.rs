@@ -300,4 +300,34 @@ mod tests {
         assert!(ours.seen_readable(), "a hang-up shows as readable");
         assert_eq!(ours.read(&mut buf).await.unwrap(), 0, "closed");
     }
+
+    /// What `Session::poll_client_read` tells a Pending that registered the waker by
+    /// (`registered_waker`): budget is left after it; a Pending for the task's spent
+    /// cooperative budget, which registers nothing, leaves none.
+    #[tokio::test]
+    async fn a_pending_for_the_spent_budget_leaves_no_budget() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (ours, mut theirs) = (Stream::Unix(Box::new(ours)), Stream::Unix(Box::new(theirs)));
+        std::future::poll_fn(|cx| {
+            assert!(ours.poll_read_ready(cx).is_pending(), "nothing to read");
+            assert!(tokio::task::coop::has_budget_remaining(), "registered");
+            std::task::Poll::Ready(())
+        })
+        .await;
+        theirs.write_all(b"x").await.unwrap();
+        std::future::poll_fn(|cx| ours.poll_read_ready(cx))
+            .await
+            .unwrap();
+        let spent = std::future::poll_fn(|cx| {
+            // Readable: every poll spends budget until the runtime's says Pending.
+            for _ in 0..10_000 {
+                if ours.poll_read_ready(cx).is_pending() {
+                    return std::task::Poll::Ready(Some(tokio::task::coop::has_budget_remaining()));
+                }
+            }
+            std::task::Poll::Ready(None)
+        })
+        .await;
+        assert_eq!(spent, Some(false), "a Pending for the spent budget");
+    }
 }

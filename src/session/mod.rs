@@ -800,7 +800,7 @@ impl Session {
                 Poll::Pending => false,
             };
         if !readable {
-            self.client_read_armed = true;
+            self.client_read_armed = registered_waker();
             return None;
         }
         buffers::lend_both(&mut self.client.rbuf, &mut self.client.wbuf);
@@ -810,7 +810,7 @@ impl Session {
             Poll::Ready(Ok(_)) => Some(Event::ClientRead),
             Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
             Poll::Pending => {
-                self.client_read_armed = true;
+                self.client_read_armed = registered_waker();
                 None
             }
         }
@@ -1031,6 +1031,16 @@ fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
         info.prepare_evictions
             .fetch_add(u64::from(stats.prepare_evictions), Relaxed);
     }
+}
+
+/// After a socket's poll returned Pending: whether it registered the task's waker with the
+/// socket. Not when the task's cooperative budget was spent: tokio then returns Pending
+/// without looking at the socket (and wakes the task again at once), so nothing would wake the
+/// task when the socket becomes readable. A poll that registered had budget, which its Pending
+/// gave back.
+#[inline]
+fn registered_waker() -> bool {
+    tokio::task::coop::has_budget_remaining()
 }
 
 /// Makes room for the next read: small for a quiet client, larger once traffic is flowing
