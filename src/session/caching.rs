@@ -442,12 +442,7 @@ impl Session {
     /// only when one of them changed.
     #[inline]
     fn cache_context(&mut self) {
-        let planner_search_path = self
-            .plan
-            .stmts
-            .as_ref()
-            .and_then(|s| s.search_path.effective());
-        let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
+        let (planner_search_path, statement_context) = statements_context(&self.plan);
         let holds = self.cache.as_deref().is_some_and(|client| {
             client.context_holds(self.params.version, statement_context, planner_search_path)
         });
@@ -460,12 +455,7 @@ impl Session {
     /// out of line, as the common case, a context that holds, needs none of its frame.
     #[inline(never)]
     fn build_cache_context(&mut self) {
-        let planner_search_path = self
-            .plan
-            .stmts
-            .as_ref()
-            .and_then(|s| s.search_path.effective());
-        let statement_context = self.plan.stmts.as_ref().map_or(0, |s| s.context);
+        let (planner_search_path, statement_context) = statements_context(&self.plan);
         let client = client_cache(
             &mut self.cache,
             self.state.enabled,
@@ -939,6 +929,17 @@ fn client_cache<'a>(
         client.blind_block = in_block;
         client
     })
+}
+
+/// What of the client's statements a key's context is built from: the search_path the
+/// planner follows (a `SET search_path` of the client's), and the statements' context.
+#[inline]
+fn statements_context(plan: &super::Planning) -> (Option<&str>, u32) {
+    let stmts = plan.stmts.as_ref();
+    (
+        stmts.and_then(|s| s.search_path.effective()),
+        stmts.map_or(0, |s| s.context),
+    )
 }
 
 /// Whether the client's server is in a transaction block.
