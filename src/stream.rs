@@ -94,10 +94,6 @@ impl Stream {
         }
     }
 
-    /// Registers the socket with the event loop of the calling thread instead of the one it
-    /// was registered with (see workers.rs): a duplicate of its descriptor joins this loop,
-    /// and the old descriptor leaves its loop and is closed. The connection, TLS state
-    /// included, stays as it was; only the thread its readiness wakes changes.
     /// Whether the runtime has seen the socket readable (or closed) since its readiness was
     /// last cleared, without a poll (which would register the waker). Always true for TLS.
     #[inline]
@@ -121,6 +117,10 @@ impl Stream {
         }
     }
 
+    /// Registers the socket with the event loop of the calling thread instead of the one it
+    /// was registered with (see workers.rs): a duplicate of its descriptor joins this loop,
+    /// and the old descriptor leaves its loop and is closed. The connection, TLS state
+    /// included, stays as it was; only the thread its readiness wakes changes.
     pub fn move_to_this_thread(&mut self) -> io::Result<()> {
         if let Stream::Unix(u) = self {
             let fd = u.as_fd().try_clone_to_owned()?;
