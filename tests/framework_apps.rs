@@ -214,14 +214,43 @@ async fn seeded(db: &'static str) {
 }
 
 /// Runs the app against `url`; returns its transcript (stdout), failing on a non-zero exit
-/// or a missing "OK" line.
-async fn run_app(app: App, url: &str, what: &str) -> String {
+/// or a missing "OK" line. `admin`: pgmemo's console when the app runs through it.
+///
+/// An app that hangs fails with what its connections were doing ([`hang_report`]) and its
+/// own stacks where it can print them: a Go program prints every goroutine's on SIGQUIT.
+async fn run_app(
+    app: App,
+    url: &str,
+    what: &str,
+    admin: Option<&tokio_postgres::Client>,
+) -> String {
     let mut cmd = app.command(url).await;
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("{} {what}: timed out", app.name()))
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd
+        .spawn()
         .unwrap_or_else(|e| panic!("{} {what}: could not run {cmd:?}: {e}", app.name()));
+    let pid = child.id();
+    let output = child.wait_with_output();
+    tokio::pin!(output);
+    let Ok(out) = tokio::time::timeout(Duration::from_secs(120), &mut output).await else {
+        let report = hang_report(admin).await;
+        if let Some(pid) = pid {
+            // SAFETY: a plain signal to the app's own process, still ours (not yet reaped).
+            unsafe { libc::kill(pid as i32, libc::SIGQUIT) };
+        }
+        let stacks = match tokio::time::timeout(Duration::from_secs(10), &mut output).await {
+            Ok(Ok(out)) => String::from_utf8_lossy(&out.stderr).into_owned(),
+            _ => "(none)".into(),
+        };
+        panic!(
+            "{} {what}: timed out\n{report}\nthe app's stderr after SIGQUIT:\n{stacks}",
+            app.name()
+        );
+    };
+    let out = out.unwrap_or_else(|e| panic!("{} {what}: {e}", app.name()));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success() && stdout.lines().any(|l| l.starts_with("OK ")),
@@ -232,6 +261,39 @@ async fn run_app(app: App, url: &str, what: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// What a hung app's connections were doing: pgmemo's clients and servers (when it ran
+/// through pgmemo) and PostgreSQL's backends, with what each waits for.
+async fn hang_report(admin: Option<&tokio_postgres::Client>) -> String {
+    let mut report = String::new();
+    if let Some(admin) = admin {
+        for command in ["SHOW CLIENTS", "SHOW SERVERS", "SHOW POOLS"] {
+            report += &format!("{command}:\n");
+            for row in admin_rows(admin, command).await {
+                let mut row: Vec<_> = row.into_iter().collect();
+                row.sort();
+                report += &format!("  {row:?}\n");
+            }
+        }
+    }
+    let activity = tokio::task::spawn_blocking(|| {
+        cluster().psql(
+            "postgres",
+            "SELECT pid, datname, state, wait_event_type, wait_event, backend_xid, \
+             now() - state_change, left(query, 120) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' ORDER BY datname, pid",
+        )
+    })
+    .await
+    .unwrap();
+    // Bytes a side has not read yet (Recv-Q) on each of pgmemo's and PostgreSQL's sockets.
+    let sockets = std::process::Command::new("ss")
+        .args(["-tanp"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("ss: {e}"));
+    report + "pg_stat_activity:\n" + &activity + "\nsockets (ss -tanp):\n" + &sockets
 }
 
 /// Asserts two transcripts are equal, showing the first lines that differ.
@@ -434,7 +496,7 @@ async fn run_through_pgmemo(
             }
         })
     });
-    let transcript = run_app(app, &url, "through pgmemo").await;
+    let transcript = run_app(app, &url, "through pgmemo", Some(&admin)).await;
     if let Some(rounds) = rounds {
         rounds.abort();
     }
@@ -494,6 +556,7 @@ async fn app_through_pgmemo(app: App, prefix: &str, expect: Expect) {
         app,
         &cluster().url(PGMEMO_USER, Some(PGMEMO_PASS), direct_db),
         "directly against PostgreSQL",
+        None,
     )
     .await;
     // The transcript has what the comparison is for.
