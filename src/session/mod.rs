@@ -237,10 +237,12 @@ fn move_session(
     loops.spawn(
         worker,
         Box::pin(async move {
-            if let Err(e) = session.client.stream.move_to_this_thread() {
+            let moved = session.client.stream.move_to_this_thread();
+            if let Err(e) = &moved {
                 // Still served, at the price of a wake-up of the other thread for every read.
                 tracing::debug!(error = %e, "a client connection stays on its worker");
             }
+            session.client_on_own_loop = moved.is_ok();
             serve_session(app, info, session).await
         }),
     );
@@ -366,8 +368,15 @@ struct Session {
     kept_for_cancels: bool,
     /// The relay's last read poll of the client's socket found nothing: the session's waker
     /// is registered for it until the runtime sees it readable (see
-    /// [`Session::poll_client_read`]). Only ever set by that poll, within one relay.
+    /// [`Session::poll_client_read`]). Only ever set by that poll, within one relay, and only
+    /// while `client_on_own_loop`.
     client_read_armed: bool,
+    /// The client's socket is watched by the event loop that runs this session, on its one
+    /// thread: the runtime is single-threaded (pgmemo's own loops; not a multi-threaded
+    /// runtime pgmemo is embedded in) and the socket was not left on another worker by a
+    /// failed move. Only then does a waker registered with the socket stay until the socket
+    /// is seen readable ([`Session::poll_client_read`]). Worked out at each relay's start.
+    client_on_own_loop: bool,
     /// Where the client's reads may go and what they must see, when its pool has replicas
     /// (transaction mode).
     reads: Option<Box<crate::replicas::ClientReads>>,
@@ -467,6 +476,7 @@ impl Session {
         // Whatever registered the socket's waker before (another task, another worker) is
         // not this relay's.
         self.client_read_armed = false;
+        self.client_on_own_loop = self.client_on_own_loop && single_threaded_runtime();
         loop {
             // Nothing read from the client (most wakes are the server's): no future made.
             if !self.client.rbuf.is_empty() {
@@ -784,7 +794,12 @@ impl Session {
         // Polled before and found nothing, and nothing seen since: the waker registered then
         // is still there (the runtime takes it only when it sees the socket readable, and
         // marks it so first), so another poll would only register it again: once a
-        // transaction, after the replies (-104 instructions a transaction, callgrind).
+        // transaction, after the replies (-104 instructions a transaction, callgrind). Only
+        // on the socket's own loop (`client_on_own_loop`): an I/O driver on another thread
+        // marks the socket readable, then takes the waker, and between the two this session
+        // may read the bytes and register again; the driver then takes the new registration,
+        // and the wake finds nothing to read (framework_apps::go_database_sql_pgx hung so on
+        // the tests' multi-threaded runtime, a client's next query left unread).
         if self.client_read_armed && !self.client.stream.seen_readable() {
             return None;
         }
@@ -800,7 +815,7 @@ impl Session {
                 Poll::Pending => false,
             };
         if !readable {
-            self.client_read_armed = registered_waker();
+            self.client_read_armed = self.client_on_own_loop && registered_waker();
             return None;
         }
         buffers::lend_both(&mut self.client.rbuf, &mut self.client.wbuf);
@@ -810,7 +825,7 @@ impl Session {
             Poll::Ready(Ok(_)) => Some(Event::ClientRead),
             Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
             Poll::Pending => {
-                self.client_read_armed = registered_waker();
+                self.client_read_armed = self.client_on_own_loop && registered_waker();
                 None
             }
         }
@@ -1041,6 +1056,13 @@ fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
 #[inline]
 fn registered_waker() -> bool {
     tokio::task::coop::has_budget_remaining()
+}
+
+/// Whether this task runs on a single-threaded runtime, whose I/O driver runs on the same
+/// thread between polls of its tasks, never during one.
+fn single_threaded_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
 /// Makes room for the next read: small for a quiet client, larger once traffic is flowing

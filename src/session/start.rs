@@ -164,6 +164,7 @@ impl Session {
             idle_reads: 0,
             kept_for_cancels: false,
             client_read_armed: false,
+            client_on_own_loop: true,
             reads,
             kept: None,
         }

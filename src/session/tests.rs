@@ -115,3 +115,32 @@ mod writes {
         assert!(reader.await.unwrap() == sent, "every byte, in order");
     }
 }
+
+mod own_loop {
+    use super::super::single_threaded_runtime;
+
+    /// The client's registration is trusted to stay (`Session::client_on_own_loop`) only on
+    /// a single-threaded runtime: on a multi-threaded one the I/O driver may run on another
+    /// thread between marking the socket readable and taking its waker.
+    #[test]
+    fn only_a_single_threaded_runtime_runs_its_driver_between_polls() {
+        let single = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        assert!(single.block_on(async { single_threaded_runtime() }));
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_io()
+            .build()
+            .unwrap();
+        assert!(!multi.block_on(async { single_threaded_runtime() }));
+        assert!(
+            !multi
+                .block_on(async { tokio::spawn(async { single_threaded_runtime() }).await })
+                .unwrap(),
+            "in a task of a multi-threaded runtime"
+        );
+        assert!(!single_threaded_runtime(), "outside any runtime");
+    }
+}
