@@ -302,7 +302,7 @@ mod tests {
     }
 
     /// What `Session::poll_client_read` tells a Pending that registered the waker by
-    /// (`registered_waker`): budget is left after it; a Pending for the task's spent
+    /// (`Session::registration_stays`): budget is left after it; a Pending for the task's spent
     /// cooperative budget, which registers nothing, leaves none.
     #[tokio::test]
     async fn a_pending_for_the_spent_budget_leaves_no_budget() {

@@ -815,7 +815,7 @@ impl Session {
                 Poll::Pending => false,
             };
         if !readable {
-            self.client_read_armed = self.client_on_own_loop && registered_waker();
+            self.client_read_armed = self.registration_stays();
             return None;
         }
         buffers::lend_both(&mut self.client.rbuf, &mut self.client.wbuf);
@@ -825,10 +825,21 @@ impl Session {
             Poll::Ready(Ok(_)) => Some(Event::ClientRead),
             Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
             Poll::Pending => {
-                self.client_read_armed = self.client_on_own_loop && registered_waker();
+                self.client_read_armed = self.registration_stays();
                 None
             }
         }
+    }
+
+    /// After a poll of the client's socket returned Pending: whether the waker it registered
+    /// stays until the socket is seen readable, so that the next poll may be skipped. Only on
+    /// the socket's own loop (`client_on_own_loop`), and only if it registered at all: not
+    /// when the task's cooperative budget was spent, as tokio then returns Pending without
+    /// looking at the socket (and wakes the task again at once). A poll that registered had
+    /// budget, which its Pending gave back.
+    #[inline]
+    fn registration_stays(&self) -> bool {
+        self.client_on_own_loop && tokio::task::coop::has_budget_remaining()
     }
 
     /// While a Terminate waits for the replies owed before it ([`Session::terminate_waiting`]),
@@ -1046,16 +1057,6 @@ fn record_statement_stats(server: &ServerConn, stats: &LocalStats) {
         info.prepare_evictions
             .fetch_add(u64::from(stats.prepare_evictions), Relaxed);
     }
-}
-
-/// After a socket's poll returned Pending: whether it registered the task's waker with the
-/// socket. Not when the task's cooperative budget was spent: tokio then returns Pending
-/// without looking at the socket (and wakes the task again at once), so nothing would wake the
-/// task when the socket becomes readable. A poll that registered had budget, which its Pending
-/// gave back.
-#[inline]
-fn registered_waker() -> bool {
-    tokio::task::coop::has_budget_remaining()
 }
 
 /// Whether this task runs on a single-threaded runtime, whose I/O driver runs on the same
