@@ -654,9 +654,14 @@ const RUN: [u8; 22] = [
 /// context (see `statements::registry::literal_settings`), so a literal kept in the text is
 /// read under the same settings by every client that shares the statement.
 pub fn settings_allow(client: &crate::params::Vars) -> bool {
-    client.is("client_encoding", "UTF8")
-        && client.is("server_encoding", "UTF8")
-        && client.is("standard_conforming_strings", "on")
+    let [client_encoding, server_encoding, standard_strings] = client.get_each([
+        "client_encoding",
+        "server_encoding",
+        "standard_conforming_strings",
+    ]);
+    let is =
+        |value: Option<&str>, wanted: &str| value.is_some_and(|v| v.eq_ignore_ascii_case(wanted));
+    is(client_encoding, "UTF8") && is(server_encoding, "UTF8") && is(standard_strings, "on")
 }
 
 /// Writes the server's ErrorResponse `body` (to an autoprepared query's Parse or Bind) as

@@ -50,8 +50,8 @@ pub const LITERAL_SETTINGS: [&str; 4] = [
 /// The client's [`LITERAL_SETTINGS`], as one key.
 pub fn literal_settings(reported: &crate::params::Vars) -> String {
     let mut key = String::new();
-    for name in LITERAL_SETTINGS {
-        key.push_str(reported.get(name).unwrap_or(""));
+    for value in reported.get_each(LITERAL_SETTINGS) {
+        key.push_str(value.unwrap_or(""));
         key.push('\0');
     }
     key
