@@ -611,6 +611,25 @@ impl Session {
         }
     }
 
+    /// The whole messages at the head of the client's input (`run` bytes) go to the server
+    /// as the client sent them, in one copy, the reply of each expected.
+    #[inline]
+    pub(super) fn forward_client_messages(&mut self, run: usize) {
+        let server = self.server.as_mut().expect("server acquired above");
+        let messages = &self.client.rbuf[..run];
+        let mut at = 0;
+        while let Some(&[tag, a, b, c, d]) = messages.get(at..at + 5) {
+            let len = 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+            if let Some(expected) = Expected::for_client_message(tag) {
+                self.replies.push(expected);
+            }
+            at += len;
+        }
+        server.wbuf.extend_from_slice(messages);
+        self.plan.retry.consumed(messages);
+        self.client.rbuf.advance(run);
+    }
+
     /// The message goes to the server as the client sent it, its reply expected.
     #[inline]
     pub(super) fn forward_client_message(&mut self, tag: u8, len: usize) {

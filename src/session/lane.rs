@@ -13,8 +13,11 @@
 //! until its first row (three of a `pgbench -S -M simple` transaction's four replies through
 //! the stages, 347 instructions). The lane relays such a message as the stages would have,
 //! and says exactly when it may (see [`Session::lane_takes`]); anything else takes the stages.
+//! The client's portal messages that follow one another go as one run (see
+//! [`Session::lane_run`]): one copy to the server, one note for the retry capture (-348
+//! instructions a `pgbench -S -M prepared -c 8` transaction, -348 with `-M extended`).
 
-use super::Session;
+use super::{Session, HIGH_WATER};
 use crate::pool::PoolMode;
 use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
@@ -33,9 +36,14 @@ impl Session {
             reader.forget(); // a reading is of one message only
         }
         self.info.start_query(now_us);
-        self.stats.bytes_received += len as u64;
-        self.forward_client_message(tag, len);
-        if tag == fe::SYNC && self.plan.stmts.is_some() {
+        // The portal messages buffered after it go with it, up to a Sync (see `lane_run`).
+        let (run, synced) = match tag {
+            fe::SYNC => (len, true),
+            _ => self.lane_run(len),
+        };
+        self.stats.bytes_received += run as u64;
+        self.forward_client_messages(run);
+        if synced && self.plan.stmts.is_some() {
             // The planner's Sync (nothing to clean up after it, see `lane_takes`) ends as any
             // message it plans does: the replies pgmemo gives itself that are due now.
             self.after_planned_locally();
@@ -44,6 +52,48 @@ impl Session {
         self.plan.wait_flushed = false;
         self.plan.replanned |= std::mem::take(&mut self.plan.replan);
         true
+    }
+
+    /// The length of the run of client messages the lane relays at once, starting with the
+    /// one at the head of the input (`len` bytes, taken by the lane, not a Sync), and whether
+    /// it ends with a Sync. The run goes on over every whole message after it that the lane
+    /// would take as well: a `Describe` of a portal, an `Execute`, a `Flush`, and a `Sync`,
+    /// which ends it. Relaying one of them changes none of what [`Session::lane_takes`]
+    /// reads (no server is taken or let go, no reply read; after a Sync the batch is over,
+    /// so the run ends there), and framing each the way [`Session::frame_client_message`]
+    /// does (its length within bounds, the server's output below [`HIGH_WATER`] before it)
+    /// keeps each message's fate: anything else, a length out of bounds included, stops the
+    /// run and takes the stages. One copy, one reply-queue visit per message and one
+    /// advance for a `pgbench -M prepared` transaction's Describe, Execute and Sync, where
+    /// the three went one by one.
+    #[inline]
+    fn lane_run(&self, len: usize) -> (usize, bool) {
+        let input = &self.client.rbuf[..];
+        let sent = self.server.as_ref().map_or(0, |s| s.wbuf.len());
+        let mut run = len;
+        while sent + run < HIGH_WATER {
+            let Some(&[tag, a, b, c, d]) = input.get(run..run + 5) else {
+                break;
+            };
+            let takes = match tag {
+                fe::EXECUTE | fe::FLUSH => true,
+                fe::SYNC => self.plan.cleanup.is_empty(),
+                fe::DESCRIBE => input.get(run + 5) == Some(&b'P'),
+                _ => false,
+            };
+            let body = u32::from_be_bytes([a, b, c, d]) as usize;
+            if !takes
+                || !(4..=fe::max_message_len(tag, self.max_message)).contains(&body)
+                || input.len() < run + 1 + body
+            {
+                break;
+            }
+            run += 1 + body;
+            if tag == fe::SYNC {
+                return (run, true);
+            }
+        }
+        (run, false)
     }
 
     /// Whether every stage would pass the message through unchanged:

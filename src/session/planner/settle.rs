@@ -97,32 +97,44 @@ impl Retry {
         self.describes = true;
     }
 
-    /// The session consumed this client message (planned or forwarded).
-    pub fn consumed(&mut self, msg: &[u8]) {
-        self.replaying = self.replaying.saturating_sub(msg.len());
+    /// The session consumed these whole client messages (planned or forwarded): one, or a
+    /// run the relay lane forwarded at once, kept in one copy.
+    pub fn consumed(&mut self, msgs: &[u8]) {
+        self.replaying = self.replaying.saturating_sub(msgs.len());
         if !self.capturing || self.complete {
             return;
         }
-        let tag = msg.first().copied();
-        // A batch that executes before it describes its portal (a driver that decodes rows
-        // by a description it keeps, as pgx does) is not sent again (see `is_armed`): from
-        // its first Execute on, where it ends is noted, nothing kept.
-        if self.describes || !(self.executes || tag == Some(fe::EXECUTE)) {
-            if self.bytes.len() + msg.len() > MAX_RETRY_BYTES {
-                self.forget();
-                return;
+        // The messages kept are the first ones: one not kept (an Execute before any
+        // Describe of the portal) leaves none after it kept (see below).
+        let (mut kept, mut keeping, mut at) = (0, true, 0);
+        while let Some(&[tag, a, b, c, d]) = msgs.get(at..at + 5) {
+            let end = (at + 1 + u32::from_be_bytes([a, b, c, d]) as usize).min(msgs.len());
+            // A batch that executes before it describes its portal (a driver that decodes
+            // rows by a description it keeps, as pgx does) is not sent again (see
+            // `is_armed`): from its first Execute on, where it ends is noted, nothing kept.
+            keeping &= self.describes || !(self.executes || tag == fe::EXECUTE);
+            if keeping {
+                kept = end;
             }
-            self.bytes.extend_from_slice(msg);
-        }
-        match tag {
-            Some(fe::SYNC) => self.complete = true,
-            Some(fe::QUERY) if self.query => self.complete = true,
-            Some(fe::EXECUTE) => self.executes = true,
-            Some(fe::DESCRIBE) if msg.get(5) == Some(&b'P') && !self.executes => {
-                self.describes = true
+            match tag {
+                fe::SYNC => self.complete = true,
+                fe::QUERY if self.query => self.complete = true,
+                fe::EXECUTE => self.executes = true,
+                fe::DESCRIBE if msgs.get(at + 5) == Some(&b'P') && !self.executes => {
+                    self.describes = true
+                }
+                _ => {}
             }
-            _ => {}
+            if self.complete {
+                break;
+            }
+            at = end;
         }
+        if self.bytes.len() + kept > MAX_RETRY_BYTES {
+            self.forget();
+            return;
+        }
+        self.bytes.extend_from_slice(&msgs[..kept]);
     }
 
     /// The text of the simple query kept (one run as an autoprepared statement), when it is
@@ -407,5 +419,65 @@ mod tests {
         );
         undescribed.forget();
         assert!(undescribed.is_at_rest());
+    }
+
+    /// Messages consumed as one run (the relay lane's) leave exactly what consuming them one
+    /// by one leaves: every sequence of up to four of a batch's messages, from a capture
+    /// started at a Bind or at a simple query, and with a run that crosses the limit.
+    #[test]
+    fn a_run_is_kept_as_its_messages_one_by_one() {
+        let messages = [
+            message(fe::BIND, b"\0s\0\0\0\0\0\0\0"),
+            message(fe::DESCRIBE, b"P\0"),
+            message(fe::DESCRIBE, b"S\0"),
+            message(fe::EXECUTE, b"\0\0\0\0\0"),
+            message(fe::SYNC, b""),
+            message(fe::QUERY, b"select 1\0"),
+        ];
+        let state = |r: &Retry| {
+            (
+                r.bytes.to_vec(),
+                [r.capturing, r.complete, r.describes, r.executes, r.query],
+                r.replaying,
+            )
+        };
+        let mut sequences = vec![vec![]];
+        for _ in 0..4 {
+            let longer: Vec<Vec<usize>> = sequences
+                .iter()
+                .flat_map(|s: &Vec<usize>| {
+                    (0..messages.len()).map(move |m| [&s[..], &[m]].concat())
+                })
+                .collect();
+            sequences.extend(longer);
+        }
+        sequences.dedup();
+        for sequence in &sequences {
+            for (query, already) in [(false, 0), (true, 0), (false, MAX_RETRY_BYTES - 20)] {
+                let fresh = || {
+                    let mut r = Retry::default();
+                    if query {
+                        r.start_query();
+                    } else {
+                        r.start();
+                    }
+                    r.bytes.extend_from_slice(&vec![b'x'; already]);
+                    r.replaying = 30;
+                    r
+                };
+                let (mut one_by_one, mut at_once) = (fresh(), fresh());
+                let mut run = Vec::new();
+                for &m in sequence {
+                    one_by_one.consumed(&messages[m]);
+                    run.extend_from_slice(&messages[m]);
+                }
+                at_once.consumed(&run);
+                assert_eq!(
+                    state(&at_once),
+                    state(&one_by_one),
+                    "{sequence:?}, query {query}, {already} bytes kept before"
+                );
+            }
+        }
     }
 }
