@@ -416,6 +416,18 @@ impl ReplyQueue {
         });
     }
 
+    /// What a Parse pgmemo answers at once leaves of the queue, with nothing queued and no
+    /// error being skipped: its entry pushed ([`ReplyQueue::push_known`]: the batch open, a
+    /// failed COPY left behind) and taken off again at once ([`ReplyQueue::pop_synthesized`]:
+    /// no effect, nothing counted). Without the two moves of an entry (see
+    /// `Session::answer_parse_in_lane`; a unit test checks the queue comes out the same).
+    #[inline]
+    pub fn parse_answered_at_once(&mut self) {
+        debug_assert!(self.entries.is_empty() && !self.skipping);
+        self.copy_failed = false;
+        self.open_batch = true;
+    }
+
     /// Whether bookkeeping of an earlier unit of work (a batch up to its Sync, a simple
     /// query) may still be undone. Messages of the open batch do not count: if they fail,
     /// PostgreSQL discards whatever follows them in the batch as well.
@@ -978,6 +990,39 @@ mod tests {
         assert_eq!(q.len(), 1);
         q.on_server_message(be::READY_FOR_QUERY);
         assert!(q.is_empty());
+    }
+
+    /// A Parse answered at once leaves the queue as its entry pushed and taken again does,
+    /// whatever the flags an idle queue may carry (see `session::lane`).
+    #[test]
+    fn a_parse_answered_at_once_leaves_the_queue_as_its_entry_does() {
+        for flags in 0..32u32 {
+            let queue = || {
+                let mut q = ReplyQueue::new();
+                q.copy_failed = flags & 1 != 0;
+                q.open_batch = flags & 2 != 0;
+                q.open_fallible = flags & 4 != 0;
+                q.open_uncertain = flags & 8 != 0;
+                q.open_opener = flags & 16 != 0;
+                q
+            };
+            let (mut entry, mut at_once) = (queue(), queue());
+            entry.push_known(Entry {
+                expected: Expected::Parse,
+                action: Action::Synthesize(Synth::ParseComplete),
+                effect: None,
+            });
+            assert!(matches!(
+                entry.pop_synthesized(),
+                Some(Synth::ParseComplete)
+            ));
+            at_once.parse_answered_at_once();
+            assert_eq!(
+                format!("{at_once:?}"),
+                format!("{entry:?}"),
+                "flags {flags:#b}"
+            );
+        }
     }
 
     /// The relay lane's route of a reply is `on_server_message`'s, and moving the queue on

@@ -139,6 +139,26 @@ async fn scenarios_match_postgres_in_transaction_mode_with_two_servers() {
     assert_no_failures(failures);
 }
 
+/// A driver's Parse of its unnamed statement again, through a transaction-mode pgmemo with
+/// this client alone: no server needs bringing in line with another client's settings, so
+/// pgmemo answers most of these Parses in its lane (see `session::lane`), where the runs
+/// above mostly take the stages. The same replies as PostgreSQL's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parse_of_the_unnamed_statement_again_matches_postgres() {
+    let proxy = pgmemo(PoolMode::Transaction, 1).await;
+    let failures = compare_one_by_one(
+        proxy.local_addr(),
+        "transaction mode, one client",
+        scenarios()
+            .into_iter()
+            .filter(|(name, _)| *name == "unnamed_parse_again")
+            .collect(),
+    )
+    .await;
+    proxy.shutdown().await;
+    assert_no_failures(failures);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_match_postgres_in_session_mode() {
     // Fewer servers than scenarios: sessions queue, and servers are reset and reused.

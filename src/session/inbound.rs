@@ -76,6 +76,9 @@ impl Session {
             if self.relay_in_lane(tag, len, now_us) {
                 continue; // a portal message with nothing to do but relaying (see `lane`)
             }
+            if self.answer_parse_in_lane(tag, len, now_us) {
+                continue; // a driver's Parse of its unnamed statement again (see `lane`)
+            }
             let query_text_len = self.find_query_text(tag, len);
             self.forget_portal_left_by_hit(tag, len);
             if self.transaction_control(tag, len, query_text_len) || self.extended_control(tag, len)
@@ -708,7 +711,7 @@ impl Session {
     /// the client, which is not killed, and an idle server in the pool at once. False: none
     /// was taken, [`Session::acquire_server`] takes the rest of the ways.
     #[inline]
-    fn acquire_server_at_once(&mut self) -> bool {
+    pub(super) fn acquire_server_at_once(&mut self) -> bool {
         if !self.client.wbuf.is_empty() || self.info.is_killed() {
             return false;
         }

@@ -16,12 +16,17 @@
 //! The client's portal messages that follow one another go as one run (see
 //! [`Session::lane_run`]): one copy to the server, one note for the retry capture (-348
 //! instructions a `pgbench -S -M prepared -c 8` transaction, -348 with `-M extended`).
+//!
+//! One message pgmemo answers itself takes a lane too: a driver's Parse of its unnamed
+//! statement again, with nothing in flight (see [`Session::answer_parse_in_lane`]).
 
 use super::{Session, HIGH_WATER};
 use crate::pool::PoolMode;
 use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
+use crate::query::database;
 use crate::replies::{Expected, Route};
+use crate::statements::idle_batch;
 use bytes::Buf;
 
 impl Session {
@@ -133,6 +138,99 @@ impl Session {
                 .as_ref()
                 .is_none_or(|s| !s.has_tracked_portals())
             && (server.prepared.has_guard() || server.status != b'T' || self.replies.in_batch())
+    }
+}
+
+impl Session {
+    /// Answers the Parse at the head of the client's input (framed: `tag`, `len` bytes) if
+    /// it is the client's last Parse of its unnamed statement again, as drivers send one
+    /// before every execution of an unprepared query (`pgbench -M extended`, JDBC, Npgsql),
+    /// and the session is idle: no server held, nothing in flight. The planner answers such
+    /// a Parse itself, ParseComplete at once (see `Planner::parse`: a statement PostgreSQL
+    /// has accepted, bound to the unnamed name already, nothing to keep or undo), and no
+    /// stage does anything else with it (see [`Session::parse_lane_open`]) but take a
+    /// server for it first, when one is idle at once: so does the lane, then answers it if
+    /// the server needs nothing queued ahead of the client's work (its parameters or
+    /// SQL-level statements brought in line, whose replies come first). True: answered, as
+    /// the stages would have (-650 instructions a `pgbench -S -M extended` transaction).
+    #[inline]
+    pub(super) fn answer_parse_in_lane(&mut self, tag: u8, len: usize, now_us: u64) -> bool {
+        if tag != fe::PARSE || self.server.is_some() || !self.parse_lane_open() {
+            return false;
+        }
+        let body = crate::protocol::body(&self.client.rbuf[..len]);
+        let Some(stmts) = self.plan.stmts.as_mut() else {
+            return false;
+        };
+        let Some(statement) = stmts.unnamed_parse_again(body, &self.app.registry) else {
+            return false;
+        };
+        if !statement.is_validated()
+            || !stmts.is_bound_to(b"", &statement)
+            // The planner prepares the guard for a block it may open (`Planner::plan`).
+            || statement.starts_transaction
+            // Such a statement has pgmemo's own sessions leave its database first
+            // (`Session::may_need_a_database`).
+            || database::parse_leads_with_ddl(body)
+            // Answered with the rest of its batch, when that needs no server (`server_for`).
+            || idle_batch::only_statement_messages(&self.client.rbuf)
+        {
+            return false;
+        }
+        // What the stages do with it: a reading forgotten, the query's start noted, a server
+        // taken (else the stages wait for one), ...
+        if let Some(reader) = self.reading.reader.as_deref_mut() {
+            reader.forget();
+        }
+        self.info.start_query(now_us);
+        if !self.acquire_server_at_once() || !self.replies.is_empty() {
+            return false; // (the stages go on from there: their next steps are the same)
+        }
+        // ... and the planner's answer, given at once (nothing is queued ahead of it).
+        self.stats.bytes_received += len as u64;
+        statement
+            .parse_hits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.client.rbuf.advance(len);
+        self.plan.wait_flushed = false;
+        self.plan.replanned |= std::mem::take(&mut self.plan.replan);
+        self.replies.parse_answered_at_once();
+        if self.client.wbuf.is_empty() {
+            self.local_replies_only = true;
+        }
+        crate::protocol::write_empty_message(&mut self.client.wbuf, be::PARSE_COMPLETE);
+        self.stats.bytes_sent += crate::protocol::HEADER_LEN as u64;
+        // Nothing of the client's runs on the server yet.
+        self.info.forget_query();
+        true
+    }
+
+    /// Whether, for a Parse with no server held, every stage of
+    /// [`Session::handle_client_messages`] but taking a server and planning passes it by,
+    /// and the planner answers it at once if it knows the statement:
+    /// - nothing in flight (the ParseComplete is due now), no error skipped to a Sync;
+    /// - no block kept without a server (`deferred`), no replicas (`replicas`), the result
+    ///   cache off and never on for this client (it is shown a Parse and asks for
+    ///   transaction ids: `caching`);
+    /// - nothing waiting to be planned again, no batch kept for a retry or replayed (see
+    ///   `Retry`), no outcome to settle or search_path to carry (`Session::settle`), no
+    ///   `SET search_path` whose transaction may end (`Planner::plan` waits then).
+    #[inline]
+    fn parse_lane_open(&self) -> bool {
+        self.replies.is_empty()
+            && !self.replies.is_skipping()
+            && !self.keeps_block()
+            && self.reads.is_none()
+            && !self.caching()
+            && self.cache.is_none()
+            && !self.plan.waiting
+            && self.plan.retry.is_at_rest()
+            && !self.settle_due()
+            && self
+                .plan
+                .stmts
+                .as_ref()
+                .is_some_and(|s| !s.search_path.is_open())
     }
 }
 

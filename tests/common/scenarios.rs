@@ -15,6 +15,7 @@ pub fn scenarios() -> Vec<(&'static str, Vec<Step>)> {
         ("multi_statement_error", multi_statement_error()),
         ("transaction_error_rollback", transaction_error_rollback()),
         ("extended_pipeline_unnamed", extended_pipeline_unnamed()),
+        ("unnamed_parse_again", unnamed_parse_again()),
         (
             "pipeline_error_skips_to_sync",
             pipeline_error_skips_to_sync(),
@@ -92,6 +93,54 @@ fn transaction_error_rollback() -> Vec<Step> {
         q("BEGIN"),
         q("SELECT 1/0"),
         q("COMMIT"),
+    ]
+    .concat()
+}
+
+/// A driver's Parse of its unnamed statement before every execution, the same text again
+/// (pgmemo answers it without the stages when the session is idle, see `session::lane`):
+/// again and again, with a Bind that fails, after a SET that a server must be brought in
+/// line with, alone or described in a batch that needs no server, pipelined behind another
+/// batch, inside a transaction block and an aborted one, after DISCARD ALL.
+fn unnamed_parse_again() -> Vec<Step> {
+    let sql = "SELECT $1::int * 2 AS twice, current_setting('application_name') AS app";
+    let batch = |value: &'static str| {
+        vec![
+            F::parse("", sql, &[]),
+            F::bind("", "", &[Some(value)]),
+            F::describe_portal(""),
+            F::execute("", 0),
+            F::Sync,
+        ]
+    };
+    let once = |value: &'static str| [Send(batch(value)), Expect(1)];
+    [
+        &once("21")[..],
+        &once("1"),
+        &once("x"),
+        &once("2"),
+        &q("SET application_name = 'parse again'"),
+        &once("3"),
+        &[Send(vec![F::parse("", sql, &[]), F::Sync]), Expect(1)],
+        &[
+            Send(vec![
+                F::parse("", sql, &[]),
+                F::describe_statement(""),
+                F::Sync,
+            ]),
+            Expect(1),
+        ],
+        &[Send([batch("4"), batch("5")].concat()), Expect(2)],
+        &q("BEGIN"),
+        &once("6"),
+        &once("7"),
+        &q("SELECT 1/0"),
+        &once("8"),
+        &q("ROLLBACK"),
+        &once("9"),
+        &q("DISCARD ALL"),
+        &once("10"),
+        &once("11"),
     ]
     .concat()
 }
