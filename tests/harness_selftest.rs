@@ -62,6 +62,16 @@ const MUST_CONTAIN: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "unnamed_parse_again",
+        &[
+            "DataRow [\"42\"",
+            "C=\"22P02\"",
+            "DataRow [\"6\", \"parse again\"]",
+            "C=\"25P02\"",
+            "CommandComplete \"DISCARD ALL\"",
+        ],
+    ),
+    (
         "pipeline_error_skips_to_sync",
         &["DataRow [\"3\"]", "C=\"26000\"", "C=\"08P01\""],
     ),
