@@ -152,7 +152,8 @@ impl Session {
     /// server for it first, when one is idle at once: so does the lane, then answers it if
     /// the server needs nothing queued ahead of the client's work (its parameters or
     /// SQL-level statements brought in line, whose replies come first). True: answered, as
-    /// the stages would have (-650 instructions a `pgbench -S -M extended` transaction).
+    /// the stages would have (-744 instructions a `pgbench -S -M extended -c 8`
+    /// transaction).
     #[inline]
     pub(super) fn answer_parse_in_lane(&mut self, tag: u8, len: usize, now_us: u64) -> bool {
         if tag != fe::PARSE || self.server.is_some() || !self.parse_lane_open() {
