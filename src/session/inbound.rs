@@ -149,7 +149,7 @@ impl Session {
                 self.count_named_statement_message(tag);
             }
             match plan {
-                planner::Plan::Forward => self.forward_client_message(tag, len),
+                planner::Plan::Forward => self.forward_client_messages(len),
                 planner::Plan::Done => {
                     self.keep_timing(timing);
                     if !self.replies.has_pending_work() {
@@ -576,8 +576,7 @@ impl Session {
         }
         .plan(tag);
         if planned != planner::Plan::Wait {
-            self.plan.wait_flushed = false;
-            self.plan.replanned |= std::mem::take(&mut self.plan.replan);
+            self.plan.planned();
         }
         match planned {
             planner::Plan::Forward => {}
@@ -614,35 +613,23 @@ impl Session {
         }
     }
 
-    /// The whole messages at the head of the client's input (`run` bytes) go to the server
-    /// as the client sent them, in one copy, the reply of each expected.
+    /// The whole messages at the head of the client's input (`run` bytes: one, or the relay
+    /// lane's run) go to the server as the client sent them, in one copy, the reply of each
+    /// expected.
     #[inline]
     pub(super) fn forward_client_messages(&mut self, run: usize) {
         let server = self.server.as_mut().expect("server acquired above");
         let messages = &self.client.rbuf[..run];
         let mut at = 0;
         while let Some(&[tag, a, b, c, d]) = messages.get(at..at + 5) {
-            let len = 1 + u32::from_be_bytes([a, b, c, d]) as usize;
             if let Some(expected) = Expected::for_client_message(tag) {
                 self.replies.push(expected);
             }
-            at += len;
+            at += 1 + u32::from_be_bytes([a, b, c, d]) as usize;
         }
         server.wbuf.extend_from_slice(messages);
         self.plan.retry.consumed(messages);
         self.client.rbuf.advance(run);
-    }
-
-    /// The message goes to the server as the client sent it, its reply expected.
-    #[inline]
-    pub(super) fn forward_client_message(&mut self, tag: u8, len: usize) {
-        if let Some(expected) = Expected::for_client_message(tag) {
-            self.replies.push(expected);
-        }
-        let server = self.server.as_mut().expect("server acquired above");
-        server.wbuf.extend_from_slice(&self.client.rbuf[..len]);
-        self.plan.retry.consumed(&self.client.rbuf[..len]);
-        self.client.rbuf.advance(len);
     }
 
     /// A message of an unknown type while the server waits for COPY data: PostgreSQL reads

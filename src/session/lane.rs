@@ -24,6 +24,7 @@ use super::{Session, HIGH_WATER};
 use crate::pool::PoolMode;
 use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
+use crate::protocol::{body, frame};
 use crate::query::database;
 use crate::replies::{Expected, Route};
 use crate::statements::idle_batch;
@@ -54,8 +55,7 @@ impl Session {
             self.after_planned_locally();
         }
         // What planning any message does to the planner's wait (nothing waits here).
-        self.plan.wait_flushed = false;
-        self.plan.replanned |= std::mem::take(&mut self.plan.replan);
+        self.plan.planned();
         true
     }
 
@@ -77,23 +77,17 @@ impl Session {
         let sent = self.server.as_ref().map_or(0, |s| s.wbuf.len());
         let mut run = len;
         while sent + run < HIGH_WATER {
-            let Some(&[tag, a, b, c, d]) = input.get(run..run + 5) else {
+            let rest = &input[run..];
+            let Some(&tag) = rest.first() else {
                 break;
             };
-            let takes = match tag {
-                fe::EXECUTE | fe::FLUSH => true,
-                fe::SYNC => self.plan.cleanup.is_empty(),
-                fe::DESCRIBE => input.get(run + 5) == Some(&b'P'),
-                _ => false,
+            let Ok(Some((_, n))) = frame(rest, fe::max_message_len(tag, self.max_message)) else {
+                break;
             };
-            let body = u32::from_be_bytes([a, b, c, d]) as usize;
-            if !takes
-                || !(4..=fe::max_message_len(tag, self.max_message)).contains(&body)
-                || input.len() < run + 1 + body
-            {
+            if !self.lane_takes_message(tag, body(&rest[..n])) {
                 break;
             }
-            run += 1 + body;
+            run += n;
             if tag == fe::SYNC {
                 return (run, true);
             }
@@ -115,12 +109,7 @@ impl Session {
     ///   batch is open (see `Planner::prepare_guard`).
     #[inline]
     fn lane_takes(&self, tag: u8) -> bool {
-        let message = match tag {
-            fe::EXECUTE | fe::FLUSH => true,
-            fe::SYNC => self.plan.cleanup.is_empty(),
-            fe::DESCRIBE => self.client.rbuf.get(5) == Some(&b'P'),
-            _ => false,
-        };
+        let message = self.lane_takes_message(tag, body(&self.client.rbuf));
         let Some(server) = self.server.as_deref() else {
             return false;
         };
@@ -138,6 +127,19 @@ impl Session {
                 .as_ref()
                 .is_none_or(|s| !s.has_tracked_portals())
             && (server.prepared.has_guard() || server.status != b'T' || self.replies.in_batch())
+    }
+
+    /// The first of [`Session::lane_takes`]'s conditions, the message's own: a `Describe` of
+    /// a portal (`body` starts with `P`), an `Execute`, a `Flush`, or a `Sync` with no names
+    /// to close after it. (`body`: the message's, or a prefix of it.)
+    #[inline]
+    fn lane_takes_message(&self, tag: u8, body: &[u8]) -> bool {
+        match tag {
+            fe::EXECUTE | fe::FLUSH => true,
+            fe::SYNC => self.plan.cleanup.is_empty(),
+            fe::DESCRIBE => body.first() == Some(&b'P'),
+            _ => false,
+        }
     }
 }
 
@@ -159,7 +161,7 @@ impl Session {
         if tag != fe::PARSE || self.server.is_some() || !self.parse_lane_open() {
             return false;
         }
-        let body = crate::protocol::body(&self.client.rbuf[..len]);
+        let body = body(&self.client.rbuf[..len]);
         let Some(stmts) = self.plan.stmts.as_mut() else {
             return false;
         };
@@ -193,8 +195,7 @@ impl Session {
             .parse_hits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.client.rbuf.advance(len);
-        self.plan.wait_flushed = false;
-        self.plan.replanned |= std::mem::take(&mut self.plan.replan);
+        self.plan.planned();
         self.replies.parse_answered_at_once();
         if self.client.wbuf.is_empty() {
             self.local_replies_only = true;

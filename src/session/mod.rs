@@ -424,6 +424,16 @@ struct Planning {
     held_description: bool,
 }
 
+impl Planning {
+    /// A client message was planned (or relayed), not made to wait: the Flush sent for a
+    /// wait is spent, and a message that waited is planned now.
+    #[inline]
+    fn planned(&mut self) {
+        self.wait_flushed = false;
+        self.replanned |= std::mem::take(&mut self.replan);
+    }
+}
+
 /// pgmemo's reading of the client's simple queries, and autoprepare's part.
 struct Reading {
     /// The reading of the simple query at hand (lexed once, for the result cache and
