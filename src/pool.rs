@@ -1120,8 +1120,15 @@ impl Pool {
     /// released, the idle ones at once; new ones are opened as clients need them (and up to
     /// min_pool_size). For a server that moved (failover, a changed DNS name).
     pub async fn reconnect(self: &Arc<Self>) {
-        self.state.lock().limits.retire_before = Some(Moment::now());
+        self.retire_open();
         self.maintain().await;
+    }
+
+    /// [`Pool::reconnect`]'s first half, at once: no connection open now is handed out again
+    /// (the idle ones are closed by the next [`Pool::maintain`], or by the checkout that
+    /// meets them).
+    pub fn retire_open(&self) {
+        self.state.lock().limits.retire_before = Some(Moment::now());
     }
 
     /// Before a client's statement that needs this pool's server database to itself (`DROP

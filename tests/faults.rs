@@ -668,6 +668,102 @@ async fn a_fatal_mid_copy_ends_the_session_as_postgresql_does() {
     }
 }
 
+/// A client's simple query, run often enough to be autoprepared, meets a server that was
+/// terminated while the client was idle (its FATAL already sent): PostgreSQL's client reads
+/// that FATAL and the end of the connection, and so must pgmemo's, rather than the FATAL
+/// (rewritten, as an autoprepared query's error is) and then, at the server's end, a second
+/// FATAL of pgmemo's own. Until then pgmemo had not noted the server gone when the client
+/// came back after the first (a replica's is then taken out of reads first: the replicas
+/// test's client that failed twice). In a transaction block (its server held), pgmemo in
+/// its own process is stopped while the query is sent and the backend terminated, so that
+/// it reads the query before it sees the FATAL (as it may at any time, on a busy machine,
+/// with a server just taken from the pool).
+async fn fatal_meets_autoprepared(child: Option<&Child>) -> Vec<String> {
+    let mut client = match child {
+        None => RawClient::direct(&[]).await.unwrap(),
+        Some(child) => RawClient::through(child.addr, &[]).await.unwrap(),
+    };
+    let query = "SELECT pg_sleep(0) AS fatal_autoprepared";
+    let mut seen = Vec::new();
+    client.send(&[Frontend::query("BEGIN")]).await.unwrap();
+    client.recv_until_tag(b'Z').await.unwrap();
+    for _ in 0..3 {
+        client.send(&[Frontend::query(query)]).await.unwrap();
+        for msg in client.recv_until_tag(b'Z').await.unwrap() {
+            seen.push(msg.name().to_owned());
+        }
+    }
+    let sql = |sql: &'static str| async move {
+        tokio::task::spawn_blocking(move || cluster().psql(TEST_DB, sql))
+            .await
+            .unwrap()
+    };
+    let terminated = sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()",
+    );
+    match child {
+        None => {
+            assert_eq!(terminated.await.trim(), "1");
+            wait_until("the backend to end", Duration::from_secs(30), || async {
+                sql("SELECT count(*) FROM pg_stat_activity \
+                     WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()")
+                .await
+                .trim()
+                    == "0"
+            })
+            .await;
+            client.send(&[Frontend::query(query)]).await.unwrap();
+        }
+        Some(child) => {
+            child.signal(libc::SIGSTOP);
+            client.send(&[Frontend::query(query)]).await.unwrap();
+            assert_eq!(terminated.await.trim(), "1");
+            wait_until("the backend to end", Duration::from_secs(30), || async {
+                sql("SELECT count(*) FROM pg_stat_activity \
+                     WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()")
+                .await
+                .trim()
+                    == "0"
+            })
+            .await;
+            child.signal(libc::SIGCONT);
+        }
+    }
+    // Everything until the connection ends.
+    while let Ok(msg) = client.recv().await {
+        if msg.is_error() {
+            let (severity, code, _) = error_triple(&msg);
+            seen.push(format!("{severity} {code}"));
+        } else {
+            seen.push(msg.name().to_owned());
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_that_meets_an_autoprepared_query_ends_the_session_as_postgresql_does() {
+    let direct = fatal_meets_autoprepared(None).await;
+    assert_eq!(
+        direct.last().map(String::as_str),
+        Some("FATAL 57P01"),
+        "PostgreSQL itself: {direct:?}"
+    );
+    let child = Child::start(&[]);
+    let url = format!(
+        "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
+        child.addr.ip(),
+        child.addr.port()
+    );
+    wait_until("pgmemo to listen", Duration::from_secs(30), || async {
+        try_connect(&url).await.is_some()
+    })
+    .await;
+    let through = fatal_meets_autoprepared(Some(&child)).await;
+    assert_eq!(through, direct);
+}
+
 /// pgmemo in its own process (`SIGSTOP` would stop the test with it), in front of the test
 /// cluster, with the result cache on; killed when dropped.
 struct Child {
@@ -683,7 +779,7 @@ impl Drop for Child {
 }
 
 impl Child {
-    fn start() -> Child {
+    fn start(args: &[&str]) -> Child {
         let c = cluster();
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
         let process = std::process::Command::new(env!("CARGO_BIN_EXE_pgmemo"))
@@ -705,6 +801,7 @@ impl Child {
                 "--log-level",
                 "warn",
             ])
+            .args(args)
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("start target/debug/pgmemo");
@@ -725,7 +822,7 @@ impl Child {
 /// was, with its own replies and no error, cached and uncached, and the pool is back to normal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgmemo_stopped_and_continued() {
-    let child = Child::start();
+    let child = Child::start(&[]);
     let url = format!(
         "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
         child.addr.ip(),

@@ -313,6 +313,10 @@ impl Replica {
     /// of them to fail on.
     pub fn mark_down(&self) {
         if self.take_out() {
+            // Retired now, not when the task below runs: should the monitor find it up again
+            // before (a standby still answering as it shuts down), no read is given a
+            // connection it closed.
+            self.pool.retire_open();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let pool = self.pool.clone();
                 runtime.spawn(async move { pool.reconnect().await });

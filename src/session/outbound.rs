@@ -223,7 +223,10 @@ impl Session {
                 let fields = ErrorFields::parse(body(&server.rbuf[..len])).unwrap_or_default();
                 if fields.is_fatal() {
                     server.broken = true;
-                    self.server_fatal |= route == Route::Forward;
+                    // Passed on, as it is or rewritten (an autoprepared query's, a renamed
+                    // statement's): the session ends with it, as PostgreSQL's does, before
+                    // the client, told, may come back (see `Session::server_gone`).
+                    self.server_fatal |= route != Route::Swallow;
                 }
                 if route == Route::Swallow && !matches!(again, Again::Retry | Again::Check) {
                     if own_error {
