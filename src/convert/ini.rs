@@ -220,11 +220,13 @@ mod tests {
     fn ini(text: &str) -> Result<Ini, ConvertError> {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("pgmemo-ini-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("pgmemo-ini-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("t{n}.ini"));
+        let path = dir.join("t.ini");
         std::fs::write(&path, text).unwrap();
-        read_ini(&path)
+        let read = read_ini(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        read
     }
 
     #[test]

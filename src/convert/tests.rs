@@ -5,12 +5,28 @@ use super::*;
 use crate::config::{Config, PoolMode, ServerTlsMode};
 use std::time::Duration;
 
-/// A directory of its own for each test's files.
-fn dir(name: &str) -> PathBuf {
+/// A directory of its own for each test's files, removed when the test is done with it.
+fn dir(name: &str) -> Dir {
     let dir = std::env::temp_dir().join(format!("pgmemo-convert-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Dir(dir)
+}
+
+/// See [`dir`].
+struct Dir(PathBuf);
+
+impl std::ops::Deref for Dir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Converts `ini` (and `userlist`) written to files in `dir`.
