@@ -1167,6 +1167,8 @@ async fn a_replica_that_stops_and_comes_back_costs_only_the_reads_in_flight_on_i
     // each client's errors came, for the failure's report.
     let phase = Arc::new(AtomicU64::new(0));
     let reads = Arc::new(AtomicU64::new(0));
+    // When each error and each step came, for the failure's report.
+    let started = std::time::Instant::now();
     let readers: Vec<_> = (0..CLIENTS)
         .map(|_| {
             let (url, stop, phase, reads) =
@@ -1182,7 +1184,11 @@ async fn a_replica_that_stops_and_comes_back_costs_only_the_reads_in_flight_on_i
                         Err(e) => {
                             // The read in flight on the replica as it stopped: this client's
                             // one allowed error. It connects again and goes on.
-                            errors.push(format!("phase {}: {e:?}", phase.load(Relaxed)));
+                            errors.push(format!(
+                                "phase {} at {:?}: {e:?}",
+                                phase.load(Relaxed),
+                                started.elapsed()
+                            ));
                             me = connect(&url).await;
                         }
                     }
@@ -1202,13 +1208,17 @@ async fn a_replica_that_stops_and_comes_back_costs_only_the_reads_in_flight_on_i
         }
     };
     after(500).await;
+    let mut steps = vec![("stopping", started.elapsed())];
     phase.store(1, Relaxed);
     standby = off_runtime(standby, |pg| pg.stop_server("fast")).await;
+    steps.push(("stopped", started.elapsed()));
     after(2_000).await;
+    steps.push(("starting", started.elapsed()));
     standby = off_runtime(standby, |pg| {
         pg.restart("fast").expect("the standby starts again")
     })
     .await;
+    steps.push(("started", started.elapsed()));
     phase.store(2, Relaxed);
     let client = connect(&url).await;
     let port = standby.port().to_string();
@@ -1227,6 +1237,6 @@ async fn a_replica_that_stops_and_comes_back_costs_only_the_reads_in_flight_on_i
     // Each client's errors, shown whole if one had more than its read in flight.
     assert!(
         all.iter().all(|errors| errors.len() <= 1),
-        "a client failed more than once: {all:#?}"
+        "a client failed more than once: {all:#?}\nsteps: {steps:?}"
     );
 }
