@@ -702,33 +702,24 @@ async fn fatal_meets_autoprepared(child: Option<&Child>) -> Vec<String> {
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()",
     );
+    // pgmemo stopped before the query is sent; PostgreSQL's client sends it once the backend
+    // is gone.
+    if let Some(child) = child {
+        child.signal(libc::SIGSTOP);
+        client.send(&[Frontend::query(query)]).await.unwrap();
+    }
+    assert_eq!(terminated.await.trim(), "1");
+    wait_until("the backend to end", Duration::from_secs(30), || async {
+        sql("SELECT count(*) FROM pg_stat_activity \
+             WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()")
+        .await
+        .trim()
+            == "0"
+    })
+    .await;
     match child {
-        None => {
-            assert_eq!(terminated.await.trim(), "1");
-            wait_until("the backend to end", Duration::from_secs(30), || async {
-                sql("SELECT count(*) FROM pg_stat_activity \
-                     WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()")
-                .await
-                .trim()
-                    == "0"
-            })
-            .await;
-            client.send(&[Frontend::query(query)]).await.unwrap();
-        }
-        Some(child) => {
-            child.signal(libc::SIGSTOP);
-            client.send(&[Frontend::query(query)]).await.unwrap();
-            assert_eq!(terminated.await.trim(), "1");
-            wait_until("the backend to end", Duration::from_secs(30), || async {
-                sql("SELECT count(*) FROM pg_stat_activity \
-                     WHERE query LIKE '%fatal_autoprepared%' AND pid <> pg_backend_pid()")
-                .await
-                .trim()
-                    == "0"
-            })
-            .await;
-            child.signal(libc::SIGCONT);
-        }
+        None => client.send(&[Frontend::query(query)]).await.unwrap(),
+        Some(child) => child.signal(libc::SIGCONT),
     }
     // Everything until the connection ends.
     while let Ok(msg) = client.recv().await {
@@ -750,18 +741,9 @@ async fn a_fatal_that_meets_an_autoprepared_query_ends_the_session_as_postgresql
         Some("FATAL 57P01"),
         "PostgreSQL itself: {direct:?}"
     );
-    let child = Child::start(&[]);
-    let url = format!(
-        "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
-        child.addr.ip(),
-        child.addr.port()
-    );
-    wait_until("pgmemo to listen", Duration::from_secs(30), || async {
-        try_connect(&url).await.is_some()
-    })
-    .await;
+    let (child, url) = Child::listening().await;
     let through = fatal_meets_autoprepared(Some(&child)).await;
-    assert_eq!(through, direct);
+    assert_eq!(through, direct, "through pgmemo at {url}");
 }
 
 /// pgmemo in its own process (`SIGSTOP` would stop the test with it), in front of the test
@@ -808,6 +790,21 @@ impl Child {
         Child { process, addr }
     }
 
+    /// [`Child::start`] with no other argument, once it accepts clients; with its URL.
+    async fn listening() -> (Child, String) {
+        let child = Child::start(&[]);
+        let url = format!(
+            "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
+            child.addr.ip(),
+            child.addr.port()
+        );
+        wait_until("pgmemo to listen", Duration::from_secs(30), || async {
+            try_connect(&url).await.is_some()
+        })
+        .await;
+        (child, url)
+    }
+
     fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill only sends a signal to our own child.
         assert_eq!(unsafe { libc::kill(self.process.id() as i32, signal) }, 0);
@@ -822,16 +819,7 @@ impl Child {
 /// was, with its own replies and no error, cached and uncached, and the pool is back to normal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgmemo_stopped_and_continued() {
-    let child = Child::start(&[]);
-    let url = format!(
-        "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
-        child.addr.ip(),
-        child.addr.port()
-    );
-    wait_until("pgmemo to listen", Duration::from_secs(30), || async {
-        try_connect(&url).await.is_some()
-    })
-    .await;
+    let (child, url) = Child::listening().await;
     let stop = Arc::new(AtomicBool::new(false));
     let done: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
     let mut tasks = tokio::task::JoinSet::new();
