@@ -281,6 +281,10 @@ pub struct ClientAutoprepare {
     statements: HashMap<u64, Arc<Statement>, lexer::FixedHash>,
     /// The statement the last query ran as (one of `statements`).
     last: Option<Arc<Statement>>,
+    /// The shape `text` and `types` were last built for, when each of its literals became a
+    /// plain parameter and its query had no comment: another query of that shape then has
+    /// the same text and types, and `last` is theirs (see [`ClientAutoprepare::statement`]).
+    built_for: Option<Arc<Shape>>,
     /// The shape of the query in flight.
     shape: Option<Arc<Shape>>,
     /// The query in flight writes: PostgreSQL describes its rows (RowDescription) to a
@@ -311,7 +315,7 @@ pub struct ClientAutoprepare {
 }
 
 /// One parameter of an autoprepared statement.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Param {
     /// Its literal, in `lexed.literals`.
     literal: u32,
@@ -324,7 +328,7 @@ struct Param {
 }
 
 /// A byte of a statement's text whose character position in the client's query is known.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Anchor {
     at: u32,
     position: u32,
@@ -370,8 +374,31 @@ impl ClientAutoprepare {
                 forms
             }
         };
-        if !self.build(sql, lexed, forms) {
-            return Err(Pass::ClockLiteral);
+        // Of the shape built last, every literal a plain parameter and no comment: the same
+        // text and types (the shape is its generalized text and its literals' kinds, its
+        // forms are decided once), only the literals' positions are the query's own.
+        let same = lexed.comments.is_empty()
+            && self
+                .built_for
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(s, &shape));
+        if same {
+            self.move_positions(lexed);
+        } else {
+            self.built_for = None;
+            if !self.build(sql, lexed, forms) {
+                return Err(Pass::ClockLiteral);
+            }
+        }
+        #[cfg(debug_assertions)]
+        if same {
+            let mut built = ClientAutoprepare::default();
+            assert!(built.build(sql, lexed, forms));
+            assert_eq!(
+                (&built.text, &built.types, &built.params, &built.anchors),
+                (&self.text, &self.types, &self.params, &self.anchors),
+                "the positions moved are a build's"
+            );
         }
         let (context, epoch) = context;
         let is_its = |s: &Statement| {
@@ -381,9 +408,18 @@ impl ClientAutoprepare {
                 && s.key.param_types == self.types
         };
         // The last query's statement first: a client mostly repeats a query (its key compared
-        // costs less than hashing it).
-        if let Some(last) = self.last.as_ref().filter(|s| is_its(s)) {
+        // costs less than hashing it). With the same text and types as at the last build, the
+        // last statement is theirs: its context and epoch are what may have changed.
+        let last = self.last.as_ref().filter(|s| match same {
+            true => s.key.context == context && s.key.epoch == epoch,
+            false => is_its(s),
+        });
+        if let Some(last) = last {
+            debug_assert!(is_its(last));
             let statement = last.clone();
+            if !same && lexed.comments.is_empty() && forms.iter().all(|f| *f == Form::Param) {
+                self.built_for = Some(shape.clone());
+            }
             return self.chosen(shape, statement);
         }
         let hash = lexer::hasher().hash_one((&self.text, &self.types, context, epoch));
@@ -405,7 +441,21 @@ impl ClientAutoprepare {
             }
         };
         self.last = Some(statement.clone());
+        if lexed.comments.is_empty() && forms.iter().all(|f| *f == Form::Param) {
+            self.built_for = Some(shape.clone());
+        }
         self.chosen(shape, statement)
+    }
+
+    /// The literals' positions of `lexed`, a query of the shape built last (see `built_for`),
+    /// in `params` and `anchors`, which are otherwise as its build would make them: the
+    /// first anchor is the text's start; each parameter has two, at its `$n` and after it.
+    fn move_positions(&mut self, lexed: &Lexed) {
+        for (i, (param, literal)) in self.params.iter_mut().zip(&lexed.literals).enumerate() {
+            param.position = literal.position;
+            self.anchors[1 + 2 * i].position = literal.position;
+            self.anchors[2 + 2 * i].position = literal.end_position;
+        }
     }
 
     /// The query of `shape` runs as `statement`, unless PostgreSQL refused it.
@@ -875,6 +925,51 @@ mod tests {
             crate::query::words::in_query(sql.as_bytes()) & w::SEARCH_PATH,
             0
         );
+    }
+
+    /// A query of the shape built last runs as the same statement with its own literals'
+    /// positions (the error positions), as a build of its own gives them (checked against
+    /// one in debug builds); another context, a comment, a literal kept in the text or
+    /// another shape build afresh.
+    #[test]
+    fn the_shape_built_last_moves_only_its_positions() {
+        let global = Autoprepare::new(Arc::new(Shapes::new(100)));
+        let registry = Registry::default();
+        let mut c = ClientAutoprepare::default();
+        let mut r = Reader::default();
+        let mut run = |c: &mut ClientAutoprepare, sql: &str, context: (u32, u32)| {
+            r.forget();
+            let statement = c
+                .statement(&global, &registry, sql.as_bytes(), &mut r, context, 1)
+                .unwrap();
+            let positions: Vec<u32> = (1..=c.params.len())
+                .filter_map(|n| c.literal_position(n))
+                .collect();
+            (statement, positions, c.built_for.is_some())
+        };
+        let (first, at, kept) = run(&mut c, "SELECT v FROM t WHERE a = 7 AND b = 'x'", (0, 0));
+        assert_eq!((at, kept), (vec![27, 37], true));
+        let (again, at, _) = run(
+            &mut c,
+            "SELECT v FROM t WHERE a = 12345 AND b = 'yy'",
+            (0, 0),
+        );
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(at, vec![27, 41]);
+        assert_eq!(c.literal_position(2), Some(41));
+        // Another context: the same text, another statement.
+        let (other, _, _) = run(&mut c, "SELECT v FROM t WHERE a = 1 AND b = 'z'", (1, 0));
+        assert!(!Arc::ptr_eq(&first, &other));
+        // A comment: built afresh, and not kept as the shape built last.
+        let (_, at, kept) = run(
+            &mut c,
+            "SELECT v /* c */ FROM t WHERE a = 1 AND b = 'z'",
+            (0, 0),
+        );
+        assert_eq!((at, kept), (vec![35, 45], false));
+        let (back, at, kept) = run(&mut c, "SELECT v FROM t WHERE a = 3 AND b = 'q'", (0, 0));
+        assert!(Arc::ptr_eq(&first, &back));
+        assert_eq!((at, kept), (vec![27, 37], true));
     }
 
     fn client_for(sql: &str) -> (ClientAutoprepare, Lexed) {
