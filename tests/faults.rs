@@ -761,7 +761,7 @@ impl Drop for Child {
 }
 
 impl Child {
-    fn start(args: &[&str]) -> Child {
+    fn start() -> Child {
         let c = cluster();
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
         let process = std::process::Command::new(env!("CARGO_BIN_EXE_pgmemo"))
@@ -783,16 +783,15 @@ impl Child {
                 "--log-level",
                 "warn",
             ])
-            .args(args)
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("start target/debug/pgmemo");
         Child { process, addr }
     }
 
-    /// [`Child::start`] with no other argument, once it accepts clients; with its URL.
+    /// [`Child::start`], once it accepts clients; with its URL.
     async fn listening() -> (Child, String) {
-        let child = Child::start(&[]);
+        let child = Child::start();
         let url = format!(
             "postgresql://{PGMEMO_USER}@{}:{}/{TEST_DB}",
             child.addr.ip(),

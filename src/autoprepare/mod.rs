@@ -389,6 +389,10 @@ impl ClientAutoprepare {
             if !self.build(sql, lexed, forms) {
                 return Err(Pass::ClockLiteral);
             }
+            // (Whatever follows leaves `last` the statement of this text and types.)
+            if lexed.comments.is_empty() && forms.iter().all(|f| *f == Form::Param) {
+                self.built_for = Some(shape.clone());
+            }
         }
         #[cfg(debug_assertions)]
         if same {
@@ -417,9 +421,6 @@ impl ClientAutoprepare {
         if let Some(last) = last {
             debug_assert!(is_its(last));
             let statement = last.clone();
-            if !same && lexed.comments.is_empty() && forms.iter().all(|f| *f == Form::Param) {
-                self.built_for = Some(shape.clone());
-            }
             return self.chosen(shape, statement);
         }
         let hash = lexer::hasher().hash_one((&self.text, &self.types, context, epoch));
@@ -441,9 +442,6 @@ impl ClientAutoprepare {
             }
         };
         self.last = Some(statement.clone());
-        if lexed.comments.is_empty() && forms.iter().all(|f| *f == Form::Param) {
-            self.built_for = Some(shape.clone());
-        }
         self.chosen(shape, statement)
     }
 
