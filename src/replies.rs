@@ -446,6 +446,7 @@ impl ReplyQueue {
         Some(queued.entry)
     }
 
+    #[inline]
     fn count(&mut self, e: Expected, by: i32) {
         let counter = match e {
             Expected::Query => &mut self.queued_queries,
@@ -723,8 +724,18 @@ impl ReplyQueue {
 
     #[inline]
     fn pop_done(&mut self) {
-        if let Some(entry) = self.take_front() {
-            if let Some(effect) = entry.effect.filter(Effect::matters_when_done) {
+        let Some(queued) = self.entries.pop_front() else {
+            return;
+        };
+        self.uncertain_units -= u32::from(queued.closes_uncertain);
+        self.queued_openers -= u32::from(queued.closes_opener);
+        if let Some(e) = counted_as(&queued.entry) {
+            self.count(e, -1);
+        }
+        // Most entries end with nothing to note (a Bind's use, a portal message's reply):
+        // their effect, if any, is dropped where it lies.
+        if let Some(effect) = queued.entry.effect {
+            if effect.matters_when_done() {
                 self.outcomes.push((effect, Outcome::Done));
             }
         }
