@@ -114,6 +114,12 @@ pub struct Reader {
     /// The text `lexed` is the reading of, when the next text may be read by it
     /// ([`lexer::reread`]: the same query with other integers); empty otherwise.
     last: Vec<u8>,
+    /// The message at hand was read by [`lexer::reread`]: its generalized text and literal
+    /// kinds are those of the reading before it.
+    reread: bool,
+    /// The shape of the last message read before the one at hand, if it was looked up: a
+    /// text read again ([`Reader::reread`]) has that shape if the table still gives it.
+    last_shape: Option<std::sync::Arc<shapes::Shape>>,
 }
 
 /// A query being timed on the server: when it was sent, its shape, and the rows its
@@ -160,7 +166,7 @@ impl Reader {
     pub fn forget(&mut self) {
         if !matches!(self.state, Read::None) {
             self.state = Read::None;
-            self.shape = None;
+            self.last_shape = self.shape.take();
         }
     }
 
@@ -179,7 +185,8 @@ impl Reader {
     /// Reads `sql` by the last reading if it can, else with a pass of the lexer; keeps the
     /// text when the next one may be read by this reading.
     fn read_anew(&mut self, sql: &[u8]) -> Read {
-        if !self.last.is_empty() && lexer::reread(sql, &self.last, &mut self.lexed) {
+        self.reread = !self.last.is_empty() && lexer::reread(sql, &self.last, &mut self.lexed);
+        if self.reread {
             self.last.clear();
             self.last.extend_from_slice(sql);
             return Read::Lexed;
@@ -222,10 +229,13 @@ impl Reader {
     ) -> Result<(&Lexed, &std::sync::Arc<shapes::Shape>), Refusal> {
         self.read(sql)?;
         let lexed = &self.lexed;
+        // Read again, the text is the last one's shape: the table's answer is that shape when
+        // it is the same one (no comparison of the texts needed).
+        let last = self.last_shape.as_ref().filter(|_| self.reread);
         Ok((
             lexed,
             self.shape.get_or_insert_with(|| {
-                let shape = shapes.get(lexed);
+                let shape = shapes.get(lexed, last);
                 shape
                     .stats
                     .calls
@@ -290,5 +300,42 @@ mod tests {
                 "{rows_or_unsure}"
             );
         }
+    }
+
+    /// A text read again (the same query, other integers) gets the last one's shape through
+    /// the table, as a text read anew does: the same shape while the table keeps it, the
+    /// table's new one once it started afresh (a RELOAD), never the one the reader kept.
+    #[test]
+    fn a_text_read_again_gets_the_shape_the_table_gives() {
+        use super::{shapes::Shapes, Reader};
+        use std::sync::Arc;
+        let shapes = Shapes::new(100);
+        let mut reader = Reader::default();
+        let mut shape_of = |reader: &mut Reader, sql: &str| {
+            reader.forget();
+            let (lexed, shape) = reader.shape(sql.as_bytes(), &shapes).unwrap();
+            assert_eq!(lexed.literals.len(), 1);
+            shape.clone()
+        };
+        let first = shape_of(&mut reader, "SELECT v FROM t WHERE id = 5");
+        let again = shape_of(&mut reader, "SELECT v FROM t WHERE id = 61");
+        assert!(reader.reread, "read by the last reading");
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(
+            first.stats.calls.load(std::sync::atomic::Ordering::Relaxed),
+            2
+        );
+        shapes.set_max(50); // the table starts afresh
+        let after = shape_of(&mut reader, "SELECT v FROM t WHERE id = 7");
+        assert!(reader.reread);
+        assert!(!Arc::ptr_eq(&first, &after), "the table's new shape");
+        assert!(Arc::ptr_eq(
+            &after,
+            &shape_of(&mut reader, "SELECT v FROM t WHERE id = 8")
+        ));
+        // Another text of the same length is read anew, its own shape.
+        let other = shape_of(&mut reader, "SELECT w FROM t WHERE id = 8");
+        assert!(!reader.reread);
+        assert!(!Arc::ptr_eq(&other, &after));
     }
 }

@@ -328,10 +328,17 @@ impl Shapes {
         self.table.iter().map(|(_, s)| s)
     }
 
-    /// The shape of `lexed`, remembered at its first sight.
+    /// The shape of `lexed`, remembered at its first sight. `same_as`: a shape known to be
+    /// of a reading with `lexed`'s text and literal kinds (the reading of the text before it,
+    /// which `lexed` read again): when the table gives that very shape, it is `lexed`'s
+    /// without comparing the texts.
     #[inline]
-    pub fn get(&self, lexed: &Lexed) -> Arc<Shape> {
+    pub fn get(&self, lexed: &Lexed, same_as: Option<&Arc<Shape>>) -> Arc<Shape> {
         match self.table.get(&lexed.shape) {
+            Some(shape) if same_as.is_some_and(|s| Arc::ptr_eq(s, &shape)) => {
+                debug_assert!(shape.is_of(lexed));
+                shape
+            }
             Some(shape) if shape.is_of(lexed) => shape,
             known => self.remember(lexed, known.is_some()),
         }
@@ -497,14 +504,17 @@ mod tests {
     fn a_colliding_hash_does_not_share_a_shape() {
         let shapes = Shapes::new(100);
         let a = lexed("SELECT 1, 2");
-        let first = shapes.get(&a);
-        assert!(Arc::ptr_eq(&shapes.get(&lexed("SELECT 3, 4")), &first));
+        let first = shapes.get(&a, None);
+        assert!(Arc::ptr_eq(
+            &shapes.get(&lexed("SELECT 3, 4"), None),
+            &first
+        ));
         // Another text, and the same text with other kinds, given a's hash.
         for sql in ["SELECT x FROM t ORDER BY 1, 2", "SELECT 1, '2'"] {
             let mut b = lexed(sql);
             assert_ne!(b.shape, a.shape);
             b.shape = a.shape;
-            let second = shapes.get(&b);
+            let second = shapes.get(&b, None);
             assert!(!Arc::ptr_eq(&first, &second), "{sql}");
             assert!(second.is_of(&b) && !first.is_of(&b));
         }
@@ -512,7 +522,7 @@ mod tests {
         let raw = shapes.raw(b"SELECT 1, 2");
         assert!(!Arc::ptr_eq(&first, &raw) && raw.is_raw());
         // The first keeps its place.
-        assert!(Arc::ptr_eq(&shapes.get(&a), &first));
+        assert!(Arc::ptr_eq(&shapes.get(&a, None), &first));
     }
 
     /// A prepared statement's shape and a simple query's of the same generalized text have
@@ -521,7 +531,7 @@ mod tests {
     #[test]
     fn a_statement_and_its_simple_twin_share_a_query_hash() {
         let shapes = Shapes::new(100);
-        let simple = shapes.get(&lexed("SELECT v FROM t WHERE id = 5 /* a */"));
+        let simple = shapes.get(&lexed("SELECT v FROM t WHERE id = 5 /* a */"), None);
         let extended = shapes
             .statement(b"SELECT v FROM t WHERE id = $1 /* b */")
             .unwrap();
@@ -542,13 +552,13 @@ mod tests {
             .statement(b"SELECT v FROM t WHERE id = $1 AND k = 'a'")
             .unwrap();
         assert_eq!(own.text(), "SELECT v FROM t WHERE id = $1 AND k = 'a'");
-        let twin = shapes.get(&lexed("SELECT v FROM t WHERE id = 1 AND k = 'a'"));
+        let twin = shapes.get(&lexed("SELECT v FROM t WHERE id = 1 AND k = 'a'"), None);
         assert_ne!(own.query_hash, twin.query_hash);
         // A text the lexer refuses is kept as sent, with a simple raw text's query_hash.
         let begin = shapes.statement(b"BEGIN").unwrap();
         assert_eq!(begin.query_hash, shapes.raw(b"BEGIN").query_hash);
         // Without literals, a simple shape's table hash is its query_hash.
-        let plain = shapes.get(&lexed("SELECT now()"));
+        let plain = shapes.get(&lexed("SELECT now()"), None);
         assert_eq!(plain.hash, plain.query_hash);
         // The analysis of a statement's shape is made when asked.
         let read = extended.analysis().expect("UTF-8").read.as_ref().unwrap();
@@ -561,7 +571,7 @@ mod tests {
         let shapes = Shapes::new(100);
         let sql = "SELECT abalance FROM pgbench_accounts WHERE aid = 5";
         let l = lexed(sql);
-        let shape = shapes.get(&l);
+        let shape = shapes.get(&l, None);
         assert!(shape.decision().is_none(), "derived only when asked");
         let derived = shape.derived(sql.as_bytes(), &l.literals);
         assert!(matches!(derived.decision, Decision::Generalize { .. }));
