@@ -814,11 +814,11 @@ impl Session {
             return None;
         }
         self.client_read_armed = false;
-        // Without a buffer, wait for the socket to have bytes before borrowing one; the
-        // replies to what it sends will need a write buffer too. Seen readable already (the
-        // wake-up after the last poll), it needs no poll to say so.
-        let readable = self.client.rbuf.capacity() != 0
-            || self.client.stream.seen_readable()
+        // Wait for the socket to have bytes before borrowing a buffer (the replies to what
+        // it sends will need a write buffer too), or before reading into the one it holds:
+        // a poll of readiness registers the waker without a read's set-up. Seen readable
+        // already (the wake-up after the last poll), it needs no poll to say so.
+        let readable = self.client.stream.seen_readable()
             || match self.client.stream.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => true,
                 Poll::Ready(Err(e)) => return Some(Event::ClientGone(Some(e))),
@@ -885,6 +885,16 @@ impl Session {
         }
         if !matches!(frame(&server.rbuf, MAX_BACKEND_MESSAGE_SIZE), Ok(None)) {
             return Some(Event::ServerRead);
+        }
+        // Not seen readable since the last read: the poll only registers the waker (once a
+        // transaction, right after the client's work went out), which asking for readiness
+        // does without a read's set-up.
+        if !server.stream.seen_readable() {
+            match server.stream.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Some(Event::ServerGone(Some(e))),
+                Poll::Pending => return None,
+            }
         }
         reserve(&mut server.rbuf);
         match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
