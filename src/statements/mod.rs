@@ -645,6 +645,21 @@ static UNCHANGED_SEARCH_PATH: SearchPath = SearchPath {
     dirty: false,
 };
 
+impl SearchPathSlot {
+    /// [`SearchPath::is_open`], asked for every message: without the unchanged value's
+    /// fallback (most clients never change their search_path).
+    #[inline]
+    pub fn is_open(&self) -> bool {
+        self.0.as_deref().is_some_and(SearchPath::is_open)
+    }
+
+    /// [`SearchPath::has_carry`], asked for every server message: as [`Self::is_open`].
+    #[inline]
+    pub fn has_carry(&self) -> bool {
+        self.0.as_deref().is_some_and(SearchPath::has_carry)
+    }
+}
+
 impl std::ops::Deref for SearchPathSlot {
     type Target = SearchPath;
     #[inline]
