@@ -78,6 +78,16 @@ impl Expected {
 /// client whose outcome it knows (a kept block's `BEGIN`: [`Action::Skip`] on an
 /// [`Expected::Internal`], see `session::deferred`) counts as nothing: it neither is the
 /// client's work in flight nor leaves the transaction's state unknown.
+/// [`ReplyQueue::queued_special`] holds at most this many; this value means "not counted".
+const SPECIAL_UNCOUNTED: u8 = u8::MAX;
+
+/// A COPY end marker, or a reply pgmemo gives itself: the entries the head is looked at for
+/// after every server message (see [`ReplyQueue::queued_special`]).
+#[inline]
+fn is_special(entry: &Entry) -> bool {
+    entry.expected == Expected::CopyEnd || matches!(entry.action, Action::Synthesize(_))
+}
+
 fn counted_as(entry: &Entry) -> Option<Expected> {
     match (entry.expected, &entry.action) {
         (Expected::Internal, Action::Skip) => None,
@@ -295,6 +305,13 @@ pub struct ReplyQueue {
     /// extended-protocol `BEGIN`): until they are answered, a message after them may run in a
     /// block, aborted by an error in it (see [`ReplyQueue::may_have_opened_block`]).
     queued_openers: u32,
+    /// Queued COPY end markers and replies pgmemo gives itself ([`is_special`]): while there
+    /// are none, the questions about the head that only they answer
+    /// ([`ReplyQueue::moved_on`]'s markers, [`ReplyQueue::head_is_synthesized`], asked for
+    /// every server message) need no look at it. [`SPECIAL_UNCOUNTED`] from that many on
+    /// (one byte, for an idle client's footprint): then the head is looked at until the
+    /// queue is empty again.
+    queued_special: u8,
     /// The open batch bound a statement that opens a transaction block.
     open_opener: bool,
     /// Effects whose entries have ended, in the order they must be applied (undos of one
@@ -409,6 +426,9 @@ impl ReplyQueue {
         if let Some(e) = counted_as(&entry) {
             self.count(e, 1);
         }
+        if is_special(&entry) && self.queued_special != SPECIAL_UNCOUNTED {
+            self.queued_special += 1;
+        }
         self.entries.push_back(Queued {
             entry,
             closes_uncertain,
@@ -438,12 +458,29 @@ impl ReplyQueue {
     /// Takes the head entry off the queue.
     fn take_front(&mut self) -> Option<Entry> {
         let queued = self.entries.pop_front()?;
+        self.removed(&queued);
+        Some(queued.entry)
+    }
+
+    /// Counts `queued` out, taken off the queue.
+    #[inline]
+    fn removed(&mut self, queued: &Queued) {
         self.uncertain_units -= u32::from(queued.closes_uncertain);
         self.queued_openers -= u32::from(queued.closes_opener);
         if let Some(e) = counted_as(&queued.entry) {
             self.count(e, -1);
         }
-        Some(queued.entry)
+        self.special_removed(&queued.entry);
+    }
+
+    /// Counts out a special entry (see [`ReplyQueue::queued_special`]) taken off the queue.
+    #[inline]
+    fn special_removed(&mut self, entry: &Entry) {
+        if self.entries.is_empty() {
+            self.queued_special = 0;
+        } else if is_special(entry) && self.queued_special != SPECIAL_UNCOUNTED {
+            self.queued_special -= 1;
+        }
     }
 
     #[inline]
@@ -495,7 +532,11 @@ impl ReplyQueue {
     /// client's instead (`Session::check_plan`). Its effect settles as before.
     pub fn silence_head(&mut self) {
         if let Some(head) = self.entries.front_mut() {
+            let special = is_special(&head.entry);
             head.entry.action = Action::Silent;
+            if special && !is_special(&head.entry) && self.queued_special != SPECIAL_UNCOUNTED {
+                self.queued_special -= 1;
+            }
         }
     }
 
@@ -641,6 +682,7 @@ impl ReplyQueue {
         self.queued_syncs = 0;
         self.queued_internal = 0;
         self.queued_openers = 0;
+        self.queued_special = 0;
         self.open_opener = false;
         self.open_fallible = false;
         self.open_uncertain = false;
@@ -702,9 +744,19 @@ impl ReplyQueue {
     /// Whether the head of the queue is a reply pgmemo gives itself ([`Self::pop_synthesized`]).
     #[inline]
     pub fn head_is_synthesized(&self) -> bool {
-        self.entries
-            .front()
-            .is_some_and(|q| matches!(q.entry.action, Action::Synthesize(_)))
+        debug_assert!(
+            self.queued_special != 0
+                || !self
+                    .entries
+                    .front()
+                    .is_some_and(|q| matches!(q.entry.action, Action::Synthesize(_))),
+            "a synthesized reply queued uncounted"
+        );
+        self.queued_special != 0
+            && self
+                .entries
+                .front()
+                .is_some_and(|q| matches!(q.entry.action, Action::Synthesize(_)))
     }
 
     /// If the head is a reply pgmemo answers itself, takes it.
@@ -727,11 +779,7 @@ impl ReplyQueue {
         let Some(queued) = self.entries.pop_front() else {
             return;
         };
-        self.uncertain_units -= u32::from(queued.closes_uncertain);
-        self.queued_openers -= u32::from(queued.closes_opener);
-        if let Some(e) = counted_as(&queued.entry) {
-            self.count(e, -1);
-        }
+        self.removed(&queued);
         // Most entries end with nothing to note (a Bind's use, a portal message's reply):
         // their effect, if any, is dropped where it lies.
         if let Some(effect) = queued.entry.effect {
@@ -872,10 +920,19 @@ impl ReplyQueue {
             self.pop_done();
         }
         // Markers carry no reply: drop them once they reach the head.
-        if self
-            .entries
-            .front()
-            .is_some_and(|e| e.expected == Expected::CopyEnd)
+        debug_assert!(
+            self.queued_special != 0
+                || !self
+                    .entries
+                    .front()
+                    .is_some_and(|q| q.entry.expected == Expected::CopyEnd),
+            "a COPY end marker queued uncounted"
+        );
+        if self.queued_special != 0
+            && self
+                .entries
+                .front()
+                .is_some_and(|e| e.expected == Expected::CopyEnd)
         {
             self.drop_copy_ends();
         }
@@ -964,6 +1021,7 @@ impl ReplyQueue {
                 if let Some(sync) = self.entries.remove(i) {
                     self.uncertain_units -= u32::from(sync.closes_uncertain);
                     self.count(Expected::Sync, -1);
+                    self.special_removed(&sync.entry);
                 }
                 end -= 1;
             } else {
@@ -1001,6 +1059,53 @@ mod tests {
         assert_eq!(q.len(), 1);
         q.on_server_message(be::READY_FOR_QUERY);
         assert!(q.is_empty());
+    }
+
+    /// The head is a reply pgmemo gives itself exactly when one is queued there, however
+    /// many are queued (past the count's byte too), and whichever way they leave: answered,
+    /// silenced, discarded by an error.
+    #[test]
+    fn replies_pgmemo_gives_itself_are_found_at_the_head_however_many() {
+        let synthesized = |q: &mut ReplyQueue| {
+            q.push_entry(Entry {
+                expected: Expected::Parse,
+                action: Action::Synthesize(Synth::ParseComplete),
+                effect: None,
+            })
+        };
+        for n in [1, 3, 254, 255, 256, 600] {
+            let mut q = ReplyQueue::new();
+            q.push(Expected::Bind);
+            for _ in 0..n {
+                synthesized(&mut q);
+            }
+            q.push(Expected::Sync);
+            assert!(!q.head_is_synthesized(), "{n}: a Bind first");
+            q.on_server_message(be::BIND_COMPLETE);
+            for i in 0..n {
+                assert!(q.head_is_synthesized(), "{n}: {i}");
+                assert_eq!(q.pop_synthesized(), Some(Synth::ParseComplete));
+            }
+            assert!(!q.head_is_synthesized(), "{n}: the Sync");
+            q.on_server_message(be::READY_FOR_QUERY);
+            assert!(q.is_empty());
+            // Counted afresh once the queue is empty.
+            synthesized(&mut q);
+            assert!(q.head_is_synthesized(), "{n}: again");
+            q.silence_head();
+            assert!(!q.head_is_synthesized(), "{n}: silenced");
+        }
+        // Discarded by an error before it: none left at the head.
+        let mut q = ReplyQueue::new();
+        q.push(Expected::Bind);
+        synthesized(&mut q);
+        q.push(Expected::Sync);
+        q.on_server_message(be::ERROR_RESPONSE);
+        assert!(!q.head_is_synthesized());
+        q.on_server_message(be::READY_FOR_QUERY);
+        assert!(q.is_empty());
+        synthesized(&mut q);
+        assert!(q.head_is_synthesized());
     }
 
     /// A Parse answered at once leaves the queue as its entry pushed and taken again does,
