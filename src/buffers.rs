@@ -25,6 +25,20 @@ thread_local! {
     static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Drops the first `n` bytes of `buf`, handled or written. All of them, as mostly (a read's
+/// last message, a whole write): the buffer is emptied where it stands, which costs less than
+/// moving its start (BytesMut's advance keeps the offset in its pointer word: ~20
+/// instructions a call, four to six calls a transaction, callgrind) and leaves its whole room
+/// to the next read without a reclaim.
+#[inline(always)]
+pub fn consume(buf: &mut BytesMut, n: usize) {
+    if n == buf.len() {
+        buf.clear();
+    } else {
+        bytes::Buf::advance(buf, n);
+    }
+}
+
 /// Gives `buf` a buffer if it has none (capacity 0). The test is inlined, the lending not:
 /// most calls find a buffer there, and a call costs more than the test (callgrind).
 #[inline(always)]

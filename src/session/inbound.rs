@@ -582,7 +582,7 @@ impl Session {
             planner::Plan::Forward => {}
             planner::Plan::Done => {
                 self.plan.retry.consumed(&self.client.rbuf[..len]);
-                self.client.rbuf.advance(len);
+                buffers::consume(&mut self.client.rbuf, len);
                 self.after_planned_locally();
             }
             planner::Plan::Wait => {
@@ -629,7 +629,7 @@ impl Session {
         }
         server.wbuf.extend_from_slice(messages);
         self.plan.retry.consumed(messages);
-        self.client.rbuf.advance(run);
+        buffers::consume(&mut self.client.rbuf, run);
     }
 
     /// A message of an unknown type while the server waits for COPY data: PostgreSQL reads

@@ -21,6 +21,7 @@
 //! statement again, with nothing in flight (see [`Session::answer_parse_in_lane`]).
 
 use super::{Session, HIGH_WATER};
+use crate::buffers;
 use crate::pool::PoolMode;
 use crate::protocol::backend as be;
 use crate::protocol::frontend as fe;
@@ -272,7 +273,7 @@ impl Session {
             Route::Replace => unreachable!("the lane takes no error"),
         }
         let server = self.server.as_mut().expect("a server is held");
-        server.rbuf.advance(len);
+        buffers::consume(&mut server.rbuf, len);
         self.settle_reply(None, None, false);
         true
     }

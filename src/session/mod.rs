@@ -60,7 +60,7 @@ use crate::server::{ServerConn, ServerError};
 use crate::statements::ClientStatements;
 use crate::stats::LocalStats;
 use crate::stream::Stream;
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use hold::pinned_idle_message;
 use login::Admitted;
 use std::future::poll_fn;
@@ -1120,7 +1120,7 @@ fn poll_write_some(
         match stream.try_write_socket(buf) {
             Some(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
             Some(Ok(n)) => {
-                buf.advance(n);
+                buffers::consume(buf, n);
                 continue;
             }
             Some(Err(e)) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
@@ -1128,7 +1128,7 @@ fn poll_write_some(
         }
         match Pin::new(&mut *stream).poll_write(cx, buf) {
             Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-            Poll::Ready(Ok(n)) => buf.advance(n),
+            Poll::Ready(Ok(n)) => buffers::consume(buf, n),
             Poll::Ready(Err(e)) => return Err(e),
             Poll::Pending => return Ok(()),
         }

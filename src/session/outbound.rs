@@ -9,7 +9,7 @@ use crate::pool::PoolMode;
 use crate::protocol::backend::{self as be, sqlstate, ErrorFields};
 use crate::protocol::{body, frame, MAX_BACKEND_MESSAGE_SIZE};
 use crate::replies::{self, ErrorRewrite, Route};
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -550,7 +550,7 @@ impl Session {
                 .search_path
                 .observe(tag, body(&server.rbuf[..len]), server.status);
         }
-        server.rbuf.advance(len);
+        buffers::consume(&mut server.rbuf, len);
         self.settle_reply(error_code.as_deref(), error, turn.retried);
         if turn.replay {
             // Planned again before whatever the client sent since.
