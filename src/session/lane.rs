@@ -169,13 +169,18 @@ impl Session {
         let Some(statement) = stmts.unnamed_parse_again(body, &self.app.registry) else {
             return false;
         };
+        debug_assert_eq!(
+            statement.leads_with_ddl,
+            database::parse_leads_with_ddl(body),
+            "the statement's text is the Parse's"
+        );
         if !statement.is_validated()
             || !stmts.is_bound_to(b"", &statement)
             // The planner prepares the guard for a block it may open (`Planner::plan`).
             || statement.starts_transaction
             // Such a statement has pgmemo's own sessions leave its database first
-            // (`Session::may_need_a_database`).
-            || database::parse_leads_with_ddl(body)
+            // (`Session::may_need_a_database`): its text is the Parse's, read once.
+            || statement.leads_with_ddl
             // Answered with the rest of its batch, when that needs no server (`server_for`).
             || idle_batch::only_statement_messages(&self.client.rbuf)
         {

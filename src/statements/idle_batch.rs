@@ -54,6 +54,7 @@ enum Step<'a> {
 /// Whether `input` starts with whole Parse, Describe and Close messages up to a Sync or
 /// Flush: a look at the types alone, so that the usual batch (a Parse before its Bind and
 /// Execute, sent by every extended-protocol query) is turned away before anything is read.
+#[inline]
 pub fn only_statement_messages(input: &[u8]) -> bool {
     let mut at = 0;
     for _ in 0..=MAX_MESSAGES {

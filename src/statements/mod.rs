@@ -98,6 +98,10 @@ pub struct Statement {
     pub custom_settings: crate::query::facts::Custom,
     /// The schema changes it may make (see [`schema`]).
     pub ddl: crate::query::facts::Ddl,
+    /// Its text starts with `DROP`, `ALTER` or `CREATE` ([`crate::query::database::leads_with_ddl`]):
+    /// a Parse of it may need its database to itself. Read once, for the driver's Parse of
+    /// its unnamed statement again (`Session::answer_parse_in_lane`).
+    pub leads_with_ddl: bool,
     /// Its text names a reserved statement name (`pgmemo_s<n>`, see
     /// [`command::hide_reserved`]): what its first such statement does instead. An `EXECUTE` or
     /// `PREPARE` of one is then also [`Statement::tracked`], so that its error is shown as
@@ -194,6 +198,7 @@ impl Statement {
             session_touch,
             custom_settings,
             ddl: crate::query::facts::ddl(&key.query),
+            leads_with_ddl: crate::query::database::leads_with_ddl(&key.query),
             hidden,
             server_query,
             // A PREPARE's `$n` are its inner statement's, typed when it runs: PostgreSQL's

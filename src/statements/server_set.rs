@@ -126,8 +126,13 @@ impl ServerSet {
     }
 
     /// Forgets every SQL-level statement's error (another client's turn, DEALLOCATE ALL).
+    #[inline]
     pub fn forget_sql_errors(&mut self) {
-        self.sql_errors = None;
+        // Mostly there are none: tested inline, without the call that drops them (at every
+        // hold of a server).
+        if self.sql_errors.is_some() {
+            self.sql_errors = None;
+        }
     }
 
     pub fn has_guard(&self) -> bool {
