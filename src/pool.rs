@@ -143,6 +143,7 @@ impl Limits {
 
     /// Whether `conn` has lived past server_lifetime at `now`, or was open at a RECONNECT,
     /// and must be closed.
+    #[inline]
     fn outlived(&self, conn: &ServerConn, now: Moment) -> bool {
         now.nanos_since(conn.info.created) >= self.server_lifetime_ns
             || self.retired(&conn.info)

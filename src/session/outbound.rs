@@ -249,6 +249,19 @@ impl Session {
     /// before a PortalSuspended.
     #[inline]
     pub(super) fn note_rows(&mut self, message: u8, len: usize) {
+        // About one query in `TIMED_EVERY` is timed: the others pay this test only, inline.
+        if self
+            .reading
+            .reader
+            .as_deref()
+            .is_some_and(|r| r.timed.is_some())
+        {
+            self.note_timed_rows(message, len);
+        }
+    }
+
+    #[inline(never)]
+    fn note_timed_rows(&mut self, message: u8, len: usize) {
         let Some(timed) = self
             .reading
             .reader

@@ -478,7 +478,7 @@ pub enum Effect {
 impl Effect {
     /// Whether completing normally needs any work (most effects matter only when undone;
     /// skipping the others keeps the Bind/Execute hot path free of bookkeeping).
-    #[inline]
+    #[inline(always)]
     pub fn matters_when_done(&self) -> bool {
         match self {
             Effect::Prepared(_)
