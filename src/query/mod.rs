@@ -311,7 +311,7 @@ mod tests {
         use std::sync::Arc;
         let shapes = Shapes::new(100);
         let mut reader = Reader::default();
-        let mut shape_of = |reader: &mut Reader, sql: &str| {
+        let shape_of = |reader: &mut Reader, sql: &str| {
             reader.forget();
             let (lexed, shape) = reader.shape(sql.as_bytes(), &shapes).unwrap();
             assert_eq!(lexed.literals.len(), 1);
