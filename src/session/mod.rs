@@ -810,7 +810,8 @@ impl Session {
         // may read the bytes and register again; the driver then takes the new registration,
         // and the wake finds nothing to read (framework_apps::go_database_sql_pgx hung so on
         // the tests' multi-threaded runtime, a client's next query left unread).
-        if self.client_read_armed && !self.client.stream.seen_readable() {
+        let seen = self.client.stream.seen_readable();
+        if self.client_read_armed && !seen {
             return None;
         }
         self.client_read_armed = false;
@@ -818,7 +819,7 @@ impl Session {
         // it sends will need a write buffer too), or before reading into the one it holds:
         // a poll of readiness registers the waker without a read's set-up. Seen readable
         // already (the wake-up after the last poll), it needs no poll to say so.
-        let readable = self.client.stream.seen_readable()
+        let readable = seen
             || match self.client.stream.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => true,
                 Poll::Ready(Err(e)) => return Some(Event::ClientGone(Some(e))),
