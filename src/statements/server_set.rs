@@ -150,6 +150,13 @@ impl ServerSet {
     /// Whether `statement` is prepared here and current; marks it recently used.
     #[inline]
     pub fn has_current(&mut self, statement: &Statement) -> bool {
+        // The most recently used already (a client running one statement over and over):
+        // found without hashing, and nothing to move.
+        if let Some((&id, p)) = self.prepared.peek_mru() {
+            if id == statement.id {
+                return p.generation == statement.generation();
+            }
+        }
         match self.prepared.get(&statement.id) {
             Some(p) => p.generation == statement.generation(),
             None => false,
