@@ -216,10 +216,13 @@ pub fn rereadable(sql: &[u8], out: &Lexed) -> bool {
 /// `e` or letter that would continue it: the literal was an int4 of digits alone); and the
 /// rest is `prev`'s to the end. The unit test checks the result against [`generalize`].
 pub fn reread(sql: &[u8], prev: &[u8], out: &mut Lexed) -> bool {
-    // First the check, touching nothing; then the literals moved.
+    // First the check, touching nothing; then the literals moved. The digits of the first
+    // literals are counted once, for both.
+    const COUNTED: usize = 16;
+    let mut counted = [0u8; COUNTED];
     let mut at = 0; // in sql
     let mut prev_at = 0;
-    for l in &out.literals {
+    for (i, l) in out.literals.iter().enumerate() {
         let same = &prev[prev_at..l.start as usize];
         if sql.get(at..at + same.len()) != Some(same) {
             return false;
@@ -228,6 +231,9 @@ pub fn reread(sql: &[u8], prev: &[u8], out: &mut Lexed) -> bool {
         let digits = sql[at..].iter().take_while(|b| b.is_ascii_digit()).count();
         if !(1..=9).contains(&digits) {
             return false;
+        }
+        if let Some(c) = counted.get_mut(i) {
+            *c = digits as u8;
         }
         at += digits;
         prev_at = l.end as usize;
@@ -239,12 +245,15 @@ pub fn reread(sql: &[u8], prev: &[u8], out: &mut Lexed) -> bool {
     PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     out.values.clear();
     let mut shift: isize = 0; // sql's offsets minus prev's
-    for l in out.literals.iter_mut() {
+    for (i, l) in out.literals.iter_mut().enumerate() {
         let start = (l.start as isize + shift) as usize;
-        let digits = sql[start..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
+        let digits = match counted.get(i) {
+            Some(&c) => c as usize,
+            None => sql[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count(),
+        };
         let end = start + digits;
         shift += digits as isize - (l.end - l.start) as isize;
         let value_start = out.values.len() as u32;
@@ -1436,6 +1445,24 @@ mod tests {
     /// words, operators, dots, quotes and integers (the pieces where a number could read
     /// otherwise: `1.5`, `1e3`, `1..2`, `a1`, `$1`), read once, then again with other digits
     /// (1 to 11 of them, so some no longer int4) and with a byte changed, inserted or removed.
+    #[test]
+    fn a_reread_of_many_literals_is_the_lexer_s_reading() {
+        // More literals than `reread` counts the digits of once: the rest counted again.
+        let text = |digits: &dyn Fn(usize) -> String| {
+            let values: Vec<String> = (0..20).map(digits).collect();
+            format!("SELECT * FROM t WHERE id IN ({})", values.join(", "))
+        };
+        let prev = text(&|i| (i + 1).to_string());
+        let sql = text(&|i| (1000 * i + 7).to_string());
+        let mut out = Lexed::default();
+        generalize(prev.as_bytes(), &mut out).unwrap();
+        assert!(rereadable(prev.as_bytes(), &out));
+        assert!(reread(sql.as_bytes(), prev.as_bytes(), &mut out));
+        let mut fresh = Lexed::default();
+        generalize(sql.as_bytes(), &mut fresh).unwrap();
+        assert_eq!(format!("{out:?}"), format!("{fresh:?}"));
+    }
+
     #[test]
     fn a_reread_is_the_lexer_s_reading() {
         use rand::{Rng, SeedableRng};
