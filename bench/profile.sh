@@ -19,7 +19,8 @@
 # queue, registry, autoprepare, pool, I/O, the runtime...), -n skips the system-call count
 # (no perf needed: scripts/instruction-budget). PROFILE_KEEP=DIR keeps each binary's callgrind
 # profile there (BIN-MODE[-SCRIPT].callgrind), to see per function where instructions went:
-# callgrind_annotate DIR/pgmemo-MODE.callgrind.
+# callgrind_annotate DIR/pgmemo-MODE.callgrind; with PROFILE_INSTR=1 as well, per instruction,
+# for bench/lines.py (per source line, inlined code included).
 set -eu
 
 mode=prepared clients=8 tx=500 pgport= database=postgres user=postgres script= scale=1 split= perf=1
@@ -39,11 +40,11 @@ while getopts "p:m:c:t:f:s:d:u:x:r:Fn" opt; do
     x) extra+=("$OPTARG") ;;
     F) split=1 ;;
     n) perf= ;;
-    *) sed -n 2,24p "$0"; exit 2 ;;
+    *) sed -n 2,25p "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,24p "$0"; exit 2; fi
+if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,25p "$0"; exit 2; fi
 if [[ -n $script ]]; then workload=(-f "$script" -s "$scale"); else workload=(-S); fi
 
 work=$(mktemp -d)
@@ -73,8 +74,13 @@ start() { # start BIN [wrapper...]: pgmemo on $port, in front of $pgport
 }
 stop() { kill -INT "$pid"; wait "$pid" 2>/dev/null || true; }
 
+# PROFILE_INSTR=1: the profile kept per instruction, for bench/lines.py (by source line,
+# inlined code included).
+per_instr=()
+if [[ -n ${PROFILE_INSTR:-} ]]; then per_instr=(--dump-instr=yes --compress-pos=no); fi
+
 for bin in "$@"; do
-  start "$bin" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out"
+  start "$bin" valgrind --tool=callgrind --instr-atstart=no "${per_instr[@]}" --callgrind-out-file="$work/cg.out"
   callgrind_control -i on "$pid" >/dev/null 2>&1
   run_pgbench "$tx"
   callgrind_control -i off "$pid" >/dev/null 2>&1
