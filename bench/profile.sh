@@ -40,11 +40,11 @@ while getopts "p:m:c:t:f:s:d:u:x:r:Fn" opt; do
     x) extra+=("$OPTARG") ;;
     F) split=1 ;;
     n) perf= ;;
-    *) sed -n 2,25p "$0"; exit 2 ;;
+    *) sed -n 2,23p "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,25p "$0"; exit 2; fi
+if [[ -z $pgport || $# -eq 0 ]]; then sed -n 2,23p "$0"; exit 2; fi
 if [[ -n $script ]]; then workload=(-f "$script" -s "$scale"); else workload=(-S); fi
 
 work=$(mktemp -d)
