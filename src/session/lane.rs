@@ -268,7 +268,7 @@ impl Session {
                     self.note_rows(tag, len);
                 }
                 let server = self.server.as_mut().expect("a server is held");
-                self.client.wbuf.extend_from_slice(&server.rbuf[..len]);
+                buffers::append(&mut self.client.wbuf, &server.rbuf[..len]);
                 self.stats.bytes_sent += len as u64;
             }
             // An autoprepared query's RowDescription, held until its first row.

@@ -487,7 +487,7 @@ impl Session {
                 self.stats.bytes_sent += shown.len() as u64;
             }
             Route::Forward => {
-                self.client.wbuf.extend_from_slice(msg);
+                buffers::append(&mut self.client.wbuf, msg);
                 self.stats.bytes_sent += len as u64;
             }
             Route::Hold => self.hold_reply(len),
