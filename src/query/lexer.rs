@@ -1441,10 +1441,6 @@ mod tests {
         assert!(compared > 5_000, "only {compared} texts were compared");
     }
 
-    /// [`reread`] makes exactly [`generalize`]'s reading of a text, or declines: texts of
-    /// words, operators, dots, quotes and integers (the pieces where a number could read
-    /// otherwise: `1.5`, `1e3`, `1..2`, `a1`, `$1`), read once, then again with other digits
-    /// (1 to 11 of them, so some no longer int4) and with a byte changed, inserted or removed.
     #[test]
     fn a_reread_of_many_literals_is_the_lexer_s_reading() {
         // More literals than `reread` counts the digits of once: the rest counted again.
@@ -1463,6 +1459,10 @@ mod tests {
         assert_eq!(format!("{out:?}"), format!("{fresh:?}"));
     }
 
+    /// [`reread`] makes exactly [`generalize`]'s reading of a text, or declines: texts of
+    /// words, operators, dots, quotes and integers (the pieces where a number could read
+    /// otherwise: `1.5`, `1e3`, `1..2`, `a1`, `$1`), read once, then again with other digits
+    /// (1 to 11 of them, so some no longer int4) and with a byte changed, inserted or removed.
     #[test]
     fn a_reread_is_the_lexer_s_reading() {
         use rand::{Rng, SeedableRng};
