@@ -74,10 +74,6 @@ impl Expected {
     }
 }
 
-/// What an entry counts as among the queued work: its kind, but a query pgmemo sent for the
-/// client whose outcome it knows (a kept block's `BEGIN`: [`Action::Skip`] on an
-/// [`Expected::Internal`], see `session::deferred`) counts as nothing: it neither is the
-/// client's work in flight nor leaves the transaction's state unknown.
 /// [`ReplyQueue::queued_special`] holds at most this many; this value means "not counted".
 const SPECIAL_UNCOUNTED: u8 = u8::MAX;
 
@@ -88,6 +84,10 @@ fn is_special(entry: &Entry) -> bool {
     entry.expected == Expected::CopyEnd || matches!(entry.action, Action::Synthesize(_))
 }
 
+/// What an entry counts as among the queued work: its kind, but a query pgmemo sent for the
+/// client whose outcome it knows (a kept block's `BEGIN`: [`Action::Skip`] on an
+/// [`Expected::Internal`], see `session::deferred`) counts as nothing: it neither is the
+/// client's work in flight nor leaves the transaction's state unknown.
 fn counted_as(entry: &Entry) -> Option<Expected> {
     match (entry.expected, &entry.action) {
         (Expected::Internal, Action::Skip) => None,
@@ -456,6 +456,7 @@ impl ReplyQueue {
     }
 
     /// Takes the head entry off the queue.
+    #[inline]
     fn take_front(&mut self) -> Option<Entry> {
         let queued = self.entries.pop_front()?;
         self.removed(&queued);
@@ -776,13 +777,12 @@ impl ReplyQueue {
 
     #[inline]
     fn pop_done(&mut self) {
-        let Some(queued) = self.entries.pop_front() else {
+        let Some(entry) = self.take_front() else {
             return;
         };
-        self.removed(&queued);
         // Most entries end with nothing to note (a Bind's use, a portal message's reply):
         // their effect, if any, is dropped where it lies.
-        if let Some(effect) = queued.entry.effect {
+        if let Some(effect) = entry.effect {
             if effect.matters_when_done() {
                 self.outcomes.push((effect, Outcome::Done));
             }
