@@ -581,7 +581,8 @@ impl Session {
         match planned {
             planner::Plan::Forward => {}
             planner::Plan::Done => {
-                self.plan.retry.consumed(&self.client.rbuf[..len]);
+                let sync_end = if tag == fe::SYNC { len } else { 0 };
+                self.plan.retry.consumed(&self.client.rbuf[..len], sync_end);
                 buffers::consume(&mut self.client.rbuf, len);
                 self.after_planned_locally();
             }
@@ -620,15 +621,18 @@ impl Session {
     pub(super) fn forward_client_messages(&mut self, run: usize) {
         let server = self.server.as_mut().expect("server acquired above");
         let messages = &self.client.rbuf[..run];
-        let mut at = 0;
+        let (mut at, mut sync_end) = (0, 0);
         while let Some(&[tag, a, b, c, d]) = messages.get(at..at + 5) {
             if let Some(expected) = Expected::for_client_message(tag) {
                 self.replies.push(expected);
             }
             at += 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+            if tag == fe::SYNC && sync_end == 0 {
+                sync_end = at;
+            }
         }
         server.wbuf.extend_from_slice(messages);
-        self.plan.retry.consumed(messages);
+        self.plan.retry.consumed(messages, sync_end);
         buffers::consume(&mut self.client.rbuf, run);
     }
 

@@ -33,15 +33,10 @@ pub struct Retry {
     replaying: usize,
     /// The 0A000 was swallowed: so is the batch's ReadyForQuery, then the batch goes again.
     pending: bool,
-    /// The kept messages describe a portal before any Execute.
-    describes: bool,
-    /// The kept messages have an Execute.
-    executes: bool,
     /// What is kept is one simple query, run as an autoprepared statement: complete once
     /// it is kept.
     query: bool,
 }
-
 /// A larger batch is not kept (its first statement's 0A000 reaches the client).
 const MAX_RETRY_BYTES: usize = 1 << 20;
 
@@ -94,47 +89,66 @@ impl Retry {
     pub(super) fn start_query(&mut self) {
         self.capturing = true;
         self.query = true;
-        self.describes = true;
     }
 
     /// The session consumed these whole client messages (planned or forwarded): one, or a
-    /// run the relay lane forwarded at once, kept in one copy.
-    pub fn consumed(&mut self, msgs: &[u8]) {
+    /// run the relay lane forwarded at once, kept in one copy. `sync_end`: where the first
+    /// Sync among them ends (0: none), found by the caller as it framed them; the batch ends
+    /// there. Nothing else of them is read here: whether the batch can go again is read
+    /// from what is kept when an error comes ([`Retry::is_armed`]), not at every message
+    /// (-110 instructions a `pgbench -S -M prepared` transaction, callgrind).
+    #[inline]
+    pub fn consumed(&mut self, msgs: &[u8], sync_end: usize) {
         self.replaying = self.replaying.saturating_sub(msgs.len());
-        if !self.capturing || self.complete {
-            return;
+        if self.capturing && !self.complete {
+            self.keep(msgs, sync_end);
         }
-        // The messages kept are the first ones: one not kept (an Execute before any
-        // Describe of the portal) leaves none after it kept (see below).
-        let (mut kept, mut keeping, mut at) = (0, true, 0);
-        while let Some(&[tag, a, b, c, d]) = msgs.get(at..at + 5) {
-            let end = (at + 1 + u32::from_be_bytes([a, b, c, d]) as usize).min(msgs.len());
-            // A batch that executes before it describes its portal (a driver that decodes
-            // rows by a description it keeps, as pgx does) is not sent again (see
-            // `is_armed`): from its first Execute on, where it ends is noted, nothing kept.
-            keeping &= self.describes || !(self.executes || tag == fe::EXECUTE);
-            if keeping {
-                kept = end;
+    }
+
+    /// Keeps the batch's messages among `msgs`: up to its Sync, or the simple query that is
+    /// the whole of it.
+    fn keep(&mut self, msgs: &[u8], sync_end: usize) {
+        debug_assert!(
+            !self.query || msgs.is_empty() || msgs[0] == fe::QUERY,
+            "a capture started at a simple query consumes that query first"
+        );
+        let kept = match msgs {
+            // The query being planned comes first (`start_query`): it is the batch.
+            &[fe::QUERY, a, b, c, d, ..] if self.query => {
+                self.complete = true;
+                (1 + u32::from_be_bytes([a, b, c, d]) as usize).min(msgs.len())
             }
-            match tag {
-                fe::SYNC => self.complete = true,
-                fe::QUERY if self.query => self.complete = true,
-                fe::EXECUTE => self.executes = true,
-                fe::DESCRIBE if msgs.get(at + 5) == Some(&b'P') && !self.executes => {
-                    self.describes = true
-                }
-                _ => {}
+            _ if sync_end != 0 => {
+                self.complete = true;
+                sync_end
             }
-            if self.complete {
-                break;
-            }
-            at = end;
-        }
+            _ => msgs.len(),
+        };
         if self.bytes.len() + kept > MAX_RETRY_BYTES {
             self.forget();
             return;
         }
         self.bytes.extend_from_slice(&msgs[..kept]);
+    }
+
+    /// Whether the kept batch describes its portal before it executes it. A batch that
+    /// executes first (a driver that decodes rows by a description it keeps, as pgx does)
+    /// is not sent again (see `is_armed`). A simple query run as an autoprepared statement
+    /// is described.
+    fn describes(&self) -> bool {
+        if self.query {
+            return true;
+        }
+        let mut at = 0;
+        while let Some(&[tag, a, b, c, d]) = self.bytes.get(at..at + 5) {
+            match tag {
+                fe::DESCRIBE if self.bytes.get(at + 5) == Some(&b'P') => return true,
+                fe::EXECUTE => return false,
+                _ => {}
+            }
+            at += 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+        }
+        false
     }
 
     /// The text of the simple query kept (one run as an autoprepared statement), when it is
@@ -148,15 +162,13 @@ impl Retry {
 
     /// Whether an error now may be the retry point's 0A000 with the whole batch kept.
     pub fn is_armed(&self) -> bool {
-        self.complete && self.describes && !self.pending
+        self.complete && !self.pending && self.describes()
     }
 
     /// The batch ended (or cannot be sent again): forget it.
     pub fn forget(&mut self) {
         self.capturing = false;
         self.complete = false;
-        self.describes = false;
-        self.executes = false;
         self.query = false;
         self.bytes.clear();
     }
@@ -384,9 +396,20 @@ mod tests {
         m.to_vec()
     }
 
+    /// Where the first Sync among `msgs` ends, as the session finds it framing them.
+    fn sync_end(msgs: &[u8]) -> usize {
+        let mut at = 0;
+        while let Some(&[tag, a, b, c, d]) = msgs.get(at..at + 5) {
+            at += 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+            if tag == fe::SYNC {
+                return at;
+            }
+        }
+        0
+    }
+
     /// A batch that describes its portal before executing it is kept whole, to be sent
-    /// again; one that executes first is never sent again, and keeps nothing from its
-    /// Execute on, yet still ends at its Sync.
+    /// again; one that executes first is never sent again, yet still ends at its Sync.
     #[test]
     fn only_a_batch_that_can_go_again_is_kept() {
         let bind = message(fe::BIND, b"\0s\0\0\0\0\0\0\0");
@@ -397,7 +420,7 @@ mod tests {
         let mut described = Retry::default();
         described.start();
         for m in [&bind, &describe, &execute, &sync] {
-            described.consumed(m);
+            described.consumed(m, sync_end(m));
         }
         assert!(described.is_armed());
         assert_eq!(
@@ -408,22 +431,66 @@ mod tests {
         let mut undescribed = Retry::default();
         undescribed.start();
         for m in [&bind, &execute, &describe, &sync] {
-            undescribed.consumed(m);
+            undescribed.consumed(m, sync_end(m));
         }
         assert!(undescribed.complete, "the batch ends at its Sync");
         assert!(!undescribed.is_armed());
-        assert_eq!(
-            undescribed.bytes.to_vec(),
-            bind,
-            "nothing kept from the Execute on"
-        );
         undescribed.forget();
         assert!(undescribed.is_at_rest());
+
+        // A run that goes on past the Sync (the next batch, pipelined) keeps the batch only.
+        let mut pipelined = Retry::default();
+        pipelined.start();
+        let run = [&bind[..], &describe, &execute, &sync, &bind, &sync].concat();
+        pipelined.consumed(&run, sync_end(&run));
+        assert!(pipelined.is_armed());
+        assert_eq!(
+            pipelined.replay().to_vec(),
+            [&bind[..], &describe, &execute, &sync].concat()
+        );
+    }
+
+    /// The rule as it was read message by message (session 53 and before): whether the batch
+    /// is complete, whether it may go again, and what was kept.
+    fn read_message_by_message(query: bool, consumed: &[&[u8]]) -> (bool, bool, Vec<u8>) {
+        let (mut complete, mut describes, mut executes) = (false, query, false);
+        let mut kept = Vec::new();
+        let mut keeping = true;
+        for msg in consumed.iter().flat_map(|run| {
+            let mut at = 0;
+            std::iter::from_fn(move || {
+                let &[_, a, b, c, d] = run.get(at..at + 5)? else {
+                    return None;
+                };
+                let end = at + 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+                let msg = &run[at..end];
+                at = end;
+                Some(msg)
+            })
+        }) {
+            if complete {
+                break;
+            }
+            let tag = msg[0];
+            keeping &= describes || !(executes || tag == fe::EXECUTE);
+            if keeping {
+                kept.extend_from_slice(msg);
+            }
+            match tag {
+                fe::SYNC => complete = true,
+                fe::QUERY if query => complete = true,
+                fe::EXECUTE => executes = true,
+                fe::DESCRIBE if msg.get(5) == Some(&b'P') && !executes => describes = true,
+                _ => {}
+            }
+        }
+        (complete, complete && describes, kept)
     }
 
     /// Messages consumed as one run (the relay lane's) leave exactly what consuming them one
-    /// by one leaves: every sequence of up to four of a batch's messages, from a capture
-    /// started at a Bind or at a simple query, and with a run that crosses the limit.
+    /// by one leaves, and what reading every message as it came decided: every sequence of
+    /// up to four of a batch's messages, from a capture started at a Bind or at a simple
+    /// query, and with a run that crosses the limit.
     #[test]
     fn a_run_is_kept_as_its_messages_one_by_one() {
         let messages = [
@@ -437,7 +504,7 @@ mod tests {
         let state = |r: &Retry| {
             (
                 r.bytes.to_vec(),
-                [r.capturing, r.complete, r.describes, r.executes, r.query],
+                [r.capturing, r.complete, r.query, r.is_armed()],
                 r.replaying,
             )
         };
@@ -454,6 +521,10 @@ mod tests {
         sequences.dedup();
         for sequence in &sequences {
             for (query, already) in [(false, 0), (true, 0), (false, MAX_RETRY_BYTES - 20)] {
+                // A capture started at a simple query consumes that query first.
+                if query && sequence.first().is_some_and(|&m| m != 5) {
+                    continue;
+                }
                 let fresh = || {
                     let mut r = Retry::default();
                     if query {
@@ -468,15 +539,24 @@ mod tests {
                 let (mut one_by_one, mut at_once) = (fresh(), fresh());
                 let mut run = Vec::new();
                 for &m in sequence {
-                    one_by_one.consumed(&messages[m]);
+                    one_by_one.consumed(&messages[m], sync_end(&messages[m]));
                     run.extend_from_slice(&messages[m]);
                 }
-                at_once.consumed(&run);
-                assert_eq!(
-                    state(&at_once),
-                    state(&one_by_one),
-                    "{sequence:?}, query {query}, {already} bytes kept before"
-                );
+                at_once.consumed(&run, sync_end(&run));
+                let context = format!("{sequence:?}, query {query}, {already} bytes kept before");
+                assert_eq!(state(&at_once), state(&one_by_one), "{context}");
+                if already == 0 {
+                    let msgs: Vec<&[u8]> = sequence.iter().map(|&m| &messages[m][..]).collect();
+                    let (complete, armed, kept) = read_message_by_message(query, &msgs);
+                    assert_eq!(
+                        (at_once.complete, at_once.is_armed()),
+                        (complete, armed),
+                        "{context}"
+                    );
+                    if armed {
+                        assert_eq!(at_once.bytes.to_vec(), kept, "{context}");
+                    }
+                }
             }
         }
     }
