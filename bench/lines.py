@@ -3,6 +3,7 @@
 
     PROFILE_INSTR=1 PROFILE_KEEP=DIR bench/profile.sh -p PGPORT -m MODE -c 8 -t 500 -r 1 -n BIN
     python3 bench/lines.py DIR/BIN-MODE.callgrind BIN --tx 4000 [--function NAME] [--top N]
+    python3 bench/lines.py DIR/BIN-MODE.callgrind BIN --tx 4000 --line src/replies.rs:432
 
 bench/split.py says which feature a transaction's instructions go to, by the file of the code
 callgrind counted; callgrind_annotate says which line, but an inlined function's lines are
@@ -12,7 +13,9 @@ instruction (PROFILE_INSTR=1 makes bench/profile.sh run callgrind with --dump-in
 asks addr2line for each instruction's chain of inlined frames and counts its cost against
 the first frame in pgmemo's own source (src/...): the line a change would touch. Instructions
 with no such frame (tokio's, the standard library's) are counted against their own line, as
-`other:`. Self cost only: a call's cost is its callee's.
+`other:`. Self cost only: a call's cost is its callee's. `--line` lists one listed line's
+instructions, disassembled (objdump), each with its count a transaction: what the line costs
+is made of (a VecDeque push: its index arithmetic, not the entry's copy, session 54).
 
 Found with it (2026-11-30, session 53): BytesMut::advance at every message (a buffer emptied
 to its end is cleared instead), two looks at the reply queue's head after every reply (counted
@@ -96,11 +99,15 @@ def main():
     parser.add_argument("--tx", type=int, required=True, help="transactions profiled")
     parser.add_argument("--function", help="only instructions of functions whose name has this")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--line", help="FILE:LINE (as listed): its instructions, disassembled, with their counts"
+    )
     args = parser.parse_args()
     cost = costs(args.profile, args.binary, args.function)
     frames = chains(args.binary, cost)
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..")) + "/"
     by_line = collections.Counter()
+    keys = {}
     for addr, c in cost.items():
         chain = frames.get(addr, [])
         own = [f for f in chain if f.startswith(root + "src/")]
@@ -109,11 +116,30 @@ def main():
         else:
             inner = chain[0] if chain else "?"
             key = "other:" + re.sub(r".*/(registry/src/[^/]+/|library/)", "", inner)
+        keys[addr] = key
         by_line[key] += c
+    if args.line:
+        return disassemble(args.binary, {a: c for a, c in cost.items() if keys[a] == args.line}, args.tx)
     total = sum(cost.values())
     print(f"{args.binary}: {total / args.tx:,.0f} instructions a transaction in the binary itself")
     for key, c in by_line.most_common(args.top):
         print(f"{c / args.tx:8.1f}  {key}")
+
+
+def disassemble(binary, cost, tx):
+    """Each instruction counted against one line, in address order, with its count per
+    transaction (objdump): what the line's cost is made of."""
+    print(f"{sum(cost.values()) / tx:.1f} instructions a transaction")
+    for start in sorted(cost):
+        text = subprocess.run(
+            ["objdump", "-d", "--no-show-raw-insn", "-C", f"--start-address={start:#x}",
+             f"--stop-address={start + 16:#x}", binary],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        insn = [l for l in text.splitlines() if re.match(r"\s+[0-9a-f]+:", l)]
+        print(f"{cost[start] / tx:8.2f}  {insn[0].strip() if insn else hex(start)}")
 
 
 if __name__ == "__main__":

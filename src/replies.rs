@@ -132,7 +132,7 @@ pub enum Action {
 
 impl Action {
     /// [`Action::ReplaceError`], its rewrite boxed: rare, and an entry without it stays small
-    /// (an entry is 64 bytes, 136 before this and the boxed SQL-level effects; entries are moved
+    /// (an entry is 56 bytes, 136 before this and the boxed effects; entries are moved
     /// through the queue for every message).
     pub fn replace_error(rewrite: ErrorRewrite) -> Action {
         Action::ReplaceError(Box::new(rewrite))
@@ -1034,6 +1034,19 @@ impl ReplyQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries are moved into and out of the queue for every message: a rare effect's
+    /// payload is boxed (as `Effect::Bound`'s and `Action::ReplaceError`'s are) rather than
+    /// make every entry larger.
+    #[test]
+    fn an_entry_stays_within_eight_words() {
+        assert!(
+            std::mem::size_of::<Queued>() <= 64,
+            "{} bytes",
+            std::mem::size_of::<Queued>()
+        );
+        assert!(std::mem::size_of::<Effect>() <= 32);
+    }
 
     #[test]
     fn pipeline_completes_in_order() {

@@ -9,7 +9,7 @@ use crate::protocol::frontend::{self as fe, Bind, Parse, Target};
 use crate::protocol::{body, pg_name, put_cstr, write_message};
 use crate::query::command::Command;
 use crate::replies::{Action, Entry, ErrorRewrite, Expected, Synth};
-use crate::statements::{DroppedSql, Effect, Statement, GUARD_NAME, GUARD_QUERY};
+use crate::statements::{DroppedSql, Effect, NameBound, Statement, GUARD_NAME, GUARD_QUERY};
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -38,12 +38,12 @@ impl Planner<'_> {
         // later batches need not wait for its outcome.
         let effect = (must_parse || !self.stmts.is_bound_to(name, &statement)).then(|| {
             let previous = self.stmts.set(name, Some(statement.clone()));
-            Effect::Bound {
+            Effect::Bound(Box::new(NameBound {
                 name: name.into(),
                 previous,
                 statement: statement.clone(),
                 prepared_here: must_parse,
-            }
+            }))
         });
         if must_parse {
             self.stats.prepare_cache_miss += 1;
@@ -120,12 +120,12 @@ impl Planner<'_> {
         self.replies.push_entry(Entry {
             expected: Expected::Parse,
             action: Action::Forward,
-            effect: Some(Effect::Bound {
+            effect: Some(Effect::Bound(Box::new(NameBound {
                 name: name.into(),
                 previous,
                 statement,
                 prepared_here: false,
-            }),
+            }))),
         });
         write_message(&mut self.server.wbuf, fe::CLOSE, |m| {
             m.extend_from_slice(b"S");

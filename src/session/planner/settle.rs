@@ -7,7 +7,7 @@ use crate::protocol::frontend as fe;
 use crate::protocol::pg_name;
 use crate::replies::Outcome;
 use crate::server::ServerConn;
-use crate::statements::{ClientStatements, Effect};
+use crate::statements::{ClientStatements, Effect, NameBound, Statement};
 use bytes::{Bytes, BytesMut};
 
 /// The client's batch from its first statement to its Sync, kept while it runs, so that it can
@@ -193,6 +193,14 @@ impl Retry {
     }
 }
 
+/// A statement pgmemo prepared on a server itself ran: valid, and counted.
+fn validated_here(statement: &Statement) {
+    statement.mark_validated();
+    statement
+        .server_prepares
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Applies the bookkeeping of one ended entry: kept when its message ran, undone when
 /// PostgreSQL discarded it (or it failed). `error_code` is the SQLSTATE of the error that
 /// ended it, if any, and `error` that error (a whole ErrorResponse).
@@ -207,16 +215,8 @@ pub fn settle(
 ) {
     let done = outcome == Outcome::Done;
     match effect {
-        Effect::Prepared(s)
-        | Effect::Bound {
-            statement: s,
-            prepared_here: true,
-            ..
-        } if done => {
-            s.mark_validated();
-            s.server_prepares
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        Effect::Prepared(s) if done => validated_here(&s),
+        Effect::Bound(bound) if done && bound.prepared_here => validated_here(&bound.statement),
         Effect::Prepared(s) => {
             if let Some(server) = server {
                 server.prepared.remove(&s);
@@ -248,13 +248,14 @@ pub fn settle(
                 server.prepared.remove(&s);
             }
         }
-        Effect::Bound { .. } if done => {}
-        Effect::Bound {
-            name,
-            previous,
-            statement,
-            prepared_here,
-        } => {
+        Effect::Bound(_) if done => {}
+        Effect::Bound(bound) => {
+            let NameBound {
+                name,
+                previous,
+                statement,
+                prepared_here,
+            } = *bound;
             if name.is_empty() && outcome == Outcome::Failed {
                 // PostgreSQL drops the unnamed statement before it parses the new one, so
                 // an unnamed Parse that fails leaves none.
