@@ -182,7 +182,7 @@ impl Session {
             // (`Session::may_need_a_database`): its text is the Parse's, read once.
             || statement.leads_with_ddl
             // Answered with the rest of its batch, when that needs no server (`server_for`).
-            || idle_batch::only_statement_messages(&self.client.rbuf)
+            || idle_batch::only_statement_messages_after_parse(&self.client.rbuf, len)
         {
             return false;
         }
