@@ -2,7 +2,7 @@
 # Per-transaction cost of pgmemo binaries, in figures that do not move with the machine's
 # load (the TPS and CPU-time runs of bench/run.py do, by ±15% on a shared VM):
 #   - user-space instructions per transaction, counted by valgrind's callgrind;
-#   - system calls per transaction (sendto, recvfrom, epoll_wait), counted by perf.
+#   - system calls per transaction (sendto, recvfrom, read, epoll_wait), counted by perf.
 # Use it to compare a change against the binary before it:
 #
 #   bench/profile.sh -p PGPORT [-m simple|extended|prepared] [-c CLIENTS] [-t TX]
@@ -103,7 +103,7 @@ for bin in "$@"; do
 
   start "$bin"
   perf stat -x, -o "$work/stat.txt" -p "$pid" \
-    -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait &
+    -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_epoll_wait &
   perf_pid=$!
   sleep 0.3
   run_pgbench "$tx"

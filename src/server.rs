@@ -291,6 +291,10 @@ pub struct ServerConn {
     /// Set when the connection must not go back to the pool (I/O error, protocol confusion,
     /// FATAL from the server).
     pub broken: bool,
+    /// A poll of its socket for a read returned Pending: the first read after the wake-up
+    /// that follows goes without another poll (see `Stream::try_read_buf_socket`); later
+    /// ones are polled, and so spend the task's cooperative budget.
+    pub read_armed: bool,
     /// The worker whose event loop its socket is registered with (see workers.rs).
     pub worker: u16,
 }
@@ -343,6 +347,7 @@ impl ServerConn {
             checked_out: now,
             params_synced_for: None,
             broken: false,
+            read_armed: false,
             worker: crate::workers::current(),
         })
     }

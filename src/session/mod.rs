@@ -814,7 +814,9 @@ impl Session {
         if self.client_read_armed && !seen {
             return None;
         }
-        self.client_read_armed = false;
+        // The wake-up after a poll that registered: the socket is read without another poll
+        // (later reads of this wake are polled, and so spend the task's cooperative budget).
+        let woken = std::mem::take(&mut self.client_read_armed);
         // Wait for the socket to have bytes before borrowing a buffer (the replies to what
         // it sends will need a write buffer too), or before reading into the one it holds:
         // a poll of readiness registers the waker without a read's set-up. Seen readable
@@ -831,6 +833,20 @@ impl Session {
         }
         buffers::lend_both(&mut self.client.rbuf, &mut self.client.wbuf);
         reserve(&mut self.client.rbuf);
+        if woken {
+            match self
+                .client
+                .stream
+                .try_read_buf_socket(&mut self.client.rbuf)
+            {
+                Some(Ok(0)) => return Some(Event::ClientGone(None)),
+                Some(Ok(_)) => return Some(Event::ClientRead),
+                Some(Err(e)) if e.kind() != io::ErrorKind::WouldBlock => {
+                    return Some(Event::ClientGone(Some(e)))
+                }
+                Some(Err(_)) | None => {} // polled below, which registers the waker
+            }
+        }
         match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
             Poll::Ready(Ok(0)) => Some(Event::ClientGone(None)),
             Poll::Ready(Ok(_)) => Some(Event::ClientRead),
@@ -894,15 +910,32 @@ impl Session {
             match server.stream.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => {}
                 Poll::Ready(Err(e)) => return Some(Event::ServerGone(Some(e))),
-                Poll::Pending => return None,
+                Poll::Pending => {
+                    server.read_armed = true;
+                    return None;
+                }
             }
         }
         reserve(&mut server.rbuf);
+        // The wake-up after that Pending: read without another poll (as the client's).
+        if std::mem::take(&mut server.read_armed) {
+            match server.stream.try_read_buf_socket(&mut server.rbuf) {
+                Some(Ok(0)) => return Some(Event::ServerGone(None)),
+                Some(Ok(_)) => return Some(Event::ServerRead),
+                Some(Err(e)) if e.kind() != io::ErrorKind::WouldBlock => {
+                    return Some(Event::ServerGone(Some(e)))
+                }
+                Some(Err(_)) | None => {} // polled below, which registers the waker
+            }
+        }
         match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
             Poll::Ready(Ok(0)) => Some(Event::ServerGone(None)),
             Poll::Ready(Ok(_)) => Some(Event::ServerRead),
             Poll::Ready(Err(e)) => Some(Event::ServerGone(Some(e))),
-            Poll::Pending => None,
+            Poll::Pending => {
+                server.read_armed = true;
+                None
+            }
         }
     }
 
