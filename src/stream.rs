@@ -32,6 +32,31 @@ pub enum Stream {
     ClientTls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
+/// One read(2) of at most `room` bytes into `spare`, for [`Stream::try_read_buf_socket`]:
+/// `n` bytes read; a read that left room (`drained`) answers `WouldBlock`, for the runtime to
+/// clear the readiness it saw before it, as its own `poll_read` does.
+#[inline(always)]
+fn read_socket(
+    fd: std::os::fd::RawFd,
+    spare: *mut libc::c_void,
+    room: usize,
+    n: &mut usize,
+    drained: &mut bool,
+) -> io::Result<()> {
+    // SAFETY: `spare` is the start of a buffer's spare room of `room` bytes, borrowed by
+    // the caller for the call; read(2) writes at most `room` bytes there.
+    let got = unsafe { libc::read(fd, spare, room) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    *n = got as usize;
+    if 0 < *n && *n < room {
+        *drained = true;
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    Ok(())
+}
+
 /// Applies the same expression to whichever stream is inside, pinned (all are `Unpin`).
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
@@ -120,41 +145,27 @@ impl Stream {
         if room == 0 {
             return None; // (a read of nothing would look like the end)
         }
-        let mut n = 0;
-        let mut read = || {
-            let fd = match self {
-                Stream::Tcp(t) => t.as_raw_fd(),
-                Stream::Unix(u) => u.as_raw_fd(),
-                Stream::ServerTls(_) | Stream::ClientTls(_) => unreachable!("plain sockets only"),
-            };
-            // SAFETY: read(2) writes at most `room` bytes at the start of `buf`'s spare room,
-            // which this borrow of `buf` owns; they count as `buf`'s only below, once written.
-            let got = unsafe { libc::read(fd, buf.spare_capacity_mut().as_mut_ptr().cast(), room) };
-            if got < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            n = got as usize;
-            if 0 < n && n < room {
-                // Drained: the runtime clears the readiness it saw before the read.
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            Ok(())
-        };
+        let spare = buf.spare_capacity_mut().as_mut_ptr().cast();
+        // Read inside the runtime's `try_io`, which clears the readiness it saw when the
+        // read says `WouldBlock`: the socket had nothing, or (`drained`) the read left room.
+        let (mut n, mut drained) = (0, false);
         let result = match self {
-            Stream::Tcp(t) => t.try_io(Interest::READABLE, &mut read),
-            Stream::Unix(u) => u.try_io(Interest::READABLE, &mut read),
+            Stream::Tcp(t) => t.try_io(Interest::READABLE, || {
+                read_socket(t.as_raw_fd(), spare, room, &mut n, &mut drained)
+            }),
+            Stream::Unix(u) => u.try_io(Interest::READABLE, || {
+                read_socket(u.as_raw_fd(), spare, room, &mut n, &mut drained)
+            }),
             Stream::ServerTls(_) | Stream::ClientTls(_) => return None,
         };
-        let result = match result {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => Ok(n),
-            Ok(()) => Ok(n),
-            Err(e) => Err(e),
-        };
-        if let Ok(n) = result {
-            // SAFETY: read(2) wrote these `n` bytes (at most `room`) right after `buf`'s own.
-            unsafe { buf.set_len(buf.len() + n) };
+        match result {
+            Ok(()) => {}
+            Err(_) if drained => {}
+            Err(e) => return Some(Err(e)),
         }
-        Some(result)
+        // SAFETY: read(2) wrote these `n` bytes (at most `room`) right after `buf`'s own.
+        unsafe { buf.set_len(buf.len() + n) };
+        Some(Ok(n))
     }
 
     /// Writes to a plain socket (TCP or Unix) without the runtime's poll: as much as it takes
