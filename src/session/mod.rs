@@ -747,8 +747,11 @@ impl Session {
         {
             buffers::take_back_both(&mut self.client.rbuf, &mut self.client.wbuf);
         }
-        // A message already buffered is handled before either socket is read.
-        if self.may_read_client() && !matches!(frame(&self.client.rbuf, self.max_message), Ok(None))
+        // A message already buffered is handled before either socket is read. (Mostly nothing
+        // is: asked first, before the conditions of `may_read_client`.)
+        if !self.client.rbuf.is_empty()
+            && self.may_read_client()
+            && !matches!(frame(&self.client.rbuf, self.max_message), Ok(None))
         {
             return Poll::Ready(Event::ClientRead); // left unplanned by backpressure
         }
