@@ -799,6 +799,7 @@ impl Session {
     }
 
     /// Reads the client's socket if it may be read: an event, or None (nothing to read now).
+    #[inline(always)]
     fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         if !self.may_read_client() {
             self.client_read_armed = false;
@@ -897,7 +898,7 @@ impl Session {
     }
 
     /// Reads the server's socket, if a server is held and the client's output has room.
-    #[inline]
+    #[inline(always)]
     fn poll_server_read(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         let server = self.server.as_mut()?;
         if self.client.wbuf.len() >= HIGH_WATER {
