@@ -131,8 +131,8 @@ impl Stream {
     }
 
     /// Reads what a plain socket (TCP or Unix) holds into `buf`'s spare room without the
-    /// runtime's poll (its cooperative budget and the set-up of a read: ~40 instructions a
-    /// transaction, callgrind), for the first read after the runtime saw the socket readable,
+    /// runtime's poll (its cooperative budget and the set-up of a read: ~65 instructions a
+    /// read, callgrind), for the first read after the runtime saw the socket readable,
     /// which a poll would only confirm. As the runtime's `poll_read` does, a read that leaves
     /// room (the socket drained) clears the readiness seen before it, so that the next look
     /// waits for the runtime to see the socket readable again; so does a read that would

@@ -37,6 +37,7 @@ pub struct Retry {
     /// it is kept.
     query: bool,
 }
+
 /// A larger batch is not kept (its first statement's 0A000 reaches the client).
 const MAX_RETRY_BYTES: usize = 1 << 20;
 
@@ -139,14 +140,12 @@ impl Retry {
         if self.query {
             return true;
         }
-        let mut at = 0;
-        while let Some(&[tag, a, b, c, d]) = self.bytes.get(at..at + 5) {
+        for (tag, body) in crate::protocol::messages(&self.bytes) {
             match tag {
-                fe::DESCRIBE if self.bytes.get(at + 5) == Some(&b'P') => return true,
+                fe::DESCRIBE if body.first() == Some(&b'P') => return true,
                 fe::EXECUTE => return false,
                 _ => {}
             }
-            at += 1 + u32::from_be_bytes([a, b, c, d]) as usize;
         }
         false
     }
@@ -399,11 +398,10 @@ mod tests {
 
     /// Where the first Sync among `msgs` ends, as the session finds it framing them.
     fn sync_end(msgs: &[u8]) -> usize {
-        let mut at = 0;
-        while let Some(&[tag, a, b, c, d]) = msgs.get(at..at + 5) {
-            at += 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+        let mut messages = crate::protocol::messages(msgs);
+        while let Some((tag, _)) = messages.next() {
             if tag == fe::SYNC {
-                return at;
+                return messages.at;
             }
         }
         0
@@ -457,32 +455,25 @@ mod tests {
         let (mut complete, mut describes, mut executes) = (false, query, false);
         let mut kept = Vec::new();
         let mut keeping = true;
-        for msg in consumed.iter().flat_map(|run| {
-            let mut at = 0;
-            std::iter::from_fn(move || {
-                let &[_, a, b, c, d] = run.get(at..at + 5)? else {
-                    return None;
-                };
-                let end = at + 1 + u32::from_be_bytes([a, b, c, d]) as usize;
-                let msg = &run[at..end];
-                at = end;
-                Some(msg)
-            })
-        }) {
-            if complete {
-                break;
-            }
-            let tag = msg[0];
-            keeping &= describes || !(executes || tag == fe::EXECUTE);
-            if keeping {
-                kept.extend_from_slice(msg);
-            }
-            match tag {
-                fe::SYNC => complete = true,
-                fe::QUERY if query => complete = true,
-                fe::EXECUTE => executes = true,
-                fe::DESCRIBE if msg.get(5) == Some(&b'P') && !executes => describes = true,
-                _ => {}
+        for run in consumed {
+            let mut messages = crate::protocol::messages(run);
+            let mut start = 0;
+            while let Some((tag, body)) = messages.next() {
+                if complete {
+                    break;
+                }
+                keeping &= describes || !(executes || tag == fe::EXECUTE);
+                if keeping {
+                    kept.extend_from_slice(&run[start..messages.at]);
+                }
+                match tag {
+                    fe::SYNC => complete = true,
+                    fe::QUERY if query => complete = true,
+                    fe::EXECUTE => executes = true,
+                    fe::DESCRIBE if body.first() == Some(&b'P') && !executes => describes = true,
+                    _ => {}
+                }
+                start = messages.at;
             }
         }
         (complete, complete && describes, kept)
