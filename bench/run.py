@@ -424,12 +424,18 @@ def wait_port(name: str, host: str, port: int, proc: subprocess.Popen, logfile: 
 
 def proc_cpu_ticks(pid: Optional[int]) -> Optional[int]:
     """utime+stime of the process (all threads, also exited ones), in clock ticks."""
+    split = proc_cpu_split(pid)
+    return sum(split) if split is not None else None
+
+
+def proc_cpu_split(pid: Optional[int]) -> Optional[tuple[int, int]]:
+    """(utime, stime) of the process (all threads, also exited ones), in clock ticks."""
     if pid is None:
         return None
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat(5)
+        return int(fields[11]), int(fields[12])  # fields 14 and 15 of stat(5)
     except (OSError, IndexError, ValueError):
         return None
 
@@ -1161,6 +1167,7 @@ class Run:
     aborted_clients: int = 0
     proxy_cpu_s: Optional[float] = None
     proxy_cpu_us_per_tx: Optional[float] = None
+    proxy_user_us_per_tx: Optional[float] = None  # the user-space part (utime) of the above
     proxy_rss_kib: Optional[int] = None
     cache_hits: Optional[int] = None        # pgmemo+cache: result-cache hits during the run
     cache_misses: Optional[int] = None      # ... and misses (queries sent to fill the cache)
@@ -1232,7 +1239,7 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
         return run
     run.started = dt.datetime.now().isoformat(timespec="seconds")
     counters0 = cache_counters(t.metrics_url)  # before the CPU reading: the scrape is not the run's
-    cpu0 = proc_cpu_ticks(pid)
+    cpu0 = proc_cpu_split(pid)
     t0 = time.monotonic()
     p = ctx.procs.spawn("pgbench", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                         env=t.env(), text=True, stop_signal=signal.SIGINT)
@@ -1249,7 +1256,7 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
     finally:
         ctx.procs.stop(p, timeout=1)
     run.wall_s = round(time.monotonic() - t0, 3)
-    cpu1 = proc_cpu_ticks(pid)
+    cpu1 = proc_cpu_split(pid)
     counters1 = cache_counters(t.metrics_url)
     run.proxy_rss_kib = proc_status_kib(pid)
     if counters0 is not None and counters1 is not None:
@@ -1269,9 +1276,11 @@ def run_pgbench(ctx: "Ctx", t: Target, wl: Workload, clients: int, duration: int
             if run.round >= 0:  # not a warm-up
                 ctx.latencies.setdefault((wl.name, t.name), []).extend(lat)
     if cpu0 is not None and cpu1 is not None:
-        run.proxy_cpu_s = round((cpu1 - cpu0) / CLK_TCK, 3)
+        user_s = (cpu1[0] - cpu0[0]) / CLK_TCK
+        run.proxy_cpu_s = round(user_s + (cpu1[1] - cpu0[1]) / CLK_TCK, 3)
         if run.transactions:
             run.proxy_cpu_us_per_tx = round(run.proxy_cpu_s * 1e6 / run.transactions, 2)
+            run.proxy_user_us_per_tx = round(user_s * 1e6 / run.transactions, 2)
     problems = []
     if timed_out:
         problems.append(f"timed out after {duration + ctx.grace_s} s (killed)")
@@ -1734,6 +1743,7 @@ class Cell:
     runs: list
     ok_tps: list = field(default_factory=list)
     cpu: list = field(default_factory=list)
+    user: list = field(default_factory=list)  # the user-space part of each `cpu`
     hit: list = field(default_factory=list)  # cache hit ratios of the runs that have one
     nfail: int = 0
 
@@ -1763,6 +1773,8 @@ def cells_of(runs: list[Run]) -> dict:
             c.ok_tps.append(r.tps)
             if r.proxy_cpu_us_per_tx is not None:
                 c.cpu.append(r.proxy_cpu_us_per_tx)
+                if r.proxy_user_us_per_tx is not None:
+                    c.user.append(r.proxy_user_us_per_tx)
         else:
             c.nfail += 1
         if r.cache_hit_ratio is not None:
@@ -1821,7 +1833,12 @@ def best_peer_text(cells: dict, key: tuple, peers: list[str]) -> str:
 
 
 def cpu_text(cell: Optional[Cell]) -> str:
-    return fmt_range(cell.cpu, lambda x: f"{x:.1f}") if cell else ""
+    """CPU per transaction over the rounds, with the median of its user-space part: the rest
+    is the kernel's, mostly the same system calls and wake-ups for every proxy."""
+    if not cell:
+        return ""
+    text = fmt_range(cell.cpu, lambda x: f"{x:.1f}")
+    return text + (f" (user {statistics.median(cell.user):.1f})" if cell.user else "")
 
 
 def tps_cell_text(cells: dict, key: tuple, t: Target) -> str:
@@ -1898,6 +1915,8 @@ def cell_rows(args, targets: list[Target], runs: list[Run]) -> list[dict]:
                     cell = cells.get(key + (t.name,))
                     row[f"{t.name}_cpu_us_per_tx"] = num(statistics.median(cell.cpu) if cell and cell.cpu
                                                          else None, 2)
+                    row[f"{t.name}_user_cpu_us_per_tx"] = num(statistics.median(cell.user)
+                                                              if cell and cell.user else None, 2)
             for t in targets:
                 if t.cache:  # the Result cache table's columns (empty outside the cache workloads)
                     cell = cells.get(key + (t.name,))
@@ -2308,7 +2327,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             + (f"`pgmemo/best peer`: pgmemo's median over the best median among the peer poolers "
                f"({', '.join(t.name for t in targets if t.is_peer)}), that peer in parentheses; "
                if comparisons(targets)[2] else "")
-            + "µs CPU/tx = proxy utime+stime (all threads) / transactions."
+            + "µs CPU/tx = proxy utime+stime (all threads) / transactions, the median utime part "
+            "in parentheses (`user`: the proxy's own code; the rest is the kernel's)."
             + (f" {CACHE_TARGET} (pgmemo --cache) runs only the cache workloads (`—` elsewhere)."
                if ctx.pgmemo_cache else ""),
             ""]

@@ -58,6 +58,7 @@ CEILING_TARGET = "ceiling"  # bench/ceiling.c: cache-hot only, not a proxy
 CLIENTS = [8]
 CELL_RE = re.compile(r"^(?:[\d,]+(?: \([\d,]+–[\d,]+\))?(?: FAIL\(\d+/\d+\))?|FAIL\(\d+/\d+\))$")
 BEST_RE = re.compile(r"^(?:—|\d+\.\d\d\*? \((?:pgbouncer|odyssey)-\S+\))$")
+CPU_RE = re.compile(r"^\d+\.\d(?: \(\d+\.\d–\d+\.\d\))? \(user \d+\.\d\)$")  # µs CPU/tx, its user part
 PEER_KINDS = ("pgbouncer", "odyssey")
 
 
@@ -204,6 +205,10 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
                         problems.append(f"cell {wl}/{c}/{t} is {v!r}, expected a TPS or FAIL(k/n)")
                     if t == "direct" and "FAIL" in v:
                         problems.append(f"direct PostgreSQL failed in {wl}/{c}: harness problem")
+                for t in proxies:
+                    v = row.get(f"{t} µs CPU/tx", "")
+                    if runs_wl(t, wl) and v and not CPU_RE.match(v):
+                        problems.append(f"CPU cell {wl}/{c}/{t} is {v!r}, expected µs and its user part")
                 if has_best and not BEST_RE.match(row.get("pgmemo/best peer", "")):
                     problems.append(f"pgmemo/best peer in {wl}/{c} is {row.get('pgmemo/best peer')!r}")
         with open(out / "runs.csv") as f:
