@@ -736,10 +736,13 @@ impl Pool {
         };
         // The last clock reading.
         let mut now = started;
+        // The rare ways (a paused pool, a connect, a check) are boxed: a waiting client's
+        // future, made and moved into its box at every wait, stays small (the whole
+        // connect-and-login in it was ~300 instructions of copying a wait, callgrind).
         loop {
             let grant = match self.grant_or_queue(now)? {
                 Look::Paused => {
-                    self.wait_resumed(&wait, &settings).await?;
+                    Box::pin(self.wait_resumed(&wait, &settings)).await?;
                     now = Moment::now();
                     continue;
                 }
@@ -755,20 +758,34 @@ impl Pool {
                     // Its slot (and budget) now the new connection's.
                     self.forget(&conn);
                     tokio::spawn(conn.terminate());
-                    return self
-                        .open_granted(&settings, wait.deadline, started, dedicated)
-                        .await;
+                    return Box::pin(self.open_granted(
+                        &settings,
+                        wait.deadline,
+                        started,
+                        dedicated,
+                    ))
+                    .await;
                 }
                 Grant::Conn(conn) => {
-                    if let Some(conn) = self.ready(conn, &settings, now).await {
+                    let ready = if settings.limits().due_for_check(&conn, now) {
+                        Box::pin(self.checked(conn, &settings)).await
+                    } else {
+                        Some(conn)
+                    };
+                    if let Some(mut conn) = ready {
+                        Self::activate(&mut conn, now);
                         self.note_wait(started, now);
                         return Ok(conn);
                     }
                 }
                 Grant::Slot => {
-                    return self
-                        .open_granted(&settings, wait.deadline, started, dedicated)
-                        .await
+                    return Box::pin(self.open_granted(
+                        &settings,
+                        wait.deadline,
+                        started,
+                        dedicated,
+                    ))
+                    .await
                 }
             }
         }
@@ -876,29 +893,30 @@ impl Pool {
         true
     }
 
-    /// A granted connection made ready to hand out: checked first when it has been idle
-    /// past server_check_delay; None when that check failed (it is closed).
-    async fn ready(
+    /// A granted connection idle past server_check_delay, checked with server_check_query:
+    /// None when that check failed (it is closed).
+    async fn checked(
         &self,
         mut conn: Box<ServerConn>,
         settings: &PoolSettings,
-        now: Moment,
     ) -> Option<Box<ServerConn>> {
-        if settings.limits().due_for_check(&conn, now) {
-            conn.set_state(ServerState::Tested);
-            if conn
-                .internal_query(&settings.server_check_query)
-                .await
-                .is_err()
-            {
-                self.release_slot(&conn);
-                return None;
-            }
+        conn.set_state(ServerState::Tested);
+        if conn
+            .internal_query(&settings.server_check_query)
+            .await
+            .is_err()
+        {
+            self.release_slot(&conn);
+            return None;
         }
+        Some(conn)
+    }
+
+    /// A granted connection made ready to hand out (checked first if it was due).
+    fn activate(conn: &mut ServerConn, now: Moment) {
         conn.set_state(ServerState::Active);
         conn.checked_out = now;
         conn.info.note_request(now);
-        Some(conn)
     }
 
     /// Opens a connection in a granted slot; the slot passes on if that fails.
