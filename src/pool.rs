@@ -630,7 +630,6 @@ impl Pool {
 
     /// An idle connection ready to hand out, or None (then [`Pool::checkout_slowly`]).
     fn take_idle_now(&self) -> Option<Box<ServerConn>> {
-        let now = Moment::now();
         let mut st = self.state.lock();
         if st.closed || st.paused {
             return None;
@@ -639,6 +638,8 @@ impl Pool {
         // used (see workers.rs; with one worker, always the last).
         let here = crate::workers::current();
         let last = st.idle.last()?;
+        // The clock once there is one to take (a client that waits reads it for its wait).
+        let now = Moment::now();
         let mut conn = match (st.limits.round_robin, last.worker == here) {
             (false, true) => st.idle.pop()?,
             (false, false) => take_from(&mut st.idle, here),
