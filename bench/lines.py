@@ -4,6 +4,7 @@
     PROFILE_INSTR=1 PROFILE_KEEP=DIR bench/profile.sh -p PGPORT -m MODE -c 8 -t 500 -r 1 -n BIN
     python3 bench/lines.py DIR/BIN-MODE.callgrind BIN --tx 4000 [--function NAME] [--top N]
     python3 bench/lines.py DIR/BIN-MODE.callgrind BIN --tx 4000 --line src/replies.rs:432
+    python3 bench/lines.py DIR/BIN-MODE.callgrind BIN --tx 4000 --footprint
 
 bench/split.py says which feature a transaction's instructions go to, by the file of the code
 callgrind counted; callgrind_annotate says which line, but an inlined function's lines are
@@ -102,8 +103,14 @@ def main():
     parser.add_argument(
         "--line", help="FILE:LINE (as listed): its instructions, disassembled, with their counts"
     )
+    parser.add_argument(
+        "--footprint", action="store_true",
+        help="how much code runs in every transaction: its distinct 64-byte lines and 4 KiB pages",
+    )
     args = parser.parse_args()
     cost = costs(args.profile, args.binary, args.function)
+    if args.footprint:
+        return footprint(args.binary, cost, args.tx)
     frames = chains(args.binary, cost)
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..")) + "/"
     by_line = collections.Counter()
@@ -124,6 +131,19 @@ def main():
     print(f"{args.binary}: {total / args.tx:,.0f} instructions a transaction in the binary itself")
     for key, c in by_line.most_common(args.top):
         print(f"{c / args.tx:8.1f}  {key}")
+
+
+def footprint(binary, cost, tx):
+    """The binary's code that runs at least once a transaction on average: after a sleep it is
+    fetched again into caches the other processes used meanwhile, so the fewer cache lines and
+    pages it spans, the cheaper a wake-up (a profile-guided build lays it out together)."""
+    hot = [a for a, c in cost.items() if c >= tx]
+    lines = {a // 64 for a in hot}
+    pages = {a // 4096 for a in hot}
+    every = sum(cost[a] for a in hot) / tx
+    print(f"{binary}: {len(hot):,} instructions run every transaction ({every:,.0f} executed a "
+          f"transaction), in {len(lines):,} 64-byte lines ({len(lines) * 64 / 1024:,.1f} KiB) "
+          f"on {len(pages):,} 4 KiB pages")
 
 
 def disassemble(binary, cost, tx):
