@@ -843,18 +843,13 @@ impl Session {
                 .stream
                 .try_read_buf_socket(&mut self.client.rbuf)
             {
-                Some(Ok(0)) => return Some(Event::ClientGone(None)),
-                Some(Ok(_)) => return Some(Event::ClientRead),
-                Some(Err(e)) if e.kind() != io::ErrorKind::WouldBlock => {
-                    return Some(Event::ClientGone(Some(e)))
-                }
-                Some(Err(_)) | None => {} // polled below, which registers the waker
+                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {} // polled below
+                None => {} // polled below, which registers the waker
+                Some(read) => return Some(read_event(read, Event::ClientRead, Event::ClientGone)),
             }
         }
         match poll_read_buf(Pin::new(&mut self.client.stream), cx, &mut self.client.rbuf) {
-            Poll::Ready(Ok(0)) => Some(Event::ClientGone(None)),
-            Poll::Ready(Ok(_)) => Some(Event::ClientRead),
-            Poll::Ready(Err(e)) => Some(Event::ClientGone(Some(e))),
+            Poll::Ready(read) => Some(read_event(read, Event::ClientRead, Event::ClientGone)),
             Poll::Pending => {
                 self.client_read_armed = self.registration_stays();
                 None
@@ -924,18 +919,13 @@ impl Session {
         // The wake-up after that Pending: read without another poll (as the client's).
         if std::mem::take(&mut server.read_armed) {
             match server.stream.try_read_buf_socket(&mut server.rbuf) {
-                Some(Ok(0)) => return Some(Event::ServerGone(None)),
-                Some(Ok(_)) => return Some(Event::ServerRead),
-                Some(Err(e)) if e.kind() != io::ErrorKind::WouldBlock => {
-                    return Some(Event::ServerGone(Some(e)))
-                }
-                Some(Err(_)) | None => {} // polled below, which registers the waker
+                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {} // polled below
+                None => {} // polled below, which registers the waker
+                Some(read) => return Some(read_event(read, Event::ServerRead, Event::ServerGone)),
             }
         }
         match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
-            Poll::Ready(Ok(0)) => Some(Event::ServerGone(None)),
-            Poll::Ready(Ok(_)) => Some(Event::ServerRead),
-            Poll::Ready(Err(e)) => Some(Event::ServerGone(Some(e))),
+            Poll::Ready(read) => Some(read_event(read, Event::ServerRead, Event::ServerGone)),
             Poll::Pending => {
                 server.read_armed = true;
                 None
@@ -1141,6 +1131,20 @@ fn poll_write_buf(stream: &mut Stream, buf: &mut BytesMut, cx: &mut Context<'_>)
         return Ok(());
     }
     poll_write_some(stream, buf, cx)
+}
+
+/// What a read of a socket came to: bytes (`read`), or its end or an error (`gone`).
+#[inline(always)]
+fn read_event(
+    result: io::Result<usize>,
+    read: Event,
+    gone: fn(Option<io::Error>) -> Event,
+) -> Event {
+    match result {
+        Ok(0) => gone(None),
+        Ok(_) => read,
+        Err(e) => gone(Some(e)),
+    }
 }
 
 /// [`poll_write_buf`] when there is something to write or a TLS stream to flush.
