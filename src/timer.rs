@@ -100,13 +100,16 @@ impl Timers {
         (slot, number)
     }
 
+    /// `slot`, if it still holds the timer `number` (live, or ended and not reused).
+    fn slot_of(&mut self, slot: u32, number: u64) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(slot as usize)
+            .filter(|s| s.number == number)
+    }
+
     /// The waker of the live timer `number` in `slot`.
     fn get_mut(&mut self, slot: u32, number: u64) -> Option<&mut Waker> {
-        let s = self.slots.get_mut(slot as usize)?;
-        if s.number != number {
-            return None;
-        }
-        s.waker.as_mut()
+        self.slot_of(slot, number)?.waker.as_mut()
     }
 
     /// Cancels the timer `number` in `slot`, if live: its waker.
@@ -123,11 +126,7 @@ impl Timers {
     }
 
     fn take(&mut self, slot: u32, number: u64) -> Option<Waker> {
-        let s = self.slots.get_mut(slot as usize)?;
-        if s.number != number {
-            return None;
-        }
-        let waker = s.waker.take()?;
+        let waker = self.slot_of(slot, number)?.waker.take()?;
         self.free.push(slot);
         self.live -= 1;
         Some(waker)
@@ -181,21 +180,22 @@ impl Wheel {
     /// Sets the timer `key` (made if None, or set on another wheel) to wake `waker` at
     /// `deadline`.
     fn set(&mut self, key: &mut Option<(u64, u64)>, deadline: u64, waker: &Waker) {
-        if let Some(k) = *key {
-            if let Some(slot) = slot_on(self.id, k) {
-                if let Some(w) = self.timers.get_mut(slot, k.1) {
-                    if !w.will_wake(waker) {
-                        w.clone_from(waker);
-                    }
-                    return;
-                }
+        if let Some(w) = key.and_then(|k| self.timers.get_mut(slot_on(self.id, k)?, k.1)) {
+            if !w.will_wake(waker) {
+                w.clone_from(waker);
             }
+            return;
         }
         let timer = self.timers.insert(deadline, waker.clone());
         *key = Some(timer_key(self.id, timer));
         if deadline < self.armed {
             self.arm(deadline);
         }
+    }
+
+    /// Cancels the timer `key` if it is this wheel's and live: its waker.
+    fn remove(&mut self, key: (u64, u64)) -> Option<Waker> {
+        self.timers.remove(slot_on(self.id, key)?, key.1)
     }
 
     fn arm(&mut self, deadline: u64) {
@@ -375,10 +375,7 @@ impl Sleep {
             let Some(w) = w.as_mut() else {
                 return;
             };
-            let Some(slot) = slot_on(w.id, key) else {
-                return;
-            };
-            if let Some(waker) = w.timers.remove(slot, key.1) {
+            if let Some(waker) = w.remove(key) {
                 w.set(&mut this.key, this.deadline, &waker);
             }
         });
@@ -392,9 +389,7 @@ impl Sleep {
         let _ = WHEEL.try_with(|w| {
             if let Ok(mut w) = w.try_borrow_mut() {
                 if let Some(w) = w.as_mut() {
-                    if let Some(slot) = slot_on(w.id, key) {
-                        w.timers.remove(slot, key.1);
-                    }
+                    w.remove(key);
                 }
             }
         });
