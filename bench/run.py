@@ -25,6 +25,13 @@ Targets (columns of the tables, in this order):
                     canned row and does nothing else: run only in the cache-hot
                     workloads (whose rows pgbench does not check), the TPS this
                     machine and pgbench reach with no work behind the socket;
+  * relay           bench/relay.c (compiled with cc into the temp dir; --no-relay
+                    leaves it out), the relay floor: each client gets its own
+                    connection to PostgreSQL and bytes are copied both ways, nothing
+                    else (no parsing, no pooling): run in every row but the cache
+                    workloads, what any proxy costs on this machine before doing
+                    anything (`pgmemo/relay`; at one client most of the latency every
+                    proxy adds); not a peer;
   * pgbouncer-1.25, odyssey-1.5
                     the peers, built from source by REPO/../shared/peers/build.sh
                     into --peers-prefix (default /opt/peers; built there once,
@@ -168,6 +175,10 @@ CACHE_TARGET = "pgmemo+cache"
 # cache-hot workloads (pgbench does not read their rows) as the most any target could reach.
 CEILING_TARGET = "ceiling"
 CEILING_SRC = BENCH_DIR / "ceiling.c"
+# bench/relay.c: a byte relay with an upstream connection per client, run in the forwarding
+# rows as the least any proxy can cost (the kernel's extra sends, reads and wake-ups).
+RELAY_TARGET = "relay"
+RELAY_SRC = BENCH_DIR / "relay.c"
 # The same client limit for every proxy, above the largest default idle-client test (5000).
 MAX_CLIENT_CONN = 6000
 # Sources, build script and config templates of the peers (shared by the projects compared).
@@ -685,16 +696,19 @@ class Target:
     user: str = DB_USER
     database: str = DB_NAME
     password: Optional[str] = None
-    kind: str = "external"           # direct | pgmemo | pgbouncer | odyssey | external
+    kind: str = "external"           # direct | pgmemo | pgbouncer | odyssey | ceiling | relay | external
     server: object = None            # the Server that runs it (None for direct/external)
     broken: Optional[str] = None     # why its runs were not done
     cache: bool = False              # pgmemo+cache: runs only the cache workloads
 
     def runs(self, wl: "Workload") -> bool:
         """Whether this target runs workload wl (pgmemo+cache: only the cache ones; the
-        ceiling: only cache-hot; their other cells are not run by design, not failures)."""
+        ceiling: only cache-hot; the relay: all but the cache ones; their other cells are not
+        run by design, not failures)."""
         if self.kind == "ceiling":
             return wl.is_cache_hot
+        if self.kind == "relay":
+            return not wl.is_cache
         return wl.is_cache or not self.cache
 
     @property
@@ -1034,13 +1048,12 @@ class Pgmemo(ChildServer):
         return self.port
 
 
-class Ceiling(ChildServer):
-    """bench/ceiling.c, compiled with the system's C compiler into the temp dir: a
-    PostgreSQL-protocol server that answers every query at once with a canned row
-    (see the file). Its TPS in the cache-hot workloads is what this machine and
-    pgbench reach with no work at all behind the socket."""
-    kind = "ceiling"
-    name = CEILING_TARGET
+class CompiledServer(ChildServer):
+    """A server of bench/ written in C (`source`), compiled with the system's C compiler into
+    the temp dir and run as our child on a free port."""
+    kind = ""
+    name = ""
+    source: Path
 
     def __init__(self, ctx: "Ctx", compiler: str) -> None:
         self.ctx, self.compiler = ctx, compiler
@@ -1048,19 +1061,44 @@ class Ceiling(ChildServer):
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
 
+    def arguments(self) -> list[str]:
+        """Its command line after the binary (`self.port` chosen)."""
+        return [str(self.port)]
+
     def start(self) -> int:
         c = self.ctx
-        binary = c.tmp / "ceiling"
-        r = subprocess.run([self.compiler, "-O2", "-o", str(binary), str(CEILING_SRC)],
+        binary = c.tmp / self.name
+        r = subprocess.run([self.compiler, "-O2", "-o", str(binary), str(self.source)],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            raise BenchError(f"{self.compiler} {CEILING_SRC.name} failed: {one_line(r.stderr)[:300]}")
+            raise BenchError(f"{self.compiler} {self.source.name} failed: {one_line(r.stderr)[:300]}")
         self.port = free_port()
         lf = c.open_log(self.logfile)
-        self.proc = c.procs.spawn(self.name, [str(binary), str(self.port)], stdout=lf,
+        self.proc = c.procs.spawn(self.name, [str(binary)] + self.arguments(), stdout=lf,
                                   stderr=subprocess.STDOUT)
         wait_port(self.name, "127.0.0.1", self.port, self.proc, self.logfile)
         return self.port
+
+
+class Ceiling(CompiledServer):
+    """bench/ceiling.c: a PostgreSQL-protocol server that answers every query at once with a
+    canned row (see the file). Its TPS in the cache-hot workloads is what this machine and
+    pgbench reach with no work at all behind the socket."""
+    kind = "ceiling"
+    name = CEILING_TARGET
+    source = CEILING_SRC
+
+
+class Relay(CompiledServer):
+    """bench/relay.c: bytes copied between each client and a PostgreSQL connection of its own
+    (see the file). Its cells in the forwarding rows are what any proxy costs on this machine
+    before it does anything: a floor for pgmemo's and the peers'."""
+    kind = "relay"
+    name = RELAY_TARGET
+    source = RELAY_SRC
+
+    def arguments(self) -> list[str]:
+        return [str(self.port), str(self.ctx.pg.port)]
 
 
 # --------------------------------------------------------------------------
@@ -1323,6 +1361,7 @@ class Ctx:
         self.pgmemo: Optional[Pgmemo] = None
         self.pgmemo_cache: Optional[Pgmemo] = None  # pgmemo+cache, with cache workloads only
         self.ceiling: Optional[Ceiling] = None  # with the cache-hot workloads, unless --no-ceiling
+        self.relay: Optional[Relay] = None  # with the forwarding workloads, unless --no-relay
         self.pgmemo_variants: list[Pgmemo] = []  # --pgmemo-variant, in every cell
         # The other poolers we start: the peers (PgBouncer 1.25, Odyssey), then Debian's PgBouncer.
         self.poolers: list = []
@@ -1387,7 +1426,7 @@ def parse_target(spec: str) -> Target:
         if not host or not port.isdigit():
             raise BenchError(f"--target {spec}: expected NAME=host:port")
         t = Target(name or addr, host, int(port))
-    if t.name in ("direct", "pgmemo", CACHE_TARGET, CEILING_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-", "pgmemo-")):
+    if t.name in ("direct", "pgmemo", CACHE_TARGET, CEILING_TARGET, RELAY_TARGET) or t.name.startswith(("pgbouncer-", "odyssey-", "pgmemo-")):
         raise BenchError(f"--target name {t.name!r} is reserved")
     return t
 
@@ -1441,6 +1480,9 @@ def build_args(argv=None):
                    help=f"where the peers PgBouncer 1.25 (DIR/{PEER_BINARIES['pgbouncer']}) and Odyssey 1.5 "
                         f"(DIR/{PEER_BINARIES['odyssey']}) are; built there with {PEERS_SRC}/build.sh DIR "
                         "(~2 min, once) when missing, going on without them if that fails")
+    p.add_argument("--no-relay", action="store_true",
+                   help="leave out the relay floor (bench/relay.c, compiled with cc): bytes copied "
+                        "between each client and a PostgreSQL connection of its own, nothing else")
     p.add_argument("--no-peers", action="store_true", help="leave the peers PgBouncer 1.25 and Odyssey out")
     p.add_argument("--no-pgbouncer", action="store_true",
                    help="leave Debian's PgBouncer (package pgbouncer, e.g. pgbouncer-1.18) out")
@@ -1575,6 +1617,15 @@ def setup_targets(ctx: Ctx) -> list[Target]:
             t.broken = f"did not start: {one_line(str(e))[:300]}"
             warn(f"{s.name}: {t.broken}")
         targets.append(t)
+    if ctx.relay is not None:
+        s = ctx.relay
+        t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
+        try:
+            t.port = s.start()
+            log(f"{s.name} up on 127.0.0.1:{t.port} (pid {s.pid}): {RELAY_SRC.name}, the relay floor")
+            targets.append(t)
+        except BenchError as e:
+            warn(f"{s.name}: {e}; the tables go without it")
     for spec in a.target:
         targets.append(parse_target(spec))
     return targets
@@ -1666,8 +1717,10 @@ def warm_up_cache_workload(ctx: Ctx, targets: list[Target], wl: Workload, client
 def memory_test(ctx: Ctx, targets: list[Target]) -> list[dict]:
     rows = []
     for t in targets:
-        if t.server is None or t.broken or t.cache or t.kind == "ceiling":
-            continue  # pgmemo+cache: the same binary as pgmemo, its cache empty with idle clients
+        if t.server is None or t.broken or t.cache or t.kind in ("ceiling", "relay"):
+            # pgmemo+cache: the same binary as pgmemo, its cache empty with idle clients; the
+            # relay: no pooler (a PostgreSQL connection per client)
+            continue
         for n in ctx.args.idle_clients:
             row = {"target": t.name, "idle_clients": n, "opened": 0, "failed": n,
                    "rss_before_kib": None, "rss_after_kib": None, "kib_per_client": None,
@@ -1814,7 +1867,7 @@ def comparisons(targets: list[Target]) -> tuple[list[tuple[str, str]], list[str]
     if "direct" in names:
         pairs += [(p.name, "direct") for p in proxies]
     for p in proxies:
-        if p.kind == "external" and "pgmemo" in names:
+        if p.kind in ("external", "relay") and "pgmemo" in names:
             pairs.append(("pgmemo", p.name))
     return pairs, peers, "pgmemo" in names and bool(peers)
 
@@ -2241,6 +2294,13 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             log(f"cache-hot workloads selected: also {CEILING_TARGET} ({CEILING_SRC.name}), for those only")
         else:
             warn(f"no C compiler (cc): going on without {CEILING_TARGET}")
+    if not all(w.is_cache for w in ctx.workloads) and not args.no_relay:
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler:
+            ctx.relay = Relay(ctx, compiler)
+            log(f"also {RELAY_TARGET} ({RELAY_SRC.name}): the relay floor, in the forwarding rows")
+        else:
+            warn(f"no C compiler (cc): going on without {RELAY_TARGET}")
 
     need_fds = max(args.idle_clients or [0]) + 1024
     lim = raise_nofile(need_fds)
@@ -2251,7 +2311,8 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
     n_targets = 1 + n_ours + len(args.target)
     n_cache = sum(w.is_cache for w in ctx.workloads) if ctx.pgmemo_cache else 0  # pgmemo+cache's rows
     n_hot = sum(w.is_cache_hot for w in ctx.workloads) if ctx.ceiling else 0  # the ceiling's rows
-    n_runs = (len(ctx.workloads) * n_targets + n_cache + n_hot) * len(args.clients) * args.rounds
+    n_relay = sum(not w.is_cache for w in ctx.workloads) if ctx.relay else 0  # the relay's rows
+    n_runs = (len(ctx.workloads) * n_targets + n_cache + n_hot + n_relay) * len(args.clients) * args.rounds
     est = n_runs * (args.duration + 0.3) + 10 + (n_targets + bool(n_cache)) * args.warmup \
         + sum(3 + n / 1500 for n in args.idle_clients) * n_ours \
         + n_cache * (n_targets + 1) * args.cache_warmup
@@ -2330,7 +2391,11 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
             + "µs CPU/tx = proxy utime+stime (all threads) / transactions, the median utime part "
             "in parentheses (`user`: the proxy's own code; the rest is the kernel's)."
             + (f" {CACHE_TARGET} (pgmemo --cache) runs only the cache workloads (`—` elsewhere)."
-               if ctx.pgmemo_cache else ""),
+               if ctx.pgmemo_cache else "")
+            + (f" {RELAY_TARGET} ({RELAY_SRC.name}) is the relay floor: bytes copied between each "
+               "client and a PostgreSQL connection of its own, no pooling, no parsing; what any "
+               "proxy costs here before doing anything (not a peer; not in the cache workloads)."
+               if any(t.kind == "relay" for t in targets) else ""),
             ""]
     body = head + [tbl, ""]
     if latency_tbl:

@@ -15,6 +15,9 @@ checks that:
   * the target ceiling (bench/ceiling.c, when a C compiler is there) runs cache-hot
     only, has no CPU column and no memory row, and has its column in the "Result
     cache" table;
+  * the target relay (bench/relay.c, the relay floor, when a C compiler is there)
+    runs every workload but cache-hot, has a CPU column, no memory row, and the
+    table a `pgmemo/relay` column with pgmemo;
   * direct PostgreSQL never fails (if it does, the harness is broken);
   * runs.csv has one row per run, cells.csv one per cell, the memory table a row
     per proxy (but pgmemo+cache, which the harness leaves out of it);
@@ -55,6 +58,7 @@ WORKLOADS = ["simple", "extended", "prepared", "orm-simple", "cache-hot"]
 CACHE_WORKLOADS = ["cache-hot"]  # the only ones pgmemo+cache runs
 CACHE_TARGET = "pgmemo+cache"
 CEILING_TARGET = "ceiling"  # bench/ceiling.c: cache-hot only, not a proxy
+RELAY_TARGET = "relay"  # bench/relay.c: all but the cache workloads, a proxy but no pooler
 CLIENTS = [8]
 CELL_RE = re.compile(r"^(?:[\d,]+(?: \([\d,]+–[\d,]+\))?(?: FAIL\(\d+/\d+\))?|FAIL\(\d+/\d+\))$")
 BEST_RE = re.compile(r"^(?:—|\d+\.\d\d\*? \((?:pgbouncer|odyssey)-\S+\))$")
@@ -166,7 +170,8 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         # pgmemo and, for the cache workload, pgmemo+cache (the same binary with --cache)
         want_kinds = {"direct": 1, "pgmemo": 2 * int("pgmemo" in targets),
                       "pgbouncer": int(debian_bouncer) + int(not why), "odyssey": int(not why),
-                      "ceiling": int(bool(shutil.which("cc") or shutil.which("gcc")))}
+                      "ceiling": int(bool(shutil.which("cc") or shutil.which("gcc"))),
+                      "relay": int(bool(shutil.which("cc") or shutil.which("gcc")))}
         for kind, n in want_kinds.items():
             if len(kinds.get(kind, [])) != n:
                 problems.append(f"expected {n} target(s) of kind {kind}, got {kinds.get(kind, [])}")
@@ -175,7 +180,10 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         has_cache = CACHE_TARGET in targets
         if has_cache != ("pgmemo" in targets):
             problems.append(f"target {CACHE_TARGET} expected exactly when pgmemo runs: {targets}")
-        runs_wl = lambda t, wl: t not in (CACHE_TARGET, CEILING_TARGET) or wl in CACHE_WORKLOADS  # its cells
+        def runs_wl(t, wl):  # its cells
+            if t == RELAY_TARGET:
+                return wl not in CACHE_WORKLOADS
+            return t not in (CACHE_TARGET, CEILING_TARGET) or wl in CACHE_WORKLOADS
         peers = [t["name"] for t in meta["targets"] if t["kind"] in PEER_KINDS]
         header, rows = parse_table(r.stdout)
         if header is None:
@@ -187,6 +195,8 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
             if f"{t} µs CPU/tx" not in header:
                 problems.append(f"table has no CPU column for {t}: {header}")
         has_best = "pgmemo" in targets and bool(peers)
+        if "pgmemo" in targets and RELAY_TARGET in targets and f"pgmemo/{RELAY_TARGET}" not in header:
+            problems.append(f"column `pgmemo/{RELAY_TARGET}` missing: {header}")
         if has_best != ("pgmemo/best peer" in header):
             problems.append(f"column `pgmemo/best peer` {'missing' if has_best else 'unexpected'}: {header}")
         for wl in WORKLOADS:
@@ -232,9 +242,11 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         for t in proxies:
             mine = [x for x in runs if x["target"] == t]
             # a proxy that was never skipped as broken must have been memory-tested
-            if t != CACHE_TARGET and mine and not any(x["error"].startswith("not run") for x in mine) \
+            if t not in (CACHE_TARGET, RELAY_TARGET) and mine and not any(x["error"].startswith("not run") for x in mine) \
                     and t not in mem:
                 problems.append(f"memory.csv has no row for {t}")
+        if RELAY_TARGET in mem:
+            problems.append(f"memory.csv has a row for {RELAY_TARGET} (no pooler: a connection per client)")
         if mem and "| proxy | idle clients |" not in r.stdout:
             problems.append("memory table missing from stdout")
         if importlib.util.find_spec("matplotlib") and not (out / "tps.png").stat().st_size > 0:
