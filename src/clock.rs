@@ -5,7 +5,9 @@
 //! `Instant`'s is a checked timespec subtraction in a call, ~37 instructions, made six times a
 //! transaction (callgrind, issue 32). A `u64` of nanoseconds lasts 584 years of uptime.
 //!
-//! Deadlines handed to timers ([`crate::timer`]) stay `Instant`s: they are off the hot path.
+//! Most deadlines handed to timers ([`crate::timer`]) stay `Instant`s, off the hot path; the
+//! wait for a server, which every transaction makes when clients outnumber servers, keeps its
+//! deadlines as `Moment`s ([`crate::timer::timeout_at_moment`]): no clock reads to convert.
 
 use std::time::Duration;
 
@@ -59,6 +61,25 @@ impl Moment {
         Moment::now().since(self)
     }
 
+    /// The moment `duration` after this one (saturating).
+    #[inline]
+    pub fn after(self, duration: Duration) -> Moment {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Moment(self.0.saturating_add(nanos))
+    }
+
+    /// This moment as an `Instant` (two clock readings: for the rare deadline that goes to
+    /// code taking `Instant`s).
+    pub fn instant(self) -> std::time::Instant {
+        let (now, instant) = (Moment::now(), std::time::Instant::now());
+        match self.0.checked_sub(now.0) {
+            Some(ahead) => instant + Duration::from_nanos(ahead),
+            None => instant
+                .checked_sub(Duration::from_nanos(now.0 - self.0))
+                .unwrap_or(instant),
+        }
+    }
+
     /// The nanoseconds from `earlier` to this moment, or zero if `earlier` is later.
     #[inline]
     pub fn nanos_since(self, earlier: Moment) -> u64 {
@@ -82,5 +103,25 @@ mod tests {
         assert_eq!(a.since(b), Duration::ZERO);
         assert_eq!(b.micros_since(a), b.since(a).as_micros() as u64);
         assert!(a.elapsed() >= ours);
+    }
+
+    #[test]
+    fn a_moment_after_a_duration_is_that_instant() {
+        let (now, instant) = (Moment::now(), std::time::Instant::now());
+        let minute = Duration::from_secs(60);
+        // Ahead, and behind: the same instant within the readings' spread.
+        for (moment, want) in [
+            (now.after(minute), instant + minute),
+            (
+                Moment::from_nanos(now.nanos() - 1_000_000_000),
+                instant - minute / 60,
+            ),
+        ] {
+            let got = moment.instant();
+            let diff = if got > want { got - want } else { want - got };
+            assert!(diff < Duration::from_millis(5), "{got:?} vs {want:?}");
+        }
+        assert_eq!(now.after(Duration::MAX), Moment::from_nanos(u64::MAX));
+        assert_eq!(now.after(minute).since(now), minute);
     }
 }

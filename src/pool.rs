@@ -205,9 +205,9 @@ struct Wait<'a> {
     /// Set by the console's KILL: the wait ends.
     stop: Option<&'a AtomicBool>,
     /// query_wait_timeout from the start of the wait.
-    deadline: Instant,
+    deadline: Moment,
     /// reserve_pool_timeout from the start, when the pool has a reserve.
-    reserve_at: Option<Instant>,
+    reserve_at: Option<Moment>,
 }
 
 impl Wait<'_> {
@@ -727,13 +727,12 @@ impl Pool {
     ) -> Result<Box<ServerConn>, CheckoutError> {
         let started = Moment::now();
         let settings = self.settings.load_full();
-        // The deadlines, for tokio's timers: on std's clock, the same one.
-        let started_at = Instant::now();
+        // The deadlines on the same clock reading (pgmemo's timers take Moments).
         let wait = Wait {
             stop,
-            deadline: started_at + settings.query_wait_timeout,
+            deadline: started.after(settings.query_wait_timeout),
             reserve_at: (settings.reserve_pool_size > 0)
-                .then(|| started_at + settings.reserve_pool_timeout),
+                .then(|| started.after(settings.reserve_pool_timeout)),
         };
         // The last clock reading.
         let mut now = started;
@@ -761,7 +760,7 @@ impl Pool {
                     tokio::spawn(conn.terminate());
                     return Box::pin(self.open_granted(
                         &settings,
-                        wait.deadline,
+                        wait.deadline.instant(),
                         started,
                         dedicated,
                     ))
@@ -782,7 +781,7 @@ impl Pool {
                 Grant::Slot => {
                     return Box::pin(self.open_granted(
                         &settings,
-                        wait.deadline,
+                        wait.deadline.instant(),
                         started,
                         dedicated,
                     ))
@@ -805,7 +804,7 @@ impl Pool {
         tokio::select! {
             biased;
             () = wait.stopped() => Err(CheckoutError::Stopped),
-            waited = crate::timer::timeout_at(wait.deadline, notified) => match waited {
+            waited = crate::timer::timeout_at_moment(wait.deadline, notified) => match waited {
                 Ok(()) => Ok(()),
                 Err(_) => Err(CheckoutError::WaitTimeout(settings.query_wait_timeout)),
             },
@@ -825,7 +824,7 @@ impl Pool {
             let until = reserve_at.unwrap_or(wait.deadline);
             let waited = tokio::select! {
                 biased;
-                waited = crate::timer::timeout_at(until, &mut rx) => waited,
+                waited = crate::timer::timeout_at_moment(until, &mut rx) => waited,
                 () = wait.stopped() => {
                     // Killed while queued: a grant sent just before is given back.
                     if let Some(g) = self.leave_queue(&mut rx) {

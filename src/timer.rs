@@ -467,6 +467,14 @@ pub fn timeout_at<F: Future>(deadline: Instant, future: F) -> Timeout<F> {
     }
 }
 
+/// [`timeout_at`] with the deadline as a [`Moment`] (no clock read to convert it).
+pub fn timeout_at_moment<F: Future>(deadline: Moment, future: F) -> Timeout<F> {
+    Timeout {
+        future,
+        limit: Sleep::at(deadline.nanos()),
+    }
+}
+
 pin_project_lite::pin_project! {
     /// [`timeout`]'s future: the future and its limit side by side, nothing more (an `async`
     /// block would keep the future twice, its argument and its pinned copy: every idle
