@@ -1579,6 +1579,18 @@ def setup_poolers(ctx: Ctx) -> None:
                 f"{srv.name}'s -M prepared cells are expected to FAIL (they are run and reported)")
 
 
+def start_compiled(s: CompiledServer, targets: list[Target], role: str) -> None:
+    """Starts a server of bench/ in C and adds it to `targets`; one that does not compile or
+    start is left out, with a warning."""
+    t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
+    try:
+        t.port = s.start()
+        log(f"{s.name} up on 127.0.0.1:{t.port} (pid {s.pid}): {s.source.name}, {role}")
+        targets.append(t)
+    except BenchError as e:
+        warn(f"{s.name}: {e}; going on without it")
+
+
 def setup_targets(ctx: Ctx) -> list[Target]:
     a = ctx.args
     targets = [Target("direct", "127.0.0.1", ctx.pg.port, kind="direct")]
@@ -1598,14 +1610,7 @@ def setup_targets(ctx: Ctx) -> list[Target]:
             f"{shlex.join(s.argv[1:])}")
         targets.append(Target(s.name, "127.0.0.1", port, kind="pgmemo", server=s, cache=True))
     if ctx.ceiling is not None:
-        s = ctx.ceiling
-        t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
-        try:
-            t.port = s.start()
-            log(f"{s.name} up on 127.0.0.1:{t.port} (pid {s.pid}): {CEILING_SRC.name}, for the cache-hot rows")
-            targets.append(t)
-        except BenchError as e:
-            warn(f"{s.name}: {e}; the cache table goes without it")
+        start_compiled(ctx.ceiling, targets, "for the cache-hot rows")
     for s in ctx.poolers:
         t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
         try:
@@ -1618,14 +1623,7 @@ def setup_targets(ctx: Ctx) -> list[Target]:
             warn(f"{s.name}: {t.broken}")
         targets.append(t)
     if ctx.relay is not None:
-        s = ctx.relay
-        t = Target(s.name, "127.0.0.1", 0, kind=s.kind, server=s)
-        try:
-            t.port = s.start()
-            log(f"{s.name} up on 127.0.0.1:{t.port} (pid {s.pid}): {RELAY_SRC.name}, the relay floor")
-            targets.append(t)
-        except BenchError as e:
-            warn(f"{s.name}: {e}; the tables go without it")
+        start_compiled(ctx.relay, targets, "the relay floor")
     for spec in a.target:
         targets.append(parse_target(spec))
     return targets
@@ -2287,15 +2285,14 @@ def _main(ctx: Ctx, args, t_start: float, stamp: str) -> int:
         if any(w.is_cache for w in ctx.workloads):
             ctx.pgmemo_cache = Pgmemo(ctx, binary, cache=True)
             log(f"cache workloads selected: also {CACHE_TARGET} (pgmemo --cache), for those only")
+    compiler = shutil.which("cc") or shutil.which("gcc")  # for bench/'s servers in C
     if any(w.is_cache_hot for w in ctx.workloads) and not args.no_ceiling:
-        compiler = shutil.which("cc") or shutil.which("gcc")
         if compiler:
             ctx.ceiling = Ceiling(ctx, compiler)
             log(f"cache-hot workloads selected: also {CEILING_TARGET} ({CEILING_SRC.name}), for those only")
         else:
             warn(f"no C compiler (cc): going on without {CEILING_TARGET}")
     if not all(w.is_cache for w in ctx.workloads) and not args.no_relay:
-        compiler = shutil.which("cc") or shutil.which("gcc")
         if compiler:
             ctx.relay = Relay(ctx, compiler)
             log(f"also {RELAY_TARGET} ({RELAY_SRC.name}): the relay floor, in the forwarding rows")
