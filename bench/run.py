@@ -3,7 +3,7 @@
 through the peer poolers PgBouncer 1.25, Odyssey 1.5 and Debian's PgBouncer, side
 by side in one run.
 
-    python3 bench/run.py            # full default run (~27 min on 2 cores)
+    python3 bench/run.py            # full default run (~29 min on 2 cores, the relay floor included)
     python3 bench/run.py --quick    # one round, 3 s runs, 8 clients (~2 min)
     python3 bench/run.py --quick --no-build --duration 2 --protocols simple --no-peers
     # the result cache (pgmemo --cache) against the same targets (~15 min on 2 cores):
