@@ -168,10 +168,10 @@ def run_smoke(extra: list[str] | None = None) -> list[str]:
         for t in meta["targets"]:
             kinds.setdefault(t["kind"], []).append(t["name"])
         # pgmemo and, for the cache workload, pgmemo+cache (the same binary with --cache)
+        has_cc = int(bool(shutil.which("cc") or shutil.which("gcc")))  # the servers in C
         want_kinds = {"direct": 1, "pgmemo": 2 * int("pgmemo" in targets),
                       "pgbouncer": int(debian_bouncer) + int(not why), "odyssey": int(not why),
-                      "ceiling": int(bool(shutil.which("cc") or shutil.which("gcc"))),
-                      "relay": int(bool(shutil.which("cc") or shutil.which("gcc")))}
+                      "ceiling": has_cc, "relay": has_cc}
         for kind, n in want_kinds.items():
             if len(kinds.get(kind, [])) != n:
                 problems.append(f"expected {n} target(s) of kind {kind}, got {kinds.get(kind, [])}")

@@ -760,7 +760,7 @@ impl Pool {
                     tokio::spawn(conn.terminate());
                     return Box::pin(self.open_granted(
                         &settings,
-                        wait.deadline.instant(),
+                        wait.deadline,
                         started,
                         dedicated,
                     ))
@@ -781,7 +781,7 @@ impl Pool {
                 Grant::Slot => {
                     return Box::pin(self.open_granted(
                         &settings,
-                        wait.deadline.instant(),
+                        wait.deadline,
                         started,
                         dedicated,
                     ))
@@ -923,7 +923,7 @@ impl Pool {
     async fn open_granted(
         &self,
         settings: &PoolSettings,
-        deadline: Instant,
+        deadline: Moment,
         started: Moment,
         extra: &[(&str, &str)],
     ) -> Result<Box<ServerConn>, CheckoutError> {
@@ -958,14 +958,14 @@ impl Pool {
     async fn connect(
         &self,
         settings: &PoolSettings,
-        deadline: Instant,
+        deadline: Moment,
         extra: &[(&str, &str)],
     ) -> Result<Box<ServerConn>, ServerError> {
-        let started = Instant::now();
-        let connect_deadline = (started + settings.server_connect_timeout).min(deadline);
+        let started = Moment::now();
+        let connect_deadline = started.after(settings.server_connect_timeout).min(deadline);
         let mut delay = Duration::from_millis(50);
         loop {
-            let attempt = crate::timer::timeout_at(
+            let attempt = crate::timer::timeout_at_moment(
                 connect_deadline,
                 ServerConn::connect_with(&settings.target, extra),
             )
@@ -1000,13 +1000,13 @@ impl Pool {
                     // given, not server_connect_timeout (a 300 ms wait was reported as 15 s).
                     format!(
                         "timed out after {:?} connecting to {:?}",
-                        connect_deadline.saturating_duration_since(started),
+                        connect_deadline.since(started),
                         settings.target
                     ),
                 )),
             };
             self.count_connect_failure();
-            if Instant::now() + delay >= connect_deadline {
+            if Moment::now().after(delay) >= connect_deadline {
                 tracing::warn!(pool = ?self.key, error = %err, "server connection failed");
                 return Err(err);
             }
@@ -1239,7 +1239,7 @@ impl Pool {
             match self
                 .connect(
                     &settings,
-                    Instant::now() + settings.server_connect_timeout,
+                    Moment::now().after(settings.server_connect_timeout),
                     &[],
                 )
                 .await
